@@ -1,0 +1,1 @@
+"""Health, token-identity, GPU inventory and load checks, each runnable as `python -m checks.<name> --json` (data plane)."""

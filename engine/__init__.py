@@ -1,0 +1,1 @@
+"""Reference MLA+MoE DDTree engine and its OpenAI-compatible server (data plane)."""

@@ -1,0 +1,1 @@
+"""ddtree-ops control plane: runs on the operator machine; never imports torch."""
