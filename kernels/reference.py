@@ -321,3 +321,4 @@ def greedy_accept_batch(
 
 
 # Kernels II references (tree-verify attention, KV compaction) are re-exported below.
+from kernels.reference_attention import compact_kv, tree_verify_attention  # noqa: E402,F401
