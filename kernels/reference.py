@@ -39,14 +39,14 @@ def _to_numpy(x: Any, name: str) -> np.ndarray:
 
 def _float32(x: Any, name: str) -> np.ndarray:
     a = _to_numpy(x, name)
-    if not np.issubdtype(a.dtype, np.floating):
+    if a.dtype.kind != "f":
         raise ValueError(f"{name}: expected a floating dtype, got {a.dtype}")
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _int64(x: Any, name: str) -> np.ndarray:
     a = _to_numpy(x, name)
-    if not np.issubdtype(a.dtype, np.integer):
+    if a.dtype.kind not in "iu":
         raise ValueError(f"{name}: expected an integer dtype, got {a.dtype}")
     return np.ascontiguousarray(a, dtype=np.int64)
 
