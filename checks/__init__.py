@@ -1,1 +1,2 @@
-"""Health, token-identity, GPU inventory and load checks, each runnable as `python -m checks.<name> --json` (data plane)."""
+"""Data-plane checks (health, token identity, GPU inventory, load), each runnable on a host as
+`python -m checks.<name> --json`."""

@@ -1,0 +1,108 @@
+"""The ops exception tree: every failure a user can cause or meet, with the exit code it maps to.
+
+    OpsError                      exit 2 unless a subclass says otherwise
+    ├── InventoryError            the inventory file is missing, unparsable or invalid
+    ├── UnknownTarget             a target or group name that the inventory does not have
+    ├── HostError                 something went wrong on or on the way to a target (names it)
+    │   ├── Unreachable           no TCP/SSH session within the connect timeout
+    │   ├── AuthenticationFailed  the server refused our key
+    │   ├── HostKeyError          host key unknown (strict policy) or different from known_hosts
+    │   ├── CommandFailed         a command exited non-zero (carries its Result)
+    │   │   └── CommandTimedOut   a command ran past its timeout (carries its Result)
+    │   ├── ModuleOutputError     a data-plane module printed no JSON document
+    │   └── LockHeld              the host lock is held by someone else (says who and since when)
+
+Foreign errors (paramiko, socket, subprocess) are translated into these at the boundary, in
+`ops.remote`, chained with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ops.remote import Result
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_BAD_INPUT = 2
+EXIT_HOLD = 3
+
+
+class OpsError(Exception):
+    """Base of every error ops reports to a user as one line, without a traceback."""
+
+    exit_code: int = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": type(self).__name__, "message": self.message}
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+class InventoryError(OpsError):
+    """The inventory cannot be used; the message names the file, the target and the field."""
+
+
+class UnknownTarget(OpsError):
+    """A name that is neither a target nor a group of the inventory."""
+
+
+class HostError(OpsError):
+    """A failure on a target, or on the way to it; names the target and the step."""
+
+    def __init__(self, message: str, *, target: str, step: str, hint: str | None = None) -> None:
+        super().__init__(f"{target}: {step}: {message}", hint=hint)
+        self.target = target
+        self.step = step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "target": self.target, "step": self.step}
+
+
+class Unreachable(HostError):
+    """No connection within the connect timeout (refused, no route, no SSH banner)."""
+
+
+class AuthenticationFailed(HostError):
+    """The SSH server refused every key we offered."""
+
+
+class HostKeyError(HostError):
+    """The host key is unknown under the strict policy, or differs from known_hosts."""
+
+
+class CommandFailed(HostError):
+    """A command exited non-zero; ``result`` holds its exit code and output."""
+
+    def __init__(self, message: str, *, target: str, step: str, result: Result) -> None:
+        super().__init__(message, target=target, step=step)
+        self.result = result
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "rc": self.result.rc, "stderr_tail": self.result.tail()}
+
+
+class CommandTimedOut(CommandFailed):
+    """A command ran past its timeout and was killed."""
+
+
+class ModuleOutputError(HostError):
+    """A data-plane module did not print exactly one JSON document on stdout."""
+
+
+class LockHeld(HostError):
+    """Someone else holds the host lock; ``holder`` says who and since when."""
+
+    def __init__(self, message: str, *, target: str, holder: dict[str, Any]) -> None:
+        super().__init__(message, target=target, step="lock")
+        self.holder = holder
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "holder": self.holder}

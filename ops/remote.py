@@ -1,0 +1,404 @@
+"""Host: run commands and data-plane modules on a target, send directory trees, hold the host lock.
+
+One interface for every target. `LocalHost` (the target `local`) and `SshHost` (`ops.ssh`, every
+other target) differ only in two primitives: `_exec` (run a shell command line with optional
+stdin bytes and a deadline) and `_spawn` (start a long-lived command whose stdin we hold open).
+Everything else (quoting, timeouts, module JSON, tree transfer, locking) is written once here.
+
+Commands are argv lists joined with `shlex.join`, so no user input reaches a shell unquoted.
+Each command is wrapped in coreutils `timeout` on the host, so a timed-out command is killed
+there too, not only abandoned by us.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import io
+import json
+import os
+import select
+import shlex
+import socket
+import subprocess
+import tarfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ops.errors import CommandFailed, CommandTimedOut, HostError, LockHeld, ModuleOutputError
+from ops.inventory import Target
+
+TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
+KILL_GRACE_S = 5  # SIGTERM first, SIGKILL this much later
+TREE_EXCLUDE = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs", ".whl", ".gl"}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one command did: exit code, output, timing, and the host it ran on."""
+
+    host: str
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    start: str
+    duration_s: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def tail(self, stream: str = "stderr", n: int = 10) -> str:
+        text = self.stderr if stream == "stderr" else self.stdout
+        return "\n".join(text.rstrip("\n").splitlines()[-n:])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModuleResult:
+    """A data-plane module's JSON document and exit code (0 pass, 1 fail, 2 bad input)."""
+
+    module: str
+    rc: int
+    data: dict[str, Any]
+    result: Result = field(repr=False)
+
+
+def shell_path(path: str) -> str:
+    """A path as a shell word; a leading `~/` expands on the host, the rest stays quoted."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class Proc(ABC):
+    """A long-lived command on a host whose stdin we hold open (the lock holder)."""
+
+    @abstractmethod
+    def read_line(self, timeout: float) -> str | None:
+        """The next stdout line without its newline; None at EOF or after `timeout` seconds."""
+
+    @abstractmethod
+    def finish(self, timeout: float) -> int:
+        """Close stdin, wait for exit, return the exit code (killing it past `timeout`)."""
+
+
+class Host(ABC):
+    """A target ops can act on. Use as a context manager so connections are closed."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.name = target.name
+
+    # -- primitives: the only parts that differ between local and SSH --------------------
+    @abstractmethod
+    def _exec(
+        self, command: str, *, stdin: bytes | None, deadline_s: float
+    ) -> tuple[int, bytes, bytes]:
+        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline."""
+
+    @abstractmethod
+    def _spawn(self, command: str) -> Proc:
+        """Start `command` with bash on the host, stdin a pipe we hold, stdout readable."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; a no-op for hosts that hold none."""
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- everything else is written once ------------------------------------------------
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        warn: bool = False,
+        step: str = "run",
+    ) -> Result:
+        """Run argv on the host; raise CommandFailed/CommandTimedOut unless `warn`."""
+        if not argv:
+            raise ValueError("empty command")
+        inner = shlex.join(argv)
+        parts = []
+        if cwd:
+            parts.append(f"cd {shell_path(cwd)} &&")
+        if env:
+            parts.append("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
+        parts.append(f"timeout -k {KILL_GRACE_S} {max(1, int(timeout + 0.999))} {inner}")
+        command = " ".join(parts)
+        start, t0 = _now(), time.monotonic()
+        rc, out, err = self._exec(command, stdin=stdin, deadline_s=timeout + KILL_GRACE_S + 10)
+        duration = time.monotonic() - t0
+        timed_out = rc == TIMEOUT_RC and duration >= timeout * 0.98
+        result = Result(
+            host=self.name,
+            command=inner,
+            rc=rc,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            start=start,
+            duration_s=round(duration, 4),
+            timed_out=timed_out,
+        )
+        if timed_out and not warn:
+            raise CommandTimedOut(
+                f"{argv[0]} timed out after {timeout:g}s",
+                target=self.name,
+                step=step,
+                result=result,
+            )
+        if rc != 0 and not warn:
+            detail = result.tail() or result.tail("stdout")
+            raise CommandFailed(
+                f"{argv[0]} exited {rc}" + (f": {detail}" if detail else ""),
+                target=self.name,
+                step=step,
+                result=result,
+            )
+        return result
+
+    def run_script(
+        self, script: str, *, timeout: float = 60.0, warn: bool = True, step: str = "run"
+    ) -> Result:
+        """Run a fixed bash script of ours (never user input) on the host."""
+        return self.run(["bash", "-c", script], timeout=timeout, warn=warn, step=step)
+
+    def run_module(
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        *,
+        cwd: str,
+        python: str | None = None,
+        timeout: float = 300.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ModuleResult:
+        """Run `python -m module --json args...` in `cwd` on the host and parse its JSON."""
+        py = python or self.target.python
+        step = f"module {module}"
+        result = self.run(
+            [py, "-m", module, "--json", *args],
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            warn=True,
+            step=step,
+        )
+        if result.timed_out:
+            raise CommandTimedOut(
+                f"timed out after {timeout:g}s", target=self.name, step=step, result=result
+            )
+        text = result.stdout.strip()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            evidence = result.tail() or result.tail("stdout") or "(no output)"
+            raise ModuleOutputError(
+                f"printed no JSON document (exit {result.rc}): {evidence}",
+                target=self.name,
+                step=step,
+            ) from None
+        if not isinstance(data, dict):
+            raise ModuleOutputError(
+                f"printed JSON that is not an object (exit {result.rc})",
+                target=self.name,
+                step=step,
+            )
+        return ModuleResult(module=module, rc=result.rc, data=data, result=result)
+
+    def put_tree(
+        self, local_dir: str | os.PathLike[str], remote_dir: str, *, timeout: float = 300.0
+    ) -> Result:
+        """Send a directory tree to `remote_dir`: all of it or nothing; never overwrites."""
+        src = Path(local_dir)
+        if not src.is_dir():
+            raise ValueError(f"not a directory: {src}")
+        payload = _tar_gz(src)
+        dest = shell_path(remote_dir)
+        script = (
+            f'set -e; dest={dest}; parent=$(dirname "$dest"); mkdir -p "$parent"; '
+            'if [ -e "$dest" ]; then echo "refusing to overwrite $dest" >&2; exit 17; fi; '
+            'tmp=$(mktemp -d "$parent/.incoming.XXXXXX"); trap \'rm -rf "$tmp"\' EXIT; '
+            'tar -xzf - -C "$tmp"; chmod 755 "$tmp"; mv -T "$tmp" "$dest"; trap - EXIT'
+        )
+        return self.run(["bash", "-c", script], stdin=payload, timeout=timeout, step="put tree")
+
+    @contextlib.contextmanager
+    def lock(self, purpose: str, *, timeout: float = 20.0) -> Iterator[dict[str, Any]]:
+        """Hold the host-wide lock (flock on `<remote_root>/lock`) for the `with` body.
+
+        A second holder, from this machine or any other, gets LockHeld with the holder's
+        user, operator host, pid, purpose and start time. The lock dies with its holder:
+        if ops or the connection goes away, the host process holding the flock exits.
+        """
+        holder = {
+            "user": getpass.getuser(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "purpose": purpose,
+            "since": _now(),
+        }
+        root = shell_path(self.target.remote_root)
+        script = (
+            "command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 4; }; "
+            f'root={root}; mkdir -p "$root" || {{ echo NOROOT; exit 3; }}; '
+            'exec 9>>"$root/lock"; '
+            "if flock -n 9; then "
+            f"printf '%s\\n' {shlex.quote(json.dumps(holder))} > \"$root/lock.holder.tmp\" && "
+            'mv -f "$root/lock.holder.tmp" "$root/lock.holder"; '
+            'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
+            'else echo BUSY; cat "$root/lock.holder" 2>/dev/null; echo; exit 75; fi'
+        )
+        proc = self._spawn(script)
+        first = proc.read_line(timeout)
+        if first != "ACQUIRED":
+            other = proc.read_line(5.0) if first == "BUSY" else None
+            proc.finish(5.0)
+            if first == "BUSY":
+                try:
+                    info = json.loads(other or "")
+                except json.JSONDecodeError:
+                    info = {"unknown": other or ""}
+                who = f"{info.get('user', '?')}@{info.get('host', '?')} pid {info.get('pid', '?')}"
+                raise LockHeld(
+                    f"host lock held by {who} ({info.get('purpose', '?')}) "
+                    f"since {info.get('since', '?')}",
+                    target=self.name,
+                    holder=info,
+                )
+            reasons = {
+                "NOFLOCK": "flock(1) is not installed",
+                "NOROOT": "cannot create remote_root",
+            }
+            raise HostError(
+                reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
+                target=self.name,
+                step="lock",
+            )
+        try:
+            yield holder
+        finally:
+            proc.finish(timeout)
+
+
+def _tar_gz(src: Path) -> bytes:
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if any(p in TREE_EXCLUDE or p.endswith(".egg-info") for p in parts):
+            return None
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for child in sorted(src.iterdir()):
+            tar.add(child, arcname=child.name, filter=keep)
+    return buf.getvalue()
+
+
+class _LocalProc(Proc):
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._p = popen
+        self._buf = b""
+
+    def read_line(self, timeout: float) -> str | None:
+        assert self._p.stdout is not None
+        fd = self._p.stdout.fileno()
+        end = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            self._buf += chunk
+        if not self._buf:
+            return None
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def finish(self, timeout: float) -> int:
+        if self._p.stdin:
+            with contextlib.suppress(OSError):
+                self._p.stdin.close()
+        try:
+            return self._p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._p.kill()
+            return self._p.wait()
+        finally:
+            if self._p.stdout:
+                self._p.stdout.close()
+
+
+class LocalHost(Host):
+    """This machine: commands are bash subprocesses of ops."""
+
+    def _exec(
+        self, command: str, *, stdin: bytes | None, deadline_s: float
+    ) -> tuple[int, bytes, bytes]:
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(stdin or b"", timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            out, err = proc.communicate()
+            return TIMEOUT_RC, out, err
+        return proc.returncode, out, err
+
+    def _spawn(self, command: str) -> Proc:
+        popen = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return _LocalProc(popen)
+
+
+def open_host(target: Target) -> Host:
+    """The Host for a target: `local` runs here, every other target over SSH."""
+    if target.is_local:
+        return LocalHost(target)
+    from ops.ssh import SshHost  # paramiko is only imported when a target needs it
+
+    return SshHost(target)

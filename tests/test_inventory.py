@@ -1,0 +1,130 @@
+"""Inventory: the example parses, `local` always exists, every invalid input is one line naming
+the file, the target and the field, and the CLI turns it into exit 2 without a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.errors import InventoryError, UnknownTarget
+from ops.inventory import LOCAL, load_inventory
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "playbooks" / "inventory.example.toml"
+
+
+def ops(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "ops", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_example_inventory_has_ct200_and_a_group() -> None:
+    inv = load_inventory(EXAMPLE)
+    ct = inv.target("ct200")
+    assert (ct.gpus, ct.cuda_arch, ct.bench_gpu) == (8, "sm_120", 7)
+    assert (ct.service.name, ct.service.manager) == ("sglang-k26-ddtree", "systemd")
+    assert ct.host_key_policy == "strict" and not ct.is_local
+    assert [t.name for t in inv.resolve("fleet")] == ["ct200", "ct201"]
+    assert inv.target(LOCAL).is_local
+
+
+def test_without_inventory_only_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPS_INVENTORY", raising=False)
+    inv = load_inventory(None)
+    assert list(inv.targets) == [LOCAL]
+    assert inv.target(LOCAL).service.manager == "process"
+    with pytest.raises(UnknownTarget, match="unknown target 'ct200'; known: local"):
+        inv.target("ct200")
+
+
+def test_env_var_and_local_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "inv.toml"
+    f.write_text(
+        '[targets.local]\nremote_root = "/srv/x"\n[targets.local.service]\nurl = "http://127.0.0.1:31000"\n'
+    )
+    monkeypatch.setenv("OPS_INVENTORY", str(f))
+    local = load_inventory(None).target(LOCAL)
+    assert local.remote_root == "/srv/x"
+    assert local.service.url == "http://127.0.0.1:31000"
+    assert local.service.command and "-m engine" in local.service.command  # default kept
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "[targets.ct200]\nport = 'abc'\n",
+            "target 'ct200': port: Input should be a valid integer",
+        ),
+        ("[targets.ct200]\nport = 70000\n", "target 'ct200': port: Input should be less than"),
+        ("[targets.ct200]\nprot = 22\n", "target 'ct200': prot: unknown field"),
+        ("[targets.ct200]\nhost_key_policy = 'yolo'\n", "target 'ct200': host_key_policy:"),
+        (
+            "[targets.ct200]\ncuda_arch = 'hopper'\n",
+            "target 'ct200': cuda_arch: Value error, must look",
+        ),
+        ("[targets.ct200]\ngpus = 2\nbench_gpu = 7\n", "bench_gpu 7 is not below gpus = 2"),
+        ("[targets.ct200.service]\nmanager = 'docker'\n", "target 'ct200': service.manager:"),
+        ("[targets.ct200]\naddress = 'a b; rm -rf /'\n", "target 'ct200': address: Value error"),
+        ("[targets.'bad name']\n", "target 'bad name': name must be"),
+        ("[targets.local]\naddress = '10.0.0.1'\n", "target 'local': address:"),
+        ("[groups]\nfleet = ['ct9']\n", "group 'fleet': unknown target 'ct9'"),
+        ("[target.ct200]\n", "unknown top-level table 'target'"),
+        ("[targets.ct200\nport = 1\n", "invalid TOML"),
+    ],
+)
+def test_invalid_inventory_names_file_target_field(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    f = tmp_path / "ops.toml"
+    f.write_text(text)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(f)
+    msg = info.value.message
+    assert msg.startswith(f"{f}: ") and expected in msg and "\n" not in msg
+
+
+def test_cli_malformed_inventory_is_one_line_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "ops.toml"
+    f.write_text("[targets.ct200]\nport = 'abc'\n")
+    res = ops("hosts", "--inventory", str(f))
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert f"{f}: target 'ct200': port:" in res.stderr
+    res = ops("hosts", "--json", "--inventory", str(f))
+    assert res.returncode == 2 and json.loads(res.stdout)["error"] == "InventoryError"
+
+
+def test_cli_missing_inventory_file(tmp_path: Path) -> None:
+    res = ops("hosts", "--inventory", str(tmp_path / "nope.toml"))
+    assert res.returncode == 2 and "inventory file not found" in res.stderr
+
+
+def test_cli_hosts_json_lists_targets(tmp_path: Path) -> None:
+    res = ops("hosts", "--json", "--inventory", str(EXAMPLE))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    names = [t["name"] for t in doc["targets"]]
+    assert names[0] == "local" and "ct200" in names
+    ct = next(t for t in doc["targets"] if t["name"] == "ct200")
+    assert ct["address"] == "ct200.example.internal:22" and ct["transport"] == "ssh"
+    assert (ct["gpus"], ct["cuda_arch"], ct["manager"]) == (8, "sm_120", "systemd")
+    assert doc["groups"] == {"fleet": ["ct200", "ct201"]}
+
+
+def test_cli_unknown_target_exit_2(tmp_path: Path) -> None:
+    res = ops("facts", "ct999", "--inventory", str(EXAMPLE))
+    assert res.returncode == 2
+    assert "unknown target 'ct999'" in res.stderr and "Traceback" not in res.stderr
+    assert "[targets.ct999]" in res.stderr  # the hint survives rich markup

@@ -1,0 +1,229 @@
+"""Host over a real sshd on loopback and as a local subprocess: one code path, same answers.
+
+Covers: the same data-plane module gives the same JSON on `local` and over SSH; arguments
+arrive unmangled; failures and timeouts (the command is killed on the host too); directory
+trees arrive whole and are never overwritten; the host lock refuses a second holder over SSH
+and says who holds it; each connection error (refused, silent, wrong key, changed host key,
+unknown host key) is a specific ops error; a module that prints no JSON is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from sshd import Sshd
+
+from ops.errors import (
+    AuthenticationFailed,
+    CommandFailed,
+    CommandTimedOut,
+    HostKeyError,
+    LockHeld,
+    ModuleOutputError,
+    Unreachable,
+)
+from ops.inventory import Target, load_inventory
+from ops.remote import Host, LocalHost, open_host
+
+NASTY = "a b 'c' \"d\" $(touch /tmp/ops-pwned) `id` ; rm -rf / \\ \n ünï"
+
+
+@pytest.fixture
+def hosts(inventory_file: Path) -> Iterator[tuple[Host, Host]]:
+    inv = load_inventory(inventory_file)
+    local, ssh = open_host(inv.target("local")), open_host(inv.target("loop"))
+    yield local, ssh
+    local.close()
+    ssh.close()
+
+
+def test_same_module_json_local_and_ssh(hosts: tuple[Host, Host]) -> None:
+    local, ssh = hosts
+    a = local.run_module("checks.ping", ["--data", NASTY], cwd=str(REPO))
+    b = ssh.run_module("checks.ping", ["--data", NASTY], cwd=str(REPO))
+    assert a.rc == b.rc == 0
+    assert a.data == b.data
+    assert a.data["data"] == NASTY and a.data["cwd"] == str(REPO)
+    assert not os.path.exists("/tmp/ops-pwned")
+
+
+def test_module_failure_and_bad_input_travel_back(hosts: tuple[Host, Host]) -> None:
+    for host in hosts:
+        failed = host.run_module("checks.ping", ["--fail"], cwd=str(REPO))
+        assert failed.rc == 1 and failed.data["ok"] is False
+        bad = host.run_module("checks.ping", ["--no-such-flag"], cwd=str(REPO))
+        assert bad.rc == 2 and bad.data["error"] == "bad_input"
+
+
+def test_module_without_json_is_an_error(hosts: tuple[Host, Host]) -> None:
+    for host in hosts:
+        # `python -m platform` is a real module that prints a plain line, not JSON
+        with pytest.raises(ModuleOutputError, match="module platform: printed no JSON"):
+            host.run_module("platform", cwd=str(REPO))
+
+
+def test_run_result_failure_and_warn(hosts: tuple[Host, Host]) -> None:
+    for host in hosts:
+        ok = host.run(["printf", "%s", NASTY])
+        assert ok.ok and ok.stdout == NASTY and ok.host == host.name
+        with pytest.raises(CommandFailed) as info:
+            host.run(["bash", "-c", "echo boom >&2; exit 3"])
+        assert info.value.result.rc == 3 and "boom" in info.value.message
+        res = host.run(["bash", "-c", "exit 3"], warn=True)
+        assert res.rc == 3 and not res
+
+
+def test_timeout_kills_the_command_on_the_host(hosts: tuple[Host, Host]) -> None:
+    for i, host in enumerate(hosts):
+        marker = f"31.{os.getpid()}{i}"
+        t0 = time.monotonic()
+        with pytest.raises(CommandTimedOut) as info:
+            host.run(["sleep", marker], timeout=1)
+        assert time.monotonic() - t0 < 10
+        assert info.value.result.timed_out
+        time.sleep(0.3)
+        left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True)
+        assert left.returncode == 1, "the timed-out command is still running on the host"
+
+
+def test_put_tree_whole_and_never_overwrites(hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "data.bin").write_bytes(os.urandom(300_000))
+    (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "__pycache__").mkdir()
+    (src / "__pycache__" / "x.pyc").write_bytes(b"junk")
+    for host in hosts:
+        dest = tmp_path / f"dest-{host.name}" / "release-1"
+        host.put_tree(src, str(dest))
+        assert (dest / "sub" / "data.bin").read_bytes() == (src / "sub" / "data.bin").read_bytes()
+        assert os.access(dest / "run.sh", os.X_OK)
+        assert not (dest / "__pycache__").exists()
+        with pytest.raises(CommandFailed, match="refusing to overwrite"):
+            host.put_tree(src, str(dest))
+        assert sorted(p.name for p in dest.parent.iterdir()) == ["release-1"]  # no temp left
+
+
+def test_lock_refuses_second_holder_over_ssh(hosts: tuple[Host, Host]) -> None:
+    _, ssh = hosts
+    with ssh.lock("deploy ct200") as me:
+        other = open_host(ssh.target)
+        try:
+            with pytest.raises(LockHeld) as info, other.lock("bench"):
+                pass
+        finally:
+            other.close()
+        held = info.value
+        assert held.holder["purpose"] == "deploy ct200"
+        assert held.holder["since"] == me["since"] and held.holder["pid"] == os.getpid()
+        assert "held by" in held.message and me["since"] in held.message
+    with ssh.lock("after release"):  # released on exit
+        pass
+
+
+def test_lock_is_host_wide_across_transports(hosts: tuple[Host, Host]) -> None:
+    _, ssh = hosts
+    same_root = LocalHost(Target(name="local", remote_root=ssh.target.remote_root))
+    with same_root.lock("local holder"), pytest.raises(LockHeld, match="local holder"):
+        with ssh.lock("ssh holder"):
+            pass
+
+
+def test_lock_dies_with_its_connection(hosts: tuple[Host, Host]) -> None:
+    _, ssh = hosts
+    holder = open_host(ssh.target)
+    cm = holder.lock("crashed operator")
+    cm.__enter__()
+    holder.close()  # the operator vanishes without releasing
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with ssh.lock("next"):
+                break
+        except LockHeld:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _target(sshd: Sshd, tmp_path: Path, **kw: object) -> Target:
+    fields: dict[str, object] = {
+        "name": "loop",
+        "address": "127.0.0.1",
+        "port": sshd.port,
+        "user": sshd.user,
+        "ssh_key": str(sshd.user_key),
+        "known_hosts": str(sshd.known_hosts),
+        "connect_timeout": 2,
+        "remote_root": str(tmp_path / "root"),
+    }
+    fields.update(kw)
+    return Target.model_validate(fields)
+
+
+def _connect(target: Target) -> None:
+    with open_host(target) as host:
+        host.run(["true"])
+
+
+def test_connection_refused_is_unreachable(sshd: Sshd, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with pytest.raises(Unreachable, match="cannot connect"):
+            _connect(_target(sshd, tmp_path, port=port))
+
+
+def test_silent_server_times_out_within_bound(sshd: Sshd, tmp_path: Path) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    conns: list[socket.socket] = []
+    t = threading.Thread(target=lambda: conns.append(srv.accept()[0]), daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Unreachable):
+            _connect(_target(sshd, tmp_path, port=srv.getsockname()[1], connect_timeout=1))
+        assert time.monotonic() - t0 < 8
+    finally:
+        for c in conns:
+            c.close()
+        srv.close()
+
+
+def test_wrong_key_is_authentication_failure(sshd: Sshd, tmp_path: Path) -> None:
+    key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(AuthenticationFailed, match="refused our key"):
+        _connect(_target(sshd, tmp_path, ssh_key=str(key)))
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(sshd: Sshd, tmp_path: Path) -> None:
+    other = tmp_path / "fake_host"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, b64 = (tmp_path / "fake_host.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {b64}\n")
+    for policy in ("strict", "accept-new"):
+        with pytest.raises(HostKeyError, match="HOST KEY MISMATCH"):
+            _connect(_target(sshd, tmp_path, known_hosts=str(known), host_key_policy=policy))
+
+
+def test_unknown_host_key_strict_refuses_accept_new_records(sshd: Sshd, tmp_path: Path) -> None:
+    known = tmp_path / "ssh" / "known_hosts"
+    with pytest.raises(HostKeyError, match="is not in"):
+        _connect(_target(sshd, tmp_path, known_hosts=str(known)))
+    assert not known.exists()
+    _connect(_target(sshd, tmp_path, known_hosts=str(known), host_key_policy="accept-new"))
+    assert known.read_text() == sshd.known_hosts_line()
+    _connect(_target(sshd, tmp_path, known_hosts=str(known)))  # now strict passes
