@@ -24,7 +24,13 @@ import numpy as np
 
 from kernels.reference import BatchedTrees, _budget, _check_topk, _int64
 
-__all__ = ["CpuBuildError", "build_trees_cpp", "greedy_accept_cpp", "library_path"]
+__all__ = [
+    "CpuBuildError",
+    "build_trees_cpp",
+    "greedy_accept_cpp",
+    "library_path",
+    "time_build_trees_cpp",
+]
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_tree_build.cpp"
 CXXFLAGS = ["-O3", "-shared", "-fPIC", "-std=c++17"]
@@ -85,6 +91,8 @@ def _lib() -> ctypes.CDLL:
     lib.ddtree_cpu_build_trees.restype = c_int
     lib.ddtree_cpu_greedy_accept.argtypes = [ptr] * 4 + [c_int] * 3 + [ptr] * 3
     lib.ddtree_cpu_greedy_accept.restype = c_int
+    lib.ddtree_cpu_time_build_trees.argtypes = [ptr, ptr] + [c_int] * 5 + [ptr]
+    lib.ddtree_cpu_time_build_trees.restype = c_int
     return lib
 
 
@@ -126,6 +134,28 @@ def build_trees_cpp(top_log_probs: Any, top_token_ids: Any, budget: int) -> Batc
     )
 
 
+def time_build_trees_cpp(
+    top_log_probs: Any, top_token_ids: Any, budget: int, reps: int = 200
+) -> np.ndarray:
+    """Per-call seconds [reps] of the C++ build alone (timed in C++: no Python/ctypes overhead).
+
+    The first call warms caches and scratch buffers and is not recorded.
+    """
+    lp, ids = _check_topk(top_log_probs, top_token_ids, 3)
+    budget = _budget(budget)
+    if isinstance(reps, bool) or not isinstance(reps, (int, np.integer)) or not 0 < reps < 2**24:
+        raise ValueError(f"reps: expected an int in 1..2**24-1, got {reps!r}")
+    if max(*lp.shape, budget) > _INT32_MAX - 2:
+        raise ValueError(f"top_log_probs: shape {lp.shape} / budget {budget} too large")
+    seconds = np.empty(int(reps) + 1, dtype=np.float64)
+    b, h, k = lp.shape
+    rc = _lib().ddtree_cpu_time_build_trees(
+        lp.ctypes.data, ids.ctypes.data, b, h, k, budget, int(reps) + 1, seconds.ctypes.data
+    )
+    _check(rc, "ddtree_cpu_time_build_trees")
+    return seconds[1:]
+
+
 def greedy_accept_cpp(
     trees: BatchedTrees, target_ids: Any, max_depth: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -157,3 +187,34 @@ def greedy_accept_cpp(
         raise ValueError(f"max_depth: an accepted path is longer than {max_depth} nodes")
     _check(rc, "ddtree_cpu_greedy_accept")
     return accepted, accept_len, bonus
+
+
+def _bench() -> None:
+    """`python -m kernels.cpu`: median [IQR] us of the CPU baselines at H=15, budget=64."""
+    import timeit
+
+    from kernels.reference import build_trees, topk_logprobs
+
+    rng = np.random.default_rng(0)
+    print("baseline                      B   K   median us  [p25 - p75]")
+    for k in (8, 64):
+        logits = rng.standard_normal((64, 15, 4096), dtype=np.float32) * 3
+        lp, ids = topk_logprobs(logits, k)
+        for b in (1, 64):
+            x, y = lp[:b], ids[:b]
+            rows = {
+                "python/heapq build_trees": timeit.repeat(
+                    lambda x=x, y=y: build_trees(x, y, 64), number=1, repeat=max(3000 // b, 20)
+                ),
+                "c++ build_trees_cpp (call)": timeit.repeat(
+                    lambda x=x, y=y: build_trees_cpp(x, y, 64), number=1, repeat=30000 // b
+                ),
+                "c++ core (timed in C++)": time_build_trees_cpp(x, y, 64, reps=30000 // b),
+            }
+            for name, t in rows.items():
+                p25, p50, p75 = np.percentile(np.asarray(t) * 1e6, [25, 50, 75])
+                print(f"{name:28s} {b:2d} {k:3d} {p50:10.1f}  [{p25:.1f} - {p75:.1f}]")
+
+
+if __name__ == "__main__":
+    _bench()

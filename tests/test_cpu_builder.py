@@ -167,3 +167,13 @@ def test_missing_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(CpuBuildError, match="g\\+\\+ not found"):
         cpu.library_path()
+
+
+def test_core_timer_returns_per_call_seconds() -> None:
+    rng = np.random.default_rng(11)
+    lp = (-np.sort(rng.exponential(1.0, (2, 15, 8)), axis=-1)).astype(np.float32)
+    ids = rng.integers(0, 100, (2, 15, 8))
+    seconds = cpu.time_build_trees_cpp(lp, ids, 64, reps=5)
+    assert seconds.shape == (5,) and (seconds > 0).all() and (seconds < 1).all()
+    with pytest.raises(ValueError, match="reps"):
+        cpu.time_build_trees_cpp(lp, ids, 64, reps=0)

@@ -15,6 +15,7 @@
 //
 // C ABI, returns 0 on success or a nonzero code (see the enum below).
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -237,6 +238,37 @@ extern "C" int ddtree_cpu_greedy_accept(const int64_t* token_ids, const int64_t*
     }
     accept_len[b] = len;
     bonus[b] = tgt[cur];
+  }
+  return kOk;
+}
+
+// Core timing for baselines: builds the same trees `reps` times into scratch outputs and
+// writes each call's wall time (steady clock, seconds) to seconds[reps]; no Python overhead.
+extern "C" int ddtree_cpu_time_build_trees(const float* lp, const int64_t* ids, int B, int H,
+                                           int K, int budget, int reps, double* seconds) {
+  if (B < 0 || H < 0 || K < 0 || budget < 0 || reps < 0) return kBadShape;
+  if (!seconds && reps > 0) return kNullPointer;
+  const size_t b = static_cast<size_t>(B), s = static_cast<size_t>(budget) + 1;
+  std::vector<int64_t> tok, dep, par, fc, ns, nn;
+  std::vector<uint8_t> vis;
+  try {
+    tok.resize(b * budget + 1);
+    dep.resize(b * budget + 1);
+    par.resize(b * s);
+    fc.resize(b * s);
+    ns.resize(b * s);
+    nn.resize(b + 1);
+    vis.resize(b * s * s + 1);
+  } catch (const std::bad_alloc&) {
+    return kNoMemory;
+  }
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = ddtree_cpu_build_trees(lp, ids, B, H, K, budget, tok.data(), dep.data(),
+                                          par.data(), vis.data(), fc.data(), ns.data(), nn.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    if (rc != kOk) return rc;
+    seconds[r] = std::chrono::duration<double>(t1 - t0).count();
   }
   return kOk;
 }
