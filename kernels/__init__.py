@@ -1,1 +1,1 @@
-"""DDTree kernels: CUDA C++ sources with a C ABI, exact CPU references, build and bench (data plane)."""
+"""DDTree kernels (data plane): CUDA C++ with a C ABI, exact CPU references, build and bench."""
