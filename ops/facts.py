@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ops.gpus import GPU_QUERY, GPU_QUERY_OLD, Gpu, parse_gpus
+from checks.nvsmi import GPU_FIELDS, GPU_FIELDS_SHORT, Gpu, parse_gpus
 from ops.inventory import Target
 from ops.remote import Host, shell_path
 
@@ -87,9 +86,9 @@ def probe_script(target: Target) -> str:
         ),
         "nvidia_smi": "command -v nvidia-smi",
         "gpus": (
-            f"CUDA_DEVICE_ORDER=PCI_BUS_ID nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits "
-            f"2>/dev/null || CUDA_DEVICE_ORDER=PCI_BUS_ID nvidia-smi --query-gpu={GPU_QUERY_OLD} "
-            "--format=csv,nounits"
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID; "
+            f"nvidia-smi --query-gpu={GPU_FIELDS} --format=csv,nounits 2>/dev/null || "
+            f"nvidia-smi --query-gpu={GPU_FIELDS_SHORT} --format=csv,nounits"
         ),
         "disk": (
             f'd={root}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; '
@@ -199,8 +198,3 @@ def compare_with_inventory(target: Target, facts: Facts) -> list[str]:
     if not facts.python.found:
         warnings.append(f"python {target.python} not found on the host")
     return warnings
-
-
-def facts_summary(facts: Facts) -> dict[str, Any]:
-    """The JSON document `ops facts --json` prints."""
-    return facts.model_dump(mode="json")

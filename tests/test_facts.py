@@ -14,7 +14,7 @@ from conftest import REPO
 from sshd import Sshd
 
 from ops.facts import gather_facts
-from ops.gpus import parse_apps, parse_gpus
+from checks.nvsmi import parse_apps, parse_gpus
 from ops.inventory import Target
 from ops.remote import LocalHost
 
