@@ -1,0 +1,617 @@
+// tree_verify_attention.cu: tree-verify MLA attention (absorbed form) over a paged KV cache.
+//
+// All heads of a request share its latent KV rows (MQA-like), so the (tree row, head) pairs of
+// one request are the M rows of a GEMM against that request's KV: q is [total_q * heads, 576]
+// row-major, and M row m of request b is q row qo_offsets[b] * heads + m (tree row m / heads).
+// Per KV tile: S = Q K^T over 576 dims, online softmax in fp32 (exp2 domain), O += P V over
+// the first 512 dims. The tree mask only touches key positions >= L_b (the last T_b keys).
+// Long prefixes are split over CTAs (flash-decoding): each split writes O/l and log2-sum-exp
+// to a workspace and a combine kernel merges them.
+//
+// Two kernels:
+//  - SIMT (fp32 FMA; float or bf16 storage): the fp32 variant and a plain reference path.
+//  - MMA (bf16, mma.sync m16n8k16 + ldmatrix + cp.async, sm_80+, identical on sm_90/sm_120):
+//    warps form an (M/16) x 2 grid; warp (r, c) computes S for rows 16r.. and keys of half c,
+//    the pair (r, 0)/(r, 1) exchange row maxima through shared memory, P goes to shared
+//    memory, and warp (r, c) accumulates O for value dims [256c, 256c + 256) (128 fp32
+//    registers a thread; splitting the value dim keeps the 512-wide accumulator unspilled).
+//    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. Two
+//    configurations, chosen from the device's opt-in shared memory: 64x64 with a
+//    double-buffered KV tile (225 KiB: H100/H200) or 32x32 single-buffered (75 KiB: sm_120).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "ddtree_attention.h"
+
+namespace {
+
+constexpr int kQK = 576;            // key / query dims (512 latent + 64 rope)
+constexpr int kV = 512;             // value dims
+constexpr int kChunks = kQK / 8;    // 16-byte bf16 chunks per row (72)
+constexpr float kLog2e = 1.4426950408889634f;
+
+extern __shared__ __align__(128) unsigned char dyn_smem[];
+
+struct Params {
+  const void* q;
+  const void* kv;
+  const int32_t* block_table;
+  const int32_t* prefix_lens;
+  const int32_t* qo_offsets;
+  const uint8_t* vis;
+  void* out;
+  float* part_o;    // [splits, total_rows, 512] (O / l of each split)
+  float* part_lse;  // [splits, total_rows] (log2 sum exp2 of each split; -inf when empty)
+  int heads, total_rows, t_max, page_size, max_pages, num_splits, tiles_per_split;
+  float scale_log2;
+};
+
+__device__ __forceinline__ int64_t kv_slot(const Params& p, int b, int pos) {
+  const int page = p.block_table[static_cast<int64_t>(b) * p.max_pages + pos / p.page_size];
+  return static_cast<int64_t>(page) * p.page_size + pos % p.page_size;
+}
+
+// Visibility of key position `pos` to tree row t of request b (prefix rows always visible).
+__device__ __forceinline__ bool visible(const Params& p, int b, int t, int prefix, int kv_len,
+                                        int pos) {
+  if (pos >= kv_len) return false;
+  if (pos < prefix) return true;
+  return p.vis[(static_cast<int64_t>(b) * p.t_max + t) * p.t_max + (pos - prefix)] != 0;
+}
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v);
+template <>
+__device__ __forceinline__ float to_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+
+// Store the final normalised row values (or the split's partial) for M row `grow`.
+template <typename T>
+__device__ __forceinline__ void store_out(const Params& p, int split, int grow, int dim, float v) {
+  if (p.num_splits == 1) {
+    static_cast<T*>(p.out)[static_cast<int64_t>(grow) * kV + dim] = from_f<T>(v);
+  } else {
+    p.part_o[(static_cast<int64_t>(split) * p.total_rows + grow) * kV + dim] = v;
+  }
+}
+
+// Tile range [begin, end) of this split; the last split takes every remaining tile, so the
+// result never depends on the planning hint.
+__device__ __forceinline__ void split_range(const Params& p, int n_tiles, int* begin, int* end) {
+  const int split = blockIdx.z;
+  *begin = split * p.tiles_per_split;
+  *end = split == p.num_splits - 1 ? n_tiles : min(n_tiles, *begin + p.tiles_per_split);
+}
+
+// ------------------------------------------------------------------------------ SIMT kernel
+constexpr int kSimtM = 16, kSimtN = 16, kSimtThreads = 256, kSimtPad = kQK + 1;
+
+template <typename T>
+__global__ void __launch_bounds__(kSimtThreads) tva_simt_kernel(Params p) {
+  float* qs = reinterpret_cast<float*>(dyn_smem);  // [16][577]
+  float* ks = qs + kSimtM * kSimtPad;   // [16][577]
+  float* ps = ks + kSimtN * kSimtPad;   // [16][16]
+  float* row_m = ps + kSimtM * kSimtN;  // [16] running max (log2 units)
+  float* row_l = row_m + kSimtM;        // [16] running sum
+  float* row_a = row_l + kSimtM;        // [16] rescale factor of this tile
+  const int b = blockIdx.y, tid = threadIdx.x;
+  const int q0 = p.qo_offsets[b], t_b = p.qo_offsets[b + 1] - q0;
+  const int rows_b = t_b * p.heads, m0 = blockIdx.x * kSimtM;
+  if (m0 >= rows_b) return;
+  const int prefix = p.prefix_lens[b], kv_len = prefix + t_b;
+  int tile_begin, tile_end;
+  split_range(p, (kv_len + kSimtN - 1) / kSimtN, &tile_begin, &tile_end);
+  const T* q = static_cast<const T*>(p.q);
+  const T* kv = static_cast<const T*>(p.kv);
+  const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
+  for (int i = tid; i < kSimtM * kQK; i += kSimtThreads) {
+    const int r = i / kQK, d = i % kQK;
+    qs[r * kSimtPad + d] = m0 + r < rows_b ? to_f(q[(row_base + m0 + r) * kQK + d]) : 0.f;
+  }
+  if (tid < kSimtM) {
+    row_m[tid] = -INFINITY;
+    row_l[tid] = 0.f;
+  }
+  const int sr = tid >> 4, sn = tid & 15;  // score (row, key) of this thread; also O row
+  const int t_row = min(m0 + sr, rows_b - 1) / p.heads;
+  float o[kV / 16];
+#pragma unroll
+  for (int j = 0; j < kV / 16; ++j) o[j] = 0.f;
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int kv0 = tile * kSimtN;
+    __syncthreads();  // previous tile's ks / ps reads are done
+    for (int r = 0; r < kSimtN; ++r) {
+      const int pos = kv0 + r;
+      const int64_t base = pos < kv_len ? kv_slot(p, b, pos) * kQK : -1;
+      for (int d = tid; d < kQK; d += kSimtThreads)
+        ks[r * kSimtPad + d] = base >= 0 ? to_f(kv[base + d]) : 0.f;
+    }
+    __syncthreads();
+    float s = 0.f;
+    for (int d = 0; d < kQK; ++d) s = fmaf(qs[sr * kSimtPad + d], ks[sn * kSimtPad + d], s);
+    ps[sr * kSimtN + sn] =
+        visible(p, b, t_row, prefix, kv_len, kv0 + sn) ? s * p.scale_log2 : -INFINITY;
+    __syncthreads();
+    if (tid < 32 * (kSimtM / 2)) {  // warp w: rows 2w (lanes 0-15) and 2w+1 (lanes 16-31)
+      const int r = tid >> 4;
+      const float x = ps[r * kSimtN + sn];
+      float mx = x;
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_old = row_m[r], m_new = fmaxf(m_old, mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float e = exp2f(x - m_use);
+      float sum = e;
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      __syncwarp();
+      ps[r * kSimtN + sn] = e;
+      if (sn == 0) {
+        const float alpha = exp2f(m_old - m_use);
+        row_a[r] = alpha;
+        row_l[r] = row_l[r] * alpha + sum;
+        row_m[r] = m_new;
+      }
+    }
+    __syncthreads();
+    const float alpha = row_a[sr];
+#pragma unroll
+    for (int j = 0; j < kV / 16; ++j) o[j] *= alpha;
+    for (int n = 0; n < kSimtN; ++n) {
+      const float w = ps[sr * kSimtN + n];
+#pragma unroll
+      for (int j = 0; j < kV / 16; ++j) o[j] = fmaf(w, ks[n * kSimtPad + sn + 16 * j], o[j]);
+    }
+  }
+  __syncthreads();
+  if (m0 + sr >= rows_b) return;
+  const float l = row_l[sr];
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const int grow = static_cast<int>(row_base) + m0 + sr;
+#pragma unroll
+  for (int j = 0; j < kV / 16; ++j) store_out<T>(p, blockIdx.z, grow, sn + 16 * j, o[j] * inv);
+  if (p.num_splits > 1 && sn == 0)
+    p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
+        l > 0.f ? row_m[sr] + log2f(l) : -INFINITY;
+}
+
+// ------------------------------------------------------------------------------ MMA kernel
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of 16-byte chunk c of row r in a [rows][72 chunks] swizzled bf16 tile.
+__device__ __forceinline__ uint32_t qk_off(int r, int c) {
+  return static_cast<uint32_t>((r * kChunks + (c ^ (r & 7))) * 16);
+}
+// Same for the [BM][BN] bf16 P tile (CPR = BN / 8 chunks a row, a power of two <= 8).
+template <int CPR>
+__device__ __forceinline__ uint32_t p_off(int r, int c) {
+  return static_cast<uint32_t>((r * CPR + (c ^ ((r / (8 / CPR)) & (CPR - 1)))) * 16);
+}
+
+template <int BM, int BN, int STAGES>
+struct MmaCfg {
+  static constexpr int kWarps = BM / 16 * 2, kThreads = kWarps * 32;
+  static constexpr int kTileBytes = BN * kQK * 2, kQBytes = BM * kQK * 2;
+  static constexpr int kPBytes = BM * BN * 2, kRedBytes = 2 * 2 * BM * 4;
+  static constexpr int kSmem = kQBytes + STAGES * kTileBytes + kPBytes + kRedBytes;
+  static constexpr int kTpr = kThreads / BN;  // loader threads per KV row
+  static_assert(kThreads % BN == 0 && kChunks % kTpr == 0, "KV loader mapping");
+  static_assert(kThreads % BM == 0 && kChunks % (kThreads / BM) == 0, "Q loader mapping");
+  static_assert(BN % 32 == 0 && BN <= 64, "key halves of whole 16-key steps");
+};
+
+template <int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_kernel(Params p) {
+  using Cfg = MmaCfg<BM, BN, STAGES>;
+  constexpr int kHalfN = BN / 2, kNtS = kHalfN / 8;  // S n-tiles of a warp
+  constexpr int kNtO = kV / 2 / 8;                   // O n-tiles of a warp (32)
+  constexpr int kCpr = BN / 8;
+  unsigned char* qs = dyn_smem;
+  unsigned char* kvs = qs + Cfg::kQBytes;
+  unsigned char* ps = kvs + STAGES * Cfg::kTileBytes;
+  float* red_max = reinterpret_cast<float*>(ps + Cfg::kPBytes);  // [2][BM]
+  float* red_sum = red_max + 2 * BM;                             // [2][BM]
+
+  const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wr = warp >> 1, wc = warp & 1;
+  const int q0 = p.qo_offsets[b], t_b = p.qo_offsets[b + 1] - q0;
+  const int rows_b = t_b * p.heads, m0 = blockIdx.x * BM;
+  if (m0 >= rows_b) return;
+  const int prefix = p.prefix_lens[b], kv_len = prefix + t_b;
+  int tile_begin, tile_end;
+  split_range(p, (kv_len + BN - 1) / BN, &tile_begin, &tile_end);
+  const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
+  const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
+
+  auto load_kv = [&](int tile, int stage) {
+    const int r = tid / Cfg::kTpr, sub = tid % Cfg::kTpr, pos = tile * BN + r;
+    const bool ok = pos < kv_len;
+    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
+    const uint32_t dst = smem_u32(kvs + stage * Cfg::kTileBytes);
+#pragma unroll
+    for (int c = sub; c < kChunks; c += Cfg::kTpr)
+      cp_async16(dst + qk_off(r, c), src + (ok ? c * 8 : 0), ok);
+  };
+
+  if (tile_begin < tile_end) {
+    {  // Q tile (rows past the request's end are zero-filled)
+      constexpr int kTprQ = Cfg::kThreads / BM;
+      const int r = tid / kTprQ, sub = tid % kTprQ;
+      const bool ok = m0 + r < rows_b;
+      const __nv_bfloat16* src =
+          static_cast<const __nv_bfloat16*>(p.q) + (ok ? (row_base + m0 + r) * kQK : 0);
+      const uint32_t dst = smem_u32(qs);
+#pragma unroll
+      for (int c = sub; c < kChunks; c += kTprQ) cp_async16(dst + qk_off(r, c), src + c * 8, ok);
+    }
+    load_kv(tile_begin, 0);
+    cp_async_commit();
+  }
+
+  // Fixed rows of this thread in the accumulator layout: g and g + 8 of the warp's 16.
+  const int g = lane >> 2, qd = lane & 3;
+  const int lrow0 = wr * 16 + g, lrow1 = lrow0 + 8;
+  const int t_row0 = min(m0 + lrow0, rows_b - 1) / p.heads;
+  const int t_row1 = min(m0 + lrow1, rows_b - 1) / p.heads;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[kNtO][4];
+#pragma unroll
+  for (int j = 0; j < kNtO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+  const uint32_t qs_u = smem_u32(qs), ps_u = smem_u32(ps);
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = STAGES == 1 ? 0 : (tile - tile_begin) % STAGES;
+    if (STAGES == 1 && tile != tile_begin) {  // single buffer: reload once everyone is done
+      __syncthreads();
+      load_kv(tile, 0);
+      cp_async_commit();
+    }
+    cp_async_wait_all();
+    __syncthreads();  // tile's KV (and Q) landed; everyone is done with the previous tile
+    if (STAGES > 1 && tile + 1 < tile_end) {
+      load_kv(tile + 1, (tile + 1 - tile_begin) % STAGES);
+      cp_async_commit();
+    }
+    const uint32_t kv_u = smem_u32(kvs + stage * Cfg::kTileBytes);
+    const int kv0 = tile * BN;
+
+    // S = Q K^T for rows [16 wr, +16) x keys [kHalfN wc, +kHalfN).
+    float s[kNtS][4];
+#pragma unroll
+    for (int j = 0; j < kNtS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll 4
+    for (int kk = 0; kk < kQK / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(qs_u + qk_off(wr * 16 + (lane & 15), 2 * kk + (lane >> 4)), a);
+#pragma unroll
+      for (int j = 0; j < kNtS; j += 2) {
+        uint32_t bb[4];
+        const int key = wc * kHalfN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+        ldsm_x4(kv_u + qk_off(key, 2 * kk + ((lane >> 3) & 1)), bb);
+        mma_bf16(s[j], a, bb[0], bb[1]);
+        mma_bf16(s[j + 1], a, bb[2], bb[3]);
+      }
+    }
+    // Scale, mask (only tiles that reach the tree or the end), row max.
+    const bool need_mask = kv0 + BN > prefix;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kNtS; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = kv0 + wc * kHalfN + j * 8 + 2 * qd + (e & 1);
+        float x = s[j][e] * p.scale_log2;
+        if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos))
+          x = -INFINITY;
+        s[j][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    if (qd == 0) {
+      red_max[wc * BM + lrow0] = mx[0];
+      red_max[wc * BM + lrow1] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float other = red_max[(wc ^ 1) * BM + (h ? lrow1 : lrow0)];
+      const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+    // P = exp2(S - m) -> bf16 in shared memory; partial row sums stay per thread.
+#pragma unroll
+    for (int j = 0; j < kNtS; ++j) {
+      const float p0 = exp2f(s[j][0] - m_use[0]), p1 = exp2f(s[j][1] - m_use[0]);
+      const float p2 = exp2f(s[j][2] - m_use[1]), p3 = exp2f(s[j][3] - m_use[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int c = (wc * kHalfN + j * 8) / 8;
+      *reinterpret_cast<__nv_bfloat162*>(ps + p_off<kCpr>(lrow0, c) + qd * 4) =
+          __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<__nv_bfloat162*>(ps + p_off<kCpr>(lrow1, c) + qd * 4) =
+          __floats2bfloat162_rn(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < kNtO; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    __syncthreads();  // P complete
+    // O[16 wr.., dims 256 wc..] += P[16, BN] V[BN, 256].
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(ps_u + p_off<kCpr>(wr * 16 + (lane & 15), 2 * ks + (lane >> 4)), a);
+      const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+      for (int j = 0; j < kNtO; j += 2) {
+        uint32_t bb[4];
+        ldsm_x4_t(kv_u + qk_off(key, (wc * 256 + j * 8) / 8 + (lane >> 4)), bb);
+        mma_bf16(o[j], a, bb[0], bb[1]);
+        mma_bf16(o[j + 1], a, bb[2], bb[3]);
+      }
+    }
+  }
+
+  // Row sums: quad, then the partner warp (other key half).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  __syncthreads();
+  if (qd == 0) {
+    red_sum[wc * BM + lrow0] = l_run[0];
+    red_sum[wc * BM + lrow1] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int lrow = h ? lrow1 : lrow0;
+    if (m0 + lrow >= rows_b) continue;
+    const float l = l_run[h] + red_sum[(wc ^ 1) * BM + lrow];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t grow = row_base + m0 + lrow;
+    if (p.num_splits == 1) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + wc * 256 + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < kNtO; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(out + j * 8) =
+            __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    } else {
+      float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV +
+                   wc * 256 + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < kNtO; ++j)
+        *reinterpret_cast<float2*>(out + j * 8) =
+            make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+      if (wc == 0 && qd == 0)
+        p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
+            l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ combine
+template <typename T>
+__global__ void __launch_bounds__(128) tva_combine_kernel(Params p) {
+  const int row = blockIdx.x;
+  float lse_max = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s)
+    lse_max = fmaxf(lse_max, p.part_lse[static_cast<int64_t>(s) * p.total_rows + row]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, wsum = 0.f;
+  const int d = threadIdx.x * 4;
+  for (int s = 0; s < p.num_splits; ++s) {
+    const float lse = p.part_lse[static_cast<int64_t>(s) * p.total_rows + row];
+    if (lse == -INFINITY) continue;  // empty split (or one that saw no visible key)
+    const float w = exp2f(lse - lse_max);
+    wsum += w;
+    const float4 v = *reinterpret_cast<const float4*>(
+        p.part_o + (static_cast<int64_t>(s) * p.total_rows + row) * kV + d);
+    acc[0] = fmaf(w, v.x, acc[0]);
+    acc[1] = fmaf(w, v.y, acc[1]);
+    acc[2] = fmaf(w, v.z, acc[2]);
+    acc[3] = fmaf(w, v.w, acc[3]);
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  T* out = static_cast<T*>(p.out) + static_cast<int64_t>(row) * kV + d;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = from_f<T>(acc[i] * inv);
+}
+
+// ------------------------------------------------------------------------------ host side
+struct Launch {
+  int bm, bn, threads, smem, ctas_per_sm;
+  const void* kernel;
+};
+
+using Big = MmaCfg<64, 64, 2>;
+using Small = MmaCfg<32, 32, 1>;
+
+int device_info(int* sms, int* smem_optin) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return static_cast<int>(e);
+}
+
+int choose(int dtype, int algo, Launch* l) {
+  int sms = 0, optin = 0;
+  if (int e = device_info(&sms, &optin)) return e;
+  const bool mma = algo == DDTREE_ATTN_MMA || (algo == DDTREE_ATTN_AUTO && dtype == DDTREE_ATTN_BFLOAT16);
+  if (mma && dtype != DDTREE_ATTN_BFLOAT16) return static_cast<int>(cudaErrorInvalidValue);
+  if (!mma) {
+    const int smem = (2 * 16 * kSimtPad + 16 * 16 + 3 * 16) * 4;
+    *l = {kSimtM, kSimtN, kSimtThreads, smem, 2,
+          dtype == DDTREE_ATTN_FLOAT32 ? reinterpret_cast<const void*>(&tva_simt_kernel<float>)
+                                       : reinterpret_cast<const void*>(
+                                             &tva_simt_kernel<__nv_bfloat16>)};
+  } else if (optin >= Big::kSmem) {
+    *l = {64, 64, Big::kThreads, Big::kSmem, 1,
+          reinterpret_cast<const void*>(&tva_mma_kernel<64, 64, 2>)};
+  } else {
+    *l = {32, 32, Small::kThreads, Small::kSmem, 1,
+          reinterpret_cast<const void*>(&tva_mma_kernel<32, 32, 1>)};
+  }
+  if (l->smem > optin) return static_cast<int>(cudaErrorInvalidConfiguration);
+  return 0;
+}
+
+// Split count: minimise (waves x tiles a split) plus the combine pass, in KV-tile units.
+int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int max_kv_len) {
+  const int ctas = batch * ((t_max * heads + l.bm - 1) / l.bm);
+  const int tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
+  const int slots = max(1, sms * l.ctas_per_sm);
+  const double rows = static_cast<double>(batch) * t_max * heads;
+  int best = 1;
+  double best_cost = 1e300;
+  for (int s = 1; s <= min(tiles, 128); ++s) {
+    const double waves = static_cast<double>((static_cast<int64_t>(ctas) * s + slots - 1) / slots);
+    const double cost =
+        waves * ((tiles + s - 1) / s) * (l.bm * l.bn) / 4096.0 + (s > 1 ? s * rows / 2000.0 : 0);
+    if (cost < best_cost * 0.999) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
+size_t workspace_for(int splits, int total_rows) {
+  return splits > 1 ? static_cast<size_t>(splits) * total_rows * (kV + 1) * sizeof(float) : 0;
+}
+
+bool bad_dims(int dtype, int batch, int heads, int total_q, int t_max) {
+  return (dtype != DDTREE_ATTN_FLOAT32 && dtype != DDTREE_ATTN_BFLOAT16) || batch < 0 ||
+         heads < 1 || heads > 128 || total_q < 0 || t_max < 1 ||
+         static_cast<int64_t>(total_q) * heads * (kV + 1) > (int64_t{1} << 31);
+}
+
+}  // namespace
+
+extern "C" const char* ddtree_attention_error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+extern "C" int ddtree_tree_verify_attention_plan(int dtype, int algo, int batch, int heads,
+                                                 int total_q, int t_max, int max_kv_len,
+                                                 int num_splits_req, int* num_splits,
+                                                 size_t* workspace_bytes) {
+  if (!num_splits || !workspace_bytes || bad_dims(dtype, batch, heads, total_q, t_max) ||
+      algo < 0 || algo > 2 || num_splits_req < 0 || num_splits_req > 1024)
+    return static_cast<int>(cudaErrorInvalidValue);
+  Launch l;
+  if (int e = choose(dtype, algo, &l)) return e;
+  int sms = 0, optin = 0;
+  if (int e = device_info(&sms, &optin)) return e;
+  const int s = num_splits_req > 0 ? num_splits_req
+                                   : plan_splits(l, sms, batch, heads, t_max, max_kv_len);
+  *num_splits = s;
+  *workspace_bytes = workspace_for(s, total_q * heads);
+  return 0;
+}
+
+extern "C" int ddtree_tree_verify_attention(
+    const void* q, const void* kv_cache, const int32_t* block_table, const int32_t* prefix_lens,
+    const int32_t* qo_offsets, const uint8_t* visibility, void* out, void* workspace,
+    size_t workspace_bytes, int dtype, int algo, int batch, int heads, int total_q, int t_max,
+    int page_size, int max_pages, int max_kv_len, float scale, int num_splits,
+    cudaStream_t stream) {
+  (void)max_kv_len;
+  if (bad_dims(dtype, batch, heads, total_q, t_max) || page_size < 1 || max_pages < 1 ||
+      num_splits < 1 || num_splits > 1024 || algo < 0 || algo > 2)
+    return static_cast<int>(cudaErrorInvalidValue);
+  if (batch == 0 || total_q == 0) return 0;
+  if (!q || !kv_cache || !block_table || !prefix_lens || !qo_offsets || !visibility || !out ||
+      ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(kv_cache) |
+        reinterpret_cast<uintptr_t>(out)) & 15))
+    return static_cast<int>(cudaErrorInvalidValue);
+  Launch l;
+  if (int e = choose(dtype, algo, &l)) return e;
+  const int total_rows = total_q * heads;
+  if (workspace_bytes < workspace_for(num_splits, total_rows) || (num_splits > 1 && !workspace))
+    return static_cast<int>(cudaErrorInvalidValue);
+  const int max_tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
+  Params p{q, kv_cache, block_table, prefix_lens, qo_offsets, visibility, out,
+           static_cast<float*>(workspace),
+           num_splits > 1 ? static_cast<float*>(workspace) +
+                                static_cast<size_t>(num_splits) * total_rows * kV
+                          : nullptr,
+           heads, total_rows, t_max, page_size, max_pages, num_splits,
+           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e};
+  if (cudaError_t e = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           l.smem))
+    return static_cast<int>(e);
+  const dim3 grid((t_max * heads + l.bm - 1) / l.bm, batch, num_splits);
+  void* args[] = {&p};
+  if (cudaError_t e = cudaLaunchKernel(l.kernel, grid, dim3(l.threads), args, l.smem, stream))
+    return static_cast<int>(e);
+  if (num_splits > 1) {
+    if (dtype == DDTREE_ATTN_FLOAT32)
+      tva_combine_kernel<float><<<total_rows, 128, 0, stream>>>(p);
+    else
+      tva_combine_kernel<__nv_bfloat16><<<total_rows, 128, 0, stream>>>(p);
+  }
+  return static_cast<int>(cudaGetLastError());
+}

@@ -1,0 +1,228 @@
+"""Torch bindings for the Kernels II CUDA ops: tree-verify MLA attention and KV compaction.
+
+Layout as in `kernels.reference_attention` (the float64 reference) and
+`kernels/csrc/ddtree_attention.h`. Arguments are validated before any launch; errors name the
+op and the argument. The library is loaded once per process (`load_library`): the path in
+`DDTREE_ATTN_LIB` if set, else a build of the two sources for the current GPU's arch into a
+per-user cache (nvcc needed), keyed by the sources' hash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["compact_kv", "load_library", "tree_verify_attention"]
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("tree_verify_attention.cu", "kv_compact.cu")
+QK_DIM, V_DIM = 576, 512
+_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
+
+
+def _build(arch: str) -> Path:
+    digest = hashlib.sha256()
+    for name in (*SOURCES, "ddtree_attention.h"):
+        digest.update((CSRC / name).read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddtree-ops"
+    lib = cache / f"libddtree_attention-{arch}-{digest.hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        out = Path(tmp) / lib.name
+        cmd = ["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+               f"-gencode=arch=compute_{arch},code=sm_{arch}", "-o", str(out),
+               *(str(CSRC / s) for s in SOURCES)]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(out, lib)  # atomic: concurrent builders never see a partial file
+    return lib
+
+
+@functools.cache
+def load_library() -> ctypes.CDLL:
+    """Load (building if needed) the attention library and declare its C signatures."""
+    path = os.environ.get("DDTREE_ATTN_LIB")
+    if not path:
+        major, minor = torch.cuda.get_device_capability()
+        path = str(_build(f"{major}{minor}"))
+    lib = ctypes.CDLL(path)
+    lib.ddtree_attention_error_string.restype = ctypes.c_char_p
+    lib.ddtree_attention_error_string.argtypes = [_I]
+    lib.ddtree_tree_verify_attention_plan.argtypes = [_I] * 8 + [
+        ctypes.POINTER(_I), ctypes.POINTER(_SZ)]  # fmt: skip
+    lib.ddtree_tree_verify_attention.argtypes = [_P] * 8 + [_SZ] + [_I] * 10 + [_F, _I, _P]
+    lib.ddtree_compact_kv.argtypes = [_P] * 4 + [_I] * 6 + [_P]
+    return lib
+
+
+def _fail(op: str, code: int) -> None:
+    if code:
+        msg = load_library().ddtree_attention_error_string(code).decode()
+        raise RuntimeError(f"{op}: CUDA error {code} ({msg})")
+
+
+def _tensor(op: str, name: str, t: object, dtypes: tuple, ndim: int, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{op}: {name} must have dtype in {list(dtypes)}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if not t.is_cuda or (device is not None and t.device != device):
+        raise ValueError(f"{op}: {name} must be on {device or 'a CUDA device'}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous")
+
+
+def _lens(op: str, name: str, t: torch.Tensor, batch: int, device) -> torch.Tensor:
+    _tensor(op, name, t, (torch.int32, torch.int64), 1, device)
+    if t.shape[0] != batch:
+        raise ValueError(f"{op}: {name} must be [B={batch}], got {tuple(t.shape)}")
+    return t.to(torch.int32)
+
+
+def tree_verify_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    tree_lens: torch.Tensor,
+    visibility: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    max_kv_len: int | None = None,
+    num_splits: int = 0,
+    algo: str = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """out `[sum T_b, heads, 512]` (q's dtype) = tree-verify attention on the GPU.
+
+    `max_kv_len` (an upper bound on L_b + T_b) only plans the KV split; when None it is read
+    from the device (a sync). `check` verifies the data-dependent preconditions on the device
+    (also a sync); pass `check=False, max_kv_len=...` inside CUDA graphs. `num_splits` 0 = auto.
+    """
+    op = "tree_verify_attention"
+    _tensor(op, "q", q, tuple(_DTYPES), 3)
+    dev = q.device
+    _tensor(op, "kv_cache", kv_cache, (q.dtype,), 3, dev)
+    _tensor(op, "block_table", block_table, (torch.int32,), 2, dev)
+    _tensor(op, "visibility", visibility, (torch.bool,), 3, dev)
+    total_q, heads, _ = q.shape
+    batch, max_pages = block_table.shape
+    page_size, t_max = kv_cache.shape[1], visibility.shape[1]
+    if q.shape[2] != QK_DIM or not 1 <= heads <= 128:
+        raise ValueError(f"{op}: q must be [sum T_b, heads 1..128, {QK_DIM}], got {tuple(q.shape)}")
+    if kv_cache.shape[2] != QK_DIM:
+        raise ValueError(f"{op}: kv_cache must be [pages, page_size, {QK_DIM}]")
+    if visibility.shape != (batch, t_max, t_max) or t_max < 1:
+        raise ValueError(f"{op}: visibility must be [B={batch}, T_max, T_max]")
+    if algo not in _ALGOS:
+        raise ValueError(f"{op}: algo must be one of {list(_ALGOS)}, got {algo!r}")
+    if algo == "mma" and q.dtype != torch.bfloat16:
+        raise ValueError(f"{op}: algo 'mma' needs bfloat16 inputs")
+    pl = _lens(op, "prefix_lens", prefix_lens, batch, dev)
+    tl = _lens(op, "tree_lens", tree_lens, batch, dev)
+    if out is None:
+        out = torch.empty((total_q, heads, V_DIM), dtype=q.dtype, device=dev)
+    else:
+        _tensor(op, "out", out, (q.dtype,), 3, dev)
+        if out.shape != (total_q, heads, V_DIM):
+            raise ValueError(f"{op}: out must be [{total_q}, {heads}, {V_DIM}]")
+    if batch == 0 or total_q == 0:
+        return out
+    if check:
+        _check_attention(op, pl, tl, block_table, kv_cache.shape[0], total_q, t_max,
+                         max_pages * page_size)  # fmt: skip
+    if max_kv_len is None:
+        max_kv_len = int((pl + tl).max().item())
+    qo = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
+    torch.cumsum(tl, 0, dtype=torch.int32, out=qo[1:])
+    lib = load_library()
+    splits, ws_bytes = _I(0), _SZ(0)
+    dtype = _DTYPES[q.dtype]
+    _fail(op, lib.ddtree_tree_verify_attention_plan(
+        dtype, _ALGOS[algo], batch, heads, total_q, t_max, max_kv_len, num_splits,
+        ctypes.byref(splits), ctypes.byref(ws_bytes)))  # fmt: skip
+    ws = torch.empty(max(ws_bytes.value, 1), dtype=torch.uint8, device=dev)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    _fail(op, lib.ddtree_tree_verify_attention(
+        q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), qo.data_ptr(),
+        visibility.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes.value, dtype,
+        _ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len,
+        float(scale), splits.value, stream))  # fmt: skip
+    return out
+
+
+def _check_attention(op, pl, tl, block_table, num_pages, total_q, t_max, capacity) -> None:
+    stats = torch.stack([
+        (tl < 1).sum(), tl.sum() - total_q, (tl > t_max).sum(), (pl < 0).sum(),
+        (pl + tl > capacity).sum(),
+        ((block_table < 0) | (block_table >= num_pages)).sum(),
+    ]).tolist()  # fmt: skip
+    problems = [
+        "tree_lens must be >= 1", f"tree_lens must sum to q.shape[0] = {total_q}",
+        f"tree_lens must be <= T_max = {t_max}", "prefix_lens must be >= 0",
+        f"prefix_lens + tree_lens must be <= max_pages * page_size = {capacity}",
+        f"block_table entries must lie in [0, {num_pages})",
+    ]  # fmt: skip
+    for bad, msg in zip(stats, problems, strict=True):
+        if bad:
+            raise ValueError(f"{op}: {msg}")
+
+
+def compact_kv(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    accepted: torch.Tensor,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """Move accepted tree rows to L_b, L_b+1, ... in place; returns `kv_cache`.
+
+    `accepted` `[B, A]` int32/int64: tree indices starting with 0, strictly increasing, padded
+    with -1 (as `greedy_accept_batch` returns them). `check` verifies that on the device (sync).
+    """
+    op = "compact_kv"
+    _tensor(op, "kv_cache", kv_cache, tuple(_DTYPES), 3)
+    dev = kv_cache.device
+    _tensor(op, "block_table", block_table, (torch.int32,), 2, dev)
+    _tensor(op, "accepted", accepted, (torch.int32, torch.int64), 2, dev)
+    batch, max_pages = block_table.shape
+    if kv_cache.shape[2] != QK_DIM:
+        raise ValueError(f"{op}: kv_cache must be [pages, page_size, {QK_DIM}]")
+    if accepted.shape[0] != batch:
+        raise ValueError(f"{op}: accepted must be [B={batch}, A], got {tuple(accepted.shape)}")
+    pl = _lens(op, "prefix_lens", prefix_lens, batch, dev)
+    acc = accepted.to(torch.int32).contiguous()
+    if batch == 0 or acc.shape[1] == 0:
+        return kv_cache
+    if check:
+        valid = acc >= 0
+        n = valid.sum(1)
+        pos = torch.arange(acc.shape[1], device=dev)
+        rows_ok = (valid == (pos[None, :] < n[:, None])).all(1) & (acc[:, 0] == 0)
+        incr = (acc[:, 1:] > acc[:, :-1]) | ~valid[:, 1:]
+        reach = pl + acc.max(1).values < max_pages * kv_cache.shape[1]
+        if not bool((rows_ok & incr.all(1) & reach).all()):
+            raise ValueError(
+                f"{op}: accepted rows must start with 0, strictly increase, be padded with -1"
+                " only at the end and stay within the block table"
+            )
+    lib = load_library()
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    _fail(op, lib.ddtree_compact_kv(
+        kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), acc.data_ptr(), batch,
+        acc.shape[1], kv_cache.shape[1], max_pages, kv_cache.element_size(), stream))  # fmt: skip
+    return kv_cache
