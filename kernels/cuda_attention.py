@@ -60,8 +60,8 @@ def load_library() -> ctypes.CDLL:
     lib.ddtree_attention_error_string.argtypes = [_I]
     lib.ddtree_tree_verify_attention_plan.argtypes = [_I] * 8 + [
         ctypes.POINTER(_I), ctypes.POINTER(_SZ)]  # fmt: skip
-    lib.ddtree_tree_verify_attention.argtypes = [_P] * 8 + [_SZ] + [_I] * 10 + [_F, _I, _P]
-    lib.ddtree_compact_kv.argtypes = [_P] * 4 + [_I] * 6 + [_P]
+    lib.ddtree_tree_verify_attention.argtypes = [_P] * 8 + [_SZ] + [_I] * 9 + [_F, _I, _P]
+    lib.ddtree_compact_kv.argtypes = [_P] * 4 + [_I] * 5 + [_P]
     return lib
 
 
