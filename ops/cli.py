@@ -7,20 +7,28 @@ never a traceback. Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configura
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ops.errors import EXIT_OK, OpsError
+from ops.cli_checks import healthcheck
+from ops.cli_common import (
+    InventoryOpt,
+    JsonOpt,
+    TargetArg,
+    emit_json,
+    err,
+    guard,
+    inventory_of,
+    out,
+    recorded,
+)
+from ops.cli_service import serve, service_app
+from ops.errors import EXIT_OK
 from ops.facts import Facts, gather_facts
-from ops.inventory import Inventory, load_inventory
-from ops.records import RunDir
 from ops.remote import open_host
 
 app = typer.Typer(
@@ -30,43 +38,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-InventoryOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--inventory",
-        "-i",
-        envvar="OPS_INVENTORY",
-        metavar="PATH",
-        help="Inventory file (default: ./ops.toml; without one only `local` exists).",
-    ),
-]
-TargetArg = Annotated[str, typer.Argument(help="Target name from the inventory, or `local`.")]
-
-
-def _emit_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
-
-
-def _guard(as_json: bool, fn: Callable[[], int]) -> None:
-    """Run a command body; turn OpsError into one line on stderr (and a JSON doc) and exit 2."""
-    try:
-        code = fn()
-    except OpsError as exc:
-        if as_json:
-            _emit_json({"ok": False, **exc.to_dict()})
-        err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
-        if exc.hint:
-            err.print(f"[dim]hint: {escape(exc.hint)}[/]", soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
-    raise typer.Exit(code)
-
-
-def _inventory(path: str | None) -> Inventory:
-    return load_inventory(path)
+app.add_typer(service_app, name="service")
+app.command()(serve)
+app.command()(healthcheck)
 
 
 @app.command()
@@ -74,7 +48,7 @@ def hosts(as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
     """List every target: address, GPUs, arch, service and its manager."""
 
     def body() -> int:
-        inv = _inventory(inventory)
+        inv = inventory_of(inventory)
         rows = [
             {
                 "name": t.name,
@@ -91,7 +65,7 @@ def hosts(as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
             for t in inv.targets.values()
         ]
         if as_json:
-            _emit_json(
+            emit_json(
                 {
                     "inventory": str(inv.path) if inv.path else None,
                     "targets": rows,
@@ -116,7 +90,7 @@ def hosts(as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
             out.print(f"group [bold]{g}[/]: {', '.join(members)}")
         return EXIT_OK
 
-    _guard(as_json, body)
+    guard(as_json, body)
 
 
 @app.command()
@@ -124,33 +98,21 @@ def facts(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt =
     """Connect to TARGET and report what is there: OS, python, nvcc, GPUs, disk, service."""
 
     def body() -> int:
-        t = _inventory(inventory).target(target)
-        run = RunDir.create("facts", t.name)
-        try:
-            with open_host(t) as host:
-                found = gather_facts(host)
-        except OpsError as exc:
-            run.write_record(
-                inputs={"target": t.name},
-                outcome="error",
-                exit_code=exc.exit_code,
-                error=exc.to_dict(),
-            )
-            raise
-        run.write_record(
-            inputs={"target": t.name},
-            outcome="ok",
-            exit_code=EXIT_OK,
-            facts=found.model_dump(mode="json"),
-        )
-        if as_json:
-            _emit_json({**found.model_dump(mode="json"), "run_dir": str(run.path)})
-        else:
-            _print_facts(found)
-            err.print(f"[dim]record: {run.path}/record.json[/]")
-        return EXIT_OK
+        t = inventory_of(inventory).target(target)
 
-    _guard(as_json, body)
+        def gather(_run: object) -> tuple[int, str, dict[str, Any]]:
+            with open_host(t) as host:
+                return EXIT_OK, "ok", {"facts": gather_facts(host).model_dump(mode="json")}
+
+        run, code, sections = recorded("facts", t, {"target": t.name}, gather)
+        if as_json:
+            emit_json({**sections["facts"], "run_dir": str(run.path)})
+        else:
+            _print_facts(Facts.model_validate(sections["facts"]))
+            err.print(f"[dim]record: {run.path}/record.json[/]")
+        return code
+
+    guard(as_json, body)
 
 
 def _print_facts(f: Facts) -> None:

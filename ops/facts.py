@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from checks.nvsmi import GPU_FIELDS, GPU_FIELDS_SHORT, Gpu, parse_gpus
 from ops.inventory import Target
 from ops.remote import Host, shell_path
+from ops.service import pidfile
 
 MARK = "@@ops-facts"
 
@@ -54,11 +55,6 @@ class Facts(BaseModel):
     disk: Disk | None = None
     service: ServiceState
     warnings: list[str] = Field(default_factory=list)
-
-
-def pidfile(target: Target) -> str:
-    """Where the `process` service manager keeps the service's pid on the host."""
-    return f"{target.remote_root}/run/{target.service.name}.pid"
 
 
 def probe_script(target: Target) -> str:

@@ -201,6 +201,7 @@ class Host(ABC):
         python: str | None = None,
         timeout: float = 300.0,
         env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
     ) -> ModuleResult:
         """Run `python -m module --json args...` in `cwd` on the host and parse its JSON."""
         py = python or self.target.python
@@ -209,6 +210,7 @@ class Host(ABC):
             [py, "-m", module, "--json", *args],
             cwd=cwd,
             env=env,
+            stdin=stdin,
             timeout=timeout,
             warn=True,
             step=step,

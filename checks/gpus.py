@@ -1,0 +1,97 @@
+"""`python -m checks.gpus --json [--expect N]`: this host's GPUs (PCI bus order) and who uses them.
+
+Per GPU: index, UUID, name, memory used/total, utilisation, SM clock, temperature, active
+throttle reasons, and the compute processes on it. No nvidia-smi is a fact (`available:
+false`, exit 0), not a failure. The GPUs are called sane unless nvidia-smi fails, the count
+differs from `--expect`, a hardware or thermal slowdown is active, or a GPU runs hotter than
+`--max-temp`; each problem is listed with its evidence, and exit is 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
+from checks.nvsmi import APPS_FIELDS, BAD_REASONS, GPU_FIELDS, Gpu, parse_apps, parse_gpus
+
+
+def nvidia_smi(query: str, fields: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return subprocess.run(
+        ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def problems(gpus: list[Gpu], expect: int | None, max_temp: int) -> list[str]:
+    found = []
+    if expect is not None and len(gpus) != expect:
+        found.append(f"expected {expect} GPUs, nvidia-smi shows {len(gpus)}")
+    for g in gpus:
+        bad = sorted(BAD_REASONS.intersection(g.throttle_reasons))
+        if bad:
+            found.append(f"GPU {g.index} ({g.uuid}): clocks slowed by {', '.join(bad)}")
+        if g.temperature_c is not None and g.temperature_c > max_temp:
+            found.append(f"GPU {g.index} ({g.uuid}): {g.temperature_c} C > {max_temp} C")
+    return found
+
+
+def inventory(timeout: float) -> dict[str, Any]:
+    """Everything nvidia-smi says, or why there is nothing to say."""
+    if shutil.which("nvidia-smi") is None:
+        return {"available": False, "reason": "nvidia-smi not found on PATH", "gpus": []}
+    try:
+        res = nvidia_smi("gpu", GPU_FIELDS, timeout)
+        apps = nvidia_smi("compute-apps", APPS_FIELDS, timeout)
+    except subprocess.TimeoutExpired:
+        return {"available": True, "error": f"nvidia-smi hung for {timeout:g}s", "gpus": []}
+    if res.returncode != 0:
+        text = (res.stderr or res.stdout).strip()[-300:]
+        return {
+            "available": True,
+            "error": f"nvidia-smi exited {res.returncode}: {text}",
+            "gpus": [],
+        }
+    gpus = parse_gpus(res.stdout)
+    procs = parse_apps(apps.stdout) if apps.returncode == 0 else []
+    rows = []
+    for g in gpus:
+        mine = [p.to_dict() for p in procs if p.gpu_uuid == g.uuid]
+        rows.append({**g.to_dict(), "processes": mine})
+    return {"available": True, "gpus": rows, "_parsed": gpus}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser("checks.gpus", "GPU inventory and sanity via nvidia-smi.")
+    p.add_argument("--expect", type=int, default=None, help="the GPU count the host should have")
+    p.add_argument("--max-temp", type=int, default=90, help="hottest acceptable GPU (C)")
+    p.add_argument("--timeout", type=float, default=20.0)
+    args = p.parse_args(argv)
+    inv = inventory(args.timeout)
+    parsed: list[Gpu] = inv.pop("_parsed", [])
+    found: list[str] = []
+    if inv.get("error"):
+        found.append(inv["error"])
+    elif inv["available"]:
+        found += problems(parsed, args.expect, args.max_temp)
+    exit_json(
+        {
+            "ok": not found,
+            "module": "checks.gpus",
+            "device_order": "PCI_BUS_ID",
+            "problems": found,
+            **inv,
+        },
+        EXIT_FAIL if found else EXIT_PASS,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""`python -m checks.identity --json --url URL (--record-golden PATH | --golden PATH|-)`.
+
+Greedy token identity against a recorded golden set, at concurrency 1 (one request at a time).
+
+- `--record-golden PATH`: run every golden prompt greedily and store, per prompt, the output
+  token ids (the text where the service gives no ids) with the service's model and config;
+  written atomically; the document is also printed.
+- `--golden PATH` (or `-` for stdin): run the same prompts with the golden's settings and
+  report per prompt: match, the first divergent position, both continuations from there.
+- `--aa-runs N`: first run the prompts N more times and compare the service with itself; a
+  prompt it answers differently on its own is reported as `nondeterministic` and its golden
+  mismatch is not blamed on the change.
+Exit 0 when every deterministic prompt matches, 1 otherwise, 2 for a bad golden file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from checks.http import completion_ids, get, post
+from checks.module import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS, exit_json, parser
+
+SCHEMA = "ddtree-ops/golden/v1"
+PROMPTS = Path(__file__).parent / "data" / "golden_prompts.json"
+CONTEXT = 8  # tokens (or characters) of each continuation shown at a divergence
+
+
+class RunError(Exception):
+    """A request that got no usable answer: this is a failed check, with evidence."""
+
+
+def service_identity(url: str, timeout: float) -> dict[str, Any]:
+    """The model and config a golden set is recorded from (whatever the service tells)."""
+    models = get(url, "/v1/models", timeout=timeout)
+    data = models.json.get("data") if isinstance(models.json, dict) else None
+    model = data[0].get("id") if isinstance(data, list) and data else None
+    info = get(url, "/get_server_info", timeout=timeout)
+    config: dict[str, Any] = {}
+    if info.ok and isinstance(info.json, dict):
+        skip = {"internal_states", "uptime_s", "stats"}
+        config = {k: v for k, v in info.json.items() if k not in skip}
+    return {"model": model, "config": config}
+
+
+def generate(url: str, model: str | None, prompt: str, max_tokens: int, timeout: float) -> dict:
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if model:
+        body["model"] = model
+    res = post(url, "/v1/completions", body, timeout=timeout)
+    if not res.ok:
+        raise RunError(res.evidence())
+    ids, text = completion_ids(res.json)
+    if text is None and ids is None:
+        raise RunError(f"no completion choice in the answer: {res.evidence()}")
+    return {"token_ids": ids, "text": text}
+
+
+def run_all(url: str, model: str | None, prompts: list[dict], max_tokens: int, timeout: float):
+    return {p["id"]: generate(url, model, p["prompt"], max_tokens, timeout) for p in prompts}
+
+
+def first_divergence(a: list[Any] | str, b: list[Any] | str) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_one(golden: dict, got: dict) -> dict[str, Any]:
+    kind = (
+        "ids"
+        if golden.get("token_ids") is not None and got.get("token_ids") is not None
+        else "text"
+    )
+    want = golden["token_ids"] if kind == "ids" else (golden.get("text") or "")
+    have = got["token_ids"] if kind == "ids" else (got.get("text") or "")
+    pos = first_divergence(want, have)
+    out: dict[str, Any] = {"compared": kind, "match": pos is None, "first_divergence": pos}
+    if pos is not None:
+        out["golden_continuation"] = want[pos : pos + CONTEXT]
+        out["got_continuation"] = have[pos : pos + CONTEXT]
+    return out
+
+
+def load_golden(path: str) -> dict[str, Any]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not doc.get("prompts"):
+        raise ValueError(f"not a golden set ({SCHEMA})")
+    return doc
+
+
+def write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def record(args: Any) -> None:
+    prompts = json.loads(Path(args.prompts).read_text(encoding="utf-8"))["prompts"]
+    if args.limit:
+        prompts = prompts[: args.limit]
+    ident = service_identity(args.url, args.timeout)
+    outputs = run_all(args.url, ident["model"], prompts, args.max_tokens, args.timeout)
+    doc = {
+        "schema": SCHEMA,
+        "recorded": datetime.now(UTC).isoformat(),
+        "url": args.url,
+        "max_tokens": args.max_tokens,
+        **ident,
+        "prompts": [{**p, **outputs[p["id"]]} for p in prompts],
+    }
+    if args.record_golden != "-":
+        write_atomic(Path(args.record_golden), doc)
+    exit_json(
+        {
+            "ok": True,
+            "module": "checks.identity",
+            "recorded": len(prompts),
+            "path": args.record_golden,
+            "golden": doc,
+        }
+    )
+
+
+def compare(args: Any, golden: dict[str, Any]) -> None:
+    prompts = golden["prompts"]
+    max_tokens = int(golden.get("max_tokens") or args.max_tokens)
+    ident = service_identity(args.url, args.timeout)
+    aa = [
+        run_all(args.url, ident["model"], prompts, max_tokens, args.timeout)
+        for _ in range(args.aa_runs)
+    ]
+    now = run_all(args.url, ident["model"], prompts, max_tokens, args.timeout)
+    per_prompt, mismatched, nondet = [], [], []
+    for p in prompts:
+        pid = p["id"]
+        row = {"id": pid, "kind": p.get("kind"), **compare_one(p, now[pid])}
+        row["self_consistent"] = all(compare_one(now[pid], run[pid])["match"] for run in aa)
+        if not row["self_consistent"]:
+            nondet.append(pid)
+        elif not row["match"]:
+            mismatched.append(pid)
+        per_prompt.append(row)
+    matched = sum(r["match"] for r in per_prompt)
+    warnings = []
+    if golden.get("model") and ident["model"] and golden["model"] != ident["model"]:
+        warnings.append(
+            f"golden recorded from model {golden['model']!r}, service serves {ident['model']!r}"
+        )
+    exit_json(
+        {
+            "ok": not mismatched,
+            "module": "checks.identity",
+            "concurrency": 1,
+            "total": len(prompts),
+            "matched": matched,
+            "identity_pct": round(100.0 * matched / len(prompts), 3),
+            "mismatched": mismatched,
+            "nondeterministic": nondet,
+            "aa_runs": args.aa_runs,
+            "golden_model": golden.get("model"),
+            "service": ident,
+            "warnings": warnings,
+            "prompts": per_prompt,
+        },
+        EXIT_FAIL if mismatched else EXIT_PASS,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser("checks.identity", "Greedy token identity against a golden set.")
+    p.add_argument("--url", required=True)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--record-golden", metavar="PATH", help="record a golden set to PATH")
+    mode.add_argument("--golden", metavar="PATH", help="compare with PATH ('-': stdin)")
+    p.add_argument("--prompts", default=str(PROMPTS), help="prompt set (for --record-golden)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--limit", type=int, default=0, help="only the first N prompts (recording)")
+    p.add_argument("--aa-runs", type=int, default=0, help="extra runs to measure self-noise")
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args(argv)
+    if args.max_tokens < 1 or args.aa_runs < 0 or args.limit < 0:
+        p.error("--max-tokens must be >= 1, --aa-runs and --limit >= 0")
+    try:
+        if args.record_golden:
+            record(args)
+        try:
+            golden = load_golden(args.golden)
+        except (OSError, ValueError) as exc:
+            exit_json(
+                {
+                    "ok": False,
+                    "module": "checks.identity",
+                    "error": "bad_golden",
+                    "message": f"{args.golden}: {exc}",
+                },
+                EXIT_BAD_INPUT,
+            )
+        compare(args, golden)
+    except RunError as exc:
+        exit_json(
+            {
+                "ok": False,
+                "module": "checks.identity",
+                "error": "request_failed",
+                "message": str(exc),
+                "evidence": str(exc),
+            },
+            EXIT_FAIL,
+        )
+
+
+if __name__ == "__main__":
+    main()

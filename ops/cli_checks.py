@@ -1,0 +1,110 @@
+"""`ops healthcheck` and `ops loadtest`: the checks that decide whether a live service is fine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ops.cli_common import (
+    InventoryOpt,
+    JsonOpt,
+    TargetArg,
+    emit_json,
+    err,
+    guard,
+    inventory_of,
+    out,
+    recorded,
+)
+from ops.errors import EXIT_FAIL, EXIT_OK
+from ops.healthcheck import HealthReport, run_healthcheck
+from ops.remote import open_host
+
+STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+
+
+def healthcheck(
+    target: TargetArg,
+    record_golden: Annotated[
+        bool, typer.Option("--record-golden", help="Record the golden set instead of comparing.")
+    ] = False,
+    golden: Annotated[
+        Path | None,
+        typer.Option(
+            "--golden",
+            metavar="FILE",
+            help="Local golden file (default: <remote_root>/golden/golden.json on the host).",
+        ),
+    ] = None,
+    aa_runs: Annotated[
+        int, typer.Option("--aa-runs", min=0, help="Runs of the service against itself first.")
+    ] = 0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 30.0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Greedy tokens per golden prompt.")] = 32,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Pre/post-flight: service active, answering, token-identical to the golden set, GPUs sane."""
+
+    def body() -> int:
+        t = inventory_of(inventory).target(target)
+        inputs = {
+            "target": t.name,
+            "record_golden": record_golden,
+            "golden": str(golden or ""),
+            "aa_runs": aa_runs,
+            "timeout": timeout,
+            "max_tokens": max_tokens,
+        }
+
+        def check(_run: object) -> tuple[int, str, dict[str, Any]]:
+            with open_host(t) as host, err.status("healthcheck", spinner="dots") as status:
+                rep = run_healthcheck(
+                    host,
+                    golden=golden,
+                    record_golden=record_golden,
+                    aa_runs=aa_runs,
+                    timeout=timeout,
+                    max_tokens=max_tokens,
+                    progress=lambda step: status.update(f"healthcheck {t.name}: {step}"),
+                )
+            code = EXIT_OK if rep.ok else EXIT_FAIL
+            return code, "pass" if rep.ok else "fail", {"healthcheck": rep.model_dump()}
+
+        run, code, sections = recorded("healthcheck", t, inputs, check)
+        rep = HealthReport.model_validate(sections["healthcheck"])
+        if as_json:
+            emit_json(
+                {
+                    "ok": rep.ok,
+                    "failed": rep.failed,
+                    **sections["healthcheck"],
+                    "run_dir": str(run.path),
+                }
+            )
+        else:
+            _print_report(rep)
+            err.print(f"[dim]record: {run.path}/record.json[/]")
+        return code
+
+    guard(as_json, body)
+
+
+def _print_report(rep: HealthReport) -> None:
+    table = Table(title=f"healthcheck {rep.target} ({rep.url})")
+    for col in ("check", "status", "detail"):
+        table.add_column(col)
+    for c in rep.checks:
+        table.add_row(c.name, f"[{STYLE[c.status]}]{c.status}[/]", escape(c.detail))
+    out.print(table)
+    for c in rep.checks:
+        if c.status == "fail" and c.evidence:
+            err.print(f"[bold red]{c.name}[/] evidence:")
+            for line in c.evidence[-20:]:
+                err.print("  " + escape(line), soft_wrap=True)
+    verdict = "[green]PASS[/]" if rep.ok else f"[bold red]FAIL[/] ({', '.join(rep.failed)})"
+    out.print(f"healthcheck {rep.target}: {verdict}")

@@ -1,0 +1,73 @@
+"""Shared pieces of the `ops` command line: consoles, common options, error and record handling."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ops.errors import OpsError
+from ops.inventory import Inventory, Target, load_inventory
+from ops.records import RunDir
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+InventoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--inventory",
+        "-i",
+        envvar="OPS_INVENTORY",
+        metavar="PATH",
+        help="Inventory file (default: ./ops.toml; without one only `local` exists).",
+    ),
+]
+TargetArg = Annotated[str, typer.Argument(help="Target name from the inventory, or `local`.")]
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def guard(as_json: bool, fn: Callable[[], int]) -> None:
+    """Run a command body; turn OpsError into one line on stderr (and a JSON doc) and exit 2."""
+    try:
+        code = fn()
+    except OpsError as exc:
+        if as_json:
+            emit_json({"ok": False, **exc.to_dict()})
+        err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
+        if exc.hint:
+            err.print(f"[dim]hint: {escape(exc.hint)}[/]", soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    raise typer.Exit(code)
+
+
+def inventory_of(path: str | None) -> Inventory:
+    return load_inventory(path)
+
+
+def recorded(
+    command: str,
+    target: Target,
+    inputs: dict[str, Any],
+    body: Callable[[RunDir], tuple[int, str, dict[str, Any]]],
+) -> tuple[RunDir, int, dict[str, Any]]:
+    """Run `body` inside a new run directory; its record is written whatever happens."""
+    run = RunDir.create(command, target.name)
+    try:
+        code, outcome, sections = body(run)
+    except OpsError as exc:
+        run.write_record(
+            inputs=inputs, outcome="error", exit_code=exc.exit_code, error=exc.to_dict()
+        )
+        raise
+    run.write_record(inputs=inputs, outcome=outcome, exit_code=code, **sections)
+    return run, code, sections

@@ -1,0 +1,158 @@
+"""`ops serve` (reference engine, foreground) and `ops service start|stop|restart|status TARGET`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from ops.cli_common import (
+    InventoryOpt,
+    JsonOpt,
+    TargetArg,
+    emit_json,
+    err,
+    guard,
+    inventory_of,
+    out,
+    recorded,
+)
+from ops.errors import EXIT_FAIL, EXIT_OK, OpsError
+from ops.remote import open_host
+from ops.service import ServiceStatus, manager_for
+
+service_app = typer.Typer(
+    help="Start, stop, restart or report the service of a target through its manager.",
+    no_args_is_help=True,
+)
+
+WaitOpt = Annotated[
+    float, typer.Option("--wait", min=0, help="Seconds to wait for /health after a start.")
+]
+
+
+def _print_status(st: ServiceStatus) -> None:
+    colour = "green" if st.active else "red" if st.state == "failed" else "yellow"
+    out.print(
+        f"{escape(st.name)} ({st.manager}): [{colour}]{st.state}[/] {escape(st.detail)}",
+        soft_wrap=True,
+    )
+    if not st.active and st.evidence:
+        err.print("[dim]" + escape("\n".join(st.evidence[-20:])) + "[/]", soft_wrap=True)
+
+
+def _service(verb: str, target: str, as_json: bool, inventory: str | None, wait: float) -> None:
+    def body() -> int:
+        t = inventory_of(inventory).target(target)
+
+        def act(_run: object) -> tuple[int, str, dict[str, Any]]:
+            with open_host(t) as host:
+                mgr = manager_for(host)
+                if verb == "status":
+                    st = mgr.status()
+                else:
+                    with host.lock(f"ops service {verb}"):
+                        if verb == "stop":
+                            st = mgr.stop()
+                        else:
+                            st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
+            want_active = verb != "stop"
+            good = st.active if want_active else st.state == "inactive"
+            code = EXIT_OK if good else EXIT_FAIL
+            return code, "ok" if good else "fail", {"service": st.model_dump()}
+
+        run, code, sections = recorded(f"service-{verb}", t, {"target": t.name, "verb": verb}, act)
+        st = ServiceStatus.model_validate(sections["service"])
+        if as_json:
+            emit_json({"ok": code == EXIT_OK, **sections["service"], "run_dir": str(run.path)})
+        else:
+            _print_status(st)
+        return code
+
+    guard(as_json, body)
+
+
+@service_app.command()
+def start(
+    target: TargetArg,
+    wait: WaitOpt = 120.0,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Start the service (if it is not running) and wait for /health."""
+    _service("start", target, as_json, inventory, wait)
+
+
+@service_app.command()
+def stop(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+    """Stop the service (process manager: TERM, then KILL after a grace period)."""
+    _service("stop", target, as_json, inventory, 0)
+
+
+@service_app.command()
+def restart(
+    target: TargetArg,
+    wait: WaitOpt = 120.0,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Restart the service and wait for /health."""
+    _service("restart", target, as_json, inventory, wait)
+
+
+@service_app.command()
+def status(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+    """Report the service's state: active needs a live process and a healthy /health."""
+    _service("status", target, as_json, inventory, 0)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 30000,
+    preset: Annotated[str, typer.Option(help="Model preset: tiny (CPU) or small (GPU).")] = "tiny",
+    mode: Annotated[str, typer.Option(help="Decoding: ar or ddtree.")] = "ddtree",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(help="COMPONENT=KIND, e.g. tree_build=cpp (repeatable)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
+
+    def body() -> int:
+        if mode not in ("ar", "ddtree"):
+            raise OpsError(f"--mode must be 'ar' or 'ddtree', got {mode!r}")
+        for b in backend or []:
+            if "=" not in b:
+                raise OpsError(f"--backend takes COMPONENT=KIND, got {b!r}")
+        argv = [
+            sys.executable,
+            "-m",
+            "engine",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--preset",
+            preset,
+            "--mode",
+            mode,
+            "--device",
+            device,
+        ]
+        for b in backend or []:
+            argv += ["--backend", b]
+        if as_json:
+            emit_json({"argv": argv, "url": f"http://{host}:{port}"})
+        else:
+            err.print(f"[dim]serving on http://{host}:{port} ({preset}, {mode}, {device})[/]")
+        try:
+            return subprocess.call(argv)
+        except KeyboardInterrupt:
+            return EXIT_OK
+
+    guard(as_json, body)

@@ -1,0 +1,218 @@
+"""`ops healthcheck`: the pre- and post-flight of a service, gathered from checks run on its host.
+
+In order: the service manager's state; `checks.health` (/health, /health_generate, models,
+a smoke completion, server info); `checks.identity` (greedy token identity against the golden
+set, or recording it); `checks.gpus` (nvidia-smi inventory and sanity). The data-plane checks
+run on the host next to the service (`python -m checks.<name> --json`), from the project
+checkout on `local` and from `<remote_root>/current` elsewhere. Every failure keeps its
+evidence: HTTP status and body excerpt, journal or log lines, the first divergent token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+import checks
+from ops.errors import HostError, OpsError
+from ops.records import write_atomic
+from ops.remote import Host, ModuleResult, shell_path
+from ops.service import manager_for
+
+Status = Literal["pass", "fail", "skip"]
+
+
+class Check(BaseModel):
+    name: str
+    status: Status
+    detail: str = ""
+    evidence: list[str] = Field(default_factory=list)
+
+
+class HealthReport(BaseModel):
+    target: str
+    url: str
+    checks: list[Check]
+    golden: str | None = None
+    modules: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "fail"]
+
+
+def data_plane_dir(host: Host) -> str:
+    """Where `python -m checks.*` runs: the ops checkout on `local`, `current/` on a host."""
+    if host.target.is_local:
+        return str(Path(checks.__file__).resolve().parent.parent)
+    current = f"{host.target.remote_root}/current"
+    if not host.run(["test", "-d", current], warn=True, step="find release").ok:
+        raise HostError(
+            f"no release at {current}",
+            target=host.name,
+            step="healthcheck",
+            hint=f"install one first (ops deploy {host.name})",
+        )
+    return current
+
+
+def golden_on_host(host: Host) -> str:
+    return f"{host.target.remote_root}/golden/golden.json"
+
+
+def _module(host: Host, module: str, args: list[str], stdin: bytes | None = None) -> ModuleResult:
+    res = host.run_module(module, args, cwd=data_plane_dir(host), timeout=1800, stdin=stdin)
+    if res.rc == 2:
+        raise OpsError(f"{host.name}: {module}: {res.data.get('message', 'bad input')}")
+    return res
+
+
+def identity_check(data: dict[str, Any], recorded: bool) -> Check:
+    if data.get("error") == "request_failed":
+        return Check(
+            name="identity",
+            status="fail",
+            detail="a golden prompt got no answer",
+            evidence=[data.get("evidence", "")],
+        )
+    if recorded:
+        return Check(
+            name="identity",
+            status="pass",
+            detail=f"recorded {data['recorded']} prompts to {data['path']}",
+        )
+    rows = {r["id"]: r for r in data["prompts"]}
+    evidence = []
+    for pid in data["mismatched"]:
+        r = rows[pid]
+        unit = "token" if r["compared"] == "ids" else "character"
+        evidence.append(
+            f"{pid}: first divergence at {unit} {r['first_divergence']}: "
+            f"golden {r['golden_continuation']!r} got {r['got_continuation']!r}"
+        )
+    for pid in data["nondeterministic"]:
+        evidence.append(f"{pid}: the service disagrees with itself (A/A); not blamed on the change")
+    detail = (
+        f"{data['matched']}/{data['total']} prompts token-identical ({data['identity_pct']}%) "
+        f"at concurrency 1"
+    )
+    if data["nondeterministic"]:
+        detail += (
+            f"; {len(data['nondeterministic'])} nondeterministic in {data['aa_runs']} A/A runs"
+        )
+    evidence += data.get("warnings", [])
+    return Check(
+        name="identity", status="pass" if data["ok"] else "fail", detail=detail, evidence=evidence
+    )
+
+
+def run_healthcheck(
+    host: Host,
+    *,
+    golden: Path | None = None,
+    record_golden: bool = False,
+    aa_runs: int = 0,
+    timeout: float = 30.0,
+    max_tokens: int = 32,
+    progress: Callable[[str], None] = lambda step: None,
+) -> HealthReport:
+    target = host.target
+    url = target.service.url
+    out: list[Check] = []
+    modules: dict[str, Any] = {}
+
+    progress("service state")
+    st = manager_for(host).status()
+    out.append(
+        Check(
+            name="service",
+            status="pass" if st.active else "fail",
+            detail=f"{st.manager}: {st.state}: {st.detail}",
+            evidence=st.evidence[-20:],
+        )
+    )
+
+    progress("health, smoke completion")
+    health = _module(host, "checks.health", ["--url", url, "--timeout", str(timeout)])
+    modules["health"] = health.data
+    for c in health.data["checks"]:
+        ev = [c["evidence"]] if c.get("evidence") else []
+        out.append(Check(name=c["name"], status=c["status"], detail=c["detail"], evidence=ev))
+    healthy = all(c["status"] != "fail" for c in health.data["checks"] if c["name"] == "health")
+
+    progress("token identity")
+    if healthy:
+        check, data = _identity(host, golden, record_golden, aa_runs, timeout, max_tokens)
+    else:
+        check, data = Check(name="identity", status="skip", detail="service not healthy"), None
+    out.append(check)
+    modules["identity"] = data
+
+    progress("GPUs")
+    gpu_args = ["--expect", str(target.gpus)] if target.gpus else []
+    gpus = _module(host, "checks.gpus", gpu_args).data
+    modules["gpus"] = gpus
+    if not gpus.get("available"):
+        out.append(Check(name="gpus", status="skip", detail=gpus.get("reason", "no nvidia-smi")))
+    else:
+        n = len(gpus.get("gpus", []))
+        out.append(
+            Check(
+                name="gpus",
+                status="pass" if gpus["ok"] else "fail",
+                detail=f"{n} GPUs" + ("" if gpus["ok"] else ": problems"),
+                evidence=gpus.get("problems", []),
+            )
+        )
+    golden_label = str(golden) if golden else golden_on_host(host)
+    return HealthReport(
+        target=target.name, url=url, checks=out, golden=golden_label, modules=modules
+    )
+
+
+def _identity(
+    host: Host,
+    golden: Path | None,
+    record_golden: bool,
+    aa_runs: int,
+    timeout: float,
+    max_tokens: int,
+) -> tuple[Check, dict[str, Any] | None]:
+    """Record the golden set (on the host, or into the local file `golden`) or compare with it."""
+    base = ["--url", host.target.service.url, "--timeout", str(timeout)]
+    on_host = golden_on_host(host)
+    if record_golden:
+        where = "-" if golden else on_host
+        res = _module(
+            host,
+            "checks.identity",
+            [*base, "--record-golden", where, "--max-tokens", str(max_tokens)],
+        )
+        if golden and res.rc == 0:
+            doc = json.dumps(res.data["golden"], ensure_ascii=False, indent=1) + "\n"
+            write_atomic(golden, doc.encode())
+            res.data["path"] = str(golden)
+        return identity_check(res.data, recorded=res.rc == 0), res.data
+    stdin = None
+    if golden:
+        try:
+            stdin = golden.read_bytes()
+        except OSError as exc:
+            raise OpsError(f"cannot read golden file {golden}: {exc.strerror}") from None
+        source = "-"
+    elif host.run_script(f"test -f {shell_path(on_host)}").ok:
+        source = on_host
+    else:
+        detail = f"no golden set at {on_host} (record one with --record-golden)"
+        return Check(name="identity", status="skip", detail=detail), None
+    args = [*base, "--golden", source, "--aa-runs", str(aa_runs)]
+    res = _module(host, "checks.identity", args, stdin)
+    return identity_check(res.data, recorded=False), res.data
