@@ -46,8 +46,9 @@ class BadInput(ValueError):
 
 
 def find_nvcc() -> str:
-    """Path of nvcc: $NVCC, then PATH, then /usr/local/cuda/bin; BadInput if none."""
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+    """Path of nvcc: $NVCC if set (and only it), else PATH, else /usr/local/cuda/bin."""
+    env = os.environ.get("NVCC")
+    for cand in [env] if env else [shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"]:
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     raise BadInput("nvcc not found (set NVCC or put the CUDA toolkit's bin on PATH)")

@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kLogitThreads)
   write_outputs(path, len, want, b, max_depth, accepted, accept_len, bonus);
 }
 
-inline size_t tree_smem(int budget) { return (2 * static_cast<size_t>(budget) + 2) * 4; }
+// token ids [budget] + first_child [budget+1] + next_sibling [budget+1], as int32.
+inline size_t tree_smem(int budget) { return (3 * static_cast<size_t>(budget) + 2) * 4; }
 
 inline cudaError_t allow_smem(const void* fn, size_t smem) {
   if (smem <= 48 * 1024) return cudaSuccess;

@@ -10,6 +10,8 @@
 //     a bitonic sort of (key desc, id asc) composites gives the answer.
 // If more than kCap elements pass t (heavy ties), an exact fallback finds the k-th largest
 // (key, id) composite by bitwise search over the row, then collects exactly k elements.
+#include <cfloat>
+
 #include "ddtree_common.cuh"
 
 namespace {
@@ -58,35 +60,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* row = logits + r * V;
   const int tid = threadIdx.x;
 
-  // Pass 1: online max / sum-exp (base 2) and the thread's max key.
-  float m = -INFINITY, acc = 0.0f;
-  uint32_t tkey = 0;
+  // Pass 1: online max / sum-exp (base 2) and the thread's max key. m starts at -FLT_MAX, not
+  // -inf, so -inf logits add exp2(-inf) = 0 and never make a NaN.
+  float m = -FLT_MAX, acc = 0.0f;
   ddtree::for_row<T, VEC, kThreads, kUnroll>(row, V, [&](int64_t, float x) {
     if (x > m) {
-      acc = (m == -INFINITY) ? 0.0f : acc * exp2f((m - x) * kLog2e);
+      acc *= exp2f((m - x) * kLog2e);
       m = x;
     }
     acc += exp2f((x - m) * kLog2e);
   });
-  // A thread that saw only -inf (or nothing) keeps key 0; -inf itself keys above 0.
-  if (m != -INFINITY) tkey = ddtree::float_key(m);
+  // A thread that saw nothing above -FLT_MAX keeps key 0 (below every element).
+  const uint32_t tkey = m > -FLT_MAX ? ddtree::float_key(m) : 0u;
   // Combine (m, acc) across the block.
   {
     const int lane = tid & 31, warp = tid >> 5;
     for (int o = 16; o > 0; o >>= 1) {
       const float m2 = __shfl_xor_sync(0xffffffffu, m, o), a2 = __shfl_xor_sync(0xffffffffu, acc, o);
       const float mm = fmaxf(m, m2);
-      if (mm != -INFINITY) acc = acc * exp2f((m - mm) * kLog2e) + a2 * exp2f((m2 - mm) * kLog2e);
+      acc = acc * exp2f((m - mm) * kLog2e) + a2 * exp2f((m2 - mm) * kLog2e);
       m = mm;
     }
     if (lane == 0) { s.redm[warp] = m; s.reds[warp] = acc; }
     if (tid == 0) s.count = 0;
     __syncthreads();
-    m = -INFINITY; acc = 0.0f;
+    m = -FLT_MAX;
+    acc = 0.0f;
     for (int w = 0; w < kThreads / 32; ++w) {
       const float m2 = s.redm[w], a2 = s.reds[w];
       const float mm = fmaxf(m, m2);
-      if (mm != -INFINITY) acc = acc * exp2f((m - mm) * kLog2e) + a2 * exp2f((m2 - mm) * kLog2e);
+      acc = acc * exp2f((m - mm) * kLog2e) + a2 * exp2f((m2 - mm) * kLog2e);
       m = mm;
     }
   }

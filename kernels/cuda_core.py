@@ -1,0 +1,156 @@
+"""Shared core of the CUDA bindings: load the kernel library, validate tensors, launch, raise.
+
+The library comes from `$DDTREE_KERNELS_LIB` if set, else it is built on first use with
+`kernels.build` for the current device's arch into `$DDTREE_CACHE/cuda/<arch>-<digest>/`
+(default `~/.cache/ddtree-ops/`), keyed by the sha256 of the sources, under a file lock so
+concurrent processes build once. Op modules (`kernels.cuda`, `kernels.cuda_attention`)
+declare their C functions with `declare`, check arguments with `check_tensor`, and launch with
+`launch`, which turns a non-zero return code into a `KernelError` naming the op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels import build as _build
+
+__all__ = [
+    "KernelError",
+    "check_same_device",
+    "check_tensor",
+    "declare",
+    "launch",
+    "library",
+    "library_path",
+    "ptr",
+    "stream_of",
+]
+
+LIB_ENV = "DDTREE_KERNELS_LIB"
+c_i32, c_i64, c_ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+
+
+class KernelError(RuntimeError):
+    """A kernel launcher returned a CUDA error code."""
+
+    def __init__(self, op: str, code: int, message: str) -> None:
+        super().__init__(f"{op}: CUDA error {code}: {message}")
+        self.op, self.code, self.cuda_message = op, code, message
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("DDTREE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "ddtree-ops"
+
+
+def device_arch(device: torch.device | int | None = None) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def library_path(arch: str | None = None) -> Path:
+    """$DDTREE_KERNELS_LIB, else the cached build for `arch` (default: this device), built once."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        path = Path(env)
+        if path.is_dir():
+            path = path / _build.LIBRARY
+        if not path.is_file():
+            raise FileNotFoundError(f"{LIB_ENV}={env}: no such library")
+        return path
+    arch = arch or device_arch()
+    root = _cache_root() / "cuda"
+    out = root / f"{arch}-{_build.source_digest()[:16]}"
+    lib = out / _build.LIBRARY
+    if lib.is_file():
+        return lib
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.is_file():  # another process may have built it while we waited
+            _build.build([arch], out)
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The loaded kernel library (loaded once per process)."""
+    lib = ctypes.CDLL(str(library_path()))
+    lib.ddtree_error_string.restype = ctypes.c_char_p
+    lib.ddtree_error_string.argtypes = [c_i32]
+    lib.ddtree_abi_version.restype = c_i32
+    return lib
+
+
+@functools.cache
+def declare(name: str, argtypes: tuple[Any, ...]) -> Any:
+    """The C function `name` of the library with its argument types set (returns int)."""
+    fn = getattr(library(), name)
+    fn.argtypes = list(argtypes)
+    fn.restype = c_i32
+    return fn
+
+
+def launch(op: str, fn: Any, *args: Any) -> None:
+    """Call a launcher; a non-zero code becomes KernelError(op, code, CUDA's message)."""
+    rc = fn(*args)
+    if rc != 0:
+        msg = library().ddtree_error_string(rc).decode(errors="replace")
+        raise KernelError(op, rc, msg)
+
+
+def ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def stream_of(t: torch.Tensor) -> int:
+    """The raw handle of the current stream on t's device."""
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: Any,
+    *,
+    dtypes: Sequence[torch.dtype],
+    ndim: int | None = None,
+    shape: Sequence[int | None] | None = None,
+) -> torch.Tensor:
+    """Check that `t` is a contiguous CUDA tensor of an allowed dtype and shape (ValueError)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{op}: {name}: expected a CUDA tensor, got device {t.device}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{op}: {name}: expected dtype {allowed}, got {t.dtype}")
+    want_ndim = len(shape) if shape is not None else ndim
+    if want_ndim is not None and t.dim() != want_ndim:
+        raise ValueError(f"{op}: {name}: expected {want_ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None and any(
+        w is not None and w != s for w, s in zip(shape, t.shape, strict=True)
+    ):
+        want = tuple("*" if w is None else w for w in shape)
+        raise ValueError(f"{op}: {name}: expected shape {want}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {name}: expected a contiguous tensor")
+    return t
+
+
+def check_same_device(op: str, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one CUDA device; returns it."""
+    items = list(tensors.items())
+    dev = items[0][1].device
+    for name, t in items[1:]:
+        if t.device != dev:
+            raise ValueError(f"{op}: {name}: on {t.device}, expected {dev} like {items[0][0]}")
+    return dev

@@ -1,0 +1,118 @@
+"""One timing helper for the kernel benchmarks: CUDA events or graph replay, and host timers.
+
+Rules (DESIGN.md "Measurement rules"): warm up first; time many repetitions and report the
+median and IQR; rotate over several input sets so repeated runs don't just measure L2; for
+launch-bound kernels also capture `launches` calls in a CUDA graph and report the replay time
+divided by the launches. `fn(i)` runs the kernel on input set `i % n_inputs`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Timing", "summarize", "time_cuda", "time_graph", "time_host"]
+
+
+@dataclass
+class Timing:
+    """Median / quartiles in microseconds over `reps` samples (per launch for graph mode)."""
+
+    median_us: float
+    p25_us: float
+    p75_us: float
+    reps: int
+    mode: str  # "events", "graph" or "host"
+    launches_per_sample: int = 1
+    samples_us: list[float] = field(default_factory=list)
+
+    @property
+    def iqr_us(self) -> float:
+        return self.p75_us - self.p25_us
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["iqr_us"] = self.iqr_us
+        return d
+
+
+def summarize(samples_us: Sequence[float], mode: str, launches: int = 1) -> Timing:
+    """Median and quartiles (inclusive method) of the samples; needs at least one sample."""
+    xs = sorted(float(x) for x in samples_us)
+    if not xs:
+        raise ValueError("summarize: no samples")
+    if len(xs) == 1:
+        q1 = q3 = xs[0]
+    else:
+        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return Timing(statistics.median(xs), q1, q3, len(xs), mode, launches, list(samples_us))
+
+
+def time_cuda(
+    fn: Callable[[int], Any], n_inputs: int = 1, warmup: int = 5, reps: int = 50
+) -> Timing:
+    """Each sample: one call between two CUDA events on the current stream."""
+    import torch
+
+    for i in range(warmup):
+        fn(i % n_inputs)
+    torch.cuda.synchronize()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(i % n_inputs)
+        end.record()
+    torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "events")
+
+
+def time_graph(
+    fn: Callable[[int], Any], n_inputs: int = 1, launches: int = 32, warmup: int = 3, reps: int = 20
+) -> Timing:
+    """Capture `launches` calls (rotating inputs) in one CUDA graph; time replays / launches."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(max(warmup, 1)):
+            fn(i % n_inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            fn(i % n_inputs)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / launches)
+    del graph
+    return summarize(samples, "graph", launches)
+
+
+def time_host(
+    fn: Callable[[int], Any], n_inputs: int = 1, warmup: int = 2, reps: int = 20
+) -> Timing:
+    """Host wall clock (perf_counter) per call, for the CPU baselines."""
+    for i in range(warmup):
+        fn(i % n_inputs)
+    samples = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i % n_inputs)
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return summarize(samples, "host")

@@ -1,0 +1,33 @@
+"""Pure parts of the kernel benchmark: the statistics helper and the speedup bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.bench import add_speedups, row
+from kernels.timing import summarize
+
+
+def test_summarize_median_and_quartiles():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0], "events")
+    assert (t.median_us, t.p25_us, t.p75_us, t.iqr_us, t.reps) == (3.0, 2.0, 4.0, 2.0, 5)
+    one = summarize([7.0], "host")
+    assert one.median_us == one.p25_us == one.p75_us == 7.0 and one.iqr_us == 0.0
+    g = summarize([1.0, 2.0], "graph", launches=32)
+    assert g.median_us == 1.5 and g.launches_per_sample == 32
+    with pytest.raises(ValueError):
+        summarize([], "events")
+
+
+def test_speedups_name_their_baselines():
+    shape = {"B": 64}
+    rows = [
+        row("tree", "build_trees", "cuda_graph", shape, summarize([10.0], "graph")),
+        row("tree", "build_trees", "cpu_python", shape, summarize([7000.0], "host")),
+        row("tree", "build_trees", "cpu_cpp", shape, summarize([230.0], "host")),
+        row("tree", "build_trees", "cuda_graph", {"B": 1}, summarize([5.0], "graph")),
+    ]
+    add_speedups(rows)
+    assert rows[0]["speedup"] == {"cpu_python": 700.0, "cpu_cpp": 23.0}
+    assert rows[3]["speedup"] == {}  # no baseline of that shape
+    assert "speedup" not in rows[1] and "samples_us" not in rows[0]
