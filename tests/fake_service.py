@@ -1,0 +1,119 @@
+"""A small real HTTP service with an OpenAI-style surface that can be told to misbehave.
+
+`python tests/fake_service.py --port N --mode ok|500|garbage|hang [--salt S]`
+
+- ok: /health, /health_generate, /v1/models, /v1/completions (also SSE streaming) answer at
+  once; the "greedy" output is a deterministic function of the prompt and `--salt`;
+- 500: every endpoint answers HTTP 500 with an error body;
+- garbage: health answers, completions answer 200 with a body that is not JSON;
+- hang: health answers, completions never answer.
+Used by the healthcheck tests for failures the reference engine never makes, and as the
+instant server in the load generator's capacity benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def tokens(prompt: str, n: int, salt: str) -> list[int]:
+    seed = hashlib.sha256((salt + "\0" + prompt).encode()).digest()
+    return [32 + (seed[i % len(seed)] + i) % 95 for i in range(n)]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    mode = "ok"
+    salt = ""
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, doc: object) -> None:
+        self._send(status, json.dumps(doc).encode())
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.mode == "500":
+            return self._json(500, {"error": {"message": "internal error", "type": "server"}})
+        if self.path in ("/health", "/health_generate"):
+            return self._send(200, b"")
+        if self.path == "/v1/models":
+            return self._json(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        return self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.mode == "500":
+            return self._json(500, {"error": {"message": "internal error", "type": "server"}})
+        if self.path != "/v1/completions":
+            return self._json(404, {"error": {"message": "not found"}})
+        if self.mode == "garbage":
+            return self._send(200, b"<html>definitely not json", "text/html")
+        if self.mode == "hang":
+            time.sleep(3600)
+        req = json.loads(body or b"{}")
+        prompt = req.get("prompt", "")
+        prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        ids = tokens(prompt, int(req.get("max_tokens", 16)), self.salt)
+        if not req.get("stream"):
+            return self._json(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": "fake",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "".join(map(chr, ids)),
+                            "token_ids": ids,
+                            "finish_reason": "length",
+                        }
+                    ],
+                },
+            )
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in ids:
+            chunk = {"choices": [{"index": 0, "text": chr(i), "token_ids": [i]}]}
+            self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--mode", choices=["ok", "500", "garbage", "hang"], default="ok")
+    p.add_argument("--salt", default="")
+    args = p.parse_args()
+    Handler.mode, Handler.salt = args.mode, args.salt
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

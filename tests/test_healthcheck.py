@@ -1,0 +1,156 @@
+"""`ops service` and `ops healthcheck` end to end through the real CLI, against real HTTP services
+started by ops's own `process` manager: a healthy one passes; a stopped one, one answering
+500, one answering garbage, one that hangs and one whose greedy output changed each fail
+with the named check and its evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sshd import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = REPO / "tests" / "fake_service.py"
+
+
+class Ops:
+    """Runs the real `ops` CLI against one inventory, with records in a temp dir."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.inventory = tmp / "ops.toml"
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+
+    def configure(self, mode: str = "ok", salt: str = "") -> None:
+        command = f"{{python}} {FAKE} --port {{port}} --mode {mode} --salt '{salt}'"
+        self.inventory.write_text(
+            "[targets.local]\n"
+            f"remote_root = '{self.tmp / 'root'}'\n"
+            "[targets.local.service]\n"
+            "name = 'fake'\n"
+            f"url = 'http://127.0.0.1:{self.port}'\n"
+            f'command = "{command}"\n'
+        )
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=self.env,
+        )
+
+    def json(self, *args: str) -> tuple[int, dict]:
+        res = self(*args, "--json")
+        try:
+            return res.returncode, json.loads(res.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"no JSON (exit {res.returncode}): {res.stderr}") from None
+
+
+def failed_check(doc: dict, name: str) -> dict:
+    (check,) = [c for c in doc["checks"] if c["name"] == name]
+    assert check["status"] == "fail", check
+    return check
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    o.configure()
+    yield o
+    o("service", "stop", "local")
+
+
+def test_service_lifecycle_and_healthcheck_pass(ops: Ops) -> None:
+    code, st = ops.json("service", "status", "local")
+    assert code == 1 and st["state"] == "inactive"
+    code, st = ops.json("service", "start", "local")
+    assert code == 0 and st["state"] == "active" and st["pid"]
+    code, again = ops.json("service", "start", "local")  # idempotent: same process
+    assert code == 0 and again["pid"] == st["pid"]
+
+    code, rec = ops.json("healthcheck", "local", "--record-golden")
+    assert code == 0, rec
+    golden = ops.tmp / "root" / "golden" / "golden.json"
+    doc = json.loads(golden.read_text())
+    assert len(doc["prompts"]) >= 32 and doc["model"] == "fake"
+    assert all(len(p["token_ids"]) == 32 for p in doc["prompts"])
+
+    code, rep = ops.json("healthcheck", "local", "--aa-runs", "1")
+    assert code == 0, rep["failed"]
+    statuses = {c["name"]: c["status"] for c in rep["checks"]}
+    assert statuses == {
+        "service": "pass",
+        "health": "pass",
+        "health_generate": "pass",
+        "models": "pass",
+        "smoke": "pass",
+        "server_info": "skip",
+        "identity": "pass",
+        "gpus": "skip",
+    }
+    assert rep["modules"]["identity"]["identity_pct"] == 100.0
+    record = json.loads((Path(rep["run_dir"]) / "record.json").read_text())
+    assert record["outcome"] == "pass" and record["command"] == "healthcheck"
+
+    res = ops("healthcheck", "local")  # the human view
+    assert res.returncode == 0 and "PASS" in res.stdout
+
+    code, st = ops.json("service", "stop", "local")
+    assert code == 0 and st["state"] == "inactive"
+    code, rep = ops.json("healthcheck", "local")
+    assert code == 1
+    assert "service" in rep["failed"] and "health" in rep["failed"]
+    assert "connection refused" in failed_check(rep, "health")["evidence"][0]
+
+
+def test_changed_greedy_output_names_first_divergence(ops: Ops) -> None:
+    assert ops.json("service", "start", "local")[0] == 0
+    assert ops.json("healthcheck", "local", "--record-golden")[0] == 0
+    ops.configure(salt="another build")
+    assert ops.json("service", "restart", "local")[0] == 0
+    code, rep = ops.json("healthcheck", "local")
+    assert code == 1 and rep["failed"] == ["identity"]
+    check = failed_check(rep, "identity")
+    assert check["detail"].startswith("0/34 prompts token-identical")
+    assert "first divergence at token 0: golden [" in check["evidence"][0]
+    res = ops("healthcheck", "local")
+    assert res.returncode == 1 and "identity evidence" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "check", "evidence"),
+    [
+        ("500", "health", "HTTP 500"),
+        ("garbage", "smoke", "definitely not json"),
+        ("hang", "smoke", "timeout after 1s"),
+    ],
+)
+def test_misbehaving_service_fails_with_evidence(ops: Ops, mode: str, check: str, evidence: str):
+    ops.configure(mode=mode)
+    code, st = ops.json("service", "start", "local", "--wait", "5")
+    if mode == "500":
+        assert code == 1 and st["state"] == "failed" and "HTTP 500" in st["detail"]
+    else:
+        assert code == 0
+    code, rep = ops.json("healthcheck", "local", "--timeout", "1")
+    assert code == 1 and check in rep["failed"]
+    assert evidence in " ".join(failed_check(rep, check)["evidence"])
+
+
+def test_bad_golden_file_is_exit_2(ops: Ops) -> None:
+    assert ops.json("service", "start", "local")[0] == 0
+    bad = ops.tmp / "bad.json"
+    bad.write_text("{not json")
+    res = ops("healthcheck", "local", "--golden", str(bad))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    res = ops("healthcheck", "local", "--golden", str(ops.tmp / "missing.json"))
+    assert res.returncode == 2 and "cannot read golden file" in res.stderr
