@@ -14,5 +14,5 @@ if [[ $what == tests || $what == all ]]; then
     | tee "$OUT/pytest.log" | tail -25
 fi
 if [[ $what == bench || $what == all ]]; then
-  timeout 400 python3 -m kernels.bench_attention --json "$OUT/h200-attn.json" 2>&1 | tee "$OUT/bench.log"
+  timeout 420 python3 -m kernels.bench_attention --json "$OUT/h200-attn.json" ${SWEEP:+--sweep "$OUT/h200-attn-sweep.json"} 2>&1 | tee "$OUT/bench.log"
 fi

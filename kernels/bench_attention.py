@@ -130,6 +130,44 @@ def bench_size(batch: int, prefix: int, t: int, heads: int, page_size: int = 64)
     return res
 
 
+SWEEP = {(64, 4096, 65, 8): [0, 1, 2, 3], (8, 32768, 65, 8): [0, 8, 11, 16]}
+
+
+def sweep(algos: tuple[str, ...] = ("mma0", "mma1", "mma2", "mma3")) -> list[dict]:
+    """Tuning: time each tensor-core variant and KV split count (0 = auto) on the target sizes."""
+    from kernels.cuda_attention import tree_verify_attention
+
+    rows = []
+    for (batch, prefix, t, heads), split_list in SWEEP.items():
+        gen = torch.Generator().manual_seed(7)
+        d = make_inputs(batch, prefix, t, heads, 64, gen)
+        q, k, v, m = sdpa_inputs(d, batch, prefix, t, heads, 64)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        want = sdpa(q.float(), k.float(), v.float(), attn_mask=m, scale=576**-0.5)
+        want = want.view(batch * t, heads, 512)
+        del q, k, v, m
+        flops = 2.0 * batch * t * heads * (prefix + t) * (576 + 512)
+        for algo in algos:
+            for splits in split_list:
+
+                def fn(_i: int, d=d, algo=algo, splits=splits, length=prefix + t):
+                    return tree_verify_attention(d["q"], d["kv"], d["table"], d["prefix"],
+                                                 d["tree"], d["vis"], 576**-0.5, algo=algo,
+                                                 num_splits=splits, max_kv_len=length,
+                                                 check=False)  # fmt: skip
+
+                rel = float((fn(0).float() - want).norm() / want.norm())
+                s = summary(timeit(fn, 1, warmup=3, reps=20))
+                rows.append({"batch": batch, "prefix": prefix, "tree_rows": t, "heads": heads,
+                             "algo": algo, "num_splits": splits, "median_ms": s["median_ms"],
+                             "iqr_ms": s["iqr_ms"], "tflops": flops / s["median_ms"] / 1e9,
+                             "rel_err_vs_sdpa_fp32": rel})  # fmt: skip
+                print(f"sweep B={batch} L={prefix} {algo} splits={splits}: "
+                      f"{s['median_ms']:.3f} ms rel {rel:.1e}", file=sys.stderr)  # fmt: skip
+        torch.cuda.empty_cache()
+    return rows
+
+
 def environment() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {"gpu": props.name, "uuid": str(getattr(props, "uuid", "")),
@@ -160,7 +198,11 @@ def table(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="PATH", nargs="?", const="-", help="write JSON here")
+    parser.add_argument("--sweep", metavar="PATH", help="also time every variant/split here")
     args = parser.parse_args(argv)
+    if args.sweep:
+        with open(args.sweep, "w") as fh:
+            json.dump({"suite": "attn-sweep", "environment": environment(), "rows": sweep()}, fh)
     doc = run_suite()
     if args.json == "-":
         print(json.dumps(doc))

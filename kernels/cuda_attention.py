@@ -24,7 +24,9 @@ __all__ = ["compact_kv", "load_library", "tree_verify_attention"]
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("tree_verify_attention.cu", "kv_compact.cu")
 QK_DIM, V_DIM = 576, 512
-_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
+# "mma" picks the preferred tensor-core variant that fits the device; "mma0".."mma4" force one
+# (tuning only; see mma_variants in tree_verify_attention.cu).
+_ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in range(5)}}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
 
@@ -129,7 +131,7 @@ def tree_verify_attention(
         raise ValueError(f"{op}: visibility must be [B={batch}, T_max, T_max]")
     if algo not in _ALGOS:
         raise ValueError(f"{op}: algo must be one of {list(_ALGOS)}, got {algo!r}")
-    if algo == "mma" and q.dtype != torch.bfloat16:
+    if algo.startswith("mma") and q.dtype != torch.bfloat16:
         raise ValueError(f"{op}: algo 'mma' needs bfloat16 inputs")
     pl = _lens(op, "prefix_lens", prefix_lens, batch, dev)
     tl = _lens(op, "tree_lens", tree_lens, batch, dev)

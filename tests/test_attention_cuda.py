@@ -62,12 +62,13 @@ def check(case, dtype, scale=576**-0.5, **kw) -> float:
 
 
 RAGGED = dict(prefix_lens=[0, 37, 130, 5], tree_lens=[1, 9, 17, 4])
+BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(5)]  # every tensor-core variant
+ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 
 
 @pytest.mark.parametrize("heads", [1, 8, 128])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("dtype,algo", [(torch.float32, "simt"), (torch.bfloat16, "mma"),
-                                        (torch.bfloat16, "simt")])  # fmt: skip
+@pytest.mark.parametrize("dtype,algo", ALL_ALGOS)
 def test_ragged_batch_matches_reference(heads, page_size, dtype, algo) -> None:
     case = make_case(heads * 100 + page_size, **RAGGED, heads=heads, page_size=page_size,
                      dtype=dtype)  # fmt: skip
@@ -75,12 +76,13 @@ def test_ragged_batch_matches_reference(heads, page_size, dtype, algo) -> None:
 
 
 @pytest.mark.parametrize("splits", [1, 3, 7])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kv_splits_and_combine(splits, dtype) -> None:
+@pytest.mark.parametrize("dtype,algo", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
+                                        *BF16_MMA[1:4]])  # fmt: skip
+def test_kv_splits_and_combine(splits, dtype, algo) -> None:
     case = make_case(splits, [700, 1500, 0], [33, 65, 2], heads=8, page_size=16, dtype=dtype)
-    check(case, dtype, num_splits=splits)
+    check(case, dtype, num_splits=splits, algo=algo)
     # A wrong (too small) planning hint must not change the result: the last split takes the rest.
-    check(case, dtype, num_splits=splits, max_kv_len=1)
+    check(case, dtype, num_splits=splits, max_kv_len=1, algo=algo)
 
 
 def test_root_only_prefix_zero_sees_itself() -> None:

@@ -236,32 +236,35 @@ __device__ __forceinline__ uint32_t p_off(int r, int c) {
   return static_cast<uint32_t>((r * CPR + (c ^ ((r / (8 / CPR)) & (CPR - 1)))) * 16);
 }
 
-template <int BM, int BN, int STAGES>
+// BM query rows x BN keys a tile, STAGES KV buffers, NC column groups (warp (r, c): keys
+// [c BN/NC, +BN/NC) of S and value dims [c 512/NC, +512/NC) of O), MINB CTAs per SM.
+template <int BM, int BN, int STAGES, int NC, int MINB>
 struct MmaCfg {
-  static constexpr int kWarps = BM / 16 * 2, kThreads = kWarps * 32;
+  static constexpr int kWarps = BM / 16 * NC, kThreads = kWarps * 32;
   static constexpr int kTileBytes = BN * kQK * 2, kQBytes = BM * kQK * 2;
-  static constexpr int kPBytes = BM * BN * 2, kRedBytes = 2 * 2 * BM * 4;
+  static constexpr int kPBytes = BM * BN * 2, kRedBytes = 2 * NC * BM * 4;
   static constexpr int kSmem = kQBytes + STAGES * kTileBytes + kPBytes + kRedBytes;
   static constexpr int kTpr = kThreads / BN;  // loader threads per KV row
   static_assert(kThreads % BN == 0 && kChunks % kTpr == 0, "KV loader mapping");
   static_assert(kThreads % BM == 0 && kChunks % (kThreads / BM) == 0, "Q loader mapping");
-  static_assert(BN % 32 == 0 && BN <= 64, "key halves of whole 16-key steps");
+  static_assert(BN % (16 * NC) == 0 && BN <= 64, "key groups of whole 16-key steps");
 };
 
-template <int BM, int BN, int STAGES>
-__global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_kernel(Params p) {
-  using Cfg = MmaCfg<BM, BN, STAGES>;
-  constexpr int kHalfN = BN / 2, kNtS = kHalfN / 8;  // S n-tiles of a warp
-  constexpr int kNtO = kV / 2 / 8;                   // O n-tiles of a warp (32)
+template <int BM, int BN, int STAGES, int NC, int MINB>
+__global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MINB)
+    tva_mma_kernel(Params p) {
+  using Cfg = MmaCfg<BM, BN, STAGES, NC, MINB>;
+  constexpr int kKw = BN / NC, kNtS = kKw / 8;  // keys and S n-tiles of a warp
+  constexpr int kDw = kV / NC, kNtO = kDw / 8;  // value dims and O n-tiles of a warp
   constexpr int kCpr = BN / 8;
   unsigned char* qs = dyn_smem;
   unsigned char* kvs = qs + Cfg::kQBytes;
   unsigned char* ps = kvs + STAGES * Cfg::kTileBytes;
-  float* red_max = reinterpret_cast<float*>(ps + Cfg::kPBytes);  // [2][BM]
-  float* red_sum = red_max + 2 * BM;                             // [2][BM]
+  float* red_max = reinterpret_cast<float*>(ps + Cfg::kPBytes);  // [NC][BM]
+  float* red_sum = red_max + NC * BM;                            // [NC][BM]
 
   const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wr = warp >> 1, wc = warp & 1;
+  const int wr = warp / NC, wc = warp % NC;
   const int q0 = p.qo_offsets[b], t_b = p.qo_offsets[b + 1] - q0;
   const int rows_b = t_b * p.heads, m0 = blockIdx.x * BM;
   if (m0 >= rows_b) return;
@@ -323,7 +326,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
     const uint32_t kv_u = smem_u32(kvs + stage * Cfg::kTileBytes);
     const int kv0 = tile * BN;
 
-    // S = Q K^T for rows [16 wr, +16) x keys [kHalfN wc, +kHalfN).
+    // S = Q K^T for rows [16 wr, +16) x keys [kKw wc, +kKw).
     float s[kNtS][4];
 #pragma unroll
     for (int j = 0; j < kNtS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
@@ -334,7 +337,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
 #pragma unroll
       for (int j = 0; j < kNtS; j += 2) {
         uint32_t bb[4];
-        const int key = wc * kHalfN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+        const int key = wc * kKw + j * 8 + (lane & 7) + ((lane >> 4) << 3);
         ldsm_x4(kv_u + qk_off(key, 2 * kk + ((lane >> 3) & 1)), bb);
         mma_bf16(s[j], a, bb[0], bb[1]);
         mma_bf16(s[j + 1], a, bb[2], bb[3]);
@@ -347,7 +350,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
     for (int j = 0; j < kNtS; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int pos = kv0 + wc * kHalfN + j * 8 + 2 * qd + (e & 1);
+        const int pos = kv0 + wc * kKw + j * 8 + 2 * qd + (e & 1);
         float x = s[j][e] * p.scale_log2;
         if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos))
           x = -INFINITY;
@@ -368,8 +371,10 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
     float alpha[2], m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float other = red_max[(wc ^ 1) * BM + (h ? lrow1 : lrow0)];
-      const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
+      float m_new = fmaxf(m_run[h], mx[h]);
+#pragma unroll
+      for (int c = 1; c < NC; ++c)
+        m_new = fmaxf(m_new, red_max[((wc + c) % NC) * BM + (h ? lrow1 : lrow0)]);
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;
       alpha[h] = exp2f(m_run[h] - m_use[h]);
       m_run[h] = m_new;
@@ -382,7 +387,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
       const float p2 = exp2f(s[j][2] - m_use[1]), p3 = exp2f(s[j][3] - m_use[1]);
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
-      const int c = (wc * kHalfN + j * 8) / 8;
+      const int c = (wc * kKw + j * 8) / 8;
       *reinterpret_cast<__nv_bfloat162*>(ps + p_off<kCpr>(lrow0, c) + qd * 4) =
           __floats2bfloat162_rn(p0, p1);
       *reinterpret_cast<__nv_bfloat162*>(ps + p_off<kCpr>(lrow1, c) + qd * 4) =
@@ -396,7 +401,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
       o[j][3] *= alpha[1];
     }
     __syncthreads();  // P complete
-    // O[16 wr.., dims 256 wc..] += P[16, BN] V[BN, 256].
+    // O[16 wr.., dims kDw wc..] += P[16, BN] V[BN, kDw].
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) {
       uint32_t a[4];
@@ -405,7 +410,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
 #pragma unroll
       for (int j = 0; j < kNtO; j += 2) {
         uint32_t bb[4];
-        ldsm_x4_t(kv_u + qk_off(key, (wc * 256 + j * 8) / 8 + (lane >> 4)), bb);
+        ldsm_x4_t(kv_u + qk_off(key, (wc * kDw + j * 8) / 8 + (lane >> 4)), bb);
         mma_bf16(o[j], a, bb[0], bb[1]);
         mma_bf16(o[j + 1], a, bb[2], bb[3]);
       }
@@ -428,18 +433,20 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES>::kThreads, 1) tva_mma_k
   for (int h = 0; h < 2; ++h) {
     const int lrow = h ? lrow1 : lrow0;
     if (m0 + lrow >= rows_b) continue;
-    const float l = l_run[h] + red_sum[(wc ^ 1) * BM + lrow];
+    float l = l_run[h];
+#pragma unroll
+    for (int c = 1; c < NC; ++c) l += red_sum[((wc + c) % NC) * BM + lrow];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t grow = row_base + m0 + lrow;
     if (p.num_splits == 1) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + wc * 256 + 2 * qd;
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + wc * kDw + 2 * qd;
 #pragma unroll
       for (int j = 0; j < kNtO; ++j)
         *reinterpret_cast<__nv_bfloat162*>(out + j * 8) =
             __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
     } else {
       float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV +
-                   wc * 256 + 2 * qd;
+                   wc * kDw + 2 * qd;
 #pragma unroll
       for (int j = 0; j < kNtO; ++j)
         *reinterpret_cast<float2*>(out + j * 8) =
@@ -484,9 +491,6 @@ struct Launch {
   const void* kernel;
 };
 
-using Big = MmaCfg<64, 64, 2>;
-using Small = MmaCfg<32, 32, 1>;
-
 int device_info(int* sms, int* smem_optin) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -496,10 +500,32 @@ int device_info(int* sms, int* smem_optin) {
   return static_cast<int>(e);
 }
 
+template <int BM, int BN, int STAGES, int NC, int MINB>
+Launch mma_variant() {
+  using C = MmaCfg<BM, BN, STAGES, NC, MINB>;
+  return {BM, BN, C::kThreads, C::kSmem, MINB,
+          reinterpret_cast<const void*>(&tva_mma_kernel<BM, BN, STAGES, NC, MINB>)};
+}
+
+// Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. The last
+// one fits the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell).
+constexpr int kNumMma = 5;
+Launch mma_variants(int i) {
+  switch (i) {
+    case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
+    case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
+    case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
+    case 3: return mma_variant<32, 64, 1, 4, 2>();  // 8 warps x 2 CTAs/SM, 113 KiB
+    default: return mma_variant<32, 32, 1, 2, 1>();  // 4 warps, 75 KiB
+  }
+}
+constexpr int kMmaPreferred[] = {0, 4};  // auto: the first that fits
+
 int choose(int dtype, int algo, Launch* l) {
   int sms = 0, optin = 0;
   if (int e = device_info(&sms, &optin)) return e;
-  const bool mma = algo == DDTREE_ATTN_MMA || (algo == DDTREE_ATTN_AUTO && dtype == DDTREE_ATTN_BFLOAT16);
+  if (algo < 0 || algo > DDTREE_ATTN_MMA + kNumMma) return static_cast<int>(cudaErrorInvalidValue);
+  const bool mma = algo >= DDTREE_ATTN_MMA || (algo == DDTREE_ATTN_AUTO && dtype == DDTREE_ATTN_BFLOAT16);
   if (mma && dtype != DDTREE_ATTN_BFLOAT16) return static_cast<int>(cudaErrorInvalidValue);
   if (!mma) {
     const int smem = (2 * 16 * kSimtPad + 16 * 16 + 3 * 16) * 4;
@@ -507,12 +533,13 @@ int choose(int dtype, int algo, Launch* l) {
           dtype == DDTREE_ATTN_FLOAT32 ? reinterpret_cast<const void*>(&tva_simt_kernel<float>)
                                        : reinterpret_cast<const void*>(
                                              &tva_simt_kernel<__nv_bfloat16>)};
-  } else if (optin >= Big::kSmem) {
-    *l = {64, 64, Big::kThreads, Big::kSmem, 1,
-          reinterpret_cast<const void*>(&tva_mma_kernel<64, 64, 2>)};
+  } else if (algo > DDTREE_ATTN_MMA) {
+    *l = mma_variants(algo - DDTREE_ATTN_MMA - 1);
   } else {
-    *l = {32, 32, Small::kThreads, Small::kSmem, 1,
-          reinterpret_cast<const void*>(&tva_mma_kernel<32, 32, 1>)};
+    for (int i : kMmaPreferred) {
+      *l = mma_variants(i);
+      if (l->smem <= optin) break;
+    }
   }
   if (l->smem > optin) return static_cast<int>(cudaErrorInvalidConfiguration);
   return 0;
@@ -559,7 +586,7 @@ extern "C" int ddtree_tree_verify_attention_plan(int dtype, int algo, int batch,
                                                  int num_splits_req, int* num_splits,
                                                  size_t* workspace_bytes) {
   if (!num_splits || !workspace_bytes || bad_dims(dtype, batch, heads, total_q, t_max) ||
-      algo < 0 || algo > 2 || num_splits_req < 0 || num_splits_req > 1024)
+      num_splits_req < 0 || num_splits_req > 1024)
     return static_cast<int>(cudaErrorInvalidValue);
   Launch l;
   if (int e = choose(dtype, algo, &l)) return e;
@@ -580,7 +607,7 @@ extern "C" int ddtree_tree_verify_attention(
     cudaStream_t stream) {
   (void)max_kv_len;
   if (bad_dims(dtype, batch, heads, total_q, t_max) || page_size < 1 || max_pages < 1 ||
-      num_splits < 1 || num_splits > 1024 || algo < 0 || algo > 2)
+      num_splits < 1 || num_splits > 1024)
     return static_cast<int>(cudaErrorInvalidValue);
   if (batch == 0 || total_q == 0) return 0;
   if (!q || !kv_cache || !block_table || !prefix_lens || !qo_offsets || !visibility || !out ||
