@@ -170,4 +170,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run main() of the importable module, whose SUITES the suite modules register into
+    # (as __main__ this file is a second module object with its own, empty registry).
+    from kernels.bench import main as _main
+
+    sys.exit(_main())

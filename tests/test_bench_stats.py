@@ -31,3 +31,19 @@ def test_speedups_name_their_baselines():
     assert rows[0]["speedup"] == {"cpu_python": 700.0, "cpu_cpp": 23.0}
     assert rows[3]["speedup"] == {}  # no baseline of that shape
     assert "speedup" not in rows[1] and "samples_us" not in rows[0]
+
+
+def test_cli_sees_the_registered_suites():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.bench", "--suite", "nope"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.returncode == 2
+    assert "known: ['accept', 'topk', 'tree'" in proc.stderr or "'topk'" in proc.stderr
