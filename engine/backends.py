@@ -1,0 +1,148 @@
+"""Backend registry: one place that binds each DDTree component to an implementation.
+
+Components and kinds (`--backend COMPONENT=KIND`):
+  topk        reference (kernels.reference, numpy) | cuda (kernels.cuda)
+  tree_build  reference (Python/heapq) | cpp (kernels.cpu, compiled g++) | cuda (kernels.cuda)
+  accept      reference | cpp | cuda
+  attention   torch (per-row gather, engine.model) | cuda (kernels.cuda_attention, fp32 SIMT)
+
+Every tree is handed between components as a `kernels.reference.BatchedTrees` (numpy), so any
+one component can be swapped alone; a CUDA backend uploads / downloads at its boundary and
+that copy is counted in its stage's time. Kernel modules are imported lazily, only when a
+backend that needs them is selected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.model import Attention, torch_attention
+
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "topk": ("reference", "cuda"),
+    "tree_build": ("reference", "cpp", "cuda"),
+    "accept": ("reference", "cpp", "cuda"),
+    "attention": ("torch", "cuda"),
+}
+DEFAULTS = {
+    "topk": "reference",
+    "tree_build": "reference",
+    "accept": "reference",
+    "attention": "torch",
+}
+CUDA_DEFAULTS = {"topk": "cuda", "tree_build": "cuda", "accept": "cuda", "attention": "cuda"}
+
+
+def parse_backends(specs: list[str], device: str) -> dict[str, str]:
+    """`["topk=cuda", ...]` over the defaults for the device; ValueError on an unknown pair."""
+    chosen = dict(DEFAULTS)
+    for spec in specs:
+        comp, sep, kind = spec.partition("=")
+        if not sep or comp not in COMPONENTS or kind not in COMPONENTS[comp]:
+            known = ", ".join(f"{c}={'|'.join(k)}" for c, k in COMPONENTS.items())
+            raise ValueError(f"bad --backend {spec!r}; expected one of {known}")
+        if kind == "cuda" and not device.startswith("cuda"):
+            raise ValueError(f"--backend {spec} needs --device cuda")
+        chosen[comp] = kind
+    return chosen
+
+
+def _np(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _cuda(x: Any, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(x).to(device).contiguous()
+
+
+@dataclass
+class Backends:
+    names: dict[str, str]
+    topk: Callable[[torch.Tensor, int], tuple[Any, Any]]
+    tree_build: Callable[[Any, Any, int], Any]
+    accept: Callable[[Any, np.ndarray, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    attention: Attention
+
+
+def make_backends(names: dict[str, str], device: torch.device) -> Backends:
+    from kernels import reference
+
+    topk: Callable = lambda logits, k: reference.topk_logprobs(_np(logits), k)  # noqa: E731
+    build: Callable = reference.build_trees
+    accept: Callable = lambda trees, tgt, h: reference.greedy_accept_batch(trees, tgt, h)  # noqa: E731
+    attention: Attention = torch_attention
+    if names["topk"] == "cuda":
+        from kernels import cuda
+
+        topk = lambda logits, k: cuda.topk_logprobs(_cuda(logits, device), k)  # noqa: E731
+    if names["tree_build"] == "cpp":
+        from kernels import cpu
+
+        build = lambda lp, ids, budget: cpu.build_trees_cpp(_np(lp), _np(ids), budget)  # noqa: E731
+    elif names["tree_build"] == "cuda":
+        build = lambda lp, ids, budget: _cuda_build(lp, ids, budget, device)  # noqa: E731
+    if names["accept"] == "cpp":
+        from kernels import cpu
+
+        accept = cpu.greedy_accept_cpp
+    elif names["accept"] == "cuda":
+        accept = lambda trees, tgt, h: _cuda_accept(trees, tgt, h, device)  # noqa: E731
+    if names["attention"] == "cuda":
+        attention = cuda_attention
+    return Backends(dict(names), topk, build, accept, attention)
+
+
+def _cuda_build(lp: Any, ids: Any, budget: int, device: torch.device) -> Any:
+    from kernels import cuda
+    from kernels.reference import BatchedTrees
+
+    t = cuda.build_trees(_cuda(lp, device).float(), _cuda(ids, device).long(), budget)
+    return BatchedTrees(**{f: _np(getattr(t, f)) for f in t._fields})
+
+
+def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -> tuple:
+    from kernels import cuda
+
+    ct = cuda.CudaTrees(*(_cuda(getattr(trees, f), device) for f in cuda.CudaTrees._fields))
+    acc, alen, bonus = cuda.greedy_accept(ct, _cuda(target, device).long(), h)
+    return _np(acc), _np(alen), _np(bonus)
+
+
+def cuda_attention(
+    q: torch.Tensor, pool: torch.Tensor, visible: list[torch.Tensor], scale: float, latent_dim: int
+) -> torch.Tensor:
+    """Kernels II fp32 tree-verify attention, batch-invariant by construction.
+
+    Each row is passed as its own request with a root-only tree (T = 1) whose "prefix" is its
+    visible keys in position order, through a page_size-1 view of the pool and a per-row block
+    table of slot indices; one split (no flash-decoding merge) and the SIMT fp32 path. A row's
+    arithmetic then depends only on its own visible keys, so an AR row and the same row on a
+    verify's accepted path are bit-identical, whatever the tree layout or batch.
+    """
+    from torch.nn.utils.rnn import pad_sequence
+
+    from kernels.cuda_attention import tree_verify_attention
+
+    lens = [int(v.numel()) for v in visible]
+    width = max(lens)
+    table = pad_sequence(visible, batch_first=True).to(torch.int32)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=pool.device)
+    out = tree_verify_attention(
+        q.contiguous(),
+        pool.view(pool.shape[0], 1, pool.shape[1]),
+        table,
+        lens_t - 1,
+        torch.ones_like(lens_t),
+        torch.ones(len(lens), 1, 1, dtype=torch.bool, device=pool.device),
+        scale,
+        max_kv_len=width,
+        num_splits=1,
+        algo="simt",
+        check=False,
+    )
+    return out[..., :latent_dim]

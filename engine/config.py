@@ -1,0 +1,106 @@
+"""Model and engine configuration: the `tiny` (CPU, CI) and `small` (GPU) presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+VOCAB_SIZE = 258  # 256 bytes + BOS + EOS (see engine.tokenizer)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A DeepSeek-V3 / Kimi-K2-style decoder: MLA attention + MoE with a shared expert."""
+
+    vocab_size: int = VOCAB_SIZE
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    qk_nope_dim: int = 16  # per-head non-rotary query/key dims (absorbed into the latent)
+    qk_rope_dim: int = 8  # per-head rotary dims; the rotary key is shared by all heads
+    kv_lora_rank: int = 32  # latent width: the KV cache row is kv_lora_rank + qk_rope_dim
+    v_head_dim: int = 16
+    experts: int = 4
+    experts_per_token: int = 2
+    expert_inter: int = 64
+    shared_inter: int = 64
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    # How strongly the layers perturb the residual stream relative to the token embedding; a
+    # small value keeps the target close to its zero-layer (bigram) approximation, which is
+    # what the drafter computes (see engine.drafter).
+    residual_scale: float = 0.5
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        return float((self.qk_nope_dim + self.qk_rope_dim) ** -0.5)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Decoding settings: DDTree shape, batching and the paged KV cache."""
+
+    draft_len: int = 6  # H: drafted positions per step
+    budget: int = 12  # tree nodes per request per step (root excluded)
+    topk: int = 0  # K per drafted position; 0 = min(budget, vocab) as the public reference does
+    max_batch_size: int = 8
+    page_size: int = 16
+    max_new_tokens: int = 4096
+
+    def k(self, vocab: int) -> int:
+        return self.topk if self.topk > 0 else max(1, min(self.budget, vocab))
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset("tiny"),
+    # The `small` preset's KV rows are 512 latent + 64 rope = 576 wide, the layout of the
+    # Kernels II CUDA tree-verify attention.
+    "small": Preset(
+        "small",
+        ModelConfig(
+            hidden=512,
+            layers=4,
+            heads=8,
+            qk_nope_dim=64,
+            qk_rope_dim=64,
+            kv_lora_rank=512,
+            v_head_dim=64,
+            experts=8,
+            experts_per_token=2,
+            expert_inter=256,
+            shared_inter=256,
+            max_seq_len=2048,
+        ),
+        EngineConfig(draft_len=7, budget=16, max_batch_size=32, page_size=64),
+    ),
+}
+
+
+def preset(name: str, **engine_overrides: int) -> Preset:
+    """The named preset, with optional EngineConfig overrides (e.g. budget=8)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    p = PRESETS[name]
+    if engine_overrides:
+        p = dataclasses.replace(p, engine=dataclasses.replace(p.engine, **engine_overrides))
+    return p
+
+
+def to_dict(p: Preset) -> dict:
+    return {
+        "name": p.name,
+        "model": dataclasses.asdict(p.model),
+        "engine": dataclasses.asdict(p.engine),
+    }

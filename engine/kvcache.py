@@ -1,0 +1,77 @@
+"""Paged KV cache for MLA: one latent+rope row per token per layer, pages of `page_size` slots.
+
+The pool is `[layers, num_pages * page_size, kv_dim]`; a sequence owns a list of pages (its
+block table) and sequence position p lives in slot `pages[p // page_size] * page_size +
+p % page_size`. Tree rows of a DDTree step are written at positions L .. L + N (L = committed
+length) and the accepted ones are compacted to L, L + 1, ... afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class CacheFull(RuntimeError):
+    """No free page is left for a sequence that needs one."""
+
+
+class PagedKVCache:
+    def __init__(
+        self, layers: int, num_pages: int, page_size: int, kv_dim: int, device: str | torch.device
+    ) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.pool = torch.zeros(layers, num_pages * page_size, kv_dim, device=device)
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def new_sequence(self) -> SeqBlocks:
+        return SeqBlocks(self)
+
+    def _alloc(self) -> int:
+        if not self._free:
+            raise CacheFull("KV cache: no free page")
+        return self._free.pop()
+
+    def _release(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+class SeqBlocks:
+    """One sequence's block table in a PagedKVCache."""
+
+    def __init__(self, cache: PagedKVCache) -> None:
+        self.cache = cache
+        self.pages: list[int] = []
+
+    def reserve(self, num_positions: int) -> None:
+        """Make positions 0 .. num_positions - 1 addressable (allocating pages as needed)."""
+        need = -(-num_positions // self.cache.page_size)
+        while len(self.pages) < need:
+            self.pages.append(self.cache._alloc())
+
+    def slots(self, positions: torch.Tensor | list[int] | range) -> torch.Tensor:
+        """Pool slot index of each sequence position (int64, on the cache's device)."""
+        ps = self.cache.page_size
+        pos = torch.as_tensor(
+            list(positions) if isinstance(positions, range) else positions, dtype=torch.int64
+        )
+        pages = torch.tensor(self.pages, dtype=torch.int64)
+        slots = pages[pos // ps] * ps + pos % ps
+        return slots.to(self.cache.pool.device)
+
+    def compact(self, prefix_len: int, accepted: list[int]) -> None:
+        """Move tree rows L + accepted[k] to L + k for every layer (accepted[0] == 0)."""
+        if accepted == list(range(len(accepted))):
+            return
+        src = self.slots([prefix_len + a for a in accepted])
+        dst = self.slots(range(prefix_len, prefix_len + len(accepted)))
+        pool = self.cache.pool
+        pool[:, dst] = pool[:, src].clone()
+
+    def free(self) -> None:
+        self.cache._release(self.pages)
+        self.pages = []

@@ -1,0 +1,145 @@
+"""OpenAI-style request validation and error bodies for the completions endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.tokenizer import ByteTokenizer
+
+
+class BadRequest(Exception):
+    """A client error: becomes a 400 with an OpenAI-style error body."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def error_body(
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class Completion:
+    prompts: list[list[int]]
+    max_tokens: int
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _prompts(prompt: Any, tok: ByteTokenizer) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [tok.encode(prompt)]
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return [list(prompt)]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return [tok.encode(p) for p in prompt]
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt)
+    ):
+        return [list(p) for p in prompt]
+    raise BadRequest(
+        "prompt must be a string, a non-empty list of token ids, or a non-empty list of either",
+        "prompt",
+    )
+
+
+def parse_completion(
+    body: Any, *, mode: str, vocab: int, max_seq_len: int, max_new: int, tok: ByteTokenizer
+) -> Completion:
+    """Validate a /v1/completions body; BadRequest says what is wrong and with which field."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if "prompt" not in body or body["prompt"] is None:
+        raise BadRequest("missing required field 'prompt'", "prompt", "missing_required_parameter")
+    prompts = _prompts(body["prompt"], tok)
+    for p in prompts:
+        if any(not 0 <= t < vocab for t in p):
+            raise BadRequest(f"token ids must lie in [0, {vocab})", "prompt")
+    max_tokens = body.get("max_tokens", 16)
+    if max_tokens is None:
+        max_tokens = 16
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= max_new:
+        raise BadRequest(
+            f"max_tokens must be an integer in [1, {max_new}], got {max_tokens!r}", "max_tokens"
+        )
+    temperature = body.get("temperature", 0.0)
+    if temperature is None:
+        temperature = 0.0
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise BadRequest("temperature must be a number", "temperature")
+    if temperature < 0:
+        raise BadRequest("temperature must be >= 0", "temperature")
+    if temperature > 0:
+        raise BadRequest(
+            f"temperature must be 0 in {mode} mode: this engine decodes greedily only "
+            "(DDTree verification is exact for greedy decoding)",
+            "temperature",
+        )
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise BadRequest("only n = 1 is supported", "n")
+    if body.get("echo"):
+        raise BadRequest("echo is not supported", "echo")
+    if body.get("logprobs") not in (None, 0, False):
+        raise BadRequest("logprobs are not supported", "logprobs")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or len(stop) > 16
+        or any(not isinstance(s, str) or not s for s in stop)
+    ):
+        raise BadRequest("stop must be a non-empty string or a list of up to 16 of them", "stop")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise BadRequest("stream_options must be an object", "stream_options")
+    if stream and len(prompts) > 1:
+        raise BadRequest("streaming takes a single prompt", "prompt")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest("ignore_eos must be a boolean", "ignore_eos")
+    for p in prompts:
+        if len(p) >= max_seq_len:
+            raise BadRequest(
+                f"prompt too long: {len(p)} tokens; this model's maximum context length is "
+                f"{max_seq_len} tokens",
+                "prompt",
+                "context_length_exceeded",
+            )
+        if len(p) + max_tokens > max_seq_len:
+            raise BadRequest(
+                f"this model's maximum context length is {max_seq_len} tokens, but "
+                f"{len(p)} prompt tokens + max_tokens {max_tokens} exceed it",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+    return Completion(
+        prompts, max_tokens, tuple(stop), stream, bool(opts.get("include_usage", False)), ignore_eos
+    )
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """Text up to (excluding) the earliest stop string, and whether one was found."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)

@@ -1,0 +1,83 @@
+"""Build an engine (config, weights, model, backends, decoder) and run offline generation."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.backends import make_backends, parse_backends
+from engine.config import Preset, preset
+from engine.decode import Decoder
+from engine.model import Model
+from engine.tokenizer import EOS_ID
+from engine.weights import init_weights, load_weights
+
+
+@dataclass
+class EngineSpec:
+    preset: str = "tiny"
+    mode: str = "ddtree"
+    device: str = "cpu"
+    backends: tuple[str, ...] = ()
+    weights: str | None = None  # a safetensors file from engine.weights.save_weights
+    seed: int = 0
+    max_batch_size: int | None = None
+    budget: int | None = None
+
+
+def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
+    overrides = {
+        k: v
+        for k, v in (("max_batch_size", spec.max_batch_size), ("budget", spec.budget))
+        if v is not None
+    }
+    p = preset(spec.preset, **overrides)
+    if spec.weights:
+        cfg, weights = load_weights(Path(spec.weights))
+        p = dataclasses.replace(p, model=cfg)
+    else:
+        weights = init_weights(p.model, spec.seed)
+    device = torch.device(spec.device)
+    names = parse_backends(list(spec.backends), spec.device)
+    model = Model(p.model, weights, device)
+    return p, Decoder(model, p.engine, spec.mode, make_backends(names, device))
+
+
+def generate(
+    decoder: Decoder, prompts: list[list[int]], max_tokens: int, *, stop_at_eos: bool = True
+) -> tuple[list[list[int]], list[int]]:
+    """Greedy outputs of a static batch (finished sequences leave it); also accept lengths.
+
+    Outputs are cut at max_tokens and after EOS (EOS itself excluded), exactly as the server.
+    """
+    seqs = [decoder.new_sequence(p) for p in prompts]
+    for s in seqs:
+        decoder.prefill(s)
+    outs: list[list[int]] = [[] for _ in prompts]
+    live = list(range(len(prompts)))
+    accept_lens: list[int] = []
+    try:
+        while live:
+            res = decoder.step([seqs[i] for i in live])
+            still = []
+            for i, new in zip(live, res.new_tokens, strict=True):
+                accept_lens.append(len(new))
+                done = False
+                for t in new:
+                    if stop_at_eos and t == EOS_ID:
+                        done = True
+                        break
+                    outs[i].append(t)
+                    if len(outs[i]) >= max_tokens:
+                        done = True
+                        break
+                if not done:
+                    still.append(i)
+            live = still
+    finally:
+        for s in seqs:
+            s.blocks.free()
+    return outs, accept_lens

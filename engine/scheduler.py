@@ -1,0 +1,168 @@
+"""Continuous-batching scheduler: one background thread runs decode steps over the running set.
+
+Requests are submitted through a thread-safe queue; between two steps the scheduler admits
+waiting requests (prefill) up to the max batch size and retires finished ones, so requests
+join and leave while others decode. Each request's updates (new token ids, finish reason) go
+to its `sink` callable, which the server turns into an asyncio handoff
+(`loop.call_soon_threadsafe`). A failure inside a step fails the requests in that step with
+an error and the thread keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.decode import Decoder, Sequence
+from engine.stats import StepStats
+from engine.tokenizer import EOS_ID, StreamDecoder
+
+log = logging.getLogger("engine.scheduler")
+
+
+@dataclass
+class Update:
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
+    error: str | None = None
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    sink: Callable[[Update], None]
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    output: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    seq: Sequence | None = None
+    text: str = ""
+    _decoder: StreamDecoder = field(default_factory=StreamDecoder)
+
+    def take(self, new: list[int]) -> Update:
+        """Append committed tokens one by one, stopping at EOS, a stop string or max_tokens."""
+        taken: list[int] = []
+        for t in new:
+            if t == EOS_ID and not self.ignore_eos:
+                return Update(taken, True, "stop")
+            taken.append(t)
+            self.output.append(t)
+            if self.stop:
+                self.text += self._decoder.feed([t])
+                if any(s in self.text for s in self.stop):
+                    return Update(taken, True, "stop")
+            if len(self.output) >= self.max_tokens:
+                return Update(taken, True, "length")
+        return Update(taken)
+
+
+class Scheduler:
+    def __init__(self, decoder: Decoder, stats: StepStats | None = None) -> None:
+        self.decoder = decoder
+        self.stats = stats or StepStats()
+        self.max_batch = decoder.cfg.max_batch_size
+        self._waiting: deque[GenRequest] = deque()
+        self._running: list[GenRequest] = []
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+
+    # -- public (any thread) ------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    def submit(self, req: GenRequest) -> None:
+        with self._cv:
+            self._waiting.append(req)
+            self._cv.notify_all()
+
+    def cancel(self, req: GenRequest) -> None:
+        req.cancelled = True
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # -- the loop (scheduler thread) --------------------------------------------------------
+    def _finish(self, req: GenRequest, update: Update) -> None:
+        if req.seq is not None:
+            req.seq.blocks.free()
+            req.seq = None
+        self._emit(req, update)
+
+    def _emit(self, req: GenRequest, update: Update) -> None:
+        try:
+            req.sink(update)
+        except Exception:  # a broken sink (client gone) must not stop the loop
+            log.exception("request sink failed")
+
+    def _admit(self) -> None:
+        while len(self._running) < self.max_batch:
+            with self._cv:
+                if not self._waiting:
+                    return
+                req = self._waiting.popleft()
+            if req.cancelled:
+                self._finish(req, Update([], True, "abort"))
+                continue
+            try:
+                t0 = time.perf_counter()
+                req.seq = self.decoder.new_sequence(req.prompt_ids)
+                self.decoder.prefill(req.seq)
+                self.stats.record_prefill(len(req.prompt_ids), time.perf_counter() - t0)
+                self._running.append(req)
+            except Exception as exc:
+                log.exception("prefill failed")
+                self._finish(req, Update([], True, "error", f"prefill failed: {exc}"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cv.wait(timeout=1.0)
+                if self._stop:
+                    break
+            for req in [r for r in self._running if r.cancelled]:
+                self._running.remove(req)
+                self._finish(req, Update([], True, "abort"))
+            self._admit()
+            if not self._running:
+                continue
+            batch = list(self._running)
+            try:
+                t0 = time.perf_counter()
+                res = self.decoder.step([r.seq for r in batch])
+                res.stages["step"] = time.perf_counter() - t0
+            except Exception as exc:
+                log.error("decode step failed:\n%s", traceback.format_exc())
+                for req in batch:
+                    self._running.remove(req)
+                    self._finish(req, Update([], True, "error", f"decode step failed: {exc}"))
+                continue
+            self.stats.record_step(len(batch), res.stages, [len(n) for n in res.new_tokens])
+            for req, new in zip(batch, res.new_tokens, strict=True):
+                update = req.take(new)
+                if update.finished:
+                    self._running.remove(req)
+                    self._finish(req, update)
+                elif update.token_ids:
+                    self._emit(req, update)
+        for req in [*self._running, *self._waiting]:
+            self._finish(req, Update([], True, "abort", "server shutting down"))

@@ -1,0 +1,302 @@
+"""OpenAI-compatible HTTP server (FastAPI + uvicorn) over the scheduler, SGLang-like endpoints.
+
+`POST /v1/completions` (text or token-id prompts, greedy, stop strings, SSE streaming; each
+choice carries `token_ids`), `GET /v1/models`, `/health` (503 while loading), `/health_generate`
+(one real token), `/get_server_info` (config, mode, backends, `internal_states`), `/metrics`
+(Prometheus text). The model loads in a background thread; requests reach the scheduler thread
+through a queue and come back through `loop.call_soon_threadsafe` into an asyncio.Queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from engine import metrics
+from engine.config import Preset, to_dict
+from engine.protocol import BadRequest, Completion, cut_at_stop, error_body, parse_completion
+from engine.runtime import EngineSpec, build_decoder
+from engine.scheduler import GenRequest, Scheduler, Update
+from engine.stats import StepStats
+from engine.tokenizer import BOS_ID, ByteTokenizer
+
+log = logging.getLogger("engine.server")
+
+
+class EngineState:
+    """What the endpoints share: the spec, and once loaded the preset and the scheduler."""
+
+    def __init__(self, spec: EngineSpec, model_name: str) -> None:
+        self.spec, self.model_name = spec, model_name
+        self.tok = ByteTokenizer()
+        self.stats = StepStats()
+        self.preset: Preset | None = None
+        self.scheduler: Scheduler | None = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self.ready = threading.Event()
+
+    def load(self) -> None:
+        try:
+            self.preset, decoder = build_decoder(self.spec)
+            self.scheduler = Scheduler(decoder, self.stats)
+            self.scheduler.start()
+            self.ready.set()
+            log.info("engine ready: preset=%s mode=%s", self.spec.preset, self.spec.mode)
+        except Exception as exc:  # reported by /health
+            log.exception("engine failed to load")
+            self.load_error = f"{type(exc).__name__}: {exc}"
+
+
+def _error(
+    status: int, message: str, type_: str = "invalid_request_error", **kw: Any
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, **kw), status_code=status)
+
+
+def _chunk(state: EngineState, rid: str, choice: dict) -> str:
+    body = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": [choice],
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def create_app(spec: EngineSpec, model_name: str = "ddtree-reference") -> FastAPI:
+    state = EngineState(spec, model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=state.load, name="engine-load", daemon=True).start()
+        yield
+        if state.scheduler is not None:
+            state.scheduler.shutdown()
+
+    app = FastAPI(title="ddtree reference engine", lifespan=lifespan)
+    app.state.engine = state
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    def submit(
+        prompt: list[int], max_tokens: int, stop: tuple[str, ...] = (), ignore_eos: bool = False
+    ) -> tuple[GenRequest, asyncio.Queue[Update]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Update] = asyncio.Queue()
+        req = GenRequest(
+            prompt,
+            max_tokens,
+            lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
+            stop,
+            ignore_eos,
+        )
+        state.scheduler.submit(req)
+        return req, queue
+
+    async def collect(req: GenRequest, queue: asyncio.Queue[Update]) -> tuple[list[int], Update]:
+        ids: list[int] = []
+        try:
+            while True:
+                u = await queue.get()
+                ids += u.token_ids
+                if u.finished:
+                    return ids, u
+        finally:
+            state.scheduler.cancel(req)  # no-op once finished; frees it if the client left
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.ready.is_set():
+            return JSONResponse({"status": "ok"})
+        status = "failed: " + state.load_error if state.load_error else "loading"
+        return JSONResponse({"status": status}, status_code=503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> JSONResponse:
+        if not state.ready.is_set():
+            return _error(503, "engine is loading", "unavailable")
+        req, queue = submit([BOS_ID], 1, ignore_eos=True)
+        try:
+            ids, u = await asyncio.wait_for(collect(req, queue), timeout=60)
+        except TimeoutError:
+            return _error(503, "no token within 60 s", "unavailable")
+        if u.finish_reason == "error" or len(ids) != 1:
+            return _error(503, f"generation failed: {u.error}", "unavailable")
+        return JSONResponse({"status": "ok", "token_ids": ids})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        max_len = state.preset.model.max_seq_len if state.preset else None
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "ddtree-ops",
+            "root": model_name,
+            "max_model_len": max_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/get_server_info")
+    async def server_info() -> JSONResponse:
+        s = state.stats
+        internal = {
+            "avg_spec_accept_length": s.avg_accept_length(),
+            "last_gen_throughput": s.throughput(),
+            "num_running_reqs": state.scheduler.num_running if state.scheduler else 0,
+            "num_waiting_reqs": state.scheduler.num_waiting if state.scheduler else 0,
+            "max_batch_size_seen": s.max_batch_seen,
+            "generation_tokens_total": s.tokens_total,
+            "requests_total": s.requests_total,
+            "step_time_breakdown": s.breakdown(),
+        }
+        dec = state.scheduler.decoder if state.scheduler else None
+        return JSONResponse(
+            {
+                "model": model_name,
+                "ready": state.ready.is_set(),
+                "preset": spec.preset,
+                "mode": spec.mode,
+                "device": spec.device,
+                "config": to_dict(state.preset) if state.preset else None,
+                "backends": dec.backends.names if dec else None,
+                "topk": dec.k if dec else None,
+                "internal_states": [internal],
+            }
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        sched = state.scheduler
+        text = metrics.render(
+            state.stats,
+            model_name,
+            sched.num_running if sched else 0,
+            sched.num_waiting if sched else 0,
+        )
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"invalid JSON body: {exc}")
+        if not state.ready.is_set():
+            return _error(503, "engine is loading", "unavailable")
+        mc = state.preset.model
+        try:
+            c = parse_completion(
+                body,
+                mode=spec.mode,
+                vocab=mc.vocab_size,
+                max_seq_len=mc.max_seq_len,
+                max_new=state.preset.engine.max_new_tokens,
+                tok=state.tok,
+            )
+        except BadRequest as exc:
+            return _error(400, exc.message, param=exc.param, code=exc.code)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        if c.stream:
+            return StreamingResponse(stream(rid, c), media_type="text/event-stream")
+        pending = [submit(p, c.max_tokens, c.stop, c.ignore_eos) for p in c.prompts]
+        results = await asyncio.gather(*(collect(r, q) for r, q in pending))
+        choices, completion_tokens = [], 0
+        for i, (ids, u) in enumerate(results):
+            if u.finish_reason == "error":
+                return _error(500, u.error or "generation failed", "server_error")
+            text, _ = cut_at_stop(state.tok.decode(ids), c.stop)
+            completion_tokens += len(ids)
+            choices.append(
+                {
+                    "index": i,
+                    "text": text,
+                    "token_ids": ids,
+                    "logprobs": None,
+                    "finish_reason": u.finish_reason,
+                }
+            )
+        prompt_tokens = sum(len(p) for p in c.prompts)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
+
+    async def stream(rid: str, c: Completion) -> AsyncIterator[str]:
+        req, queue = submit(c.prompts[0], c.max_tokens, c.stop, c.ignore_eos)
+        dec = state.tok.stream_decoder()
+        hold = max((len(s) for s in c.stop), default=1) - 1
+        text, sent, n_ids = "", 0, 0
+        try:
+            while True:
+                u = await queue.get()
+                n_ids += len(u.token_ids)
+                text += dec.feed(u.token_ids)
+                if u.finished:
+                    text += dec.flush()
+                if u.finish_reason == "error":
+                    yield f"data: {json.dumps(error_body(u.error or 'error', 'server_error'))}\n\n"
+                    break
+                visible, cut = cut_at_stop(text, c.stop)
+                end = len(visible) if (u.finished or cut) else max(sent, len(visible) - hold)
+                choice = {
+                    "index": 0,
+                    "text": visible[sent:end],
+                    "token_ids": u.token_ids,
+                    "logprobs": None,
+                    "finish_reason": u.finish_reason if u.finished else None,
+                }
+                sent = end
+                yield _chunk(state, rid, choice)
+                if u.finished:
+                    break
+            if c.include_usage:
+                usage = {
+                    "prompt_tokens": len(c.prompts[0]),
+                    "completion_tokens": n_ids,
+                    "total_tokens": len(c.prompts[0]) + n_ids,
+                }
+                body = {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model_name,
+                    "choices": [],
+                    "usage": usage,
+                }
+                yield f"data: {json.dumps(body)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            state.scheduler.cancel(req)
+
+    return app

@@ -1,0 +1,128 @@
+"""Step statistics: per-stage timings kept per batch size, accept lengths, Prometheus histograms."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+
+STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
+STAGE_BUCKETS = (
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+ACCEPT_BUCKETS = tuple(float(i) for i in range(1, 34))
+
+
+class Histogram:
+    """A cumulative Prometheus histogram (no labels of its own)."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.sum += v
+        self.count += 1
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        sep = "," if labels else ""
+        out = [
+            f'{name}_bucket{{{labels}{sep}le="{b}"}} {c}'
+            for b, c in zip(self.buckets, self.counts, strict=True)
+        ]
+        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.count}')
+        lab = f"{{{labels}}}" if labels else ""
+        out += [f"{name}_sum{lab} {self.sum!r}", f"{name}_count{lab} {self.count}"]
+        return out
+
+
+class StepStats:
+    """Thread-safe aggregate of decode steps (written by the scheduler, read by the server)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # batch size -> stage -> [count, total seconds]
+        self.by_batch: dict[int, dict[str, list[float]]] = defaultdict(
+            lambda: {s: [0, 0.0] for s in (*STAGES, "step")}
+        )
+        self.steps_by_batch: dict[int, int] = defaultdict(int)
+        self.stage_hist = {s: Histogram(STAGE_BUCKETS) for s in STAGES}
+        self.accept_hist = Histogram(ACCEPT_BUCKETS)
+        self.tokens_total = 0
+        self.requests_total = 0
+        self.prefill_tokens_total = 0
+        self.prefill_seconds_total = 0.0
+        self.max_batch_seen = 0
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for throughput
+
+    def record_step(self, batch: int, stages: dict[str, float], accept_lens: list[int]) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.steps_by_batch[batch] += 1
+            self.max_batch_seen = max(self.max_batch_seen, batch)
+            row = self.by_batch[batch]
+            for s, sec in stages.items():
+                row[s][0] += 1
+                row[s][1] += sec
+                if s in self.stage_hist:
+                    self.stage_hist[s].observe(sec)
+            for a in accept_lens:
+                self.accept_hist.observe(float(a))
+            tokens = sum(accept_lens)
+            self.tokens_total += tokens
+            self._recent.append((now, tokens))
+            while self._recent and now - self._recent[0][0] > 10.0:
+                self._recent.popleft()
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        with self.lock:
+            self.requests_total += 1
+            self.prefill_tokens_total += tokens
+            self.prefill_seconds_total += seconds
+
+    def throughput(self) -> float:
+        """Generated tokens per second over the last 10 s (0 when idle)."""
+        now = time.monotonic()
+        with self.lock:
+            recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    def avg_accept_length(self) -> float:
+        with self.lock:
+            h = self.accept_hist
+            return h.sum / h.count if h.count else 0.0
+
+    def breakdown(self) -> dict[str, dict]:
+        """{batch size: {"steps": n, "mean_s": {stage: mean seconds per step}}}."""
+        with self.lock:
+            out = {}
+            for b, row in sorted(self.by_batch.items()):
+                n = self.steps_by_batch[b]
+                out[str(b)] = {
+                    "steps": n,
+                    "mean_s": {s: (v[1] / n if n else 0.0) for s, v in row.items()},
+                    "total_s": {s: v[1] for s, v in row.items()},
+                }
+            return out
