@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,temperature
   --format=csv > "$OUT/env.txt" 2>&1
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv >> "$OUT/env.txt" 2>&1
 git rev-parse HEAD >> "$OUT/env.txt" 2>/dev/null; git status --short kernels tests >> "$OUT/env.txt"
-python3 -c "from kernels.cuda_attention import load_library as l; print(l())" 2>&1 | tail -3
+python3 -c "from kernels.cuda_core import library as l; print(l())" 2>&1 | tail -3
 if [[ $what == tests || $what == all ]]; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py 2>&1 \
     | tee "$OUT/pytest.log" | tail -25

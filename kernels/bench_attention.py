@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 
 import torch
+
+from kernels.bench import BenchConfig, Row, register_suite, row
+from kernels.timing import summarize, time_cuda
 
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3
 SIZES = [  # (batch, prefix, tree rows T, heads)
@@ -29,25 +31,11 @@ SIZES = [  # (batch, prefix, tree rows T, heads)
 ]
 
 
-def timeit(fn: Callable[[int], object], sets: int, warmup: int = 5, reps: int = 30) -> list[float]:
-    """Per-call milliseconds with CUDA events; call i uses input set i % sets."""
-    for i in range(warmup):
-        fn(i % sets)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i % sets)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
-
-
-def summary(times: list[float]) -> dict:
-    q = statistics.quantiles(times, n=4)
-    return {"median_ms": statistics.median(times), "iqr_ms": q[2] - q[0], "samples_ms": times}
+def timeit(fn: Callable[[int], object], sets: int, warmup: int = 5, reps: int = 30) -> dict:
+    """Median / IQR (ms) of per-call CUDA-event timings; call i uses input set i % sets."""
+    t = time_cuda(fn, sets, warmup=warmup, reps=reps)
+    return {"median_ms": t.median_us / 1e3, "iqr_ms": t.iqr_us / 1e3,
+            "samples_ms": [x / 1e3 for x in t.samples_us]}  # fmt: skip
 
 
 def make_inputs(batch: int, prefix: int, t: int, heads: int, page_size: int, gen) -> dict:
@@ -80,7 +68,9 @@ def sdpa_inputs(d: dict, batch: int, prefix: int, t: int, heads: int, page_size:
     return q, keys, keys[..., :512], mask
 
 
-def bench_size(batch: int, prefix: int, t: int, heads: int, page_size: int = 64) -> dict:
+def bench_size(
+    batch: int, prefix: int, t: int, heads: int, page_size: int = 64, reps: int = 30
+) -> dict:
     from kernels.cuda_attention import tree_verify_attention
 
     length = prefix + t
@@ -114,7 +104,7 @@ def bench_size(batch: int, prefix: int, t: int, heads: int, page_size: int = 64)
            "rel_err_vs_sdpa_fp32": rel}  # fmt: skip
     for name, fn in (("ours", ours), ("torch_sdpa", baseline)):
         try:
-            s = summary(timeit(fn, sets))
+            s = timeit(fn, sets, reps=reps)
         except torch.OutOfMemoryError as exc:  # recorded, not hidden: the baseline's limit
             res[name] = {"error": f"out of memory: {exc}"}
             continue
@@ -157,7 +147,7 @@ def sweep(algos: tuple[str, ...] = ("mma0", "mma1", "mma2", "mma3")) -> list[dic
                                                  check=False)  # fmt: skip
 
                 rel = float((fn(0).float() - want).norm() / want.norm())
-                s = summary(timeit(fn, 1, warmup=3, reps=20))
+                s = timeit(fn, 1, warmup=3, reps=20)
                 rows.append({"batch": batch, "prefix": prefix, "tree_rows": t, "heads": heads,
                              "algo": algo, "num_splits": splits, "median_ms": s["median_ms"],
                              "iqr_ms": s["iqr_ms"], "tflops": flops / s["median_ms"] / 1e9,
@@ -193,6 +183,26 @@ def table(doc: dict) -> str:
             f"{sd} | {r.get('speedup_vs_sdpa', float('nan')):4.2f} {r['rel_err_vs_sdpa_fp32']:.1e}"
         )
     return "\n".join(lines)
+
+
+@register_suite("attn")
+def attn_suite(cfg: BenchConfig) -> list[Row]:
+    """`python -m kernels.bench --suite attn`: one cuda and one torch_sdpa row per size."""
+    rows = []
+    for size in SIZES[:2] if cfg.quick else SIZES:
+        r = bench_size(*size, reps=cfg.reps)
+        shape = {k: r[k] for k in ("batch", "prefix", "tree_rows", "heads", "page_size")}
+        for impl, key in (("cuda", "ours"), ("torch_sdpa", "torch_sdpa")):
+            res = r[key]
+            if "samples_ms" not in res:
+                continue
+            timing = summarize([x * 1e3 for x in res["samples_ms"]], "events")
+            rows.append(row("attn", "tree_verify_attention", impl, shape, timing,
+                            tflops=res["tflops"], tb_per_s=res["tbs"],
+                            frac_peak_flops=res["frac_peak_flops"],
+                            frac_peak_bw=res["frac_peak_bw"],
+                            rel_err_vs_sdpa_fp32=r["rel_err_vs_sdpa_fp32"]))  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,8 @@ MANIFEST = "manifest.json"
 # Compiled sources (order matters only for reading); headers are hashed, not compiled.
 SOURCES: list[str] = ["ddtree_abi.cu", "topk_logprobs.cu", "tree_build.cu", "greedy_accept.cu"]
 HEADERS: list[str] = ["ddtree_kernels.h", "ddtree_common.cuh"]
+SOURCES += ["tree_verify_attention.cu", "kv_compact.cu"]  # Kernels II
+HEADERS += ["ddtree_attention.h"]
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 

@@ -2,75 +2,30 @@
 
 Layout as in `kernels.reference_attention` (the float64 reference) and
 `kernels/csrc/ddtree_attention.h`. Arguments are validated before any launch; errors name the
-op and the argument. The library is loaded once per process (`load_library`): the path in
-`DDTREE_ATTN_LIB` if set, else a build of the two sources for the current GPU's arch into a
-per-user cache (nvcc needed), keyed by the sources' hash.
+op and the argument. The ops live in the shared kernel library (`kernels.build` SOURCES),
+loaded through `kernels.cuda_core` (built once per arch and source digest;
+`DDTREE_KERNELS_LIB` overrides).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-__all__ = ["compact_kv", "load_library", "tree_verify_attention"]
+from kernels.cuda_core import declare, launch
 
-CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("tree_verify_attention.cu", "kv_compact.cu")
+__all__ = ["compact_kv", "tree_verify_attention"]
+
 QK_DIM, V_DIM = 576, 512
 # "mma" picks the preferred tensor-core variant that fits the device; "mma0".."mma4" force one
 # (tuning only; see mma_variants in tree_verify_attention.cu).
 _ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in range(5)}}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
-
-
-def _build(arch: str) -> Path:
-    digest = hashlib.sha256()
-    for name in (*SOURCES, "ddtree_attention.h"):
-        digest.update((CSRC / name).read_bytes())
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddtree-ops"
-    lib = cache / f"libddtree_attention-{arch}-{digest.hexdigest()[:16]}.so"
-    if lib.exists():
-        return lib
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        out = Path(tmp) / lib.name
-        cmd = ["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-               f"-gencode=arch=compute_{arch},code=sm_{arch}", "-o", str(out),
-               *(str(CSRC / s) for s in SOURCES)]  # fmt: skip
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.replace(out, lib)  # atomic: concurrent builders never see a partial file
-    return lib
-
-
-@functools.cache
-def load_library() -> ctypes.CDLL:
-    """Load (building if needed) the attention library and declare its C signatures."""
-    path = os.environ.get("DDTREE_ATTN_LIB")
-    if not path:
-        major, minor = torch.cuda.get_device_capability()
-        path = str(_build(f"{major}{minor}"))
-    lib = ctypes.CDLL(path)
-    lib.ddtree_attention_error_string.restype = ctypes.c_char_p
-    lib.ddtree_attention_error_string.argtypes = [_I]
-    lib.ddtree_tree_verify_attention_plan.argtypes = [_I] * 8 + [
-        ctypes.POINTER(_I), ctypes.POINTER(_SZ)]  # fmt: skip
-    lib.ddtree_tree_verify_attention.argtypes = [_P] * 8 + [_SZ] + [_I] * 9 + [_F, _I, _P]
-    lib.ddtree_compact_kv.argtypes = [_P] * 4 + [_I] * 5 + [_P]
-    return lib
-
-
-def _fail(op: str, code: int) -> None:
-    if code:
-        msg = load_library().ddtree_attention_error_string(code).decode()
-        raise RuntimeError(f"{op}: CUDA error {code} ({msg})")
+_PLAN = ("ddtree_tree_verify_attention_plan", (_I,) * 8 + (ctypes.POINTER(_I), ctypes.POINTER(_SZ)))
+_ATTN = ("ddtree_tree_verify_attention", (_P,) * 8 + (_SZ,) + (_I,) * 9 + (_F, _I, _P))
+_COMPACT = ("ddtree_compact_kv", (_P,) * 4 + (_I,) * 5 + (_P,))
 
 
 def _tensor(op: str, name: str, t: object, dtypes: tuple, ndim: int, device=None) -> None:
@@ -150,19 +105,17 @@ def tree_verify_attention(
         max_kv_len = int((pl + tl).max().item())
     qo = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
     torch.cumsum(tl, 0, dtype=torch.int32, out=qo[1:])
-    lib = load_library()
     splits, ws_bytes = _I(0), _SZ(0)
     dtype = _DTYPES[q.dtype]
-    _fail(op, lib.ddtree_tree_verify_attention_plan(
-        dtype, _ALGOS[algo], batch, heads, total_q, t_max, max_kv_len, num_splits,
-        ctypes.byref(splits), ctypes.byref(ws_bytes)))  # fmt: skip
+    launch(op, declare(*_PLAN), dtype, _ALGOS[algo], batch, heads, total_q, t_max, max_kv_len,
+           num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
     ws = torch.empty(max(ws_bytes.value, 1), dtype=torch.uint8, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream
-    _fail(op, lib.ddtree_tree_verify_attention(
+    launch(op, declare(*_ATTN),
         q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), qo.data_ptr(),
         visibility.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes.value, dtype,
         _ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len,
-        float(scale), splits.value, stream))  # fmt: skip
+        float(scale), splits.value, stream)  # fmt: skip
     return out
 
 
@@ -222,9 +175,8 @@ def compact_kv(
                 f"{op}: accepted rows must start with 0, strictly increase, be padded with -1"
                 " only at the end and stay within the block table"
             )
-    lib = load_library()
     stream = torch.cuda.current_stream(dev).cuda_stream
-    _fail(op, lib.ddtree_compact_kv(
+    launch(op, declare(*_COMPACT),
         kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), acc.data_ptr(), batch,
-        acc.shape[1], kv_cache.shape[1], max_pages, kv_cache.element_size(), stream))  # fmt: skip
+        acc.shape[1], kv_cache.shape[1], max_pages, kv_cache.element_size(), stream)  # fmt: skip
     return kv_cache
