@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ops.cli_checks import healthcheck
+from ops.cli_checks import healthcheck, loadtest
 from ops.cli_common import (
     InventoryOpt,
     JsonOpt,
@@ -41,6 +41,7 @@ app = typer.Typer(
 app.add_typer(service_app, name="service")
 app.command()(serve)
 app.command()(healthcheck)
+app.command()(loadtest)
 
 
 @app.command()

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ops.cli_common import (
@@ -22,6 +23,7 @@ from ops.cli_common import (
 )
 from ops.errors import EXIT_FAIL, EXIT_OK
 from ops.healthcheck import HealthReport, run_healthcheck
+from ops.loadtest import LoadtestReport, parse_levels, run_loadtest
 from ops.remote import open_host
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
@@ -108,3 +110,107 @@ def _print_report(rep: HealthReport) -> None:
                 err.print("  " + escape(line), soft_wrap=True)
     verdict = "[green]PASS[/]" if rep.ok else f"[bold red]FAIL[/] ({', '.join(rep.failed)})"
     out.print(f"healthcheck {rep.target}: {verdict}")
+
+
+def loadtest(
+    target: TargetArg,
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,10,64.")
+    ] = "1,10,64",
+    requests: Annotated[
+        int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
+    ] = 0,
+    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens.")] = 32,
+    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens (ignore_eos).")] = 32,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 120.0,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Closed-loop sweep: req/s, tok/s, TTFT, TPOT, ITL, E2E p50/p90/p99 and accept length."""
+
+    def body() -> int:
+        levels = parse_levels(concurrency)
+        t = inventory_of(inventory).target(target)
+        inputs = {
+            "target": t.name,
+            "concurrency": levels,
+            "requests": requests,
+            "input_len": input_len,
+            "output_len": output_len,
+            "timeout": timeout,
+        }
+
+        def sweep(_run: object) -> tuple[int, str, dict[str, Any]]:
+            columns = (
+                TextColumn("loadtest {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with open_host(t) as host, Progress(*columns, console=err, disable=as_json) as bar:
+                task = bar.add_task(t.name, total=len(levels))
+                rep = run_loadtest(
+                    host,
+                    levels,
+                    requests=requests,
+                    input_len=input_len,
+                    output_len=output_len,
+                    timeout=timeout,
+                    on_level=lambda c, level: bar.update(
+                        task, advance=1, description=f"{t.name} (c={c} done)"
+                    ),
+                )
+            code = EXIT_OK if rep.ok else EXIT_FAIL
+            return code, "pass" if rep.ok else "fail", {"loadtest": rep.model_dump()}
+
+        run, code, sections = recorded("loadtest", t, inputs, sweep)
+        rep = LoadtestReport.model_validate(sections["loadtest"])
+        if as_json:
+            emit_json({"ok": rep.ok, **sections["loadtest"], "run_dir": str(run.path)})
+        else:
+            _print_loadtest(rep)
+            err.print(f"[dim]record: {run.path}/record.json[/]")
+        return code
+
+    guard(as_json, body)
+
+
+def _ms(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _print_loadtest(rep: LoadtestReport) -> None:
+    table = Table(title=f"loadtest {rep.target} ({rep.url})")
+    cols = (
+        "c",
+        "ok",
+        "fail",
+        "req/s",
+        "tok/s",
+        "TTFT p50/p99",
+        "TPOT p50",
+        "ITL p50/p99",
+        "E2E p50/p99",
+        "accept",
+    )
+    for col in cols:
+        table.add_column(col, justify="right")
+    for lv in rep.levels:
+        acc = lv["accept_length"]["value"]
+        table.add_row(
+            str(lv["concurrency"]),
+            str(lv["completed"]),
+            str(lv["failed"]),
+            f"{lv['request_per_s'] or 0:.2f}",
+            f"{lv['output_tok_per_s'] or 0:.1f}",
+            f"{_ms(lv['ttft_ms'], 'p50')}/{_ms(lv['ttft_ms'], 'p99')}",
+            _ms(lv["tpot_ms"], "p50"),
+            f"{_ms(lv['itl_ms'], 'p50')}/{_ms(lv['itl_ms'], 'p99')}",
+            f"{_ms(lv['e2e_ms'], 'p50')}/{_ms(lv['e2e_ms'], 'p99')}",
+            "-" if acc is None else f"{acc:.2f}",
+        )
+    out.print(table)
+    for lv in rep.levels:
+        for error, n in lv["errors"].items():
+            err.print(f"[red]c={lv['concurrency']}: {n} x {escape(error)}[/]")

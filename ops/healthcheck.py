@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-import checks
-from ops.errors import HostError, OpsError
+from ops.dataplane import run_check
+from ops.errors import OpsError
 from ops.records import write_atomic
-from ops.remote import Host, ModuleResult, shell_path
+from ops.remote import Host, shell_path
 from ops.service import manager_for
 
 Status = Literal["pass", "fail", "skip"]
@@ -49,30 +49,9 @@ class HealthReport(BaseModel):
         return [c.name for c in self.checks if c.status == "fail"]
 
 
-def data_plane_dir(host: Host) -> str:
-    """Where `python -m checks.*` runs: the ops checkout on `local`, `current/` on a host."""
-    if host.target.is_local:
-        return str(Path(checks.__file__).resolve().parent.parent)
-    current = f"{host.target.remote_root}/current"
-    if not host.run(["test", "-d", current], warn=True, step="find release").ok:
-        raise HostError(
-            f"no release at {current}",
-            target=host.name,
-            step="healthcheck",
-            hint=f"install one first (ops deploy {host.name})",
-        )
-    return current
-
-
 def golden_on_host(host: Host) -> str:
+    """The golden set's default place on the host."""
     return f"{host.target.remote_root}/golden/golden.json"
-
-
-def _module(host: Host, module: str, args: list[str], stdin: bytes | None = None) -> ModuleResult:
-    res = host.run_module(module, args, cwd=data_plane_dir(host), timeout=1800, stdin=stdin)
-    if res.rc == 2:
-        raise OpsError(f"{host.name}: {module}: {res.data.get('message', 'bad input')}")
-    return res
 
 
 def identity_check(data: dict[str, Any], recorded: bool) -> Check:
@@ -141,7 +120,7 @@ def run_healthcheck(
     )
 
     progress("health, smoke completion")
-    health = _module(host, "checks.health", ["--url", url, "--timeout", str(timeout)])
+    health = run_check(host, "checks.health", ["--url", url, "--timeout", str(timeout)])
     modules["health"] = health.data
     for c in health.data["checks"]:
         ev = [c["evidence"]] if c.get("evidence") else []
@@ -158,7 +137,7 @@ def run_healthcheck(
 
     progress("GPUs")
     gpu_args = ["--expect", str(target.gpus)] if target.gpus else []
-    gpus = _module(host, "checks.gpus", gpu_args).data
+    gpus = run_check(host, "checks.gpus", gpu_args).data
     modules["gpus"] = gpus
     if not gpus.get("available"):
         out.append(Check(name="gpus", status="skip", detail=gpus.get("reason", "no nvidia-smi")))
@@ -191,7 +170,7 @@ def _identity(
     on_host = golden_on_host(host)
     if record_golden:
         where = "-" if golden else on_host
-        res = _module(
+        res = run_check(
             host,
             "checks.identity",
             [*base, "--record-golden", where, "--max-tokens", str(max_tokens)],
@@ -214,5 +193,5 @@ def _identity(
         detail = f"no golden set at {on_host} (record one with --record-golden)"
         return Check(name="identity", status="skip", detail=detail), None
     args = [*base, "--golden", source, "--aa-runs", str(aa_runs)]
-    res = _module(host, "checks.identity", args, stdin)
+    res = run_check(host, "checks.identity", args, stdin)
     return identity_check(res.data, recorded=False), res.data

@@ -1,0 +1,269 @@
+"""`python -m checks.loadtest --json --url URL --concurrency C --requests N`: one closed-loop level.
+
+C workers each keep one streaming greedy completion in flight (ignore_eos, fixed input and
+output lengths) until N requests are done, after a warm-up that is not counted. Per request:
+time to first token, inter-token latencies, time per output token, end-to-end latency. The
+client is asyncio on raw HTTP/1.1 keep-alive connections (stdlib only), so on two cores it
+stays far from being the bottleneck (README: measured capacity). Read-only: it calls no
+endpoint that changes the service's state (no cache flush, no profiler start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.http import get
+from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
+
+
+@dataclass
+class Sample:
+    ok: bool
+    start: float = 0.0
+    ttft: float | None = None
+    e2e: float | None = None
+    tokens: int = 0
+    itl: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection that posts JSON and reads SSE or JSON answers."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def _open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+    async def post_stream(self, path: str, body: dict[str, Any], on_event) -> int:
+        """POST; call on_event(data_dict) per SSE event; return the HTTP status."""
+        if self.writer is None:
+            await self._open()
+        assert self.reader is not None and self.writer is not None
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head + payload)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("connection closed before the status line")
+        status = int(status_line.split()[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
+        buf = b""
+
+        def feed(data: bytes) -> None:
+            nonlocal buf
+            buf += data
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                for ln in event.split(b"\n"):
+                    if ln.startswith(b"data:"):
+                        text = ln[5:].strip()
+                        if text and text != b"[DONE]":
+                            on_event(json.loads(text))
+
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size = int((await self.reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                feed(await self.reader.readexactly(size))
+                await self.reader.readexactly(2)
+        elif "content-length" in headers:
+            feed(await self.reader.readexactly(int(headers["content-length"])) + b"\n\n")
+        else:
+            feed(await self.reader.read() + b"\n\n")
+            await self.close()
+        if headers.get("connection", "").lower() == "close":
+            await self.close()
+        return status
+
+
+def event_tokens(ev: dict[str, Any]) -> int:
+    choices = ev.get("choices") or [{}]
+    ids = choices[0].get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    return 1 if choices[0].get("text") else 0
+
+
+async def one_request(conn: Conn, path: str, body: dict[str, Any], timeout: float) -> Sample:
+    s = Sample(ok=False, start=time.perf_counter())
+    last = s.start
+
+    def on_event(ev: dict[str, Any]) -> None:
+        nonlocal last
+        n = event_tokens(ev)
+        if n == 0:
+            return
+        now = time.perf_counter()
+        if s.ttft is None:
+            s.ttft = now - s.start
+        else:
+            s.itl.append(now - last)
+        last = now
+        s.tokens += n
+
+    try:
+        status = await asyncio.wait_for(conn.post_stream(path, body, on_event), timeout)
+    except (TimeoutError, asyncio.TimeoutError):
+        await conn.close()
+        s.error = f"timeout after {timeout:g}s"
+        return s
+    except (OSError, ValueError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        await conn.close()
+        s.error = f"{type(exc).__name__}: {exc}"
+        return s
+    s.e2e = time.perf_counter() - s.start
+    s.ok = status == 200 and s.tokens > 0
+    if not s.ok:
+        s.error = f"HTTP {status}" if status != 200 else "no tokens streamed"
+    return s
+
+
+async def sweep_level(url: str, c: int, n: int, warmup: int, body: dict, timeout: float):
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = (parts.path.rstrip("/") or "") + "/v1/completions"
+    counter = iter(range(warmup + n))
+    samples: list[Sample] = []
+    t_first: list[float] = []
+
+    async def worker() -> None:
+        conn = Conn(host, port)
+        for i in counter:
+            s = await one_request(conn, path, body, timeout)
+            if i >= warmup:
+                if not t_first:
+                    t_first.append(s.start)
+                samples.append(s)
+        await conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(c)))
+    wall = max((s.start + (s.e2e or 0) for s in samples), default=0) - min(
+        (s.start for s in samples), default=0
+    )
+    return samples, wall
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return (xs[lo] + (xs[hi] - xs[lo]) * (k - lo)) * 1000  # ms
+
+
+def dist(values: list[float]) -> dict[str, float | None]:
+    return {"p50": pct(values, 50), "p90": pct(values, 90), "p99": pct(values, 99),
+            "mean": statistics.fmean(values) * 1000 if values else None}
+
+
+def accept_length(url: str) -> dict[str, Any]:
+    info = get(url, "/get_server_info", timeout=5)
+    if info.ok and isinstance(info.json, dict):
+        states = info.json.get("internal_states")
+        if isinstance(states, list) and states and isinstance(states[0], dict):
+            value = states[0].get("avg_spec_accept_length")
+            if value is not None:
+                return {"value": value, "source": "/get_server_info"}
+    metrics = get(url, "/metrics", timeout=5)
+    if metrics.ok:
+        for line in metrics.body.splitlines():
+            if "accept_length" in line and not line.startswith("#") and "_bucket" not in line:
+                name, _, value = line.rpartition(" ")
+                try:
+                    return {"value": float(value), "source": f"/metrics {name}"}
+                except ValueError:
+                    continue
+    return {"value": None, "source": "not reported by the service"}
+
+
+def summarise(samples: list[Sample], wall: float, c: int) -> dict[str, Any]:
+    good = [s for s in samples if s.ok]
+    tokens = sum(s.tokens for s in good)
+    tpot = [(s.e2e - s.ttft) / (s.tokens - 1) for s in good
+            if s.e2e is not None and s.ttft is not None and s.tokens > 1]
+    errors: dict[str, int] = {}
+    for s in samples:
+        if not s.ok:
+            errors[s.error or "?"] = errors.get(s.error or "?", 0) + 1
+    return {
+        "concurrency": c,
+        "completed": len(good),
+        "failed": len(samples) - len(good),
+        "errors": errors,
+        "duration_s": round(wall, 4),
+        "request_per_s": len(good) / wall if wall > 0 else None,
+        "output_tok_per_s": tokens / wall if wall > 0 else None,
+        "output_tokens": tokens,
+        "ttft_ms": dist([s.ttft for s in good if s.ttft is not None]),
+        "tpot_ms": dist(tpot),
+        "itl_ms": dist([x for s in good for x in s.itl]),
+        "e2e_ms": dist([s.e2e for s in good if s.e2e is not None]),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser("checks.loadtest", "One closed-loop load level against a service.")
+    p.add_argument("--url", required=True)
+    p.add_argument("--concurrency", type=int, required=True)
+    p.add_argument("--requests", type=int, default=0, help="measured requests (default 4 x C)")
+    p.add_argument("--warmup", type=int, default=-1, help="uncounted requests first (default C)")
+    p.add_argument("--input-len", type=int, default=32, help="prompt length in tokens")
+    p.add_argument("--output-len", type=int, default=32, help="generated tokens per request")
+    p.add_argument("--model", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
+    args = p.parse_args(argv)
+    if args.concurrency < 1 or args.input_len < 1 or args.output_len < 1 or args.requests < 0:
+        p.error("--concurrency, --input-len, --output-len must be >= 1; --requests >= 0")
+    n = args.requests or 4 * args.concurrency
+    warmup = args.concurrency if args.warmup < 0 else args.warmup
+    rng = random.Random(args.seed)
+    # token ids 32..126: printable ASCII, valid in byte-level and in large BPE vocabularies
+    prompt = [rng.randrange(32, 127) for _ in range(args.input_len)]
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
+                            "ignore_eos": True, "stream": True}
+    if args.model:
+        body["model"] = args.model
+    samples, wall = asyncio.run(
+        sweep_level(args.url, args.concurrency, n, warmup, body, args.timeout)
+    )
+    level = summarise(samples, wall, args.concurrency)
+    level["accept_length"] = accept_length(args.url)
+    ok = level["failed"] == 0
+    exit_json({"ok": ok, "module": "checks.loadtest", "url": args.url, "requests": n,
+               "warmup": warmup, "input_len": args.input_len, "output_len": args.output_len,
+               "level": level}, EXIT_PASS if ok else EXIT_FAIL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`ops loadtest`: a closed-loop throughput sweep, one `checks.loadtest` level per concurrency.
+
+Each level runs on the host next to the service (so the network between the operator and the
+host never enters a latency) and comes back as one JSON document; the sweep is their list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from ops.dataplane import run_check
+from ops.errors import OpsError
+from ops.remote import Host
+
+
+class LoadtestReport(BaseModel):
+    target: str
+    url: str
+    settings: dict[str, Any]
+    levels: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        return all(level["failed"] == 0 for level in self.levels)
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OpsError(f"--concurrency takes integers like 1,10,64, got {text!r}") from None
+    if not levels or any(c < 1 or c > 4096 for c in levels):
+        raise OpsError(f"--concurrency levels must be in 1..4096, got {text!r}")
+    return levels
+
+
+def run_loadtest(
+    host: Host,
+    levels: list[int],
+    *,
+    requests: int = 0,
+    input_len: int = 32,
+    output_len: int = 32,
+    timeout: float = 120.0,
+    on_level: Callable[[int, dict[str, Any]], None] = lambda c, level: None,
+) -> LoadtestReport:
+    url = host.target.service.url
+    settings = {
+        "requests": requests,
+        "input_len": input_len,
+        "output_len": output_len,
+        "timeout": timeout,
+        "greedy": True,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    done = []
+    for c in levels:
+        args = [
+            "--url",
+            url,
+            "--concurrency",
+            str(c),
+            "--requests",
+            str(requests),
+            "--input-len",
+            str(input_len),
+            "--output-len",
+            str(output_len),
+            "--timeout",
+            str(timeout),
+        ]
+        res = run_check(host, "checks.loadtest", args, timeout=3600)
+        level = {
+            **res.data["level"],
+            "requests": res.data["requests"],
+            "warmup": res.data["warmup"],
+        }
+        done.append(level)
+        on_level(c, level)
+    return LoadtestReport(target=host.name, url=url, settings=settings, levels=done)
