@@ -1,0 +1,114 @@
+"""`ops service` / `ops healthcheck` / `ops loadtest` against the reference engine, started by ops's
+own process manager on `local` exactly as a user gets it (only the port and roots moved).
+
+A golden set recorded in `ddtree` mode passes against `ar` mode (the engine's invariant seen
+from outside), and fails against other weights with the first divergent positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sshd import free_port
+
+ENGINE = "{python} -m engine --host {host} --port {port} --preset tiny"
+
+
+class EngineOps:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port = tmp, free_port()
+        self.inventory = tmp / "ops.toml"
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+
+    def configure(self, extra: str = "") -> None:
+        url = f"http://127.0.0.1:{self.port}"
+        command = f'command = "{ENGINE} {extra}"\n' if extra else ""  # default otherwise
+        self.inventory.write_text(
+            f"[targets.local]\nremote_root = '{self.tmp / 'root'}'\n"
+            f"[targets.local.service]\nurl = '{url}'\n{command}"
+        )
+
+    def json(self, *args: str) -> tuple[int, dict]:
+        res = subprocess.run(
+            [sys.executable, "-m", "ops", *args, "--json", "--inventory", str(self.inventory)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=self.env,
+        )
+        try:
+            return res.returncode, json.loads(res.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"exit {res.returncode}: {res.stderr}") from None
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = EngineOps(tmp_path)
+    o.configure()
+    yield o
+    o.json("service", "stop", "local")
+
+
+def check(rep: dict, name: str) -> dict:
+    return next(c for c in rep["checks"] if c["name"] == name)
+
+
+def test_engine_golden_ar_equals_ddtree_and_other_weights_diverge(ops: EngineOps) -> None:
+    code, st = ops.json("service", "start", "local")
+    assert code == 0 and st["state"] == "active", st
+    code, rec = ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "12")
+    assert code == 0, rec["failed"]
+    golden = json.loads((ops.tmp / "root" / "golden" / "golden.json").read_text())
+    assert golden["model"] == "ddtree-reference" and golden["config"]["mode"] == "ddtree"
+    assert all(len(p["token_ids"]) == 12 for p in golden["prompts"])
+    assert check(rec, "server_info")["status"] == "pass"
+    assert "avg_spec_accept_length=" in check(rec, "server_info")["detail"]
+
+    ops.configure("--mode ar")
+    assert ops.json("service", "restart", "local")[0] == 0
+    code, rep = ops.json("healthcheck", "local")
+    assert code == 0, [check(rep, n) for n in rep["failed"]]
+    assert rep["modules"]["identity"]["identity_pct"] == 100.0
+
+    ops.configure("--mode ddtree --seed 7")
+    assert ops.json("service", "restart", "local")[0] == 0
+    code, rep = ops.json("healthcheck", "local")
+    assert code == 1 and rep["failed"] == ["identity"]
+    ident = rep["modules"]["identity"]
+    assert ident["mismatched"]
+    first = next(p for p in ident["prompts"] if not p["match"])
+    assert first["compared"] == "ids" and first["first_divergence"] is not None
+    assert (
+        len(first["golden_continuation"]) > 0
+        and first["golden_continuation"] != first["got_continuation"]
+    )
+    assert f"first divergence at token {first['first_divergence']}" in " ".join(
+        check(rep, "identity")["evidence"]
+    )
+
+
+def test_engine_loadtest_reports_accept_length(ops: EngineOps) -> None:
+    assert ops.json("service", "start", "local")[0] == 0
+    code, rep = ops.json(
+        "loadtest",
+        "local",
+        "-c",
+        "1,4",
+        "--requests",
+        "8",
+        "--output-len",
+        "16",
+        "--input-len",
+        "24",
+    )
+    assert code == 0, rep
+    for lv in rep["levels"]:
+        assert lv["completed"] == 8 and lv["output_tokens"] == 8 * 16
+        assert lv["accept_length"]["value"] > 1.0
+        assert lv["accept_length"]["source"] == "/get_server_info"
