@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from typing import Annotated, Any
 
@@ -121,7 +121,10 @@ def serve(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
+    """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it).
+
+    The engine process replaces `ops` (exec), so signals reach it directly.
+    """
 
     def body() -> int:
         if mode not in ("ar", "ddtree"):
@@ -150,9 +153,9 @@ def serve(
             emit_json({"argv": argv, "url": f"http://{host}:{port}"})
         else:
             err.print(f"[dim]serving on http://{host}:{port} ({preset}, {mode}, {device})[/]")
-        try:
-            return subprocess.call(argv)
-        except KeyboardInterrupt:
-            return EXIT_OK
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(argv[0], argv)  # the engine replaces ops: signals and exit code are its own
+        return EXIT_OK  # not reached
 
     guard(as_json, body)

@@ -154,3 +154,65 @@ def test_bad_golden_file_is_exit_2(ops: Ops) -> None:
     assert res.returncode == 2 and "Traceback" not in res.stderr
     res = ops("healthcheck", "local", "--golden", str(ops.tmp / "missing.json"))
     assert res.returncode == 2 and "cannot read golden file" in res.stderr
+
+
+def test_dead_service_is_failed_with_its_log(ops: Ops) -> None:
+    code, st = ops.json("service", "start", "local")
+    assert code == 0
+    os.kill(st["pid"], 9)  # dies behind ops's back
+    for _ in range(50):
+        code, st2 = ops.json("service", "status", "local")
+        if st2["state"] == "failed":
+            break
+    assert code == 1 and st2["state"] == "failed" and "stale pidfile" in st2["detail"]
+    assert any("ops start:" in line for line in st2["evidence"])
+    code, st3 = ops.json("service", "start", "local")  # a stale pidfile does not block a start
+    assert code == 0 and st3["pid"] != st["pid"]
+
+
+def test_second_service_change_is_refused_while_locked(ops: Ops) -> None:
+    from ops.inventory import load_inventory
+    from ops.remote import open_host
+
+    target = load_inventory(ops.inventory).target("local")
+    with open_host(target).lock("deploy in progress"):
+        res = ops("service", "start", "local")
+    assert res.returncode == 2
+    assert "host lock held by" in res.stderr and "deploy in progress" in res.stderr
+
+
+def test_ops_serve_runs_the_engine_in_the_foreground(tmp_path: Path) -> None:
+    import time
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops", "serve", "--port", str(port), "--mode", "ar"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        info = None
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/get_server_info", timeout=1
+                ) as r:
+                    info = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.25)
+        assert info is not None and info["mode"] == "ar"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    time.sleep(0.5)
+    with pytest.raises(OSError):  # the engine itself got the signal: nothing listens any more
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "serve", "--mode", "fast"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "--mode must be 'ar' or 'ddtree'" in res.stderr
