@@ -37,6 +37,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default="ddtree-reference")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: per-row ops)")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--load-delay",
+        type=float,
+        default=0.0,
+        help="seconds to wait before loading (tests observe /health's 503)",
+    )
     return p
 
 
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_batch_size,
         args.budget,
     )
-    app = create_app(spec, args.model_name)
+    app = create_app(spec, args.model_name, load_delay=args.load_delay)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
     return 0
 

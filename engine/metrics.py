@@ -9,10 +9,10 @@ def render(stats: StepStats, model: str, running: int, queued: int) -> str:
     lab = f'model_name="{model}"'
     out: list[str] = []
 
-    def sample(name: str, kind: str, help_: str, value: float, suffix: str = "") -> None:
+    def sample(name: str, kind: str, help_: str, value: float) -> None:
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} {kind}")
-        out.append(f"{name}{suffix}{{{lab}}} {float(value)!r}")
+        out.append(f"{name}{{{lab}}} {float(value)!r}")
 
     sample("sglang:num_running_reqs", "gauge", "Requests in the running batch.", running)
     sample("sglang:num_queue_reqs", "gauge", "Requests waiting to join the batch.", queued)
@@ -38,12 +38,12 @@ def render(stats: StepStats, model: str, running: int, queued: int) -> str:
             for s in STAGES
             for ln in stats.stage_hist[s].lines("ddtree:stage_seconds", f'{lab},stage="{s}"')
         ]
-    sample("sglang:generation_tokens", "counter", "Generated tokens.", tokens, "_total")
-    sample("sglang:prompt_tokens", "counter", "Prompt tokens prefilled.", prompt, "_total")
-    sample("ddtree:requests", "counter", "Requests admitted.", reqs, "_total")
+    sample("sglang:generation_tokens_total", "counter", "Generated tokens.", tokens)
+    sample("sglang:prompt_tokens_total", "counter", "Prompt tokens prefilled.", prompt)
+    sample("ddtree:requests_total", "counter", "Requests admitted.", reqs)
     sample("ddtree:max_batch_size_seen", "gauge", "Largest batch a step has run.", max_batch)
-    out.append("# HELP ddtree:steps Decode steps by batch size.")
-    out.append("# TYPE ddtree:steps counter")
+    out.append("# HELP ddtree:steps_total Decode steps by batch size.")
+    out.append("# TYPE ddtree:steps_total counter")
     out += [f'ddtree:steps_total{{{lab},batch_size="{b}"}} {n}' for b, n in sorted(steps.items())]
     out.append("# HELP ddtree:accept_length Tokens committed per request per step.")
     out.append("# TYPE ddtree:accept_length histogram")

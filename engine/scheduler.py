@@ -156,13 +156,17 @@ class Scheduler:
                     self._running.remove(req)
                     self._finish(req, Update([], True, "error", f"decode step failed: {exc}"))
                 continue
-            self.stats.record_step(len(batch), res.stages, [len(n) for n in res.new_tokens])
+            delivered = 0
             for req, new in zip(batch, res.new_tokens, strict=True):
                 update = req.take(new)
+                delivered += len(update.token_ids)
                 if update.finished:
                     self._running.remove(req)
                     self._finish(req, update)
                 elif update.token_ids:
                     self._emit(req, update)
+            self.stats.record_step(
+                len(batch), res.stages, [len(n) for n in res.new_tokens], delivered
+            )
         for req in [*self._running, *self._waiting]:
             self._finish(req, Update([], True, "abort", "server shutting down"))

@@ -37,8 +37,8 @@ log = logging.getLogger("engine.server")
 class EngineState:
     """What the endpoints share: the spec, and once loaded the preset and the scheduler."""
 
-    def __init__(self, spec: EngineSpec, model_name: str) -> None:
-        self.spec, self.model_name = spec, model_name
+    def __init__(self, spec: EngineSpec, model_name: str, load_delay: float = 0.0) -> None:
+        self.spec, self.model_name, self.load_delay = spec, model_name, load_delay
         self.tok = ByteTokenizer()
         self.stats = StepStats()
         self.preset: Preset | None = None
@@ -49,6 +49,7 @@ class EngineState:
 
     def load(self) -> None:
         try:
+            time.sleep(self.load_delay)
             self.preset, decoder = build_decoder(self.spec)
             self.scheduler = Scheduler(decoder, self.stats)
             self.scheduler.start()
@@ -76,8 +77,10 @@ def _chunk(state: EngineState, rid: str, choice: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def create_app(spec: EngineSpec, model_name: str = "ddtree-reference") -> FastAPI:
-    state = EngineState(spec, model_name)
+def create_app(
+    spec: EngineSpec, model_name: str = "ddtree-reference", load_delay: float = 0.0
+) -> FastAPI:
+    state = EngineState(spec, model_name, load_delay)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

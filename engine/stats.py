@@ -74,7 +74,10 @@ class StepStats:
         self.max_batch_seen = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for throughput
 
-    def record_step(self, batch: int, stages: dict[str, float], accept_lens: list[int]) -> None:
+    def record_step(
+        self, batch: int, stages: dict[str, float], accept_lens: list[int], delivered: int
+    ) -> None:
+        """One step: its stage times, tokens committed per request, tokens handed to clients."""
         now = time.monotonic()
         with self.lock:
             self.steps_by_batch[batch] += 1
@@ -87,9 +90,8 @@ class StepStats:
                     self.stage_hist[s].observe(sec)
             for a in accept_lens:
                 self.accept_hist.observe(float(a))
-            tokens = sum(accept_lens)
-            self.tokens_total += tokens
-            self._recent.append((now, tokens))
+            self.tokens_total += delivered
+            self._recent.append((now, delivered))
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
 

@@ -1,0 +1,269 @@
+"""The reference engine as a real process: OpenAI client (plain and streaming), bad input -> 400
+while the server keeps serving, /metrics parses, concurrent requests are batched, AR == DDTree
+through HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+from engine_server import EngineProcess, health_status, start_engine
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.runtime import EngineSpec, build_decoder, generate
+from engine.tokenizer import ByteTokenizer
+
+MODEL = "ddtree-reference"
+TOK = ByteTokenizer()
+PROMPTS = ["Hello, world!", "The capital of France is", "def f(x):", "日本語", ""]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    eng = start_engine(tmp_path_factory.mktemp("engine"), extra_args=("--max-batch-size", "4"))
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="module")
+def client(engine: EngineProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{engine.url}/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ar_reference() -> dict[str, list[int]]:
+    """Greedy AR outputs computed in this process (32 tokens each)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _, dec = build_decoder(EngineSpec(mode="ar"))
+        outs, _ = generate(dec, [TOK.encode(p) for p in PROMPTS], 32)
+    finally:
+        torch.set_num_threads(threads)
+    return dict(zip(PROMPTS, outs, strict=True))
+
+
+def _post(engine: EngineProcess, body: object, raw: bytes | None = None) -> httpx.Response:
+    content = raw if raw is not None else json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{engine.url}/v1/completions", content=content, headers=headers, timeout=60)
+
+
+def test_openai_client_completions_match_ar(client: openai.OpenAI, ar_reference) -> None:
+    for prompt in PROMPTS:
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
+        choice = r.choices[0]
+        ids = choice.model_extra["token_ids"]
+        assert ids == ar_reference[prompt][: len(ids)]
+        assert len(ids) == 32 or choice.finish_reason == "stop"
+        assert choice.text == TOK.decode(ids)
+        assert r.usage.completion_tokens == len(ids)
+        assert r.usage.prompt_tokens == len(TOK.encode(prompt))
+
+
+def test_token_id_prompt_and_prompt_list(client: openai.OpenAI, ar_reference) -> None:
+    ids = TOK.encode(PROMPTS[0])
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=8)
+    assert r.choices[0].model_extra["token_ids"] == ar_reference[PROMPTS[0]][:8]
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[:3], max_tokens=8)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c, p in zip(r.choices, PROMPTS[:3], strict=True):
+        assert c.model_extra["token_ids"] == ar_reference[p][:8]
+
+
+def test_openai_client_streaming(client: openai.OpenAI, ar_reference) -> None:
+    prompt = PROMPTS[1]
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=32,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, ids, reasons, usage = "", [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.text
+            ids += c.model_extra["token_ids"]
+            reasons.append(c.finish_reason)
+    want = ar_reference[prompt]
+    assert ids == want[: len(ids)] and (len(ids) == 32 or reasons[-1] == "stop")
+    assert text == TOK.decode(ids)
+    assert reasons[-1] in ("length", "stop") and all(r is None for r in reasons[:-1])
+    assert len(reasons) > 1  # really streamed in pieces
+    assert usage is not None and usage.completion_tokens == len(ids)
+
+
+def test_stop_string(client: openai.OpenAI, ar_reference) -> None:
+    # the first clean two-character piece (no U+FFFD) past the start of some output
+    prompt, full, at = next(
+        (p, t, i)
+        for p in PROMPTS
+        for t in [TOK.decode(ar_reference[p])]
+        for i in range(2, len(t) - 1)
+        if "\ufffd" not in t[i : i + 2]
+    )
+    stop = full[at : at + 2]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == full[: full.index(stop)]
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=32, stop=stop, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == r.choices[0].text
+
+
+BAD = {
+    "invalid json": (None, b'{"prompt": "x",'),
+    "not an object": ([1, 2], None),
+    "missing prompt": ({"max_tokens": 4}, None),
+    "empty prompt list": ({"prompt": []}, None),
+    "token id out of range": ({"prompt": [1, 99999]}, None),
+    "max_tokens zero": ({"prompt": "x", "max_tokens": 0}, None),
+    "max_tokens huge": ({"prompt": "x", "max_tokens": 10**9}, None),
+    "max_tokens not int": ({"prompt": "x", "max_tokens": "8"}, None),
+    "temperature > 0": ({"prompt": "x", "temperature": 0.7}, None),
+    "prompt too long": ({"prompt": "x" * 600}, None),
+    "prompt + max_tokens too long": ({"prompt": "x" * 400, "max_tokens": 200}, None),
+    "bad stop": ({"prompt": "x", "stop": [3]}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_400_and_server_keeps_serving(engine: EngineProcess, case: str) -> None:
+    body, raw = BAD[case]
+    r = _post(engine, body, raw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    ok = _post(engine, {"prompt": "still there?", "max_tokens": 2})
+    assert ok.status_code == 200 and len(ok.json()["choices"][0]["token_ids"]) == 2
+
+
+def test_openai_client_sees_bad_request(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=1.0)
+
+
+def test_health_models_server_info(engine: EngineProcess) -> None:
+    assert health_status(engine.url) == 200
+    r = httpx.get(f"{engine.url}/health_generate", timeout=60)
+    assert r.status_code == 200 and len(r.json()["token_ids"]) == 1
+    models = httpx.get(f"{engine.url}/v1/models").json()
+    assert models["data"][0]["id"] == MODEL
+    info = httpx.get(f"{engine.url}/get_server_info").json()
+    assert info["mode"] == "ddtree" and info["preset"] == "tiny"
+    assert info["backends"] == {
+        "topk": "reference",
+        "tree_build": "reference",
+        "accept": "reference",
+        "attention": "torch",
+    }
+    assert info["config"]["model"]["vocab_size"] == 258
+    state = info["internal_states"][0]
+    assert state["avg_spec_accept_length"] > 1.0
+    steps = state["step_time_breakdown"]
+    assert steps and all(
+        set(v["mean_s"]) >= {"draft", "topk", "tree_build", "verify", "accept", "commit"}
+        for v in steps.values()
+    )
+
+
+def test_concurrent_requests_are_batched(engine: EngineProcess, ar_reference) -> None:
+    def one(prompt: str) -> list[int]:
+        r = _post(engine, {"prompt": prompt, "max_tokens": 32})
+        assert r.status_code == 200
+        return r.json()["choices"][0]["token_ids"]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        outs = list(pool.map(one, PROMPTS * 2))
+    for prompt, ids in zip(PROMPTS * 2, outs, strict=True):
+        assert ids == ar_reference[prompt][: len(ids)]
+    info = httpx.get(f"{engine.url}/get_server_info").json()["internal_states"][0]
+    assert info["max_batch_size_seen"] > 1
+    assert any(int(b) > 1 for b in info["step_time_breakdown"])
+
+
+def test_metrics_parse(engine: EngineProcess) -> None:
+    _post(engine, {"prompt": "metrics", "max_tokens": 8})
+    r = httpx.get(f"{engine.url}/metrics")
+    assert r.status_code == 200
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:gen_throughput",
+        "sglang:spec_accept_length",
+        "sglang:generation_tokens",
+        "ddtree:stage_seconds",
+        "ddtree:accept_length",
+    ):
+        assert name in fams, name
+    assert fams["ddtree:stage_seconds"].type == "histogram"
+    stages = {s.labels.get("stage") for s in fams["ddtree:stage_seconds"].samples}
+    assert stages >= {"draft", "topk", "tree_build", "verify", "accept", "commit"}
+    tokens = [s.value for s in fams["sglang:generation_tokens"].samples]
+    assert tokens and tokens[0] >= 8
+
+
+def test_ar_server_matches_and_health_is_503_while_loading(tmp_path, ar_reference) -> None:
+    eng = start_engine(tmp_path, mode="ar", extra_args=("--load-delay", "3"), wait_healthy=False)
+    try:
+        deadline = time.monotonic() + 60
+        seen = set()
+        while time.monotonic() < deadline:
+            seen.add(health_status(eng.url, timeout=1))
+            if 200 in seen:
+                break
+            time.sleep(0.1)
+        assert 503 in seen and 200 in seen, eng.log_tail()
+        r = httpx.post(f"{eng.url}/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 32})
+        assert r.json()["choices"][0]["token_ids"] == ar_reference[PROMPTS[1]]
+        assert httpx.get(f"{eng.url}/get_server_info").json()["mode"] == "ar"
+    finally:
+        eng.stop()
+
+
+def test_bad_requests_do_not_disturb_one_in_flight(engine: EngineProcess, ar_reference) -> None:
+    prompt = PROMPTS[2]
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(_post, engine, {"prompt": prompt, "max_tokens": 32, "ignore_eos": True})
+        for body, raw in BAD.values():
+            assert _post(engine, body, raw).status_code == 400
+        r = long.result(timeout=60)
+    assert r.status_code == 200
+    ids = r.json()["choices"][0]["token_ids"]
+    assert ids[: len(ar_reference[prompt])] == ar_reference[prompt][: len(ids)]
+
+
+def test_client_leaving_mid_stream_is_harmless(engine: EngineProcess) -> None:
+    def info() -> dict:
+        return httpx.get(f"{engine.url}/get_server_info").json()["internal_states"][0]
+
+    before = info()["generation_tokens_total"]
+    body = {"prompt": "bye", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = info()
+        if state["num_running_reqs"] == 0:
+            break
+        time.sleep(0.2)
+    assert state["num_running_reqs"] == 0
+    assert state["generation_tokens_total"] - before < 400  # cancelled, not run to the end
+    assert httpx.get(f"{engine.url}/health_generate", timeout=60).status_code == 200
