@@ -62,7 +62,7 @@ def check(case, dtype, scale=576**-0.5, **kw) -> float:
 
 
 RAGGED = dict(prefix_lens=[0, 37, 130, 5], tree_lens=[1, 9, 17, 4])
-BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(5)]  # every tensor-core variant
+BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(7)]  # every tensor-core variant
 ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 
 
@@ -77,7 +77,7 @@ def test_ragged_batch_matches_reference(heads, page_size, dtype, algo) -> None:
 
 @pytest.mark.parametrize("splits", [1, 3, 7])
 @pytest.mark.parametrize("dtype,algo", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
-                                        *BF16_MMA[1:4]])  # fmt: skip
+                                        *BF16_MMA])  # fmt: skip
 def test_kv_splits_and_combine(splits, dtype, algo) -> None:
     case = make_case(splits, [700, 1500, 0], [33, 65, 2], heads=8, page_size=16, dtype=dtype)
     check(case, dtype, num_splits=splits, algo=algo)

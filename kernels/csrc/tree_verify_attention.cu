@@ -236,13 +236,17 @@ __device__ __forceinline__ uint32_t p_off(int r, int c) {
   return static_cast<uint32_t>((r * CPR + (c ^ ((r / (8 / CPR)) & (CPR - 1)))) * 16);
 }
 
-// BM query rows x BN keys a tile, STAGES KV buffers, NC column groups (warp (r, c): keys
-// [c BN/NC, +BN/NC) of S and value dims [c 512/NC, +512/NC) of O), MINB CTAs per SM.
+// BM query rows x BN keys a tile, STAGES KV buffers, NC column groups (warp (r, c) computes
+// keys [c BN/NC, +BN/NC) of S for rows [16 r, +16)), MINB CTAs per SM. PV mode PVM 0: warp
+// (r, c) accumulates O for the same 16 rows and value dims [c 512/NC, +512/NC); PVM 1: warp w
+// accumulates O for all BM rows and value dims [w 512/warps, +512/warps), so each V element
+// is read from shared memory once per CTA instead of BM/16 times (row rescale factors and
+// sums then go through shared memory).
 template <int BM, int BN, int STAGES, int NC, int MINB>
 struct MmaCfg {
   static constexpr int kWarps = BM / 16 * NC, kThreads = kWarps * 32;
   static constexpr int kTileBytes = BN * kQK * 2, kQBytes = BM * kQK * 2;
-  static constexpr int kPBytes = BM * BN * 2, kRedBytes = 2 * NC * BM * 4;
+  static constexpr int kPBytes = BM * BN * 2, kRedBytes = (2 * NC + 1) * BM * 4;
   static constexpr int kSmem = kQBytes + STAGES * kTileBytes + kPBytes + kRedBytes;
   static constexpr int kTpr = kThreads / BN;  // loader threads per KV row
   static_assert(kThreads % BN == 0 && kChunks % kTpr == 0, "KV loader mapping");
@@ -250,18 +254,22 @@ struct MmaCfg {
   static_assert(BN % (16 * NC) == 0 && BN <= 64, "key groups of whole 16-key steps");
 };
 
-template <int BM, int BN, int STAGES, int NC, int MINB>
+template <int BM, int BN, int STAGES, int NC, int MINB, int PVM>
 __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MINB)
     tva_mma_kernel(Params p) {
   using Cfg = MmaCfg<BM, BN, STAGES, NC, MINB>;
   constexpr int kKw = BN / NC, kNtS = kKw / 8;  // keys and S n-tiles of a warp
-  constexpr int kDw = kV / NC, kNtO = kDw / 8;  // value dims and O n-tiles of a warp
+  constexpr int kDw = kV / NC, kNtO = kDw / 8;  // PVM 0: value dims and O n-tiles of a warp
+  constexpr int kMt = BM / 16, kDw1 = kV / Cfg::kWarps, kNt1 = kDw1 / 8;  // PVM 1
+  constexpr int kAcc = PVM ? kMt * kNt1 : kNtO;  // O n-tiles (x4 floats) a thread holds
+  static_assert(kNt1 % 2 == 0 && kAcc == kNtO, "PV layouts");
   constexpr int kCpr = BN / 8;
   unsigned char* qs = dyn_smem;
   unsigned char* kvs = qs + Cfg::kQBytes;
   unsigned char* ps = kvs + STAGES * Cfg::kTileBytes;
   float* red_max = reinterpret_cast<float*>(ps + Cfg::kPBytes);  // [NC][BM]
   float* red_sum = red_max + NC * BM;                            // [NC][BM]
+  float* row_alpha = red_sum + NC * BM;                          // [BM] (PVM 1)
 
   const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = warp / NC, wc = warp % NC;
@@ -305,9 +313,10 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
   const int t_row0 = min(m0 + lrow0, rows_b - 1) / p.heads;
   const int t_row1 = min(m0 + lrow1, rows_b - 1) / p.heads;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  float o[kNtO][4];
+  float o[kAcc][4];
 #pragma unroll
-  for (int j = 0; j < kNtO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  for (int j = 0; j < kAcc; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  const bool rows_live = m0 + wr * 16 < rows_b;  // this warp's S rows hold any real row
 
   const uint32_t qs_u = smem_u32(qs), ps_u = smem_u32(ps);
   for (int tile = tile_begin; tile < tile_end; ++tile) {
@@ -331,7 +340,7 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
 #pragma unroll
     for (int j = 0; j < kNtS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll 4
-    for (int kk = 0; kk < kQK / 16; ++kk) {
+    for (int kk = 0; kk < (rows_live ? kQK / 16 : 0); ++kk) {
       uint32_t a[4];
       ldsm_x4(qs_u + qk_off(wr * 16 + (lane & 15), 2 * kk + (lane >> 4)), a);
 #pragma unroll
@@ -393,26 +402,66 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
       *reinterpret_cast<__nv_bfloat162*>(ps + p_off<kCpr>(lrow1, c) + qd * 4) =
           __floats2bfloat162_rn(p2, p3);
     }
+    if constexpr (PVM == 0) {
 #pragma unroll
-    for (int j = 0; j < kNtO; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+      for (int j = 0; j < kNtO; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
+    } else if (wc == 0 && qd == 0) {
+      row_alpha[lrow0] = alpha[0];
+      row_alpha[lrow1] = alpha[1];
     }
-    __syncthreads();  // P complete
-    // O[16 wr.., dims kDw wc..] += P[16, BN] V[BN, kDw].
+    __syncthreads();  // P (and the rescale factors) complete
+    if constexpr (PVM == 1) {
+      // O[all BM rows, dims kDw1 warp..] += P[BM, BN] V[BN, kDw1]; dead m16 tiles skipped.
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      uint32_t a[4];
-      ldsm_x4(ps_u + p_off<kCpr>(wr * 16 + (lane & 15), 2 * ks + (lane >> 4)), a);
-      const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      for (int i = 0; i < kMt; ++i) {
+        const float a0 = row_alpha[16 * i + g], a1 = row_alpha[16 * i + g + 8];
 #pragma unroll
-      for (int j = 0; j < kNtO; j += 2) {
-        uint32_t bb[4];
-        ldsm_x4_t(kv_u + qk_off(key, (wc * kDw + j * 8) / 8 + (lane >> 4)), bb);
-        mma_bf16(o[j], a, bb[0], bb[1]);
-        mma_bf16(o[j + 1], a, bb[2], bb[3]);
+        for (int j = 0; j < kNt1; ++j) {
+          o[i * kNt1 + j][0] *= a0;
+          o[i * kNt1 + j][1] *= a0;
+          o[i * kNt1 + j][2] *= a1;
+          o[i * kNt1 + j][3] *= a1;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks) {
+        uint32_t a[kMt][4];
+#pragma unroll
+        for (int i = 0; i < kMt; ++i)
+          if (m0 + 16 * i < rows_b)
+            ldsm_x4(ps_u + p_off<kCpr>(16 * i + (lane & 15), 2 * ks + (lane >> 4)), a[i]);
+        const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int j = 0; j < kNt1; j += 2) {
+          uint32_t bb[4];
+          ldsm_x4_t(kv_u + qk_off(key, (warp * kDw1 + j * 8) / 8 + (lane >> 4)), bb);
+#pragma unroll
+          for (int i = 0; i < kMt; ++i) {
+            if (m0 + 16 * i >= rows_b) continue;
+            mma_bf16(o[i * kNt1 + j], a[i], bb[0], bb[1]);
+            mma_bf16(o[i * kNt1 + j + 1], a[i], bb[2], bb[3]);
+          }
+        }
+      }
+    } else {
+      // O[16 wr.., dims kDw wc..] += P[16, BN] V[BN, kDw].
+#pragma unroll
+      for (int ks = 0; ks < (rows_live ? BN / 16 : 0); ++ks) {
+        uint32_t a[4];
+        ldsm_x4(ps_u + p_off<kCpr>(wr * 16 + (lane & 15), 2 * ks + (lane >> 4)), a);
+        const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int j = 0; j < kNtO; j += 2) {
+          uint32_t bb[4];
+          ldsm_x4_t(kv_u + qk_off(key, (wc * kDw + j * 8) / 8 + (lane >> 4)), bb);
+          mma_bf16(o[j], a, bb[0], bb[1]);
+          mma_bf16(o[j + 1], a, bb[2], bb[3]);
+        }
       }
     }
   }
@@ -429,31 +478,76 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
     red_sum[wc * BM + lrow1] = l_run[1];
   }
   __syncthreads();
+  if constexpr (PVM == 1) {
+    auto row_sum = [&](int lrow) {
+      float l = 0.f;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int lrow = h ? lrow1 : lrow0;
-    if (m0 + lrow >= rows_b) continue;
-    float l = l_run[h];
+      for (int c = 0; c < NC; ++c) l += red_sum[c * BM + lrow];
+      return l;
+    };
+    if (p.num_splits > 1 && wc == 0 && qd == 0) {
 #pragma unroll
-    for (int c = 1; c < NC; ++c) l += red_sum[((wc + c) % NC) * BM + lrow];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int64_t grow = row_base + m0 + lrow;
-    if (p.num_splits == 1) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + wc * kDw + 2 * qd;
+      for (int h = 0; h < 2; ++h) {
+        const int lrow = h ? lrow1 : lrow0;
+        const float l = row_sum(lrow);
+        if (m0 + lrow < rows_b)
+          p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + row_base + m0 + lrow] =
+              l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+      }
+    }
 #pragma unroll
-      for (int j = 0; j < kNtO; ++j)
-        *reinterpret_cast<__nv_bfloat162*>(out + j * 8) =
-            __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-    } else {
-      float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV +
-                   wc * kDw + 2 * qd;
+    for (int i = 0; i < kMt; ++i) {
 #pragma unroll
-      for (int j = 0; j < kNtO; ++j)
-        *reinterpret_cast<float2*>(out + j * 8) =
-            make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-      if (wc == 0 && qd == 0)
-        p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
-            l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+      for (int h = 0; h < 2; ++h) {
+        const int lrow = 16 * i + g + 8 * h;
+        if (m0 + lrow >= rows_b) continue;
+        const float l = row_sum(lrow);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int64_t grow = row_base + m0 + lrow;
+        const int dim = warp * kDw1 + 2 * qd;
+        if (p.num_splits == 1) {
+          __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + dim;
+#pragma unroll
+          for (int j = 0; j < kNt1; ++j)
+            *reinterpret_cast<__nv_bfloat162*>(out + j * 8) = __floats2bfloat162_rn(
+                o[i * kNt1 + j][2 * h] * inv, o[i * kNt1 + j][2 * h + 1] * inv);
+        } else {
+          float* out =
+              p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV + dim;
+#pragma unroll
+          for (int j = 0; j < kNt1; ++j)
+            *reinterpret_cast<float2*>(out + j * 8) =
+                make_float2(o[i * kNt1 + j][2 * h] * inv, o[i * kNt1 + j][2 * h + 1] * inv);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lrow = h ? lrow1 : lrow0;
+      if (m0 + lrow >= rows_b) continue;
+      float l = l_run[h];
+#pragma unroll
+      for (int c = 1; c < NC; ++c) l += red_sum[((wc + c) % NC) * BM + lrow];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t grow = row_base + m0 + lrow;
+      if (p.num_splits == 1) {
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + wc * kDw + 2 * qd;
+#pragma unroll
+        for (int j = 0; j < kNtO; ++j)
+          *reinterpret_cast<__nv_bfloat162*>(out + j * 8) =
+              __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+      } else {
+        float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV +
+                     wc * kDw + 2 * qd;
+#pragma unroll
+        for (int j = 0; j < kNtO; ++j)
+          *reinterpret_cast<float2*>(out + j * 8) =
+              make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        if (wc == 0 && qd == 0)
+          p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
+              l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+      }
     }
   }
 }
@@ -500,26 +594,29 @@ int device_info(int* sms, int* smem_optin) {
   return static_cast<int>(e);
 }
 
-template <int BM, int BN, int STAGES, int NC, int MINB>
+template <int BM, int BN, int STAGES, int NC, int MINB, int PVM = 0>
 Launch mma_variant() {
   using C = MmaCfg<BM, BN, STAGES, NC, MINB>;
   return {BM, BN, C::kThreads, C::kSmem, MINB,
-          reinterpret_cast<const void*>(&tva_mma_kernel<BM, BN, STAGES, NC, MINB>)};
+          reinterpret_cast<const void*>(&tva_mma_kernel<BM, BN, STAGES, NC, MINB, PVM>)};
 }
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. The last
 // one fits the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell).
-constexpr int kNumMma = 5;
+constexpr int kNumMma = 7;
 Launch mma_variants(int i) {
   switch (i) {
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
     case 3: return mma_variant<32, 64, 1, 4, 2>();  // 8 warps x 2 CTAs/SM, 113 KiB
-    default: return mma_variant<32, 32, 1, 2, 1>();  // 4 warps, 75 KiB
+    case 4: return mma_variant<32, 32, 1, 2, 1>();  // 4 warps, 75 KiB
+    case 5: return mma_variant<64, 64, 2, 2, 1, 1>();  // as 0, PV over all rows a warp
+    default: return mma_variant<32, 32, 1, 2, 1, 1>();  // as 4, PV over all rows a warp
   }
 }
-constexpr int kMmaPreferred[] = {0, 4};  // auto: the first that fits
+// auto: the first that fits. H200 sweep 2026-11-29 (NOTES-attention.md): variant 0 beat 1-3.
+constexpr int kMmaPreferred[] = {5, 0, 6, 4};
 
 int choose(int dtype, int algo, Launch* l) {
   int sms = 0, optin = 0;
@@ -556,7 +653,7 @@ int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int m
   for (int s = 1; s <= min(tiles, 128); ++s) {
     const double waves = static_cast<double>((static_cast<int64_t>(ctas) * s + slots - 1) / slots);
     const double cost =
-        waves * ((tiles + s - 1) / s) * (l.bm * l.bn) / 4096.0 + (s > 1 ? s * rows / 2000.0 : 0);
+        waves * ((tiles + s - 1) / s) * (l.bm * l.bn) / 4096.0 + (s > 1 ? s * rows / 4000.0 : 0);
     if (cost < best_cost * 0.999) {
       best_cost = cost;
       best = s;
