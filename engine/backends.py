@@ -113,34 +113,52 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
     return _np(acc), _np(alen), _np(bonus)
 
 
+def rowwise_requests(
+    pool: torch.Tensor, table: torch.Tensor, lens: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The Kernels II ragged layout with every row as its own request.
+
+    Row i becomes request i with a root-only tree (T = 1) whose "prefix" is its visible keys
+    in position order but the last (itself): a page_size-1 view of the pool
+    `[slots, 1, kv_dim]` and block table `table[i, :lens[i]]`. Returns (kv_cache view,
+    block_table int32, prefix_lens int32, tree_lens int32, visibility [R, 1, 1], max_kv_len).
+    """
+    dev = pool.device
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
+    kv = pool.view(pool.shape[0], 1, pool.shape[1])
+    vis = torch.ones(len(lens), 1, 1, dtype=torch.bool, device=dev)
+    block_table = table.to(device=dev, dtype=torch.int32).contiguous()
+    return kv, block_table, lens_t - 1, torch.ones_like(lens_t), vis, max(lens)
+
+
 def cuda_attention(
-    q: torch.Tensor, pool: torch.Tensor, visible: list[torch.Tensor], scale: float, latent_dim: int
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    table: torch.Tensor,
+    lens: list[int],
+    scale: float,
+    latent_dim: int,
 ) -> torch.Tensor:
     """Kernels II fp32 tree-verify attention, batch-invariant by construction.
 
-    Each row is passed as its own request with a root-only tree (T = 1) whose "prefix" is its
-    visible keys in position order, through a page_size-1 view of the pool and a per-row block
-    table of slot indices; one split (no flash-decoding merge) and the SIMT fp32 path. A row's
-    arithmetic then depends only on its own visible keys, so an AR row and the same row on a
-    verify's accepted path are bit-identical, whatever the tree layout or batch.
+    Each row is its own request (`rowwise_requests`), run with one split (no flash-decoding
+    merge) on the SIMT fp32 path: a row's arithmetic depends only on its own visible keys in
+    position order, so an AR row and the same row on a verify's accepted path are
+    bit-identical, whatever the tree layout or the batch. AR decode runs through this same
+    kernel call (a root-only tree).
     """
-    from torch.nn.utils.rnn import pad_sequence
-
     from kernels.cuda_attention import tree_verify_attention
 
-    lens = [int(v.numel()) for v in visible]
-    width = max(lens)
-    table = pad_sequence(visible, batch_first=True).to(torch.int32)
-    lens_t = torch.tensor(lens, dtype=torch.int32, device=pool.device)
+    kv, bt, pl, tl, vis, max_kv = rowwise_requests(pool, table, lens)
     out = tree_verify_attention(
         q.contiguous(),
-        pool.view(pool.shape[0], 1, pool.shape[1]),
-        table,
-        lens_t - 1,
-        torch.ones_like(lens_t),
-        torch.ones(len(lens), 1, 1, dtype=torch.bool, device=pool.device),
+        kv,
+        bt,
+        pl,
+        tl,
+        vis,
         scale,
-        max_kv_len=width,
+        max_kv_len=max_kv,
         num_splits=1,
         algo="simt",
         check=False,

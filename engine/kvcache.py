@@ -54,22 +54,21 @@ class SeqBlocks:
             self.pages.append(self.cache._alloc())
 
     def slots(self, positions: torch.Tensor | list[int] | range) -> torch.Tensor:
-        """Pool slot index of each sequence position (int64, on the cache's device)."""
+        """Pool slot index of each sequence position (int64, on the CPU)."""
         ps = self.cache.page_size
         pos = torch.as_tensor(
             list(positions) if isinstance(positions, range) else positions, dtype=torch.int64
         )
         pages = torch.tensor(self.pages, dtype=torch.int64)
-        slots = pages[pos // ps] * ps + pos % ps
-        return slots.to(self.cache.pool.device)
+        return pages[pos // ps] * ps + pos % ps
 
     def compact(self, prefix_len: int, accepted: list[int]) -> None:
         """Move tree rows L + accepted[k] to L + k for every layer (accepted[0] == 0)."""
         if accepted == list(range(len(accepted))):
             return
-        src = self.slots([prefix_len + a for a in accepted])
-        dst = self.slots(range(prefix_len, prefix_len + len(accepted)))
         pool = self.cache.pool
+        src = self.slots([prefix_len + a for a in accepted]).to(pool.device)
+        dst = self.slots(range(prefix_len, prefix_len + len(accepted))).to(pool.device)
         pool[:, dst] = pool[:, src].clone()
 
     def free(self) -> None:

@@ -29,21 +29,28 @@ class Attention(Protocol):
         self,
         q: torch.Tensor,
         pool: torch.Tensor,
-        visible: list[torch.Tensor],
+        table: torch.Tensor,
+        lens: list[int],
         scale: float,
         latent_dim: int,
     ) -> torch.Tensor:
-        """q [R, heads, kv_dim], pool [slots, kv_dim] -> out latent [R, heads, latent_dim]."""
+        """q [R, heads, kv_dim], pool [slots, kv_dim], table [R, W] int64 (row i's visible
+        slots in position order in table[i, :lens[i]]) -> out latent [R, heads, latent_dim]."""
         ...
 
 
 def torch_attention(
-    q: torch.Tensor, pool: torch.Tensor, visible: list[torch.Tensor], scale: float, latent_dim: int
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    table: torch.Tensor,
+    lens: list[int],
+    scale: float,
+    latent_dim: int,
 ) -> torch.Tensor:
     """Per-row attention over exactly the row's visible keys, in the given (position) order."""
     outs = []
-    for i, slots in enumerate(visible):
-        keys = pool.index_select(0, slots)  # [n, kv_dim], contiguous
+    for i, n in enumerate(lens):
+        keys = pool.index_select(0, table[i, :n])  # [n, kv_dim], contiguous
         p = torch.softmax(torch.mm(q[i], keys.t()) * scale, dim=-1)  # [heads, n]
         outs.append(torch.mm(p, keys[:, :latent_dim]))
     return torch.stack(outs)
@@ -51,7 +58,10 @@ def torch_attention(
 
 @dataclass
 class Rows:
-    """Rows of one forward: token, RoPE position, KV slot written, visible slots (incl. own)."""
+    """Rows of one forward: token, RoPE position, KV slot written, visible slots (incl. own).
+
+    Slot tensors are int64 on the CPU; `Model.forward` moves them to the device in one copy.
+    """
 
     tokens: list[int]
     positions: list[int]
@@ -74,7 +84,7 @@ class Model:
 
     # -- per-row pieces -------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps) * weight
+        return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.norm_eps)
 
     def _rope(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -108,11 +118,13 @@ class Model:
         probs = torch.softmax(torch.mv(w[p + "router"], h), dim=-1)
         vals, idx = torch.topk(probs, self.cfg.experts_per_token)
         gates = vals / vals.sum()
-        w1, w2, w3 = w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"]
-        for j, e in enumerate(idx.tolist()):
-            act = F.silu(torch.mv(w1[e], h)) * torch.mv(w3[e], h)
-            y = y + gates[j] * torch.mv(w2[e], act)
-        return y
+        # gather the chosen experts' weights (no device sync): fixed shapes per row
+        hk = h.expand(idx.shape[0], h.shape[0]).unsqueeze(-1)  # [k, D, 1]
+        act = F.silu(torch.bmm(w[p + "experts.w1"][idx], hk)) * torch.bmm(
+            w[p + "experts.w3"][idx], hk
+        )
+        ye = torch.bmm(w[p + "experts.w2"][idx], act).squeeze(-1)  # [k, D]
+        return y + (gates.unsqueeze(-1) * ye).sum(0)
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, rows: Rows, pool: torch.Tensor, attention: Attention) -> torch.Tensor:
@@ -121,14 +133,17 @@ class Model:
         if not rows.tokens:
             return torch.empty(0, cfg.vocab_size, device=self.device)
         tok = torch.tensor(rows.tokens, device=self.device)
+        lens = [int(v.numel()) for v in rows.visible]
+        table = torch.nn.utils.rnn.pad_sequence(rows.visible, batch_first=True).to(self.device)
+        write = rows.write_slots.to(self.device)
         xs = list(w["embed"].index_select(0, tok).unbind(0))
         for layer in range(cfg.layers):
             p = f"layers.{layer}."
             pairs = [self._qkv(p, x, pos) for x, pos in zip(xs, rows.positions, strict=True)]
             qs, kvs = zip(*pairs, strict=True)
-            pool[layer].index_copy_(0, rows.write_slots, torch.stack(kvs))
+            pool[layer].index_copy_(0, write, torch.stack(kvs))
             o_lat = attention(
-                torch.stack(qs), pool[layer], rows.visible, cfg.softmax_scale, cfg.kv_lora_rank
+                torch.stack(qs), pool[layer], table, lens, cfg.softmax_scale, cfg.kv_lora_rank
             )
             xs = [self._post_attention(p, x, o) for x, o in zip(xs, o_lat.unbind(0), strict=True)]
         return torch.stack([torch.mv(w["head"], self._norm(x, w["final_norm"])) for x in xs])

@@ -185,3 +185,24 @@ def test_backend_specs_are_validated() -> None:
         parse_backends(["sampler=reference"], "cpu")
     with pytest.raises(ValueError, match="needs --device cuda"):
         parse_backends(["attention=cuda"], "cpu")
+
+
+def test_rowwise_request_layout_matches_torch_attention() -> None:
+    """The layout handed to the CUDA attention (each row its own T = 1 request over a
+    page_size-1 view) gives, through the float64 Kernels II reference, the torch path's result."""
+    from engine.backends import rowwise_requests
+    from engine.model import torch_attention
+    from kernels.reference_attention import tree_verify_attention
+
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.randn(64, 576, generator=gen, dtype=torch.float64)
+    lens = [1, 5, 17, 9, 33]
+    rows = [torch.randperm(64, generator=gen)[:n] for n in lens]
+    table = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    q = torch.randn(len(lens), 3, 576, generator=gen, dtype=torch.float64)
+    scale = 576**-0.5
+    kv, bt, pl, tl, vis, max_kv = rowwise_requests(pool, table, lens)
+    assert max_kv == 33 and pl.tolist() == [n - 1 for n in lens] and tl.tolist() == [1] * 5
+    got = tree_verify_attention(q, kv, bt, pl, tl, vis, scale)
+    want = torch_attention(q, pool, table, lens, scale, 512)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-12, atol=1e-12)

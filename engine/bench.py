@@ -1,0 +1,162 @@
+"""`python -m engine.bench`: AR == DDTree identity and throughput of the engine on one device.
+
+    python -m engine.bench --preset small --device cuda --json OUT.json \
+        [--concurrency 1 8 32] [--max-tokens 64] [--time-budget 200]
+
+For each backend set (`cuda`: every component on the GPU; `cpu-kernels`: the model on the
+device, top-k / tree build / accept on the CPU references, torch attention) it checks that
+DDTree output equals AR output on the golden prompts (batched), then for each mode and
+concurrency c submits c requests at once to the continuous-batching scheduler (each
+generating exactly max-tokens tokens, EOS ignored) and records wall time, tokens/s, mean
+accept length and the per-stage step breakdown. In-process: no HTTP server involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from engine.golden import GOLDEN_PROMPTS
+from engine.runtime import EngineSpec, build_decoder, generate
+from engine.scheduler import GenRequest, Scheduler, Update
+from engine.tokenizer import ByteTokenizer
+
+BACKEND_SETS = {
+    "cuda": ("topk=cuda", "tree_build=cuda", "accept=cuda", "attention=cuda"),
+    "cpu-kernels": ("topk=reference", "tree_build=cpp", "accept=reference", "attention=torch"),
+}
+
+
+def load(spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+    """c requests submitted at once; wall time until the last finishes."""
+    _, dec = build_decoder(spec)
+    sched = Scheduler(dec)
+    done = threading.Event()
+    counts: dict[int, int] = {}
+    finished: list[str | None] = []
+    lock = threading.Lock()
+
+    def sink(i: int):
+        def put(u: Update) -> None:
+            with lock:
+                counts[i] = counts.get(i, 0) + len(u.token_ids)
+                if u.finished:
+                    finished.append(u.finish_reason)
+                    if len(finished) == concurrency:
+                        done.set()
+
+        return put
+
+    sched.start()
+    t0 = time.perf_counter()
+    for i in range(concurrency):
+        p = prompts[i % len(prompts)]
+        sched.submit(GenRequest(p, max_tokens, sink(i), ignore_eos=True))
+    ok = done.wait(600)
+    wall = time.perf_counter() - t0
+    sched.shutdown()
+    tokens = sum(counts.values())
+    return {
+        "concurrency": concurrency,
+        "completed": ok,
+        "finish_reasons": sorted({str(r) for r in finished}),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "mean_accept_length": sched.stats.avg_accept_length(),
+        "steps_by_batch": {str(k): v for k, v in sorted(sched.stats.steps_by_batch.items())},
+        "step_breakdown": sched.stats.breakdown(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.bench")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sets", nargs="+", default=list(BACKEND_SETS), choices=list(BACKEND_SETS))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--identity-tokens", type=int, default=32)
+    ap.add_argument("--time-budget", type=float, default=200.0)
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    result: dict[str, Any] = {
+        "suite": "engine",
+        "preset": args.preset,
+        "device": args.device,
+        "max_tokens": args.max_tokens,
+        "sets": {},
+    }
+    try:
+        from kernels.envinfo import environment
+
+        result["environment"] = environment()
+    except Exception as exc:  # the bench still runs without it
+        result["environment"] = {"error": repr(exc), "torch": torch.__version__}
+    tok = ByteTokenizer()
+    prompts = [tok.encode(t) for t in GOLDEN_PROMPTS]
+
+    def save() -> None:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+    rows = []
+    for name in args.sets:
+        backends = BACKEND_SETS[name] if args.device.startswith("cuda") else ()
+        entry: dict[str, Any] = {"backends": list(backends)}
+        result["sets"][name] = entry
+        try:
+            outs = {}
+            for mode in ("ar", "ddtree"):
+                _, dec = build_decoder(EngineSpec(args.preset, mode, args.device, backends))
+                t0 = time.perf_counter()
+                outs[mode], acc = generate(dec, prompts, args.identity_tokens)
+                entry[f"identity_{mode}_s"] = time.perf_counter() - t0
+            entry["ddtree_equals_ar"] = outs["ar"] == outs["ddtree"]
+            entry["identity_prompts"] = len(prompts)
+            entry["identity_accept_length"] = sum(acc) / len(acc)
+            entry["mismatched_prompts"] = [
+                i for i, (a, d) in enumerate(zip(outs["ar"], outs["ddtree"], strict=True)) if a != d
+            ]
+            save()
+            entry["load"] = []
+            for c in args.concurrency:
+                for mode in ("ar", "ddtree"):
+                    if time.monotonic() - start > args.time_budget:
+                        entry["load"].append({"mode": mode, "concurrency": c, "skipped": "time"})
+                        continue
+                    spec = EngineSpec(
+                        args.preset,
+                        mode,
+                        args.device,
+                        backends,
+                        max_batch_size=max(args.concurrency),
+                    )
+                    r = {"mode": mode, **load(spec, prompts, c, args.max_tokens)}
+                    entry["load"].append(r)
+                    rows.append((name, mode, c, r["tokens_per_s"], r["mean_accept_length"]))
+                    save()
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"[{name}] failed: {entry['error']}", file=sys.stderr)
+        save()
+    print(f"{'set':12s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s}")
+    for name, mode, c, tps, acc in rows:
+        print(f"{name:12s} {mode:7s} {c:3d} {tps:9.1f} {acc:7.2f}")
+    for name, e in result["sets"].items():
+        print(f"{name}: ddtree_equals_ar={e.get('ddtree_equals_ar')} error={e.get('error')}")
+    ok = all(e.get("ddtree_equals_ar") for e in result["sets"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
