@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(1)
     result: dict[str, Any] = {
+        "git_sha": os.environ.get("ENGINE_GIT_SHA"),
+        "kernels_lib": os.environ.get("DDTREE_KERNELS_LIB"),
         "suite": "engine",
         "preset": args.preset,
         "device": args.device,
