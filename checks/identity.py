@@ -48,7 +48,23 @@ def service_identity(url: str, timeout: float) -> dict[str, Any]:
     return {"model": model, "config": config}
 
 
+_NATIVE: dict[str, bool] = {}  # url -> does SGLang's native /generate give output ids?
+
+
+def native_ids(url: str, prompt: str, max_tokens: int, timeout: float) -> list[int] | None:
+    """Output ids from SGLang's native `/generate`, for services whose completions carry none."""
+    if _NATIVE.get(url) is False:
+        return None
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+    res = post(url, "/generate", body, timeout=timeout)
+    ids = res.json.get("output_ids") if res.ok and isinstance(res.json, dict) else None
+    valid = isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    _NATIVE[url] = valid
+    return list(ids) if valid else None
+
+
 def generate(url: str, model: str | None, prompt: str, max_tokens: int, timeout: float) -> dict:
+    """One greedy completion: token ids where the service gives them, else its text."""
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     if model:
         body["model"] = model
@@ -58,6 +74,8 @@ def generate(url: str, model: str | None, prompt: str, max_tokens: int, timeout:
     ids, text = completion_ids(res.json)
     if text is None and ids is None:
         raise RunError(f"no completion choice in the answer: {res.evidence()}")
+    if ids is None:
+        ids = native_ids(url, prompt, max_tokens, timeout)
     return {"token_ids": ids, "text": text}
 
 
@@ -154,6 +172,8 @@ def compare(args: Any, golden: dict[str, Any]) -> None:
         per_prompt.append(row)
     matched = sum(r["match"] for r in per_prompt)
     warnings = []
+    if any(r["compared"] == "text" for r in per_prompt):
+        warnings.append("the service gives no token ids (completions nor /generate): compared text")
     if golden.get("model") and ident["model"] and golden["model"] != ident["model"]:
         warnings.append(
             f"golden recorded from model {golden['model']!r}, service serves {ident['model']!r}"

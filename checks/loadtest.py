@@ -182,8 +182,12 @@ def pct(values: list[float], p: float) -> float | None:
 
 
 def dist(values: list[float]) -> dict[str, float | None]:
-    return {"p50": pct(values, 50), "p90": pct(values, 90), "p99": pct(values, 99),
-            "mean": statistics.fmean(values) * 1000 if values else None}
+    return {
+        "p50": pct(values, 50),
+        "p90": pct(values, 90),
+        "p99": pct(values, 99),
+        "mean": statistics.fmean(values) * 1000 if values else None,
+    }
 
 
 def accept_length(url: str) -> dict[str, Any]:
@@ -209,8 +213,11 @@ def accept_length(url: str) -> dict[str, Any]:
 def summarise(samples: list[Sample], wall: float, c: int) -> dict[str, Any]:
     good = [s for s in samples if s.ok]
     tokens = sum(s.tokens for s in good)
-    tpot = [(s.e2e - s.ttft) / (s.tokens - 1) for s in good
-            if s.e2e is not None and s.ttft is not None and s.tokens > 1]
+    tpot = [
+        (s.e2e - s.ttft) / (s.tokens - 1)
+        for s in good
+        if s.e2e is not None and s.ttft is not None and s.tokens > 1
+    ]
     errors: dict[str, int] = {}
     for s in samples:
         if not s.ok:
@@ -250,8 +257,13 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
     # token ids 32..126: printable ASCII, valid in byte-level and in large BPE vocabularies
     prompt = [rng.randrange(32, 127) for _ in range(args.input_len)]
-    body: dict[str, Any] = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
-                            "ignore_eos": True, "stream": True}
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "max_tokens": args.output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     if args.model:
         body["model"] = args.model
     samples, wall = asyncio.run(
@@ -260,9 +272,19 @@ def main(argv: list[str] | None = None) -> None:
     level = summarise(samples, wall, args.concurrency)
     level["accept_length"] = accept_length(args.url)
     ok = level["failed"] == 0
-    exit_json({"ok": ok, "module": "checks.loadtest", "url": args.url, "requests": n,
-               "warmup": warmup, "input_len": args.input_len, "output_len": args.output_len,
-               "level": level}, EXIT_PASS if ok else EXIT_FAIL)
+    exit_json(
+        {
+            "ok": ok,
+            "module": "checks.loadtest",
+            "url": args.url,
+            "requests": n,
+            "warmup": warmup,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "level": level,
+        },
+        EXIT_PASS if ok else EXIT_FAIL,
+    )
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """A small real HTTP service with an OpenAI-style surface that can be told to misbehave.
 
-`python tests/fake_service.py --port N --mode ok|500|garbage|hang [--salt S]`
+`python tests/fake_service.py --port N --mode ok|500|garbage|hang [--salt S] [--ids ...]`
 
 - ok: /health, /health_generate, /v1/models, /v1/completions (also SSE streaming) answer at
   once; the "greedy" output is a deterministic function of the prompt and `--salt`;
 - 500: every endpoint answers HTTP 500 with an error body;
 - garbage: health answers, completions answer 200 with a body that is not JSON;
-- hang: health answers, completions never answer.
+- hang: health answers, completions never answer;
+- `--ids native`: completions carry no token ids, SGLang's native /generate gives `output_ids`;
+  `--ids none`: no ids anywhere (checks must fall back to text).
 Used by the healthcheck tests for failures the reference engine never makes, and as the
 instant server in the load generator's capacity benchmark.
 """
@@ -28,8 +30,10 @@ def tokens(prompt: str, n: int, salt: str) -> list[int]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # stream each token now, not after a delayed ACK
     mode = "ok"
     salt = ""
+    ids = "inline"  # inline: completions carry token_ids; native: only /generate; none
 
     def log_message(self, *args: object) -> None:  # quiet
         pass
@@ -57,6 +61,11 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.mode == "500":
             return self._json(500, {"error": {"message": "internal error", "type": "server"}})
+        if self.path == "/generate" and self.ids == "native":  # SGLang's native API
+            req = json.loads(body or b"{}")
+            n = int(req.get("sampling_params", {}).get("max_new_tokens", 16))
+            out = tokens(req.get("text", ""), n, self.salt)
+            return self._json(200, {"text": "".join(map(chr, out)), "output_ids": out})
         if self.path != "/v1/completions":
             return self._json(404, {"error": {"message": "not found"}})
         if self.mode == "garbage":
@@ -68,21 +77,11 @@ class Handler(BaseHTTPRequestHandler):
         prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
         ids = tokens(prompt, int(req.get("max_tokens", 16)), self.salt)
         if not req.get("stream"):
-            return self._json(
-                200,
-                {
-                    "object": "text_completion",
-                    "model": "fake",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": "".join(map(chr, ids)),
-                            "token_ids": ids,
-                            "finish_reason": "length",
-                        }
-                    ],
-                },
-            )
+            choice = {"index": 0, "text": "".join(map(chr, ids)), "finish_reason": "length"}
+            if self.ids == "inline":
+                choice["token_ids"] = ids
+            doc = {"object": "text_completion", "model": "fake", "choices": [choice]}
+            return self._json(200, doc)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -103,8 +102,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--mode", choices=["ok", "500", "garbage", "hang"], default="ok")
     p.add_argument("--salt", default="")
+    p.add_argument("--ids", choices=["inline", "native", "none"], default="inline")
     args = p.parse_args()
-    Handler.mode, Handler.salt = args.mode, args.salt
+    Handler.mode, Handler.salt, Handler.ids = args.mode, args.salt, args.ids
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()

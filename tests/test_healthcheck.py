@@ -27,8 +27,8 @@ class Ops:
         self.inventory = tmp / "ops.toml"
         self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
 
-    def configure(self, mode: str = "ok", salt: str = "") -> None:
-        command = f"{{python}} {FAKE} --port {{port}} --mode {mode} --salt '{salt}'"
+    def configure(self, mode: str = "ok", salt: str = "", ids: str = "inline") -> None:
+        command = f"{{python}} {FAKE} --port {{port}} --mode {mode} --salt '{salt}' --ids {ids}"
         self.inventory.write_text(
             "[targets.local]\n"
             f"remote_root = '{self.tmp / 'root'}'\n"
@@ -216,3 +216,17 @@ def test_ops_serve_runs_the_engine_in_the_foreground(tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 2 and "--mode must be 'ar' or 'ddtree'" in res.stderr
+
+
+@pytest.mark.parametrize(("ids", "compared"), [("native", "ids"), ("none", "text")])
+def test_identity_without_ids_in_completions(ops: Ops, ids: str, compared: str) -> None:
+    ops.configure(ids=ids)
+    assert ops.json("service", "start", "local")[0] == 0
+    assert ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "6")[0] == 0
+    ops.configure(ids=ids, salt="changed")
+    assert ops.json("service", "restart", "local")[0] == 0
+    code, rep = ops.json("healthcheck", "local")
+    ident = rep["modules"]["identity"]
+    assert code == 1 and {p["compared"] for p in ident["prompts"]} == {compared}
+    warned = any("compared text" in w for w in ident["warnings"])
+    assert warned == (compared == "text")
