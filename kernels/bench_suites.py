@@ -8,6 +8,7 @@ runs today) and the compiled C++ baseline, both timed on this host's CPU.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -148,6 +149,19 @@ def tree_suite(cfg: BenchConfig) -> list[Row]:
                         refcheck=check,
                     )
                 )
+                os.environ["DDTREE_TREE_SERIAL"] = "1"  # the exact fallback alone
+                try:
+                    rows.append(
+                        row(
+                            "tree",
+                            "build_trees",
+                            "cuda_graph_serial",
+                            shape,
+                            time_graph(fn, len(sets)),
+                        )
+                    )
+                finally:
+                    del os.environ["DDTREE_TREE_SERIAL"]
                 rows.append(
                     row(
                         "tree",

@@ -120,6 +120,16 @@ def _top(b: int, h: int, k: int, ties: bool, seed: int) -> tuple[torch.Tensor, t
     return lp, ids
 
 
+def _tiny_ties(b: int, h: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tied log-probs far below the score's ulp: float64 `s - a + a` need not give back s."""
+    g = _gen(seed)
+    lp = torch.full((b, h, k), -1e-9)
+    lp[:, 0, :] = -3.0 - torch.arange(k) * 1e-9 - torch.rand(b, 1) * 4
+    lp[:, :, ::3] -= 2e-9
+    lp = lp.sort(dim=-1, descending=True).values.contiguous()
+    return lp, torch.randint(0, 163840, (b, h, k), generator=g)
+
+
 def _assert_trees_equal(got, want: ref.BatchedTrees) -> None:
     for f in TREE_FIELDS:
         np.testing.assert_array_equal(getattr(got, f).cpu().numpy(), getattr(want, f), err_msg=f)
@@ -160,6 +170,24 @@ def test_build_trees_matches_reference(kc, ties, b, h, k, budget):
 def test_build_trees_ties_every_batch(kc, b, budget):
     for k in (1, 2, 8, 64):
         lp, ids = _top(b, 15, k, True, seed=b + 17 * budget + k)
+        got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
+        _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
+
+
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize(
+    "b,h,k,budget", [(5, 15, 8, 64), (3, 15, 64, 128), (2, 32, 16, 512), (4, 3, 4, 40)]
+)
+def test_build_trees_tiny_ties_and_both_paths(kc, monkeypatch, serial, b, h, k, budget):
+    # The parallel selection verifies itself and falls back to the serial loop; both paths and
+    # the fallback must give the reference's tree.
+    if serial:
+        monkeypatch.setenv("DDTREE_TREE_SERIAL", "1")
+    for lp, ids in (
+        _tiny_ties(b, h, k, seed=budget),
+        _top(b, h, k, True, seed=budget + 1),
+        _top(b, h, k, False, seed=budget + 2),
+    ):
         got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
         _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
 

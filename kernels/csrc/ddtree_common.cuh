@@ -108,6 +108,45 @@ __device__ __forceinline__ void for_row(const T* row, int64_t V, F&& f) {
   }
 }
 
+// Like for_row, but f(first_index, x, n) gets whole 16-byte chunks (n = 16 / sizeof(T)) when
+// VEC, single elements (n = 1) otherwise.
+template <typename T, bool VEC, int THREADS, int UNROLL, typename F>
+__device__ __forceinline__ void for_row_chunks(const T* row, int64_t V, F&& f) {
+  if constexpr (VEC) {
+    constexpr int N = 16 / sizeof(T);
+    const uint4* row4 = reinterpret_cast<const uint4*>(row);
+    const int64_t nvec = V / N;
+    int64_t v = threadIdx.x;
+    for (; v + (UNROLL - 1) * THREADS < nvec; v += UNROLL * THREADS) {
+      uint4 q[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) q[u] = load_stream(row4 + v + u * THREADS);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        float x[N];
+        unpack16(q[u], x);
+        f((v + u * THREADS) * N, x);
+      }
+    }
+    for (; v < nvec; v += THREADS) {
+      float x[N];
+      unpack16(load_stream(row4 + v), x);
+      f(v * N, x);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < V; i += THREADS) {
+      float x[1] = {to_float(row[i])};
+      f(i, x);
+    }
+  }
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Whether rows of V elements of T starting at base can be read with 16-byte loads.
 template <typename T>
 inline bool rows_vectorizable(const void* base, int64_t V) {

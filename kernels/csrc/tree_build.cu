@@ -1,30 +1,41 @@
 // tree_build.cu: batched best-first DDTree build on the GPU, tie-exact with
 // liranringel/ddtree build_ddtree_tree (see kernels/reference.py for the contract).
 //
-// One block per request. Warp 0 runs the best-first loop: the frontier (at most `budget`
-// candidates) lives in registers, S slots per lane; each pop is a warp-wide argmax of the
-// ordered float64 score key (two redux.sync on its halves), with the rank-path tie-break
-// (a proper prefix first) resolved by walking the popped nodes' parents in shared memory.
-// A candidate's successor scores (next sibling, first child) are computed when it is pushed,
-// so a pop only moves values. Then the whole block writes every output (token ids, depths,
-// parents, child links, ancestor visibility) with padding.
+// One block per request, two ways to the same pop order:
+//  * parallel (tried first): Delta-stepping over the candidate tree. Each round picks a score
+//    threshold theta from the frontier (bisection on counts) and pops, in parallel sub-steps,
+//    every candidate scoring >= theta, pushing its successors. The popped set is then ranked
+//    by the exact comparator (score desc, rank path asc) and VERIFIED: every node's generator
+//    (previous sibling or parent) ranks before it, and every unpopped successor of a selected
+//    node ranks after the last selected one. By induction over the pops, that is exactly the
+//    best-first order, whatever the float64 rounding did. If the check fails (non-monotone
+//    1-ulp sums) or the candidate buffer overflows (masses of exact ties), fall back to:
+//  * serial: warp 0 runs the best-first loop: the frontier (at most `budget` candidates) in
+//    registers, S slots per lane; each pop is a warp-wide argmax of the ordered float64 score
+//    key (two redux.sync on its halves), the rank-path tie-break (a proper prefix first)
+//    resolved by walking the popped nodes' parents in shared memory.
+// Then the whole block writes every output (token ids, depths, parents, child links, ancestor
+// visibility) with padding.
+#include <cstdlib>
+
 #include "ddtree_common.cuh"
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
+constexpr int kParCapMul = 8;  // parallel path: candidate buffer = 8 * budget + 64 entries
 constexpr unsigned kFull = 0xffffffffu;
 
-// Candidate descriptor: parent node (10 bits), rank (10), depth (6), pred node (10): pred is
-// the popped node that pushed it (its previous sibling, or its parent for rank 0).
+// Candidate descriptor: parent node or entry (16 bits), rank (11), depth (6), pred (16): pred
+// is the popped node that pushed it (its previous sibling, or its parent for rank 0).
 __device__ __forceinline__ uint64_t pack(int p, int r, int d, int pred) {
-  return static_cast<uint64_t>(p) | (static_cast<uint64_t>(r) << 10) |
-         (static_cast<uint64_t>(d) << 20) | (static_cast<uint64_t>(pred) << 26);
+  return static_cast<uint64_t>(p & 0xffff) | (static_cast<uint64_t>(r) << 16) |
+         (static_cast<uint64_t>(d) << 27) | (static_cast<uint64_t>(pred & 0xffff) << 33);
 }
-__device__ __forceinline__ int info_p(uint64_t i) { return static_cast<int>(i & 1023); }
-__device__ __forceinline__ int info_r(uint64_t i) { return static_cast<int>((i >> 10) & 1023); }
-__device__ __forceinline__ int info_d(uint64_t i) { return static_cast<int>((i >> 20) & 63); }
-__device__ __forceinline__ int info_pred(uint64_t i) { return static_cast<int>((i >> 26) & 1023); }
+__device__ __forceinline__ int info_p(uint64_t i) { return static_cast<int>(i & 0xffff); }
+__device__ __forceinline__ int info_r(uint64_t i) { return static_cast<int>((i >> 16) & 2047); }
+__device__ __forceinline__ int info_d(uint64_t i) { return static_cast<int>((i >> 27) & 63); }
+__device__ __forceinline__ int info_pred(uint64_t i) { return static_cast<int>((i >> 33) & 0xffff); }
 
 // Rank path of candidate a < rank path of candidate b (Python tuple order: a proper prefix
 // first). Candidates are (parent node, rank, depth); lifting walks the popped nodes.
@@ -58,16 +69,35 @@ struct Smem {
   int16_t* ns;  // next sibling
   uint32_t* bits;  // [n1 * W] visibility bitsets
   int* count;
+  // Parallel path (cap entries; entry 0 is the root, entry 1 the first candidate).
+  int cap;
+  uint64_t* ekey;  // ordered score key
+  int16_t* epar;   // parent entry
+  int16_t* erank;
+  int16_t* edepth;
+  int16_t* egen;  // generator entry: previous sibling, or parent for rank 0
+  int16_t* epos;  // rank among popped (1-based); 0 root; -1 unpopped / unranked
+  int16_t* plist;  // popped entries
+  uint8_t* estate;  // 0 frontier, 1 popped
+  int* ctl;  // [0] entries, [1] popped, [2] overflow, [3] fail
+  uint64_t* red;  // [32] reduction scratch
 };
 
 __host__ __device__ inline size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
 
-__host__ __device__ inline size_t smem_bytes(int H, int K, int budget) {
-  const size_t n1 = budget + 1, W = (n1 + 31) / 32;
-  return align16(size_t(H) * K * 4) + 6 * align16(n1 * 2) + align16(n1 * W * 4) + 16;
+__host__ __device__ inline size_t par_bytes(int cap) {
+  return cap > 0 ? align16(size_t(cap) * 8) + 6 * align16(size_t(cap) * 2) +
+                       align16(size_t(cap)) + 16 + 32 * 8
+                 : 0;
 }
 
-__device__ inline Smem carve(char* base, int H, int K, int budget) {
+__host__ __device__ inline size_t smem_bytes(int H, int K, int budget, int cap) {
+  const size_t n1 = budget + 1, W = (n1 + 31) / 32;
+  return align16(size_t(H) * K * 4) + 6 * align16(n1 * 2) + align16(n1 * W * 4) + 16 +
+         par_bytes(cap);
+}
+
+__device__ inline Smem carve(char* base, int H, int K, int budget, int cap) {
   const size_t n1 = budget + 1;
   Smem s;
   s.lp = reinterpret_cast<float*>(base);
@@ -80,6 +110,22 @@ __device__ inline Smem carve(char* base, int H, int K, int budget) {
   s.bits = reinterpret_cast<uint32_t*>(base);
   base += align16(n1 * ((n1 + 31) / 32) * 4);
   s.count = reinterpret_cast<int*>(base);
+  base += 16;
+  s.cap = cap;
+  if (cap > 0) {
+    s.ekey = reinterpret_cast<uint64_t*>(base);
+    base += align16(size_t(cap) * 8);
+    int16_t** e16[6] = {&s.epar, &s.erank, &s.edepth, &s.egen, &s.epos, &s.plist};
+    for (int i = 0; i < 6; ++i) {
+      *e16[i] = reinterpret_cast<int16_t*>(base);
+      base += align16(size_t(cap) * 2);
+    }
+    s.estate = reinterpret_cast<uint8_t*>(base);
+    base += align16(size_t(cap));
+    s.ctl = reinterpret_cast<int*>(base);
+    base += 16;
+    s.red = reinterpret_cast<uint64_t*>(base);
+  }
   return s;
 }
 
@@ -181,22 +227,171 @@ __device__ void pop_loop(const Smem& sm, int H, int K, int budget) {
   if (lane == 0) *sm.count = n;
 }
 
+
+__device__ __forceinline__ uint64_t entry_info(const Smem& sm, int e) {
+  return pack(sm.epar[e], sm.erank[e], sm.edepth[e], 0);
+}
+
+// Entry a ranks before entry b: higher score, then smaller rank path.
+__device__ __forceinline__ bool entry_before(const Smem& sm, int a, int b) {
+  const uint64_t ka = sm.ekey[a], kb = sm.ekey[b];
+  if (ka != kb) return ka > kb;
+  return path_less(entry_info(sm, a), entry_info(sm, b), sm.epar, sm.erank);
+}
+
+// Block-wide sum of per-thread counts.
+__device__ __forceinline__ int block_count(int c, const Smem& sm) {
+  return static_cast<int>(ddtree::block_sum_u32(static_cast<uint32_t>(c),
+                                                reinterpret_cast<uint32_t*>(sm.red)));
+}
+
+// Parallel selection (see the file comment). Returns true and fills parent/rank/depth/pred
+// and *count on success; false (nothing usable written) when the caller must fall back.
+__device__ bool parallel_select(const Smem& sm, int H, int K, int budget) {
+  const int tid = threadIdx.x;
+  const float* lp = sm.lp;
+  if (tid == 0) {
+    sm.ekey[0] = ~0ull; sm.epar[0] = -1; sm.erank[0] = 0; sm.edepth[0] = 0; sm.egen[0] = -1;
+    sm.estate[0] = 1; sm.epos[0] = 0;
+    sm.ekey[1] = ddtree::double_key(static_cast<double>(lp[0]));
+    sm.epar[1] = 0; sm.erank[1] = 0; sm.edepth[1] = 1; sm.egen[1] = 0; sm.estate[1] = 0;
+    sm.epos[1] = -1;
+    sm.ctl[0] = 2; sm.ctl[1] = 0; sm.ctl[2] = 0; sm.ctl[3] = 0;
+  }
+  __syncthreads();
+  while (true) {
+    // Round: theta from the frontier, by bisection on counts (about a quarter of what is left).
+    const int ne = sm.ctl[0], popped = sm.ctl[1];
+    if (popped >= budget) break;
+    uint64_t kmax = 0, kmin_inv = 0;
+    int nf = 0;
+    for (int e = tid; e < ne; e += kThreads) {
+      if (sm.estate[e] == 0) {
+        const uint64_t k = sm.ekey[e];
+        kmax = k > kmax ? k : kmax;
+        kmin_inv = ~k > kmin_inv ? ~k : kmin_inv;
+        ++nf;
+      }
+    }
+    nf = block_count(nf, sm);
+    if (nf == 0) break;  // the whole tree is popped
+    kmax = ddtree::block_max_u64(kmax, sm.red);
+    kmin_inv = ddtree::block_max_u64(kmin_inv, sm.red);
+    const int m = max(1, (budget - popped) / 4);
+    double hi = ddtree::key_double(kmax), lo = ddtree::key_double(~kmin_inv);
+    double theta = lo;
+    auto count_ge = [&](double x) {
+      const uint64_t kx = ddtree::double_key(x);
+      int c = 0;
+      for (int e = tid; e < ne; e += kThreads) c += (sm.estate[e] == 0 && sm.ekey[e] >= kx);
+      return block_count(c, sm);
+    };
+    if (nf > m) {
+      for (int it = 0; it < 10; ++it) {
+        const double mid = lo + 0.5 * (hi - lo);
+        if (count_ge(mid) <= m) hi = mid; else lo = mid;
+      }
+      theta = hi;
+    }
+    const uint64_t tkey = ddtree::double_key(theta);
+    // Sub-steps: pop every frontier entry >= theta (new entries wait for the next sub-step).
+    while (true) {
+      const int end = sm.ctl[0];
+      __syncthreads();  // everyone has read `end` before anyone appends
+      int any = 0;
+      for (int e = tid; e < end; e += kThreads) {
+        if (sm.estate[e] != 0 || sm.ekey[e] < tkey) continue;
+        any = 1;
+        sm.estate[e] = 1;
+        const int pi = atomicAdd(&sm.ctl[1], 1);
+        if (pi < sm.cap) sm.plist[pi] = static_cast<int16_t>(e);
+        const int r = sm.erank[e], d = sm.edepth[e];
+        const bool has_sib = r + 1 < K, has_chd = d < H;
+        const int ns = int(has_sib) + int(has_chd);
+        if (ns == 0) continue;
+        const int slot = atomicAdd(&sm.ctl[0], ns);
+        if (slot + ns > sm.cap) { sm.ctl[2] = 1; continue; }
+        const double s = ddtree::key_double(sm.ekey[e]);
+        int o = slot;
+        if (has_sib) {
+          const float* row = lp + (d - 1) * K;
+          const double v = s - static_cast<double>(row[r]) + static_cast<double>(row[r + 1]);
+          sm.ekey[o] = ddtree::double_key(v); sm.epar[o] = sm.epar[e];
+          sm.erank[o] = static_cast<int16_t>(r + 1); sm.edepth[o] = static_cast<int16_t>(d);
+          sm.egen[o] = static_cast<int16_t>(e); sm.estate[o] = 0; sm.epos[o] = -1;
+          ++o;
+        }
+        if (has_chd) {
+          const double v = s + static_cast<double>(lp[d * K]);
+          sm.ekey[o] = ddtree::double_key(v); sm.epar[o] = static_cast<int16_t>(e);
+          sm.erank[o] = 0; sm.edepth[o] = static_cast<int16_t>(d + 1);
+          sm.egen[o] = static_cast<int16_t>(e); sm.estate[o] = 0; sm.epos[o] = -1;
+        }
+      }
+      if (!__syncthreads_or(any)) break;
+      if (sm.ctl[2] || sm.ctl[1] > sm.cap) return false;  // overflow: fall back (uniform)
+    }
+  }
+  __syncthreads();
+  const int np = sm.ctl[1], ne = sm.ctl[0];
+  const int n = min(np, budget);
+  // Rank every popped entry by the exact comparator.
+  for (int i = tid; i < np; i += kThreads) {
+    const int v = sm.plist[i];
+    int pos = 1;
+    for (int j = 0; j < np; ++j) pos += (j != i) && entry_before(sm, sm.plist[j], v);
+    sm.epos[v] = static_cast<int16_t>(pos);
+  }
+  __syncthreads();
+  // Verify, and find the last selected entry.
+  __shared__ int s_last;
+  for (int i = tid; i < np; i += kThreads) {
+    const int v = sm.plist[i];
+    const int p = sm.epos[v];
+    if (p == n) s_last = v;
+    if (p <= n && sm.epos[sm.egen[v]] >= p) sm.ctl[3] = 1;  // generator must come first
+  }
+  __syncthreads();
+  const int last = s_last;
+  for (int e = 2 + tid; e < ne; e += kThreads) {
+    if (sm.estate[e] != 0) continue;
+    const int g = sm.egen[e];
+    if (sm.epos[g] <= n && !entry_before(sm, last, e)) sm.ctl[3] = 1;  // boundary after last
+  }
+  if (__syncthreads_or(sm.ctl[3])) return false;
+  for (int i = tid; i < np; i += kThreads) {
+    const int v = sm.plist[i];
+    const int p = sm.epos[v];
+    if (p > n) continue;
+    sm.parent[p] = sm.epos[sm.epar[v]];
+    sm.rank[p] = sm.erank[v];
+    sm.depth[p] = sm.edepth[v];
+    sm.pred[p] = sm.epos[sm.egen[v]];
+  }
+  if (tid == 0) *sm.count = n;
+  return true;
+}
+
 template <int S>
 __global__ void __launch_bounds__(kThreads) build_trees_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
     int64_t* __restrict__ parents, uint8_t* __restrict__ visibility,
     int64_t* __restrict__ first_child, int64_t* __restrict__ next_sibling,
-    int64_t* __restrict__ num_nodes) {
+    int64_t* __restrict__ num_nodes, int cap) {
   extern __shared__ __align__(16) char smem_raw[];
   const int b = blockIdx.x, tid = threadIdx.x;
-  const Smem sm = carve(smem_raw, H, K, budget);
+  const Smem sm = carve(smem_raw, H, K, budget, cap);
   const int HK = H * K, n1 = budget + 1, W = (n1 + 31) / 32;
   const float* lp_g = top_lp + static_cast<int64_t>(b) * HK;
   for (int i = tid; i < HK; i += kThreads) sm.lp[i] = lp_g[i];
   if (tid == 0) *sm.count = 0;
   __syncthreads();
-  if (budget > 0 && H > 0 && K > 0 && tid < 32) pop_loop<S>(sm, H, K, budget);
+  const bool work = budget > 0 && H > 0 && K > 0;
+  bool done = false;
+  if (work && cap > 0) done = parallel_select(sm, H, K, budget);
+  __syncthreads();
+  if (work && !done && tid < 32) pop_loop<S>(sm, H, K, budget);
   if (tid == 0) { sm.parent[0] = -1; sm.depth[0] = 0; }
   __syncthreads();
   const int n = *sm.count;
@@ -253,7 +448,13 @@ template <int S>
 cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
                    int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
                    int64_t* ns, int64_t* nn, cudaStream_t stream) {
-  const size_t smem = smem_bytes(H, K, budget);
+  // The parallel path needs its candidate buffer (int16 entry indices) to fit.
+  int cap = kParCapMul * budget + 64;
+  if (cap > 32767 || smem_bytes(H, K, budget, cap) > 200 * 1024) cap = 0;
+  if (const char* env = getenv("DDTREE_TREE_SERIAL")) {
+    if (env[0] == '1') cap = 0;  // force the serial path (tests, benchmarks)
+  }
+  const size_t smem = smem_bytes(H, K, budget, cap);
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(build_trees_kernel<S>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -261,7 +462,7 @@ cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int
     if (e != cudaSuccess) return e;
   }
   build_trees_kernel<S><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep, par, vis,
-                                                      fc, ns, nn);
+                                                      fc, ns, nn, cap);
   return cudaGetLastError();
 }
 
