@@ -1,0 +1,59 @@
+"""The same service management and healthcheck over SSH (real sshd on loopback): the checks run
+on the host from `<remote_root>/current`, exactly as they do on a real target."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, write_inventory
+from sshd import Sshd, free_port
+
+from ops.inventory import load_inventory
+from ops.remote import open_host
+
+
+def run_ops(inv: Path, env: dict[str, str], *args: str) -> tuple[int, dict]:
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", *args, "--json", "--inventory", str(inv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    return res.returncode, json.loads(res.stdout)
+
+
+def test_healthcheck_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
+    port = free_port()
+    inv = write_inventory(tmp_path / "ops.toml", sshd, tmp_path / "roots")
+    fake = REPO / "tests" / "fake_service.py"
+    with inv.open("a") as f:
+        f.write(
+            "\n[targets.loop.service]\nname = 'fake'\n"
+            f"url = 'http://127.0.0.1:{port}'\n"
+            f'command = "{{python}} {fake} --port {{port}}"\n'
+        )
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    code, doc = run_ops(inv, env, "healthcheck", "loop")
+    assert code == 2 and doc["error"] == "HostError" and "no release at" in doc["message"]
+
+    release = tmp_path / "release"
+    release.mkdir()
+    subprocess.run(["cp", "-r", str(REPO / "checks"), str(release)], check=True)
+    target = load_inventory(inv).target("loop")
+    with open_host(target) as host:
+        host.put_tree(release, f"{target.remote_root}/current")
+    try:
+        code, st = run_ops(inv, env, "service", "start", "loop")
+        assert code == 0 and st["state"] == "active"
+        assert run_ops(inv, env, "healthcheck", "loop", "--record-golden")[0] == 0
+        assert (Path(target.remote_root) / "golden" / "golden.json").is_file()
+        code, rep = run_ops(inv, env, "healthcheck", "loop")
+        assert code == 0 and rep["modules"]["identity"]["identity_pct"] == 100.0
+    finally:
+        code, st = run_ops(inv, env, "service", "stop", "loop")
+    assert code == 0 and st["state"] == "inactive"
