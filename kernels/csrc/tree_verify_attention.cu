@@ -13,10 +13,12 @@
 //  - MMA (bf16, mma.sync m16n8k16 + ldmatrix + cp.async, sm_80+, identical on sm_90/sm_120):
 //    warps form an (M/16) x 2 grid; warp (r, c) computes S for rows 16r.. and keys of half c,
 //    the pair (r, 0)/(r, 1) exchange row maxima through shared memory, P goes to shared
-//    memory, and warp (r, c) accumulates O for value dims [256c, 256c + 256) (128 fp32
-//    registers a thread; splitting the value dim keeps the 512-wide accumulator unspilled).
-//    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. Two
-//    configurations, chosen from the device's opt-in shared memory: 64x64 with a
+//    memory. For PV, either warp (r, c) accumulates O for its 16 rows and value dims
+//    [256c, +256), or (default, PVM 1) warp w takes all rows and dims [64w, +64) so V is read
+//    once per CTA; 128 fp32 accumulators a thread either way (the 512-wide value dim is split
+//    across warps, never spilled).
+//    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. Variants
+//    (mma_variants) are chosen from the device's opt-in shared memory: a 64x64 tile with a
 //    double-buffered KV tile (225 KiB: H100/H200) or 32x32 single-buffered (75 KiB: sm_120).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -615,7 +617,8 @@ Launch mma_variants(int i) {
     default: return mma_variant<32, 32, 1, 2, 1, 1>();  // as 4, PV over all rows a warp
   }
 }
-// auto: the first that fits. H200 sweep 2026-11-29 (NOTES-attention.md): variant 0 beat 1-3.
+// auto: the first that fits. H200 sweeps 2026-11-29 (benchmarks/NOTES-attention.md): 5 beat
+// 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
 constexpr int kMmaPreferred[] = {5, 0, 6, 4};
 
 int choose(int dtype, int algo, Launch* l) {
