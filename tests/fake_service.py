@@ -1,12 +1,13 @@
 """A small real HTTP service with an OpenAI-style surface that can be told to misbehave.
 
-`python tests/fake_service.py --port N --mode ok|500|garbage|hang [--salt S] [--ids ...]`
+`python tests/fake_service.py --port N --mode ok|500|garbage|hang|noisy [--salt S] [--ids ...]`
 
 - ok: /health, /health_generate, /v1/models, /v1/completions (also SSE streaming) answer at
   once; the "greedy" output is a deterministic function of the prompt and `--salt`;
 - 500: every endpoint answers HTTP 500 with an error body;
 - garbage: health answers, completions answer 200 with a body that is not JSON;
 - hang: health answers, completions never answer;
+- noisy: like ok, but about a quarter of the prompts get a different answer every time;
 - `--ids native`: completions carry no token ids, SGLang's native /generate gives `output_ids`;
   `--ids none`: no ids anywhere (checks must fall back to text).
 Used by the healthcheck tests for failures the reference engine never makes, and as the
@@ -75,7 +76,10 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(body or b"{}")
         prompt = req.get("prompt", "")
         prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
-        ids = tokens(prompt, int(req.get("max_tokens", 16)), self.salt)
+        salt = self.salt
+        if self.mode == "noisy" and hashlib.sha256(prompt.encode()).digest()[0] % 4 == 0:
+            salt += str(time.perf_counter_ns())  # this prompt's answer changes every time
+        ids = tokens(prompt, int(req.get("max_tokens", 16)), salt)
         if not req.get("stream"):
             choice = {"index": 0, "text": "".join(map(chr, ids)), "finish_reason": "length"}
             if self.ids == "inline":
@@ -100,7 +104,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--mode", choices=["ok", "500", "garbage", "hang"], default="ok")
+    p.add_argument("--mode", choices=["ok", "500", "garbage", "hang", "noisy"], default="ok")
     p.add_argument("--salt", default="")
     p.add_argument("--ids", choices=["inline", "native", "none"], default="inline")
     args = p.parse_args()

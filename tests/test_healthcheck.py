@@ -230,3 +230,18 @@ def test_identity_without_ids_in_completions(ops: Ops, ids: str, compared: str) 
     assert code == 1 and {p["compared"] for p in ident["prompts"]} == {compared}
     warned = any("compared text" in w for w in ident["warnings"])
     assert warned == (compared == "text")
+
+
+def test_aa_runs_separate_service_noise_from_the_change(ops: Ops) -> None:
+    ops.configure(mode="noisy")
+    assert ops.json("service", "start", "local")[0] == 0
+    assert ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")[0] == 0
+    code, rep = ops.json("healthcheck", "local")  # without A/A the noise looks like a change
+    assert code == 1 and rep["failed"] == ["identity"]
+    noisy = set(rep["modules"]["identity"]["mismatched"])
+    code, rep = ops.json("healthcheck", "local", "--aa-runs", "2")
+    ident = rep["modules"]["identity"]
+    assert code == 0 and ident["mismatched"] == []
+    assert set(ident["nondeterministic"]) == noisy and 0 < len(noisy) < ident["total"]
+    detail = next(c for c in rep["checks"] if c["name"] == "identity")["detail"]
+    assert f"{len(noisy)} nondeterministic in 2 A/A runs" in detail

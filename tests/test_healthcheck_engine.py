@@ -92,6 +92,11 @@ def test_engine_golden_ar_equals_ddtree_and_other_weights_diverge(ops: EngineOps
         check(rep, "identity")["evidence"]
     )
 
+    assert ops.json("service", "stop", "local")[0] == 0
+    code, rep = ops.json("healthcheck", "local")
+    assert code == 1 and {"service", "health"} <= set(rep["failed"])
+    assert check(rep, "identity")["status"] == "skip"
+
 
 def test_engine_loadtest_reports_accept_length(ops: EngineOps) -> None:
     assert ops.json("service", "start", "local")[0] == 0
