@@ -35,11 +35,11 @@ DEFAULTS = {
     "accept": "reference",
     "attention": "torch",
 }
-CUDA_DEFAULTS = {"topk": "cuda", "tree_build": "cuda", "accept": "cuda", "attention": "cuda"}
 
 
 def parse_backends(specs: list[str], device: str) -> dict[str, str]:
-    """`["topk=cuda", ...]` over the defaults for the device; ValueError on an unknown pair."""
+    """`["topk=cuda", ...]` over the defaults (the references and torch attention on every
+    device, so a rollout swaps exactly the components it names); ValueError on a bad pair."""
     chosen = dict(DEFAULTS)
     for spec in specs:
         comp, sep, kind = spec.partition("=")

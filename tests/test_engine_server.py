@@ -267,3 +267,16 @@ def test_client_leaving_mid_stream_is_harmless(engine: EngineProcess) -> None:
     assert state["num_running_reqs"] == 0
     assert state["generation_tokens_total"] - before < 400  # cancelled, not run to the end
     assert httpx.get(f"{engine.url}/health_generate", timeout=60).status_code == 200
+
+
+def test_cli_refuses_a_bad_backend() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "engine", "--port", "1", "--backend", "tree_build=gpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "bad --backend" in r.stderr
