@@ -25,6 +25,11 @@ def _n_sets(bytes_per_set: int, lo: int = 2, hi: int = 64) -> int:
     return max(lo, min(hi, math.ceil(ROTATE_BYTES / max(bytes_per_set, 1))))
 
 
+def _launches(n_sets: int) -> int:
+    """Launches per captured graph: every input set at least once (so L2 cannot hold them)."""
+    return min(64, max(8, n_sets))
+
+
 def _kc():
     from kernels import cuda
 
@@ -73,12 +78,21 @@ def topk_suite(cfg: BenchConfig) -> list[Row]:
                 check = bool(np.array_equal(out[1][:8].cpu().numpy(), rids)) and bool(
                     np.allclose(out[0][:8].cpu().numpy(), rlp, rtol=0, atol=1e-5)
                 )
-            t = time_cuda(cuda_fn, len(xs), reps=cfg.reps)
             rows.append(
                 row(
                     "topk",
                     "topk_logprobs",
-                    "cuda",
+                    "cuda_events",
+                    shape,
+                    time_cuda(cuda_fn, len(xs), reps=cfg.reps),
+                )
+            )
+            t = time_graph(cuda_fn, len(xs), launches=_launches(len(xs)))
+            rows.append(
+                row(
+                    "topk",
+                    "topk_logprobs",
+                    "cuda_graph",
                     shape,
                     t,
                     refcheck=check,
@@ -149,19 +163,19 @@ def tree_suite(cfg: BenchConfig) -> list[Row]:
                         refcheck=check,
                     )
                 )
-                os.environ["DDTREE_TREE_SERIAL"] = "1"  # the exact fallback alone
+                os.environ["DDTREE_TREE_PARALLEL"] = "1"  # the opt-in parallel selection
                 try:
                     rows.append(
                         row(
                             "tree",
                             "build_trees",
-                            "cuda_graph_serial",
+                            "cuda_graph_parallel",
                             shape,
                             time_graph(fn, len(sets)),
                         )
                     )
                 finally:
-                    del os.environ["DDTREE_TREE_SERIAL"]
+                    del os.environ["DDTREE_TREE_PARALLEL"]
                 rows.append(
                     row(
                         "tree",
@@ -272,13 +286,22 @@ def _accept_logits_rows(cfg, kc, trees, rt, tg_np, b: int, budget: int) -> list[
 
     fn(0)
     check = all(np.array_equal(o.cpu().numpy(), w) for o, w in zip(out, want, strict=True))
-    t = time_cuda(fn, len(xs), reps=cfg.reps)
-    read = path_rows * v * 2
     rows = [
         row(
             "accept",
             "greedy_accept_from_logits",
-            "cuda",
+            "cuda_events",
+            shape,
+            time_cuda(fn, len(xs), reps=cfg.reps),
+        )
+    ]
+    t = time_graph(fn, len(xs), launches=_launches(len(xs)))
+    read = path_rows * v * 2
+    rows += [
+        row(
+            "accept",
+            "greedy_accept_from_logits",
+            "cuda_graph",
             shape,
             t,
             refcheck=check,

@@ -157,9 +157,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("b,h,k,budget", CASES)
-def test_build_trees_matches_reference(kc, ties, b, h, k, budget):
+def test_build_trees_matches_reference(kc, monkeypatch, parallel, ties, b, h, k, budget):
+    if parallel:
+        monkeypatch.setenv("DDTREE_TREE_PARALLEL", "1")
     lp, ids = _top(b, h, k, ties, seed=b * 1000 + h * 100 + k + budget)
     got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
     _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
@@ -174,15 +177,15 @@ def test_build_trees_ties_every_batch(kc, b, budget):
         _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
 
 
-@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize(
     "b,h,k,budget", [(5, 15, 8, 64), (3, 15, 64, 128), (2, 32, 16, 512), (4, 3, 4, 40)]
 )
-def test_build_trees_tiny_ties_and_both_paths(kc, monkeypatch, serial, b, h, k, budget):
-    # The parallel selection verifies itself and falls back to the serial loop; both paths and
-    # the fallback must give the reference's tree.
-    if serial:
-        monkeypatch.setenv("DDTREE_TREE_SERIAL", "1")
+def test_build_trees_tiny_ties_and_both_paths(kc, monkeypatch, parallel, b, h, k, budget):
+    # The opt-in parallel selection verifies itself and falls back to the serial loop; both
+    # paths and the fallback must give the reference's tree.
+    if parallel:
+        monkeypatch.setenv("DDTREE_TREE_PARALLEL", "1")
     for lp, ids in (
         _tiny_ties(b, h, k, seed=budget),
         _top(b, h, k, True, seed=budget + 1),

@@ -7,8 +7,9 @@
 //     largest of the per-thread maxima (exact bitwise search, __syncthreads-counted) is a
 //     threshold t with at least k elements >= t;
 //  2. stream it again (from L2: one 1024-thread block per SM keeps ~132 rows, ~42 MB of bf16,
-//     in flight) and append every element >= t to shared memory; a bitonic sort of
-//     (key desc, id asc) composites gives the answer.
+//     in flight) and append every element >= t to shared memory; each candidate's rank among
+//     the (key desc, id asc) composites (counted, or a bitonic sort when there are many)
+//     places it in the output.
 // If more than kCap elements pass t (heavy ties), an exact fallback finds the k-th largest
 // (key, id) composite by bitwise search over the row, then collects exactly k elements.
 #include <cfloat>
@@ -101,9 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const float lse = m + log2f(acc) / kLog2e;
 
-  // Threshold: the K-th largest per-thread maximum key (exact bitwise search).
+  // Threshold: the K-th largest per-thread maximum key (bitwise search; for bf16 only the top
+  // 16 key bits vary, so t keeps its low 16 bits 0: still >= K maxima at or above it).
   uint32_t t = 0;
-  for (int bit = 31; bit >= 0; --bit) {
+  for (int bit = 31; bit >= (sizeof(T) == 2 ? 16 : 0); --bit) {
     const uint32_t c = t | (1u << bit);
     if (__syncthreads_count(tkey >= c) >= K) t = c;
   }
@@ -145,6 +147,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     });
     __syncthreads();
     n = s.count;
+  }
+  if (n <= kThreads) {
+    // Few candidates (the usual case): each finds its rank by counting (composites are
+    // distinct, n >= K) and writes itself if it is in the top K.
+    if (tid < static_cast<int>(n)) {
+      const uint64_t cc = s.cand[tid];
+      int rank = 0;
+      for (unsigned j = 0; j < n; ++j) rank += s.cand[j] > cc;
+      if (rank < K) {
+        const float x = ddtree::key_float(static_cast<uint32_t>(cc >> 32));
+        out_lp[r * K + rank] = x - lse;
+        out_ids[r * K + rank] = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(cc));
+      }
+    }
+    return;
   }
   int p = 1;
   while (p < static_cast<int>(n) || p < K) p <<= 1;
