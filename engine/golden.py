@@ -1,9 +1,11 @@
 """Golden prompts, and `python -m engine.golden`: AR vs DDTree identity and mean accept length.
 
-    python -m engine.golden [--preset tiny] [--device cpu] [--max-tokens 64] [--backend ...]
+    python -m engine.golden [--prompts FILE] [--preset tiny] [--device cpu] [--max-tokens 64]
 
 prints one JSON document: whether every DDTree output equals the AR output (batched), and the
-mean tokens committed per request per step (accepted drafts + bonus) over the golden prompts.
+mean tokens committed per request per step (accepted drafts + bonus) over the golden prompts:
+the project's `checks/data/golden_prompts.json` (schema ddtree-ops/prompts/v1) by default,
+else `GOLDEN_PROMPTS` below.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+PROJECT_PROMPTS = Path(__file__).resolve().parent.parent / "checks" / "data" / "golden_prompts.json"
 
 GOLDEN_PROMPTS: tuple[str, ...] = (
     "Hello, world!",
@@ -29,6 +34,14 @@ GOLDEN_PROMPTS: tuple[str, ...] = (
 )
 
 
+def load_prompts(path: Path | None = None) -> list[str]:
+    """Prompt texts of a ddtree-ops/prompts/v1 file (default: the project's, if present)."""
+    path = path or PROJECT_PROMPTS
+    if not path.is_file():
+        return list(GOLDEN_PROMPTS)
+    return [p["prompt"] for p in json.loads(path.read_text())["prompts"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -40,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--backend", action="append", default=[])
+    p.add_argument("--prompts", type=Path, help="a ddtree-ops/prompts/v1 JSON file")
     args = p.parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(1)
     tok = ByteTokenizer()
-    prompts = [tok.encode(s) for s in GOLDEN_PROMPTS]
+    prompts = [tok.encode(s) for s in load_prompts(args.prompts)]
     out = {}
     for mode in ("ar", "ddtree"):
         spec = EngineSpec(args.preset, mode, args.device, tuple(args.backend))

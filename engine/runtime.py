@@ -10,7 +10,7 @@ import torch
 
 from engine.backends import make_backends, parse_backends
 from engine.config import Preset, preset
-from engine.decode import Decoder
+from engine.decode import Decoder, Sequence
 from engine.model import Model
 from engine.tokenizer import EOS_ID
 from engine.weights import init_weights, load_weights
@@ -49,20 +49,23 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
 def generate(
     decoder: Decoder, prompts: list[list[int]], max_tokens: int, *, stop_at_eos: bool = True
 ) -> tuple[list[list[int]], list[int]]:
-    """Greedy outputs of a static batch (finished sequences leave it); also accept lengths.
+    """Greedy outputs of many prompts, at most max_batch_size decoding at once (a finished
+    sequence leaves and the next prompt joins between steps); also the accept lengths.
 
     Outputs are cut at max_tokens and after EOS (EOS itself excluded), exactly as the server.
     """
-    seqs = [decoder.new_sequence(p) for p in prompts]
-    for s in seqs:
-        decoder.prefill(s)
     outs: list[list[int]] = [[] for _ in prompts]
-    live = list(range(len(prompts)))
+    seqs: dict[int, Sequence] = {}
+    pending = list(range(len(prompts)))[::-1]
     accept_lens: list[int] = []
     try:
-        while live:
+        while pending or seqs:
+            while pending and len(seqs) < decoder.cfg.max_batch_size:
+                i = pending.pop()
+                seqs[i] = decoder.new_sequence(prompts[i])
+                decoder.prefill(seqs[i])
+            live = list(seqs)
             res = decoder.step([seqs[i] for i in live])
-            still = []
             for i, new in zip(live, res.new_tokens, strict=True):
                 accept_lens.append(len(new))
                 done = False
@@ -74,10 +77,9 @@ def generate(
                     if len(outs[i]) >= max_tokens:
                         done = True
                         break
-                if not done:
-                    still.append(i)
-            live = still
+                if done:
+                    seqs.pop(i).blocks.free()
     finally:
-        for s in seqs:
+        for s in seqs.values():
             s.blocks.free()
     return outs, accept_lens

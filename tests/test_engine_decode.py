@@ -79,10 +79,19 @@ def test_ddtree_equals_ar_with_cpp_accept_and_small_budget(ar_outputs: list[list
     assert generate(dec, PROMPTS, MAX_TOKENS)[0] == ar_outputs
 
 
-def test_golden_mean_accept_length_above_two() -> None:
-    _, dec = build_decoder(EngineSpec(mode="ddtree"))
-    _, accept = generate(dec, [TOK.encode(t) for t in GOLDEN_PROMPTS], 64)
+def test_project_golden_prompts_identity_and_accept_length_above_two() -> None:
+    """checks/data/golden_prompts.json: DDTree == AR, and > 2 tokens per step on average."""
+    from engine.golden import PROJECT_PROMPTS, load_prompts
+
+    assert PROJECT_PROMPTS.is_file()
+    prompts = [TOK.encode(t) for t in load_prompts()]
+    _, ar = build_decoder(EngineSpec(mode="ar"))
+    _, dd = build_decoder(EngineSpec(mode="ddtree"))
+    want, _ = generate(ar, prompts, 32)
+    got, accept = generate(dd, prompts, 32)
+    assert got == want
     assert sum(accept) / len(accept) > 2.0
+    assert dd.cache.free_pages == dd.cache.num_pages
 
 
 def test_continuous_batching_matches_ar(ar_outputs: list[list[int]]) -> None:
