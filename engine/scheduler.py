@@ -122,6 +122,10 @@ class Scheduler:
             if req.cancelled:
                 self._finish(req, Update([], True, "abort"))
                 continue
+            vocab = self.decoder.model.cfg.vocab_size
+            if not req.prompt_ids or any(not 0 <= t < vocab for t in req.prompt_ids):
+                self._finish(req, Update([], True, "error", f"prompt ids must lie in [0, {vocab})"))
+                continue
             try:
                 t0 = time.perf_counter()
                 req.seq = self.decoder.new_sequence(req.prompt_ids)
@@ -139,34 +143,39 @@ class Scheduler:
                     self._cv.wait(timeout=1.0)
                 if self._stop:
                     break
-            for req in [r for r in self._running if r.cancelled]:
-                self._running.remove(req)
-                self._finish(req, Update([], True, "abort"))
-            self._admit()
-            if not self._running:
-                continue
-            batch = list(self._running)
             try:
-                t0 = time.perf_counter()
-                res = self.decoder.step([r.seq for r in batch])
-                res.stages["step"] = time.perf_counter() - t0
-            except Exception as exc:
-                log.error("decode step failed:\n%s", traceback.format_exc())
-                for req in batch:
+                self._iteration()
+            except Exception as exc:  # never let the loop die: fail this batch, go on
+                log.error("scheduler iteration failed:\n%s", traceback.format_exc())
+                for req in list(self._running):
                     self._running.remove(req)
                     self._finish(req, Update([], True, "error", f"decode step failed: {exc}"))
-                continue
-            delivered = 0
-            for req, new in zip(batch, res.new_tokens, strict=True):
-                update = req.take(new)
-                delivered += len(update.token_ids)
-                if update.finished:
-                    self._running.remove(req)
-                    self._finish(req, update)
-                elif update.token_ids:
-                    self._emit(req, update)
-            self.stats.record_step(
-                len(batch), res.stages, [len(n) for n in res.new_tokens], delivered
-            )
         for req in [*self._running, *self._waiting]:
             self._finish(req, Update([], True, "abort", "server shutting down"))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _iteration(self) -> None:
+        """Retire cancelled requests, admit waiting ones, run one step, hand out its tokens."""
+        for req in [r for r in self._running if r.cancelled]:
+            self._running.remove(req)
+            self._finish(req, Update([], True, "abort"))
+        self._admit()
+        if not self._running:
+            return
+        batch = list(self._running)
+        t0 = time.perf_counter()
+        res = self.decoder.step([r.seq for r in batch])
+        res.stages["step"] = time.perf_counter() - t0
+        delivered = 0
+        for req, new in zip(batch, res.new_tokens, strict=True):
+            update = req.take(new)
+            delivered += len(update.token_ids)
+            if update.finished:
+                self._running.remove(req)
+                self._finish(req, update)
+            elif update.token_ids:
+                self._emit(req, update)
+        self.stats.record_step(len(batch), res.stages, [len(n) for n in res.new_tokens], delivered)

@@ -130,6 +130,8 @@ def create_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         if state.ready.is_set():
+            if not state.scheduler.alive:
+                return JSONResponse({"status": "failed: scheduler stopped"}, status_code=503)
             return JSONResponse({"status": "ok"})
         status = "failed: " + state.load_error if state.load_error else "loading"
         return JSONResponse({"status": status}, status_code=503)

@@ -129,6 +129,36 @@ def test_continuous_batching_matches_ar(ar_outputs: list[list[int]]) -> None:
     assert dec.cache.free_pages == dec.cache.num_pages  # every page came back
 
 
+def test_a_broken_request_fails_alone(ar_outputs: list[list[int]]) -> None:
+    """Requests that bypass the server's validation (bad ids, empty prompt) fail by
+    themselves; the one decoding beside them is unaffected and the loop keeps serving."""
+    _, dec = build_decoder(EngineSpec(mode="ddtree"))
+    sched = Scheduler(dec)
+    got: dict[str, list[Update]] = {}
+    done = threading.Event()
+
+    def sink(name: str):
+        def put(u: Update) -> None:
+            got.setdefault(name, []).append(u)
+            if sum(1 for v in got.values() if v[-1].finished) == 3:
+                done.set()
+
+        return put
+
+    sched.start()
+    try:
+        sched.submit(GenRequest(PROMPTS[0], MAX_TOKENS, sink("good")))
+        sched.submit(GenRequest([5, 10**6], 4, sink("bad ids")))
+        sched.submit(GenRequest([], 4, sink("empty")))
+        assert done.wait(60)
+        assert sched.alive
+    finally:
+        sched.shutdown()
+    assert got["bad ids"][-1].finish_reason == "error"
+    assert got["empty"][-1].finish_reason == "error"
+    assert [t for u in got["good"] for t in u.token_ids] == ar_outputs[0]
+
+
 def test_scheduler_stops_at_stop_string_and_eos() -> None:
     req = GenRequest([BOS_ID], 10, lambda u: None, stop=("bc",))
     assert req.take([ord("a"), ord("b")]).finished is False
