@@ -199,7 +199,11 @@ def greedy_accept(
     *,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(accepted [B, max_depth+1] padded -1, accept_len [B], bonus [B]) from ids [B, budget+1]."""
+    """(accepted [B, max_depth+1] padded -1, accept_len [B], bonus [B]) from ids [B, budget+1].
+
+    Pass the drafter's H as max_depth: a walk is cut after max_depth steps (the reference
+    raises instead; no tree built from H positions is deeper than H).
+    """
     op = "greedy_accept"
     _check_trees(op, "trees", trees, None, None)
     b, budget = trees.token_ids.shape
