@@ -29,6 +29,8 @@ class Sequence:
     tokens: list[int]
     blocks: SeqBlocks
     kv_len: int = 0
+    temperature: float = 0.0  # > 0: sample the AR token (ar mode only); 0: greedy
+    generator: torch.Generator | None = None
 
     @property
     def root(self) -> int:
@@ -57,8 +59,16 @@ class Decoder:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 
-    def new_sequence(self, prompt: list[int]) -> Sequence:
-        return Sequence(list(prompt), self.cache.new_sequence())
+    def new_sequence(
+        self, prompt: list[int], temperature: float = 0.0, seed: int | None = None
+    ) -> Sequence:
+        if temperature > 0 and self.mode != "ar":
+            raise ValueError("sampling (temperature > 0) is offered in ar mode only")
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator()
+            gen.manual_seed(seed) if seed is not None else gen.seed()
+        return Sequence(list(prompt), self.cache.new_sequence(), 0, temperature, gen)
 
     def prefill(self, seq: Sequence) -> None:
         """Write the KV of every prompt token but the last (the first step's root)."""
@@ -118,6 +128,10 @@ class Decoder:
         if trees is None:
             accepted = [[0] for _ in seqs]
             bonus = [int(t) for t in argmax]
+            for b, s in enumerate(seqs):
+                if s.temperature > 0:  # row b is sequence b's only row in an AR step
+                    probs = torch.softmax(logits[b].double().cpu() / s.temperature, dim=-1)
+                    bonus[b] = int(torch.multinomial(probs, 1, generator=s.generator))
         else:
             target = np.zeros((len(seqs), self.cfg.budget + 1), dtype=np.int64)
             off = 0

@@ -33,6 +33,8 @@ class Completion:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    temperature: float = 0.0
+    seed: int | None = None
 
 
 def _is_int(x: Any) -> bool:
@@ -84,12 +86,17 @@ def parse_completion(
         raise BadRequest("temperature must be a number", "temperature")
     if temperature < 0:
         raise BadRequest("temperature must be >= 0", "temperature")
-    if temperature > 0:
+    if temperature > 0 and mode == "ddtree":
         raise BadRequest(
-            f"temperature must be 0 in {mode} mode: this engine decodes greedily only "
-            "(DDTree verification is exact for greedy decoding)",
+            "temperature must be 0 in ddtree mode: DDTree verification here is exact for greedy "
+            "decoding only (sampling is offered in ar mode)",
             "temperature",
         )
+    if temperature > 100:
+        raise BadRequest("temperature must be <= 100", "temperature")
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        raise BadRequest("seed must be a non-negative integer", "seed")
     n = body.get("n", 1)
     if n not in (None, 1):
         raise BadRequest("only n = 1 is supported", "n")
@@ -135,7 +142,14 @@ def parse_completion(
                 "context_length_exceeded",
             )
     return Completion(
-        prompts, max_tokens, tuple(stop), stream, bool(opts.get("include_usage", False)), ignore_eos
+        prompts,
+        max_tokens,
+        tuple(stop),
+        stream,
+        bool(opts.get("include_usage", False)),
+        ignore_eos,
+        float(temperature),
+        seed,
     )
 
 

@@ -40,6 +40,8 @@ class GenRequest:
     sink: Callable[[Update], None]
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    temperature: float = 0.0
+    seed: int | None = None
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     seq: Sequence | None = None
@@ -128,7 +130,7 @@ class Scheduler:
                 continue
             try:
                 t0 = time.perf_counter()
-                req.seq = self.decoder.new_sequence(req.prompt_ids)
+                req.seq = self.decoder.new_sequence(req.prompt_ids, req.temperature, req.seed)
                 self.decoder.prefill(req.seq)
                 self.stats.record_prefill(len(req.prompt_ids), time.perf_counter() - t0)
                 self._running.append(req)

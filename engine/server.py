@@ -102,17 +102,22 @@ def create_app(
         return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     def submit(
-        prompt: list[int], max_tokens: int, stop: tuple[str, ...] = (), ignore_eos: bool = False
+        prompt: list[int], max_tokens: int, c: Completion | None = None
     ) -> tuple[GenRequest, asyncio.Queue[Update]]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
         req = GenRequest(
-            prompt,
-            max_tokens,
-            lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
-            stop,
-            ignore_eos,
+            prompt, max_tokens, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u)
         )
+        if c is None:  # /health_generate: one greedy token, EOS or not
+            req.ignore_eos = True
+        else:
+            req.stop, req.ignore_eos, req.temperature, req.seed = (
+                c.stop,
+                c.ignore_eos,
+                c.temperature,
+                c.seed,
+            )
         state.scheduler.submit(req)
         return req, queue
 
@@ -140,7 +145,7 @@ def create_app(
     async def health_generate() -> JSONResponse:
         if not state.ready.is_set():
             return _error(503, "engine is loading", "unavailable")
-        req, queue = submit([BOS_ID], 1, ignore_eos=True)
+        req, queue = submit([BOS_ID], 1)
         try:
             ids, u = await asyncio.wait_for(collect(req, queue), timeout=60)
         except TimeoutError:
@@ -224,7 +229,7 @@ def create_app(
         rid = f"cmpl-{uuid.uuid4().hex}"
         if c.stream:
             return StreamingResponse(stream(rid, c), media_type="text/event-stream")
-        pending = [submit(p, c.max_tokens, c.stop, c.ignore_eos) for p in c.prompts]
+        pending = [submit(p, c.max_tokens, c) for p in c.prompts]
         results = await asyncio.gather(*(collect(r, q) for r, q in pending))
         choices, completion_tokens = [], 0
         for i, (ids, u) in enumerate(results):
@@ -258,7 +263,7 @@ def create_app(
         )
 
     async def stream(rid: str, c: Completion) -> AsyncIterator[str]:
-        req, queue = submit(c.prompts[0], c.max_tokens, c.stop, c.ignore_eos)
+        req, queue = submit(c.prompts[0], c.max_tokens, c)
         dec = state.tok.stream_decoder()
         hold = max((len(s) for s in c.stop), default=1) - 1
         text, sent, n_ids = "", 0, 0

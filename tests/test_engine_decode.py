@@ -245,3 +245,9 @@ def test_rowwise_request_layout_matches_torch_attention() -> None:
     got = tree_verify_attention(q, kv, bt, pl, tl, vis, scale)
     want = torch_attention(q, pool, table, lens, scale, 512)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-12, atol=1e-12)
+
+
+def test_sampling_is_ar_only() -> None:
+    _, dd = build_decoder(EngineSpec(mode="ddtree"))
+    with pytest.raises(ValueError, match="ar mode only"):
+        dd.new_sequence([BOS_ID], temperature=1.0)

@@ -233,6 +233,17 @@ def test_ar_server_matches_and_health_is_503_while_loading(tmp_path, ar_referenc
         r = httpx.post(f"{eng.url}/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 32})
         assert r.json()["choices"][0]["token_ids"] == ar_reference[PROMPTS[1]]
         assert httpx.get(f"{eng.url}/get_server_info").json()["mode"] == "ar"
+
+        def sample(seed: int) -> list[int]:
+            body = {"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 5.0, "seed": seed}
+            r = httpx.post(f"{eng.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        # ar mode also samples (temperature > 0), reproducibly for a given seed
+        assert sample(7) == sample(7)
+        assert len({tuple(sample(s)) for s in range(4)}) > 1
+        assert sample(7) != ar_reference[PROMPTS[1]][:16]
     finally:
         eng.stop()
 
