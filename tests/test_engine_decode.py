@@ -69,8 +69,9 @@ def test_ddtree_equals_ar_batched_and_alone(ar_outputs: list[list[int]], tree_bu
     batched, accept = generate(dec, PROMPTS, MAX_TOKENS)
     assert batched == ar_outputs
     assert max(accept) > 1  # drafts were accepted: the trees were really exercised
-    alone = [generate(dec, [p], MAX_TOKENS)[0][0] for p in PROMPTS]
-    assert alone == ar_outputs
+    step = 1 if tree_build == "reference" else 3  # every prompt alone once is enough
+    alone = [generate(dec, [p], MAX_TOKENS)[0][0] for p in PROMPTS[::step]]
+    assert alone == ar_outputs[::step]
 
 
 def test_ddtree_equals_ar_with_cpp_accept_and_small_budget(ar_outputs: list[list[int]]) -> None:
