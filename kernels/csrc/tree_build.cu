@@ -82,7 +82,18 @@ struct Smem {
   uint8_t* estate;  // 0 frontier, 1 popped
   int* ctl;  // [0] entries, [1] popped, [2] overflow, [3] fail
   uint64_t* red;  // [32] reduction scratch
+  int64_t* ids;  // v4: [H*K] token ids, staged by warps 1.. during the loop; else null
+  double* lpd;   // v4: [2 H*K + 1] float64: log-probs, 0.0, negated log-probs; else null
+  uint64_t* rinfo;  // v4: per frontier slot [32 * S]: candidate (pack())
+  uint64_t* rskey;  // v4: key of the candidate's next sibling (0: none)
+  uint64_t* rckey;  // v4: key of the candidate's first child (0: none)
+  uint64_t* ninfo;  // v4: [budget + 1] popped node n: its candidate (pack()), unpacked after
 };
+
+// v4 frontier slots: 32 lanes x S, S = ceil(budget / 32) (at least 1).
+__host__ __device__ inline size_t v4_slots(int budget) {
+  return size_t(budget > 32 ? (budget + 31) / 32 : 1) * 32;
+}
 
 __host__ __device__ inline size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
 
@@ -92,13 +103,17 @@ __host__ __device__ inline size_t par_bytes(int cap) {
                  : 0;
 }
 
-__host__ __device__ inline size_t smem_bytes(int H, int K, int budget, int cap) {
+__host__ __device__ inline size_t smem_bytes(int H, int K, int budget, int cap, bool v4) {
   const size_t n1 = budget + 1, W = (n1 + 31) / 32;
   return align16(size_t(H) * K * 4) + 6 * align16(n1 * 2) + align16(n1 * W * 4) + 16 +
-         par_bytes(cap);
+         par_bytes(cap) +
+         (v4 ? size_t(H) * K * 8 + align16((2 * size_t(H) * K + 1) * 8) +
+                   3 * v4_slots(budget) * 8 + align16((size_t(budget) + 1) * 8)
+             : 0);
 }
 
-__device__ inline Smem carve(char* base, int H, int K, int budget, int cap) {
+__device__ inline Smem carve(char* base, int H, int K, int budget, int cap, bool v4) {
+  char* const start = base;
   const size_t n1 = budget + 1;
   Smem s;
   s.lp = reinterpret_cast<float*>(base);
@@ -126,6 +141,17 @@ __device__ inline Smem carve(char* base, int H, int K, int budget, int cap) {
     s.ctl = reinterpret_cast<int*>(base);
     base += 16;
     s.red = reinterpret_cast<uint64_t*>(base);
+  }
+  s.ids = nullptr;
+  s.lpd = nullptr;
+  if (v4) {
+    s.ids = reinterpret_cast<int64_t*>(start + smem_bytes(H, K, budget, cap, false));
+    s.lpd = reinterpret_cast<double*>(s.ids + size_t(H) * K);
+    s.rinfo = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(s.lpd) +
+                                          align16((2 * size_t(H) * K + 1) * 8));
+    s.rskey = s.rinfo + v4_slots(budget);
+    s.rckey = s.rskey + v4_slots(budget);
+    s.ninfo = s.rckey + v4_slots(budget);
   }
   return s;
 }
@@ -228,6 +254,158 @@ __device__ void pop_loop(const Smem& sm, int H, int K, int budget) {
   if (lane == 0) *sm.count = n;
 }
 
+
+// ddtree::double_key with the -0.0 fold done on the integer (no float64 add in the chain).
+__device__ __forceinline__ uint64_t key_of(double x) {
+  uint64_t u = static_cast<uint64_t>(__double_as_longlong(x));
+  u = (u << 1) == 0 ? 0ull : u;
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+// v4 best-first loop of warp 0 (DDTREE_TREE_ALGO=v1 selects the loop above). Same pop order,
+// a shorter chain per pop and fewer instructions (one warp issues them all):
+//  * registers hold only the frontier keys, S slots per lane (slot id = lane + 32 t); the rest
+//    of a candidate lives in shared memory by slot id: its (parent, rank, depth, pred) and the
+//    keys of its own next sibling and first child, so a pop only moves keys;
+//  * the vote is one redux.sync on the key's high word (the low word and the rank-path
+//    comparison run only when lanes tie: uniform branches); the winner's slot index comes from
+//    ballots taken beside the redux, not from a shuffle;
+//  * the float64 scores one level further (the new candidates' own sibling and child keys) are
+//    computed by lanes 0-3 in parallel, loads issued in this pop and the arithmetic and stores
+//    in the next one, after its redux, so they stay off the chain.
+// path_less over the v4 node records (parent and rank packed in ninfo).
+__device__ __noinline__ bool path_less_v4(uint64_t a, uint64_t b, const uint64_t* ninfo) {
+  int pa = info_p(a), ra = info_r(a), da = info_d(a);
+  int pb = info_p(b), rb = info_r(b), db = info_d(b);
+  if (da > db) {
+    while (da > db) { const uint64_t x = ninfo[pa]; ra = info_r(x); pa = info_p(x); --da; }
+    if (pa == pb && ra == rb) return false;  // b is a prefix of a
+  } else if (db > da) {
+    while (db > da) { const uint64_t x = ninfo[pb]; rb = info_r(x); pb = info_p(x); --db; }
+    if (pa == pb && ra == rb) return true;  // a is a prefix of b
+  } else if (pa == pb && ra == rb) {
+    return false;
+  }
+  while (pa != pb) {
+    const uint64_t x = ninfo[pa], y = ninfo[pb];
+    ra = info_r(x); pa = info_p(x);
+    rb = info_r(y); pb = info_p(y);
+  }
+  return ra < rb;
+}
+
+template <int S>
+__device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
+  const int lane = threadIdx.x & 31;
+  const double* lp = sm.lpd;
+  const int HK = H * K;
+  uint64_t* const rinfo = sm.rinfo;
+  uint64_t* const ninfo = sm.ninfo;
+  uint64_t key[S];
+#pragma unroll
+  for (int t = 0; t < S; ++t) key[t] = 0;
+  if (lane == 0) {
+    const double s0 = lp[0];
+    key[0] = key_of(s0);
+    rinfo[0] = pack(0, 0, 1, 0);
+    sm.rskey[0] = K > 1 ? key_of(s0 - lp[0] + lp[1]) : 0ull;
+    sm.rckey[0] = H > 1 ? key_of(s0 + lp[K]) : 0ull;
+  }
+  __syncwarp();
+  // Pending float64 work of lanes 0-3 for the previous pop: key (pb + px) + py, stored to
+  // slot pt of rskey (lanes 0, 2) or rckey (lanes 1, 3); pv false: store 0 (none).
+  double pb = 0.0, px = 0.0, py = 0.0;
+  int pt = -1;
+  bool pv = false;
+  uint64_t* const pdst = (lane & 1) ? sm.rckey : sm.rskey;
+  // Lane l < 4 works on row d - 1 + lrow (d: the popped node's depth); x is negated for lanes
+  // 0 and 2 (table entry HK + 1 + i holds -lp[i]); y is table entry HK (0.0) for lanes 1, 3.
+  // Its key exists when lv < lim: lane 0 r + 2 < K, 1 d < H, 2 1 < K, 3 d + 1 < H.
+  const int lrow = (lane + 1) / 2 - 1;
+  const int lneg = (lane & 1) == 0 ? HK + 1 : 0;
+  const bool lodd = (lane & 1) != 0, sib_side = lane < 2, l0 = lane == 0;
+  const int llim = (lane == 0 || lane == 2) ? K : H;
+  int n = 0, F = 1;
+  while (n < budget) {
+    // Lane-local best slot (equal keys: rank path, rare).
+    uint64_t bk = key[0];
+    int bt = 0;
+#pragma unroll
+    for (int t = 1; t < S; ++t) {
+      bool take = key[t] > bk;
+      if (key[t] == bk && bk != 0)
+        take = path_less_v4(rinfo[lane + 32 * t], rinfo[lane + 32 * bt], ninfo);
+      if (take) { bk = key[t]; bt = t; }
+    }
+    uint32_t btb[4] = {0u, 0u, 0u, 0u};  // bit k of every lane's best slot index
+#pragma unroll
+    for (int k = 0; (1 << k) < S; ++k) btb[k] = __ballot_sync(kFull, (bt >> k) & 1);
+    const uint32_t hi = static_cast<uint32_t>(bk >> 32);
+    const uint32_t mh = __reduce_max_sync(kFull, hi);
+    {  // The previous pop's pending keys (their loads were issued a pop ago).
+      const uint64_t k = key_of((pb + px) + py);
+      if (pt >= 0) pdst[pt] = pv ? k : 0ull;
+    }
+    if (mh == 0) break;  // frontier empty
+    uint32_t tied = __ballot_sync(kFull, hi == mh);
+    if (tied & (tied - 1)) {
+      const uint32_t lo = static_cast<uint32_t>(bk);
+      const uint32_t ml = __reduce_max_sync(kFull, hi == mh ? lo : 0u);
+      tied = __ballot_sync(kFull, hi == mh && lo == ml);
+    }
+    int w = __ffs(tied) - 1;
+    if (tied & (tied - 1)) {  // equal keys in several lanes: rank path
+      __syncwarp();
+      const uint64_t mine_i = rinfo[lane + 32 * bt];
+      uint64_t wi0 = __shfl_sync(kFull, mine_i, w);
+      uint32_t rest = tied & (tied - 1);
+      while (rest) {
+        const int l = __ffs(rest) - 1;
+        rest &= rest - 1;
+        const uint64_t li = __shfl_sync(kFull, mine_i, l);
+        if (path_less_v4(li, wi0, ninfo)) { w = l; wi0 = li; }
+      }
+    }
+    int wt = 0;
+#pragma unroll
+    for (int k = 0; (1 << k) < S; ++k) wt |= ((btb[k] >> w) & 1) << k;
+    const int wid = w + 32 * wt;
+    // The winner's record (uniform loads).
+    const uint64_t wi = rinfo[wid], wsk = sm.rskey[wid], wck = sm.rckey[wid];
+    ++n;
+    if (l0) ninfo[n] = wi;
+    if (n == budget) break;
+    const int r = info_r(wi), d = info_d(wi);
+    const bool has_sib = r + 1 < K, has_chd = d < H, both = has_sib && has_chd;
+    const int csl = has_sib ? F : wid;  // the child's slot
+    const int cl = csl & 31, ct = csl >> 5;
+    if (both) ++F;
+    // Keys: the sibling replaces the winner, the child goes to csl (appended if both).
+    const uint64_t wnew = has_sib ? wsk : wck;  // wck is 0 when there is no child
+#pragma unroll
+    for (int t = 0; t < S; ++t) {
+      if (lane == w && t == wt) key[t] = wnew;
+      if (has_chd && lane == cl && t == ct) key[t] = wck;
+    }
+    // Records of the new candidates: lane 0 the sibling, lane 1 the child.
+    const uint64_t pn = static_cast<uint64_t>(n & 0xffff) << 33;
+    const uint64_t sib_i = ((wi & ~(0xffffull << 33)) + (1ull << 16)) | pn;
+    const uint64_t chd_i = static_cast<uint64_t>(n) | (static_cast<uint64_t>(d + 1) << 27) | pn;
+    if (l0 && has_sib) rinfo[wid] = sib_i;
+    if (lane == 1 && has_chd) rinfo[csl] = chd_i;
+    // Lanes 0, 1: the sibling's own sibling / child; lanes 2, 3: the child's. No loaded value
+    // is used before the next pop.
+    const int base = (d + lrow) * K + (l0 ? r + 1 : 0);
+    const int ix = min(base, HK - 1);
+    px = lp[lneg + ix];
+    py = lp[lodd ? HK : min(base + 1, HK - 1)];
+    pb = ddtree::key_double(sib_side ? wsk : wck);
+    pv = (l0 ? r + 2 : lane == 2 ? 1 : d + (lane >> 1)) < llim;
+    pt = lane < 4 && (sib_side ? has_sib : has_chd) ? (sib_side ? wid : csl) : -1;
+    __syncwarp();
+  }
+  if (lane == 0) *sm.count = n;
+}
 
 __device__ __forceinline__ uint64_t entry_info(const Smem& sm, int e) {
   return pack(sm.epar[e], sm.erank[e], sm.edepth[e], 0);
@@ -373,7 +551,7 @@ __device__ bool parallel_select(const Smem& sm, int H, int K, int budget) {
   return true;
 }
 
-template <int S>
+template <int S, bool V4>
 __global__ void __launch_bounds__(kThreads) build_trees_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
@@ -382,44 +560,95 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
     int64_t* __restrict__ num_nodes, int cap) {
   extern __shared__ __align__(16) char smem_raw[];
   const int b = blockIdx.x, tid = threadIdx.x;
-  const Smem sm = carve(smem_raw, H, K, budget, cap);
+  const Smem sm = carve(smem_raw, H, K, budget, cap, V4);
   const int HK = H * K, n1 = budget + 1, W = (n1 + 31) / 32;
-  const float* lp_g = top_lp + static_cast<int64_t>(b) * HK;
-  for (int i = tid; i < HK; i += kThreads) sm.lp[i] = lp_g[i];
+  const int64_t ob = static_cast<int64_t>(b);
+  const float* lp_g = top_lp + ob * HK;
+  const int64_t* ids_g = top_ids + ob * HK;
+  if constexpr (V4) {
+    for (int i = tid; i < HK; i += kThreads) {
+      const double v = static_cast<double>(lp_g[i]);
+      sm.lpd[i] = v;
+      sm.lpd[HK + 1 + i] = -v;
+    }
+    if (tid == 0) sm.lpd[HK] = 0.0;
+  } else {
+    for (int i = tid; i < HK; i += kThreads) sm.lp[i] = lp_g[i];
+  }
   if (tid == 0) *sm.count = 0;
   __syncthreads();
   const bool work = budget > 0 && H > 0 && K > 0;
   bool done = false;
-  if (work && cap > 0) done = parallel_select(sm, H, K, budget);
-  __syncthreads();
-  if (work && !done && tid < 32) pop_loop<S>(sm, H, K, budget);
+  if constexpr (!V4) {
+    if (work && cap > 0) done = parallel_select(sm, H, K, budget);
+    __syncthreads();
+  }
+  if (work && !done && tid < 32) {
+    if constexpr (V4) pop_loop_v4<S>(sm, H, K, budget);
+    else pop_loop<S>(sm, H, K, budget);
+  }
+  if constexpr (V4) {
+    // The other warps stage the token ids while warp 0 pops.
+    if (tid >= 32)
+      for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
+  }
   if (tid == 0) { sm.parent[0] = -1; sm.depth[0] = 0; }
   __syncthreads();
   const int n = *sm.count;
+  if constexpr (V4) {
+    for (int i = 1 + tid; i <= n; i += kThreads) {
+      const uint64_t x = sm.ninfo[i];
+      sm.parent[i] = static_cast<int16_t>(info_p(x));
+      sm.rank[i] = static_cast<int16_t>(info_r(x));
+      sm.depth[i] = static_cast<int16_t>(info_d(x));
+      sm.pred[i] = static_cast<int16_t>(info_pred(x));
+    }
+    __syncthreads();
+  }
   for (int i = tid; i < n1; i += kThreads) { sm.fc[i] = -1; sm.ns[i] = -1; }
   __syncthreads();
   for (int i = 1 + tid; i <= n; i += kThreads) {
     if (sm.rank[i] == 0) sm.fc[sm.parent[i]] = static_cast<int16_t>(i);
     else sm.ns[sm.pred[i]] = static_cast<int16_t>(i);
   }
-  for (int i = tid; i <= n; i += kThreads) {
-    uint32_t* rowbits = sm.bits + i * W;
-    for (int w = 0; w < W; ++w) rowbits[w] = 0u;
-    int x = i;
-    while (true) {
-      rowbits[x >> 5] |= 1u << (x & 31);
-      if (x == 0) break;
-      x = sm.parent[x];
+  if constexpr (V4) {
+    // Ancestor bits of row i built in registers (at most S + 1 words), then stored.
+    constexpr int MW = S + 1;
+    for (int i = tid; i <= n; i += kThreads) {
+      uint32_t rb[MW];
+#pragma unroll
+      for (int w = 0; w < MW; ++w) rb[w] = 0u;
+      int x = i;
+      while (true) {
+#pragma unroll
+        for (int w = 0; w < MW; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
+        if (x == 0) break;
+        x = sm.parent[x];
+      }
+      uint32_t* rowbits = sm.bits + i * W;
+#pragma unroll
+      for (int w = 0; w < MW; ++w)
+        if (w < W) rowbits[w] = rb[w];
+    }
+  } else {
+    for (int i = tid; i <= n; i += kThreads) {
+      uint32_t* rowbits = sm.bits + i * W;
+      for (int w = 0; w < W; ++w) rowbits[w] = 0u;
+      int x = i;
+      while (true) {
+        rowbits[x >> 5] |= 1u << (x & 31);
+        if (x == 0) break;
+        x = sm.parent[x];
+      }
     }
   }
   __syncthreads();
-  const int64_t ob = static_cast<int64_t>(b);
-  const int64_t* ids_g = top_ids + ob * HK;
   for (int i = tid; i < budget; i += kThreads) {
     int64_t tok = -1, dep = -1;
     if (i < n) {
       const int d = sm.depth[i + 1];
-      tok = ids_g[(d - 1) * K + sm.rank[i + 1]];
+      const int j = (d - 1) * K + sm.rank[i + 1];
+      tok = V4 ? sm.ids[j] : ids_g[j];
       dep = d;
     }
     token_ids[ob * budget + i] = tok;
@@ -445,27 +674,50 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
   }
 }
 
-template <int S>
-cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
-                   int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
-                   int64_t* ns, int64_t* nn, cudaStream_t stream) {
+// Tree-build loop: "v4" (pop_loop_v4) or "v1" (pop_loop); DDTREE_TREE_ALGO overrides.
+bool use_v4() {
+  const char* env = getenv("DDTREE_TREE_ALGO");
+  if (env != nullptr && env[0] != '\0') return env[0] == 'v' && env[1] == '4' && env[2] == '\0';
+  return false;  // default: v1 until v4 is verified on a GPU
+}
+
+template <int S, bool V4>
+cudaError_t launch_as(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
+                      int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
+                      int64_t* ns, int64_t* nn, cudaStream_t stream) {
   // The parallel path needs its candidate buffer (int16 entry indices) to fit.
   int cap = kParCapMul * budget + 64;
-  if (cap > 32767 || smem_bytes(H, K, budget, cap) > 200 * 1024) cap = 0;
+  if (cap > 32767 || smem_bytes(H, K, budget, cap, false) > 200 * 1024) cap = 0;
   // The serial loop measured faster on an H200 (32 us vs 52-79 us at budget 64: the parallel
   // path pays ~100 block barriers), so the parallel path is opt-in: DDTREE_TREE_PARALLEL=1.
   const char* env = getenv("DDTREE_TREE_PARALLEL");
   if (env == nullptr || env[0] != '1') cap = 0;
-  const size_t smem = smem_bytes(H, K, budget, cap);
+  // v4 stages the token ids in shared memory when they fit (at most 32 KB).
+  if (V4) cap = 0;
+  const size_t smem = smem_bytes(H, K, budget, cap, V4);
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(build_trees_kernel<S>,
+    cudaError_t e = cudaFuncSetAttribute(build_trees_kernel<S, V4>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  build_trees_kernel<S><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep, par, vis,
-                                                      fc, ns, nn, cap);
+  build_trees_kernel<S, V4><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep, par,
+                                                          vis, fc, ns, nn, cap);
   return cudaGetLastError();
+}
+
+template <int S>
+cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
+                   int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
+                   int64_t* ns, int64_t* nn, cudaStream_t stream) {
+  // The opt-in parallel selection lives in the v1 kernel (its fallback is the v1 loop).
+  const char* par_env = getenv("DDTREE_TREE_PARALLEL");
+  const bool parallel = par_env != nullptr && par_env[0] == '1';
+  // v4 keeps the token ids and float64 log-probs in shared memory: 16 bytes per (H, K) entry.
+  const bool fits = smem_bytes(H, K, budget, 0, true) <= 160 * 1024;
+  if (use_v4() && !parallel && fits)
+    return launch_as<S, true>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, stream);
+  return launch_as<S, false>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, stream);
 }
 
 }  // namespace
