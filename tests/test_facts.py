@@ -13,10 +13,10 @@ import pytest
 from conftest import REPO
 from sshd import Sshd
 
-from ops.facts import gather_facts
 from checks.nvsmi import parse_apps, parse_gpus
+from ops.facts import gather_facts
 from ops.inventory import Target
-from ops.remote import LocalHost
+from ops.local import LocalHost
 
 FIXTURE = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200x2-gpu1-busy"
 

@@ -31,7 +31,8 @@ from ops.errors import (
     Unreachable,
 )
 from ops.inventory import Target, load_inventory
-from ops.remote import Host, LocalHost, open_host
+from ops.local import LocalHost
+from ops.remote import Host, open_host
 
 NASTY = "a b 'c' \"d\" $(touch /tmp/ops-pwned) `id` ; rm -rf / \\ \n ünï"
 
