@@ -1,7 +1,11 @@
 // tree_build.cu: batched best-first DDTree build on the GPU, tie-exact with
 // liranringel/ddtree build_ddtree_tree (see kernels/reference.py for the contract).
 //
-// One block per request, two ways to the same pop order:
+// One block per request; three ways to the same pop order:
+//  * v4 (kernel build_trees_v4_kernel, loop pop_loop_v4; DDTREE_TREE_ALGO=v4): warp 0 pops
+//    with only the frontier keys in registers and the candidate records in shared memory; one
+//    redux.sync per pop in the common case (see pop_loop_v4). The other warps stage the token
+//    ids meanwhile; the epilogue reads the packed node records.
 //  * parallel (opt-in, DDTREE_TREE_PARALLEL=1; slower on an H200, kept as tested groundwork):
 //    Delta-stepping over the candidate tree. Each round picks a score
 //    threshold theta from the frontier (bisection on counts) and pops, in parallel sub-steps,
@@ -11,10 +15,10 @@
 //    node ranks after the last selected one. By induction over the pops, that is exactly the
 //    best-first order, whatever the float64 rounding did. If the check fails (non-monotone
 //    1-ulp sums) or the candidate buffer overflows (masses of exact ties), fall back to:
-//  * serial (the default): warp 0 runs the best-first loop: the frontier (at most `budget` candidates) in
-//    registers, S slots per lane; each pop is a warp-wide argmax of the ordered float64 score
-//    key (two redux.sync on its halves), the rank-path tie-break (a proper prefix first)
-//    resolved by walking the popped nodes' parents in shared memory.
+//  * v1 serial (DDTREE_TREE_ALGO=v1): warp 0 runs the best-first loop: the frontier (at most
+//    `budget` candidates) in registers, S slots per lane; each pop is a warp-wide argmax of
+//    the ordered float64 score key (two redux.sync on its halves), the rank-path tie-break (a
+//    proper prefix first) resolved by walking the popped nodes' parents in shared memory.
 // Then the whole block writes every output (token ids, depths, parents, child links, ancestor
 // visibility) with padding.
 #include <cstdlib>
@@ -36,7 +40,9 @@ __device__ __forceinline__ uint64_t pack(int p, int r, int d, int pred) {
 __device__ __forceinline__ int info_p(uint64_t i) { return static_cast<int>(i & 0xffff); }
 __device__ __forceinline__ int info_r(uint64_t i) { return static_cast<int>((i >> 16) & 2047); }
 __device__ __forceinline__ int info_d(uint64_t i) { return static_cast<int>((i >> 27) & 63); }
-__device__ __forceinline__ int info_pred(uint64_t i) { return static_cast<int>((i >> 33) & 0xffff); }
+__device__ __forceinline__ int info_pred(uint64_t i) {
+  return static_cast<int>((i >> 33) & 0xffff);
+}
 
 // Rank path of candidate a < rank path of candidate b (Python tuple order: a proper prefix
 // first). Candidates are (parent node, rank, depth); lifting walks the popped nodes.
@@ -262,17 +268,6 @@ __device__ __forceinline__ uint64_t key_of(double x) {
   return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
 }
 
-// v4 best-first loop of warp 0 (DDTREE_TREE_ALGO=v1 selects the loop above). Same pop order,
-// a shorter chain per pop and fewer instructions (one warp issues them all):
-//  * registers hold only the frontier keys, S slots per lane (slot id = lane + 32 t); the rest
-//    of a candidate lives in shared memory by slot id: its (parent, rank, depth, pred) and the
-//    keys of its own next sibling and first child, so a pop only moves keys;
-//  * the vote is one redux.sync on the key's high word (the low word and the rank-path
-//    comparison run only when lanes tie: uniform branches); the winner's slot index comes from
-//    ballots taken beside the redux, not from a shuffle;
-//  * the float64 scores one level further (the new candidates' own sibling and child keys) are
-//    computed by lanes 0-3 in parallel, loads issued in this pop and the arithmetic and stores
-//    in the next one, after its redux, so they stay off the chain.
 // path_less over the v4 node records (parent and rank packed in ninfo).
 __device__ __noinline__ bool path_less_v4(uint64_t a, uint64_t b, const uint64_t* ninfo) {
   int pa = info_p(a), ra = info_r(a), da = info_d(a);
@@ -294,6 +289,35 @@ __device__ __noinline__ bool path_less_v4(uint64_t a, uint64_t b, const uint64_t
   return ra < rb;
 }
 
+__device__ __forceinline__ uint64_t lds_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.shared.u64 %0, [%1];"
+               : "=l"(v)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p)))
+               : "memory");
+  return v;
+}
+
+// Slot index (0..S-1) of lane w's best slot, from the ballots of its bits.
+template <int S>
+__device__ __forceinline__ int slot_of(const uint32_t (&btb)[4], int w) {
+  int wt = 0;
+#pragma unroll
+  for (int k = 0; (1 << k) < S; ++k) wt |= static_cast<int>((btb[k] >> w) & 1u) << k;
+  return wt;
+}
+
+// v4 best-first loop of warp 0 (DDTREE_TREE_ALGO=v1 selects the loop above). Same pop order,
+// a shorter chain per pop and fewer instructions (one warp issues them all):
+//  * registers hold only the frontier keys, S slots per lane (slot id = lane + 32 t); the rest
+//    of a candidate lives in shared memory by slot id: its (parent, rank, depth, pred) and the
+//    keys of its own next sibling and first child, so a pop only moves keys;
+//  * the vote is one redux.sync on the key's high word (the low word and the rank-path
+//    comparison run only when lanes tie: uniform branches); the winner's slot index comes from
+//    ballots taken beside the redux, not from a shuffle;
+//  * the float64 scores one level further (the new candidates' own sibling and child keys) are
+//    computed by lanes 0-3 in parallel, loads issued in this pop and the arithmetic and stores
+//    in the next one, after its redux, so they stay off the chain.
 template <int S>
 __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
   const int lane = threadIdx.x & 31;
@@ -314,14 +338,17 @@ __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
   __syncwarp();
   // Pending float64 work of lanes 0-3 for the previous pop: key (pb + px) + py, stored to
   // slot pt of rskey (lanes 0, 2) or rckey (lanes 1, 3); pv false: store 0 (none).
-  double pb = 0.0, px = 0.0, py = 0.0;
+  uint64_t pb = 0;
+  double px = 0.0, py = 0.0;
   int pt = -1;
   bool pv = false;
   uint64_t* const pdst = (lane & 1) ? sm.rckey : sm.rskey;
   // Lane l < 4 works on row d - 1 + lrow (d: the popped node's depth); x is negated for lanes
   // 0 and 2 (table entry HK + 1 + i holds -lp[i]); y is table entry HK (0.0) for lanes 1, 3.
-  // Its key exists when lv < lim: lane 0 r + 2 < K, 1 d < H, 2 1 < K, 3 d + 1 < H.
+  // Its key exists when d * lcd + (lane 0: r) + lcc < llim: lane 0 r + 2 < K, lane 1
+  // d < H, lane 2 1 < K, lane 3 d + 1 < H.
   const int lrow = (lane + 1) / 2 - 1;
+  const int lcd = lane & 1, lcc = lane == 0 ? 2 : lane >> 1;
   const int lneg = (lane & 1) == 0 ? HK + 1 : 0;
   const bool lodd = (lane & 1) != 0, sib_side = lane < 2, l0 = lane == 0;
   const int llim = (lane == 0 || lane == 2) ? K : H;
@@ -340,38 +367,48 @@ __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
     uint32_t btb[4] = {0u, 0u, 0u, 0u};  // bit k of every lane's best slot index
 #pragma unroll
     for (int k = 0; (1 << k) < S; ++k) btb[k] = __ballot_sync(kFull, (bt >> k) & 1);
+    // Vote: one redux.sync on the high word with its low 5 bits replaced by 31 - lane, so the
+    // maximum names its lane. If another lane shares the winner's upper 27 bits (a ballot,
+    // off the chain), redo it exactly: full 64-bit key, then the rank path.
     const uint32_t hi = static_cast<uint32_t>(bk >> 32);
-    const uint32_t mh = __reduce_max_sync(kFull, hi);
+    const uint32_t hk = bk != 0 ? (hi & ~31u) | static_cast<uint32_t>(31 - lane) : 0u;
+    const uint32_t mh = __reduce_max_sync(kFull, hk);
     {  // The previous pop's pending keys (their loads were issued a pop ago).
-      const uint64_t k = key_of((pb + px) + py);
+      const uint64_t k = key_of((ddtree::key_double(pb) + px) + py);
       if (pt >= 0) pdst[pt] = pv ? k : 0ull;
     }
+    __syncwarp();        // ... visible to the record loads below
     if (mh == 0) break;  // frontier empty
-    uint32_t tied = __ballot_sync(kFull, hi == mh);
-    if (tied & (tied - 1)) {
+    int w = 31 - static_cast<int>(mh & 31u);
+    const uint32_t amb = __ballot_sync(kFull, hk != 0 && (hk >> 5) == (mh >> 5));
+    int wid = w + 32 * slot_of<S>(btb, w);
+    // The winner's record, loaded before the ambiguity branch (asm volatile with a memory
+    // clobber: not sunk below the branch, not hoisted above the pending stores).
+    uint64_t wi = lds_u64(rinfo + wid), wsk = lds_u64(sm.rskey + wid);
+    uint64_t wck = lds_u64(sm.rckey + wid);
+    if (amb & (amb - 1)) {  // rare: exact vote
+      const uint32_t hmax = __reduce_max_sync(kFull, hi);
+      uint32_t tied = __ballot_sync(kFull, bk != 0 && hi == hmax);
       const uint32_t lo = static_cast<uint32_t>(bk);
-      const uint32_t ml = __reduce_max_sync(kFull, hi == mh ? lo : 0u);
-      tied = __ballot_sync(kFull, hi == mh && lo == ml);
-    }
-    int w = __ffs(tied) - 1;
-    if (tied & (tied - 1)) {  // equal keys in several lanes: rank path
-      __syncwarp();
-      const uint64_t mine_i = rinfo[lane + 32 * bt];
-      uint64_t wi0 = __shfl_sync(kFull, mine_i, w);
-      uint32_t rest = tied & (tied - 1);
-      while (rest) {
-        const int l = __ffs(rest) - 1;
-        rest &= rest - 1;
-        const uint64_t li = __shfl_sync(kFull, mine_i, l);
-        if (path_less_v4(li, wi0, ninfo)) { w = l; wi0 = li; }
+      const uint32_t ml = __reduce_max_sync(kFull, (tied >> lane) & 1 ? lo : 0u);
+      tied = __ballot_sync(kFull, ((tied >> lane) & 1) && lo == ml);
+      w = __ffs(tied) - 1;
+      if (tied & (tied - 1)) {  // equal keys in several lanes: rank path
+        __syncwarp();
+        const uint64_t mine_i = rinfo[lane + 32 * bt];
+        uint64_t wi0 = __shfl_sync(kFull, mine_i, w);
+        uint32_t rest = tied & (tied - 1);
+        while (rest) {
+          const int l = __ffs(rest) - 1;
+          rest &= rest - 1;
+          const uint64_t li = __shfl_sync(kFull, mine_i, l);
+          if (path_less_v4(li, wi0, ninfo)) { w = l; wi0 = li; }
+        }
       }
+      wid = w + 32 * slot_of<S>(btb, w);
+      wi = rinfo[wid]; wsk = sm.rskey[wid]; wck = sm.rckey[wid];
     }
-    int wt = 0;
-#pragma unroll
-    for (int k = 0; (1 << k) < S; ++k) wt |= ((btb[k] >> w) & 1) << k;
-    const int wid = w + 32 * wt;
-    // The winner's record (uniform loads).
-    const uint64_t wi = rinfo[wid], wsk = sm.rskey[wid], wck = sm.rckey[wid];
+    const int wt = wid >> 5;
     ++n;
     if (l0) ninfo[n] = wi;
     if (n == budget) break;
@@ -396,12 +433,12 @@ __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
     // Lanes 0, 1: the sibling's own sibling / child; lanes 2, 3: the child's. No loaded value
     // is used before the next pop.
     const int base = (d + lrow) * K + (l0 ? r + 1 : 0);
-    const int ix = min(base, HK - 1);
-    px = lp[lneg + ix];
+    px = lp[lneg + min(base, HK - 1)];
     py = lp[lodd ? HK : min(base + 1, HK - 1)];
-    pb = ddtree::key_double(sib_side ? wsk : wck);
-    pv = (l0 ? r + 2 : lane == 2 ? 1 : d + (lane >> 1)) < llim;
-    pt = lane < 4 && (sib_side ? has_sib : has_chd) ? (sib_side ? wid : csl) : -1;
+    pb = sib_side ? wsk : wck;
+    pv = d * lcd + (l0 ? r : 0) + lcc < llim;
+    pt = (sib_side ? has_sib : has_chd) ? (sib_side ? wid : csl) : -1;
+    if (lane >= 4) pt = -1;
     __syncwarp();
   }
   if (lane == 0) *sm.count = n;
@@ -551,7 +588,7 @@ __device__ bool parallel_select(const Smem& sm, int H, int K, int budget) {
   return true;
 }
 
-template <int S, bool V4>
+template <int S>
 __global__ void __launch_bounds__(kThreads) build_trees_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
@@ -560,95 +597,44 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
     int64_t* __restrict__ num_nodes, int cap) {
   extern __shared__ __align__(16) char smem_raw[];
   const int b = blockIdx.x, tid = threadIdx.x;
-  const Smem sm = carve(smem_raw, H, K, budget, cap, V4);
+  const Smem sm = carve(smem_raw, H, K, budget, cap, false);
   const int HK = H * K, n1 = budget + 1, W = (n1 + 31) / 32;
-  const int64_t ob = static_cast<int64_t>(b);
-  const float* lp_g = top_lp + ob * HK;
-  const int64_t* ids_g = top_ids + ob * HK;
-  if constexpr (V4) {
-    for (int i = tid; i < HK; i += kThreads) {
-      const double v = static_cast<double>(lp_g[i]);
-      sm.lpd[i] = v;
-      sm.lpd[HK + 1 + i] = -v;
-    }
-    if (tid == 0) sm.lpd[HK] = 0.0;
-  } else {
-    for (int i = tid; i < HK; i += kThreads) sm.lp[i] = lp_g[i];
-  }
+  const float* lp_g = top_lp + static_cast<int64_t>(b) * HK;
+  for (int i = tid; i < HK; i += kThreads) sm.lp[i] = lp_g[i];
   if (tid == 0) *sm.count = 0;
   __syncthreads();
   const bool work = budget > 0 && H > 0 && K > 0;
   bool done = false;
-  if constexpr (!V4) {
-    if (work && cap > 0) done = parallel_select(sm, H, K, budget);
-    __syncthreads();
-  }
-  if (work && !done && tid < 32) {
-    if constexpr (V4) pop_loop_v4<S>(sm, H, K, budget);
-    else pop_loop<S>(sm, H, K, budget);
-  }
-  if constexpr (V4) {
-    // The other warps stage the token ids while warp 0 pops.
-    if (tid >= 32)
-      for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
-  }
+  if (work && cap > 0) done = parallel_select(sm, H, K, budget);
+  __syncthreads();
+  if (work && !done && tid < 32) pop_loop<S>(sm, H, K, budget);
   if (tid == 0) { sm.parent[0] = -1; sm.depth[0] = 0; }
   __syncthreads();
   const int n = *sm.count;
-  if constexpr (V4) {
-    for (int i = 1 + tid; i <= n; i += kThreads) {
-      const uint64_t x = sm.ninfo[i];
-      sm.parent[i] = static_cast<int16_t>(info_p(x));
-      sm.rank[i] = static_cast<int16_t>(info_r(x));
-      sm.depth[i] = static_cast<int16_t>(info_d(x));
-      sm.pred[i] = static_cast<int16_t>(info_pred(x));
-    }
-    __syncthreads();
-  }
   for (int i = tid; i < n1; i += kThreads) { sm.fc[i] = -1; sm.ns[i] = -1; }
   __syncthreads();
   for (int i = 1 + tid; i <= n; i += kThreads) {
     if (sm.rank[i] == 0) sm.fc[sm.parent[i]] = static_cast<int16_t>(i);
     else sm.ns[sm.pred[i]] = static_cast<int16_t>(i);
   }
-  if constexpr (V4) {
-    // Ancestor bits of row i built in registers (at most S + 1 words), then stored.
-    constexpr int MW = S + 1;
-    for (int i = tid; i <= n; i += kThreads) {
-      uint32_t rb[MW];
-#pragma unroll
-      for (int w = 0; w < MW; ++w) rb[w] = 0u;
-      int x = i;
-      while (true) {
-#pragma unroll
-        for (int w = 0; w < MW; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
-        if (x == 0) break;
-        x = sm.parent[x];
-      }
-      uint32_t* rowbits = sm.bits + i * W;
-#pragma unroll
-      for (int w = 0; w < MW; ++w)
-        if (w < W) rowbits[w] = rb[w];
-    }
-  } else {
-    for (int i = tid; i <= n; i += kThreads) {
-      uint32_t* rowbits = sm.bits + i * W;
-      for (int w = 0; w < W; ++w) rowbits[w] = 0u;
-      int x = i;
-      while (true) {
-        rowbits[x >> 5] |= 1u << (x & 31);
-        if (x == 0) break;
-        x = sm.parent[x];
-      }
+  for (int i = tid; i <= n; i += kThreads) {
+    uint32_t* rowbits = sm.bits + i * W;
+    for (int w = 0; w < W; ++w) rowbits[w] = 0u;
+    int x = i;
+    while (true) {
+      rowbits[x >> 5] |= 1u << (x & 31);
+      if (x == 0) break;
+      x = sm.parent[x];
     }
   }
   __syncthreads();
+  const int64_t ob = static_cast<int64_t>(b);
+  const int64_t* ids_g = top_ids + ob * HK;
   for (int i = tid; i < budget; i += kThreads) {
     int64_t tok = -1, dep = -1;
     if (i < n) {
       const int d = sm.depth[i + 1];
-      const int j = (d - 1) * K + sm.rank[i + 1];
-      tok = V4 ? sm.ids[j] : ids_g[j];
+      tok = ids_g[(d - 1) * K + sm.rank[i + 1]];
       dep = d;
     }
     token_ids[ob * budget + i] = tok;
@@ -674,6 +660,93 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
   }
 }
 
+// The v4 kernel: same outputs, pop_loop_v4, and an epilogue that reads the packed node
+// records directly (links, ancestor bits in registers, token ids staged in shared memory by
+// the idle warps during the loop).
+template <int S>
+__global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
+    const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
+    int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
+    int64_t* __restrict__ parents, uint8_t* __restrict__ visibility,
+    int64_t* __restrict__ first_child, int64_t* __restrict__ next_sibling,
+    int64_t* __restrict__ num_nodes) {
+  extern __shared__ __align__(16) char smem_raw[];
+  const int b = blockIdx.x, tid = threadIdx.x;
+  const Smem sm = carve(smem_raw, H, K, budget, 0, true);
+  const int HK = H * K, n1 = budget + 1, W = (n1 + 31) / 32;
+  const int64_t ob = static_cast<int64_t>(b);
+  const float* lp_g = top_lp + ob * HK;
+  const int64_t* ids_g = top_ids + ob * HK;
+  for (int i = tid; i < HK; i += kThreads) {
+    const double v = static_cast<double>(lp_g[i]);
+    sm.lpd[i] = v;
+    sm.lpd[HK + 1 + i] = -v;
+  }
+  if (tid == 0) { sm.lpd[HK] = 0.0; *sm.count = 0; }
+  __syncthreads();
+  if (tid < 32) {
+    if (budget > 0 && H > 0 && K > 0) pop_loop_v4<S>(sm, H, K, budget);
+  } else {  // the other warps meanwhile: token ids to shared memory, links to -1
+    for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
+    for (int i = tid - 32; i < n1; i += kThreads - 32) { sm.fc[i] = -1; sm.ns[i] = -1; }
+  }
+  __syncthreads();
+  const int n = *sm.count;
+  // Links (children in pop order: rank 0 is the first child, else the previous sibling's
+  // next) and ancestor bits of row i (at most S + 1 words, in registers).
+  for (int i = 1 + tid; i <= n; i += kThreads) {
+    const uint64_t x = sm.ninfo[i];
+    if (info_r(x) == 0) sm.fc[info_p(x)] = static_cast<int16_t>(i);
+    else sm.ns[info_pred(x)] = static_cast<int16_t>(i);
+  }
+  constexpr int MW = S + 1;
+  for (int i = tid; i <= n; i += kThreads) {
+    uint32_t rb[MW];
+#pragma unroll
+    for (int w = 0; w < MW; ++w) rb[w] = 0u;
+    int x = i;
+    while (true) {
+#pragma unroll
+      for (int w = 0; w < MW; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
+      if (x == 0) break;
+      x = info_p(sm.ninfo[x]);
+    }
+    uint32_t* rowbits = sm.bits + i * W;
+#pragma unroll
+    for (int w = 0; w < MW; ++w)
+      if (w < W) rowbits[w] = rb[w];
+  }
+  __syncthreads();
+  for (int i = tid; i < budget; i += kThreads) {
+    int64_t tok = -1, dep = -1;
+    if (i < n) {
+      const uint64_t x = sm.ninfo[i + 1];
+      dep = info_d(x);
+      tok = sm.ids[(dep - 1) * K + info_r(x)];
+    }
+    token_ids[ob * budget + i] = tok;
+    depths[ob * budget + i] = dep;
+  }
+  for (int i = tid; i < n1; i += kThreads) {
+    const bool live = i <= n;
+    parents[ob * n1 + i] = (live && i > 0) ? info_p(sm.ninfo[i]) : -1;
+    first_child[ob * n1 + i] = live ? sm.fc[i] : -1;
+    next_sibling[ob * n1 + i] = live ? sm.ns[i] : -1;
+  }
+  if (tid == 0) num_nodes[b] = n;
+  // Visibility: one warp per row, lanes over columns.
+  uint8_t* vis = visibility + ob * n1 * n1;
+  const int lane = tid & 31, warp = tid >> 5;
+  for (int i = warp; i < n1; i += kThreads / 32) {
+    const uint32_t* rowbits = sm.bits + i * W;
+    for (int j = lane; j < n1; j += 32) {
+      uint8_t v = 0;
+      if (i <= n && j <= n) v = static_cast<uint8_t>((rowbits[j >> 5] >> (j & 31)) & 1u);
+      vis[static_cast<int64_t>(i) * n1 + j] = v;
+    }
+  }
+}
+
 // Tree-build loop: "v4" (pop_loop_v4) or "v1" (pop_loop); DDTREE_TREE_ALGO overrides.
 bool use_v4() {
   const char* env = getenv("DDTREE_TREE_ALGO");
@@ -681,43 +754,42 @@ bool use_v4() {
   return false;  // default: v1 until v4 is verified on a GPU
 }
 
-template <int S, bool V4>
-cudaError_t launch_as(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
-                      int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
-                      int64_t* ns, int64_t* nn, cudaStream_t stream) {
+template <int S>
+cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
+                   int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
+                   int64_t* ns, int64_t* nn, cudaStream_t stream) {
   // The parallel path needs its candidate buffer (int16 entry indices) to fit.
   int cap = kParCapMul * budget + 64;
   if (cap > 32767 || smem_bytes(H, K, budget, cap, false) > 200 * 1024) cap = 0;
   // The serial loop measured faster on an H200 (32 us vs 52-79 us at budget 64: the parallel
   // path pays ~100 block barriers), so the parallel path is opt-in: DDTREE_TREE_PARALLEL=1.
   const char* env = getenv("DDTREE_TREE_PARALLEL");
-  if (env == nullptr || env[0] != '1') cap = 0;
-  // v4 stages the token ids in shared memory when they fit (at most 32 KB).
-  if (V4) cap = 0;
-  const size_t smem = smem_bytes(H, K, budget, cap, V4);
+  const bool parallel = env != nullptr && env[0] == '1';
+  if (!parallel) cap = 0;
+  // v4 keeps the token ids and float64 log-probs in shared memory (24 bytes per (H, K) entry);
+  // the opt-in parallel selection lives in the v1 kernel (its fallback is the v1 loop).
+  const size_t smem4 = smem_bytes(H, K, budget, 0, true);
+  if (use_v4() && !parallel && smem4 <= 160 * 1024) {
+    if (smem4 > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(build_trees_v4_kernel<S>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem4));
+      if (e != cudaSuccess) return e;
+    }
+    build_trees_v4_kernel<S><<<B, kThreads, smem4, stream>>>(lp, ids, H, K, budget, tok, dep,
+                                                             par, vis, fc, ns, nn);
+    return cudaGetLastError();
+  }
+  const size_t smem = smem_bytes(H, K, budget, cap, false);
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(build_trees_kernel<S, V4>,
+    cudaError_t e = cudaFuncSetAttribute(build_trees_kernel<S>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  build_trees_kernel<S, V4><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep, par,
-                                                          vis, fc, ns, nn, cap);
+  build_trees_kernel<S><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep, par, vis,
+                                                      fc, ns, nn, cap);
   return cudaGetLastError();
-}
-
-template <int S>
-cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
-                   int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
-                   int64_t* ns, int64_t* nn, cudaStream_t stream) {
-  // The opt-in parallel selection lives in the v1 kernel (its fallback is the v1 loop).
-  const char* par_env = getenv("DDTREE_TREE_PARALLEL");
-  const bool parallel = par_env != nullptr && par_env[0] == '1';
-  // v4 keeps the token ids and float64 log-probs in shared memory: 16 bytes per (H, K) entry.
-  const bool fits = smem_bytes(H, K, budget, 0, true) <= 160 * 1024;
-  if (use_v4() && !parallel && fits)
-    return launch_as<S, true>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, stream);
-  return launch_as<S, false>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, stream);
 }
 
 }  // namespace
