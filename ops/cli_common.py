@@ -69,5 +69,14 @@ def recorded(
             inputs=inputs, outcome="error", exit_code=exc.exit_code, error=exc.to_dict()
         )
         raise
+    except BaseException as exc:  # a bug or Ctrl-C: still leave a complete record behind
+        outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "crashed"
+        run.write_record(
+            inputs=inputs,
+            outcome=outcome,
+            exit_code=130 if outcome == "interrupted" else 1,
+            error={"error": type(exc).__name__, "message": str(exc)},
+        )
+        raise
     run.write_record(inputs=inputs, outcome=outcome, exit_code=code, **sections)
     return run, code, sections

@@ -1,0 +1,52 @@
+"""Run records: unique directories, whole files, and a record left behind whatever happens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ops.cli_common import recorded
+from ops.errors import Unreachable
+from ops.inventory import Target
+from ops.records import RunDir
+
+
+def test_run_dirs_are_unique_and_files_whole(tmp_path: Path) -> None:
+    dirs = {RunDir.create("facts", "ct200", root=tmp_path).path for _ in range(20)}
+    assert len(dirs) == 20 and all("-facts-ct200" in d.name for d in dirs)
+    run = RunDir.create("bench", "x/../y", root=tmp_path)
+    assert run.path.parent == tmp_path and "/" not in run.path.name
+    run.write_record(inputs={"a": 1}, outcome="ok", exit_code=0, data=[1, 2])
+    run.write_record(inputs={"a": 2}, outcome="ok", exit_code=0)  # replaced whole
+    doc = json.loads((run.path / "record.json").read_text())
+    assert doc["inputs"] == {"a": 2} and doc["schema"] == "ddtree-ops/record/v1"
+    assert sorted(p.name for p in run.path.iterdir()) == ["record.json"]  # no temp files
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome", "code"),
+    [
+        (Unreachable("no route", target="t", step="connect"), "error", 2),
+        (ZeroDivisionError("bug"), "crashed", 1),
+        (KeyboardInterrupt(), "interrupted", 130),
+    ],
+)
+def test_record_written_when_the_body_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, outcome: str, code: int
+) -> None:
+    monkeypatch.setenv("OPS_RUNS_DIR", str(tmp_path))
+
+    def body(_run: RunDir):
+        raise exc
+
+    with pytest.raises(type(exc)):
+        recorded("deploy", Target(name="t"), {"x": 1}, body)
+    (run,) = tmp_path.iterdir()
+    doc = json.loads((run / "record.json").read_text())
+    assert (doc["outcome"], doc["exit_code"], doc["error"]["error"]) == (
+        outcome,
+        code,
+        type(exc).__name__,
+    )
