@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import tempfile
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,7 @@ def record(args: Any) -> None:
     outputs = run_all(args.url, ident["model"], prompts, args.max_tokens, args.timeout)
     doc = {
         "schema": SCHEMA,
-        "recorded": datetime.now(UTC).isoformat(),
+        "recorded": datetime.now(timezone.utc).isoformat(),
         "url": args.url,
         "max_tokens": args.max_tokens,
         **ident,
