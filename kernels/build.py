@@ -30,7 +30,8 @@ MANIFEST = "manifest.json"
 SOURCES: list[str] = ["ddtree_abi.cu", "topk_logprobs.cu", "tree_build.cu", "greedy_accept.cu"]
 HEADERS: list[str] = ["ddtree_kernels.h", "ddtree_common.cuh"]
 SOURCES += ["tree_verify_attention.cu", "kv_compact.cu"]  # Kernels II
-HEADERS += ["ddtree_attention.h"]
+HEADERS += ["ddtree_attention.h", "tree_verify_attention_wgmma.cuh"]
+HEADERS += ["tree_build_v5.cuh"]  # included by tree_build.cu
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 
@@ -83,9 +84,20 @@ def _arch_number(arch: str) -> tuple[int, str]:
     return int(m.group(1)), m.group(2)
 
 
+def sass_targets(archs: list[str]) -> list[str]:
+    """Real SASS built for `archs`: sm_90 also gets sm_90a (the wgmma attention kernel needs it;
+    the driver loads the arch-specific cubin on a 9.0 device, the kernel checks at run time)."""
+    out: list[str] = []
+    for a in archs:
+        for t in [a, "sm_90a"] if a == "sm_90" else [a]:
+            if t not in out:
+                out.append(t)
+    return out
+
+
 def gencode_flags(archs: list[str]) -> list[str]:
     flags: list[str] = []
-    for a in archs:
+    for a in sass_targets(archs):
         num = a[3:]
         flags += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
     top = archs[-1][3:]
@@ -128,6 +140,7 @@ def build(archs: str | list[str], out: Path | str, *, nvcc: str | None = None) -
             "sources": {s: sha256_file(CSRC / s) for s in SOURCES + HEADERS},
             "source_digest": source_digest(),
             "arch": arch_list,
+            "sass": sass_targets(arch_list),
             "ptx": f"compute_{arch_list[-1][3:]}",
             "nvcc": nvcc,
             "nvcc_version": nvcc_version(nvcc),

@@ -444,6 +444,8 @@ __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
   if (lane == 0) *sm.count = n;
 }
 
+#include "tree_build_v5.cuh"  // pop_loop_v5 (DDTREE_TREE_ALGO=v5)
+
 __device__ __forceinline__ uint64_t entry_info(const Smem& sm, int e) {
   return pack(sm.epar[e], sm.erank[e], sm.edepth[e], 0);
 }
@@ -663,7 +665,7 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
 // The v4 kernel: same outputs, pop_loop_v4, and an epilogue that reads the packed node
 // records directly (links, ancestor bits in registers, token ids staged in shared memory by
 // the idle warps during the loop).
-template <int S>
+template <int S, bool V5>
 __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
@@ -685,7 +687,10 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   if (tid == 0) { sm.lpd[HK] = 0.0; *sm.count = 0; }
   __syncthreads();
   if (tid < 32) {
-    if (budget > 0 && H > 0 && K > 0) pop_loop_v4<S>(sm, H, K, budget);
+    if (budget > 0 && H > 0 && K > 0) {
+      if constexpr (V5) pop_loop_v5<S>(sm, H, K, budget);
+      else pop_loop_v4<S>(sm, H, K, budget);
+    }
   } else {  // the other warps meanwhile: token ids to shared memory, links to -1
     for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
     for (int i = tid - 32; i < n1; i += kThreads - 32) { sm.fc[i] = -1; sm.ns[i] = -1; }
@@ -748,10 +753,29 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
 }
 
 // Tree-build kernel: v4 by default (H200: 21.1 / 22.1 us at B=64, H=15, K=8 / 64, budget 64,
-// vs v1 32.1 / 32.7 us; all GPU tests pass with it); DDTREE_TREE_ALGO=v1 selects the v1 loop.
-bool use_v4() {
+// vs v1 32.1 / 32.7 us; all GPU tests pass with it); DDTREE_TREE_ALGO=v5 selects the v5 loop
+// (two pops per vote, tree_build_v5.cuh), any other value (v1) the v1 loop.
+constexpr int kDefaultAlgo = 4;
+int tree_algo() {
   const char* env = getenv("DDTREE_TREE_ALGO");
-  return env == nullptr || env[0] == '\0' || (env[0] == 'v' && env[1] == '4' && env[2] == '\0');
+  if (env == nullptr || env[0] == '\0') return kDefaultAlgo;
+  if (env[0] == 'v' && (env[1] == '4' || env[1] == '5') && env[2] == '\0') return env[1] - '0';
+  return 1;
+}
+
+template <int S, bool V5>
+cudaError_t launch_v4(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
+                      int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
+                      int64_t* ns, int64_t* nn, size_t smem4, cudaStream_t stream) {
+  if (smem4 > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(build_trees_v4_kernel<S, V5>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem4));
+    if (e != cudaSuccess) return e;
+  }
+  build_trees_v4_kernel<S, V5><<<B, kThreads, smem4, stream>>>(lp, ids, H, K, budget, tok, dep,
+                                                               par, vis, fc, ns, nn);
+  return cudaGetLastError();
 }
 
 template <int S>
@@ -769,16 +793,13 @@ cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int
   // v4 keeps the token ids and float64 log-probs in shared memory (24 bytes per (H, K) entry);
   // the opt-in parallel selection lives in the v1 kernel (its fallback is the v1 loop).
   const size_t smem4 = smem_bytes(H, K, budget, 0, true);
-  if (use_v4() && !parallel && smem4 <= 160 * 1024) {
-    if (smem4 > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(build_trees_v4_kernel<S>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem4));
-      if (e != cudaSuccess) return e;
-    }
-    build_trees_v4_kernel<S><<<B, kThreads, smem4, stream>>>(lp, ids, H, K, budget, tok, dep,
-                                                             par, vis, fc, ns, nn);
-    return cudaGetLastError();
+  const int algo = tree_algo();
+  if (algo >= 4 && !parallel && smem4 <= 160 * 1024) {
+    if (algo == 5)
+      return launch_v4<S, true>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
+                                stream);
+    return launch_v4<S, false>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
+                               stream);
   }
   const size_t smem = smem_bytes(H, K, budget, cap, false);
   if (smem > 48 * 1024) {
