@@ -23,3 +23,38 @@ open(sys.argv[1], 'w'))" "$OUT/h200-attn-sweep.json" 2>&1 | tail -40
   timeout 120 python3 -m kernels.bench --suite attn --quick --reps 20 --json > "$OUT/bench-registry.json" \
     2> "$OUT/bench-registry.err" || tail -5 "$OUT/bench-registry.err"
 fi
+if [[ $what == v4 ]]; then
+  # v4 (wgmma, sm_90a): build, check the wgmma variants launch (else build sm_90a only and use
+  # that library), time old default (mma5) vs mma7 / mma8 on the two target sizes, GPU tests.
+  t0=$(date +%s)
+  python3 -c "
+import torch
+from kernels.cuda_core import library_path
+print('lib', library_path())
+from kernels.cuda_attention import tree_verify_attention as f
+q = torch.randn(2, 1, 576, device='cuda', dtype=torch.bfloat16)
+kv = torch.randn(4, 16, 576, device='cuda', dtype=torch.bfloat16)
+t = torch.arange(4, dtype=torch.int32, device='cuda').view(2, 2)
+pl = torch.tensor([3, 5], dtype=torch.int32, device='cuda')
+tl = torch.ones(2, dtype=torch.int32, device='cuda')
+vis = torch.ones(2, 1, 1, dtype=torch.bool, device='cuda')
+f(q, kv, t, pl, tl, vis, 0.1, algo='mma7'); torch.cuda.synchronize(); print('mma7 launches')
+" > "$OUT/launch.txt" 2>&1
+  cat "$OUT/launch.txt" | tail -3
+  if ! grep -q "mma7 launches" "$OUT/launch.txt"; then
+    echo "wgmma not launchable from the default build: building --arch sm_90a only"
+    python3 -m kernels.build --arch sm_90a --out /tmp/lib90a && export DDTREE_KERNELS_LIB=/tmp/lib90a/libddtree_kernels.so
+  fi
+  echo "build+check $(( $(date +%s) - t0 )) s"
+  timeout 90 python3 -c "import json,sys; import kernels.bench_attention as ba
+ba.SWEEP = {(64, 4096, 65, 8): [0, 1, 3], (8, 32768, 65, 8): [0, 16]}
+json.dump({'suite': 'attn-sweep-v4', 'environment': ba.environment(),
+           'lib': __import__('os').environ.get('DDTREE_KERNELS_LIB', 'default build'),
+           'rows': ba.sweep(('mma5', 'mma7', 'mma8'))}, open(sys.argv[1], 'w'), indent=1)" \
+    "$OUT/h200-attn-v4.json" 2> "$OUT/sweep.log"
+  echo "sweep done $(( $(date +%s) - t0 )) s"
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py 2>&1 \
+    | tee "$OUT/pytest.log" | tail -8
+  echo "tests done $(( $(date +%s) - t0 )) s"
+  cat "$OUT/sweep.log"
+fi

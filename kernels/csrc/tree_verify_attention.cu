@@ -8,8 +8,9 @@
 // Long prefixes are split over CTAs (flash-decoding): each split writes O/l and log2-sum-exp
 // to a workspace and a combine kernel merges them.
 //
-// Two kernels:
+// Three kernels:
 //  - SIMT (fp32 FMA; float or bf16 storage): the fp32 variant and a plain reference path.
+//  - WGMMA (bf16, sm_90a only; tree_verify_attention_wgmma.cuh): the H100/H200 default.
 //  - MMA (bf16, mma.sync m16n8k16 + ldmatrix + cp.async, sm_80+, identical on sm_90/sm_120):
 //    warps form an (M/16) x 2 grid; warp (r, c) computes S for rows 16r.. and keys of half c,
 //    the pair (r, 0)/(r, 1) exchange row maxima through shared memory, P goes to shared
@@ -554,6 +555,9 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
   }
 }
 
+// ------------------------------------------------------------------------------ wgmma (sm_90a)
+#include "tree_verify_attention_wgmma.cuh"
+
 // ------------------------------------------------------------------------------ combine
 template <typename T>
 __global__ void __launch_bounds__(128) tva_combine_kernel(Params p) {
@@ -603,11 +607,18 @@ Launch mma_variant() {
           reinterpret_cast<const void*>(&tva_mma_kernel<BM, BN, STAGES, NC, MINB, PVM>)};
 }
 
-// Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. The last
-// one fits the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell).
-constexpr int kNumMma = 7;
+// Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
+// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 and 8 need sm_90a.
+constexpr int kNumMma = 9;
+template <int PVN>
+Launch wgmma_variant() {
+  return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
+          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN>)};
+}
 Launch mma_variants(int i) {
   switch (i) {
+    case 7: return wgmma_variant<64>();   // sm_90a wgmma, PV as 4 x m64n64k16 a k-step
+    case 8: return wgmma_variant<256>();  // sm_90a wgmma, PV as 1 x m64n256k16 a k-step
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
@@ -617,9 +628,21 @@ Launch mma_variants(int i) {
     default: return mma_variant<32, 32, 1, 2, 1, 1>();  // as 4, PV over all rows a warp
   }
 }
-// auto: the first that fits. H200 sweeps 2026-11-29 (benchmarks/NOTES-attention.md): 5 beat
-// 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
-constexpr int kMmaPreferred[] = {5, 0, 6, 4};
+// auto: the first that fits and is launchable. H200 sweeps 2026-11-29
+// (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8;
+// 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
+constexpr int kMmaPreferred[] = {8, 5, 0, 6, 4};
+
+// Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
+// a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
+bool launchable(const Launch& l) {
+  cudaFuncAttributes a;
+  if (cudaFuncGetAttributes(&a, l.kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.maxThreadsPerBlock >= l.threads;
+}
 
 int choose(int dtype, int algo, Launch* l) {
   int sms = 0, optin = 0;
@@ -635,10 +658,11 @@ int choose(int dtype, int algo, Launch* l) {
                                              &tva_simt_kernel<__nv_bfloat16>)};
   } else if (algo > DDTREE_ATTN_MMA) {
     *l = mma_variants(algo - DDTREE_ATTN_MMA - 1);
+    if (!launchable(*l)) return static_cast<int>(cudaErrorInvalidDeviceFunction);
   } else {
     for (int i : kMmaPreferred) {
       *l = mma_variants(i);
-      if (l->smem <= optin) break;
+      if (l->smem <= optin && launchable(*l)) break;
     }
   }
   if (l->smem > optin) return static_cast<int>(cudaErrorInvalidConfiguration);

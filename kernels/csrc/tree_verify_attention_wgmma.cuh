@@ -1,0 +1,301 @@
+// tree_verify_attention_wgmma.cuh: the Hopper (sm_90a) wgmma variant of the MMA kernel.
+// Included by tree_verify_attention.cu inside its anonymous namespace (uses Params, kv_slot,
+// visible, split_range, cp_async16, smem_u32 from there).
+//
+// One CTA = 64 M rows x 64-key tiles, two warpgroups (256 threads), like mma5 but with the
+// operands read by the tensor cores straight from shared memory (no ldmatrix):
+//  - QK: warpgroup w computes S[64 rows, keys 32w..+32) = Q K^T with 36 wgmma m64n32k16
+//    (A = Q, B = K, both K-major, 128-byte swizzle);
+//  - the two warpgroups exchange row maxima through shared memory (thread (warp % 4, lane)
+//    holds the same two rows in both), P = exp2(S - m) goes to shared memory as bf16;
+//  - PV: warpgroup w accumulates O[64 rows, dims 256w..+256) += P V with V MN-major
+//    (transposed B) from the same KV tile; 128 fp32 accumulators a thread.
+// Shared tiles are stored "k-block major": [576 / 64 blocks][rows][64 bf16] with the 16-byte
+// chunk index XOR (row % 8), i.e. the canonical 128B-swizzle layout of both GMMA majors.
+// Built only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). Elsewhere the kernel is an empty stub with
+// __launch_bounds__(32): the host sees maxThreadsPerBlock < 256 and never launches it.
+#pragma once
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TVA_WG_REAL 1
+#define TVA_WG_BOUND 256
+#elif defined(__CUDA_ARCH__)
+#define TVA_WG_REAL 0
+#define TVA_WG_BOUND 32
+#else
+#define TVA_WG_REAL 0
+#define TVA_WG_BOUND 256
+#endif
+
+constexpr int kWgThreads = 256, kWgBM = 64, kWgBN = 64;
+constexpr int kWgTile = 64 * kQK * 2;                   // Q tile or one KV stage (72 KiB)
+constexpr int kWgP = kWgBM * kWgBN * 2, kWgRed = 4 * kWgBM * 4;
+constexpr int kWgSmem = 3 * kWgTile + kWgP + kWgRed + 1024;  // + 1024: base alignment
+
+#if TVA_WG_REAL
+// Byte offset of 16-byte chunk c (0..71) of row r in a k-block-major swizzled 64-row tile.
+__device__ __forceinline__ uint32_t wg_off(int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+// GMMA shared-memory descriptor, 128-byte swizzle (layout type 1).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_n32_kk(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_n64_kt(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_n256_kt(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+
+#endif  // TVA_WG_REAL
+
+// PVN: N of the PV wgmma, 64 (4 instructions per 16 keys; every B operand is one 64-dim block)
+// or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart).
+template <int PVN>
+__global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
+#if TVA_WG_REAL
+  const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
+  const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
+  unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
+  unsigned char* ps = gbase + 3 * kWgTile;
+  float* red_max = reinterpret_cast<float*>(ps + kWgP);  // [2][64]
+  float* red_sum = red_max + 2 * kWgBM;                  // [2][64]
+
+  const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wr = warp & 3;  // warpgroup (key half / dim half), row group
+  const int q0 = p.qo_offsets[b], t_b = p.qo_offsets[b + 1] - q0;
+  const int rows_b = t_b * p.heads, m0 = blockIdx.x * kWgBM;
+  if (m0 >= rows_b) return;
+  const int prefix = p.prefix_lens[b], kv_len = prefix + t_b;
+  int tile_begin, tile_end;
+  split_range(p, (kv_len + kWgBN - 1) / kWgBN, &tile_begin, &tile_end);
+  const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
+  const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
+
+  auto load_kv = [&](int tile, int stage) {  // 4 threads a key row, 18 chunks each
+    const int r = tid >> 2, sub = tid & 3, pos = tile * kWgBN + r;
+    const bool ok = pos < kv_len;
+    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
+    const uint32_t dst = kvs_u + stage * kWgTile;
+#pragma unroll
+    for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
+  };
+  if (tile_begin < tile_end) {
+    const int r = tid >> 2, sub = tid & 3;
+    const bool ok = m0 + r < rows_b;
+    const __nv_bfloat16* src =
+        static_cast<const __nv_bfloat16*>(p.q) + (ok ? (row_base + m0 + r) * kQK : 0);
+#pragma unroll
+    for (int c = sub; c < kChunks; c += 4) cp_async16(qs_u + wg_off(r, c), src + c * 8, ok);
+    load_kv(tile_begin, 0);
+    cp_async_commit();
+  }
+
+  // Accumulator layout (both S and O): this thread holds rows lrow0 = 16 wr + g and lrow1 =
+  // lrow0 + 8; element 4 i + e is column 8 i + 2 qd + (e & 1) of row (e < 2 ? lrow0 : lrow1).
+  const int g = lane >> 2, qd = lane & 3;
+  const int lrow0 = wr * 16 + g, lrow1 = lrow0 + 8;
+  const int t_row0 = min(m0 + lrow0, rows_b - 1) / p.heads;
+  const int t_row1 = min(m0 + lrow1, rows_b - 1) / p.heads;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = (tile - tile_begin) & 1;
+    cp_async_wait_all();
+    fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+    __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
+    if (tile + 1 < tile_end) {
+      load_kv(tile + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t kv_u = kvs_u + stage * kWgTile;
+    const int kv0 = tile * kWgBN;
+
+    // S[64, keys 32 wg..] = Q K^T over 36 k-steps of 16 dims.
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQK / 16; ++kk) {
+      const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
+      wgmma_n32_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + wg * 4096 + koff, 16, 1024),
+                   1);
+    }
+    wg_commit();
+    wg_wait0();
+
+    // Scale, mask (only tiles that reach the tree or the end), row max.
+    const bool need_mask = kv0 + kWgBN > prefix;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int e = i & 3, pos = kv0 + wg * 32 + (i >> 2) * 8 + 2 * qd + (e & 1);
+      float x = s[i] * p.scale_log2;
+      if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos)) x = -INFINITY;
+      s[i] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    if (qd == 0) {
+      red_max[wg * kWgBM + lrow0] = mx[0];
+      red_max[wg * kWgBM + lrow1] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new =
+          fmaxf(fmaxf(m_run[h], mx[h]), red_max[(wg ^ 1) * kWgBM + (h ? lrow1 : lrow0)]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+    // P = exp2(S - m) -> bf16, [64 rows][64 keys] swizzled (K-major A operand of PV).
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
+      const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int c = wg * 4 + j;
+      *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((c ^ (lrow0 & 7)) << 4) + qd * 4) =
+          __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
+          __floats2bfloat162_rn(p2, p3);
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
+    __syncthreads();
+
+    // O[64, dims 256 wg..] += P[64, 64] V[64 keys, 256 dims] (V MN-major: transposed B).
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kWgBN / 16; ++ks) {
+      const uint64_t da = wg_desc(ps_u + ks * 32, 16, 1024);
+      const uint32_t vb = kv_u + wg * 4 * 8192 + ks * 16 * 128;
+      if constexpr (PVN == 256) {
+        wgmma_n256_kt(o, da, wg_desc(vb, 8192, 1024), 1);
+      } else {
+#pragma unroll
+        for (int n = 0; n < 4; ++n) wgmma_n64_kt(o + 32 * n, da, wg_desc(vb + n * 8192, 1024, 1024), 1);
+      }
+    }
+    wg_commit();
+    wg_wait0();
+  }
+
+  // Row sums: quad, then the other warpgroup (other key half).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  __syncthreads();
+  if (qd == 0) {
+    red_sum[wg * kWgBM + lrow0] = l_run[0];
+    red_sum[wg * kWgBM + lrow1] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int lrow = h ? lrow1 : lrow0;
+    if (m0 + lrow >= rows_b) continue;
+    const float l = red_sum[lrow] + red_sum[kWgBM + lrow];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t grow = row_base + m0 + lrow;
+    const int dim = wg * 256 + 2 * qd;
+    if (p.num_splits == 1) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + dim;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<__nv_bfloat162*>(out + i * 8) =
+            __floats2bfloat162_rn(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+    } else {
+      float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV + dim;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        *reinterpret_cast<float2*>(out + i * 8) =
+            make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      if (wg == 0 && qd == 0)
+        p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
+            l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+    }
+  }
+#endif  // TVA_WG_REAL
+}
