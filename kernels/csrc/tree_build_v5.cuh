@@ -10,6 +10,11 @@
 // against the better successor, and y unique among the lanes); any equality there (equal
 // keys, 1-ulp anomalies of s - a + b) leaves it to the next vote, which is the v4 vote with
 // its exact fallback. No monotonicity of the scores is assumed.
+//
+// Outcome on an H200 (benchmarks/NOTES-kernels-i.md): two pops in ~98% of the votes on the
+// benchmark's inputs, yet slower than v4 (B=64, H=15, budget 64: 24.6 / 24.9 us vs 21.3 /
+// 22.4 us for K=8 / 64): an iteration is ~440 SASS instructions at ~3.3 cycles each, so the cost
+// follows the instruction count per pop, not the number of votes. Kept opt-in as groundwork.
 #pragma once
 
 // Float64 log-probs one level further from a popped candidate (depth d, rank r): the five
