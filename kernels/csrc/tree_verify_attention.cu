@@ -608,17 +608,19 @@ Launch mma_variant() {
 }
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
-// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 and 8 need sm_90a.
-constexpr int kNumMma = 9;
-template <int PVN>
+// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
+constexpr int kNumMma = 11;
+template <int PVN, int QKM = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
-          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN>)};
+          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, QKM>)};
 }
 Launch mma_variants(int i) {
   switch (i) {
     case 7: return wgmma_variant<64>();   // sm_90a wgmma, PV as 4 x m64n64k16 a k-step
     case 8: return wgmma_variant<256>();  // sm_90a wgmma, PV as 1 x m64n256k16 a k-step
+    case 9: return wgmma_variant<256, 1>();   // as 8, QK m64n64 by warpgroup 0 alone
+    case 10: return wgmma_variant<256, 2>();  // as 9, warpgroup 1 rescales O before the P barrier
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
@@ -629,9 +631,10 @@ Launch mma_variants(int i) {
   }
 }
 // auto: the first that fits and is launchable. H200 sweeps 2026-11-29
-// (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8;
+// (benchmarks/NOTES-attention.md): 10 / 9 vs 8 in v5 (see the notes); 8 (wgmma) beat 5 by 31-32%
+// (v4), 7 is within 1% of 8;
 // 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
-constexpr int kMmaPreferred[] = {8, 5, 0, 6, 4};
+constexpr int kMmaPreferred[] = {10, 9, 8, 5, 0, 6, 4};
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.

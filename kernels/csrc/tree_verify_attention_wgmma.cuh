@@ -10,6 +10,13 @@
 //    holds the same two rows in both), P = exp2(S - m) goes to shared memory as bf16;
 //  - PV: warpgroup w accumulates O[64 rows, dims 256w..+256) += P V with V MN-major
 //    (transposed B) from the same KV tile; 128 fp32 accumulators a thread.
+// ONE_QK (mma9): warpgroup 0 alone computes S[64 rows, 64 keys] with 36 wgmma m64n64k16 (Q is
+// read from shared memory once a tile instead of twice: 144 KB of operand reads a tile instead
+// of 216 KB), does the whole softmax (no max exchange: one barrier less a tile) and publishes the
+// rescale factors; warpgroup 1 issues the next tile's KV loads meanwhile and rescales its half of
+// O after the P barrier. QKM 2 (mma10): as ONE_QK, but warpgroup 0 publishes the rescale factors
+// before it computes P (named barrier 1: arrive / sync), so warpgroup 1 rescales its half of O
+// while P is being written instead of after the P barrier.
 // Shared tiles are stored "k-block major": [576 / 64 blocks][rows][64 bf16] with the 16-byte
 // chunk index XOR (row % 8), i.e. the canonical 128B-swizzle layout of both GMMA majors.
 // Built only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). Elsewhere the kernel is an empty stub with
@@ -66,6 +73,20 @@ __device__ __forceinline__ void wgmma_n32_kk(float* d, uint64_t da, uint64_t db,
       : "l"(da), "l"(db), "r"(scale_d)
       : "memory");
 }
+__device__ __forceinline__ void wgmma_n64_kk(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
 __device__ __forceinline__ void wgmma_n64_kt(float* d, uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -116,16 +137,19 @@ __device__ __forceinline__ void wgmma_n256_kt(float* d, uint64_t da, uint64_t db
 #endif  // TVA_WG_REAL
 
 // PVN: N of the PV wgmma, 64 (4 instructions per 16 keys; every B operand is one 64-dim block)
-// or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart).
-template <int PVN>
+// or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart). QKM: 0 both
+// warpgroups compute S (mma7, mma8), 1 ONE_QK (mma9), 2 ONE_QK with early rescale (mma10).
+template <int PVN, int QKM = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
 #if TVA_WG_REAL
+  constexpr bool ONE_QK = QKM > 0;
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
   unsigned char* ps = gbase + 3 * kWgTile;
   float* red_max = reinterpret_cast<float*>(ps + kWgP);  // [2][64]
   float* red_sum = red_max + 2 * kWgBM;                  // [2][64]
+  float* row_alpha = red_max;                            // ONE_QK: [64] rescale factors
 
   const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3;  // warpgroup (key half / dim half), row group
@@ -145,6 +169,14 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
     const uint32_t dst = kvs_u + stage * kWgTile;
 #pragma unroll
     for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
+  };
+  auto load_kv_wg1 = [&](int tile, int stage) {  // ONE_QK: warpgroup 1, 2 threads a key row
+    const int r = (tid - 128) >> 1, sub = tid & 1, pos = tile * kWgBN + r;
+    const bool ok = pos < kv_len;
+    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
+    const uint32_t dst = kvs_u + stage * kWgTile;
+#pragma unroll
+    for (int c = sub; c < kChunks; c += 2) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
   };
   if (tile_begin < tile_end) {
     const int r = tid >> 2, sub = tid & 3;
@@ -173,75 +205,155 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
     cp_async_wait_all();
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
-    if (tile + 1 < tile_end) {
+    if constexpr (ONE_QK) {
+      if (wg == 1 && tile + 1 < tile_end) {
+        load_kv_wg1(tile + 1, stage ^ 1);
+        cp_async_commit();
+      }
+    } else if (tile + 1 < tile_end) {
       load_kv(tile + 1, stage ^ 1);
       cp_async_commit();
     }
     const uint32_t kv_u = kvs_u + stage * kWgTile;
     const int kv0 = tile * kWgBN;
 
-    // S[64, keys 32 wg..] = Q K^T over 36 k-steps of 16 dims.
-    float s[16];
+    if constexpr (ONE_QK) {
+      if (wg == 0) {
+        // S[64, 64 keys] = Q K^T (warpgroup 0 alone), 36 k-steps of m64n64k16.
+        float s[32];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    wg_fence();
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < kQK / 16; ++kk) {
-      const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
-      wgmma_n32_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + wg * 4096 + koff, 16, 1024),
-                   1);
-    }
-    wg_commit();
-    wg_wait0();
+        for (int kk = 0; kk < kQK / 16; ++kk) {
+          const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
+          wgmma_n64_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + koff, 16, 1024), 1);
+        }
+        wg_commit();
+        wg_wait0();
+        const bool need_mask = kv0 + kWgBN > prefix;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int e = i & 3, pos = kv0 + (i >> 2) * 8 + 2 * qd + (e & 1);
+          float x = s[i] * p.scale_log2;
+          if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos))
+            x = -INFINITY;
+          s[i] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float m_new = fmaxf(m_run[h], mx[h]);
+          m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[h] = exp2f(m_run[h] - m_use[h]);
+          m_run[h] = m_new;
+          l_run[h] *= alpha[h];
+        }
+        if constexpr (QKM == 2) {
+          if (qd == 0) {
+            row_alpha[lrow0] = alpha[0];
+            row_alpha[lrow1] = alpha[1];
+          }
+          asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
+          const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
+          l_run[0] += p0 + p1;
+          l_run[1] += p2 + p3;
+          *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((j ^ (lrow0 & 7)) << 4) + qd * 4) =
+              __floats2bfloat162_rn(p0, p1);
+          *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((j ^ (lrow1 & 7)) << 4) + qd * 4) =
+              __floats2bfloat162_rn(p2, p3);
+        }
+        if (QKM == 1 && qd == 0) {
+          row_alpha[lrow0] = alpha[0];
+          row_alpha[lrow1] = alpha[1];
+        }
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      } else if constexpr (QKM == 2) {  // warpgroup 1: rescale while warpgroup 0 writes P
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        const float a0 = row_alpha[lrow0], a1 = row_alpha[lrow1];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] *= (i >> 1) & 1 ? a1 : a0;
+      }
+      fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
+      __syncthreads();
+      if (QKM == 1 && wg == 1) {
+        const float a0 = row_alpha[lrow0], a1 = row_alpha[lrow1];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] *= (i >> 1) & 1 ? a1 : a0;
+      }
+    } else {
+      // S[64, keys 32 wg..] = Q K^T over 36 k-steps of 16 dims.
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQK / 16; ++kk) {
+        const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
+        wgmma_n32_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + wg * 4096 + koff, 16, 1024),
+                     1);
+      }
+      wg_commit();
+      wg_wait0();
 
-    // Scale, mask (only tiles that reach the tree or the end), row max.
-    const bool need_mask = kv0 + kWgBN > prefix;
-    float mx[2] = {-INFINITY, -INFINITY};
+      // Scale, mask (only tiles that reach the tree or the end), row max.
+      const bool need_mask = kv0 + kWgBN > prefix;
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int e = i & 3, pos = kv0 + wg * 32 + (i >> 2) * 8 + 2 * qd + (e & 1);
-      float x = s[i] * p.scale_log2;
-      if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos)) x = -INFINITY;
-      s[i] = x;
-      mx[e >> 1] = fmaxf(mx[e >> 1], x);
-    }
+      for (int i = 0; i < 16; ++i) {
+        const int e = i & 3, pos = kv0 + wg * 32 + (i >> 2) * 8 + 2 * qd + (e & 1);
+        float x = s[i] * p.scale_log2;
+        if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos)) x = -INFINITY;
+        s[i] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    }
-    if (qd == 0) {
-      red_max[wg * kWgBM + lrow0] = mx[0];
-      red_max[wg * kWgBM + lrow1] = mx[1];
-    }
-    __syncthreads();
-    float alpha[2], m_use[2];
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      }
+      if (qd == 0) {
+        red_max[wg * kWgBM + lrow0] = mx[0];
+        red_max[wg * kWgBM + lrow1] = mx[1];
+      }
+      __syncthreads();
+      float alpha[2], m_use[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new =
-          fmaxf(fmaxf(m_run[h], mx[h]), red_max[(wg ^ 1) * kWgBM + (h ? lrow1 : lrow0)]);
-      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-      l_run[h] *= alpha[h];
-    }
-    // P = exp2(S - m) -> bf16, [64 rows][64 keys] swizzled (K-major A operand of PV).
+      for (int h = 0; h < 2; ++h) {
+        const float m_new =
+            fmaxf(fmaxf(m_run[h], mx[h]), red_max[(wg ^ 1) * kWgBM + (h ? lrow1 : lrow0)]);
+        m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = exp2f(m_run[h] - m_use[h]);
+        m_run[h] = m_new;
+        l_run[h] *= alpha[h];
+      }
+      // P = exp2(S - m) -> bf16, [64 rows][64 keys] swizzled (K-major A operand of PV).
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
-      const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int c = wg * 4 + j;
-      *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((c ^ (lrow0 & 7)) << 4) + qd * 4) =
-          __floats2bfloat162_rn(p0, p1);
-      *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
-          __floats2bfloat162_rn(p2, p3);
-    }
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
+        const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        const int c = wg * 4 + j;
+        *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((c ^ (lrow0 & 7)) << 4) + qd * 4) =
+            __floats2bfloat162_rn(p0, p1);
+        *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
+            __floats2bfloat162_rn(p2, p3);
+      }
 #pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-    fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
-    __syncthreads();
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
+      __syncthreads();
+    }
 
     // O[64, dims 256 wg..] += P[64, 64] V[64 keys, 256 dims] (V MN-major: transposed B).
     wg_fence();
