@@ -631,10 +631,10 @@ Launch mma_variants(int i) {
   }
 }
 // auto: the first that fits and is launchable. H200 sweeps 2026-11-29
-// (benchmarks/NOTES-attention.md): 10 / 9 vs 8 in v5 (see the notes); 8 (wgmma) beat 5 by 31-32%
-// (v4), 7 is within 1% of 8;
+// (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8, and
+// in v5 9 was 3% slower and 10 0.2-0.8% slower than 8 (both exact; opt-in only);
 // 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
-constexpr int kMmaPreferred[] = {10, 9, 8, 5, 0, 6, 4};
+constexpr int kMmaPreferred[] = {8, 5, 0, 6, 4};
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
