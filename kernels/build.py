@@ -31,7 +31,7 @@ SOURCES: list[str] = ["ddtree_abi.cu", "topk_logprobs.cu", "tree_build.cu", "gre
 HEADERS: list[str] = ["ddtree_kernels.h", "ddtree_common.cuh"]
 SOURCES += ["tree_verify_attention.cu", "kv_compact.cu"]  # Kernels II
 HEADERS += ["ddtree_attention.h", "tree_verify_attention_wgmma.cuh"]
-HEADERS += ["tree_build_v5.cuh"]  # included by tree_build.cu
+HEADERS += ["tree_build_v4.cuh", "tree_build_v5.cuh", "tree_build_parallel.cuh"]  # tree_build.cu
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 
