@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from checks.nvsmi import GPU_FIELDS, GPU_FIELDS_SHORT, Gpu, parse_gpus
 from ops.inventory import Target
 from ops.remote import Host, shell_path
-from ops.service import pidfile
+from ops.service import ALIVE_FN, pidfile
 
 MARK = "@@ops-facts"
 
@@ -66,9 +66,9 @@ def probe_script(target: Target) -> str:
         service = f"systemctl is-active {shlex.quote(svc.name)} 2>&1"
     else:
         service = (
-            f"pf={shell_path(pidfile(target))}; "
+            ALIVE_FN + f"pf={shell_path(pidfile(target))}; "
             'if [ ! -f "$pf" ]; then echo "inactive no pidfile"; '
-            'elif kill -0 "$(cat "$pf")" 2>/dev/null; then echo "active pid $(cat "$pf")"; '
+            'elif alive "$(cat "$pf")"; then echo "active pid $(cat "$pf")"; '
             'else echo "failed stale pidfile pid $(cat "$pf")"; fi'
         )
     sections = {

@@ -58,6 +58,14 @@ while True:
 """
 
 
+# A shell function: is pid $1 a live process (a zombie left unreaped by a container's init
+# is not)? Shared by the process manager and `ops facts`, so "alive" means one thing.
+ALIVE_FN = (
+    'alive() { kill -0 "$1" 2>/dev/null && '
+    '[ "$(sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f1)" != Z ]; }; '
+)
+
+
 def pidfile(target: Target) -> str:
     """Where the `process` manager keeps the service's pid on the host."""
     return f"{target.remote_root}/run/{target.service.name}.pid"
@@ -196,12 +204,6 @@ class ProcessManager(ServiceManager):
     def _paths(self) -> tuple[str, str, str]:
         return self.target.remote_root, pidfile(self.target), logfile(self.target)
 
-    def _alive_fn(self) -> str:
-        return (
-            'alive() { kill -0 "$1" 2>/dev/null && '
-            '[ "$(sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f1)" != Z ]; }; '
-        )
-
     def command_line(self) -> str:
         """The configured command with {python}, {host}, {port} filled in (quoted)."""
         template = self.service.command
@@ -225,7 +227,7 @@ class ProcessManager(ServiceManager):
     def status(self) -> ServiceStatus:
         _, pf, _ = self._paths()
         script = (
-            self._alive_fn() + f"pf={shell_path(pf)}; "
+            ALIVE_FN + f"pf={shell_path(pf)}; "
             'if [ ! -f "$pf" ]; then echo "inactive"; '
             'elif alive "$(cat "$pf")"; then echo "alive $(cat "$pf")"; '
             'else echo "dead $(cat "$pf")"; fi'
@@ -260,7 +262,7 @@ class ProcessManager(ServiceManager):
         root, pf, log = self._paths()
         cmd = self.command_line()
         script = (
-            self._alive_fn()
+            ALIVE_FN
             + f"set -e; root={shell_path(root)}; pf={shell_path(pf)}; log={shell_path(log)}; "
             'mkdir -p "$(dirname "$pf")" "$(dirname "$log")"; '
             'if [ -f "$pf" ] && alive "$(cat "$pf")"; then echo "ALREADY $(cat "$pf")"; '
@@ -283,7 +285,7 @@ class ProcessManager(ServiceManager):
         _, pf, _ = self._paths()
         ticks = STOP_GRACE_S * 10
         script = (
-            self._alive_fn() + f"pf={shell_path(pf)}; "
+            ALIVE_FN + f"pf={shell_path(pf)}; "
             '[ -f "$pf" ] || { echo NOTRUNNING; exit 0; }; pid=$(cat "$pf"); '
             'if ! alive "$pid"; then rm -f "$pf"; echo STALE; exit 0; fi; '
             'kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid"; '
