@@ -28,14 +28,19 @@ class Ops:
         self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
 
     def configure(self, mode: str = "ok", salt: str = "", ids: str = "inline") -> None:
+        """The `local` service is tests/fake_service.py in the given mode."""
         command = f"{{python}} {FAKE} --port {{port}} --mode {mode} --salt '{salt}' --ids {ids}"
+        self.configure_service(command, name="fake")
+
+    def configure_service(self, command: str | None, name: str | None = None) -> None:
+        """`local` on our port and roots; `command` None keeps the built-in engine command."""
         self.inventory.write_text(
             "[targets.local]\n"
             f"remote_root = '{self.tmp / 'root'}'\n"
             "[targets.local.service]\n"
-            "name = 'fake'\n"
-            f"url = 'http://127.0.0.1:{self.port}'\n"
-            f'command = "{command}"\n'
+            + (f"name = '{name}'\n" if name else "")
+            + f"url = 'http://127.0.0.1:{self.port}'\n"
+            + (f'command = "{command}"\n' if command else "")
         )
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -8,49 +8,18 @@ from outside), and fails against other weights with the first divergent position
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from sshd import free_port
+from test_healthcheck import Ops
 
 ENGINE = "{python} -m engine --host {host} --port {port} --preset tiny"
 
 
-class EngineOps:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.port = tmp, free_port()
-        self.inventory = tmp / "ops.toml"
-        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-
-    def configure(self, extra: str = "") -> None:
-        url = f"http://127.0.0.1:{self.port}"
-        command = f'command = "{ENGINE} {extra}"\n' if extra else ""  # default otherwise
-        self.inventory.write_text(
-            f"[targets.local]\nremote_root = '{self.tmp / 'root'}'\n"
-            f"[targets.local.service]\nurl = '{url}'\n{command}"
-        )
-
-    def json(self, *args: str) -> tuple[int, dict]:
-        res = subprocess.run(
-            [sys.executable, "-m", "ops", *args, "--json", "--inventory", str(self.inventory)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=self.env,
-        )
-        try:
-            return res.returncode, json.loads(res.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(f"exit {res.returncode}: {res.stderr}") from None
-
-
 @pytest.fixture
 def ops(tmp_path: Path):
-    o = EngineOps(tmp_path)
-    o.configure()
+    o = Ops(tmp_path)
+    o.configure_service(None)  # the built-in reference-engine command
     yield o
     o.json("service", "stop", "local")
 
@@ -59,7 +28,7 @@ def check(rep: dict, name: str) -> dict:
     return next(c for c in rep["checks"] if c["name"] == name)
 
 
-def test_engine_golden_ar_equals_ddtree_and_other_weights_diverge(ops: EngineOps) -> None:
+def test_engine_golden_ar_equals_ddtree_and_other_weights_diverge(ops: Ops) -> None:
     code, st = ops.json("service", "start", "local")
     assert code == 0 and st["state"] == "active", st
     code, rec = ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "12")
@@ -70,13 +39,13 @@ def test_engine_golden_ar_equals_ddtree_and_other_weights_diverge(ops: EngineOps
     assert check(rec, "server_info")["status"] == "pass"
     assert "avg_spec_accept_length=" in check(rec, "server_info")["detail"]
 
-    ops.configure("--mode ar")
+    ops.configure_service(f"{ENGINE} --mode ar")
     assert ops.json("service", "restart", "local")[0] == 0
     code, rep = ops.json("healthcheck", "local")
     assert code == 0, [check(rep, n) for n in rep["failed"]]
     assert rep["modules"]["identity"]["identity_pct"] == 100.0
 
-    ops.configure("--mode ddtree --seed 7")
+    ops.configure_service(f"{ENGINE} --mode ddtree --seed 7")
     assert ops.json("service", "restart", "local")[0] == 0
     code, rep = ops.json("healthcheck", "local")
     assert code == 1 and rep["failed"] == ["identity"]
@@ -98,7 +67,7 @@ def test_engine_golden_ar_equals_ddtree_and_other_weights_diverge(ops: EngineOps
     assert check(rep, "identity")["status"] == "skip"
 
 
-def test_engine_loadtest_reports_accept_length(ops: EngineOps) -> None:
+def test_engine_loadtest_reports_accept_length(ops: Ops) -> None:
     assert ops.json("service", "start", "local")[0] == 0
     code, rep = ops.json(
         "loadtest",
