@@ -40,6 +40,7 @@ class BenchConfig:
     reps: int = 50
     refcheck: bool = True
     quick: bool = False  # fewer reps of the slow CPU baselines
+    tree_scale: float = 2.5  # drafter logits ~ N(0, scale^2): larger = peaked = deeper trees
 
 
 def register_suite(name: str) -> Callable[[SuiteFn], SuiteFn]:
@@ -131,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--no-refcheck", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer reps of the slow CPU baselines")
+    ap.add_argument(
+        "--tree-scale",
+        type=float,
+        default=2.5,
+        help="std of the drafter logits behind the tree inputs (6: peaked, deep trees)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -141,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             reps=args.reps,
             refcheck=not args.no_refcheck,
             quick=args.quick,
+            tree_scale=args.tree_scale,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

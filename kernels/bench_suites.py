@@ -40,9 +40,11 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed)
 
 
-def _top_inputs(b: int, h: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _top_inputs(
+    b: int, h: int, k: int, seed: int, scale: float = 2.5
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Realistic top-K: the top k of log_softmax over 4096 random logits per position."""
-    x = torch.randn(b, h, max(4096, k), device="cuda", generator=_gen(seed)) * 2.5
+    x = torch.randn(b, h, max(4096, k), device="cuda", generator=_gen(seed)) * scale
     lp, ids = torch.log_softmax(x, -1).topk(k, dim=-1)
     return lp.contiguous(), ids.contiguous()
 
@@ -137,8 +139,8 @@ def tree_suite(cfg: BenchConfig) -> list[Row]:
     for b in cfg.batches:
         for budget in cfg.budgets:
             for k in cfg.ks:
-                shape = {"B": b, "H": h, "K": k, "budget": budget}
-                sets = [_top_inputs(b, h, k, seed=100 * i + k) for i in range(8)]
+                shape = {"B": b, "H": h, "K": k, "budget": budget, "scale": cfg.tree_scale}
+                sets = [_top_inputs(b, h, k, 100 * i + k, cfg.tree_scale) for i in range(8)]
                 out = kc.CudaTrees.empty(b, budget, "cuda")
 
                 def fn(i: int, budget: int = budget, out=out, sets=sets) -> None:

@@ -35,7 +35,12 @@ HEADERS += [
     "tree_verify_attention_mma.cuh",
     "tree_verify_attention_wgmma.cuh",
 ]
-HEADERS += ["tree_build_v4.cuh", "tree_build_v5.cuh", "tree_build_parallel.cuh"]  # tree_build.cu
+HEADERS += [
+    "tree_build_v4.cuh",
+    "tree_build_v5.cuh",
+    "tree_build_parallel.cuh",
+    "tree_build_levels.cuh",
+]  # tree_build.cu
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 

@@ -91,6 +91,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER"),
+        "kernel_switches": {k: v for k, v in os.environ.items() if k.startswith("DDTREE_")},
     }
     try:
         import torch

@@ -204,6 +204,51 @@ def test_build_trees_poisoned_out(kc):
     _assert_trees_equal(out, ref.build_trees(lp.numpy(), ids.numpy(), 64))
 
 
+def _drafter_top(b: int, h: int, k: int, scale: float, seed: int):
+    """Top-k of log_softmax over 4096 random logits (the benchmark's inputs), in float32."""
+    g = _gen(seed)
+    x = torch.randn(b, h, max(4096, k), generator=g) * scale
+    lp, _ = torch.log_softmax(x, -1).topk(k, dim=-1)
+    return lp.contiguous(), torch.randint(0, 163840, (b, h, k), generator=g)
+
+
+@pytest.mark.parametrize("scale", [2.5, 6.0, 12.0])
+@pytest.mark.parametrize(
+    "b,h,k,budget",
+    [
+        (64, 15, 8, 64),
+        (64, 15, 64, 64),
+        (7, 32, 16, 40),
+        (5, 1, 8, 15),
+        (3, 15, 1, 9),
+        (9, 4, 64, 1),
+        (2, 15, 3, 2),
+        (33, 15, 64, 33),
+    ],
+)
+def test_build_trees_level_path_alone(kc, monkeypatch, scale, b, h, k, budget):
+    # DDTREE_TREE_ALGO=v6only: the level selection without its fallback. It must take exactly
+    # the requests the Python model of it takes (num_nodes -1 elsewhere), and give the
+    # reference's tree for each of them.
+    import tree_levels_model as model
+
+    monkeypatch.setenv("DDTREE_TREE_ALGO", "v6only")
+    lp, ids = _drafter_top(b, h, k, scale, seed=int(scale * 10) + b + 100 * k + budget)
+    got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
+    want = ref.build_trees(lp.numpy(), ids.numpy(), budget)
+    taken = 0
+    for i in range(b):
+        takes = model.build(lp[i].numpy(), budget) is not None
+        assert int(got.num_nodes[i]) == (int(want.num_nodes[i]) if takes else -1), i
+        if takes:
+            taken += 1
+            for f in TREE_FIELDS[:-1]:
+                np.testing.assert_array_equal(
+                    getattr(got, f)[i].cpu().numpy(), getattr(want, f)[i], err_msg=f"{f} [{i}]"
+                )
+    assert taken >= (b + 1) // 2  # the path under test did run
+
+
 def _targets(trees: ref.BatchedTrees, seed: int) -> np.ndarray:
     """Target ids that follow a random child most of the time (deep walks), else a miss."""
     rng = np.random.default_rng(seed)

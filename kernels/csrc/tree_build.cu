@@ -25,6 +25,7 @@
 // Then the whole block writes every output (token ids, depths, parents, child links, ancestor
 // visibility) with padding.
 #include <cstdlib>
+#include <cstring>
 
 #include "ddtree_common.cuh"
 
@@ -266,6 +267,7 @@ __device__ void pop_loop(const Smem& sm, int H, int K, int budget) {
 #include "tree_build_v4.cuh"        // pop_loop_v4 (the default)
 #include "tree_build_v5.cuh"        // pop_loop_v5 (DDTREE_TREE_ALGO=v5)
 #include "tree_build_parallel.cuh"  // parallel_select (DDTREE_TREE_PARALLEL=1)
+#include "tree_build_levels.cuh"    // level_select (v6, the default for budget <= 64)
 
 template <int S>
 __global__ void __launch_bounds__(kThreads) build_trees_kernel(
@@ -342,13 +344,15 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
 // The v4 kernel: same outputs, pop_loop_v4, and an epilogue that reads the packed node
 // records directly (links, ancestor bits in registers, token ids staged in shared memory by
 // the idle warps during the loop).
+// levels: 0 = the pop loop only, 1 = level_select (tree_build_levels.cuh) with the pop loop as
+// its fallback, 2 = level_select only (tests: num_nodes = -1 where it declines the input).
 template <int S, bool V5>
 __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
     int64_t* __restrict__ parents, uint8_t* __restrict__ visibility,
     int64_t* __restrict__ first_child, int64_t* __restrict__ next_sibling,
-    int64_t* __restrict__ num_nodes) {
+    int64_t* __restrict__ num_nodes, int levels) {
   extern __shared__ __align__(16) char smem_raw[];
   const int b = blockIdx.x, tid = threadIdx.x;
   const Smem sm = carve(smem_raw, H, K, budget, 0, true);
@@ -356,21 +360,44 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   const int64_t ob = static_cast<int64_t>(b);
   const float* lp_g = top_lp + ob * HK;
   const int64_t* ids_g = top_ids + ob * HK;
+  const bool work = budget > 0 && H > 0 && K > 0;
+  constexpr bool kLevels = S == 1 || S == 2;  // budget <= 64
+  const bool lv_on = kLevels && !V5 && levels > 0 && work && budget <= kLvMaxBudget;
+  if (lv_on) {  // the level path needs every warp: stage the ids now
+    for (int i = tid; i < HK; i += kThreads) sm.ids[i] = ids_g[i];
+    for (int i = tid; i < n1; i += kThreads) { sm.fc[i] = -1; sm.ns[i] = -1; }
+  }
   for (int i = tid; i < HK; i += kThreads) {
     const double v = static_cast<double>(lp_g[i]);
     sm.lpd[i] = v;
     sm.lpd[HK + 1 + i] = -v;
   }
   if (tid == 0) { sm.lpd[HK] = 0.0; *sm.count = 0; }
-  __syncthreads();
-  if (tid < 32) {
-    if (budget > 0 && H > 0 && K > 0) {
-      if constexpr (V5) pop_loop_v5<S>(sm, H, K, budget);
-      else pop_loop_v4<S>(sm, H, K, budget);
+  bool built = false;
+  if constexpr (kLevels) {
+    __shared__ LvSmem lv;
+    if (tid == 0) lv.emin = 1000;
+    __syncthreads();
+    if (lv_on) {
+      built = level_select(sm, lv, H, K, budget);
+      if (!built && levels == 2) {  // tests: no fallback, say so
+        if (tid == 0) num_nodes[b] = -1;
+        return;
+      }
     }
-  } else {  // the other warps meanwhile: token ids to shared memory, links to -1
-    for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
-    for (int i = tid - 32; i < n1; i += kThreads - 32) { sm.fc[i] = -1; sm.ns[i] = -1; }
+  } else {
+    __syncthreads();
+  }
+  if (!built) {
+    if (tid < 32) {
+      if (work) {
+        if constexpr (V5) pop_loop_v5<S>(sm, H, K, budget);
+        else pop_loop_v4<S>(sm, H, K, budget);
+      }
+    } else if (!lv_on) {  // the other warps meanwhile: token ids to shared memory, links to -1
+      for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
+      for (int i = tid - 32; i < n1; i += kThreads - 32) { sm.fc[i] = -1; sm.ns[i] = -1; }
+    }
   }
   __syncthreads();
   const int n = *sm.count;
@@ -429,21 +456,27 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   }
 }
 
-// Tree-build kernel: v4 by default (H200: 21.1 / 22.1 us at B=64, H=15, K=8 / 64, budget 64,
-// vs v1 32.1 / 32.7 us; all GPU tests pass with it); DDTREE_TREE_ALGO=v5 selects the v5 loop
-// (two pops per vote, tree_build_v5.cuh), any other value (v1) the v1 loop.
-constexpr int kDefaultAlgo = 4;
+// Tree-build kernel, by DDTREE_TREE_ALGO: v6 (the default) = the v4 kernel with the level
+// selection first for budget <= 64 (tree_build_levels.cuh; the v4 loop where it declines the
+// input); v6only = the level selection alone (tests: num_nodes = -1 where it declines); v4 =
+// the v4 loop alone (H200: 21.1 / 22.1 us at B=64, H=15, K=8 / 64, budget 64); v5 = the v5 loop
+// (two pops per vote, tree_build_v5.cuh); any other value (v1) the v1 loop.
+constexpr int kDefaultAlgo = 6;
 int tree_algo() {
   const char* env = getenv("DDTREE_TREE_ALGO");
   if (env == nullptr || env[0] == '\0') return kDefaultAlgo;
-  if (env[0] == 'v' && (env[1] == '4' || env[1] == '5') && env[2] == '\0') return env[1] - '0';
+  if (strcmp(env, "v4") == 0) return 4;
+  if (strcmp(env, "v5") == 0) return 5;
+  if (strcmp(env, "v6") == 0) return 6;
+  if (strcmp(env, "v6only") == 0) return 7;
   return 1;
 }
 
 template <int S, bool V5>
 cudaError_t launch_v4(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
                       int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
-                      int64_t* ns, int64_t* nn, size_t smem4, cudaStream_t stream) {
+                      int64_t* ns, int64_t* nn, size_t smem4, int levels,
+                      cudaStream_t stream) {
   if (smem4 > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(build_trees_v4_kernel<S, V5>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -451,7 +484,7 @@ cudaError_t launch_v4(const float* lp, const int64_t* ids, int B, int H, int K, 
     if (e != cudaSuccess) return e;
   }
   build_trees_v4_kernel<S, V5><<<B, kThreads, smem4, stream>>>(lp, ids, H, K, budget, tok, dep,
-                                                               par, vis, fc, ns, nn);
+                                                               par, vis, fc, ns, nn, levels);
   return cudaGetLastError();
 }
 
@@ -474,9 +507,10 @@ cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int
   if (algo >= 4 && !parallel && smem4 <= 160 * 1024) {
     if (algo == 5)
       return launch_v4<S, true>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
-                                stream);
+                                0, stream);
+    const int levels = algo == 6 ? 1 : algo == 7 ? 2 : 0;
     return launch_v4<S, false>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
-                               stream);
+                               levels, stream);
   }
   const size_t smem = smem_bytes(H, K, budget, cap, false);
   if (smem > 48 * 1024) {
