@@ -56,7 +56,8 @@ def test_model_matches_reference_where_it_takes_the_input(mode):
         depths, ranks, parents = got
         assert depths == want.depths.tolist()
         assert parents == want.parents.tolist()
-        assert [ids[d - 1][r] for d, r in zip(depths, ranks)] == want.token_ids.tolist()
+        tokens = [ids[d - 1][r] for d, r in zip(depths, ranks, strict=True)]
+        assert tokens == want.token_ids.tolist()
     if mode in ("drafter", "peaked"):  # budget 1..64 of a drafter-like input: always taken
         assert taken >= 0.9 * n * 64 / 70
 

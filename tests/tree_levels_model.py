@@ -43,7 +43,10 @@ def eligible(lp: np.ndarray, budget: int) -> bool:
 
 
 def build(lp32: np.ndarray, budget: int):
-    """(depths, ranks, parents) in pop order (parents[0] = -1 for the root; 0 = the root, else 1-based), or None."""
+    """(depths, ranks, parents) in pop order, or None where the kernel declines the input.
+
+    parents[0] is -1 (the root's); a node's parent is 0 for the root, else its 1-based index.
+    """
     if not eligible(lp32, budget):
         return None
     lp = lp32.astype(np.float64)
@@ -73,11 +76,11 @@ def build(lp32: np.ndarray, budget: int):
         pool = t + cands
         keys = [e[0] for e in pool]
         ranks = [sum(1 for f in keys if f > e) for e in keys]
-        kept = [e for e, rk in zip(pool, ranks) if rk < b]
+        kept = [e for e, rk in zip(pool, ranks, strict=True) if rk < b]
         if len({rk for rk in ranks if rk < b}) != len(kept):
             return None  # a tie among the kept: the kernel declines
         newpos = {i: rk for i, rk in enumerate(ranks[:n_t]) if rk < b}
-        order = sorted(zip(ranks, range(len(pool))))
+        order = sorted(zip(ranks, range(len(pool)), strict=True))
         new_t = []
         for rk, idx in order:
             if rk >= b:
