@@ -13,7 +13,7 @@ timeout 150 python3 -m kernels.build --arch sm_90 --out /tmp/ddtree-k > "$OUT/bu
 tail -1 "$OUT/build.txt"
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 t() { timeout 150 python3 -m pytest -m gpu "$@" -q -p no:cacheprovider 2>&1; }
-echo "== default (v6)"; t tests/test_cuda_kernels.py | tee "$OUT/pytest-v6.txt" | tail -4
+echo "== default (v6)"; t tests/test_cuda_kernels.py ${TESTS_K:+-k "$TESTS_K"} | tee "$OUT/pytest-v6.txt" | tail -4
 echo "== v4"; DDTREE_TREE_ALGO=v4 t tests/test_cuda_kernels.py -k build_trees \
   | tee "$OUT/pytest-v4.txt" | tail -2
 echo "== engine (v6)"; t tests/test_engine_gpu.py | tee "$OUT/pytest-engine.txt" | tail -2
@@ -24,6 +24,19 @@ bench() {  # name algo args...
     > "$OUT/bench-$name.json" 2>> "$OUT/bench.err"
   echo "bench $name rc=$?"
 }
+# Phase profile (clock64, benchmarks/tree_levels_profile.cu) of v6 and v4 at the target shape.
+if nvcc -arch=sm_90a -O3 -std=c++17 -DDDTREE_LV_PROFILE -Ikernels/csrc \
+    benchmarks/tree_levels_profile.cu -o /tmp/tree_prof > "$OUT/profile-build.txt" 2>&1; then
+  for a in v6 v4; do
+    for shape in "64 15 8 64 2.5" "64 15 64 64 2.5" "1 15 8 64 2.5" "64 15 8 16 2.5" \
+                 "64 15 8 64 6" "64 15 64 64 6"; do
+      DDTREE_TREE_ALGO=$a /tmp/tree_prof $shape | sed "s/^{/{\"algo\": \"$a\", /"
+    done
+  done | tee "$OUT/profile.jsonl"
+else
+  tail -5 "$OUT/profile-build.txt"
+fi
+[ "${PROFILE_ONLY:-0}" = 1 ] && exit 0
 bench v6 v6 --batch 1,64 --budget 16,64 --k 8,64
 bench v4 v4 --batch 64 --budget 64 --k 8,64
 bench v6-peaked v6 --batch 64 --budget 64 --k 8,64 --tree-scale 6

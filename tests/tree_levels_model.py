@@ -38,7 +38,7 @@ def eligible(lp: np.ndarray, budget: int) -> bool:
     if not np.any(nz):
         return True
     emin = int(np.min(np.where(ex[nz] == 0, 1, ex[nz]))) - 150
-    mx = float(np.sum(np.max(np.abs(rows), axis=1)))
+    mx = h * float(np.max(np.abs(rows)))  # bounds every partial sum along a path
     return mx < math.ldexp(1.0, 53 + emin)
 
 

@@ -363,30 +363,71 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   const bool work = budget > 0 && H > 0 && K > 0;
   constexpr bool kLevels = S == 1 || S == 2;  // budget <= 64
   const bool lv_on = kLevels && !V5 && levels > 0 && work && budget <= kLvMaxBudget;
-  if (lv_on) {  // the level path needs every warp: stage the ids now
-    for (int i = tid; i < HK; i += kThreads) sm.ids[i] = ids_g[i];
-    for (int i = tid; i < n1; i += kThreads) { sm.fc[i] = -1; sm.ns[i] = -1; }
-  }
-  for (int i = tid; i < HK; i += kThreads) {
-    const double v = static_cast<double>(lp_g[i]);
-    sm.lpd[i] = v;
-    sm.lpd[HK + 1 + i] = -v;
-  }
-  if (tid == 0) { sm.lpd[HK] = 0.0; *sm.count = 0; }
-  bool built = false;
+#ifdef DDTREE_LV_PROFILE
+  long long lv_t_ = clock64();
+  unsigned long long lv_g0_;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(lv_g0_));
+  if (tid < 12) s_lv_prof[tid] = 0;
+#endif
+  LvSmem* lvp = nullptr;
   if constexpr (kLevels) {
     __shared__ LvSmem lv;
-    if (tid == 0) lv.emin = 1000;
-    __syncthreads();
+    lvp = &lv;
+  }
+  bool lv_ok = lv_on;
+  if (lv_on) {
+    // The level path needs every warp: stage the ids now, beside the log-probs, and check its
+    // preconditions on the values as they arrive (lv_check).
+    for (int i = tid; i < n1; i += kThreads) { sm.fc[i] = -1; sm.ns[i] = -1; }
+    const int kc = min(K, budget), kx = min(K, kc + 1);
+    int emin = 1000;
+    float amax = 0.0f;
+    for (int i0 = tid; i0 < HK; i0 += 4 * kThreads) {  // four of each load in flight
+      float v[4], prev[4];
+      int64_t t[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q * kThreads;
+        if (i < HK) {
+          v[q] = lp_g[i];
+          prev[q] = lp_g[i > 0 ? i - 1 : 0];
+          t[q] = ids_g[i];
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q * kThreads;
+        if (i < HK) {
+          const int d = i / K, r = i - d * K;
+          sm.lpd[i] = v[q];
+          sm.lpd[HK + 1 + i] = -static_cast<double>(v[q]);
+          sm.ids[i] = t[q];
+          if (r < kx) lv_check(v[q], prev[q], d, r, kc, lv_ok, emin, amax);
+        }
+      }
+    }
+    emin = __reduce_min_sync(kFull, emin);
+    const uint32_t ab = __reduce_max_sync(kFull, __float_as_uint(amax));
+    if ((tid & 31) == 0) { lvp->wemin[tid >> 5] = emin; lvp->wamax[tid >> 5] = ab; }
+  } else {
+    for (int i = tid; i < HK; i += kThreads) {
+      const double v = static_cast<double>(lp_g[i]);
+      sm.lpd[i] = v;
+      sm.lpd[HK + 1 + i] = -v;
+    }
+  }
+  if (tid == 0) { sm.lpd[HK] = 0.0; *sm.count = 0; }
+  lv_ok = __syncthreads_and(lv_ok);
+  LV_PROF(0);
+  bool built = false;
+  if constexpr (kLevels) {
     if (lv_on) {
-      built = level_select(sm, lv, H, K, budget);
+      if (lv_ok && lv_eligible(*lvp, H)) built = level_select(sm, *lvp, H, K, budget);
       if (!built && levels == 2) {  // tests: no fallback, say so
         if (tid == 0) num_nodes[b] = -1;
         return;
       }
     }
-  } else {
-    __syncthreads();
   }
   if (!built) {
     if (tid < 32) {
@@ -400,6 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     }
   }
   __syncthreads();
+  LV_PROF(7);
   const int n = *sm.count;
   // Links (children in pop order: rank 0 is the first child, else the previous sibling's
   // next) and ancestor bits of row i (at most S + 1 words, in registers).
@@ -426,6 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
       if (w < W) rowbits[w] = rb[w];
   }
   __syncthreads();
+  LV_PROF(8);
   for (int i = tid; i < budget; i += kThreads) {
     int64_t tok = -1, dep = -1;
     if (i < n) {
@@ -443,17 +486,32 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     next_sibling[ob * n1 + i] = live ? sm.ns[i] : -1;
   }
   if (tid == 0) num_nodes[b] = n;
-  // Visibility: one warp per row, lanes over columns.
+  // Visibility, flat over the n1 x n1 bytes (coalesced; (row, column) stepped, not divided).
   uint8_t* vis = visibility + ob * n1 * n1;
-  const int lane = tid & 31, warp = tid >> 5;
-  for (int i = warp; i < n1; i += kThreads / 32) {
-    const uint32_t* rowbits = sm.bits + i * W;
-    for (int j = lane; j < n1; j += 32) {
+  {
+    const int nn = n1 * n1, q = kThreads / n1, rem = kThreads - q * n1;
+    int i = tid / n1, j = tid - i * n1;
+#pragma unroll 4
+    for (int f = tid; f < nn; f += kThreads) {
       uint8_t v = 0;
-      if (i <= n && j <= n) v = static_cast<uint8_t>((rowbits[j >> 5] >> (j & 31)) & 1u);
-      vis[static_cast<int64_t>(i) * n1 + j] = v;
+      if (i <= n && j <= n) v = static_cast<uint8_t>((sm.bits[i * W + (j >> 5)] >> (j & 31)) & 1u);
+      vis[f] = v;
+      i += q;
+      j += rem;
+      if (j >= n1) { j -= n1; ++i; }
     }
   }
+#ifdef DDTREE_LV_PROFILE
+  __syncthreads();
+  LV_PROF(10);
+  if (tid == 0 && b < 64) {
+    unsigned long long g1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+    g_lv_span[b][0] = lv_g0_;
+    g_lv_span[b][1] = g1;
+    for (int p = 0; p < 12; ++p) g_lv_prof[b][p] += s_lv_prof[p];
+  }
+#endif
 }
 
 // Tree-build kernel, by DDTREE_TREE_ALGO: v6 (the default) = the v4 kernel with the level
