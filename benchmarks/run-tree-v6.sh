@@ -4,7 +4,7 @@
 # v6only, in the tests that set it) and the v4 loop; the engine GPU test; then the tree
 # benchmark for v6 and v4, on the benchmark's drafter inputs (logit scale 2.5) and on peaked
 # ones (scale 6: deeper trees).
-# Usage: OUT=dir bash benchmarks/run-tree-v6.sh
+# Usage: OUT=dir [SKIP_PROFILE=1] [PROFILE_ONLY=1] bash benchmarks/run-tree-v6.sh
 set -u
 OUT=${OUT:-/tmp/tree-v6}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
@@ -25,7 +25,9 @@ bench() {  # name algo args...
   echo "bench $name rc=$?"
 }
 # Phase profile (clock64, benchmarks/tree_levels_profile.cu) of v6 and v4 at the target shape.
-if nvcc -arch=sm_90a -O3 -std=c++17 -DDDTREE_LV_PROFILE -Ikernels/csrc \
+if [ "${SKIP_PROFILE:-0}" = 1 ]; then
+  echo "profile skipped"
+elif nvcc -arch=sm_90a -O3 -std=c++17 -DDDTREE_LV_PROFILE -Ikernels/csrc \
     benchmarks/tree_levels_profile.cu -o /tmp/tree_prof > "$OUT/profile-build.txt" 2>&1; then
   for a in v6 v4; do
     for shape in "64 15 8 64 2.5" "64 15 64 64 2.5" "1 15 8 64 2.5" "64 15 8 16 2.5" \

@@ -6,10 +6,12 @@
 //   nvcc -arch=sm_90a -O3 -std=c++17 -DDDTREE_LV_PROFILE -Ikernels/csrc \
 //     benchmarks/tree_levels_profile.cu -o /tmp/tree_prof
 //   /tmp/tree_prof B H K budget scale      (DDTREE_TREE_ALGO picks the algorithm as usual)
-// Prints one JSON line. Phases (cycles of thread 0): 0 prologue (loads), 1 eligibility, 2-5 the
-// level steps A-D summed over levels, 6 records, 7 from the prologue's end to the tree (includes
-// 1-6, or the pop loop), 8 links and ancestor bits, 10 output stores; 9 = levels run. Plus the
-// last launch's block start spread and span (globaltimer, ns).
+// Prints one JSON line. Phases (cycles of thread 0, mean and max over blocks): 0 prologue
+// (loads and the v6 precondition checks), 2 v6 step A (candidates) and 4 step C (ranking),
+// summed over levels, 6 v6's records, links and ancestor bits, 7 from the prologue's end to the
+// tree (includes 2-6, or the v4 pop loop), 8 the v4 path's links and bits, 3 token / parent /
+// link stores, 10 visibility stores; 9 = levels run. Plus the last launch's block start spread
+// and span (globaltimer, ns). The clock64 reads add a little to every phase.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 ROOT = -1
+LOG = 1024  # the kernel's node log (kLvLog)
 
 
 def eligible(lp: np.ndarray, budget: int) -> bool:
@@ -55,6 +56,7 @@ def build(lp32: np.ndarray, budget: int):
     kc = min(k, b)
     # T: sorted list of (key, parent slot, rank, depth)
     t = [(lp[0][r], ROOT, r, 1) for r in range(min(kc, b))]
+    logged = len(t)  # node ids handed out: depth 1, then every candidate
     d = 1
     while d < h:
         n_t = len(t)
@@ -73,6 +75,9 @@ def build(lp32: np.ndarray, budget: int):
                 cands.append((v, i, r, d + 1))
         if not cands:
             break
+        logged += len(cands)
+        if logged > LOG:
+            return None  # the kernel's node log is full
         pool = t + cands
         keys = [e[0] for e in pool]
         ranks = [sum(1 for f in keys if f > e) for e in keys]

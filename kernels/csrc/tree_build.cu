@@ -1,8 +1,12 @@
 // tree_build.cu: batched best-first DDTree build on the GPU, tie-exact with
 // liranringel/ddtree build_ddtree_tree (see kernels/reference.py for the contract).
 //
-// One block per request; three ways to the same pop order:
-//  * v4 (the default; kernel build_trees_v4_kernel, loop pop_loop_v4 in tree_build_v4.cuh):
+// One block per request; four ways to the same pop order:
+//  * v6 (the default for budget <= 64; level_select in tree_build_levels.cuh, inside the v4
+//    kernel): when every score is an exact float64 sum, the pop order is the score order, and
+//    the block selects the best `budget` nodes level by level; it hands anything else (ties,
+//    inexact sums, very wide levels) to the v4 loop in the same launch.
+//  * v4 (budgets above 64, and v6's fallback; kernel build_trees_v4_kernel, loop pop_loop_v4):
 //    warp 0 pops with only the frontier keys in registers and the candidate records in shared
 //    memory; one redux.sync per pop in the common case (see pop_loop_v4). The other warps
 //    stage the token ids meanwhile; the epilogue reads the packed node records.
@@ -409,6 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     emin = __reduce_min_sync(kFull, emin);
     const uint32_t ab = __reduce_max_sync(kFull, __float_as_uint(amax));
     if ((tid & 31) == 0) { lvp->wemin[tid >> 5] = emin; lvp->wamax[tid >> 5] = ab; }
+    if (tid == 0) lvp->tie = 0;
   } else {
     for (int i = tid; i < HK; i += kThreads) {
       const double v = static_cast<double>(lp_g[i]);
@@ -422,7 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   bool built = false;
   if constexpr (kLevels) {
     if (lv_on) {
-      if (lv_ok && lv_eligible(*lvp, H)) built = level_select(sm, *lvp, H, K, budget);
+      if (lv_ok && lv_eligible(*lvp, H))
+        built = level_select(sm, *lvp, H, K, budget, W, levels == 2);
       if (!built && levels == 2) {  // tests: no fallback, say so
         if (tid == 0) num_nodes[b] = -1;
         return;
@@ -443,31 +449,33 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   __syncthreads();
   LV_PROF(7);
   const int n = *sm.count;
-  // Links (children in pop order: rank 0 is the first child, else the previous sibling's
-  // next) and ancestor bits of row i (at most S + 1 words, in registers).
-  for (int i = 1 + tid; i <= n; i += kThreads) {
-    const uint64_t x = sm.ninfo[i];
-    if (info_r(x) == 0) sm.fc[info_p(x)] = static_cast<int16_t>(i);
-    else sm.ns[info_pred(x)] = static_cast<int16_t>(i);
-  }
-  constexpr int MW = S + 1;
-  for (int i = tid; i <= n; i += kThreads) {
-    uint32_t rb[MW];
-#pragma unroll
-    for (int w = 0; w < MW; ++w) rb[w] = 0u;
-    int x = i;
-    while (true) {
-#pragma unroll
-      for (int w = 0; w < MW; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
-      if (x == 0) break;
-      x = info_p(sm.ninfo[x]);
+  if (!built) {  // (the level path wrote its own links and bits)
+    // Links (children in pop order: rank 0 is the first child, else the previous sibling's
+    // next) and ancestor bits of row i (at most S + 1 words, in registers).
+    for (int i = 1 + tid; i <= n; i += kThreads) {
+      const uint64_t x = sm.ninfo[i];
+      if (info_r(x) == 0) sm.fc[info_p(x)] = static_cast<int16_t>(i);
+      else sm.ns[info_pred(x)] = static_cast<int16_t>(i);
     }
-    uint32_t* rowbits = sm.bits + i * W;
+    constexpr int MW = S + 1;
+    for (int i = tid; i <= n; i += kThreads) {
+      uint32_t rb[MW];
 #pragma unroll
-    for (int w = 0; w < MW; ++w)
-      if (w < W) rowbits[w] = rb[w];
+      for (int w = 0; w < MW; ++w) rb[w] = 0u;
+      int x = i;
+      while (true) {
+#pragma unroll
+        for (int w = 0; w < MW; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
+        if (x == 0) break;
+        x = info_p(sm.ninfo[x]);
+      }
+      uint32_t* rowbits = sm.bits + i * W;
+#pragma unroll
+      for (int w = 0; w < MW; ++w)
+        if (w < W) rowbits[w] = rb[w];
+    }
+    __syncthreads();
   }
-  __syncthreads();
   LV_PROF(8);
   for (int i = tid; i < budget; i += kThreads) {
     int64_t tok = -1, dep = -1;
@@ -486,7 +494,12 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     next_sibling[ob * n1 + i] = live ? sm.ns[i] : -1;
   }
   if (tid == 0) num_nodes[b] = n;
+#ifdef DDTREE_LV_PROFILE
+  __syncthreads();
+  LV_PROF(3);
+#endif
   // Visibility, flat over the n1 x n1 bytes (coalesced; (row, column) stepped, not divided).
+  // (Measured on an H200: 32-bit word stores, one division a word, were slower.)
   uint8_t* vis = visibility + ob * n1 * n1;
   {
     const int nn = n1 * n1, q = kThreads / n1, rem = kThreads - q * n1;

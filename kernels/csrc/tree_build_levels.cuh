@@ -13,37 +13,46 @@
 // best-first pop order IS the selected nodes sorted by score: the top `budget` nodes of the
 // whole candidate tree. The block finds them level by level:
 //   T := the best `budget` nodes of depth <= d (sorted; depth 1: the first row),
-//   children of T's depth-d nodes that can still enter T (score >= T's last score when T is
-//   full; the j-th depth-d parent's child of rank r has (j+1)(r+2)-1 nodes ahead of it, so
-//   r < budget/(j+1) - 1), ranked against T and each other by counting, T := the best budget,
-// until no child qualifies. Any tie among the kept nodes (two share a rank) or a failed
-// precondition returns false and the v4 loop builds the tree instead, bit-exact either way.
-// Cost: 4 block barriers a level, levels = the tree's depth (2-3 for the benchmark's trees),
-// instead of one dependent warp vote a node.
+//   A (warp 0): the children of T's depth-d nodes that can still enter T (score >= T's last
+//   score when T is full; the j-th depth-d parent's child of rank r has (j+1)(r+2)-1 nodes
+//   ahead of it, so r < budget/(j+1) - 1),
+//   C (all warps): every pool entry ranked by counting the entries scoring higher; T := the
+//   best budget,
+// until no child qualifies. Node ids index an append-only log (parent id, rank, depth), so no
+// parent pointer moves when T is re-ranked; a parent's children get consecutive ids, so a
+// node's previous sibling (its pusher) is id - 1. Any tie among the kept nodes, a failed
+// precondition or a full log returns false and the v4 loop builds the tree instead,
+// bit-exact either way; so does (by default, not under DDTREE_TREE_ALGO=v6only) a level of
+// more than kLvWide candidates.
+// Cost: 2 block barriers a level, levels = the tree's depth (2-3 for the benchmark's trees),
+// instead of one dependent warp vote a node. Measured (H200) and what did not work:
+// benchmarks/NOTES-kernels-i.md; per-phase cycles: benchmarks/tree_levels_profile.cu.
 #pragma once
 
-constexpr int kLvMaxBudget = 64;   // budgets above this take the v4 loop
-constexpr int kLvCap = 224;  // candidates a level: the bound above gives at most 216, + 8 pad
-constexpr uint32_t kLvRoot = 0xffu;
+constexpr int kLvMaxBudget = 64;  // budgets above this take the v4 loop
+constexpr int kLvCap = 224;       // candidates a level: the bound gives at most 216, + 8 pad
+constexpr int kLvLog = 1024;      // node log: every candidate ever made (else: the v4 loop)
+constexpr int kLvWide = 128;      // candidates in one level above which the default uses v4
+constexpr uint32_t kLvRoot = 0xfffu;
 
 struct __align__(16) LvSmem {
   double tk[2][kLvMaxBudget];    // T's scores, sorted descending (double-buffered)
-  uint32_t tm[2][kLvMaxBudget];  // T's records: parent slot in T (0xff: root) | rank << 8 |
-                                 // depth << 16
+  uint32_t tm[2][kLvMaxBudget];  // T's node ids (into nlog) | depth << 16
   double ck[kLvCap];             // this level's candidates (16-byte aligned: 8-wide reads)
-  uint32_t cm[kLvCap];
-  int off[4];                     // [0]: candidates this level
-  double ps[kLvMaxBudget];        // this level's parents in order: score, slot in T
-  uint8_t pslot[kLvMaxBudget];
-  int16_t newpos[kLvMaxBudget];  // T entry -> its slot in the next T (-1: dropped)
-  int16_t own[kLvMaxBudget];     // slot -> the pool entry that took it (tie check)
-  int16_t kid[(kLvMaxBudget + 1) * kLvMaxBudget];  // (parent node, rank) -> node
+  double ps[kLvMaxBudget];       // this level's parents in order: score, node id
+  uint32_t pid[kLvMaxBudget];
+  uint32_t nlog[kLvLog];         // node id -> parent id (kLvRoot: root) | rank << 12 | depth << 20
+  int16_t pos[kLvLog];           // node id -> node index in the final tree
+  int nc;                        // candidates this level
+  int firstnew[2];               // smallest rank a new (depth d + 1) node took, by d's parity
+                                 // (reset two levels later: no thread still reads it)
+  int tie;                       // set when two kept nodes share a score
   int wemin[8];                  // per warp: smallest ulp exponent (lv_check)
   uint32_t wamax[8];             // per warp: largest magnitude, as float bits
 };
 
 __device__ __forceinline__ uint32_t lv_pack(uint32_t p, int r, int d) {
-  return p | (static_cast<uint32_t>(r) << 8) | (static_cast<uint32_t>(d) << 16);
+  return p | (static_cast<uint32_t>(r) << 12) | (static_cast<uint32_t>(d) << 20);
 }
 
 // The exact-sum preconditions on one log-prob the reference may read (row d, rank r; prev is
@@ -100,19 +109,26 @@ __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
              ldexp(1.0, 53 + emin);
 }
 
-__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget) {
+// Builds the tree like pop_loop_v4 (sm.ninfo[1..n], *sm.count) and also its links (sm.fc,
+// sm.ns: the prologue set them to -1) and ancestor bits (sm.bits, W words a row), and returns
+// true; or returns false (the v4 loop's state untouched) at a tie or a full node log.
+__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, int W,
+                             bool strict) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
   const double* lp = sm.lpd;
   const int kc = min(K, budget);
 #ifdef DDTREE_LV_PROFILE
   long long lv_t_ = clock64();
 #endif
-  // Depth 1: the first kc entries of row 0 (the root's children, already in order).
+  // Depth 1: the first kc entries of row 0 (the root's children, already in order), ids 0..
   for (int i = tid; i < kc; i += nt) {
     lv.tk[0][i] = lp[i];
-    lv.tm[0][i] = lv_pack(kLvRoot, i, 1);
+    lv.tm[0][i] = static_cast<uint32_t>(i) | (1u << 16);
+    lv.nlog[i] = lv_pack(kLvRoot, i, 1);
   }
-  int cur = 0, n_t = kc;
+  int cur = 0, n_t = kc, base = kc;
+  // Warp 0: lane l holds the ranks the (j + 1)(r + 2) <= budget bound leaves parents l, l + 32.
+  const int need0 = min(kc, budget / (lane + 1) - 1), need1 = min(kc, budget / (lane + 33) - 1);
   __syncthreads();
   for (int d = 1; d < H; ++d) {
     const double tau = n_t == budget ? lv.tk[cur][budget - 1] : -INFINITY;
@@ -121,42 +137,51 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     // Both hold on a prefix of each parent's ranks, and the count never grows with j. So the
     // parents go by in groups, W lanes each (W = the power of two >= the ranks the bound
     // leaves parent j: 64 for the first when K > 32, then 32, 16, ...); a ballot gives every
-    // candidate its slot, and the walk stops after the first group with a parent without one.
+    // candidate its slot (a parent's children get consecutive ids), and the walk stops after
+    // the first group with a parent without one.
     if (warp == 0) {
       const double* y = lp + d * K;
       const uint32_t u = static_cast<uint32_t>(d), lt = (1u << lane) - 1u;
-      const bool a0 = lane < n_t && ((lv.tm[cur][lane] >> 16) & 0xffu) == u;
-      const bool a1 = lane + 32 < n_t && ((lv.tm[cur][lane + 32] >> 16) & 0xffu) == u;
+      const uint32_t t0 = lane < n_t ? lv.tm[cur][lane] : 0u;
+      const uint32_t t1 = lane + 32 < n_t ? lv.tm[cur][lane + 32] : 0u;
+      const uint32_t id0 = t0 & 0xffffu, id1 = t1 & 0xffffu;
+      const bool a0 = lane < n_t && (t0 >> 16) == u;
+      const bool a1 = lane + 32 < n_t && (t1 >> 16) == u;
       const uint32_t m0 = __ballot_sync(kFull, a0), m1 = __ballot_sync(kFull, a1);
       if (a0) {
         const int j = __popc(m0 & lt);
         lv.ps[j] = lv.tk[cur][lane];
-        lv.pslot[j] = static_cast<uint8_t>(lane);
+        lv.pid[j] = id0;
       }
       if (a1) {
         const int j = __popc(m0) + __popc(m1 & lt);
         lv.ps[j] = lv.tk[cur][lane + 32];
-        lv.pslot[j] = static_cast<uint8_t>(lane + 32);
+        lv.pid[j] = id1;
       }
       const int n_par = __popc(m0) + __popc(m1);
       const double y0 = lane < kc ? y[lane] : 0.0, y1 = lane + 32 < kc ? y[lane + 32] : 0.0;
       __syncwarp();
       int off = 0, j = 0;
+      const int room = kLvLog - base;  // node log entries left
+      if (lane == 0) lv.firstnew[d & 1] = kLvMaxBudget;
       while (j < n_par) {
-        const int need = min(kc, budget / (j + 1) - 1);  // ranks the bound leaves parent j
+        const int need = __shfl_sync(kFull, j < 32 ? need0 : need1, j & 31);
         if (need <= 0) break;
         if (need > 32) {  // the first parent, K > 32: two ranks a lane
           const double s = lv.ps[j];
-          const uint32_t slot = lv.pslot[j];
+          const uint32_t p = lv.pid[j];
           const double k0 = s + y0, k1 = s + y1;
           const bool p0 = lane < kc && (lane + 2) * (j + 1) <= budget && k0 >= tau;
           const bool p1 = lane + 32 < kc && (lane + 34) * (j + 1) <= budget && k1 >= tau;
           const int c = __popc(__ballot_sync(kFull, p0)) + __popc(__ballot_sync(kFull, p1));
           if (c == 0) break;
-          if (p0) { lv.ck[off + lane] = k0; lv.cm[off + lane] = lv_pack(slot, lane, d + 1); }
-          if (p1) {
+          if (p0 && off + lane < room) {
+            lv.ck[off + lane] = k0;
+            lv.nlog[base + off + lane] = lv_pack(p, lane, d + 1);
+          }
+          if (p1 && off + 32 + lane < room) {
             lv.ck[off + 32 + lane] = k1;
-            lv.cm[off + 32 + lane] = lv_pack(slot, lane + 32, d + 1);
+            lv.nlog[base + off + 32 + lane] = lv_pack(p, lane + 32, d + 1);
           }
           off += c;
           ++j;
@@ -166,33 +191,40 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
         const int jl = j + (lane >> sh), r = lane & ((1 << sh) - 1);
         const bool valid = jl < n_par;
         const double s = valid ? lv.ps[jl] : 0.0;
-        const uint32_t slot = valid ? lv.pslot[jl] : 0u;
+        const uint32_t p = valid ? lv.pid[jl] : 0u;
         const double key = s + (r < kc ? y[r] : 0.0);
         const bool pass = valid && r < kc && (r + 2) * (jl + 1) <= budget && key >= tau;
         const uint32_t bal = __ballot_sync(kFull, pass);
         const bool stop = __ballot_sync(kFull, valid && r == 0 && !pass) != 0u;
-        if (pass) {
-          const int q = off + __popc(bal & lt);
+        const int q = off + __popc(bal & lt);
+        if (pass && q < room) {
           lv.ck[q] = key;
-          lv.cm[q] = lv_pack(slot, r, d + 1);
+          lv.nlog[base + q] = lv_pack(p, r, d + 1);
         }
         off += __popc(bal);
         j += 32 >> sh;
         if (stop) break;
       }
       if (lane < 8) lv.ck[off + lane] = -INFINITY;  // pads C's 8-wide reads
-      if (lane == 0) lv.off[0] = off;
+      if (lane == 0) lv.nc = off > room ? -1 : off;
     }
     __syncthreads();
     LV_PROF(2);
-    const int n_c = lv.off[0];
-    if (n_c == 0) break;      // uniform: no child qualifies, T is final
+    const int n_c = lv.nc;
+    if (n_c == 0) break;  // uniform: no child qualifies, T is final
+    if (n_c < 0) return false;
+    // A level this wide (peaked drafts: many deep candidates near the top) makes the ranking
+    // cost more than the v4 loop would for the whole tree (H200: v6 31.8 us vs v4 22.2 us at
+    // B=64, K=64, budget 64, logit scale 6), so the default hands such a tree to v4 before
+    // ranking; DDTREE_TREE_ALGO=v6only (strict) keeps going.
+    if (!strict && n_c > kLvWide) return false;
     // C: rank of every pool entry (T then candidates) = entries scoring strictly higher: a
     // candidate's place in T by two rounds of eight independent loads, then a count over the
-    // candidates, eight a step, split between two threads when the pool allows.
+    // candidates, eight a step, split between two threads when the pool allows. An equal
+    // score among the kept is a tie (the v4 loop takes over).
     const int nxt = cur ^ 1, n_p = n_t + n_c;
     const bool pair = n_p <= nt / 2;
-    int myrank[2] = {-1, -1}, mye[2] = {-1, -1};
+    int fnew = kLvMaxBudget;  // this thread's best rank of a kept new node
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int e = pair ? (v == 0 ? tid >> 1 : n_p) : tid + v * nt;
@@ -201,6 +233,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       const bool live = e < n_p, in_t = e < n_t;
       const double key = !live ? 0.0 : in_t ? lv.tk[cur][e] : lv.ck[e - n_t];
       int rank = e;
+      bool tie = false;
       if (live && !in_t) {
         int blk = 0;  // T entries 8q + 7 above key (T is sorted: a prefix)
 #pragma unroll
@@ -212,8 +245,9 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
           in += (idx < n_t && lv.tk[cur][idx] > key);
         }
         rank = 8 * blk + in;
+        tie = rank < n_t && lv.tk[cur][rank] == key;
       }
-      int more = 0;  // candidates above key (the pad is -inf)
+      int more = 0, same = 0;  // candidates above / equal to key (the pad is -inf)
       const double2* ck2 = reinterpret_cast<const double2*>(lv.ck);
       if (live) {
         for (int f = 8 * half; f < n_c; f += step) {
@@ -221,69 +255,79 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
                         c3 = ck2[f / 2 + 3];
           more += (c0.x > key) + (c0.y > key) + (c1.x > key) + (c1.y > key) + (c2.x > key) +
                   (c2.y > key) + (c3.x > key) + (c3.y > key);
+          same += (c0.x == key) + (c0.y == key) + (c1.x == key) + (c1.y == key) +
+                  (c2.x == key) + (c2.y == key) + (c3.x == key) + (c3.y == key);
         }
       }
       if (pair) {
         more += __shfl_xor_sync(kFull, more, 1);
+        same += __shfl_xor_sync(kFull, same, 1);
         if (half == 1 || !live) break;
       }
       rank += more;
-      if (in_t) lv.newpos[e] = static_cast<int16_t>(rank < budget ? rank : -1);
       if (rank < budget) {
+        if (tie || same > (in_t ? 0 : 1)) lv.tie = 1;
         lv.tk[nxt][rank] = key;
-        lv.tm[nxt][rank] = in_t ? lv.tm[cur][e] : lv.cm[e - n_t];
-        lv.own[rank] = static_cast<int16_t>(e);
+        if (!in_t) fnew = min(fnew, rank);
+        lv.tm[nxt][rank] = in_t ? lv.tm[cur][e]
+                                : static_cast<uint32_t>(base + e - n_t) |
+                                      (static_cast<uint32_t>(d + 1) << 16);
       }
-      myrank[v] = rank;
-      mye[v] = e;
       if (pair) break;
     }
+    fnew = __reduce_min_sync(kFull, fnew);  // one shared atomic a warp, not one a node
+    if (lane == 0 && fnew < kLvMaxBudget) atomicMin(&lv.firstnew[d & 1], fnew);
     __syncthreads();
     LV_PROF(4);
-    // D: two entries on one rank are a tie (leave the tree to v4); parents move to their new
-    // slots.
-    bool bad = false;
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      const int r = myrank[v];
-      if (r >= 0 && r < budget && lv.own[r] != mye[v]) bad = true;
-    }
-    const int n_next = min(budget, n_p);
-    for (int z = tid; z < n_next; z += nt) {
-      const uint32_t m = lv.tm[nxt][z];
-      const uint32_t p = m & 0xffu;
-      if (p != kLvRoot) {
-        const int np = lv.newpos[p];
-        if (np < 0) bad = true;
-        else lv.tm[nxt][z] = (m & ~0xffu) | static_cast<uint32_t>(np);
-      }
-    }
-    if (__syncthreads_or(bad)) return false;
-    LV_PROF(5);
+    if (lv.tie) return false;
 #ifdef DDTREE_LV_PROFILE
     if (tid == 0) s_lv_prof[9] += 1;  // levels
 #endif
     cur = nxt;
-    n_t = n_next;
+    n_t = min(budget, n_p);
+    base += n_c;
+    // Done already when no new node was kept, or when T is full and the best new node's best
+    // child (it heads the next level's parents) cannot reach T's last score: skips the next
+    // level's walk, which would find no child.
+    const int f = lv.firstnew[d & 1];
+    if (f >= n_t) break;
+    if (d + 1 < H && n_t == budget && lv.tk[cur][f] + lp[(d + 1) * K] < lv.tk[cur][budget - 1])
+      break;
   }
-  // T in order is the pop order: node x + 1. Records as pop_loop_v4 writes them, with the
-  // previous sibling (rank r - 1 under the same parent, always in T) as the pusher.
-  for (int z = tid; z < n_t; z += nt) {
-    const uint32_t m = lv.tm[cur][z];
-    const uint32_t p = m & 0xffu;
-    const int pnode = p == kLvRoot ? 0 : static_cast<int>(p) + 1;
-    lv.kid[pnode * kLvMaxBudget + ((m >> 8) & 0xffu)] = static_cast<int16_t>(z + 1);
+  // T in order is the pop order: node x = slot + 1. Records as pop_loop_v4 writes them (the
+  // pusher of rank r > 0 is rank r - 1 under the same parent: always kept, id one less),
+  // the links, and the ancestor bits (walking the node log).
+  for (int z = tid; z < n_t; z += nt)
+    lv.pos[lv.tm[cur][z] & 0xffffu] = static_cast<int16_t>(z + 1);
+  if (tid == 0) {
+    sm.bits[0] = 1u;
+    for (int w = 1; w < W; ++w) sm.bits[w] = 0u;
+    *sm.count = n_t;
   }
   __syncthreads();
   for (int z = tid; z < n_t; z += nt) {
-    const uint32_t m = lv.tm[cur][z];
-    const uint32_t p = m & 0xffu;
-    const int pnode = p == kLvRoot ? 0 : static_cast<int>(p) + 1;
-    const int r = static_cast<int>((m >> 8) & 0xffu), d = static_cast<int>((m >> 16) & 0xffu);
-    const int pred = r == 0 ? pnode : lv.kid[pnode * kLvMaxBudget + r - 1];
-    sm.ninfo[z + 1] = pack(pnode, r, d, pred);
+    const int x = z + 1;
+    const uint32_t id = lv.tm[cur][z] & 0xffffu, rec = lv.nlog[id];
+    const uint32_t p = rec & 0xfffu;
+    const int r = static_cast<int>((rec >> 12) & 0xffu), d = static_cast<int>((rec >> 20) & 0x3fu);
+    const int pnode = p == kLvRoot ? 0 : lv.pos[p];
+    const int pred = r == 0 ? pnode : lv.pos[id - 1];
+    sm.ninfo[x] = pack(pnode, r, d, pred);
+    if (r == 0) sm.fc[pnode] = static_cast<int16_t>(x);
+    else sm.ns[pred] = static_cast<int16_t>(x);
+    uint32_t rb[3] = {0u, 0u, 0u};  // W <= 3 (budget <= 64)
+    rb[0] = 1u;                     // the root
+#pragma unroll
+    for (int w = 0; w < 3; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
+    for (uint32_t a = p; a != kLvRoot; a = lv.nlog[a] & 0xfffu) {
+      const int an = lv.pos[a];
+#pragma unroll
+      for (int w = 0; w < 3; ++w) rb[w] |= (w == (an >> 5)) ? 1u << (an & 31) : 0u;
+    }
+#pragma unroll
+    for (int w = 0; w < 3; ++w)
+      if (w < W) sm.bits[x * W + w] = rb[w];
   }
-  if (tid == 0) *sm.count = n_t;
   LV_PROF(6);
   return true;
 }
