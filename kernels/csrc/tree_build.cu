@@ -9,7 +9,8 @@
 //  * v4 (budgets above 64, and v6's fallback; kernel build_trees_v4_kernel, loop pop_loop_v4):
 //    warp 0 pops with only the frontier keys in registers and the candidate records in shared
 //    memory; one redux.sync per pop in the common case (see pop_loop_v4). The other warps
-//    stage the token ids meanwhile; the epilogue reads the packed node records.
+//    stage the token ids meanwhile (with v6 on, the prologue already did); the epilogue reads
+//    the packed node records.
 //  * v5 (opt-in, DDTREE_TREE_ALGO=v5; tree_build_v5.cuh): the v4 kernel with pop_loop_v5, up to
 //    two pops per vote; exact (all GPU tests pass) but slower on an H200 (24.6 vs 21.3 us at
 //    B=64, H=15, K=8, budget 64): see benchmarks/NOTES-kernels-i.md.
