@@ -11,6 +11,7 @@ export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm --format=csv,noheader
 timeout 150 python3 -m kernels.build --arch sm_90 --out /tmp/ddtree-k > "$OUT/build.txt" 2>&1
 tail -1 "$OUT/build.txt"
+cp /tmp/ddtree-k/manifest.json "$OUT/manifest.json" 2>/dev/null  # sha256 of the sources that ran
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 t() { timeout 150 python3 -m pytest -m gpu "$@" -q -p no:cacheprovider 2>&1; }
 echo "== default (v6)"; t tests/test_cuda_kernels.py ${TESTS_K:+-k "$TESTS_K"} | tee "$OUT/pytest-v6.txt" | tail -4
