@@ -55,7 +55,7 @@ def build(lp32: np.ndarray, budget: int):
     b = budget
     kc = min(k, b)
     # T: sorted list of (key, parent slot, rank, depth)
-    t = [(lp[0][r], ROOT, r, 1) for r in range(min(kc, b))]
+    t = [(lp[0][r], ROOT, r, 1) for r in range(kc)]
     logged = len(t)  # node ids handed out: depth 1, then every candidate
     d = 1
     while d < h:
@@ -91,11 +91,9 @@ def build(lp32: np.ndarray, budget: int):
             if rk >= b:
                 break
             key, p, r, dep = pool[idx]
-            if p != ROOT:
-                if p not in newpos:
-                    return None
-                p = newpos[p]
-            new_t.append((key, p, r, dep))
+            # Without ties a kept node's parent scores higher, so it is kept too (the kernel
+            # relies on this; a KeyError here would be a bug in the argument, not a decline).
+            new_t.append((key, p if p == ROOT else newpos[p], r, dep))
         t = new_t
         d += 1
     depths = [e[3] for e in t]
