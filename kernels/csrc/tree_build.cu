@@ -380,6 +380,17 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     lvp = &lv;
   }
   bool lv_ok = lv_on;
+  // Budgets <= 64 stage the visibility matrix as bytes in shared memory (zeroed here, each row
+  // written by its node's thread) at the output's 16-byte phase, and copy it out with 16-byte
+  // stores; larger budgets build bit rows and store bytes.
+  uint8_t* const vis_g = visibility + ob * n1 * n1;
+  const int vis_a = static_cast<int>(reinterpret_cast<uintptr_t>(vis_g) & 15u);
+  uint8_t* stage = nullptr;
+  if constexpr (kLevels) {
+    uint4* z = reinterpret_cast<uint4*>(lvp->vis);
+    for (int i = tid; i < kLvVisBytes / 16; i += kThreads) z[i] = make_uint4(0u, 0u, 0u, 0u);
+    stage = lvp->vis + vis_a;
+  }
   if (lv_on) {
     // The level path needs every warp: stage the ids now, beside the log-probs, and check its
     // preconditions on the values as they arrive (lv_check).
@@ -429,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   if constexpr (kLevels) {
     if (lv_on) {
       if (lv_ok && lv_eligible(*lvp, H))
-        built = level_select(sm, *lvp, H, K, budget, W, levels == 2);
+        built = level_select(sm, *lvp, H, K, budget, stage, n1, levels == 2);
       if (!built && levels == 2) {  // tests: no fallback, say so
         if (tid == 0) num_nodes[b] = -1;
         return;
@@ -459,7 +470,15 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
       else sm.ns[info_pred(x)] = static_cast<int16_t>(i);
     }
     constexpr int MW = S + 1;
-    for (int i = tid; i <= n; i += kThreads) {
+    if constexpr (kLevels) {  // visibility rows as staged bytes
+      for (int i = tid; i <= n; i += kThreads) {
+        uint8_t* row = stage + i * n1;
+        for (int x = i;; x = info_p(sm.ninfo[x])) {
+          row[x] = 1;
+          if (x == 0) break;
+        }
+      }
+    } else for (int i = tid; i <= n; i += kThreads) {
       uint32_t rb[MW];
 #pragma unroll
       for (int w = 0; w < MW; ++w) rb[w] = 0u;
@@ -499,10 +518,27 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   __syncthreads();
   LV_PROF(3);
 #endif
-  // Visibility, flat over the n1 x n1 bytes (coalesced; (row, column) stepped, not divided).
-  // (Measured on an H200: 32-bit word stores, one division a word, were slower.)
-  uint8_t* vis = visibility + ob * n1 * n1;
-  {
+  if constexpr (kLevels) {
+    // The staged matrix: byte k of chunk c is output byte 16c + k - vis_a; whole chunks go out
+    // as one 16-byte store, the two partial ones byte by byte.
+    uint8_t* const g0 = vis_g - vis_a;
+    const int lo = vis_a, hi = vis_a + n1 * n1, chunks = (hi + 15) / 16;
+    for (int c = tid; c < chunks; c += kThreads) {
+      const uint4 v = reinterpret_cast<const uint4*>(lvp->vis)[c];
+      if (16 * c >= lo && 16 * c + 16 <= hi) {
+        *reinterpret_cast<uint4*>(g0 + 16 * c) = v;
+      } else {
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 16; ++k)
+          if (16 * c + k >= lo && 16 * c + k < hi)
+            g0[16 * c + k] = static_cast<uint8_t>(w[k >> 2] >> (8 * (k & 3)));
+      }
+    }
+  } else {
+    // Visibility, flat over the n1 x n1 bytes (coalesced; (row, column) stepped, not divided).
+    // (Measured on an H200: 32-bit word stores, one division a word, were slower.)
+    uint8_t* vis = vis_g;
     const int nn = n1 * n1, q = kThreads / n1, rem = kThreads - q * n1;
     int i = tid / n1, j = tid - i * n1;
 #pragma unroll 4

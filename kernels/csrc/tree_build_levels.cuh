@@ -13,19 +13,21 @@
 // best-first pop order IS the selected nodes sorted by score: the top `budget` nodes of the
 // whole candidate tree. The block finds them level by level:
 //   T := the best `budget` nodes of depth <= d (sorted; depth 1: the first row),
-//   A (warp 0): the children of T's depth-d nodes that can still enter T (score >= T's last
-//   score when T is full; the j-th depth-d parent's child of rank r has (j+1)(r+2)-1 nodes
-//   ahead of it, so r < budget/(j+1) - 1),
-//   C (all warps): every pool entry ranked by counting the entries scoring higher; T := the
-//   best budget,
+//   A (all threads, one candidate slot each): the children of T's depth-d nodes that can
+//   still enter T (score >= T's last score when T is full; the j-th depth-d parent's child of
+//   rank r has (j+1)(r+2)-1 nodes ahead of it, so r < budget/(j+1) - 1: at most 216 slots),
+//   compacted in slot order by a ballot a warp,
+//   C (all threads): every pool entry ranked by counting the entries scoring higher; T := the
+//   best budget (the kept new nodes, in order, are the next level's parents),
 // until no child qualifies. Node ids index an append-only log (parent id, rank, depth), so no
 // parent pointer moves when T is re-ranked; a parent's children get consecutive ids, so a
 // node's previous sibling (its pusher) is id - 1. Any tie among the kept nodes, a failed
 // precondition or a full log returns false and the v4 loop builds the tree instead,
 // bit-exact either way; so does (by default, not under DDTREE_TREE_ALGO=v6only) a level of
 // more than kLvWide candidates.
-// Cost: 2 block barriers a level, levels = the tree's depth (2-3 for the benchmark's trees),
-// instead of one dependent warp vote a node. Measured (H200) and what did not work:
+// Cost: 3 block barriers a level, levels = the tree's depth (2-4 for the benchmark's trees),
+// instead of one dependent warp vote a node. The visibility rows go to a staged byte matrix
+// in shared memory, copied out with 16-byte stores. Measured (H200) and what did not work:
 // benchmarks/NOTES-kernels-i.md; per-phase cycles: benchmarks/tree_levels_profile.cu.
 #pragma once
 
@@ -34,6 +36,8 @@ constexpr int kLvCap = 224;       // candidates a level: the bound gives at most
 constexpr int kLvLog = 1024;      // node log: every candidate ever made (else: the v4 loop)
 constexpr int kLvWide = 128;      // candidates in one level above which the default uses v4
 constexpr uint32_t kLvRoot = 0xfffu;
+// Staged visibility bytes: (budget + 1)^2 <= 65^2, placed at the output's 16-byte phase.
+constexpr int kLvVisBytes = ((kLvMaxBudget + 1) * (kLvMaxBudget + 1) + 15 + 15) / 16 * 16;
 
 struct __align__(16) LvSmem {
   double tk[2][kLvMaxBudget];    // T's scores, sorted descending (double-buffered)
@@ -43,9 +47,10 @@ struct __align__(16) LvSmem {
   uint32_t pid[kLvMaxBudget];
   uint32_t nlog[kLvLog];         // node id -> parent id (kLvRoot: root) | rank << 12 | depth << 20
   int16_t pos[kLvLog];           // node id -> node index in the final tree
-  int nc;                        // candidates this level
-  int firstnew[2];               // smallest rank a new (depth d + 1) node took, by d's parity
-                                 // (reset two levels later: no thread still reads it)
+  uint8_t vis[kLvVisBytes];      // the visibility matrix, staged (see lv_stage_offset)
+  int npar[2];                   // parents of the next level (kept new nodes), by d's parity
+                                 // (reset a level later: no thread still reads it)
+  int wcnt[8];                   // per warp: candidates it found this level
   int tie;                       // set when two kept nodes share a score
   int wemin[8];                  // per warp: smallest ulp exponent (lv_check)
   uint32_t wamax[8];             // per warp: largest magnitude, as float bits
@@ -110,121 +115,104 @@ __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
 }
 
 // Builds the tree like pop_loop_v4 (sm.ninfo[1..n], *sm.count) and also its links (sm.fc,
-// sm.ns: the prologue set them to -1) and ancestor bits (sm.bits, W words a row), and returns
-// true; or returns false (the v4 loop's state untouched) at a tie or a full node log.
-__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, int W,
-                             bool strict) {
+// sm.ns: the prologue set them to -1) and its visibility rows, as bytes into `stage` (row-major,
+// n1 x n1, zeroed by the prologue), and returns true; or returns false (the v4 loop's state
+// untouched) at a tie or a full node log.
+__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, uint8_t* stage,
+                             int n1, bool strict) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
   const double* lp = sm.lpd;
   const int kc = min(K, budget);
+  const uint32_t lt = (1u << lane) - 1u;
 #ifdef DDTREE_LV_PROFILE
   long long lv_t_ = clock64();
 #endif
-  // Depth 1: the first kc entries of row 0 (the root's children, already in order), ids 0..
+  // Depth 1: the first kc entries of row 0 (the root's children, already in order), ids 0..;
+  // they are also the parents of the first level, in order.
   for (int i = tid; i < kc; i += nt) {
     lv.tk[0][i] = lp[i];
     lv.tm[0][i] = static_cast<uint32_t>(i) | (1u << 16);
     lv.nlog[i] = lv_pack(kLvRoot, i, 1);
+    lv.ps[i] = lp[i];
+    lv.pid[i] = static_cast<uint32_t>(i);
+  }
+  if (tid == 0) lv.npar[1] = kc;
+  // Candidate slots, fixed for the whole build: the j-th parent of a level (T being sorted, the
+  // j-th best of its depth-d nodes) can only add children of ranks r with (j + 1)(r + 2) <=
+  // budget (each has (j + 1)(r + 2) - 1 nodes of T ahead of it), so parent j needs
+  // c_j = min(kc, budget / (j + 1) - 1) slots, none from j = 32 on (budget <= 64). The slots
+  // go parent by parent, rank by rank: thread s takes slot s (at most 216 of them: every thread
+  // has at most one), found by a binary search of the running sums of c_j across the lanes.
+  int my_j = 0, my_r = 0;
+  bool my_slot = false;
+  {
+    const int c = max(0, min(kc, budget / (lane + 1) - 1));  // parent j = lane
+    int e = c;  // inclusive running sum over lanes: parent j's slots end at e_j
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(kFull, e, o);
+      if (lane >= o) e += v;
+    }
+    int j = 0;  // number of parents whose slots end at or before slot tid
+#pragma unroll
+    for (int step = 16; step >= 1; step >>= 1) {
+      const int ej = __shfl_sync(kFull, e, j + step - 1);
+      if (ej <= tid) j += step;
+    }
+    const int ejj = __shfl_sync(kFull, e, j & 31), cj = __shfl_sync(kFull, c, j & 31);
+    my_slot = tid < __shfl_sync(kFull, e, 31);
+    my_j = j;
+    my_r = tid - (ejj - cj);
   }
   int cur = 0, n_t = kc, base = kc;
-  // Warp 0: lane l holds the ranks the (j + 1)(r + 2) <= budget bound leaves parents l, l + 32.
-  const int need0 = min(kc, budget / (lane + 1) - 1), need1 = min(kc, budget / (lane + 33) - 1);
   __syncthreads();
   for (int d = 1; d < H; ++d) {
     const double tau = n_t == budget ? lv.tk[cur][budget - 1] : -INFINITY;
-    // A (warp 0): the children of T's depth-d entries (parent j = the j-th of them, T being
-    // sorted) that can still enter T: ranks r with (j + 1)(r + 2) <= budget and a score >= tau.
-    // Both hold on a prefix of each parent's ranks, and the count never grows with j. So the
-    // parents go by in groups, W lanes each (W = the power of two >= the ranks the bound
-    // leaves parent j: 64 for the first when K > 32, then 32, 16, ...); a ballot gives every
-    // candidate its slot (a parent's children get consecutive ids), and the walk stops after
-    // the first group with a parent without one.
-    if (warp == 0) {
-      const double* y = lp + d * K;
-      const uint32_t u = static_cast<uint32_t>(d), lt = (1u << lane) - 1u;
-      const uint32_t t0 = lane < n_t ? lv.tm[cur][lane] : 0u;
-      const uint32_t t1 = lane + 32 < n_t ? lv.tm[cur][lane + 32] : 0u;
-      const uint32_t id0 = t0 & 0xffffu, id1 = t1 & 0xffffu;
-      const bool a0 = lane < n_t && (t0 >> 16) == u;
-      const bool a1 = lane + 32 < n_t && (t1 >> 16) == u;
-      const uint32_t m0 = __ballot_sync(kFull, a0), m1 = __ballot_sync(kFull, a1);
-      if (a0) {
-        const int j = __popc(m0 & lt);
-        lv.ps[j] = lv.tk[cur][lane];
-        lv.pid[j] = id0;
-      }
-      if (a1) {
-        const int j = __popc(m0) + __popc(m1 & lt);
-        lv.ps[j] = lv.tk[cur][lane + 32];
-        lv.pid[j] = id1;
-      }
-      const int n_par = __popc(m0) + __popc(m1);
-      const double y0 = lane < kc ? y[lane] : 0.0, y1 = lane + 32 < kc ? y[lane + 32] : 0.0;
-      __syncwarp();
-      int off = 0, j = 0;
-      const int room = kLvLog - base;  // node log entries left
-      if (lane == 0) lv.firstnew[d & 1] = kLvMaxBudget;
-      while (j < n_par) {
-        const int need = __shfl_sync(kFull, j < 32 ? need0 : need1, j & 31);
-        if (need <= 0) break;
-        if (need > 32) {  // the first parent, K > 32: two ranks a lane
-          const double s = lv.ps[j];
-          const uint32_t p = lv.pid[j];
-          const double k0 = s + y0, k1 = s + y1;
-          const bool p0 = lane < kc && (lane + 2) * (j + 1) <= budget && k0 >= tau;
-          const bool p1 = lane + 32 < kc && (lane + 34) * (j + 1) <= budget && k1 >= tau;
-          const int c = __popc(__ballot_sync(kFull, p0)) + __popc(__ballot_sync(kFull, p1));
-          if (c == 0) break;
-          if (p0 && off + lane < room) {
-            lv.ck[off + lane] = k0;
-            lv.nlog[base + off + lane] = lv_pack(p, lane, d + 1);
-          }
-          if (p1 && off + 32 + lane < room) {
-            lv.ck[off + 32 + lane] = k1;
-            lv.nlog[base + off + 32 + lane] = lv_pack(p, lane + 32, d + 1);
-          }
-          off += c;
-          ++j;
-          continue;
-        }
-        const int sh = 32 - __clz(need - 1);  // W = 2^sh >= need
-        const int jl = j + (lane >> sh), r = lane & ((1 << sh) - 1);
-        const bool valid = jl < n_par;
-        const double s = valid ? lv.ps[jl] : 0.0;
-        const uint32_t p = valid ? lv.pid[jl] : 0u;
-        const double key = s + (r < kc ? y[r] : 0.0);
-        const bool pass = valid && r < kc && (r + 2) * (jl + 1) <= budget && key >= tau;
-        const uint32_t bal = __ballot_sync(kFull, pass);
-        const bool stop = __ballot_sync(kFull, valid && r == 0 && !pass) != 0u;
-        const int q = off + __popc(bal & lt);
-        if (pass && q < room) {
-          lv.ck[q] = key;
-          lv.nlog[base + q] = lv_pack(p, r, d + 1);
-        }
-        off += __popc(bal);
-        j += 32 >> sh;
-        if (stop) break;
-      }
-      if (lane < 8) lv.ck[off + lane] = -INFINITY;  // pads C's 8-wide reads
-      if (lane == 0) lv.nc = off > room ? -1 : off;
+    // A: every slot whose parent exists (the first npar of T's depth-d nodes, in order) tests
+    // its child against T's last score (when T is full); a ballot a warp and the warps' counts
+    // give every candidate its place, in slot order, so a parent's children get consecutive
+    // ids (a node's previous sibling, its pusher, is id - 1).
+    double ckey = 0.0;
+    bool pass = false;
+    if (my_slot && my_j < lv.npar[d & 1]) {
+      ckey = lv.ps[my_j] + lp[d * K + my_r];
+      pass = ckey >= tau;
     }
+    const uint32_t bal = __ballot_sync(kFull, pass);
+    if (lane == 0) lv.wcnt[warp] = __popc(bal);
+    if (tid == 0) lv.npar[(d + 1) & 1] = 0;  // step C's count of the next level's parents
     __syncthreads();
+    int n_c = 0, slot = __popc(bal & lt);  // candidates found / this one's place
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const int cw = lv.wcnt[w];
+      n_c += cw;
+      slot += w < warp ? cw : 0;
+    }
     LV_PROF(2);
-    const int n_c = lv.nc;
-    if (n_c == 0) break;  // uniform: no child qualifies, T is final
-    if (n_c < 0) return false;
+    const int room = kLvLog - base;  // node log entries left
+    if (n_c == 0) break;             // uniform: no child qualifies, T is final
+    if (n_c > room) return false;
     // A level this wide (peaked drafts: many deep candidates near the top) makes the ranking
     // cost more than the v4 loop would for the whole tree (H200: v6 31.8 us vs v4 22.2 us at
-    // B=64, K=64, budget 64, logit scale 6), so the default hands such a tree to v4 before
-    // ranking; DDTREE_TREE_ALGO=v6only (strict) keeps going.
+    // B=64, K=64, budget 64, logit scale 6, with the earlier serial walk), so the default hands
+    // such a tree to v4 before ranking; DDTREE_TREE_ALGO=v6only (strict) keeps going.
     if (!strict && n_c > kLvWide) return false;
+    if (pass) {
+      lv.ck[slot] = ckey;
+      lv.nlog[base + slot] = lv_pack(lv.pid[my_j], my_r, d + 1);
+    }
+    if (tid < 8) lv.ck[n_c + tid] = -INFINITY;  // pads C's 8-wide reads
+    __syncthreads();
+    LV_PROF(2);
     // C: rank of every pool entry (T then candidates) = entries scoring strictly higher: a
     // candidate's place in T by two rounds of eight independent loads, then a count over the
     // candidates, eight a step, split between two threads when the pool allows. An equal
-    // score among the kept is a tie (the v4 loop takes over).
+    // score among the kept is a tie (the v4 loop takes over). A kept candidate with m
+    // candidates above it is the next level's parent m.
     const int nxt = cur ^ 1, n_p = n_t + n_c;
     const bool pair = n_p <= nt / 2;
-    int fnew = kLvMaxBudget;  // this thread's best rank of a kept new node
+    int npar = 0;  // this thread's kept new node's index among the new ones, + 1
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int e = pair ? (v == 0 ? tid >> 1 : n_p) : tid + v * nt;
@@ -268,15 +256,20 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       if (rank < budget) {
         if (tie || same > (in_t ? 0 : 1)) lv.tie = 1;
         lv.tk[nxt][rank] = key;
-        if (!in_t) fnew = min(fnew, rank);
-        lv.tm[nxt][rank] = in_t ? lv.tm[cur][e]
-                                : static_cast<uint32_t>(base + e - n_t) |
-                                      (static_cast<uint32_t>(d + 1) << 16);
+        if (in_t) {
+          lv.tm[nxt][rank] = lv.tm[cur][e];
+        } else {
+          const uint32_t id = static_cast<uint32_t>(base + e - n_t);
+          lv.tm[nxt][rank] = id | (static_cast<uint32_t>(d + 1) << 16);
+          lv.ps[more] = key;  // (without ties, more < budget and unique)
+          lv.pid[more] = id;
+          npar = max(npar, more + 1);
+        }
       }
       if (pair) break;
     }
-    fnew = __reduce_min_sync(kFull, fnew);  // one shared atomic a warp, not one a node
-    if (lane == 0 && fnew < kLvMaxBudget) atomicMin(&lv.firstnew[d & 1], fnew);
+    npar = __reduce_max_sync(kFull, npar);  // one shared atomic a warp, not one a node
+    if (lane == 0 && npar > 0) atomicMax(&lv.npar[(d + 1) & 1], npar);
     __syncthreads();
     LV_PROF(4);
     if (lv.tie) return false;
@@ -289,19 +282,17 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     // Done already when no new node was kept, or when T is full and the best new node's best
     // child (it heads the next level's parents) cannot reach T's last score: skips the next
     // level's walk, which would find no child.
-    const int f = lv.firstnew[d & 1];
-    if (f >= n_t) break;
-    if (d + 1 < H && n_t == budget && lv.tk[cur][f] + lp[(d + 1) * K] < lv.tk[cur][budget - 1])
+    if (lv.npar[(d + 1) & 1] == 0) break;
+    if (d + 1 < H && n_t == budget && lv.ps[0] + lp[(d + 1) * K] < lv.tk[cur][budget - 1])
       break;
   }
   // T in order is the pop order: node x = slot + 1. Records as pop_loop_v4 writes them (the
   // pusher of rank r > 0 is rank r - 1 under the same parent: always kept, id one less),
-  // the links, and the ancestor bits (walking the node log).
+  // the links, and the visibility rows (walking the node log).
   for (int z = tid; z < n_t; z += nt)
     lv.pos[lv.tm[cur][z] & 0xffffu] = static_cast<int16_t>(z + 1);
   if (tid == 0) {
-    sm.bits[0] = 1u;
-    for (int w = 1; w < W; ++w) sm.bits[w] = 0u;
+    stage[0] = 1;  // the root sees itself
     *sm.count = n_t;
   }
   __syncthreads();
@@ -315,18 +306,10 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     sm.ninfo[x] = pack(pnode, r, d, pred);
     if (r == 0) sm.fc[pnode] = static_cast<int16_t>(x);
     else sm.ns[pred] = static_cast<int16_t>(x);
-    uint32_t rb[3] = {0u, 0u, 0u};  // W <= 3 (budget <= 64)
-    rb[0] = 1u;                     // the root
-#pragma unroll
-    for (int w = 0; w < 3; ++w) rb[w] |= (w == (x >> 5)) ? 1u << (x & 31) : 0u;
-    for (uint32_t a = p; a != kLvRoot; a = lv.nlog[a] & 0xfffu) {
-      const int an = lv.pos[a];
-#pragma unroll
-      for (int w = 0; w < 3; ++w) rb[w] |= (w == (an >> 5)) ? 1u << (an & 31) : 0u;
-    }
-#pragma unroll
-    for (int w = 0; w < 3; ++w)
-      if (w < W) sm.bits[x * W + w] = rb[w];
+    uint8_t* row = stage + x * n1;
+    row[0] = 1;
+    row[x] = 1;
+    for (uint32_t a = p; a != kLvRoot; a = lv.nlog[a] & 0xfffu) row[lv.pos[a]] = 1;
   }
   LV_PROF(6);
   return true;
