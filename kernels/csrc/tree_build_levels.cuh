@@ -48,10 +48,7 @@ struct __align__(16) LvSmem {
   uint32_t nlog[kLvLog];         // node id -> parent id (kLvRoot: root) | rank << 12 | depth << 20
   int16_t pos[kLvLog];           // node id -> node index in the final tree
   uint8_t vis[kLvVisBytes];      // the visibility matrix, staged (see lv_stage_offset)
-  int npar[2];                   // parents of the next level (kept new nodes), by d's parity
-                                 // (reset a level later: no thread still reads it)
   int wcnt[8];                   // per warp: candidates it found this level
-  int tie;                       // set when two kept nodes share a score
   int wemin[8];                  // per warp: smallest ulp exponent (lv_check)
   uint32_t wamax[8];             // per warp: largest magnitude, as float bits
 };
@@ -114,12 +111,46 @@ __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
              ldexp(1.0, 53 + emin);
 }
 
+// A thread's candidate slot, fixed for the whole build: the j-th parent of a level (T being
+// sorted, the j-th best of its depth-d nodes) can only add children of ranks r with
+// (j + 1)(r + 2) <= budget (each has (j + 1)(r + 2) - 1 nodes of T ahead of it), so parent j
+// needs c_j = min(kc, budget / (j + 1) - 1) slots, none from j = 32 on (budget <= 64). The
+// slots go parent by parent, rank by rank (at most 216: one a thread at most); thread s takes
+// slot s, found by a binary search of the running sums of c_j across the lanes. Shuffles and
+// integer work only: the prologue runs it while its global loads are in flight.
+struct LvSlot {
+  int j, r;
+  bool on;
+};
+__device__ __forceinline__ LvSlot lv_slot(int kc, int budget) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int c = max(0, min(kc, budget / (lane + 1) - 1));  // parent j = lane
+  int e = c;  // inclusive running sum over lanes: parent j's slots end at e_j
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, e, o);
+    if (lane >= o) e += v;
+  }
+  int j = 0;  // number of parents whose slots end at or before slot tid
+#pragma unroll
+  for (int step = 16; step >= 1; step >>= 1) {
+    const int ej = __shfl_sync(kFull, e, j + step - 1);
+    if (ej <= tid) j += step;
+  }
+  const int ejj = __shfl_sync(kFull, e, j), cj = __shfl_sync(kFull, c, j);
+  LvSlot s;
+  s.on = tid < __shfl_sync(kFull, e, 31);
+  s.j = j;
+  s.r = s.on ? tid - (ejj - cj) : 0;
+  return s;
+}
+
 // Builds the tree like pop_loop_v4 (sm.ninfo[1..n], *sm.count) and also its links (sm.fc,
 // sm.ns: the prologue set them to -1) and its visibility rows, as bytes into `stage` (row-major,
 // n1 x n1, zeroed by the prologue), and returns true; or returns false (the v4 loop's state
 // untouched) at a tie or a full node log.
-__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, uint8_t* stage,
-                             int n1, bool strict) {
+__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, LvSlot slot,
+                             uint8_t* stage, int n1, bool strict) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
   const double* lp = sm.lpd;
   const int kc = min(K, budget);
@@ -128,67 +159,43 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
   long long lv_t_ = clock64();
 #endif
   // Depth 1: the first kc entries of row 0 (the root's children, already in order), ids 0..;
-  // they are also the parents of the first level, in order.
-  for (int i = tid; i < kc; i += nt) {
-    lv.tk[0][i] = lp[i];
-    lv.tm[0][i] = static_cast<uint32_t>(i) | (1u << 16);
-    lv.nlog[i] = lv_pack(kLvRoot, i, 1);
-    lv.ps[i] = lp[i];
-    lv.pid[i] = static_cast<uint32_t>(i);
-  }
-  if (tid == 0) lv.npar[1] = kc;
-  // Candidate slots, fixed for the whole build: the j-th parent of a level (T being sorted, the
-  // j-th best of its depth-d nodes) can only add children of ranks r with (j + 1)(r + 2) <=
-  // budget (each has (j + 1)(r + 2) - 1 nodes of T ahead of it), so parent j needs
-  // c_j = min(kc, budget / (j + 1) - 1) slots, none from j = 32 on (budget <= 64). The slots
-  // go parent by parent, rank by rank: thread s takes slot s (at most 216 of them: every thread
-  // has at most one), found by a binary search of the running sums of c_j across the lanes.
-  int my_j = 0, my_r = 0;
-  bool my_slot = false;
-  {
-    const int c = max(0, min(kc, budget / (lane + 1) - 1));  // parent j = lane
-    int e = c;  // inclusive running sum over lanes: parent j's slots end at e_j
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(kFull, e, o);
-      if (lane >= o) e += v;
+  // they are also the first level's parents, in order. ps[j] is NaN where parent j does not
+  // exist (NaN + anything fails every comparison).
+  for (int i = tid; i < kLvMaxBudget; i += nt) {
+    if (i < kc) {
+      lv.tk[0][i] = lp[i];
+      lv.tm[0][i] = static_cast<uint32_t>(i) | (1u << 16);
+      lv.nlog[i] = lv_pack(kLvRoot, i, 1);
+      lv.pid[i] = static_cast<uint32_t>(i);
     }
-    int j = 0;  // number of parents whose slots end at or before slot tid
-#pragma unroll
-    for (int step = 16; step >= 1; step >>= 1) {
-      const int ej = __shfl_sync(kFull, e, j + step - 1);
-      if (ej <= tid) j += step;
-    }
-    const int ejj = __shfl_sync(kFull, e, j & 31), cj = __shfl_sync(kFull, c, j & 31);
-    my_slot = tid < __shfl_sync(kFull, e, 31);
-    my_j = j;
-    my_r = tid - (ejj - cj);
+    lv.ps[i] = i < kc ? lp[i] : NAN;
   }
   int cur = 0, n_t = kc, base = kc;
   __syncthreads();
+  double tau = n_t == budget ? lv.tk[0][budget - 1] : -INFINITY;  // T's last score when full
   for (int d = 1; d < H; ++d) {
-    const double tau = n_t == budget ? lv.tk[cur][budget - 1] : -INFINITY;
-    // A: every slot whose parent exists (the first npar of T's depth-d nodes, in order) tests
-    // its child against T's last score (when T is full); a ballot a warp and the warps' counts
-    // give every candidate its place, in slot order, so a parent's children get consecutive
-    // ids (a node's previous sibling, its pusher, is id - 1).
+    // A: every slot whose parent exists tests its child against tau; a ballot a warp and the
+    // warps' counts give every candidate its place, in slot order, so a parent's children get
+    // consecutive ids (a node's previous sibling, its pusher, is id - 1).
     double ckey = 0.0;
     bool pass = false;
-    if (my_slot && my_j < lv.npar[d & 1]) {
-      ckey = lv.ps[my_j] + lp[d * K + my_r];
+    uint32_t pid = 0u;
+    if (slot.on) {
+      ckey = lv.ps[slot.j] + lp[d * K + slot.r];
+      pid = lv.pid[slot.j];
       pass = ckey >= tau;
     }
     const uint32_t bal = __ballot_sync(kFull, pass);
     if (lane == 0) lv.wcnt[warp] = __popc(bal);
-    if (tid == 0) lv.npar[(d + 1) & 1] = 0;  // step C's count of the next level's parents
     __syncthreads();
-    int n_c = 0, slot = __popc(bal & lt);  // candidates found / this one's place
+    int n_c = 0, at = __popc(bal & lt);  // candidates found / this one's place
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
       const int cw = lv.wcnt[w];
       n_c += cw;
-      slot += w < warp ? cw : 0;
+      at += w < warp ? cw : 0;
     }
+    if (tid < 32) lv.ps[tid] = NAN;  // C names the next level's parents
     LV_PROF(2);
     const int room = kLvLog - base;  // node log entries left
     if (n_c == 0) break;             // uniform: no child qualifies, T is final
@@ -199,8 +206,8 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     // such a tree to v4 before ranking; DDTREE_TREE_ALGO=v6only (strict) keeps going.
     if (!strict && n_c > kLvWide) return false;
     if (pass) {
-      lv.ck[slot] = ckey;
-      lv.nlog[base + slot] = lv_pack(lv.pid[my_j], my_r, d + 1);
+      lv.ck[at] = ckey;
+      lv.nlog[base + at] = lv_pack(pid, slot.r, d + 1);
     }
     if (tid < 8) lv.ck[n_c + tid] = -INFINITY;  // pads C's 8-wide reads
     __syncthreads();
@@ -212,7 +219,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     // candidates above it is the next level's parent m.
     const int nxt = cur ^ 1, n_p = n_t + n_c;
     const bool pair = n_p <= nt / 2;
-    int npar = 0;  // this thread's kept new node's index among the new ones, + 1
+    bool my_tie = false;
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int e = pair ? (v == 0 ? tid >> 1 : n_p) : tid + v * nt;
@@ -254,7 +261,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       }
       rank += more;
       if (rank < budget) {
-        if (tie || same > (in_t ? 0 : 1)) lv.tie = 1;
+        my_tie |= tie || same > (in_t ? 0 : 1);
         lv.tk[nxt][rank] = key;
         if (in_t) {
           lv.tm[nxt][rank] = lv.tm[cur][e];
@@ -263,16 +270,12 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
           lv.tm[nxt][rank] = id | (static_cast<uint32_t>(d + 1) << 16);
           lv.ps[more] = key;  // (without ties, more < budget and unique)
           lv.pid[more] = id;
-          npar = max(npar, more + 1);
         }
       }
       if (pair) break;
     }
-    npar = __reduce_max_sync(kFull, npar);  // one shared atomic a warp, not one a node
-    if (lane == 0 && npar > 0) atomicMax(&lv.npar[(d + 1) & 1], npar);
-    __syncthreads();
+    if (__syncthreads_or(my_tie)) return false;
     LV_PROF(4);
-    if (lv.tie) return false;
 #ifdef DDTREE_LV_PROFILE
     if (tid == 0) s_lv_prof[9] += 1;  // levels
 #endif
@@ -280,11 +283,12 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     n_t = min(budget, n_p);
     base += n_c;
     // Done already when no new node was kept, or when T is full and the best new node's best
-    // child (it heads the next level's parents) cannot reach T's last score: skips the next
-    // level's walk, which would find no child.
-    if (lv.npar[(d + 1) & 1] == 0) break;
-    if (d + 1 < H && n_t == budget && lv.ps[0] + lp[(d + 1) * K] < lv.tk[cur][budget - 1])
-      break;
+    // child (the next level's first candidate) cannot reach T's last score: skips the next
+    // level's step A, which would find no child.
+    const double p0 = lv.ps[0];
+    tau = n_t == budget ? lv.tk[cur][budget - 1] : -INFINITY;
+    if (isnan(p0)) break;
+    if (d + 1 < H && p0 + lp[(d + 1) * K] < tau) break;
   }
   // T in order is the pop order: node x = slot + 1. Records as pop_loop_v4 writes them (the
   // pusher of rank r > 0 is rank r - 1 under the same parent: always kept, id one less),
