@@ -47,7 +47,8 @@ struct __align__(16) LvSmem {
   uint32_t pid[kLvMaxBudget];
   uint32_t nlog[kLvLog];         // node id -> parent id (kLvRoot: root) | rank << 12 | depth << 20
   int16_t pos[kLvLog];           // node id -> node index in the final tree
-  uint8_t vis[kLvVisBytes];      // the visibility matrix, staged (see lv_stage_offset)
+  uint8_t vis[kLvVisBytes];      // the visibility matrix, staged at the output's 16-byte phase
+  int16_t own[kLvMaxBudget];     // rank -> the pool entry that took it (ties: two claims)
   int wcnt[8];                   // per warp: candidates it found this level
   int wemin[8];                  // per warp: smallest ulp exponent (lv_check)
   uint32_t wamax[8];             // per warp: largest magnitude, as float bits
@@ -111,38 +112,34 @@ __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
              ldexp(1.0, 53 + emin);
 }
 
-// A thread's candidate slot, fixed for the whole build: the j-th parent of a level (T being
+// A thread's candidate slot, fixed for the whole build. The j-th parent of a level (T being
 // sorted, the j-th best of its depth-d nodes) can only add children of ranks r with
-// (j + 1)(r + 2) <= budget (each has (j + 1)(r + 2) - 1 nodes of T ahead of it), so parent j
-// needs c_j = min(kc, budget / (j + 1) - 1) slots, none from j = 32 on (budget <= 64). The
-// slots go parent by parent, rank by rank (at most 216: one a thread at most); thread s takes
-// slot s, found by a binary search of the running sums of c_j across the lanes. Shuffles and
-// integer work only: the prologue runs it while its global loads are in flight.
+// (j + 1)(r + 2) <= budget (each has (j + 1)(r + 2) - 1 nodes of T ahead of it): at most
+// 64 / (j + 1) - 1 of them, none from j = 32 on. Parent j gets that many rounded up to a power
+// of two, in order: 64 slots for j = 0, 32 for 1 and 2, 16 for 3..5, 8 for 6..9, 4 for
+// 10..15, 2 for 16..20, 1 for 21..31: 253 slots, one a thread, the same layout for every
+// budget <= 64 and K (a slot is live when r < K and the bound holds). A parent's live slots
+// are consecutive and in rank order, and the parents come in order, so compacting the
+// passing slots in thread order gives a parent's children consecutive ids.
 struct LvSlot {
   int j, r;
   bool on;
 };
 __device__ __forceinline__ LvSlot lv_slot(int kc, int budget) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int c = max(0, min(kc, budget / (lane + 1) - 1));  // parent j = lane
-  int e = c;  // inclusive running sum over lanes: parent j's slots end at e_j
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(kFull, e, o);
-    if (lane >= o) e += v;
-  }
-  int j = 0;  // number of parents whose slots end at or before slot tid
-#pragma unroll
-  for (int step = 16; step >= 1; step >>= 1) {
-    const int ej = __shfl_sync(kFull, e, j + step - 1);
-    if (ej <= tid) j += step;
-  }
-  const int ejj = __shfl_sync(kFull, e, j), cj = __shfl_sync(kFull, c, j);
-  LvSlot s;
-  s.on = tid < __shfl_sync(kFull, e, 31);
-  s.j = j;
-  s.r = s.on ? tid - (ejj - cj) : 0;
-  return s;
+  const int s = threadIdx.x;
+  int j, r;
+  if (s < 64) { j = 0; r = s; }
+  else if (s < 128) { j = 1 + ((s - 64) >> 5); r = (s - 64) & 31; }
+  else if (s < 176) { j = 3 + ((s - 128) >> 4); r = (s - 128) & 15; }
+  else if (s < 208) { j = 6 + ((s - 176) >> 3); r = (s - 176) & 7; }
+  else if (s < 232) { j = 10 + ((s - 208) >> 2); r = (s - 208) & 3; }
+  else if (s < 242) { j = 16 + ((s - 232) >> 1); r = (s - 232) & 1; }
+  else { j = 21 + (s - 242); r = 0; }
+  LvSlot t;
+  t.on = s < 253 && r < kc && (r + 2) * (j + 1) <= budget;
+  t.j = t.on ? j : 0;
+  t.r = t.on ? r : 0;
+  return t;
 }
 
 // Builds the tree like pop_loop_v4 (sm.ninfo[1..n], *sm.count) and also its links (sm.fc,
@@ -173,6 +170,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
   int cur = 0, n_t = kc, base = kc;
   __syncthreads();
   double tau = n_t == budget ? lv.tk[0][budget - 1] : -INFINITY;  // T's last score when full
+  bool col = false;  // a rank claimed twice in the last ranking (a tie)
   for (int d = 1; d < H; ++d) {
     // A: every slot whose parent exists tests its child against tau; a ballot a warp and the
     // warps' counts give every candidate its place, in slot order, so a parent's children get
@@ -187,7 +185,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     }
     const uint32_t bal = __ballot_sync(kFull, pass);
     if (lane == 0) lv.wcnt[warp] = __popc(bal);
-    __syncthreads();
+    if (__syncthreads_or(col)) return false;  // the last level's ranking had a tie
     int n_c = 0, at = __popc(bal & lt);  // candidates found / this one's place
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
@@ -214,12 +212,13 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     LV_PROF(2);
     // C: rank of every pool entry (T then candidates) = entries scoring strictly higher: a
     // candidate's place in T by two rounds of eight independent loads, then a count over the
-    // candidates, eight a step, split between two threads when the pool allows. An equal
-    // score among the kept is a tie (the v4 loop takes over). A kept candidate with m
-    // candidates above it is the next level's parent m.
+    // candidates, eight a step, split between two threads when the pool allows. Kept entries
+    // (rank < budget) claim their rank in `own`: two kept entries with one rank are a tie
+    // (found after the barrier; the v4 loop takes over). A kept candidate with m candidates
+    // above it is the next level's parent m.
     const int nxt = cur ^ 1, n_p = n_t + n_c;
     const bool pair = n_p <= nt / 2;
-    bool my_tie = false;
+    int kr[2] = {-1, -1}, ke[2] = {0, 0};  // this thread's kept entries: rank, pool index
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int e = pair ? (v == 0 ? tid >> 1 : n_p) : tid + v * nt;
@@ -228,7 +227,6 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       const bool live = e < n_p, in_t = e < n_t;
       const double key = !live ? 0.0 : in_t ? lv.tk[cur][e] : lv.ck[e - n_t];
       int rank = e;
-      bool tie = false;
       if (live && !in_t) {
         int blk = 0;  // T entries 8q + 7 above key (T is sorted: a prefix)
 #pragma unroll
@@ -240,9 +238,8 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
           in += (idx < n_t && lv.tk[cur][idx] > key);
         }
         rank = 8 * blk + in;
-        tie = rank < n_t && lv.tk[cur][rank] == key;
       }
-      int more = 0, same = 0;  // candidates above / equal to key (the pad is -inf)
+      int more = 0;  // candidates above key (the pad is -inf)
       const double2* ck2 = reinterpret_cast<const double2*>(lv.ck);
       if (live) {
         for (int f = 8 * half; f < n_c; f += step) {
@@ -250,18 +247,17 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
                         c3 = ck2[f / 2 + 3];
           more += (c0.x > key) + (c0.y > key) + (c1.x > key) + (c1.y > key) + (c2.x > key) +
                   (c2.y > key) + (c3.x > key) + (c3.y > key);
-          same += (c0.x == key) + (c0.y == key) + (c1.x == key) + (c1.y == key) +
-                  (c2.x == key) + (c2.y == key) + (c3.x == key) + (c3.y == key);
         }
       }
       if (pair) {
         more += __shfl_xor_sync(kFull, more, 1);
-        same += __shfl_xor_sync(kFull, same, 1);
         if (half == 1 || !live) break;
       }
       rank += more;
       if (rank < budget) {
-        my_tie |= tie || same > (in_t ? 0 : 1);
+        kr[v] = rank;
+        ke[v] = e;
+        lv.own[rank] = static_cast<int16_t>(e);
         lv.tk[nxt][rank] = key;
         if (in_t) {
           lv.tm[nxt][rank] = lv.tm[cur][e];
@@ -274,7 +270,10 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       }
       if (pair) break;
     }
-    if (__syncthreads_or(my_tie)) return false;
+    __syncthreads();
+    // A tie leaves two claims on one rank: checked at the next barrier (until then T may be
+    // wrong, and nothing outside this level path's shared state is written).
+    col = (kr[0] >= 0 && lv.own[kr[0]] != ke[0]) || (kr[1] >= 0 && lv.own[kr[1]] != ke[1]);
     LV_PROF(4);
 #ifdef DDTREE_LV_PROFILE
     if (tid == 0) s_lv_prof[9] += 1;  // levels
@@ -293,13 +292,15 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
   // T in order is the pop order: node x = slot + 1. Records as pop_loop_v4 writes them (the
   // pusher of rank r > 0 is rank r - 1 under the same parent: always kept, id one less),
   // the links, and the visibility rows (walking the node log).
+  // (After a tie T may hold stale ids: the mask keeps these writes inside pos until the
+  // barrier reports the tie.)
   for (int z = tid; z < n_t; z += nt)
-    lv.pos[lv.tm[cur][z] & 0xffffu] = static_cast<int16_t>(z + 1);
+    lv.pos[lv.tm[cur][z] & (kLvLog - 1)] = static_cast<int16_t>(z + 1);
+  if (__syncthreads_or(col)) return false;
   if (tid == 0) {
     stage[0] = 1;  // the root sees itself
     *sm.count = n_t;
   }
-  __syncthreads();
   for (int z = tid; z < n_t; z += nt) {
     const int x = z + 1;
     const uint32_t id = lv.tm[cur][z] & 0xffffu, rec = lv.nlog[id];
