@@ -49,7 +49,7 @@ struct __align__(16) LvSmem {
   int16_t pos[kLvLog];           // node id -> node index in the final tree
   uint8_t vis[kLvVisBytes];      // the visibility matrix, staged at the output's 16-byte phase
   int16_t own[kLvMaxBudget];     // rank -> the pool entry that took it (ties: two claims)
-  int wcnt[8];                   // per warp: candidates it found this level
+  alignas(16) int wcnt[8];       // per warp: candidates it found this level
   int wemin[8];                  // per warp: smallest ulp exponent (lv_check)
   uint32_t wamax[8];             // per warp: largest magnitude, as float bits
 };
@@ -107,9 +107,10 @@ __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
     emin = min(emin, lv.wemin[w]);
     amax = max(amax, lv.wamax[w]);
   }
+  // 2^(53 + emin) built from its bits (emin is in [-149, 104]: a normal double).
   return emin >= 1000 ||
          static_cast<double>(H) * static_cast<double>(__uint_as_float(amax)) <
-             ldexp(1.0, 53 + emin);
+             __longlong_as_double(static_cast<long long>(53 + emin + 1023) << 52);
 }
 
 // A thread's candidate slot, fixed for the whole build. The j-th parent of a level (T being
@@ -164,6 +165,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       lv.tm[0][i] = static_cast<uint32_t>(i) | (1u << 16);
       lv.nlog[i] = lv_pack(kLvRoot, i, 1);
       lv.pid[i] = static_cast<uint32_t>(i);
+      lv.pos[i] = static_cast<int16_t>(i + 1);
     }
     lv.ps[i] = i < kc ? lp[i] : NAN;
   }
@@ -187,11 +189,15 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     if (lane == 0) lv.wcnt[warp] = __popc(bal);
     if (__syncthreads_or(col)) return false;  // the last level's ranking had a tie
     int n_c = 0, at = __popc(bal & lt);  // candidates found / this one's place
+    {
+      const int4 c0 = reinterpret_cast<const int4*>(lv.wcnt)[0];
+      const int4 c1 = reinterpret_cast<const int4*>(lv.wcnt)[1];
+      const int cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const int cw = lv.wcnt[w];
-      n_c += cw;
-      at += w < warp ? cw : 0;
+      for (int w = 0; w < 8; ++w) {
+        n_c += cw[w];
+        at += w < warp ? cw[w] : 0;
+      }
     }
     if (tid < 32) lv.ps[tid] = NAN;  // C names the next level's parents
     LV_PROF(2);
@@ -254,16 +260,19 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
         if (half == 1 || !live) break;
       }
       rank += more;
-      if (rank < budget) {
+      if (rank < budget) {  // kept: node index rank + 1 (so far; pos as of the last level)
         kr[v] = rank;
         ke[v] = e;
         lv.own[rank] = static_cast<int16_t>(e);
         lv.tk[nxt][rank] = key;
         if (in_t) {
-          lv.tm[nxt][rank] = lv.tm[cur][e];
+          const uint32_t tm = lv.tm[cur][e];
+          lv.tm[nxt][rank] = tm;
+          lv.pos[tm & (kLvLog - 1)] = static_cast<int16_t>(rank + 1);  // (mask: see below)
         } else {
           const uint32_t id = static_cast<uint32_t>(base + e - n_t);
           lv.tm[nxt][rank] = id | (static_cast<uint32_t>(d + 1) << 16);
+          lv.pos[id] = static_cast<int16_t>(rank + 1);
           lv.ps[more] = key;  // (without ties, more < budget and unique)
           lv.pid[more] = id;
         }
@@ -289,13 +298,11 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     if (isnan(p0)) break;
     if (d + 1 < H && p0 + lp[(d + 1) * K] < tau) break;
   }
-  // T in order is the pop order: node x = slot + 1. Records as pop_loop_v4 writes them (the
-  // pusher of rank r > 0 is rank r - 1 under the same parent: always kept, id one less),
-  // the links, and the visibility rows (walking the node log).
-  // (After a tie T may hold stale ids: the mask keeps these writes inside pos until the
-  // barrier reports the tie.)
-  for (int z = tid; z < n_t; z += nt)
-    lv.pos[lv.tm[cur][z] & (kLvLog - 1)] = static_cast<int16_t>(z + 1);
+  // T in order is the pop order: node x = slot + 1, and pos (node id -> x) holds it for every
+  // node of T (written by the ranking that put it at its final place; after a tie T may hold
+  // stale ids, and the mask keeps those writes inside pos until the barrier reports the tie).
+  // Records as pop_loop_v4 writes them (the pusher of rank r > 0 is rank r - 1 under the same
+  // parent: always kept, id one less), the links, and the visibility rows (walking the log).
   if (__syncthreads_or(col)) return false;
   if (tid == 0) {
     stage[0] = 1;  // the root sees itself
