@@ -111,6 +111,19 @@ def test_long_prefix_wgmma(algo) -> None:
     check(case, torch.bfloat16, algo=algo, num_splits=1)
 
 
+@_HOPPER
+@pytest.mark.parametrize("mode", ["0", "1", ""])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_wgmma_tail_path(monkeypatch, mode, num_splits) -> None:
+    # CTAs with <= 8 live rows take the swap-AB tail path unless DDTREE_ATTN_TAIL=0; "" also
+    # reorders the blocks. Rows a request: 65 x 8 = 520 (tail of 8), 7 x 8 = 56 (one CTA of 56),
+    # 1 x 8 = 8 (the tail is the whole request), 9 x 8 = 72 (tail of 8); prefix 0 included.
+    monkeypatch.setenv("DDTREE_ATTN_TAIL", mode)
+    case = make_case(17, [4000, 0, 129, 63], [65, 7, 1, 9], heads=8, page_size=16,
+                     dtype=torch.bfloat16)  # fmt: skip
+    check(case, torch.bfloat16, algo="mma8", num_splits=num_splits)
+
+
 def test_scale_matters() -> None:
     case = make_case(11, [20], [5], heads=2, page_size=16, dtype=torch.float32)
     check(case, torch.float32, scale=0.3)

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "ddtree_attention.h"
 
@@ -49,6 +50,8 @@ struct Params {
   float* part_lse;  // [splits, total_rows] (log2 sum exp2 of each split; -inf when empty)
   int heads, total_rows, t_max, page_size, max_pages, num_splits, tiles_per_split;
   float scale_log2;
+  int tail_rows;  // wgmma kernel: CTAs with at most this many live rows take the tail path
+  int tail_last;  // wgmma kernel: schedule the grid's last M column after the others
 };
 
 __device__ __forceinline__ int64_t kv_slot(const Params& p, int b, int pos) {
@@ -97,8 +100,9 @@ __device__ __forceinline__ void store_out(const Params& p, int split, int grow, 
 
 // Tile range [begin, end) of this split; the last split takes every remaining tile, so the
 // result never depends on the planning hint.
-__device__ __forceinline__ void split_range(const Params& p, int n_tiles, int* begin, int* end) {
-  const int split = blockIdx.z;
+__device__ __forceinline__ void split_range(const Params& p, int n_tiles, int* begin, int* end,
+                                            int split = -1) {
+  if (split < 0) split = blockIdx.z;
   *begin = split * p.tiles_per_split;
   *end = split == p.num_splits - 1 ? n_tiles : min(n_tiles, *begin + p.tiles_per_split);
 }
@@ -335,6 +339,16 @@ int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int m
   return best;
 }
 
+// The wgmma kernel's tail path (CTAs with at most 8 live rows, e.g. the 9th M tile of a
+// 65-row x 8-head request: swap-AB, tensor work 1/8 of a full tile's), and its block order
+// (the grid's last M column last). DDTREE_ATTN_TAIL (for A/B timing): unset = both, 1 = the
+// tail path in the natural block order, 0 = neither.
+int tail_mode() {
+  const char* env = getenv("DDTREE_ATTN_TAIL");
+  if (env == nullptr || env[0] == '\0') return 2;
+  return env[0] == '0' ? 0 : env[0] == '1' ? 1 : 2;
+}
+
 size_t workspace_for(int splits, int total_rows) {
   return splits > 1 ? static_cast<size_t>(splits) * total_rows * (kV + 1) * sizeof(float) : 0;
 }
@@ -396,7 +410,8 @@ extern "C" int ddtree_tree_verify_attention(
                                 static_cast<size_t>(num_splits) * total_rows * kV
                           : nullptr,
            heads, total_rows, t_max, page_size, max_pages, num_splits,
-           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e};
+           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail_mode() > 0 ? 8 : 0,
+           tail_mode() == 2 ? 1 : 0};
   if (cudaError_t e = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            l.smem))
     return static_cast<int>(e);

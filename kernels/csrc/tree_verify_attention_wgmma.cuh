@@ -134,6 +134,198 @@ __device__ __forceinline__ void wgmma_n256_kt(float* d, uint64_t da, uint64_t db
       : "memory");
 }
 
+// m64n8k16, A and B K-major (tail path: S^T = K Q^T).
+__device__ __forceinline__ void wgmma_n8_kk(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+// m64n8k16, A MN-major (transposed: V^T straight from the KV tile), B K-major (tail: O^T += V^T P^T).
+__device__ __forceinline__ void wgmma_n8_tk(float* d, uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+
+#endif  // TVA_WG_REAL
+
+#if TVA_WG_REAL
+// The tail path: a CTA with at most 8 live rows (rows_b - m0 <= 8). A 64-row wgmma tile would
+// spend 7/8 of its tensor work on dead rows, so the product is swapped: warpgroup 0 computes
+// S^T[64 keys, 8 rows] = K Q^T with 36 m64n8k16 (A = the KV tile, B = the 8 Q rows, both
+// K-major, the layouts of the main path), takes the softmax down the columns (row maxima: quad
+// shuffles over the keys, then the 4 warps through shared memory and named barrier 1), and
+// writes P [8 rows][64 keys]; then both warpgroups accumulate O^T[512 dims, 8 rows] += V^T P^T
+// with m64n8k16 (A = V MN-major, straight from the KV tile; B = P, K-major), 4 dim blocks of 64
+// each. Accumulators: S^T element e of this thread is key 16 wr + g (+8 for e >= 2) and row
+// 2 qd + (e & 1); O^T block mt likewise with dims (4 wg + mt) 64 + 16 wr + g (+8).
+// KV tiles double-buffered with cp.async as in the main path.
+__device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int split, int rows_b,
+                                        int prefix, int kv_len, int tile_begin, int tile_end,
+                                        uint32_t qs_u, uint32_t kvs_u, uint32_t ps_u,
+                                        unsigned char* ps, float* red_max, float* red_sum) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wr = warp & 3, g = lane >> 2, qd = lane & 3;
+  const int live = rows_b - m0;  // 1..8
+  const int q0 = p.qo_offsets[b];
+  const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
+  const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
+  const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q);
+  float* row_alpha = red_max + 4 * 8;  // [8]; red_max[0..32): [warp][row] maxima
+  auto load_kv = [&](int tile, int stage) {  // 4 threads a key row, 18 chunks each
+    const int r = tid >> 2, sub = tid & 3, pos = tile * kWgBN + r;
+    const bool ok = pos < kv_len;
+    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
+    const uint32_t dst = kvs_u + stage * kWgTile;
+#pragma unroll
+    for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
+  };
+  if (tile_begin < tile_end) {
+    for (int i = tid; i < 8 * kChunks; i += kWgThreads) {  // Q rows 0..7 (dead ones zero)
+      const int r = i / kChunks, c = i - r * kChunks;
+      const bool ok = r < live;
+      cp_async16(qs_u + wg_off(r, c), ok ? qg + (row_base + m0 + r) * kQK + c * 8 : qg, ok);
+    }
+    load_kv(tile_begin, 0);
+    cp_async_commit();
+  }
+  const int k0 = 16 * wr + g, r0 = 2 * qd;  // this thread's keys k0, k0 + 8; rows r0, r0 + 1
+  int t_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) t_row[h] = min(m0 + r0 + h, rows_b - 1) / p.heads;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.f, 0.f};
+  float o[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) o[i] = 0.f;
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = (tile - tile_begin) & 1;
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    if (tile + 1 < tile_end) {
+      load_kv(tile + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t kv_u = kvs_u + stage * kWgTile;
+    const int kv0 = tile * kWgBN;
+    if (wg == 0) {
+      float sa[4] = {0.f, 0.f, 0.f, 0.f};
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQK / 16; ++kk) {
+        const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
+        wgmma_n8_kk(sa, wg_desc(kv_u + koff, 16, 1024), wg_desc(qs_u + koff, 16, 1024), 1);
+      }
+      wg_commit();
+      wg_wait0();
+      const bool need_mask = kv0 + kWgBN > prefix;
+      float sv[4], mx[2];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e & 1, pos = kv0 + k0 + (e >> 1) * 8;
+        float x = sa[e] * p.scale_log2;
+        if (r0 + h >= live || (need_mask && !visible(p, b, t_row[h], prefix, kv_len, pos)))
+          x = -INFINITY;
+        sv[e] = x;
+      }
+      mx[0] = fmaxf(sv[0], sv[2]);
+      mx[1] = fmaxf(sv[1], sv[3]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 <<= 1)
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], o2));
+      }
+      if (g == 0) {
+        red_max[wr * 8 + r0] = mx[0];
+        red_max[wr * 8 + r0 + 1] = mx[1];
+      }
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      float m_use[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m_new = m_run[h];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, red_max[w * 8 + r0 + h]);
+        m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = exp2f(m_run[h] - m_use[h]);
+        m_run[h] = m_new;
+        l_part[h] *= alpha;
+        if (wr == 0 && g == 0) row_alpha[r0 + h] = alpha;
+      }
+      // P[row][key] (bf16), [8 rows][64 keys] swizzled: the K-major B operand of the PV.
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e & 1, key = k0 + (e >> 1) * 8, row = r0 + h;
+        const float pv = exp2f(sv[e] - m_use[h]);
+        l_part[h] += pv;
+        *reinterpret_cast<__nv_bfloat16*>(ps + row * 128 + (((key >> 3) ^ (row & 7)) << 4) +
+                                          (key & 7) * 2) = __float2bfloat16_rn(pv);
+      }
+    }
+    fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
+    __syncthreads();
+    const float a0 = row_alpha[r0], a1 = row_alpha[r0 + 1];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o[i] *= i & 1 ? a1 : a0;
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kWgBN / 16; ++ks) {
+      const uint64_t db = wg_desc(ps_u + ks * 32, 16, 1024);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        wgmma_n8_tk(o + 4 * mt, wg_desc(kv_u + (wg * 4 + mt) * 8192 + ks * 2048, 1024, 1024), db,
+                    1);
+    }
+    wg_commit();
+    wg_wait0();
+  }
+
+  // Row sums: over this warp's keys (lanes with the same qd), then the 4 warps of warpgroup 0.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) l_part[h] += __shfl_xor_sync(0xffffffffu, l_part[h], o2);
+  }
+  __syncthreads();
+  if (wg == 0 && g == 0) {
+    red_sum[wr * 8 + r0] = l_part[0];
+    red_sum[wr * 8 + r0 + 1] = l_part[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + h;
+    if (row >= live) continue;
+    const float l = red_sum[row] + red_sum[8 + row] + red_sum[16 + row] + red_sum[24 + row];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t grow = row_base + m0 + row;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+      for (int dd = 0; dd < 2; ++dd) {
+        const int dim = (wg * 4 + mt) * 64 + k0 + 8 * dd;
+        const float v = o[4 * mt + 2 * dd + h] * inv;
+        if (p.num_splits == 1)
+          static_cast<__nv_bfloat16*>(p.out)[grow * kV + dim] = __float2bfloat16_rn(v);
+        else
+          p.part_o[(static_cast<int64_t>(split) * p.total_rows + grow) * kV + dim] = v;
+      }
+    }
+    if (p.num_splits > 1 && wg == 0 && wr == 0 && g == 0)
+      p.part_lse[static_cast<int64_t>(split) * p.total_rows + grow] =
+          l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+  }
+}
 #endif  // TVA_WG_REAL
 
 // PVN: N of the PV wgmma, 64 (4 instructions per 16 keys; every B operand is one 64-dim block)
@@ -151,14 +343,31 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
   float* red_sum = red_max + 2 * kWgBM;                  // [2][64]
   float* row_alpha = red_max;                            // ONE_QK: [64] rescale factors
 
-  const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Block order: with the tail path on, the grid's last M column (where the few-row tails
+  // are) is scheduled after every other CTA, so its short CTAs fill the last wave's idle SMs.
+  int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  if (p.tail_last && gridDim.x > 1) {
+    const int gx = gridDim.x, gy = gridDim.y;
+    const int lin = blockIdx.x + gx * (blockIdx.y + gy * blockIdx.z);
+    const int n_full = (gx - 1) * gy * static_cast<int>(gridDim.z);
+    if (lin < n_full) {
+      bx = lin % (gx - 1);
+      by = (lin / (gx - 1)) % gy;
+      bz = lin / (gx - 1) / gy;
+    } else {
+      bx = gx - 1;
+      by = (lin - n_full) % gy;
+      bz = (lin - n_full) / gy;
+    }
+  }
+  const int b = by, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3;  // warpgroup (key half / dim half), row group
   const int q0 = p.qo_offsets[b], t_b = p.qo_offsets[b + 1] - q0;
-  const int rows_b = t_b * p.heads, m0 = blockIdx.x * kWgBM;
+  const int rows_b = t_b * p.heads, m0 = bx * kWgBM;
   if (m0 >= rows_b) return;
   const int prefix = p.prefix_lens[b], kv_len = prefix + t_b;
   int tile_begin, tile_end;
-  split_range(p, (kv_len + kWgBN - 1) / kWgBN, &tile_begin, &tile_end);
+  split_range(p, (kv_len + kWgBN - 1) / kWgBN, &tile_begin, &tile_end, bz);
   const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
   const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
 
@@ -178,6 +387,11 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
 #pragma unroll
     for (int c = sub; c < kChunks; c += 2) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
   };
+  if (rows_b - m0 <= p.tail_rows) {
+    wg_tail(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u, ps_u, ps,
+            red_max, red_sum);
+    return;
+  }
   if (tile_begin < tile_end) {
     const int r = tid >> 2, sub = tid & 3;
     const bool ok = m0 + r < rows_b;
@@ -399,13 +613,13 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
         *reinterpret_cast<__nv_bfloat162*>(out + i * 8) =
             __floats2bfloat162_rn(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
     } else {
-      float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV + dim;
+      float* out = p.part_o + (static_cast<int64_t>(bz) * p.total_rows + grow) * kV + dim;
 #pragma unroll
       for (int i = 0; i < 32; ++i)
         *reinterpret_cast<float2*>(out + i * 8) =
             make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
       if (wg == 0 && qd == 0)
-        p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
+        p.part_lse[static_cast<int64_t>(bz) * p.total_rows + grow] =
             l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
     }
   }
