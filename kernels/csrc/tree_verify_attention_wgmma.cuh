@@ -218,15 +218,30 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
     const uint32_t kv_u = kvs_u + stage * kWgTile;
     const int kv0 = tile * kWgBN;
     if (wg == 0) {
-      float sa[4] = {0.f, 0.f, 0.f, 0.f};
+      // Four independent accumulator chains (k-step kk into chain kk % 4): one chain of 36
+      // dependent m64n8k16 would wait out each one's latency (measured: the tail CTA then
+      // cost about as much as a full one).
+      float sc[4][4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[c][e] = 0.f;
+          asm volatile("" : "+f"(sc[c][e]));  // defined here, not between the wgmmas
+        }
+      }
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < kQK / 16; ++kk) {
         const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
-        wgmma_n8_kk(sa, wg_desc(kv_u + koff, 16, 1024), wg_desc(qs_u + koff, 16, 1024), 1);
+        wgmma_n8_kk(sc[kk & 3], wg_desc(kv_u + koff, 16, 1024), wg_desc(qs_u + koff, 16, 1024),
+                    1);
       }
       wg_commit();
       wg_wait0();
+      float sa[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sa[e] = (sc[0][e] + sc[1][e]) + (sc[2][e] + sc[3][e]);
       const bool need_mask = kv0 + kWgBN > prefix;
       float sv[4], mx[2];
 #pragma unroll
@@ -276,7 +291,10 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
     __syncthreads();
     const float a0 = row_alpha[r0], a1 = row_alpha[r0 + 1];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) o[i] *= i & 1 ? a1 : a0;
+    for (int i = 0; i < 16; ++i) {
+      o[i] *= i & 1 ? a1 : a0;
+      asm volatile("" : "+f"(o[i]));  // rescaled before the fence, not between the wgmmas
+    }
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < kWgBN / 16; ++ks) {
