@@ -17,6 +17,8 @@
 // O after the P barrier. QKM 2 (mma10): as ONE_QK, but warpgroup 0 publishes the rescale factors
 // before it computes P (named barrier 1: arrive / sync), so warpgroup 1 rescales its half of O
 // while P is being written instead of after the P barrier.
+// Tail path (wg_tail, below): a CTA with at most p.tail_rows (8) live rows swaps the products
+// (S^T = K Q^T, O^T += V^T P^T with m64n8k16) instead of spending a 64-row tile on them.
 // Shared tiles are stored "k-block major": [576 / 64 blocks][rows][64 bf16] with the 16-byte
 // chunk index XOR (row % 8), i.e. the canonical 128B-swizzle layout of both GMMA majors.
 // Built only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). Elsewhere the kernel is an empty stub with
