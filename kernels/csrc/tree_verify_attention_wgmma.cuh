@@ -136,24 +136,16 @@ __device__ __forceinline__ void wgmma_n256_kt(float* d, uint64_t da, uint64_t db
       : "memory");
 }
 
-// m64n8k16, A and B K-major (tail path: S^T = K Q^T).
-__device__ __forceinline__ void wgmma_n8_kk(float* d, uint64_t da, uint64_t db, int scale_d) {
+// m64n8k16 with B K-major; A K-major (TA 0, tail path: S^T = K Q^T) or MN-major (TA 1:
+// V^T straight from the KV tile, tail path: O^T += V^T P^T).
+template <int TA>
+__device__ __forceinline__ void wgmma_n8(float* d, uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(scale_d)
-      : "memory");
-}
-// m64n8k16, A MN-major (transposed: V^T straight from the KV tile), B K-major (tail: O^T += V^T P^T).
-__device__ __forceinline__ void wgmma_n8_tk(float* d, uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(scale_d)
+      : "l"(da), "l"(db), "r"(scale_d), "n"(TA)
       : "memory");
 }
 
@@ -236,7 +228,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 #pragma unroll
       for (int kk = 0; kk < kQK / 16; ++kk) {
         const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
-        wgmma_n8_kk(sc[kk & 3], wg_desc(kv_u + koff, 16, 1024), wg_desc(qs_u + koff, 16, 1024),
+        wgmma_n8<0>(sc[kk & 3], wg_desc(kv_u + koff, 16, 1024), wg_desc(qs_u + koff, 16, 1024),
                     1);
       }
       wg_commit();
@@ -303,7 +295,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
       const uint64_t db = wg_desc(ps_u + ks * 32, 16, 1024);
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
-        wgmma_n8_tk(o + 4 * mt, wg_desc(kv_u + (wg * 4 + mt) * 8192 + ks * 2048, 1024, 1024), db,
+        wgmma_n8<1>(o + 4 * mt, wg_desc(kv_u + (wg * 4 + mt) * 8192 + ks * 2048, 1024, 1024), db,
                     1);
     }
     wg_commit();
