@@ -380,7 +380,6 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     lvp = &lv;
   }
   bool lv_ok = lv_on;
-  LvSlot lv_slot_{0, 0, false};  // this thread's candidate slot (level path)
   // Budgets <= 64 stage the visibility matrix as bytes in shared memory (zeroed here, each row
   // written by its node's thread) at the output's 16-byte phase, and copy it out with 16-byte
   // stores; larger budgets build bit rows and store bytes.
@@ -399,9 +398,9 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     const int kc = min(K, budget), kx = min(K, kc + 1);
     int emin = 1000;
     float amax = 0.0f;
-    float v[4], prev[4];
-    int64_t t[4];
-    auto load = [&](int i0) {  // four of each load in flight
+    for (int i0 = tid; i0 < HK; i0 += 4 * kThreads) {  // four of each load in flight
+      float v[4], prev[4];
+      int64_t t[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int i = i0 + q * kThreads;
@@ -411,8 +410,6 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
           t[q] = ids_g[i];
         }
       }
-    };
-    auto store = [&](int i0) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int i = i0 + q * kThreads;
@@ -424,13 +421,6 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
           if (r < kx) lv_check(v[q], prev[q], d, r, kc, lv_ok, emin, amax);
         }
       }
-    };
-    load(tid);
-    if constexpr (kLevels) lv_slot_ = lv_slot(kc, budget);  // while the loads are in flight
-    store(tid);
-    for (int i0 = tid + 4 * kThreads; i0 < HK; i0 += 4 * kThreads) {
-      load(i0);
-      store(i0);
     }
     emin = __reduce_min_sync(kFull, emin);
     const uint32_t ab = __reduce_max_sync(kFull, __float_as_uint(amax));
@@ -449,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   if constexpr (kLevels) {
     if (lv_on) {
       if (lv_ok && lv_eligible(*lvp, H))
-        built = level_select(sm, *lvp, H, K, budget, lv_slot_, stage, n1, levels == 2);
+        built = level_select(sm, *lvp, H, K, budget, stage, n1, levels == 2);
       if (!built && levels == 2) {  // tests: no fallback, say so
         if (tid == 0) num_nodes[b] = -1;
         return;

@@ -122,6 +122,7 @@ __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
 // budget <= 64 and K (a slot is live when r < K and the bound holds). A parent's live slots
 // are consecutive and in rank order, and the parents come in order, so compacting the
 // passing slots in thread order gives a parent's children consecutive ids.
+static_assert(kThreads == 256, "the level path: 253 slots, one a thread; 8 warps' counts");
 struct LvSlot {
   int j, r;
   bool on;
@@ -147,11 +148,12 @@ __device__ __forceinline__ LvSlot lv_slot(int kc, int budget) {
 // sm.ns: the prologue set them to -1) and its visibility rows, as bytes into `stage` (row-major,
 // n1 x n1, zeroed by the prologue), and returns true; or returns false (the v4 loop's state
 // untouched) at a tie or a full node log.
-__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, LvSlot slot,
-                             uint8_t* stage, int n1, bool strict) {
+__device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, uint8_t* stage,
+                             int n1, bool strict) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
   const double* lp = sm.lpd;
   const int kc = min(K, budget);
+  const LvSlot slot = lv_slot(kc, budget);
   const uint32_t lt = (1u << lane) - 1u;
 #ifdef DDTREE_LV_PROFILE
   long long lv_t_ = clock64();

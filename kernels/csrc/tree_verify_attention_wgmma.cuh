@@ -152,6 +152,18 @@ __device__ __forceinline__ void wgmma_n8(float* d, uint64_t da, uint64_t db, int
 #endif  // TVA_WG_REAL
 
 #if TVA_WG_REAL
+// One 64-key KV tile of request b into the stage at dst (cp.async; 4 threads a key row, 18
+// 16-byte chunks each; keys past kv_len zero-filled): the main loop's and the tail path's loads.
+__device__ __forceinline__ void wg_load_kv(const Params& p, int b, int kv_len, int tile,
+                                           uint32_t dst) {
+  const int tid = threadIdx.x, r = tid >> 2, sub = tid & 3, pos = tile * kWgBN + r;
+  const bool ok = pos < kv_len;
+  const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
+  const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
+#pragma unroll
+  for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
+}
+
 // The tail path: a CTA with at most 8 live rows (rows_b - m0 <= 8). A 64-row wgmma tile would
 // spend 7/8 of its tensor work on dead rows, so the product is swapped: warpgroup 0 computes
 // S^T[64 keys, 8 rows] = K Q^T with 36 m64n8k16 (A = the KV tile, B = the 8 Q rows, both
@@ -171,17 +183,9 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
   const int live = rows_b - m0;  // 1..8
   const int q0 = p.qo_offsets[b];
   const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
-  const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
   const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q);
   float* row_alpha = red_max + 4 * 8;  // [8]; red_max[0..32): [warp][row] maxima
-  auto load_kv = [&](int tile, int stage) {  // 4 threads a key row, 18 chunks each
-    const int r = tid >> 2, sub = tid & 3, pos = tile * kWgBN + r;
-    const bool ok = pos < kv_len;
-    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
-    const uint32_t dst = kvs_u + stage * kWgTile;
-#pragma unroll
-    for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
-  };
+  auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
   if (tile_begin < tile_end) {
     for (int i = tid; i < 8 * kChunks; i += kWgThreads) {  // Q rows 0..7 (dead ones zero)
       const int r = i / kChunks, c = i - r * kChunks;
@@ -383,14 +387,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
   const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
   const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
 
-  auto load_kv = [&](int tile, int stage) {  // 4 threads a key row, 18 chunks each
-    const int r = tid >> 2, sub = tid & 3, pos = tile * kWgBN + r;
-    const bool ok = pos < kv_len;
-    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
-    const uint32_t dst = kvs_u + stage * kWgTile;
-#pragma unroll
-    for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
-  };
+  auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
   auto load_kv_wg1 = [&](int tile, int stage) {  // ONE_QK: warpgroup 1, 2 threads a key row
     const int r = (tid - 128) >> 1, sub = tid & 1, pos = tile * kWgBN + r;
     const bool ok = pos < kv_len;
