@@ -404,14 +404,15 @@ extern "C" int ddtree_tree_verify_attention(
   if (workspace_bytes < workspace_for(num_splits, total_rows) || (num_splits > 1 && !workspace))
     return static_cast<int>(cudaErrorInvalidValue);
   const int max_tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
+  const int tail = tail_mode();
   Params p{q, kv_cache, block_table, prefix_lens, qo_offsets, visibility, out,
            static_cast<float*>(workspace),
            num_splits > 1 ? static_cast<float*>(workspace) +
                                 static_cast<size_t>(num_splits) * total_rows * kV
                           : nullptr,
            heads, total_rows, t_max, page_size, max_pages, num_splits,
-           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail_mode() > 0 ? 8 : 0,
-           tail_mode() == 2 ? 1 : 0};
+           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail > 0 ? 8 : 0,
+           tail == 2 ? 1 : 0};
   if (cudaError_t e = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            l.smem))
     return static_cast<int>(e);
