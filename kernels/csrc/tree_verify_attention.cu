@@ -256,11 +256,11 @@ Launch mma_variant() {
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
 // the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
-constexpr int kNumMma = 11;
-template <int PVN, int QKM = 0>
+constexpr int kNumMma = 14;
+template <int PVN, int QKM = 0, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
-          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, QKM>)};
+          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, QKM, OPT>)};
 }
 Launch mma_variants(int i) {
   switch (i) {
@@ -268,6 +268,9 @@ Launch mma_variants(int i) {
     case 8: return wgmma_variant<256>();  // sm_90a wgmma, PV as 1 x m64n256k16 a k-step
     case 9: return wgmma_variant<256, 1>();   // as 8, QK m64n64 by warpgroup 0 alone
     case 10: return wgmma_variant<256, 2>();  // as 9, warpgroup 1 rescales O before the P barrier
+    case 11: return wgmma_variant<256, 0, kWgLateLoad | kWgSkipUnit>();  // as 8, loads after QK
+    case 12: return wgmma_variant<256, 0, kWgPvFlight | kWgSkipUnit>();  // as 8, PV in flight
+    case 13: return wgmma_variant<256, 0, kWgLateLoad>();  // as 8, loads after the QK issue
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB

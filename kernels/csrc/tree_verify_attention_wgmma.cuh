@@ -347,10 +347,21 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // PVN: N of the PV wgmma, 64 (4 instructions per 16 keys; every B operand is one 64-dim block)
 // or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart). QKM: 0 both
 // warpgroups compute S (mma7, mma8), 1 ONE_QK (mma9), 2 ONE_QK with early rescale (mma10).
-template <int PVN, int QKM = 0>
+// OPT (QKM 0 only), bits: kWgLateLoad: the next tile's cp.async are issued after the QK
+// wgmmas, so the page-table lookup and the 18 cp.async a thread overlap the tensor work
+// instead of delaying it; kWgSkipUnit: a warp skips the O rescale when every alpha it holds is
+// 1 (x * 1.0f == x: the result is bit-identical); kWgPvFlight: the PV wgmmas are left in flight
+// across the loop top (the next tile's barrier and QK issue queue behind them instead of
+// waiting them out); the next tile's loads then go out after the max exchange, once both
+// warpgroups' previous PV (the readers of that stage) are complete.
+constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4;
+template <int PVN, int QKM = 0, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
 #if TVA_WG_REAL
   constexpr bool ONE_QK = QKM > 0;
+  static_assert(OPT == 0 || QKM == 0, "OPT applies to the two-warpgroup QK (QKM 0)");
+  constexpr bool LATE_LOAD = (OPT & kWgLateLoad) != 0, SKIP_UNIT = (OPT & kWgSkipUnit) != 0;
+  constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0;
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
@@ -386,6 +397,13 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
   split_range(p, (kv_len + kWgBN - 1) / kWgBN, &tile_begin, &tile_end, bz);
   const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
   const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
+#ifdef TVA_DIAG_NOLOAD
+  // Diagnostic build only (never the library's): KV tiles past the first two are not loaded,
+  // the stages are reused as they are, so the timing is the compute alone. Wrong results.
+  auto more = [&](int tile) { return tile + 1 < tile_end && tile + 1 < tile_begin + 2; };
+#else
+  auto more = [&](int tile) { return tile + 1 < tile_end; };
+#endif
 
   auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
   auto load_kv_wg1 = [&](int tile, int stage) {  // ONE_QK: warpgroup 1, 2 threads a key row
@@ -429,11 +447,11 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
     if constexpr (ONE_QK) {
-      if (wg == 1 && tile + 1 < tile_end) {
+      if (wg == 1 && more(tile)) {
         load_kv_wg1(tile + 1, stage ^ 1);
         cp_async_commit();
       }
-    } else if (tile + 1 < tile_end) {
+    } else if (!LATE_LOAD && !PV_FLIGHT && more(tile)) {
       load_kv(tile + 1, stage ^ 1);
       cp_async_commit();
     }
@@ -526,7 +544,11 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
                      1);
       }
       wg_commit();
-      wg_wait0();
+      if (LATE_LOAD && !PV_FLIGHT && more(tile)) {  // stage ^ 1's readers finished last tile
+        load_kv(tile + 1, stage ^ 1);
+        cp_async_commit();
+      }
+      wg_wait0();  // PV_FLIGHT: also this warpgroup's PV of the previous tile
 
       // Scale, mask (only tiles that reach the tree or the end), row max.
       const bool need_mask = kv0 + kWgBN > prefix;
@@ -548,7 +570,11 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
         red_max[wg * kWgBM + lrow0] = mx[0];
         red_max[wg * kWgBM + lrow1] = mx[1];
       }
-      __syncthreads();
+      __syncthreads();  // PV_FLIGHT: both warpgroups' previous PV (stage ^ 1, P) is complete
+      if (PV_FLIGHT && more(tile)) {
+        load_kv(tile + 1, stage ^ 1);
+        cp_async_commit();
+      }
       float alpha[2], m_use[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -572,8 +598,10 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
         *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
             __floats2bfloat162_rn(p2, p3);
       }
+      if (!SKIP_UNIT || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      }
       fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
       __syncthreads();
     }
@@ -592,8 +620,9 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
       }
     }
     wg_commit();
-    wg_wait0();
+    if constexpr (!PV_FLIGHT) wg_wait0();
   }
+  if constexpr (PV_FLIGHT) wg_wait0();
 
   // Row sums: quad, then the other warpgroup (other key half).
 #pragma unroll
