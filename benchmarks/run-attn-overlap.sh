@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Tree-verify attention, wgmma main-loop overlap variants (mma11: loads after the QK issue +
-# unit-rescale skip; mma12: PV in flight across the loop top + skip; mma13: loads after the QK
-# issue alone) against mma8, on one GPU, one device call: build for sm_90 (+ sm_90a); the
-# attention GPU tests (every forced case on mma7..mma13); the two target sizes, variants
-# interleaved, twice; then a diagnostic build (-DTVA_DIAG_NOLOAD: KV tiles past the first two
-# not loaded, wrong results) timed once, which gives each variant's compute-only time.
+# Tree-verify attention, wgmma main-loop variants against mma8 (mma11: loads after the QK issue
+# + unit-rescale skip; mma12: PV in flight across the loop top + skip; mma13: loads after the QK
+# issue alone; mma14: KV by TMA + loads after the QK issue + skip; mma15: mma14 without the
+# skip), on one GPU, one device call: build for sm_90 (+ sm_90a); the attention GPU tests
+# (every forced case on mma7..mma15); the two target sizes, the variants in $VARIANTS
+# interleaved (list a variant twice to time it twice); then a diagnostic build
+# (-DTVA_DIAG_NOLOAD: KV tiles past the first two not loaded, wrong results) timed once, which
+# gives each variant's compute-only time.
 # Usage: OUT=dir bash benchmarks/run-attn-overlap.sh   (results: $OUT/attn-overlap.tgz + summary.txt)
 set -u
 OUT=${OUT:-/tmp/attn-overlap}; W=/tmp/attn-overlap-work; rm -rf "$W"; mkdir -p "$OUT" "$W"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
-VARIANTS=${VARIANTS:-mma8 mma11 mma12 mma13}
+VARIANTS=${VARIANTS:-mma8 mma13 mma14 mma15 mma8 mma13 mma14 mma15}
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=csv > "$W/env.txt" 2>&1
-timeout 240 python3 -m kernels.build --arch sm_90 --out /tmp/ddtree-k > "$W/build.txt" 2>&1
+timeout 150 python3 -m kernels.build --arch sm_90 --out /tmp/ddtree-k > "$W/build.txt" 2>&1
 cp /tmp/ddtree-k/manifest.json "$W/" 2>/dev/null
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
-sweep() {  # $1: label; variants timed on both target sizes, split 0 (the planner's pick)
-  timeout 200 python3 -c "
+sweep() {  # $1: label, $2: time limit (s); variants timed on both target sizes, split 0 (the planner's pick)
+  timeout "$2" python3 -c "
 import json, sys
 import kernels.bench_attention as ba
 ba.SWEEP = {(64, 4096, 65, 8): [0], (8, 32768, 65, 8): [0]}
@@ -23,16 +25,15 @@ rows = ba.sweep(tuple(sys.argv[2:]))
 for r in rows: r['run'] = sys.argv[1]
 print(json.dumps(rows))" "$1" $VARIANTS >> "$W/sweep.jsonl" 2>> "$W/sweep.err"
 }
-sweep a
-timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
   > "$W/pytest.txt" 2>&1
-sweep b
+sweep a 120
 mkdir -p /tmp/ddtree-diag
-timeout 200 nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC --threads 0 -DTVA_DIAG_NOLOAD \
+timeout 90 nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC --threads 0 -DTVA_DIAG_NOLOAD \
   -gencode arch=compute_90a,code=sm_90a -o /tmp/ddtree-diag/libddtree_kernels.so \
   kernels/csrc/tree_verify_attention.cu kernels/csrc/kv_compact.cu kernels/csrc/ddtree_abi.cu \
   > "$W/build-diag.txt" 2>&1
-DDTREE_KERNELS_LIB=/tmp/ddtree-diag/libddtree_kernels.so sweep noload
+DDTREE_KERNELS_LIB=/tmp/ddtree-diag/libddtree_kernels.so sweep noload 90
 { tail -3 "$W/pytest.txt"; python3 - "$W/sweep.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

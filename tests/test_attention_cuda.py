@@ -64,10 +64,10 @@ def check(case, dtype, scale=576**-0.5, **kw) -> float:
 RAGGED = dict(prefix_lens=[0, 37, 130, 5], tree_lens=[1, 9, 17, 4])
 _HOPPER = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="the wgmma variants (mma7 to mma13) need an sm_90 device",
+    reason="the wgmma variants (mma7 to mma15) need an sm_90 device",
 )
 BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(7)] + [  # every tensor-core variant
-    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in range(7, 14)
+    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in range(7, 16)
 ]
 ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 
@@ -102,13 +102,32 @@ def test_long_prefix_auto_split_bf16() -> None:
     check(case, torch.bfloat16)
 
 
-@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in range(7, 14)])
+@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in range(7, 16)])
 def test_long_prefix_wgmma(algo) -> None:
     # 520 M rows a request (9 CTAs, the last with 8 live rows), splits planned and forced.
     case = make_case(13, [5000, 3071, 64], [65, 40, 65], heads=8, page_size=64,
                      dtype=torch.bfloat16)  # fmt: skip
     check(case, torch.bfloat16, algo=algo)
     check(case, torch.bfloat16, algo=algo, num_splits=1)
+
+
+@_HOPPER
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("algo", ["mma8", "mma14", "mma15"])
+def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
+    # NaN in every slot a request does not own up to (the rest of its last page, its unused
+    # pages): a TMA box carries the rest of the last page into shared memory, and 0 x NaN in the
+    # PV would poison O unless those rows are zeroed first.
+    prefix_lens, tree_lens = [100, 0, 4000, 63], [65, 3, 30, 1]
+    case = make_case(23 + page_size, prefix_lens, tree_lens, heads=8, page_size=page_size,
+                     dtype=torch.bfloat16)  # fmt: skip
+    kv, table = case[1], case[2]
+    for b, (p, t) in enumerate(zip(prefix_lens, tree_lens, strict=True)):
+        n = p + t
+        kv[table[b, (n - 1) // page_size].long(), (n - 1) % page_size + 1 :] = float("nan")
+        kv[table[b, -(-n // page_size) :].long()] = float("nan")
+    for splits in (0, 1, 3):
+        check(case, torch.bfloat16, algo=algo, num_splits=splits)
 
 
 @_HOPPER

@@ -21,6 +21,7 @@
 //    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. Variants
 //    (mma_variants) are chosen from the device's opt-in shared memory: a 64x64 tile with a
 //    double-buffered KV tile (225 KiB: H100/H200) or 32x32 single-buffered (75 KiB: sm_120).
+#include <cuda.h>  // CUtensorMap (the wgmma kernel's TMA loads); types only, no -lcuda
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -52,6 +53,7 @@ struct Params {
   float scale_log2;
   int tail_rows;  // wgmma kernel: CTAs with at most this many live rows take the tail path
   int tail_last;  // wgmma kernel: schedule the grid's last M column after the others
+  int kv_box_rows;  // wgmma TMA variants: KV rows a TMA box (a page or 64); 0 = cp.async loads
 };
 
 __device__ __forceinline__ int64_t kv_slot(const Params& p, int b, int pos) {
@@ -236,6 +238,7 @@ __global__ void __launch_bounds__(128) tva_combine_kernel(Params p) {
 struct Launch {
   int bm, bn, threads, smem, ctas_per_sm;
   const void* kernel;
+  bool tma = false;  // the wgmma TMA variants: Params.kv_map must be encoded
 };
 
 int device_info(int* sms, int* smem_optin) {
@@ -256,11 +259,11 @@ Launch mma_variant() {
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
 // the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
-constexpr int kNumMma = 14;
+constexpr int kNumMma = 16;
 template <int PVN, int QKM = 0, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
-          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, QKM, OPT>)};
+          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, QKM, OPT>), (OPT & kWgTma) != 0};
 }
 Launch mma_variants(int i) {
   switch (i) {
@@ -271,6 +274,8 @@ Launch mma_variants(int i) {
     case 11: return wgmma_variant<256, 0, kWgLateLoad | kWgSkipUnit>();  // as 8, loads after QK
     case 12: return wgmma_variant<256, 0, kWgPvFlight | kWgSkipUnit>();  // as 8, PV in flight
     case 13: return wgmma_variant<256, 0, kWgLateLoad>();  // as 8, loads after the QK issue
+    case 14: return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit>();  // TMA KV loads
+    case 15: return wgmma_variant<256, 0, kWgTma | kWgLateLoad>();  // as 14, always rescales
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
@@ -352,6 +357,47 @@ int tail_mode() {
   return env[0] == '0' ? 0 : env[0] == '1' ? 1 : 2;
 }
 
+// KV rows a TMA box for this page size: a 64-key tile is one box (pages of a multiple of 64
+// rows) or 2-4 whole pages (16 or 32 rows); 0 = other sizes, which keep the cp.async loads.
+int tma_box_rows(int page_size) {
+  if (page_size % 64 == 0) return 64;
+  return page_size >= 16 && 64 % page_size == 0 ? page_size : 0;
+}
+
+// The TMA variants' tensor map: the KV cache as a 2-D bf16 tensor [slots, 576] (row stride 1152
+// bytes), boxes of [box rows, 64 dims] written with the 128-byte swizzle of wg_off. The slot
+// count is not passed in, so the outer extent is the largest the map takes; boxes start at page
+// starts from the block table and never run past a page. cuTensorMapEncodeTiled comes through
+// the runtime's driver entry point (no link against libcuda).
+int encode_kv_map(Params* p, CUtensorMap* map, const void* kv, int page_size) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<Encode>(nullptr);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  const int rows = tma_box_rows(page_size);
+  if (rows == 0) return 0;  // the cp.async path
+  if (encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
+  const cuuint64_t dim[2] = {kQK, 0x7fffffffu}, stride[1] = {kQK * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)}, elem[2] = {1, 1};
+  if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(kv), dim, stride,
+             box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return static_cast<int>(cudaErrorInvalidValue);
+  p->kv_box_rows = rows;
+  return 0;
+}
+
 size_t workspace_for(int splits, int total_rows) {
   return splits > 1 ? static_cast<size_t>(splits) * total_rows * (kV + 1) * sizeof(float) : 0;
 }
@@ -416,11 +462,14 @@ extern "C" int ddtree_tree_verify_attention(
            heads, total_rows, t_max, page_size, max_pages, num_splits,
            (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail > 0 ? 8 : 0,
            tail == 2 ? 1 : 0};
+  CUtensorMap kv_map{};  // the wgmma TMA variants' second kernel parameter
+  if (l.tma)
+    if (int e = encode_kv_map(&p, &kv_map, kv_cache, page_size)) return e;
   if (cudaError_t e = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            l.smem))
     return static_cast<int>(e);
   const dim3 grid((t_max * heads + l.bm - 1) / l.bm, batch, num_splits);
-  void* args[] = {&p};
+  void* args[] = {&p, &kv_map};  // kernels with one parameter read only the first
   if (cudaError_t e = cudaLaunchKernel(l.kernel, grid, dim3(l.threads), args, l.smem, stream))
     return static_cast<int>(e);
   if (num_splits > 1) {

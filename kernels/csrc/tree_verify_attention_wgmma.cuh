@@ -39,7 +39,8 @@
 constexpr int kWgThreads = 256, kWgBM = 64, kWgBN = 64;
 constexpr int kWgTile = 64 * kQK * 2;                   // Q tile or one KV stage (72 KiB)
 constexpr int kWgP = kWgBM * kWgBN * 2, kWgRed = 4 * kWgBM * 4;
-constexpr int kWgSmem = 3 * kWgTile + kWgP + kWgRed + 1024;  // + 1024: base alignment
+constexpr int kWgBars = 64;  // the TMA variants' two mbarriers (one a KV stage)
+constexpr int kWgSmem = 3 * kWgTile + kWgP + kWgRed + kWgBars + 1024;  // + 1024: alignment
 
 #if TVA_WG_REAL
 // Byte offset of 16-byte chunk c (0..71) of row r in a k-block-major swizzled 64-row tile.
@@ -133,6 +134,33 @@ __device__ __forceinline__ void wgmma_n256_kt(float* d, uint64_t da, uint64_t db
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(da), "l"(db), "r"(scale_d)
+      : "memory");
+}
+
+// mbarrier and TMA (the TMA variants' KV loads: thread 0 issues 9 bulk tensor copies a 64-key
+// page, the copy engine writes the 128B-swizzled layout of wg_off and completes the stage's
+// mbarrier with the byte count).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra.uni WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
 
@@ -353,15 +381,20 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // 1 (x * 1.0f == x: the result is bit-identical); kWgPvFlight: the PV wgmmas are left in flight
 // across the loop top (the next tile's barrier and QK issue queue behind them instead of
 // waiting them out); the next tile's loads then go out after the max exchange, once both
-// warpgroups' previous PV (the readers of that stage) are complete.
-constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4;
+// warpgroups' previous PV (the readers of that stage) are complete. kWgTma (with kWgLateLoad):
+// the KV tiles come by TMA (p.kv_box_rows > 0: pages of 16, 32 or a multiple of 64 rows; else
+// the cp.async path): thread 0 issues a tile's boxes (their page slots looked up a tile ahead)
+// and every thread waits on the stage's mbarrier; rows past the request's end, which a box may
+// carry in from its page, are zeroed before the PV (0 x NaN would poison O).
+constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4, kWgTma = 8;
 template <int PVN, int QKM = 0, int OPT = 0>
-__global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
+__global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
   constexpr bool ONE_QK = QKM > 0;
   static_assert(OPT == 0 || QKM == 0, "OPT applies to the two-warpgroup QK (QKM 0)");
   constexpr bool LATE_LOAD = (OPT & kWgLateLoad) != 0, SKIP_UNIT = (OPT & kWgSkipUnit) != 0;
-  constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0;
+  constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0, TMA = (OPT & kWgTma) != 0;
+  static_assert(!TMA || (LATE_LOAD && !PV_FLIGHT), "TMA loads are issued after the QK issue");
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
@@ -401,8 +434,10 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
   // Diagnostic build only (never the library's): KV tiles past the first two are not loaded,
   // the stages are reused as they are, so the timing is the compute alone. Wrong results.
   auto more = [&](int tile) { return tile + 1 < tile_end && tile + 1 < tile_begin + 2; };
+  auto loaded = [&](int tile) { return tile < tile_begin + 2; };
 #else
   auto more = [&](int tile) { return tile + 1 < tile_end; };
+  auto loaded = [&](int) { return true; };
 #endif
 
   auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
@@ -419,6 +454,38 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
             red_max, red_sum);
     return;
   }
+  // TMA variants: the stages' mbarriers, and thread 0's page slots of the next tile's boxes.
+  const bool use_tma = TMA && p.kv_box_rows > 0;
+  const uint32_t bar_u = ps_u + kWgP + kWgRed;
+  int next_slot[4] = {0, 0, 0, 0};
+  auto tma_slots = [&](int tile) {  // thread 0: the slots of tile's boxes (looked up early)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int pos = tile * kWgBN + j * p.kv_box_rows;
+      if (j * p.kv_box_rows < kWgBN && pos < kv_len) next_slot[j] = static_cast<int>(kv_slot(p, b, pos));
+    }
+  };
+  auto tma_issue = [&](int tile, int stage) {  // thread 0: the boxes of tile into stage
+    const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
+    const int boxes = (valid + rows - 1) / rows;
+    const uint32_t bar = bar_u + 8 * stage, dst = kvs_u + stage * kWgTile;
+    mbar_expect_tx(bar, static_cast<uint32_t>(boxes * rows * kQK * 2));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j >= boxes) break;
+#pragma unroll
+      for (int c = 0; c < kQK / 64; ++c)
+        tma_load_2d(dst + c * 8192 + j * rows * 128, &kv_map, c * 64, next_slot[j], bar);
+    }
+  };
+  if constexpr (TMA) {
+    if (use_tma && tid == 0) {
+      mbar_init(bar_u, 1);
+      mbar_init(bar_u + 8, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+  }
   if (tile_begin < tile_end) {
     const int r = tid >> 2, sub = tid & 3;
     const bool ok = m0 + r < rows_b;
@@ -426,7 +493,15 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
         static_cast<const __nv_bfloat16*>(p.q) + (ok ? (row_base + m0 + r) * kQK : 0);
 #pragma unroll
     for (int c = sub; c < kChunks; c += 4) cp_async16(qs_u + wg_off(r, c), src + c * 8, ok);
-    load_kv(tile_begin, 0);
+    if (use_tma) {
+      if (tid == 0) {
+        tma_slots(tile_begin);
+        tma_issue(tile_begin, 0);
+        if (more(tile_begin)) tma_slots(tile_begin + 1);
+      }
+    } else {
+      load_kv(tile_begin, 0);
+    }
     cp_async_commit();
   }
 
@@ -444,6 +519,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) & 1;
     cp_async_wait_all();
+    if (use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, ((tile - tile_begin) >> 1) & 1);
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
     if constexpr (ONE_QK) {
@@ -545,8 +621,15 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
       }
       wg_commit();
       if (LATE_LOAD && !PV_FLIGHT && more(tile)) {  // stage ^ 1's readers finished last tile
-        load_kv(tile + 1, stage ^ 1);
-        cp_async_commit();
+        if (use_tma) {
+          if (tid == 0) {
+            tma_issue(tile + 1, stage ^ 1);
+            if (more(tile + 1)) tma_slots(tile + 2);
+          }
+        } else {
+          load_kv(tile + 1, stage ^ 1);
+          cp_async_commit();
+        }
       }
       wg_wait0();  // PV_FLIGHT: also this warpgroup's PV of the previous tile
 
@@ -574,6 +657,12 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p) {
       if (PV_FLIGHT && more(tile)) {
         load_kv(tile + 1, stage ^ 1);
         cp_async_commit();
+      }
+      if (use_tma && kv_len - kv0 < kWgBN) {  // both QKs are done with K: zero V's dead rows
+        const int valid = kv_len - kv0;
+        unsigned char* kv_g = gbase + (kv_u - base);
+        for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += kWgThreads)
+          *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
       }
       float alpha[2], m_use[2];
 #pragma unroll
