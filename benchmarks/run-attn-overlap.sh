@@ -2,11 +2,12 @@
 # Tree-verify attention, wgmma main-loop variants against mma8 (mma11: loads after the QK issue
 # + unit-rescale skip; mma12: PV in flight across the loop top + skip; mma13: loads after the QK
 # issue alone; mma14: KV by TMA + loads after the QK issue + skip; mma15: mma14 without the
-# skip), on one GPU, one device call: build for sm_90 (+ sm_90a); the attention GPU tests
+# skip; mma16: mma14 + L2 prefetch of the tile after next; mma17: mma16 with the next tile's
+# boxes issued before the QK), on one GPU, one device call: build for sm_90 (+ sm_90a); the attention GPU tests
 # (every forced case on mma7..mma15); the two target sizes, the variants in $VARIANTS
 # interleaved (list a variant twice to time it twice); then a diagnostic build
 # (-DTVA_DIAG_NOLOAD: KV tiles past the first two not loaded, wrong results) timed once, which
-# gives each variant's compute-only time.
+# gives each variant's compute-only time (NOLOAD=0 skips it). TESTS_K: a pytest -k filter.
 # Usage: OUT=dir bash benchmarks/run-attn-overlap.sh   (results: $OUT/attn-overlap.tgz + summary.txt)
 set -u
 OUT=${OUT:-/tmp/attn-overlap}; W=/tmp/attn-overlap-work; rm -rf "$W"; mkdir -p "$OUT" "$W"
@@ -26,14 +27,13 @@ for r in rows: r['run'] = sys.argv[1]
 print(json.dumps(rows))" "$1" $VARIANTS >> "$W/sweep.jsonl" 2>> "$W/sweep.err"
 }
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
-  > "$W/pytest.txt" 2>&1
+  ${TESTS_K:+-k "$TESTS_K"} > "$W/pytest.txt" 2>&1
 sweep a 120
-mkdir -p /tmp/ddtree-diag
-timeout 90 nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC --threads 0 -DTVA_DIAG_NOLOAD \
+[ "${NOLOAD:-1}" = 1 ] && mkdir -p /tmp/ddtree-diag && timeout 90 nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC --threads 0 -DTVA_DIAG_NOLOAD \
   -gencode arch=compute_90a,code=sm_90a -o /tmp/ddtree-diag/libddtree_kernels.so \
   kernels/csrc/tree_verify_attention.cu kernels/csrc/kv_compact.cu kernels/csrc/ddtree_abi.cu \
   > "$W/build-diag.txt" 2>&1
-DDTREE_KERNELS_LIB=/tmp/ddtree-diag/libddtree_kernels.so sweep noload 90
+[ "${NOLOAD:-1}" = 1 ] && DDTREE_KERNELS_LIB=/tmp/ddtree-diag/libddtree_kernels.so sweep noload 90
 { tail -3 "$W/pytest.txt"; python3 - "$W/sweep.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

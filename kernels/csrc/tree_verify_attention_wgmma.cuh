@@ -164,6 +164,11 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// L2 prefetch of a contiguous global range (the TMA variants' look-ahead a tile past the stages).
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // m64n8k16 with B K-major; A K-major (TA 0, tail path: S^T = K Q^T) or MN-major (TA 1:
 // V^T straight from the KV tile, tail path: O^T += V^T P^T).
 template <int TA>
@@ -385,8 +390,12 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // the KV tiles come by TMA (p.kv_box_rows > 0: pages of 16, 32 or a multiple of 64 rows; else
 // the cp.async path): thread 0 issues a tile's boxes (their page slots looked up a tile ahead)
 // and every thread waits on the stage's mbarrier; rows past the request's end, which a box may
-// carry in from its page, are zeroed before the PV (0 x NaN would poison O).
+// carry in from its page, are zeroed before the PV (0 x NaN would poison O). kWgL2Prefetch (with
+// kWgTma): thread 0 also prefetches the pages of the tile after next into L2 (a third stage in
+// L2 rather than shared memory, which has no room for one). kWgEarlyIssue (with kWgTma): the
+// next tile's boxes go out right after the loop-top barrier instead of after the QK issue.
 constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4, kWgTma = 8;
+constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32;
 template <int PVN, int QKM = 0, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
@@ -394,7 +403,9 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   static_assert(OPT == 0 || QKM == 0, "OPT applies to the two-warpgroup QK (QKM 0)");
   constexpr bool LATE_LOAD = (OPT & kWgLateLoad) != 0, SKIP_UNIT = (OPT & kWgSkipUnit) != 0;
   constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0, TMA = (OPT & kWgTma) != 0;
+  constexpr bool L2_PREFETCH = (OPT & kWgL2Prefetch) != 0, EARLY = (OPT & kWgEarlyIssue) != 0;
   static_assert(!TMA || (LATE_LOAD && !PV_FLIGHT), "TMA loads are issued after the QK issue");
+  static_assert(TMA || !(L2_PREFETCH || EARLY), "L2 prefetch and early issue need TMA");
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
@@ -465,6 +476,14 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
       if (j * p.kv_box_rows < kWgBN && pos < kv_len) next_slot[j] = static_cast<int>(kv_slot(p, b, pos));
     }
   };
+  auto tma_prefetch = [&](int tile) {  // thread 0: tile's pages into L2 (after tma_slots(tile))
+    const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j * rows >= valid) break;
+      prefetch_l2(kvg + static_cast<int64_t>(next_slot[j]) * kQK, rows * kQK * 2);
+    }
+  };
   auto tma_issue = [&](int tile, int stage) {  // thread 0: the boxes of tile into stage
     const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
     const int boxes = (valid + rows - 1) / rows;
@@ -522,6 +541,14 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     if (use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, ((tile - tile_begin) >> 1) & 1);
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
+    auto tma_next = [&]() {  // thread 0: the next tile's boxes, then look ahead
+      tma_issue(tile + 1, stage ^ 1);
+      if (more(tile + 1)) {
+        tma_slots(tile + 2);
+        if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
+      }
+    };
+    if (EARLY && use_tma && tid == 0 && more(tile)) tma_next();
     if constexpr (ONE_QK) {
       if (wg == 1 && more(tile)) {
         load_kv_wg1(tile + 1, stage ^ 1);
@@ -622,10 +649,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
       wg_commit();
       if (LATE_LOAD && !PV_FLIGHT && more(tile)) {  // stage ^ 1's readers finished last tile
         if (use_tma) {
-          if (tid == 0) {
-            tma_issue(tile + 1, stage ^ 1);
-            if (more(tile + 1)) tma_slots(tile + 2);
-          }
+          if (!EARLY && tid == 0) tma_next();
         } else {
           load_kv(tile + 1, stage ^ 1);
           cp_async_commit();
