@@ -7,7 +7,8 @@
 # (every forced case on mma7..mma15); the two target sizes, the variants in $VARIANTS
 # interleaved (list a variant twice to time it twice); then a diagnostic build
 # (-DTVA_DIAG_NOLOAD: KV tiles past the first two not loaded, wrong results) timed once, which
-# gives each variant's compute-only time (NOLOAD=0 skips it). TESTS_K: a pytest -k filter.
+# gives each variant's compute-only time (NOLOAD=0 skips it). TESTS_K: a pytest -k filter;
+# TAIL0_VARIANTS: variants also timed with DDTREE_ATTN_TAIL=0 (no tail path).
 # Usage: OUT=dir bash benchmarks/run-attn-overlap.sh   (results: $OUT/attn-overlap.tgz + summary.txt)
 set -u
 OUT=${OUT:-/tmp/attn-overlap}; W=/tmp/attn-overlap-work; rm -rf "$W"; mkdir -p "$OUT" "$W"
@@ -29,6 +30,7 @@ print(json.dumps(rows))" "$1" $VARIANTS >> "$W/sweep.jsonl" 2>> "$W/sweep.err"
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
   ${TESTS_K:+-k "$TESTS_K"} > "$W/pytest.txt" 2>&1
 sweep a 120
+[ -n "${TAIL0_VARIANTS:-}" ] && VARIANTS=$TAIL0_VARIANTS DDTREE_ATTN_TAIL=0 sweep tail0 90
 [ "${NOLOAD:-1}" = 1 ] && mkdir -p /tmp/ddtree-diag && timeout 90 nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC --threads 0 -DTVA_DIAG_NOLOAD \
   -gencode arch=compute_90a,code=sm_90a -o /tmp/ddtree-diag/libddtree_kernels.so \
   kernels/csrc/tree_verify_attention.cu kernels/csrc/kv_compact.cu kernels/csrc/ddtree_abi.cu \
