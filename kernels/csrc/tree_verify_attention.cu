@@ -259,7 +259,7 @@ Launch mma_variant() {
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
 // the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
-constexpr int kNumMma = 21;
+constexpr int kNumMma = 23;
 template <int PVN, int QKM = 0, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
@@ -287,6 +287,12 @@ Launch mma_variants(int i) {
     case 20:  // as 19 without the L2 prefetch
       return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgEarlyIssue |
                                        kWgIssueFirst>();
+    case 21:  // as 17, the prefetched tile's slots looked up right before the prefetch
+      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
+                                       kWgEarlyIssue | kWgL2Fresh>();
+    case 22:  // as 19, the prefetched tile's slots looked up right before the prefetch
+      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
+                                       kWgEarlyIssue | kWgIssueFirst | kWgL2Fresh>();
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB

@@ -243,19 +243,26 @@ struct WgKvTma {
     }
   }
   // The first tile's boxes (and the look-ahead) before the loop; tile_end is exclusive.
-  template <bool L2>
+  template <int L2>
   __device__ __forceinline__ void start(int tile, int tile_end) {
     slots(tile, next);
     issue(tile, 0);
     if (tile + 1 < tile_end) slots(tile + 1, next);
-    if (L2 && tile + 2 < tile_end) slots(tile + 2, ahead);
+    if (L2 == 1 && tile + 2 < tile_end) slots(tile + 2, ahead);
   }
   // At tile (in stage): the next tile's boxes into the other stage, then the look-ahead.
-  // more1 / more2: whether tile + 2 / tile + 3 exist (tile + 1 does).
-  template <bool L2>
+  // more1 / more2: whether tile + 2 / tile + 3 exist (tile + 1 does). L2: 0 no prefetch, 1
+  // prefetch tile + 2 with its slots looked up a tile earlier, 2 look them up now and prefetch
+  // (thread 0 waits for the lookup here).
+  template <int L2>
   __device__ __forceinline__ void step(int tile, int stage, bool more1, bool more2) {
     issue(tile + 1, stage ^ 1);
-    if constexpr (L2) {
+    if constexpr (L2 == 2) {
+      if (more1) {
+        slots(tile + 2, next);
+        prefetch(tile + 2, next);
+      }
+    } else if constexpr (L2 == 1) {
       if (more1) {
         prefetch(tile + 2, ahead);
 #pragma unroll
@@ -312,7 +319,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
     if (!use_tma)
       load_kv(tile_begin, 0);
     else if (tid == 0)
-      kt.start<false>(tile_begin, tile_end);
+      kt.start<0>(tile_begin, tile_end);
     cp_async_commit();
   }
   const int k0 = 16 * wr + g, r0 = 2 * qd;  // this thread's keys k0, k0 + 8; rows r0, r0 + 1
@@ -334,7 +341,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
         load_kv(tile + 1, stage ^ 1);
         cp_async_commit();
       } else if (tid == 0) {
-        kt.step<false>(tile, stage, tile + 2 < tile_end, false);
+        kt.step<0>(tile, stage, tile + 2 < tile_end, false);
       }
     }
     if (use_tma) kt.wait(stage, (tile - tile_begin) >> 1);
@@ -492,9 +499,10 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // next tile's boxes go out right after the loop-top barrier instead of after the QK issue.
 // kWgIssueFirst (with kWgEarlyIssue): the loop-top barrier comes before the wait for this
 // tile's KV, so the next tile's boxes go out as soon as the stage is free, not once this tile
-// has landed.
+// has landed. kWgL2Fresh (with kWgL2Prefetch): the prefetched tile's slots are looked up right
+// before the prefetch (thread 0 waits for them at the loop top) instead of a tile earlier.
 constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4, kWgTma = 8;
-constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64;
+constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64, kWgL2Fresh = 128;
 template <int PVN, int QKM = 0, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
@@ -504,6 +512,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0, TMA = (OPT & kWgTma) != 0;
   constexpr bool L2_PREFETCH = (OPT & kWgL2Prefetch) != 0, EARLY = (OPT & kWgEarlyIssue) != 0;
   constexpr bool FIRST = (OPT & kWgIssueFirst) != 0;
+  constexpr int L2 = !L2_PREFETCH ? 0 : (OPT & kWgL2Fresh) ? 2 : 1;  // WgKvTma::step's mode
   static_assert(EARLY || !FIRST, "issue-first is an early issue");
   static_assert(!TMA || (LATE_LOAD && !PV_FLIGHT), "TMA loads are issued after the QK issue");
   static_assert(TMA || !(L2_PREFETCH || EARLY), "L2 prefetch and early issue need TMA");
@@ -581,7 +590,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
 #pragma unroll
     for (int c = sub; c < kChunks; c += 4) cp_async16(qs_u + wg_off(r, c), src + c * 8, ok);
     if (use_tma) {
-      if (tid == 0) kt.start<L2_PREFETCH>(tile_begin, tile_end);
+      if (tid == 0) kt.start<L2>(tile_begin, tile_end);
     } else {
       load_kv(tile_begin, 0);
     }
@@ -606,7 +615,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     if (!FIRST && use_tma && loaded(tile)) kt.wait(stage, use);
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
-    auto tma_next = [&]() { kt.step<L2_PREFETCH>(tile, stage, more(tile + 1), more(tile + 2)); };
+    auto tma_next = [&]() { kt.step<L2>(tile, stage, more(tile + 1), more(tile + 2)); };
     if (EARLY && use_tma && tid == 0 && more(tile)) tma_next();
     if (FIRST && use_tma && loaded(tile)) kt.wait(stage, use);
     if constexpr (ONE_QK) {
