@@ -259,7 +259,7 @@ Launch mma_variant() {
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
 // the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
-constexpr int kNumMma = 23;
+constexpr int kNumMma = 19;
 template <int PVN, int QKM = 0, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
@@ -279,20 +279,9 @@ Launch mma_variants(int i) {
     case 16: return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch>();
     case 17:  // as 16, the next tile's boxes issued before the QK
       return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch | kWgEarlyIssue>();
-    case 18:  // as 17 without the L2 prefetch
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgEarlyIssue>();
-    case 19:  // as 17, the loop-top barrier before the wait for the tile's KV
+    case 18:  // as 17, the loop-top barrier before the wait for the tile's KV
       return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
                                        kWgEarlyIssue | kWgIssueFirst>();
-    case 20:  // as 19 without the L2 prefetch
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgEarlyIssue |
-                                       kWgIssueFirst>();
-    case 21:  // as 17, the prefetched tile's slots looked up right before the prefetch
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                       kWgEarlyIssue | kWgL2Fresh>();
-    case 22:  // as 19, the prefetched tile's slots looked up right before the prefetch
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                       kWgEarlyIssue | kWgIssueFirst | kWgL2Fresh>();
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
@@ -306,7 +295,10 @@ Launch mma_variants(int i) {
 // (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8, and
 // in v5 9 was 3% slower and 10 0.2-0.8% slower than 8 (both exact; opt-in only);
 // 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
-constexpr int kMmaPreferred[] = {8, 5, 0, 6, 4};
+// 17 (TMA KV loads, the next tile's issued before the QK, L2 prefetch a tile further) beat 8 by
+// 7% at both target sizes (v7, same GPU, interleaved); with pages TMA cannot take (sizes other
+// than 16, 32 or a multiple of 64) it loads with cp.async as 13 does.
+constexpr int kMmaPreferred[] = {17, 8, 5, 0, 6, 4};
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
@@ -480,8 +472,10 @@ extern "C" int ddtree_tree_verify_attention(
            (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail > 0 ? 8 : 0,
            tail == 2 ? 1 : 0};
   CUtensorMap kv_map{};  // the wgmma TMA variants' second kernel parameter
-  if (l.tma)
-    if (int e = encode_kv_map(&p, &kv_map, kv_cache, page_size)) return e;
+  if (l.tma) {  // a map the driver refuses: an error when forced, cp.async loads in auto mode
+    const int e = encode_kv_map(&p, &kv_map, kv_cache, page_size);
+    if (e && algo > DDTREE_ATTN_MMA) return e;
+  }
   if (cudaError_t e = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            l.smem))
     return static_cast<int>(e);

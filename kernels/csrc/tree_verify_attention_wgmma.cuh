@@ -197,95 +197,6 @@ __device__ __forceinline__ void wg_load_kv(const Params& p, int b, int kv_len, i
   for (int c = sub; c < kChunks; c += 4) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
 }
 
-// The TMA variants' KV loader: thread 0 issues a tile's boxes (9 bulk tensor copies a box of
-// rows, 64 dims each, written in the 128B-swizzled layout of wg_off) and every thread waits on
-// the stage's mbarrier. Page slots are looked up a tile ahead (next: the next tile's boxes;
-// ahead: the one after, for the L2 prefetch), so no lookup is waited on where it is used.
-struct WgKvTma {
-  const Params& p;
-  const CUtensorMap* map;
-  int b, kv_len;
-  uint32_t kvs_u, bar_u;
-  int next[4] = {0, 0, 0, 0}, ahead[4] = {0, 0, 0, 0};
-
-  __device__ __forceinline__ void init() const {  // thread 0, then a CTA barrier
-    mbar_init(bar_u, 1);
-    mbar_init(bar_u + 8, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __device__ __forceinline__ void slots(int tile, int* slot) const {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int pos = tile * kWgBN + j * p.kv_box_rows;
-      if (j * p.kv_box_rows < kWgBN && pos < kv_len) slot[j] = static_cast<int>(kv_slot(p, b, pos));
-    }
-  }
-  __device__ __forceinline__ void prefetch(int tile, const int* slot) const {  // pages into L2
-    const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
-    const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (j * rows >= valid) break;
-      prefetch_l2(kvg + static_cast<int64_t>(slot[j]) * kQK, rows * kQK * 2);
-    }
-  }
-  __device__ __forceinline__ void issue(int tile, int stage) const {  // the boxes of tile (next)
-    const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
-    const int boxes = (valid + rows - 1) / rows;
-    const uint32_t bar = bar_u + 8 * stage, dst = kvs_u + stage * kWgTile;
-    mbar_expect_tx(bar, static_cast<uint32_t>(boxes * rows * kQK * 2));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (j >= boxes) break;
-#pragma unroll
-      for (int c = 0; c < kQK / 64; ++c)
-        tma_load_2d(dst + c * 8192 + j * rows * 128, map, c * 64, next[j], bar);
-    }
-  }
-  // The first tile's boxes (and the look-ahead) before the loop; tile_end is exclusive.
-  template <int L2>
-  __device__ __forceinline__ void start(int tile, int tile_end) {
-    slots(tile, next);
-    issue(tile, 0);
-    if (tile + 1 < tile_end) slots(tile + 1, next);
-    if (L2 == 1 && tile + 2 < tile_end) slots(tile + 2, ahead);
-  }
-  // At tile (in stage): the next tile's boxes into the other stage, then the look-ahead.
-  // more1 / more2: whether tile + 2 / tile + 3 exist (tile + 1 does). L2: 0 no prefetch, 1
-  // prefetch tile + 2 with its slots looked up a tile earlier, 2 look them up now and prefetch
-  // (thread 0 waits for the lookup here).
-  template <int L2>
-  __device__ __forceinline__ void step(int tile, int stage, bool more1, bool more2) {
-    issue(tile + 1, stage ^ 1);
-    if constexpr (L2 == 2) {
-      if (more1) {
-        slots(tile + 2, next);
-        prefetch(tile + 2, next);
-      }
-    } else if constexpr (L2 == 1) {
-      if (more1) {
-        prefetch(tile + 2, ahead);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) next[j] = ahead[j];
-        if (more2) slots(tile + 3, ahead);
-      }
-    } else if (more1) {
-      slots(tile + 2, next);
-    }
-  }
-  __device__ __forceinline__ void wait(int stage, int use) const {  // use: the stage's use count
-    mbar_wait(bar_u + 8 * stage, static_cast<uint32_t>(use & 1));
-  }
-};
-
-// Zero the value part (dims 0..511) of rows valid..63 of a KV stage (generic address): a TMA box
-// brings the rest of the request's last page, and 0 x NaN in the PV would poison O. Callers
-// run it after every QK read of the stage and before a proxy fence + barrier ahead of the PV.
-__device__ __forceinline__ void wg_zero_rows(unsigned char* stage, int valid, int t, int n) {
-  for (int i = t; i < (kWgBN - valid) * (kV / 8); i += n)
-    *reinterpret_cast<uint4*>(stage + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
-}
-
 // The tail path: a CTA with at most 8 live rows (rows_b - m0 <= 8). A 64-row wgmma tile would
 // spend 7/8 of its tensor work on dead rows, so the product is swapped: warpgroup 0 computes
 // S^T[64 keys, 8 rows] = K Q^T with 36 m64n8k16 (A = the KV tile, B = the 8 Q rows, both
@@ -295,13 +206,11 @@ __device__ __forceinline__ void wg_zero_rows(unsigned char* stage, int valid, in
 // with m64n8k16 (A = V MN-major, straight from the KV tile; B = P, K-major), 4 dim blocks of 64
 // each. Accumulators: S^T element e of this thread is key 16 wr + g (+8 for e >= 2) and row
 // 2 qd + (e & 1); O^T block mt likewise with dims (4 wg + mt) 64 + 16 wr + g (+8).
-// KV tiles double-buffered with cp.async as in the main path, or (use_tma) by TMA through the
-// main path's loader, the next tile's boxes issued right after the loop-top barrier.
+// KV tiles double-buffered with cp.async as in the main path.
 __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int split, int rows_b,
                                         int prefix, int kv_len, int tile_begin, int tile_end,
                                         uint32_t qs_u, uint32_t kvs_u, uint32_t ps_u,
-                                        unsigned char* ps, float* red_max, float* red_sum,
-                                        WgKvTma& kt, bool use_tma) {
+                                        unsigned char* ps, float* red_max, float* red_sum) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3, g = lane >> 2, qd = lane & 3;
   const int live = rows_b - m0;  // 1..8
@@ -316,10 +225,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
       const bool ok = r < live;
       cp_async16(qs_u + wg_off(r, c), ok ? qg + (row_base + m0 + r) * kQK + c * 8 : qg, ok);
     }
-    if (!use_tma)
-      load_kv(tile_begin, 0);
-    else if (tid == 0)
-      kt.start<0>(tile_begin, tile_end);
+    load_kv(tile_begin, 0);
     cp_async_commit();
   }
   const int k0 = 16 * wr + g, r0 = 2 * qd;  // this thread's keys k0, k0 + 8; rows r0, r0 + 1
@@ -337,14 +243,9 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
     fence_proxy_async();
     __syncthreads();
     if (tile + 1 < tile_end) {
-      if (!use_tma) {
-        load_kv(tile + 1, stage ^ 1);
-        cp_async_commit();
-      } else if (tid == 0) {
-        kt.step<0>(tile, stage, tile + 2 < tile_end, false);
-      }
+      load_kv(tile + 1, stage ^ 1);
+      cp_async_commit();
     }
-    if (use_tma) kt.wait(stage, (tile - tile_begin) >> 1);
     const uint32_t kv_u = kvs_u + stage * kWgTile;
     const int kv0 = tile * kWgBN;
     if (wg == 0) {
@@ -394,11 +295,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
         red_max[wr * 8 + r0] = mx[0];
         red_max[wr * 8 + r0 + 1] = mx[1];
       }
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // also: every QK read of K is done
-      if (use_tma && kv_len - kv0 < kWgBN) {  // ps - 3 tiles: the generic address of qs_u
-        unsigned char* stage_g = ps - 3 * kWgTile + (kv_u - qs_u);
-        wg_zero_rows(stage_g, kv_len - kv0, tid, 128);
-      }
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
       float m_use[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -499,10 +396,9 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // next tile's boxes go out right after the loop-top barrier instead of after the QK issue.
 // kWgIssueFirst (with kWgEarlyIssue): the loop-top barrier comes before the wait for this
 // tile's KV, so the next tile's boxes go out as soon as the stage is free, not once this tile
-// has landed. kWgL2Fresh (with kWgL2Prefetch): the prefetched tile's slots are looked up right
-// before the prefetch (thread 0 waits for them at the loop top) instead of a tile earlier.
+// has landed.
 constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4, kWgTma = 8;
-constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64, kWgL2Fresh = 128;
+constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64;
 template <int PVN, int QKM = 0, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
@@ -511,11 +407,10 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   constexpr bool LATE_LOAD = (OPT & kWgLateLoad) != 0, SKIP_UNIT = (OPT & kWgSkipUnit) != 0;
   constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0, TMA = (OPT & kWgTma) != 0;
   constexpr bool L2_PREFETCH = (OPT & kWgL2Prefetch) != 0, EARLY = (OPT & kWgEarlyIssue) != 0;
-  constexpr bool FIRST = (OPT & kWgIssueFirst) != 0;
-  constexpr int L2 = !L2_PREFETCH ? 0 : (OPT & kWgL2Fresh) ? 2 : 1;  // WgKvTma::step's mode
-  static_assert(EARLY || !FIRST, "issue-first is an early issue");
   static_assert(!TMA || (LATE_LOAD && !PV_FLIGHT), "TMA loads are issued after the QK issue");
   static_assert(TMA || !(L2_PREFETCH || EARLY), "L2 prefetch and early issue need TMA");
+  constexpr bool FIRST = (OPT & kWgIssueFirst) != 0;
+  static_assert(EARLY || !FIRST, "issue-first is an early issue");
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
@@ -570,17 +465,50 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
 #pragma unroll
     for (int c = sub; c < kChunks; c += 2) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
   };
-  // TMA variants (with a page size that suits them): the stages' mbarriers and the loader.
-  const bool use_tma = TMA && p.kv_box_rows > 0;
-  WgKvTma kt{p, &kv_map, b, kv_len, kvs_u, ps_u + kWgP + kWgRed};
-  if constexpr (TMA) {
-    if (use_tma && tid == 0) kt.init();
-    __syncthreads();
-  }
   if (rows_b - m0 <= p.tail_rows) {
     wg_tail(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u, ps_u, ps,
-            red_max, red_sum, kt, use_tma);
+            red_max, red_sum);
     return;
+  }
+  // TMA variants: the stages' mbarriers, and thread 0's page slots of the next tile's boxes.
+  const bool use_tma = TMA && p.kv_box_rows > 0;
+  const uint32_t bar_u = ps_u + kWgP + kWgRed;
+  int next_slot[4] = {0, 0, 0, 0};
+  auto tma_slots = [&](int tile) {  // thread 0: the slots of tile's boxes (looked up early)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int pos = tile * kWgBN + j * p.kv_box_rows;
+      if (j * p.kv_box_rows < kWgBN && pos < kv_len) next_slot[j] = static_cast<int>(kv_slot(p, b, pos));
+    }
+  };
+  auto tma_prefetch = [&](int tile) {  // thread 0: tile's pages into L2 (after tma_slots(tile))
+    const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j * rows >= valid) break;
+      prefetch_l2(kvg + static_cast<int64_t>(next_slot[j]) * kQK, rows * kQK * 2);
+    }
+  };
+  auto tma_issue = [&](int tile, int stage) {  // thread 0: the boxes of tile into stage
+    const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
+    const int boxes = (valid + rows - 1) / rows;
+    const uint32_t bar = bar_u + 8 * stage, dst = kvs_u + stage * kWgTile;
+    mbar_expect_tx(bar, static_cast<uint32_t>(boxes * rows * kQK * 2));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j >= boxes) break;
+#pragma unroll
+      for (int c = 0; c < kQK / 64; ++c)
+        tma_load_2d(dst + c * 8192 + j * rows * 128, &kv_map, c * 64, next_slot[j], bar);
+    }
+  };
+  if constexpr (TMA) {
+    if (use_tma && tid == 0) {
+      mbar_init(bar_u, 1);
+      mbar_init(bar_u + 8, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
   }
   if (tile_begin < tile_end) {
     const int r = tid >> 2, sub = tid & 3;
@@ -590,7 +518,11 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
 #pragma unroll
     for (int c = sub; c < kChunks; c += 4) cp_async16(qs_u + wg_off(r, c), src + c * 8, ok);
     if (use_tma) {
-      if (tid == 0) kt.start<L2>(tile_begin, tile_end);
+      if (tid == 0) {
+        tma_slots(tile_begin);
+        tma_issue(tile_begin, 0);
+        if (more(tile_begin)) tma_slots(tile_begin + 1);
+      }
     } else {
       load_kv(tile_begin, 0);
     }
@@ -611,13 +543,19 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) & 1;
     cp_async_wait_all();
-    const int use = (tile - tile_begin) >> 1;  // of this stage, for the mbarrier's parity
-    if (!FIRST && use_tma && loaded(tile)) kt.wait(stage, use);
+    const uint32_t parity = ((tile - tile_begin) >> 1) & 1;  // of this stage's mbarrier
+    if (!FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
-    auto tma_next = [&]() { kt.step<L2>(tile, stage, more(tile + 1), more(tile + 2)); };
+    auto tma_next = [&]() {  // thread 0: the next tile's boxes, then look ahead
+      tma_issue(tile + 1, stage ^ 1);
+      if (more(tile + 1)) {
+        tma_slots(tile + 2);
+        if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
+      }
+    };
     if (EARLY && use_tma && tid == 0 && more(tile)) tma_next();
-    if (FIRST && use_tma && loaded(tile)) kt.wait(stage, use);
+    if (FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
     if constexpr (ONE_QK) {
       if (wg == 1 && more(tile)) {
         load_kv_wg1(tile + 1, stage ^ 1);
@@ -751,8 +689,12 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
         load_kv(tile + 1, stage ^ 1);
         cp_async_commit();
       }
-      if (use_tma && kv_len - kv0 < kWgBN)  // both QKs are done with K: zero V's dead rows
-        wg_zero_rows(gbase + (kv_u - base), kv_len - kv0, tid, kWgThreads);
+      if (use_tma && kv_len - kv0 < kWgBN) {  // both QKs are done with K: zero V's dead rows
+        const int valid = kv_len - kv0;
+        unsigned char* kv_g = gbase + (kv_u - base);
+        for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += kWgThreads)
+          *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
+      }
       float alpha[2], m_use[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
