@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tree-verify attention v7 (default mma17: TMA KV loads), one GPU, one device call: build for
 # sm_90 (+ sm_90a); every attention GPU test; the two target sizes with mma8 (the v6 default),
-# mma17 and mma18 interleaved, twice; the `attn` suite with the default (all sizes, TFLOP/s and
+# mma17 and mma18 interleaved, twice (B=64 also with 1 and 3 KV splits forced); the `attn` suite with the default (all sizes, TFLOP/s and
 # TB/s against the ceilings) and `python -m kernels.bench --suite attn --quick`.
 # Usage: OUT=dir bash benchmarks/run-attn-v7.sh   (results: $OUT/attn-v7.tgz + summary.txt)
 set -u
@@ -11,12 +11,12 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=cs
 timeout 120 python3 -m kernels.build --arch sm_90 --out /tmp/ddtree-k > "$W/build.txt" 2>&1
 cp /tmp/ddtree-k/manifest.json "$W/" 2>/dev/null
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
+timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
   > "$W/pytest.txt" 2>&1
-timeout 80 python3 -c "
+timeout 110 python3 -c "
 import json
 import kernels.bench_attention as ba
-ba.SWEEP = {(64, 4096, 65, 8): [0], (8, 32768, 65, 8): [0]}
+ba.SWEEP = {(64, 4096, 65, 8): [0, 1, 3], (8, 32768, 65, 8): [0]}
 print(json.dumps(ba.sweep(('mma8', 'mma17', 'mma18', 'mma8', 'mma17', 'mma18'))))" \
   > "$W/sweep.json" 2> "$W/sweep.err"
 timeout 90 python3 -m kernels.bench_attention --json "$W/h200-attn-v7.json" > "$W/bench.txt" 2>&1
@@ -25,7 +25,7 @@ timeout 60 python3 -m kernels.bench --suite attn --quick --json > "$W/bench-cli.
 { tail -3 "$W/pytest.txt"; python3 - "$W/sweep.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):
-    print(r["algo"], r["batch"], r["prefix"], round(r["median_ms"], 4), round(r["tflops"], 1),
+    print(r["algo"], r["batch"], r["prefix"], r["num_splits"], round(r["median_ms"], 4), round(r["tflops"], 1),
           f"{r['rel_err_vs_sdpa_fp32']:.2e}")
 PY
 tail -8 "$W/bench.txt"; tail -2 "$W/bench-cli.err"; } > "$W/summary.txt" 2>&1
