@@ -18,7 +18,7 @@ from kernels.cuda_core import declare, launch
 __all__ = ["compact_kv", "tree_verify_attention"]
 
 QK_DIM, V_DIM = 576, 512
-# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma17);
+# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma18);
 # "mma0".."mma18" force one (tuning only; see mma_variants in tree_verify_attention.cu). mma7
 # to mma18 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch fails with
 # "invalid device function").

@@ -295,10 +295,12 @@ Launch mma_variants(int i) {
 // (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8, and
 // in v5 9 was 3% slower and 10 0.2-0.8% slower than 8 (both exact; opt-in only);
 // 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
-// 17 (TMA KV loads, the next tile's issued before the QK, L2 prefetch a tile further) beat 8 by
-// 7% at both target sizes (v7, same GPU, interleaved); with pages TMA cannot take (sizes other
-// than 16, 32 or a multiple of 64) it loads with cp.async as 13 does.
-constexpr int kMmaPreferred[] = {17, 8, 5, 0, 6, 4};
+// v7 (same GPU, interleaved): 17 (TMA KV loads, the next tile's issued before the QK, L2
+// prefetch a tile further) beat 8 by 7% at both target sizes, and 18 (17 with the loop-top
+// barrier before the KV wait) beat 17 by another 1-2%; with pages TMA cannot take (sizes other
+// than 16, 32 or a multiple of 64) they load with cp.async as 13 does. At B=1, prefix 4096 the
+// suite measured 17 at 0.160 ms (IQR 0.030) against 8's 0.091 ms in v6: not understood yet.
+constexpr int kMmaPreferred[] = {18, 8, 5, 0, 6, 4};
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
@@ -447,7 +449,6 @@ extern "C" int ddtree_tree_verify_attention(
     size_t workspace_bytes, int dtype, int algo, int batch, int heads, int total_q, int t_max,
     int page_size, int max_pages, int max_kv_len, float scale, int num_splits,
     cudaStream_t stream) {
-  (void)max_kv_len;
   if (bad_dims(dtype, batch, heads, total_q, t_max) || page_size < 1 || max_pages < 1 ||
       num_splits < 1 || num_splits > 1024)
     return static_cast<int>(cudaErrorInvalidValue);
