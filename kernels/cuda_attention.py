@@ -19,11 +19,11 @@ __all__ = ["compact_kv", "tree_verify_attention"]
 
 QK_DIM, V_DIM = 576, 512
 # "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma18);
-# "mma0".."mma18" force one (tuning only; see mma_variants in tree_verify_attention.cu). mma7
-# to mma18 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch fails with
+# "mma0".."mma20" force one (tuning only; see mma_variants in tree_verify_attention.cu). mma7
+# to mma20 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch fails with
 # "invalid device function").
-_ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in range(19)}}
-WGMMA_ALGOS = tuple(f"mma{i}" for i in range(7, 19))
+_ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in range(21)}}
+WGMMA_ALGOS = tuple(f"mma{i}" for i in range(7, 21))
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
 _PLAN = ("ddtree_tree_verify_attention_plan", (_I,) * 8 + (ctypes.POINTER(_I), ctypes.POINTER(_SZ)))

@@ -64,10 +64,10 @@ def check(case, dtype, scale=576**-0.5, **kw) -> float:
 RAGGED = dict(prefix_lens=[0, 37, 130, 5], tree_lens=[1, 9, 17, 4])
 _HOPPER = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="the wgmma variants (mma7 to mma18) need an sm_90 device",
+    reason="the wgmma variants (mma7 to mma20) need an sm_90 device",
 )
 BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(7)] + [  # every tensor-core variant
-    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in range(7, 19)
+    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in range(7, 21)
 ]
 ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 
@@ -102,7 +102,7 @@ def test_long_prefix_auto_split_bf16() -> None:
     check(case, torch.bfloat16)
 
 
-@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in range(7, 19)])
+@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in range(7, 21)])
 def test_long_prefix_wgmma(algo) -> None:
     # 520 M rows a request (9 CTAs, the last with 8 live rows), splits planned and forced.
     case = make_case(13, [5000, 3071, 64], [65, 40, 65], heads=8, page_size=64,
@@ -113,7 +113,7 @@ def test_long_prefix_wgmma(algo) -> None:
 
 @_HOPPER
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
-@pytest.mark.parametrize("algo", ["mma8", *(f"mma{i}" for i in range(14, 19))])
+@pytest.mark.parametrize("algo", ["mma8", *(f"mma{i}" for i in range(14, 21))])
 def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
     # NaN in every slot a request does not own up to (the rest of its last page, its unused
     # pages): a TMA box carries the rest of the last page into shared memory, and 0 x NaN in the

@@ -259,7 +259,7 @@ Launch mma_variant() {
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
 // the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
-constexpr int kNumMma = 19;
+constexpr int kNumMma = 21;
 template <int PVN, int QKM = 0, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
@@ -282,6 +282,11 @@ Launch mma_variants(int i) {
     case 18:  // as 17, the loop-top barrier before the wait for the tile's KV
       return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
                                        kWgEarlyIssue | kWgIssueFirst>();
+    case 19:  // as 18, page slots walked a tile at a time (no division): not yet run on a GPU
+      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
+                                       kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots>();
+    case 20:  // as 14, page slots walked a tile at a time: not yet run on a GPU
+      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgCheapSlots>();
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB

@@ -396,9 +396,11 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // next tile's boxes go out right after the loop-top barrier instead of after the QK issue.
 // kWgIssueFirst (with kWgEarlyIssue): the loop-top barrier comes before the wait for this
 // tile's KV, so the next tile's boxes go out as soon as the stage is free, not once this tile
-// has landed.
+// has landed. kWgCheapSlots (with kWgTma): thread 0 walks the pages a tile at a time instead
+// of dividing each box's position by the page size (4 divisions and remainders a tile, ~570
+// SASS instructions on warp 0's path between the QK and the next barrier).
 constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4, kWgTma = 8;
-constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64;
+constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64, kWgCheapSlots = 128;
 template <int PVN, int QKM = 0, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
@@ -409,7 +411,8 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   constexpr bool L2_PREFETCH = (OPT & kWgL2Prefetch) != 0, EARLY = (OPT & kWgEarlyIssue) != 0;
   static_assert(!TMA || (LATE_LOAD && !PV_FLIGHT), "TMA loads are issued after the QK issue");
   static_assert(TMA || !(L2_PREFETCH || EARLY), "L2 prefetch and early issue need TMA");
-  constexpr bool FIRST = (OPT & kWgIssueFirst) != 0;
+  constexpr bool FIRST = (OPT & kWgIssueFirst) != 0, CHEAP = (OPT & kWgCheapSlots) != 0;
+  static_assert(TMA || !CHEAP, "the page walk is the TMA loader's");
   static_assert(EARLY || !FIRST, "issue-first is an early issue");
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
@@ -474,11 +477,38 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   const bool use_tma = TMA && p.kv_box_rows > 0;
   const uint32_t bar_u = ps_u + kWgP + kWgRed;
   int next_slot[4] = {0, 0, 0, 0};
+  // CHEAP: the page index and row offset of the next tile tma_slots is asked for (it is asked
+  // for tile_begin, tile_begin + 1, ... in order); set from tile_begin with one division.
+  int walk_pg = 0, walk_off = 0;
+  if (CHEAP && use_tma && tid == 0) {
+    walk_pg = tile_begin * kWgBN / p.page_size;
+    walk_off = tile_begin * kWgBN - walk_pg * p.page_size;
+  }
   auto tma_slots = [&](int tile) {  // thread 0: the slots of tile's boxes (looked up early)
+    if constexpr (CHEAP) {
+      const int32_t* bt = p.block_table + static_cast<int64_t>(b) * p.max_pages;
+      const int rows = p.kv_box_rows;  // 64 (pages of a multiple of 64 rows), 32 or 16
+      if (rows == kWgBN) {  // one box: rows walk_off.. of page walk_pg
+        if (tile * kWgBN < kv_len) next_slot[0] = bt[walk_pg] * p.page_size + walk_off;
+        walk_off += kWgBN;
+        if (walk_off == p.page_size) {
+          walk_off = 0;
+          ++walk_pg;
+        }
+      } else {  // one box a page, 2 or 4 pages a tile
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int pos = tile * kWgBN + j * p.kv_box_rows;
-      if (j * p.kv_box_rows < kWgBN && pos < kv_len) next_slot[j] = static_cast<int>(kv_slot(p, b, pos));
+        for (int j = 0; j < 4; ++j) {
+          if (j * rows < kWgBN && tile * kWgBN + j * rows < kv_len)
+            next_slot[j] = bt[walk_pg + j] * p.page_size;
+        }
+        walk_pg += rows == 32 ? 2 : 4;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int pos = tile * kWgBN + j * p.kv_box_rows;
+        if (j * p.kv_box_rows < kWgBN && pos < kv_len) next_slot[j] = static_cast<int>(kv_slot(p, b, pos));
+      }
     }
   };
   auto tma_prefetch = [&](int tile) {  // thread 0: tile's pages into L2 (after tma_slots(tile))
@@ -491,7 +521,8 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   };
   auto tma_issue = [&](int tile, int stage) {  // thread 0: the boxes of tile into stage
     const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
-    const int boxes = (valid + rows - 1) / rows;
+    const int boxes = !CHEAP ? (valid + rows - 1) / rows
+                      : rows == kWgBN ? 1 : (valid + rows - 1) >> (rows == 32 ? 5 : 4);
     const uint32_t bar = bar_u + 8 * stage, dst = kvs_u + stage * kWgTile;
     mbar_expect_tx(bar, static_cast<uint32_t>(boxes * rows * kQK * 2));
 #pragma unroll
