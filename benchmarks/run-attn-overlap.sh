@@ -27,7 +27,7 @@ rows = ba.sweep(tuple(sys.argv[2:]))
 for r in rows: r['run'] = sys.argv[1]
 print(json.dumps(rows))" "$1" $VARIANTS >> "$W/sweep.jsonl" 2>> "$W/sweep.err"
 }
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
+timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
   ${TESTS_K:+-k "$TESTS_K"} > "$W/pytest.txt" 2>&1
 sweep a 120
 [ -n "${TAIL0_VARIANTS:-}" ] && VARIANTS=$TAIL0_VARIANTS DDTREE_ATTN_TAIL=0 sweep tail0 90

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=cs
 timeout 120 python3 -m kernels.build --arch sm_90 --out /tmp/ddtree-k > "$W/build.txt" 2>&1
 cp /tmp/ddtree-k/manifest.json "$W/" 2>/dev/null
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
-timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
+timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_cuda.py \
   > "$W/pytest.txt" 2>&1
 timeout 110 python3 -c "
 import json
