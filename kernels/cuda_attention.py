@@ -23,7 +23,6 @@ QK_DIM, V_DIM = 576, 512
 # to mma20 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch fails with
 # "invalid device function").
 _ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in range(21)}}
-WGMMA_ALGOS = tuple(f"mma{i}" for i in range(7, 21))
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
 _PLAN = ("ddtree_tree_verify_attention_plan", (_I,) * 8 + (ctypes.POINTER(_I), ctypes.POINTER(_SZ)))

@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(128) tva_combine_kernel(Params p) {
 struct Launch {
   int bm, bn, threads, smem, ctas_per_sm;
   const void* kernel;
-  bool tma = false;  // the wgmma TMA variants: Params.kv_map must be encoded
+  bool tma = false;  // the wgmma TMA variants: the KV tensor map (second kernel parameter) is encoded
 };
 
 int device_info(int* sms, int* smem_optin) {
@@ -258,7 +258,7 @@ Launch mma_variant() {
 }
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
-// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 10 need sm_90a.
+// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 20 need sm_90a.
 constexpr int kNumMma = 21;
 template <int PVN, int QKM = 0, int OPT = 0>
 Launch wgmma_variant() {
