@@ -123,7 +123,7 @@ def bench_size(
 SWEEP = {(64, 4096, 65, 8): [0, 1, 2, 3], (8, 32768, 65, 8): [0, 8, 11, 16]}
 
 
-def sweep(algos: tuple[str, ...] = ("mma5", "mma8", "mma17", "mma18")) -> list[dict]:
+def sweep(algos: tuple[str, ...] = ("mma5", "mma8", "mma18", "mma19")) -> list[dict]:
     """Tuning: time each tensor-core variant and KV split count (0 = auto) on the target sizes."""
     from kernels.cuda_attention import tree_verify_attention
 

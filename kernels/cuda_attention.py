@@ -18,11 +18,13 @@ from kernels.cuda_core import declare, launch
 __all__ = ["compact_kv", "tree_verify_attention"]
 
 QK_DIM, V_DIM = 576, 512
-# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma18);
-# "mma0".."mma20" force one (tuning only; see mma_variants in tree_verify_attention.cu). mma7
-# to mma20 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch fails with
-# "invalid device function").
-_ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in range(21)}}
+# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma19);
+# "mmaN" forces one (tuning only; see mma_variants in tree_verify_attention.cu). mma7, mma8,
+# mma14 and mma17 to mma20 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch
+# fails with "invalid device function"); mma9 to mma13, mma15 and mma16 were retired.
+MMA_VARIANTS = (*range(9), 14, 17, 18, 19, 20)
+WGMMA_VARIANTS = tuple(i for i in MMA_VARIANTS if i >= 7)
+_ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in MMA_VARIANTS}}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
 _PLAN = ("ddtree_tree_verify_attention_plan", (_I,) * 8 + (ctypes.POINTER(_I), ctypes.POINTER(_SZ)))

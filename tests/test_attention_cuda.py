@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import reference_attention as ref
+from kernels.cuda_attention import WGMMA_VARIANTS
 
 pytestmark = pytest.mark.gpu
 
@@ -64,10 +65,10 @@ def check(case, dtype, scale=576**-0.5, **kw) -> float:
 RAGGED = dict(prefix_lens=[0, 37, 130, 5], tree_lens=[1, 9, 17, 4])
 _HOPPER = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="the wgmma variants (mma7 to mma20) need an sm_90 device",
+    reason="the wgmma variants need an sm_90 device",
 )
 BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(7)] + [  # every tensor-core variant
-    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in range(7, 21)
+    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in WGMMA_VARIANTS
 ]
 ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 
@@ -102,7 +103,7 @@ def test_long_prefix_auto_split_bf16() -> None:
     check(case, torch.bfloat16)
 
 
-@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in range(7, 21)])
+@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in WGMMA_VARIANTS])
 def test_long_prefix_wgmma(algo) -> None:
     # 520 M rows a request (9 CTAs, the last with 8 live rows), splits planned and forced.
     case = make_case(13, [5000, 3071, 64], [65, 40, 65], heads=8, page_size=64,
@@ -113,7 +114,7 @@ def test_long_prefix_wgmma(algo) -> None:
 
 @_HOPPER
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
-@pytest.mark.parametrize("algo", ["mma8", *(f"mma{i}" for i in range(14, 21))])
+@pytest.mark.parametrize("algo", ["mma8", *(f"mma{i}" for i in WGMMA_VARIANTS if i >= 14)])
 def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
     # NaN in every slot a request does not own up to (the rest of its last page, its unused
     # pages): a TMA box carries the rest of the last page into shared memory, and 0 x NaN in the
@@ -133,7 +134,7 @@ def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
 @_HOPPER
 @pytest.mark.parametrize("mode", ["0", "1", ""])
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("algo", ["mma8", "mma17"])  # main path: cp.async, TMA loads
+@pytest.mark.parametrize("algo", ["mma8", "mma19"])  # main path: cp.async, TMA loads
 def test_wgmma_tail_path(monkeypatch, mode, num_splits, algo) -> None:
     # CTAs with <= 8 live rows take the swap-AB tail path unless DDTREE_ATTN_TAIL=0; "" also
     # reorders the blocks. Rows a request: 65 x 8 = 520 (tail of 8), 7 x 8 = 56 (one CTA of 56),
@@ -186,6 +187,8 @@ def test_bad_arguments_raise() -> None:
         tree_verify_attention(q, kv, table, pl + 10_000, tl, vis, 0.1)
     with pytest.raises(ValueError, match="algo 'mma' needs bfloat16"):
         tree_verify_attention(q.float(), kv.float(), *args[2:], algo="mma")
+    with pytest.raises(ValueError, match="algo must be one of"):  # a retired variant
+        tree_verify_attention(q, kv, *args[2:], algo="mma12")
     with pytest.raises(ValueError, match="compact_kv: accepted rows"):
         compact_kv(kv, table, pl, torch.tensor([[0, 2, 1], [0, -1, -1]], device="cuda"))
     with pytest.raises(ValueError, match="compact_kv: accepted must be"):

@@ -259,34 +259,30 @@ Launch mma_variant() {
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
 // the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 20 need sm_90a.
+// 9 to 13, 15 and 16 were measured slower than their successors and retired (their numbers
+// stay unused, so the numbers in benchmarks/ and NOTES keep their meaning): kernel nullptr.
 constexpr int kNumMma = 21;
-template <int PVN, int QKM = 0, int OPT = 0>
+template <int PVN, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
-          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, QKM, OPT>), (OPT & kWgTma) != 0};
+          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, OPT>), (OPT & kWgTma) != 0};
 }
 Launch mma_variants(int i) {
   switch (i) {
     case 7: return wgmma_variant<64>();   // sm_90a wgmma, PV as 4 x m64n64k16 a k-step
     case 8: return wgmma_variant<256>();  // sm_90a wgmma, PV as 1 x m64n256k16 a k-step
-    case 9: return wgmma_variant<256, 1>();   // as 8, QK m64n64 by warpgroup 0 alone
-    case 10: return wgmma_variant<256, 2>();  // as 9, warpgroup 1 rescales O before the P barrier
-    case 11: return wgmma_variant<256, 0, kWgLateLoad | kWgSkipUnit>();  // as 8, loads after QK
-    case 12: return wgmma_variant<256, 0, kWgPvFlight | kWgSkipUnit>();  // as 8, PV in flight
-    case 13: return wgmma_variant<256, 0, kWgLateLoad>();  // as 8, loads after the QK issue
-    case 14: return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit>();  // TMA KV loads
-    case 15: return wgmma_variant<256, 0, kWgTma | kWgLateLoad>();  // as 14, always rescales
-    case 16: return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch>();
-    case 17:  // as 16, the next tile's boxes issued before the QK
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch | kWgEarlyIssue>();
+    case 9: case 10: case 11: case 12: case 13: case 15: case 16: return {};  // retired
+    case 14: return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit>();  // TMA KV loads
+    case 17:  // as 14 + L2 prefetch of the tile after next, the next tile's boxes before the QK
+      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch | kWgEarlyIssue>();
     case 18:  // as 17, the loop-top barrier before the wait for the tile's KV
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                       kWgEarlyIssue | kWgIssueFirst>();
-    case 19:  // as 18, page slots walked a tile at a time (no division): not yet run on a GPU
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                       kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots>();
-    case 20:  // as 14, page slots walked a tile at a time: not yet run on a GPU
-      return wgmma_variant<256, 0, kWgTma | kWgLateLoad | kWgSkipUnit | kWgCheapSlots>();
+      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
+                                    kWgEarlyIssue | kWgIssueFirst>();
+    case 19:  // as 18, page slots walked a tile at a time (no division in the loop)
+      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
+                                    kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots>();
+    case 20:  // as 14, page slots walked a tile at a time
+      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgCheapSlots>();
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
@@ -297,15 +293,15 @@ Launch mma_variants(int i) {
   }
 }
 // auto: the first that fits and is launchable. H200 sweeps 2026-11-29
-// (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8, and
-// in v5 9 was 3% slower and 10 0.2-0.8% slower than 8 (both exact; opt-in only);
+// (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8;
 // 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
 // v7 (same GPU, interleaved): 17 (TMA KV loads, the next tile's issued before the QK, L2
 // prefetch a tile further) beat 8 by 7% at both target sizes, and 18 (17 with the loop-top
-// barrier before the KV wait) beat 17 by another 1-2%; with pages TMA cannot take (sizes other
-// than 16, 32 or a multiple of 64) they load with cp.async as 13 does. At B=1, prefix 4096 the
-// suite measured 17 at 0.160 ms (IQR 0.030) against 8's 0.091 ms in v6: not understood yet.
-constexpr int kMmaPreferred[] = {18, 8, 5, 0, 6, 4};
+// barrier before the KV wait) beat 17 by another 1-2%. v8: 19 (18 without divisions in thread
+// 0's page walk) beat 18 by 4-5% and 8 by 12-14% (B64 x 4096: 0.877 ms; B8 x 32768: 0.797 ms).
+// With pages TMA cannot take (sizes other than 16, 32 or a multiple of 64) the TMA variants
+// load with cp.async, issued after the QK.
+constexpr int kMmaPreferred[] = {19, 8, 5, 0, 6, 4};
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
@@ -332,6 +328,7 @@ int choose(int dtype, int algo, Launch* l) {
                                              &tva_simt_kernel<__nv_bfloat16>)};
   } else if (algo > DDTREE_ATTN_MMA) {
     *l = mma_variants(algo - DDTREE_ATTN_MMA - 1);
+    if (!l->kernel) return static_cast<int>(cudaErrorInvalidValue);
     if (!launchable(*l)) return static_cast<int>(cudaErrorInvalidDeviceFunction);
   } else {
     for (int i : kMmaPreferred) {

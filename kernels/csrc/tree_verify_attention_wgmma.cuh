@@ -10,13 +10,9 @@
 //    holds the same two rows in both), P = exp2(S - m) goes to shared memory as bf16;
 //  - PV: warpgroup w accumulates O[64 rows, dims 256w..+256) += P V with V MN-major
 //    (transposed B) from the same KV tile; 128 fp32 accumulators a thread.
-// ONE_QK (mma9): warpgroup 0 alone computes S[64 rows, 64 keys] with 36 wgmma m64n64k16 (Q is
-// read from shared memory once a tile instead of twice: 144 KB of operand reads a tile instead
-// of 216 KB), does the whole softmax (no max exchange: one barrier less a tile) and publishes the
-// rescale factors; warpgroup 1 issues the next tile's KV loads meanwhile and rescales its half of
-// O after the P barrier. QKM 2 (mma10): as ONE_QK, but warpgroup 0 publishes the rescale factors
-// before it computes P (named barrier 1: arrive / sync), so warpgroup 1 rescales its half of O
-// while P is being written instead of after the P barrier.
+// Retired after measurement (benchmarks/NOTES-attention.md; the code is in git history):
+// mma9/mma10 (S by one warpgroup), mma11-13 (cp.async issue points, PV in flight), mma15
+// and mma16 (TMA without the unit-rescale skip, without the early issue).
 // Tail path (wg_tail, below): a CTA with at most p.tail_rows (8) live rows swaps the products
 // (S^T = K Q^T, O^T += V^T P^T with m64n8k16) instead of spending a 64-row tile on them.
 // Shared tiles are stored "k-block major": [576 / 64 blocks][rows][64 bf16] with the 16-byte
@@ -378,15 +374,11 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 #endif  // TVA_WG_REAL
 
 // PVN: N of the PV wgmma, 64 (4 instructions per 16 keys; every B operand is one 64-dim block)
-// or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart). QKM: 0 both
-// warpgroups compute S (mma7, mma8), 1 ONE_QK (mma9), 2 ONE_QK with early rescale (mma10).
-// OPT (QKM 0 only), bits: kWgLateLoad: the next tile's cp.async are issued after the QK
+// or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart).
+// OPT, bits: kWgLateLoad: the next tile's cp.async are issued after the QK
 // wgmmas, so the page-table lookup and the 18 cp.async a thread overlap the tensor work
 // instead of delaying it; kWgSkipUnit: a warp skips the O rescale when every alpha it holds is
-// 1 (x * 1.0f == x: the result is bit-identical); kWgPvFlight: the PV wgmmas are left in flight
-// across the loop top (the next tile's barrier and QK issue queue behind them instead of
-// waiting them out); the next tile's loads then go out after the max exchange, once both
-// warpgroups' previous PV (the readers of that stage) are complete. kWgTma (with kWgLateLoad):
+// 1 (x * 1.0f == x: the result is bit-identical). kWgTma (with kWgLateLoad):
 // the KV tiles come by TMA (p.kv_box_rows > 0: pages of 16, 32 or a multiple of 64 rows; else
 // the cp.async path): thread 0 issues a tile's boxes (their page slots looked up a tile ahead)
 // and every thread waits on the stage's mbarrier; rows past the request's end, which a box may
@@ -399,17 +391,15 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // has landed. kWgCheapSlots (with kWgTma): thread 0 walks the pages a tile at a time instead
 // of dividing each box's position by the page size (4 divisions and remainders a tile, ~570
 // SASS instructions on warp 0's path between the QK and the next barrier).
-constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgPvFlight = 4, kWgTma = 8;
+constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgTma = 8;  // 4 was mma12's PV in flight
 constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64, kWgCheapSlots = 128;
-template <int PVN, int QKM = 0, int OPT = 0>
+template <int PVN, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
-  constexpr bool ONE_QK = QKM > 0;
-  static_assert(OPT == 0 || QKM == 0, "OPT applies to the two-warpgroup QK (QKM 0)");
   constexpr bool LATE_LOAD = (OPT & kWgLateLoad) != 0, SKIP_UNIT = (OPT & kWgSkipUnit) != 0;
-  constexpr bool PV_FLIGHT = (OPT & kWgPvFlight) != 0, TMA = (OPT & kWgTma) != 0;
+  constexpr bool TMA = (OPT & kWgTma) != 0;
   constexpr bool L2_PREFETCH = (OPT & kWgL2Prefetch) != 0, EARLY = (OPT & kWgEarlyIssue) != 0;
-  static_assert(!TMA || (LATE_LOAD && !PV_FLIGHT), "TMA loads are issued after the QK issue");
+  static_assert(!TMA || LATE_LOAD, "TMA loads are issued after the QK issue");
   static_assert(TMA || !(L2_PREFETCH || EARLY), "L2 prefetch and early issue need TMA");
   constexpr bool FIRST = (OPT & kWgIssueFirst) != 0, CHEAP = (OPT & kWgCheapSlots) != 0;
   static_assert(TMA || !CHEAP, "the page walk is the TMA loader's");
@@ -420,7 +410,6 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   unsigned char* ps = gbase + 3 * kWgTile;
   float* red_max = reinterpret_cast<float*>(ps + kWgP);  // [2][64]
   float* red_sum = red_max + 2 * kWgBM;                  // [2][64]
-  float* row_alpha = red_max;                            // ONE_QK: [64] rescale factors
 
   // Block order: with the tail path on, the grid's last M column (where the few-row tails
   // are) is scheduled after every other CTA, so its short CTAs fill the last wave's idle SMs.
@@ -460,14 +449,6 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
 #endif
 
   auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
-  auto load_kv_wg1 = [&](int tile, int stage) {  // ONE_QK: warpgroup 1, 2 threads a key row
-    const int r = (tid - 128) >> 1, sub = tid & 1, pos = tile * kWgBN + r;
-    const bool ok = pos < kv_len;
-    const __nv_bfloat16* src = ok ? kvg + kv_slot(p, b, pos) * kQK : kvg;
-    const uint32_t dst = kvs_u + stage * kWgTile;
-#pragma unroll
-    for (int c = sub; c < kChunks; c += 2) cp_async16(dst + wg_off(r, c), src + (ok ? c * 8 : 0), ok);
-  };
   if (rows_b - m0 <= p.tail_rows) {
     wg_tail(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u, ps_u, ps,
             red_max, red_sum);
@@ -587,175 +568,92 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     };
     if (EARLY && use_tma && tid == 0 && more(tile)) tma_next();
     if (FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
-    if constexpr (ONE_QK) {
-      if (wg == 1 && more(tile)) {
-        load_kv_wg1(tile + 1, stage ^ 1);
-        cp_async_commit();
-      }
-    } else if (!LATE_LOAD && !PV_FLIGHT && more(tile)) {
+    if (!LATE_LOAD && more(tile)) {
       load_kv(tile + 1, stage ^ 1);
       cp_async_commit();
     }
     const uint32_t kv_u = kvs_u + stage * kWgTile;
     const int kv0 = tile * kWgBN;
 
-    if constexpr (ONE_QK) {
-      if (wg == 0) {
-        // S[64, 64 keys] = Q K^T (warpgroup 0 alone), 36 k-steps of m64n64k16.
-        float s[32];
+    // S[64, keys 32 wg..] = Q K^T over 36 k-steps of 16 dims.
+    float s[16];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        wg_fence();
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < kQK / 16; ++kk) {
-          const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
-          wgmma_n64_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + koff, 16, 1024), 1);
-        }
-        wg_commit();
-        wg_wait0();
-        const bool need_mask = kv0 + kWgBN > prefix;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int e = i & 3, pos = kv0 + (i >> 2) * 8 + 2 * qd + (e & 1);
-          float x = s[i] * p.scale_log2;
-          if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos))
-            x = -INFINITY;
-          s[i] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-        float alpha[2], m_use[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float m_new = fmaxf(m_run[h], mx[h]);
-          m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-          alpha[h] = exp2f(m_run[h] - m_use[h]);
-          m_run[h] = m_new;
-          l_run[h] *= alpha[h];
-        }
-        if constexpr (QKM == 2) {
-          if (qd == 0) {
-            row_alpha[lrow0] = alpha[0];
-            row_alpha[lrow1] = alpha[1];
-          }
-          asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
-          const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
-          l_run[0] += p0 + p1;
-          l_run[1] += p2 + p3;
-          *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((j ^ (lrow0 & 7)) << 4) + qd * 4) =
-              __floats2bfloat162_rn(p0, p1);
-          *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((j ^ (lrow1 & 7)) << 4) + qd * 4) =
-              __floats2bfloat162_rn(p2, p3);
-        }
-        if (QKM == 1 && qd == 0) {
-          row_alpha[lrow0] = alpha[0];
-          row_alpha[lrow1] = alpha[1];
-        }
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-      } else if constexpr (QKM == 2) {  // warpgroup 1: rescale while warpgroup 0 writes P
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        const float a0 = row_alpha[lrow0], a1 = row_alpha[lrow1];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= (i >> 1) & 1 ? a1 : a0;
-      }
-      fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
-      __syncthreads();
-      if (QKM == 1 && wg == 1) {
-        const float a0 = row_alpha[lrow0], a1 = row_alpha[lrow1];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= (i >> 1) & 1 ? a1 : a0;
-      }
-    } else {
-      // S[64, keys 32 wg..] = Q K^T over 36 k-steps of 16 dims.
-      float s[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = 0.f;
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kQK / 16; ++kk) {
-        const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
-        wgmma_n32_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + wg * 4096 + koff, 16, 1024),
-                     1);
-      }
-      wg_commit();
-      if (LATE_LOAD && !PV_FLIGHT && more(tile)) {  // stage ^ 1's readers finished last tile
-        if (use_tma) {
-          if (!EARLY && tid == 0) tma_next();
-        } else {
-          load_kv(tile + 1, stage ^ 1);
-          cp_async_commit();
-        }
-      }
-      wg_wait0();  // PV_FLIGHT: also this warpgroup's PV of the previous tile
-
-      // Scale, mask (only tiles that reach the tree or the end), row max.
-      const bool need_mask = kv0 + kWgBN > prefix;
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int e = i & 3, pos = kv0 + wg * 32 + (i >> 2) * 8 + 2 * qd + (e & 1);
-        float x = s[i] * p.scale_log2;
-        if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos)) x = -INFINITY;
-        s[i] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      }
-      if (qd == 0) {
-        red_max[wg * kWgBM + lrow0] = mx[0];
-        red_max[wg * kWgBM + lrow1] = mx[1];
-      }
-      __syncthreads();  // PV_FLIGHT: both warpgroups' previous PV (stage ^ 1, P) is complete
-      if (PV_FLIGHT && more(tile)) {
+    for (int kk = 0; kk < kQK / 16; ++kk) {
+      const uint32_t koff = (kk >> 2) * 8192 + (kk & 3) * 32;
+      wgmma_n32_kk(s, wg_desc(qs_u + koff, 16, 1024), wg_desc(kv_u + wg * 4096 + koff, 16, 1024),
+                   1);
+    }
+    wg_commit();
+    if (LATE_LOAD && more(tile)) {  // stage ^ 1's readers finished last tile
+      if (use_tma) {
+        if (!EARLY && tid == 0) tma_next();
+      } else {
         load_kv(tile + 1, stage ^ 1);
         cp_async_commit();
       }
-      if (use_tma && kv_len - kv0 < kWgBN) {  // both QKs are done with K: zero V's dead rows
-        const int valid = kv_len - kv0;
-        unsigned char* kv_g = gbase + (kv_u - base);
-        for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += kWgThreads)
-          *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
-      }
-      float alpha[2], m_use[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new =
-            fmaxf(fmaxf(m_run[h], mx[h]), red_max[(wg ^ 1) * kWgBM + (h ? lrow1 : lrow0)]);
-        m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[h] = exp2f(m_run[h] - m_use[h]);
-        m_run[h] = m_new;
-        l_run[h] *= alpha[h];
-      }
-      // P = exp2(S - m) -> bf16, [64 rows][64 keys] swizzled (K-major A operand of PV).
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
-        const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
-        l_run[0] += p0 + p1;
-        l_run[1] += p2 + p3;
-        const int c = wg * 4 + j;
-        *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((c ^ (lrow0 & 7)) << 4) + qd * 4) =
-            __floats2bfloat162_rn(p0, p1);
-        *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
-            __floats2bfloat162_rn(p2, p3);
-      }
-      if (!SKIP_UNIT || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-      }
-      fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
-      __syncthreads();
     }
+    wg_wait0();
+
+    // Scale, mask (only tiles that reach the tree or the end), row max.
+    const bool need_mask = kv0 + kWgBN > prefix;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int e = i & 3, pos = kv0 + wg * 32 + (i >> 2) * 8 + 2 * qd + (e & 1);
+      float x = s[i] * p.scale_log2;
+      if (need_mask && !visible(p, b, e < 2 ? t_row0 : t_row1, prefix, kv_len, pos)) x = -INFINITY;
+      s[i] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    if (qd == 0) {
+      red_max[wg * kWgBM + lrow0] = mx[0];
+      red_max[wg * kWgBM + lrow1] = mx[1];
+    }
+    __syncthreads();
+    if (use_tma && kv_len - kv0 < kWgBN) {  // both QKs are done with K: zero V's dead rows
+      const int valid = kv_len - kv0;
+      unsigned char* kv_g = gbase + (kv_u - base);
+      for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += kWgThreads)
+        *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new =
+          fmaxf(fmaxf(m_run[h], mx[h]), red_max[(wg ^ 1) * kWgBM + (h ? lrow1 : lrow0)]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+    // P = exp2(S - m) -> bf16, [64 rows][64 keys] swizzled (K-major A operand of PV).
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = exp2f(s[4 * j] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
+      const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int c = wg * 4 + j;
+      *reinterpret_cast<__nv_bfloat162*>(ps + lrow0 * 128 + ((c ^ (lrow0 & 7)) << 4) + qd * 4) =
+          __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
+          __floats2bfloat162_rn(p2, p3);
+    }
+    if (!SKIP_UNIT || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
+    fence_proxy_async();  // P stores (generic proxy) -> wgmma reads
+    __syncthreads();
+
 
     // O[64, dims 256 wg..] += P[64, 64] V[64 keys, 256 dims] (V MN-major: transposed B).
     wg_fence();
@@ -771,9 +669,8 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
       }
     }
     wg_commit();
-    if constexpr (!PV_FLIGHT) wg_wait0();
+    wg_wait0();
   }
-  if constexpr (PV_FLIGHT) wg_wait0();
 
   // Row sums: quad, then the other warpgroup (other key half).
 #pragma unroll
