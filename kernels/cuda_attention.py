@@ -20,9 +20,9 @@ __all__ = ["compact_kv", "tree_verify_attention"]
 QK_DIM, V_DIM = 576, 512
 # "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma19);
 # "mmaN" forces one (tuning only; see mma_variants in tree_verify_attention.cu). mma7, mma8,
-# mma14 and mma17 to mma20 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch
+# mma14 and mma17 to mma21 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch
 # fails with "invalid device function"); mma9 to mma13, mma15 and mma16 were retired.
-MMA_VARIANTS = (*range(9), 14, 17, 18, 19, 20)
+MMA_VARIANTS = (*range(9), 14, 17, 18, 19, 20, 21)
 WGMMA_VARIANTS = tuple(i for i in MMA_VARIANTS if i >= 7)
 _ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in MMA_VARIANTS}}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}

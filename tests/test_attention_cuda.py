@@ -134,7 +134,7 @@ def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
 @_HOPPER
 @pytest.mark.parametrize("mode", ["0", "1", ""])
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("algo", ["mma8", "mma19"])  # main path: cp.async, TMA loads
+@pytest.mark.parametrize("algo", ["mma8", "mma19", "mma21"])  # cp.async, TMA, TMA tails
 def test_wgmma_tail_path(monkeypatch, mode, num_splits, algo) -> None:
     # CTAs with <= 8 live rows take the swap-AB tail path unless DDTREE_ATTN_TAIL=0; "" also
     # reorders the blocks. Rows a request: 65 x 8 = 520 (tail of 8), 7 x 8 = 56 (one CTA of 56),

@@ -21,6 +21,7 @@
 //    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. Variants
 //    (mma_variants) are chosen from the device's opt-in shared memory: a 64x64 tile with a
 //    double-buffered KV tile (225 KiB: H100/H200) or 32x32 single-buffered (75 KiB: sm_120).
+#include <stddef.h>  // nullptr_t (the wgmma tail's default loaders)
 #include <cuda.h>  // CUtensorMap (the wgmma kernel's TMA loads); types only, no -lcuda
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -258,10 +259,10 @@ Launch mma_variant() {
 }
 
 // Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
-// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 20 need sm_90a.
+// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 21 need sm_90a.
 // 9 to 13, 15 and 16 were measured slower than their successors and retired (their numbers
 // stay unused, so the numbers in benchmarks/ and NOTES keep their meaning): kernel nullptr.
-constexpr int kNumMma = 21;
+constexpr int kNumMma = 22;
 template <int PVN, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
@@ -283,6 +284,9 @@ Launch mma_variants(int i) {
                                     kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots>();
     case 20:  // as 14, page slots walked a tile at a time
       return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgCheapSlots>();
+    case 21:  // as 19, the tail CTAs' KV by TMA too
+      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
+                                    kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots | kWgTmaTail>();
     case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
     case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
     case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB

@@ -203,10 +203,19 @@ __device__ __forceinline__ void wg_load_kv(const Params& p, int b, int kv_len, i
 // each. Accumulators: S^T element e of this thread is key 16 wr + g (+8 for e >= 2) and row
 // 2 qd + (e & 1); O^T block mt likewise with dims (4 wg + mt) 64 + 16 wr + g (+8).
 // KV tiles double-buffered with cp.async as in the main path.
+// TMA (mma21): when use_tma, the KV tiles come by TMA as in the main path: thread 0 calls
+// tma_first() for the first tile and tma_next(tile, stage) for tile + 1 (into stage ^ 1) after
+// the loop-top barrier, everyone waits on the stage's mbarrier (bar_u + 8 stage), and the dead
+// rows a box carries in past kv_len are zeroed (through kvs_g, the stages' generic address)
+// before the PV.
+template <bool TMA = false, class First = std::nullptr_t, class Next = std::nullptr_t>
 __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int split, int rows_b,
                                         int prefix, int kv_len, int tile_begin, int tile_end,
                                         uint32_t qs_u, uint32_t kvs_u, uint32_t ps_u,
-                                        unsigned char* ps, float* red_max, float* red_sum) {
+                                        unsigned char* ps, float* red_max, float* red_sum,
+                                        bool use_tma = false, uint32_t bar_u = 0,
+                                        unsigned char* kvs_g = nullptr, const First& tma_first = {},
+                                        const Next& tma_next = {}) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3, g = lane >> 2, qd = lane & 3;
   const int live = rows_b - m0;  // 1..8
@@ -221,7 +230,12 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
       const bool ok = r < live;
       cp_async16(qs_u + wg_off(r, c), ok ? qg + (row_base + m0 + r) * kQK + c * 8 : qg, ok);
     }
-    load_kv(tile_begin, 0);
+    if constexpr (TMA) {
+      if (!use_tma) load_kv(tile_begin, 0);
+      else if (tid == 0) tma_first();
+    } else {
+      load_kv(tile_begin, 0);
+    }
     cp_async_commit();
   }
   const int k0 = 16 * wr + g, r0 = 2 * qd;  // this thread's keys k0, k0 + 8; rows r0, r0 + 1
@@ -238,7 +252,12 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
     cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();
-    if (tile + 1 < tile_end) {
+    if (TMA && use_tma) {  // the barrier freed stage ^ 1 (every PV of the last tile is done)
+      if constexpr (TMA) {
+        if (tid == 0 && tile + 1 < tile_end) tma_next(tile, stage);
+      }
+      mbar_wait(bar_u + 8 * stage, ((tile - tile_begin) >> 1) & 1);
+    } else if (tile + 1 < tile_end) {
       load_kv(tile + 1, stage ^ 1);
       cp_async_commit();
     }
@@ -292,6 +311,12 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
         red_max[wr * 8 + r0 + 1] = mx[1];
       }
       asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      if (TMA && use_tma && kv_len - kv0 < kWgBN) {  // the QKs are done with K: zero V's dead rows
+        const int valid = kv_len - kv0;
+        unsigned char* kv_g = kvs_g + stage * kWgTile;
+        for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += 128)
+          *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
+      }
       float m_use[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -390,9 +415,11 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 // tile's KV, so the next tile's boxes go out as soon as the stage is free, not once this tile
 // has landed. kWgCheapSlots (with kWgTma): thread 0 walks the pages a tile at a time instead
 // of dividing each box's position by the page size (4 divisions and remainders a tile, ~570
-// SASS instructions on warp 0's path between the QK and the next barrier).
+// SASS instructions on warp 0's path between the QK and the next barrier). kWgTmaTail (with
+// kWgTma): the tail path's KV tiles come by TMA too (wg_tail<true>).
 constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgTma = 8;  // 4 was mma12's PV in flight
 constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64, kWgCheapSlots = 128;
+constexpr int kWgTmaTail = 256;
 template <int PVN, int OPT = 0>
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
@@ -404,6 +431,8 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   constexpr bool FIRST = (OPT & kWgIssueFirst) != 0, CHEAP = (OPT & kWgCheapSlots) != 0;
   static_assert(TMA || !CHEAP, "the page walk is the TMA loader's");
   static_assert(EARLY || !FIRST, "issue-first is an early issue");
+  constexpr bool TMA_TAIL = (OPT & kWgTmaTail) != 0;
+  static_assert(TMA || !TMA_TAIL, "TMA tails need the TMA loader");
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
@@ -449,7 +478,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
 #endif
 
   auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
-  if (rows_b - m0 <= p.tail_rows) {
+  if (!TMA_TAIL && rows_b - m0 <= p.tail_rows) {
     wg_tail(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u, ps_u, ps,
             red_max, red_sum);
     return;
@@ -521,6 +550,25 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+  }
+  if constexpr (TMA_TAIL) {
+    if (rows_b - m0 <= p.tail_rows) {
+      auto first = [&]() {
+        tma_slots(tile_begin);
+        tma_issue(tile_begin, 0);
+        if (more(tile_begin)) tma_slots(tile_begin + 1);
+      };
+      auto next = [&](int tile, int stage) {  // tile + 1 into stage ^ 1, then look ahead
+        tma_issue(tile + 1, stage ^ 1);
+        if (more(tile + 1)) {
+          tma_slots(tile + 2);
+          if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
+        }
+      };
+      wg_tail<true>(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u,
+                    ps_u, ps, red_max, red_sum, use_tma, bar_u, gbase + kWgTile, first, next);
+      return;
+    }
   }
   if (tile_begin < tile_end) {
     const int r = tid >> 2, sub = tid & 3;
