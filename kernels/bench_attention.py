@@ -71,7 +71,7 @@ def sdpa_inputs(d: dict, batch: int, prefix: int, t: int, heads: int, page_size:
 def bench_size(
     batch: int, prefix: int, t: int, heads: int, page_size: int = 64, reps: int = 30
 ) -> dict:
-    from kernels.cuda_attention import tree_verify_attention
+    from kernels.cuda_attention import planned_splits, tree_verify_attention
 
     length = prefix + t
     flops = 2.0 * batch * t * heads * length * (576 + 512)
@@ -101,6 +101,7 @@ def bench_size(
     rel = float((got - want).norm() / want.norm())
     res = {"batch": batch, "prefix": prefix, "tree_rows": t, "heads": heads,
            "page_size": page_size, "flops": flops, "bytes": io_bytes, "input_sets": sets,
+           "num_splits": planned_splits(batch, heads, t, length),
            "rel_err_vs_sdpa_fp32": rel}  # fmt: skip
     for name, fn in (("ours", ours), ("torch_sdpa", baseline)):
         try:
@@ -123,9 +124,9 @@ def bench_size(
 SWEEP = {(64, 4096, 65, 8): [0, 1, 2, 3], (8, 32768, 65, 8): [0, 8, 11, 16]}
 
 
-def sweep(algos: tuple[str, ...] = ("mma5", "mma8", "mma18", "mma19")) -> list[dict]:
+def sweep(algos: tuple[str, ...] = ("mma5", "mma8", "mma19", "mma21")) -> list[dict]:
     """Tuning: time each tensor-core variant and KV split count (0 = auto) on the target sizes."""
-    from kernels.cuda_attention import tree_verify_attention
+    from kernels.cuda_attention import planned_splits, tree_verify_attention
 
     rows = []
     for (batch, prefix, t, heads), split_list in SWEEP.items():
@@ -149,7 +150,10 @@ def sweep(algos: tuple[str, ...] = ("mma5", "mma8", "mma18", "mma19")) -> list[d
                 rel = float((fn(0).float() - want).norm() / want.norm())
                 s = timeit(fn, 1, warmup=3, reps=20)
                 rows.append({"batch": batch, "prefix": prefix, "tree_rows": t, "heads": heads,
-                             "algo": algo, "num_splits": splits, "median_ms": s["median_ms"],
+                             "algo": algo, "num_splits": splits,
+                             "splits_run": planned_splits(batch, heads, t, prefix + t, algo=algo,
+                                                          num_splits=splits),
+                             "median_ms": s["median_ms"],
                              "iqr_ms": s["iqr_ms"], "tflops": flops / s["median_ms"] / 1e9,
                              "rel_err_vs_sdpa_fp32": rel})  # fmt: skip
                 print(f"sweep B={batch} L={prefix} {algo} splits={splits}: "

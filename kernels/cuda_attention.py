@@ -15,10 +15,10 @@ import torch
 
 from kernels.cuda_core import declare, launch
 
-__all__ = ["compact_kv", "tree_verify_attention"]
+__all__ = ["compact_kv", "planned_splits", "tree_verify_attention"]
 
 QK_DIM, V_DIM = 576, 512
-# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma19);
+# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma21);
 # "mmaN" forces one (tuning only; see mma_variants in tree_verify_attention.cu). mma7, mma8,
 # mma14 and mma17 to mma21 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch
 # fails with "invalid device function"); mma9 to mma13, mma15 and mma16 were retired.
@@ -121,6 +121,28 @@ def tree_verify_attention(
         _ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len,
         float(scale), splits.value, stream)  # fmt: skip
     return out
+
+
+def planned_splits(
+    batch: int,
+    heads: int,
+    t_max: int,
+    max_kv_len: int,
+    *,
+    algo: str = "auto",
+    dtype: torch.dtype = torch.bfloat16,
+    num_splits: int = 0,
+) -> int:
+    """The KV split count `tree_verify_attention` launches with on the current device."""
+    op = "planned_splits"
+    if algo not in _ALGOS:
+        raise ValueError(f"{op}: algo must be one of {list(_ALGOS)}, got {algo!r}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"{op}: dtype must be one of {list(_DTYPES)}, got {dtype}")
+    splits, ws_bytes = _I(0), _SZ(0)
+    launch(op, declare(*_PLAN), _DTYPES[dtype], _ALGOS[algo], batch, heads, batch * t_max, t_max,
+           max_kv_len, num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
+    return splits.value
 
 
 def _check_attention(op, pl, tl, block_table, num_pages, total_q, t_max, capacity) -> None:

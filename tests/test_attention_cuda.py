@@ -145,6 +145,17 @@ def test_wgmma_tail_path(monkeypatch, mode, num_splits, algo) -> None:
     check(case, torch.bfloat16, algo=algo, num_splits=num_splits)
 
 
+def test_planned_splits() -> None:
+    from kernels.cuda_attention import planned_splits
+
+    assert planned_splits(8, 8, 65, 32833, num_splits=3) == 3  # a forced count is kept
+    for size in ((64, 8, 65, 4161), (8, 8, 65, 32833), (1, 128, 1, 1)):
+        assert 1 <= planned_splits(*size) <= 128
+    assert planned_splits(1, 8, 65, 64) == 1  # one KV tile: nothing to split
+    with pytest.raises(ValueError, match="planned_splits: algo must be one of"):
+        planned_splits(1, 8, 65, 64, algo="mma12")
+
+
 def test_scale_matters() -> None:
     case = make_case(11, [20], [5], heads=2, page_size=16, dtype=torch.float32)
     check(case, torch.float32, scale=0.3)

@@ -240,6 +240,7 @@ struct Launch {
   int bm, bn, threads, smem, ctas_per_sm;
   const void* kernel;
   bool tma = false;  // the wgmma TMA variants: the KV tensor map (second kernel parameter) is encoded
+  bool tail = false;  // the wgmma kernel: CTAs with at most 8 live rows take the short tail path
 };
 
 int device_info(int* sms, int* smem_optin) {
@@ -266,7 +267,7 @@ constexpr int kNumMma = 22;
 template <int PVN, int OPT = 0>
 Launch wgmma_variant() {
   return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
-          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, OPT>), (OPT & kWgTma) != 0};
+          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, OPT>), (OPT & kWgTma) != 0, true};
 }
 Launch mma_variants(int i) {
   switch (i) {
@@ -302,10 +303,11 @@ Launch mma_variants(int i) {
 // v7 (same GPU, interleaved): 17 (TMA KV loads, the next tile's issued before the QK, L2
 // prefetch a tile further) beat 8 by 7% at both target sizes, and 18 (17 with the loop-top
 // barrier before the KV wait) beat 17 by another 1-2%. v8: 19 (18 without divisions in thread
-// 0's page walk) beat 18 by 4-5% and 8 by 12-14% (B64 x 4096: 0.877 ms; B8 x 32768: 0.797 ms).
-// With pages TMA cannot take (sizes other than 16, 32 or a multiple of 64) the TMA variants
-// load with cp.async, issued after the QK.
-constexpr int kMmaPreferred[] = {19, 8, 5, 0, 6, 4};
+// 0's page walk) beat 18 by 4-5% and 8 by 12-14% (B64 x 4096: 0.877 ms; B8 x 32768: 0.797 ms),
+// and 21 (19 with the tail CTAs' KV by TMA too) beat 19 by another 2-3% (0.850 ms / 0.779-0.797
+// ms, 2 splits at B64). With pages TMA cannot take (sizes other than 16, 32 or a multiple of
+// 64) the TMA variants load with cp.async, issued after the QK.
+constexpr int kMmaPreferred[] = {21, 8, 5, 0, 6, 4};
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
@@ -344,18 +346,59 @@ int choose(int dtype, int algo, Launch* l) {
   return 0;
 }
 
-// Split count: minimise (waves x tiles a split) plus the combine pass, in KV-tile units.
-int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int max_kv_len) {
-  const int ctas = batch * ((t_max * heads + l.bm - 1) / l.bm);
+// Greedy makespan, in KV tiles, of `full` CTAs of tps tiles each followed by `tails` CTAs of u
+// tiles on `slots` SMs (the block order with the tail CTAs after every full one): after the
+// whole waves, the slots the last partial wave leaves free take tails at once, the others when
+// their full CTA ends.
+double makespan(int64_t full, int64_t tails, int slots, double tps, double u) {
+  const int64_t q = full / slots, r = full % slots, a = slots - r;
+  const double base = static_cast<double>(q) * tps, busy = r ? tps : 0.0;
+  if (tails == 0) return base + busy;
+  auto done = [&](double x) {  // tails finished by base + x
+    return a * static_cast<int64_t>(floor(x / u + 1e-9)) +
+           (x > tps ? r * static_cast<int64_t>(floor((x - tps) / u + 1e-9)) : 0);
+  };
+  auto first = [&](double off) {  // the smallest x = off + k u with done(x) >= tails
+    int64_t lo = off > 0 ? 0 : 1, hi = tails;  // done(off + tails u) >= a tails >= tails
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (done(off + static_cast<double>(mid) * u) >= tails) hi = mid;
+      else lo = mid + 1;
+    }
+    return off + static_cast<double>(lo) * u;
+  };
+  return base + fmax(busy, fmin(first(0.0), first(tps)));
+}
+
+// Split count: minimise (waves x tiles a split) plus the combine pass, in KV-tile units. With
+// the wgmma kernel's tail path scheduled last (tails_last) and t_max x heads leaving at most 8
+// rows in the last M tile, the tail CTAs are counted apart at kTailWeight of a full CTA's time,
+// placed by makespan() into the idle slots of the last wave, and a split costs kTailSplit
+// instead of 4000 rows a KV tile. Fitted to mma21 on an H200 (v8, benchmarks/NOTES-attention.md):
+// the plain count picked 2 splits at B64 x 4096 x T65, where 1 measured 2.6% faster, and 3 at
+// B16 x 1024 x T33, where 1 measured 4% faster; the other measured best picks are unchanged.
+constexpr double kTailWeight = 0.75, kTailSplit = 2000.0;
+int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int max_kv_len,
+                bool tails_last) {
+  const int m_tiles = (t_max * heads + l.bm - 1) / l.bm;
+  const int ctas = batch * m_tiles;
+  const bool tail = l.tail && tails_last && t_max * heads - (m_tiles - 1) * l.bm <= 8;
   const int tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
   const int slots = max(1, sms * l.ctas_per_sm);
   const double rows = static_cast<double>(batch) * t_max * heads;
   int best = 1;
   double best_cost = 1e300;
   for (int s = 1; s <= min(tiles, 128); ++s) {
-    const double waves = static_cast<double>((static_cast<int64_t>(ctas) * s + slots - 1) / slots);
-    const double cost =
-        waves * ((tiles + s - 1) / s) * (l.bm * l.bn) / 4096.0 + (s > 1 ? s * rows / 4000.0 : 0);
+    const int tps = (tiles + s - 1) / s;
+    double cost;
+    if (tail) {
+      cost = makespan(static_cast<int64_t>(batch) * (m_tiles - 1) * s,
+                      static_cast<int64_t>(batch) * s, slots, tps, kTailWeight * tps) +
+             (s > 1 ? s * rows / kTailSplit : 0);
+    } else {
+      const double waves = static_cast<double>((static_cast<int64_t>(ctas) * s + slots - 1) / slots);
+      cost = waves * tps * (l.bm * l.bn) / 4096.0 + (s > 1 ? s * rows / 4000.0 : 0);
+    }
     if (cost < best_cost * 0.999) {
       best_cost = cost;
       best = s;
@@ -443,7 +486,8 @@ extern "C" int ddtree_tree_verify_attention_plan(int dtype, int algo, int batch,
   int sms = 0, optin = 0;
   if (int e = device_info(&sms, &optin)) return e;
   const int s = num_splits_req > 0 ? num_splits_req
-                                   : plan_splits(l, sms, batch, heads, t_max, max_kv_len);
+                                   : plan_splits(l, sms, batch, heads, t_max, max_kv_len,
+                                                 tail_mode() == 2);
   *num_splits = s;
   *workspace_bytes = workspace_for(s, total_q * heads);
   return 0;
