@@ -156,6 +156,17 @@ def test_planned_splits() -> None:
         planned_splits(1, 8, 65, 64, algo="mma12")
 
 
+def test_bench_size_records_both_timings() -> None:
+    from kernels.bench_attention import bench_size, table
+
+    r = bench_size(2, 256, 9, 8, reps=5)
+    assert r["rel_err_vs_sdpa_fp32"] < TOL[torch.bfloat16]
+    assert r["num_splits"] >= 1
+    for key in ("ours", "ours_graph", "torch_sdpa"):
+        assert r[key]["median_ms"] > 0 and r[key]["tflops"] > 0, key
+    assert len(table({"results": [r]}).splitlines()) == 2
+
+
 def test_scale_matters() -> None:
     case = make_case(11, [20], [5], heads=2, page_size=16, dtype=torch.float32)
     check(case, torch.float32, scale=0.3)
