@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(128) tva_combine_kernel(Params p) {
 struct Launch {
   int bm, bn, threads, smem, ctas_per_sm;
   const void* kernel;
-  bool tma = false;  // the wgmma TMA variants: the KV tensor map (second kernel parameter) is encoded
-  bool tail = false;  // the wgmma kernel: CTAs with at most 8 live rows take the short tail path
+  bool tma = false;   // the wgmma TMA variants: the KV tensor map (2nd kernel parameter) is encoded
+  bool tail = false;  // the wgmma kernel: CTAs with <= kWgTailRows live rows take the tail path
 };
 
 int device_info(int* sms, int* smem_optin) {
@@ -371,34 +371,30 @@ double makespan(int64_t full, int64_t tails, int slots, double tps, double u) {
 }
 
 // Split count: minimise (waves x tiles a split) plus the combine pass, in KV-tile units. With
-// the wgmma kernel's tail path scheduled last (tails_last) and t_max x heads leaving at most 8
-// rows in the last M tile, the tail CTAs are counted apart at kTailWeight of a full CTA's time,
-// placed by makespan() into the idle slots of the last wave, and a split costs kTailSplit
-// instead of 4000 rows a KV tile. Fitted to mma21 on an H200 (v8, benchmarks/NOTES-attention.md):
-// the plain count picked 2 splits at B64 x 4096 x T65, where 1 measured 2.6% faster, and 3 at
-// B16 x 1024 x T33, where 1 measured 4% faster; the other measured best picks are unchanged.
+// the wgmma kernel's tail path scheduled last (tails_last) and t_max x heads leaving at most
+// kWgTailRows rows in the last M tile, the tail CTAs are counted apart at kTailWeight of a
+// full CTA's time, placed by makespan() into the idle slots of the last wave, and a split
+// costs kTailSplit instead of 4000 rows a KV tile. Fitted to mma21 on an H200 (v8,
+// benchmarks/NOTES-attention.md): the plain count picked 2 splits at B64 x 4096 x T65, where 1
+// measured 2.6% faster, and 3 at B16 x 1024 x T33, where 1 measured 4% faster; the other
+// measured best picks are unchanged.
 constexpr double kTailWeight = 0.75, kTailSplit = 2000.0;
 int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int max_kv_len,
                 bool tails_last) {
   const int m_tiles = (t_max * heads + l.bm - 1) / l.bm;
-  const int ctas = batch * m_tiles;
-  const bool tail = l.tail && tails_last && t_max * heads - (m_tiles - 1) * l.bm <= 8;
+  const bool tail = l.tail && tails_last && t_max * heads - (m_tiles - 1) * l.bm <= kWgTailRows;
+  const int64_t tails = tail ? batch : 0, full = static_cast<int64_t>(batch) * m_tiles - tails;
+  const double split_rows = tail ? kTailSplit : 4000.0;  // rows a KV tile a split costs
   const int tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
   const int slots = max(1, sms * l.ctas_per_sm);
   const double rows = static_cast<double>(batch) * t_max * heads;
   int best = 1;
   double best_cost = 1e300;
   for (int s = 1; s <= min(tiles, 128); ++s) {
-    const int tps = (tiles + s - 1) / s;
-    double cost;
-    if (tail) {
-      cost = makespan(static_cast<int64_t>(batch) * (m_tiles - 1) * s,
-                      static_cast<int64_t>(batch) * s, slots, tps, kTailWeight * tps) +
-             (s > 1 ? s * rows / kTailSplit : 0);
-    } else {
-      const double waves = static_cast<double>((static_cast<int64_t>(ctas) * s + slots - 1) / slots);
-      cost = waves * tps * (l.bm * l.bn) / 4096.0 + (s > 1 ? s * rows / 4000.0 : 0);
-    }
+    const int tps = (tiles + s - 1) / s;  // without tails: whole waves x tps
+    const double cost = makespan(full * s, tails * s, slots, tps, kTailWeight * tps) *
+                            (l.bm * l.bn) / 4096.0 +
+                        (s > 1 ? s * rows / split_rows : 0);
     if (cost < best_cost * 0.999) {
       best_cost = cost;
       best = s;
@@ -407,7 +403,7 @@ int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int m
   return best;
 }
 
-// The wgmma kernel's tail path (CTAs with at most 8 live rows, e.g. the 9th M tile of a
+// The wgmma kernel's tail path (CTAs with at most kWgTailRows live rows, e.g. the 9th M tile of a
 // 65-row x 8-head request: swap-AB, tensor work 1/8 of a full tile's), and its block order
 // (the grid's last M column last). DDTREE_ATTN_TAIL (for A/B timing): unset = both, 1 = the
 // tail path in the natural block order, 0 = neither.
@@ -520,7 +516,7 @@ extern "C" int ddtree_tree_verify_attention(
                                 static_cast<size_t>(num_splits) * total_rows * kV
                           : nullptr,
            heads, total_rows, t_max, page_size, max_pages, num_splits,
-           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail > 0 ? 8 : 0,
+           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail > 0 ? kWgTailRows : 0,
            tail == 2 ? 1 : 0};
   CUtensorMap kv_map{};  // the wgmma TMA variants' second kernel parameter
   if (l.tma) {  // a map the driver refuses: an error when forced, cp.async loads in auto mode

@@ -33,6 +33,7 @@
 #endif
 
 constexpr int kWgThreads = 256, kWgBM = 64, kWgBN = 64;
+constexpr int kWgTailRows = 8;  // CTAs with at most this many live rows take the tail path
 constexpr int kWgTile = 64 * kQK * 2;                   // Q tile or one KV stage (72 KiB)
 constexpr int kWgP = kWgBM * kWgBN * 2, kWgRed = 4 * kWgBM * 4;
 constexpr int kWgBars = 64;  // the TMA variants' two mbarriers (one a KV stage)
@@ -42,6 +43,12 @@ constexpr int kWgSmem = 3 * kWgTile + kWgP + kWgRed + kWgBars + 1024;  // + 1024
 // Byte offset of 16-byte chunk c (0..71) of row r in a k-block-major swizzled 64-row tile.
 __device__ __forceinline__ uint32_t wg_off(int r, int c) {
   return static_cast<uint32_t>((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+// TMA variants: zero the V rows valid..63 of a KV stage (generic address kv_g), which a box
+// carries in from past the request's end (0 x NaN would poison O), by `nthreads` threads.
+__device__ __forceinline__ void wg_zero_dead_rows(unsigned char* kv_g, int valid, int nthreads) {
+  for (int i = threadIdx.x; i < (kWgBN - valid) * (kV / 8); i += nthreads)
+    *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
 }
 // GMMA shared-memory descriptor, 128-byte swizzle (layout type 1).
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -311,12 +318,8 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
         red_max[wr * 8 + r0 + 1] = mx[1];
       }
       asm volatile("bar.sync 1, 128;\n" ::: "memory");
-      if (TMA && use_tma && kv_len - kv0 < kWgBN) {  // the QKs are done with K: zero V's dead rows
-        const int valid = kv_len - kv0;
-        unsigned char* kv_g = kvs_g + stage * kWgTile;
-        for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += 128)
-          *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
-      }
+      if (TMA && use_tma && kv_len - kv0 < kWgBN)  // the QKs are done with K
+        wg_zero_dead_rows(kvs_g + stage * kWgTile, kv_len - kv0, 128);
       float m_use[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -543,6 +546,18 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
         tma_load_2d(dst + c * 8192 + j * rows * 128, &kv_map, c * 64, next_slot[j], bar);
     }
   };
+  auto tma_first = [&]() {  // thread 0: the first tile's boxes, then look ahead
+    tma_slots(tile_begin);
+    tma_issue(tile_begin, 0);
+    if (more(tile_begin)) tma_slots(tile_begin + 1);
+  };
+  auto tma_advance = [&](int tile, int stage) {  // thread 0: tile + 1 into stage ^ 1, look ahead
+    tma_issue(tile + 1, stage ^ 1);
+    if (more(tile + 1)) {
+      tma_slots(tile + 2);
+      if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
+    }
+  };
   if constexpr (TMA) {
     if (use_tma && tid == 0) {
       mbar_init(bar_u, 1);
@@ -553,20 +568,9 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   }
   if constexpr (TMA_TAIL) {
     if (rows_b - m0 <= p.tail_rows) {
-      auto first = [&]() {
-        tma_slots(tile_begin);
-        tma_issue(tile_begin, 0);
-        if (more(tile_begin)) tma_slots(tile_begin + 1);
-      };
-      auto next = [&](int tile, int stage) {  // tile + 1 into stage ^ 1, then look ahead
-        tma_issue(tile + 1, stage ^ 1);
-        if (more(tile + 1)) {
-          tma_slots(tile + 2);
-          if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
-        }
-      };
       wg_tail<true>(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u,
-                    ps_u, ps, red_max, red_sum, use_tma, bar_u, gbase + kWgTile, first, next);
+                    ps_u, ps, red_max, red_sum, use_tma, bar_u, gbase + kWgTile, tma_first,
+                    tma_advance);
       return;
     }
   }
@@ -578,11 +582,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
 #pragma unroll
     for (int c = sub; c < kChunks; c += 4) cp_async16(qs_u + wg_off(r, c), src + c * 8, ok);
     if (use_tma) {
-      if (tid == 0) {
-        tma_slots(tile_begin);
-        tma_issue(tile_begin, 0);
-        if (more(tile_begin)) tma_slots(tile_begin + 1);
-      }
+      if (tid == 0) tma_first();
     } else {
       load_kv(tile_begin, 0);
     }
@@ -607,14 +607,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     if (!FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
-    auto tma_next = [&]() {  // thread 0: the next tile's boxes, then look ahead
-      tma_issue(tile + 1, stage ^ 1);
-      if (more(tile + 1)) {
-        tma_slots(tile + 2);
-        if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
-      }
-    };
-    if (EARLY && use_tma && tid == 0 && more(tile)) tma_next();
+    if (EARLY && use_tma && tid == 0 && more(tile)) tma_advance(tile, stage);
     if (FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
     if (!LATE_LOAD && more(tile)) {
       load_kv(tile + 1, stage ^ 1);
@@ -637,7 +630,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     wg_commit();
     if (LATE_LOAD && more(tile)) {  // stage ^ 1's readers finished last tile
       if (use_tma) {
-        if (!EARLY && tid == 0) tma_next();
+        if (!EARLY && tid == 0) tma_advance(tile, stage);
       } else {
         load_kv(tile + 1, stage ^ 1);
         cp_async_commit();
@@ -666,12 +659,8 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
       red_max[wg * kWgBM + lrow1] = mx[1];
     }
     __syncthreads();
-    if (use_tma && kv_len - kv0 < kWgBN) {  // both QKs are done with K: zero V's dead rows
-      const int valid = kv_len - kv0;
-      unsigned char* kv_g = gbase + (kv_u - base);
-      for (int i = tid; i < (kWgBN - valid) * (kV / 8); i += kWgThreads)
-        *reinterpret_cast<uint4*>(kv_g + wg_off(valid + (i >> 6), i & 63)) = make_uint4(0, 0, 0, 0);
-    }
+    if (use_tma && kv_len - kv0 < kWgBN)  // both QKs are done with K
+      wg_zero_dead_rows(gbase + (kv_u - base), kv_len - kv0, kWgThreads);
     float alpha[2], m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
