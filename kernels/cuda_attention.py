@@ -109,18 +109,24 @@ def tree_verify_attention(
         max_kv_len = int((pl + tl).max().item())
     qo = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
     torch.cumsum(tl, 0, dtype=torch.int32, out=qo[1:])
-    splits, ws_bytes = _I(0), _SZ(0)
     dtype = _DTYPES[q.dtype]
-    launch(op, declare(*_PLAN), dtype, _ALGOS[algo], batch, heads, total_q, t_max, max_kv_len,
-           num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
-    ws = torch.empty(max(ws_bytes.value, 1), dtype=torch.uint8, device=dev)
+    splits, ws_bytes = _plan(op, dtype, algo, batch, heads, total_q, t_max, max_kv_len, num_splits)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream
     launch(op, declare(*_ATTN),
         q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), qo.data_ptr(),
-        visibility.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes.value, dtype,
+        visibility.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes, dtype,
         _ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len,
-        float(scale), splits.value, stream)  # fmt: skip
+        float(scale), splits, stream)  # fmt: skip
     return out
+
+
+def _plan(op, dtype: int, algo: str, batch, heads, total_q, t_max, max_kv_len, num_splits):
+    """(split count, workspace bytes) of a launch on the current device (the C planner)."""
+    splits, ws_bytes = _I(0), _SZ(0)
+    launch(op, declare(*_PLAN), dtype, _ALGOS[algo], batch, heads, total_q, t_max, max_kv_len,
+           num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
+    return splits.value, ws_bytes.value
 
 
 def planned_splits(
@@ -139,10 +145,9 @@ def planned_splits(
         raise ValueError(f"{op}: algo must be one of {list(_ALGOS)}, got {algo!r}")
     if dtype not in _DTYPES:
         raise ValueError(f"{op}: dtype must be one of {list(_DTYPES)}, got {dtype}")
-    splits, ws_bytes = _I(0), _SZ(0)
-    launch(op, declare(*_PLAN), _DTYPES[dtype], _ALGOS[algo], batch, heads, batch * t_max, t_max,
-           max_kv_len, num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
-    return splits.value
+    return _plan(
+        op, _DTYPES[dtype], algo, batch, heads, batch * t_max, t_max, max_kv_len, num_splits
+    )[0]
 
 
 def _check_attention(op, pl, tl, block_table, num_pages, total_q, t_max, capacity) -> None:
