@@ -1,0 +1,284 @@
+"""The evidence `ops report` decides from: typed models of the record sections it reads.
+
+Every command writes `runs/<dir>/record.json` (ops.records): the envelope `schema, command,
+target, started, finished, inputs, outcome, exit_code` plus one section per kind of evidence,
+under these top-level keys (a record may hold several; a rollout directory may hold one
+record per step in sub-directories, e.g. `<rollout>/<nn>-<step>/record.json`):
+
+    healthcheck  ops.healthcheck.HealthReport (pre/post-flight; token identity, A/A runs).
+                 Which flight it is: `inputs.role` ("preflight" | "postflight") or the
+                 directory name containing "preflight" / "postflight"; without either, the
+                 first healthcheck by `started` is the pre-flight and any later one post-flight.
+    bench        BenchSection: `ops bench`'s guard, interference probe, environment, KernelRows.
+    profile      ProfileSection: `ops profile`, per concurrency: step time, stage times,
+                 tokens/s, accept length; every number says `source`: measured | derived.
+    measure      MeasureSection: rollout's `measure`, tokens/s before/after the switch, with an
+                 A/A pair (two runs of the unchanged service) first.
+    change       Change: which component switches from which backend to which (rollout, or
+                 `ops report --change`).
+
+Models (extra fields are allowed and kept, so a producer may record more than is read here):
+
+- `KernelRow` mirrors a row of `python -m kernels.bench --json` ("results"): suite, kernel,
+  impl ("cuda_events" | "cuda_graph" | "cuda" | "cpu_python" | "cpu_cpp" | "torch" | ...),
+  shape (`B` or `batch` is the batch size; budget, K, H, ...), median_us, p25_us, p75_us,
+  iqr_us, reps, mode, and for CUDA rows `speedup` {baseline impl: x}.
+- `Probe`: threshold (fraction, 0.10 = +10% p50), before/during/after latency samples in ms
+  and their p50s, `tripped` (p50 during > before * (1 + threshold)), `stopped_early`.
+- `Guard`: the GPU guard's findings: gpu, gpus present, processes on it, service_on_gpu,
+  allow_shared, memory free/needed/cap (MiB), findings (one line each), ok.
+- `BenchSection`: target, gpu, cuda_visible_devices, guard, probe, environment, rows,
+  refcheck_failed, hold_reasons (e.g. ["no GPU on local"]: why no GPU rows exist), ok.
+- `Value`: one number with its spread and provenance: value (median), p25, p75, n, samples,
+  source ("measured" | "derived"), note (how it was derived).
+- `ProfileLevel`: concurrency, step_ms: Value, stage_ms {stage: Value} (stages of
+  engine.stats.STAGES: draft, topk, tree_build, verify, accept, commit; plus "attention", the
+  attention time inside verify, where the profile can tell it), tokens_per_s, accept_length.
+- `ProfileSection`: target, levels, service (model, backends, config as the service reports).
+- `MeasureLevel`: concurrency, aa: [A, A'] tokens/s samples of the unchanged service,
+  before / after: tokens/s samples around the switch. `MeasureSection`: change, levels.
+- `Change`: component (tree_build | accept | topk | attention), baseline / candidate backend
+  (`reference|cpp|cuda`, `torch|cuda`); `bench_map()` names the bench suite, kernel and the
+  two impls whose medians give s(c) (tree_build: suite "tree", build_trees, reference ->
+  cpu_python, cpp -> cpu_cpp, cuda -> cuda_events); `shape` optionally pins other shape keys
+  (e.g. {"budget": 16, "K": 8}); `baseline_impl` / `candidate_impl` override the map.
+
+`load_record(path)` reads and validates one record; a missing file, bad JSON or a bad field
+raises `BadRecord`, one line naming the file and the field (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ops.errors import OpsError
+
+Source = Literal["measured", "derived"]
+COMPONENTS = ("tree_build", "accept", "topk", "attention")
+STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
+NESTED_STAGES = {"attention": "verify"}  # part of another stage's time, not added on top
+COMPONENT_STAGE = {c: c for c in ("tree_build", "accept", "topk", "attention")}
+M = TypeVar("M", bound=BaseModel)
+SECTIONS = ("healthcheck", "bench", "profile", "measure", "change")
+
+
+class BadRecord(OpsError):
+    """A record that cannot be used: names the file and the field."""
+
+    def __init__(self, path: Path | str, field: str, problem: str) -> None:
+        super().__init__(f"{path}: {field}: {problem}")
+        self.path = str(path)
+        self.field = field
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "file": self.path, "field": self.field}
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class KernelRow(_Open):
+    suite: str
+    kernel: str
+    impl: str
+    shape: dict[str, Any]
+    median_us: float = Field(ge=0)
+    p25_us: float | None = None
+    p75_us: float | None = None
+    iqr_us: float | None = None
+    reps: int | None = None
+    mode: str | None = None
+    speedup: dict[str, float] = Field(default_factory=dict)
+    refcheck: bool | None = None
+
+    @property
+    def batch(self) -> int | None:
+        b = self.shape.get("B", self.shape.get("batch"))
+        return int(b) if b is not None else None
+
+    @property
+    def lo_us(self) -> float:
+        return self.p25_us if self.p25_us is not None else self.median_us
+
+    @property
+    def hi_us(self) -> float:
+        return self.p75_us if self.p75_us is not None else self.median_us
+
+
+class Probe(_Open):
+    threshold: float = Field(default=0.10, ge=0)
+    before_ms: list[float] = Field(default_factory=list)
+    during_ms: list[float] = Field(default_factory=list)
+    after_ms: list[float] = Field(default_factory=list)
+    p50_before_ms: float | None = None
+    p50_during_ms: float | None = None
+    p50_after_ms: float | None = None
+    tripped: bool = False
+    stopped_early: bool = False
+
+
+class Guard(_Open):
+    ok: bool = True
+    gpu: int | None = None
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    processes: list[dict[str, Any]] = Field(default_factory=list)
+    service_on_gpu: bool | None = None
+    allow_shared: bool = False
+    memory_free_mib: float | None = None
+    memory_needed_mib: float | None = None
+    memory_cap_mib: float | None = None
+    findings: list[str] = Field(default_factory=list)
+
+
+class BenchSection(_Open):
+    target: str
+    gpu: int | None = None
+    cuda_visible_devices: str | None = None
+    guard: Guard | None = None
+    probe: Probe | None = None
+    environment: dict[str, Any] = Field(default_factory=dict)
+    rows: list[KernelRow] = Field(default_factory=list)
+    refcheck_failed: list[str] = Field(default_factory=list)
+    hold_reasons: list[str] = Field(default_factory=list)
+    ok: bool = True
+
+
+class Value(_Open):
+    value: float
+    p25: float | None = None
+    p75: float | None = None
+    n: int | None = None
+    samples: list[float] = Field(default_factory=list)
+    source: Source = "measured"
+    note: str = ""
+
+    @property
+    def lo(self) -> float:
+        return self.p25 if self.p25 is not None else self.value
+
+    @property
+    def hi(self) -> float:
+        return self.p75 if self.p75 is not None else self.value
+
+
+class ProfileLevel(_Open):
+    concurrency: int = Field(ge=1)
+    step_ms: Value
+    stage_ms: dict[str, Value] = Field(default_factory=dict)
+    tokens_per_s: Value | None = None
+    accept_length: Value | None = None
+
+
+class ProfileSection(_Open):
+    target: str
+    levels: list[ProfileLevel]
+    service: dict[str, Any] = Field(default_factory=dict)
+
+    def level(self, c: int) -> ProfileLevel | None:
+        return next((lv for lv in self.levels if lv.concurrency == c), None)
+
+
+class Change(_Open):
+    component: Literal["tree_build", "accept", "topk", "attention"]
+    baseline: str
+    candidate: str
+    shape: dict[str, Any] = Field(default_factory=dict)
+    baseline_impl: str | None = None
+    candidate_impl: str | None = None
+
+    @field_validator("baseline", "candidate")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in BACKEND_IMPL:
+            raise ValueError(f"unknown backend {v!r}; known: {sorted(BACKEND_IMPL)}")
+        return v
+
+    def bench_map(self) -> tuple[str, str, str, str]:
+        """(suite, kernel, baseline impl, candidate impl) of the bench rows giving s(c)."""
+        suite, kernel, impls = BENCH_MAP[self.component]
+        base = self.baseline_impl or impls.get(self.baseline, BACKEND_IMPL[self.baseline])
+        cand = self.candidate_impl or impls.get(self.candidate, BACKEND_IMPL[self.candidate])
+        return suite, kernel, base, cand
+
+    @property
+    def label(self) -> str:
+        return f"{self.component}: {self.baseline} -> {self.candidate}"
+
+
+BACKEND_IMPL = {
+    "reference": "cpu_python",
+    "cpp": "cpu_cpp",
+    "cuda": "cuda_events",
+    "torch": "torch",
+}
+BENCH_MAP: dict[str, tuple[str, str, dict[str, str]]] = {
+    "tree_build": ("tree", "build_trees", {}),
+    "accept": ("accept", "greedy_accept", {}),
+    "topk": ("topk", "topk_logprobs", {}),
+    "attention": ("attn", "tree_verify_attention", {"torch": "torch_sdpa", "cuda": "cuda"}),
+}
+
+
+class MeasureLevel(_Open):
+    concurrency: int = Field(ge=1)
+    aa: list[list[float]] = Field(default_factory=list, description="[A, A'] tokens/s samples")
+    before: list[float] = Field(min_length=1)
+    after: list[float] = Field(min_length=1)
+
+
+class MeasureSection(_Open):
+    target: str
+    change: Change | None = None
+    levels: list[MeasureLevel]
+
+
+class Record(_Open):
+    """One `record.json`: the envelope plus whichever sections it carries."""
+
+    schema_: str = Field(alias="schema")
+    command: str
+    target: str
+    started: str
+    finished: str | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    outcome: str
+    exit_code: int
+    path: str = ""
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err["loc"]) or "(document)"
+
+
+def load_record(path: Path) -> tuple[Record, dict[str, Any]]:
+    """The record's envelope and its raw document; BadRecord names the file and the field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadRecord(path, "record.json", "no such file") from None
+    except OSError as exc:
+        raise BadRecord(path, "record.json", exc.strerror or str(exc)) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRecord(path, "(document)", f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(doc, dict):
+        raise BadRecord(path, "(document)", "not a JSON object")
+    rec = validate(path, Record, doc)
+    rec.path = str(path)
+    return rec, doc
+
+
+def validate(path: Path | str, model: type[M], data: Any, prefix: str = "") -> M:
+    """model.model_validate(data), a failure turned into BadRecord naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        field = ".".join(p for p in (prefix, _loc(e)) if p)
+        raise BadRecord(path, field, e["msg"].lower()) from None
