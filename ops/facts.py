@@ -8,6 +8,7 @@ CUDA arch) and every disagreement is listed under `warnings`.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -16,7 +17,7 @@ from pydantic import BaseModel, Field
 from checks.nvsmi import GPU_FIELDS, GPU_FIELDS_SHORT, Gpu, parse_gpus
 from ops.inventory import Target
 from ops.remote import Host, shell_path
-from ops.service import ALIVE_FN, pidfile
+from ops.service import PROCMAN_SOURCE, pidfile
 
 MARK = "@@ops-facts"
 
@@ -65,11 +66,10 @@ def probe_script(target: Target) -> str:
     if svc.manager == "systemd":
         service = f"systemctl is-active {shlex.quote(svc.name)} 2>&1"
     else:
+        # the process manager's own status: a pid counts only when its identity is proven
         service = (
-            ALIVE_FN + f"pf={shell_path(pidfile(target))}; "
-            'if [ ! -f "$pf" ]; then echo "inactive no pidfile"; '
-            'elif alive "$(cat "$pf")"; then echo "active pid $(cat "$pf")"; '
-            'else echo "failed stale pidfile pid $(cat "$pf")"; fi'
+            f"{py} -c {shlex.quote(PROCMAN_SOURCE)} status "
+            f"{shell_path(pidfile(target))} {shlex.quote(svc.url)}"
         )
     sections = {
         "hostname": "hostname",
@@ -149,6 +149,12 @@ def gather_facts(host: Host) -> Facts:
     disk = _disk(sec.get("disk"))
     state_line = (sec.get("service") or (1, "unknown"))[1].splitlines() or ["unknown"]
     state, _, detail = state_line[-1].partition(" ")
+    if state_line[-1].startswith("{"):  # the process manager's JSON status
+        try:
+            doc = json.loads(state_line[-1])
+            state, detail = str(doc.get("state", "unknown")), str(doc.get("detail", ""))
+        except json.JSONDecodeError:
+            state, detail = "unknown", state_line[-1][:200]
     facts = Facts(
         target=target.name,
         hostname=text("hostname"),

@@ -23,12 +23,21 @@ DEFAULT_INVENTORY = "ops.toml"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 LOCAL_PORT = 30000
+MAX_PATH = 4096
+# DDTree components and the backends a service can run them on (engine.backends.COMPONENTS,
+# restated here because the control plane never imports the engine; a test keeps them equal)
+COMPONENT_KINDS: dict[str, tuple[str, ...]] = {
+    "topk": ("reference", "cuda"),
+    "tree_build": ("reference", "cpp", "cuda"),
+    "accept": ("reference", "cpp", "cuda"),
+    "attention": ("torch", "cuda"),
+}
 
 
 def default_local_root() -> str:
     """Where the `local` target keeps releases, golden sets, service state and its lock."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
-    return os.path.join(base, "ddtree-ops", "local")
+    return os.path.abspath(os.path.join(base, "ddtree-ops", "local"))
 
 
 class _Model(BaseModel):
@@ -45,6 +54,24 @@ class Service(_Model):
     # `process` manager only: the command ops starts detached, run from current/, with
     # {python}, {host}, {port} substituted.
     command: str | None = None
+    # seconds between TERM and KILL when the `process` manager stops the service
+    stop_timeout: float = Field(default=20.0, gt=0, le=600)
+    # which backend each DDTree component runs on (the release's service.env carries it):
+    # tree_build / accept = reference | cpp | cuda, topk = reference | cuda,
+    # attention = torch | cuda
+    components: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("components")
+    @classmethod
+    def _components(cls, v: dict[str, str]) -> dict[str, str]:
+        for comp, kind in v.items():
+            if comp not in COMPONENT_KINDS:
+                known = ", ".join(COMPONENT_KINDS)
+                raise ValueError(f"unknown component {comp!r} (known: {known})")
+            if kind not in COMPONENT_KINDS[comp]:
+                kinds = " | ".join(COMPONENT_KINDS[comp])
+                raise ValueError(f"{comp} = {kind!r}: must be one of {kinds}")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -113,15 +140,30 @@ class Target(_Model):
     @field_validator("remote_root")
     @classmethod
     def _absolute_root(cls, v: str) -> str:
-        if not (v.startswith("/") or v.startswith("~")):
-            raise ValueError("must be an absolute path")
-        return v.rstrip("/") or "/"
+        return check_remote_root(v)
 
     @model_validator(mode="after")
     def _bench_gpu_in_range(self) -> Target:
         if self.bench_gpu is not None and self.gpus and self.bench_gpu >= self.gpus:
             raise ValueError(f"bench_gpu {self.bench_gpu} is not below gpus = {self.gpus}")
         return self
+
+
+def check_remote_root(v: str) -> str:
+    """A remote root is a normalised absolute path other than `/` (everything ops writes or
+    deletes on a host stays inside it, so `/`, `..`, `~user` and odd characters are refused)."""
+    if len(v) > MAX_PATH:
+        raise ValueError(f"is {len(v)} characters long (at most {MAX_PATH})")
+    if not v.startswith("/"):
+        raise ValueError("must be an absolute path (starting with '/')")
+    if any(ord(c) < 32 or c == "\x7f" for c in v):
+        raise ValueError("must not contain control characters")
+    parts = v.rstrip("/").split("/")[1:]
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError("must be normalised (no '//', '.' or '..' segments)")
+    if not parts:
+        raise ValueError("must not be '/' (ops writes and deletes under it)")
+    return "/" + "/".join(parts)
 
 
 def builtin_local() -> Target:
@@ -238,6 +280,7 @@ def _describe(path: Path, where: str, exc: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     elif "input" in first and not isinstance(first["input"], dict):
-        msg = f"{msg} (got {first['input']!r})"
+        got = repr(first["input"])
+        msg = f"{msg} (got {got[:60] + '...' if len(got) > 64 else got})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{path}: {where}: {field}: {msg}{more}"

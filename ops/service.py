@@ -14,6 +14,7 @@ import json
 import shlex
 import urllib.parse
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -24,7 +25,7 @@ from ops.remote import Host, shell_path
 
 State = Literal["active", "activating", "inactive", "failed", "unknown"]
 EVIDENCE_LINES = 100
-STOP_GRACE_S = 20
+PROCMAN_SOURCE = (Path(__file__).parent / "procman_host.py").read_text(encoding="utf-8")
 
 # Runs on the host with the target's python (stdlib only): wait until /health answers 2xx,
 # the process dies, or the time is up; with a timeout of 0 it probes exactly once.
@@ -58,14 +59,6 @@ while True:
 """
 
 
-# A shell function: is pid $1 a live process (a zombie left unreaped by a container's init
-# is not)? Shared by the process manager and `ops facts`, so "alive" means one thing.
-ALIVE_FN = (
-    'alive() { kill -0 "$1" 2>/dev/null && '
-    '[ "$(sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f1)" != Z ]; }; '
-)
-
-
 def pidfile(target: Target) -> str:
     """Where the `process` manager keeps the service's pid on the host."""
     return f"{target.remote_root}/run/{target.service.name}.pid"
@@ -77,7 +70,11 @@ def logfile(target: Target) -> str:
 
 
 class ServiceStatus(BaseModel):
-    """What the manager says about the service, with evidence when it is not healthy."""
+    """What the manager says about the service, with evidence when it is not healthy.
+
+    `signals` names every signal a stop sent and to whom; `actions` what else was done on
+    the way (e.g. a stale pidfile removed).
+    """
 
     name: str
     manager: str
@@ -86,6 +83,8 @@ class ServiceStatus(BaseModel):
     healthy: bool | None = None
     detail: str = ""
     evidence: list[str] = Field(default_factory=list)
+    signals: list[dict] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -104,8 +103,8 @@ class ServiceManager(ABC):
     def status(self) -> ServiceStatus: ...
 
     @abstractmethod
-    def _start(self) -> int | None:
-        """Start without waiting; return the pid where the manager knows it."""
+    def start(self, wait_s: float = 120.0) -> ServiceStatus:
+        """Start the service (unless it runs) and wait up to `wait_s` for /health."""
 
     @abstractmethod
     def stop(self) -> ServiceStatus: ...
@@ -113,10 +112,6 @@ class ServiceManager(ABC):
     @abstractmethod
     def evidence(self) -> list[str]:
         """The last lines of the service's log (journal or log file)."""
-
-    def start(self, wait_s: float = 120.0) -> ServiceStatus:
-        pid = self._start()
-        return self._wait(pid, wait_s)
 
     def restart(self, wait_s: float = 120.0) -> ServiceStatus:
         self.stop()
@@ -168,9 +163,9 @@ class SystemdManager(ServiceManager):
             st.evidence = self.evidence()
         return st
 
-    def _start(self) -> int | None:
+    def start(self, wait_s: float = 120.0) -> ServiceStatus:
         self._systemctl("start")
-        return None
+        return self._wait(None, wait_s)
 
     def restart(self, wait_s: float = 120.0) -> ServiceStatus:
         self._systemctl("restart")
@@ -199,10 +194,38 @@ class SystemdManager(ServiceManager):
 
 
 class ProcessManager(ServiceManager):
-    """The service as a detached process of ops's own: pidfile, log file, TERM then KILL."""
+    """The service as a detached process of ops's own: pidfile with identity, log, TERM then KILL.
+
+    All process handling happens on the host in `ops.procman_host` (sent as `python -c`), which
+    signals only a pid proven to be the process it started.
+    """
 
     def _paths(self) -> tuple[str, str, str]:
         return self.target.remote_root, pidfile(self.target), logfile(self.target)
+
+    def _host_side(self, action: str, *args: str, timeout: float = 60.0) -> dict:
+        res = self.host.run(
+            [self.target.python, "-c", PROCMAN_SOURCE, action, *args],
+            timeout=timeout,
+            warn=True,
+            step=f"service {action}",
+        )
+        try:
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            raise HostError(
+                f"process manager printed no result (exit {res.rc}): "
+                + (res.tail() or res.tail("stdout") or "no output"),
+                target=self.host.name,
+                step=f"service {action}",
+            ) from None
+        if not isinstance(doc, dict):
+            raise HostError(
+                "process manager result is not an object",
+                target=self.host.name,
+                step=f"service {action}",
+            )
+        return doc
 
     def command_line(self) -> str:
         """The configured command with {python}, {host}, {port} filled in (quoted)."""
@@ -224,77 +247,74 @@ class ProcessManager(ServiceManager):
                 " (allowed: {python}, {host}, {port})"
             ) from None
 
+    def _status(self, doc: dict) -> ServiceStatus:
+        st = ServiceStatus(
+            name=self.service.name,
+            manager="process",
+            state=doc.get("state", "unknown"),
+            pid=doc.get("pid"),
+            healthy=True if doc.get("state") == "active" else None,
+            detail=doc.get("detail", ""),
+        )
+        if st.state in ("failed", "activating"):
+            st.healthy = False
+        if st.state == "failed":
+            st.evidence = self.evidence()
+        return st
+
     def status(self) -> ServiceStatus:
         _, pf, _ = self._paths()
-        script = (
-            ALIVE_FN + f"pf={shell_path(pf)}; "
-            'if [ ! -f "$pf" ]; then echo "inactive"; '
-            'elif alive "$(cat "$pf")"; then echo "alive $(cat "$pf")"; '
-            'else echo "dead $(cat "$pf")"; fi'
-        )
-        word, _, pid_text = (
-            self.host.run_script(script, step="service status").stdout.strip().partition(" ")
-        )
-        pid = int(pid_text) if pid_text.isdigit() else None
-        base = {"name": self.service.name, "manager": "process", "pid": pid}
-        if word == "inactive":
-            return ServiceStatus(**base, state="inactive", detail="not started (no pidfile)")
-        if word == "dead":
-            return ServiceStatus(
-                **base,
-                state="failed",
-                detail=f"pid {pid} is gone (stale pidfile)",
-                evidence=self.evidence(),
-            )
-        probe = self.probe_health(pid, 0)
-        if probe.get("ok"):
-            return ServiceStatus(
-                **base, state="active", healthy=True, detail=f"pid {pid}, /health ok"
-            )
-        return ServiceStatus(
-            **base,
-            state="activating",
-            healthy=False,
-            detail=f"pid {pid} lives but {probe.get('reason')}",
-        )
+        return self._status(self._host_side("status", pf, self.service.url))
 
-    def _start(self) -> int | None:
+    def start(self, wait_s: float = 120.0) -> ServiceStatus:
         root, pf, log = self._paths()
-        cmd = self.command_line()
-        script = (
-            ALIVE_FN
-            + f"set -e; root={shell_path(root)}; pf={shell_path(pf)}; log={shell_path(log)}; "
-            'mkdir -p "$(dirname "$pf")" "$(dirname "$log")"; '
-            'if [ -f "$pf" ] && alive "$(cat "$pf")"; then echo "ALREADY $(cat "$pf")"; '
-            "exit 0; fi; "
-            'if [ -d "$root/current" ]; then cd "$root/current"; fi; '
-            f'echo "=== $(date -u +%FT%TZ) ops start: "{shlex.quote(cmd)} >> "$log"; '
-            f'setsid nohup bash -c {shlex.quote("exec " + cmd)} >> "$log" 2>&1 < /dev/null & '
-            'echo $! > "$pf.tmp"; mv -f "$pf.tmp" "$pf"; echo "STARTED $!"'
-        )
-        out = self.host.run_script(script, step="service start", warn=False).stdout.split()
-        if len(out) < 2 or not out[-1].isdigit():
-            raise HostError(
-                f"could not start {self.service.name}: {out}",
-                target=self.host.name,
-                step="service start",
+        doc = self._host_side("start", pf, log, root, self.command_line(), self.service.url)
+        notes = doc.get("notes") or []
+        if doc.get("already"):
+            st = self.status()
+            return st.model_copy(
+                update={"detail": f"already running, pid {doc['pid']}", "actions": notes}
             )
-        return int(out[-1])
+        if not doc.get("started"):
+            return ServiceStatus(
+                name=self.service.name,
+                manager="process",
+                state="failed",
+                healthy=False,
+                detail=f"not started: {doc.get('reason', 'unknown reason')}",
+                actions=notes,
+            )
+        probe = self._host_side("wait", pf, self.service.url, str(wait_s), timeout=wait_s + 30)
+        st = self.status()
+        if probe.get("ok"):
+            return st.model_copy(
+                update={
+                    "detail": f"started pid {doc['pid']}; /health ok after "
+                    f"{probe['waited_s']:.1f} s",
+                    "actions": notes,
+                }
+            )
+        return st.model_copy(
+            update={
+                "state": "failed" if st.state in ("active", "activating") else st.state,
+                "healthy": False,
+                "detail": f"not healthy after start: {probe.get('reason')}",
+                "evidence": st.evidence or self.evidence(),
+                "actions": notes,
+            }
+        )
 
     def stop(self) -> ServiceStatus:
         _, pf, _ = self._paths()
-        ticks = STOP_GRACE_S * 10
-        script = (
-            ALIVE_FN + f"pf={shell_path(pf)}; "
-            '[ -f "$pf" ] || { echo NOTRUNNING; exit 0; }; pid=$(cat "$pf"); '
-            'if ! alive "$pid"; then rm -f "$pf"; echo STALE; exit 0; fi; '
-            'kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid"; '
-            f'for i in $(seq 1 {ticks}); do alive "$pid" || break; sleep 0.1; done; '
-            'if alive "$pid"; then kill -KILL -- -"$pid" 2>/dev/null || kill -KILL "$pid"; '
-            'echo KILLED; else echo STOPPED; fi; rm -f "$pf"'
+        grace = self.service.stop_timeout
+        doc = self._host_side("stop", pf, str(grace), timeout=grace + 40)
+        st = self.status()
+        return st.model_copy(
+            update={
+                "detail": doc.get("detail", ""),
+                "signals": doc.get("signals") or [],
+            }
         )
-        self.host.run_script(script, timeout=STOP_GRACE_S + 30, warn=False, step="service stop")
-        return self.status()
 
     def evidence(self) -> list[str]:
         _, _, log = self._paths()

@@ -128,3 +128,56 @@ def test_cli_unknown_target_exit_2(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "unknown target 'ct999'" in res.stderr and "Traceback" not in res.stderr
     assert "[targets.ct999]" in res.stderr  # the hint survives rich markup
+
+
+@pytest.mark.parametrize(
+    ("root", "why"),
+    [
+        ("/", "must not be '/'"),
+        ("///", "must not be '/'"),
+        ("/opt/../etc", "must be normalised"),
+        ("/opt/./x", "must be normalised"),
+        ("/opt//x", "must be normalised"),
+        ("~ops/x", "must be an absolute path"),
+        ("~/x", "must be an absolute path"),
+        ("relative/x", "must be an absolute path"),
+        ("/opt/x\nrm", "control characters"),
+        ("/" + "a" * 200_000, "characters long"),
+    ],
+    ids=lambda v: v[:20] if isinstance(v, str) else v,
+)
+def test_hostile_remote_roots_are_one_line_errors(tmp_path: Path, root: str, why: str) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text(f"[targets.h]\naddress = '127.0.0.1'\nremote_root = {json.dumps(root)}\n")
+    res = ops("hosts", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "target 'h': remote_root:" in res.stderr and why in res.stderr
+    assert len(res.stderr) < 600  # one line, the value is not echoed whole
+
+
+def test_remote_root_is_kept_normalised(tmp_path: Path) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text("[targets.h]\nremote_root = '/srv/ddtree/'\n")
+    assert load_inventory(inv).target("h").remote_root == "/srv/ddtree"
+
+
+def test_components_are_validated(tmp_path: Path) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text("[targets.h.service.components]\ntree_build = 'cuda'\naccept = 'cpp'\n")
+    assert load_inventory(inv).target("h").service.components == {
+        "tree_build": "cuda",
+        "accept": "cpp",
+    }
+    inv.write_text("[targets.h.service.components]\ntree_build = 'gpu'\n")
+    with pytest.raises(InventoryError, match="tree_build = 'gpu': must be one of"):
+        load_inventory(inv)
+    inv.write_text("[targets.h.service.components]\nsampler = 'cuda'\n")
+    with pytest.raises(InventoryError, match="unknown component 'sampler'"):
+        load_inventory(inv)
+
+
+def test_component_kinds_match_the_engine() -> None:
+    from engine.backends import COMPONENTS
+    from ops.inventory import COMPONENT_KINDS
+
+    assert COMPONENT_KINDS == COMPONENTS

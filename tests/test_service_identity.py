@@ -1,0 +1,228 @@
+"""The `process` manager signals only the process it started, proven by identity.
+
+Real processes throughout: an unrelated `sleep`, a process-group leader with children, a
+process that ignores TERM, pidfiles holding 0, 1, -1 and garbage, and a foreign server
+holding the service's port. Every case runs through the real `ops` CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sshd import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = REPO / "tests" / "fake_service.py"
+
+
+class Cli:
+    def __init__(self, tmp: Path, command: str | None = None, stop_timeout: float = 20) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.root = tmp / "root"
+        self.inventory = tmp / "ops.toml"
+        command = command or f"{{python}} {FAKE} --port {{port}}"
+        self.inventory.write_text(
+            "[targets.local]\n"
+            f"remote_root = '{self.root}'\n"
+            "[targets.local.service]\n"
+            "name = 'svc'\n"
+            f"url = 'http://127.0.0.1:{self.port}'\n"
+            f'command = "{command}"\n'
+            f"stop_timeout = {stop_timeout}\n"
+        )
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+        self.pidfile = self.root / "run" / "svc.pid"
+
+    def __call__(self, *args: str) -> tuple[int, dict]:
+        res = subprocess.run(
+            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.env,
+        )
+        try:
+            return res.returncode, json.loads(res.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"exit {res.returncode}: {res.stdout} {res.stderr}") from None
+
+    def write_pidfile(self, text: str) -> None:
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        self.pidfile.write_text(text)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def bystander():
+    """An unrelated process (its own group leader, with a child) that must survive."""
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & exec sleep 300"], start_new_session=True)
+    yield proc
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def last_record(cli: Cli) -> dict:
+    runs = sorted((cli.tmp / "runs").iterdir())
+    return json.loads((runs[-1] / "record.json").read_text())
+
+
+@pytest.mark.parametrize("legacy", [True, False], ids=["bare-pid", "forged-identity"])
+def test_pidfile_naming_an_unrelated_process_is_never_signalled(
+    tmp_path: Path, bystander: subprocess.Popen, legacy: bool
+) -> None:
+    cli = Cli(tmp_path)
+    pid = bystander.pid
+    forged = json.dumps({"pid": pid, "start": "1", "boot": "x"})
+    cli.write_pidfile(f"{pid}\n" if legacy else forged)
+    code, st = cli("service", "status", "local")
+    assert code == 1 and st["state"] == "failed" and "stale pidfile" in st["detail"]
+    code, st = cli("service", "stop", "local")
+    assert code == 0 and st["state"] == "inactive", st
+    assert "stale pidfile" in st["detail"] and "signalled nothing" in st["detail"]
+    assert st["signals"] == [] and str(pid) in st["detail"]
+    assert last_record(cli)["service"]["signals"] == []
+    assert alive(pid) and not cli.pidfile.exists()
+    code, st = cli("service", "start", "local")  # the bystander does not block a start
+    assert code == 0 and st["pid"] != pid
+    cli("service", "stop", "local")
+    assert alive(pid)
+
+
+@pytest.mark.parametrize("text", ["0", "1", "-1", "-0", "garbage", "", "99999999999999999999"])
+def test_nonsense_pidfiles_signal_nothing(tmp_path: Path, text: str) -> None:
+    cli = Cli(tmp_path)
+    cli.write_pidfile(text)
+    t0 = time.monotonic()
+    code, st = cli("service", "stop", "local")  # `kill -- -1` would have killed us too
+    assert code == 0 and st["signals"] == [] and "stale pidfile" in st["detail"]
+    assert time.monotonic() - t0 < 30
+    assert not cli.pidfile.exists()
+    cli.write_pidfile(text)
+    code, st = cli("service", "status", "local")
+    assert code == 1 and "stale pidfile" in st["detail"]
+
+
+def test_stop_says_what_it_did_and_records_every_signal(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    code, st = cli("service", "start", "local")
+    assert code == 0 and st["state"] == "active", st
+    pid = st["pid"]
+    code, again = cli("service", "start", "local")
+    assert code == 0 and again["detail"] == f"already running, pid {pid}"
+    code, st = cli("service", "stop", "local")
+    assert code == 0 and st["state"] == "inactive"
+    assert st["detail"].startswith(f"stopped pid {pid} after ") and st["detail"].endswith("(TERM)")
+    assert st["signals"][0]["signal"] == "SIGTERM"
+    assert st["signals"][0]["to"] == f"process group {pid}"
+    assert last_record(cli)["service"]["signals"] == st["signals"]
+    assert not alive(pid)
+    code, st = cli("service", "stop", "local")
+    assert code == 0 and st["detail"] == "was not running (no pidfile)"
+
+
+STUBBORN = """
+import http.server, signal, subprocess, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen(["sleep", "300"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_term_ignoring_service_and_its_group_are_killed(tmp_path: Path) -> None:
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    cli = Cli(tmp_path, command=f"{{python}} {tmp_path / 'stubborn.py'} {{port}}", stop_timeout=1)
+    code, st = cli("service", "start", "local")
+    assert code == 0, st
+    pid = st["pid"]
+    group = [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgrp(int(p)) == pid]
+    assert len(group) >= 2  # the server and its sleep child
+    code, st = cli("service", "stop", "local")
+    assert code == 0 and "KILL after 1 s" in st["detail"], st
+    assert [s["signal"] for s in st["signals"]][:2] == ["SIGTERM", "SIGKILL"]
+    time.sleep(0.2)
+    assert not any(alive(p) for p in group)
+
+
+def _pgrp(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError):
+        return None
+
+
+def test_port_held_by_another_server_is_not_our_health(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    other = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
+    )
+    try:
+        for _ in range(100):
+            if (
+                subprocess.run(
+                    ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{cli.port}"], capture_output=True
+                ).returncode
+                == 0
+            ):
+                break
+            time.sleep(0.05)
+        code, st = cli("service", "start", "local")
+        assert code == 1 and st["state"] == "failed"
+        assert "already in use by pid" in st["detail"] and str(other.pid) in st["detail"]
+        assert alive(other.pid)
+        code, st = cli("service", "status", "local")
+        assert st["state"] == "inactive"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path: Path) -> None:
+    """The service starts, but the port is answered by another process: not active."""
+    cli = Cli(tmp_path, command="sleep 300")
+    other = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
+    )
+    try:
+        time.sleep(0.5)
+        code, st = cli("service", "start", "local")
+        assert code == 1 and "already in use" in st["detail"]
+    finally:
+        other.kill()
+        other.wait()
+    code, st = cli("service", "start", "local", "--wait", "1")
+    assert code == 1 and st["detail"].startswith("not healthy after start: /health"), st
+    other = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
+    )
+    try:
+        time.sleep(0.5)
+        code, st = cli("service", "status", "local")
+        assert code == 1 and st["state"] == "activating"
+        assert f"answered by pid {other.pid}" in st["detail"], st
+    finally:
+        other.kill()
+        other.wait()
+        cli("service", "stop", "local")
