@@ -1,15 +1,18 @@
 """`python -m checks.gpus --json [--expect N]`: this host's GPUs (PCI bus order) and who uses them.
 
-Per GPU: index, UUID, name, memory used/total, utilisation, SM clock, temperature, active
-throttle reasons, and the compute processes on it. No nvidia-smi is a fact (`available:
-false`, exit 0), not a failure. The GPUs are called sane unless nvidia-smi fails, the count
-differs from `--expect`, a hardware or thermal slowdown is active, or a GPU runs hotter than
-`--max-temp`; each problem is listed with its evidence, and exit is 1.
+Per GPU: index, UUID, name, memory used/total/free, utilisation, SM clock, temperature, active
+throttle reasons, and the compute processes on it. With `--service-pid P`, each process says
+whether it is the service's own (P itself or a descendant of P, from /proc on this host).
+No nvidia-smi is a fact (`available: false`, exit 0), not a failure. The GPUs are called sane
+unless nvidia-smi fails, the count differs from `--expect`, a hardware or thermal slowdown is
+active, or a GPU runs hotter than `--max-temp`; each problem is listed with its evidence, and
+exit is 1.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -43,7 +46,41 @@ def problems(gpus: list[Gpu], expect: int | None, max_temp: int) -> list[str]:
     return found
 
 
-def inventory(timeout: float) -> dict[str, Any]:
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc/PID/stat, or None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descends_from(pid: int, ancestor: int) -> bool | None:
+    """Is `pid` the process `ancestor` or one of its descendants (by the parent chain)?
+
+    None when `pid` is not visible here (gone, or nvidia-smi reports the pids of another pid
+    namespace, as in a container): then nobody can tell from this host.
+    """
+    if pid != ancestor and not os.path.exists(f"/proc/{pid}"):
+        return None
+    seen: set[int] = set()
+    cur: int | None = pid
+    while cur is not None and cur > 1 and cur not in seen:
+        if cur == ancestor:
+            return True
+        seen.add(cur)
+        cur = parent_pid(cur)
+    return False
+
+
+def free_mib(g: Gpu) -> int | None:
+    if g.memory_total_mib is None or g.memory_used_mib is None:
+        return None
+    return max(0, g.memory_total_mib - g.memory_used_mib)
+
+
+def inventory(timeout: float, service_pid: int | None = None) -> dict[str, Any]:
     """Everything nvidia-smi says, or why there is nothing to say."""
     if shutil.which("nvidia-smi") is None:
         return {"available": False, "reason": "nvidia-smi not found on PATH", "gpus": []}
@@ -64,7 +101,9 @@ def inventory(timeout: float) -> dict[str, Any]:
     rows = []
     for g in gpus:
         mine = [p.to_dict() for p in procs if p.gpu_uuid == g.uuid]
-        rows.append({**g.to_dict(), "processes": mine})
+        for p in mine:
+            p["service"] = None if service_pid is None else descends_from(p["pid"], service_pid)
+        rows.append({**g.to_dict(), "memory_free_mib": free_mib(g), "processes": mine})
     return {"available": True, "gpus": rows, "_parsed": gpus}
 
 
@@ -73,8 +112,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--expect", type=int, default=None, help="the GPU count the host should have")
     p.add_argument("--max-temp", type=int, default=90, help="hottest acceptable GPU (C)")
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument(
+        "--service-pid", default=None, help="mark the processes that are this pid or its children"
+    )
     args = p.parse_args(argv)
-    inv = inventory(args.timeout)
+    service_pid = None
+    if args.service_pid not in (None, ""):
+        if not re.fullmatch(r"[1-9][0-9]*", args.service_pid):
+            p.error(f"--service-pid must be a process id, got {args.service_pid!r}")
+        service_pid = int(args.service_pid)
+    inv = inventory(args.timeout, service_pid)
     parsed: list[Gpu] = inv.pop("_parsed", [])
     found: list[str] = []
     if inv.get("error"):
@@ -86,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             "ok": not found,
             "module": "checks.gpus",
             "device_order": "PCI_BUS_ID",
+            "service_pid": service_pid,
             "problems": found,
             **inv,
         },
