@@ -8,7 +8,7 @@ never a traceback. Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configura
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ops.cli_checks import healthcheck, loadtest
 from ops.cli_common import (
+    HELP_SETTINGS,
     InventoryOpt,
     JsonOpt,
     TargetArg,
@@ -24,6 +25,7 @@ from ops.cli_common import (
     guard,
     inventory_of,
     out,
+    package_version,
     recorded,
 )
 from ops.cli_service import serve, service_app
@@ -37,7 +39,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,  # plain help: no `<bool>` on flags, readable at 80 columns
+    context_settings=HELP_SETTINGS,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"ops (ddtree-ops) {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Build, prove, benchmark and roll out DDTree kernels onto live inference hosts."""
 app.add_typer(service_app, name="service")
 app.command()(serve)
 app.command()(healthcheck)

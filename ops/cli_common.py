@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from ops.errors import OpsError
 from ops.inventory import Inventory, Target, load_inventory
 from ops.records import RunDir
 
+HELP_SETTINGS = {"help_option_names": ["-h", "--help"]}
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -30,6 +32,13 @@ InventoryOpt = Annotated[
     ),
 ]
 TargetArg = Annotated[str, typer.Argument(help="Target name from the inventory, or `local`.")]
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("ddtree-ops")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def emit_json(doc: Any) -> None:

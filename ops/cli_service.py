@@ -27,6 +27,7 @@ from ops.service import ServiceStatus, manager_for
 service_app = typer.Typer(
     help="Start, stop, restart or report the service of a target through its manager.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 WaitOpt = Annotated[

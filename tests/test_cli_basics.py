@@ -1,0 +1,31 @@
+"""The CLI's own surface: `--version`, `-h` everywhere, flags shown without a `<bool>` type."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def ops(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_version() -> None:
+    res = ops("--version")
+    assert res.returncode == 0 and res.stdout.startswith("ops (ddtree-ops) ")
+
+
+@pytest.mark.parametrize("args", [(), ("healthcheck",), ("service", "stop"), ("hosts",)])
+def test_short_help_and_plain_flags(args: tuple[str, ...]) -> None:
+    res = ops(*args, "-h")
+    assert res.returncode == 0, res.stderr
+    assert "Usage: ops" in res.stdout and "<bool>" not in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
