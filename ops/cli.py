@@ -28,6 +28,7 @@ from ops.cli_common import (
     package_version,
     recorded,
 )
+from ops.cli_report import report
 from ops.cli_service import serve, service_app
 from ops.errors import EXIT_OK
 from ops.facts import Facts, gather_facts
@@ -62,6 +63,7 @@ app.add_typer(service_app, name="service")
 app.command()(serve)
 app.command()(healthcheck)
 app.command()(loadtest)
+app.command()(report)
 
 
 @app.command()

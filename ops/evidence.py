@@ -56,6 +56,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ops.errors import OpsError
+from ops.healthcheck import HealthReport
 
 Source = Literal["measured", "derived"]
 COMPONENTS = ("tree_build", "accept", "topk", "attention")
@@ -282,3 +283,111 @@ def validate(path: Path | str, model: type[M], data: Any, prefix: str = "") -> M
         e = exc.errors()[0]
         field = ".".join(p for p in (prefix, _loc(e)) if p)
         raise BadRecord(path, field, e["msg"].lower()) from None
+
+
+class HealthEntry(BaseModel):
+    """One healthcheck record as a pre- or post-flight."""
+
+    role: Literal["preflight", "postflight"]
+    path: str
+    outcome: str
+    report: HealthReport | None = None  # None when the healthcheck itself errored
+    error: str = ""
+
+
+class Evidence(BaseModel):
+    """Everything the report reads, gathered from the records given."""
+
+    records: list[Record] = Field(default_factory=list)
+    target: str = ""
+    health: list[HealthEntry] = Field(default_factory=list)
+    bench: list[tuple[str, BenchSection]] = Field(default_factory=list)
+    bench_errors: list[tuple[str, str]] = Field(default_factory=list)
+    profile: ProfileSection | None = None
+    profile_path: str = ""
+    measure: MeasureSection | None = None
+    change: Change | None = None
+    change_path: str = ""
+    deployed: bool = False
+
+    def flights(self, role: str) -> list[HealthEntry]:
+        return [h for h in self.health if h.role == role]
+
+
+def record_files(paths: list[Path]) -> list[Path]:
+    """record.json files in the given run dirs (and their sub-dirs), or the files themselves."""
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            subs = sorted(p.rglob("record.json"))
+            if not subs:
+                raise BadRecord(p / "record.json", "record.json", "no such file")
+            found += subs
+        else:
+            found.append(p)
+    return list(dict.fromkeys(found))
+
+
+def _role(rec: Record, path: Path, seen_pre: bool) -> Literal["preflight", "postflight"]:
+    role = rec.inputs.get("role")
+    if role in ("preflight", "postflight"):
+        return role
+    for part in reversed(path.parts[:-1]):
+        if "postflight" in part:
+            return "postflight"
+        if "preflight" in part:
+            return "preflight"
+    return "postflight" if seen_pre else "preflight"
+
+
+def gather(paths: list[Path], change: Change | None = None) -> Evidence:
+    """Read every record under `paths` into one Evidence; BadRecord on any unusable record."""
+    loaded = [load_record(f) for f in record_files(paths)]
+    loaded = [(r, d) for r, d in loaded if r.command != "report"]
+    loaded.sort(key=lambda rd: rd[0].started)
+    ev = Evidence(records=[r for r, _ in loaded], change=change)
+    targets = sorted({r.target for r, _ in loaded})
+    if len(targets) > 1:
+        raise BadRecord(loaded[0][0].path, "target", f"records of several targets {targets}")
+    ev.target = targets[0] if targets else ""
+    for rec, doc in loaded:
+        path = Path(rec.path)
+        if rec.command == "deploy" and rec.exit_code == 0:
+            ev.deployed = True
+        if "healthcheck" in doc or rec.command == "healthcheck":
+            role = _role(rec, path, any(h.role == "preflight" for h in ev.health))
+            entry = HealthEntry(role=role, path=rec.path, outcome=rec.outcome)
+            if "healthcheck" in doc:
+                entry.report = validate(path, HealthReport, doc["healthcheck"], "healthcheck")
+            else:
+                entry.error = _error_text(doc)
+            ev.health.append(entry)
+        if "bench" in doc:
+            ev.bench.append((rec.path, validate(path, BenchSection, doc["bench"], "bench")))
+        elif rec.command == "bench":
+            ev.bench_errors.append((rec.path, _error_text(doc)))
+        if "profile" in doc:  # a later profile replaces the levels it measured again
+            prof = validate(path, ProfileSection, doc["profile"], "profile")
+            if ev.profile is not None:
+                keep = {lv.concurrency: lv for lv in ev.profile.levels}
+                keep.update({lv.concurrency: lv for lv in prof.levels})
+                prof.levels = [keep[c] for c in sorted(keep)]
+            ev.profile, ev.profile_path = prof, rec.path
+        if "measure" in doc:
+            ev.measure = validate(path, MeasureSection, doc["measure"], "measure")
+        if "change" in doc and doc["change"] is not None:
+            ch = validate(path, Change, doc["change"], "change")
+            if change is None and ev.change is not None and ev.change.label != ch.label:
+                raise BadRecord(
+                    path, "change", f"{ch.label} but {ev.change_path}: {ev.change.label}"
+                )
+            if change is None:
+                ev.change, ev.change_path = ch, rec.path
+    return ev
+
+
+def _error_text(doc: dict[str, Any]) -> str:
+    e = doc.get("error")
+    if isinstance(e, dict):
+        return str(e.get("message") or e.get("error") or e)
+    return f"outcome {doc.get('outcome')!r}, exit {doc.get('exit_code')}"

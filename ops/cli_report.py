@@ -1,0 +1,184 @@
+"""`ops report RUN_DIR...`: GO / NO-GO / HOLD and its reasons, rendered from records alone.
+
+Reads every record.json under the given run directories (healthcheck, bench, profile,
+measure, rollout and its step sub-records), decides (ops.report), writes report.md /
+report.html / report.json atomically into `--out` or a new `runs/<utc>-report-<target>/`,
+and exits 0 GO, 1 NO-GO, 3 HOLD, 2 for a bad record (one line naming the file and field).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+from rich.table import Table
+
+from ops.cli_common import InventoryOpt, JsonOpt, emit_json, err, guard, out
+from ops.errors import OpsError
+from ops.evidence import Change, Evidence, gather, record_files
+from ops.records import RunDir, write_atomic
+from ops.render import amdahl_table, context, render
+from ops.report import Decision, decide
+
+FORMATS = ("md", "html")
+STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
+
+
+def parse_change(text: str | None, shape: str | None) -> Change | None:
+    """`tree_build:reference->cuda` (or `tree_build:reference:cuda`) and `budget=16,K=8`."""
+    if text is None:
+        if shape:
+            raise OpsError("--shape needs --change")
+        return None
+    comp, _, rest = text.partition(":")
+    base, sep, cand = rest.partition("->")
+    if not sep:
+        base, _, cand = rest.partition(":")
+    pins: dict[str, Any] = {}
+    for item in (shape or "").split(","):
+        if item.strip():
+            k, eq, v = item.partition("=")
+            if not eq or not k.strip():
+                raise OpsError(f"--shape takes KEY=VALUE,...; got {item!r}")
+            pins[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+    doc = {"component": comp, "baseline": base, "candidate": cand, "shape": pins}
+    try:
+        return Change.model_validate(doc)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise OpsError(
+            f"--change {text!r}: {e['loc'][0]}: {e['msg']}",
+            hint="COMPONENT:FROM->TO, e.g. tree_build:reference->cuda or attention:torch->cuda",
+        ) from None
+
+
+def parse_formats(text: str) -> list[str]:
+    fmts = [f.strip() for f in text.split(",") if f.strip()]
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad or not fmts:
+        raise OpsError(f"--format takes md,html; got {text!r}")
+    return list(dict.fromkeys(fmts))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build(
+    paths: list[Path],
+    *,
+    threshold: float,
+    concurrency: int | None,
+    change: Change | None,
+) -> tuple[Evidence, Decision, list[dict[str, str]]]:
+    if not 0 <= threshold < 1:
+        raise OpsError(f"--threshold must be in [0, 1), got {threshold}")
+    ev = gather(paths, change)
+    sources = [{"path": r.path, "sha256": _sha256(Path(r.path))} for r in ev.records]
+    return ev, decide(ev, threshold, concurrency), sources
+
+
+def write_reports(
+    dest: Path, fmts: list[str], ev: Evidence, d: Decision, sources: list[dict[str, str]]
+) -> list[str]:
+    ctx = context(d, ev, [s["path"] for s in sources])
+    files = []
+    for fmt in fmts:
+        path = dest / f"report.{fmt}"
+        write_atomic(path, render(fmt, ctx).encode())
+        files.append(str(path))
+    path = dest / "report.json"
+    write_atomic(path, (json.dumps(summary(d, sources), indent=2) + "\n").encode())
+    return [*files, str(path)]
+
+
+def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
+    return {**d.model_dump(mode="json"), "records": sources}
+
+
+def report(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(metavar="RUN_DIR...", help="Run directories (or record.json files)."),
+    ],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="DIR", help="Where to write (default: a new run dir)."),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="md, html or md,html.")] = "md,html",
+    threshold: Annotated[
+        float, typer.Option(help="Projected end-to-end gain needed for GO (0.03 = 3%).")
+    ] = 0.03,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Target concurrency (default: the highest profiled).", min=1),
+    ] = None,
+    change: Annotated[
+        str | None,
+        typer.Option(help="The change, e.g. tree_build:reference->cuda (default: from records)."),
+    ] = None,
+    shape: Annotated[
+        str | None, typer.Option(help="Pin bench shape keys for s(c), e.g. budget=16,K=8.")
+    ] = None,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """GO / NO-GO / HOLD from records: Amdahl per concurrency, kernels, health, interference."""
+
+    def body() -> int:
+        fmts = parse_formats(fmt)
+        ch = parse_change(change, shape)
+        record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
+        ev, d, sources = build(run_dirs, threshold=threshold, concurrency=concurrency, change=ch)
+        inputs = {
+            "run_dirs": [str(p) for p in run_dirs],
+            "threshold": threshold,
+            "concurrency": concurrency,
+            "change": change,
+            "shape": shape,
+            "format": fmts,
+        }
+        if out_dir is None:
+            run = RunDir.create("report", ev.target or "unknown")
+            dest = run.path
+        else:
+            run, dest = None, out_dir
+        files = write_reports(dest, fmts, ev, d, sources)
+        if run is not None:
+            run.write_record(
+                inputs=inputs,
+                outcome=d.verdict,
+                exit_code=d.exit_code,
+                decision=summary(d, sources),
+                files=files,
+            )
+        if as_json:
+            emit_json({**summary(d, sources), "out_dir": str(dest), "files": files})
+        else:
+            _print(d)
+            err.print(f"[dim]report: {', '.join(files)}[/]")
+        return d.exit_code
+
+    guard(as_json, body)
+
+
+def _print(d: Decision) -> None:
+    label = d.change.label if d.change else "no change named"
+    out.print(f"[{STYLE[d.verdict]}]{d.verdict}[/]: {escape(label)}")
+    for title, reasons in (("NO-GO", d.failed), ("HOLD", d.holds)):
+        for r in reasons:
+            out.print(f"  [{STYLE[title]}]{title}[/] {r.code}: {escape(r.message)}", soft_wrap=True)
+    rows = amdahl_table(d)
+    if rows:
+        table = Table(title=f"Amdahl (threshold {d.threshold:.1%})")
+        cols = ("c", "f", "f_source", "s", "gain", "ceiling", "measured", "clears")
+        for col in cols:
+            table.add_column(col)
+        for r in rows:
+            table.add_row(*(escape(r[c]) for c in cols))
+        out.print(table)

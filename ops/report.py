@@ -1,0 +1,404 @@
+"""The decision: the Amdahl model per concurrency and GO / NO-GO / HOLD over typed evidence.
+
+`projected_gain(f, s)` is the end-to-end throughput gain when a fraction `f` of the step gets
+`s` times faster; `ceiling(f)` the gain if it took no time at all. `decide(evidence, ...)` is
+a pure function of the records (ops.evidence): every failed condition becomes a NO-GO reason,
+every missing or too-noisy piece of evidence a HOLD cause; GO only when there are none.
+Rendering is ops.render; the command line is ops.cli_report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ops.evidence import COMPONENT_STAGE, Change, Evidence, KernelRow
+
+Verdict = Literal["GO", "NO-GO", "HOLD"]
+EXIT_OF = {"GO": 0, "NO-GO": 1, "HOLD": 3}
+
+
+def _check_f(f: float) -> None:
+    if not 0 <= f < 1:
+        raise ValueError(f"f must be in [0, 1), got {f!r}")
+
+
+def projected_gain(f: float, s: float) -> float:
+    """End-to-end throughput gain 1/((1-f) + f/s) - 1 when a fraction f gets s times faster."""
+    _check_f(f)
+    if not s > 0:
+        raise ValueError(f"s must be > 0, got {s!r}")
+    return 1.0 / ((1.0 - f) + f / s) - 1.0
+
+
+def ceiling(f: float) -> float:
+    """The gain if the component took no time at all: 1/(1-f) - 1."""
+    _check_f(f)
+    return 1.0 / (1.0 - f) - 1.0
+
+
+def step_reduction(f: float, s: float) -> float:
+    """How much shorter the step gets: f - f/s (0.00998 for f = 1%, s = 474)."""
+    return 1.0 - 1.0 / (1.0 + projected_gain(f, s))
+
+
+class Reason(BaseModel):
+    """One failed condition (NO-GO) or missing / noisy evidence (HOLD), or a passed check."""
+
+    code: str
+    message: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class SpeedRow(BaseModel):
+    """s(c): the candidate's speedup over the baseline at batch c, with its IQR-end spread."""
+
+    batch: int
+    s: float
+    lo: float
+    hi: float
+    baseline_us: float
+    candidate_us: float
+    note: str = ""
+
+
+class AmdahlRow(BaseModel):
+    concurrency: int
+    f: float | None = None
+    f_lo: float | None = None
+    f_hi: float | None = None
+    f_source: str = ""
+    speed: SpeedRow | None = None
+    gain: float | None = None
+    gain_lo: float | None = None
+    gain_hi: float | None = None
+    step_shorter: float | None = None
+    ceiling: float | None = None
+    measured_gain: float | None = None
+    aa_noise: float | None = None
+    clears: bool | None = None
+    note: str = ""
+
+
+class Decision(BaseModel):
+    verdict: Verdict
+    exit_code: int
+    threshold: float
+    target_concurrency: int | None
+    change: Change | None
+    failed: list[Reason]  # NO-GO reasons: every failed condition
+    holds: list[Reason]  # HOLD causes: missing or too-noisy evidence
+    passed: list[Reason]  # conditions that held, for the report
+    amdahl: list[AmdahlRow]
+
+
+def _spread(vals: list[float]) -> tuple[float, float]:
+    return min(vals), max(vals)
+
+
+def _rows(ev: Evidence, change: Change) -> list[KernelRow]:
+    suite, kernel, _, _ = change.bench_map()
+    out = [r for _, b in ev.bench for r in b.rows if r.suite == suite and r.kernel == kernel]
+    return [r for r in out if all(r.shape.get(k) == v for k, v in change.shape.items())]
+
+
+def speedup_at(ev: Evidence, change: Change, batch: int) -> SpeedRow | None:
+    """s at `batch` from the bench rows (nearest benchmarked batch; lowest of several shapes)."""
+    _, _, base_impl, cand_impl = change.bench_map()
+    rows = _rows(ev, change)
+    batches = sorted({r.batch for r in rows if r.batch is not None and r.impl == cand_impl})
+    batches = [b for b in batches if any(r.impl == base_impl and r.batch == b for r in rows)]
+    if not batches:
+        return None
+    b = min(batches, key=lambda x: (abs(x - batch), x))
+    found: list[SpeedRow] = []
+    for cand in (r for r in rows if r.batch == b and r.impl == cand_impl and r.median_us > 0):
+        key = {k: v for k, v in cand.shape.items()}
+        for base in (r for r in rows if r.batch == b and r.impl == base_impl and r.shape == key):
+            s = base.median_us / cand.median_us
+            lo = base.lo_us / cand.hi_us if cand.hi_us > 0 else s
+            hi = base.hi_us / cand.lo_us if cand.lo_us > 0 else s
+            found.append(
+                SpeedRow(
+                    batch=b,
+                    s=s,
+                    lo=lo,
+                    hi=hi,
+                    baseline_us=base.median_us,
+                    candidate_us=cand.median_us,
+                )
+            )
+    if not found:
+        return None
+    pick = min(found, key=lambda r: r.s)
+    notes = []
+    if b != batch:
+        notes.append(f"batch {b} (nearest benchmarked to {batch})")
+    if len(found) > 1:
+        notes.append(f"lowest of {len(found)} shapes at batch {b}; pin one with change.shape")
+    pick.note = "; ".join(notes)
+    return pick
+
+
+def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None]:
+    """(A/A relative difference of tokens/s, measured gain after/before - 1) at concurrency c."""
+    if ev.measure is None:
+        return None, None
+    lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
+    if lv is None:
+        return None, None
+    noise = None
+    if len(lv.aa) >= 2 and lv.aa[0] and lv.aa[1]:
+        a, b = statistics.median(lv.aa[0]), statistics.median(lv.aa[1])
+        noise = abs(b / a - 1) if a > 0 else None
+    before = statistics.median(lv.before)
+    gain = statistics.median(lv.after) / before - 1 if before > 0 else None
+    return noise, gain
+
+
+def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRow]:
+    """One row per profiled concurrency: f(c), s(c), projected gain with its spread, ceiling."""
+    if ev.profile is None:
+        return []
+    stage = COMPONENT_STAGE[change.component]
+    out = []
+    for lv in ev.profile.levels:
+        row = AmdahlRow(concurrency=lv.concurrency)
+        row.aa_noise, row.measured_gain = _aa_noise(ev, lv.concurrency)
+        comp = lv.stage_ms.get(stage)
+        if comp is None or lv.step_ms.value <= 0:
+            row.note = f"the profile has no {stage!r} time at this concurrency"
+            out.append(row)
+            continue
+        step = lv.step_ms
+        row.f = min(comp.value / step.value, 0.999999)
+        row.f_lo = min(comp.lo / step.hi, row.f) if step.hi > 0 else row.f
+        row.f_hi = min(comp.hi / step.lo, 0.999999) if step.lo > 0 else row.f
+        derived = "derived" in (comp.source, step.source)
+        row.f_source = "derived" if derived else "measured"
+        row.ceiling = ceiling(row.f)
+        row.speed = speedup_at(ev, change, lv.concurrency)
+        if row.speed is None:
+            row.note = "no bench rows for this change"
+            out.append(row)
+            continue
+        sp = row.speed
+        corners = [projected_gain(f, s) for f in (row.f_lo, row.f_hi) for s in (sp.lo, sp.hi)]
+        row.gain = projected_gain(row.f, sp.s)
+        row.gain_lo, row.gain_hi = _spread(corners + [row.gain])
+        row.step_shorter = step_reduction(row.f, sp.s)
+        row.clears = row.gain_lo - (row.aa_noise or 0.0) > threshold
+        out.append(row)
+    return out
+
+
+def _pct(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x * 100:+.{digits}f}%"
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.failed: list[Reason] = []
+        self.holds: list[Reason] = []
+        self.passed: list[Reason] = []
+
+    def fail(self, code: str, message: str, **evidence: Any) -> None:
+        self.failed.append(Reason(code=code, message=message, evidence=evidence))
+
+    def hold(self, code: str, message: str, **evidence: Any) -> None:
+        self.holds.append(Reason(code=code, message=message, evidence=evidence))
+
+    def ok(self, code: str, message: str, **evidence: Any) -> None:
+        self.passed.append(Reason(code=code, message=message, evidence=evidence))
+
+
+def _flights(ev: Evidence, t: _Tally) -> None:
+    for role in ("preflight", "postflight"):
+        entries = ev.flights(role)
+        if not entries:
+            if role == "preflight":
+                t.hold("no_preflight", "no pre-flight healthcheck record")
+            elif ev.deployed:
+                t.hold("no_postflight", "the candidate was deployed but no post-flight was run")
+            continue
+        for h in entries:
+            if h.report is None:
+                t.fail(f"{role}_failed", f"{role} did not run: {h.error}", record=h.path)
+                continue
+            bad = [c for c in h.report.checks if c.status == "fail" and c.name != "identity"]
+            if bad:
+                names = ", ".join(c.name for c in bad)
+                t.fail(
+                    f"{role}_failed",
+                    f"{role} checks failed: {names}",
+                    record=h.path,
+                    checks={c.name: c.detail for c in bad},
+                )
+            else:
+                t.ok(f"{role}_passed", f"{role}: {len(h.report.checks)} checks, none failed")
+            _identity(role, h.path, h.report.modules.get("identity"), t)
+
+
+def _identity(role: str, path: str, data: dict[str, Any] | None, t: _Tally) -> None:
+    if not data or "identity_pct" not in data:
+        t.hold(
+            "no_identity", f"{role}: no greedy token-identity result (no golden set?)", record=path
+        )
+        return
+    aa = f" after {data.get('aa_runs', 0)} A/A runs" if data.get("aa_runs") else " (no A/A run)"
+    ev = {
+        "record": path,
+        "identity_pct": data["identity_pct"],
+        "concurrency": data.get("concurrency", 1),
+    }
+    if data.get("mismatched"):
+        t.fail(
+            "identity_mismatch",
+            f"{role}: greedy token identity {data['identity_pct']}% at concurrency 1; "
+            f"differs on {', '.join(data['mismatched'])}",
+            **ev,
+            mismatched=data["mismatched"],
+        )
+    if data.get("nondeterministic"):
+        t.hold(
+            "identity_nondeterministic",
+            f"{role}: the service disagrees with itself on "
+            f"{', '.join(data['nondeterministic'])}{aa}",
+            **ev,
+        )
+    if not data.get("mismatched") and not data.get("nondeterministic"):
+        t.ok(
+            "identity",
+            f"{role}: greedy token identity 100% "
+            f"({data.get('matched')}/{data.get('total')}) at concurrency 1{aa}",
+            **ev,
+        )
+
+
+def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
+    for path, msg in ev.bench_errors:
+        t.hold("bench_failed", f"the bench did not run: {msg}", record=path)
+    if not ev.bench and not ev.bench_errors:
+        t.hold("no_bench", "no GPU bench record")
+    for path, b in ev.bench:
+        for why in b.hold_reasons:
+            t.hold("bench_held", f"bench: {why}", record=path)
+        bad = list(b.refcheck_failed) + [
+            f"{r.kernel} {r.impl} {r.shape}" for r in b.rows if r.refcheck is False
+        ]
+        if bad:
+            t.fail(
+                "kernel_not_exact",
+                f"the kernel differs from its reference: {bad[0]}"
+                + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""),
+                record=path,
+                rows=bad,
+            )
+        p = b.probe
+        if p is None:
+            if b.rows:
+                t.hold("no_probe", "the bench ran without an interference probe", record=path)
+        elif p.tripped or p.stopped_early:
+            rise = (p.p50_during_ms or 0) / p.p50_before_ms - 1 if p.p50_before_ms else None
+            t.fail(
+                "interference",
+                f"the service's p50 latency rose {_pct(rise, 1)} during the "
+                f"bench (threshold {p.threshold:.0%}); bench stopped: {p.stopped_early}",
+                record=path,
+                p50_before_ms=p.p50_before_ms,
+                p50_during_ms=p.p50_during_ms,
+                p50_after_ms=p.p50_after_ms,
+            )
+        elif p.during_ms:
+            rise = (p.p50_during_ms or 0) / p.p50_before_ms - 1 if p.p50_before_ms else None
+            t.ok(
+                "no_interference",
+                f"probe p50 {_pct(rise, 1)} during the bench (threshold {p.threshold:.0%})",
+                record=path,
+            )
+    if change is not None and ev.bench and not any(b.rows for _, b in ev.bench):
+        return  # held above: no rows at all
+    if change is not None and ev.bench and speedup_at(ev, change, 1) is None:
+        suite, kernel, base, cand = change.bench_map()
+        t.hold(
+            "no_kernel_rows",
+            f"the bench has no {suite}/{kernel} rows of both {base} "
+            f"and {cand}" + (f" with {change.shape}" if change.shape else ""),
+        )
+
+
+def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tally) -> None:
+    if ev.profile is None:
+        t.hold("no_profile", "no service profile record: f(c) is unknown")
+        return
+    row = next((r for r in rows if r.concurrency == c), None)
+    if row is None:
+        have = [r.concurrency for r in rows]
+        t.hold("no_profile_level", f"concurrency {c} was not profiled (profiled: {have})")
+        return
+    if row.f is None:
+        t.hold("no_component_time", f"c={c}: {row.note}")
+        return
+    if row.gain is None or row.gain_lo is None or row.gain_hi is None:
+        return  # no speedup: held by the bench checks
+    ev_ = {
+        "concurrency": c,
+        "f": row.f,
+        "s": row.speed.s if row.speed else None,
+        "gain": row.gain,
+        "gain_lo": row.gain_lo,
+        "gain_hi": row.gain_hi,
+        "ceiling": row.ceiling,
+        "aa_noise": row.aa_noise,
+        "threshold": th,
+    }
+    what = (
+        f"projected gain at c={c} {_pct(row.gain)} ({_pct(row.gain_lo)} .. "
+        f"{_pct(row.gain_hi)}; f = {row.f:.2%}, s = {ev_['s']:.3g}x, ceiling "
+        f"{_pct(row.ceiling)})"
+    )
+    noise = row.aa_noise or 0.0
+    if row.gain_hi < th:
+        t.fail("gain_below_threshold", f"{what} is below the {th:.1%} threshold", **ev_)
+    elif row.clears:
+        t.ok("gain", f"{what} clears the {th:.1%} threshold by more than the noise", **ev_)
+    else:
+        t.hold(
+            "gain_within_noise",
+            f"{what} does not clear the {th:.1%} threshold by more "
+            f"than the noise (A/A {_pct(row.aa_noise, 2)})"
+            if noise
+            else f"{what}: the {th:.1%} threshold lies within its spread",
+            **ev_,
+        )
+
+
+def decide(ev: Evidence, threshold: float = 0.03, concurrency: int | None = None) -> Decision:
+    """GO / NO-GO / HOLD with every reason; pure over the evidence."""
+    if not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be in [0, 1), got {threshold!r}")
+    t = _Tally()
+    change = ev.change
+    if change is None:
+        t.hold("no_change", "no change named (a rollout's `change` record, or --change)")
+    _flights(ev, t)
+    _bench(ev, change, t)
+    rows = amdahl_rows(ev, change, threshold) if change else []
+    if concurrency is None and ev.profile is not None and ev.profile.levels:
+        concurrency = max(lv.concurrency for lv in ev.profile.levels)
+    if change is not None:
+        _gain(ev, rows, concurrency, threshold, t)
+    verdict: Verdict = "NO-GO" if t.failed else "HOLD" if t.holds else "GO"
+    return Decision(
+        verdict=verdict,
+        exit_code=EXIT_OF[verdict],
+        threshold=threshold,
+        target_concurrency=concurrency,
+        change=change,
+        failed=t.failed,
+        holds=t.holds,
+        passed=t.passed,
+        amdahl=rows,
+    )
