@@ -318,6 +318,9 @@ def record_files(paths: list[Path]) -> list[Path]:
     """record.json files in the given run dirs (and their sub-dirs), or the files themselves."""
     found: list[Path] = []
     for p in paths:
+        if not p.exists():
+            where = p if p.suffix == ".json" else p / "record.json"
+            raise BadRecord(where, "record.json", "no such file or directory")
         if p.is_dir():
             subs = sorted(p.rglob("record.json"))
             if not subs:

@@ -1,0 +1,268 @@
+"""`ops report` on fixed records (tests/fixtures/records): the seed's Amdahl case, every NO-GO
+reason and every HOLD cause from a record that has it, bad records, `--json`, the files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ops.cli import app
+from ops.report import ceiling, projected_gain, step_reduction
+
+RECORDS = Path(__file__).parent / "fixtures" / "records"
+SEED = ("preflight_ok", "bench_tree", "profile_tree", "rollout_tree")
+
+
+def ops_report(tmp_path: Path, *names: str, args: tuple[str, ...] = ()) -> tuple[int, dict]:
+    """`ops report --json` in process; returns the exit code and the JSON document."""
+    runner = CliRunner()
+    paths = [str(RECORDS / n) if not n.startswith("/") else n for n in names]
+    res = runner.invoke(
+        app,
+        ["report", *paths, "--out", str(tmp_path / "out"), "--json", *args],
+        env={"OPS_RUNS_DIR": str(tmp_path / "runs")},
+    )
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, json.loads(res.stdout)
+
+
+def codes(doc: dict, key: str) -> list[str]:
+    return [r["code"] for r in doc[key]]
+
+
+def test_seed_numbers() -> None:
+    f, s = 0.01, 474.0
+    assert round(step_reduction(f, s) * 100, 3) == 0.998  # the step gets 0.998% shorter
+    assert round(projected_gain(f, s) * 100, 3) == 1.008  # throughput +1.008%
+    assert round(ceiling(f) * 100, 3) == 1.010  # even an infinitely fast kernel: +1.010%
+    assert projected_gain(0.0, 5.0) == 0.0 and projected_gain(0.5, 1.0) == pytest.approx(0.0)
+    for bad in ((-0.1, 2.0), (1.0, 2.0), (0.5, 0.0), (0.5, -1.0), (float("nan"), 2.0)):
+        with pytest.raises(ValueError):
+            projected_gain(*bad)
+    with pytest.raises(ValueError):
+        ceiling(1.0)
+
+
+def test_seed_case_is_no_go_with_the_exact_numbers(tmp_path: Path) -> None:
+    code, doc = ops_report(tmp_path, *SEED, args=("--concurrency", "1"))
+    assert code == 1 and doc["verdict"] == "NO-GO"
+    assert codes(doc, "failed") == ["gain_below_threshold"] and doc["holds"] == []
+    row = next(r for r in doc["amdahl"] if r["concurrency"] == 1)
+    assert row["f"] == pytest.approx(0.01) and row["speed"]["s"] == pytest.approx(474.0)
+    assert round(row["step_shorter"] * 100, 3) == 0.998
+    assert round(row["gain"] * 100, 3) == 1.008
+    assert round(row["ceiling"] * 100, 3) == 1.010
+    assert row["f_source"] == "measured" and row["clears"] is False
+    msg = doc["failed"][0]["message"]
+    assert "+1.008%" in msg and "474x" in msg and "+1.010%" in msg and "3.0% threshold" in msg
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.startswith("# NO-GO: tree_build: reference -> cuda")
+    assert "| 1 (target) | 1.000% (0.980%..1.020%) | measured | 474x" in md
+    assert "+1.008% (+0.988%..+1.029%) | +1.010% |" in md
+
+
+def test_full_rollout_dir_with_sub_records_is_go(tmp_path: Path) -> None:
+    code, doc = ops_report(tmp_path, "rollout_attn")
+    assert code == 0 and doc["verdict"] == "GO", doc
+    assert doc["failed"] == [] and doc["holds"] == [] and doc["target_concurrency"] == 32
+    assert {"preflight_passed", "postflight_passed", "identity", "no_interference", "gain"} <= set(
+        codes(doc, "passed")
+    )
+    assert len(doc["records"]) == 7 and all(len(r["sha256"]) == 64 for r in doc["records"])
+    by_c = {r["concurrency"]: r for r in doc["amdahl"]}
+    assert by_c[1]["gain"] == pytest.approx(projected_gain(0.4, 3.0))
+    assert by_c[1]["measured_gain"] == pytest.approx(0.35) and by_c[1]["aa_noise"] == pytest.approx(
+        0.01
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["verdict"] == "GO" and saved["amdahl"] == doc["amdahl"]
+
+
+NO_GO = {
+    "preflight_failed": ("preflight_service_down", "bench_tree", "profile_tree", "rollout_tree"),
+    "preflight_failed:unreachable": (
+        "preflight_unreachable",
+        "bench_tree",
+        "profile_tree",
+        "rollout_tree",
+    ),
+    "identity_mismatch": ("preflight_identity_mismatch", *SEED[1:]),
+    "postflight_failed": (*SEED, "deploy_ok", "postflight_smoke_fail"),
+    "interference": ("preflight_ok", "bench_tripped", "profile_tree", "rollout_tree"),
+    "kernel_not_exact": ("preflight_ok", "bench_not_exact", "profile_tree", "rollout_tree"),
+    "gain_below_threshold": SEED,
+}
+
+
+@pytest.mark.parametrize("reason", sorted(NO_GO))
+def test_each_no_go_reason(tmp_path: Path, reason: str) -> None:
+    code, doc = ops_report(tmp_path, *NO_GO[reason])
+    assert code == 1 and doc["verdict"] == "NO-GO"
+    assert reason.split(":")[0] in codes(doc, "failed")
+    assert all(r["message"] and isinstance(r["evidence"], dict) for r in doc["failed"])
+
+
+def test_no_go_names_every_failed_condition(tmp_path: Path) -> None:
+    names = (
+        "preflight_identity_mismatch",
+        "deploy_ok",
+        "postflight_smoke_fail",
+        "bench_tripped",
+        "profile_tree",
+        "rollout_tree",
+    )
+    code, doc = ops_report(tmp_path, *names)
+    assert code == 1
+    assert codes(doc, "failed") == [
+        "identity_mismatch",
+        "postflight_failed",
+        "interference",
+        "gain_below_threshold",
+    ]
+    inter = next(r for r in doc["failed"] if r["code"] == "interference")
+    assert inter["evidence"]["p50_before_ms"] == 20.1 and inter["evidence"]["p50_during_ms"] == 26.4
+    assert "+31.3%" in inter["message"]
+    code, doc = ops_report(tmp_path, "preflight_service_down", "bench_not_exact", *SEED[2:])
+    assert codes(doc, "failed") == ["preflight_failed", "kernel_not_exact", "gain_below_threshold"]
+    assert "service, health" in doc["failed"][0]["message"]
+
+
+HOLD = {  # on the seed's records with a 0.5% threshold (GO, see below) unless said otherwise
+    "no_change": ("preflight_ok", "bench_tree", "profile_tree"),
+    "no_preflight": ("bench_tree", "profile_tree", "rollout_tree"),
+    "no_postflight": (*SEED, "deploy_ok"),
+    "no_identity": ("preflight_no_golden", *SEED[1:]),
+    "identity_nondeterministic": ("preflight_nondeterministic", *SEED[1:]),
+    "no_bench": ("preflight_ok", "profile_tree", "rollout_tree"),
+    "bench_held": ("preflight_ok", "bench_no_gpu", "profile_tree", "rollout_tree"),
+    "bench_failed": ("preflight_ok", "bench_refused", "profile_tree", "rollout_tree"),
+    "no_probe": ("preflight_ok", "bench_no_probe", "profile_tree", "rollout_tree"),
+    "no_kernel_rows": ("preflight_ok", "bench_topk_only", "profile_tree", "rollout_tree"),
+    "no_profile": ("preflight_ok", "bench_tree", "rollout_tree"),
+    "no_component_time": ("preflight_ok", "bench_tree", "profile_no_stage", "rollout_tree"),
+    "gain_within_noise": ("preflight_ok", "bench_attn", "profile_attn_wide", "rollout_attn_change"),
+    "gain_within_noise:aa": (
+        "preflight_ok",
+        "bench_attn",
+        "profile_attn_small",
+        "rollout_attn_change",
+        "measure_attn_noisy",
+    ),
+}
+
+
+def test_seed_records_go_at_a_low_threshold(tmp_path: Path) -> None:
+    """The base the HOLD cases start from: nothing held, nothing failed."""
+    code, doc = ops_report(tmp_path, *SEED, args=("--threshold", "0.005"))
+    assert code == 0 and doc["verdict"] == "GO" and doc["holds"] == doc["failed"] == []
+
+
+@pytest.mark.parametrize("cause", sorted(HOLD))
+def test_each_hold_cause(tmp_path: Path, cause: str) -> None:
+    low = () if cause.startswith("gain_within_noise") else ("--threshold", "0.005")
+    code, doc = ops_report(tmp_path, *HOLD[cause], args=low)
+    assert code == 3 and doc["verdict"] == "HOLD", doc["failed"]
+    assert codes(doc, "holds") == [cause.split(":")[0]], doc["holds"]
+
+
+def test_hold_needs_the_target_concurrency_profiled(tmp_path: Path) -> None:
+    code, doc = ops_report(tmp_path, *SEED, args=("--concurrency", "4"))
+    assert code == 3 and codes(doc, "holds") == ["no_profile_level"]
+
+
+def test_marginal_gain_goes_only_without_a_b_noise(tmp_path: Path) -> None:
+    """f = 5%, s = 3: +3.45% clears 3% on the projection's spread, but not by a 2% A/A noise."""
+    base = ("preflight_ok", "bench_attn", "profile_attn_small", "rollout_attn_change")
+    code, doc = ops_report(tmp_path, *base)
+    assert code == 0 and round(doc["amdahl"][0]["gain"] * 100, 2) == 3.45
+    code, doc = ops_report(tmp_path, *base, "measure_attn_noisy")
+    assert code == 3 and "A/A +2.00%" in doc["holds"][0]["message"]
+    code, doc = ops_report(tmp_path, *base, args=("--threshold", "0.05"))
+    assert code == 1 and codes(doc, "failed") == ["gain_below_threshold"]
+
+
+def test_change_from_the_command_line(tmp_path: Path) -> None:
+    code, doc = ops_report(
+        tmp_path, *SEED[:3], args=("--change", "tree_build:cpp->cuda", "--concurrency", "1")
+    )
+    assert code == 1 and doc["change"]["baseline"] == "cpp"
+    assert doc["amdahl"][0]["speed"]["s"] == pytest.approx(12.0)  # cpu_cpp 6 us / 0.5 us
+
+
+BAD = {
+    "missing dir": ("/nonexistent/run", "/nonexistent/run/record.json: record.json: no such file"),
+    "missing file": ("/nonexistent/x.json", "/nonexistent/x.json: record.json: no such file"),
+    "bad json": ("bad_json", "bad_json/record.json: (document): not JSON"),
+    "missing field": ("bad_missing_field", "bad_missing_field/record.json: bench.rows.0.median_us"),
+    "no envelope": ("bad_envelope", "bad_envelope/record.json: command: field required"),
+    "bad change": ("bad_change", "bad_change/record.json: change.candidate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_records_exit_2_naming_file_and_field(tmp_path: Path, case: str) -> None:
+    name, want = BAD[case]
+    code, doc = ops_report(tmp_path, "preflight_ok", name)
+    assert code == 2 and doc["ok"] is False and doc["error"] == "BadRecord"
+    assert want in doc["message"], doc["message"]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (("--threshold", "1.5"), "--threshold must be in [0, 1)"),
+        (("--format", "pdf"), "--format takes md,html"),
+        (("--change", "tree_build:reference->fpga"), "candidate"),
+        (("--shape", "budget=16"), "--shape needs --change"),
+    ],
+)
+def test_bad_options_exit_2(tmp_path: Path, args: tuple[str, ...], want: str) -> None:
+    code, doc = ops_report(tmp_path, *SEED, args=args)
+    assert code == 2 and want in doc["message"]
+
+
+def test_default_run_dir_and_one_line_errors_in_a_real_process(tmp_path: Path) -> None:
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    cmd = [sys.executable, "-m", "ops", "report"]
+    res = subprocess.run(
+        [*cmd, *(str(RECORDS / n) for n in SEED), "--format", "md"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "NO-GO" in res.stdout and "gain_below_threshold" in res.stdout
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.endswith("-report-h200")
+    assert sorted(p.name for p in run.iterdir()) == ["record.json", "report.json", "report.md"]
+    rec = json.loads((run / "record.json").read_text())
+    assert rec["command"] == "report" and rec["outcome"] == "NO-GO" and rec["exit_code"] == 1
+    assert rec["decision"]["verdict"] == "NO-GO"
+    # a report dir given back as input is skipped, not mistaken for evidence
+    res = subprocess.run(
+        [*cmd, str(run), *(str(RECORDS / n) for n in SEED), "--out", str(tmp_path / "again")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 1
+    res = subprocess.run(
+        [*cmd, str(RECORDS / "bad_missing_field")], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "bad_missing_field/record.json: bench.rows.0.median_us" in lines[0]
