@@ -86,15 +86,17 @@ def build(
 def write_reports(
     dest: Path, fmts: list[str], ev: Evidence, d: Decision, sources: list[dict[str, str]]
 ) -> list[str]:
+    """report.<fmt> for each format and report.json, each written atomically, readable by all."""
     ctx = context(d, ev, [s["path"] for s in sources])
+    docs = {f"report.{fmt}": render(fmt, ctx) for fmt in fmts}
+    docs["report.json"] = json.dumps(summary(d, sources), indent=2) + "\n"
     files = []
-    for fmt in fmts:
-        path = dest / f"report.{fmt}"
-        write_atomic(path, render(fmt, ctx).encode())
+    for name, text in docs.items():
+        path = dest / name
+        write_atomic(path, text.encode())
+        path.chmod(0o644)  # a report is for anyone to read (mkstemp makes 0600)
         files.append(str(path))
-    path = dest / "report.json"
-    write_atomic(path, (json.dumps(summary(d, sources), indent=2) + "\n").encode())
-    return [*files, str(path)]
+    return files
 
 
 def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
