@@ -8,7 +8,9 @@ Checks, each pass / fail / skip with its evidence:
 - `smoke`: a greedy completion of "2+2=" (a few tokens) answers 2xx with a JSON choice; its
   latency and text are reported;
 - `server_info`: GET /get_server_info, where the service has it (skip otherwise): accept length.
-Exit 0 when nothing failed, 1 when something did.
+`--timeout` bounds each request as a whole (`checks.http`); when /health gets no HTTP answer at
+all (refused, timed out), the other checks are skipped with that reason instead of each waiting
+out its own timeout. Exit 0 when nothing failed, 1 when something did.
 """
 
 from __future__ import annotations
@@ -88,8 +90,13 @@ def check_server_info(base: str, timeout: float) -> dict:
 
 
 def run_checks(base: str, *, timeout: float, max_tokens: int) -> list[dict]:
+    health = check_endpoint(base, "/health", "health", timeout, optional=False)
+    if health["http"]["status"] is None:  # nothing answers: the rest would only wait as long
+        why = f"not tried: /health got no answer ({health['http']['error']})"
+        rest = ("health_generate", "models", "smoke", "server_info")
+        return [health, *(check(name, "skip", why) for name in rest)]
     results = [
-        check_endpoint(base, "/health", "health", timeout, optional=False),
+        health,
         check_endpoint(base, "/health_generate", "health_generate", timeout, optional=True),
     ]
     models, model = check_models(base, timeout)

@@ -4,7 +4,8 @@ Greedy token identity against a recorded golden set, at concurrency 1 (one reque
 
 - `--record-golden PATH`: run every golden prompt greedily and store, per prompt, the output
   token ids (the text where the service gives no ids) with the service's model and config;
-  written atomically; the document is also printed.
+  written atomically; the document is also printed. A golden set already at PATH is kept as
+  PATH.1 (PATH.2 the next time, ...), named under `kept`.
 - `--golden PATH` (or `-` for stdin): run the same prompts with the golden's settings and
   report per prompt: match, the first divergent position, both continuations from there.
 - `--aa-runs N`: first run the prompts N more times and compare the service with itself; a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -106,12 +108,17 @@ def compare_one(golden: dict, got: dict) -> dict[str, Any]:
     return out
 
 
-def load_golden(path: str) -> dict[str, Any]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+def parse_golden(text: str) -> dict[str, Any]:
+    """A golden set from its JSON text; ValueError saying what is wrong with it."""
     doc = json.loads(text)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not doc.get("prompts"):
         raise ValueError(f"not a golden set ({SCHEMA})")
     return doc
+
+
+def load_golden(path: str) -> dict[str, Any]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    return parse_golden(text)
 
 
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:
@@ -122,6 +129,29 @@ def write_atomic(path: Path, doc: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def keep_previous(path: Path) -> Path | None:
+    """Before a golden set at `path` is replaced, keep it as `path`.N (one above the highest N)."""
+    if not path.is_file():
+        return None
+    pattern = re.compile(re.escape(path.name) + r"\.(\d+)")
+    taken = [int(m.group(1)) for f in path.parent.iterdir() if (m := pattern.fullmatch(f.name))]
+    n = max(taken, default=0) + 1
+    while True:
+        dest = path.with_name(f"{path.name}.{n}")
+        try:
+            os.link(path, dest)  # the old file stays whole under both names until replaced
+            return dest
+        except FileExistsError:
+            n += 1
+        except OSError:  # no hard links here: copy, never over an existing file
+            try:
+                with dest.open("xb") as f:
+                    f.write(path.read_bytes())
+                return dest
+            except FileExistsError:
+                n += 1
 
 
 def record(args: Any) -> None:
@@ -138,7 +168,9 @@ def record(args: Any) -> None:
         **ident,
         "prompts": [{**p, **outputs[p["id"]]} for p in prompts],
     }
+    kept = None
     if args.record_golden != "-":
+        kept = keep_previous(Path(args.record_golden))
         write_atomic(Path(args.record_golden), doc)
     exit_json(
         {
@@ -146,6 +178,7 @@ def record(args: Any) -> None:
             "module": "checks.identity",
             "recorded": len(prompts),
             "path": args.record_golden,
+            "kept": str(kept) if kept else None,
             "golden": doc,
         }
     )

@@ -6,6 +6,10 @@ time to first token, inter-token latencies, time per output token, end-to-end la
 client is asyncio on raw HTTP/1.1 keep-alive connections (stdlib only), so on two cores it
 stays far from being the bottleneck (README: measured capacity). Read-only: it calls no
 endpoint that changes the service's state (no cache flush, no profiler start).
+
+Whatever a server answers (a bad status line, an SSE event that is not a JSON object, an
+oversized event, garbage), that request is counted as failed with the reason, and the module
+still prints its one JSON document (exit 1), never a traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +25,18 @@ from typing import Any
 
 from checks.http import get
 from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
+
+MAX_EVENT = 2**20  # bytes of one SSE event (or of data without an event boundary)
+MAX_BODY = 64 * 2**20  # a non-streamed answer's Content-Length
+MAX_HEADERS = 100
+
+
+class ProtocolError(ValueError):
+    """The server's answer is not the HTTP/SSE we asked for."""
+
+
+def _excerpt(data: bytes, n: int = 80) -> str:
+    return repr(data[:n])[2:-1] + ("..." if len(data) > n else "")
 
 
 @dataclass
@@ -66,47 +82,78 @@ class Conn:
         status_line = await self.reader.readline()
         if not status_line:
             raise ConnectionError("connection closed before the status line")
-        status = int(status_line.split()[1])
+        words = status_line.split()
+        if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
+            raise ProtocolError(f"bad status line: {_excerpt(status_line)}")
+        status = int(words[1])
         headers: dict[str, str] = {}
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b"\n", b""):
                 break
+            if len(headers) >= MAX_HEADERS:
+                raise ProtocolError(f"more than {MAX_HEADERS} header lines")
             k, _, v = line.decode("latin-1").partition(":")
             headers[k.strip().lower()] = v.strip()
         buf = b""
 
         def feed(data: bytes) -> None:
             nonlocal buf
-            buf += data
+            buf = (buf + data).replace(b"\r\n", b"\n")
             while b"\n\n" in buf:
                 event, buf = buf.split(b"\n\n", 1)
                 for ln in event.split(b"\n"):
                     if ln.startswith(b"data:"):
                         text = ln[5:].strip()
                         if text and text != b"[DONE]":
-                            on_event(json.loads(text))
+                            on_event(parse_event(text))
+            if len(buf) > MAX_EVENT:
+                raise ProtocolError(f"no SSE event boundary in {MAX_EVENT} bytes")
 
         if headers.get("transfer-encoding", "").lower() == "chunked":
             while True:
-                size = int((await self.reader.readline()).split(b";")[0].strip() or b"0", 16)
+                size_line = (await self.reader.readline()).split(b";")[0].strip()
+                try:
+                    size = int(size_line or b"0", 16)
+                except ValueError:
+                    raise ProtocolError(f"bad chunk size: {_excerpt(size_line)}") from None
                 if size == 0:
                     await self.reader.readline()
                     break
+                if size > MAX_EVENT:
+                    raise ProtocolError(f"chunk of {size} bytes (limit {MAX_EVENT})")
                 feed(await self.reader.readexactly(size))
                 await self.reader.readexactly(2)
         elif "content-length" in headers:
-            feed(await self.reader.readexactly(int(headers["content-length"])) + b"\n\n")
+            length = headers["content-length"]
+            if not length.isdigit() or int(length) > MAX_BODY:
+                raise ProtocolError(f"bad or too large Content-Length: {length[:40]!r}")
+            feed(await self.reader.readexactly(int(length)) + b"\n\n")
         else:
-            feed(await self.reader.read() + b"\n\n")
+            while block := await self.reader.read(65536):
+                feed(block)
+            feed(b"\n\n")
             await self.close()
         if headers.get("connection", "").lower() == "close":
             await self.close()
         return status
 
 
+def parse_event(text: bytes) -> dict[str, Any]:
+    """One SSE `data:` payload: a JSON object, or ProtocolError saying what came instead."""
+    try:
+        ev = json.loads(text)
+    except ValueError:
+        raise ProtocolError(f"SSE event is not JSON: {_excerpt(text)}") from None
+    if not isinstance(ev, dict):
+        raise ProtocolError(f"SSE event is not a JSON object: {_excerpt(text)}")
+    return ev
+
+
 def event_tokens(ev: dict[str, Any]) -> int:
-    choices = ev.get("choices") or [{}]
+    choices = ev.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return 0
     ids = choices[0].get("token_ids")
     if isinstance(ids, list):
         return len(ids)
@@ -136,9 +183,9 @@ async def one_request(conn: Conn, path: str, body: dict[str, Any], timeout: floa
         await conn.close()
         s.error = f"timeout after {timeout:g}s"
         return s
-    except (OSError, ValueError, asyncio.IncompleteReadError, ConnectionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any answer we cannot use is this request's failure
         await conn.close()
-        s.error = f"{type(exc).__name__}: {exc}"
+        s.error = f"{type(exc).__name__}: {exc}"[:300]
         return s
     s.e2e = time.perf_counter() - s.start
     s.ok = status == 200 and s.tokens > 0
@@ -266,11 +313,23 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.model:
         body["model"] = args.model
-    samples, wall = asyncio.run(
-        sweep_level(args.url, args.concurrency, n, warmup, body, args.timeout)
-    )
-    level = summarise(samples, wall, args.concurrency)
-    level["accept_length"] = accept_length(args.url)
+    try:
+        samples, wall = asyncio.run(
+            sweep_level(args.url, args.concurrency, n, warmup, body, args.timeout)
+        )
+        level = summarise(samples, wall, args.concurrency)
+        level["accept_length"] = accept_length(args.url)
+    except Exception as exc:  # noqa: BLE001 - still one JSON document, never a traceback
+        exit_json(
+            {
+                "ok": False,
+                "module": "checks.loadtest",
+                "url": args.url,
+                "error": "crashed",
+                "message": f"{type(exc).__name__}: {exc}"[:500],
+            },
+            EXIT_FAIL,
+        )
     ok = level["failed"] == 0
     exit_json(
         {

@@ -23,10 +23,11 @@ from ops.cli_common import (
 )
 from ops.errors import EXIT_FAIL, EXIT_OK
 from ops.healthcheck import HealthReport, run_healthcheck
-from ops.loadtest import LoadtestReport, parse_levels, run_loadtest
+from ops.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
 from ops.remote import open_host
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def healthcheck(
@@ -97,9 +98,11 @@ def healthcheck(
 
 
 def _print_report(rep: HealthReport) -> None:
-    table = Table(title=f"healthcheck {rep.target} ({rep.url})")
+    table = Table(
+        title=f"healthcheck {escape(rep.target)} ({escape(rep.url)})", title_justify="left"
+    )
     for col in ("check", "status", "detail"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # wrap long words, never cut them
     for c in rep.checks:
         table.add_row(c.name, f"[{STYLE[c.status]}]{c.status}[/]", escape(c.detail))
     out.print(table)
@@ -147,19 +150,25 @@ def loadtest(
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
             )
-            with open_host(t) as host, Progress(*columns, console=err, disable=as_json) as bar:
-                task = bar.add_task(t.name, total=len(levels))
-                rep = run_loadtest(
-                    host,
-                    levels,
-                    requests=requests,
-                    input_len=input_len,
-                    output_len=output_len,
-                    timeout=timeout,
-                    on_level=lambda c, level: bar.update(
-                        task, advance=1, description=f"{t.name} (c={c} done)"
-                    ),
-                )
+            try:
+                with (
+                    open_host(t) as host,
+                    Progress(*columns, console=err, disable=as_json) as bar,
+                ):
+                    task = bar.add_task(t.name, total=len(levels))
+                    rep = run_loadtest(
+                        host,
+                        levels,
+                        requests=requests,
+                        input_len=input_len,
+                        output_len=output_len,
+                        timeout=timeout,
+                        on_level=lambda c, level: bar.update(
+                            task, advance=1, description=f"{t.name} (c={c} done)"
+                        ),
+                    )
+            except LoadtestInterrupted as stop:  # what ran on the host is stopped already
+                return EXIT_INTERRUPTED, "interrupted", {"loadtest": stop.report.model_dump()}
             code = EXIT_OK if rep.ok else EXIT_FAIL
             return code, "pass" if rep.ok else "fail", {"loadtest": rep.model_dump()}
 
@@ -169,48 +178,58 @@ def loadtest(
             emit_json({"ok": rep.ok, **sections["loadtest"], "run_dir": str(run.path)})
         else:
             _print_loadtest(rep)
+            if rep.interrupted:
+                err.print(
+                    f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "
+                    "finished; the level in progress was stopped on the host"
+                )
             err.print(f"[dim]record: {run.path}/record.json[/]")
         return code
 
     guard(as_json, body)
 
 
-def _ms(d: dict[str, Any], key: str) -> str:
-    v = d.get(key)
-    return "-" if v is None else f"{v:.1f}"
+def fmt(value: float | None, digits: int = 1) -> str:
+    """A number for a table cell; small values keep two decimals, None is '-'."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.{digits}f}"
+
+
+LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"))
 
 
 def _print_loadtest(rep: LoadtestReport) -> None:
-    table = Table(title=f"loadtest {rep.target} ({rep.url})")
-    cols = (
-        "c",
-        "ok",
-        "fail",
-        "req/s",
-        "tok/s",
-        "TTFT p50/p99",
-        "TPOT p50",
-        "ITL p50/p99",
-        "E2E p50/p99",
-        "accept",
-    )
-    for col in cols:
-        table.add_column(col, justify="right")
+    """Two narrow tables (throughput, then latency per level) so 80 columns show every number."""
+    table = Table(title=f"loadtest {escape(rep.target)} ({escape(rep.url)})", title_justify="left")
+    heads = ("c", "ok", "failed", "req/s", "out tok/s", "accept len", "time s")
+    for col in heads:
+        table.add_column(col, justify="right", overflow="fold")
     for lv in rep.levels:
         acc = lv["accept_length"]["value"]
         table.add_row(
             str(lv["concurrency"]),
             str(lv["completed"]),
             str(lv["failed"]),
-            f"{lv['request_per_s'] or 0:.2f}",
-            f"{lv['output_tok_per_s'] or 0:.1f}",
-            f"{_ms(lv['ttft_ms'], 'p50')}/{_ms(lv['ttft_ms'], 'p99')}",
-            _ms(lv["tpot_ms"], "p50"),
-            f"{_ms(lv['itl_ms'], 'p50')}/{_ms(lv['itl_ms'], 'p99')}",
-            f"{_ms(lv['e2e_ms'], 'p50')}/{_ms(lv['e2e_ms'], 'p99')}",
-            "-" if acc is None else f"{acc:.2f}",
+            fmt(lv["request_per_s"]),
+            fmt(lv["output_tok_per_s"]),
+            fmt(acc),
+            fmt(lv["duration_s"]),
         )
     out.print(table)
+    lat = Table(title="latency per request (ms)", title_justify="left")
+    for col in ("c", "metric", "p50 ms", "p90 ms", "p99 ms", "mean ms"):
+        lat.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
+    for lv in rep.levels:
+        for i, (name, key) in enumerate(LATENCIES):
+            d = lv[key]
+            lat.add_row(
+                str(lv["concurrency"]) if i == 0 else "",
+                name,
+                *(fmt(d[k]) for k in ("p50", "p90", "p99", "mean")),
+                end_section=i == len(LATENCIES) - 1,
+            )
+    out.print(lat)
     for lv in rep.levels:
         for error, n in lv["errors"].items():
-            err.print(f"[red]c={lv['concurrency']}: {n} x {escape(error)}[/]")
+            err.print(f"[red]c={lv['concurrency']}: {n} x {escape(error)}[/]", soft_wrap=True)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from checks.identity import keep_previous, parse_golden
 from ops.dataplane import run_check
 from ops.errors import OpsError
 from ops.records import write_atomic
@@ -63,11 +64,10 @@ def identity_check(data: dict[str, Any], recorded: bool) -> Check:
             evidence=[data.get("evidence", "")],
         )
     if recorded:
-        return Check(
-            name="identity",
-            status="pass",
-            detail=f"recorded {data['recorded']} prompts to {data['path']}",
-        )
+        detail = f"recorded {data['recorded']} prompts to {data['path']}"
+        if data.get("kept"):
+            detail += f"; the previous golden set is kept as {data['kept']}"
+        return Check(name="identity", status="pass", detail=detail)
     rows = {r["id"]: r for r in data["prompts"]}
     evidence = []
     for pid in data["mismatched"]:
@@ -83,10 +83,12 @@ def identity_check(data: dict[str, Any], recorded: bool) -> Check:
         f"{data['matched']}/{data['total']} prompts token-identical ({data['identity_pct']}%) "
         f"at concurrency 1"
     )
-    if data["nondeterministic"]:
-        detail += (
-            f"; {len(data['nondeterministic'])} nondeterministic in {data['aa_runs']} A/A runs"
-        )
+    if data["aa_runs"]:
+        nondet = data["nondeterministic"]
+        detail += f"; {len(nondet)} nondeterministic in {data['aa_runs']} A/A runs"
+        if nondet:
+            more = f" (+{len(nondet) - 5} more)" if len(nondet) > 5 else ""
+            detail += ": " + ", ".join(nondet[:5]) + more
     evidence += data.get("warnings", [])
     return Check(
         name="identity", status="pass" if data["ok"] else "fail", detail=detail, evidence=evidence
@@ -177,8 +179,13 @@ def _identity(
         )
         if golden and res.rc == 0:
             doc = json.dumps(res.data["golden"], ensure_ascii=False, indent=1) + "\n"
-            write_atomic(golden, doc.encode())
+            try:
+                kept = keep_previous(golden)
+                write_atomic(golden, doc.encode())
+            except OSError as exc:
+                raise OpsError(f"cannot write golden file {golden}: {exc.strerror}") from None
             res.data["path"] = str(golden)
+            res.data["kept"] = str(kept) if kept else None
         return identity_check(res.data, recorded=res.rc == 0), res.data
     stdin = None
     if golden:
@@ -186,6 +193,10 @@ def _identity(
             stdin = golden.read_bytes()
         except OSError as exc:
             raise OpsError(f"cannot read golden file {golden}: {exc.strerror}") from None
+        try:  # checked here too, so the message names the file, not the module's stdin
+            parse_golden(stdin.decode("utf-8"))
+        except ValueError as exc:
+            raise OpsError(f"golden file {golden}: {exc}") from None
         source = "-"
     elif host.run_script(f"test -f {shell_path(on_host)}").ok:
         source = on_host

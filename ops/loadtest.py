@@ -2,6 +2,8 @@
 
 Each level runs on the host next to the service (so the network between the operator and the
 host never enters a latency) and comes back as one JSON document; the sweep is their list.
+Ctrl-C stops the level in progress on the host (the Host layer kills what it started) and
+raises `LoadtestInterrupted`, which carries the report of the levels that finished.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ops.dataplane import run_check
-from ops.errors import OpsError
+from ops.errors import HostError, OpsError
 from ops.remote import Host
 
 
@@ -21,10 +23,20 @@ class LoadtestReport(BaseModel):
     url: str
     settings: dict[str, Any]
     levels: list[dict[str, Any]]
+    interrupted: bool = False  # Ctrl-C: `levels` are the ones that finished
+    planned: list[int] = []
 
     @property
     def ok(self) -> bool:
-        return all(level["failed"] == 0 for level in self.levels)
+        return not self.interrupted and all(level["failed"] == 0 for level in self.levels)
+
+
+class LoadtestInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep; `report` holds the levels that finished before it."""
+
+    def __init__(self, report: LoadtestReport) -> None:
+        super().__init__(f"interrupted after {len(report.levels)} of {len(report.planned)} levels")
+        self.report = report
 
 
 def parse_levels(text: str) -> list[int]:
@@ -57,28 +69,41 @@ def run_loadtest(
         "ignore_eos": True,
         "stream": True,
     }
-    done = []
-    for c in levels:
-        args = [
-            "--url",
-            url,
-            "--concurrency",
-            str(c),
-            "--requests",
-            str(requests),
-            "--input-len",
-            str(input_len),
-            "--output-len",
-            str(output_len),
-            "--timeout",
-            str(timeout),
-        ]
-        res = run_check(host, "checks.loadtest", args, timeout=3600)
-        level = {
-            **res.data["level"],
-            "requests": res.data["requests"],
-            "warmup": res.data["warmup"],
-        }
-        done.append(level)
-        on_level(c, level)
-    return LoadtestReport(target=host.name, url=url, settings=settings, levels=done)
+    report = LoadtestReport(target=host.name, url=url, settings=settings, levels=[], planned=levels)
+    try:
+        for c in levels:
+            level = _level(host, url, c, requests, input_len, output_len, timeout)
+            report.levels.append(level)
+            on_level(c, level)
+    except KeyboardInterrupt as exc:
+        report.interrupted = True
+        raise LoadtestInterrupted(report) from exc
+    return report
+
+
+def _level(
+    host: Host, url: str, c: int, requests: int, input_len: int, output_len: int, timeout: float
+) -> dict[str, Any]:
+    """One concurrency level, run on the host by `checks.loadtest`."""
+    args = [
+        "--url",
+        url,
+        "--concurrency",
+        str(c),
+        "--requests",
+        str(requests),
+        "--input-len",
+        str(input_len),
+        "--output-len",
+        str(output_len),
+        "--timeout",
+        str(timeout),
+    ]
+    res = run_check(host, "checks.loadtest", args, timeout=3600)
+    if not isinstance(res.data.get("level"), dict):
+        raise HostError(
+            f"c={c}: {res.data.get('message') or 'no level in its answer'}",
+            target=host.name,
+            step="module checks.loadtest",
+        )
+    return {**res.data["level"], "requests": res.data["requests"], "warmup": res.data["warmup"]}

@@ -1,14 +1,27 @@
-"""LocalHost: the two Host primitives as subprocesses of ops (the target `local`)."""
+"""LocalHost: the two Host primitives as subprocesses of ops (the target `local`).
+
+`_exec` keeps the command's stdin open until it exits and closes it when giving up (deadline,
+Ctrl-C): the watcher that `Host.run` puts around every command then kills the command's whole
+session (`ops.remote`). Should the watcher itself not end within a few seconds (or a second
+Ctrl-C arrive meanwhile), ops kills what is left from here: the watcher's process group and
+every session one of its children leads.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import select
+import selectors
+import signal
 import subprocess
 import time
+from pathlib import Path
 
 from ops.remote import TIMEOUT_RC, Host, Proc
+
+ABORT_WAIT_S = 5.0  # the watcher's own TERM-then-KILL sweep takes about 2 s
+CHUNK = 65536
 
 
 class _LocalProc(Proc):
@@ -47,6 +60,43 @@ class _LocalProc(Proc):
                 self._p.stdout.close()
 
 
+def _stat(pid: str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def kill_sessions(root: int) -> None:
+    """KILL the process group of `root` and every session led by one of its children."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    stats = {p: st for p in pids if (st := _stat(p)) is not None}
+    leaders = {p for p, st in stats.items() if st[1] == str(root) and st[3] == p}
+    for p, st in stats.items():
+        if st[3] in leaders and st[0] != "Z":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(p), signal.SIGKILL)
+
+
+def _abort(proc: subprocess.Popen[bytes]) -> None:
+    """Close the command's stdin (its watcher kills it); kill from here if that is not enough."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(ABORT_WAIT_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        kill_sessions(proc.pid)
+        proc.wait()
+
+
 class LocalHost(Host):
     """This machine: commands are bash subprocesses of ops."""
 
@@ -60,14 +110,49 @@ class LocalHost(Host):
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        assert proc.stdin and proc.stdout and proc.stderr
+        in_fd, out_fd, err_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+        data, sent = memoryview(stdin or b""), 0
+        end = time.monotonic() + deadline_s
+        sel = selectors.DefaultSelector()
         try:
-            out, err = proc.communicate(stdin or b"", timeout=deadline_s)
+            sel.register(out_fd, selectors.EVENT_READ)
+            sel.register(err_fd, selectors.EVENT_READ)
+            if data:
+                os.set_blocking(in_fd, False)
+                sel.register(in_fd, selectors.EVENT_WRITE)
+            reading = 2
+            while reading:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(command, deadline_s)
+                for key, _ in sel.select(min(left, 1.0)):
+                    if key.fd == in_fd:
+                        try:
+                            sent += os.write(in_fd, data[sent : sent + CHUNK])
+                        except BrokenPipeError:
+                            sent = len(data)
+                        if sent >= len(data):
+                            sel.unregister(in_fd)  # all sent; stdin stays open: our lifeline
+                    elif block := os.read(key.fd, CHUNK):
+                        chunks[key.fd].append(block)
+                    else:
+                        sel.unregister(key.fd)
+                        reading -= 1
+            rc = proc.wait(max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            out, err = proc.communicate()
-            return TIMEOUT_RC, out, err
-        return proc.returncode, out, err
+            _abort(proc)
+            rc = TIMEOUT_RC
+        except BaseException:  # Ctrl-C or a bug: the command must not outlive us
+            _abort(proc)
+            raise
+        finally:
+            sel.close()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    f.close()
+        return rc, b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
 
     def _spawn(self, command: str) -> Proc:
         popen = subprocess.Popen(

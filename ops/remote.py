@@ -9,6 +9,19 @@ Everything else (quoting, timeouts, module JSON, tree transfer, locking) is writ
 Commands are argv lists joined with `shlex.join`, so no user input reaches a shell unquoted.
 Each command is wrapped in coreutils `timeout` on the host, so a timed-out command is killed
 there too, not only abandoned by us.
+
+Nothing outlives us on the host (Ctrl-C, a killed ops, a lost connection). `run` starts every
+command under a small bash watcher (`WATCH`): the command runs in a session of its own
+(`setsid`) and gets, as its stdin, exactly the first N bytes of the watcher's stdin (N = the
+length of the data we send, usually 0), then EOF. After that the watcher keeps reading its
+stdin, which we hold open until the command has exited. If that stdin reaches EOF first (we
+closed it on Ctrl-C or a deadline, ops died, or the SSH channel or connection went away:
+without a pty sshd sends no signal, but it does close the session's pipes), the watcher sends
+TERM to every process of the command's session, and KILL to what is left 2 s later. Processes
+that left the session on purpose (a service started detached with `setsid`) are not touched.
+Both primitives honour this: `_exec` sends the data, keeps stdin open, and closes it only
+when the command is done or when it gives up (deadline, KeyboardInterrupt, lost connection).
+The sweep reads `/proc`, so it works on Linux hosts (every target this project serves).
 """
 
 from __future__ import annotations
@@ -35,6 +48,46 @@ from ops.inventory import Target
 TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
 KILL_GRACE_S = 5  # SIGTERM first, SIGKILL this much later
 TREE_EXCLUDE = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs", ".whl", ".gl"}
+LOCK_NOTE_WAIT_S = 2.0  # how long a second holder waits for the holder's note to appear
+
+# The watcher (see the module docstring). $1: bytes of our stdin that are the command's stdin;
+# $2: the command line. The sweep signals every live process whose session is the command's.
+WATCH = r"""n=$1
+exec 3<&0 5>&1 6>&2
+coproc OPSJOB { exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&-; }
+job=$OPSJOB_PID w=${OPSJOB[1]} r=${OPSJOB[0]}
+exec {r}<&- 5>&- 6>&- 2>/dev/null
+[ "$n" -gt 0 ] && head -c "$n" <&3 >&"$w"
+exec {w}>&-
+sweep() {
+  local p l m=0
+  for p in /proc/[0-9]*; do
+    { read -r l <"$p/stat"; } 2>/dev/null || continue
+    l=${l##*) }; set -- $l
+    [ "$4" = "$job" ] && [ "$1" != Z ] || continue
+    kill -s "$sig" "${p#/proc/}" 2>/dev/null && m=$((m + 1))
+  done
+  [ "$m" -gt 0 ]
+}
+{
+  while read -r -u 3 -N 65536 _; do :; done
+  sig=TERM; sweep || exit 0
+  sig=0; for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    sleep 0.1; sweep || exit 0
+  done
+  sig=KILL; sweep
+} >/dev/null 2>&1 &
+reader=$!
+exec 3<&-
+wait "$job"; rc=$?
+kill "$reader"
+exit "$rc"
+"""
+
+
+def watched(command: str, stdin_len: int = 0) -> str:
+    """`command` under the watcher: it dies on the host when its caller goes away."""
+    return f"bash -c {shlex.quote(WATCH)} ops-watch {int(stdin_len)} {shlex.quote(command)}"
 
 
 @dataclass(frozen=True)
@@ -116,7 +169,12 @@ class Host(ABC):
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
     ) -> tuple[int, bytes, bytes]:
-        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline."""
+        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline.
+
+        Send `stdin`, then keep the command's stdin open until it has exited; close it (which
+        makes a `watched` command die on the host) when giving up: past the deadline, on
+        KeyboardInterrupt or any other exception, or when the connection is lost.
+        """
 
     @abstractmethod
     def _spawn(self, command: str) -> Proc:
@@ -155,7 +213,11 @@ class Host(ABC):
         parts.append(f"timeout -k {KILL_GRACE_S} {max(1, int(timeout + 0.999))} {inner}")
         command = " ".join(parts)
         start, t0 = _now(), time.monotonic()
-        rc, out, err = self._exec(command, stdin=stdin, deadline_s=timeout + KILL_GRACE_S + 10)
+        rc, out, err = self._exec(
+            watched(command, len(stdin or b"")),
+            stdin=stdin,
+            deadline_s=timeout + KILL_GRACE_S + 10,
+        )
         duration = time.monotonic() - t0
         timed_out = rc == TIMEOUT_RC and duration >= timeout * 0.98
         result = Result(
@@ -269,33 +331,31 @@ class Host(ABC):
             "since": _now(),
         }
         root = shell_path(self.target.remote_root)
+        tries = max(1, int(LOCK_NOTE_WAIT_S / 0.1))
+        # Busy with no note yet: the holder took the flock but has not written its note (or
+        # just removed it on its way out). Retry both for a moment before answering BUSY.
         script = (
             "command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 4; }; "
             f'root={root}; mkdir -p "$root" || {{ echo NOROOT; exit 3; }}; '
-            'exec 9>>"$root/lock"; '
-            "if flock -n 9; then "
-            f"printf '%s\\n' {shlex.quote(json.dumps(holder))} > \"$root/lock.holder.tmp\" && "
+            'exec 9>>"$root/lock"; got=; note=; '
+            f"for _ in $(seq {tries}); do "
+            "if flock -n 9; then got=1; break; fi; "
+            'note=$(cat "$root/lock.holder" 2>/dev/null); [ -n "$note" ] && break; sleep 0.1; '
+            "done; "
+            'if [ -n "$got" ]; then '
+            f"printf '%s\n' {shlex.quote(json.dumps(holder))} > \"$root/lock.holder.tmp\" && "
             'mv -f "$root/lock.holder.tmp" "$root/lock.holder"; '
             'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
-            'else echo BUSY; cat "$root/lock.holder" 2>/dev/null; echo; exit 75; fi'
+            "fi; echo BUSY; printf '%s\n' \"$note\" | head -n 1; exit 75"
         )
         proc = self._spawn(script)
-        first = proc.read_line(timeout)
+        first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
         if first != "ACQUIRED":
             other = proc.read_line(5.0) if first == "BUSY" else None
             proc.finish(5.0)
             if first == "BUSY":
-                try:
-                    info = json.loads(other or "")
-                except json.JSONDecodeError:
-                    info = {"unknown": other or ""}
-                who = f"{info.get('user', '?')}@{info.get('host', '?')} pid {info.get('pid', '?')}"
-                raise LockHeld(
-                    f"host lock held by {who} ({info.get('purpose', '?')}) "
-                    f"since {info.get('since', '?')}",
-                    target=self.name,
-                    holder=info,
-                )
+                message, info = _held_by(other or "")
+                raise LockHeld(message, target=self.name, holder=info)
             reasons = {
                 "NOFLOCK": "flock(1) is not installed",
                 "NOROOT": "cannot create remote_root",
@@ -309,6 +369,22 @@ class Host(ABC):
             yield holder
         finally:
             proc.finish(timeout)
+
+
+def _held_by(note: str) -> tuple[str, dict[str, Any]]:
+    """The LockHeld message and holder dict for the holder's note (one JSON line, or none)."""
+    if not note.strip():
+        info: dict[str, Any] = {"starting": True}
+        return "host lock held by a holder that is still starting (no note from it yet)", info
+    try:
+        info = json.loads(note)
+    except json.JSONDecodeError:
+        info = {}
+    keys = ("user", "host", "pid", "purpose", "since")
+    if not isinstance(info, dict) or not all(info.get(k) not in (None, "") for k in keys):
+        return f"host lock held; the holder's note is unreadable: {note[:200]!r}", {"unknown": note}
+    who = f"{info['user']}@{info['host']} pid {info['pid']}"
+    return f"host lock held by {who} ({info['purpose']}) since {info['since']}", info
 
 
 def _tar_gz(src: Path) -> bytes:

@@ -4,6 +4,12 @@ Host keys are checked strictly by default against the target's known_hosts file;
 `accept-new` records an unknown key there (like OpenSSH's StrictHostKeyChecking=accept-new)
 but a changed key is always refused. Paramiko and socket errors are translated here into
 ops errors that name the target and the step.
+
+Without a pty, sshd sends no signal to a command when its channel closes or the connection
+drops; it only closes the command's pipes. So `_exec` never half-closes stdin: after the data
+(if any) it keeps the channel's write side open until the command has exited, and closes the
+channel when it gives up (deadline, Ctrl-C, lost connection). The watcher around every command
+(`ops.remote.WATCH`) sees its stdin end and kills the command's session on the host.
 """
 
 from __future__ import annotations
@@ -203,15 +209,11 @@ class SshHost(Host):
         out: list[bytes] = []
         err: list[bytes] = []
         end = time.monotonic() + deadline_s
-        if not data:
-            chan.shutdown_write()
         try:
             while True:
                 busy = False
                 if sent < len(data) and chan.send_ready():
-                    sent += chan.send(data[sent : sent + CHUNK])
-                    if sent >= len(data):
-                        chan.shutdown_write()
+                    sent += chan.send(data[sent : sent + CHUNK])  # then stdin stays open
                     busy = True
                 if chan.recv_ready():
                     out.append(chan.recv(CHUNK))
@@ -230,7 +232,7 @@ class SshHost(Host):
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostError(f"connection lost: {exc}", target=self.name, step="exec") from exc
         finally:
-            chan.close()
+            chan.close()  # before the command ended: its watcher kills it on the host
 
     def _spawn(self, command: str) -> Proc:
         return _SshProc(self._channel(command))

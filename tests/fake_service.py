@@ -9,7 +9,8 @@
 - hang: health answers, completions never answer;
 - noisy: like ok, but about a quarter of the prompts get a different answer every time;
 - `--ids native`: completions carry no token ids, SGLang's native /generate gives `output_ids`;
-  `--ids none`: no ids anywhere (checks must fall back to text).
+  `--ids none`: no ids anywhere (checks must fall back to text);
+- `--hang-after N`: completions after the first N never answer (a level that never ends).
 Used by the healthcheck tests for failures the reference engine never makes, and as the
 instant server in the load generator's capacity benchmark.
 """
@@ -35,6 +36,9 @@ class Handler(BaseHTTPRequestHandler):
     mode = "ok"
     salt = ""
     ids = "inline"  # inline: completions carry token_ids; native: only /generate; none
+    hang_after = -1  # completions after this many hang (-1: never)
+    served = 0
+    lock = threading.Lock()
 
     def log_message(self, *args: object) -> None:  # quiet
         pass
@@ -71,7 +75,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(404, {"error": {"message": "not found"}})
         if self.mode == "garbage":
             return self._send(200, b"<html>definitely not json", "text/html")
-        if self.mode == "hang":
+        with Handler.lock:
+            Handler.served += 1
+            late = 0 <= Handler.hang_after < Handler.served
+        if self.mode == "hang" or late:
             time.sleep(3600)
         req = json.loads(body or b"{}")
         prompt = req.get("prompt", "")
@@ -107,8 +114,10 @@ def main() -> None:
     p.add_argument("--mode", choices=["ok", "500", "garbage", "hang", "noisy"], default="ok")
     p.add_argument("--salt", default="")
     p.add_argument("--ids", choices=["inline", "native", "none"], default="inline")
+    p.add_argument("--hang-after", type=int, default=-1)
     args = p.parse_args()
     Handler.mode, Handler.salt, Handler.ids = args.mode, args.salt, args.ids
+    Handler.hang_after = args.hang_after
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
