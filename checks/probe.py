@@ -191,6 +191,7 @@ def watch(args: Any, cmd: list[str]) -> dict[str, Any]:
         "trip": trip,
         "cmd": {
             "argv": cmd,
+            "pid": proc.pid,
             "rc": rc,
             "killed": trip is not None or timed_out,
             "timed_out": timed_out,

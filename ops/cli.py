@@ -30,6 +30,7 @@ from ops.cli_common import (
 )
 from ops.cli_report import report
 from ops.cli_service import serve, service_app
+from ops.cli_verdict import bench, profile
 from ops.errors import EXIT_OK
 from ops.facts import Facts, gather_facts
 from ops.remote import open_host
@@ -63,6 +64,8 @@ app.add_typer(service_app, name="service")
 app.command()(serve)
 app.command()(healthcheck)
 app.command()(loadtest)
+app.command()(bench)
+app.command()(profile)
 app.command()(report)
 
 

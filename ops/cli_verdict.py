@@ -1,0 +1,309 @@
+"""`ops bench` and `ops profile`: the measurements a verdict is made from.
+
+`ops bench` exits 0 pass, 1 NO-GO (interference: the bench was stopped) or fail (the bench
+failed, a kernel disagreed with its reference), 2 refused by the GPU guard or bad input,
+3 HOLD (no GPU on the target; or the service did not answer, so interference was not
+measured). `ops profile` exits 0 when every level is complete, 1 when requests failed,
+3 HOLD when a level lacks a number a decision needs. Both write a run record.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from ops.bench import BenchOptions, parse_batches, parse_suites, run_bench
+from ops.cli_common import (
+    InventoryOpt,
+    JsonOpt,
+    TargetArg,
+    emit_json,
+    err,
+    guard,
+    inventory_of,
+    out,
+    recorded,
+)
+from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
+from ops.loadtest import parse_levels
+from ops.profile import STAGES, ProfileOptions, run_profile
+from ops.remote import open_host
+
+
+def bench(
+    target: TargetArg,
+    gpu: Annotated[
+        int | None, typer.Option("--gpu", min=0, help="GPU index (default: bench_gpu).")
+    ] = None,
+    suite: Annotated[str, typer.Option(help="Suites: topk,tree,accept,attn.")] = "topk,tree,accept",
+    batch: Annotated[str, typer.Option(help="Batch sizes, e.g. 1,8,64.")] = "1,8,64",
+    allow_shared: Annotated[
+        bool,
+        typer.Option("--allow-shared", help="Bench on a GPU in use, memory capped, probed."),
+    ] = False,
+    probe_threshold: Annotated[
+        float, typer.Option(min=0.0, help="Allowed rise of the service's p50 (0.10 = 10%).")
+    ] = 0.10,
+    max_mem_gib: Annotated[
+        float | None, typer.Option(min=0.1, help="Cap on the bench's GPU memory (GiB).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="The bench's time limit (s).")] = 1800.0,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Benchmark the kernels on one GPU of TARGET: guarded, with the interference probe."""
+
+    def body() -> int:
+        t = inventory_of(inventory).target(target)
+        n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
+        opts = BenchOptions(
+            gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
+            allow_shared=allow_shared, threshold=probe_threshold, max_mem_gib=max_mem_gib,
+            timeout=timeout,
+        )  # fmt: skip
+        inputs = {"target": t.name, **opts.model_dump()}
+        res: dict[str, Any] = {}
+
+        def go(_run: object) -> tuple[int, str, dict[str, Any]]:
+            with open_host(t) as host, err.status("bench", spinner="dots") as status:
+                o = run_bench(host, opts, lambda s: status.update(f"bench {t.name}: {s}"))
+            res.update(message=o.message, hint=o.hint, outcome=o.outcome)
+            return o.code, o.outcome, {"bench": o.section}
+
+        run, code, sections = recorded("bench", t, inputs, go)
+        sec = sections["bench"]
+        if as_json:
+            doc = {"ok": sec.get("ok", False), "outcome": res["outcome"], **sec}
+            if res["message"]:
+                doc.update(message=res["message"], hint=res["hint"])
+            emit_json({**doc, "run_dir": str(run.path)})
+        else:
+            _print_bench(sec)
+        _say(res["outcome"], res["message"], res["hint"])
+        err.print(f"[dim]record: {run.path}/record.json[/]")
+        return code
+
+    guard(as_json, body)
+
+
+LABEL = {
+    "no-go": "[bold red]NO-GO:[/]",
+    "fail": "[bold red]fail:[/]",
+    "refused": "[bold red]error:[/]",
+    "hold": "[yellow]HOLD:[/]",
+}
+
+
+def _say(outcome: str, message: str, hint: str | None) -> None:
+    """The one line that says why, on stderr (a refusal reads like every other exit-2 error)."""
+    if outcome == "pass":
+        return
+    err.print(f"{LABEL[outcome]} {escape(message)}", soft_wrap=True)
+    if hint:
+        err.print(f"[dim]hint: {escape(hint)}[/]", soft_wrap=True)
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 100:
+        return f"{v:.1f}"
+    return f"{v:.0f}" if v < 100_000 else f"{v / 1000:.0f}k"
+
+
+def _x(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
+
+
+def kernel_tables(table: list[dict[str, Any]]) -> list[Table]:
+    """One table per kernel that fits 80 columns: times in us, speedup = baseline / ours.
+
+    Columns no row of a kernel has (e.g. CPU baselines of top-k) are left out.
+    """
+    by_kernel: dict[str, list[dict[str, Any]]] = {}
+    for g in table:
+        by_kernel.setdefault(f"{g['kernel']} ({g['suite']})", []).append(g)
+    cols: list[tuple[str, Any]] = [
+        ("size", lambda g: g["size"]),
+        ("ours", lambda g: _us(g.get("ours_us"))),
+        ("IQR", lambda g: _us(g.get("ours_iqr_us"))),
+        ("graph", lambda g: _us(g.get("graph_us"))),
+        ("python", lambda g: _us(g.get("cpu_python_us"))),
+        ("c++", lambda g: _us(g.get("cpu_cpp_us"))),
+        ("torch", lambda g: _us(g.get("torch_us"))),
+        ("x py", lambda g: _x(g["speedup"].get("cpu_python"))),
+        ("x c++", lambda g: _x(g["speedup"].get("cpu_cpp"))),
+        ("x torch", lambda g: _x(g["speedup"].get(g.get("torch_impl") or "torch"))),
+    ]
+    tables = []
+    for name, rows in by_kernel.items():
+        cells = [[fn(g) for _, fn in cols] for g in rows]
+        keep = [i for i in range(len(cols)) if i == 0 or any(c[i] != "-" for c in cells)]
+        t = Table(
+            title=name,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
+        for i in keep:
+            t.add_column(cols[i][0], justify="left" if i == 0 else "right", overflow="fold")
+        for c in cells:
+            t.add_row(*(c[i] for i in keep))
+        tables.append(t)
+    return tables
+
+
+def _print_bench(sec: dict[str, Any]) -> None:
+    g = sec.get("guard") or {}
+    env = sec.get("environment") or {}
+    gpu = "-" if sec["gpu"] is None else sec["gpu"]
+    out.print(f"[bold]bench {escape(sec['target'])}[/] GPU {gpu}")
+    for line in g.get("findings", []):
+        out.print(f"  guard: {escape(line)}", soft_wrap=False, overflow="fold")
+    if env.get("gpu_uuid"):
+        out.print(
+            f"  env: {escape(str(env.get('gpu_name')))} {env.get('gpu_uuid')} driver "
+            f"{env.get('driver')} SM {env.get('sm_clock_mhz')} MHz, "
+            f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')}, "
+            f"release {escape(str(env.get('release', '-')))}",
+            overflow="fold",
+        )
+    p = sec.get("probe")
+    if p:
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
+
+        out.print(
+            f"  probe: p50 before {ms(p['p50_before_ms'])} ms ({p['before']['n']}), during "
+            f"{ms(p['p50_during_ms'])} ms ({p['during']['n']}), after {ms(p['p50_after_ms'])} "
+            f"ms ({p['after']['n']}); limit +{p['threshold']:.0%}"
+            + (" [bold red]TRIPPED[/]" if p["tripped"] else ""),
+            overflow="fold",
+        )
+    tables = kernel_tables(sec.get("table") or [])
+    if tables:
+        out.print(
+            "kernels: median us (ours: CUDA events per call, IQR of ours; graph: per launch in "
+            "a CUDA graph); x BASELINE = baseline / ours",
+            overflow="fold",
+        )
+    for t in tables:
+        out.print(t)
+    verdict = {True: "[green]PASS[/]", False: "[bold red]not passed[/]"}[bool(sec.get("ok"))]
+    out.print(f"bench {escape(sec['target'])}: {verdict}")
+
+
+def profile(
+    target: TargetArg,
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,8,32.")
+    ] = "1,8,32",
+    requests: Annotated[
+        int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
+    ] = 0,
+    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens.")] = 32,
+    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens (ignore_eos).")] = 32,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 120.0,
+    accept_length: Annotated[
+        float | None,
+        typer.Option(min=1.0, help="Accept length, for a service that reports none."),
+    ] = None,
+    component: Annotated[
+        str, typer.Option(help="Derived path: the component to time (tree_build, accept).")
+    ] = "tree_build",
+    baseline: Annotated[
+        str, typer.Option(help="Derived path: the service's implementation (python, cpp).")
+    ] = "python",
+    budget: Annotated[int, typer.Option(min=1, help="Derived path: tree budget.")] = 64,
+    topk: Annotated[int, typer.Option(min=1, help="Derived path: K per position.")] = 8,
+    depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Where the service's step time goes, per concurrency: stage times, shares, tokens/s."""
+
+    def body() -> int:
+        levels = parse_levels(concurrency)
+        t = inventory_of(inventory).target(target)
+        if component not in ("tree_build", "accept") or baseline not in ("python", "cpp"):
+            raise OpsError(
+                f"--component takes tree_build or accept and --baseline python or cpp, got "
+                f"{component!r} / {baseline!r}"
+            )
+        opts = ProfileOptions(
+            levels=levels, requests=requests, input_len=input_len, output_len=output_len,
+            timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
+            baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
+        )  # fmt: skip
+        inputs = {"target": t.name, **opts.model_dump()}
+
+        def go(_run: object) -> tuple[int, str, dict[str, Any]]:
+            with open_host(t) as host, err.status("profile", spinner="dots") as status:
+                sec = run_profile(
+                    host, opts, lambda c: status.update(f"profile {t.name}: c={c} done")
+                )
+            if sec.get("failed_requests"):
+                return EXIT_FAIL, "fail", {"profile": sec}
+            if sec["incomplete"]:
+                return EXIT_HOLD, "hold", {"profile": sec}
+            return EXIT_OK, "pass", {"profile": sec}
+
+        run, code, sections = recorded("profile", t, inputs, go)
+        sec = sections["profile"]
+        if as_json:
+            emit_json({"ok": code == EXIT_OK, **sec, "run_dir": str(run.path)})
+        else:
+            _print_profile(sec)
+        for inc in sec["incomplete"]:
+            err.print(
+                f"[yellow]HOLD:[/] c={inc['concurrency']}: missing "
+                + escape("; ".join(inc["missing"]) or "the step time"),
+                soft_wrap=True,
+            )
+        if sec.get("failed_requests"):
+            err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
+        err.print(f"[dim]record: {run.path}/record.json[/]")
+        return code
+
+    guard(as_json, body)
+
+
+def _print_profile(sec: dict[str, Any]) -> None:
+    t = Table(
+        title=f"profile {escape(sec['target'])}: ms per step, share of the step",
+        title_justify="left",
+    )
+    for h in ("c", "batch", "step ms", "stage", "ms", "share", "source", "tok/s", "accept"):
+        t.add_column(h, justify="left" if h in ("stage", "source") else "right", overflow="fold")
+    for lv in sec["levels"]:
+        stages = [s for s in (*STAGES, "attention") if s in lv.get("stage_ms", {})] or ["-"]
+        for i, s in enumerate(stages):
+            v = lv.get("stage_ms", {}).get(s)
+            first = i == 0
+            tok = lv.get("tokens_per_s")
+            acc = lv.get("accept_length")
+            t.add_row(
+                str(lv["concurrency"]) if first else "",
+                str(lv.get("batch", "")) if first else "",
+                f"{lv['step_ms']['value']:.2f}" if first else "",
+                s,
+                "-" if v is None else f"{v['value']:.3f}",
+                "-" if v is None else f"{v['value'] / lv['step_ms']['value']:.1%}",
+                "-" if v is None else v["source"],
+                f"{tok['value']:.1f}" if first and tok else "",
+                f"{acc['value']:.2f}" if first and acc else "",
+                end_section=i == len(stages) - 1,
+            )
+    out.print(t)
+    derived = [lv for lv in sec["levels"] if lv.get("method") == "derived"]
+    for lv in derived[:1]:
+        out.print(f"derived: {escape(lv['step_ms']['note'])}", overflow="fold")

@@ -1,0 +1,334 @@
+"""`ops profile`: where the service's step time goes, at each concurrency it is driven at.
+
+Per level c: a snapshot of the service's counters (`checks.probe --counters` on the host:
+`/get_server_info` and `/metrics`), one closed-loop load level (`ops.loadtest`, the
+`checks.loadtest` generator), a second snapshot. The level's numbers are the DIFFERENCE of the
+two snapshots, so they are that level's own, not the service's history.
+
+Measured (a service with per-stage timings, like the reference engine: `internal_states[0]
+.step_time_breakdown`, per batch size the steps and each stage's total seconds): step time and
+each stage's time are the mean over the level's steps at batch c (or, when the service never
+ran batch c, at the batch size it ran most), f = stage / step; accept length is
+Δ`ddtree:accept_length_sum` / Δ`_count` from `/metrics`; tokens/s is the load generator's.
+
+Derived (a service without them, like SGLang): in steady state a step advances each of the c
+requests by the accept length a (accepted drafts + bonus), so the service emits c * a tokens
+per step and
+
+    step_ms = 1000 * c * a / tok_s          (tok_s: output tokens/s measured at concurrency c)
+
+which counts prefill and scheduling gaps as step time (an upper bound on the step, so a lower
+bound on f) and assumes the batch really is c. As a cross-check, TPOT p50 * a estimates the
+same step from the per-request side. The component's time is its CPU baseline (the
+Python/heapq reference, or the compiled C++ one with --baseline cpp) timed ON THE HOST at batch
+c with the given budget, K and H: what the service's own component costs it today. Every such
+number says `source: "derived"` and carries its formula in `note`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from ops.dataplane import data_plane_dir, run_check
+from ops.errors import OpsError
+from ops.loadtest import run_loadtest
+from ops.remote import Host
+
+STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
+BREAKDOWN = "step_time_breakdown"
+
+# Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
+# B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.
+CPU_BASELINE = r"""
+import json, statistics, sys, time
+import numpy as np
+from kernels import reference as ref
+p = json.loads(sys.argv[1])
+b, h, k, budget = p["batch"], p["depth"], p["topk"], p["budget"]
+rng = np.random.default_rng(p["seed"])
+logits = rng.standard_normal((b, h, max(4096, k)), dtype=np.float32) * p["scale"]
+lp, ids = ref.topk_logprobs(logits, k)
+if p["baseline"] == "cpp":
+    from kernels import cpu
+    build, walk = cpu.build_trees_cpp, cpu.greedy_accept_cpp
+else:
+    build, walk = ref.build_trees, ref.greedy_accept_batch
+if p["component"] == "tree_build":
+    fn = lambda: build(lp, ids, budget)
+else:  # accept: the target agrees with the drafter's first choice all the way down
+    trees = ref.build_trees(lp, ids, budget)
+    target = rng.integers(0, 4096, size=(b, budget + 1))
+    for i in range(b):
+        node = 0
+        while trees.first_child[i, node] > 0:
+            child = int(trees.first_child[i, node])
+            target[i, node] = trees.token_ids[i, child - 1]
+            node = child
+    fn = lambda: walk(trees, target, h)
+fn()
+samples, end = [], time.perf_counter() + p["seconds"]
+while len(samples) < p["min_reps"] or (time.perf_counter() < end and len(samples) < 2000):
+    t0 = time.perf_counter()
+    fn()
+    samples.append((time.perf_counter() - t0) * 1000)
+q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else samples * 3
+print(json.dumps({"median_ms": statistics.median(samples), "p25_ms": q[0], "p75_ms": q[2],
+                  "n": len(samples), "samples_ms": samples[:200]}))
+"""
+
+
+class ProfileOptions(BaseModel):
+    levels: list[int]
+    requests: int = 0
+    input_len: int = 32
+    output_len: int = 32
+    timeout: float = 120.0
+    accept_length: float | None = None  # for a service that reports none
+    component: Literal["tree_build", "accept"] = "tree_build"
+    baseline: Literal["python", "cpp"] = "python"
+    budget: int = 64
+    topk: int = 8
+    depth: int = 15
+    scale: float = 2.5
+    seconds: float = 1.0
+
+
+def value(v: float, source: str, note: str, **kw: Any) -> dict[str, Any]:
+    """An `ops.evidence.Value`: one number, its spread where known, its provenance."""
+    return {"value": v, "source": source, "note": note, **kw}
+
+
+def snapshot(host: Host) -> dict[str, Any]:
+    return run_check(host, "checks.probe", ["--url", host.target.service.url, "--counters"]).data
+
+
+def breakdown(snap: dict[str, Any]) -> dict[str, Any] | None:
+    info = snap.get("server_info") or {}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        b = states[0].get(BREAKDOWN)
+        return b if isinstance(b, dict) else None
+    return None
+
+
+def metric(snap: dict[str, Any], prefix: str) -> float | None:
+    """The sum of the /metrics samples named `prefix` (any labels)."""
+    samples = snap.get("metrics") or {}
+    found = [v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{")]
+    return sum(found) if found else None
+
+
+def level_steps(before: dict[str, Any], after: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Per batch size: the level's own steps and each stage's total seconds (after - before)."""
+    out = {}
+    for b, row in after.items():
+        prev = before.get(b, {"steps": 0, "total_s": {}})
+        steps = row["steps"] - prev["steps"]
+        if steps > 0:
+            totals = {s: t - prev["total_s"].get(s, 0.0) for s, t in row["total_s"].items()}
+            out[int(b)] = {"steps": steps, "total_s": totals}
+    return out
+
+
+def measured_level(
+    c: int, before: dict[str, Any], after: dict[str, Any], lt: dict[str, Any]
+) -> dict[str, Any]:
+    steps = level_steps(breakdown(before) or {}, breakdown(after) or {})
+    if not steps:
+        raise OpsError(f"concurrency {c}: the service ran no decode step during the level")
+    batch = c if c in steps else max(steps, key=lambda b: steps[b]["steps"])
+    row = steps[batch]
+    n = row["steps"]
+    where = f"mean over the level's {n} steps at batch {batch} (Δ step_time_breakdown)"
+    step = 1000 * row["total_s"]["step"] / n
+    stage_ms = {
+        s: value(1000 * row["total_s"][s] / n, "measured", where, n=n)
+        for s in STAGES
+        if row["total_s"].get(s, 0.0) > 0
+    }
+    level: dict[str, Any] = {
+        "concurrency": c,
+        "batch": batch,
+        "steps_by_batch": {b: r["steps"] for b, r in sorted(steps.items())},
+        "step_ms": value(step, "measured", where, n=n),
+        "stage_ms": stage_ms,
+        "share": {s: v["value"] / step for s, v in stage_ms.items()},
+        "unaccounted_ms": step - sum(v["value"] for v in stage_ms.values()),
+    }
+    level.update(throughput(lt))
+    d_sum = _delta(before, after, "ddtree:accept_length_sum")
+    d_cnt = _delta(before, after, "ddtree:accept_length_count")
+    if d_sum is not None and d_cnt:
+        level["accept_length"] = value(
+            d_sum / d_cnt, "measured",
+            "tokens committed per request per step in this level "
+            "(Δ ddtree:accept_length_sum / Δ _count of /metrics)", n=int(d_cnt),
+        )  # fmt: skip
+    elif lt["accept_length"]["value"] is not None:
+        level["accept_length"] = value(
+            lt["accept_length"]["value"], "measured",
+            f"the service's running average ({lt['accept_length']['source']}), not this "
+            "level's alone",
+        )  # fmt: skip
+    a = (level.get("accept_length") or {}).get("value")
+    tok_s = lt.get("output_tok_per_s")
+    if a and tok_s:
+        level["derived_check"] = {
+            "step_ms": 1000 * batch * a / tok_s,
+            "formula": f"1000 * {batch} * {a:.3f} / {tok_s:.2f}",
+            "note": "what the derived path would say for this level (prefill and gaps count "
+            "as step time there)",
+        }
+    return level
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any], name: str) -> float | None:
+    b, a = metric(before, name), metric(after, name)
+    return None if a is None or b is None else a - b
+
+
+def throughput(lt: dict[str, Any]) -> dict[str, Any]:
+    tok_s = lt.get("output_tok_per_s")
+    if not tok_s:
+        return {}
+    note = (
+        f"output tokens / wall of the level's {lt['completed']} measured requests "
+        "(client side, checks.loadtest)"
+    )
+    return {"tokens_per_s": value(tok_s, "measured", note, n=lt["completed"])}
+
+
+def cpu_baseline(host: Host, cwd: str, c: int, opts: ProfileOptions) -> dict[str, Any]:
+    params = {
+        "batch": c, "depth": opts.depth, "topk": opts.topk, "budget": opts.budget,
+        "component": opts.component, "baseline": opts.baseline, "scale": opts.scale,
+        "seed": c, "seconds": opts.seconds, "min_reps": 5,
+    }  # fmt: skip
+    res = host.run(
+        [host.target.python, "-c", CPU_BASELINE, json.dumps(params)],
+        cwd=cwd,
+        timeout=120 + 20 * opts.seconds,
+        warn=True,
+        step=f"{opts.component} CPU baseline at batch {c}",
+    )
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        tail = res.tail() or res.tail("stdout") or f"exit {res.rc}"
+        return {"error": f"the CPU baseline did not run on {host.name}: {tail}", "params": params}
+    return {**doc, "params": params}
+
+
+def derived_level(
+    host: Host, cwd: str, c: int, lt: dict[str, Any], opts: ProfileOptions
+) -> dict[str, Any]:
+    level: dict[str, Any] = {"concurrency": c, "batch": c, "missing": []}
+    level.update(throughput(lt))
+    reported = lt["accept_length"]
+    if reported["value"] is not None:
+        a = float(reported["value"])
+        level["accept_length"] = value(
+            a, "measured", f"reported by the service ({reported['source']})"
+        )
+    elif opts.accept_length is not None:
+        a = opts.accept_length
+        level["accept_length"] = value(
+            a, "derived", "given on the command line (--accept-length): the service reports none"
+        )
+    else:
+        a = None
+        level["missing"].append("accept length: the service reports none (give --accept-length)")
+    tok_s = lt.get("output_tok_per_s")
+    if a is not None and tok_s:
+        step = 1000 * c * a / tok_s
+        level["step_ms"] = value(
+            step, "derived",
+            f"step_ms = 1000 * c * a / tok_s = 1000 * {c} * {a:.3f} / {tok_s:.2f} "
+            "(c requests each advance a tokens a step; prefill and gaps count as step time)",
+        )  # fmt: skip
+        tpot = (lt.get("tpot_ms") or {}).get("p50")
+        if tpot is not None:
+            level["step_ms_from_tpot"] = value(
+                tpot * a, "derived", f"TPOT p50 * a = {tpot:.3f} * {a:.3f} (cross-check)"
+            )
+    elif not tok_s:
+        level["missing"].append("tokens/s: no request completed at this level")
+    base = cpu_baseline(host, cwd, c, opts)
+    level["cpu_baseline"] = base
+    if "error" in base:
+        level["missing"].append(f"{opts.component} time: {base['error']}")
+    else:
+        impl = "Python/heapq reference" if opts.baseline == "python" else "compiled C++ baseline"
+        level["stage_ms"] = {
+            opts.component: value(
+                base["median_ms"], "derived",
+                f"the {impl} {opts.component} at batch {c} (budget {opts.budget}, K "
+                f"{opts.topk}, H {opts.depth}) timed on the host's CPU, median of {base['n']}: "
+                "stands in for the service's own stage time",
+                p25=base["p25_ms"], p75=base["p75_ms"], n=base["n"], samples=base["samples_ms"],
+            )
+        }  # fmt: skip
+        if "step_ms" in level:
+            level["share"] = {opts.component: base["median_ms"] / level["step_ms"]["value"]}
+    return level
+
+
+def service_facts(snap: dict[str, Any]) -> dict[str, Any]:
+    info = snap.get("server_info") or {}
+    keep = ("model", "mode", "preset", "device", "backends", "topk")
+    out = {k: info.get(k) for k in keep if k in info}
+    engine = (info.get("config") or {}).get("engine")
+    if engine:
+        out["engine"] = engine
+    out["stage_timings"] = breakdown(snap) is not None
+    return out
+
+
+def run_profile(
+    host: Host, opts: ProfileOptions, on_level: Callable[[int], None] = lambda c: None
+) -> dict[str, Any]:
+    """Every level, measured where the service has stage timings, derived where it has not.
+
+    `incomplete` lists the levels (and what they lack) that cannot serve a decision;
+    `failed_requests` counts the load's failures.
+    """
+    first = snapshot(host)
+    section: dict[str, Any] = {
+        "target": host.name,
+        "url": host.target.service.url,
+        "service": service_facts(first),
+        "settings": opts.model_dump(),
+        "levels": [],
+        "incomplete": [],
+    }
+    cwd: str | None = None
+    before = first
+    for c in opts.levels:
+        rep = run_loadtest(
+            host, [c], requests=opts.requests, input_len=opts.input_len,
+            output_len=opts.output_len, timeout=opts.timeout,
+        )  # fmt: skip
+        lt = rep.levels[0]
+        after = snapshot(host)
+        if breakdown(before) is not None and breakdown(after) is not None:
+            level = measured_level(c, before, after, lt)
+            level["method"] = "measured"
+        else:
+            cwd = cwd or data_plane_dir(host)
+            level = derived_level(host, cwd, c, lt, opts)
+            level["method"] = "derived"
+        level["load"] = {k: lt[k] for k in ("completed", "failed", "errors", "duration_s")}
+        level["load"]["tpot_p50_ms"] = (lt.get("tpot_ms") or {}).get("p50")
+        if "step_ms" in level:
+            section["levels"].append(level)
+        if level.get("missing") or "step_ms" not in level:
+            section["incomplete"].append({"concurrency": c, "missing": level.get("missing", [])})
+        if lt["failed"]:
+            section["failed_requests"] = section.get("failed_requests", 0) + lt["failed"]
+        before = after
+        on_level(c)
+    return section
