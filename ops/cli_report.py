@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -22,8 +23,8 @@ from ops.cli_common import InventoryOpt, JsonOpt, emit_json, err, guard, out
 from ops.errors import OpsError
 from ops.evidence import Change, Evidence, gather, record_files
 from ops.records import RunDir, write_atomic
-from ops.render import amdahl_table, context, render
-from ops.report import Decision, decide
+from ops.render import context, pct, render
+from ops.report import Decision, decide, times
 
 FORMATS = ("md", "html")
 STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
@@ -169,18 +170,32 @@ def report(
     guard(as_json, body)
 
 
+def _p(x: float | None) -> str:
+    return pct(x, 3 if x is not None and abs(x) < 0.1 else 1)
+
+
 def _print(d: Decision) -> None:
     label = d.change.label if d.change else "no change named"
     out.print(f"[{STYLE[d.verdict]}]{d.verdict}[/]: {escape(label)}")
     for title, reasons in (("NO-GO", d.failed), ("HOLD", d.holds)):
         for r in reasons:
             out.print(f"  [{STYLE[title]}]{title}[/] {r.code}: {escape(r.message)}", soft_wrap=True)
-    rows = amdahl_table(d)
-    if rows:
-        table = Table(title=f"Amdahl (threshold {d.threshold:.1%})")
-        cols = ("c", "f", "f_source", "s", "gain", "ceiling", "measured", "clears")
-        for col in cols:
-            table.add_column(col)
-        for r in rows:
-            table.add_row(*(escape(r[c]) for c in cols))
-        out.print(table)
+    if not d.amdahl:
+        return
+    table = Table(title=f"Amdahl (threshold {d.threshold:.1%})", box=box.SIMPLE)
+    for col in ("c", "f", "s", "gain", "range", "ceiling", "measured", "clears"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in d.amdahl:
+        derived = " (d)" if r.f_source == "derived" else ""
+        table.add_row(
+            f"{r.concurrency}{'*' if r.concurrency == d.target_concurrency else ''}",
+            "-" if r.f is None else f"{r.f:.2%}{derived}",
+            "-" if r.speed is None else times(r.speed.s),
+            _p(r.gain),
+            "-" if r.gain_lo is None else f"{_p(r.gain_lo)}..{_p(r.gain_hi)}",
+            _p(r.ceiling),
+            _p(r.measured_gain) if r.measured_gain is not None else "-",
+            {True: "yes", False: "no", None: "-"}[r.clears],
+        )
+    out.print(table)
+    out.print("[dim]* target concurrency; (d) derived f[/]")

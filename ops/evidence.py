@@ -28,13 +28,15 @@ Models (extra fields are allowed and kept, so a producer may record more than is
 - `Guard`: the GPU guard's findings: gpu, gpus present, processes on it, service_on_gpu,
   allow_shared, memory free/needed/cap (MiB), findings (one line each), ok.
 - `BenchSection`: target, gpu, cuda_visible_devices, guard, probe, environment, rows,
-  refcheck_failed, hold_reasons (e.g. ["no GPU on local"]: why no GPU rows exist), ok.
+  refcheck_failed, hold_reasons (e.g. ["no GPU on local"]: why no GPU rows exist), ok,
+  reasons (why not ok), interference (True: the probe tripped).
 - `Value`: one number with its spread and provenance: value (median), p25, p75, n, samples,
   source ("measured" | "derived"), note (how it was derived).
 - `ProfileLevel`: concurrency, step_ms: Value, stage_ms {stage: Value} (stages of
   engine.stats.STAGES: draft, topk, tree_build, verify, accept, commit; plus "attention", the
   attention time inside verify, where the profile can tell it), tokens_per_s, accept_length.
-- `ProfileSection`: target, levels, service (model, backends, config as the service reports).
+- `ProfileSection`: target, levels, service (model, backends, config as the service reports),
+  incomplete [{concurrency, missing}], failed_requests (the load's failures while profiling).
 - `MeasureLevel`: concurrency, aa: [A, A'] tokens/s samples of the unchanged service,
   before / after: tokens/s samples around the switch. `MeasureSection`: change, levels.
 - `Change`: component (tree_build | accept | topk | attention), baseline / candidate backend
@@ -146,6 +148,8 @@ class BenchSection(_Open):
     rows: list[KernelRow] = Field(default_factory=list)
     refcheck_failed: list[str] = Field(default_factory=list)
     hold_reasons: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)  # why ok is False (e.g. the bench crashed)
+    interference: bool | None = None  # True: the probe tripped; None: not measured
     ok: bool = True
 
 
@@ -179,6 +183,8 @@ class ProfileSection(_Open):
     target: str
     levels: list[ProfileLevel]
     service: dict[str, Any] = Field(default_factory=dict)
+    incomplete: list[dict[str, Any]] = Field(default_factory=list)  # {concurrency, missing}
+    failed_requests: int = 0  # requests of the load that failed while profiling
 
     def level(self, c: int) -> ProfileLevel | None:
         return next((lv for lv in self.levels if lv.concurrency == c), None)

@@ -16,7 +16,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
-from ops.report import Decision
+from ops.report import Decision, times
 
 TEMPLATES = Path(__file__).parent / "templates"
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999")
@@ -306,7 +306,7 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 + (" (target)" if r.concurrency == d.target_concurrency else ""),
                 "f": "-" if r.f is None else f"{r.f:.3%} ({r.f_lo:.3%}..{r.f_hi:.3%})",
                 "f_source": r.f_source or "-",
-                "s": "-" if sp is None else f"{sp.s:.4g}x ({sp.lo:.4g}..{sp.hi:.4g})",
+                "s": "-" if sp is None else f"{times(sp.s)} ({sp.lo:.4g}..{sp.hi:.4g})",
                 "s_at": "-"
                 if sp is None
                 else f"B={sp.batch}" + (f"; {sp.note}" if sp.note else ""),

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ops.evidence import COMPONENT_STAGE, Change, Evidence, KernelRow
+from ops.evidence import COMPONENT_STAGE, BenchSection, Change, Evidence, KernelRow, Probe
 
 Verdict = Literal["GO", "NO-GO", "HOLD"]
 EXIT_OF = {"GO": 0, "NO-GO": 1, "HOLD": 3}
@@ -198,6 +198,11 @@ def _pct(x: float | None, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x * 100:+.{digits}f}%"
 
 
+def times(s: float | None) -> str:
+    """A speedup as people write it: 3.2x, 474x, 2,107x."""
+    return "n/a" if s is None else f"{s:,.0f}x" if s >= 100 else f"{s:.3g}x"
+
+
 class _Tally:
     def __init__(self) -> None:
         self.failed: list[Reason] = []
@@ -277,47 +282,57 @@ def _identity(role: str, path: str, data: dict[str, Any] | None, t: _Tally) -> N
         )
 
 
+def _one_bench(path: str, b: BenchSection, t: _Tally) -> None:
+    for why in b.hold_reasons:
+        t.hold("bench_held", f"bench: {why}", record=path)
+    bad = list(b.refcheck_failed) or [
+        f"{r.kernel} {r.impl} {r.shape}" for r in b.rows if r.refcheck is False
+    ]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        t.fail(
+            "kernel_not_exact",
+            f"the kernel differs from its reference: {bad[0]}{more}",
+            record=path,
+            rows=bad,
+        )
+    p = b.probe
+    tripped = b.interference is True or (p is not None and (p.tripped or p.stopped_early))
+    rise = None
+    if p is not None and p.p50_before_ms and p.p50_during_ms is not None:
+        rise = p.p50_during_ms / p.p50_before_ms - 1
+    if tripped:
+        p = p or Probe()
+        t.fail(
+            "interference",
+            f"the service's p50 latency rose {_pct(rise, 1)} during the "
+            f"bench (threshold {p.threshold:.0%}); bench stopped early: {p.stopped_early}",
+            record=path,
+            p50_before_ms=p.p50_before_ms,
+            p50_during_ms=p.p50_during_ms,
+            p50_after_ms=p.p50_after_ms,
+        )
+    elif p is None:
+        if b.rows:
+            t.hold("no_probe", "the bench ran without an interference probe", record=path)
+    elif p.during_ms:
+        t.ok(
+            "no_interference",
+            f"probe p50 {_pct(rise, 1)} during the bench (threshold {p.threshold:.0%})",
+            record=path,
+        )
+    if not b.ok and not (tripped or bad or b.hold_reasons):
+        why = "; ".join(b.reasons) or "the bench says it failed"
+        t.hold("bench_failed", f"the bench failed: {why}", record=path)
+
+
 def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
     for path, msg in ev.bench_errors:
         t.hold("bench_failed", f"the bench did not run: {msg}", record=path)
     if not ev.bench and not ev.bench_errors:
         t.hold("no_bench", "no GPU bench record")
     for path, b in ev.bench:
-        for why in b.hold_reasons:
-            t.hold("bench_held", f"bench: {why}", record=path)
-        bad = list(b.refcheck_failed) + [
-            f"{r.kernel} {r.impl} {r.shape}" for r in b.rows if r.refcheck is False
-        ]
-        if bad:
-            t.fail(
-                "kernel_not_exact",
-                f"the kernel differs from its reference: {bad[0]}"
-                + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""),
-                record=path,
-                rows=bad,
-            )
-        p = b.probe
-        if p is None:
-            if b.rows:
-                t.hold("no_probe", "the bench ran without an interference probe", record=path)
-        elif p.tripped or p.stopped_early:
-            rise = (p.p50_during_ms or 0) / p.p50_before_ms - 1 if p.p50_before_ms else None
-            t.fail(
-                "interference",
-                f"the service's p50 latency rose {_pct(rise, 1)} during the "
-                f"bench (threshold {p.threshold:.0%}); bench stopped: {p.stopped_early}",
-                record=path,
-                p50_before_ms=p.p50_before_ms,
-                p50_during_ms=p.p50_during_ms,
-                p50_after_ms=p.p50_after_ms,
-            )
-        elif p.during_ms:
-            rise = (p.p50_during_ms or 0) / p.p50_before_ms - 1 if p.p50_before_ms else None
-            t.ok(
-                "no_interference",
-                f"probe p50 {_pct(rise, 1)} during the bench (threshold {p.threshold:.0%})",
-                record=path,
-            )
+        _one_bench(path, b, t)
     if change is not None and ev.bench and not any(b.rows for _, b in ev.bench):
         return  # held above: no rows at all
     if change is not None and ev.bench and speedup_at(ev, change, 1) is None:
@@ -333,6 +348,12 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
     if ev.profile is None:
         t.hold("no_profile", "no service profile record: f(c) is unknown")
         return
+    if ev.profile.failed_requests:
+        t.hold(
+            "profile_failed_requests",
+            f"{ev.profile.failed_requests} requests failed while "
+            "the service was profiled: its step times are not trustworthy",
+        )
     row = next((r for r in rows if r.concurrency == c), None)
     if row is None:
         have = [r.concurrency for r in rows]
@@ -356,7 +377,7 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
     }
     what = (
         f"projected gain at c={c} {_pct(row.gain)} ({_pct(row.gain_lo)} .. "
-        f"{_pct(row.gain_hi)}; f = {row.f:.2%}, s = {ev_['s']:.3g}x, ceiling "
+        f"{_pct(row.gain_hi)}; f = {row.f:.2%}, s = {times(ev_['s'])}, ceiling "
         f"{_pct(row.ceiling)})"
     )
     noise = row.aa_noise or 0.0
