@@ -1,24 +1,57 @@
 """`python -m engine`: run the reference engine's OpenAI-compatible server in the foreground.
 
     python -m engine --host 127.0.0.1 --port 30000 --preset tiny --mode ddtree \
-        [--device cpu|cuda] [--backend tree_build=cpp --backend attention=cuda ...]
+        [--device cpu|cuda[:N]] [--backend tree_build=cpp --backend attention=cuda ...] [--check]
+
+Component backends default to $DDTREE_ENGINE_BACKENDS (comma-separated COMPONENT=KIND, as a
+release's service.env sets it); each --backend overrides its component. Every user mistake
+(a bad flag or value, a device this torch cannot use, a bad backend, a port in use) is one line
+on stderr and exit 2, before the port is bound or the model is loaded. `--check` stops after
+those checks and prints one JSON document (exit 0 ok, 2 bad input): `ops serve` runs it first.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import logging
+import os
+import socket
 import sys
+from typing import Any, NoReturn
 
-from engine.backends import COMPONENTS, parse_backends
+from engine.components import COMPONENTS, ENV_VAR, resolve_backends
 from engine.config import PRESETS
+
+
+class UsageError(Exception):
+    """A user mistake: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def _number(kind: type, low: float, name: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} takes a number, got {text!r}") from None
+        if not value >= low or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be >= {low}, got {text}")
+        return value
+
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
     kinds = "; ".join(f"{c}={'|'.join(k)}" for c, k in COMPONENTS.items())
-    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m engine", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--port", type=_number(int, 1, "--port"), default=30000)
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--mode", choices=("ar", "ddtree"), default="ddtree")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -28,38 +61,139 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="COMPONENT=KIND",
-        help=f"swap one DDTree component (repeatable): {kinds}",
+        help=f"swap one DDTree component (repeatable; overrides ${ENV_VAR}): {kinds}",
     )
     p.add_argument("--weights", help="safetensors file written by engine.weights.save_weights")
     p.add_argument("--seed", type=int, default=0, help="weight seed when --weights is not given")
-    p.add_argument("--max-batch-size", type=int)
-    p.add_argument("--budget", type=int, help="DDTree nodes per request per step")
+    p.add_argument("--max-batch-size", type=_number(int, 1, "--max-batch-size"))
+    p.add_argument("--budget", type=_number(int, 1, "--budget"), help="DDTree nodes per step")
     p.add_argument("--model-name", default="ddtree-reference")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: per-row ops)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--threads", type=_number(int, 1, "--threads"), default=1, help="torch threads")
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        default="info",
+        choices=("debug", "info", "warning", "error", "critical"),
+    )
     p.add_argument(
         "--load-delay",
-        type=float,
+        type=_number(float, 0, "--load-delay"),
         default=0.0,
         help="seconds to wait before loading (tests observe /health's 503)",
+    )
+    limits = p.add_argument_group("limits (bounded inputs)")
+    limits.add_argument(
+        "--max-body-bytes",
+        type=_number(int, 1, "--max-body-bytes"),
+        default=1 << 20,
+        help="larger request bodies get 413 (default 1 MiB)",
+    )
+    limits.add_argument(
+        "--max-prompts-per-request",
+        type=_number(int, 1, "--max-prompts-per-request"),
+        default=64,
+        help="more prompts in one request get 400 (default 64)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=_number(int, 1, "--max-connections"),
+        help="open connections; beyond it the oldest idle one is closed (default: 1000, "
+        "fewer under a low fd limit)",
+    )
+    limits.add_argument(
+        "--request-read-timeout",
+        type=_number(float, 0.01, "--request-read-timeout"),
+        default=10.0,
+        help="seconds a client has to send a whole request (head and body); then dropped",
+    )
+    limits.add_argument(
+        "--keep-alive-timeout",
+        type=_number(float, 0.01, "--keep-alive-timeout"),
+        default=5.0,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the arguments, the device and the port, print one JSON document, exit",
     )
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    backends = [b for group in args.backend for b in group]
+def check_device(device: str) -> None:
+    """UsageError unless this torch can run on `device` (cpu, cuda, cuda:N)."""
+    if device == "cpu":
+        return  # no torch import: `--check` of a CPU engine stays fast
+    import torch
+
     try:
-        parse_backends(backends, args.device)
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"bad --device {device!r}: expected cpu, cuda or cuda:N")
+    if dev.type == "cpu":
+        return
+    if not torch.cuda.is_available():
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UsageError(
+            f"--device {device}: CUDA is not available to this torch {torch.__version__} "
+            f"({built}); use --device cpu, or a CUDA torch on a host with a GPU"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise UsageError(f"--device {device}: this host has {count} CUDA device(s)")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now so that a busy port is a one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(
+                f"port {port} on {host} is in use (address already in use); stop what listens "
+                "there or pick another --port"
+            ) from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def validate(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    """Every check that needs no model: backends (env and flags), weights, device."""
+    flags = [b for group in args.backend for b in group]
+    try:
+        names, sources = resolve_backends(os.environ.get(ENV_VAR), flags, args.device)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    if args.weights and not os.path.isfile(args.weights):
+        raise UsageError(f"--weights {args.weights}: no such file")
+    check_device(args.device)
+    return names, sources
+
+
+def run(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
+    names, sources = validate(args)
+    sock = bind(args.host, args.port)
+    if args.check:
+        sock.close()
+        doc = {"ok": True, "preset": args.preset, "mode": args.mode, "device": args.device}
+        doc |= {"backends": names, "backend_sources": sources}
+        doc |= {"url": f"http://{args.host}:{args.port}"}
+        print(json.dumps(doc))
+        return 0
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     import torch
     import uvicorn
 
+    from engine.limits import BackoffSocket, Limits, bounded_h11
     from engine.runtime import EngineSpec
     from engine.server import create_app
 
@@ -68,15 +202,47 @@ def main(argv: list[str] | None = None) -> int:
         args.preset,
         args.mode,
         args.device,
-        tuple(backends),
+        tuple(f"{c}={k}" for c, k in names.items()),
         args.weights,
         args.seed,
         args.max_batch_size,
         args.budget,
+        backend_sources=sources,
     )
-    app = create_app(spec, args.model_name, load_delay=args.load_delay)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompts_per_request=args.max_prompts_per_request,
+        request_read_timeout=args.request_read_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        **({"max_connections": args.max_connections} if args.max_connections else {}),
+    )
+    app = create_app(spec, args.model_name, load_delay=args.load_delay, limits=limits)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        http=bounded_h11(limits),
+        # beyond max_connections the oldest idle connection is closed; when none is idle
+        # uvicorn answers 503 (it also bounds in-flight request tasks)
+        limit_concurrency=limits.max_connections + 1,
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
+    )
+    logging.getLogger("engine").info(
+        "engine listening on http://%s:%d (pid %d)", args.host, args.port, os.getpid()
+    )
+    uvicorn.Server(config).run(sockets=[BackoffSocket.wrap(sock)])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if "--check" in (sys.argv[1:] if argv is None else argv):
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        return 2
 
 
 if __name__ == "__main__":

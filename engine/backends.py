@@ -1,6 +1,6 @@
 """Backend registry: one place that binds each DDTree component to an implementation.
 
-Components and kinds (`--backend COMPONENT=KIND`):
+Components and kinds (`--backend COMPONENT=KIND`, or $DDTREE_ENGINE_BACKENDS; engine.components):
   topk        reference (kernels.reference, numpy) | cuda (kernels.cuda)
   tree_build  reference (Python/heapq) | cpp (kernels.cpu, compiled g++) | cuda (kernels.cuda)
   accept      reference | cpp | cuda
@@ -21,35 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
+# the names and their parsing live in engine.components (no torch: the CLI checks them fast)
+from engine.components import (  # noqa: F401  (re-exported)
+    COMPONENTS,
+    DEFAULTS,
+    ENV_VAR,
+    parse_backends,
+    resolve_backends,
+)
 from engine.model import Attention, torch_attention
-
-COMPONENTS: dict[str, tuple[str, ...]] = {
-    "topk": ("reference", "cuda"),
-    "tree_build": ("reference", "cpp", "cuda"),
-    "accept": ("reference", "cpp", "cuda"),
-    "attention": ("torch", "cuda"),
-}
-DEFAULTS = {
-    "topk": "reference",
-    "tree_build": "reference",
-    "accept": "reference",
-    "attention": "torch",
-}
-
-
-def parse_backends(specs: list[str], device: str) -> dict[str, str]:
-    """`["topk=cuda", ...]` over the defaults (the references and torch attention on every
-    device, so a rollout swaps exactly the components it names); ValueError on a bad pair."""
-    chosen = dict(DEFAULTS)
-    for spec in specs:
-        comp, sep, kind = spec.partition("=")
-        if not sep or comp not in COMPONENTS or kind not in COMPONENTS[comp]:
-            known = ", ".join(f"{c}={'|'.join(k)}" for c, k in COMPONENTS.items())
-            raise ValueError(f"bad --backend {spec!r}; expected one of {known}")
-        if kind == "cuda" and not device.startswith("cuda"):
-            raise ValueError(f"--backend {spec} needs --device cuda")
-        chosen[comp] = kind
-    return chosen
 
 
 def _np(x: Any) -> np.ndarray:

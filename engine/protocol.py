@@ -1,7 +1,14 @@
-"""OpenAI-style request validation and error bodies for the completions endpoint."""
+"""OpenAI-style request validation and error bodies for the completions endpoint.
+
+Every client mistake is a `BadRequest` (a 400 with a JSON error body), never a 500: bodies that
+are not JSON, nest too deeply, carry NaN / Infinity or integers too long to convert, prompts
+over the per-request cap, and out-of-range fields.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +44,25 @@ class Completion:
     seed: int | None = None
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def load_json(raw: bytes) -> Any:
+    """Parse a request body (strict JSON: no NaN / Infinity); BadRequest if it is not."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise BadRequest("invalid JSON body: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int over 4300 digits
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+
+
+def _short(x: Any, limit: int = 40) -> str:
+    text = repr(x) if not (_is_int(x) and x.bit_length() > 128) else f"<{x.bit_length()}-bit int>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -61,7 +87,14 @@ def _prompts(prompt: Any, tok: ByteTokenizer) -> list[list[int]]:
 
 
 def parse_completion(
-    body: Any, *, mode: str, vocab: int, max_seq_len: int, max_new: int, tok: ByteTokenizer
+    body: Any,
+    *,
+    mode: str,
+    vocab: int,
+    max_seq_len: int,
+    max_new: int,
+    tok: ByteTokenizer,
+    max_prompts: int = 64,
 ) -> Completion:
     """Validate a /v1/completions body; BadRequest says what is wrong and with which field."""
     if not isinstance(body, dict):
@@ -69,6 +102,12 @@ def parse_completion(
     if "prompt" not in body or body["prompt"] is None:
         raise BadRequest("missing required field 'prompt'", "prompt", "missing_required_parameter")
     prompts = _prompts(body["prompt"], tok)
+    if len(prompts) > max_prompts:
+        raise BadRequest(
+            f"at most {max_prompts} prompts per request, got {len(prompts)}",
+            "prompt",
+            "too_many_prompts",
+        )
     for p in prompts:
         if any(not 0 <= t < vocab for t in p):
             raise BadRequest(f"token ids must lie in [0, {vocab})", "prompt")
@@ -77,13 +116,16 @@ def parse_completion(
         max_tokens = 16
     if not _is_int(max_tokens) or not 1 <= max_tokens <= max_new:
         raise BadRequest(
-            f"max_tokens must be an integer in [1, {max_new}], got {max_tokens!r}", "max_tokens"
+            f"max_tokens must be an integer in [1, {max_new}], got {_short(max_tokens)}",
+            "max_tokens",
         )
     temperature = body.get("temperature", 0.0)
     if temperature is None:
         temperature = 0.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise BadRequest("temperature must be a number", "temperature")
+    if isinstance(temperature, float) and not math.isfinite(temperature):
+        raise BadRequest("temperature must be a finite number", "temperature")
     if temperature < 0:
         raise BadRequest("temperature must be >= 0", "temperature")
     if temperature > 0 and mode == "ddtree":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +26,8 @@ class EngineSpec:
     seed: int = 0
     max_batch_size: int | None = None
     budget: int | None = None
+    # where each component's backend came from ("default" | "env" | "cli"), for reports
+    backend_sources: dict[str, str] = field(default_factory=dict)
 
 
 def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:

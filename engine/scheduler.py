@@ -2,7 +2,11 @@
 
 Requests are submitted through a thread-safe queue; between two steps the scheduler admits
 waiting requests (prefill) up to the max batch size and retires finished ones, so requests
-join and leave while others decode. Each request's updates (new token ids, finish reason) go
+join and leave while others decode. Admission is fair between groups (one group per HTTP
+request: its prompts): a free slot goes to the waiting group with the fewest running
+sequences, ties to the one served least recently, so a request with many prompts never
+starves another client's small one. Cancelled requests leave the waiting queue and the
+running batch at the next iteration. Each request's updates (new token ids, finish reason) go
 to its `sink` callable, which the server turns into an asyncio handoff
 (`loop.call_soon_threadsafe`). A failure inside a step fails the requests in that step with
 an error and the thread keeps serving.
@@ -14,8 +18,8 @@ import logging
 import threading
 import time
 import traceback
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from engine.decode import Decoder, Sequence
@@ -42,11 +46,16 @@ class GenRequest:
     ignore_eos: bool = False
     temperature: float = 0.0
     seed: int | None = None
+    group: Hashable | None = None  # requests of one group share fairly; None: a group alone
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     seq: Sequence | None = None
     text: str = ""
     _decoder: StreamDecoder = field(default_factory=StreamDecoder)
+
+    @property
+    def key(self) -> Hashable:
+        return self.group if self.group is not None else id(self)
 
     def take(self, new: list[int]) -> Update:
         """Append committed tokens one by one, stopping at EOS, a stop string or max_tokens."""
@@ -70,8 +79,11 @@ class Scheduler:
         self.decoder = decoder
         self.stats = stats or StepStats()
         self.max_batch = decoder.cfg.max_batch_size
-        self._waiting: deque[GenRequest] = deque()
+        # waiting requests per group, groups in the order they were last served (or arrived)
+        self._waiting: dict[Hashable, deque[GenRequest]] = {}
+        self._n_waiting = 0
         self._running: list[GenRequest] = []
+        self._running_per_group: Counter[Hashable] = Counter()
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
@@ -88,11 +100,14 @@ class Scheduler:
 
     def submit(self, req: GenRequest) -> None:
         with self._cv:
-            self._waiting.append(req)
+            self._waiting.setdefault(req.key, deque()).append(req)
+            self._n_waiting += 1
             self._cv.notify_all()
 
     def cancel(self, req: GenRequest) -> None:
         req.cancelled = True
+        with self._cv:
+            self._cv.notify_all()
 
     @property
     def num_running(self) -> int:
@@ -100,7 +115,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return self._n_waiting
 
     # -- the loop (scheduler thread) --------------------------------------------------------
     def _finish(self, req: GenRequest, update: Update) -> None:
@@ -109,18 +124,54 @@ class Scheduler:
             req.seq = None
         self._emit(req, update)
 
+    def _retire(self, req: GenRequest, update: Update) -> None:
+        """Take a running request out of the batch and finish it."""
+        self._running.remove(req)
+        self._running_per_group[req.key] -= 1
+        if self._running_per_group[req.key] <= 0:
+            del self._running_per_group[req.key]
+        self._finish(req, update)
+
     def _emit(self, req: GenRequest, update: Update) -> None:
         try:
             req.sink(update)
         except Exception:  # a broken sink (client gone) must not stop the loop
             log.exception("request sink failed")
 
+    def _next_waiting(self) -> GenRequest | None:
+        """Pop the next request to admit: from the group with the fewest running sequences,
+        ties to the group served least recently (dict order); that group moves to the back."""
+        with self._cv:
+            if not self._waiting:
+                return None
+            key = min(self._waiting, key=lambda k: self._running_per_group[k])
+            queue = self._waiting.pop(key)
+            req = queue.popleft()
+            if queue:
+                self._waiting[key] = queue
+            self._n_waiting -= 1
+            return req
+
+    def _drop_cancelled_waiting(self) -> None:
+        with self._cv:
+            gone = [r for q in self._waiting.values() for r in q if r.cancelled]
+            if not gone:
+                return
+            for key in list(self._waiting):
+                kept = deque(r for r in self._waiting[key] if not r.cancelled)
+                if kept:
+                    self._waiting[key] = kept
+                else:
+                    del self._waiting[key]
+            self._n_waiting -= len(gone)
+        for req in gone:
+            self._finish(req, Update([], True, "abort"))
+
     def _admit(self) -> None:
         while len(self._running) < self.max_batch:
-            with self._cv:
-                if not self._waiting:
-                    return
-                req = self._waiting.popleft()
+            req = self._next_waiting()
+            if req is None:
+                return
             if req.cancelled:
                 self._finish(req, Update([], True, "abort"))
                 continue
@@ -134,6 +185,7 @@ class Scheduler:
                 self.decoder.prefill(req.seq)
                 self.stats.record_prefill(len(req.prompt_ids), time.perf_counter() - t0)
                 self._running.append(req)
+                self._running_per_group[req.key] += 1
             except Exception as exc:
                 log.exception("prefill failed")
                 self._finish(req, Update([], True, "error", f"prefill failed: {exc}"))
@@ -150,9 +202,12 @@ class Scheduler:
             except Exception as exc:  # never let the loop die: fail this batch, go on
                 log.error("scheduler iteration failed:\n%s", traceback.format_exc())
                 for req in list(self._running):
-                    self._running.remove(req)
-                    self._finish(req, Update([], True, "error", f"decode step failed: {exc}"))
-        for req in [*self._running, *self._waiting]:
+                    self._retire(req, Update([], True, "error", f"decode step failed: {exc}"))
+        with self._cv:
+            waiting = [r for q in self._waiting.values() for r in q]
+            self._waiting.clear()
+            self._n_waiting = 0
+        for req in [*self._running, *waiting]:
             self._finish(req, Update([], True, "abort", "server shutting down"))
 
     @property
@@ -162,8 +217,8 @@ class Scheduler:
     def _iteration(self) -> None:
         """Retire cancelled requests, admit waiting ones, run one step, hand out its tokens."""
         for req in [r for r in self._running if r.cancelled]:
-            self._running.remove(req)
-            self._finish(req, Update([], True, "abort"))
+            self._retire(req, Update([], True, "abort"))
+        self._drop_cancelled_waiting()
         self._admit()
         if not self._running:
             return
@@ -176,8 +231,7 @@ class Scheduler:
             update = req.take(new)
             delivered += len(update.token_ids)
             if update.finished:
-                self._running.remove(req)
-                self._finish(req, update)
+                self._retire(req, update)
             elif update.token_ids:
                 self._emit(req, update)
         self.stats.record_step(len(batch), res.stages, [len(n) for n in res.new_tokens], delivered)

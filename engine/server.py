@@ -2,16 +2,22 @@
 
 `POST /v1/completions` (text or token-id prompts, greedy, stop strings, SSE streaming; each
 choice carries `token_ids`), `GET /v1/models`, `/health` (503 while loading), `/health_generate`
-(one real token), `/get_server_info` (config, mode, backends, `internal_states`), `/metrics`
-(Prometheus text). The model loads in a background thread; requests reach the scheduler thread
-through a queue and come back through `loop.call_soon_threadsafe` into an asyncio.Queue.
+(one real token), `/get_server_info` (config, mode, backends and their source, limits, pid,
+`internal_states`), `/metrics` (Prometheus text). The model loads in a background thread;
+requests reach the scheduler thread through a queue and come back through
+`loop.call_soon_threadsafe` into an asyncio.Queue. Inputs are bounded (`engine.limits`): body
+size, prompts per request, connections and read time; the prompts of one request form one
+fairness group in the scheduler, and a client that leaves stops its generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -21,11 +27,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine import metrics
+from engine.components import resolve_backends
 from engine.config import Preset, to_dict
-from engine.protocol import BadRequest, Completion, cut_at_stop, error_body, parse_completion
+from engine.limits import BodyLimit, Limits, quiet_accept_errors
+from engine.protocol import (
+    BadRequest,
+    Completion,
+    cut_at_stop,
+    error_body,
+    load_json,
+    parse_completion,
+)
 from engine.runtime import EngineSpec, build_decoder
 from engine.scheduler import GenRequest, Scheduler, Update
 from engine.stats import StepStats
@@ -77,13 +92,25 @@ def _chunk(state: EngineState, rid: str, choice: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
+async def _client_left(request: Request) -> None:
+    """Return once the client disconnects (call after the body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_app(
-    spec: EngineSpec, model_name: str = "ddtree-reference", load_delay: float = 0.0
+    spec: EngineSpec,
+    model_name: str = "ddtree-reference",
+    load_delay: float = 0.0,
+    limits: Limits | None = None,
 ) -> FastAPI:
     state = EngineState(spec, model_name, load_delay)
+    limits = limits or Limits()
+    backend_sources = spec.backend_sources or resolve_backends(None, list(spec.backends), "cuda")[1]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        quiet_accept_errors(asyncio.get_running_loop())
         threading.Thread(target=state.load, name="engine-load", daemon=True).start()
         yield
         if state.scheduler is not None:
@@ -91,6 +118,7 @@ def create_app(
 
     app = FastAPI(title="ddtree reference engine", lifespan=lifespan)
     app.state.engine = state
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -102,12 +130,15 @@ def create_app(
         return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     def submit(
-        prompt: list[int], max_tokens: int, c: Completion | None = None
+        prompt: list[int], max_tokens: int, c: Completion | None = None, group: str | None = None
     ) -> tuple[GenRequest, asyncio.Queue[Update]]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
         req = GenRequest(
-            prompt, max_tokens, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u)
+            prompt,
+            max_tokens,
+            lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
+            group=group,
         )
         if c is None:  # /health_generate: one greedy token, EOS or not
             req.ignore_eos = True
@@ -184,12 +215,15 @@ def create_app(
         return JSONResponse(
             {
                 "model": model_name,
+                "pid": os.getpid(),
                 "ready": state.ready.is_set(),
                 "preset": spec.preset,
                 "mode": spec.mode,
                 "device": spec.device,
                 "config": to_dict(state.preset) if state.preset else None,
                 "backends": dec.backends.names if dec else None,
+                "backend_sources": backend_sources,
+                "limits": dataclasses.asdict(limits),
                 "topk": dec.k if dec else None,
                 "internal_states": [internal],
             }
@@ -208,29 +242,38 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"invalid JSON body: {exc}")
+        raw = await request.body()  # at most limits.max_body_bytes (BodyLimit)
         if not state.ready.is_set():
             return _error(503, "engine is loading", "unavailable")
         mc = state.preset.model
         try:
             c = parse_completion(
-                body,
+                load_json(raw),
                 mode=spec.mode,
                 vocab=mc.vocab_size,
                 max_seq_len=mc.max_seq_len,
                 max_new=state.preset.engine.max_new_tokens,
                 tok=state.tok,
+                max_prompts=limits.max_prompts_per_request,
             )
         except BadRequest as exc:
             return _error(400, exc.message, param=exc.param, code=exc.code)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if c.stream:
             return StreamingResponse(stream(rid, c), media_type="text/event-stream")
-        pending = [submit(p, c.max_tokens, c) for p in c.prompts]
-        results = await asyncio.gather(*(collect(r, q) for r, q in pending))
+        pending = [submit(p, c.max_tokens, c, group=rid) for p in c.prompts]
+        gathered = asyncio.ensure_future(asyncio.gather(*(collect(r, q) for r, q in pending)))
+        left = asyncio.ensure_future(_client_left(request))
+        await asyncio.wait({gathered, left}, return_when=asyncio.FIRST_COMPLETED)
+        left.cancel()
+        if not gathered.done():  # the client is gone: stop its generation, answer no one
+            for r, _ in pending:
+                state.scheduler.cancel(r)
+            gathered.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gathered
+            return Response(status_code=499)
+        results = gathered.result()
         choices, completion_tokens = [], 0
         for i, (ids, u) in enumerate(results):
             if u.finish_reason == "error":
@@ -263,7 +306,7 @@ def create_app(
         )
 
     async def stream(rid: str, c: Completion) -> AsyncIterator[str]:
-        req, queue = submit(c.prompts[0], c.max_tokens, c)
+        req, queue = submit(c.prompts[0], c.max_tokens, c, group=rid)
         dec = state.tok.stream_decoder()
         hold = max((len(s) for s in c.stop), default=1) - 1
         text, sent, n_ids = "", 0, 0

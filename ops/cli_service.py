@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from typing import Annotated, Any
 
@@ -110,6 +112,39 @@ def status(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt 
     _service("status", target, as_json, inventory, 0)
 
 
+def _engine_check(argv: list[str], port: int) -> dict[str, Any]:
+    """Run the engine's own argument, device and port checks (`python -m engine --check`) as
+    a subprocess (ops never imports the engine); its one-line refusal becomes an OpsError."""
+    try:
+        res = subprocess.run(
+            [*argv, "--check"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise OpsError("python -m engine --check did not answer within 300 s") from None
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    if res.returncode == 2 and lines:
+        message = lines[-1].removeprefix("error: ")
+        hint = None
+        if "in use" in message:
+            hint = f"see what holds it: ss -ltnp 'sport = :{port}'"
+        raise OpsError(message, hint=hint)
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        doc = None
+    if res.returncode != 0 or not isinstance(doc, dict):
+        tail = lines[-1] if lines else f"exit {res.returncode}, no output"
+        raise OpsError(
+            f"python -m engine --check failed: {tail}",
+            hint=f"the engine runs with {argv[0]}; it needs the data-plane packages (torch, ...)",
+        )
+    return doc
+
+
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 30000,
@@ -124,7 +159,9 @@ def serve(
 ) -> None:
     """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it).
 
-    The engine process replaces `ops` (exec), so signals reach it directly.
+    The preset, mode, device, backends (flags and $DDTREE_ENGINE_BACKENDS) and the port are
+    checked first (`python -m engine --check`); then the engine process replaces `ops`
+    (exec), so signals reach it directly.
     """
 
     def body() -> int:
@@ -150,8 +187,9 @@ def serve(
         ]
         for b in backend or []:
             argv += ["--backend", b]
+        check = _engine_check(argv, port)  # every bad value is refused before "serving on"
         if as_json:
-            emit_json({"argv": argv, "url": f"http://{host}:{port}"})
+            emit_json({"argv": argv, "url": f"http://{host}:{port}", "check": check})
         else:
             err.print(f"[dim]serving on http://{host}:{port} ({preset}, {mode}, {device})[/]")
         sys.stdout.flush()

@@ -1,0 +1,126 @@
+"""First use of `python -m engine` and `ops serve`: every bad value (preset, device, backend from
+a flag or DDTREE_ENGINE_BACKENDS, a busy port) is one line on stderr and exit 2, at once, before
+the port is bound and before `ops serve` says "serving on"; `--check` reports the effective
+backends and where each came from."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from engine_server import REPO, free_port
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+ENGINE_BAD = {
+    "cuda on a CPU-only torch": (("--device", "cuda"), {}, "CUDA is not available"),
+    "unknown preset": (("--preset", "huge"), {}, "invalid choice: 'huge'"),
+    "bad backend in the env": ((), {"DDTREE_ENGINE_BACKENDS": "tree_build=gpu"}, "ENGINE_BACKENDS"),
+}
+
+
+@pytest.mark.parametrize("case", list(ENGINE_BAD))
+def test_engine_refuses_bad_input_at_once_in_one_line(case: str) -> None:
+    args, env, needle = ENGINE_BAD[case]
+    if "cuda" in case and not NO_CUDA:
+        pytest.skip("this torch has CUDA")
+    port = free_port()
+    t0 = time.monotonic()
+    res = _run("-m", "engine", "--port", str(port), *args, env=env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert needle in _one_error_line(res.stderr)
+    assert time.monotonic() - t0 < 30
+    assert _port_is_free(port)
+
+
+def test_engine_on_a_busy_port_is_one_line_exit_2(busy_port: int) -> None:
+    res = _run("-m", "engine", "--port", str(busy_port))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert f"port {busy_port} on 127.0.0.1 is in use" in _one_error_line(res.stderr)
+
+
+def test_engine_check_reports_the_effective_backends() -> None:
+    env = {"DDTREE_ENGINE_BACKENDS": "tree_build=cpp, accept=cpp"}
+    flags = ("--port", str(free_port()), "--backend", "accept=reference")
+    res = _run("-m", "engine", "--check", *flags, env=env)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is True
+    assert doc["backends"]["tree_build"] == "cpp" and doc["backends"]["accept"] == "reference"
+    assert doc["backend_sources"] == {
+        "topk": "default",
+        "tree_build": "env",
+        "accept": "cli",
+        "attention": "default",
+    }
+
+
+OPS_BAD = {
+    "unknown preset": (("--preset", "huge"), "invalid choice: 'huge'"),
+    "cuda on a CPU-only torch": (("--device", "cuda"), "CUDA is not available"),
+    "bad backend": (("--backend", "bogus=x"), "bad --backend 'bogus=x'"),
+}
+
+
+@pytest.mark.parametrize("case", list(OPS_BAD))
+def test_ops_serve_validates_before_serving(case: str) -> None:
+    args, needle = OPS_BAD[case]
+    if "cuda" in case and not NO_CUDA:
+        pytest.skip("this torch has CUDA")
+    port = free_port()
+    res = _run("-m", "ops", "serve", "--port", str(port), *args)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "serving on" not in res.stderr and "Traceback" not in res.stderr
+    assert needle in _one_error_line(res.stderr)
+    assert _port_is_free(port)
+
+
+def test_ops_serve_on_a_busy_port_exits_2_with_a_hint(busy_port: int) -> None:
+    res = _run("-m", "ops", "serve", "--port", str(busy_port))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "serving on" not in res.stderr
+    error, hint = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert error.startswith("error: ") and "in use" in error
+    assert hint.startswith("hint: ") and str(busy_port) in hint
