@@ -1,0 +1,138 @@
+"""The interference probe (`python -m checks.probe`) for real: the reference engine serving on CPU,
+slowed down by a real concurrent load that the probe itself starts as the watched command (it
+must trip and kill the load's whole process group at once), left alone by an idle command (no
+trip), and a service that does not answer (not measured). Then `ops bench --allow-shared`
+end to end on `local`: guard (stand-in nvidia-smi), memory cap, probe around the real
+`python -m kernels.bench` on the host.
+
+What needs a GPU and is not tested here: a real kernel benchmark heavy enough to slow the
+service on a shared GPU (kernels.bench has no CPU-only suite: without CUDA it exits 1 at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine_server import EngineProcess, free_port, start_engine
+from test_healthcheck import Ops
+
+from ops.bench import conclude
+from ops.evidence import BenchSection
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi" / "bin"
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    eng = start_engine(tmp_path_factory.mktemp("probe-engine"))
+    yield eng
+    eng.stop()
+
+
+def probe(url: str, *args: str, timeout: float = 120) -> tuple[int, dict]:
+    res = subprocess.run(
+        [sys.executable, "-m", "checks.probe", "--json", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+    )
+    return res.returncode, json.loads(res.stdout)
+
+
+def test_real_load_trips_the_probe_and_is_killed_at_once(engine: EngineProcess) -> None:
+    load = [sys.executable, "-m", "checks.loadtest", "--json", "--url", engine.url,
+            "--concurrency", "8", "--requests", "5000", "--output-len", "64"]  # fmt: skip
+    t0 = time.monotonic()
+    code, doc = probe(engine.url, "--before", "10", "--after", "5", "--", *load)
+    assert code == 1 and not doc["ok"]
+    assert doc["measured"] and doc["tripped"] and doc["stopped_early"]
+    cmd = doc["cmd"]
+    assert cmd["killed"] and cmd["rc"] == -9 and not cmd["timed_out"]
+    assert cmd["duration_s"] < 20 and time.monotonic() - t0 < 60  # 5000 requests take minutes
+    assert not Path(f"/proc/{cmd['pid']}").exists()  # the load and its group are gone
+    assert doc["trip"]["window_p50_ms"] is None or doc["trip"]["window_p50_ms"] > doc["limit_ms"]
+    assert doc["limit_ms"] == pytest.approx(doc["before"]["p50_ms"] * 1.10)
+    assert doc["before"]["answered"] == 10 and doc["after"]["n"] == 5
+    assert doc["during"]["n"] >= 3 and "command killed" in doc["trip"]["reason"]
+    # what `ops bench` makes of such a probe document: NO-GO for interference, in the record's shape
+    out = conclude({"target": "local", "gpu": 1, "environment": {}}, doc, {})
+    assert (out.code, out.outcome) == (1, "no-go") and out.message.startswith("interference: ")
+    section = BenchSection.model_validate(out.section)
+    assert section.probe.tripped and section.probe.stopped_early and not section.ok
+    assert section.probe.p50_during_ms > section.probe.p50_before_ms
+
+
+def test_idle_command_does_not_trip(engine: EngineProcess) -> None:
+    # The threshold is generous: other jobs share this 2-core machine and move the latency.
+    idle = [sys.executable, "-c",
+            "import json, time; time.sleep(1.5); print(json.dumps({'results': []}))"]  # fmt: skip
+    code, doc = probe(engine.url, "--threshold", "2.0", "--before", "10", "--after", "3", "--",
+                      *idle)  # fmt: skip
+    assert code == 0 and doc["ok"], doc.get("trip")
+    assert not doc["tripped"] and not doc["cmd"]["killed"] and doc["cmd"]["rc"] == 0
+    assert doc["cmd"]["document"] == {"results": []}
+    assert doc["during"]["n"] >= 3 and doc["during"]["failed"] == 0
+
+
+def test_unanswering_service_is_not_measured() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, doc = probe(url, "--before", "3", "--", sys.executable, "-c", "pass")
+    assert code == 1 and not doc["measured"] and not doc["tripped"]
+    assert doc["cmd"]["rc"] == 0 and doc["during"]["n"] == 0
+    assert "connection refused" in doc["unmeasured_reason"]
+
+
+def test_counters_snapshot(engine: EngineProcess) -> None:
+    code, doc = probe(engine.url, "--counters")
+    assert code == 0
+    states = doc["server_info"]["internal_states"][0]
+    assert "step_time_breakdown" in states
+    assert any(k.startswith("ddtree:accept_length_count") for k in doc["metrics"])
+
+
+def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
+    ops = Ops(tmp_path)
+    ops.configure()  # a quick service (tests/fake_service.py) under ops's process manager
+    ops.env["PATH"] = f"{STANDIN}:{os.environ['PATH']}"
+    assert ops.json("service", "start", "local")[0] == 0
+    try:  # a huge threshold: the bench's own start (importing torch) loads these 2 cores too
+        code, doc = ops.json("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "tree",
+                             "--batch", "1", "--probe-threshold", "100")  # fmt: skip
+    finally:
+        ops("service", "stop", "local")
+    g = doc["guard"]
+    assert g["verdict"] == "ok" and g["in_use"] and g["allow_shared"]
+    assert g["service_pid"] is not None  # the service's pid, from the process manager
+    env = doc["environment"]["bench_env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["DDTREE_BENCH_MAX_MEM_GIB"] == f"{g['memory_cap_mib'] / 1024:g}"
+    assert doc["memory_cap"]["env"] == {"DDTREE_BENCH_MAX_MEM_GIB": env["DDTREE_BENCH_MAX_MEM_GIB"]}
+    assert doc["bench_run"]["argv"][1:] == [
+        "-m", "kernels.bench", "--json", "--suite", "tree", "--batch", "1"]  # fmt: skip
+    assert doc["environment"]["release"].startswith("checkout ")
+    p = doc["probe"]
+    assert p["measured"] and len(p["before_ms"]) == 20 and p["p50_before_ms"] > 0
+    rec = json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+    section = BenchSection.model_validate(rec["bench"])
+    assert section.probe is not None and section.guard is not None
+    if not _cuda():  # no CUDA: the real bench stops at its first CUDA call
+        assert code == 1 and doc["outcome"] == "fail" and not doc["ok"]
+        assert doc["message"].startswith("the bench exited 1")
+        assert rec["outcome"] == "fail" and rec["exit_code"] == 1 and section.rows == []
+    else:
+        assert code in (0, 1) and (code == 0) == (doc["outcome"] == "pass")
