@@ -435,8 +435,8 @@ def run(lib: Path | None, shapes: str, seed: int, require_gpu: bool) -> tuple[di
 
     t0 = time.perf_counter()
     shape = SHAPES[shapes]
-    doc: dict[str, Any] = {"ok": False, "module": "kernels.selftest", "shapes": shapes, "shape": shape,
-                           "seed": seed, "torch": torch.__version__, "lib": None,
+    doc: dict[str, Any] = {"ok": False, "module": "kernels.selftest", "shapes": shapes,
+                           "shape": shape, "seed": seed, "torch": torch.__version__, "lib": None,
                            "torch_cuda": torch.version.cuda, "problems": []}  # fmt: skip
     if lib is not None:
         doc["lib"], doc["problems"] = lib_facts(lib)
