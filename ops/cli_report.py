@@ -119,7 +119,9 @@ def report(
     ] = 0.03,
     concurrency: Annotated[
         int | None,
-        typer.Option(help="Target concurrency (default: the highest profiled).", min=1),
+        typer.Option(
+            "--concurrency", "-c", help="Target concurrency (default: the highest profiled).", min=1
+        ),
     ] = None,
     change: Annotated[
         str | None,

@@ -3,7 +3,17 @@
 `projected_gain(f, s)` is the end-to-end throughput gain when a fraction `f` of the step gets
 `s` times faster; `ceiling(f)` the gain if it took no time at all. `decide(evidence, ...)` is
 a pure function of the records (ops.evidence): every failed condition becomes a NO-GO reason,
-every missing or too-noisy piece of evidence a HOLD cause; GO only when there are none.
+every missing or too-noisy piece of evidence a HOLD cause; GO only when there are none
+(NO-GO wins over HOLD: a failed condition decides whatever else is missing).
+
+    NO-GO  preflight_failed, postflight_failed, identity_mismatch, interference,
+           kernel_not_exact, gain_below_threshold, ceiling_below_threshold (no s(c) needed:
+           even an infinitely fast component cannot clear the threshold)
+    HOLD   no_change, no_preflight, no_postflight (deployed, not checked), no_identity,
+           identity_nondeterministic, no_bench, bench_failed, bench_held (e.g. no GPU),
+           no_probe, no_kernel_rows, no_profile, profile_failed_requests, no_profile_level,
+           no_component_time, gain_within_noise
+
 Rendering is ops.render; the command line is ops.cli_report.
 """
 
@@ -363,7 +373,21 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
         t.hold("no_component_time", f"c={c}: {row.note}")
         return
     if row.gain is None or row.gain_lo is None or row.gain_hi is None:
-        return  # no speedup: held by the bench checks
+        # no speedup (held by the bench checks); but if even an infinitely fast component
+        # cannot clear the threshold, no bench can change the answer
+        top = ceiling(row.f_hi if row.f_hi is not None else row.f)
+        if top < th:
+            t.fail(
+                "ceiling_below_threshold",
+                f"at c={c} the component is {row.f:.2%} of the "
+                f"step: even infinitely fast it gains at most {_pct(top)} (ceiling), below "
+                f"the {th:.1%} threshold",
+                concurrency=c,
+                f=row.f,
+                ceiling=top,
+                threshold=th,
+            )
+        return
     ev_ = {
         "concurrency": c,
         "f": row.f,

@@ -102,6 +102,7 @@ NO_GO = {
     "interference": ("preflight_ok", "bench_tripped", "profile_tree", "rollout_tree"),
     "kernel_not_exact": ("preflight_ok", "bench_not_exact", "profile_tree", "rollout_tree"),
     "gain_below_threshold": SEED,
+    "ceiling_below_threshold": ("preflight_ok", "bench_no_gpu", "profile_tree", "rollout_tree"),
 }
 
 
@@ -111,6 +112,16 @@ def test_each_no_go_reason(tmp_path: Path, reason: str) -> None:
     assert code == 1 and doc["verdict"] == "NO-GO"
     assert reason.split(":")[0] in codes(doc, "failed")
     assert all(r["message"] and isinstance(r["evidence"], dict) for r in doc["failed"])
+
+
+def test_no_gpu_but_the_ceiling_already_decides(tmp_path: Path) -> None:
+    """No bench rows: HOLD, unless even an infinitely fast tree build cannot reach 3%."""
+    code, doc = ops_report(tmp_path, *NO_GO["ceiling_below_threshold"])
+    assert code == 1 and codes(doc, "failed") == ["ceiling_below_threshold"]
+    assert codes(doc, "holds") == ["bench_held"]  # still named: the GPU bench is missing
+    assert "at most +1.554% (ceiling)" in doc["failed"][0]["message"]
+    code, doc = ops_report(tmp_path, *NO_GO["ceiling_below_threshold"], args=("-c", "1"))
+    assert "at most +1.031% (ceiling)" in doc["failed"][0]["message"]
 
 
 def test_no_go_names_every_failed_condition(tmp_path: Path) -> None:

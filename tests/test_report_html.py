@@ -29,7 +29,7 @@ CASES = {
         "profile_tree",
         "rollout_tree",
     ),
-    "HOLD": ("preflight_no_golden", "bench_no_gpu", "profile_tree", "rollout_tree"),
+    "HOLD": ("preflight_no_golden", "bench_no_gpu", "profile_attn", "rollout_attn_change"),
 }
 CHROMIUM_FLAGS = (
     "--headless",
