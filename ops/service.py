@@ -175,6 +175,25 @@ class SystemdManager(ServiceManager):
         self._systemctl("stop")
         return self.status()
 
+    def dropin(self) -> tuple[str, str]:
+        """The unit drop-in that makes the service read the current release's environment."""
+        path = f"/etc/systemd/system/{self.service.name}.d/ddtree-ops.conf"
+        body = (
+            "# installed by ops deploy --bootstrap: the release's environment\n"
+            "[Service]\n"
+            f"EnvironmentFile={self.target.remote_root}/current/service.env\n"
+        )
+        return path, body
+
+    def install_dropin(self) -> tuple[str, str]:
+        """Install the drop-in (sudo -n, the service manager's only files) and reload units."""
+        path, body = self.dropin()
+        parent = path.rsplit("/", 1)[0]
+        self.host.run(["sudo", "-n", "mkdir", "-p", parent], step="install drop-in")
+        self.host.run(["sudo", "-n", "tee", path], stdin=body.encode(), step="install drop-in")
+        self.host.run(["sudo", "-n", "systemctl", "daemon-reload"], step="systemctl daemon-reload")
+        return path, body
+
     def evidence(self) -> list[str]:
         res = self.host.run(
             [
@@ -227,25 +246,29 @@ class ProcessManager(ServiceManager):
             )
         return doc
 
-    def command_line(self) -> str:
+    @staticmethod
+    def render_command(target: Target) -> str:
         """The configured command with {python}, {host}, {port} filled in (quoted)."""
-        template = self.service.command
+        template = target.service.command
         if not template:
             raise InventoryError(
-                f"target {self.target.name!r}: service.command is required for manager = 'process'"
+                f"target {target.name!r}: service.command is required for manager = 'process'"
             )
-        url = urllib.parse.urlsplit(self.service.url)
+        url = urllib.parse.urlsplit(target.service.url)
         try:
             return template.format(
-                python=shlex.quote(self.target.python),
+                python=shlex.quote(target.python),
                 host=shlex.quote(url.hostname or "127.0.0.1"),
                 port=int(url.port or 80),
             )
         except (KeyError, IndexError, ValueError) as exc:
             raise InventoryError(
-                f"target {self.target.name!r}: service.command: bad placeholder {exc}"
+                f"target {target.name!r}: service.command: bad placeholder {exc}"
                 " (allowed: {python}, {host}, {port})"
             ) from None
+
+    def command_line(self) -> str:
+        return self.render_command(self.target)
 
     def _status(self, doc: dict) -> ServiceStatus:
         st = ServiceStatus(

@@ -1,0 +1,513 @@
+"""`ops deploy`: put a self-tested release on a host atomically, switch to it, roll back by itself.
+
+Steps, each timed and recorded: package (locally) -> preflight -> lock -> send (into
+`releases/.staging-<id>`) -> build (nvcc for the target's arch, GPU targets) -> selftest (the
+GPU under the bench guard's CUDA_VISIBLE_DEVICES, or the CPU builds on a target without GPUs)
+-> finalize (release.json + service.env, one rename into `releases/<id>`) -> switch (`current`
+by one rename(2)) -> restart -> postflight (full healthcheck, token identity) -> prune.
+
+A failed build or self-test removes the staging directory and touches nothing else. Between
+the switch and a passed post-flight, a guard process on the host holds `deploy.pending`: if ops
+goes away (Ctrl-C, kill, lost connection) the guard switches `current` back and restarts the
+service, so the host is left on its previous release and serving. A failed post-flight is
+rolled back here, with the evidence of the checks before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ops.errors import HostError, OpsError
+from ops.healthcheck import HealthReport, golden_on_host, run_healthcheck
+from ops.inventory import Target
+from ops.release import ReleaseManifest, service_env, stage_release
+from ops.remote import Host, shell_path
+from ops.service import (
+    PROCMAN_SOURCE,
+    ProcessManager,
+    SystemdManager,
+    logfile,
+    manager_for,
+    pidfile,
+)
+
+DEPLOY_HOST_SOURCE = (Path(__file__).parent / "deploy_host.py").read_text(encoding="utf-8")
+BUILD_TIMEOUT_S = 1800
+SELFTEST_TIMEOUT_S = 600
+
+Status = Literal["ok", "fail", "skip"]
+Outcome = Literal["deployed", "installed", "already-current", "failed", "rolled-back", "dry-run"]
+
+
+class Step(BaseModel):
+    name: str
+    status: Status
+    seconds: float = 0.0
+    detail: str = ""
+    evidence: list[str] = Field(default_factory=list)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeployOptions(BaseModel):
+    source: Path | None = None
+    ref: str | None = None
+    allow_dirty: bool = False
+    bootstrap: bool = False
+    force: bool = False
+    no_restart: bool = False
+    dry_run: bool = False
+    keep: int = Field(default=5, ge=2)
+    wait_s: float = 180.0
+    max_tokens: int = Field(default=32, ge=1)
+
+
+class DeployResult(BaseModel):
+    target: str
+    outcome: Outcome
+    release: str | None = None
+    before: str | None = None
+    after: str | None = None
+    steps: list[Step] = Field(default_factory=list)
+    failed_step: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("deployed", "installed", "already-current", "dry-run")
+
+
+class StepFailed(Exception):
+    def __init__(self, step: Step) -> None:
+        super().__init__(step.detail)
+        self.step = step
+
+
+def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
+    """Run one action of `ops.deploy_host` on the host; a refusal is an OpsError."""
+    res = host.run(
+        [host.target.python, "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root, *args],
+        stdin=stdin,
+        warn=True,
+        timeout=300,
+        step=f"releases {action}",
+    )
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise HostError(
+            f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
+            target=host.name,
+            step=f"releases {action}",
+        ) from None
+    if res.rc != 0:
+        raise OpsError(f"{host.name}: {action}: {doc.get('error', 'refused')}")
+    return doc
+
+
+def restart_script(target: Target) -> str:
+    """What the guard runs on the host to restart the service after reverting `current`."""
+    svc = target.service
+    if svc.manager == "systemd":
+        return f"sudo -n systemctl restart {shlex.quote(svc.name)}"
+    py, src = shlex.quote(target.python), shlex.quote(PROCMAN_SOURCE)
+    pf, log = shell_path(pidfile(target)), shell_path(logfile(target))
+    cmd = shlex.quote(ProcessManager.render_command(target))
+    return (
+        f"{py} -c {src} stop {pf} {svc.stop_timeout:g} >/dev/null; "
+        f"{py} -c {src} start {pf} {log} {shell_path(target.remote_root)} {cmd} "
+        f"{shlex.quote(svc.url)} >/dev/null"
+    )
+
+
+@contextmanager
+def revert_guard(host: Host, restart: bool) -> Iterator[None]:
+    """A host process that, when ops goes away with `deploy.pending` still there, switches
+    `current` back (and restarts the service): the host never stays on an unproven release."""
+    t = host.target
+    revert = shlex.join([t.python, "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
+    again = restart_script(t) if restart else "true"
+    script = (
+        "echo READY; cat >/dev/null; "
+        f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
+    )
+    proc = host._spawn(script)
+    if proc.read_line(30) != "READY":
+        proc.finish(5)
+        raise HostError("the revert guard did not start", target=host.name, step="guard")
+    try:
+        yield
+    finally:
+        proc.finish(host.target.service.stop_timeout + 120)
+
+
+class Deployer:
+    """One deploy to one host; `run()` never raises for a failed step, it reports it."""
+
+    def __init__(
+        self, host: Host, opts: DeployOptions, progress: Callable[[str, Step | None], None]
+    ) -> None:
+        self.host, self.opts, self.progress = host, opts, progress
+        self.target = host.target
+        self.root = host.target.remote_root
+        self.steps: list[Step] = []
+
+    # -- step bookkeeping --------------------------------------------------------------
+    def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
+        self.progress(name, None)
+        t0 = time.monotonic()
+        status, detail, data = fn()
+        evidence = data.pop("evidence", [])
+        st = Step(
+            name=name,
+            status=status,
+            seconds=round(time.monotonic() - t0, 3),
+            detail=detail,
+            evidence=evidence,
+            data=data,
+        )
+        self.steps.append(st)
+        self.progress(name, st)
+        if status == "fail":
+            raise StepFailed(st)
+        return st
+
+    def result(self, outcome: Outcome, **kw: Any) -> DeployResult:
+        return DeployResult(target=self.target.name, outcome=outcome, steps=self.steps, **kw)
+
+    # -- the deploy ---------------------------------------------------------------------
+    def run(self) -> DeployResult:
+        with tempfile.TemporaryDirectory(prefix="ops-release-") as tmp:
+            stage = Path(tmp) / "release"
+            try:
+                manifest = self._package(stage)
+                if self.opts.dry_run:
+                    return self._plan(manifest)
+                same = self._already_current(manifest)
+                if same is not None:
+                    return same
+                if not self.opts.bootstrap:
+                    self.step("preflight", self._preflight)
+                with self.host.lock(f"ops deploy {manifest.id}"):
+                    return self._locked(manifest, stage)
+            except StepFailed as exc:
+                return self.result(
+                    "failed",
+                    failed_step=exc.step.name,
+                    message=exc.step.detail,
+                    release=getattr(self, "_rid", None),
+                )
+
+    def _package(self, stage: Path) -> ReleaseManifest:
+        holder: dict[str, ReleaseManifest] = {}
+
+        def package() -> tuple[Status, str, dict[str, Any]]:
+            t = self.target
+            m = stage_release(
+                stage,
+                source=self.opts.source,
+                ref=self.opts.ref,
+                allow_dirty=self.opts.allow_dirty,
+                target=t.name,
+                cuda_arch=t.cuda_arch,
+                components=dict(t.service.components),
+            )
+            holder["m"] = m
+            self._rid = m.id
+            return "ok", f"{m.id} ({len(m.files)} files, git {m.git_sha[:12]})", {}
+
+        self.step("package", package)
+        return holder["m"]
+
+    def _already_current(self, m: ReleaseManifest) -> DeployResult | None:
+        """The result for a release that is already current (same commit and configuration)."""
+        listing = host_releases(self.host, "list")
+        current = next((r for r in listing["releases"] if r["current"]), None)
+        if (
+            current is None
+            or m.dirty
+            or current["git_sha"] != m.git_sha
+            or current["components"] != m.components
+        ):
+            return None
+        msg = f"release {current['id']} (git {m.git_sha[:12]}) is already current; nothing to do"
+        cur = current["id"]
+        return self.result("already-current", release=cur, before=cur, after=cur, message=msg)
+
+    def _plan(self, m: ReleaseManifest) -> DeployResult:
+        t, rel = self.target, f"{self.root}/releases/{m.id}"
+        plan = [
+            ("preflight", "skipped (--bootstrap)" if self.opts.bootstrap else "ops healthcheck"),
+            ("lock", f"flock {self.root}/lock"),
+            ("send", f"{len(m.files)} files -> {self.root}/releases/.staging-{m.id}"),
+            (
+                "build",
+                f"python -m kernels.build --arch {t.cuda_arch} --out {rel}/build"
+                if t.gpus
+                else "skipped (no GPU on target)",
+            ),
+            (
+                "selftest",
+                "python -m kernels.selftest"
+                + (f" on GPU {self._bench_gpu()}" if t.gpus else " (CPU builds only)"),
+            ),
+            ("finalize", f"release.json, service.env -> {rel}"),
+            ("switch", f"{self.root}/current -> releases/{m.id}"),
+            ("restart", "skipped (--no-restart)" if self.opts.no_restart else self._svc_desc()),
+            ("postflight", "ops healthcheck (token identity against the golden set)"),
+            ("prune", f"keep the newest {self.opts.keep} releases"),
+        ]
+        for name, what in plan:
+            self.steps.append(Step(name=name, status="skip", detail=f"plan: {what}"))
+        env = service_env(rel, m).strip().splitlines()[1:]
+        return self.result("dry-run", release=m.id, message="; ".join(env))
+
+    def _svc_desc(self) -> str:
+        svc = self.target.service
+        if svc.manager == "systemd":
+            return f"sudo -n systemctl restart {svc.name}"
+        return f"process manager: {ProcessManager.render_command(self.target)} (from current/)"
+
+    def _bench_gpu(self) -> int:
+        return self.target.bench_gpu if self.target.bench_gpu is not None else 0
+
+    def _health(self, record: bool) -> HealthReport:
+        return run_healthcheck(
+            self.host, record_golden=record, timeout=60, max_tokens=self.opts.max_tokens
+        )
+
+    def _golden_exists(self) -> bool:
+        return self.host.run(["test", "-f", golden_on_host(self.host)], warn=True).ok
+
+    def _preflight(self) -> tuple[Status, str, dict[str, Any]]:
+        record = not self._golden_exists()
+        rep = self._health(record)
+        data = {"report": rep.model_dump(mode="json"), "recorded_golden": record}
+        if rep.ok:
+            return "ok", "healthy" + (" (golden recorded now)" if record else ""), data
+        failed = ", ".join(rep.failed)
+        if self.opts.force:
+            return "ok", f"UNHEALTHY ({failed}), deploying anyway (--force)", data
+        data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
+        return "fail", f"service unhealthy before the deploy ({failed}); use --force", data
+
+    def _locked(self, m: ReleaseManifest, stage: Path) -> DeployResult:
+        self.step("lock", lambda: ("ok", f"{self.root}/lock", {}))
+        if self.opts.bootstrap and self.target.service.manager == "systemd":
+            self.step("drop-in", self._dropin)
+        prep = host_releases(self.host, "prepare")
+        same = self._already_current(m)
+        if same is not None:
+            return same
+        before = host_releases(self.host, "list")["current"]
+        staging = f".staging-{m.id}"
+        staging_path = f"{self.root}/releases/{staging}"
+
+        def send() -> tuple[Status, str, dict[str, Any]]:
+            self.host.put_tree(stage, staging_path)
+            cleaned = prep["removed"]
+            note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
+            return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}
+
+        try:
+            self.step("send", send)
+            m.build = self.step("build", lambda: self._build(staging_path)).data.get("manifest")
+            m.selftest = self.step("selftest", lambda: self._selftest(staging_path)).data
+        except StepFailed:
+            self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
+            raise
+        rel = f"{self.root}/releases/{m.id}"
+        doc = {"release_json": m.model_dump_json(indent=1), "service_env": service_env(rel, m)}
+        self.step(
+            "finalize",
+            lambda: (
+                "ok",
+                rel,
+                host_releases(self.host, "finalize", staging, m.id, stdin=json.dumps(doc).encode()),
+            ),
+        )
+        return self._switch_and_prove(m.id, before)
+
+    def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
+        mgr = manager_for(self.host)
+        assert isinstance(mgr, SystemdManager)
+        path, body = mgr.install_dropin()
+        return "ok", f"{path}: {body.strip().splitlines()[-1]}", {"path": path, "content": body}
+
+    def _build(self, staging: str) -> tuple[Status, str, dict[str, Any]]:
+        t = self.target
+        if not t.gpus:
+            return "skip", "no GPU on the target (gpus = 0): CUDA build skipped", {}
+        if not t.cuda_arch:
+            return "fail", f"target {t.name} has gpus = {t.gpus} but no cuda_arch", {}
+        res = self.host.run_module(
+            "kernels.build",
+            ["--arch", t.cuda_arch, "--out", f"{staging}/build"],
+            cwd=staging,
+            timeout=BUILD_TIMEOUT_S,
+        )
+        if res.rc != 0:
+            tail = (res.data.get("compiler_tail") or "").splitlines()[-20:]
+            return "fail", f"build failed: {res.data.get('error')}", {"evidence": tail}
+        man = res.data.get("manifest", {})
+        detail = f"{', '.join(man.get('arch', []))} in {man.get('build_seconds', '?')} s"
+        return "ok", detail, {"manifest": man}
+
+    def _selftest(self, staging: str) -> tuple[Status, str, dict[str, Any]]:
+        t = self.target
+        args: list[str] = []
+        env = {}
+        if t.gpus:
+            args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
+            env = {
+                "CUDA_VISIBLE_DEVICES": str(self._bench_gpu()),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            }
+        res = self.host.run_module(
+            "kernels.selftest", args, cwd=staging, env=env, timeout=SELFTEST_TIMEOUT_S
+        )
+        data = dict(res.data)
+        if res.rc != 0 or not data.get("ok"):
+            bad = [
+                f"{r.get('op')}: {r.get('mismatches')} mismatches; {r.get('first_mismatch')}"
+                for r in data.get("results", [])
+                if r.get("mismatches")
+            ]
+            why = data.get("error") or data.get("message") or "mismatches against the references"
+            return "fail", f"self-test failed: {why}", {**data, "evidence": bad}
+        gpu = data.get("gpu")
+        return "ok", f"passed ({gpu if isinstance(gpu, str) else 'GPU'})", data
+
+    def _switch_and_prove(self, rid: str, before: str | None) -> DeployResult:
+        mgr = manager_for(self.host)
+        restart = not self.opts.no_restart
+        with revert_guard(self.host, restart):
+            self.step(
+                "switch",
+                lambda: (
+                    "ok",
+                    f"current: {before} -> {rid}",
+                    host_releases(self.host, "switch", rid, "pending"),
+                ),
+            )
+            if not restart:
+                host_releases(self.host, "commit")
+                self.step(
+                    "restart",
+                    lambda: (
+                        "skip",
+                        "--no-restart: the service still runs "
+                        f"{before or 'what it ran'} until restarted",
+                        {},
+                    ),
+                )
+                self._prune()
+                return self.result(
+                    "installed",
+                    release=rid,
+                    before=before,
+                    after=rid,
+                    message="installed; the service was not restarted",
+                )
+            try:
+                self.step("restart", lambda: self._restart(mgr))
+                record = self.opts.bootstrap and not self._golden_exists()
+                self.step("postflight", lambda: self._postflight(record))
+            except StepFailed as exc:
+                return self._rollback(mgr, rid, before, exc.step)
+            host_releases(self.host, "commit")
+        self._prune()
+        return self.result(
+            "deployed",
+            release=rid,
+            before=before,
+            after=rid,
+            message=f"{rid} is current and healthy",
+        )
+
+    def _restart(self, mgr: Any) -> tuple[Status, str, dict[str, Any]]:
+        st = mgr.restart(self.opts.wait_s)
+        data = {"service": st.model_dump(), "evidence": st.evidence[-20:] if not st.active else []}
+        return ("ok" if st.active else "fail"), f"{st.state}: {st.detail}", data
+
+    def _postflight(self, record: bool) -> tuple[Status, str, dict[str, Any]]:
+        rep = self._health(record)
+        data: dict[str, Any] = {"report": rep.model_dump(mode="json")}
+        if rep.ok:
+            return "ok", "healthy, token-identical" + (" (golden recorded)" if record else ""), data
+        data["evidence"] = [
+            line
+            for c in rep.checks
+            if c.status == "fail"
+            for line in [f"{c.name}: {c.detail}", *c.evidence[:8]]
+        ]
+        return "fail", f"post-flight failed: {', '.join(rep.failed)}", data
+
+    def _rollback(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
+        def back() -> tuple[Status, str, dict[str, Any]]:
+            doc = host_releases(self.host, "revert")
+            st = mgr.restart(self.opts.wait_s)
+            rep = self._health(False) if before else None
+            ok = st.active and (rep is None or rep.ok)
+            detail = f"current: {rid} -> {doc.get('current')}; service {st.state}"
+            if rep is not None:
+                detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
+            data = {
+                "service": st.model_dump(),
+                "report": rep.model_dump(mode="json") if rep else None,
+            }
+            return ("ok" if ok else "fail"), detail, data
+
+        try:
+            self.step("rollback", back)
+        except StepFailed:
+            pass
+        return self.result(
+            "rolled-back",
+            release=rid,
+            before=before,
+            after=before,
+            failed_step=failed.name,
+            message=f"{failed.name} failed ({failed.detail}); rolled back to {before}",
+        )
+
+    def _prune(self) -> None:
+        self.step(
+            "prune", lambda: ("ok", "", host_releases(self.host, "prune", str(self.opts.keep)))
+        )
+
+    # -- rollback to an earlier release ----------------------------------------------------
+    def rollback(self, to: str | None) -> DeployResult:
+        """Switch to `to` (default: previous), restart, post-flight; undone if that fails."""
+        with self.host.lock(f"ops rollback {to or 'previous'}"):
+            listing = host_releases(self.host, "list")
+            before = listing["current"]
+            want = to or listing["previous"]
+            if not want:
+                raise OpsError(f"{self.target.name}: no previous release to roll back to")
+            rel = next((r for r in listing["releases"] if r["id"] == want), None)
+            if rel is None:
+                known = ", ".join(r["id"] for r in listing["releases"]) or "none"
+                raise OpsError(f"{self.target.name}: no release {want!r} (releases: {known})")
+            if rel["selftest_ok"] is not True:
+                raise OpsError(f"{self.target.name}: release {want} never passed its self-test")
+            if want == before:
+                return self.result(
+                    "already-current",
+                    release=want,
+                    before=before,
+                    after=before,
+                    message=f"release {want} is already current",
+                )
+            try:
+                return self._switch_and_prove(want, before)
+            except StepFailed as exc:
+                return self.result("failed", failed_step=exc.step.name, message=exc.step.detail)
