@@ -278,12 +278,16 @@ def profile(
 
 
 def _print_profile(sec: dict[str, Any]) -> None:
+    if not sec["levels"]:
+        return
     t = Table(
         title=f"profile {escape(sec['target'])}: ms per step, share of the step",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
     )
     for h in ("c", "batch", "step ms", "stage", "ms", "share", "source", "tok/s", "accept"):
-        t.add_column(h, justify="left" if h in ("stage", "source") else "right", overflow="fold")
+        left = h in ("stage", "source")
+        t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=left)
     for lv in sec["levels"]:
         stages = [s for s in (*STAGES, "attention") if s in lv.get("stage_ms", {})] or ["-"]
         for i, s in enumerate(stages):

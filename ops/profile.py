@@ -77,7 +77,7 @@ while len(samples) < p["min_reps"] or (time.perf_counter() < end and len(samples
     samples.append((time.perf_counter() - t0) * 1000)
 q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else samples * 3
 print(json.dumps({"median_ms": statistics.median(samples), "p25_ms": q[0], "p75_ms": q[2],
-                  "n": len(samples), "samples_ms": samples[:200]}))
+                  "n": len(samples), "samples_ms": [round(x, 5) for x in samples]}))
 """
 
 

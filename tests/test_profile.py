@@ -1,0 +1,101 @@
+"""`ops profile` through the real CLI: measured against the reference engine (its per-stage
+timings, taken as the difference of the counters around each level), derived against
+tests/fake_service.py (a service without stage timings, like SGLang): step time from tokens/s
+and accept length, the tree build's time from its CPU baseline timed on the host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_healthcheck import Ops
+
+from ops.evidence import ProfileSection
+
+STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
+
+
+def record(doc: dict) -> dict:
+    return json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    o("service", "stop", "local")
+
+
+def test_measured_stage_times_per_level(ops: Ops) -> None:
+    ops.configure_service(None)  # the reference engine (tiny, ddtree, CPU)
+    assert ops.json("service", "start", "local")[0] == 0
+    code, doc = ops.json("profile", "local", "-c", "1,4", "--requests", "8",
+                         "--output-len", "16", "--input-len", "16")  # fmt: skip
+    assert code == 0, doc
+    prof = ProfileSection.model_validate(record(doc)["profile"])
+    assert [lv.concurrency for lv in prof.levels] == [1, 4]
+    assert doc["service"]["stage_timings"] and doc["service"]["mode"] == "ddtree"
+    one, four = doc["levels"]
+    for lv, model in zip(doc["levels"], prof.levels, strict=True):
+        assert lv["method"] == "measured" and lv["batch"] == lv["concurrency"]
+        assert model.step_ms.source == "measured" and model.step_ms.value > 0
+        assert set(model.stage_ms) == set(STAGES)
+        stages = model.stage_ms.values()
+        assert all(v.source == "measured" and v.n == model.step_ms.n for v in stages)
+        total = sum(v.value for v in model.stage_ms.values())
+        assert total <= model.step_ms.value * 1.001 and total >= model.step_ms.value * 0.9
+        assert sum(lv["share"].values()) == pytest.approx(total / model.step_ms.value)
+        assert model.tokens_per_s.value > 0 and model.tokens_per_s.source == "measured"
+        assert model.accept_length.value > 1 and "Δ ddtree:accept_length_sum" in (
+            model.accept_length.note
+        )
+    # each level's own steps: the c=1 level ran only at batch 1; the c=4 level's numbers do not
+    # hold the c=1 level's steps (it ran mostly at batch 4)
+    assert set(one["steps_by_batch"]) == {"1"}
+    assert four["steps_by_batch"]["4"] >= max(four["steps_by_batch"].values())
+    assert four["steps_by_batch"].get("1", 0) < one["steps_by_batch"]["1"]
+    # the derived formula, applied where both are known, gives the same order of magnitude
+    for lv in doc["levels"]:
+        assert 0.5 < lv["derived_check"]["step_ms"] / lv["step_ms"]["value"] < 5
+
+
+def test_derived_without_stage_timings(ops: Ops) -> None:
+    ops.configure()  # no /get_server_info, no /metrics, no accept length
+    assert ops.json("service", "start", "local")[0] == 0
+    args = ("profile", "local", "-c", "1,3", "--requests", "6", "--output-len", "8",
+            "--budget", "16", "--topk", "4")  # fmt: skip
+    code, doc = ops.json(*args, "--accept-length", "2.5")
+    assert code == 0, doc
+    prof = ProfileSection.model_validate(record(doc)["profile"])
+    assert not doc["service"]["stage_timings"]
+    for lv, model in zip(doc["levels"], prof.levels, strict=True):
+        c = lv["concurrency"]
+        assert lv["method"] == "derived"
+        tok_s = model.tokens_per_s.value
+        assert model.tokens_per_s.source == "measured"
+        assert model.accept_length.source == "derived" and model.accept_length.value == 2.5
+        assert "--accept-length" in model.accept_length.note
+        assert model.step_ms.source == "derived"
+        assert model.step_ms.value == pytest.approx(1000 * c * 2.5 / tok_s)
+        assert f"1000 * {c} * 2.500 / " in model.step_ms.note
+        tb = model.stage_ms["tree_build"]
+        assert set(model.stage_ms) == {"tree_build"} and tb.source == "derived"
+        assert tb.n >= 5 and tb.p25 <= tb.value <= tb.p75 and len(tb.samples) == tb.n
+        assert f"at batch {c} (budget 16, K 4, H 15)" in tb.note
+        assert lv["cpu_baseline"]["params"]["batch"] == c
+        assert lv["share"]["tree_build"] == pytest.approx(tb.value / model.step_ms.value)
+        assert lv["step_ms_from_tpot"]["source"] == "derived"
+    # without an accept length the step cannot be derived: HOLD, and the record says why
+    code, doc = ops.json(*args[:3], "2", *args[4:])
+    assert code == 3 and doc["levels"] == []
+    assert doc["incomplete"][0]["concurrency"] == 2
+    assert "accept length" in doc["incomplete"][0]["missing"][0]
+    assert record(doc)["outcome"] == "hold"
+
+
+def test_bad_input_is_exit_2(ops: Ops) -> None:
+    ops.configure()
+    for bad in (("-c", "0"), ("--component", "verify"), ("--baseline", "rust")):
+        res = ops("profile", "local", *bad)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
