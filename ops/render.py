@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,22 @@ def _v(v: Any, unit: str = "", fmt: str = ".3g") -> str:
     return f"{v.value:{fmt}}{star}{spread}{unit}"
 
 
+def _range(
+    v: float | None,
+    lo: float | None,
+    hi: float | None,
+    fmt: Callable[[float], str],
+    head: Callable[[float], str] | None = None,
+) -> str:
+    """'v (lo..hi)', or just 'v' when there is no spread."""
+    if v is None:
+        return "-"
+    text = (head or fmt)(v)
+    if lo is None or hi is None or fmt(lo) == fmt(hi):
+        return text
+    return f"{text} ({fmt(lo)}..{fmt(hi)})"
+
+
 def amdahl_table(d: Decision) -> list[dict[str, str]]:
     out = []
     for r in d.amdahl:
@@ -304,9 +321,9 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
             {
                 "c": str(r.concurrency)
                 + (" (target)" if r.concurrency == d.target_concurrency else ""),
-                "f": "-" if r.f is None else f"{r.f:.3%} ({r.f_lo:.3%}..{r.f_hi:.3%})",
+                "f": _range(r.f, r.f_lo, r.f_hi, lambda x: f"{x:.3%}"),
                 "f_source": r.f_source or "-",
-                "s": "-" if sp is None else f"{times(sp.s)} ({sp.lo:.4g}..{sp.hi:.4g})",
+                "s": "-" if sp is None else _range(sp.s, sp.lo, sp.hi, lambda x: f"{x:.4g}", times),
                 "s_at": "-"
                 if sp is None
                 else f"B={sp.batch}" + (f"; {sp.note}" if sp.note else ""),
