@@ -7,8 +7,9 @@ record per step in sub-directories, e.g. `<rollout>/<nn>-<step>/record.json`):
 
     healthcheck  ops.healthcheck.HealthReport (pre/post-flight; token identity, A/A runs).
                  Which flight it is: `inputs.role` ("preflight" | "postflight") or the
-                 directory name containing "preflight" / "postflight"; without either, the
-                 first healthcheck by `started` is the pre-flight and any later one post-flight.
+                 directory name containing "preflight" / "postflight"; without either, a
+                 healthcheck after a successful deploy record (by `started`) is a post-flight,
+                 any other a pre-flight. One run with `inputs.record_golden` compared nothing.
     bench        BenchSection: `ops bench`'s guard, interference probe, environment, KernelRows.
     profile      ProfileSection: `ops profile`, per concurrency: step time, stage times,
                  tokens/s, accept length; every number says `source`: measured | derived.
@@ -299,6 +300,7 @@ class HealthEntry(BaseModel):
     outcome: str
     report: HealthReport | None = None  # None when the healthcheck itself errored
     error: str = ""
+    golden_recorded: bool = False  # it recorded the golden set: its identity compared nothing
 
 
 class Evidence(BaseModel):
@@ -337,16 +339,17 @@ def record_files(paths: list[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def _role(rec: Record, path: Path, seen_pre: bool) -> Literal["preflight", "postflight"]:
+def _role(rec: Record, path: Path) -> Literal["preflight", "postflight"] | None:
+    """The flight a healthcheck record says it is: inputs.role, else its directory's name."""
     role = rec.inputs.get("role")
     if role in ("preflight", "postflight"):
         return role
-    for part in reversed(path.parts[:-1]):
+    for part in reversed(path.parts[-3:-1]):
         if "postflight" in part:
             return "postflight"
         if "preflight" in part:
             return "preflight"
-    return "postflight" if seen_pre else "preflight"
+    return None
 
 
 def gather(paths: list[Path], change: Change | None = None) -> Evidence:
@@ -364,8 +367,9 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
         if rec.command == "deploy" and rec.exit_code == 0:
             ev.deployed = True
         if "healthcheck" in doc or rec.command == "healthcheck":
-            role = _role(rec, path, any(h.role == "preflight" for h in ev.health))
+            role = _role(rec, path) or ("postflight" if ev.deployed else "preflight")
             entry = HealthEntry(role=role, path=rec.path, outcome=rec.outcome)
+            entry.golden_recorded = rec.inputs.get("record_golden") is True
             if "healthcheck" in doc:
                 entry.report = validate(path, HealthReport, doc["healthcheck"], "healthcheck")
             else:

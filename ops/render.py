@@ -392,6 +392,26 @@ def profile_table(ev: Evidence) -> tuple[list[str], list[dict[str, Any]]]:
     return stages, out
 
 
+def identity_rows(ev: Evidence) -> list[dict[str, str]]:
+    """Per flight that compared with the golden set: the A/A runs first, then the identity."""
+    out = []
+    for h in ev.health:
+        i = (h.report.modules.get("identity") if h.report else None) or {}
+        if h.golden_recorded or "identity_pct" not in i:
+            continue
+        out.append(
+            {
+                "role": h.role,
+                "aa_runs": str(i.get("aa_runs") or 0),
+                "nondeterministic": ", ".join(map(str, i.get("nondeterministic") or [])) or "none",
+                "identity": f"{i['identity_pct']}% ({i.get('matched')}/{i.get('total')})",
+                "concurrency": str(i.get("concurrency", 1)),
+                "mismatched": ", ".join(map(str, i.get("mismatched") or [])) or "none",
+            }
+        )
+    return out
+
+
 def probes(ev: Evidence) -> list[dict[str, Any]]:
     out = []
     for path, b in ev.bench:
@@ -429,6 +449,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "gain_chart": gain_chart(decision),
         "probes": probes(ev),
         "health": ev.health,
+        "identity": identity_rows(ev),
     }
 
 

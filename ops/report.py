@@ -253,7 +253,11 @@ def _flights(ev: Evidence, t: _Tally) -> None:
                 )
             else:
                 t.ok(f"{role}_passed", f"{role}: {len(h.report.checks)} checks, none failed")
-            _identity(role, h.path, h.report.modules.get("identity"), t)
+        compared = [h for h in entries if h.report is not None and not h.golden_recorded]
+        for h in compared:
+            _identity(role, h.path, h.report.modules.get("identity") if h.report else None, t)
+        if not compared and any(h.golden_recorded for h in entries):
+            t.hold("no_identity", f"{role}: the golden set was recorded, nothing compared with it")
 
 
 def _identity(role: str, path: str, data: dict[str, Any] | None, t: _Tally) -> None:

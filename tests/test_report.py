@@ -194,6 +194,22 @@ def test_each_hold_cause(tmp_path: Path, cause: str) -> None:
     assert codes(doc, "holds") == [cause.split(":")[0]], doc["holds"]
 
 
+def test_flights_without_a_role_follow_the_deploy(tmp_path: Path) -> None:
+    """A golden recording compares nothing; a healthcheck after the deploy is the post-flight."""
+    low = ("--threshold", "0.005")
+    code, doc = ops_report(tmp_path, "hc_golden", "hc_compare", *SEED[1:], args=low)
+    assert code == 0, doc["holds"]
+    ident = [r for r in doc["passed"] if r["code"] == "identity"]
+    assert len(ident) == 1 and ident[0]["evidence"]["record"].endswith("hc_compare/record.json")
+    code, doc = ops_report(tmp_path, "hc_golden", *SEED[1:], args=low)
+    assert code == 3 and codes(doc, "holds") == ["no_identity"]
+    assert "recorded, nothing compared" in doc["holds"][0]["message"]
+    after = ("hc_golden", "hc_compare", "deploy_ok", "hc_after_deploy", *SEED[1:])
+    code, doc = ops_report(tmp_path, *after, args=low)
+    assert code == 1 and codes(doc, "failed") == ["postflight_failed"]
+    assert doc["failed"][0]["evidence"]["record"].endswith("hc_after_deploy/record.json")
+
+
 def test_hold_needs_the_target_concurrency_profiled(tmp_path: Path) -> None:
     code, doc = ops_report(tmp_path, *SEED, args=("--concurrency", "4"))
     assert code == 3 and codes(doc, "holds") == ["no_profile_level"]
