@@ -85,7 +85,10 @@ def test_full_rollout_dir_with_sub_records_is_go(tmp_path: Path) -> None:
         "report.json",
         "report.md",
     ]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| 1 | +36.364% (+34.418%..+38.387%) | +35.00% (A/A +1.00%) | -1.4 pp |" in md
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
+
     assert saved["verdict"] == "GO" and saved["amdahl"] == doc["amdahl"]
 
 
