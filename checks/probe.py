@@ -14,6 +14,9 @@ again and again and times each answer, in three phases:
   still running at `--max-seconds` is killed too (`timed_out`);
 - after: `--after` requests, to show whether the service recovered.
 
+CMD runs in its own process group inside the probe's session (so the Host layer's sweep of the
+session still reaches it); it is killed with the probe: a TERM, HUP or INT to the probe kills
+CMD's group first, and on Linux CMD gets SIGKILL if the probe itself dies (PR_SET_PDEATHSIG).
 CMD's stdout and stderr go to temp files (never a full pipe); when stdout is one JSON
 document it comes back parsed as `cmd.document`. If the service does not answer before CMD
 starts, CMD runs unwatched and the document says `measured: false`.
@@ -27,6 +30,7 @@ difference of two such snapshots around a load level. Stdlib only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -113,6 +117,26 @@ def trip_reason(w: float, limit: float, base: float, args: Any, n: int) -> str:
     )
 
 
+def _child_setup() -> None:
+    """In CMD before exec: its own process group; SIGKILL when the probe dies (Linux)."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start(cmd: list[str], out_f: Any, err_f: Any) -> subprocess.Popen[bytes]:
+    """Start CMD; a TERM, HUP or INT to the probe from now on kills CMD's group, then exits."""
+    proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, preexec_fn=_child_setup)
+
+    def die(signum: int, _frame: Any) -> None:
+        kill_group(proc)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, die)
+    return proc
+
+
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -133,7 +157,7 @@ def watch(args: Any, cmd: list[str]) -> dict[str, Any]:
     out_f = tempfile.TemporaryFile()
     err_f = tempfile.TemporaryFile()
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, start_new_session=True)
+    proc = start(cmd, out_f, err_f)
     during: list[dict[str, Any]] = []
     trip: dict[str, Any] | None = None
     timed_out = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def test_real_load_trips_the_probe_and_is_killed_at_once(engine: EngineProcess) 
     cmd = doc["cmd"]
     assert cmd["killed"] and cmd["rc"] == -9 and not cmd["timed_out"]
     assert cmd["duration_s"] < 20 and time.monotonic() - t0 < 60  # 5000 requests take minutes
-    assert not Path(f"/proc/{cmd['pid']}").exists()  # the load and its group are gone
+    assert not _alive(cmd["pid"])  # the load and its group are gone
     assert doc["trip"]["window_p50_ms"] is None or doc["trip"]["window_p50_ms"] > doc["limit_ms"]
     assert doc["limit_ms"] == pytest.approx(doc["before"]["p50_ms"] * 1.10)
     assert doc["before"]["answered"] == 10 and doc["after"]["n"] == 5
@@ -136,3 +137,44 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
         assert rec["outcome"] == "fail" and rec["exit_code"] == 1 and section.rows == []
     else:
         assert code in (0, 1) and (code == 0) == (doc["outcome"] == "pass")
+
+
+def _alive(pid: int) -> bool:
+    """A live process (a zombie nobody has reaped yet is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_command_dies_with_the_probe(sig: signal.Signals) -> None:
+    """Ctrl-C / a timeout (TERM) or a hard kill of the probe never leaves the bench running."""
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "checks.probe", "--json", "--url", url, "--before", "3", "--",
+         sys.executable, "-c", "import time; time.sleep(120)"],
+        cwd=REPO, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (kids := _children(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(kids) == 1
+        assert os.getpgid(kids[0]) == kids[0] != os.getpgid(proc.pid)  # its own group
+        os.kill(proc.pid, sig)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(kids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(kids[0])
+    finally:
+        proc.kill()
+        proc.wait()
