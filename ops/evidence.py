@@ -128,6 +128,8 @@ class Probe(_Open):
 
 class Guard(_Open):
     ok: bool = True
+    verdict: str | None = None  # "ok" | "refused" | "hold"
+    message: str = ""  # why it refused or held
     gpu: int | None = None
     gpus: list[dict[str, Any]] = Field(default_factory=list)
     processes: list[dict[str, Any]] = Field(default_factory=list)

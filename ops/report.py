@@ -336,8 +336,16 @@ def _one_bench(path: str, b: BenchSection, t: _Tally) -> None:
             record=path,
         )
     if not b.ok and not (tripped or bad or b.hold_reasons):
-        why = "; ".join(b.reasons) or "the bench says it failed"
-        t.hold("bench_failed", f"the bench failed: {why}", record=path)
+        if b.guard is not None and not b.guard.ok:
+            t.hold(
+                "bench_failed",
+                f"the GPU guard refused the bench: {b.guard.message}",
+                record=path,
+                guard=b.guard.verdict,
+            )
+        else:
+            why = "; ".join(b.reasons) or "the bench says it failed"
+            t.hold("bench_failed", f"the bench failed: {why}", record=path)
 
 
 def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:

@@ -162,6 +162,7 @@ HOLD = {  # on the seed's records with a 0.5% threshold (GO, see below) unless s
     "bench_held": ("preflight_ok", "bench_no_gpu", "profile_tree", "rollout_tree"),
     "bench_failed": ("preflight_ok", "bench_refused", "profile_tree", "rollout_tree"),
     "no_probe": ("preflight_ok", "bench_no_probe", "profile_tree", "rollout_tree"),
+    "bench_failed:guard": ("preflight_ok", "bench_guard_refused", "profile_tree", "rollout_tree"),
     "bench_failed:crashed": ("preflight_ok", "bench_crashed", "profile_tree", "rollout_tree"),
     "profile_failed_requests": (
         "preflight_ok",
