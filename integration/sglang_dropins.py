@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from kernels import cpu
-from kernels.reference import BatchedTrees
 
 __all__ = [
     "ACCEPT_BACKENDS",
@@ -51,9 +50,9 @@ Tree7 = tuple[torch.Tensor, torch.Tensor, list, list, torch.Tensor, torch.Tensor
 
 
 class ChildMaps(list):
-    """`child_maps` as a list of dicts, plus the arrays of the tree it came from."""
+    """`child_maps` as a list of dicts, plus where the tree's arrays are (for the C++ walk)."""
 
-    __slots__ = ("trees", "depth", "unique")
+    __slots__ = ("arrays",)
 
     def __reduce__(self) -> tuple:  # pickle / copy as the plain list the contract names
         return (list, (list(self),))
@@ -74,41 +73,68 @@ def _root_only() -> Tree7:
     )
 
 
-def _long(a: np.ndarray) -> torch.Tensor:
-    t = torch.empty(a.shape, dtype=torch.long)  # torch-owned storage, like the stock tensors
-    t.numpy()[...] = a
-    return t
+class _Packed:
+    """B padded trees in one int64 buffer, field after field (the C++ builder's layout):
+    token_ids [B, budget], depths [B, budget], parents / first_child / next_sibling
+    [B, budget+1], num_nodes [B]; and visibility bool [B, budget+1, budget+1]."""
+
+    def __init__(self, batch: int, budget: int, ints: torch.Tensor, vis: torch.Tensor) -> None:
+        self.batch, self.budget, self.ints, self.vis = batch, budget, ints, vis
+        self.arr = ints.numpy()  # the same memory, for cheap scalar reads and lists
+        b, s = batch, budget + 1
+        self.off = dict(tok=0, dep=b * budget, par=2 * b * budget)
+        self.off.update(fc=self.off["par"] + b * s, ns=self.off["par"] + 2 * b * s)
+        self.off["num"] = self.off["par"] + 3 * b * s
+
+    @classmethod
+    def empty(cls, batch: int, budget: int) -> _Packed:
+        s = budget + 1
+        ints = torch.empty(2 * batch * budget + 3 * batch * s + batch, dtype=torch.long)
+        return cls(batch, budget, ints, torch.empty((batch, s, s), dtype=torch.bool))
+
+    def request(self, b: int, depth: int) -> Tree7:
+        """Request b as the fork's 7-tuple: tensors are slices of the buffers (no copies)."""
+        s, o, arr = self.budget + 1, self.off, self.arr
+        n = int(arr[o["num"] + b])
+        t0, d0 = o["tok"] + b * self.budget, o["dep"] + b * self.budget
+        p0, f0, s0 = o["par"] + b * s, o["fc"] + b * s, o["ns"] + b * s
+        parents = arr[p0 : p0 + n + 1].tolist()
+        maps = ChildMaps([{} for _ in range(n + 1)])
+        for i, (p, tok) in enumerate(zip(parents[1:], arr[t0 : t0 + n].tolist(), strict=True), 1):
+            maps[p][tok] = i  # in pop order, as the stock loop assigns them
+        unique = sum(map(len, maps)) == n  # no two siblings share a token: walks agree
+        base = self.ints.data_ptr()
+        arrays = (self, base + 8 * t0, base + 8 * f0, base + 8 * s0, depth, n)
+        maps.arrays = arrays if unique else None
+        vis = self.vis[b] if n == self.budget else self.vis[b, : n + 1, : n + 1].contiguous()
+        ints = self.ints
+        return (ints[t0 : t0 + n], ints[d0 : d0 + n], parents, maps, vis,
+                ints[f0 : f0 + n + 1], ints[s0 : s0 + n + 1])  # fmt: skip
 
 
-def _contract(trees: BatchedTrees, b: int, depth: int) -> Tree7:
-    """Request b of padded trees as the fork's 7-tuple (child_maps a ChildMaps)."""
-    n = int(trees.num_nodes[b])
-    parents = trees.parents[b, : n + 1].tolist()
-    tokens = trees.token_ids[b, :n].tolist()
-    maps = ChildMaps([{} for _ in range(n + 1)])
-    for i, (p, tok) in enumerate(zip(parents[1:], tokens, strict=True), 1):
-        maps[p][tok] = i  # in pop order, as the stock loop assigns them
-    maps.trees = BatchedTrees(*(getattr(trees, f)[b : b + 1] for f in _FIELDS))
-    maps.depth = depth
-    maps.unique = sum(map(len, maps)) == n  # no two siblings share a token
-    vis = torch.empty((n + 1, n + 1), dtype=torch.bool)
-    vis.numpy()[...] = trees.visibility[b, : n + 1, : n + 1]
-    return (
-        _long(trees.token_ids[b, :n]),
-        _long(trees.depths[b, :n]),
-        parents,
-        maps,
-        vis,
-        _long(trees.first_child[b, : n + 1]),
-        _long(trees.next_sibling[b, : n + 1]),
-    )
+def _host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous():
+        return t.detach()
+    return t.detach().to("cpu", dtype).contiguous()
 
 
-_FIELDS = ("token_ids", "depths", "parents", "visibility", "first_child", "next_sibling")
-_FIELDS += ("num_nodes",)
+def _cpp(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
+    """kernels.cpu's compiled builder on [B, H, K] or one request's [H, K], into a _Packed."""
+    lp, ids = _host(lp, torch.float32), _host(ids, torch.int64)
+    b, h, k = lp.shape if lp.dim() == 3 else (1, *lp.shape)
+    out = _Packed.empty(b, budget)
+    base, o = out.ints.data_ptr(), out.off
+    rc = cpu._lib().ddtree_cpu_build_trees(
+        lp.data_ptr(), ids.data_ptr(), b, h, k, budget, base + 8 * o["tok"], base + 8 * o["dep"],
+        base + 8 * o["par"], out.vis.data_ptr(), base + 8 * o["fc"], base + 8 * o["ns"],
+        base + 8 * o["num"],
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"ddtree_cpu_build_trees: error {rc}")
+    return out
 
 
-def _python(lp: list[list[float]], ids: list[list[int]], budget: int) -> Tree7:
+def _python(lp: list[list[float]], ids: list[list[int]], budget: int) -> _Packed:
     """The stock algorithm in plain Python (float64 sums of the values as given)."""
     h, k = len(lp), len(lp[0])
     heap = [(-lp[0][0], (0,), 0, 1, 0, lp[0][0])]
@@ -121,52 +147,45 @@ def _python(lp: list[list[float]], ids: list[list[int]], budget: int) -> Tree7:
         depths.append(depth)
         parents.append(parent)
         if rank + 1 < k:
-            s = score - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
-            heapq.heappush(heap, (-s, path[:-1] + (rank + 1,), parent, depth, rank + 1, s))
+            w = score - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-w, path[:-1] + (rank + 1,), parent, depth, rank + 1, w))
         if depth < h:
-            s = score + lp[depth][0]
-            heapq.heappush(heap, (-s, path + (0,), len(tokens), depth + 1, 0, s))
+            w = score + lp[depth][0]
+            heapq.heappush(heap, (-w, path + (0,), len(tokens), depth + 1, 0, w))
     n = len(tokens)
-    out = BatchedTrees(
-        token_ids=np.asarray([tokens], dtype=np.int64).reshape(1, n),
-        depths=np.asarray([depths], dtype=np.int64).reshape(1, n),
-        parents=np.asarray([parents], dtype=np.int64),
-        visibility=np.zeros((1, n + 1, n + 1), dtype=np.bool_),
-        first_child=np.full((1, n + 1), -1, dtype=np.int64),
-        next_sibling=np.full((1, n + 1), -1, dtype=np.int64),
-        num_nodes=np.asarray([n], dtype=np.int64),
-    )
-    vis, last = out.visibility[0], [-1] * (n + 1)
+    out = _Packed.empty(1, n)  # padded to n: exactly the tree
+    arr, o = out.ints.numpy(), out.off
+    arr[:] = -1
+    arr[o["tok"] : o["tok"] + n], arr[o["dep"] : o["dep"] + n] = tokens, depths
+    arr[o["par"] : o["par"] + n + 1], arr[o["num"]] = parents, n
+    vis, last = out.vis.numpy()[0], [-1] * (n + 1)
+    vis[...] = False
     vis[0, 0] = True
     for i in range(1, n + 1):
         p = parents[i]
         vis[i, :i] = vis[p, :i]
         vis[i, i] = True
         if last[p] < 0:
-            out.first_child[0, p] = i
+            arr[o["fc"] + p] = i
         else:
-            out.next_sibling[0, last[p]] = i
+            arr[o["ns"] + last[p]] = i
         last[p] = i
-    return _contract(out, 0, h)
+    return out
 
 
 def _cut(top_log_probs: Any, top_token_ids: Any, budget: Any) -> tuple[Any, Any, int] | None:
-    """(log-probs, ids) cut to K' = min(budget, K), or None for the root-only tree."""
+    """(log-probs, ids) as tensors cut to K' = min(budget, K), or None for the root-only tree."""
     budget = int(budget)
-    h, k = int(top_log_probs.shape[-2]), int(top_log_probs.shape[-1])
-    kk = min(budget, k)
-    if budget <= 0 or h == 0 or kk <= 0:
+    lp, ids = torch.as_tensor(top_log_probs), torch.as_tensor(top_token_ids)
+    h, k = int(lp.shape[-2]), int(lp.shape[-1])
+    if budget <= 0 or h == 0 or k <= 0:
         return None
-    lp, ids = top_log_probs[..., :kk], top_token_ids[..., :kk]
-    if isinstance(lp, torch.Tensor):
-        lp, ids = lp.detach(), ids.detach()
-    return lp, ids, budget
+    return (lp, ids, budget) if budget >= k else (lp[..., :budget], ids[..., :budget], budget)
 
 
-def _exact_f32(lp: Any) -> bool:
-    if isinstance(lp, torch.Tensor):
-        return lp.dtype in _EXACT_DTYPES
-    return np.asarray(lp).dtype in (np.float32, np.float16)
+def _compiled(lp: torch.Tensor, budget: int) -> bool:
+    """Can a float32 builder reproduce the stock float64 sums exactly (and pad sanely)?"""
+    return lp.dtype in _EXACT_DTYPES and budget <= _CPP_MAX_BUDGET
 
 
 def build_tree(top_log_probs: Any, top_token_ids: Any, budget: Any, *, backend: str) -> Tree7:
@@ -175,12 +194,12 @@ def build_tree(top_log_probs: Any, top_token_ids: Any, budget: Any, *, backend: 
     if cut is None:
         return _root_only()
     lp, ids, budget = cut
-    h = int(lp.shape[0])
-    if backend == "python" or not _exact_f32(lp) or budget > _CPP_MAX_BUDGET:
-        return _python(_tolist(lp), _tolist(ids), budget)
-    if backend == "cuda" and _cuda_fits(h, int(lp.shape[1]), budget):
-        return _contract(_cuda_trees(lp[None], ids[None], budget), 0, h)
-    return _contract(cpu.build_trees_cpp(lp[None], ids[None], budget), 0, h)
+    h, k = int(lp.shape[0]), int(lp.shape[1])
+    if backend == "python" or not _compiled(lp, budget):
+        return _python(lp.tolist(), ids.tolist(), budget).request(0, h)
+    if backend == "cuda" and _cuda_fits(h, k, budget):
+        return _cuda(lp[None], ids[None], budget).request(0, h)
+    return _cpp(lp, ids, budget).request(0, h)
 
 
 def build_ddtree_trees(
@@ -195,17 +214,13 @@ def build_ddtree_trees(
         return [_root_only() for _ in range(b)]
     lp, ids, budget = cut
     h, k = int(lp.shape[1]), int(lp.shape[2])
-    if backend == "python" or not _exact_f32(lp) or budget > _CPP_MAX_BUDGET:
-        return [_python(_tolist(lp[i]), _tolist(ids[i]), budget) for i in range(b)]
+    if backend == "python" or not _compiled(lp, budget):
+        return [_python(lp[i].tolist(), ids[i].tolist(), budget).request(0, h) for i in range(b)]
     if backend == "cuda" and _cuda_fits(h, k, budget):
-        trees = _cuda_trees(lp, ids, budget)
+        packed = _cuda(lp, ids, budget)
     else:
-        trees = cpu.build_trees_cpp(lp, ids, budget)
-    return [_contract(trees, i, h) for i in range(b)]
-
-
-def _tolist(x: Any) -> list:
-    return x.tolist() if hasattr(x, "tolist") else list(x)
+        packed = _cpp(lp, ids, budget)
+    return [packed.request(i, h) for i in range(b)]
 
 
 def _cuda_fits(h: int, k: int, budget: int) -> bool:
@@ -213,29 +228,17 @@ def _cuda_fits(h: int, k: int, budget: int) -> bool:
     return h <= lim["H"] and k <= lim["K"] and budget <= lim["budget"]
 
 
-def _cuda_trees(lp: Any, ids: Any, budget: int) -> BatchedTrees:
+def _cuda(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
     """kernels.cuda.build_trees on the current device; the outputs come back in two copies."""
     from kernels import cuda as kc
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    lpt = torch.as_tensor(lp).to(dev, torch.float32).contiguous()
-    idt = torch.as_tensor(ids).to(dev, torch.int64).contiguous()
+    lpt = lp.detach().to(dev, torch.float32).contiguous()
+    idt = ids.detach().to(dev, torch.int64).contiguous()
     t = kc.build_trees(lpt, idt, budget)
-    b, s = int(lpt.shape[0]), budget + 1
     ints = torch.cat([t.token_ids.view(-1), t.depths.view(-1), t.parents.view(-1),
                       t.first_child.view(-1), t.next_sibling.view(-1), t.num_nodes])  # fmt: skip
-    flat, vis = ints.cpu().numpy(), t.visibility.cpu().numpy()
-    sizes = np.cumsum([0, b * budget, b * budget, b * s, b * s, b * s, b])
-    part = [flat[sizes[i] : sizes[i + 1]] for i in range(6)]
-    return BatchedTrees(
-        token_ids=part[0].reshape(b, budget),
-        depths=part[1].reshape(b, budget),
-        parents=part[2].reshape(b, s),
-        visibility=vis,
-        first_child=part[3].reshape(b, s),
-        next_sibling=part[4].reshape(b, s),
-        num_nodes=part[5],
-    )
+    return _Packed(int(lpt.shape[0]), budget, ints.cpu(), t.visibility.cpu())
 
 
 # ----------------------------------------------------------------------------- accept
@@ -253,22 +256,28 @@ def _walk(child_maps: list, tokens: list) -> tuple[list[int], Any]:
 
 def follow_tree(child_maps: list, posterior: Any, *, backend: str) -> tuple[list[int], Any]:
     """(accepted node indices from 0, next token); `cpp` walks our tree's arrays in C++."""
-    trees = getattr(child_maps, "trees", None)
+    arrays = getattr(child_maps, "arrays", None)
     if (
         backend == "cpp"
-        and trees is not None
-        and child_maps.unique
-        and len(child_maps) == int(trees.num_nodes[0]) + 1
+        and arrays is not None
         and isinstance(posterior, torch.Tensor)
+        and posterior.dtype == torch.int64
+        and posterior.device.type == "cpu"
         and posterior.dim() == 1
-        and not posterior.dtype.is_floating_point
+        and posterior.is_contiguous()
         and posterior.shape[0] >= len(child_maps)
+        and len(child_maps) == arrays[5] + 1
     ):
-        target = np.full((1, trees.budget + 1), -1, dtype=np.int64)
-        target[0, : len(child_maps)] = posterior[: len(child_maps)].cpu().numpy()
-        accepted, length, bonus = cpu.greedy_accept_cpp(trees, target, child_maps.depth)
-        return accepted[0, : int(length[0])].tolist(), int(bonus[0])
-    return _walk(child_maps, _tolist(posterior))
+        packed, tok, fc, ns, depth, _ = arrays
+        out = np.empty(depth + 3, dtype=np.int64)  # accepted [depth+1], length, next token
+        base = out.ctypes.data
+        rc = cpu._lib().ddtree_cpu_greedy_accept(
+            tok, fc, ns, posterior.data_ptr(), 1, packed.budget, depth, base,
+            base + 8 * (depth + 1), base + 8 * (depth + 2),
+        )  # fmt: skip
+        if rc == 0:
+            return out[: out[depth + 1]].tolist(), int(out[depth + 2])
+    return _walk(child_maps, posterior.tolist() if hasattr(posterior, "tolist") else posterior)
 
 
 # ----------------------------------------------------------------------------- the functions

@@ -24,7 +24,7 @@ from kernels.envinfo import environment
 __all__ = ["SUITES", "BenchConfig", "register_suite", "row", "main"]
 
 CORE_SUITES = "kernels.bench_suites"
-PLUGINS = ("kernels.bench_attention",)  # optional: a broken or absent plugin is skipped
+PLUGINS = ("kernels.bench_attention", "kernels.bench_integration")  # optional: skipped if broken
 Row = dict[str, Any]
 SuiteFn = Callable[["BenchConfig"], list[Row]]
 SUITES: dict[str, SuiteFn] = {}
