@@ -107,7 +107,7 @@ def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
 def report(
     run_dirs: Annotated[
         list[Path],
-        typer.Argument(metavar="RUN_DIR...", help="Run directories (or record.json files)."),
+        typer.Argument(metavar="RUN_DIR", help="Run directories (or record.json files)."),
     ],
     out_dir: Annotated[
         Path | None,
