@@ -151,7 +151,7 @@ def stage_chart(ev: Evidence) -> str:
     if not rows:
         return ""
     longest = max(r["step"].value for r in rows) or 1.0
-    w, left, bar_h, legend_w = 560, 60, 26, 130
+    w, left, bar_h, legend_w = 600, 60, 26, 170
     plot_w = w - left - legend_w - 20
     h = 40 + len(rows) * (bar_h + 14) + 30
     body = [_text(left, 16, "step time by stage (ms)", extra='font-weight="bold"')]
@@ -307,6 +307,15 @@ def _range(
     return f"{text} ({fmt(lo)}..{fmt(hi)})"
 
 
+def amdahl_notes(d: Decision) -> list[str]:
+    """The Amdahl rows' notes, one line per distinct note with the concurrencies it holds for."""
+    by_note: dict[str, list[str]] = {}
+    for r in d.amdahl:
+        if r.note:
+            by_note.setdefault(r.note, []).append(str(r.concurrency))
+    return [f"c={', '.join(cs)}: {note}" for note, cs in by_note.items()]
+
+
 def amdahl_table(d: Decision) -> list[dict[str, str]]:
     out = []
     for r in d.amdahl:
@@ -443,6 +452,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "vclass": verdict_class,
         "sources": sources,
         "amdahl": amdahl_table(decision),
+        "amdahl_notes": amdahl_notes(decision),
         "kernels": kernel_table(rows),
         "speedups": speedup_tables(series),
         "speedup_charts": {k: speedup_chart(k, v) for k, v in series.items()},
