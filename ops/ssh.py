@@ -224,6 +224,8 @@ class SshHost(Host):
                 drained = not chan.recv_ready() and not chan.recv_stderr_ready()
                 if chan.exit_status_ready() and (chan.eof_received or chan.closed) and drained:
                     break
+                if chan.closed and drained and not chan.exit_status_ready():
+                    raise EOFError("the channel closed before the command's exit status came")
                 if time.monotonic() > end:
                     return TIMEOUT_RC, b"".join(out), b"".join(err)
                 if not busy:

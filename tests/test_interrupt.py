@@ -1,0 +1,218 @@
+"""Ctrl-C and lost connections leave nothing running, on `local` and over SSH (real sshd).
+
+`ops loadtest` runs as a real process and gets SIGINT while a level hangs on the service: it
+exits 130, its record (outcome "interrupted") holds the level that finished, and the load
+generator it started, with everything in its session, is gone. A command over SSH whose
+connection is closed or whose sshd child is killed dies on the host too, even one that
+ignores TERM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, write_inventory
+from sshd import Sshd, free_port
+
+from ops.errors import HostError
+from ops.inventory import load_inventory
+from ops.remote import open_host
+
+FAKE = REPO / "tests" / "fake_service.py"
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat fields after the command name (state, ppid, pgrp, session, ...)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def matching(*argv: str, at: int = 0) -> list[int]:
+    """Live processes whose argv[at:] starts with `argv` (so neither a wrapper that carries the
+    command as one shell string nor `timeout ... COMMAND` matches)."""
+    want = list(argv)
+    return [p for p in _pids() if _argv(p)[at : at + len(want)] == want and _running(p)]
+
+
+def session_of(pid: int) -> list[int]:
+    """Every live process in `pid`'s session."""
+    st = _stat(pid)
+    if st is None:
+        return []
+    return [p for p in _pids() if (s := _stat(p)) and s[3] == st[3] and s[0] != "Z"]
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if value := cond():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def hanging_service() -> Iterator[int]:
+    """The fake service: 3 completions answer (level c=1 with 2 requests and 1 warm-up), the
+    rest hang, so the second level never ends on its own."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(port), "--hang-after", "3"],
+        start_new_session=True,
+    )
+    wait_for(lambda: _listening(port), 20, "the fake service")
+    yield port
+    proc.terminate()
+    proc.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+    argv = [sys.executable, "-m", "ops", "loadtest", target, "-c", "1,2", "--requests", "2"]
+    argv += ["--output-len", "4", "--input-len", "4", "--json", "--inventory", str(inv)]
+    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    url = f"http://127.0.0.1:{port}"
+    marker = ("-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
+    try:
+        (gen,) = wait_for(lambda: matching(*marker, at=1), 90, "the 2nd level's generator")
+        started = session_of(gen)  # the generator and what runs it (timeout, bash)
+        time.sleep(0.5)  # its requests are in flight and hang
+        assert _running(gen)
+        os.kill(ops.pid, signal.SIGINT)
+        out, err = ops.communicate(timeout=60)
+    finally:
+        if ops.poll() is None:
+            ops.kill()
+            ops.wait()
+    assert ops.returncode == 130, err
+    assert "Traceback" not in err
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["interrupted"] is True
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1]
+    assert doc["levels"][0]["completed"] == 2 and doc["planned"] == [1, 2]
+    record = json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+    assert record["outcome"] == "interrupted" and record["exit_code"] == 130
+    assert [lv["concurrency"] for lv in record["loadtest"]["levels"]] == [1]
+    assert record["loadtest"]["levels"][0]["completed"] == 2
+    # nothing we started runs on: the generator (by pid and by its marker) and its session
+    wait_for(lambda: not any(_running(p) for p in started), 10, f"{started} to end")
+    assert matching(*marker, at=1) == []
+    assert matching("-m", "checks.loadtest", "--json", "--url", url, at=1) == []
+
+
+def test_ctrl_c_stops_the_load_generator_locally(tmp_path: Path, hanging_service: int) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        f"[targets.local.service]\nurl = 'http://127.0.0.1:{hanging_service}'\n"
+    )
+    _interrupt_loadtest(inv, tmp_path, "local", hanging_service)
+
+
+def test_ctrl_c_stops_the_load_generator_over_ssh(
+    sshd: Sshd, tmp_path: Path, hanging_service: int
+) -> None:
+    inv = write_inventory(tmp_path / "ops.toml", sshd, tmp_path / "roots")
+    with inv.open("a") as f:
+        f.write(f"\n[targets.loop.service]\nurl = 'http://127.0.0.1:{hanging_service}'\n")
+    target = load_inventory(inv).target("loop")
+    release = tmp_path / "release"
+    release.mkdir()
+    subprocess.run(["cp", "-r", str(REPO / "checks"), str(release)], check=True)
+    with open_host(target) as host:
+        host.put_tree(release, f"{target.remote_root}/current")
+    _interrupt_loadtest(inv, tmp_path, "loop", hanging_service)
+
+
+def _sshd_ancestor(pid: int, listener: int) -> int:
+    """The sshd process that serves the session `pid` runs in (not the listening daemon)."""
+    p = pid
+    while p > 1:
+        st = _stat(p)
+        assert st is not None, f"lost the process chain at {p}"
+        p = int(st[1])
+        if _argv(p)[:1] and _argv(p)[0].startswith("sshd") and p != listener:
+            return p
+    raise AssertionError(f"no sshd above {pid}")
+
+
+@pytest.mark.parametrize("how", ["close the connection", "kill the sshd child"])
+def test_lost_connection_leaves_nothing_on_the_host(
+    sshd: Sshd, inventory_file: Path, how: str
+) -> None:
+    host = open_host(load_inventory(inventory_file).target("loop"))
+    arg = f"97.{os.getpid()}{len(how)}"
+    # bash and its sleep both ignore TERM: the host must fall back to KILL
+    script = f"trap '' TERM; sleep {arg}; echo never"
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            host.run(["bash", "-c", script], timeout=300)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    try:
+        (sleeper,) = wait_for(lambda: matching("sleep", arg), 30, "the remote sleep")
+        started = session_of(sleeper)
+        if how == "close the connection":
+            host.close()
+        else:
+            os.kill(_sshd_ancestor(sleeper, sshd.proc.pid), signal.SIGKILL)
+        worker.join(30)
+        assert not worker.is_alive(), "run() did not notice the lost connection"
+        assert len(errors) == 1 and isinstance(errors[0], HostError), errors
+        wait_for(lambda: not any(_running(p) for p in started), 15, f"{started} to end")
+        assert matching("sleep", arg) == []
+    finally:
+        host.close()
+        for p in matching("sleep", arg):
+            os.kill(p, signal.SIGKILL)
+
+
+def test_data_on_stdin_still_arrives_whole(inventory_file: Path) -> None:
+    inv = load_inventory(inventory_file)
+    data = os.urandom(3_000_000) + b"\0end"
+    for name in ("local", "loop"):
+        with open_host(inv.target(name)) as host:
+            res = host.run(["sha256sum"], stdin=data)
+            assert res.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+            res = host.run(["bash", "-c", "cat >/dev/null; echo read all"], stdin=data)
+            assert res.stdout == "read all\n"
+            assert host.run(["bash", "-c", "wc -c"]).stdout.strip() == "0"
