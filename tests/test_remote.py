@@ -9,7 +9,9 @@ unknown host key) is a specific ops error; a module that prints no JSON is repor
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import socket
 import subprocess
 import threading
@@ -129,6 +131,55 @@ def test_lock_refuses_second_holder_over_ssh(hosts: tuple[Host, Host]) -> None:
         assert "held by" in held.message and me["since"] in held.message
     with ssh.lock("after release"):  # released on exit
         pass
+
+
+def _outside_holder(root: str, script: str) -> subprocess.Popen[bytes]:
+    """A real process that takes the host lock the way ops does, then runs `script`."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec 9>>lock; flock 9; echo locked; {script}"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"locked\n"
+    return proc
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def test_lock_holder_that_is_still_starting_is_said_so(hosts: tuple[Host, Host]) -> None:
+    for host in hosts:  # the holder took the flock but never writes its note
+        holder = _outside_holder(host.target.remote_root, "sleep 60")
+        try:
+            with pytest.raises(LockHeld) as info, host.lock("second"):
+                pass
+        finally:
+            _end(holder)
+        assert info.value.message.endswith(
+            "lock: host lock held by a holder that is still starting (no note from it yet)"
+        )
+        assert "?" not in info.value.message and info.value.holder == {"starting": True}
+
+
+def test_lock_holder_note_written_late_is_waited_for(hosts: tuple[Host, Host]) -> None:
+    note = {"user": "ann", "host": "op1", "pid": 4242, "purpose": "slow", "since": "t0"}
+    write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"
+    for host in hosts:
+        holder = _outside_holder(host.target.remote_root, f"sleep 0.8; {write}; sleep 60")
+        try:
+            with pytest.raises(LockHeld) as info, host.lock("second"):
+                pass
+        finally:
+            _end(holder)
+            (Path(host.target.remote_root) / "lock.holder").unlink(missing_ok=True)
+        assert "host lock held by ann@op1 pid 4242 (slow) since t0" in info.value.message
+        assert info.value.holder == note
 
 
 def test_lock_is_host_wide_across_transports(hosts: tuple[Host, Host]) -> None:
