@@ -14,8 +14,9 @@ only for a batch, see `build_ddtree_trees`) and `python` (plain heapq; the stock
 Every backend gives the same answers, bit for bit, ties included: the compiled ones take
 float32 log-probs (bf16 / fp16 convert exactly); float64 inputs go to `python`.
 
-`child_maps` from our builder is a `ChildMaps`, a list subclass that also carries the tree's
-arrays, so the `cpp` accept walk needs no conversion; it pickles and copies as a plain list.
+The returned tensors of one call are slices of one buffer (contiguous, no copies), and
+`child_maps` is a `ChildMaps`, a list subclass that also knows where the tree's arrays are, so
+the `cpp` accept walk needs no conversion; it pickles and copies as a plain list.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ TREE_BACKENDS = ("cpp", "cuda", "python")
 ACCEPT_BACKENDS = ("cpp", "python")
 _EXACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CPP_MAX_BUDGET = 4096  # beyond, padded outputs grow as budget^2: the Python loop instead
-_CUDA_LIMITS = {"H": 32, "K": 1024, "budget": 512}  # kernels.cuda's MAX_DEPTH / MAX_K / MAX_BUDGET
 Tree7 = tuple[torch.Tensor, torch.Tensor, list, list, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -224,8 +224,10 @@ def build_ddtree_trees(
 
 
 def _cuda_fits(h: int, k: int, budget: int) -> bool:
-    lim = _CUDA_LIMITS
-    return h <= lim["H"] and k <= lim["K"] and budget <= lim["budget"]
+    """Within kernels.cuda's limits (else the C++ builder gives the same answer)."""
+    from kernels.cuda import MAX_BUDGET, MAX_DEPTH, MAX_K
+
+    return h <= MAX_DEPTH and k <= MAX_K and budget <= MAX_BUDGET
 
 
 def _cuda(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
