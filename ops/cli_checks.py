@@ -91,7 +91,7 @@ def healthcheck(
             )
         else:
             _print_report(rep)
-            err.print(f"[dim]record: {run.path}/record.json[/]")
+            err.print(f"[dim]record: {run.path}/record.json[/]", soft_wrap=True)
         return code
 
     guard(as_json, body)
@@ -183,7 +183,7 @@ def loadtest(
                     f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "
                     "finished; the level in progress was stopped on the host"
                 )
-            err.print(f"[dim]record: {run.path}/record.json[/]")
+            err.print(f"[dim]record: {run.path}/record.json[/]", soft_wrap=True)
         return code
 
     guard(as_json, body)
