@@ -34,14 +34,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _number(kind: type, low: float, name: str) -> Any:
+def _number(kind: type, low: float, high: float = float("inf")) -> Any:
+    """An argparse type: a finite `kind` (int or float) in [low, high]."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} takes a number, got {text!r}") from None
-        if not value >= low or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{name} must be >= {low}, got {text}")
+            raise argparse.ArgumentTypeError(f"takes a number, got {text!r}") from None
+        if not low <= value <= high or value == float("inf"):  # NaN fails the first test
+            bound = f"in [{low}, {high}]" if high < float("inf") else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     return parse
@@ -51,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     kinds = "; ".join(f"{c}={'|'.join(k)}" for c, k in COMPONENTS.items())
     p = _Parser(prog="python -m engine", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_number(int, 1, "--port"), default=30000)
+    p.add_argument("--port", type=_number(int, 1, 65535), default=30000)
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--mode", choices=("ar", "ddtree"), default="ddtree")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -65,10 +68,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--weights", help="safetensors file written by engine.weights.save_weights")
     p.add_argument("--seed", type=int, default=0, help="weight seed when --weights is not given")
-    p.add_argument("--max-batch-size", type=_number(int, 1, "--max-batch-size"))
-    p.add_argument("--budget", type=_number(int, 1, "--budget"), help="DDTree nodes per step")
+    p.add_argument("--max-batch-size", type=_number(int, 1))
+    p.add_argument("--budget", type=_number(int, 1), help="DDTree nodes per request per step")
     p.add_argument("--model-name", default="ddtree-reference")
-    p.add_argument("--threads", type=_number(int, 1, "--threads"), default=1, help="torch threads")
+    p.add_argument(
+        "--threads",
+        type=_number(int, 1),
+        default=1,
+        help="torch CPU threads (1: per-row ops)",
+    )
     p.add_argument(
         "--log-level",
         type=str.lower,
@@ -77,38 +85,38 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--load-delay",
-        type=_number(float, 0, "--load-delay"),
+        type=_number(float, 0),
         default=0.0,
         help="seconds to wait before loading (tests observe /health's 503)",
     )
     limits = p.add_argument_group("limits (bounded inputs)")
     limits.add_argument(
         "--max-body-bytes",
-        type=_number(int, 1, "--max-body-bytes"),
+        type=_number(int, 1),
         default=1 << 20,
         help="larger request bodies get 413 (default 1 MiB)",
     )
     limits.add_argument(
         "--max-prompts-per-request",
-        type=_number(int, 1, "--max-prompts-per-request"),
+        type=_number(int, 1),
         default=64,
         help="more prompts in one request get 400 (default 64)",
     )
     limits.add_argument(
         "--max-connections",
-        type=_number(int, 1, "--max-connections"),
+        type=_number(int, 1),
         help="open connections; beyond it the oldest idle one is closed (default: 1000, "
         "fewer under a low fd limit)",
     )
     limits.add_argument(
         "--request-read-timeout",
-        type=_number(float, 0.01, "--request-read-timeout"),
+        type=_number(float, 0.01),
         default=10.0,
         help="seconds a client has to send a whole request (head and body); then dropped",
     )
     limits.add_argument(
         "--keep-alive-timeout",
-        type=_number(float, 0.01, "--keep-alive-timeout"),
+        type=_number(float, 0.01),
         default=5.0,
         help="seconds an idle keep-alive connection stays open",
     )

@@ -79,8 +79,10 @@ class Scheduler:
         self.decoder = decoder
         self.stats = stats or StepStats()
         self.max_batch = decoder.cfg.max_batch_size
-        # waiting requests per group, groups in the order they were last served (or arrived)
+        # waiting requests per group; when each group was last served (a tick count)
         self._waiting: dict[Hashable, deque[GenRequest]] = {}
+        self._served: dict[Hashable, int] = {}
+        self._ticks = 0
         self._n_waiting = 0
         self._running: list[GenRequest] = []
         self._running_per_group: Counter[Hashable] = Counter()
@@ -140,15 +142,20 @@ class Scheduler:
 
     def _next_waiting(self) -> GenRequest | None:
         """Pop the next request to admit: from the group with the fewest running sequences,
-        ties to the group served least recently (dict order); that group moves to the back."""
+        ties to the group served least recently (never before first, then by arrival)."""
         with self._cv:
             if not self._waiting:
                 return None
-            key = min(self._waiting, key=lambda k: self._running_per_group[k])
-            queue = self._waiting.pop(key)
+            key = min(
+                self._waiting,
+                key=lambda k: (self._running_per_group[k], self._served.get(k, -1)),
+            )
+            queue = self._waiting[key]
             req = queue.popleft()
-            if queue:
-                self._waiting[key] = queue
+            self._ticks += 1
+            self._served[key] = self._ticks
+            if not queue:
+                del self._waiting[key], self._served[key]
             self._n_waiting -= 1
             return req
 
@@ -163,6 +170,7 @@ class Scheduler:
                     self._waiting[key] = kept
                 else:
                     del self._waiting[key]
+                    self._served.pop(key, None)
             self._n_waiting -= len(gone)
         for req in gone:
             self._finish(req, Update([], True, "abort"))
@@ -206,6 +214,7 @@ class Scheduler:
         with self._cv:
             waiting = [r for q in self._waiting.values() for r in q]
             self._waiting.clear()
+            self._served.clear()
             self._n_waiting = 0
         for req in [*self._running, *waiting]:
             self._finish(req, Update([], True, "abort", "server shutting down"))
