@@ -6,13 +6,21 @@ again and again and times each answer, in three phases:
 
 - before: `--before` requests (after 2 uncounted warm-ups), the service's own latency;
 - during: while CMD runs (started in its own process group), at most `--max-during` requests
-  and at most `--max-seconds` of CMD's life. After `--min-during` requests, if the p50 of the
-  last `--window` requests exceeds the before-p50 by more than `--threshold` (0.10 = +10%),
-  CMD's whole process group is killed at once (SIGKILL) and the probe says `tripped`. A
+  and at most `--max-seconds` of CMD's life. The limit is the before-p50 plus `--threshold`
+  (0.10 = +10%). CMD's whole process group is killed at once (SIGKILL) and the probe says
+  `tripped` and `stopped_early` when the service is clearly past it: the p50 of the last
+  `--min-during` requests above twice the limit (a gross slow-down, caught in a few
+  requests), or three in four of the last `--window` requests above the limit (their p25
+  over it: a sustained rise, which a single slow answer of a noisy service is not). A
   request that fails counts as an infinitely slow one; during CMD a request gives up after
   5x the limit (at least 1 s), so a stalled service trips the probe within seconds. CMD
   still running at `--max-seconds` is killed too (`timed_out`);
 - after: `--after` requests, to show whether the service recovered.
+
+At the end, a p50 of all the requests during CMD above the limit also says `tripped` (the
+rise the verdict rules on), without `stopped_early`. When the service's own spread before CMD
+(IQR / p50) is wider than the threshold, `warnings` says that a rise below that spread cannot
+be told from noise.
 
 CMD runs in its own process group inside the probe's session (so the Host layer's sweep of the
 session still reaches it); it is killed with the probe: a TERM, HUP or INT to the probe kills
@@ -103,30 +111,50 @@ class Prober:
         return out
 
 
-def window_p50(samples: list[dict[str, Any]], window: int) -> float:
-    """p50 of the last `window` samples, a failed request counting as infinitely slow."""
-    last = [s["ms"] if s["ms"] is not None else math.inf for s in samples[-window:]]
-    return statistics.median(last)
+def stop_rule(samples: list[dict[str, Any]], limit: float, args: Any) -> dict[str, Any] | None:
+    """Is the service clearly past the limit now? (a failed request counts as infinitely slow)"""
+    ms = [s["ms"] if s["ms"] is not None else math.inf for s in samples]
+
+    def show(v: float) -> str:
+        return "failed" if math.isinf(v) else f"{v:.2f} ms"
+
+    if len(ms) >= args.min_during:
+        recent = statistics.median(ms[-args.min_during :])
+        if recent > 2 * limit:
+            return {
+                "rule": "gross",
+                "value_ms": None if math.isinf(recent) else round(recent, 3),
+                "why": f"p50 of the last {args.min_during} probe requests {show(recent)} > "
+                f"twice the limit {limit:.2f} ms",
+            }
+    if len(ms) >= args.window:
+        last = ms[-args.window :]
+        q1 = statistics.quantiles(last, n=4, method="inclusive")[0] if len(last) > 1 else last[0]
+        if q1 > limit:
+            return {
+                "rule": "sustained",
+                "value_ms": None if math.isinf(q1) else round(q1, 3),
+                "why": f"3 in 4 of the last {args.window} probe requests slower than the limit "
+                f"{limit:.2f} ms (their p25 {show(q1)})",
+            }
+    return None
 
 
-def trip_reason(w: float, limit: float, base: float, args: Any, n: int) -> str:
-    seen = "requests failed" if math.isinf(w) else f"{w:.2f} ms"
-    return (
-        f"p50 of the last {min(args.window, n)} probe requests {seen} > {limit:.2f} ms "
-        f"(before: p50 {base:.2f} ms, threshold +{args.threshold:.0%}): command killed"
-    )
-
-
-def _child_setup() -> None:
+def _child_setup(parent: int) -> None:
     """In CMD before exec: its own process group; SIGKILL when the probe dies (Linux)."""
     os.setpgid(0, 0)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the probe died before the line above: do not run at all
+        os._exit(1)
 
 
 def start(cmd: list[str], out_f: Any, err_f: Any) -> subprocess.Popen[bytes]:
     """Start CMD; a TERM, HUP or INT to the probe from now on kills CMD's group, then exits."""
-    proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, preexec_fn=_child_setup)
+    parent = os.getpid()
+    proc = subprocess.Popen(
+        cmd, stdout=out_f, stderr=err_f, preexec_fn=lambda: _child_setup(parent)
+    )
 
     def die(signum: int, _frame: Any) -> None:
         kill_group(proc)
@@ -170,17 +198,17 @@ def watch(args: Any, cmd: list[str]) -> dict[str, Any]:
             time.sleep(0.05)
             continue
         during.append(probe.once(give_up))
-        if limit is not None and len(during) >= args.min_during:
-            w = window_p50(during, args.window)
-            if w > limit and proc.poll() is None:
-                kill_group(proc)
-                trip = {
-                    "at_s": round(time.monotonic() - started, 3),
-                    "window_p50_ms": None if math.isinf(w) else round(w, 3),
-                    "limit_ms": round(limit, 3),
-                    "reason": trip_reason(w, limit, base, args, len(during)),
-                }
-                break
+        hit = stop_rule(during, limit, args) if limit is not None and base is not None else None
+        if hit is not None and proc.poll() is None:
+            kill_group(proc)
+            trip = {
+                **hit,
+                "at_s": round(time.monotonic() - started, 3),
+                "limit_ms": round(limit, 3),
+                "reason": f"{hit['why']} (before: p50 {base:.2f} ms, threshold "
+                f"+{args.threshold:.0%}): command killed",
+            }
+            break
         time.sleep(args.interval)
     rc = proc.wait()
     duration = time.monotonic() - started
@@ -195,6 +223,20 @@ def watch(args: Any, cmd: list[str]) -> dict[str, Any]:
     d = summary(during)
     overall = d["p50_ms"] if d["failed"] * 2 < max(d["n"], 1) else math.inf
     exceeded = bool(measured and limit is not None and d["n"] and overall > limit)
+    b = summary(before)
+    warnings = []
+    if measured and b["p25_ms"] is not None and base:
+        spread = (b["p75_ms"] - b["p25_ms"]) / base
+        if spread > args.threshold:
+            warnings.append(
+                f"the service's own latency spread before the command (IQR {spread:.0%} of the "
+                f"p50) is wider than the threshold +{args.threshold:.0%}: a rise smaller than "
+                "that cannot be told from noise"
+            )
+    if exceeded and trip is None:
+        warnings.append(
+            f"the p50 during the command, {overall:.2f} ms, is past the limit {limit:.2f} ms"
+        )
     return {
         "measured": measured,
         "unmeasured_reason": None
@@ -207,12 +249,13 @@ def watch(args: Any, cmd: list[str]) -> dict[str, Any]:
         "during_request_timeout_s": give_up,
         "interval_s": args.interval,
         "window": args.window,
-        "before": summary(before),
+        "before": b,
         "during": {**d, "at_s": [s["at_s"] for s in during]},
         "after": summary(after),
         "tripped": trip is not None or exceeded,
         "stopped_early": trip is not None,
         "trip": trip,
+        "warnings": warnings,
         "cmd": {
             "argv": cmd,
             "pid": proc.pid,
@@ -260,8 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threshold", type=float, default=0.10, help="allowed rise of the p50")
     p.add_argument("--before", type=int, default=20, help="requests before CMD")
     p.add_argument("--after", type=int, default=10, help="requests after CMD")
-    p.add_argument("--min-during", type=int, default=3, help="requests before a trip can happen")
-    p.add_argument("--window", type=int, default=8, help="requests in the trip's rolling p50")
+    p.add_argument("--min-during", type=int, default=3, help="requests the gross rule looks at")
+    p.add_argument("--window", type=int, default=8, help="requests the sustained rule looks at")
     p.add_argument("--max-during", type=int, default=20000, help="most requests during CMD")
     p.add_argument("--max-seconds", type=float, default=3600, help="CMD is killed after this")
     p.add_argument("--interval", type=float, default=0.05, help="pause between requests (s)")

@@ -189,6 +189,8 @@ def _print_bench(sec: dict[str, Any]) -> None:
             + (" [bold red]TRIPPED[/]" if p["tripped"] else ""),
             overflow="fold",
         )
+        for w in p.get("warnings", []):
+            out.print(f"  probe: [yellow]warning:[/] {escape(w)}", overflow="fold")
     tables = kernel_tables(sec.get("table") or [])
     if tables:
         out.print(
