@@ -134,13 +134,15 @@ def revert(root: str) -> dict:
             doc = json.load(f)
     except (OSError, ValueError):
         return {"reverted": False}
-    previous = doc.get("previous")
+    previous, old_previous = doc.get("previous"), doc.get("old_previous")
     if (
         previous
         and ID_RE.match(previous)
         and os.path.isdir(os.path.join(root, "releases", previous))
     ):
         set_link(root, "current", previous)
+        if old_previous and ID_RE.match(old_previous):
+            set_link(root, "previous", old_previous)
     elif previous is None:
         try:
             os.unlink(os.path.join(root, "current"))

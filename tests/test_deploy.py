@@ -86,7 +86,7 @@ class Deploy:
             lines += [
                 f"[targets.{name}.service]",
                 f"url = 'http://127.0.0.1:{h['port']}'",
-                f'command = "{h.get("command", ENGINE_CMD)}"',
+                f"command = {json.dumps(h.get('command', ENGINE_CMD))}",
                 "stop_timeout = 5",
             ]
             comps = h.get("components") or {}
@@ -280,6 +280,7 @@ def test_killed_deploy_leaves_the_previous_release_serving(one: Deploy) -> None:
     assert "postflight ..." in seen, seen
     proc.kill()
     proc.wait()
+    proc.stderr.close()
     for _ in range(200):
         if d.current("loop") == r1 and not (root / "deploy.pending").exists():
             break
@@ -296,6 +297,5 @@ def test_killed_deploy_leaves_the_previous_release_serving(one: Deploy) -> None:
     (root / "releases" / ".staging-20990101T000000Z-abcdef0123").mkdir()
     code, doc, err = d.deploy("loop")
     assert code == 0, err
-    assert doc["results"][0]["steps"][2]["data"]["cleaned"] == [
-        ".staging-20990101T000000Z-abcdef0123"
-    ]
+    (send,) = [s for s in doc["results"][0]["steps"] if s["name"] == "send"]
+    assert send["data"]["cleaned"] == [".staging-20990101T000000Z-abcdef0123"]

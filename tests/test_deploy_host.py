@@ -1,0 +1,110 @@
+"""The host side of releases (ops/deploy_host.py) as it runs on a host: switch and revert keep
+`current` / `previous` right, and no input reaches outside the remote root."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.deploy import DEPLOY_HOST_SOURCE
+
+IDS = [f"20260101T00000{i}Z-aaaaaaa{i}" for i in range(1, 5)]
+
+
+def host(*args: str, stdin: str = "") -> tuple[int, dict]:
+    res = subprocess.run(
+        [sys.executable, "-c", DEPLOY_HOST_SOURCE, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return res.returncode, json.loads(res.stdout)
+
+
+def links(root: Path) -> tuple[str | None, str | None]:
+    def one(name: str) -> str | None:
+        p = root / name
+        return p.readlink().name if p.is_symlink() else None
+
+    return one("current"), one("previous")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    for rid in IDS:
+        (tmp_path / "releases" / rid).mkdir(parents=True)
+    return tmp_path
+
+
+def test_switch_commit_revert(root: Path) -> None:
+    r = str(root)
+    assert host("switch", r, IDS[0], "pending")[1] == {"previous": None, "current": IDS[0]}
+    host("commit", r)
+    host("switch", r, IDS[1], "pending")
+    host("commit", r)
+    assert links(root) == (IDS[1], IDS[0])
+    host("switch", r, IDS[2], "pending")
+    assert links(root) == (IDS[2], IDS[1]) and (root / "deploy.pending").exists()
+    assert host("revert", r)[1] == {"reverted": True, "current": IDS[1]}
+    assert links(root) == (IDS[1], IDS[0]) and not (root / "deploy.pending").exists()
+    assert host("revert", r)[1] == {"reverted": False}  # nothing pending: nothing to do
+
+
+def test_first_install_reverted_leaves_no_current(root: Path) -> None:
+    host("switch", str(root), IDS[0], "pending")
+    host("revert", str(root))
+    assert links(root) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("switch", "{root}", "../../etc"),
+        ("switch", "{root}", "/etc"),
+        ("switch", "{root}", "20990101T000000Z-deadbeef"),  # well-formed, absent
+        ("remove", "{root}", "../releases"),
+        ("finalize", "{root}", "../../x", IDS[3]),
+        ("finalize", "{root}", ".staging-x", "not-an-id"),
+        ("list", "/"),
+        ("list", "relative/root"),
+        ("bogus", "{root}"),
+    ],
+)
+def test_hostile_input_is_refused(root: Path, args: tuple[str, ...]) -> None:
+    code, doc = host(*(a.format(root=root) for a in args))
+    assert code == 2 and doc["error"]
+    assert sorted(p.name for p in (root / "releases").iterdir()) == IDS
+
+
+def test_remove_and_prune_spare_current_and_previous(root: Path) -> None:
+    r = str(root)
+    host("switch", r, IDS[0])
+    host("switch", r, IDS[1])
+    code, doc = host("remove", r, IDS[1])
+    assert code == 2 and "current or previous" in doc["error"]
+    assert host("prune", r, "2")[1] == {"removed": []}  # the two oldest are current, previous
+    assert host("prune", r, "1")[1] == {"removed": [IDS[2]]}
+    assert sorted(p.name for p in (root / "releases").iterdir()) == [IDS[0], IDS[1], IDS[3]]
+
+
+def test_prepare_removes_what_dead_deploys_left(root: Path) -> None:
+    for name in (".staging-" + IDS[3], ".incoming.abc123"):
+        (root / "releases" / name).mkdir()
+    assert host("prepare", str(root))[1]["removed"] == [".incoming.abc123", ".staging-" + IDS[3]]
+
+
+def test_finalize_is_one_rename(root: Path) -> None:
+    staging = root / "releases" / ".staging-new"
+    staging.mkdir()
+    (staging / "f").write_text("x")
+    rid = "20260102T000000Z-bbbbbbb1"
+    doc = json.dumps({"release_json": "{}", "service_env": "A=1\n"})
+    assert host("finalize", str(root), ".staging-new", rid, stdin=doc)[1] == {"release": rid}
+    assert (root / "releases" / rid / "service.env").read_text() == "A=1\n"
+    assert not staging.exists()
+    assert host("finalize", str(root), ".staging-new", rid, stdin=doc)[0] == 2
