@@ -74,13 +74,13 @@ def _root_only() -> Tree7:
 
 
 class _Packed:
-    """B padded trees in one int64 buffer, field after field (the C++ builder's layout):
+    """B padded trees in one int64 numpy buffer, field after field (the C++ builder's layout):
     token_ids [B, budget], depths [B, budget], parents / first_child / next_sibling
     [B, budget+1], num_nodes [B]; and visibility bool [B, budget+1, budget+1]."""
 
-    def __init__(self, batch: int, budget: int, ints: torch.Tensor, vis: torch.Tensor) -> None:
+    def __init__(self, batch: int, budget: int, ints: np.ndarray, vis: np.ndarray) -> None:
         self.batch, self.budget, self.ints, self.vis = batch, budget, ints, vis
-        self.arr = ints.numpy()  # the same memory, for cheap scalar reads and lists
+        self.base = ints.ctypes.data
         b, s = batch, budget + 1
         self.off = dict(tok=0, dep=b * budget, par=2 * b * budget)
         self.off.update(fc=self.off["par"] + b * s, ns=self.off["par"] + 2 * b * s)
@@ -89,12 +89,12 @@ class _Packed:
     @classmethod
     def empty(cls, batch: int, budget: int) -> _Packed:
         s = budget + 1
-        ints = torch.empty(2 * batch * budget + 3 * batch * s + batch, dtype=torch.long)
-        return cls(batch, budget, ints, torch.empty((batch, s, s), dtype=torch.bool))
+        ints = np.empty(2 * batch * budget + 3 * batch * s + batch, dtype=np.int64)
+        return cls(batch, budget, ints, np.empty((batch, s, s), dtype=np.bool_))
 
     def request(self, b: int, depth: int) -> Tree7:
-        """Request b as the fork's 7-tuple: tensors are slices of the buffers (no copies)."""
-        s, o, arr = self.budget + 1, self.off, self.arr
+        """Request b as the fork's 7-tuple; its tensors share the buffers' memory (no copies)."""
+        s, o, arr = self.budget + 1, self.off, self.ints
         n = int(arr[o["num"] + b])
         t0, d0 = o["tok"] + b * self.budget, o["dep"] + b * self.budget
         p0, f0, s0 = o["par"] + b * s, o["fc"] + b * s, o["ns"] + b * s
@@ -102,19 +102,21 @@ class _Packed:
         maps = ChildMaps([{} for _ in range(n + 1)])
         for i, (p, tok) in enumerate(zip(parents[1:], arr[t0 : t0 + n].tolist(), strict=True), 1):
             maps[p][tok] = i  # in pop order, as the stock loop assigns them
-        unique = sum(map(len, maps)) == n  # no two siblings share a token: walks agree
-        base = self.ints.data_ptr()
+        unique = sum(map(len, maps)) == n  # no two siblings share a token: the walks agree
+        base = self.base
         arrays = (self, base + 8 * t0, base + 8 * f0, base + 8 * s0, depth, n)
         maps.arrays = arrays if unique else None
-        vis = self.vis[b] if n == self.budget else self.vis[b, : n + 1, : n + 1].contiguous()
-        ints = self.ints
-        return (ints[t0 : t0 + n], ints[d0 : d0 + n], parents, maps, vis,
-                ints[f0 : f0 + n + 1], ints[s0 : s0 + n + 1])  # fmt: skip
+        vis = (
+            self.vis[b] if n == self.budget else np.ascontiguousarray(self.vis[b, : n + 1, : n + 1])
+        )
+        t = torch.from_numpy
+        return (t(arr[t0 : t0 + n]), t(arr[d0 : d0 + n]), parents, maps, t(vis),
+                t(arr[f0 : f0 + n + 1]), t(arr[s0 : s0 + n + 1]))  # fmt: skip
 
 
 def _host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous():
-        return t.detach()
+        return t
     return t.detach().to("cpu", dtype).contiguous()
 
 
@@ -123,10 +125,10 @@ def _cpp(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
     lp, ids = _host(lp, torch.float32), _host(ids, torch.int64)
     b, h, k = lp.shape if lp.dim() == 3 else (1, *lp.shape)
     out = _Packed.empty(b, budget)
-    base, o = out.ints.data_ptr(), out.off
+    base, o = out.base, out.off
     rc = cpu._lib().ddtree_cpu_build_trees(
         lp.data_ptr(), ids.data_ptr(), b, h, k, budget, base + 8 * o["tok"], base + 8 * o["dep"],
-        base + 8 * o["par"], out.vis.data_ptr(), base + 8 * o["fc"], base + 8 * o["ns"],
+        base + 8 * o["par"], out.vis.ctypes.data, base + 8 * o["fc"], base + 8 * o["ns"],
         base + 8 * o["num"],
     )  # fmt: skip
     if rc != 0:
@@ -154,11 +156,11 @@ def _python(lp: list[list[float]], ids: list[list[int]], budget: int) -> _Packed
             heapq.heappush(heap, (-w, path + (0,), len(tokens), depth + 1, 0, w))
     n = len(tokens)
     out = _Packed.empty(1, n)  # padded to n: exactly the tree
-    arr, o = out.ints.numpy(), out.off
+    arr, o = out.ints, out.off
     arr[:] = -1
     arr[o["tok"] : o["tok"] + n], arr[o["dep"] : o["dep"] + n] = tokens, depths
     arr[o["par"] : o["par"] + n + 1], arr[o["num"]] = parents, n
-    vis, last = out.vis.numpy()[0], [-1] * (n + 1)
+    vis, last = out.vis[0], [-1] * (n + 1)
     vis[...] = False
     vis[0, 0] = True
     for i in range(1, n + 1):
@@ -173,14 +175,19 @@ def _python(lp: list[list[float]], ids: list[list[int]], budget: int) -> _Packed
     return out
 
 
-def _cut(top_log_probs: Any, top_token_ids: Any, budget: Any) -> tuple[Any, Any, int] | None:
-    """(log-probs, ids) as tensors cut to K' = min(budget, K), or None for the root-only tree."""
+def _inputs(top_log_probs: Any, top_token_ids: Any, budget: Any) -> tuple | None:
+    """(log-probs, ids, budget, H, K) as tensors, or None for the root-only tree."""
     budget = int(budget)
-    lp, ids = torch.as_tensor(top_log_probs), torch.as_tensor(top_token_ids)
+    lp = (
+        top_log_probs if isinstance(top_log_probs, torch.Tensor) else torch.as_tensor(top_log_probs)
+    )
+    ids = (
+        top_token_ids if isinstance(top_token_ids, torch.Tensor) else torch.as_tensor(top_token_ids)
+    )
     h, k = int(lp.shape[-2]), int(lp.shape[-1])
-    if budget <= 0 or h == 0 or k <= 0:
+    if budget <= 0 or h == 0 or k == 0:
         return None
-    return (lp, ids, budget) if budget >= k else (lp[..., :budget], ids[..., :budget], budget)
+    return lp, ids, budget, h, k
 
 
 def _compiled(lp: torch.Tensor, budget: int) -> bool:
@@ -188,36 +195,42 @@ def _compiled(lp: torch.Tensor, budget: int) -> bool:
     return lp.dtype in _EXACT_DTYPES and budget <= _CPP_MAX_BUDGET
 
 
+# The compiled builders get all K columns: cutting K to min(budget, K) cannot change the tree
+# (a rank-r sibling pops only after its r elder siblings, so no rank >= budget ever pops, and
+# the extra candidates pushed never reorder the others). The Python builder cuts, as the stock.
+
+
 def build_tree(top_log_probs: Any, top_token_ids: Any, budget: Any, *, backend: str) -> Tree7:
     """One request's tree as the fork's 7-tuple, built by `backend`."""
-    cut = _cut(top_log_probs, top_token_ids, budget)
-    if cut is None:
+    got = _inputs(top_log_probs, top_token_ids, budget)
+    if got is None:
         return _root_only()
-    lp, ids, budget = cut
-    h, k = int(lp.shape[0]), int(lp.shape[1])
+    lp, ids, budget, h, k = got
     if backend == "python" or not _compiled(lp, budget):
-        return _python(lp.tolist(), ids.tolist(), budget).request(0, h)
-    if backend == "cuda" and _cuda_fits(h, k, budget):
-        return _cuda(lp[None], ids[None], budget).request(0, h)
+        kk = min(budget, k)
+        return _python(lp[:, :kk].tolist(), ids[:, :kk].tolist(), budget).request(0, h)
+    if backend == "cuda" and _cuda_fits(h, min(k, budget), budget):
+        return _cuda(lp[None, :, :budget], ids[None, :, :budget], budget).request(0, h)
     return _cpp(lp, ids, budget).request(0, h)
 
 
 def build_ddtree_trees(
     top_log_probs: Any, top_token_ids: Any, budget: int, *, backend: str = "cuda"
 ) -> list[Tree7]:
-    """A batch [B, H, K] (CPU or CUDA tensors) -> B 7-tuples: one kernel launch for all."""
+    """A batch [B, H, K] (CPU or CUDA tensors) -> B 7-tuples, from one builder call."""
     if backend not in TREE_BACKENDS:
         raise ValueError(f"backend: expected one of {TREE_BACKENDS}, got {backend!r}")
     b = int(top_log_probs.shape[0])
-    cut = _cut(top_log_probs, top_token_ids, budget)
-    if cut is None:
+    got = _inputs(top_log_probs, top_token_ids, budget)
+    if got is None:
         return [_root_only() for _ in range(b)]
-    lp, ids, budget = cut
-    h, k = int(lp.shape[1]), int(lp.shape[2])
+    lp, ids, budget, h, k = got
     if backend == "python" or not _compiled(lp, budget):
-        return [_python(lp[i].tolist(), ids[i].tolist(), budget).request(0, h) for i in range(b)]
-    if backend == "cuda" and _cuda_fits(h, k, budget):
-        packed = _cuda(lp, ids, budget)
+        kk = min(budget, k)
+        lists = zip(lp[..., :kk].tolist(), ids[..., :kk].tolist(), strict=True)
+        return [_python(x, y, budget).request(0, h) for x, y in lists]
+    if backend == "cuda" and _cuda_fits(h, min(k, budget), budget):
+        packed = _cuda(lp[..., :budget], ids[..., :budget], budget)
     else:
         packed = _cpp(lp, ids, budget)
     return [packed.request(i, h) for i in range(b)]
@@ -240,7 +253,7 @@ def _cuda(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
     t = kc.build_trees(lpt, idt, budget)
     ints = torch.cat([t.token_ids.view(-1), t.depths.view(-1), t.parents.view(-1),
                       t.first_child.view(-1), t.next_sibling.view(-1), t.num_nodes])  # fmt: skip
-    return _Packed(int(lpt.shape[0]), budget, ints.cpu(), t.visibility.cpu())
+    return _Packed(int(lpt.shape[0]), budget, ints.cpu().numpy(), t.visibility.cpu().numpy())
 
 
 # ----------------------------------------------------------------------------- accept

@@ -5,9 +5,11 @@ One request per call, CPU tensors in, the fork's 7-tuple out (`integration.sglan
 contract in plain Python), by the real fork's function when this host's `sglang` has it
 (`cpu_sglang_stock`), by our drop-in on the C++ builder (`cpu_cpp`) and on the CUDA builder
 (`cuda_dropin`: upload, launch, download, per request; only where a GPU is visible), at each
-budget and K; and `follow_verified_tree` (stock dict walk vs the C++ walk) on the path to the
-deepest node. Wall-clock host time per call (the service waits for all of it). Every row
-checks its answers against the stock-style builder's (`refcheck`). Registered via
+budget and K; `follow_verified_tree` (stock dict walk vs the C++ walk) on the path to the
+deepest node; and, for each batch size B > 1 of the config, `build_ddtree_trees` (B requests
+handed at once: one builder call, B 7-tuples back). Wall-clock host time per call (the service
+waits for all of it). Every row checks its answers against the stock-style builder's
+(`refcheck`). Registered via
 `kernels.bench.PLUGINS`: `python -m kernels.bench --json --suite integration`.
 """
 
@@ -108,6 +110,29 @@ def integration_suite(cfg: BenchConfig) -> list[Row]:
             want = [builders["cpu_python"](lp, ids, budget) for lp, ids in sets]
             rows += _build_rows(cfg, shape, sets, want, budget, builders)
             rows += _walk_rows(cfg, shape, sets, want, budget, walks)
+            for b in (b for b in cfg.batches if b > 1):
+                rows += _batch_rows(cfg, {**shape, "B": b}, b, budget, builders)
+    return rows
+
+
+def _batch_rows(cfg, shape, b: int, budget: int, builders: dict[str, Callable]) -> list[Row]:
+    """`build_ddtree_trees`: a caller that hands B requests at once (one builder call)."""
+    k, h = shape["K"], shape["H"]
+    seeds = [7 + 1000 * budget + 10 * k + 100000 * i for i in range(b)]
+    reqs = [_inputs(h, k, s, cfg.tree_scale) for s in seeds]
+    lp, ids = torch.stack([r[0] for r in reqs]), torch.stack([r[1] for r in reqs])
+    want = dropins.build_ddtree_trees(lp, ids, budget, backend="python")
+    impls = {"cpu_python": "python", "cpu_cpp": "cpp"}
+    if "cuda_dropin" in builders:
+        impls["cuda_dropin"] = "cuda"
+    rows = []
+    for impl, backend in impls.items():
+        fn = lambda i, backend=backend: dropins.build_ddtree_trees(lp, ids, budget, backend=backend)  # noqa: E731
+        check = same(fn(0), want)
+        reps = max(3, _reps(impl, cfg) // (8 if impl == "cpu_python" else 4))
+        t = time_host(fn, 1, reps=reps)
+        extra = {"refcheck": check, "per_request_us": round(t.median_us / b, 2)}
+        rows.append(row(SUITE, "build_ddtree_trees", impl, shape, t, **extra))
     return rows
 
 

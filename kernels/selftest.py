@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -443,7 +444,7 @@ def run(lib: Path | None, shapes: str, seed: int, require_gpu: bool) -> tuple[di
         os.environ["DDTREE_KERNELS_LIB"] = str(lib)  # what kernels.cuda_core loads
     ops = cpu_checks(shape, seed)
     status, facts = gpu_guard(shape, require_gpu)
-    doc.update(gpu=status, gpu_name=None, arch=None, **facts)
+    doc.update({"gpu": status, "gpu_name": None, "arch": None, **facts})
     doc["switches"] = {k: v for k, v in os.environ.items() if k.startswith("DDTREE_")}
     if status == "ran" and not doc["problems"]:
         ops += gpu_checks(shape, seed)
@@ -479,7 +480,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"ok": False, "module": "kernels.selftest", "error": "bad_input",
                           "message": str(exc)}))  # fmt: skip
         return EXIT_BAD_INPUT
-    doc, rc = run(lib, args.shapes, args.seed, args.require_gpu)
+    try:
+        doc, rc = run(lib, args.shapes, args.seed, args.require_gpu)
+    except Exception as exc:  # a bug of ours is a failed self-test with its evidence, not a crash
+        doc = {"ok": False, "module": "kernels.selftest", "error": "internal",
+               "message": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
+        rc = EXIT_FAIL
     print(json.dumps(doc, default=str))
     return rc
 
