@@ -28,6 +28,7 @@ from ops.cli_common import (
     package_version,
     recorded,
 )
+from ops.cli_deploy import deploy, releases, rollback
 from ops.cli_report import report
 from ops.cli_service import serve, service_app
 from ops.cli_verdict import bench, profile
@@ -67,6 +68,9 @@ app.command()(loadtest)
 app.command()(bench)
 app.command()(profile)
 app.command()(report)
+app.command()(deploy)
+app.command()(releases)
+app.command()(rollback)
 
 
 @app.command()
