@@ -1,0 +1,108 @@
+"""`ops rollout TARGET [--playbook FILE|NAME] [--set KEY=VALUE ...] [--json]`.
+
+Validates the playbook whole (overrides applied, the change against the inventory) before
+anything runs, then runs it (ops.rollout), one stderr line per step as it goes. Exit codes as
+the report: 0 GO, 1 NO-GO, 3 HOLD; 2 a bad playbook, override or target (one line naming the
+step and the field). The `--set` keys are listed in ops.playbook's docstring and `--help`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ops.cli_common import (
+    InventoryOpt,
+    JsonOpt,
+    TargetArg,
+    emit_json,
+    err,
+    guard,
+    inventory_of,
+    out,
+)
+from ops.playbook_load import load_playbook
+from ops.rollout import RolloutResult, Runner, check_target
+
+STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
+MARK = {
+    "ok": "[green]ok[/]",
+    "fail": "[red]FAIL[/]",
+    "hold": "[yellow]HOLD[/]",
+    "skip": "[dim]skip[/]",
+    "error": "[red]ERROR[/]",
+}
+SET_HELP = (
+    "Override a playbook value (repeatable): change.component|baseline|candidate, "
+    "change.shape.KEY, threshold, target_concurrency, load.concurrency (1,8,32), "
+    "load.requests|input_len|output_len|timeout, or STEP.FIELD (e.g. bench.gpu=7, "
+    "deploy.allow_dirty=true, measure.repeats=3, preflight.aa_runs=0)."
+)
+
+
+def rollout(
+    target: TargetArg,
+    playbook: Annotated[
+        str | None,
+        typer.Option(
+            "--playbook",
+            "-p",
+            metavar="FILE",
+            help="Playbook file, or a name in playbooks/ (rollout, bench-only, "
+            "healthcheck-only). Default: playbooks/rollout.yaml.",
+        ),
+    ] = None,
+    sets: Annotated[
+        list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help=SET_HELP)
+    ] = None,
+    as_json: JsonOpt = False,
+    inventory: InventoryOpt = None,
+) -> None:
+    """Run a playbook against TARGET: preflight, bench, profile, decide, deploy if GO, report."""
+
+    def body() -> int:
+        pb = load_playbook(playbook, sets or [])
+        t = inventory_of(inventory).target(target)
+        check_target(pb, t)
+        label = pb.change.label if pb.change else "no change"
+        err.print(f"rollout {escape(t.name)}: {escape(pb.name)} ({escape(label)})")
+        inputs = {
+            "target": t.name,
+            "playbook": pb.path,
+            "sets": list(sets or []),
+            "resolved": pb.model_dump(mode="json"),
+        }
+        res = Runner(pb, t, lambda line: err.print(escape(line), soft_wrap=True)).run(inputs)
+        if as_json:
+            emit_json(res.model_dump(mode="json"))
+        else:
+            _print(res)
+        return res.exit_code
+
+    guard(as_json, body)
+
+
+def _print(res: RolloutResult) -> None:
+    table = Table(title=f"rollout {escape(res.target)}", title_justify="left")
+    for col in ("#", "step", "status", "s", "detail"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("#", "s") else "left")
+    for r in res.steps:
+        table.add_row(str(r.index), r.name, MARK[r.status], f"{r.seconds:.1f}", escape(r.detail))
+    out.print(table)
+    if res.verdict:
+        out.print(f"[{STYLE[res.verdict]}]{res.verdict}[/]: {escape(res.change or '')}")
+        d = res.decision or {}
+        for title, key in (("NO-GO", "failed"), ("HOLD", "holds")):
+            for r in d.get(key, []):
+                out.print(
+                    f"  [{STYLE[title]}]{title}[/] {r['code']}: {escape(r['message'])}",
+                    soft_wrap=True,
+                )
+    for note in res.notes:
+        out.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    for f in res.files:
+        err.print(f"[dim]report: {f}[/]")
+    err.print(f"[dim]record: {res.run_dir}/record.json[/]")

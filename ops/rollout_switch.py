@@ -1,0 +1,160 @@
+"""The rollout's steps around the switch: `measure` (the A/A pair before, the same load after)
+and `deploy` (the candidate: the target's service components with the change applied, through
+ops.deploy's Deployer, so build, self-test, atomic switch, post-flight and rollback all hold).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ops.deploy import Deployer, DeployOptions
+from ops.evidence import Change
+from ops.inventory import Target
+from ops.loadtest import run_loadtest
+from ops.playbook import DeployStep, MeasureStep
+from ops.records import RunDir
+from ops.remote import open_host
+from ops.rollout_steps import Context, Done
+
+
+def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """`runs` passes of the load over every level (interleaved); tokens/s samples per level."""
+    load = ctx.playbook.load
+    out: dict[int, list[float]] = {c: [] for c in load.concurrency}
+    for i in range(runs):
+        rep = run_loadtest(
+            ctx.host,
+            load.concurrency,
+            requests=load.requests,
+            input_len=load.input_len,
+            output_len=load.output_len,
+            timeout=load.timeout,
+        )
+        for lv in rep.levels:
+            raw.append({"arm": label, "run": i, **lv})
+            if lv.get("output_tok_per_s"):
+                out[lv["concurrency"]].append(float(lv["output_tok_per_s"]))
+        ctx.say(f"{label} run {i + 1}/{runs} done")
+    return out
+
+
+def _rel(a: list[float], b: list[float]) -> float | None:
+    if not a or not b or statistics.median(a) <= 0:
+        return None
+    return statistics.median(b) / statistics.median(a) - 1
+
+
+def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
+    """before: the A/A pair (the unchanged service, the load twice); after: the same load on
+    the switched service, as many runs as before. The report sets predicted beside measured."""
+    load, raw = ctx.playbook.load, []
+    settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side"}
+    if st.phase == "before":
+        a, a2 = _arm(ctx, st.repeats, "A", raw), _arm(ctx, st.repeats, "A'", raw)
+        ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}
+        levels = [
+            {"concurrency": c, "aa": ctx.before[c], "aa_noise": _rel(a[c], a2[c])}
+            for c in load.concurrency
+        ]
+        section = {"target": ctx.target.name, "levels": levels, "settings": settings, "runs": raw}
+        noise = [f"c={lv['concurrency']} {_pct(lv['aa_noise'])}" for lv in levels]
+        failed = sum(r.get("failed", 0) for r in raw)
+        ok = not failed and all(a[c] and a2[c] for c in load.concurrency)
+        return Done(
+            status="ok" if ok else "fail",
+            detail=f"A/A noise: {', '.join(noise)}"
+            + (f"; {failed} requests failed" if failed else ""),
+            outcome="pass" if ok else "fail",
+            exit_code=0 if ok else 1,
+            sections={"measure_before": section},
+            inputs=settings,
+        )
+    if ctx.before is None:
+        return Done(
+            status="skip",
+            detail="no A/A pair: the before phase did not run",
+            outcome="skipped",
+            exit_code=0,
+            inputs=settings,
+        )
+    after = _arm(ctx, 2 * st.repeats, "after", raw)
+    levels, gains, missing = [], [], []
+    for c in load.concurrency:
+        before = ctx.before[c][0] + ctx.before[c][1]
+        if not before or not after[c]:
+            missing.append(c)
+            continue
+        levels.append({"concurrency": c, "aa": ctx.before[c], "before": before, "after": after[c]})
+        gains.append(f"c={c} {_pct(_rel(before, after[c]))}")
+    failed = sum(r.get("failed", 0) for r in raw)
+    section = {
+        "target": ctx.target.name,
+        "levels": levels,
+        "settings": settings,
+        "runs": raw,
+        "change": ctx.change.model_dump(mode="json") if ctx.change else None,
+        "incomplete": missing,
+        "failed_requests": failed,
+    }
+    ok = not failed and not missing
+    detail = f"measured gain: {', '.join(gains) or 'none'}"
+    detail += f"; {failed} requests failed" if failed else ""
+    detail += f"; no samples at c={missing}" if missing else ""
+    return Done(
+        status="ok" if ok else "fail",
+        detail=detail,
+        outcome="pass" if ok else "fail",
+        exit_code=0 if ok else 1,
+        sections={"measure": section} if levels else {"measure_incomplete": section},
+        inputs=settings,
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.2f}%"
+
+
+def candidate_target(target: Target, change: Change) -> Target:
+    """The target with its service's components switched to the candidate."""
+    comps = {**target.service.components, change.component: change.candidate}
+    svc = target.service.model_copy(update={"components": comps})
+    return target.model_copy(update={"service": svc})
+
+
+def step_deploy(ctx: Context, st: DeployStep, sub: RunDir) -> Done:
+    assert ctx.change is not None  # the playbook's validation says so
+    cand = candidate_target(ctx.target, ctx.change)
+    opts = DeployOptions(
+        source=Path(st.source) if st.source else None,
+        ref=st.ref,
+        allow_dirty=st.allow_dirty,
+        force=st.force,
+        keep=st.keep,
+        wait_s=st.wait_s,
+        max_tokens=st.max_tokens,
+    )
+
+    def show(name: str, step: Any) -> None:
+        if step is not None:
+            ctx.say(f"{name}: {step.status} ({step.seconds:.1f} s) {step.detail}")
+
+    with open_host(cand) as host:
+        res = Deployer(host, opts, show).run()
+    ctx.deploy, ctx.deploy_record = res, str(sub.path / "record.json")
+    sections: dict[str, Any] = {"results": [res.model_dump(mode="json")]}
+    inputs: dict[str, Any] = {**opts.model_dump(mode="json"), "components": cand.service.components}
+    post = next((s for s in res.steps if s.name == "postflight" and s.data.get("report")), None)
+    if post is not None:  # the deploy's own post-flight, so the report sees a failed one
+        sections["healthcheck"] = post.data["report"]
+        inputs["role"] = "postflight"
+    ok = res.ok
+    return Done(
+        status="ok" if ok else "fail",
+        detail=f"{res.outcome}: {res.message}",
+        outcome=res.outcome,
+        exit_code=0 if ok else 1,
+        sections=sections,
+        inputs=inputs,
+    )
