@@ -30,6 +30,7 @@ from ops.cli_common import (
 )
 from ops.cli_deploy import deploy, releases, rollback
 from ops.cli_report import report
+from ops.cli_rollout import rollout
 from ops.cli_service import serve, service_app
 from ops.cli_verdict import bench, profile
 from ops.errors import EXIT_OK
@@ -68,6 +69,7 @@ app.command()(loadtest)
 app.command()(bench)
 app.command()(profile)
 app.command()(report)
+app.command()(rollout)
 app.command()(deploy)
 app.command()(releases)
 app.command()(rollback)
