@@ -180,9 +180,10 @@ def evaluate(
     res.in_use = bool(procs) or unlisted > UNLISTED_MIB
     need = memory_needed_mib(suites, batches)
     res.memory_needed_mib = need
+    at = f"at batch {','.join(map(str, batches))}" if set(suites) - {"attn"} else "(fixed sizes)"
     res.findings.append(
-        f"the suites {','.join(suites)} at batch {','.join(map(str, batches))} need about "
-        f"{need / 1024:.1f} GiB (estimate); {_gib(res.memory_free_mib)} free"
+        f"the suites {','.join(suites)} {at} need about {need / 1024:.1f} GiB (estimate); "
+        f"{_gib(res.memory_free_mib)} free"
     )
     if res.in_use and not allow_shared:
         who = "the service" if res.service_on_gpu else "another process"

@@ -183,3 +183,22 @@ def test_the_command_dies_with_the_probe(sig: signal.Signals) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.gpu
+def test_bench_on_a_free_gpu(tmp_path: Path) -> None:
+    """On a GPU host (nvidia-smi real): GPU 0 free, the real bench runs and its rows come back."""
+    ops = Ops(tmp_path)
+    ops.configure()
+    assert ops.json("service", "start", "local")[0] == 0
+    try:
+        code, doc = ops.json("bench", "local", "--gpu", "0", "--suite", "tree", "--batch", "1",
+                             "--probe-threshold", "100")  # fmt: skip
+    finally:
+        ops("service", "stop", "local")
+    assert code == 0, doc.get("message")
+    assert doc["guard"]["verdict"] == "ok" and not doc["guard"]["in_use"]
+    assert doc["environment"]["bench"]["CUDA_VISIBLE_DEVICES"] == "0"
+    section = BenchSection.model_validate(doc)
+    assert {r.impl for r in section.rows} >= {"cuda_events", "cuda_graph", "cpu_python"}
+    assert all(r.refcheck is not False for r in section.rows)
