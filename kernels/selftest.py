@@ -292,15 +292,16 @@ def _tree_accept_checks(shape: dict[str, Any], seed: int, dev: Any) -> list[OpRe
         want_acc = _fields(ref.greedy_accept_batch(want, tg, h), ACCEPT_FIELDS)
         accept.check(case, run_accept, trees, tg, want_acc)
         if case["inputs"] == "ties_0.25" and case["K"] == shape["ks"][0]:
-            _fused_check(fused, case, want, tg, shape, seed, dev)
+            _fused_check(fused, case, lp, ids, budget, shape, seed, dev)
     return [build, accept, fused]
 
 
 def _fused_check(
     res: OpResult,
     case: dict,
-    want: ref.BatchedTrees,
-    tg: np.ndarray,
+    lp: np.ndarray,
+    ids: np.ndarray,
+    budget: int,
     shape: dict[str, Any],
     seed: int,
     dev: Any,
@@ -310,10 +311,11 @@ def _fused_check(
 
     from kernels import cuda as kc
 
-    b, v, h = min(want.batch, 4), shape["accept_vocab"], shape["depth"]
-    sub = ref.BatchedTrees(*(getattr(want, f)[:b] for f in TREE_FIELDS))
-    rng, tg = _rng(seed, want.budget, 31), tg[:b]
-    x = rng.integers(-4, 4, (b, want.budget + 1, v), dtype=np.int8).astype(np.float32) * 0.5
+    b, v, h = min(lp.shape[0], 4), shape["accept_vocab"], shape["depth"]
+    sub = ref.build_trees(lp[:b], ids[:b] % v, budget)  # token ids inside this vocabulary
+    rng = _rng(seed, budget, 31)
+    tg = follow_targets(rng, sub, v)
+    x = rng.integers(-4, 4, (b, budget + 1, v), dtype=np.int8).astype(np.float32) * 0.5
     np.put_along_axis(x, tg[..., None], 100.0, axis=2)  # the argmax is the walk's target ...
     twin = np.where(rng.random(tg.shape) < 0.3, rng.integers(0, v, tg.shape), tg)
     np.put_along_axis(x, twin[..., None], 100.0, axis=2)  # ... or the smaller of two ties
