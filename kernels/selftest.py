@@ -8,8 +8,11 @@ tree-verify attention, KV compaction) when a GPU is visible and the guard passes
 exists and its free memory covers the shapes. No CUDA device (CPU torch, none visible) means
 `"gpu": "skipped: <reason>"`, unless the caller asked for a GPU (`--require-gpu`, or a
 non-empty `CUDA_VISIBLE_DEVICES`): then it is a failure. Inputs come from fixed seeds, with
-quantised values so equal log-probs and equal logits occur. Prints one JSON document; exit 0
-every case passed, 1 a mismatch, an op error or a failed guard, 2 bad input (one line on stderr).
+quantised values so equal log-probs and equal logits occur. Prints one JSON document: `ok`,
+`results` (one per op and backend: cases, mismatches, the first mismatch's evidence, seconds),
+`gpu`, `gpu_name`, `arch`, `lib` (path, sha256, its build manifest), `torch`, `problems`.
+Exit 0 every case passed, 1 a mismatch, an op error or a failed guard, 2 bad input (one line
+on stderr).
 """
 
 from __future__ import annotations
@@ -456,7 +459,7 @@ def run(lib: Path | None, shapes: str, seed: int, require_gpu: bool) -> tuple[di
             doc["lib"] = lib_facts(cuda_core.library_path())[0]
     elif status.startswith("failed"):
         doc["problems"].append(status)
-    doc["ops"] = [o.to_dict() for o in ops]
+    doc["results"] = [o.to_dict() for o in ops]  # one per (op, backend)
     doc["ok"] = not doc["problems"] and all(o.mismatches == 0 and o.cases > 0 for o in ops)
     doc["seconds"] = round(time.perf_counter() - t0, 2)
     return doc, EXIT_PASS if doc["ok"] else EXIT_FAIL

@@ -43,7 +43,7 @@ def test_cpu_builds_pass_without_a_gpu():
     doc = json.loads(proc.stdout)
     assert doc["ok"] is True and doc["gpu"].startswith("skipped: ")
     assert doc["seed"] == 3 and doc["torch"] and doc["lib"] is None
-    ops = {(o["op"], o["backend"]): o for o in doc["ops"]}
+    ops = {(o["op"], o["backend"]): o for o in doc["results"]}
     assert set(ops) == {("build_trees", "cpp"), ("greedy_accept", "cpp")}
     for o in ops.values():
         assert o["cases"] >= 8 and o["mismatches"] == 0 and o["first_mismatch"] is None
@@ -73,7 +73,7 @@ def test_a_wrong_answer_fails_with_evidence(no_lib_env, monkeypatch):
     monkeypatch.setattr(cpu, "build_trees_cpp", off_by_one)
     doc, rc = selftest.run(None, "small", 0, require_gpu=False)
     assert rc == 1 and doc["ok"] is False
-    build = next(o for o in doc["ops"] if o["op"] == "build_trees")
+    build = next(o for o in doc["results"] if o["op"] == "build_trees")
     assert build["mismatches"] == len(selftest.TREE_KINDS)  # every budget-64 case
     ev = build["first_mismatch"]
     assert ev["field"] == "parents" and ev["index"] == [1, 5] and ev["got"] == ev["want"] + 1
@@ -88,7 +88,7 @@ def test_an_op_that_raises_is_a_failure(no_lib_env, monkeypatch):
 
     monkeypatch.setattr(cpu, "greedy_accept_cpp", broken)
     doc, rc = selftest.run(None, "small", 0, require_gpu=False)
-    acc = next(o for o in doc["ops"] if o["op"] == "greedy_accept")
+    acc = next(o for o in doc["results"] if o["op"] == "greedy_accept")
     assert rc == 1 and acc["mismatches"] == acc["cases"] > 0
     assert acc["first_mismatch"]["error"].startswith("RuntimeError: ddtree_cpu_greedy_accept")
 
@@ -152,7 +152,7 @@ def test_full_selftest_of_a_fresh_build(tmp_path):
     assert doc["lib"]["sha256"] == doc["lib"]["manifest"]["library_sha256"]
     want = {"topk_logprobs", "build_trees", "greedy_accept", "greedy_accept_from_logits",
             "tree_verify_attention", "compact_kv"}  # fmt: skip
-    cuda_ops = {o["op"] for o in doc["ops"] if o["backend"] == "cuda"}
+    cuda_ops = {o["op"] for o in doc["results"] if o["backend"] == "cuda"}
     assert cuda_ops == want
-    assert all(o["cases"] > 0 and o["mismatches"] == 0 for o in doc["ops"])
+    assert all(o["cases"] > 0 and o["mismatches"] == 0 for o in doc["results"])
     assert doc["seconds"] < 60, doc["seconds"]
