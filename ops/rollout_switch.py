@@ -143,18 +143,24 @@ def step_deploy(ctx: Context, st: DeployStep, sub: RunDir) -> Done:
     with open_host(cand) as host:
         res = Deployer(host, opts, show).run()
     ctx.deploy, ctx.deploy_record = res, str(sub.path / "record.json")
-    sections: dict[str, Any] = {"results": [res.model_dump(mode="json")]}
-    inputs: dict[str, Any] = {**opts.model_dump(mode="json"), "components": cand.service.components}
-    post = next((s for s in res.steps if s.name == "postflight" and s.data.get("report")), None)
-    if post is not None:  # the deploy's own post-flight, so the report sees a failed one
-        sections["healthcheck"] = post.data["report"]
-        inputs["role"] = "postflight"
-    ok = res.ok
+    for flight in ("preflight", "postflight"):  # the deploy's own checks, as the report reads them
+        step = next((s for s in res.steps if s.name == flight and s.data.get("report")), None)
+        if step is not None:
+            rec = RunDir(sub.path / flight, "healthcheck", sub.target, sub.started)
+            rec.path.mkdir()
+            golden = bool(step.data.get("recorded_golden"))
+            rec.write_record(
+                inputs={"role": flight, "record_golden": golden, "by": "deploy"},
+                outcome=step.status,
+                exit_code=0 if step.status == "ok" else 1,
+                healthcheck=step.data["report"],
+            )
+    inputs = {**opts.model_dump(mode="json"), "components": cand.service.components}
     return Done(
-        status="ok" if ok else "fail",
+        status="ok" if res.ok else "fail",
         detail=f"{res.outcome}: {res.message}",
         outcome=res.outcome,
-        exit_code=0 if ok else 1,
-        sections=sections,
+        exit_code=0 if res.ok else 1,
+        sections={"results": [res.model_dump(mode="json")]},
         inputs=inputs,
     )

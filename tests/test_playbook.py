@@ -1,0 +1,205 @@
+"""Rollout playbooks: the shipped ones are valid; a bad playbook or `--set` is one line naming the
+step and the field (PlaybookError, exit 2 through the real CLI) before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.playbook import DeployStep, HealthcheckStep, PlaybookError
+from ops.playbook_load import PLAYBOOKS, load_playbook
+
+BASE = """\
+change: {component: tree_build, baseline: reference, candidate: cuda}
+steps:
+"""
+
+
+def write(tmp: Path, steps: str, head: str = BASE) -> str:
+    path = tmp / "pb.yaml"
+    path.write_text(head + steps)
+    return str(path)
+
+
+def fails(name: str, sets: list[str] | None = None) -> PlaybookError:
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(name, sets)
+    assert "\n" not in info.value.message
+    return info.value
+
+
+def test_shipped_playbooks_are_valid() -> None:
+    assert sorted(p.stem for p in PLAYBOOKS.glob("*.yaml")) == [
+        "bench-only",
+        "healthcheck-only",
+        "rollout",
+    ]
+    pb = load_playbook(None)
+    assert pb.path.endswith("playbooks/rollout.yaml") and pb.change is not None
+    assert pb.change.label == "tree_build: reference -> cuda" and pb.threshold == 0.03
+    steps = [(s.name, s.step, s.when) for s in pb.step_list()]
+    assert steps == [
+        ("preflight", "healthcheck", "always"),
+        ("bench", "bench", "always"),
+        ("profile", "profile", "always"),
+        ("decide", "decide", "always"),
+        ("baseline", "measure", "go"),
+        ("deploy", "deploy", "go"),
+        ("postflight", "healthcheck", "deployed"),
+        ("measure", "measure", "deployed"),
+        ("report", "report", "always"),
+    ]
+    roles = [s.role for s in pb.step_list() if isinstance(s, HealthcheckStep)]
+    assert roles == ["preflight", "postflight"]
+    assert [s.step for s in load_playbook("bench-only").step_list()] == [
+        "healthcheck",
+        "bench",
+        "healthcheck",
+    ]
+    only = load_playbook("healthcheck-only")
+    assert only.change is None and [s.step for s in only.step_list()] == ["healthcheck"]
+
+
+def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
+    pb = load_playbook(
+        None,
+        [
+            "change.component=attention",
+            "change.baseline=torch",
+            "change.shape.budget=16",
+            "load.concurrency=1,4",
+            "load.input_len=2048",
+            "threshold=0.05",
+            "deploy.allow_dirty=true",
+            "bench.gpu=3",
+            "measure.repeats=3",
+        ],
+    )
+    assert pb.change is not None and pb.change.label == "attention: torch -> cuda"
+    assert pb.change.shape == {"budget": 16} and pb.change.to_change().bench_map()[0] == "attn"
+    assert pb.load.concurrency == [1, 4] and pb.load.input_len == 2048 and pb.threshold == 0.05
+    by = {s.name: s for s in pb.step_list()}
+    assert isinstance(by["deploy"], DeployStep) and by["deploy"].allow_dirty is True
+    assert by["bench"].gpu == 3 and by["measure"].repeats == 3  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("steps", "step", "field", "words"),
+    [
+        ("  - {step: healthcheck, name: preflight}\n  - {step: benchh}\n",
+         "benchh", "step", "step 2 'benchh': step: unknown step 'benchh'"),
+        ("  - {name: x}\n", "x", "step", "step 1 'x': step: missing"),
+        ("  - {step: decide}\n  - {step: deploy, when: sometimes}\n",
+         "deploy", "when", "step 2 'deploy': when: Input should be 'always', 'go' or 'deployed'"),
+        ("  - {step: deploy, when: go}\n",
+         "deploy", "when", "'go' needs a decide step before this one"),
+        ("  - {step: healthcheck, name: postflight, when: deployed}\n",
+         "postflight", "when", "'deployed' needs a deploy step"),
+        ("  - {step: bench, gpu: -1}\n", "bench", "gpu", "greater than or equal to 0 (got -1)"),
+        ("  - {step: bench, suites: [tree, warp]}\n", "bench", "suites.1", "(got 'warp')"),
+        ("  - {step: measure}\n", "measure", "phase", "step 1 'measure': phase: Field required"),
+        ("  - {step: measure, phase: after}\n", "measure", "phase", "'before' earlier"),
+        ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
+        ("  - {step: bench}\n  - {step: bench}\n", "bench", "name", "used by step 1"),
+        ("  - {step: healthcheck, name: check}\n", "check", "role", "preflight or postflight"),
+        ("  - {step: deploy, colour: red}\n", "deploy", "colour", "unknown field"),
+        ("  - {step: profile, budget: many}\n", "profile", "budget", "valid integer"),
+    ],
+)  # fmt: skip
+def test_bad_steps_name_the_step_and_the_field(
+    tmp_path: Path, steps: str, step: str, field: str, words: str
+) -> None:
+    e = fails(write(tmp_path, steps))
+    assert (e.step, e.field) == (step, field)
+    assert words in e.message and str(tmp_path / "pb.yaml") in e.message
+
+
+PRE = "steps:\n  - {step: healthcheck, name: preflight}\n"
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "words"),
+    [
+        ("change: {component: tree_build, baseline: reference, candidate: cuda}\n"
+         "threshold: 3\n" + PRE, "threshold", "less than 1 (got 3)"),
+        ("change: {component: attention, baseline: reference, candidate: cuda}\n" + PRE,
+         "change", "attention has no backend 'reference' (torch | cuda)"),
+        ("change: {component: accept, baseline: cpp, candidate: cpp}\n" + PRE,
+         "change", "the same as the baseline"),
+        ("change: {component: warp, baseline: cpp, candidate: cuda}\n" + PRE,
+         "change.component", "(got 'warp')"),
+        ("load: {concurrency: [0]}\n" + PRE, "load.concurrency.0", "greater than or equal to 1"),
+        ("steps:\n  - {step: deploy}\n", "change", "needs the playbook's `change`"),
+        ("steps: []\n", "steps", "at least 1 item"),
+    ],
+)  # fmt: skip
+def test_bad_playbook_values(tmp_path: Path, doc: str, field: str, words: str) -> None:
+    e = fails(write(tmp_path, "", doc))
+    assert e.field == field and words in e.message
+
+
+def test_bad_documents(tmp_path: Path) -> None:
+    assert "not YAML at line" in fails(write(tmp_path, "  - [unclosed\n")).message
+    assert "mapping with `steps`" in fails(write(tmp_path, "", "- 1\n")).message
+    assert "steps: Field required" in fails(write(tmp_path, "", "name: x\n")).message
+    e = fails(str(tmp_path / "missing.yaml"))
+    assert e.field == "--playbook" and "rollout" in e.message
+
+
+@pytest.mark.parametrize(
+    ("sets", "step", "field", "words"),
+    [
+        (["foo"], None, "foo", "expected KEY=VALUE"),
+        (["=1"], None, "=1", "expected KEY=VALUE"),
+        (["benhc.gpu=1"], None, "benhc.gpu=1", "no playbook field or step 'benhc'"),
+        (["bench=1"], "bench", "bench=1", "takes STEP.FIELD"),
+        (["bench.gpux=1"], "bench", "gpux", "step 2 'bench': gpux: unknown field (from --set)"),
+        (["bench.gpu=minus"], "bench", "gpu", "valid integer"),
+        (["deploy.when=later"], "deploy", "when", "(got 'later') (from --set)"),
+        (["change.candidate=rocm"], None, "change", "no backend 'rocm'"),
+        (["load.concurrency=1,x"], None, "load.concurrency", "integers like 1,8,32"),
+        (["threshold.x=1"], None, "threshold.x=1", "threshold is not a table"),
+    ],
+)
+def test_bad_set_names_the_step_and_the_field(
+    sets: list[str], step: str | None, field: str, words: str
+) -> None:
+    e = fails(None, sets)
+    assert (e.step, e.field) == (step, field)
+    assert words in e.message
+
+
+def run_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+    return subprocess.run(
+        [sys.executable, "-m", "ops", "rollout", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_cli_refuses_before_anything_runs(tmp_path: Path) -> None:
+    bad = write(tmp_path, "  - {step: decide}\n  - {step: deploy, when: sometimes}\n")
+    res = run_cli(tmp_path, "local", "--playbook", bad)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "step 2 'deploy': when:" in res.stderr and res.stderr.count("error:") == 1
+    res = run_cli(tmp_path, "local", "--set", "bench.gpux=1", "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 2 and (doc["step"], doc["field"]) == ("bench", "gpux")
+    # the change must start from what the inventory says the service runs
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        "[targets.local.service.components]\ntree_build = 'cpp'\n"
+    )
+    res = run_cli(tmp_path, "local", "--inventory", str(inv))
+    assert res.returncode == 2 and "change.baseline: 'reference'" in res.stderr
+    assert "runs tree_build = 'cpp'" in res.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "root").exists()

@@ -1,0 +1,218 @@
+"""`ops rollout` through the real CLI on `local`: the reference engine (tiny, CPU) as the service
+under ops's process manager, on a free port, with a temporary inventory, remote root and runs
+directory, and small loads.
+
+- The default playbook ends NO-GO on this machine, and says why: the tree build is well under
+  1% of the tiny engine's step, so even an infinitely fast one cannot clear the 3% threshold
+  (ceiling_below_threshold); the missing GPU bench is named as a HOLD cause beside it. Every
+  step leaves its record in one run directory; the steps behind the `go` gate are skipped and
+  `current` is left alone; `ops report` rebuilds the same verdict from the records.
+- A playbook that deploys (gate `always`) switches the service to the candidate's components
+  through ops deploy and measures the same load before (A/A pair) and after the switch.
+- A failing step with `on_fail: stop` skips to the report; a playbook without one exits with
+  its worst step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sshd import free_port
+from test_deploy import make_source
+
+from ops.evidence import MeasureSection, gather
+
+SMALL = [
+    "--set", "load.concurrency=1,4", "--set", "load.requests=4", "--set", "load.input_len=16",
+    "--set", "load.output_len=8", "--set", "preflight.max_tokens=4",
+    "--set", "preflight.aa_runs=0",
+]  # fmt: skip
+STEPS = [
+    "01-preflight", "02-bench", "03-profile", "04-decide", "05-baseline", "06-deploy",
+    "07-postflight", "08-measure", "09-report",
+]  # fmt: skip
+
+
+class Local:
+    """The `ops` CLI against `local` rooted in a temp dir, its service on a free port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.root = tmp, tmp / "root"
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.inventory = tmp / "ops.toml"
+        self.inventory.write_text(
+            f"[targets.local]\nremote_root = '{self.root}'\n"
+            f"[targets.local.service]\nurl = '{self.url}'\nstop_timeout = 5\n"
+        )
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+
+    def __call__(self, *args: str, timeout: float = 240) -> tuple[int, dict, str]:
+        res = subprocess.run(
+            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+        )
+        try:
+            return res.returncode, json.loads(res.stdout), res.stderr
+        except json.JSONDecodeError:
+            raise AssertionError(f"exit {res.returncode}: {res.stdout}\n{res.stderr}") from None
+
+    def backends(self) -> dict[str, str]:
+        with urllib.request.urlopen(f"{self.url}/get_server_info", timeout=10) as r:
+            return json.loads(r.read())["backends"]
+
+
+@pytest.fixture
+def local(tmp_path: Path):
+    loc = Local(tmp_path)
+    code, _, err = loc("service", "start", "local")
+    assert code == 0, err
+    yield loc
+    loc("service", "stop", "local")
+
+
+def record(path: Path) -> dict:
+    return json.loads((path / "record.json").read_text())
+
+
+def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
+    # a release already in place: a rollout that does not say GO must leave it current
+    old = local.root / "releases" / "20260101T000000Z-0123456789"
+    old.mkdir(parents=True)
+    (local.root / "current").symlink_to("releases/20260101T000000Z-0123456789")
+    code, doc, err = local("rollout", "local", *SMALL)
+    assert code == 1 and doc["verdict"] == "NO-GO", err
+    assert doc["change"] == "tree_build: reference -> cuda"
+    d = doc["decision"]
+    assert [r["code"] for r in d["failed"]] == ["ceiling_below_threshold"]
+    ceiling = d["failed"][0]["evidence"]
+    assert ceiling["concurrency"] == 4 and 0 < ceiling["f"] < 0.02
+    assert ceiling["ceiling"] < ceiling["threshold"] == 0.03
+    held = {r["code"]: r["message"] for r in d["holds"]}
+    assert "no GPU on local" in held["bench_held"]
+    status = {s["name"]: s["status"] for s in doc["steps"]}
+    assert status == {
+        "preflight": "ok", "bench": "hold", "profile": "ok", "decide": "fail",
+        "baseline": "skip", "deploy": "skip", "postflight": "skip", "measure": "skip",
+        "report": "fail",
+    }  # fmt: skip
+    # progress on stderr as each step runs
+    assert "[1/9] preflight (healthcheck) ..." in err and "[9/9] report: fail" in err
+    assert "[6/9] deploy: skip (gate go: decide said NO-GO)" in err
+    # one run directory: a record per step, the report beside the rollout's own record
+    run = Path(doc["run_dir"])
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == STEPS
+    assert {"record.json", "report.md", "report.html", "report.json"} <= {
+        p.name for p in run.iterdir()
+    }
+    top = record(run)
+    assert top["command"] == "rollout" and top["outcome"] == "NO-GO" and top["exit_code"] == 1
+    assert [s["name"] for s in top["steps"]] == [s.split("-", 1)[1] for s in STEPS]
+    change = {"component": "tree_build", "baseline": "reference", "candidate": "cuda", "shape": {}}
+    kinds = ["healthcheck", "bench", "profile", "decide", *["skipped"] * 4, "report"]
+    assert [record(run / name)["command"] for name in STEPS] == kinds
+    for name, kind in zip(STEPS, kinds, strict=True):
+        if kind != "skipped":
+            assert {k: record(run / name)["change"][k] for k in change} == change, name
+    pre, golden = record(run / "01-preflight"), record(run / "01-preflight" / "golden")
+    assert pre["inputs"]["role"] == golden["inputs"]["role"] == "preflight"
+    assert golden["inputs"]["record_golden"] is True and pre["inputs"]["golden_recorded_first"]
+    ident = next(c for c in pre["healthcheck"]["checks"] if c["name"] == "identity")
+    assert ident["status"] == "pass" and "34/34" in ident["detail"]
+    assert record(run / "02-bench")["bench"]["hold_reasons"]
+    prof = record(run / "03-profile")["profile"]
+    assert [lv["concurrency"] for lv in prof["levels"]] == [1, 4]
+    assert record(run / "04-decide")["decision"]["verdict"] == "NO-GO"
+    assert "decide said NO-GO" in record(run / "06-deploy")["reason"]
+    assert (run / "report.md").read_text().startswith("# NO-GO: tree_build: reference -> cuda")
+    assert "ceiling_below_threshold" in (run / "report.html").read_text()
+    # nothing was deployed
+    assert os.readlink(local.root / "current") == "releases/20260101T000000Z-0123456789"
+    assert [p.name for p in (local.root / "releases").iterdir()] == [old.name]
+    # anyone can rebuild the same verdict from the records alone
+    code, again, _ = local("report", str(run), "--out", str(local.tmp / "rebuilt"))
+    assert code == 1 and again["verdict"] == "NO-GO"
+    assert [r["code"] for r in again["failed"]] == ["ceiling_below_threshold"]
+
+
+def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Local) -> None:
+    src = make_source(local.tmp)
+    pb = local.tmp / "switch.yaml"
+    pb.write_text(
+        "change: {component: tree_build, baseline: reference, candidate: cpp}\n"
+        "load: {concurrency: [1], requests: 2, input_len: 8, output_len: 8}\n"
+        "steps:\n"
+        "  - {step: profile}\n"
+        "  - {step: measure, name: baseline, phase: before}\n"
+        f"  - {{step: deploy, source: '{src}', max_tokens: 4, wait_s: 60}}\n"
+        "  - {step: measure, phase: after, when: deployed}\n"
+        "  - {step: report}\n"
+    )
+    assert local.backends()["tree_build"] == "reference"
+    # a golden set recorded earlier (4 prompts keep the deploy's pre- and post-flight quick)
+    golden = local.root / "golden" / "golden.json"
+    argv = ["--record-golden", str(golden), "--limit", "4", "--max-tokens", "4"]
+    subprocess.run(
+        [sys.executable, "-m", "checks.identity", "--json", "--url", local.url, *argv],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
+    status = {s["name"]: s["status"] for s in doc["steps"]}
+    assert status == {
+        "profile": "ok", "baseline": "ok", "deploy": "ok", "measure": "ok", "report": "fail",
+    }, err  # fmt: skip
+    # the candidate is what the service runs now, from a release of its own
+    assert local.backends()["tree_build"] == "cpp"
+    current = os.readlink(local.root / "current")
+    env = (local.root / current / "service.env").read_text()
+    assert "DDTREE_ENGINE_BACKENDS=tree_build=cpp" in env
+    assert 'tree_build = "cpp" so the next deploy keeps it' in doc["notes"][0]
+    run = Path(doc["run_dir"])
+    dep = record(run / "03-deploy")
+    assert dep["results"][0]["outcome"] == "deployed" and dep["exit_code"] == 0
+    assert record(run / "03-deploy" / "postflight")["inputs"]["role"] == "postflight"
+    before = record(run / "02-baseline")["measure_before"]["levels"][0]
+    assert before["concurrency"] == 1 and len(before["aa"]) == 2
+    measure = MeasureSection.model_validate(record(run / "04-measure")["measure"])
+    (lv,) = measure.levels
+    assert lv.aa == before["aa"] and lv.before == lv.aa[0] + lv.aa[1]
+    assert len(lv.after) == 2 and all(x > 0 for x in lv.after)
+    # the report reads all of it: the deploy and its post-flight, predicted beside measured
+    ev = gather([run])
+    assert ev.deployed and sorted(h.role for h in ev.health) == ["postflight", "preflight"]
+    assert all(not h.golden_recorded and h.report and h.report.ok for h in ev.health)
+    assert code == 1 and doc["verdict"] == "NO-GO"  # the tree build's ceiling again
+    (row,) = doc["decision"]["amdahl"]
+    assert row["f"] is not None and row["measured_gain"] is not None and row["gain"] is None
+
+
+def test_on_fail_stop_skips_to_the_report(tmp_path: Path) -> None:
+    loc = Local(tmp_path)  # nothing serves on its port
+    pb = tmp_path / "stop.yaml"
+    pb.write_text(
+        "change: {component: accept, baseline: reference, candidate: cuda}\n"
+        "steps:\n"
+        "  - {step: healthcheck, name: preflight, golden: compare, on_fail: stop, timeout: 2}\n"
+        "  - {step: profile}\n"
+        "  - {step: report, formats: [md]}\n"
+    )
+    code, doc, err = loc("rollout", "local", "--playbook", str(pb))
+    assert code == 1 and doc["verdict"] == "NO-GO", err
+    assert [s["status"] for s in doc["steps"]] == ["fail", "skip", "fail"]
+    assert "stopped at step 'preflight'" in doc["steps"][1]["detail"]
+    assert "preflight_failed" in [r["code"] for r in doc["decision"]["failed"]]
+    assert [Path(f).name for f in doc["files"]] == ["report.md", "report.json"]
+    # without a report step the exit code is the worst step's
+    code, doc, _ = loc("rollout", "local", "--playbook", "healthcheck-only")
+    assert code == 1 and doc["verdict"] is None and doc["steps"][0]["status"] == "fail"
+    assert record(Path(doc["run_dir"]))["outcome"] == "fail"
