@@ -395,3 +395,22 @@ def test_cuda_dropin_matches_stock(fresh, monkeypatch):
         for b, got in enumerate(batch):
             want = stock.build_ddtree_tree_from_topk(vals[b], lp.indices[b], budget)
             assert_same(got, want, f"batch {budget} request {b}")
+
+
+# ----------------------------------------------------------------------------- bench suite
+
+
+def test_integration_bench_suite_on_the_cpu():
+    from kernels import bench
+
+    bench.load_plugins()
+    assert "integration" in bench.SUITES  # registered through kernels.bench.PLUGINS
+    cfg = bench.BenchConfig(batches=[1, 4], budgets=[16], ks=[8], quick=True)
+    rows = bench.SUITES["integration"](cfg)
+    got = {(r["kernel"], r["impl"], r["shape"]["B"]) for r in rows}
+    assert {("build_ddtree_tree_from_topk", "cpu_python", 1), ("build_ddtree_tree_from_topk",
+            "cpu_cpp", 1), ("follow_verified_tree", "cpu_cpp", 1),
+            ("build_ddtree_trees", "cpu_cpp", 4)} <= got  # fmt: skip
+    for r in rows:
+        assert r["suite"] == "integration" and r["refcheck"] is True, r
+        assert r["median_us"] > 0 and r["reps"] >= 3 and "samples_us" not in r
