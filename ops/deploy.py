@@ -364,13 +364,10 @@ class Deployer:
     def _selftest(self, staging: str) -> tuple[Status, str, dict[str, Any]]:
         t = self.target
         args: list[str] = []
-        env = {}
+        env = {"DDTREE_CACHE": f"{staging}/cache"}  # the C++ baseline, built into the release
         if t.gpus:
             args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
-            env = {
-                "CUDA_VISIBLE_DEVICES": str(self._bench_gpu()),
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            }
+            env.update(CUDA_VISIBLE_DEVICES=str(self._bench_gpu()), CUDA_DEVICE_ORDER="PCI_BUS_ID")
         res = self.host.run_module(
             "kernels.selftest", args, cwd=staging, env=env, timeout=SELFTEST_TIMEOUT_S
         )

@@ -153,6 +153,15 @@ def _present(top: Path, sha: str) -> list[str]:
     return [n for n in DATA_PLANE if n in names]
 
 
+HOOK_KINDS = {"tree_build": ("reference", "cpp", "cuda"), "accept": ("reference", "cpp")}
+
+
+def hook_setting(components: dict[str, str]) -> str:
+    """`DDTREE_OPS_SGLANG` for the SGLang import hook: only what it can switch, else `off`."""
+    pairs = [f"{k}={v}" for k, v in sorted(components.items()) if v in HOOK_KINDS.get(k, ())]
+    return ",".join(pairs) or "off"
+
+
 def service_env(release_dir: str, manifest: ReleaseManifest) -> str:
     """The service's environment for this release: code and configuration switch together."""
     comps = manifest.components
@@ -160,8 +169,9 @@ def service_env(release_dir: str, manifest: ReleaseManifest) -> str:
         "# written by ops deploy: the service's environment for this release",
         f"DDTREE_RELEASE_ID={manifest.id}",
         f"DDTREE_ENGINE_BACKENDS={','.join(f'{k}={v}' for k, v in sorted(comps.items()))}",
-        "DDTREE_OPS_SGLANG="
-        + ",".join(f"{k}={v}" for k, v in sorted(comps.items()) if k in ("tree_build", "accept")),
+        f"DDTREE_OPS_SGLANG={hook_setting(comps)}",
+        f"DDTREE_OPS_HOOK_STATUS={release_dir}/run/hook-status.json",
+        f"DDTREE_CACHE={release_dir}/cache",
         f"PYTHONPATH={release_dir}/site:{release_dir}",
     ]
     if manifest.build and manifest.build.get("library"):
