@@ -27,8 +27,9 @@ from pydantic import BaseModel, Field
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.inventory import Target
 from ops.playbook import Playbook, PlaybookError
+from ops.profile import snapshot
 from ops.records import RunDir
-from ops.remote import open_host
+from ops.remote import Host, open_host
 from ops.rollout_steps import (
     Context,
     Done,
@@ -90,6 +91,25 @@ def check_target(pb: Playbook, target: Target) -> None:
         )
 
 
+def check_running(pb: Playbook, host: Host) -> None:
+    """The change must start from what the service says it runs, where it says (exit 2): the
+    profile of another implementation would answer another question."""
+    if pb.change is None:
+        return
+    try:
+        info = snapshot(host).get("server_info") or {}
+    except OpsError:
+        return  # the service does not answer: the pre-flight says so, with its evidence
+    now = (info.get("backends") or {}).get(pb.change.component)
+    if isinstance(now, str) and now != pb.change.baseline:
+        raise PlaybookError(
+            f"playbook {pb.path}",
+            "change.baseline",
+            f"{pb.change.baseline!r}, but {host.name}'s service runs {pb.change.component} = "
+            f"{now!r} (its /get_server_info)",
+        )
+
+
 def _gate(ctx: Context, when: str, stopped: str | None) -> str | None:
     """Why the step does not run, or None when its gate is open."""
     if stopped:
@@ -132,6 +152,7 @@ class Runner:
         outcome, code = "interrupted", 130
         try:
             with open_host(self.target) as host:
+                check_running(self.pb, host)
                 ctx = Context(self.target, host, self.pb, self.run_dir, self._say, self.change)
                 res = self._steps(ctx)
             outcome, code = res.verdict or _worst(self.results)[1], res.exit_code

@@ -194,6 +194,10 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     assert code == 1 and doc["verdict"] == "NO-GO"  # the tree build's ceiling again
     (row,) = doc["decision"]["amdahl"]
     assert row["f"] is not None and row["measured_gain"] is not None and row["gain"] is None
+    # the service runs cpp now: a change from reference is refused before any step runs
+    code, doc, err = local("rollout", "local", "--set", "change.candidate=cpp")
+    assert code == 2 and "local's service runs tree_build = 'cpp'" in err, err
+    assert doc["field"] == "change.baseline"
 
 
 def test_on_fail_stop_skips_to_the_report(tmp_path: Path) -> None:
