@@ -70,6 +70,8 @@ def apply_sets(raw: dict[str, Any], sets: list[tuple[list[str], Any, str]]) -> s
         elif head in by_name and len(rest) == 1 and rest[0] not in ("step", "name"):
             by_name[head][rest[0]] = value
             touched.add((head, rest[0]))
+        elif head in by_name and len(rest) == 1:
+            raise PlaybookError("--set", item, f"a step's {rest[0]} is the playbook's to say", head)
         elif head in by_name:
             raise PlaybookError("--set", item, "takes STEP.FIELD (one field)", head)
         else:

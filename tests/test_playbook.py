@@ -158,6 +158,7 @@ def test_bad_documents(tmp_path: Path) -> None:
         (["=1"], None, "=1", "expected KEY=VALUE"),
         (["benhc.gpu=1"], None, "benhc.gpu=1", "no playbook field or step 'benhc'"),
         (["bench=1"], "bench", "bench=1", "takes STEP.FIELD"),
+        (["deploy.step=bench"], "deploy", "deploy.step=bench", "the playbook's to say"),
         (["bench.gpux=1"], "bench", "gpux", "step 2 'bench': gpux: unknown field (from --set)"),
         (["bench.gpu=minus"], "bench", "gpu", "valid integer"),
         (["deploy.when=later"], "deploy", "when", "(got 'later') (from --set)"),
