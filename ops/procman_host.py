@@ -243,7 +243,11 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
     current = os.path.join(root, "current")
     cwd = current if os.path.isdir(current) else root
     env = dict(os.environ)
-    env.update(read_env(os.path.join(current, "service.env")))
+    release_env = read_env(os.path.join(current, "service.env"))
+    if release_env.get("PYTHONPATH") and env.get("PYTHONPATH"):
+        # the release's code first, then whatever the service's own environment needs
+        release_env["PYTHONPATH"] += os.pathsep + env["PYTHONPATH"]
+    env.update(release_env)
     os.makedirs(os.path.dirname(pidfile), exist_ok=True)
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "ab") as out:
