@@ -113,6 +113,7 @@ def deploy(
             dry_run=dry_run,
             keep=keep,
             wait_s=wait,
+            max_tokens=max_tokens,
         )
         many = len(targets) > 1 or target in inv.groups
         show = _progress(as_json, many)

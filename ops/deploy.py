@@ -380,8 +380,15 @@ class Deployer:
             ]
             why = data.get("error") or data.get("message") or "mismatches against the references"
             return "fail", f"self-test failed: {why}", {**data, "evidence": bad}
+        results = data.get("results", [])
+        cases = sum(int(r.get("cases") or 0) for r in results)
         gpu = data.get("gpu")
-        return "ok", f"passed ({gpu if isinstance(gpu, str) else 'GPU'})", data
+        where = (
+            f"on {data.get('gpu_name')} {data.get('arch') or ''}".rstrip()
+            if gpu == "ran"
+            else f"CPU builds only; GPU {gpu}"
+        )
+        return "ok", f"passed {where}: {len(results)} op checks, {cases} cases", data
 
     def _switch_and_prove(self, rid: str, before: str | None) -> DeployResult:
         mgr = manager_for(self.host)
