@@ -184,6 +184,14 @@ class Inventory(_Model):
     groups: dict[str, list[str]] = Field(default_factory=dict)
 
     def target(self, name: str) -> Target:
+        if name not in self.targets and name in self.groups:
+            members = ", ".join(self.groups[name]) or "no targets"
+            raise UnknownTarget(
+                f"'{name}' is a group ({members}); this command takes one target",
+                hint=f"name one of its targets, e.g. {self.groups[name][0]}"
+                if self.groups[name]
+                else None,
+            )
         try:
             return self.targets[name]
         except KeyError:
@@ -198,6 +206,15 @@ class Inventory(_Model):
         """A target name gives that target; a group name gives its members in order."""
         if name in self.groups:
             return [self.targets[m] for m in self.groups[name]]
+        if name not in self.targets:
+            groups = f"; groups: {', '.join(sorted(self.groups))}" if self.groups else ""
+            raise UnknownTarget(
+                f"unknown target or group {name!r}; targets: "
+                f"{', '.join(sorted(self.targets))}{groups}",
+                hint=f"add [targets.{name}] to {self.path or DEFAULT_INVENTORY}"
+                if NAME_RE.match(name)
+                else None,
+            )
         return [self.target(name)]
 
 
@@ -251,6 +268,8 @@ def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
         merged = {**base, **fields, "name": name}
         if name == LOCAL and "service" in fields and isinstance(fields["service"], dict):
             merged["service"] = {**base["service"], **fields["service"]}
+            if fields["service"].get("manager") == "systemd" and "command" not in fields["service"]:
+                merged["service"].pop("command", None)  # the built-in engine command is ours
         try:
             targets[name] = Target.model_validate(merged)
         except ValidationError as exc:
