@@ -71,6 +71,7 @@ sweep() {
 }
 {
   while read -r -u 3 -N 65536 _; do :; done
+  trap '' TERM  # the sweep runs to its end even if the command dies (and we are told) first
   sig=TERM; sweep || exit 0
   sig=0; for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     sleep 0.1; sweep || exit 0
