@@ -153,6 +153,8 @@ def run_healthcheck(
                 evidence=gpus.get("problems", []),
             )
         )
+    progress("integration hook")
+    out.append(hook_check(host))
     golden_label = str(golden) if golden else golden_on_host(host)
     return HealthReport(
         target=target.name, url=url, checks=out, golden=golden_label, modules=modules
@@ -206,3 +208,34 @@ def _identity(
     args = [*base, "--golden", source, "--aa-runs", str(aa_runs)]
     res = run_check(host, "checks.identity", args, stdin)
     return identity_check(res.data, recorded=False), res.data
+
+
+def hook_check(host: Host) -> Check:
+    """What the release's SGLang import hook replaced in the running service (informational).
+
+    Reads `<remote_root>/current/run/hook-status.json`, written by the hook at the service's
+    start (integration/hook.py): which functions it replaced, or why it left them alone.
+    """
+    root = host.target.remote_root
+    script = (
+        f"cur={shell_path(root + '/current')}; "
+        'readlink "$cur" 2>/dev/null | sed "s#.*/##"; echo; '
+        'cat "$cur/run/hook-status.json" 2>/dev/null'
+    )
+    res = host.run_script(script, step="hook status")
+    current, _, text = res.stdout.partition("\n")
+    if not text.strip():
+        return Check(name="hook", status="skip", detail="no hook status (no release, or not run)")
+    try:
+        st = json.loads(text)
+    except json.JSONDecodeError:
+        return Check(name="hook", status="skip", detail="unreadable hook status")
+    rel = st.get("release_id") or "?"
+    stale = "" if rel == current.strip() else f" (status of release {rel}: not restarted since?)"
+    if st.get("active"):
+        what = ", ".join(f"{k} ({v})" for k, v in (st.get("replaced") or {}).items())
+        return Check(name="hook", status="pass", detail=f"replaced {what} (release {rel}){stale}")
+    reason = st.get("reason") or "off"
+    detail = f"stock functions: {reason} (release {rel}){stale}"
+    off = reason.endswith("=off")
+    return Check(name="hook", status="pass" if off else "skip", detail=detail)
