@@ -13,6 +13,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -120,6 +121,23 @@ def print_table(rows: list[Row], file: Any = None) -> None:
     Console(width=200, file=file).print(t)
 
 
+def apply_memory_cap() -> dict[str, Any] | None:
+    """Honour `DDTREE_BENCH_MAX_MEM_GIB` (set by `ops bench --allow-shared` on a GPU the service
+    uses): cap this process's CUDA allocations to that many GiB of the visible GPU."""
+    text = os.environ.get("DDTREE_BENCH_MAX_MEM_GIB")
+    if not text:
+        return None
+    import torch
+
+    gib = float(text)
+    if not torch.cuda.is_available():
+        return {"gib": gib, "fraction": None, "applied": False, "reason": "no CUDA device"}
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = min(1.0, gib * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    return {"gib": gib, "fraction": round(fraction, 6), "applied": True}
+
+
 def main(argv: list[str] | None = None) -> int:
     load_plugins()
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
@@ -158,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown suite(s) {unknown}; known: {sorted(SUITES)}", file=sys.stderr)
         return 2
+    memory_cap = apply_memory_cap()
     rows: list[Row] = []
     failed: list[str] = []
     for name in names:
@@ -171,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": rows,
         "refcheck_failed": failed,
     }
+    if memory_cap is not None:
+        doc["memory_cap"] = memory_cap
     if args.json:
         print(json.dumps(doc, indent=1))
     print_table(rows, file=sys.stderr if args.json else sys.stdout)
