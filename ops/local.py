@@ -71,14 +71,14 @@ def _stat(pid: str) -> list[str] | None:
 
 def kill_sessions(root: int) -> None:
     """KILL the process group of `root` and every session led by one of its children."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(root, signal.SIGKILL)
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return
-    stats = {p: st for p in pids if (st := _stat(p)) is not None}
+        pids = []
+    stats = {p: st for p in pids if (st := _stat(p)) is not None}  # before any parent dies
     leaders = {p for p, st in stats.items() if st[1] == str(root) and st[3] == p}
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)
     for p, st in stats.items():
         if st[3] in leaders and st[0] != "Z":
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -27,7 +27,8 @@ from sshd import Sshd, free_port
 
 from ops.errors import HostError
 from ops.inventory import load_inventory
-from ops.remote import open_host
+from ops.local import kill_sessions
+from ops.remote import open_host, watched
 
 FAKE = REPO / "tests" / "fake_service.py"
 
@@ -204,6 +205,31 @@ def test_lost_connection_leaves_nothing_on_the_host(
         host.close()
         for p in matching("sleep", arg):
             os.kill(p, signal.SIGKILL)
+
+
+def test_local_fallback_kills_the_watcher_and_the_command_session() -> None:
+    """When the watcher does not end by itself (a second Ctrl-C), ops kills from here."""
+    arg = f"96.{os.getpid()}"
+    watcher = subprocess.Popen(
+        ["bash", "-c", watched(f"timeout 60 bash -c 'sleep {arg}; :'")],
+        stdin=subprocess.PIPE,  # held open: the watcher itself would wait forever
+        start_new_session=True,
+    )
+    try:
+        (sleeper,) = wait_for(lambda: matching("sleep", arg), 30, "the sleep")
+        started = [watcher.pid, *session_of(sleeper)]
+        assert len(started) == 4  # the watcher, timeout, bash, sleep
+        kill_sessions(watcher.pid)
+        watcher.wait(10)
+        wait_for(lambda: not any(_running(p) for p in started), 10, f"{started} to end")
+    finally:
+        assert watcher.stdin is not None
+        watcher.stdin.close()
+        for p in matching("sleep", arg):
+            os.kill(p, signal.SIGKILL)
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
 
 
 def test_data_on_stdin_still_arrives_whole(inventory_file: Path) -> None:
