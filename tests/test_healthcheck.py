@@ -101,6 +101,7 @@ def test_service_lifecycle_and_healthcheck_pass(ops: Ops) -> None:
         "server_info": "skip",
         "identity": "pass",
         "gpus": "skip",
+        "hook": "skip",
     }
     assert rep["modules"]["identity"]["identity_pct"] == 100.0
     record = json.loads((Path(rep["run_dir"]) / "record.json").read_text())
