@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -21,7 +25,14 @@ from ops.cli_common import (
     out,
     recorded,
 )
-from ops.deploy import Deployer, DeployOptions, DeployResult, Step, host_releases
+from ops.deploy import (
+    Deployer,
+    DeployInterrupted,
+    DeployOptions,
+    DeployResult,
+    Step,
+    host_releases,
+)
 from ops.errors import EXIT_FAIL, EXIT_OK
 from ops.fleet import deploy_group
 from ops.remote import open_host
@@ -31,6 +42,30 @@ WaitOpt = Annotated[
 ]
 _print_lock = threading.Lock()
 MARK = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as for `ops loadtest`
+EVIDENCE_SHOWN = 12
+
+
+@contextmanager
+def term_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI timeout, `kill`) stops a deploy the way Ctrl-C does: the step in progress
+    stops, the host's guard puts it back, the record says so."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _code(results: list[DeployResult]) -> tuple[int, str]:
+    if any(r.outcome == "interrupted" for r in results):
+        return EXIT_INTERRUPTED, "interrupted"
+    ok = all(r.ok for r in results)
+    return (EXIT_OK, "ok") if ok else (EXIT_FAIL, "fail")
 
 
 def _progress(as_json: bool, many: bool):
@@ -45,20 +80,36 @@ def _progress(as_json: bool, many: bool):
                     f"{escape(step.detail)}",
                     soft_wrap=True,
                 )
-                for line in step.evidence[:12] if step.status == "fail" else []:
+                shown = step.evidence if step.status == "fail" or step.data.get("forced") else []
+                for line in shown[:EVIDENCE_SHOWN]:
                     err.print(f"    [dim]{escape(line)}[/]", soft_wrap=True)
+                if len(shown) > EVIDENCE_SHOWN:
+                    more = len(shown) - EVIDENCE_SHOWN
+                    err.print(f"    [dim]... {more} more lines in the record[/]")
 
     return show
 
 
-def _summary(results: list[DeployResult]) -> None:
-    table = Table(title="deploy", show_lines=False)
-    for col in ("host", "before", "after", "outcome", "steps"):
-        table.add_column(col, overflow="fold")
+def _step_word(s: Step) -> str:
+    return f"{s.name}:{'forced' if s.data.get('forced') else s.status}"
+
+
+def _summary(results: list[DeployResult], title: str = "deploy") -> None:
+    """One row per host; release ids are never cut (they are what `--to` takes), so before
+    and after share a column, one above the other, and the steps column folds."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    table.add_column("host", overflow="fold", max_width=16)
+    table.add_column("release: before -> after", no_wrap=True)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("steps", overflow="fold", ratio=1, min_width=12)
     for r in results:
-        steps = " ".join(f"{s.name}:{s.status}" for s in r.steps) or "-"
-        colour = "green" if r.ok else "red"
-        table.add_row(r.target, r.before or "-", r.after or "-", f"[{colour}]{r.outcome}[/]", steps)
+        steps = " ".join(_step_word(s) for s in r.steps) or "-"
+        colour = "green" if r.ok else "yellow" if r.outcome == "interrupted" else "red"
+        if r.after == r.before:
+            release = f"{r.before or '(none)'}\n(unchanged)"
+        else:
+            release = f"{r.before or '(none)'}\n-> {r.after or '(none)'}"
+        table.add_row(escape(r.target), release, f"[{colour}]{r.outcome}[/]", steps)
     out.print(table)
     for r in results:
         if r.outcome == "dry-run":
@@ -122,24 +173,31 @@ def deploy(
             if many:
                 results = deploy_group(targets, opts, wave_size, show)
             else:
-                with open_host(targets[0]) as host:
-                    results = [Deployer(host, opts, lambda n, s: show(target, n, s)).run()]
-            ok = all(r.ok for r in results)
-            sections = {"results": [r.model_dump(mode="json") for r in results]}
-            return (EXIT_OK if ok else EXIT_FAIL), ("ok" if ok else "fail"), sections
+                try:
+                    with open_host(targets[0]) as host:
+                        results = [Deployer(host, opts, lambda n, s: show(target, n, s)).run()]
+                except DeployInterrupted as stop:
+                    results = [stop.result]
+            code, outcome = _code(results)
+            return code, outcome, {"results": [r.model_dump(mode="json") for r in results]}
 
         inputs = {"target": target, **opts.model_dump(mode="json"), "wave_size": wave_size}
         anchor = targets[0] if not many else targets[0].model_copy(update={"name": target})
-        run, code, sections = recorded("deploy", anchor, inputs, act)
-        results = [DeployResult.model_validate(r) for r in sections["results"]]
-        if as_json:
-            emit_json({"ok": code == EXIT_OK, **sections, "run_dir": str(run.path)})
-        else:
-            _summary(results)
-            err.print(f"[dim]record: {run.path}/record.json[/]")
+        with term_as_interrupt():
+            run, code, sections = recorded("deploy", anchor, inputs, act)
+        _finish("deploy", as_json, code, sections, run.path)
         return code
 
     guard(as_json, body)
+
+
+def _finish(title: str, as_json: bool, code: int, sections: dict[str, Any], path: Path) -> None:
+    results = [DeployResult.model_validate(r) for r in sections["results"]]
+    if as_json:
+        emit_json({"ok": code == EXIT_OK, **sections, "run_dir": str(path)})
+        return
+    _summary(results, title)
+    err.print(f"[dim]record: {escape(str(path))}/record.json[/]", soft_wrap=True)
 
 
 def releases(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
@@ -152,17 +210,26 @@ def releases(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOp
         if as_json:
             emit_json(doc)
             return EXIT_OK
-        table = Table(title=f"releases on {t.name} ({t.remote_root})")
-        for col in ("", "id", "sha", "created", "arch", "selftest", "MiB"):
-            table.add_column(col, overflow="fold")
+        # ids are never cut (they are what `ops rollback --to` takes); the rest fits 80 columns
+        table = Table(
+            title=f"releases on {escape(t.name)} ({escape(t.remote_root)})",
+            box=box.SIMPLE_HEAD,
+            padding=0,
+            pad_edge=False,
+        )
+        table.add_column("")
+        table.add_column("id", no_wrap=True)
+        for col in ("sha", "created", "arch", "test", "MiB"):
+            table.add_column(col, overflow="fold", justify="right" if col == "MiB" else "left")
         for r in doc["releases"]:
             mark = "current" if r["current"] else "previous" if r["previous"] else ""
             st = {True: "pass", False: "FAIL", None: "-"}[r["selftest_ok"]]
+            created = (r["created"] or "?").replace("T", " ")[:16] + "Z"
             table.add_row(
                 mark,
                 r["id"],
-                (r["git_sha"] or "?")[:10],
-                r["created"] or "?",
+                (r["git_sha"] or "?")[:8],
+                created,
                 r["cuda_arch"] or "-",
                 st,
                 f"{r['size_bytes'] / 2**20:.1f}",
@@ -192,21 +259,23 @@ def rollback(
         show = _progress(as_json, False)
 
         def act(_run: object) -> tuple[int, str, dict[str, Any]]:
-            with open_host(t) as host:
-                r = Deployer(
-                    host,
-                    DeployOptions(wait_s=wait, max_tokens=max_tokens),
-                    lambda n, s: show(t.name, n, s),
-                )
-                res = r.rollback(to)
-            code = EXIT_OK if res.ok else EXIT_FAIL
+            try:
+                with open_host(t) as host:
+                    r = Deployer(
+                        host,
+                        DeployOptions(wait_s=wait, max_tokens=max_tokens),
+                        lambda n, s: show(t.name, n, s),
+                    )
+                    res = r.rollback(to)
+            except DeployInterrupted as stop:
+                res = stop.result
+            code, _ = _code([res])
             return code, res.outcome, {"results": [res.model_dump(mode="json")]}
 
-        run, code, sections = recorded("rollback", t, {"target": t.name, "to": to}, act)
-        if as_json:
-            emit_json({"ok": code == EXIT_OK, **sections, "run_dir": str(run.path)})
-        else:
-            _summary([DeployResult.model_validate(r) for r in sections["results"]])
+        inputs = {"target": t.name, "to": to, "wait_s": wait, "max_tokens": max_tokens}
+        with term_as_interrupt():
+            run, code, sections = recorded("rollback", t, inputs, act)
+        _finish("rollback", as_json, code, sections, run.path)
         return code
 
     guard(as_json, body)

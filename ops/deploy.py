@@ -45,7 +45,16 @@ BUILD_TIMEOUT_S = 1800
 SELFTEST_TIMEOUT_S = 600
 
 Status = Literal["ok", "fail", "skip"]
-Outcome = Literal["deployed", "installed", "already-current", "failed", "rolled-back", "dry-run"]
+Outcome = Literal[
+    "deployed",
+    "installed",
+    "already-current",
+    "failed",
+    "rolled-back",
+    "dry-run",
+    "switched",  # `ops rollback`: switched to the release asked for, restarted, proven
+    "interrupted",  # Ctrl-C / SIGTERM: the result says where the host was left
+]
 
 
 class Step(BaseModel):
@@ -82,13 +91,37 @@ class DeployResult(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("deployed", "installed", "already-current", "dry-run")
+        return self.outcome in ("deployed", "installed", "already-current", "dry-run", "switched")
 
 
 class StepFailed(Exception):
     def __init__(self, step: Step) -> None:
         super().__init__(step.detail)
         self.step = step
+
+
+class DeployInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM made one) during a deploy or rollback, after the host was put back
+    where it belongs; carries the result with the steps so far and where the host is now."""
+
+    def __init__(self, result: DeployResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
+    """The service's log from its last start by ops (its own last words), at most `keep` lines
+    (the marker line, then the newest ones)."""
+    starts = [
+        i for i, line in enumerate(lines) if line.startswith("=== ") and " ops start: " in line
+    ]
+    if starts:
+        lines = lines[starts[-1] :]
+    if len(lines) <= keep:
+        return lines
+    if starts:
+        return [lines[0], *lines[len(lines) - keep + 1 :]]
+    return lines[-keep:]
 
 
 def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
@@ -159,12 +192,18 @@ class Deployer:
         self.target = host.target
         self.root = host.target.remote_root
         self.steps: list[Step] = []
+        self._running: str | None = None  # the step in progress (what an interrupt stopped)
+        self._before: str | None = None  # current release before this deploy, once known
+        self._switched: str | None = None  # the release switched to (pending until proven)
+        self._committed: str | None = None  # the release switched to and proven
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
         self.progress(name, None)
+        self._running = name
         t0 = time.monotonic()
         status, detail, data = fn()
+        self._running = None
         evidence = data.pop("evidence", [])
         st = Step(
             name=name,
@@ -183,8 +222,54 @@ class Deployer:
     def result(self, outcome: Outcome, **kw: Any) -> DeployResult:
         return DeployResult(target=self.target.name, outcome=outcome, steps=self.steps, **kw)
 
+    def _interrupted(self) -> DeployResult:
+        """The result of a deploy or rollback that Ctrl-C stopped: the guard has done its work
+        by now (the `with` blocks have exited), so ask the host where it was left."""
+        during = self._running or (f"after {self.steps[-1].name}" if self.steps else "start")
+        now: str | None = None
+        state = ""
+        try:
+            now = host_releases(self.host, "list")["current"]
+            if self._switched and not self.opts.no_restart:
+                st = manager_for(self.host).status()
+                state = f"; service {st.state}" + (f" ({st.detail})" if st.detail else "")
+        except OpsError as exc:
+            state = f"; could not ask the host where it is: {exc.message}"
+        if self._committed:
+            what = f"{self._committed} was proven and switched to before the interrupt"
+        elif self._switched and now != self._switched:
+            what = f"the host's guard switched current back to {now or '(none)'}" + (
+                " and restarted the service" if not self.opts.no_restart else ""
+            )
+        elif self._switched:
+            what = f"current is still {self._switched} (switched, not proven)"
+        else:
+            what = f"nothing was switched: current is still {now or '(none)'}"
+            if any(s.name == "send" for s in self.steps):
+                what += "; the next deploy removes the half-sent release"
+        st = Step(
+            name="interrupted", status="fail", detail=f"interrupted during {during}: {what}{state}"
+        )
+        self.steps.append(st)
+        self.progress("interrupted", st)
+        return self.result(
+            "interrupted",
+            release=getattr(self, "_rid", None),
+            before=self._before,
+            after=now,
+            failed_step=self._running or "interrupted",
+            message=st.detail,
+        )
+
     # -- the deploy ---------------------------------------------------------------------
     def run(self) -> DeployResult:
+        """The deploy; raises DeployInterrupted (a KeyboardInterrupt) on Ctrl-C."""
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            raise DeployInterrupted(self._interrupted()) from None
+
+    def _run(self) -> DeployResult:
         with tempfile.TemporaryDirectory(prefix="ops-release-") as tmp:
             stage = Path(tmp) / "release"
             try:
@@ -198,12 +283,14 @@ class Deployer:
                     self.step("preflight", self._preflight)
                 with self.host.lock(f"ops deploy {manifest.id}"):
                     return self._locked(manifest, stage)
-            except StepFailed as exc:
+            except StepFailed as exc:  # before the switch: the host is where it was
                 return self.result(
                     "failed",
                     failed_step=exc.step.name,
                     message=exc.step.detail,
                     release=getattr(self, "_rid", None),
+                    before=self._before,
+                    after=self._before,
                 )
 
     def _package(self, stage: Path) -> ReleaseManifest:
@@ -230,6 +317,7 @@ class Deployer:
     def _already_current(self, m: ReleaseManifest) -> DeployResult | None:
         """The result for a release that is already current (same commit and configuration)."""
         listing = host_releases(self.host, "list")
+        self._before = listing["current"]
         current = next((r for r in listing["releases"] if r["current"]), None)
         if (
             current is None
@@ -295,6 +383,8 @@ class Deployer:
             return "ok", "healthy" + (" (golden recorded now)" if record else ""), data
         failed = ", ".join(rep.failed)
         if self.opts.force:
+            data["forced"] = True
+            data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
             return "ok", f"UNHEALTHY ({failed}), deploying anyway (--force)", data
         data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
         return "fail", f"service unhealthy before the deploy ({failed}); use --force", data
@@ -390,20 +480,20 @@ class Deployer:
         )
         return "ok", f"passed {where}: {len(results)} op checks, {cases} cases", data
 
-    def _switch_and_prove(self, rid: str, before: str | None) -> DeployResult:
+    def _switch_and_prove(self, rid: str, before: str | None, prune: bool = True) -> DeployResult:
         mgr = manager_for(self.host)
         restart = not self.opts.no_restart
         with revert_guard(self.host, restart):
-            self.step(
-                "switch",
-                lambda: (
-                    "ok",
-                    f"current: {before} -> {rid}",
-                    host_releases(self.host, "switch", rid, "pending"),
-                ),
-            )
+
+            def switch() -> tuple[Status, str, dict[str, Any]]:
+                doc = host_releases(self.host, "switch", rid, "pending")
+                self._switched = rid
+                return "ok", f"current: {before or '(none)'} -> {rid}", doc
+
+            self.step("switch", switch)
             if not restart:
                 host_releases(self.host, "commit")
+                self._committed = rid
                 self.step(
                     "restart",
                     lambda: (
@@ -413,7 +503,8 @@ class Deployer:
                         {},
                     ),
                 )
-                self._prune()
+                if prune:
+                    self._prune()
                 return self.result(
                     "installed",
                     release=rid,
@@ -428,7 +519,9 @@ class Deployer:
             except StepFailed as exc:
                 return self._rollback(mgr, rid, before, exc.step)
             host_releases(self.host, "commit")
-        self._prune()
+            self._committed = rid
+        if prune:
+            self._prune()
         return self.result(
             "deployed",
             release=rid,
@@ -439,7 +532,10 @@ class Deployer:
 
     def _restart(self, mgr: Any) -> tuple[Status, str, dict[str, Any]]:
         st = mgr.restart(self.opts.wait_s)
-        data = {"service": st.model_dump(), "evidence": st.evidence[-20:] if not st.active else []}
+        data = {
+            "service": st.model_dump(),
+            "evidence": since_last_start(st.evidence) if not st.active else [],
+        }
         return ("ok" if st.active else "fail"), f"{st.state}: {st.detail}", data
 
     def _postflight(self, record: bool) -> tuple[Status, str, dict[str, Any]]:
@@ -457,7 +553,9 @@ class Deployer:
 
     def _rollback(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
         def back() -> tuple[Status, str, dict[str, Any]]:
-            doc = host_releases(self.host, "revert")
+            # "settle": current goes back now, but deploy.pending stays until the service is
+            # restarted on it, so the guard still restarts it if ops goes away meanwhile
+            doc = host_releases(self.host, "revert", "settle")
             st = mgr.restart(self.opts.wait_s)
             rep = self._health(False) if before else None
             ok = st.active and (rep is None or rep.ok)
@@ -474,6 +572,7 @@ class Deployer:
             self.step("rollback", back)
         except StepFailed:
             pass
+        host_releases(self.host, "commit")
         return self.result(
             "rolled-back",
             release=rid,
@@ -484,16 +583,27 @@ class Deployer:
         )
 
     def _prune(self) -> None:
-        self.step(
-            "prune", lambda: ("ok", "", host_releases(self.host, "prune", str(self.opts.keep)))
-        )
+        def prune() -> tuple[Status, str, dict[str, Any]]:
+            doc = host_releases(self.host, "prune", str(self.opts.keep))
+            gone = doc.get("removed") or []
+            detail = f"removed {', '.join(gone)}" if gone else "nothing to remove"
+            return "ok", f"{detail} (keep {self.opts.keep})", doc
+
+        self.step("prune", prune)
 
     # -- rollback to an earlier release ----------------------------------------------------
     def rollback(self, to: str | None) -> DeployResult:
-        """Switch to `to` (default: previous), restart, post-flight; undone if that fails."""
+        """Switch to `to` (default: previous), restart, post-flight; undone if that fails.
+        Prunes nothing. Raises DeployInterrupted on Ctrl-C."""
+        try:
+            return self._rollback_to(to)
+        except KeyboardInterrupt:
+            raise DeployInterrupted(self._interrupted()) from None
+
+    def _rollback_to(self, to: str | None) -> DeployResult:
         with self.host.lock(f"ops rollback {to or 'previous'}"):
             listing = host_releases(self.host, "list")
-            before = listing["current"]
+            before = self._before = listing["current"]
             want = to or listing["previous"]
             if not want:
                 raise OpsError(f"{self.target.name}: no previous release to roll back to")
@@ -512,6 +622,16 @@ class Deployer:
                     message=f"release {want} is already current",
                 )
             try:
-                return self._switch_and_prove(want, before)
+                res = self._switch_and_prove(want, before, prune=False)
             except StepFailed as exc:
-                return self.result("failed", failed_step=exc.step.name, message=exc.step.detail)
+                return self.result(
+                    "failed",
+                    failed_step=exc.step.name,
+                    message=exc.step.detail,
+                    before=before,
+                    after=before,
+                )
+            if res.outcome == "deployed":
+                res.outcome = "switched"
+                res.message = f"rolled back: {want} is current and healthy (was {before})"
+            return res

@@ -11,7 +11,9 @@ can reach outside the root.
     switch ROOT ID [PENDING]     current -> releases/ID by one rename(2); previous -> the old one;
                                  with PENDING, write deploy.pending so the guard can revert
     commit ROOT                  the switch is final: remove deploy.pending
-    revert ROOT                  if deploy.pending exists: switch back to its previous, remove it
+    revert ROOT [settle]         if deploy.pending exists: switch back to its previous, remove it;
+                                 with settle, keep deploy.pending as "settled" (the guard still
+                                 restarts the service if ops goes away before `commit`)
     list ROOT                    every release with its manifest summary, size, current/previous
     remove ROOT ID               delete one release (never current or previous)
     prune ROOT KEEP              keep the newest KEEP releases (and always current and previous)
@@ -127,13 +129,19 @@ def commit(root: str) -> dict:
     return {"pending": True}
 
 
-def revert(root: str) -> dict:
+def revert(root: str, settle: bool = False) -> dict:
     path = os.path.join(root, "deploy.pending")
     try:
         with open(path) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return {"reverted": False}
+    if not isinstance(doc, dict):
+        doc = {}
+    if doc.get("settled"):  # switched back already; the service still needs its restart
+        if not settle:
+            os.unlink(path)
+        return {"reverted": True, "current": link_target(root, "current")}
     previous, old_previous = doc.get("previous"), doc.get("old_previous")
     if (
         previous
@@ -148,7 +156,13 @@ def revert(root: str) -> dict:
             os.unlink(os.path.join(root, "current"))
         except FileNotFoundError:
             pass
-    os.unlink(path)
+    if settle:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"settled": True, "current": previous}, f)
+        os.replace(tmp, path)
+    else:
+        os.unlink(path)
     return {"reverted": True, "current": previous}
 
 
@@ -225,7 +239,7 @@ def main(argv: list[str]) -> dict:
     if action == "commit":
         return commit(root)
     if action == "revert":
-        return revert(root)
+        return revert(root, len(argv) > 2 and argv[2] == "settle")
     if action == "list":
         return listing(root)
     if action == "remove":

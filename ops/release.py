@@ -54,6 +54,10 @@ def default_source() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+class GitFailed(OpsError):
+    """A git command exited non-zero (its last line of stderr is the message)."""
+
+
 def _git(source: Path, *args: str, binary: bool = False) -> Any:
     try:
         res = subprocess.run(
@@ -63,8 +67,14 @@ def _git(source: Path, *args: str, binary: bool = False) -> Any:
         raise OpsError("git is not installed (a release is made from a git checkout)") from None
     if res.returncode != 0:
         msg = res.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise OpsError(f"git {' '.join(args[:2])} in {source}: {msg[-1] if msg else 'failed'}")
+        raise GitFailed(f"git {' '.join(args[:2])} in {source}: {msg[-1] if msg else 'failed'}")
     return res.stdout if binary else res.stdout.decode("utf-8", "replace")
+
+
+def _shown(value: str) -> str:
+    """A user's value as an error message shows it: quoted when odd, cut when long."""
+    text = value if value.isprintable() and not value.startswith("-") else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _sha256(data: bytes) -> str:
@@ -92,8 +102,19 @@ def stage_release(
     src = (source or default_source()).resolve()
     if not src.is_dir():
         raise OpsError(f"--source {src}: not a directory")
-    top = Path(_git(src, "rev-parse", "--show-toplevel").strip())
-    sha = _git(top, "rev-parse", "--verify", f"{ref or 'HEAD'}^{{commit}}").strip()
+    if ref is not None and (not ref or ref.startswith("-") or any(c.isspace() for c in ref)):
+        raise OpsError(f"--ref {_shown(ref)}: not a git revision")
+    try:
+        top = Path(_git(src, "rev-parse", "--show-toplevel").strip())
+    except GitFailed:
+        raise OpsError(
+            f"--source {src}: not a git checkout (a release is made from a git commit)"
+        ) from None
+    try:
+        sha = _git(top, "rev-parse", "--verify", "--quiet", f"{ref or 'HEAD'}^{{commit}}").strip()
+    except GitFailed:
+        what = f"--ref {_shown(ref)}: no such commit" if ref else "HEAD: no commit yet"
+        raise OpsError(f"{what} in {top}") from None
     dirty_files = _git(top, "status", "--porcelain", "--untracked-files=all").strip()
     dirty = ref is None and bool(dirty_files)
     diff_sha = None

@@ -108,3 +108,22 @@ def test_finalize_is_one_rename(root: Path) -> None:
     assert (root / "releases" / rid / "service.env").read_text() == "A=1\n"
     assert not staging.exists()
     assert host("finalize", str(root), ".staging-new", rid, stdin=doc)[0] == 2
+
+
+def test_revert_settle_keeps_the_guard_restarting(root: Path) -> None:
+    """The automatic rollback switches back at once but keeps deploy.pending ('settled') until
+    the service is restarted on the old release: a guard that runs meanwhile still restarts."""
+    r = str(root)
+    host("switch", r, IDS[0])
+    host("switch", r, IDS[1], "pending")
+    assert host("revert", r, "settle")[1] == {"reverted": True, "current": IDS[0]}
+    assert links(root)[0] == IDS[0] and (root / "deploy.pending").exists()
+    assert host("list", r)[1]["pending"] is True
+    # the guard's revert: nothing left to switch, but it says reverted (so it restarts)
+    assert host("revert", r)[1] == {"reverted": True, "current": IDS[0]}
+    assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
+    # or the rollback finishes and commits
+    host("switch", r, IDS[1], "pending")
+    host("revert", r, "settle")
+    assert host("commit", r)[1] == {"pending": True}
+    assert host("revert", r)[1] == {"reverted": False}
