@@ -222,7 +222,15 @@ def releases(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOp
         for col in ("sha", "created", "arch", "test", "MiB"):
             table.add_column(col, overflow="fold", justify="right" if col == "MiB" else "left")
         for r in doc["releases"]:
-            mark = "current" if r["current"] else "previous" if r["previous"] else ""
+            mark = (
+                "current"
+                if r["current"]
+                else "previous"
+                if r["previous"]
+                else "[red]rejected[/]"
+                if r.get("rejected")
+                else ""
+            )
             st = {True: "pass", False: "FAIL", None: "-"}[r["selftest_ok"]]
             created = (r["created"] or "?").replace("T", " ")[:16] + "Z"
             table.add_row(

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -107,6 +108,10 @@ class DeployInterrupted(KeyboardInterrupt):
     def __init__(self, result: DeployResult) -> None:
         super().__init__(result.message)
         self.result = result
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
@@ -279,7 +284,9 @@ class Deployer:
                 same = self._already_current(manifest)
                 if same is not None:
                     return same
-                if not self.opts.bootstrap:
+                # --bootstrap is for a first install: on a host that already has a current
+                # release it is no way around the pre-flight (that is --force)
+                if not self.opts.bootstrap or self._before is not None:
                     self.step("preflight", self._preflight)
                 with self.host.lock(f"ops deploy {manifest.id}"):
                     return self._locked(manifest, stage)
@@ -382,6 +389,8 @@ class Deployer:
         if rep.ok:
             return "ok", "healthy" + (" (golden recorded now)" if record else ""), data
         failed = ", ".join(rep.failed)
+        if self.opts.bootstrap:
+            failed += f"; --bootstrap does not skip it: {self._before} is current"
         if self.opts.force:
             data["forced"] = True
             data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
@@ -573,6 +582,8 @@ class Deployer:
         except StepFailed:
             pass
         host_releases(self.host, "commit")
+        why = {"step": failed.name, "detail": failed.detail, "at": _now()}
+        host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
         return self.result(
             "rolled-back",
             release=rid,
@@ -613,6 +624,13 @@ class Deployer:
                 raise OpsError(f"{self.target.name}: no release {want!r} (releases: {known})")
             if rel["selftest_ok"] is not True:
                 raise OpsError(f"{self.target.name}: release {want} never passed its self-test")
+            bad = rel.get("rejected")
+            if bad and want != before:
+                raise OpsError(
+                    f"{self.target.name}: release {want} failed its {bad.get('step')} "
+                    f"({bad.get('at')}) and was rolled back: {bad.get('detail')}",
+                    hint="deploy a fixed commit instead (ops deploy --ref)",
+                )
             if want == before:
                 return self.result(
                     "already-current",

@@ -16,6 +16,8 @@ can reach outside the root.
                                  restarts the service if ops goes away before `commit`)
     list ROOT                    every release with its manifest summary, size, current/previous
     remove ROOT ID               delete one release (never current or previous)
+    reject ROOT ID               stdin {"step", "detail", "at"}: the release failed its deploy after
+                                 the switch and was rolled back (releases/ID/rejected.json)
     prune ROOT KEEP              keep the newest KEEP releases (and always current and previous)
 """
 
@@ -189,6 +191,11 @@ def listing(root: str) -> dict:
         except (OSError, ValueError):
             man = {}
         selftest = man.get("selftest") or {}
+        try:
+            with open(os.path.join(rel, name, "rejected.json")) as f:
+                rejected = json.load(f)
+        except (OSError, ValueError):
+            rejected = None
         out.append(
             {
                 "id": name,
@@ -201,10 +208,23 @@ def listing(root: str) -> dict:
                 "size_bytes": du(os.path.join(rel, name)),
                 "current": name == current,
                 "previous": name == previous,
+                "rejected": rejected if isinstance(rejected, dict) else None,
             }
         )
     pending = os.path.exists(os.path.join(root, "deploy.pending"))
     return {"releases": out, "current": current, "previous": previous, "pending": pending}
+
+
+def reject(root: str, release: str) -> dict:
+    rid(release)
+    path = os.path.join(root, "releases", release)
+    if not os.path.isdir(inside(root, path)):
+        raise Refused(f"no release {release}")
+    doc = json.loads(sys.stdin.read() or "{}")
+    why = {k: str(doc.get(k, ""))[:2000] for k in ("step", "detail", "at")}
+    with open(os.path.join(path, "rejected.json"), "w") as f:
+        json.dump(why, f)
+    return {"rejected": release}
 
 
 def remove(root: str, release: str) -> dict:
@@ -244,6 +264,8 @@ def main(argv: list[str]) -> dict:
         return listing(root)
     if action == "remove":
         return remove(root, argv[2])
+    if action == "reject":
+        return reject(root, argv[2])
     if action == "prune":
         return prune(root, int(argv[2]))
     raise Refused(f"unknown action {action!r}")

@@ -68,6 +68,8 @@ def test_first_install_reverted_leaves_no_current(root: Path) -> None:
         ("switch", "{root}", "/etc"),
         ("switch", "{root}", "20990101T000000Z-deadbeef"),  # well-formed, absent
         ("remove", "{root}", "../releases"),
+        ("reject", "{root}", "../../etc"),
+        ("reject", "{root}", "20990101T000000Z-deadbeef"),  # well-formed, absent
         ("finalize", "{root}", "../../x", IDS[3]),
         ("finalize", "{root}", ".staging-x", "not-an-id"),
         ("list", "/"),
