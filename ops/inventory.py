@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import string
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +25,7 @@ DEFAULT_INVENTORY = "ops.toml"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 LOCAL_PORT = 30000
+COMMAND_FIELDS = ("python", "host", "port")  # placeholders of a `process` service's command
 MAX_PATH = 4096
 # DDTree components and the backends a service can run them on (engine.backends.COMPONENTS,
 # restated here because the control plane never imports the engine; a test keeps them equal)
@@ -78,14 +81,49 @@ class Service(_Model):
     def _unit_name(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9@_.:-]+", v):
             raise ValueError("must be a plain unit name (letters, digits, @ _ . : -)")
+        if v.startswith("-"):
+            raise ValueError("must not start with '-' (systemctl would take it for an option)")
         return v
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
+        if not re.match(r"^https?://[^/\s]+", v) or any(c.isspace() or ord(c) < 32 for c in v):
             raise ValueError("must be an http(s):// URL")
+        try:
+            parts = urllib.parse.urlsplit(v)
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL ({exc})") from None
+        if not parts.hostname:
+            raise ValueError("must name a host (http://HOST:PORT)")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must hold no user or password (it would be written to records)")
+        if parts.query or parts.fragment:
+            raise ValueError("must have no query or fragment (paths are appended to it)")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError("port must be 1-65535")
         return v.rstrip("/")
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, v: str | None) -> str | None:
+        """Only plain {python}, {host}, {port}: a format spec or attribute ('{port:>999999999}',
+        '{python.__class__}') would allocate, leak or mangle the command when it is filled in."""
+        allowed = "only plain {python}, {host}, {port} (write {{ and }} for a brace)"
+        try:
+            fields = [f[1:] for f in string.Formatter().parse(v or "") if f[1] is not None]
+        except ValueError as exc:
+            raise ValueError(f"{exc}: {allowed}") from None
+        for name, spec, conv in fields:
+            if name not in COMMAND_FIELDS or spec or conv:
+                shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+                shown = shown + "}" if len(shown) < 30 else shown[:26] + "...}"
+                raise ValueError(f"placeholder {shown}: {allowed}")
+        return v
 
     @model_validator(mode="after")
     def _process_needs_command(self) -> Service:

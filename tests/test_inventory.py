@@ -181,3 +181,42 @@ def test_component_kinds_match_the_engine() -> None:
     from ops.inventory import COMPONENT_KINDS
 
     assert COMPONENT_KINDS == COMPONENTS
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("url", "http://127.0.0.1:99999", "port must be 1-65535"),
+        ("url", "http://127.0.0.1:0", "port must be 1-65535"),
+        ("url", "http://127.0.0.1:abc", "port must be 1-65535"),
+        ("url", "http://[::1", "not a valid URL"),
+        ("url", "http://ops:secret@127.0.0.1:30000", "no user or password"),
+        ("url", "http://127.0.0.1:30000/?x=1", "no query or fragment"),
+        ("command", "{python} -m engine --port {port:>99999999999}", "plain {python}"),
+        ("command", "{python.__class__} -m engine", "plain {python}"),
+        ("command", "{port!r}", "plain {python}"),
+        ("command", "{0} -m engine", "plain {python}"),
+        ("command", "{python} {nope}", "plain {python}"),
+        ("name", "-x", "must not start with '-'"),
+    ],
+)
+def test_hostile_service_values_are_one_line_errors(
+    tmp_path: Path, field: str, value: str, why: str
+) -> None:
+    """A service url, command or unit name that would crash, hang or inject later (a bad port
+    in every check, a format spec allocating gigabytes, an option to systemctl) is refused
+    when the inventory is read, in one line naming the field."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.h]\nremote_root = '/srv/x'\n[targets.h.service]\n{field} = {json.dumps(value)}\n"
+    )
+    res = ops("hosts", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"target 'h': service.{field}:" in res.stderr and why in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1
+
+
+def test_service_url_with_a_path_and_the_default_port_is_kept(tmp_path: Path) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text("[targets.h.service]\nurl = 'https://llm.internal/v/'\n")
+    assert load_inventory(inv).target("h").service.url == "https://llm.internal/v"
