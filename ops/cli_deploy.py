@@ -38,7 +38,8 @@ from ops.fleet import deploy_group
 from ops.remote import open_host
 
 WaitOpt = Annotated[
-    float, typer.Option("--wait", min=1, help="Seconds to wait for /health after a restart.")
+    float,
+    typer.Option("--wait", min=1, max=86400, help="Seconds to wait for /health after a restart."),
 ]
 _print_lock = threading.Lock()
 MARK = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}

@@ -11,6 +11,7 @@ answers. Both wait for `/health` after a start, probing from the host itself.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -19,12 +20,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ops.errors import HostError, InventoryError
+from ops.errors import HostError, InventoryError, OpsError
 from ops.inventory import Target
 from ops.remote import Host, shell_path
 
 State = Literal["active", "activating", "inactive", "failed", "unknown"]
 EVIDENCE_LINES = 100
+MAX_WAIT_S = 86400.0  # a day: a huge model loads in minutes; `inf` overflowed the host timeout
 PROCMAN_SOURCE = (Path(__file__).parent / "procman_host.py").read_text(encoding="utf-8")
 
 # Runs on the host with the target's python (stdlib only): wait until /health answers 2xx,
@@ -57,6 +59,14 @@ while True:
         sys.exit(1)
     time.sleep(0.25)
 """
+
+
+def check_wait(wait_s: float) -> float:
+    """A --wait for /health is a finite number of seconds, 0 to a day (refused before the
+    service is touched)."""
+    if not math.isfinite(wait_s) or not 0 <= wait_s <= MAX_WAIT_S:
+        raise OpsError(f"--wait {wait_s:g}: must be 0 to {MAX_WAIT_S:g} seconds")
+    return wait_s
 
 
 def pidfile(target: Target) -> str:
@@ -114,6 +124,7 @@ class ServiceManager(ABC):
         """The last lines of the service's log (journal or log file)."""
 
     def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
         self.stop()
         return self.start(wait_s)
 
@@ -164,10 +175,12 @@ class SystemdManager(ServiceManager):
         return st
 
     def start(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
         self._systemctl("start")
         return self._wait(None, wait_s)
 
     def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
         self._systemctl("restart")
         return self._wait(None, wait_s)
 
@@ -290,6 +303,7 @@ class ProcessManager(ServiceManager):
         return self._status(self._host_side("status", pf, self.service.url))
 
     def start(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
         root, pf, log = self._paths()
         doc = self._host_side("start", pf, log, root, self.command_line(), self.service.url)
         notes = doc.get("notes") or []

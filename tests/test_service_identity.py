@@ -226,3 +226,22 @@ def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path:
         other.kill()
         other.wait()
         cli("service", "stop", "local")
+
+
+@pytest.mark.parametrize("wait", ["inf", "1e12"])
+def test_unbounded_wait_is_one_line_exit_2(tmp_path: Path, wait: str) -> None:
+    """`--wait inf` was an OverflowError traceback after the service had been stopped; it is
+    refused before anything is touched, as is a wait of 30,000 years."""
+    cli = Cli(tmp_path)
+    for verb in ("start", "restart"):
+        res = subprocess.run(
+            [sys.executable, "-m", "ops", "service", verb, "local", "--wait", wait]
+            + ["--inventory", str(cli.inventory)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=cli.env,
+        )
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.startswith("error: --wait") and res.stderr.count("\n") == 1
+    assert not cli.pidfile.exists()
