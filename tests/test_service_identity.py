@@ -245,3 +245,12 @@ def test_unbounded_wait_is_one_line_exit_2(tmp_path: Path, wait: str) -> None:
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert res.stderr.startswith("error: --wait") and res.stderr.count("\n") == 1
     assert not cli.pidfile.exists()
+
+
+def test_facts_does_not_call_a_forged_pidfile_active(tmp_path: Path, bystander) -> None:
+    cli = Cli(tmp_path)
+    cli.write_pidfile(f"{bystander.pid}\n")
+    code, facts = cli("facts", "local")
+    assert code == 0 and facts["service"]["state"] == "failed", facts["service"]
+    assert "stale pidfile" in facts["service"]["detail"]
+    assert alive(bystander.pid)
