@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -94,10 +95,26 @@ def write_reports(
     files = []
     for name, text in docs.items():
         path = dest / name
-        write_atomic(path, text.encode())
-        path.chmod(0o644)  # a report is for anyone to read (mkstemp makes 0600)
+        try:
+            write_atomic(path, text.encode())
+            path.chmod(0o644)  # a report is for anyone to read (mkstemp makes 0600)
+        except OSError as exc:
+            raise OpsError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
         files.append(str(path))
     return files
+
+
+def _ensure_dir(path: Path) -> None:
+    """--out: an existing directory, or one it can make; anything else is exit 2, one line."""
+    if path.exists() and not path.is_dir():
+        raise OpsError(f"--out {path}: not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".ops-report-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise OpsError(f"--out {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
@@ -153,6 +170,7 @@ def report(
             dest = run.path
         else:
             run, dest = None, out_dir
+            _ensure_dir(out_dir)
         files = write_reports(dest, fmts, ev, d, sources)
         if run is not None:
             run.write_record(

@@ -34,6 +34,7 @@ MARK = {
     "hold": "[yellow]HOLD[/]",
     "skip": "[dim]skip[/]",
     "error": "[red]ERROR[/]",
+    "interrupted": "[red]interrupted[/]",
 }
 SET_HELP = (
     "Override a playbook value (repeatable): change.component|baseline|candidate, "

@@ -273,10 +273,14 @@ def load_record(path: Path) -> tuple[Record, dict[str, Any]]:
         raise BadRecord(path, "record.json", "no such file") from None
     except OSError as exc:
         raise BadRecord(path, "record.json", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise BadRecord(path, "(document)", f"not UTF-8 text (byte {exc.start})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadRecord(path, "(document)", f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise BadRecord(path, "(document)", "not a record: nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRecord(path, "(document)", "not a JSON object")
     rec = validate(path, Record, doc)

@@ -238,7 +238,13 @@ def _step(where: str, i: int, raw: Any, touched: set[tuple]) -> AnyStep:
     if not isinstance(raw, dict):
         raise PlaybookError(f"{where}: step {i}", "step", "must be a mapping like {step: bench}")
     kind = raw.get("step")
-    name = str(raw.get("name") or kind)
+    if not isinstance(kind, str | None):  # never str() a value: it may be a YAML alias bomb
+        raise PlaybookError(
+            f"{where}: step {i}", "step", f"must be a step kind, not a {_kind(kind)}"
+        )
+    name = raw.get("name") or kind
+    if not isinstance(name, str):
+        raise PlaybookError(f"{where}: step {i}", "name", f"must be a string, not a {_kind(name)}")
     label = f"step {i} {name!r}"
     if kind not in STEP_KINDS:
         known = ", ".join(STEP_KINDS)
@@ -259,6 +265,10 @@ def _step(where: str, i: int, raw: Any, touched: set[tuple]) -> AnyStep:
             raise PlaybookError(f"{where}: {label}", "role", "preflight or postflight", st.name)
         st.role = roles[0]  # type: ignore[assignment]
     return st
+
+
+def _kind(value: Any) -> str:
+    return {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
 
 
 def check_order(where: str, pb: Playbook) -> None:

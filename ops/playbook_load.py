@@ -26,6 +26,8 @@ def resolve_path(name: str | None) -> Path:
     p = Path(name or PLAYBOOKS / "rollout.yaml")
     if p.is_file():
         return p
+    if p.is_dir():
+        raise PlaybookError(str(p), "--playbook", "is a directory, not a playbook file")
     named = PLAYBOOKS / f"{name}.yaml"
     if name and "/" not in name and named.is_file():
         return named
@@ -53,7 +55,9 @@ def apply_sets(raw: dict[str, Any], sets: list[tuple[list[str], Any, str]]) -> s
     touched: set[tuple] = set()
     steps = raw.get("steps") if isinstance(raw.get("steps"), list) else []
     by_name = {
-        (s.get("name") or s.get("step")): s for s in steps if isinstance(s, dict)
+        key: s
+        for s in steps
+        if isinstance(s, dict) and isinstance(key := s.get("name") or s.get("step"), str)
     }  # a step is addressed by its name (its kind where it has none)
     for path, value, item in sets:
         head, rest = path[0], path[1:]
@@ -89,6 +93,10 @@ def load_playbook(name: str | None = None, sets: list[str] | None = None) -> Pla
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PlaybookError(where, "(file)", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise PlaybookError(where, "(file)", f"not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise PlaybookError(where, "(document)", "nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""

@@ -168,6 +168,8 @@ class Runner:
                 steps=[r.model_dump() for r in self.results],
                 **({"change": self.change.model_dump(mode="json")} if self.change else {}),
             )
+            if outcome == "interrupted":  # no table will follow: say where the record is
+                self.progress(f"interrupted; record: {self.run_dir.path}/record.json")
 
     def _say(self, line: str) -> None:
         self.progress(f"      {line}")
@@ -191,7 +193,13 @@ class Runner:
                 continue
             self.progress(f"{head} ({st.step}) ...")
             t0 = time.monotonic()
-            status, detail = self._one(ctx, st, sub)
+            try:
+                status, detail = self._one(ctx, st, sub)
+            except KeyboardInterrupt:  # the step's record says so; the rollout's lists it
+                secs = time.monotonic() - t0
+                self._done(i, st, "interrupted", secs, "interrupted (Ctrl-C)", sub)
+                self.progress(f"{head}: interrupted ({secs:.1f} s)")
+                raise
             self._done(i, st, status, time.monotonic() - t0, detail, sub)
             self.progress(f"{head}: {status} ({time.monotonic() - t0:.1f} s) {detail}")
             if status in ("fail", "error") and st.on_fail == "stop":

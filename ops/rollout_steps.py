@@ -35,7 +35,7 @@ from ops.records import RunDir
 from ops.remote import Host
 from ops.report import Decision, Reason, decide
 
-Status = Literal["ok", "fail", "hold", "skip", "error"]
+Status = Literal["ok", "fail", "hold", "skip", "error", "interrupted"]
 VERDICT_STATUS: dict[str, Status] = {"GO": "ok", "NO-GO": "fail", "HOLD": "hold"}
 
 
