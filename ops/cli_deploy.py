@@ -130,7 +130,11 @@ def deploy(
         bool, typer.Option("--allow-dirty", help="Release the work tree with its changes.")
     ] = False,
     bootstrap: Annotated[
-        bool, typer.Option("--bootstrap", help="First install: no pre-flight; install drop-in.")
+        bool,
+        typer.Option(
+            "--bootstrap",
+            help="First install: no pre-flight while no release is current; systemd drop-in.",
+        ),
     ] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Deploy even if the pre-flight fails.")

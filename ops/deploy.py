@@ -173,7 +173,10 @@ def revert_guard(host: Host, restart: bool) -> Iterator[None]:
     t = host.target
     revert = shlex.join([t.python, "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
     again = restart_script(t) if restart else "true"
+    # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
+    # for it in `prepare`, so a guard still putting the host back is never raced
     script = (
+        f"exec 8>>{shell_path(t.remote_root)}/deploy.guard && flock 8 || exit 1; "
         "echo READY; cat >/dev/null; "
         f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
     )
@@ -402,7 +405,7 @@ class Deployer:
         self.step("lock", lambda: ("ok", f"{self.root}/lock", {}))
         if self.opts.bootstrap and self.target.service.manager == "systemd":
             self.step("drop-in", self._dropin)
-        prep = host_releases(self.host, "prepare")
+        prep = host_releases(self.host, "prepare", "240")
         same = self._already_current(m)
         if same is not None:
             return same
@@ -415,6 +418,8 @@ class Deployer:
             cleaned = prep["removed"]
             note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
             return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}
+
+        self._prepared(prep)
 
         try:
             self.step("send", send)
@@ -434,6 +439,21 @@ class Deployer:
             ),
         )
         return self._switch_and_prove(m.id, before)
+
+    def _prepared(self, prep: dict[str, Any]) -> None:
+        """Say what `prepare` found: a dead deploy's guard waited for, a switch put back."""
+        back = prep.get("put_back")
+        waited = prep.get("guard_waited_s") or 0
+        if not back and waited < 1:
+            return
+        detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
+        if back:
+            detail += "; " if detail else ""
+            detail += (
+                f"put back a switch no deploy settled: current {back.get('from') or '(none)'} "
+                f"-> {back.get('to') or '(none)'}"
+            )
+        self.step("recover", lambda: ("ok", detail, dict(prep)))
 
     def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
         mgr = manager_for(self.host)
@@ -613,6 +633,7 @@ class Deployer:
 
     def _rollback_to(self, to: str | None) -> DeployResult:
         with self.host.lock(f"ops rollback {to or 'previous'}"):
+            self._prepared(host_releases(self.host, "prepare", "240"))
             listing = host_releases(self.host, "list")
             before = self._before = listing["current"]
             want = to or listing["previous"]

@@ -5,7 +5,10 @@ JSON document, exits 0, or 2 with {"error": ...} for a refused request. Every pa
 or deletes is checked to resolve inside ROOT, and release ids must look like ids, so no input
 can reach outside the root.
 
-    prepare ROOT                 remove what dead deploys left (.incoming.*, .staging-*)
+    prepare ROOT [WAIT_S]        wait (up to WAIT_S, 300) for a dead deploy's guard to finish
+                                 putting the host back (it holds deploy.guard); put back a switch
+                                 that neither a deploy nor its guard settled (deploy.pending);
+                                 remove what dead deploys left (.incoming.*, .staging-*)
     finalize ROOT STAGING ID     stdin {"release_json", "service_env"}: write them, then rename
                                  STAGING to releases/ID (a reader never sees half a release)
     switch ROOT ID [PENDING]     current -> releases/ID by one rename(2); previous -> the old one;
@@ -23,11 +26,13 @@ can reach outside the root.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import sys
+import time
 
 ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{7,40}(-dirty)?$")
 STAGING_RE = re.compile(r"^\.staging-[A-Za-z0-9_.-]+$")
@@ -77,15 +82,45 @@ def rmtree(root: str, path: str) -> None:
         shutil.rmtree(path)
 
 
-def prepare(root: str) -> dict:
+def wait_for_guard(root: str, wait_s: float) -> float:
+    """Wait until no guard holds deploy.guard (a guard holds it for its whole life, so one
+    whose deploy died is done putting the host back once it is free); the seconds waited."""
+    os.makedirs(root, exist_ok=True)
+    fd = os.open(os.path.join(root, "deploy.guard"), os.O_RDWR | os.O_CREAT, 0o644)
+    t0 = time.time()
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() - t0 >= wait_s:
+                    raise Refused(
+                        "the guard of an earlier deploy is still putting the host back "
+                        f"(deploy.guard held for {wait_s:g} s); try again when it is done"
+                    ) from None
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
+    return round(time.time() - t0, 3)
+
+
+def prepare(root: str, wait_s: float = 300.0) -> dict:
+    waited = wait_for_guard(root, wait_s)
     rel = os.path.join(root, "releases")
     os.makedirs(rel, exist_ok=True)
+    before = link_target(root, "current")
+    put_back = None
+    if os.path.exists(os.path.join(root, "deploy.pending")):  # its deploy and guard are gone
+        doc = revert(root)
+        if doc.get("reverted"):
+            put_back = {"from": before, "to": doc.get("current")}
     removed = []
     for name in sorted(os.listdir(rel)):
         if name.startswith(".incoming.") or STAGING_RE.match(name):
             rmtree(root, os.path.join(rel, name))
             removed.append(name)
-    return {"removed": removed}
+    return {"removed": removed, "guard_waited_s": waited, "put_back": put_back}
 
 
 def finalize(root: str, staging: str, release: str) -> dict:
@@ -251,7 +286,7 @@ def main(argv: list[str]) -> dict:
     if not os.path.isabs(root) or os.path.realpath(root) == "/":
         raise Refused(f"remote root {root!r} must be absolute and not /")
     if action == "prepare":
-        return prepare(root)
+        return prepare(root, float(argv[2]) if len(argv) > 2 else 300.0)
     if action == "finalize":
         return finalize(root, argv[2], argv[3])
     if action == "switch":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,24 @@ def test_revert_settle_keeps_the_guard_restarting(root: Path) -> None:
     host("revert", r, "settle")
     assert host("commit", r)[1] == {"pending": True}
     assert host("revert", r)[1] == {"reverted": False}
+
+
+def test_prepare_waits_for_a_guard_and_puts_back_an_unsettled_switch(root: Path) -> None:
+    """A guard holds deploy.guard while it lives: the next deploy waits for it (or is refused
+    after WAIT_S); a deploy.pending that no guard settled (host rebooted mid-deploy) is put
+    back before anything else happens."""
+    r = str(root)
+    host("switch", r, IDS[0])
+    host("switch", r, IDS[1], "pending")  # ... and then the deploy and its guard died
+    holder = subprocess.Popen(["flock", str(root / "deploy.guard"), "sleep", "1.5"])
+    try:
+        time.sleep(0.3)
+        code, doc = host("prepare", r, "0.2")
+        assert code == 2 and "still putting the host back" in doc["error"]
+        assert links(root)[0] == IDS[1]  # refused: nothing touched
+        code, doc = host("prepare", r)
+    finally:
+        holder.wait()
+    assert code == 0 and doc["guard_waited_s"] >= 0.5
+    assert doc["put_back"] == {"from": IDS[1], "to": IDS[0]}
+    assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()

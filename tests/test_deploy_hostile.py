@@ -11,6 +11,7 @@ real engine are proven in test_deploy.py); each test commits the change it needs
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -100,7 +102,12 @@ class Ops:
         return self("deploy", target, "--source", str(self.src), "--max-tokens", "3", *extra)
 
     def interrupt_at(
-        self, marker: str, *extra: str, sig: int = signal.SIGINT, delay: float = 0.0
+        self,
+        marker: str,
+        *extra: str,
+        sig: int = signal.SIGINT,
+        delay: float = 0.0,
+        first: Callable[[], None] | None = None,
     ) -> tuple[int, str, str, float]:
         """Start a deploy, send `sig` once `marker` shows on stderr: (exit, stdout, stderr, s)."""
         proc = subprocess.Popen(
@@ -119,6 +126,8 @@ class Ops:
             seen += line
         assert marker in seen, seen
         time.sleep(delay)
+        if first is not None:
+            first()
         proc.send_signal(sig)
         t0 = time.monotonic()
         try:
@@ -149,6 +158,17 @@ class Ops:
 
     def stop(self) -> None:
         self("service", "stop", "local")
+
+    def guard_alive(self) -> bool:
+        """A deploy's guard holds deploy.guard for as long as it lives."""
+        fd = os.open(self.root / "deploy.guard", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
 
 @pytest.fixture
@@ -243,8 +263,12 @@ def test_interrupts_before_and_after_the_switch(ops: Ops) -> None:
     # SIGTERM after the switch (post-flight hangs): the guard switches back and restarts
     commit_change(ops.src, "kernels/selftest.py", "DELAY = 30", "DELAY = 0")
     commit_change(ops.src, "engine/svc.py", 'default="ok"', 'default="hang"')
-    code, out, err, took = ops.interrupt_at("postflight ...", "local", sig=signal.SIGTERM)
+    held: list[bool] = []
+    code, out, err, took = ops.interrupt_at(
+        "postflight ...", "local", sig=signal.SIGTERM, first=lambda: held.append(ops.guard_alive())
+    )
     assert code == 130 and took < 15, err
+    assert held == [True] and not ops.guard_alive()  # the next deploy waits for a live guard
     assert ops.current() == r1 and ops.serving() == r1
     res = ops.record("deploy")["results"][0]
     assert steps(res)["switch"] == "ok" and res["failed_step"] == "postflight"
