@@ -282,11 +282,11 @@ class Deployer:
             stage = Path(tmp) / "release"
             try:
                 manifest = self._package(stage)
-                if self.opts.dry_run:
-                    return self._plan(manifest)
-                same = self._already_current(manifest)
+                same = self._already_current(manifest)  # reads the host; a dry run too
                 if same is not None:
                     return same
+                if self.opts.dry_run:
+                    return self._plan(manifest)
                 # --bootstrap is for a first install: on a host that already has a current
                 # release it is no way around the pre-flight (that is --force)
                 if not self.opts.bootstrap or self._before is not None:
@@ -342,8 +342,12 @@ class Deployer:
 
     def _plan(self, m: ReleaseManifest) -> DeployResult:
         t, rel = self.target, f"{self.root}/releases/{m.id}"
+        first = self.opts.bootstrap and self._before is None
         plan = [
-            ("preflight", "skipped (--bootstrap)" if self.opts.bootstrap else "ops healthcheck"),
+            (
+                "preflight",
+                "skipped (--bootstrap, no current release)" if first else "ops healthcheck",
+            ),
             ("lock", f"flock {self.root}/lock"),
             ("send", f"{len(m.files)} files -> {self.root}/releases/.staging-{m.id}"),
             (
@@ -358,7 +362,7 @@ class Deployer:
                 + (f" on GPU {self._bench_gpu()}" if t.gpus else " (CPU builds only)"),
             ),
             ("finalize", f"release.json, service.env -> {rel}"),
-            ("switch", f"{self.root}/current -> releases/{m.id}"),
+            ("switch", f"{self.root}/current: {self._before or '(none)'} -> releases/{m.id}"),
             ("restart", "skipped (--no-restart)" if self.opts.no_restart else self._svc_desc()),
             ("postflight", "ops healthcheck (token identity against the golden set)"),
             ("prune", f"keep the newest {self.opts.keep} releases"),
@@ -366,7 +370,13 @@ class Deployer:
         for name, what in plan:
             self.steps.append(Step(name=name, status="skip", detail=f"plan: {what}"))
         env = service_env(rel, m).strip().splitlines()[1:]
-        return self.result("dry-run", release=m.id, message="; ".join(env))
+        return self.result(
+            "dry-run",
+            release=m.id,
+            before=self._before,
+            after=m.id,
+            message="service.env: " + "; ".join(env),
+        )
 
     def _svc_desc(self) -> str:
         svc = self.target.service

@@ -28,6 +28,7 @@ from sshd import free_port
 from test_deploy import commit_change, git
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent  # the CLI runs from here: `python -m ops` is this checkout's ops
 SELFTEST = '''"""Stand-in self-test (tests/test_deploy_hostile.py)."""
 import json
 import time
@@ -91,7 +92,12 @@ class Ops:
 
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env
+            self.argv(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=REPO,
         )
 
     def json(self, *args: str) -> tuple[int, dict]:
@@ -116,6 +122,7 @@ class Ops:
             stderr=subprocess.PIPE,
             text=True,
             env=self.env,
+            cwd=REPO,
         )
         assert proc.stderr is not None
         seen = ""
@@ -221,6 +228,9 @@ def test_new_user_story_at_80_columns(ops: Ops) -> None:
     # pre-flight refuses a dead service (--bootstrap is no way around it once a release is
     # current) and the result says where the host is; --force is visible
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    res = ops.deploy("--dry-run")  # the plan says what it would switch from; touches nothing
+    assert res.returncode == 0 and f"current: {r1} -> releases/" in res.stdout, res.stdout
+    assert "service.env: DDTREE_RELEASE_ID=" in res.stdout and ops.current() == r1
     ops.stop()
     res = ops.deploy("--bootstrap")
     assert res.returncode == 1 and "use --force" in res.stdout
