@@ -172,11 +172,24 @@ def _print_facts(f: Facts) -> None:
 
 
 def main() -> None:
+    """Run the app; a bad flag or value is one line (and where to look) with exit 2."""
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted")
         sys.exit(130)
+    except Exception as exc:
+        # click's (or typer's vendored click's) usage errors: duck-typed, as typer may vendor
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `ops` or a group alone: its help
+            out.print(exc.format_message(), soft_wrap=True, markup=False, highlight=False)
+            sys.exit(2)
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see {ctx.command_path} -h)" if ctx is not None else ""
+        err.print(f"error: {escape(exc.format_message())}{where}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

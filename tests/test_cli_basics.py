@@ -29,3 +29,23 @@ def test_short_help_and_plain_flags(args: tuple[str, ...]) -> None:
     assert res.returncode == 0, res.stderr
     assert "Usage: " in res.stdout and "<bool>" not in res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("bench", "local", "--gpu", "-1"), "Invalid value for '--gpu'"),
+        (("hosts", "--bogus"), "No such option: --bogus"),
+        (("bogus",), "No such command 'bogus'"),
+        (("report", "/x", "-c", "0"), "Invalid value for"),
+    ],
+)
+def test_bad_flags_and_values_are_one_line(args: tuple[str, ...], says: str) -> None:
+    res = ops(*args)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.count("\n") == 1 and says in res.stderr and "-h)" in res.stderr
+
+
+def test_no_command_shows_the_help() -> None:
+    res = ops()
+    assert res.returncode == 2 and "Commands:" in res.stdout and "Traceback" not in res.stderr
