@@ -132,11 +132,25 @@ def src(tmp_path: Path) -> Path:
     return make_source(tmp_path)
 
 
+FAKE_CMD = f"{{python}} {Path(__file__).resolve().parent / 'fake_service.py'} --port {{port}}"
+
+
 @pytest.fixture
 def one(tmp_path: Path, sshd: Sshd, src: Path):
+    """The loop target with the reference engine as its service."""
     d = Deploy(
         tmp_path, {"loop": {"sshd": sshd, "root": tmp_path / "root", "port": free_port()}}, src
     )
+    yield d
+    d.stop_all()
+
+
+@pytest.fixture
+def quick(tmp_path: Path, sshd: Sshd, src: Path):
+    """The loop target with tests/fake_service.py as its service (answers at once), for the
+    tests whose point is the release machinery rather than the engine's output."""
+    host = {"sshd": sshd, "root": tmp_path / "root", "port": free_port(), "command": FAKE_CMD}
+    d = Deploy(tmp_path, {"loop": host}, src)
     yield d
     d.stop_all()
 
@@ -206,8 +220,8 @@ def test_bootstrap_redeploy_releases_rollback_and_identity_guard(one: Deploy) ->
     assert code == 2 and "no release" in err
 
 
-def test_failed_build_or_selftest_leaves_current_and_service_alone(one: Deploy) -> None:
-    d, root = one, Path(one.hosts["loop"]["root"])
+def test_failed_build_or_selftest_leaves_current_and_service_alone(quick: Deploy) -> None:
+    d, root = quick, Path(quick.hosts["loop"]["root"])
     code, doc, err = d.deploy("loop", "--bootstrap")
     assert code == 0, err
     r1, pid = d.current("loop"), d("service", "status", "loop")[1]["pid"]
@@ -234,21 +248,21 @@ def test_failed_build_or_selftest_leaves_current_and_service_alone(one: Deploy) 
     assert not [p for p in (root / "releases").iterdir() if p.name != r1]
 
 
-def test_second_deploy_is_refused_naming_the_holder(one: Deploy) -> None:
+def test_second_deploy_is_refused_naming_the_holder(quick: Deploy) -> None:
     from ops.inventory import load_inventory
     from ops.remote import open_host
 
-    target = load_inventory(one.inventory).target("loop")
+    target = load_inventory(quick.inventory).target("loop")
     with open_host(target) as host, host.lock("deploy by someone else"):
-        code, doc, err = one.deploy("loop", "--bootstrap")
+        code, doc, err = quick.deploy("loop", "--bootstrap")
     assert code == 2 and "host lock held by" in err and "deploy by someone else" in err
-    assert one.current("loop") is None
+    assert quick.current("loop") is None
 
 
-def test_killed_deploy_leaves_the_previous_release_serving(one: Deploy) -> None:
+def test_killed_deploy_leaves_the_previous_release_serving(quick: Deploy) -> None:
     """ops dies mid post-flight (SIGKILL: no cleanup of its own, as a lost connection): the
     guard on the host switches back and restarts; a half-sent release is cleaned up later."""
-    d, root = one, Path(one.hosts["loop"]["root"])
+    d, root = quick, Path(quick.hosts["loop"]["root"])
     code, _, err = d.deploy("loop", "--bootstrap")
     assert code == 0, err
     r1 = d.current("loop")
