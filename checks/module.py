@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 from typing import Any, NoReturn
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
@@ -18,11 +19,35 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 class ModuleArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad input as a JSON document and exit 2, like every other outcome."""
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """Parse, then check a `--url` the way every module needs it: http(s), a host, a port."""
+        ns = super().parse_args(args, namespace)
+        url = getattr(ns, "url", None)
+        if isinstance(url, str):
+            why = url_problem(url)
+            if why:
+                self.error(f"--url {url!r}: {why}")
+        return ns
+
     def error(self, message: str) -> NoReturn:
         exit_json(
             {"ok": False, "module": self.prog, "error": "bad_input", "message": message},
             EXIT_BAD_INPUT,
         )
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be a service base URL (None when it can)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "must be http:// or https://"
+    if not parts.hostname:
+        return "has no host"
+    try:
+        parts.port  # noqa: B018 - raises for a port out of range or not a number
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def parser(module: str, description: str) -> ModuleArgumentParser:

@@ -215,3 +215,25 @@ def test_checks_loadtest_survives_bad_answers(serve, handler: Handler, error: st
     assert level["failed"] == 2 and level["completed"] == 0
     (reason,) = level["errors"]
     assert error in reason, reason
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "ftp://127.0.0.1:1", "http://:80"]
+)
+@pytest.mark.parametrize("module", ["checks.health", "checks.identity", "checks.loadtest"])
+def test_bad_urls_are_bad_input_documents(module: str, url: str) -> None:
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    extra = {"checks.identity": ["--record-golden", "-"], "checks.loadtest": ["--concurrency", "1"]}
+    extra = extra.get(module, [])
+    res = _sp.run(
+        [_sys.executable, "-m", module, "--json", "--url", url, *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    doc = _json.loads(res.stdout)
+    assert res.returncode == 2 and doc["error"] == "bad_input" and "--url" in doc["message"]
+    assert "Traceback" not in res.stderr
