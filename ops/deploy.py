@@ -493,7 +493,9 @@ class Deployer:
     def _selftest(self, staging: str) -> tuple[Status, str, dict[str, Any]]:
         t = self.target
         args: list[str] = []
-        env = {"DDTREE_CACHE": f"{staging}/cache"}  # the C++ baseline, built into the release
+        # the C++ baseline's build cache (content-keyed, so releases can share it): the
+        # self-test builds it where the service will look for it
+        env = {"DDTREE_CACHE": f"{self.root}/cache"}
         if t.gpus:
             args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
             env.update(CUDA_VISIBLE_DEVICES=str(self._bench_gpu()), CUDA_DEVICE_ORDER="PCI_BUS_ID")

@@ -192,7 +192,7 @@ def service_env(release_dir: str, manifest: ReleaseManifest) -> str:
         f"DDTREE_ENGINE_BACKENDS={','.join(f'{k}={v}' for k, v in sorted(comps.items()))}",
         f"DDTREE_OPS_SGLANG={hook_setting(comps)}",
         f"DDTREE_OPS_HOOK_STATUS={release_dir}/run/hook-status.json",
-        f"DDTREE_CACHE={release_dir}/cache",
+        f"DDTREE_CACHE={release_dir.rsplit('/releases/', 1)[0]}/cache",
         f"PYTHONPATH={release_dir}/site:{release_dir}",
     ]
     if manifest.build and manifest.build.get("library"):
