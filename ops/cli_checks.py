@@ -11,8 +11,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ops.cli_common import (
+    InputLenOpt,
     InventoryOpt,
     JsonOpt,
+    MaxTokensOpt,
+    OutputLenOpt,
+    RequestsOpt,
+    RequestTimeoutOpt,
     TargetArg,
     emit_json,
     err,
@@ -47,7 +52,7 @@ def healthcheck(
         int, typer.Option("--aa-runs", min=0, help="Runs of the service against itself first.")
     ] = 0,
     timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 30.0,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Greedy tokens per golden prompt.")] = 32,
+    max_tokens: MaxTokensOpt = 32,
     as_json: JsonOpt = False,
     inventory: InventoryOpt = None,
 ) -> None:
@@ -120,12 +125,10 @@ def loadtest(
     concurrency: Annotated[
         str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,10,64.")
     ] = "1,10,64",
-    requests: Annotated[
-        int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
-    ] = 0,
-    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens.")] = 32,
-    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens (ignore_eos).")] = 32,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 120.0,
+    requests: RequestsOpt = 0,
+    input_len: InputLenOpt = 32,
+    output_len: OutputLenOpt = 32,
+    timeout: RequestTimeoutOpt = 120.0,
     as_json: JsonOpt = False,
     inventory: InventoryOpt = None,
 ) -> None:

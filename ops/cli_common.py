@@ -32,6 +32,15 @@ InventoryOpt = Annotated[
     ),
 ]
 TargetArg = Annotated[str, typer.Argument(help="Target name from the inventory, or `local`.")]
+# the options of the commands that check the service or load it (healthcheck, deploy,
+# rollback; loadtest, profile)
+MaxTokensOpt = Annotated[int, typer.Option(min=1, help="Greedy tokens per golden prompt.")]
+RequestsOpt = Annotated[
+    int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
+]
+InputLenOpt = Annotated[int, typer.Option(min=1, help="Prompt tokens.")]
+OutputLenOpt = Annotated[int, typer.Option(min=1, help="Generated tokens (ignore_eos).")]
+RequestTimeoutOpt = Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")]
 
 
 def package_version() -> str:

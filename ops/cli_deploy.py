@@ -17,6 +17,7 @@ from rich.table import Table
 from ops.cli_common import (
     InventoryOpt,
     JsonOpt,
+    MaxTokensOpt,
     TargetArg,
     emit_json,
     err,
@@ -148,9 +149,7 @@ def deploy(
     keep: Annotated[int, typer.Option(min=2, help="Releases to keep on the host.")] = 5,
     wave_size: Annotated[int, typer.Option(min=1, help="Hosts per wave after the canary.")] = 1,
     wait: WaitOpt = 180.0,
-    max_tokens: Annotated[
-        int, typer.Option(min=1, help="Greedy tokens per golden prompt in the checks.")
-    ] = 32,
+    max_tokens: MaxTokensOpt = 32,
     as_json: JsonOpt = False,
     inventory: InventoryOpt = None,
 ) -> None:
@@ -259,9 +258,7 @@ def rollback(
     target: TargetArg,
     to: Annotated[str | None, typer.Option("--to", help="Release id (default: previous).")] = None,
     wait: WaitOpt = 180.0,
-    max_tokens: Annotated[
-        int, typer.Option(min=1, help="Greedy tokens per golden prompt in the checks.")
-    ] = 32,
+    max_tokens: MaxTokensOpt = 32,
     as_json: JsonOpt = False,
     inventory: InventoryOpt = None,
 ) -> None:

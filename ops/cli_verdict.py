@@ -18,8 +18,12 @@ from rich.table import Table
 
 from ops.bench import BenchOptions, parse_batches, parse_suites, run_bench
 from ops.cli_common import (
+    InputLenOpt,
     InventoryOpt,
     JsonOpt,
+    OutputLenOpt,
+    RequestsOpt,
+    RequestTimeoutOpt,
     TargetArg,
     emit_json,
     err,
@@ -209,12 +213,10 @@ def profile(
     concurrency: Annotated[
         str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,8,32.")
     ] = "1,8,32",
-    requests: Annotated[
-        int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
-    ] = 0,
-    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens.")] = 32,
-    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens (ignore_eos).")] = 32,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 120.0,
+    requests: RequestsOpt = 0,
+    input_len: InputLenOpt = 32,
+    output_len: OutputLenOpt = 32,
+    timeout: RequestTimeoutOpt = 120.0,
     accept_length: Annotated[
         float | None,
         typer.Option(min=1.0, help="Accept length, for a service that reports none."),
