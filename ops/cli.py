@@ -62,6 +62,8 @@ def _main(
     ] = False,
 ) -> None:
     """Build, prove, benchmark and roll out DDTree kernels onto live inference hosts."""
+
+
 app.add_typer(service_app, name="service")
 app.command()(serve)
 app.command()(healthcheck)

@@ -16,178 +16,43 @@ rolled back here, with the evidence of the checks before and after.
 from __future__ import annotations
 
 import json
-import shlex
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from ops.errors import HostError, OpsError
-from ops.healthcheck import HealthReport, golden_on_host, run_healthcheck
-from ops.inventory import Target
-from ops.release import ReleaseManifest, service_env, stage_release
-from ops.remote import Host, shell_path
-from ops.service import (
-    PROCMAN_SOURCE,
-    ProcessManager,
-    SystemdManager,
-    logfile,
-    manager_for,
-    pidfile,
+from ops.deploy_result import (
+    DeployInterrupted,
+    DeployOptions,
+    DeployResult,
+    Outcome,
+    Status,
+    Step,
+    StepFailed,
+    since_last_start,
+    utc_now,
 )
+from ops.errors import OpsError
+from ops.healthcheck import HealthReport, golden_on_host, run_healthcheck
+from ops.release import ReleaseManifest, service_env, stage_release
+from ops.release_host import DEPLOY_HOST_SOURCE, host_releases, revert_guard
+from ops.remote import Host
+from ops.service import ProcessManager, SystemdManager, manager_for
 
-DEPLOY_HOST_SOURCE = (Path(__file__).parent / "deploy_host.py").read_text(encoding="utf-8")
-BUILD_TIMEOUT_S = 1800
-SELFTEST_TIMEOUT_S = 600
-
-Status = Literal["ok", "fail", "skip"]
-Outcome = Literal[
-    "deployed",
-    "installed",
-    "already-current",
-    "failed",
-    "rolled-back",
-    "dry-run",
-    "switched",  # `ops rollback`: switched to the release asked for, restarted, proven
-    "interrupted",  # Ctrl-C / SIGTERM: the result says where the host was left
+__all__ = [
+    "DEPLOY_HOST_SOURCE",
+    "DeployInterrupted",
+    "Deployer",
+    "DeployOptions",
+    "DeployResult",
+    "Step",
+    "StepFailed",
+    "host_releases",
 ]
 
-
-class Step(BaseModel):
-    name: str
-    status: Status
-    seconds: float = 0.0
-    detail: str = ""
-    evidence: list[str] = Field(default_factory=list)
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
-class DeployOptions(BaseModel):
-    source: Path | None = None
-    ref: str | None = None
-    allow_dirty: bool = False
-    bootstrap: bool = False
-    force: bool = False
-    no_restart: bool = False
-    dry_run: bool = False
-    keep: int = Field(default=5, ge=2)
-    wait_s: float = 180.0
-    max_tokens: int = Field(default=32, ge=1)
-
-
-class DeployResult(BaseModel):
-    target: str
-    outcome: Outcome
-    release: str | None = None
-    before: str | None = None
-    after: str | None = None
-    steps: list[Step] = Field(default_factory=list)
-    failed_step: str | None = None
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in ("deployed", "installed", "already-current", "dry-run", "switched")
-
-
-class StepFailed(Exception):
-    def __init__(self, step: Step) -> None:
-        super().__init__(step.detail)
-        self.step = step
-
-
-class DeployInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM made one) during a deploy or rollback, after the host was put back
-    where it belongs; carries the result with the steps so far and where the host is now."""
-
-    def __init__(self, result: DeployResult) -> None:
-        super().__init__(result.message)
-        self.result = result
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
-    """The service's log from its last start by ops (its own last words), at most `keep` lines
-    (the marker line, then the newest ones)."""
-    starts = [
-        i for i, line in enumerate(lines) if line.startswith("=== ") and " ops start: " in line
-    ]
-    if starts:
-        lines = lines[starts[-1] :]
-    if len(lines) <= keep:
-        return lines
-    if starts:
-        return [lines[0], *lines[len(lines) - keep + 1 :]]
-    return lines[-keep:]
-
-
-def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
-    """Run one action of `ops.deploy_host` on the host; a refusal is an OpsError."""
-    res = host.run(
-        [host.target.python, "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root, *args],
-        stdin=stdin,
-        warn=True,
-        timeout=300,
-        step=f"releases {action}",
-    )
-    try:
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        raise HostError(
-            f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
-            target=host.name,
-            step=f"releases {action}",
-        ) from None
-    if res.rc != 0:
-        raise OpsError(f"{host.name}: {action}: {doc.get('error', 'refused')}")
-    return doc
-
-
-def restart_script(target: Target) -> str:
-    """What the guard runs on the host to restart the service after reverting `current`."""
-    svc = target.service
-    if svc.manager == "systemd":
-        return f"sudo -n systemctl restart {shlex.quote(svc.name)}"
-    py, src = shlex.quote(target.python), shlex.quote(PROCMAN_SOURCE)
-    pf, log = shell_path(pidfile(target)), shell_path(logfile(target))
-    cmd = shlex.quote(ProcessManager.render_command(target))
-    return (
-        f"{py} -c {src} stop {pf} {svc.stop_timeout:g} >/dev/null; "
-        f"{py} -c {src} start {pf} {log} {shell_path(target.remote_root)} {cmd} "
-        f"{shlex.quote(svc.url)} >/dev/null"
-    )
-
-
-@contextmanager
-def revert_guard(host: Host, restart: bool) -> Iterator[None]:
-    """A host process that, when ops goes away with `deploy.pending` still there, switches
-    `current` back (and restarts the service): the host never stays on an unproven release."""
-    t = host.target
-    revert = shlex.join([t.python, "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
-    again = restart_script(t) if restart else "true"
-    # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
-    # for it in `prepare`, so a guard still putting the host back is never raced
-    script = (
-        f"exec 8>>{shell_path(t.remote_root)}/deploy.guard && flock 8 || exit 1; "
-        "echo READY; cat >/dev/null; "
-        f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
-    )
-    proc = host._spawn(script)
-    if proc.read_line(30) != "READY":
-        proc.finish(5)
-        raise HostError("the revert guard did not start", target=host.name, step="guard")
-    try:
-        yield
-    finally:
-        proc.finish(host.target.service.stop_timeout + 120)
+BUILD_TIMEOUT_S = 1800
+SELFTEST_TIMEOUT_S = 600
 
 
 class Deployer:
@@ -614,7 +479,7 @@ class Deployer:
         except StepFailed:
             pass
         host_releases(self.host, "commit")
-        why = {"step": failed.name, "detail": failed.detail, "at": _now()}
+        why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
         host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
         return self.result(
             "rolled-back",

@@ -1,0 +1,93 @@
+"""The deploy's typed options, steps and results (what `ops deploy`, `ops rollback`, the fleet
+and the rollout exchange, and what the run records hold)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["ok", "fail", "skip"]
+Outcome = Literal[
+    "deployed",
+    "installed",
+    "already-current",
+    "failed",
+    "rolled-back",
+    "dry-run",
+    "switched",  # `ops rollback`: switched to the release asked for, restarted, proven
+    "interrupted",  # Ctrl-C / SIGTERM: the result says where the host was left
+]
+
+
+class Step(BaseModel):
+    name: str
+    status: Status
+    seconds: float = 0.0
+    detail: str = ""
+    evidence: list[str] = Field(default_factory=list)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeployOptions(BaseModel):
+    source: Path | None = None
+    ref: str | None = None
+    allow_dirty: bool = False
+    bootstrap: bool = False
+    force: bool = False
+    no_restart: bool = False
+    dry_run: bool = False
+    keep: int = Field(default=5, ge=2)
+    wait_s: float = 180.0
+    max_tokens: int = Field(default=32, ge=1)
+
+
+class DeployResult(BaseModel):
+    target: str
+    outcome: Outcome
+    release: str | None = None
+    before: str | None = None
+    after: str | None = None
+    steps: list[Step] = Field(default_factory=list)
+    failed_step: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("deployed", "installed", "already-current", "dry-run", "switched")
+
+
+class StepFailed(Exception):
+    def __init__(self, step: Step) -> None:
+        super().__init__(step.detail)
+        self.step = step
+
+
+class DeployInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM made one) during a deploy or rollback, after the host was put back
+    where it belongs; carries the result with the steps so far and where the host is now."""
+
+    def __init__(self, result: DeployResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
+    """The service's log from its last start by ops (its own last words), at most `keep` lines
+    (the marker line, then the newest ones)."""
+    starts = [
+        i for i, line in enumerate(lines) if line.startswith("=== ") and " ops start: " in line
+    ]
+    if starts:
+        lines = lines[starts[-1] :]
+    if len(lines) <= keep:
+        return lines
+    if starts:
+        return [lines[0], *lines[len(lines) - keep + 1 :]]
+    return lines[-keep:]

@@ -1,0 +1,78 @@
+"""The control plane's side of a host's releases: run `ops.deploy_host` actions there, and the
+revert guard that puts the host back when ops goes away between a switch and its proof."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ops.errors import HostError, OpsError
+from ops.inventory import Target
+from ops.remote import Host, shell_path
+from ops.service import PROCMAN_SOURCE, ProcessManager, logfile, pidfile
+
+DEPLOY_HOST_SOURCE = (Path(__file__).parent / "deploy_host.py").read_text(encoding="utf-8")
+
+
+def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
+    """Run one action of `ops.deploy_host` on the host; a refusal is an OpsError."""
+    res = host.run(
+        [host.target.python, "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root, *args],
+        stdin=stdin,
+        warn=True,
+        timeout=300,
+        step=f"releases {action}",
+    )
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise HostError(
+            f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
+            target=host.name,
+            step=f"releases {action}",
+        ) from None
+    if res.rc != 0:
+        raise OpsError(f"{host.name}: {action}: {doc.get('error', 'refused')}")
+    return doc
+
+
+def restart_script(target: Target) -> str:
+    """What the guard runs on the host to restart the service after reverting `current`."""
+    svc = target.service
+    if svc.manager == "systemd":
+        return f"sudo -n systemctl restart {shlex.quote(svc.name)}"
+    py, src = shlex.quote(target.python), shlex.quote(PROCMAN_SOURCE)
+    pf, log = shell_path(pidfile(target)), shell_path(logfile(target))
+    cmd = shlex.quote(ProcessManager.render_command(target))
+    return (
+        f"{py} -c {src} stop {pf} {svc.stop_timeout:g} >/dev/null; "
+        f"{py} -c {src} start {pf} {log} {shell_path(target.remote_root)} {cmd} "
+        f"{shlex.quote(svc.url)} >/dev/null"
+    )
+
+
+@contextmanager
+def revert_guard(host: Host, restart: bool) -> Iterator[None]:
+    """A host process that, when ops goes away with `deploy.pending` still there, switches
+    `current` back (and restarts the service): the host never stays on an unproven release."""
+    t = host.target
+    revert = shlex.join([t.python, "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
+    again = restart_script(t) if restart else "true"
+    # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
+    # for it in `prepare`, so a guard still putting the host back is never raced
+    script = (
+        f"exec 8>>{shell_path(t.remote_root)}/deploy.guard && flock 8 || exit 1; "
+        "echo READY; cat >/dev/null; "
+        f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
+    )
+    proc = host._spawn(script)
+    if proc.read_line(30) != "READY":
+        proc.finish(5)
+        raise HostError("the revert guard did not start", target=host.name, step="guard")
+    try:
+        yield
+    finally:
+        proc.finish(host.target.service.stop_timeout + 120)
