@@ -360,7 +360,8 @@ class Deployer:
         args: list[str] = []
         # the C++ baseline's build cache (content-keyed, so releases can share it): the
         # self-test builds it where the service will look for it
-        env = {"DDTREE_CACHE": f"{self.root}/cache"}
+        # (and the library under test is the one named here, never one from the environment)
+        env = {"DDTREE_CACHE": f"{self.root}/cache", "DDTREE_KERNELS_LIB": ""}
         if t.gpus:
             args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
             env.update(CUDA_VISIBLE_DEVICES=str(self._bench_gpu()), CUDA_DEVICE_ORDER="PCI_BUS_ID")

@@ -33,7 +33,8 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 @pytest.fixture
 def no_lib_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # run() points DDTREE_KERNELS_LIB at --lib for kernels.cuda_core; restore it afterwards
-    monkeypatch.delenv("DDTREE_KERNELS_LIB", raising=False)
+    monkeypatch.setenv("DDTREE_KERNELS_LIB", "")  # records the original for the undo
+    monkeypatch.delenv("DDTREE_KERNELS_LIB")  # (a delenv of an unset name would record none)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
