@@ -18,9 +18,11 @@ def data_plane_dir(host: Host) -> str:
     if host.target.is_local:
         return str(Path(checks.__file__).resolve().parent.parent)
     current = f"{host.target.remote_root}/current"
-    if not host.run(["test", "-d", current], warn=True, step="find release").ok:
+    found = host.run(["test", "-d", current], warn=True, step="find release")
+    if not found.ok:
+        detail = f" (test -d exited {found.rc}{': ' + found.tail() if found.tail() else ''})"
         raise HostError(
-            f"no release at {current}",
+            f"no release at {current}" + ("" if found.rc == 1 else detail),
             target=host.name,
             step="data plane",
             hint=f"install one first (ops deploy {host.name})",
