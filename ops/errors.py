@@ -12,8 +12,10 @@
     │   ├── ModuleOutputError     a data-plane module printed no JSON document
     │   └── LockHeld              the host lock is held by someone else (says who and since when)
 
-Foreign errors (paramiko, socket, subprocess) are translated into these at the boundary, in
-`ops.remote`, chained with ``raise ... from exc``.
+Foreign errors are translated into these at the boundary where they arise, chained with
+``raise ... from exc``: paramiko and socket errors in `ops.ssh` (the SSH transport); a
+command's exit status, a timeout and a module's unparsable output in `ops.remote` (`Host.run`,
+`Host.run_module`, the host lock), for both transports alike.
 """
 
 from __future__ import annotations
