@@ -1,8 +1,14 @@
-"""Shared fixtures (a real sshd on loopback) and the `gpu` marker (skipped without a CUDA GPU)."""
+"""Shared fixtures (a real sshd on loopback) and the `gpu` marker (skipped without a CUDA GPU).
+
+What the tests share besides fixtures lives in the `helpers` package (tests/helpers/)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from helpers.sshd import Sshd, start_sshd, write_inventory
 
 
 def _cuda_available() -> bool:
@@ -22,16 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-# -- real sshd on loopback ---------------------------------------------------------------
-import sys  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from sshd import Sshd, start_sshd  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-
-
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     """One OpenSSH server for the whole session; torn down at the end."""
@@ -40,28 +36,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     server.stop()
 
 
-def write_inventory(path: Path, server: Sshd, remote_root: Path, **overrides: object) -> Path:
-    """An ops.toml with target `loop` (the sshd) and `local`, both rooted under tmp dirs."""
-    fields = {
-        "address": "127.0.0.1",
-        "port": server.port,
-        "user": server.user,
-        "ssh_key": str(server.user_key),
-        "known_hosts": str(server.known_hosts),
-        "connect_timeout": 5,
-        "python": sys.executable,
-        "remote_root": str(remote_root / "loop"),
-        "gpus": 0,
-    }
-    fields.update(overrides)
-    lines = ["[targets.loop]"]
-    lines += [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in fields.items()]
-    lines += ["", "[targets.local]", f"remote_root = {str(remote_root / 'local')!r}"]
-    lines += ["", "[groups]", 'both = ["local", "loop"]', ""]
-    path.write_text("\n".join(lines))
-    return path
-
-
 @pytest.fixture
 def inventory_file(tmp_path: Path, sshd: Sshd) -> Path:
+    """An inventory with `loop` (the session's sshd) and `local`, rooted under tmp_path."""
     return write_inventory(tmp_path / "ops.toml", sshd, tmp_path / "roots")

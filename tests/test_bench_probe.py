@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_server import EngineProcess, free_port, start_engine
-from test_healthcheck import Ops
+from helpers.engine_server import EngineProcess, free_port, start_engine
+from helpers.local import Ops
 
 from ops.bench import conclude
 from ops.evidence import BenchSection

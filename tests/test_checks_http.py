@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from checks.http import MAX_BODY, get
 

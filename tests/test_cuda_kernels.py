@@ -230,7 +230,7 @@ def test_build_trees_level_path_alone(kc, monkeypatch, scale, b, h, k, budget):
     # DDTREE_TREE_ALGO=v6only: the level selection without its fallback. It must take exactly
     # the requests the Python model of it takes (num_nodes -1 elsewhere), and give the
     # reference's tree for each of them.
-    import tree_levels_model as model
+    import helpers.tree_levels_model as model
 
     monkeypatch.setenv("DDTREE_TREE_ALGO", "v6only")
     lp, ids = _drafter_top(b, h, k, scale, seed=int(scale * 10) + b + 100 * k + budget)

@@ -8,131 +8,19 @@ so a test can commit a change (a different weight seed, a broken kernel) and dep
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, free_port
-
-REPO = Path(__file__).resolve().parent.parent
-DATA_PLANE = ("kernels", "checks", "engine", "integration", "pyproject.toml")
-ENGINE_CMD = "{python} -m engine --host {host} --port {port} --preset tiny --mode ddtree"
-TOKENS = "4"  # greedy tokens per golden prompt: enough to catch a changed model, and quick
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
-
-
-def make_source(tmp: Path) -> Path:
-    """A git repository with a copy of the project's data plane, one commit."""
-    src = tmp / "src"
-    src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "_build", "*.so", "*.egg-info")
-    for name in DATA_PLANE:
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=ignore)
-        elif path.exists():
-            shutil.copy2(path, src / name)
-    git(src, "init", "-q", "-b", "main")
-    git(src, "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
-    git(src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "first")
-    return src
-
-
-def commit_change(src: Path, path: str, old: str, new: str) -> str:
-    f = src / path
-    text = f.read_text()
-    assert old in text, f"{old!r} not in {path}"
-    f.write_text(text.replace(old, new, 1))
-    git(src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-am", f"change {path}")
-    return git(src, "rev-parse", "HEAD").strip()
-
-
-class Deploy:
-    """The real `ops` CLI against one inventory naming SSH targets (and `local`)."""
-
-    def __init__(self, tmp: Path, hosts: dict[str, dict], src: Path) -> None:
-        self.tmp, self.src = tmp, src
-        self.inventory = tmp / "ops.toml"
-        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-        self.hosts = hosts
-        self.write()
-
-    def write(self, groups: dict[str, list[str]] | None = None) -> None:
-        lines = []
-        for name, h in self.hosts.items():
-            s: Sshd = h["sshd"]
-            lines += [
-                f"[targets.{name}]",
-                "address = '127.0.0.1'",
-                f"port = {s.port}",
-                f"user = '{s.user}'",
-                f"ssh_key = '{s.user_key}'",
-                f"known_hosts = '{s.known_hosts}'",
-                f"python = '{sys.executable}'",
-                f"remote_root = '{h['root']}'",
-                f"gpus = {h.get('gpus', 0)}",
-            ]
-            if h.get("cuda_arch"):
-                lines.append(f"cuda_arch = '{h['cuda_arch']}'")
-            lines += [
-                f"[targets.{name}.service]",
-                f"url = 'http://127.0.0.1:{h['port']}'",
-                f"command = {json.dumps(h.get('command', ENGINE_CMD))}",
-                "stop_timeout = 5",
-            ]
-            comps = h.get("components") or {}
-            if comps:
-                lines.append(f"[targets.{name}.service.components]")
-                lines += [f"{k} = '{v}'" for k, v in comps.items()]
-        if groups:
-            lines.append("[groups]")
-            lines += [f"{g} = {json.dumps(m)}" for g, m in groups.items()]
-        self.inventory.write_text("\n".join(lines) + "\n")
-
-    def __call__(self, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
-        res = subprocess.run(
-            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-        )
-        try:
-            return res.returncode, json.loads(res.stdout), res.stderr
-        except json.JSONDecodeError:
-            raise AssertionError(f"exit {res.returncode}: {res.stdout}\n{res.stderr}") from None
-
-    def deploy(self, target: str, *extra: str) -> tuple[int, dict, str]:
-        return self("deploy", target, "--source", str(self.src), "--max-tokens", TOKENS, *extra)
-
-    def current(self, name: str) -> str | None:
-        link = Path(self.hosts[name]["root"]) / "current"
-        return os.readlink(link).split("/")[-1] if link.is_symlink() else None
-
-    def stop_all(self) -> None:
-        for name in self.hosts:
-            self("service", "stop", name)
-
-
-def steps(doc: dict, host: int = 0) -> dict[str, str]:
-    return {s["name"]: s["status"] for s in doc["results"][host]["steps"]}
+from helpers.deploy import FAKE_CMD, TOKENS, Deploy, commit_change, git, make_source, steps
+from helpers.sshd import Sshd, free_port
 
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
     return make_source(tmp_path)
-
-
-FAKE_CMD = f"{{python}} {Path(__file__).resolve().parent / 'fake_service.py'} --port {{port}}"
 
 
 @pytest.fixture
@@ -147,8 +35,8 @@ def one(tmp_path: Path, sshd: Sshd, src: Path):
 
 @pytest.fixture
 def quick(tmp_path: Path, sshd: Sshd, src: Path):
-    """The loop target with tests/fake_service.py as its service (answers at once), for the
-    tests whose point is the release machinery rather than the engine's output."""
+    """The loop target with tests/helpers/fake_service.py as its service (answers at once), for
+    the tests whose point is the release machinery rather than the engine's output."""
     host = {"sshd": sshd, "root": tmp_path / "root", "port": free_port(), "command": FAKE_CMD}
     d = Deploy(tmp_path, {"loop": host}, src)
     yield d

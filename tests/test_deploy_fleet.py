@@ -2,9 +2,9 @@
 the rollout and every host's outcome is reported), and the systemd manager's drop-in and
 calls against stand-in `sudo` / `systemctl` / `journalctl` that record their arguments.
 
-The services are tests/fake_service.py, whose greedy output depends on its `--salt`; here the
-salt is the release's `DDTREE_ENGINE_BACKENDS` (from service.env), so switching a component
-changes the output exactly as a component that breaks token identity would.
+The services are tests/helpers/fake_service.py, whose greedy output depends on its `--salt`;
+here the salt is the release's `DDTREE_ENGINE_BACKENDS` (from service.env), so switching a
+component changes the output exactly as a component that breaks token identity would.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, free_port, start_sshd
-from test_deploy import Deploy, commit_change, make_source
+from helpers import FAKE_SERVICE as FAKE
+from helpers.cli import ops_json
+from helpers.deploy import Deploy, commit_change, make_source
+from helpers.sshd import Sshd, free_port, start_sshd
 
-FAKE = Path(__file__).resolve().parent / "fake_service.py"
 SALTED = f'{{python}} {FAKE} --port {{port}} --salt "$DDTREE_ENGINE_BACKENDS"'
 
 
@@ -127,18 +128,10 @@ def test_systemd_bootstrap_installs_the_dropin_and_restarts_through_sudo(tmp_pat
         "STUB_PORT": str(port),
         "OPS_RUNS_DIR": str(tmp_path / "runs"),
     }
-    import json
     import subprocess
 
     def ops(*args: str) -> tuple[int, dict, str]:
-        res = subprocess.run(
-            [sys.executable, "-m", "ops", *args, "--inventory", str(inv), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
-        return res.returncode, json.loads(res.stdout), res.stderr
+        return ops_json(*args, inventory=inv, env=env)
 
     try:
         code, doc, err = ops(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sshd import Sshd, free_port
-from test_deploy import Deploy, commit_change, make_source
+from helpers.deploy import Deploy, commit_change, make_source
+from helpers.sshd import Sshd, free_port
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # the host's own sglang comes after the release's site/ and code on PYTHONPATH

@@ -4,9 +4,10 @@ on its previous release and serving, with a complete record; a release whose ser
 start is rolled back with the service's own error as evidence; the tables fit 80 columns.
 
 The target is `local` with its own remote root and port. The releases come from a small git
-repository: `engine/svc.py` is tests/fake_service.py (the service, run from `current/`, so a
-commit can break it), `kernels/selftest.py` a stand-in that passes (the real self-test and the
-real engine are proven in test_deploy.py); each test commits the change it needs.
+repository: `engine/svc.py` is tests/helpers/fake_service.py (the service, run from
+`current/`, so a commit can break it), `kernels/selftest.py` a stand-in that passes (the real
+self-test and the real engine are proven in test_deploy.py); each test commits the change it
+needs.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sshd import free_port
-from test_deploy import commit_change, git
+from helpers import FAKE_SERVICE
+from helpers.cli import ops_json, run_ops
+from helpers.deploy import commit_change, git
+from helpers.sshd import free_port
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent  # the CLI runs from here: `python -m ops` is this checkout's ops
@@ -57,7 +60,7 @@ def make_source(tmp: Path) -> Path:
     src = tmp / "src"
     (src / "engine").mkdir(parents=True)
     (src / "kernels").mkdir()
-    shutil.copy2(TESTS / "fake_service.py", src / "engine" / "svc.py")
+    shutil.copy2(FAKE_SERVICE, src / "engine" / "svc.py")
     (src / "engine" / "__main__.py").write_text("raise SystemExit('stand-in: run engine/svc.py')\n")
     (src / "kernels" / "__init__.py").write_text("")
     (src / "kernels" / "selftest.py").write_text(SELFTEST)
@@ -91,18 +94,12 @@ class Ops:
         return [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory)]
 
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.argv(*args),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-            cwd=REPO,
-        )
+        return run_ops(*args, inventory=self.inventory, env=self.env, timeout=timeout, cwd=REPO)
 
     def json(self, *args: str) -> tuple[int, dict]:
-        res = self(*args, "--json")
-        return res.returncode, json.loads(res.stdout)
+        inv, env = self.inventory, self.env
+        code, doc, _ = ops_json(*args, inventory=inv, env=env, timeout=120, cwd=REPO)
+        return code, doc
 
     def deploy(self, *extra: str, target: str = "local") -> subprocess.CompletedProcess[str]:
         return self("deploy", target, "--source", str(self.src), "--max-tokens", "3", *extra)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_server import REPO, EngineProcess, free_port, health_status, start_engine
+from helpers.engine_server import REPO, EngineProcess, free_port, health_status, start_engine
 
 from engine.runtime import EngineSpec, build_decoder
 from engine.scheduler import GenRequest, Scheduler, Update

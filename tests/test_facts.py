@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from sshd import Sshd
+from helpers import REPO
+from helpers.sshd import Sshd
 
 from checks.nvsmi import parse_apps, parse_gpus
 from ops.facts import gather_facts

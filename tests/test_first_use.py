@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_healthcheck import Ops
+from helpers.local import Ops
 
 
 @pytest.fixture

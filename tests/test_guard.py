@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_inventory
-from test_healthcheck import Ops
+from helpers.local import Ops
+from helpers.sshd import write_inventory
 
 from ops.evidence import BenchSection
 from ops.guard import CAP_ENV, evaluate, memory_needed_mib

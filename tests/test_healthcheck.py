@@ -12,52 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from sshd import free_port
-
-REPO = Path(__file__).resolve().parent.parent
-FAKE = REPO / "tests" / "fake_service.py"
-
-
-class Ops:
-    """Runs the real `ops` CLI against one inventory, with records in a temp dir."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.inventory = tmp / "ops.toml"
-        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-
-    def configure(self, mode: str = "ok", salt: str = "", ids: str = "inline") -> None:
-        """The `local` service is tests/fake_service.py in the given mode."""
-        command = f"{{python}} {FAKE} --port {{port}} --mode {mode} --salt '{salt}' --ids {ids}"
-        self.configure_service(command, name="fake")
-
-    def configure_service(self, command: str | None, name: str | None = None) -> None:
-        """`local` on our port and roots; `command` None keeps the built-in engine command."""
-        self.inventory.write_text(
-            "[targets.local]\n"
-            f"remote_root = '{self.tmp / 'root'}'\n"
-            "[targets.local.service]\n"
-            + (f"name = '{name}'\n" if name else "")
-            + f"url = 'http://127.0.0.1:{self.port}'\n"
-            + (f'command = "{command}"\n' if command else "")
-        )
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=self.env,
-        )
-
-    def json(self, *args: str) -> tuple[int, dict]:
-        res = self(*args, "--json")
-        try:
-            return res.returncode, json.loads(res.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(f"no JSON (exit {res.returncode}): {res.stderr}") from None
+from helpers.cli import run_ops
+from helpers.local import Ops
+from helpers.sshd import free_port
 
 
 def failed_check(doc: dict, name: str) -> dict:
@@ -215,12 +172,7 @@ def test_ops_serve_runs_the_engine_in_the_foreground(tmp_path: Path) -> None:
     time.sleep(0.5)
     with pytest.raises(OSError):  # the engine itself got the signal: nothing listens any more
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-    res = subprocess.run(
-        [sys.executable, "-m", "ops", "serve", "--mode", "fast"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = run_ops("serve", "--mode", "fast", timeout=60)
     assert res.returncode == 2 and "--mode must be 'ar' or 'ddtree'" in res.stderr
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_healthcheck import Ops
+from helpers.local import Ops
 
 ENGINE = "{python} -m engine --host {host} --port {port} --preset tiny"
 

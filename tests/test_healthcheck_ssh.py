@@ -3,34 +3,27 @@ on the host from `<remote_root>/current`, exactly as they do on a real target.""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import REPO, write_inventory
-from sshd import Sshd, free_port
+from helpers import FAKE_SERVICE, REPO
+from helpers.cli import ops_json
+from helpers.sshd import Sshd, free_port, write_inventory
 
 from ops.inventory import load_inventory
 from ops.remote import open_host
 
 
 def run_ops(inv: Path, env: dict[str, str], *args: str) -> tuple[int, dict]:
-    res = subprocess.run(
-        [sys.executable, "-m", "ops", *args, "--json", "--inventory", str(inv)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    return res.returncode, json.loads(res.stdout)
+    code, doc, _ = ops_json(*args, inventory=inv, env=env)
+    return code, doc
 
 
 def test_healthcheck_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
     port = free_port()
     inv = write_inventory(tmp_path / "ops.toml", sshd, tmp_path / "roots")
-    fake = REPO / "tests" / "fake_service.py"
+    fake = FAKE_SERVICE
     with inv.open("a") as f:
         f.write(
             "\n[targets.loop.service]\nname = 'fake'\n"

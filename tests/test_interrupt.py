@@ -22,15 +22,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_inventory
-from sshd import Sshd, free_port
+from helpers import FAKE_SERVICE, REPO
+from helpers.sshd import Sshd, free_port, write_inventory
 
 from ops.errors import HostError
 from ops.inventory import load_inventory
 from ops.local import kill_sessions
 from ops.remote import open_host, watched
 
-FAKE = REPO / "tests" / "fake_service.py"
+FAKE = FAKE_SERVICE
 
 
 def _stat(pid: int) -> list[str] | None:

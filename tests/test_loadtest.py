@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_healthcheck import Ops
+from helpers.local import Ops
 
 
 @pytest.fixture

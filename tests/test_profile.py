@@ -1,7 +1,7 @@
 """`ops profile` through the real CLI: measured against the reference engine (its per-stage
 timings, taken as the difference of the counters around each level), derived against
-tests/fake_service.py (a service without stage timings, like SGLang): step time from tokens/s
-and accept length, the tree build's time from its CPU baseline timed on the host."""
+tests/helpers/fake_service.py (a service without stage timings, like SGLang): step time from
+tokens/s and accept length, the tree build's time from its CPU baseline timed on the host."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_healthcheck import Ops
+from helpers.local import Ops
 
 from ops.evidence import ProfileSection
 

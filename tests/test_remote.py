@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from sshd import Sshd
+from helpers import REPO
+from helpers.sshd import Sshd
 
 from ops.errors import (
     AuthenticationFailed,

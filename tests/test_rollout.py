@@ -23,8 +23,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from sshd import free_port
-from test_deploy import make_source
+from helpers.cli import ops_json
+from helpers.deploy import make_source
+from helpers.sshd import free_port
 
 from ops.evidence import MeasureSection, gather
 
@@ -53,17 +54,7 @@ class Local:
         self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
 
     def __call__(self, *args: str, timeout: float = 240) -> tuple[int, dict, str]:
-        res = subprocess.run(
-            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-        )
-        try:
-            return res.returncode, json.loads(res.stdout), res.stderr
-        except json.JSONDecodeError:
-            raise AssertionError(f"exit {res.returncode}: {res.stdout}\n{res.stderr}") from None
+        return ops_json(*args, inventory=self.inventory, env=self.env, timeout=timeout)
 
     def backends(self) -> dict[str, str]:
         with urllib.request.urlopen(f"{self.url}/get_server_info", timeout=10) as r:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from engine_server import REPO, free_port
+from helpers.engine_server import REPO, free_port
 
 NO_CUDA = not torch.cuda.is_available()
 

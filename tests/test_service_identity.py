@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sshd import free_port
-
-REPO = Path(__file__).resolve().parent.parent
-FAKE = REPO / "tests" / "fake_service.py"
+from helpers import FAKE_SERVICE as FAKE
+from helpers.cli import ops_json, run_ops
+from helpers.sshd import free_port
 
 
 class Cli:
@@ -42,17 +41,8 @@ class Cli:
         self.pidfile = self.root / "run" / "svc.pid"
 
     def __call__(self, *args: str) -> tuple[int, dict]:
-        res = subprocess.run(
-            [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=self.env,
-        )
-        try:
-            return res.returncode, json.loads(res.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(f"exit {res.returncode}: {res.stdout} {res.stderr}") from None
+        code, doc, _ = ops_json(*args, inventory=self.inventory, env=self.env, timeout=120)
+        return code, doc
 
     def write_pidfile(self, text: str) -> None:
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
@@ -234,13 +224,15 @@ def test_unbounded_wait_is_one_line_exit_2(tmp_path: Path, wait: str) -> None:
     refused before anything is touched, as is a wait of 30,000 years."""
     cli = Cli(tmp_path)
     for verb in ("start", "restart"):
-        res = subprocess.run(
-            [sys.executable, "-m", "ops", "service", verb, "local", "--wait", wait]
-            + ["--inventory", str(cli.inventory)],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        res = run_ops(
+            "service",
+            verb,
+            "local",
+            "--wait",
+            wait,
+            inventory=cli.inventory,
             env=cli.env,
+            timeout=60,
         )
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert res.stderr.startswith("error: --wait") and res.stderr.count("\n") == 1

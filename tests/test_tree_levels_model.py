@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tree_levels_model import build, eligible
+from helpers.tree_levels_model import build, eligible
 
 from kernels.reference import build_tree
 

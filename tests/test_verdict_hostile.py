@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.sshd import free_port
+from helpers.sshd import free_port
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 SEED = ("preflight_ok", "bench_tree", "profile_tree", "rollout_tree")

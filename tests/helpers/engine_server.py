@@ -6,14 +6,13 @@
 
 The process listens on a free loopback port; `start_engine` returns once `/health` answers 200
 (and raises with the log's tail if the process dies or never gets healthy). Its output goes to
-`eng.log_path`. Only the standard library is used here.
+`eng.log_path`. Only the standard library is used here (and `free_port` from `.sshd`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,13 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from .sshd import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+REPO = Path(__file__).resolve().parents[2]
 
 
 def health_status(url: str, timeout: float = 2.0) -> int | None:

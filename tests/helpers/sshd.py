@@ -2,6 +2,7 @@
 
 Logs in as the user running the tests (root in CI) with a key made for the run; the host key
 goes into a temp known_hosts, so tests exercise strict host-key checking for real.
+`write_inventory` writes an ops.toml whose target `loop` is that server.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,3 +119,25 @@ LogLevel VERBOSE
             time.sleep(0.05)
     server.stop()
     raise RuntimeError(f"sshd did not come up: {server.log()}")
+
+
+def write_inventory(path: Path, server: Sshd, remote_root: Path, **overrides: object) -> Path:
+    """An ops.toml with target `loop` (the sshd) and `local`, both rooted under tmp dirs."""
+    fields = {
+        "address": "127.0.0.1",
+        "port": server.port,
+        "user": server.user,
+        "ssh_key": str(server.user_key),
+        "known_hosts": str(server.known_hosts),
+        "connect_timeout": 5,
+        "python": sys.executable,
+        "remote_root": str(remote_root / "loop"),
+        "gpus": 0,
+    }
+    fields.update(overrides)
+    lines = ["[targets.loop]"]
+    lines += [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in fields.items()]
+    lines += ["", "[targets.local]", f"remote_root = {str(remote_root / 'local')!r}"]
+    lines += ["", "[groups]", 'both = ["local", "loop"]', ""]
+    path.write_text("\n".join(lines))
+    return path

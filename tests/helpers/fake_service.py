@@ -1,6 +1,7 @@
 """A small real HTTP service with an OpenAI-style surface that can be told to misbehave.
 
-`python tests/fake_service.py --port N --mode ok|500|garbage|hang|noisy [--salt S] [--ids ...]`
+`python tests/helpers/fake_service.py --port N --mode ok|500|garbage|hang|noisy [--salt S]
+[--ids ...]`
 
 - ok: /health, /health_generate, /v1/models, /v1/completions (also SSE streaming) answer at
   once; the "greedy" output is a deterministic function of the prompt and `--salt`;

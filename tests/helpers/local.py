@@ -1,0 +1,50 @@
+"""`Ops`: the real `ops` CLI against target `local`, rooted in a temp dir, its service on a free
+port under ops's own `process` manager: the stand-in service (`helpers/fake_service.py`) in a
+given mode, or any command (None: the built-in reference-engine command). Records go to the
+temp dir's `runs/`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from . import FAKE_SERVICE
+from .cli import ops_json, run_ops
+from .sshd import free_port
+
+
+class Ops:
+    """Runs the real `ops` CLI against one inventory, with records in a temp dir."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.inventory = tmp / "ops.toml"
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+
+    def configure(self, mode: str = "ok", salt: str = "", ids: str = "inline") -> None:
+        """The `local` service is helpers/fake_service.py in the given mode."""
+        command = (
+            f"{{python}} {FAKE_SERVICE} --port {{port}} --mode {mode} --salt '{salt}' --ids {ids}"
+        )
+        self.configure_service(command, name="fake")
+
+    def configure_service(self, command: str | None, name: str | None = None) -> None:
+        """`local` on our port and roots; `command` None keeps the built-in engine command."""
+        self.inventory.write_text(
+            "[targets.local]\n"
+            f"remote_root = '{self.tmp / 'root'}'\n"
+            "[targets.local.service]\n"
+            + (f"name = '{name}'\n" if name else "")
+            + f"url = 'http://127.0.0.1:{self.port}'\n"
+            + (f'command = "{command}"\n' if command else "")
+        )
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_ops(*args, inventory=self.inventory, env=self.env)
+
+    def json(self, *args: str) -> tuple[int, dict]:
+        code, doc, _ = ops_json(*args, inventory=self.inventory, env=self.env)
+        return code, doc
