@@ -28,7 +28,7 @@ ACCEPT_BUCKETS = tuple(float(i) for i in range(1, 34))
 
 
 class Histogram:
-    """A cumulative Prometheus histogram (no labels of its own)."""
+    """Cumulative bucket counts, sum and count of one series (engine/metrics.py exposes them)."""
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
@@ -43,16 +43,10 @@ class Histogram:
             if v <= b:
                 self.counts[i] += 1
 
-    def lines(self, name: str, labels: str = "") -> list[str]:
-        sep = "," if labels else ""
-        out = [
-            f'{name}_bucket{{{labels}{sep}le="{b}"}} {c}'
-            for b, c in zip(self.buckets, self.counts, strict=True)
-        ]
-        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.count}')
-        lab = f"{{{labels}}}" if labels else ""
-        out += [f"{name}_sum{lab} {self.sum!r}", f"{name}_count{lab} {self.count}"]
-        return out
+    def snapshot(self) -> tuple[list[tuple[float, int]], float]:
+        """([(upper bound, cumulative count)], ending with +inf; sum). Caller holds the lock."""
+        bounds = list(zip(self.buckets, self.counts, strict=True))
+        return [*bounds, (float("inf"), self.count)], self.sum
 
 
 class StepStats:

@@ -13,10 +13,11 @@ import httpx
 import openai
 import pytest
 import torch
-from helpers.engine_server import EngineProcess, health_status, start_engine
+from engine_server import EngineProcess, health_status, start_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.runtime import EngineSpec, build_decoder, generate
+from engine.stats import STAGES
 from engine.tokenizer import ByteTokenizer
 
 MODEL = "ddtree-reference"
@@ -214,9 +215,31 @@ def test_metrics_parse(engine: EngineProcess) -> None:
         assert name in fams, name
     assert fams["ddtree:stage_seconds"].type == "histogram"
     stages = {s.labels.get("stage") for s in fams["ddtree:stage_seconds"].samples}
-    assert stages >= {"draft", "topk", "tree_build", "verify", "accept", "commit"}
+    assert stages == set(STAGES)
     tokens = [s.value for s in fams["sglang:generation_tokens"].samples]
     assert tokens and tokens[0] >= 8
+    for fam in fams.values():  # every sample names the model
+        assert all(s.labels.get("model_name") == MODEL for s in fam.samples), fam.name
+    # each histogram series: cumulative buckets, the last (+Inf) equal to its _count
+    steps = sum(s.value for s in fams["ddtree:steps"].samples)
+    assert steps >= 1
+    for name, key in (("ddtree:stage_seconds", "stage"), ("ddtree:accept_length", None)):
+        series: dict[str | None, list] = {}
+        for s in fams[name].samples:
+            series.setdefault(s.labels.get(key) if key else None, []).append(s)
+        for label, samples in series.items():
+            bucket = [s for s in samples if s.name.endswith("_bucket")]
+            buckets = [s.value for s in bucket]
+            count = next(s.value for s in samples if s.name.endswith("_count"))
+            assert buckets == sorted(buckets) and buckets[-1] == count, (name, label)
+            assert bucket[-1].labels["le"] == "+Inf", (name, label)
+            if key:  # a stage is observed at most once per decode step
+                assert count <= steps, (name, label)
+    mean = fams["sglang:spec_accept_length"].samples[0].value
+    acc = {s.name: s.value for s in fams["ddtree:accept_length"].samples}
+    assert mean == pytest.approx(
+        acc["ddtree:accept_length_sum"] / acc["ddtree:accept_length_count"]
+    )
 
 
 def test_ar_server_matches_and_health_is_503_while_loading(tmp_path, ar_reference) -> None:
