@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
-from engine_server import EngineProcess, health_status, start_engine
+from helpers.engine_server import EngineProcess, health_status, start_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.runtime import EngineSpec, build_decoder, generate
