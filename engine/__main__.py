@@ -70,12 +70,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="weight seed when --weights is not given")
     p.add_argument("--max-batch-size", type=_number(int, 1))
     p.add_argument("--budget", type=_number(int, 1), help="DDTree nodes per request per step")
+    p.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        default=os.environ.get("DDTREE_ENGINE_CUDA_GRAPHS", "1") not in ("0", "false", "no"),
+        help="run the forward eagerly on a GPU (default: its segments are captured as CUDA "
+        "graphs; $DDTREE_ENGINE_CUDA_GRAPHS=0 also turns them off)",
+    )
     p.add_argument("--model-name", default="ddtree-reference")
     p.add_argument(
         "--threads",
         type=_number(int, 1),
         default=1,
-        help="torch CPU threads (1: per-row ops)",
+        help="torch CPU threads",
     )
     p.add_argument(
         "--log-level",
@@ -215,6 +223,7 @@ def run(argv: list[str] | None) -> int:
         args.seed,
         args.max_batch_size,
         args.budget,
+        cuda_graphs=args.cuda_graphs,
         backend_sources=sources,
     )
     limits = Limits(

@@ -51,6 +51,9 @@ class EngineConfig:
     max_batch_size: int = 8
     page_size: int = 16
     max_new_tokens: int = 4096
+    # rows per chunk of the batched forward: every matmul runs on exactly this many rows
+    # (padded), which is what keeps a row's result independent of the batch (engine.model)
+    row_chunk: int = 16
 
     def k(self, vocab: int) -> int:
         return self.topk if self.topk > 0 else max(1, min(self.budget, vocab))
@@ -83,7 +86,7 @@ PRESETS: dict[str, Preset] = {
             shared_inter=256,
             max_seq_len=2048,
         ),
-        EngineConfig(draft_len=7, budget=16, max_batch_size=32, page_size=64),
+        EngineConfig(draft_len=7, budget=16, max_batch_size=32, page_size=64, row_chunk=128),
     ),
 }
 

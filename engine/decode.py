@@ -1,10 +1,12 @@
 """Decoding steps: prefill, AR step and DDTree step over a batch of sequences.
 
 A DDTree step: draft logits [B, H, V] -> top-K log-probs -> best-first trees (budget nodes)
--> one target forward over root + nodes (each row sees the prefix and its ancestors; tree
-node i is stored at position L + i, rotated at position L + depth) -> per-row argmax ->
-greedy accept -> KV compaction of the accepted rows and commit of accepted tokens + bonus.
-An AR step is the same verify with a root-only tree, so both modes share one code path.
+-> one target forward over every request's root + nodes at once (each row sees the prefix and
+its ancestors; tree node i is stored at position L + i, rotated at position L + depth) ->
+per-row argmax -> greedy accept -> KV compaction of the accepted rows and commit of accepted
+tokens + bonus. An AR step is the same verify with a root-only tree, so both modes share one
+code path. Stage times: draft, topk, tree_build, verify (the forward, argmax included),
+attention (the part of verify spent in attention, measured inside it), accept, commit.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import torch
 from engine.backends import Backends
 from engine.config import EngineConfig
 from engine.drafter import Drafter
+from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
-from engine.model import Model, Rows
+from engine.model import Model
 
 
 @dataclass
@@ -44,7 +47,9 @@ class StepResult:
 
 
 class Decoder:
-    def __init__(self, model: Model, cfg: EngineConfig, mode: str, backends: Backends) -> None:
+    def __init__(
+        self, model: Model, cfg: EngineConfig, mode: str, backends: Backends, graphs: bool = True
+    ) -> None:
         if mode not in ("ar", "ddtree"):
             raise ValueError(f"mode must be 'ar' or 'ddtree', got {mode!r}")
         self.model, self.cfg, self.mode, self.backends = model, cfg, mode, backends
@@ -54,6 +59,11 @@ class Decoder:
         self.cache = PagedKVCache(mc.layers, pages, cfg.page_size, mc.kv_dim, model.device)
         self.drafter = Drafter(model, cfg.draft_len) if mode == "ddtree" else None
         self.k = cfg.k(mc.vocab_size)
+        max_rows = cfg.max_batch_size * ((cfg.budget if mode == "ddtree" else 0) + 1)
+        self.forward = Forward(
+            model, self.cache.pool, self.cache.trash_slot, max(max_rows, cfg.row_chunk),
+            cfg.row_chunk, graphs,
+        )  # fmt: skip
 
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
@@ -70,15 +80,58 @@ class Decoder:
             gen.manual_seed(seed) if seed is not None else gen.seed()
         return Sequence(list(prompt), self.cache.new_sequence(), 0, temperature, gen)
 
+    def _run(self, rows: Rows, timer: AttentionTimer) -> torch.Tensor:
+        return self.forward.run(rows, self.backends.attention, timer)
+
     def prefill(self, seq: Sequence) -> None:
-        """Write the KV of every prompt token but the last (the first step's root)."""
+        """Write the KV of every prompt token but the last (the first step's root), in blocks
+        of at most the forward's row capacity (row p sees positions 0 .. p)."""
         n = len(seq.tokens) - 1
         seq.blocks.reserve(n + self.cfg.budget + 2)
-        if n > 0:
-            slots = seq.blocks.slots(range(n))
-            rows = Rows(seq.tokens[:n], list(range(n)), slots, [slots[: p + 1] for p in range(n)])
-            self.model.forward(rows, self.cache.pool, self.backends.attention)
+        slots = seq.blocks.slot_array(max(n, 0))
+        tokens = np.asarray(seq.tokens[:n], dtype=np.int64)
+        step = self.forward.max_rows
+        timer = AttentionTimer(self.model.device)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            pos = np.arange(a, b, dtype=np.int64)
+            table = np.broadcast_to(slots[:b], (b - a, b))
+            self._run(Rows(tokens[a:b], pos, slots[a:b], table, pos + 1), timer)
         seq.kv_len = n
+
+    def _verify_rows(self, seqs: list[Sequence], trees, num_nodes: list[int]) -> Rows:
+        """Every request's root + tree nodes as rows, each with its visible slots in order."""
+        parts = []
+        for b, s in enumerate(seqs):
+            n, L = num_nodes[b], s.kv_len
+            s.blocks.reserve(L + n + 1)
+            slots = s.blocks.slot_array(L + n + 1)
+            tree_slots = slots[L:]
+            tokens = np.empty(n + 1, dtype=np.int64)
+            tokens[0] = s.root
+            positions = np.full(n + 1, L, dtype=np.int64)
+            if n:
+                tokens[1:] = trees.token_ids[b, :n]
+                positions[1:] += trees.depths[b, :n]
+                vis = np.asarray(trees.visibility[b, : n + 1, : n + 1], dtype=bool)
+                # ancestors + self in index (= position) order first: a stable sort of ~vis
+                order = np.argsort(~vis, axis=1, kind="stable")
+                lens = L + vis.sum(axis=1)
+            else:
+                order = np.zeros((1, 1), dtype=np.int64)
+                lens = np.array([L + 1])
+            table = np.empty((n + 1, L + n + 1), dtype=np.int64)
+            table[:, :L] = slots[:L]
+            table[:, L:] = tree_slots[order]
+            parts.append((tokens, positions, tree_slots, table, lens))
+        width = max(p[3].shape[1] for p in parts)
+        table = np.full((sum(len(p[0]) for p in parts), width), self.cache.trash_slot, np.int64)
+        off = 0
+        for p in parts:
+            table[off : off + len(p[0]), : p[3].shape[1]] = p[3]
+            off += len(p[0])
+        cat = [np.concatenate([p[i] for p in parts]) for i in (0, 1, 2, 4)]
+        return Rows(cat[0], cat[1], cat[2], table, cat[3])
 
     def step(self, seqs: list[Sequence]) -> StepResult:
         stages: dict[str, float] = {}
@@ -102,28 +155,11 @@ class Decoder:
         num_nodes = [0] * len(seqs) if trees is None else [int(n) for n in trees.num_nodes]
 
         # verify: one target forward over every request's root + nodes
-        tokens: list[int] = []
-        positions: list[int] = []
-        write: list[torch.Tensor] = []
-        visible: list[torch.Tensor] = []
-        for b, s in enumerate(seqs):
-            n, L = num_nodes[b], s.kv_len
-            s.blocks.reserve(L + n + 1)
-            prefix = s.blocks.slots(range(L))
-            tree_slots = s.blocks.slots(range(L, L + n + 1))
-            write.append(tree_slots)
-            tokens.append(s.root)
-            positions.append(L)
-            visible.append(torch.cat([prefix, tree_slots[:1]]))
-            for i in range(1, n + 1):
-                tokens.append(int(trees.token_ids[b, i - 1]))
-                positions.append(L + int(trees.depths[b, i - 1]))
-                path = np.flatnonzero(trees.visibility[b, i, : n + 1])  # ancestors + self, in order
-                visible.append(torch.cat([prefix, tree_slots[torch.from_numpy(path)]]))
-        rows = Rows(tokens, positions, torch.cat(write), visible)
-        logits = self.model.forward(rows, self.cache.pool, self.backends.attention)
+        timer = AttentionTimer(self.model.device)
+        logits = self._run(self._verify_rows(seqs, trees, num_nodes), timer)
         argmax = logits.argmax(dim=-1).cpu().numpy()
         lap("verify")
+        stages["attention"] = timer.seconds()
 
         if trees is None:
             accepted = [[0] for _ in seqs]

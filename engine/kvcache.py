@@ -1,13 +1,15 @@
 """Paged KV cache for MLA: one latent+rope row per token per layer, pages of `page_size` slots.
 
-The pool is `[layers, num_pages * page_size, kv_dim]`; a sequence owns a list of pages (its
-block table) and sequence position p lives in slot `pages[p // page_size] * page_size +
-p % page_size`. Tree rows of a DDTree step are written at positions L .. L + N (L = committed
-length) and the accepted ones are compacted to L, L + 1, ... afterwards.
+The pool is `[layers, (num_pages + 1) * page_size, kv_dim]`; a sequence owns a list of pages
+(its block table) and sequence position p lives in slot `pages[p // page_size] * page_size +
+p % page_size`. The extra last page is never handed out: its first slot, `trash_slot`, takes the
+KV writes of a forward's padding rows. Tree rows of a DDTree step are written at positions
+L .. L + N (L = committed length) and the accepted ones are compacted to L, L + 1, ... after.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -21,7 +23,8 @@ class PagedKVCache:
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
-        self.pool = torch.zeros(layers, num_pages * page_size, kv_dim, device=device)
+        self.pool = torch.zeros(layers, (num_pages + 1) * page_size, kv_dim, device=device)
+        self.trash_slot = num_pages * page_size
         self._free = list(range(num_pages - 1, -1, -1))
 
     @property
@@ -52,6 +55,12 @@ class SeqBlocks:
         need = -(-num_positions // self.cache.page_size)
         while len(self.pages) < need:
             self.pages.append(self.cache._alloc())
+
+    def slot_array(self, count: int) -> np.ndarray:
+        """Pool slot of positions 0 .. count - 1 (int64 numpy)."""
+        ps = self.cache.page_size
+        pos = np.arange(count, dtype=np.int64)
+        return np.asarray(self.pages, dtype=np.int64)[pos // ps] * ps + pos % ps
 
     def slots(self, positions: torch.Tensor | list[int] | range) -> torch.Tensor:
         """Pool slot index of each sequence position (int64, on the CPU)."""

@@ -1,21 +1,25 @@
 """The target model: MLA attention (absorbed form) + MoE with a shared expert, float32.
 
-Batch invariance is the design rule: every per-token computation runs on that token's row
-alone with fixed shapes (`torch.mv` for linear layers, per-row norms, RoPE and MoE), and its
-attention sees exactly its visible keys gathered in position order (prefix, then its tree
-ancestors, then itself). A row therefore gets bit-identical results whether it is an AR
-decode row, a prefill row, or a node on the accepted path of a DDTree verify, alone or in a
-batch of any size. AR decode is run as a verify of a root-only tree through the same code.
+The model's math works on a *chunk*: a fixed number of rows (`EngineConfig.row_chunk`), each a
+token at a position. Every matmul, norm, RoPE and MoE of a layer runs once for the whole chunk,
+with the same shapes whatever the rows are, so the same kernels with the same reduction order
+compute every row: a row's result depends only on that row, never on which rows share its
+chunk or how many chunks a forward has (batch invariance; `engine.forward` pads the last chunk).
+That is what keeps DDTree output == AR output bit for bit while a step's whole batch, every
+request's tree rows included, goes through one forward.
+
+A layer is two segments around its attention (`engine.attention`): `pre` (norm, the query and
+the KV row of every row, written into the paged pool) and `post` (output projection, residual,
+MoE). MoE runs every expert on the chunk (one GEMM over the concatenated experts' W1 and W3,
+one batched GEMM for W2) and mixes each row's top-k in its own rank order: fixed shapes, which
+also make each segment capturable as a CUDA graph.
 
 MLA absorbed form: the KV cache row is `[c_kv (kv_lora_rank, RMS-normed) | k_rope (rope dim)]`
-shared by all heads; a head's query is `[q_nope @ W_UK | q_rope]`, its value is `c_kv`, and
-its output latent is mapped back through W_UV (the layout of Kernels II when 512 + 64).
+shared by all heads; a head's query is `[q_nope @ W_UK | q_rope]`, its value is `c_kv`, and its
+output latent is mapped back through W_UV (the 512 + 64 layout of the CUDA attention kernel).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,56 +28,16 @@ from engine.config import ModelConfig
 from engine.weights import Weights
 
 
-class Attention(Protocol):
-    def __call__(
-        self,
-        q: torch.Tensor,
-        pool: torch.Tensor,
-        table: torch.Tensor,
-        lens: list[int],
-        scale: float,
-        latent_dim: int,
-    ) -> torch.Tensor:
-        """q [R, heads, kv_dim], pool [slots, kv_dim], table [R, W] int64 (row i's visible
-        slots in position order in table[i, :lens[i]]) -> out latent [R, heads, latent_dim]."""
-        ...
-
-
-def torch_attention(
-    q: torch.Tensor,
-    pool: torch.Tensor,
-    table: torch.Tensor,
-    lens: list[int],
-    scale: float,
-    latent_dim: int,
-) -> torch.Tensor:
-    """Per-row attention over exactly the row's visible keys, in the given (position) order."""
-    outs = []
-    for i, n in enumerate(lens):
-        keys = pool.index_select(0, table[i, :n])  # [n, kv_dim], contiguous
-        p = torch.softmax(torch.mm(q[i], keys.t()) * scale, dim=-1)  # [heads, n]
-        outs.append(torch.mm(p, keys[:, :latent_dim]))
-    return torch.stack(outs)
-
-
-@dataclass
-class Rows:
-    """Rows of one forward: token, RoPE position, KV slot written, visible slots (incl. own).
-
-    Slot tensors are int64 on the CPU; `Model.forward` moves them to the device in one copy.
-    """
-
-    tokens: list[int]
-    positions: list[int]
-    write_slots: torch.Tensor
-    visible: list[torch.Tensor]
-
-
 class Model:
     def __init__(self, cfg: ModelConfig, weights: Weights, device: str | torch.device = "cpu"):
         self.cfg = cfg
         self.device = torch.device(device)
         self.w = {k: v.to(self.device, torch.float32).contiguous() for k, v in weights.items()}
+        for i in range(cfg.layers):  # the experts' weights as one GEMM (W1, W3) and one bmm (W2)
+            p = f"layers.{i}."
+            self.w[p + "experts.w1cat"] = self.w[p + "experts.w1"].reshape(-1, cfg.hidden)
+            self.w[p + "experts.w3cat"] = self.w[p + "experts.w3"].reshape(-1, cfg.hidden)
+            self.w[p + "experts.w2t"] = self.w[p + "experts.w2"].transpose(1, 2).contiguous()
         half = cfg.qk_rope_dim // 2
         inv = 1.0 / (
             cfg.rope_theta ** (torch.arange(half, dtype=torch.float64) * 2 / cfg.qk_rope_dim)
@@ -82,75 +46,67 @@ class Model:
         self.cos = ang.cos().float().to(self.device)
         self.sin = ang.sin().float().to(self.device)
 
-    # -- per-row pieces -------------------------------------------------------------------
+    # -- pieces, each over a chunk [C, ...] ------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.norm_eps)
 
-    def _rope(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
-        c, s = self.cos[pos], self.sin[pos]
-        return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
-    def _qkv(self, p: str, x: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, w = self.cfg, self.w
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.w["embed"].index_select(0, tokens)
+
+    def pre(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        write: torch.Tensor,
+        pool: torch.Tensor,
+    ) -> torch.Tensor:
+        """Queries [C, heads, kv_dim] of the chunk; writes its KV rows into `pool` at `write`."""
+        cfg, w, p = self.cfg, self.w, f"layers.{layer}."
+        c, nope = x.shape[0], cfg.qk_nope_dim
         h = self._norm(x, w[p + "attn_norm"])
-        q = torch.mv(w[p + "wq"], h).view(cfg.heads, cfg.qk_nope_dim + cfg.qk_rope_dim)
-        q_lat = torch.bmm(q[:, None, : cfg.qk_nope_dim], w[p + "w_uk"])[:, 0]
-        q_full = torch.cat([q_lat, self._rope(q[:, cfg.qk_nope_dim :], pos)], dim=-1)
-        kv = torch.mv(w[p + "wkv_a"], h)
-        c = self._norm(kv[: cfg.kv_lora_rank], w[p + "kv_norm"])
-        kv_row = torch.cat([c, self._rope(kv[cfg.kv_lora_rank :], pos)])
-        return q_full, kv_row
+        q = F.linear(h, w[p + "wq"]).view(c, cfg.heads, nope + cfg.qk_rope_dim)
+        q_lat = torch.bmm(q[:, :, :nope].transpose(0, 1), w[p + "w_uk"]).transpose(0, 1)
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        q_full = torch.cat([q_lat, self._rope(q[:, :, nope:], cos[:, None], sin[:, None])], dim=-1)
+        kv = F.linear(h, w[p + "wkv_a"])
+        latent = self._norm(kv[:, : cfg.kv_lora_rank], w[p + "kv_norm"])
+        rows = torch.cat([latent, self._rope(kv[:, cfg.kv_lora_rank :], cos, sin)], dim=-1)
+        pool.index_copy_(0, write, rows)
+        return q_full
 
-    def _post_attention(self, p: str, x: torch.Tensor, o_lat: torch.Tensor) -> torch.Tensor:
-        w = self.w
-        o = torch.bmm(o_lat[:, None, :], w[p + "w_uv"])[:, 0].reshape(-1)
-        x = x + torch.mv(w[p + "wo"], o)
+    def post(self, layer: int, x: torch.Tensor, o_lat: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the layer: output projection, residual, MoE."""
+        w, p = self.w, f"layers.{layer}."
+        o = torch.bmm(o_lat.transpose(0, 1), w[p + "w_uv"]).transpose(0, 1).reshape(x.shape[0], -1)
+        x = x + F.linear(o, w[p + "wo"])
         return x + self._moe(p, self._norm(x, w[p + "ffn_norm"]))
 
     def _moe(self, p: str, h: torch.Tensor) -> torch.Tensor:
-        w = self.w
-        y = torch.mv(
-            w[p + "shared.w2"],
-            F.silu(torch.mv(w[p + "shared.w1"], h)) * torch.mv(w[p + "shared.w3"], h),
-        )
-        probs = torch.softmax(torch.mv(w[p + "router"], h), dim=-1)
-        vals, idx = torch.topk(probs, self.cfg.experts_per_token)
-        gates = vals / vals.sum()
-        # gather the chosen experts' weights (no device sync): fixed shapes per row
-        hk = h.expand(idx.shape[0], h.shape[0]).unsqueeze(-1)  # [k, D, 1]
-        act = F.silu(torch.bmm(w[p + "experts.w1"][idx], hk)) * torch.bmm(
-            w[p + "experts.w3"][idx], hk
-        )
-        ye = torch.bmm(w[p + "experts.w2"][idx], act).squeeze(-1)  # [k, D]
-        return y + (gates.unsqueeze(-1) * ye).sum(0)
-
-    # -- forward ----------------------------------------------------------------------------
-    def forward(self, rows: Rows, pool: torch.Tensor, attention: Attention) -> torch.Tensor:
-        """Logits [R, V] of each row; writes each row's KV into `pool` [layers, slots, kv_dim]."""
         cfg, w = self.cfg, self.w
-        if not rows.tokens:
-            return torch.empty(0, cfg.vocab_size, device=self.device)
-        tok = torch.tensor(rows.tokens, device=self.device)
-        lens = [int(v.numel()) for v in rows.visible]
-        table = torch.nn.utils.rnn.pad_sequence(rows.visible, batch_first=True).to(self.device)
-        write = rows.write_slots.to(self.device)
-        xs = list(w["embed"].index_select(0, tok).unbind(0))
-        for layer in range(cfg.layers):
-            p = f"layers.{layer}."
-            pairs = [self._qkv(p, x, pos) for x, pos in zip(xs, rows.positions, strict=True)]
-            qs, kvs = zip(*pairs, strict=True)
-            pool[layer].index_copy_(0, write, torch.stack(kvs))
-            o_lat = attention(
-                torch.stack(qs), pool[layer], table, lens, cfg.softmax_scale, cfg.kv_lora_rank
-            )
-            xs = [self._post_attention(p, x, o) for x, o in zip(xs, o_lat.unbind(0), strict=True)]
-        return torch.stack([torch.mv(w["head"], self._norm(x, w["final_norm"])) for x in xs])
+        c = h.shape[0]
+        shared = F.linear(
+            F.silu(F.linear(h, w[p + "shared.w1"])) * F.linear(h, w[p + "shared.w3"]),
+            w[p + "shared.w2"],
+        )
+        probs = torch.softmax(F.linear(h, w[p + "router"]), dim=-1)
+        vals, idx = torch.topk(probs, cfg.experts_per_token)  # [C, k], in rank order
+        gates = vals / vals.sum(dim=-1, keepdim=True)
+        a = F.linear(h, w[p + "experts.w1cat"]).view(c, cfg.experts, -1)
+        b = F.linear(h, w[p + "experts.w3cat"]).view(c, cfg.experts, -1)
+        ye = torch.bmm((F.silu(a) * b).transpose(0, 1), w[p + "experts.w2t"])  # [E, C, D]
+        chosen = torch.gather(ye.transpose(0, 1), 1, idx[:, :, None].expand(-1, -1, h.shape[1]))
+        return shared + (gates[:, :, None] * chosen).sum(dim=1)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._norm(x, self.w["final_norm"]), self.w["head"])
 
     def bigram_logits(self) -> torch.Tensor:
         """[V, V]: the zero-layer model's next-token logits for each token (the drafter's table)."""
-        w = self.w
-        return torch.stack(
-            [torch.mv(w["head"], self._norm(e, w["final_norm"])) for e in w["embed"]]
-        )
+        return self.head(self.w["embed"])

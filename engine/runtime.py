@@ -26,6 +26,9 @@ class EngineSpec:
     seed: int = 0
     max_batch_size: int | None = None
     budget: int | None = None
+    # capture the forward's segments as CUDA graphs (on a GPU; $DDTREE_ENGINE_CUDA_GRAPHS=0 or
+    # --no-cuda-graphs turns it off)
+    cuda_graphs: bool = True
     # where each component's backend came from ("default" | "env" | "cli"), for reports
     backend_sources: dict[str, str] = field(default_factory=dict)
 
@@ -45,7 +48,8 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     device = torch.device(spec.device)
     names = parse_backends(list(spec.backends), spec.device)
     model = Model(p.model, weights, device)
-    return p, Decoder(model, p.engine, spec.mode, make_backends(names, device))
+    backends = make_backends(names, device)
+    return p, Decoder(model, p.engine, spec.mode, backends, graphs=spec.cuda_graphs)
 
 
 def generate(

@@ -225,6 +225,14 @@ def create_app(
                 "backend_sources": backend_sources,
                 "limits": dataclasses.asdict(limits),
                 "topk": dec.k if dec else None,
+                "cuda_graphs": {
+                    "enabled": dec.forward.graphs,
+                    "captured": dec.forward.captured_graphs,
+                    "row_chunk": dec.forward.chunk,
+                }
+                if dec
+                else None,
+                "nested_stages": {"attention": "verify"},
                 "internal_states": [internal],
             }
         )

@@ -6,7 +6,8 @@ import threading
 import time
 from collections import defaultdict, deque
 
-STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
+# "attention" is part of "verify" (measured inside the forward), not added on top of it
+STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
 STAGE_BUCKETS = (
     1e-4,
     2.5e-4,

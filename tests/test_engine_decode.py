@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -227,25 +228,81 @@ def test_backend_specs_are_validated() -> None:
         parse_backends(["attention=cuda"], "cpu")
 
 
-def test_rowwise_request_layout_matches_torch_attention() -> None:
+def test_rowwise_plan_matches_the_attention_reference() -> None:
     """The layout handed to the CUDA attention (each row its own T = 1 request over a
-    page_size-1 view) gives, through the float64 Kernels II reference, the torch path's result."""
-    from engine.backends import rowwise_requests
-    from engine.model import torch_attention
+    page_size-1 view) gives, through the float64 tree-verify reference, exactly the row-by-row
+    attention over the visible keys; the batched torch path agrees to fp32 rounding."""
+    from engine.attention import TorchAttention, reference_attention, rowwise_plan
     from kernels.reference_attention import tree_verify_attention
 
     gen = torch.Generator().manual_seed(0)
     pool = torch.randn(64, 576, generator=gen, dtype=torch.float64)
-    lens = [1, 5, 17, 9, 33]
-    rows = [torch.randperm(64, generator=gen)[:n] for n in lens]
-    table = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    lens = np.array([1, 5, 17, 9, 33, 70])
+    table = np.zeros((len(lens), 70), dtype=np.int64)
+    for i, n in enumerate(lens):
+        table[i, :n] = torch.randint(0, 64, (n,), generator=gen).numpy()
     q = torch.randn(len(lens), 3, 576, generator=gen, dtype=torch.float64)
     scale = 576**-0.5
-    kv, bt, pl, tl, vis, max_kv = rowwise_requests(pool, table, lens)
-    assert max_kv == 33 and pl.tolist() == [n - 1 for n in lens] and tl.tolist() == [1] * 5
-    got = tree_verify_attention(q, kv, bt, pl, tl, vis, scale)
-    want = torch_attention(q, pool, table, lens, scale, 512)
+    plan = rowwise_plan(table, lens, torch.device("cpu"))
+    assert plan.max_kv_len == 70 and plan.prefix_lens.tolist() == (lens - 1).tolist()
+    kv = pool.view(64, 1, 576)
+    got = tree_verify_attention(
+        q, kv, plan.block_table, plan.prefix_lens, plan.tree_lens, plan.visibility, scale
+    )
+    want = reference_attention(q, pool, table, lens, scale, 512)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-12, atol=1e-12)
+    att = TorchAttention(bucket=16, rows_per_call=4)
+    batched = att(q.float(), pool.float(), att.plan(table, lens, q.device), scale, 512)
+    torch.testing.assert_close(batched.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_attention_row_results_do_not_depend_on_the_batch() -> None:
+    """A row's output is bit-identical alone, at any position of a batch, beside any rows."""
+    from engine.attention import TorchAttention
+
+    gen = torch.Generator().manual_seed(1)
+    pool = torch.randn(300, 40, generator=gen)
+    att = TorchAttention(bucket=16, rows_per_call=4)
+    rng = np.random.default_rng(2)
+    lens = rng.integers(1, 120, size=23)
+    table = rng.integers(0, 300, size=(23, 120))
+    q = torch.randn(23, 4, 40, generator=gen)
+    full = att(q, pool, att.plan(table, lens, q.device), 0.1, 32)
+    for trial in range(6):
+        pick = rng.permutation(23)[: rng.integers(1, 23)]
+        part = att(q[pick], pool, att.plan(table[pick], lens[pick], q.device), 0.1, 32)
+        assert torch.equal(part, full[pick]), trial
+
+
+def test_forward_rows_are_batch_invariant() -> None:
+    """The chunked forward: every row's logits are bit-identical whatever rows share its chunk,
+    its position in the chunk, and the number of chunks (1 to 64 rows)."""
+    from engine.forward import AttentionTimer, Rows
+
+    _, dec = build_decoder(EngineSpec(mode="ar", max_batch_size=64))
+    rng = np.random.default_rng(3)
+    n = 64
+    # each row writes its own slot (its last visible one); the rest of what it sees is
+    # written by nobody in the forward, so rows interact only through the batch itself
+    slots = rng.integers(n, dec.cache.trash_slot, size=(n, 40))
+    lens = rng.integers(1, 41, size=n)
+    write = rng.permutation(n)
+    slots[np.arange(n), lens - 1] = write
+    rows = Rows(rng.integers(0, 258, size=n), lens - 1, write, slots, lens)
+    pool = dec.cache.pool
+    pool.normal_(generator=torch.Generator().manual_seed(4))
+    snapshot = pool.clone()
+
+    def run(idx: np.ndarray) -> torch.Tensor:
+        pool.copy_(snapshot)
+        sub = Rows(*(getattr(rows, f)[idx] for f in ("tokens", "positions", "write_slots",
+                                                       "table", "lens")))  # fmt: skip
+        return dec.forward.run(sub, dec.backends.attention, AttentionTimer(pool.device)).clone()
+
+    everything = run(np.arange(n))
+    for size in (1, 7, 16, 17, 33, 64):
+        idx = rng.permutation(n)[:size]
+        assert torch.equal(run(idx), everything[idx]), size
 
 
 def test_sampling_is_ar_only() -> None:

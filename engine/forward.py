@@ -1,0 +1,172 @@
+"""One forward for a whole step: fixed-size row chunks over static buffers, piecewise CUDA graphs.
+
+`Forward.run(rows, attention)` computes the logits of every row of a step (every request's
+root and tree nodes, or a block of prompt rows) and writes their KV into the paged pool:
+
+    for each layer:  pre(chunk) for every chunk  ->  attention(all rows)  ->  post(chunk) ...
+    then head(chunk) for every chunk
+
+Rows live in static buffers of `max_rows` (a multiple of the chunk size `C`); a forward of R
+rows runs ceil(R / C) chunks and pads the last one (token 0 at position 0, its KV written to
+the pool's trash slot). Every chunk has the same shapes, so a row's arithmetic does not depend
+on the batch (see engine.model).
+
+CUDA graphs, the way SGLang's piecewise capture does it: each segment (`pre` of layer l, `post`
+of layer l, `head`) of chunk j is captured once, on first use, as its own graph over the static
+buffers, and replayed afterwards; attention runs eagerly between them with the step's real
+lengths, which is also where its time is measured (CUDA events, read after the step's sync, so
+the timing costs no extra sync). `graphs=False` (`--no-cuda-graphs`,
+DDTREE_ENGINE_CUDA_GRAPHS=0) runs the same segments eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import Attention
+from engine.model import Model
+
+
+@dataclass
+class Rows:
+    """Rows of one forward (host arrays): token, RoPE position, KV slot written, and the
+    visible slots in position order (`table[i, :lens[i]]`: prefix, tree ancestors, itself)."""
+
+    tokens: np.ndarray  # [R] int64
+    positions: np.ndarray  # [R] int64
+    write_slots: np.ndarray  # [R] int64
+    table: np.ndarray  # [R, W] int64
+    lens: np.ndarray  # [R] int64
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class AttentionTimer:
+    """Seconds spent in attention during a forward: CUDA events on a GPU, a clock on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.spans: list[tuple] = []
+
+    def span(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            self.spans.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            self.spans.append((time.perf_counter() - t0,))
+        return out
+
+    def seconds(self) -> float:
+        """Total; call after the device is synchronised."""
+        if self.cuda:
+            return sum(s.elapsed_time(e) for s, e in self.spans) / 1000.0
+        return sum(s[0] for s in self.spans)
+
+
+class Forward:
+    def __init__(
+        self, model: Model, pool: torch.Tensor, trash_slot: int, max_rows: int, chunk: int,
+        graphs: bool,
+    ) -> None:  # fmt: skip
+        cfg, dev = model.cfg, model.device
+        self.model, self.pool, self.trash, self.chunk = model, pool, trash_slot, chunk
+        self.max_rows = -(-max_rows // chunk) * chunk
+        self.graphs = graphs and dev.type == "cuda"
+        n = self.max_rows
+        self.tok = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.write = torch.full((n,), trash_slot, dtype=torch.int64, device=dev)
+        self.xs = torch.zeros(cfg.layers + 1, n, cfg.hidden, device=dev)
+        self.q = torch.zeros(n, cfg.heads, cfg.kv_dim, device=dev)
+        self.o = torch.zeros(n, cfg.heads, cfg.kv_lora_rank, device=dev)
+        self.logits = torch.zeros(n, cfg.vocab_size, device=dev)
+        self._captured: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+    @property
+    def captured_graphs(self) -> int:
+        return len(self._captured)
+
+    # -- segments over chunk j of the static buffers ------------------------------------------
+    def _pre(self, layer: int, j: int) -> None:
+        s = slice(j * self.chunk, (j + 1) * self.chunk)
+        if layer == 0:
+            self.xs[0, s] = self.model.embed(self.tok[s])
+        q = self.model.pre(layer, self.xs[layer, s], self.pos[s], self.write[s], self.pool[layer])
+        self.q[s] = q
+
+    def _post(self, layer: int, j: int) -> None:
+        s = slice(j * self.chunk, (j + 1) * self.chunk)
+        self.xs[layer + 1, s] = self.model.post(layer, self.xs[layer, s], self.o[s])
+
+    def _head(self, _: int, j: int) -> None:
+        s = slice(j * self.chunk, (j + 1) * self.chunk)
+        self.logits[s] = self.model.head(self.xs[-1, s])
+
+    def _segment(self, kind: str, layer: int, j: int) -> None:
+        fn = {"pre": self._pre, "post": self._post, "head": self._head}[kind]
+        if not self.graphs:
+            fn(layer, j)
+            return
+        key = (kind, layer, j)
+        graph = self._captured.get(key)
+        if graph is None:
+            graph = self._capture(lambda: fn(layer, j))
+            self._captured[key] = graph
+        graph.replay()
+
+    def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        # every segment is idempotent (it reads one buffer and writes another), so the warm-up
+        # runs on the step's real data do no harm; the replay that follows computes it
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            fn()
+        return graph
+
+    # -- a forward -----------------------------------------------------------------------------
+    def run(self, rows: Rows, attention: Attention, timer: AttentionTimer) -> torch.Tensor:
+        """Logits [R, V] (a view of the static buffer: use before the next run)."""
+        cfg, n = self.model.cfg, len(rows)
+        if n == 0:
+            return self.logits[:0]
+        if n > self.max_rows:
+            raise ValueError(f"a forward of {n} rows exceeds the {self.max_rows} rows planned")
+        chunks = -(-n // self.chunk)
+        end = chunks * self.chunk
+        self.tok[:n] = torch.from_numpy(rows.tokens).to(self.tok.device, non_blocking=True)
+        self.pos[:n] = torch.from_numpy(rows.positions).to(self.pos.device, non_blocking=True)
+        self.write[:n] = torch.from_numpy(rows.write_slots).to(self.pos.device, non_blocking=True)
+        self.tok[n:end] = 0
+        self.pos[n:end] = 0
+        self.write[n:end] = self.trash
+        plan = attention.plan(rows.table, rows.lens, self.model.device)
+        for layer in range(cfg.layers):
+            for j in range(chunks):
+                self._segment("pre", layer, j)
+            out = timer.span(
+                lambda layer=layer: attention(
+                    self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
+                )
+            )
+            self.o[:n] = out
+            for j in range(chunks):
+                self._segment("post", layer, j)
+        for j in range(chunks):
+            self._segment("head", 0, j)
+        return self.logits[:n]
