@@ -1,14 +1,18 @@
 """`python -m engine.bench`: AR == DDTree identity and throughput of the engine on one device.
 
     python -m engine.bench --preset small --device cuda --json OUT.json \
-        [--concurrency 1 8 32] [--max-tokens 64] [--time-budget 200]
+        [--concurrency 1 8 32] [--max-tokens 64] [--graphs both] [--prompt-len N]
+        [--time-budget 200]
 
 For each backend set (`cuda`: every component on the GPU; `cpu-kernels`: the model on the
 device, top-k / tree build / accept on the CPU references, torch attention) it checks that
 DDTree output equals AR output on the golden prompts (batched), then for each mode and
 concurrency c submits c requests at once to the continuous-batching scheduler (each
 generating exactly max-tokens tokens, EOS ignored) and records wall time, tokens/s, mean
-accept length and the per-stage step breakdown. In-process: no HTTP server involved.
+accept length and the per-stage step breakdown, and whether every request's DDTree output
+equals its AR output under that load. With `--graphs both` (the default on a GPU) every set
+runs with the forward's CUDA graphs and again eagerly (`SET:eager`). In-process: no HTTP
+server involved.
 """
 
 from __future__ import annotations
@@ -35,11 +39,15 @@ BACKEND_SETS = {
 
 
 def load(spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """c requests submitted at once; wall time until the last finishes."""
+    """c requests submitted at once; wall time until the last finishes. A warm-up of the same
+    batch (4 tokens) runs first, so CUDA-graph capture is not timed."""
     _, dec = build_decoder(spec)
+    warm = [prompts[i % len(prompts)] for i in range(concurrency)]
+    generate(dec, warm, 4, stop_at_eos=False)
     sched = Scheduler(dec)
     done = threading.Event()
     counts: dict[int, int] = {}
+    outputs: dict[int, list[int]] = {}
     finished: list[str | None] = []
     lock = threading.Lock()
 
@@ -47,6 +55,7 @@ def load(spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_token
         def put(u: Update) -> None:
             with lock:
                 counts[i] = counts.get(i, 0) + len(u.token_ids)
+                outputs.setdefault(i, []).extend(u.token_ids)
                 if u.finished:
                     finished.append(u.finish_reason)
                     if len(finished) == concurrency:
@@ -73,7 +82,20 @@ def load(spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_token
         "mean_accept_length": sched.stats.avg_accept_length(),
         "steps_by_batch": {str(k): v for k, v in sorted(sched.stats.steps_by_batch.items())},
         "step_breakdown": sched.stats.breakdown(),
+        "cuda_graphs": dec.forward.graphs,
+        "captured_graphs": dec.forward.captured_graphs,
+        "outputs": [outputs.get(i, []) for i in range(concurrency)],
     }
+
+
+def _prompts(prompt_len: int) -> list[list[int]]:
+    """The golden prompts; with prompt_len > 0 each is repeated up to that many tokens
+    (long prompts make attention a large share of the step)."""
+    tok = ByteTokenizer()
+    base = [tok.encode(t) for t in GOLDEN_PROMPTS]
+    if prompt_len <= 0:
+        return base
+    return [((p or [0]) * (prompt_len // max(len(p), 1) + 1))[:prompt_len] for p in base]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sets", nargs="+", default=list(BACKEND_SETS), choices=list(BACKEND_SETS))
+    ap.add_argument(
+        "--graphs",
+        choices=("on", "off", "both"),
+        default="both",
+        help="CUDA graphs for the forward's segments (on a GPU); both: each set twice",
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=0, help="pad prompts to this many tokens")
     ap.add_argument("--identity-tokens", type=int, default=32)
     ap.add_argument("--time-budget", type=float, default=200.0)
     ap.add_argument("--json", required=True)
@@ -97,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset,
         "device": args.device,
         "max_tokens": args.max_tokens,
+        "prompt_len": args.prompt_len,
+        "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "sets": {},
     }
     try:
@@ -105,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         result["environment"] = environment()
     except Exception as exc:  # the bench still runs without it
         result["environment"] = {"error": repr(exc), "torch": torch.__version__}
-    tok = ByteTokenizer()
-    prompts = [tok.encode(t) for t in GOLDEN_PROMPTS]
+    prompts = _prompts(args.prompt_len)
+    on_gpu = args.device.startswith("cuda")
+    graph_modes = {"on": [True], "off": [False], "both": [True, False]}[args.graphs]
+    if not on_gpu:
+        graph_modes = [False]
 
     def save() -> None:
         with open(args.json, "w") as f:
@@ -114,51 +148,67 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name in args.sets:
-        backends = BACKEND_SETS[name] if args.device.startswith("cuda") else ()
-        entry: dict[str, Any] = {"backends": list(backends)}
-        result["sets"][name] = entry
-        try:
-            outs = {}
-            for mode in ("ar", "ddtree"):
-                _, dec = build_decoder(EngineSpec(args.preset, mode, args.device, backends))
-                t0 = time.perf_counter()
-                outs[mode], acc = generate(dec, prompts, args.identity_tokens)
-                entry[f"identity_{mode}_s"] = time.perf_counter() - t0
-            entry["ddtree_equals_ar"] = outs["ar"] == outs["ddtree"]
-            entry["identity_prompts"] = len(prompts)
-            entry["identity_accept_length"] = sum(acc) / len(acc)
-            entry["mismatched_prompts"] = [
-                i for i, (a, d) in enumerate(zip(outs["ar"], outs["ddtree"], strict=True)) if a != d
-            ]
+        for graphs in graph_modes:
+            label = name if graphs or not on_gpu else f"{name}:eager"
+            backends = BACKEND_SETS[name] if on_gpu else ()
+            entry: dict[str, Any] = {"backends": list(backends), "cuda_graphs": graphs}
+            result["sets"][label] = entry
+            try:
+                _run_set(args, entry, backends, graphs, prompts, start, rows, label, save)
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                print(f"[{label}] failed: {entry['error']}", file=sys.stderr)
             save()
-            entry["load"] = []
-            for c in args.concurrency:
-                for mode in ("ar", "ddtree"):
-                    if time.monotonic() - start > args.time_budget:
-                        entry["load"].append({"mode": mode, "concurrency": c, "skipped": "time"})
-                        continue
-                    spec = EngineSpec(
-                        args.preset,
-                        mode,
-                        args.device,
-                        backends,
-                        max_batch_size=max(args.concurrency),
-                    )
-                    r = {"mode": mode, **load(spec, prompts, c, args.max_tokens)}
-                    entry["load"].append(r)
-                    rows.append((name, mode, c, r["tokens_per_s"], r["mean_accept_length"]))
-                    save()
-        except Exception as exc:
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            print(f"[{name}] failed: {entry['error']}", file=sys.stderr)
-        save()
-    print(f"{'set':12s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s}")
-    for name, mode, c, tps, acc in rows:
-        print(f"{name:12s} {mode:7s} {c:3d} {tps:9.1f} {acc:7.2f}")
-    for name, e in result["sets"].items():
-        print(f"{name}: ddtree_equals_ar={e.get('ddtree_equals_ar')} error={e.get('error')}")
-    ok = all(e.get("ddtree_equals_ar") for e in result["sets"].values())
+    print(f"{'set':18s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s}")
+    for label, mode, c, tps, acc in rows:
+        print(f"{label:18s} {mode:7s} {c:3d} {tps:9.1f} {acc:7.2f}")
+    for label, e in result["sets"].items():
+        print(
+            f"{label}: ddtree_equals_ar={e.get('ddtree_equals_ar')} "
+            f"under_load={e.get('identical_under_load')} error={e.get('error')}"
+        )
+    ok = all(
+        e.get("ddtree_equals_ar") and e.get("identical_under_load") is not False
+        for e in result["sets"].values()
+    )
     return 0 if ok else 1
+
+
+def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -> None:
+    outs = {}
+    for mode in ("ar", "ddtree"):
+        spec = EngineSpec(args.preset, mode, args.device, backends, cuda_graphs=graphs)
+        _, dec = build_decoder(spec)
+        t0 = time.perf_counter()
+        outs[mode], acc = generate(dec, prompts, args.identity_tokens)
+        entry[f"identity_{mode}_s"] = time.perf_counter() - t0
+    entry["ddtree_equals_ar"] = outs["ar"] == outs["ddtree"]
+    entry["identity_prompts"] = len(prompts)
+    entry["identity_accept_length"] = sum(acc) / len(acc)
+    entry["mismatched_prompts"] = [
+        i for i, (a, d) in enumerate(zip(outs["ar"], outs["ddtree"], strict=True)) if a != d
+    ]
+    save()
+    entry["load"] = []
+    for c in args.concurrency:
+        got = {}
+        for mode in ("ar", "ddtree"):
+            if time.monotonic() - start > args.time_budget:
+                entry["load"].append({"mode": mode, "concurrency": c, "skipped": "time"})
+                continue
+            spec = EngineSpec(
+                args.preset, mode, args.device, backends,
+                max_batch_size=max(args.concurrency), cuda_graphs=graphs,
+            )  # fmt: skip
+            r = {"mode": mode, **load(spec, prompts, c, args.max_tokens)}
+            got[mode] = r.pop("outputs")
+            entry["load"].append(r)
+            rows.append((label, mode, c, r["tokens_per_s"], r["mean_accept_length"]))
+            save()
+        if len(got) == 2:
+            same = got["ar"] == got["ddtree"]
+            entry.setdefault("load_identity", {})[str(c)] = same
+            entry["identical_under_load"] = entry.get("identical_under_load", True) and same
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from helpers.engine_waves import run_waves
 
 from engine.backends import parse_backends
 from engine.config import preset
@@ -129,6 +130,21 @@ def test_continuous_batching_matches_ar(ar_outputs: list[list[int]]) -> None:
     sizes = set(sched.stats.steps_by_batch)
     assert 3 in sizes and min(sizes) < 3 and max(sizes) == 3
     assert dec.cache.free_pages == dec.cache.num_pages  # every page came back
+
+
+def test_ddtree_batches_up_to_64_with_joining_requests_equal_ar_alone() -> None:
+    """Batches of 1, 7, 32 and 64 (max batch 64), ragged prompts, requests joining mid-run:
+    every DDTree output equals the same prompt's AR output decoded alone."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i % 250] * (i % 5) for i in range(64)]
+    _, ar = build_decoder(EngineSpec(mode="ar", max_batch_size=1))
+    alone = [generate(ar, [p], 12, stop_at_eos=False)[0][0] for p in prompts]
+    _, dd = build_decoder(EngineSpec(mode="ddtree", max_batch_size=64))
+    for waves in ([1], [7], [4, 28], [16, 16, 32]):
+        n = sum(waves)
+        outs, sizes = run_waves(dd, prompts[:n], 12, waves)
+        assert outs == alone[:n], waves
+        assert max(sizes) >= waves[-1] and (len(waves) == 1 or len(sizes) > 1)
+    assert dd.cache.free_pages == dd.cache.num_pages
 
 
 def test_a_broken_request_fails_alone(ar_outputs: list[list[int]]) -> None:
