@@ -8,7 +8,7 @@ never a traceback. Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configura
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -17,16 +17,17 @@ from rich.table import Table
 from ops.cli_checks import healthcheck, loadtest
 from ops.cli_common import (
     HELP_SETTINGS,
+    Done,
     InventoryOpt,
     JsonOpt,
     TargetArg,
+    command,
     emit_json,
     err,
-    guard,
-    inventory_of,
+    on_target,
     out,
     package_version,
-    recorded,
+    state,
 )
 from ops.cli_deploy import deploy, releases, rollback
 from ops.cli_report import report
@@ -34,8 +35,8 @@ from ops.cli_rollout import rollout
 from ops.cli_service import serve, service_app
 from ops.cli_verdict import bench, profile
 from ops.errors import EXIT_OK
-from ops.facts import Facts, gather_facts
-from ops.remote import open_host
+from ops.facts import Facts, Tool, gather_facts
+from ops.remote import Host
 
 app = typer.Typer(
     name="ops",
@@ -56,12 +57,16 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
 ) -> None:
     """Build, prove, benchmark and roll out DDTree kernels onto live inference hosts."""
+    state(ctx)  # the shared options (also accepted after the command) live on ctx.obj
 
 
 app.add_typer(service_app, name="service")
@@ -78,79 +83,68 @@ app.command()(rollback)
 
 
 @app.command()
-def hosts(as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+@command
+def hosts(ctx: typer.Context, _json: JsonOpt = False, _inventory: InventoryOpt = None) -> int:
     """List every target: address, GPUs, arch, service and its manager."""
-
-    def body() -> int:
-        inv = inventory_of(inventory)
-        rows = [
+    st = state(ctx)
+    inv = st.inventory()
+    rows = [
+        {
+            "name": t.name,
+            "transport": "local" if t.is_local else "ssh",
+            "address": "localhost" if t.is_local else f"{t.address}:{t.port}",
+            "user": t.user,
+            "gpus": t.gpus,
+            "cuda_arch": t.cuda_arch,
+            "bench_gpu": t.bench_gpu,
+            "service": t.service.name,
+            "manager": t.service.manager,
+            "url": t.service.url,
+        }
+        for t in inv.targets.values()
+    ]
+    if st.as_json:
+        emit_json(
             {
-                "name": t.name,
-                "transport": "local" if t.is_local else "ssh",
-                "address": "localhost" if t.is_local else f"{t.address}:{t.port}",
-                "user": t.user,
-                "gpus": t.gpus,
-                "cuda_arch": t.cuda_arch,
-                "bench_gpu": t.bench_gpu,
-                "service": t.service.name,
-                "manager": t.service.manager,
-                "url": t.service.url,
+                "inventory": str(inv.path) if inv.path else None,
+                "targets": rows,
+                "groups": inv.groups,
             }
-            for t in inv.targets.values()
-        ]
-        if as_json:
-            emit_json(
-                {
-                    "inventory": str(inv.path) if inv.path else None,
-                    "targets": rows,
-                    "groups": inv.groups,
-                }
-            )
-            return EXIT_OK
-        table = Table(title=f"targets ({inv.path or 'built-in local only'})")
-        for col in ("name", "address", "gpus", "arch", "service", "manager"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(
-                r["name"],
-                r["address"],
-                str(r["gpus"]),
-                r["cuda_arch"] or "-",
-                r["service"],
-                r["manager"],
-            )
-        out.print(table)
-        for g, members in inv.groups.items():
-            out.print(f"group [bold]{g}[/]: {', '.join(members)}")
+        )
         return EXIT_OK
-
-    guard(as_json, body)
+    table = Table(title=f"targets ({inv.path or 'built-in local only'})")
+    for col in ("name", "address", "gpus", "arch", "service", "manager"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["name"],
+            r["address"],
+            str(r["gpus"]),
+            r["cuda_arch"] or "-",
+            r["service"],
+            r["manager"],
+        )
+    out.print(table)
+    for g, members in inv.groups.items():
+        out.print(f"group [bold]{g}[/]: {', '.join(members)}")
+    return EXIT_OK
 
 
 @app.command()
-def facts(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+@command
+def facts(
+    ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
+) -> int:
     """Connect to TARGET and report what is there: OS, python, nvcc, GPUs, disk, service."""
 
-    def body() -> int:
-        t = inventory_of(inventory).target(target)
+    def gather(host: Host) -> Done[Facts]:
+        return Done(EXIT_OK, "ok", gather_facts(host))
 
-        def gather(_run: object) -> tuple[int, str, dict[str, Any]]:
-            with open_host(t) as host:
-                return EXIT_OK, "ok", {"facts": gather_facts(host).model_dump(mode="json")}
-
-        run, code, sections = recorded("facts", t, {"target": t.name}, gather)
-        if as_json:
-            emit_json({**sections["facts"], "run_dir": str(run.path)})
-        else:
-            _print_facts(Facts.model_validate(sections["facts"]))
-            err.print(f"[dim]record: {run.path}/record.json[/]")
-        return code
-
-    guard(as_json, body)
+    return on_target(ctx, "facts", target, {}, gather, _print_facts, doc=lambda d: d.section)
 
 
 def _print_facts(f: Facts) -> None:
-    def tool(t: Any) -> str:
+    def tool(t: Tool) -> str:
         return f"{t.path} ({t.version})" if t.found else f"[yellow]missing[/] ({t.error})"
 
     table = Table(title=f"facts: {f.target}", show_header=False)

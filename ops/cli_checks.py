@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ops.cli_common import (
+    Done,
     InputLenOpt,
     InventoryOpt,
     JsonOpt,
@@ -19,23 +20,24 @@ from ops.cli_common import (
     RequestsOpt,
     RequestTimeoutOpt,
     TargetArg,
-    emit_json,
+    command,
     err,
-    guard,
-    inventory_of,
+    on_target,
     out,
-    recorded,
+    state,
 )
 from ops.errors import EXIT_FAIL, EXIT_OK
 from ops.healthcheck import HealthReport, run_healthcheck
 from ops.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
-from ops.remote import open_host
+from ops.remote import Host
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
+@command
 def healthcheck(
+    ctx: typer.Context,
     target: TargetArg,
     record_golden: Annotated[
         bool, typer.Option("--record-golden", help="Record the golden set instead of comparing.")
@@ -53,53 +55,35 @@ def healthcheck(
     ] = 0,
     timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 30.0,
     max_tokens: MaxTokensOpt = 32,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Pre/post-flight: service active, answering, token-identical to the golden set, GPUs sane."""
+    inputs = {
+        "record_golden": record_golden,
+        "golden": str(golden or ""),
+        "aa_runs": aa_runs,
+        "timeout": timeout,
+        "max_tokens": max_tokens,
+    }
 
-    def body() -> int:
-        t = inventory_of(inventory).target(target)
-        inputs = {
-            "target": t.name,
-            "record_golden": record_golden,
-            "golden": str(golden or ""),
-            "aa_runs": aa_runs,
-            "timeout": timeout,
-            "max_tokens": max_tokens,
-        }
-
-        def check(_run: object) -> tuple[int, str, dict[str, Any]]:
-            with open_host(t) as host, err.status("healthcheck", spinner="dots") as status:
-                rep = run_healthcheck(
-                    host,
-                    golden=golden,
-                    record_golden=record_golden,
-                    aa_runs=aa_runs,
-                    timeout=timeout,
-                    max_tokens=max_tokens,
-                    progress=lambda step: status.update(f"healthcheck {t.name}: {step}"),
-                )
-            code = EXIT_OK if rep.ok else EXIT_FAIL
-            return code, "pass" if rep.ok else "fail", {"healthcheck": rep.model_dump()}
-
-        run, code, sections = recorded("healthcheck", t, inputs, check)
-        rep = HealthReport.model_validate(sections["healthcheck"])
-        if as_json:
-            emit_json(
-                {
-                    "ok": rep.ok,
-                    "failed": rep.failed,
-                    **sections["healthcheck"],
-                    "run_dir": str(run.path),
-                }
+    def check(host: Host) -> Done[HealthReport]:
+        with err.status("healthcheck", spinner="dots") as status:
+            rep = run_healthcheck(
+                host,
+                golden=golden,
+                record_golden=record_golden,
+                aa_runs=aa_runs,
+                timeout=timeout,
+                max_tokens=max_tokens,
+                progress=lambda step: status.update(f"healthcheck {host.name}: {step}"),
             )
-        else:
-            _print_report(rep)
-            err.print(f"[dim]record: {run.path}/record.json[/]", soft_wrap=True)
-        return code
+        return Done(EXIT_OK if rep.ok else EXIT_FAIL, "pass" if rep.ok else "fail", rep)
 
-    guard(as_json, body)
+    def doc(done: Done[HealthReport]) -> dict[str, Any]:
+        return {"ok": done.result.ok, "failed": done.result.failed, **done.section}
+
+    return on_target(ctx, "healthcheck", target, inputs, check, _print_report, doc=doc)
 
 
 def _print_report(rep: HealthReport) -> None:
@@ -120,7 +104,9 @@ def _print_report(rep: HealthReport) -> None:
     out.print(f"healthcheck {rep.target}: {verdict}")
 
 
+@command
 def loadtest(
+    ctx: typer.Context,
     target: TargetArg,
     concurrency: Annotated[
         str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,10,64.")
@@ -129,67 +115,49 @@ def loadtest(
     input_len: InputLenOpt = 32,
     output_len: OutputLenOpt = 32,
     timeout: RequestTimeoutOpt = 120.0,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Closed-loop sweep: req/s, tok/s, TTFT, TPOT, ITL, E2E p50/p90/p99 and accept length."""
+    levels = parse_levels(concurrency)
+    inputs = {
+        "concurrency": levels,
+        "requests": requests,
+        "input_len": input_len,
+        "output_len": output_len,
+        "timeout": timeout,
+    }
+    as_json = state(ctx).as_json
 
-    def body() -> int:
-        levels = parse_levels(concurrency)
-        t = inventory_of(inventory).target(target)
-        inputs = {
-            "target": t.name,
-            "concurrency": levels,
-            "requests": requests,
-            "input_len": input_len,
-            "output_len": output_len,
-            "timeout": timeout,
-        }
-
-        def sweep(_run: object) -> tuple[int, str, dict[str, Any]]:
-            columns = (
-                TextColumn("loadtest {task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-            )
-            try:
-                with (
-                    open_host(t) as host,
-                    Progress(*columns, console=err, disable=as_json) as bar,
-                ):
-                    task = bar.add_task(t.name, total=len(levels))
-                    rep = run_loadtest(
-                        host,
-                        levels,
-                        requests=requests,
-                        input_len=input_len,
-                        output_len=output_len,
-                        timeout=timeout,
-                        on_level=lambda c, level: bar.update(
-                            task, advance=1, description=f"{t.name} (c={c} done)"
-                        ),
-                    )
-            except LoadtestInterrupted as stop:  # what ran on the host is stopped already
-                return EXIT_INTERRUPTED, "interrupted", {"loadtest": stop.report.model_dump()}
-            code = EXIT_OK if rep.ok else EXIT_FAIL
-            return code, "pass" if rep.ok else "fail", {"loadtest": rep.model_dump()}
-
-        run, code, sections = recorded("loadtest", t, inputs, sweep)
-        rep = LoadtestReport.model_validate(sections["loadtest"])
-        if as_json:
-            emit_json({"ok": rep.ok, **sections["loadtest"], "run_dir": str(run.path)})
-        else:
-            _print_loadtest(rep)
-            if rep.interrupted:
-                err.print(
-                    f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "
-                    "finished; the level in progress was stopped on the host"
+    def sweep(host: Host) -> Done[LoadtestReport]:
+        columns = (
+            TextColumn("loadtest {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        try:
+            with Progress(*columns, console=err, disable=as_json) as bar:
+                task = bar.add_task(host.name, total=len(levels))
+                rep = run_loadtest(
+                    host,
+                    levels,
+                    requests=requests,
+                    input_len=input_len,
+                    output_len=output_len,
+                    timeout=timeout,
+                    on_level=lambda c, level: bar.update(
+                        task, advance=1, description=f"{host.name} (c={c} done)"
+                    ),
                 )
-            err.print(f"[dim]record: {run.path}/record.json[/]", soft_wrap=True)
-        return code
+        except LoadtestInterrupted as stop:  # what ran on the host is stopped already
+            return Done(EXIT_INTERRUPTED, "interrupted", stop.report)
+        return Done(EXIT_OK if rep.ok else EXIT_FAIL, "pass" if rep.ok else "fail", rep)
 
-    guard(as_json, body)
+    def doc(done: Done[LoadtestReport]) -> dict[str, Any]:
+        return {"ok": done.result.ok, **done.section}
+
+    return on_target(ctx, "loadtest", target, inputs, sweep, _print_loadtest, doc=doc)
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -236,3 +204,8 @@ def _print_loadtest(rep: LoadtestReport) -> None:
     for lv in rep.levels:
         for error, n in lv["errors"].items():
             err.print(f"[red]c={lv['concurrency']}: {n} x {escape(error)}[/]", soft_wrap=True)
+    if rep.interrupted:
+        err.print(
+            f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "
+            "finished; the level in progress was stopped on the host"
+        )

@@ -1,26 +1,70 @@
-"""Shared pieces of the `ops` command line: consoles, common options, error and record handling."""
+"""Shared pieces of the `ops` command line: the state on the typer context, common options,
+and the one way a command runs: `command` (errors become one line and an exit code) around
+`on_target` (open the target, run the action inside a run record, render its typed result).
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from ops.errors import OpsError
+from ops.errors import EXIT_OK, OpsError
 from ops.inventory import Inventory, Target, load_inventory
 from ops.records import RunDir
+from ops.remote import Host, open_host
 
 HELP_SETTINGS = {"help_option_names": ["-h", "--help"]}
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
+R = TypeVar("R")
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+@dataclass
+class CliState:
+    """The options every command shares, kept on the typer context (`ctx.obj`)."""
+
+    as_json: bool = False
+    inventory_path: str | None = None
+
+    def inventory(self) -> Inventory:
+        return load_inventory(self.inventory_path)
+
+    def target(self, name: str) -> Target:
+        return self.inventory().target(name)
+
+
+def state(ctx: typer.Context) -> CliState:
+    return ctx.ensure_object(CliState)
+
+
+def _set_json(ctx: typer.Context, value: bool) -> None:
+    if value:
+        state(ctx).as_json = True
+
+
+def _set_inventory(ctx: typer.Context, value: str | None) -> None:
+    if value is not None:
+        state(ctx).inventory_path = value
+
+
+# Given before or after the command name; they land on ctx.obj (expose_value=False), so a
+# command's parameter of these types is only its declaration: read them from `state(ctx)`.
+JsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print one JSON document on stdout.", callback=_set_json, expose_value=False
+    ),
+]
 InventoryOpt = Annotated[
     str | None,
     typer.Option(
@@ -29,6 +73,8 @@ InventoryOpt = Annotated[
         envvar="OPS_INVENTORY",
         metavar="PATH",
         help="Inventory file (default: ./ops.toml; without one only `local` exists).",
+        callback=_set_inventory,
+        expose_value=False,
     ),
 ]
 TargetArg = Annotated[str, typer.Argument(help="Target name from the inventory, or `local`.")]
@@ -54,34 +100,115 @@ def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
 
 
-def guard(as_json: bool, fn: Callable[[], int]) -> None:
-    """Run a command body; turn OpsError into one line on stderr (and a JSON doc) and exit 2."""
-    try:
-        code = fn()
-    except OpsError as exc:
-        if as_json:
-            emit_json({"ok": False, **exc.to_dict()})
-        err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
-        if exc.hint:
-            err.print(f"[dim]hint: {escape(exc.hint)}[/]", soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
-    raise typer.Exit(code)
+def command(fn: Callable[..., int]) -> Callable[..., None]:
+    """Run a command function (its first parameter `ctx`) and exit with the code it returns;
+    an OpsError becomes one line on stderr (and, with --json, a JSON document) and its code."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        ctx = kwargs.get("ctx") or args[0]
+        as_json = state(ctx).as_json
+        try:
+            code = fn(*args, **kwargs)
+        except OpsError as exc:
+            if as_json:
+                emit_json({"ok": False, **exc.to_dict()})
+            err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
+            if exc.hint:
+                err.print(f"[dim]hint: {escape(exc.hint)}[/]", soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        raise typer.Exit(code)
+
+    return run
 
 
-def inventory_of(path: str | None) -> Inventory:
-    return load_inventory(path)
+@dataclass
+class Done(Generic[R]):
+    """What a command's action ends with: exit code, the record's outcome word, the typed
+    result the command renders, and the section its run record keeps."""
+
+    code: int
+    outcome: str
+    result: R
+    section: Any = None  # default: the result, dumped to JSON types
+
+    def __post_init__(self) -> None:
+        if self.section is None:
+            self.section = _dump(self.result)
+
+
+def _dump(r: Any) -> Any:
+    if isinstance(r, BaseModel):
+        return r.model_dump(mode="json")
+    return [_dump(x) for x in r] if isinstance(r, list) else r
+
+
+def ok_doc(done: Done[Any]) -> dict[str, Any]:
+    """The usual JSON document: `ok` (exit 0) and the section's keys."""
+    return {"ok": done.code == EXIT_OK, **done.section}
+
+
+def finish(
+    st: CliState,
+    run: RunDir,
+    done: Done[R],
+    show: Callable[[R], None],
+    *,
+    doc: Callable[[Done[R]], dict[str, Any]] = ok_doc,
+    always: Callable[[Done[R]], None] | None = None,
+    record_line: bool = True,
+) -> int:
+    """Render a recorded result: the JSON document (plus `run_dir`) or `show`; then `always`
+    (lines for both modes) and where the record is (in both modes when `always` is given)."""
+    if st.as_json:
+        emit_json({**doc(done), "run_dir": str(run.path)})
+    else:
+        show(done.result)
+    if always is not None:
+        always(done)
+    if record_line and (always is not None or not st.as_json):
+        err.print(f"[dim]record: {escape(str(run.path))}/record.json[/]", soft_wrap=True)
+    return done.code
+
+
+def on_target(
+    ctx: typer.Context,
+    name: str,
+    target: str,
+    inputs: dict[str, Any],
+    act: Callable[[Host], Done[R]],
+    show: Callable[[R], None],
+    *,
+    key: str | None = None,
+    **render: Any,
+) -> int:
+    """The body of a command on one target: resolve it, open it, run `act` inside a run record
+    named `name` (inputs: the target's name and `inputs`; the result under `key`, default
+    `name`), render as `finish` does."""
+    st = state(ctx)
+    t = st.target(target)
+
+    def body(_run: RunDir) -> Done[R]:
+        with open_host(t) as host:
+            return act(host)
+
+    run, done = recorded(name, t, {"target": t.name, **inputs}, body, key=key)
+    return finish(st, run, done, show, **render)
 
 
 def recorded(
     command: str,
     target: Target,
     inputs: dict[str, Any],
-    body: Callable[[RunDir], tuple[int, str, dict[str, Any]]],
-) -> tuple[RunDir, int, dict[str, Any]]:
-    """Run `body` inside a new run directory; its record is written whatever happens."""
+    body: Callable[[RunDir], Done[R]],
+    *,
+    key: str | None = None,
+) -> tuple[RunDir, Done[R]]:
+    """Run `body` inside a new run directory; its record is written whatever happens, with
+    the result's section under `key` (default: the command's name)."""
     run = RunDir.create(command, target.name)
     try:
-        code, outcome, sections = body(run)
+        done = body(run)
     except OpsError as exc:
         run.write_record(
             inputs=inputs, outcome="error", exit_code=exc.exit_code, error=exc.to_dict()
@@ -96,5 +223,6 @@ def recorded(
             error={"error": type(exc).__name__, "message": str(exc)},
         )
         raise
-    run.write_record(inputs=inputs, outcome=outcome, exit_code=code, **sections)
-    return run, code, sections
+    section = {key or command: done.section}
+    run.write_record(inputs=inputs, outcome=done.outcome, exit_code=done.code, **section)
+    return run, done

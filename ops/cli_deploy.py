@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,16 +15,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from ops.cli_common import (
+    Done,
     InventoryOpt,
     JsonOpt,
     MaxTokensOpt,
     TargetArg,
+    command,
     emit_json,
     err,
-    guard,
-    inventory_of,
+    finish,
+    on_target,
     out,
     recorded,
+    state,
 )
 from ops.deploy import (
     Deployer,
@@ -36,7 +39,7 @@ from ops.deploy import (
 )
 from ops.errors import EXIT_FAIL, EXIT_OK
 from ops.fleet import deploy_group
-from ops.remote import open_host
+from ops.remote import Host, open_host
 
 WaitOpt = Annotated[
     float,
@@ -63,14 +66,18 @@ def term_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _code(results: list[DeployResult]) -> tuple[int, str]:
+def _done(results: list[DeployResult], outcome: str | None = None) -> Done[list[DeployResult]]:
+    """Exit code and outcome of a deploy (or rollback: `outcome` is its result's own)."""
     if any(r.outcome == "interrupted" for r in results):
-        return EXIT_INTERRUPTED, "interrupted"
-    ok = all(r.ok for r in results)
-    return (EXIT_OK, "ok") if ok else (EXIT_FAIL, "fail")
+        code, word = EXIT_INTERRUPTED, "interrupted"
+    elif all(r.ok for r in results):
+        code, word = EXIT_OK, "ok"
+    else:
+        code, word = EXIT_FAIL, "fail"
+    return Done(code, outcome or word, results)
 
 
-def _progress(as_json: bool, many: bool):
+def _progress(many: bool) -> Callable[[str, str, Step | None], None]:
     def show(target: str, name: str, step: Step | None) -> None:
         who = f"{target}: " if many else ""
         with _print_lock:
@@ -121,7 +128,9 @@ def _summary(results: list[DeployResult], title: str = "deploy") -> None:
             out.print(f"{escape(r.target)}: {escape(r.message)}", soft_wrap=True)
 
 
+@command
 def deploy(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="Target or group name from the inventory.")],
     source: Annotated[
         Path | None, typer.Option(help="Project checkout to release (default: this one).")
@@ -150,142 +159,124 @@ def deploy(
     wave_size: Annotated[int, typer.Option(min=1, help="Hosts per wave after the canary.")] = 1,
     wait: WaitOpt = 180.0,
     max_tokens: MaxTokensOpt = 32,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Build, self-test and switch a release on TARGET (or a group: canary, then waves)."""
 
-    def body() -> int:
-        inv = inventory_of(inventory)
-        targets = inv.resolve(target)
-        opts = DeployOptions(
-            source=source,
-            ref=ref,
-            allow_dirty=allow_dirty,
-            bootstrap=bootstrap,
-            force=force,
-            no_restart=no_restart,
-            dry_run=dry_run,
-            keep=keep,
-            wait_s=wait,
-            max_tokens=max_tokens,
-        )
-        many = len(targets) > 1 or target in inv.groups
-        show = _progress(as_json, many)
+    st = state(ctx)
+    inv = st.inventory()
+    targets = inv.resolve(target)
+    opts = DeployOptions(
+        source=source,
+        ref=ref,
+        allow_dirty=allow_dirty,
+        bootstrap=bootstrap,
+        force=force,
+        no_restart=no_restart,
+        dry_run=dry_run,
+        keep=keep,
+        wait_s=wait,
+        max_tokens=max_tokens,
+    )
+    many = len(targets) > 1 or target in inv.groups
+    show = _progress(many)
 
-        def act(_run: object) -> tuple[int, str, dict[str, Any]]:
-            if many:
-                results = deploy_group(targets, opts, wave_size, show)
-            else:
-                try:
-                    with open_host(targets[0]) as host:
-                        results = [Deployer(host, opts, lambda n, s: show(target, n, s)).run()]
-                except DeployInterrupted as stop:
-                    results = [stop.result]
-            code, outcome = _code(results)
-            return code, outcome, {"results": [r.model_dump(mode="json") for r in results]}
+    def act(_run: object) -> Done[list[DeployResult]]:
+        if many:
+            return _done(deploy_group(targets, opts, wave_size, show))
+        try:
+            with open_host(targets[0]) as host:
+                return _done([Deployer(host, opts, lambda n, s: show(target, n, s)).run()])
+        except DeployInterrupted as stop:
+            return _done([stop.result])
 
-        inputs = {"target": target, **opts.model_dump(mode="json"), "wave_size": wave_size}
-        anchor = targets[0] if not many else targets[0].model_copy(update={"name": target})
-        with term_as_interrupt():
-            run, code, sections = recorded("deploy", anchor, inputs, act)
-        _finish("deploy", as_json, code, sections, run.path)
-        return code
-
-    guard(as_json, body)
+    inputs = {"target": target, **opts.model_dump(mode="json"), "wave_size": wave_size}
+    anchor = targets[0] if not many else targets[0].model_copy(update={"name": target})
+    with term_as_interrupt():
+        run, done = recorded("deploy", anchor, inputs, act, key="results")
+    return finish(st, run, done, lambda rs: _summary(rs, "deploy"), doc=_doc)
 
 
-def _finish(title: str, as_json: bool, code: int, sections: dict[str, Any], path: Path) -> None:
-    results = [DeployResult.model_validate(r) for r in sections["results"]]
-    if as_json:
-        emit_json({"ok": code == EXIT_OK, **sections, "run_dir": str(path)})
-        return
-    _summary(results, title)
-    err.print(f"[dim]record: {escape(str(path))}/record.json[/]", soft_wrap=True)
+def _doc(done: Done[list[DeployResult]]) -> dict[str, Any]:
+    return {"ok": done.code == EXIT_OK, "results": done.section}
 
 
-def releases(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+@command
+def releases(
+    ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
+) -> int:
     """The releases on TARGET: id, git sha, created, arch, self-test, size, current/previous."""
-
-    def body() -> int:
-        t = inventory_of(inventory).target(target)
-        with open_host(t) as host:
-            doc = host_releases(host, "list")
-        if as_json:
-            emit_json(doc)
-            return EXIT_OK
-        # ids are never cut (they are what `ops rollback --to` takes); the rest fits 80 columns
-        table = Table(
-            title=f"releases on {escape(t.name)} ({escape(t.remote_root)})",
-            box=box.SIMPLE_HEAD,
-            padding=0,
-            pad_edge=False,
-        )
-        table.add_column("")
-        table.add_column("id", no_wrap=True)
-        for col in ("sha", "created", "arch", "test", "MiB"):
-            table.add_column(col, overflow="fold", justify="right" if col == "MiB" else "left")
-        for r in doc["releases"]:
-            mark = (
-                "current"
-                if r["current"]
-                else "previous"
-                if r["previous"]
-                else "[red]rejected[/]"
-                if r.get("rejected")
-                else ""
-            )
-            st = {True: "pass", False: "FAIL", None: "-"}[r["selftest_ok"]]
-            created = (r["created"] or "?").replace("T", " ")[:16] + "Z"
-            table.add_row(
-                mark,
-                r["id"],
-                (r["git_sha"] or "?")[:8],
-                created,
-                r["cuda_arch"] or "-",
-                st,
-                f"{r['size_bytes'] / 2**20:.1f}",
-            )
-        out.print(table)
-        if doc.get("pending"):
-            err.print("[yellow]warning:[/] a deploy is pending (deploy.pending): one runs now")
+    st = state(ctx)
+    t = st.target(target)
+    with open_host(t) as host:
+        doc = host_releases(host, "list")
+    if st.as_json:
+        emit_json(doc)
         return EXIT_OK
+    # ids are never cut (they are what `ops rollback --to` takes); the rest fits 80 columns
+    table = Table(
+        title=f"releases on {escape(t.name)} ({escape(t.remote_root)})",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+        pad_edge=False,
+    )
+    table.add_column("")
+    table.add_column("id", no_wrap=True)
+    for col in ("sha", "created", "arch", "test", "MiB"):
+        table.add_column(col, overflow="fold", justify="right" if col == "MiB" else "left")
+    for r in doc["releases"]:
+        mark = (
+            "current"
+            if r["current"]
+            else "previous"
+            if r["previous"]
+            else "[red]rejected[/]"
+            if r.get("rejected")
+            else ""
+        )
+        test = {True: "pass", False: "FAIL", None: "-"}[r["selftest_ok"]]
+        created = (r["created"] or "?").replace("T", " ")[:16] + "Z"
+        table.add_row(
+            mark,
+            r["id"],
+            (r["git_sha"] or "?")[:8],
+            created,
+            r["cuda_arch"] or "-",
+            test,
+            f"{r['size_bytes'] / 2**20:.1f}",
+        )
+    out.print(table)
+    if doc.get("pending"):
+        err.print("[yellow]warning:[/] a deploy is pending (deploy.pending): one runs now")
+    return EXIT_OK
 
-    guard(as_json, body)
 
-
+@command
 def rollback(
+    ctx: typer.Context,
     target: TargetArg,
     to: Annotated[str | None, typer.Option("--to", help="Release id (default: previous).")] = None,
     wait: WaitOpt = 180.0,
     max_tokens: MaxTokensOpt = 32,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Switch TARGET back to its previous release (or --to ID), restart, post-flight."""
 
-    def body() -> int:
-        t = inventory_of(inventory).target(target)
-        show = _progress(as_json, False)
+    show = _progress(False)
 
-        def act(_run: object) -> tuple[int, str, dict[str, Any]]:
-            try:
-                with open_host(t) as host:
-                    r = Deployer(
-                        host,
-                        DeployOptions(wait_s=wait, max_tokens=max_tokens),
-                        lambda n, s: show(t.name, n, s),
-                    )
-                    res = r.rollback(to)
-            except DeployInterrupted as stop:
-                res = stop.result
-            code, _ = _code([res])
-            return code, res.outcome, {"results": [res.model_dump(mode="json")]}
+    def act(host: Host) -> Done[list[DeployResult]]:
+        opts = DeployOptions(wait_s=wait, max_tokens=max_tokens)
+        try:
+            res = Deployer(host, opts, lambda n, s: show(host.name, n, s)).rollback(to)
+        except DeployInterrupted as stop:
+            res = stop.result
+        return _done([res], res.outcome)
 
-        inputs = {"target": t.name, "to": to, "wait_s": wait, "max_tokens": max_tokens}
-        with term_as_interrupt():
-            run, code, sections = recorded("rollback", t, inputs, act)
-        _finish("rollback", as_json, code, sections, run.path)
-        return code
-
-    guard(as_json, body)
+    inputs = {"to": to, "wait_s": wait, "max_tokens": max_tokens}
+    show_summary = lambda rs: _summary(rs, "rollback")  # noqa: E731
+    with term_as_interrupt():
+        return on_target(
+            ctx, "rollback", target, inputs, act, show_summary, key="results", doc=_doc
+        )

@@ -20,7 +20,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ops.cli_common import InventoryOpt, JsonOpt, emit_json, err, guard, out
+from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, out, state
 from ops.errors import OpsError
 from ops.evidence import Change, Evidence, gather, record_files
 from ops.records import RunDir, write_atomic
@@ -121,7 +121,9 @@ def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
     return {**d.model_dump(mode="json"), "records": sources}
 
 
+@command
 def report(
+    ctx: typer.Context,
     run_dirs: Annotated[
         list[Path],
         typer.Argument(metavar="RUN_DIR", help="Run directories (or record.json files)."),
@@ -147,47 +149,44 @@ def report(
     shape: Annotated[
         str | None, typer.Option(help="Pin bench shape keys for s(c), e.g. budget=16,K=8.")
     ] = None,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """GO / NO-GO / HOLD from records: Amdahl per concurrency, kernels, health, interference."""
 
-    def body() -> int:
-        fmts = parse_formats(fmt)
-        ch = parse_change(change, shape)
-        record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
-        ev, d, sources = build(run_dirs, threshold=threshold, concurrency=concurrency, change=ch)
-        inputs = {
-            "run_dirs": [str(p) for p in run_dirs],
-            "threshold": threshold,
-            "concurrency": concurrency,
-            "change": change,
-            "shape": shape,
-            "format": fmts,
-        }
-        if out_dir is None:
-            run = RunDir.create("report", ev.target or "unknown")
-            dest = run.path
-        else:
-            run, dest = None, out_dir
-            _ensure_dir(out_dir)
-        files = write_reports(dest, fmts, ev, d, sources)
-        if run is not None:
-            run.write_record(
-                inputs=inputs,
-                outcome=d.verdict,
-                exit_code=d.exit_code,
-                decision=summary(d, sources),
-                files=files,
-            )
-        if as_json:
-            emit_json({**summary(d, sources), "out_dir": str(dest), "files": files})
-        else:
-            _print(d)
-            err.print(f"[dim]report: {', '.join(files)}[/]")
-        return d.exit_code
-
-    guard(as_json, body)
+    fmts = parse_formats(fmt)
+    ch = parse_change(change, shape)
+    record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
+    ev, d, sources = build(run_dirs, threshold=threshold, concurrency=concurrency, change=ch)
+    inputs = {
+        "run_dirs": [str(p) for p in run_dirs],
+        "threshold": threshold,
+        "concurrency": concurrency,
+        "change": change,
+        "shape": shape,
+        "format": fmts,
+    }
+    if out_dir is None:
+        run = RunDir.create("report", ev.target or "unknown")
+        dest = run.path
+    else:
+        run, dest = None, out_dir
+        _ensure_dir(out_dir)
+    files = write_reports(dest, fmts, ev, d, sources)
+    if run is not None:
+        run.write_record(
+            inputs=inputs,
+            outcome=d.verdict,
+            exit_code=d.exit_code,
+            decision=summary(d, sources),
+            files=files,
+        )
+    if state(ctx).as_json:
+        emit_json({**summary(d, sources), "out_dir": str(dest), "files": files})
+    else:
+        _print(d)
+        err.print(f"[dim]report: {', '.join(files)}[/]")
+    return d.exit_code
 
 
 def _p(x: float | None) -> str:

@@ -18,11 +18,11 @@ from ops.cli_common import (
     InventoryOpt,
     JsonOpt,
     TargetArg,
+    command,
     emit_json,
     err,
-    guard,
-    inventory_of,
     out,
+    state,
 )
 from ops.playbook_load import load_playbook
 from ops.rollout import RolloutResult, Runner, check_target
@@ -44,7 +44,9 @@ SET_HELP = (
 )
 
 
+@command
 def rollout(
+    ctx: typer.Context,
     target: TargetArg,
     playbook: Annotated[
         str | None,
@@ -59,31 +61,29 @@ def rollout(
     sets: Annotated[
         list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help=SET_HELP)
     ] = None,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Run a playbook against TARGET: preflight, bench, profile, decide, deploy if GO, report."""
 
-    def body() -> int:
-        pb = load_playbook(playbook, sets or [])
-        t = inventory_of(inventory).target(target)
-        check_target(pb, t)
-        label = pb.change.label if pb.change else "no change"
-        err.print(f"rollout {escape(t.name)}: {escape(pb.name)} ({escape(label)})")
-        inputs = {
-            "target": t.name,
-            "playbook": pb.path,
-            "sets": list(sets or []),
-            "resolved": pb.model_dump(mode="json"),
-        }
-        res = Runner(pb, t, lambda line: err.print(escape(line), soft_wrap=True)).run(inputs)
-        if as_json:
-            emit_json(res.model_dump(mode="json"))
-        else:
-            _print(res)
-        return res.exit_code
-
-    guard(as_json, body)
+    pb = load_playbook(playbook, sets or [])
+    st = state(ctx)
+    t = st.target(target)
+    check_target(pb, t)
+    label = pb.change.label if pb.change else "no change"
+    err.print(f"rollout {escape(t.name)}: {escape(pb.name)} ({escape(label)})")
+    inputs = {
+        "target": t.name,
+        "playbook": pb.path,
+        "sets": list(sets or []),
+        "resolved": pb.model_dump(mode="json"),
+    }
+    res = Runner(pb, t, lambda line: err.print(escape(line), soft_wrap=True)).run(inputs)
+    if st.as_json:
+        emit_json(res.model_dump(mode="json"))
+    else:
+        _print(res)
+    return res.exit_code
 
 
 def _print(res: RolloutResult) -> None:

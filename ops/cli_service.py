@@ -12,18 +12,19 @@ import typer
 from rich.markup import escape
 
 from ops.cli_common import (
+    Done,
     InventoryOpt,
     JsonOpt,
     TargetArg,
+    command,
     emit_json,
     err,
-    guard,
-    inventory_of,
+    on_target,
     out,
-    recorded,
+    state,
 )
 from ops.errors import EXIT_FAIL, EXIT_OK, OpsError
-from ops.remote import open_host
+from ops.remote import Host
 from ops.service import ServiceStatus, manager_for
 
 service_app = typer.Typer(
@@ -47,69 +48,68 @@ def _print_status(st: ServiceStatus) -> None:
         err.print("[dim]" + escape("\n".join(st.evidence[-20:])) + "[/]", soft_wrap=True)
 
 
-def _service(verb: str, target: str, as_json: bool, inventory: str | None, wait: float) -> None:
-    def body() -> int:
-        t = inventory_of(inventory).target(target)
-
-        def act(_run: object) -> tuple[int, str, dict[str, Any]]:
-            with open_host(t) as host:
-                mgr = manager_for(host)
-                if verb == "status":
-                    st = mgr.status()
-                else:
-                    with host.lock(f"ops service {verb}"):
-                        if verb == "stop":
-                            st = mgr.stop()
-                        else:
-                            st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
-            want_active = verb != "stop"
-            good = st.active if want_active else st.state == "inactive"
-            code = EXIT_OK if good else EXIT_FAIL
-            return code, "ok" if good else "fail", {"service": st.model_dump()}
-
-        run, code, sections = recorded(f"service-{verb}", t, {"target": t.name, "verb": verb}, act)
-        st = ServiceStatus.model_validate(sections["service"])
-        if as_json:
-            emit_json({"ok": code == EXIT_OK, **sections["service"], "run_dir": str(run.path)})
+def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
+    def act(host: Host) -> Done[ServiceStatus]:
+        mgr = manager_for(host)
+        if verb == "status":
+            st = mgr.status()
         else:
-            _print_status(st)
-        return code
+            with host.lock(f"ops service {verb}"):
+                if verb == "stop":
+                    st = mgr.stop()
+                else:
+                    st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
+        good = st.active if verb != "stop" else st.state == "inactive"
+        return Done(EXIT_OK if good else EXIT_FAIL, "ok" if good else "fail", st)
 
-    guard(as_json, body)
+    name, inputs = f"service-{verb}", {"verb": verb}
+    return on_target(
+        ctx, name, target, inputs, act, _print_status, key="service", record_line=False
+    )
 
 
 @service_app.command()
+@command
 def start(
+    ctx: typer.Context,
     target: TargetArg,
     wait: WaitOpt = 120.0,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Start the service (if it is not running) and wait for /health."""
-    _service("start", target, as_json, inventory, wait)
+    return _service(ctx, "start", target, wait)
 
 
 @service_app.command()
-def stop(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+@command
+def stop(
+    ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
+) -> int:
     """Stop the service (process manager: TERM, then KILL after a grace period)."""
-    _service("stop", target, as_json, inventory, 0)
+    return _service(ctx, "stop", target, 0)
 
 
 @service_app.command()
+@command
 def restart(
+    ctx: typer.Context,
     target: TargetArg,
     wait: WaitOpt = 120.0,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Restart the service and wait for /health."""
-    _service("restart", target, as_json, inventory, wait)
+    return _service(ctx, "restart", target, wait)
 
 
 @service_app.command()
-def status(target: TargetArg, as_json: JsonOpt = False, inventory: InventoryOpt = None) -> None:
+@command
+def status(
+    ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
+) -> int:
     """Report the service's state: active needs a live process and a healthy /health."""
-    _service("status", target, as_json, inventory, 0)
+    return _service(ctx, "status", target, 0)
 
 
 def _engine_check(argv: list[str], port: int) -> dict[str, Any]:
@@ -145,7 +145,9 @@ def _engine_check(argv: list[str], port: int) -> dict[str, Any]:
     return doc
 
 
+@command
 def serve(
+    ctx: typer.Context,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 30000,
     preset: Annotated[str, typer.Option(help="Model preset: tiny (CPU) or small (GPU).")] = "tiny",
@@ -155,46 +157,42 @@ def serve(
         list[str] | None,
         typer.Option(help="COMPONENT=KIND, e.g. tree_build=cpp (repeatable)."),
     ] = None,
-    as_json: JsonOpt = False,
-) -> None:
+    _json: JsonOpt = False,
+) -> int:
     """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it).
 
     The preset, mode, device, backends (flags and $DDTREE_ENGINE_BACKENDS) and the port are
     checked first (`python -m engine --check`); then the engine process replaces `ops`
     (exec), so signals reach it directly.
     """
-
-    def body() -> int:
-        if mode not in ("ar", "ddtree"):
-            raise OpsError(f"--mode must be 'ar' or 'ddtree', got {mode!r}")
-        for b in backend or []:
-            if "=" not in b:
-                raise OpsError(f"--backend takes COMPONENT=KIND, got {b!r}")
-        argv = [
-            sys.executable,
-            "-m",
-            "engine",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--preset",
-            preset,
-            "--mode",
-            mode,
-            "--device",
-            device,
-        ]
-        for b in backend or []:
-            argv += ["--backend", b]
-        check = _engine_check(argv, port)  # every bad value is refused before "serving on"
-        if as_json:
-            emit_json({"argv": argv, "url": f"http://{host}:{port}", "check": check})
-        else:
-            err.print(f"[dim]serving on http://{host}:{port} ({preset}, {mode}, {device})[/]")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(argv[0], argv)  # the engine replaces ops: signals and exit code are its own
-        return EXIT_OK  # not reached
-
-    guard(as_json, body)
+    if mode not in ("ar", "ddtree"):
+        raise OpsError(f"--mode must be 'ar' or 'ddtree', got {mode!r}")
+    for b in backend or []:
+        if "=" not in b:
+            raise OpsError(f"--backend takes COMPONENT=KIND, got {b!r}")
+    argv = [
+        sys.executable,
+        "-m",
+        "engine",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--preset",
+        preset,
+        "--mode",
+        mode,
+        "--device",
+        device,
+    ]
+    for b in backend or []:
+        argv += ["--backend", b]
+    check = _engine_check(argv, port)  # every bad value is refused before "serving on"
+    if state(ctx).as_json:
+        emit_json({"argv": argv, "url": f"http://{host}:{port}", "check": check})
+    else:
+        err.print(f"[dim]serving on http://{host}:{port} ({preset}, {mode}, {device})[/]")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)  # the engine replaces ops: signals and exit code are its own
+    return EXIT_OK  # not reached

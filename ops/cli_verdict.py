@@ -16,8 +16,9 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ops.bench import BenchOptions, parse_batches, parse_suites, run_bench
+from ops.bench import BenchOptions, BenchOutcome, parse_batches, parse_suites, run_bench
 from ops.cli_common import (
+    Done,
     InputLenOpt,
     InventoryOpt,
     JsonOpt,
@@ -25,20 +26,21 @@ from ops.cli_common import (
     RequestsOpt,
     RequestTimeoutOpt,
     TargetArg,
-    emit_json,
+    command,
     err,
-    guard,
-    inventory_of,
+    on_target,
     out,
-    recorded,
+    state,
 )
 from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.loadtest import parse_levels
 from ops.profile import STAGES, ProfileOptions, run_profile
-from ops.remote import open_host
+from ops.remote import Host
 
 
+@command
 def bench(
+    ctx: typer.Context,
     target: TargetArg,
     gpu: Annotated[
         int | None, typer.Option("--gpu", min=0, help="GPU index (default: bench_gpu).")
@@ -56,42 +58,35 @@ def bench(
         float | None, typer.Option(min=0.1, help="Cap on the bench's GPU memory (GiB).")
     ] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="The bench's time limit (s).")] = 1800.0,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Benchmark the kernels on one GPU of TARGET: guarded, with the interference probe."""
 
-    def body() -> int:
-        t = inventory_of(inventory).target(target)
-        n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
-        opts = BenchOptions(
-            gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
-            allow_shared=allow_shared, threshold=probe_threshold, max_mem_gib=max_mem_gib,
-            timeout=timeout,
-        )  # fmt: skip
-        inputs = {"target": t.name, **opts.model_dump()}
-        res: dict[str, Any] = {}
+    t = state(ctx).target(target)
+    n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
+    opts = BenchOptions(
+        gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
+        allow_shared=allow_shared, threshold=probe_threshold, max_mem_gib=max_mem_gib,
+        timeout=timeout,
+    )  # fmt: skip
 
-        def go(_run: object) -> tuple[int, str, dict[str, Any]]:
-            with open_host(t) as host, err.status("bench", spinner="dots") as status:
-                o = run_bench(host, opts, lambda s: status.update(f"bench {t.name}: {s}"))
-            res.update(message=o.message, hint=o.hint, outcome=o.outcome)
-            return o.code, o.outcome, {"bench": o.section}
+    def go(host: Host) -> Done[BenchOutcome]:
+        with err.status("bench", spinner="dots") as status:
+            o = run_bench(host, opts, lambda s: status.update(f"bench {host.name}: {s}"))
+        return Done(o.code, o.outcome, o, o.section)
 
-        run, code, sections = recorded("bench", t, inputs, go)
-        sec = sections["bench"]
-        if as_json:
-            doc = {"ok": sec.get("ok", False), "outcome": res["outcome"], **sec}
-            if res["message"]:
-                doc.update(message=res["message"], hint=res["hint"])
-            emit_json({**doc, "run_dir": str(run.path)})
-        else:
-            _print_bench(sec)
-        _say(res["outcome"], res["message"], res["hint"])
-        err.print(f"[dim]record: {run.path}/record.json[/]")
-        return code
+    return on_target(
+        ctx, "bench", target, opts.model_dump(), go, _show_bench, doc=_bench_doc, always=_say
+    )
 
-    guard(as_json, body)
+
+def _bench_doc(done: Done[BenchOutcome]) -> dict[str, Any]:
+    o = done.result
+    doc = {"ok": o.section.get("ok", False), "outcome": o.outcome, **o.section}
+    if o.message:
+        doc.update(message=o.message, hint=o.hint)
+    return doc
 
 
 LABEL = {
@@ -102,13 +97,14 @@ LABEL = {
 }
 
 
-def _say(outcome: str, message: str, hint: str | None) -> None:
+def _say(done: Done[BenchOutcome]) -> None:
     """The one line that says why, on stderr (a refusal reads like every other exit-2 error)."""
-    if outcome == "pass":
+    o = done.result
+    if o.outcome == "pass":
         return
-    err.print(f"{LABEL[outcome]} {escape(message)}", soft_wrap=True)
-    if hint:
-        err.print(f"[dim]hint: {escape(hint)}[/]", soft_wrap=True)
+    err.print(f"{LABEL[o.outcome]} {escape(o.message)}", soft_wrap=True)
+    if o.hint:
+        err.print(f"[dim]hint: {escape(o.hint)}[/]", soft_wrap=True)
 
 
 def _us(v: float | None) -> str:
@@ -165,6 +161,10 @@ def kernel_tables(table: list[dict[str, Any]]) -> list[Table]:
     return tables
 
 
+def _show_bench(o: BenchOutcome) -> None:
+    _print_bench(o.section)
+
+
 def _print_bench(sec: dict[str, Any]) -> None:
     g = sec.get("guard") or {}
     env = sec.get("environment") or {}
@@ -208,7 +208,9 @@ def _print_bench(sec: dict[str, Any]) -> None:
     out.print(f"bench {escape(sec['target'])}: {verdict}")
 
 
+@command
 def profile(
+    ctx: typer.Context,
     target: TargetArg,
     concurrency: Annotated[
         str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,8,32.")
@@ -230,55 +232,51 @@ def profile(
     budget: Annotated[int, typer.Option(min=1, help="Derived path: tree budget.")] = 64,
     topk: Annotated[int, typer.Option(min=1, help="Derived path: K per position.")] = 8,
     depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
-    as_json: JsonOpt = False,
-    inventory: InventoryOpt = None,
-) -> None:
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
     """Where the service's step time goes, per concurrency: stage times, shares, tokens/s."""
 
-    def body() -> int:
-        levels = parse_levels(concurrency)
-        t = inventory_of(inventory).target(target)
-        if component not in ("tree_build", "accept") or baseline not in ("python", "cpp"):
-            raise OpsError(
-                f"--component takes tree_build or accept and --baseline python or cpp, got "
-                f"{component!r} / {baseline!r}"
-            )
-        opts = ProfileOptions(
-            levels=levels, requests=requests, input_len=input_len, output_len=output_len,
-            timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
-            baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
-        )  # fmt: skip
-        inputs = {"target": t.name, **opts.model_dump()}
+    levels = parse_levels(concurrency)
+    state(ctx).target(target)  # an unknown target is refused before the options are
+    if component not in ("tree_build", "accept") or baseline not in ("python", "cpp"):
+        raise OpsError(
+            f"--component takes tree_build or accept and --baseline python or cpp, got "
+            f"{component!r} / {baseline!r}"
+        )
+    opts = ProfileOptions(
+        levels=levels, requests=requests, input_len=input_len, output_len=output_len,
+        timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
+        baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
+    )  # fmt: skip
 
-        def go(_run: object) -> tuple[int, str, dict[str, Any]]:
-            with open_host(t) as host, err.status("profile", spinner="dots") as status:
-                sec = run_profile(
-                    host, opts, lambda c: status.update(f"profile {t.name}: c={c} done")
-                )
-            if sec.get("failed_requests"):
-                return EXIT_FAIL, "fail", {"profile": sec}
-            if sec["incomplete"]:
-                return EXIT_HOLD, "hold", {"profile": sec}
-            return EXIT_OK, "pass", {"profile": sec}
-
-        run, code, sections = recorded("profile", t, inputs, go)
-        sec = sections["profile"]
-        if as_json:
-            emit_json({"ok": code == EXIT_OK, **sec, "run_dir": str(run.path)})
-        else:
-            _print_profile(sec)
-        for inc in sec["incomplete"]:
-            err.print(
-                f"[yellow]HOLD:[/] c={inc['concurrency']}: missing "
-                + escape("; ".join(inc["missing"]) or "the step time"),
-                soft_wrap=True,
+    def go(host: Host) -> Done[dict[str, Any]]:
+        with err.status("profile", spinner="dots") as status:
+            sec = run_profile(
+                host, opts, lambda c: status.update(f"profile {host.name}: c={c} done")
             )
         if sec.get("failed_requests"):
-            err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
-        err.print(f"[dim]record: {run.path}/record.json[/]")
-        return code
+            return Done(EXIT_FAIL, "fail", sec)
+        if sec["incomplete"]:
+            return Done(EXIT_HOLD, "hold", sec)
+        return Done(EXIT_OK, "pass", sec)
 
-    guard(as_json, body)
+    return on_target(
+        ctx, "profile", target, opts.model_dump(), go, _print_profile, always=_profile_why
+    )
+
+
+def _profile_why(done: Done[dict[str, Any]]) -> None:
+    """Why a profile is not a pass (HOLD: the numbers a level lacks; fail: failed requests)."""
+    sec = done.section
+    for inc in sec["incomplete"]:
+        err.print(
+            f"[yellow]HOLD:[/] c={inc['concurrency']}: missing "
+            + escape("; ".join(inc["missing"]) or "the step time"),
+            soft_wrap=True,
+        )
+    if sec.get("failed_requests"):
+        err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
 
 
 def _print_profile(sec: dict[str, Any]) -> None:
