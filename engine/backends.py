@@ -83,12 +83,16 @@ def _cuda_build(lp: Any, ids: Any, budget: int, device: torch.device) -> Any:
     from kernels.reference import BatchedTrees
 
     t = cuda.build_trees(_cuda(lp, device).float(), _cuda(ids, device).long(), budget)
-    return BatchedTrees(**{f: _np(getattr(t, f)) for f in t._fields})
+    host = BatchedTrees(**{f: _np(getattr(t, f)) for f in t._fields})
+    object.__setattr__(host, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
+    return host
 
 
 def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -> tuple:
     from kernels import cuda
 
-    ct = cuda.CudaTrees(*(_cuda(getattr(trees, f), device) for f in cuda.CudaTrees._fields))
+    ct = getattr(trees, "device_copy", None)
+    if ct is None:
+        ct = cuda.CudaTrees(*(_cuda(getattr(trees, f), device) for f in cuda.CudaTrees._fields))
     acc, alen, bonus = cuda.greedy_accept(ct, _cuda(target, device).long(), h)
     return _np(acc), _np(alen), _np(bonus)

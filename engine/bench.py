@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         help="CUDA graphs for the forward's segments (on a GPU); both: each set twice",
     )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--row-chunk", type=int, help="override the preset's forward chunk rows")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=0, help="pad prompts to this many tokens")
     ap.add_argument("--identity-tokens", type=int, default=32)
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "max_tokens": args.max_tokens,
         "prompt_len": args.prompt_len,
+        "row_chunk": args.row_chunk,
         "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "sets": {},
     }
@@ -177,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -> None:
     outs = {}
     for mode in ("ar", "ddtree"):
-        spec = EngineSpec(args.preset, mode, args.device, backends, cuda_graphs=graphs)
+        spec = EngineSpec(
+            args.preset, mode, args.device, backends, cuda_graphs=graphs, row_chunk=args.row_chunk
+        )
         _, dec = build_decoder(spec)
         t0 = time.perf_counter()
         outs[mode], acc = generate(dec, prompts, args.identity_tokens)
@@ -199,6 +203,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             spec = EngineSpec(
                 args.preset, mode, args.device, backends,
                 max_batch_size=max(args.concurrency), cuda_graphs=graphs,
+                row_chunk=args.row_chunk,
             )  # fmt: skip
             r = {"mode": mode, **load(spec, prompts, c, args.max_tokens)}
             got[mode] = r.pop("outputs")

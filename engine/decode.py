@@ -95,7 +95,7 @@ class Decoder:
         for a in range(0, n, step):
             b = min(n, a + step)
             pos = np.arange(a, b, dtype=np.int64)
-            table = np.broadcast_to(slots[:b], (b - a, b))
+            table = np.tile(slots[:b], (b - a, 1))
             self._run(Rows(tokens[a:b], pos, slots[a:b], table, pos + 1), timer)
         seq.kv_len = n
 
@@ -180,9 +180,10 @@ class Decoder:
             lap("accept")
 
         new_tokens = []
+        moves = [s.blocks.compaction(s.kv_len, accepted[b]) for b, s in enumerate(seqs)]
+        self.cache.move(*(np.concatenate([m[i] for m in moves]) for i in (0, 1)))
         for b, s in enumerate(seqs):
             acc_b = accepted[b]
-            s.blocks.compact(s.kv_len, acc_b)
             s.kv_len += len(acc_b)
             new = [int(trees.token_ids[b, a - 1]) for a in acc_b[1:]] + [bonus[b]]
             s.tokens.extend(new)

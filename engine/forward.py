@@ -84,9 +84,10 @@ class Forward:
         self.max_rows = -(-max_rows // chunk) * chunk
         self.graphs = graphs and dev.type == "cuda"
         n = self.max_rows
-        self.tok = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.pos = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.write = torch.full((n,), trash_slot, dtype=torch.int64, device=dev)
+        # token, position and KV slot of every row: one host-to-device copy per forward
+        self.inputs = torch.zeros(3, n, dtype=torch.int64, device=dev)
+        self.tok, self.pos, self.write = self.inputs.unbind(0)
+        self.write.fill_(trash_slot)
         self.xs = torch.zeros(cfg.layers + 1, n, cfg.hidden, device=dev)
         self.q = torch.zeros(n, cfg.heads, cfg.kv_dim, device=dev)
         self.o = torch.zeros(n, cfg.heads, cfg.kv_lora_rank, device=dev)
@@ -149,12 +150,10 @@ class Forward:
             raise ValueError(f"a forward of {n} rows exceeds the {self.max_rows} rows planned")
         chunks = -(-n // self.chunk)
         end = chunks * self.chunk
-        self.tok[:n] = torch.from_numpy(rows.tokens).to(self.tok.device, non_blocking=True)
-        self.pos[:n] = torch.from_numpy(rows.positions).to(self.pos.device, non_blocking=True)
-        self.write[:n] = torch.from_numpy(rows.write_slots).to(self.pos.device, non_blocking=True)
-        self.tok[n:end] = 0
-        self.pos[n:end] = 0
-        self.write[n:end] = self.trash
+        host = np.zeros((3, end), dtype=np.int64)
+        host[0, :n], host[1, :n], host[2, :n] = rows.tokens, rows.positions, rows.write_slots
+        host[2, n:] = self.trash
+        self.inputs[:, :end] = torch.from_numpy(host).to(self.inputs.device)
         plan = attention.plan(rows.table, rows.lens, self.model.device)
         for layer in range(cfg.layers):
             for j in range(chunks):

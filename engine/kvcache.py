@@ -39,6 +39,13 @@ class PagedKVCache:
             raise CacheFull("KV cache: no free page")
         return self._free.pop()
 
+    def move(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy slots src[i] -> dst[i] in every layer (one gather and one scatter)."""
+        if len(src):
+            idx = torch.from_numpy(np.concatenate([src, dst])).to(self.pool.device)
+            s, d = idx.split(len(src))
+            self.pool[:, d] = self.pool[:, s]
+
     def _release(self, pages: list[int]) -> None:
         self._free.extend(reversed(pages))
 
@@ -62,23 +69,14 @@ class SeqBlocks:
         pos = np.arange(count, dtype=np.int64)
         return np.asarray(self.pages, dtype=np.int64)[pos // ps] * ps + pos % ps
 
-    def slots(self, positions: torch.Tensor | list[int] | range) -> torch.Tensor:
-        """Pool slot index of each sequence position (int64, on the CPU)."""
-        ps = self.cache.page_size
-        pos = torch.as_tensor(
-            list(positions) if isinstance(positions, range) else positions, dtype=torch.int64
-        )
-        pages = torch.tensor(self.pages, dtype=torch.int64)
-        return pages[pos // ps] * ps + pos % ps
-
-    def compact(self, prefix_len: int, accepted: list[int]) -> None:
-        """Move tree rows L + accepted[k] to L + k for every layer (accepted[0] == 0)."""
-        if accepted == list(range(len(accepted))):
-            return
-        pool = self.cache.pool
-        src = self.slots([prefix_len + a for a in accepted]).to(pool.device)
-        dst = self.slots(range(prefix_len, prefix_len + len(accepted))).to(pool.device)
-        pool[:, dst] = pool[:, src].clone()
+    def compaction(self, prefix_len: int, accepted: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) slots that move tree rows L + accepted[k] to L + k (only those that move)."""
+        acc = np.asarray(accepted, dtype=np.int64)
+        keep = acc != np.arange(len(acc))
+        if not keep.any():
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        slots = self.slot_array(prefix_len + int(acc.max()) + 1)
+        return slots[prefix_len + acc[keep]], slots[prefix_len + np.flatnonzero(keep)]
 
     def free(self) -> None:
         self.cache._release(self.pages)

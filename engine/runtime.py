@@ -29,6 +29,7 @@ class EngineSpec:
     # capture the forward's segments as CUDA graphs (on a GPU; $DDTREE_ENGINE_CUDA_GRAPHS=0 or
     # --no-cuda-graphs turns it off)
     cuda_graphs: bool = True
+    row_chunk: int | None = None  # override the preset's EngineConfig.row_chunk
     # where each component's backend came from ("default" | "env" | "cli"), for reports
     backend_sources: dict[str, str] = field(default_factory=dict)
 
@@ -36,7 +37,11 @@ class EngineSpec:
 def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     overrides = {
         k: v
-        for k, v in (("max_batch_size", spec.max_batch_size), ("budget", spec.budget))
+        for k, v in (
+            ("max_batch_size", spec.max_batch_size),
+            ("budget", spec.budget),
+            ("row_chunk", spec.row_chunk),
+        )
         if v is not None
     }
     p = preset(spec.preset, **overrides)
