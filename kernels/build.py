@@ -27,20 +27,23 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 LIBRARY = "libddtree_kernels.so"
 MANIFEST = "manifest.json"
 # Compiled sources (order matters only for reading); headers are hashed, not compiled.
-SOURCES: list[str] = ["ddtree_abi.cu", "topk_logprobs.cu", "tree_build.cu", "greedy_accept.cu"]
-HEADERS: list[str] = ["ddtree_kernels.h", "ddtree_common.cuh"]
-SOURCES += ["tree_verify_attention.cu", "kv_compact.cu"]  # Kernels II
-HEADERS += [
+SOURCES: list[str] = [
+    "ddtree_abi.cu",
+    "topk_logprobs.cu",
+    "tree_build.cu",
+    "greedy_accept.cu",
+    "tree_verify_attention.cu",
+    "kv_compact.cu",
+]
+HEADERS: list[str] = [
+    "ddtree_kernels.h",
+    "ddtree_common.cuh",
     "ddtree_attention.h",
     "tree_verify_attention_mma.cuh",
     "tree_verify_attention_wgmma.cuh",
-]
-HEADERS += [
-    "tree_build_v4.cuh",
-    "tree_build_v5.cuh",
-    "tree_build_parallel.cuh",
+    "tree_build_heap.cuh",
     "tree_build_levels.cuh",
-]  # tree_build.cu
+]
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 

@@ -1,4 +1,4 @@
-"""Torch bindings of the Kernels I CUDA ops (fused top-k log-probs, tree build, greedy accept).
+"""Torch bindings of the CUDA ops top-k log-probs, tree build and greedy accept.
 
 Each function takes CUDA tensors, checks shapes / dtypes / devices / contiguity, launches on the
 current stream of the tensors' device and returns new tensors (or fills `out=`). Results are
@@ -26,6 +26,7 @@ from kernels.cuda_core import (
 )
 
 __all__ = [
+    "TREE_ALGOS",
     "CudaTrees",
     "KernelError",
     "build_trees",
@@ -35,6 +36,12 @@ __all__ = [
 ]
 
 MAX_DEPTH, MAX_K, MAX_BUDGET, MAX_TOPK = 32, 1024, 512, 512
+# Tree-build algorithms (DDTREE_TREE_* in kernels/csrc/ddtree_kernels.h); all build the same
+# trees. auto: level selection for budgets <= 64 with the heap loop as its fallback, the heap
+# loop above; levels: the level selection alone, num_nodes = -1 where it declines the input
+# (tests); heap: the heap loop alone; heap_lowmem: the loop that needs the least shared memory
+# (the others take it where their shared memory would pass 160 KiB).
+TREE_ALGOS = {"auto": 0, "levels": 1, "heap": 2, "heap_lowmem": 3}
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _I64 = (torch.int64,)
 
@@ -120,9 +127,15 @@ def build_trees(
     budget: int,
     *,
     out: CudaTrees | None = None,
+    algo: str = "auto",
 ) -> CudaTrees:
-    """Best-first DDTrees from top-K [B, H, K] (float32 log-probs, int64 ids), tie-exact."""
+    """Best-first DDTrees from top-K [B, H, K] (float32 log-probs, int64 ids), tie-exact.
+
+    `algo` is one of `TREE_ALGOS` (the same trees whichever; `levels` alone may decline).
+    """
     op = "build_trees"
+    if algo not in TREE_ALGOS:
+        raise ValueError(f"{op}: algo must be one of {list(TREE_ALGOS)}, got {algo!r}")
     check_tensor(op, "top_log_probs", top_log_probs, dtypes=(torch.float32,), ndim=3)
     b, h, k = top_log_probs.shape
     check_tensor(op, "top_token_ids", top_token_ids, dtypes=_I64, shape=(b, h, k))
@@ -135,7 +148,8 @@ def build_trees(
     out = out if out is not None else CudaTrees.empty(b, budget, dev)
     _check_trees(op, "out", out, b, budget)
     check_same_device(op, top_log_probs=top_log_probs, out=out.parents)
-    fn = declare("ddtree_build_trees", (c_ptr, c_ptr, c_i32, c_i32, c_i32, c_i32) + (c_ptr,) * 8)
+    argtypes = (c_ptr, c_ptr, c_i32, c_i32, c_i32, c_i32) + (c_ptr,) * 7 + (c_i32, c_ptr)
+    fn = declare("ddtree_build_trees", argtypes)
     with torch.cuda.device(dev):
         launch(
             op,
@@ -147,6 +161,7 @@ def build_trees(
             k,
             budget,
             *(ptr(t) for t in out),
+            TREE_ALGOS[algo],
             stream_of(top_log_probs),
         )
     return out

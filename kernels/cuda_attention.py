@@ -1,9 +1,10 @@
-"""Torch bindings for the Kernels II CUDA ops: tree-verify MLA attention and KV compaction.
+"""Torch bindings for the CUDA ops tree-verify MLA attention and KV compaction.
 
 Layout as in `kernels.reference_attention` (the float64 reference) and
-`kernels/csrc/ddtree_attention.h`. Arguments are validated before any launch; errors name the
-op and the argument. The ops live in the shared kernel library (`kernels.build` SOURCES),
-loaded through `kernels.cuda_core` (built once per arch and source digest;
+`kernels/csrc/ddtree_attention.h`. Arguments are validated before any launch with the shared
+`kernels.cuda_core` helpers (ValueError naming the op and the argument); a launcher's error
+code becomes `KernelError`. The ops live in the shared kernel library (`kernels.build`
+SOURCES), loaded through `kernels.cuda_core` (built once per arch and source digest;
 `DDTREE_KERNELS_LIB` overrides).
 """
 
@@ -13,43 +14,35 @@ import ctypes
 
 import torch
 
-from kernels.cuda_core import declare, launch
+from kernels.cuda_core import check_same_device, check_tensor, declare, launch, ptr, stream_of
 
-__all__ = ["compact_kv", "planned_splits", "tree_verify_attention"]
+__all__ = ["ALGOS", "compact_kv", "planned_splits", "tree_verify_attention"]
 
 QK_DIM, V_DIM = 576, 512
-# "mma" picks the preferred tensor-core variant that fits the device (H100/H200: mma21);
-# "mmaN" forces one (tuning only; see mma_variants in tree_verify_attention.cu). mma7, mma8,
-# mma14 and mma17 to mma21 are the sm_90a wgmma kernel (H100/H200 only; elsewhere the launch
-# fails with "invalid device function"); mma9 to mma13, mma15 and mma16 were retired.
-MMA_VARIANTS = (*range(9), 14, 17, 18, 19, 20, 21)
-WGMMA_VARIANTS = tuple(i for i in MMA_VARIANTS if i >= 7)
-_ALGOS = {"auto": 0, "simt": 1, "mma": 2, **{f"mma{i}": 3 + i for i in MMA_VARIANTS}}
+# Attention kernels (DDTREE_ATTN_* in kernels/csrc/ddtree_attention.h). auto: bf16 -> the
+# first of wgmma_tma (H100/H200 with an sm_90a build), mma_sync_64 (225 KiB of shared memory)
+# and mma_sync_32 (75 KiB: sm_120 too) that runs on the device; fp32 -> simt. The tensor-core
+# kernels need bf16; forced where they cannot run, the launch fails with CUDA's reason.
+ALGOS = {"auto": 0, "simt": 1, "mma_sync_64": 2, "mma_sync_32": 3, "wgmma_tma": 4}
+_BF16_ONLY = ("mma_sync_64", "mma_sync_32", "wgmma_tma")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I, _P, _F, _SZ = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
 _PLAN = ("ddtree_tree_verify_attention_plan", (_I,) * 8 + (ctypes.POINTER(_I), ctypes.POINTER(_SZ)))
 _ATTN = ("ddtree_tree_verify_attention", (_P,) * 8 + (_SZ,) + (_I,) * 9 + (_F, _I, _P))
 _COMPACT = ("ddtree_compact_kv", (_P,) * 4 + (_I,) * 5 + (_P,))
+_LENS = (torch.int32, torch.int64)
 
 
-def _tensor(op: str, name: str, t: object, dtypes: tuple, ndim: int, device=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{op}: {name} must have dtype in {list(dtypes)}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if not t.is_cuda or (device is not None and t.device != device):
-        raise ValueError(f"{op}: {name} must be on {device or 'a CUDA device'}, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{op}: {name} must be contiguous")
+def _check_algo(op: str, algo: str, dtype: torch.dtype) -> None:
+    if algo not in ALGOS:
+        raise ValueError(f"{op}: algo must be one of {list(ALGOS)}, got {algo!r}")
+    if algo in _BF16_ONLY and dtype != torch.bfloat16:
+        raise ValueError(f"{op}: algo {algo!r} needs bfloat16 inputs")
 
 
-def _lens(op: str, name: str, t: torch.Tensor, batch: int, device) -> torch.Tensor:
-    _tensor(op, name, t, (torch.int32, torch.int64), 1, device)
-    if t.shape[0] != batch:
-        raise ValueError(f"{op}: {name} must be [B={batch}], got {tuple(t.shape)}")
-    return t.to(torch.int32)
+def _lens(op: str, name: str, t: object, batch: int) -> torch.Tensor:
+    check_tensor(op, name, t, dtypes=_LENS, shape=(batch,))
+    return t.to(torch.int32)  # type: ignore[union-attr]
 
 
 def tree_verify_attention(
@@ -74,32 +67,26 @@ def tree_verify_attention(
     (also a sync); pass `check=False, max_kv_len=...` inside CUDA graphs. `num_splits` 0 = auto.
     """
     op = "tree_verify_attention"
-    _tensor(op, "q", q, tuple(_DTYPES), 3)
-    dev = q.device
-    _tensor(op, "kv_cache", kv_cache, (q.dtype,), 3, dev)
-    _tensor(op, "block_table", block_table, (torch.int32,), 2, dev)
-    _tensor(op, "visibility", visibility, (torch.bool,), 3, dev)
+    check_tensor(op, "q", q, dtypes=tuple(_DTYPES), shape=(None, None, QK_DIM))
     total_q, heads, _ = q.shape
+    if not 1 <= heads <= 128:
+        raise ValueError(f"{op}: q: expected 1..128 heads, got shape {tuple(q.shape)}")
+    check_tensor(op, "kv_cache", kv_cache, dtypes=(q.dtype,), shape=(None, None, QK_DIM))
+    check_tensor(op, "block_table", block_table, dtypes=(torch.int32,), ndim=2)
     batch, max_pages = block_table.shape
-    page_size, t_max = kv_cache.shape[1], visibility.shape[1]
-    if q.shape[2] != QK_DIM or not 1 <= heads <= 128:
-        raise ValueError(f"{op}: q must be [sum T_b, heads 1..128, {QK_DIM}], got {tuple(q.shape)}")
-    if kv_cache.shape[2] != QK_DIM:
-        raise ValueError(f"{op}: kv_cache must be [pages, page_size, {QK_DIM}]")
-    if visibility.shape != (batch, t_max, t_max) or t_max < 1:
-        raise ValueError(f"{op}: visibility must be [B={batch}, T_max, T_max]")
-    if algo not in _ALGOS:
-        raise ValueError(f"{op}: algo must be one of {list(_ALGOS)}, got {algo!r}")
-    if algo.startswith("mma") and q.dtype != torch.bfloat16:
-        raise ValueError(f"{op}: algo 'mma' needs bfloat16 inputs")
-    pl = _lens(op, "prefix_lens", prefix_lens, batch, dev)
-    tl = _lens(op, "tree_lens", tree_lens, batch, dev)
+    page_size = kv_cache.shape[1]
+    check_tensor(op, "visibility", visibility, dtypes=(torch.bool,), shape=(batch, None, None))
+    t_max = visibility.shape[1]
+    if visibility.shape[2] != t_max or t_max < 1:
+        raise ValueError(f"{op}: visibility: expected shape (B={batch}, T_max, T_max)")
+    _check_algo(op, algo, q.dtype)
+    pl = _lens(op, "prefix_lens", prefix_lens, batch)
+    tl = _lens(op, "tree_lens", tree_lens, batch)
     if out is None:
-        out = torch.empty((total_q, heads, V_DIM), dtype=q.dtype, device=dev)
-    else:
-        _tensor(op, "out", out, (q.dtype,), 3, dev)
-        if out.shape != (total_q, heads, V_DIM):
-            raise ValueError(f"{op}: out must be [{total_q}, {heads}, {V_DIM}]")
+        out = torch.empty((total_q, heads, V_DIM), dtype=q.dtype, device=q.device)
+    check_tensor(op, "out", out, dtypes=(q.dtype,), shape=(total_q, heads, V_DIM))
+    tensors = dict(kv_cache=kv_cache, block_table=block_table, visibility=visibility, out=out)
+    dev = check_same_device(op, q=q, **tensors, prefix_lens=pl, tree_lens=tl)
     if batch == 0 or total_q == 0:
         return out
     if check:
@@ -112,19 +99,17 @@ def tree_verify_attention(
     dtype = _DTYPES[q.dtype]
     splits, ws_bytes = _plan(op, dtype, algo, batch, heads, total_q, t_max, max_kv_len, num_splits)
     ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
-    stream = torch.cuda.current_stream(dev).cuda_stream
     launch(op, declare(*_ATTN),
-        q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), qo.data_ptr(),
-        visibility.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes, dtype,
-        _ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len,
-        float(scale), splits, stream)  # fmt: skip
+        ptr(q), ptr(kv_cache), ptr(block_table), ptr(pl), ptr(qo), ptr(visibility), ptr(out),
+        ptr(ws), ws_bytes, dtype, ALGOS[algo], batch, heads, total_q, t_max, page_size,
+        max_pages, max_kv_len, float(scale), splits, stream_of(q))  # fmt: skip
     return out
 
 
 def _plan(op, dtype: int, algo: str, batch, heads, total_q, t_max, max_kv_len, num_splits):
     """(split count, workspace bytes) of a launch on the current device (the C planner)."""
     splits, ws_bytes = _I(0), _SZ(0)
-    launch(op, declare(*_PLAN), dtype, _ALGOS[algo], batch, heads, total_q, t_max, max_kv_len,
+    launch(op, declare(*_PLAN), dtype, ALGOS[algo], batch, heads, total_q, t_max, max_kv_len,
            num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
     return splits.value, ws_bytes.value
 
@@ -141,10 +126,9 @@ def planned_splits(
 ) -> int:
     """The KV split count `tree_verify_attention` launches with on the current device."""
     op = "planned_splits"
-    if algo not in _ALGOS:
-        raise ValueError(f"{op}: algo must be one of {list(_ALGOS)}, got {algo!r}")
     if dtype not in _DTYPES:
         raise ValueError(f"{op}: dtype must be one of {list(_DTYPES)}, got {dtype}")
+    _check_algo(op, algo, dtype)
     return _plan(
         op, _DTYPES[dtype], algo, batch, heads, batch * t_max, t_max, max_kv_len, num_splits
     )[0]
@@ -181,16 +165,14 @@ def compact_kv(
     with -1 (as `greedy_accept_batch` returns them). `check` verifies that on the device (sync).
     """
     op = "compact_kv"
-    _tensor(op, "kv_cache", kv_cache, tuple(_DTYPES), 3)
-    dev = kv_cache.device
-    _tensor(op, "block_table", block_table, (torch.int32,), 2, dev)
-    _tensor(op, "accepted", accepted, (torch.int32, torch.int64), 2, dev)
+    check_tensor(op, "kv_cache", kv_cache, dtypes=tuple(_DTYPES), shape=(None, None, QK_DIM))
+    check_tensor(op, "block_table", block_table, dtypes=(torch.int32,), ndim=2)
     batch, max_pages = block_table.shape
-    if kv_cache.shape[2] != QK_DIM:
-        raise ValueError(f"{op}: kv_cache must be [pages, page_size, {QK_DIM}]")
-    if accepted.shape[0] != batch:
-        raise ValueError(f"{op}: accepted must be [B={batch}, A], got {tuple(accepted.shape)}")
-    pl = _lens(op, "prefix_lens", prefix_lens, batch, dev)
+    check_tensor(op, "accepted", accepted, dtypes=_LENS, shape=(batch, None))
+    pl = _lens(op, "prefix_lens", prefix_lens, batch)
+    dev = check_same_device(
+        op, kv_cache=kv_cache, block_table=block_table, accepted=accepted, prefix_lens=pl
+    )
     acc = accepted.to(torch.int32).contiguous()
     if batch == 0 or acc.shape[1] == 0:
         return kv_cache
@@ -206,8 +188,7 @@ def compact_kv(
                 f"{op}: accepted rows must start with 0, strictly increase, be padded with -1"
                 " only at the end and stay within the block table"
             )
-    stream = torch.cuda.current_stream(dev).cuda_stream
     launch(op, declare(*_COMPACT),
-        kv_cache.data_ptr(), block_table.data_ptr(), pl.data_ptr(), acc.data_ptr(), batch,
-        acc.shape[1], kv_cache.shape[1], max_pages, kv_cache.element_size(), stream)  # fmt: skip
+        ptr(kv_cache), ptr(block_table), ptr(pl), ptr(acc), batch, acc.shape[1],
+        kv_cache.shape[1], max_pages, kv_cache.element_size(), stream_of(kv_cache))  # fmt: skip
     return kv_cache

@@ -5,7 +5,8 @@ The library comes from `$DDTREE_KERNELS_LIB` if set, else it is built on first u
 (default `~/.cache/ddtree-ops/`), keyed by the sha256 of the sources, under a file lock so
 concurrent processes build once. Op modules (`kernels.cuda`, `kernels.cuda_attention`)
 declare their C functions with `declare`, check arguments with `check_tensor`, and launch with
-`launch`, which turns a non-zero return code into a `KernelError` naming the op.
+`launch`, which turns a non-zero return code into a `KernelError` naming the op. A library
+whose `ddtree_abi_version()` is not `ABI_VERSION` is refused at load (`AbiMismatch`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 from kernels import build as _build
 
 __all__ = [
+    "ABI_VERSION",
+    "AbiMismatch",
     "KernelError",
     "check_same_device",
     "check_tensor",
@@ -35,7 +38,12 @@ __all__ = [
 ]
 
 LIB_ENV = "DDTREE_KERNELS_LIB"
+ABI_VERSION = 2  # DDTREE_ABI_VERSION of kernels/csrc/ddtree_kernels.h
 c_i32, c_i64, c_ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+
+
+class AbiMismatch(RuntimeError):
+    """The loaded library was built from sources with another C ABI than these bindings."""
 
 
 class KernelError(RuntimeError):
@@ -82,11 +90,18 @@ def library_path(arch: str | None = None) -> Path:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The loaded kernel library (loaded once per process)."""
-    lib = ctypes.CDLL(str(library_path()))
+    """The loaded kernel library (loaded once per process), its ABI version checked."""
+    path = library_path()
+    lib = ctypes.CDLL(str(path))
     lib.ddtree_error_string.restype = ctypes.c_char_p
     lib.ddtree_error_string.argtypes = [c_i32]
     lib.ddtree_abi_version.restype = c_i32
+    version = lib.ddtree_abi_version()
+    if version != ABI_VERSION:
+        raise AbiMismatch(
+            f"{path}: C ABI version {version}, these bindings need {ABI_VERSION}"
+            f" (rebuild it with `python -m kernels.build`, or unset {LIB_ENV})"
+        )
     return lib
 
 

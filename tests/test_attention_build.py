@@ -1,4 +1,4 @@
-"""CPU test: the Kernels II sources compile for sm_90, sm_90a (H200) and sm_120 (RTX PRO 6000)."""
+"""CPU test: the attention sources compile for sm_90, sm_90a (H200) and sm_120 (RTX PRO 6000)."""
 
 from __future__ import annotations
 

@@ -132,3 +132,22 @@ def test_compiler_error_exits_1_and_keeps_old_dir(tmp_path, monkeypatch, capsys)
     assert doc["ok"] is False and "undefined_name" in doc["compiler_tail"]
     assert (out / "keep.txt").read_text() == "old build"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["csrc", "out"]
+
+
+def test_abi_version_and_unknown_algorithms(built):
+    # No GPU needed: the launchers check the algorithm before any CUDA call.
+    import ctypes
+
+    from kernels.cuda_core import ABI_VERSION
+
+    lib = ctypes.CDLL(str(built[0] / "libddtree_kernels.so"))
+    assert lib.ddtree_abi_version() == ABI_VERSION
+    null7 = [None] * 7
+    for algo in (-1, 4):  # DDTREE_TREE_* is 0..3
+        assert lib.ddtree_build_trees(None, None, 1, 15, 8, 8, *null7, algo, None) == 1
+    splits, ws = ctypes.c_int(), ctypes.c_size_t()
+    for algo in (-1, 5):  # DDTREE_ATTN_* is 0..4
+        rc = lib.ddtree_tree_verify_attention_plan(
+            1, algo, 1, 8, 8, 8, 64, 0, ctypes.byref(splits), ctypes.byref(ws)
+        )
+        assert rc == 1

@@ -157,14 +157,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+ALGOS = ("auto", "heap", "heap_lowmem")  # every algorithm that always builds the tree
+
+
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("b,h,k,budget", CASES)
-def test_build_trees_matches_reference(kc, monkeypatch, parallel, ties, b, h, k, budget):
-    if parallel:
-        monkeypatch.setenv("DDTREE_TREE_PARALLEL", "1")
+def test_build_trees_matches_reference(kc, algo, ties, b, h, k, budget):
     lp, ids = _top(b, h, k, ties, seed=b * 1000 + h * 100 + k + budget)
-    got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
+    got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget, algo=algo)
     _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
 
 
@@ -177,21 +178,19 @@ def test_build_trees_ties_every_batch(kc, b, budget):
         _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize(
     "b,h,k,budget", [(5, 15, 8, 64), (3, 15, 64, 128), (2, 32, 16, 512), (4, 3, 4, 40)]
 )
-def test_build_trees_tiny_ties_and_both_paths(kc, monkeypatch, parallel, b, h, k, budget):
-    # The opt-in parallel selection verifies itself and falls back to the serial loop; both
-    # paths and the fallback must give the reference's tree.
-    if parallel:
-        monkeypatch.setenv("DDTREE_TREE_PARALLEL", "1")
+def test_build_trees_tiny_ties_every_algo(kc, algo, b, h, k, budget):
+    # 1-ulp ties make the level selection decline (auto falls back to the heap loop); every
+    # algorithm must give the reference's tree.
     for lp, ids in (
         _tiny_ties(b, h, k, seed=budget),
         _top(b, h, k, True, seed=budget + 1),
         _top(b, h, k, False, seed=budget + 2),
     ):
-        got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
+        got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget, algo=algo)
         _assert_trees_equal(got, ref.build_trees(lp.numpy(), ids.numpy(), budget))
 
 
@@ -226,15 +225,14 @@ def _drafter_top(b: int, h: int, k: int, scale: float, seed: int):
         (33, 15, 64, 33),
     ],
 )
-def test_build_trees_level_path_alone(kc, monkeypatch, scale, b, h, k, budget):
-    # DDTREE_TREE_ALGO=v6only: the level selection without its fallback. It must take exactly
-    # the requests the Python model of it takes (num_nodes -1 elsewhere), and give the
-    # reference's tree for each of them.
+def test_build_trees_level_path_alone(kc, scale, b, h, k, budget):
+    # algo="levels": the level selection without its fallback. It must take exactly the
+    # requests the Python model of it takes (num_nodes -1 elsewhere), and give the reference's
+    # tree for each of them.
     import helpers.tree_levels_model as model
 
-    monkeypatch.setenv("DDTREE_TREE_ALGO", "v6only")
     lp, ids = _drafter_top(b, h, k, scale, seed=int(scale * 10) + b + 100 * k + budget)
-    got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget)
+    got = kc.build_trees(lp.to(DEV), ids.to(DEV), budget, algo="levels")
     want = ref.build_trees(lp.numpy(), ids.numpy(), budget)
     taken = 0
     for i in range(b):
@@ -339,6 +337,8 @@ def test_bad_arguments_raise_with_op_name(kc):
         kc.build_trees(lp, ids[:, :3].contiguous(), 8)
     with pytest.raises(ValueError, match=r"build_trees: top_log_probs: H = 33"):
         kc.build_trees(lp.new_zeros(2, 33, 8), ids.new_zeros(2, 33, 8), 8)
+    with pytest.raises(ValueError, match=r"build_trees: algo must be one of"):
+        kc.build_trees(lp, ids, 8, algo="v6")
     trees = kc.build_trees(lp, ids, 8)
     with pytest.raises(ValueError, match=r"greedy_accept: target_ids: expected shape"):
         kc.greedy_accept(trees, torch.zeros(2, 8, dtype=torch.int64, device=DEV), 15)
@@ -351,9 +351,10 @@ def test_bad_arguments_raise_with_op_name(kc):
 def test_launcher_error_becomes_kernel_error(kc):
     from kernels import cuda_core as core
 
-    fn = core.declare(
-        "ddtree_build_trees", (core.c_ptr, core.c_ptr) + (core.c_i32,) * 4 + (core.c_ptr,) * 8
-    )
+    argtypes = (core.c_ptr, core.c_ptr) + (core.c_i32,) * 4 + (core.c_ptr,) * 7
+    fn = core.declare("ddtree_build_trees", argtypes + (core.c_i32, core.c_ptr))
     with pytest.raises(kc.KernelError, match=r"build_trees: CUDA error 1: invalid argument") as e:
-        core.launch("build_trees", fn, None, None, 1, 15, 8, -1, *([None] * 7), None)
+        core.launch("build_trees", fn, None, None, 1, 15, 8, -1, *([None] * 7), 0, None)
     assert e.value.op == "build_trees" and e.value.code == 1
+    with pytest.raises(kc.KernelError, match=r"CUDA error 1: invalid argument"):  # unknown algo
+        core.launch("build_trees", fn, None, None, 1, 15, 8, 8, *([None] * 7), 4, None)

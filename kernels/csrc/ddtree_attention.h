@@ -1,4 +1,4 @@
-/* ddtree_attention.h: C ABI of the Kernels II ops (tree-verify MLA attention, KV compaction).
+/* ddtree_attention.h: C ABI of the tree-verify MLA attention and the KV compaction.
  *
  * Same conventions as ddtree_kernels.h: raw device pointers, an explicit stream, the result is a
  * cudaError_t value (0 = success; cudaErrorInvalidValue for bad arguments), never an exception.
@@ -28,10 +28,20 @@ extern "C" {
 #define DDTREE_ATTN_FLOAT32 0
 #define DDTREE_ATTN_BFLOAT16 1
 
-/* algo: 0 auto (bf16 -> tensor cores, fp32 -> SIMT), 1 SIMT fp32 FMA, 2 tensor cores (bf16) */
+/* algo (any other value: cudaErrorInvalidValue):
+ *   auto         bf16 -> the first of wgmma_tma, mma_sync_64, mma_sync_32 that runs on the
+ *                device and fits its shared memory; fp32 -> simt
+ *   simt         fp32 FMA (float or bf16 storage)
+ *   mma_sync_64  tensor cores, mma.sync, 64x64 tiles (bf16; sm_80+ with 225 KiB of shared
+ *                memory a block, e.g. H100/H200; else cudaErrorInvalidConfiguration)
+ *   mma_sync_32  tensor cores, mma.sync, 32x32 tiles (bf16; sm_80+, 75 KiB: sm_120 too)
+ *   wgmma_tma    tensor cores, wgmma with TMA KV loads (bf16; an sm_90a build on H100/H200;
+ *                elsewhere cudaErrorInvalidDeviceFunction) */
 #define DDTREE_ATTN_AUTO 0
 #define DDTREE_ATTN_SIMT 1
-#define DDTREE_ATTN_MMA 2
+#define DDTREE_ATTN_MMA_SYNC_64 2
+#define DDTREE_ATTN_MMA_SYNC_32 3
+#define DDTREE_ATTN_WGMMA_TMA 4
 
 /* Message for any code these functions return (cudaGetErrorString). */
 const char* ddtree_attention_error_string(int code);

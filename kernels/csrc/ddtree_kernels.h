@@ -1,4 +1,4 @@
-/* ddtree_kernels.h: C ABI of the DDTree CUDA kernels (Kernels I).
+/* ddtree_kernels.h: C ABI of the DDTree CUDA kernels (top-k, tree build, greedy accept).
  *
  * FlashInfer style: raw device pointers, an explicit stream, a return code that is a
  * cudaError_t value (0 = success), never an exception. All tensors are dense, row-major and
@@ -16,7 +16,10 @@
 extern "C" {
 #endif
 
-#define DDTREE_ABI_VERSION 1
+/* Bumped whenever a signature or a constant below changes; the Python bindings refuse a
+ * library whose ddtree_abi_version() differs from theirs. 2: ddtree_build_trees takes algo;
+ * attention algo codes renamed (DDTREE_ATTN_* in ddtree_attention.h). */
+#define DDTREE_ABI_VERSION 2
 
 /* Logit element types. */
 #define DDTREE_DTYPE_FLOAT32 0
@@ -26,6 +29,17 @@ extern "C" {
 #define DDTREE_MAX_DEPTH 32   /* H */
 #define DDTREE_MAX_K 1024     /* candidates per draft position */
 #define DDTREE_MAX_BUDGET 512 /* nodes per tree, root excluded */
+
+/* Tree-build algorithms (all give the same trees; see tree_build.cu). auto: the level
+ * selection for budgets <= 64 with the heap loop as its fallback, the heap loop above;
+ * levels: the level selection alone, num_nodes = -1 where it declines the input (tests);
+ * heap: the heap loop alone; heap_lowmem: the loop that keeps only float32 log-probs in
+ * shared memory (auto, levels and heap take it where the heap kernel's shared memory, 24 bytes
+ * a top-K entry, passes 160 KiB). Any other value: cudaErrorInvalidValue. */
+#define DDTREE_TREE_AUTO 0
+#define DDTREE_TREE_LEVELS 1
+#define DDTREE_TREE_HEAP 2
+#define DDTREE_TREE_HEAP_LOWMEM 3
 
 int ddtree_abi_version(void);
 const char* ddtree_error_string(int code);
@@ -40,11 +54,13 @@ int ddtree_topk_logprobs(const void* logits, int dtype, int64_t rows, int64_t vo
  * top_log_probs float32 [batch, depth, k], top_token_ids int64 [batch, depth, k].
  * Outputs (padded with -1 / 0): token_ids [batch, budget], depths [batch, budget],
  * parents [batch, budget+1], visibility uint8 [batch, budget+1, budget+1],
- * first_child [batch, budget+1], next_sibling [batch, budget+1], num_nodes [batch]. */
+ * first_child [batch, budget+1], next_sibling [batch, budget+1], num_nodes [batch].
+ * algo: DDTREE_TREE_* above. */
 int ddtree_build_trees(const float* top_log_probs, const int64_t* top_token_ids, int batch,
                        int depth, int k, int budget, int64_t* token_ids, int64_t* depths,
                        int64_t* parents, uint8_t* visibility, int64_t* first_child,
-                       int64_t* next_sibling, int64_t* num_nodes, cudaStream_t stream);
+                       int64_t* next_sibling, int64_t* num_nodes, int algo,
+                       cudaStream_t stream);
 
 /* Greedy accept walk from per-node target ids (int64 [batch, budget+1]).
  * Tree inputs as produced by ddtree_build_trees. Outputs: accepted int64 [batch, max_depth+1]

@@ -1,43 +1,33 @@
 // tree_build.cu: batched best-first DDTree build on the GPU, tie-exact with
 // liranringel/ddtree build_ddtree_tree (see kernels/reference.py for the contract).
 //
-// One block per request; four ways to the same pop order:
-//  * v6 (the default for budget <= 64; level_select in tree_build_levels.cuh, inside the v4
-//    kernel): when every score is an exact float64 sum, the pop order is the score order, and
-//    the block selects the best `budget` nodes level by level; it hands anything else (ties,
-//    inexact sums, very wide levels) to the v4 loop in the same launch.
-//  * v4 (budgets above 64, and v6's fallback; kernel build_trees_v4_kernel, loop pop_loop_v4):
-//    warp 0 pops with only the frontier keys in registers and the candidate records in shared
-//    memory; one redux.sync per pop in the common case (see pop_loop_v4). The other warps
-//    stage the token ids meanwhile (with v6 on, the prologue already did); the epilogue reads
-//    the packed node records.
-//  * v5 (opt-in, DDTREE_TREE_ALGO=v5; tree_build_v5.cuh): the v4 kernel with pop_loop_v5, up to
-//    two pops per vote; exact (all GPU tests pass) but slower on an H200 (24.6 vs 21.3 us at
-//    B=64, H=15, K=8, budget 64): see benchmarks/NOTES-kernels-i.md.
-//  * parallel (opt-in, DDTREE_TREE_PARALLEL=1; tree_build_parallel.cuh; slower on an H200):
-//    Delta-stepping over the candidate tree. Each round picks a score
-//    threshold theta from the frontier (bisection on counts) and pops, in parallel sub-steps,
-//    every candidate scoring >= theta, pushing its successors. The popped set is then ranked
-//    by the exact comparator (score desc, rank path asc) and VERIFIED: every node's generator
-//    (previous sibling or parent) ranks before it, and every unpopped successor of a selected
-//    node ranks after the last selected one. By induction over the pops, that is exactly the
-//    best-first order, whatever the float64 rounding did. If the check fails (non-monotone
-//    1-ulp sums) or the candidate buffer overflows (masses of exact ties), fall back to:
-//  * v1 serial (DDTREE_TREE_ALGO=v1): warp 0 runs the best-first loop: the frontier (at most
-//    `budget` candidates) in registers, S slots per lane; each pop is a warp-wide argmax of
-//    the ordered float64 score key (two redux.sync on its halves), the rank-path tie-break (a
-//    proper prefix first) resolved by walking the popped nodes' parents in shared memory.
+// One block per request; three ways to the same pop order, chosen by the algo argument
+// (DDTREE_TREE_* in ddtree_kernels.h):
+//  * levels (level_select in tree_build_levels.cuh, inside the heap kernel; budgets <= 64):
+//    when every score is an exact float64 sum, the pop order is the score order, and the block
+//    selects the best `budget` nodes level by level. auto hands anything else (ties, inexact
+//    sums, very wide levels) to the heap loop in the same launch; DDTREE_TREE_LEVELS alone
+//    (tests) reports num_nodes = -1 instead.
+//  * heap (budgets above 64, and the levels path's fallback; kernel build_trees_heap_kernel,
+//    loop pop_loop_heap): warp 0 pops with only the frontier keys in registers and the
+//    candidate records in shared memory; one redux.sync per pop in the common case (see
+//    pop_loop_heap). The other warps stage the token ids meanwhile (with levels on, the
+//    prologue already did); the epilogue reads the packed node records.
+//  * heap_lowmem (where the heap kernel's 24 bytes of shared memory per top-K entry do not
+//    fit; build_trees_lowmem_kernel, loop pop_loop_lowmem): warp 0 runs the best-first loop
+//    with the frontier (at most `budget` candidates) in registers, S slots per lane; each pop
+//    is a warp-wide argmax of the ordered float64 score key (two redux.sync on its halves),
+//    the rank-path tie-break (a proper prefix first) resolved by walking the popped nodes'
+//    parents in shared memory.
 // Then the whole block writes every output (token ids, depths, parents, child links, ancestor
-// visibility) with padding.
-#include <cstdlib>
-#include <cstring>
-
+// visibility) with padding. Retired variants (a two-pops-per-vote loop, a parallel
+// delta-stepping selection; both slower on an H200) are in benchmarks/NOTES-kernels-i.md and
+// git history.
 #include "ddtree_common.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kParCapMul = 8;  // parallel path: candidate buffer = 8 * budget + 64 entries
 constexpr unsigned kFull = 0xffffffffu;
 
 // Candidate descriptor: parent node or entry (16 bits), rank (11), depth (6), pred (16): pred
@@ -85,49 +75,30 @@ struct Smem {
   int16_t* ns;  // next sibling
   uint32_t* bits;  // [n1 * W] visibility bitsets
   int* count;
-  // Parallel path (cap entries; entry 0 is the root, entry 1 the first candidate).
-  int cap;
-  uint64_t* ekey;  // ordered score key
-  int16_t* epar;   // parent entry
-  int16_t* erank;
-  int16_t* edepth;
-  int16_t* egen;  // generator entry: previous sibling, or parent for rank 0
-  int16_t* epos;  // rank among popped (1-based); 0 root; -1 unpopped / unranked
-  int16_t* plist;  // popped entries
-  uint8_t* estate;  // 0 frontier, 1 popped
-  int* ctl;  // [0] entries, [1] popped, [2] overflow, [3] fail
-  uint64_t* red;  // [32] reduction scratch
-  int64_t* ids;  // v4: [H*K] token ids, staged by warps 1.. during the loop; else null
-  double* lpd;   // v4: [2 H*K + 1] float64: log-probs, 0.0, negated log-probs; else null
-  uint64_t* rinfo;  // v4: per frontier slot [32 * S]: candidate (pack())
-  uint64_t* rskey;  // v4: key of the candidate's next sibling (0: none)
-  uint64_t* rckey;  // v4: key of the candidate's first child (0: none)
-  uint64_t* ninfo;  // v4: [budget + 1] popped node n: its candidate (pack())
+  int64_t* ids;  // heap: [H*K] token ids, staged by warps 1.. during the loop; else null
+  double* lpd;   // heap: [2 H*K + 1] float64: log-probs, 0.0, negated log-probs; else null
+  uint64_t* rinfo;  // heap: per frontier slot [32 * S]: candidate (pack())
+  uint64_t* rskey;  // heap: key of the candidate's next sibling (0: none)
+  uint64_t* rckey;  // heap: key of the candidate's first child (0: none)
+  uint64_t* ninfo;  // heap: [budget + 1] popped node n: its candidate (pack())
 };
 
-// v4 frontier slots: 32 lanes x S, S = ceil(budget / 32) (at least 1).
-__host__ __device__ inline size_t v4_slots(int budget) {
+// heap frontier slots: 32 lanes x S, S = ceil(budget / 32) (at least 1).
+__host__ __device__ inline size_t heap_slots(int budget) {
   return size_t(budget > 32 ? (budget + 31) / 32 : 1) * 32;
 }
 
 __host__ __device__ inline size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
 
-__host__ __device__ inline size_t par_bytes(int cap) {
-  return cap > 0 ? align16(size_t(cap) * 8) + 6 * align16(size_t(cap) * 2) +
-                       align16(size_t(cap)) + 16 + 32 * 8
-                 : 0;
-}
-
-__host__ __device__ inline size_t smem_bytes(int H, int K, int budget, int cap, bool v4) {
+__host__ __device__ inline size_t smem_bytes(int H, int K, int budget, bool heap) {
   const size_t n1 = budget + 1, W = (n1 + 31) / 32;
   return align16(size_t(H) * K * 4) + 6 * align16(n1 * 2) + align16(n1 * W * 4) + 16 +
-         par_bytes(cap) +
-         (v4 ? size_t(H) * K * 8 + align16((2 * size_t(H) * K + 1) * 8) +
-                   3 * v4_slots(budget) * 8 + align16((size_t(budget) + 1) * 8)
+         (heap ? size_t(H) * K * 8 + align16((2 * size_t(H) * K + 1) * 8) +
+                   3 * heap_slots(budget) * 8 + align16((size_t(budget) + 1) * 8)
              : 0);
 }
 
-__device__ inline Smem carve(char* base, int H, int K, int budget, int cap, bool v4) {
+__device__ inline Smem carve(char* base, int H, int K, int budget, bool heap) {
   char* const start = base;
   const size_t n1 = budget + 1;
   Smem s;
@@ -142,38 +113,23 @@ __device__ inline Smem carve(char* base, int H, int K, int budget, int cap, bool
   base += align16(n1 * ((n1 + 31) / 32) * 4);
   s.count = reinterpret_cast<int*>(base);
   base += 16;
-  s.cap = cap;
-  if (cap > 0) {
-    s.ekey = reinterpret_cast<uint64_t*>(base);
-    base += align16(size_t(cap) * 8);
-    int16_t** e16[6] = {&s.epar, &s.erank, &s.edepth, &s.egen, &s.epos, &s.plist};
-    for (int i = 0; i < 6; ++i) {
-      *e16[i] = reinterpret_cast<int16_t*>(base);
-      base += align16(size_t(cap) * 2);
-    }
-    s.estate = reinterpret_cast<uint8_t*>(base);
-    base += align16(size_t(cap));
-    s.ctl = reinterpret_cast<int*>(base);
-    base += 16;
-    s.red = reinterpret_cast<uint64_t*>(base);
-  }
   s.ids = nullptr;
   s.lpd = nullptr;
-  if (v4) {
-    s.ids = reinterpret_cast<int64_t*>(start + smem_bytes(H, K, budget, cap, false));
+  if (heap) {
+    s.ids = reinterpret_cast<int64_t*>(start + smem_bytes(H, K, budget, false));
     s.lpd = reinterpret_cast<double*>(s.ids + size_t(H) * K);
     s.rinfo = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(s.lpd) +
                                           align16((2 * size_t(H) * K + 1) * 8));
-    s.rskey = s.rinfo + v4_slots(budget);
-    s.rckey = s.rskey + v4_slots(budget);
-    s.ninfo = s.rckey + v4_slots(budget);
+    s.rskey = s.rinfo + heap_slots(budget);
+    s.rckey = s.rskey + heap_slots(budget);
+    s.ninfo = s.rckey + heap_slots(budget);
   }
   return s;
 }
 
 // Best-first loop of warp 0; returns the number of popped nodes (lane 0 stores it).
 template <int S>
-__device__ void pop_loop(const Smem& sm, int H, int K, int budget) {
+__device__ void pop_loop_lowmem(const Smem& sm, int H, int K, int budget) {
   const int lane = threadIdx.x & 31;
   const float* lp = sm.lp;
   uint64_t key[S], info[S];
@@ -269,31 +225,27 @@ __device__ void pop_loop(const Smem& sm, int H, int K, int budget) {
   if (lane == 0) *sm.count = n;
 }
 
-#include "tree_build_v4.cuh"        // pop_loop_v4 (the default)
-#include "tree_build_v5.cuh"        // pop_loop_v5 (DDTREE_TREE_ALGO=v5)
-#include "tree_build_parallel.cuh"  // parallel_select (DDTREE_TREE_PARALLEL=1)
-#include "tree_build_levels.cuh"    // level_select (v6, the default for budget <= 64)
+#include "tree_build_heap.cuh"    // pop_loop_heap
+#include "tree_build_levels.cuh"  // level_select (auto's first try for budget <= 64)
 
 template <int S>
-__global__ void __launch_bounds__(kThreads) build_trees_kernel(
+__global__ void __launch_bounds__(kThreads) build_trees_lowmem_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
     int64_t* __restrict__ parents, uint8_t* __restrict__ visibility,
     int64_t* __restrict__ first_child, int64_t* __restrict__ next_sibling,
-    int64_t* __restrict__ num_nodes, int cap) {
+    int64_t* __restrict__ num_nodes) {
   extern __shared__ __align__(16) char smem_raw[];
   const int b = blockIdx.x, tid = threadIdx.x;
-  const Smem sm = carve(smem_raw, H, K, budget, cap, false);
+  const Smem sm = carve(smem_raw, H, K, budget, false);
   const int HK = H * K, n1 = budget + 1, W = (n1 + 31) / 32;
   const float* lp_g = top_lp + static_cast<int64_t>(b) * HK;
   for (int i = tid; i < HK; i += kThreads) sm.lp[i] = lp_g[i];
   if (tid == 0) *sm.count = 0;
   __syncthreads();
   const bool work = budget > 0 && H > 0 && K > 0;
-  bool done = false;
-  if (work && cap > 0) done = parallel_select(sm, H, K, budget);
   __syncthreads();
-  if (work && !done && tid < 32) pop_loop<S>(sm, H, K, budget);
+  if (work && tid < 32) pop_loop_lowmem<S>(sm, H, K, budget);
   if (tid == 0) { sm.parent[0] = -1; sm.depth[0] = 0; }
   __syncthreads();
   const int n = *sm.count;
@@ -346,13 +298,13 @@ __global__ void __launch_bounds__(kThreads) build_trees_kernel(
   }
 }
 
-// The v4 kernel: same outputs, pop_loop_v4, and an epilogue that reads the packed node
+// The heap kernel: same outputs, pop_loop_heap, and an epilogue that reads the packed node
 // records directly (links, ancestor bits in registers, token ids staged in shared memory by
 // the idle warps during the loop).
 // levels: 0 = the pop loop only, 1 = level_select (tree_build_levels.cuh) with the pop loop as
 // its fallback, 2 = level_select only (tests: num_nodes = -1 where it declines the input).
-template <int S, bool V5>
-__global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
+template <int S>
+__global__ void __launch_bounds__(kThreads, 1) build_trees_heap_kernel(
     const float* __restrict__ top_lp, const int64_t* __restrict__ top_ids, int H, int K,
     int budget, int64_t* __restrict__ token_ids, int64_t* __restrict__ depths,
     int64_t* __restrict__ parents, uint8_t* __restrict__ visibility,
@@ -360,20 +312,14 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     int64_t* __restrict__ num_nodes, int levels) {
   extern __shared__ __align__(16) char smem_raw[];
   const int b = blockIdx.x, tid = threadIdx.x;
-  const Smem sm = carve(smem_raw, H, K, budget, 0, true);
+  const Smem sm = carve(smem_raw, H, K, budget, true);
   const int HK = H * K, n1 = budget + 1, W = (n1 + 31) / 32;
   const int64_t ob = static_cast<int64_t>(b);
   const float* lp_g = top_lp + ob * HK;
   const int64_t* ids_g = top_ids + ob * HK;
   const bool work = budget > 0 && H > 0 && K > 0;
   constexpr bool kLevels = S == 1 || S == 2;  // budget <= 64
-  const bool lv_on = kLevels && !V5 && levels > 0 && work && budget <= kLvMaxBudget;
-#ifdef DDTREE_LV_PROFILE
-  long long lv_t_ = clock64();
-  unsigned long long lv_g0_;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(lv_g0_));
-  if (tid < 12) s_lv_prof[tid] = 0;
-#endif
+  const bool lv_on = kLevels && levels > 0 && work && budget <= kLvMaxBudget;
   LvSmem* lvp = nullptr;
   if constexpr (kLevels) {
     __shared__ LvSmem lv;
@@ -434,7 +380,6 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   }
   if (tid == 0) { sm.lpd[HK] = 0.0; *sm.count = 0; }
   lv_ok = __syncthreads_and(lv_ok);
-  LV_PROF(0);
   bool built = false;
   if constexpr (kLevels) {
     if (lv_on) {
@@ -448,17 +393,13 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
   }
   if (!built) {
     if (tid < 32) {
-      if (work) {
-        if constexpr (V5) pop_loop_v5<S>(sm, H, K, budget);
-        else pop_loop_v4<S>(sm, H, K, budget);
-      }
+      if (work) pop_loop_heap<S>(sm, H, K, budget);
     } else if (!lv_on) {  // the other warps meanwhile: token ids to shared memory, links to -1
       for (int i = tid - 32; i < HK; i += kThreads - 32) sm.ids[i] = ids_g[i];
       for (int i = tid - 32; i < n1; i += kThreads - 32) { sm.fc[i] = -1; sm.ns[i] = -1; }
     }
   }
   __syncthreads();
-  LV_PROF(7);
   const int n = *sm.count;
   if (!built) {  // (the level path wrote its own links and bits)
     // Links (children in pop order: rank 0 is the first child, else the previous sibling's
@@ -495,7 +436,6 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     }
     __syncthreads();
   }
-  LV_PROF(8);
   for (int i = tid; i < budget; i += kThreads) {
     int64_t tok = -1, dep = -1;
     if (i < n) {
@@ -513,10 +453,6 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
     next_sibling[ob * n1 + i] = live ? sm.ns[i] : -1;
   }
   if (tid == 0) num_nodes[b] = n;
-#ifdef DDTREE_LV_PROFILE
-  __syncthreads();
-  LV_PROF(3);
-#endif
   if constexpr (kLevels) {
     // The staged matrix: byte k of chunk c is output byte 16c + k - vis_a; whole chunks go out
     // as one 16-byte store, the two partial ones byte by byte.
@@ -550,84 +486,49 @@ __global__ void __launch_bounds__(kThreads, 1) build_trees_v4_kernel(
       if (j >= n1) { j -= n1; ++i; }
     }
   }
-#ifdef DDTREE_LV_PROFILE
-  __syncthreads();
-  LV_PROF(10);
-  if (tid == 0 && b < 64) {
-    unsigned long long g1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
-    g_lv_span[b][0] = lv_g0_;
-    g_lv_span[b][1] = g1;
-    for (int p = 0; p < 12; ++p) g_lv_prof[b][p] += s_lv_prof[p];
-  }
-#endif
 }
 
-// Tree-build kernel, by DDTREE_TREE_ALGO: v6 (the default) = the v4 kernel with the level
-// selection first for budget <= 64 (tree_build_levels.cuh; the v4 loop where it declines the
-// input); v6only = the level selection alone (tests: num_nodes = -1 where it declines); v4 =
-// the v4 loop alone (H200: 21.1 / 22.1 us at B=64, H=15, K=8 / 64, budget 64); v5 = the v5 loop
-// (two pops per vote, tree_build_v5.cuh); any other value (v1) the v1 loop.
-constexpr int kDefaultAlgo = 6;
-int tree_algo() {
-  const char* env = getenv("DDTREE_TREE_ALGO");
-  if (env == nullptr || env[0] == '\0') return kDefaultAlgo;
-  if (strcmp(env, "v4") == 0) return 4;
-  if (strcmp(env, "v5") == 0) return 5;
-  if (strcmp(env, "v6") == 0) return 6;
-  if (strcmp(env, "v6only") == 0) return 7;
-  return 1;
-}
-
-template <int S, bool V5>
-cudaError_t launch_v4(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
-                      int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
-                      int64_t* ns, int64_t* nn, size_t smem4, int levels,
-                      cudaStream_t stream) {
+template <int S>
+cudaError_t launch_heap(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
+                        int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
+                        int64_t* ns, int64_t* nn, size_t smem4, int levels,
+                        cudaStream_t stream) {
   if (smem4 > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(build_trees_v4_kernel<S, V5>,
+    cudaError_t e = cudaFuncSetAttribute(build_trees_heap_kernel<S>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem4));
     if (e != cudaSuccess) return e;
   }
-  build_trees_v4_kernel<S, V5><<<B, kThreads, smem4, stream>>>(lp, ids, H, K, budget, tok, dep,
-                                                               par, vis, fc, ns, nn, levels);
+  build_trees_heap_kernel<S><<<B, kThreads, smem4, stream>>>(lp, ids, H, K, budget, tok, dep,
+                                                             par, vis, fc, ns, nn, levels);
   return cudaGetLastError();
 }
 
+// algo (checked by the caller): auto = the heap kernel with the level selection first for
+// budget <= 64 (the heap loop where it declines the input); levels = the level selection alone
+// (tests: num_nodes = -1 where it declines); heap = the heap loop alone (H200: 21.1 / 22.1 us
+// at B=64, H=15, K=8 / 64, budget 64); heap_lowmem = the low-memory kernel. The heap kernel
+// keeps the token ids and float64 log-probs in shared memory (24 bytes per (H, K) entry); where
+// that passes 160 KiB, auto, levels and heap take the low-memory kernel.
 template <int S>
 cudaError_t launch(const float* lp, const int64_t* ids, int B, int H, int K, int budget,
                    int64_t* tok, int64_t* dep, int64_t* par, uint8_t* vis, int64_t* fc,
-                   int64_t* ns, int64_t* nn, cudaStream_t stream) {
-  // The parallel path needs its candidate buffer (int16 entry indices) to fit.
-  int cap = kParCapMul * budget + 64;
-  if (cap > 32767 || smem_bytes(H, K, budget, cap, false) > 200 * 1024) cap = 0;
-  // The serial loop measured faster on an H200 (32 us vs 52-79 us at budget 64: the parallel
-  // path pays ~100 block barriers), so the parallel path is opt-in: DDTREE_TREE_PARALLEL=1.
-  const char* env = getenv("DDTREE_TREE_PARALLEL");
-  const bool parallel = env != nullptr && env[0] == '1';
-  if (!parallel) cap = 0;
-  // v4 keeps the token ids and float64 log-probs in shared memory (24 bytes per (H, K) entry);
-  // the opt-in parallel selection lives in the v1 kernel (its fallback is the v1 loop).
-  const size_t smem4 = smem_bytes(H, K, budget, 0, true);
-  const int algo = tree_algo();
-  if (algo >= 4 && !parallel && smem4 <= 160 * 1024) {
-    if (algo == 5)
-      return launch_v4<S, true>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
-                                0, stream);
-    const int levels = algo == 6 ? 1 : algo == 7 ? 2 : 0;
-    return launch_v4<S, false>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
-                               levels, stream);
+                   int64_t* ns, int64_t* nn, int algo, cudaStream_t stream) {
+  const size_t smem4 = smem_bytes(H, K, budget, true);
+  if (algo != DDTREE_TREE_HEAP_LOWMEM && smem4 <= 160 * 1024) {
+    const int levels = algo == DDTREE_TREE_AUTO ? 1 : algo == DDTREE_TREE_LEVELS ? 2 : 0;
+    return launch_heap<S>(lp, ids, B, H, K, budget, tok, dep, par, vis, fc, ns, nn, smem4,
+                          levels, stream);
   }
-  const size_t smem = smem_bytes(H, K, budget, cap, false);
+  const size_t smem = smem_bytes(H, K, budget, false);
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(build_trees_kernel<S>,
+    cudaError_t e = cudaFuncSetAttribute(build_trees_lowmem_kernel<S>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  build_trees_kernel<S><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep, par, vis,
-                                                      fc, ns, nn, cap);
+  build_trees_lowmem_kernel<S><<<B, kThreads, smem, stream>>>(lp, ids, H, K, budget, tok, dep,
+                                                              par, vis, fc, ns, nn);
   return cudaGetLastError();
 }
 
@@ -637,7 +538,8 @@ extern "C" int ddtree_build_trees(const float* top_log_probs, const int64_t* top
                                   int batch, int depth, int k, int budget, int64_t* token_ids,
                                   int64_t* depths, int64_t* parents, uint8_t* visibility,
                                   int64_t* first_child, int64_t* next_sibling,
-                                  int64_t* num_nodes, cudaStream_t stream) {
+                                  int64_t* num_nodes, int algo, cudaStream_t stream) {
+  if (algo < DDTREE_TREE_AUTO || algo > DDTREE_TREE_HEAP_LOWMEM) return cudaErrorInvalidValue;
   if (batch < 0 || batch > 65535 || depth < 0 || depth > DDTREE_MAX_DEPTH || k < 0 ||
       k > DDTREE_MAX_K || budget < 0 || budget > DDTREE_MAX_BUDGET)
     return cudaErrorInvalidValue;
@@ -648,16 +550,16 @@ extern "C" int ddtree_build_trees(const float* top_log_probs, const int64_t* top
   const int slots = (budget + 31) / 32;
   if (slots <= 1)
     return launch<1>(top_log_probs, top_token_ids, batch, depth, k, budget, token_ids, depths,
-                     parents, visibility, first_child, next_sibling, num_nodes, stream);
+                     parents, visibility, first_child, next_sibling, num_nodes, algo, stream);
   if (slots <= 2)
     return launch<2>(top_log_probs, top_token_ids, batch, depth, k, budget, token_ids, depths,
-                     parents, visibility, first_child, next_sibling, num_nodes, stream);
+                     parents, visibility, first_child, next_sibling, num_nodes, algo, stream);
   if (slots <= 4)
     return launch<4>(top_log_probs, top_token_ids, batch, depth, k, budget, token_ids, depths,
-                     parents, visibility, first_child, next_sibling, num_nodes, stream);
+                     parents, visibility, first_child, next_sibling, num_nodes, algo, stream);
   if (slots <= 8)
     return launch<8>(top_log_probs, top_token_ids, batch, depth, k, budget, token_ids, depths,
-                     parents, visibility, first_child, next_sibling, num_nodes, stream);
+                     parents, visibility, first_child, next_sibling, num_nodes, algo, stream);
   return launch<16>(top_log_probs, top_token_ids, batch, depth, k, budget, token_ids, depths,
-                    parents, visibility, first_child, next_sibling, num_nodes, stream);
+                    parents, visibility, first_child, next_sibling, num_nodes, algo, stream);
 }

@@ -1,6 +1,6 @@
-// tree_build_levels.cuh: the level-synchronous tree build (v6, the default for budget <= 64).
+// tree_build_levels.cuh: the level-synchronous tree build (auto's first try for budget <= 64).
 // Included by tree_build.cu inside its anonymous namespace, after the Smem layout, pack() and
-// the v4 loop (its fallback). Python model of the same decisions, checked against the
+// the heap loop (its fallback). Python model of the same decisions, checked against the
 // reference on CPU: tests/tree_levels_model.py.
 //
 // Why it is exact. When every log-prob the reference reads is a float32 whose float64 partial
@@ -22,19 +22,19 @@
 // until no child qualifies. Node ids index an append-only log (parent id, rank, depth), so no
 // parent pointer moves when T is re-ranked; a parent's children get consecutive ids, so a
 // node's previous sibling (its pusher) is id - 1. Any tie among the kept nodes, a failed
-// precondition or a full log returns false and the v4 loop builds the tree instead,
-// bit-exact either way; so does (by default, not under DDTREE_TREE_ALGO=v6only) a level of
+// precondition or a full log returns false and the heap loop builds the tree instead,
+// bit-exact either way; so does (under auto, not under DDTREE_TREE_LEVELS) a level of
 // more than kLvWide candidates.
 // Cost: 3 block barriers a level, levels = the tree's depth (2-4 for the benchmark's trees),
 // instead of one dependent warp vote a node. The visibility rows go to a staged byte matrix
 // in shared memory, copied out with 16-byte stores. Measured (H200) and what did not work:
-// benchmarks/NOTES-kernels-i.md; per-phase cycles: benchmarks/tree_levels_profile.cu.
+// benchmarks/NOTES-kernels-i.md.
 #pragma once
 
-constexpr int kLvMaxBudget = 64;  // budgets above this take the v4 loop
+constexpr int kLvMaxBudget = 64;  // budgets above this take the heap loop
 constexpr int kLvCap = 224;       // candidates a level: the bound gives at most 216, + 8 pad
-constexpr int kLvLog = 1024;      // node log: every candidate ever made (else: the v4 loop)
-constexpr int kLvWide = 128;      // candidates in one level above which the default uses v4
+constexpr int kLvLog = 1024;      // node log: every candidate ever made (else: the heap loop)
+constexpr int kLvWide = 128;      // candidates in one level above which auto uses the heap loop
 constexpr uint32_t kLvRoot = 0xfffu;
 // Staged visibility bytes: (budget + 1)^2 <= 65^2, placed at the output's 16-byte phase.
 constexpr int kLvVisBytes = ((kLvMaxBudget + 1) * (kLvMaxBudget + 1) + 15 + 15) / 16 * 16;
@@ -76,28 +76,8 @@ __device__ __forceinline__ void lv_check(float v, float prev, int d, int r, int 
   }
 }
 
-// Profiling hooks (benchmarks/tree_levels_profile.cu compiles with DDTREE_LV_PROFILE): thread 0
-// of blocks < 64 adds the clock64 cycles of each phase to g_lv_prof[block][phase].
-#ifdef DDTREE_LV_PROFILE
-__device__ long long g_lv_prof[64][12];
-__device__ unsigned long long g_lv_span[64][2];  // globaltimer (ns) at block start / end
-__shared__ long long s_lv_prof[12];  // thread 0's accumulators, added to g_lv_prof at the end
-#define LV_PROF(phase)                                                         \
-  do {                                                                         \
-    if (threadIdx.x == 0) {                                                    \
-      const long long now_ = clock64();                                        \
-      s_lv_prof[phase] += now_ - lv_t_;                                        \
-      lv_t_ = now_;                                                            \
-    }                                                                          \
-  } while (0)
-#else
-#define LV_PROF(phase) \
-  do {                 \
-  } while (0)
-#endif
-
-// Builds the tree into sm.ninfo[1..n] / *sm.count like pop_loop_v4 and returns true, or
-// returns false (nothing of the v4 loop's state touched) when the input is not eligible.
+// Builds the tree into sm.ninfo[1..n] / *sm.count like pop_loop_heap and returns true, or
+// returns false (nothing of the heap loop's state touched) when the input is not eligible.
 // The block's verdict on the preconditions from the warps' lv_check results (after a barrier).
 __device__ __forceinline__ bool lv_eligible(const LvSmem& lv, int H) {
   int emin = 1000;
@@ -144,9 +124,9 @@ __device__ __forceinline__ LvSlot lv_slot(int kc, int budget) {
   return t;
 }
 
-// Builds the tree like pop_loop_v4 (sm.ninfo[1..n], *sm.count) and also its links (sm.fc,
+// Builds the tree like pop_loop_heap (sm.ninfo[1..n], *sm.count) and also its links (sm.fc,
 // sm.ns: the prologue set them to -1) and its visibility rows, as bytes into `stage` (row-major,
-// n1 x n1, zeroed by the prologue), and returns true; or returns false (the v4 loop's state
+// n1 x n1, zeroed by the prologue), and returns true; or returns false (the heap loop's state
 // untouched) at a tie or a full node log.
 __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budget, uint8_t* stage,
                              int n1, bool strict) {
@@ -155,9 +135,6 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
   const int kc = min(K, budget);
   const LvSlot slot = lv_slot(kc, budget);
   const uint32_t lt = (1u << lane) - 1u;
-#ifdef DDTREE_LV_PROFILE
-  long long lv_t_ = clock64();
-#endif
   // Depth 1: the first kc entries of row 0 (the root's children, already in order), ids 0..;
   // they are also the first level's parents, in order. ps[j] is NaN where parent j does not
   // exist (NaN + anything fails every comparison).
@@ -202,14 +179,13 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
       }
     }
     if (tid < 32) lv.ps[tid] = NAN;  // C names the next level's parents
-    LV_PROF(2);
     const int room = kLvLog - base;  // node log entries left
     if (n_c == 0) break;             // uniform: no child qualifies, T is final
     if (n_c > room) return false;
     // A level this wide (peaked drafts: many deep candidates near the top) makes the ranking
-    // cost more than the v4 loop would for the whole tree (H200: v6 31.8 us vs v4 22.2 us at
-    // B=64, K=64, budget 64, logit scale 6, with the earlier serial walk), so the default hands
-    // such a tree to v4 before ranking; DDTREE_TREE_ALGO=v6only (strict) keeps going.
+    // cost more than the heap loop would for the whole tree (H200: levels 31.8 us vs heap 22.2 us
+    // at     // B=64, K=64, budget 64, logit scale 6, with the earlier serial walk), so auto hands
+    // such a tree to the heap loop before ranking; DDTREE_TREE_LEVELS (strict) keeps going.
     if (!strict && n_c > kLvWide) return false;
     if (pass) {
       lv.ck[at] = ckey;
@@ -217,12 +193,11 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     }
     if (tid < 8) lv.ck[n_c + tid] = -INFINITY;  // pads C's 8-wide reads
     __syncthreads();
-    LV_PROF(2);
     // C: rank of every pool entry (T then candidates) = entries scoring strictly higher: a
     // candidate's place in T by two rounds of eight independent loads, then a count over the
     // candidates, eight a step, split between two threads when the pool allows. Kept entries
     // (rank < budget) claim their rank in `own`: two kept entries with one rank are a tie
-    // (found after the barrier; the v4 loop takes over). A kept candidate with m candidates
+    // (found after the barrier; the heap loop takes over). A kept candidate with m candidates
     // above it is the next level's parent m.
     const int nxt = cur ^ 1, n_p = n_t + n_c;
     const bool pair = n_p <= nt / 2;
@@ -285,10 +260,6 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     // A tie leaves two claims on one rank: checked at the next barrier (until then T may be
     // wrong, and nothing outside this level path's shared state is written).
     col = (kr[0] >= 0 && lv.own[kr[0]] != ke[0]) || (kr[1] >= 0 && lv.own[kr[1]] != ke[1]);
-    LV_PROF(4);
-#ifdef DDTREE_LV_PROFILE
-    if (tid == 0) s_lv_prof[9] += 1;  // levels
-#endif
     cur = nxt;
     n_t = min(budget, n_p);
     base += n_c;
@@ -303,7 +274,7 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
   // T in order is the pop order: node x = slot + 1, and pos (node id -> x) holds it for every
   // node of T (written by the ranking that put it at its final place; after a tie T may hold
   // stale ids, and the mask keeps those writes inside pos until the barrier reports the tie).
-  // Records as pop_loop_v4 writes them (the pusher of rank r > 0 is rank r - 1 under the same
+  // Records as pop_loop_heap writes them (the pusher of rank r > 0 is rank r - 1 under the same
   // parent: always kept, id one less), the links, and the visibility rows (walking the log).
   if (__syncthreads_or(col)) return false;
   if (tid == 0) {
@@ -325,6 +296,5 @@ __device__ bool level_select(const Smem& sm, LvSmem& lv, int H, int K, int budge
     row[x] = 1;
     for (uint32_t a = p; a != kLvRoot; a = lv.nlog[a] & 0xfffu) row[lv.pos[a]] = 1;
   }
-  LV_PROF(6);
   return true;
 }

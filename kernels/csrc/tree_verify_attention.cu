@@ -8,26 +8,24 @@
 // Long prefixes are split over CTAs (flash-decoding): each split writes O/l and log2-sum-exp
 // to a workspace and a combine kernel merges them.
 //
-// Three kernels:
-//  - SIMT (fp32 FMA; float or bf16 storage): the fp32 variant and a plain reference path.
-//  - WGMMA (bf16, sm_90a only; tree_verify_attention_wgmma.cuh): the H100/H200 default.
-//  - MMA (bf16, mma.sync m16n8k16 + ldmatrix + cp.async, sm_80+, identical on sm_90/sm_120):
-//    warps form an (M/16) x 2 grid; warp (r, c) computes S for rows 16r.. and keys of half c,
-//    the pair (r, 0)/(r, 1) exchange row maxima through shared memory, P goes to shared
-//    memory. For PV, either warp (r, c) accumulates O for its 16 rows and value dims
-//    [256c, +256), or (default, PVM 1) warp w takes all rows and dims [64w, +64) so V is read
-//    once per CTA; 128 fp32 accumulators a thread either way (the 512-wide value dim is split
-//    across warps, never spilled).
-//    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. Variants
-//    (mma_variants) are chosen from the device's opt-in shared memory: a 64x64 tile with a
-//    double-buffered KV tile (225 KiB: H100/H200) or 32x32 single-buffered (75 KiB: sm_120).
-#include <stddef.h>  // nullptr_t (the wgmma tail's default loaders)
+// Three kernels, chosen by the algo argument (DDTREE_ATTN_* in ddtree_attention.h):
+//  - simt (fp32 FMA; float or bf16 storage): the fp32 path and a plain reference path.
+//  - wgmma_tma (bf16, sm_90a only; tree_verify_attention_wgmma.cuh): the H100/H200 default.
+//  - mma_sync (bf16, mma.sync m16n8k16 + ldmatrix + cp.async, sm_80+, identical on
+//    sm_90/sm_120): warps form an (M/16) x 2 grid; warp (r, c) computes S for rows 16r.. and
+//    keys of half c, the pair (r, 0)/(r, 1) exchange row maxima through shared memory, P goes
+//    to shared memory. For PV, warp w takes all rows and value dims [512w/warps, +512/warps)
+//    so V is read once per CTA; 128 fp32 accumulators a thread (the 512-wide value dim is
+//    split across warps, never spilled).
+//    Shared tiles are XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The tile
+//    is chosen from the device's opt-in shared memory: 64x64 with a double-buffered KV tile
+//    (225 KiB: H100/H200 without an sm_90a build) or 32x32 single-buffered (75 KiB: sm_120).
+// Variants retired after measurement are in benchmarks/NOTES-attention.md and git history.
 #include <cuda.h>  // CUtensorMap (the wgmma kernel's TMA loads); types only, no -lcuda
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "ddtree_attention.h"
 
@@ -52,9 +50,9 @@ struct Params {
   float* part_lse;  // [splits, total_rows] (log2 sum exp2 of each split; -inf when empty)
   int heads, total_rows, t_max, page_size, max_pages, num_splits, tiles_per_split;
   float scale_log2;
-  int tail_rows;  // wgmma kernel: CTAs with at most this many live rows take the tail path
-  int tail_last;  // wgmma kernel: schedule the grid's last M column after the others
-  int kv_box_rows;  // wgmma TMA variants: KV rows a TMA box (a page or 64); 0 = cp.async loads
+  int tail_rows;  // wgmma kernel: CTAs with at most this many live rows (kWgTailRows) take the
+                  // tail path (a runtime value: the kernel was tuned with it so)
+  int kv_box_rows;  // wgmma kernel: KV rows a TMA box (a page or 64); 0 = cp.async loads
 };
 
 __device__ __forceinline__ int64_t kv_slot(const Params& p, int b, int pos) {
@@ -239,7 +237,7 @@ __global__ void __launch_bounds__(128) tva_combine_kernel(Params p) {
 struct Launch {
   int bm, bn, threads, smem, ctas_per_sm;
   const void* kernel;
-  bool tma = false;   // the wgmma TMA variants: the KV tensor map (2nd kernel parameter) is encoded
+  bool tma = false;   // the wgmma kernel: the KV tensor map (2nd kernel parameter) is encoded
   bool tail = false;  // the wgmma kernel: CTAs with <= kWgTailRows live rows take the tail path
 };
 
@@ -252,62 +250,25 @@ int device_info(int* sms, int* smem_optin) {
   return static_cast<int>(e);
 }
 
-template <int BM, int BN, int STAGES, int NC, int MINB, int PVM = 0>
+template <int BM, int BN, int STAGES, int NC, int MINB>
 Launch mma_variant() {
   using C = MmaCfg<BM, BN, STAGES, NC, MINB>;
   return {BM, BN, C::kThreads, C::kSmem, MINB,
-          reinterpret_cast<const void*>(&tva_mma_kernel<BM, BN, STAGES, NC, MINB, PVM>)};
+          reinterpret_cast<const void*>(&tva_mma_kernel<BM, BN, STAGES, NC, MINB>)};
 }
-
-// Tensor-core variants, selectable as algo DDTREE_ATTN_MMA + 1 + index for tuning. 4 and 6 fit
-// the 99 KiB opt-in shared memory of sm_120 (RTX PRO 6000 Blackwell); 7 to 21 need sm_90a.
-// 9 to 13, 15 and 16 were measured slower than their successors and retired (their numbers
-// stay unused, so the numbers in benchmarks/ and NOTES keep their meaning): kernel nullptr.
-constexpr int kNumMma = 22;
-template <int PVN, int OPT = 0>
-Launch wgmma_variant() {
-  return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1,
-          reinterpret_cast<const void*>(&tva_wgmma_kernel<PVN, OPT>), (OPT & kWgTma) != 0, true};
+Launch wgmma_tma() {
+  return {kWgBM, kWgBN, kWgThreads, kWgSmem, 1, reinterpret_cast<const void*>(&tva_wgmma_kernel),
+          true, true};
 }
-Launch mma_variants(int i) {
-  switch (i) {
-    case 7: return wgmma_variant<64>();   // sm_90a wgmma, PV as 4 x m64n64k16 a k-step
-    case 8: return wgmma_variant<256>();  // sm_90a wgmma, PV as 1 x m64n256k16 a k-step
-    case 9: case 10: case 11: case 12: case 13: case 15: case 16: return {};  // retired
-    case 14: return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit>();  // TMA KV loads
-    case 17:  // as 14 + L2 prefetch of the tile after next, the next tile's boxes before the QK
-      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch | kWgEarlyIssue>();
-    case 18:  // as 17, the loop-top barrier before the wait for the tile's KV
-      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                    kWgEarlyIssue | kWgIssueFirst>();
-    case 19:  // as 18, page slots walked a tile at a time (no division in the loop)
-      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                    kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots>();
-    case 20:  // as 14, page slots walked a tile at a time
-      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgCheapSlots>();
-    case 21:  // as 19, the tail CTAs' KV by TMA too
-      return wgmma_variant<256, kWgTma | kWgLateLoad | kWgSkipUnit | kWgL2Prefetch |
-                                    kWgEarlyIssue | kWgIssueFirst | kWgCheapSlots | kWgTmaTail>();
-    case 0: return mma_variant<64, 64, 2, 2, 1>();  // 8 warps, 225 KiB, KV double-buffered
-    case 1: return mma_variant<32, 64, 1, 2, 2>();  // 4 warps x 2 CTAs/SM, 113 KiB
-    case 2: return mma_variant<64, 64, 2, 4, 1>();  // 16 warps, 226 KiB
-    case 3: return mma_variant<32, 64, 1, 4, 2>();  // 8 warps x 2 CTAs/SM, 113 KiB
-    case 4: return mma_variant<32, 32, 1, 2, 1>();  // 4 warps, 75 KiB
-    case 5: return mma_variant<64, 64, 2, 2, 1, 1>();  // as 0, PV over all rows a warp
-    default: return mma_variant<32, 32, 1, 2, 1, 1>();  // as 4, PV over all rows a warp
-  }
-}
-// auto: the first that fits and is launchable. H200 sweeps 2026-11-29
-// (benchmarks/NOTES-attention.md): 8 (wgmma) beat 5 by 31-32% (v4), 7 is within 1% of 8;
-// 5 beat 0 by 6-7%, and 0 beat 1-3; 6 and 4 are the sm_120 (99 KiB) fallbacks, unmeasured there.
-// v7 (same GPU, interleaved): 17 (TMA KV loads, the next tile's issued before the QK, L2
-// prefetch a tile further) beat 8 by 7% at both target sizes, and 18 (17 with the loop-top
-// barrier before the KV wait) beat 17 by another 1-2%. v8: 19 (18 without divisions in thread
-// 0's page walk) beat 18 by 4-5% and 8 by 12-14% (B64 x 4096: 0.877 ms; B8 x 32768: 0.797 ms),
-// and 21 (19 with the tail CTAs' KV by TMA too) beat 19 by another 2-3% (0.850 ms / 0.779-0.797
-// ms, 2 splits at B64). With pages TMA cannot take (sizes other than 16, 32 or a multiple of
-// 64) the TMA variants load with cp.async, issued after the QK.
-constexpr int kMmaPreferred[] = {21, 8, 5, 0, 6, 4};
+// The mma.sync tiles: 64x64 (8 warps, KV double-buffered, 225 KiB: H100/H200) and 32x32 (4
+// warps, 75 KiB: fits sm_120's 99 KiB). auto takes the first of wgmma_tma, mma_sync_64,
+// mma_sync_32 that is launchable and fits the device's opt-in shared memory. H200 sweeps
+// 2026-11-29 (benchmarks/NOTES-attention.md): wgmma_tma beat mma_sync_64 by 40-45% at the
+// target sizes (B64 x 4096: 0.850 ms; B8 x 32768: 0.779-0.797 ms); mma_sync_32 is unmeasured
+// on sm_120. With pages TMA cannot take (sizes other than 16, 32 or a multiple of 64)
+// wgmma_tma loads with cp.async, issued after the QK.
+Launch mma_sync_64() { return mma_variant<64, 64, 2, 2, 1>(); }
+Launch mma_sync_32() { return mma_variant<32, 32, 1, 2, 1>(); }
 
 // Whether this build holds real code of l's kernel for the current device: the wgmma kernel is
 // a stub with __launch_bounds__(32) wherever it was not compiled for sm_90a.
@@ -320,11 +281,15 @@ bool launchable(const Launch& l) {
   return a.maxThreadsPerBlock >= l.threads;
 }
 
+// The launch of algo for dtype on the current device: auto = the first tensor-core kernel that
+// runs here (bf16), simt (fp32). A forced algo the device cannot run is an error.
 int choose(int dtype, int algo, Launch* l) {
+  if (algo < DDTREE_ATTN_AUTO || algo > DDTREE_ATTN_WGMMA_TMA)
+    return static_cast<int>(cudaErrorInvalidValue);
   int sms = 0, optin = 0;
   if (int e = device_info(&sms, &optin)) return e;
-  if (algo < 0 || algo > DDTREE_ATTN_MMA + kNumMma) return static_cast<int>(cudaErrorInvalidValue);
-  const bool mma = algo >= DDTREE_ATTN_MMA || (algo == DDTREE_ATTN_AUTO && dtype == DDTREE_ATTN_BFLOAT16);
+  const bool mma = algo == DDTREE_ATTN_AUTO ? dtype == DDTREE_ATTN_BFLOAT16
+                                            : algo != DDTREE_ATTN_SIMT;
   if (mma && dtype != DDTREE_ATTN_BFLOAT16) return static_cast<int>(cudaErrorInvalidValue);
   if (!mma) {
     const int smem = (2 * 16 * kSimtPad + 16 * 16 + 3 * 16) * 4;
@@ -332,13 +297,14 @@ int choose(int dtype, int algo, Launch* l) {
           dtype == DDTREE_ATTN_FLOAT32 ? reinterpret_cast<const void*>(&tva_simt_kernel<float>)
                                        : reinterpret_cast<const void*>(
                                              &tva_simt_kernel<__nv_bfloat16>)};
-  } else if (algo > DDTREE_ATTN_MMA) {
-    *l = mma_variants(algo - DDTREE_ATTN_MMA - 1);
-    if (!l->kernel) return static_cast<int>(cudaErrorInvalidValue);
+  } else if (algo != DDTREE_ATTN_AUTO) {
+    *l = algo == DDTREE_ATTN_WGMMA_TMA   ? wgmma_tma()
+         : algo == DDTREE_ATTN_MMA_SYNC_64 ? mma_sync_64()
+                                           : mma_sync_32();
     if (!launchable(*l)) return static_cast<int>(cudaErrorInvalidDeviceFunction);
   } else {
-    for (int i : kMmaPreferred) {
-      *l = mma_variants(i);
+    for (const Launch& c : {wgmma_tma(), mma_sync_64(), mma_sync_32()}) {
+      *l = c;
       if (l->smem <= optin && launchable(*l)) break;
     }
   }
@@ -371,18 +337,17 @@ double makespan(int64_t full, int64_t tails, int slots, double tps, double u) {
 }
 
 // Split count: minimise (waves x tiles a split) plus the combine pass, in KV-tile units. With
-// the wgmma kernel's tail path scheduled last (tails_last) and t_max x heads leaving at most
+// the wgmma kernel's tail path (scheduled last) and t_max x heads leaving at most
 // kWgTailRows rows in the last M tile, the tail CTAs are counted apart at kTailWeight of a
 // full CTA's time, placed by makespan() into the idle slots of the last wave, and a split
-// costs kTailSplit instead of 4000 rows a KV tile. Fitted to mma21 on an H200 (v8,
+// costs kTailSplit instead of 4000 rows a KV tile. Fitted to wgmma_tma on an H200 (run v8,
 // benchmarks/NOTES-attention.md): the plain count picked 2 splits at B64 x 4096 x T65, where 1
 // measured 2.6% faster, and 3 at B16 x 1024 x T33, where 1 measured 4% faster; the other
 // measured best picks are unchanged.
 constexpr double kTailWeight = 0.75, kTailSplit = 2000.0;
-int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int max_kv_len,
-                bool tails_last) {
+int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int max_kv_len) {
   const int m_tiles = (t_max * heads + l.bm - 1) / l.bm;
-  const bool tail = l.tail && tails_last && t_max * heads - (m_tiles - 1) * l.bm <= kWgTailRows;
+  const bool tail = l.tail && t_max * heads - (m_tiles - 1) * l.bm <= kWgTailRows;
   const int64_t tails = tail ? batch : 0, full = static_cast<int64_t>(batch) * m_tiles - tails;
   const double split_rows = tail ? kTailSplit : 4000.0;  // rows a KV tile a split costs
   const int tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
@@ -403,16 +368,6 @@ int plan_splits(const Launch& l, int sms, int batch, int heads, int t_max, int m
   return best;
 }
 
-// The wgmma kernel's tail path (CTAs with at most kWgTailRows live rows, e.g. the 9th M tile of a
-// 65-row x 8-head request: swap-AB, tensor work 1/8 of a full tile's), and its block order
-// (the grid's last M column last). DDTREE_ATTN_TAIL (for A/B timing): unset = both, 1 = the
-// tail path in the natural block order, 0 = neither.
-int tail_mode() {
-  const char* env = getenv("DDTREE_ATTN_TAIL");
-  if (env == nullptr || env[0] == '\0') return 2;
-  return env[0] == '0' ? 0 : env[0] == '1' ? 1 : 2;
-}
-
 // KV rows a TMA box for this page size: a 64-key tile is one box (pages of a multiple of 64
 // rows) or 2-4 whole pages (16 or 32 rows); 0 = other sizes, which keep the cp.async loads.
 int tma_box_rows(int page_size) {
@@ -420,7 +375,7 @@ int tma_box_rows(int page_size) {
   return page_size >= 16 && 64 % page_size == 0 ? page_size : 0;
 }
 
-// The TMA variants' tensor map: the KV cache as a 2-D bf16 tensor [slots, 576] (row stride 1152
+// The wgmma kernel's tensor map: the KV cache as a 2-D bf16 tensor [slots, 576] (row stride 1152
 // bytes), boxes of [box rows, 64 dims] written with the 128-byte swizzle of wg_off. The slot
 // count is not passed in, so the outer extent is the largest the map takes; boxes start at page
 // starts from the block table and never run past a page. cuTensorMapEncodeTiled comes through
@@ -481,9 +436,8 @@ extern "C" int ddtree_tree_verify_attention_plan(int dtype, int algo, int batch,
   if (int e = choose(dtype, algo, &l)) return e;
   int sms = 0, optin = 0;
   if (int e = device_info(&sms, &optin)) return e;
-  const int s = num_splits_req > 0 ? num_splits_req
-                                   : plan_splits(l, sms, batch, heads, t_max, max_kv_len,
-                                                 tail_mode() == 2);
+  const int s =
+      num_splits_req > 0 ? num_splits_req : plan_splits(l, sms, batch, heads, t_max, max_kv_len);
   *num_splits = s;
   *workspace_bytes = workspace_for(s, total_q * heads);
   return 0;
@@ -509,19 +463,17 @@ extern "C" int ddtree_tree_verify_attention(
   if (workspace_bytes < workspace_for(num_splits, total_rows) || (num_splits > 1 && !workspace))
     return static_cast<int>(cudaErrorInvalidValue);
   const int max_tiles = (max(max_kv_len, 1) + l.bn - 1) / l.bn;
-  const int tail = tail_mode();
   Params p{q, kv_cache, block_table, prefix_lens, qo_offsets, visibility, out,
            static_cast<float*>(workspace),
            num_splits > 1 ? static_cast<float*>(workspace) +
                                 static_cast<size_t>(num_splits) * total_rows * kV
                           : nullptr,
            heads, total_rows, t_max, page_size, max_pages, num_splits,
-           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, tail > 0 ? kWgTailRows : 0,
-           tail == 2 ? 1 : 0};
-  CUtensorMap kv_map{};  // the wgmma TMA variants' second kernel parameter
+           (max_tiles + num_splits - 1) / num_splits, scale * kLog2e, kWgTailRows};
+  CUtensorMap kv_map{};  // the wgmma kernel's second parameter
   if (l.tma) {  // a map the driver refuses: an error when forced, cp.async loads in auto mode
     const int e = encode_kv_map(&p, &kv_map, kv_cache, page_size);
-    if (e && algo > DDTREE_ATTN_MMA) return e;
+    if (e && algo == DDTREE_ATTN_WGMMA_TMA) return e;
   }
   if (cudaError_t e = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            l.smem))

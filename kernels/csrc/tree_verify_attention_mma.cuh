@@ -1,6 +1,6 @@
 // tree_verify_attention_mma.cuh: the portable tensor-core path of the tree-verify attention
-// (mma.sync m16n8k16 bf16 with ldmatrix and cp.async; sm_80 and newer, sm_120 included), the
-// variants mma0..mma6 and their shared helpers, which the wgmma path reuses. Included by
+// (mma.sync m16n8k16 bf16 with ldmatrix and cp.async; sm_80 and newer, sm_120 included) and
+// the helpers the wgmma path reuses. Included by
 // tree_verify_attention.cu inside its anonymous namespace, after Params and the SIMT kernel.
 #pragma once
 
@@ -48,11 +48,9 @@ __device__ __forceinline__ uint32_t p_off(int r, int c) {
 }
 
 // BM query rows x BN keys a tile, STAGES KV buffers, NC column groups (warp (r, c) computes
-// keys [c BN/NC, +BN/NC) of S for rows [16 r, +16)), MINB CTAs per SM. PV mode PVM 0: warp
-// (r, c) accumulates O for the same 16 rows and value dims [c 512/NC, +512/NC); PVM 1: warp w
-// accumulates O for all BM rows and value dims [w 512/warps, +512/warps), so each V element
-// is read from shared memory once per CTA instead of BM/16 times (row rescale factors and
-// sums then go through shared memory).
+// keys [c BN/NC, +BN/NC) of S for rows [16 r, +16)), MINB CTAs per SM. PV: warp w accumulates
+// O for all BM rows and value dims [w 512/warps, +512/warps), so each V element is read from
+// shared memory once per CTA (row rescale factors and sums go through shared memory).
 template <int BM, int BN, int STAGES, int NC, int MINB>
 struct MmaCfg {
   static constexpr int kWarps = BM / 16 * NC, kThreads = kWarps * 32;
@@ -65,22 +63,21 @@ struct MmaCfg {
   static_assert(BN % (16 * NC) == 0 && BN <= 64, "key groups of whole 16-key steps");
 };
 
-template <int BM, int BN, int STAGES, int NC, int MINB, int PVM>
+template <int BM, int BN, int STAGES, int NC, int MINB>
 __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MINB)
     tva_mma_kernel(Params p) {
   using Cfg = MmaCfg<BM, BN, STAGES, NC, MINB>;
   constexpr int kKw = BN / NC, kNtS = kKw / 8;  // keys and S n-tiles of a warp
-  constexpr int kDw = kV / NC, kNtO = kDw / 8;  // PVM 0: value dims and O n-tiles of a warp
-  constexpr int kMt = BM / 16, kDw1 = kV / Cfg::kWarps, kNt1 = kDw1 / 8;  // PVM 1
-  constexpr int kAcc = PVM ? kMt * kNt1 : kNtO;  // O n-tiles (x4 floats) a thread holds
-  static_assert(kNt1 % 2 == 0 && kAcc == kNtO, "PV layouts");
+  constexpr int kMt = BM / 16, kDw1 = kV / Cfg::kWarps, kNt1 = kDw1 / 8;  // PV: dims a warp
+  constexpr int kAcc = kMt * kNt1;  // O n-tiles (x4 floats) a thread holds
+  static_assert(kNt1 % 2 == 0 && kAcc == kV / NC / 8, "PV layout");
   constexpr int kCpr = BN / 8;
   unsigned char* qs = dyn_smem;
   unsigned char* kvs = qs + Cfg::kQBytes;
   unsigned char* ps = kvs + STAGES * Cfg::kTileBytes;
   float* red_max = reinterpret_cast<float*>(ps + Cfg::kPBytes);  // [NC][BM]
   float* red_sum = red_max + NC * BM;                            // [NC][BM]
-  float* row_alpha = red_sum + NC * BM;                          // [BM] (PVM 1)
+  float* row_alpha = red_sum + NC * BM;                          // [BM]
 
   const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = warp / NC, wc = warp % NC;
@@ -213,65 +210,40 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
       *reinterpret_cast<__nv_bfloat162*>(ps + p_off<kCpr>(lrow1, c) + qd * 4) =
           __floats2bfloat162_rn(p2, p3);
     }
-    if constexpr (PVM == 0) {
-#pragma unroll
-      for (int j = 0; j < kNtO; ++j) {
-        o[j][0] *= alpha[0];
-        o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1];
-        o[j][3] *= alpha[1];
-      }
-    } else if (wc == 0 && qd == 0) {
+    if (wc == 0 && qd == 0) {
       row_alpha[lrow0] = alpha[0];
       row_alpha[lrow1] = alpha[1];
     }
     __syncthreads();  // P (and the rescale factors) complete
-    if constexpr (PVM == 1) {
-      // O[all BM rows, dims kDw1 warp..] += P[BM, BN] V[BN, kDw1]; dead m16 tiles skipped.
+    // O[all BM rows, dims kDw1 warp..] += P[BM, BN] V[BN, kDw1]; dead m16 tiles skipped.
 #pragma unroll
-      for (int i = 0; i < kMt; ++i) {
-        const float a0 = row_alpha[16 * i + g], a1 = row_alpha[16 * i + g + 8];
+    for (int i = 0; i < kMt; ++i) {
+      const float a0 = row_alpha[16 * i + g], a1 = row_alpha[16 * i + g + 8];
 #pragma unroll
-        for (int j = 0; j < kNt1; ++j) {
-          o[i * kNt1 + j][0] *= a0;
-          o[i * kNt1 + j][1] *= a0;
-          o[i * kNt1 + j][2] *= a1;
-          o[i * kNt1 + j][3] *= a1;
-        }
+      for (int j = 0; j < kNt1; ++j) {
+        o[i * kNt1 + j][0] *= a0;
+        o[i * kNt1 + j][1] *= a0;
+        o[i * kNt1 + j][2] *= a1;
+        o[i * kNt1 + j][3] *= a1;
       }
+    }
 #pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks) {
-        uint32_t a[kMt][4];
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      uint32_t a[kMt][4];
 #pragma unroll
-        for (int i = 0; i < kMt; ++i)
-          if (m0 + 16 * i < rows_b)
-            ldsm_x4(ps_u + p_off<kCpr>(16 * i + (lane & 15), 2 * ks + (lane >> 4)), a[i]);
-        const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      for (int i = 0; i < kMt; ++i)
+        if (m0 + 16 * i < rows_b)
+          ldsm_x4(ps_u + p_off<kCpr>(16 * i + (lane & 15), 2 * ks + (lane >> 4)), a[i]);
+      const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
-        for (int j = 0; j < kNt1; j += 2) {
-          uint32_t bb[4];
-          ldsm_x4_t(kv_u + qk_off(key, (warp * kDw1 + j * 8) / 8 + (lane >> 4)), bb);
+      for (int j = 0; j < kNt1; j += 2) {
+        uint32_t bb[4];
+        ldsm_x4_t(kv_u + qk_off(key, (warp * kDw1 + j * 8) / 8 + (lane >> 4)), bb);
 #pragma unroll
-          for (int i = 0; i < kMt; ++i) {
-            if (m0 + 16 * i >= rows_b) continue;
-            mma_bf16(o[i * kNt1 + j], a[i], bb[0], bb[1]);
-            mma_bf16(o[i * kNt1 + j + 1], a[i], bb[2], bb[3]);
-          }
-        }
-      }
-    } else {
-      // O[16 wr.., dims kDw wc..] += P[16, BN] V[BN, kDw].
-#pragma unroll
-      for (int ks = 0; ks < (rows_live ? BN / 16 : 0); ++ks) {
-        uint32_t a[4];
-        ldsm_x4(ps_u + p_off<kCpr>(wr * 16 + (lane & 15), 2 * ks + (lane >> 4)), a);
-        const int key = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-        for (int j = 0; j < kNtO; j += 2) {
-          uint32_t bb[4];
-          ldsm_x4_t(kv_u + qk_off(key, (wc * kDw + j * 8) / 8 + (lane >> 4)), bb);
-          mma_bf16(o[j], a, bb[0], bb[1]);
-          mma_bf16(o[j + 1], a, bb[2], bb[3]);
+        for (int i = 0; i < kMt; ++i) {
+          if (m0 + 16 * i >= rows_b) continue;
+          mma_bf16(o[i * kNt1 + j], a[i], bb[0], bb[1]);
+          mma_bf16(o[i * kNt1 + j + 1], a[i], bb[2], bb[3]);
         }
       }
     }
@@ -289,75 +261,45 @@ __global__ void __launch_bounds__(MmaCfg<BM, BN, STAGES, NC, MINB>::kThreads, MI
     red_sum[wc * BM + lrow1] = l_run[1];
   }
   __syncthreads();
-  if constexpr (PVM == 1) {
-    auto row_sum = [&](int lrow) {
-      float l = 0.f;
+  auto row_sum = [&](int lrow) {
+    float l = 0.f;
 #pragma unroll
-      for (int c = 0; c < NC; ++c) l += red_sum[c * BM + lrow];
-      return l;
-    };
-    if (p.num_splits > 1 && wc == 0 && qd == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lrow = h ? lrow1 : lrow0;
-        const float l = row_sum(lrow);
-        if (m0 + lrow < rows_b)
-          p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + row_base + m0 + lrow] =
-              l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kMt; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lrow = 16 * i + g + 8 * h;
-        if (m0 + lrow >= rows_b) continue;
-        const float l = row_sum(lrow);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int64_t grow = row_base + m0 + lrow;
-        const int dim = warp * kDw1 + 2 * qd;
-        if (p.num_splits == 1) {
-          __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + dim;
-#pragma unroll
-          for (int j = 0; j < kNt1; ++j)
-            *reinterpret_cast<__nv_bfloat162*>(out + j * 8) = __floats2bfloat162_rn(
-                o[i * kNt1 + j][2 * h] * inv, o[i * kNt1 + j][2 * h + 1] * inv);
-        } else {
-          float* out =
-              p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV + dim;
-#pragma unroll
-          for (int j = 0; j < kNt1; ++j)
-            *reinterpret_cast<float2*>(out + j * 8) =
-                make_float2(o[i * kNt1 + j][2 * h] * inv, o[i * kNt1 + j][2 * h + 1] * inv);
-        }
-      }
-    }
-  } else {
+    for (int c = 0; c < NC; ++c) l += red_sum[c * BM + lrow];
+    return l;
+  };
+  if (p.num_splits > 1 && wc == 0 && qd == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int lrow = h ? lrow1 : lrow0;
-      if (m0 + lrow >= rows_b) continue;
-      float l = l_run[h];
+      const float l = row_sum(lrow);
+      if (m0 + lrow < rows_b)
+        p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + row_base + m0 + lrow] =
+            l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+    }
+  }
 #pragma unroll
-      for (int c = 1; c < NC; ++c) l += red_sum[((wc + c) % NC) * BM + lrow];
+  for (int i = 0; i < kMt; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lrow = 16 * i + g + 8 * h;
+      if (m0 + lrow >= rows_b) continue;
+      const float l = row_sum(lrow);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int64_t grow = row_base + m0 + lrow;
+      const int dim = warp * kDw1 + 2 * qd;
       if (p.num_splits == 1) {
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + wc * kDw + 2 * qd;
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + grow * kV + dim;
 #pragma unroll
-        for (int j = 0; j < kNtO; ++j)
-          *reinterpret_cast<__nv_bfloat162*>(out + j * 8) =
-              __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        for (int j = 0; j < kNt1; ++j)
+          *reinterpret_cast<__nv_bfloat162*>(out + j * 8) = __floats2bfloat162_rn(
+              o[i * kNt1 + j][2 * h] * inv, o[i * kNt1 + j][2 * h + 1] * inv);
       } else {
-        float* out = p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV +
-                     wc * kDw + 2 * qd;
+        float* out =
+            p.part_o + (static_cast<int64_t>(blockIdx.z) * p.total_rows + grow) * kV + dim;
 #pragma unroll
-        for (int j = 0; j < kNtO; ++j)
+        for (int j = 0; j < kNt1; ++j)
           *reinterpret_cast<float2*>(out + j * 8) =
-              make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-        if (wc == 0 && qd == 0)
-          p.part_lse[static_cast<int64_t>(blockIdx.z) * p.total_rows + grow] =
-              l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+              make_float2(o[i * kNt1 + j][2 * h] * inv, o[i * kNt1 + j][2 * h + 1] * inv);
       }
     }
   }

@@ -1,18 +1,19 @@
-// tree_verify_attention_wgmma.cuh: the Hopper (sm_90a) wgmma variant of the MMA kernel.
+// tree_verify_attention_wgmma.cuh: the Hopper (sm_90a) attention kernel, wgmma with TMA KV loads.
 // Included by tree_verify_attention.cu inside its anonymous namespace (uses Params, kv_slot,
 // visible, split_range, cp_async16, smem_u32 from there).
 //
-// One CTA = 64 M rows x 64-key tiles, two warpgroups (256 threads), like mma5 but with the
-// operands read by the tensor cores straight from shared memory (no ldmatrix):
+// One CTA = 64 M rows x 64-key tiles, two warpgroups (256 threads), like the 64-row mma.sync
+// kernel but with the operands read by the tensor cores straight from shared memory (no
+// ldmatrix):
 //  - QK: warpgroup w computes S[64 rows, keys 32w..+32) = Q K^T with 36 wgmma m64n32k16
 //    (A = Q, B = K, both K-major, 128-byte swizzle);
 //  - the two warpgroups exchange row maxima through shared memory (thread (warp % 4, lane)
 //    holds the same two rows in both), P = exp2(S - m) goes to shared memory as bf16;
 //  - PV: warpgroup w accumulates O[64 rows, dims 256w..+256) += P V with V MN-major
-//    (transposed B) from the same KV tile; 128 fp32 accumulators a thread.
-// Retired after measurement (benchmarks/NOTES-attention.md; the code is in git history):
-// mma9/mma10 (S by one warpgroup), mma11-13 (cp.async issue points, PV in flight), mma15
-// and mma16 (TMA without the unit-rescale skip, without the early issue).
+//    (transposed B) from the same KV tile as one m64n256k16 a 16-key step; 128 fp32
+//    accumulators a thread.
+// KV loads: by TMA where the page size allows (see the kernel's comment), else cp.async.
+// Variants retired after measurement are in benchmarks/NOTES-attention.md and git history.
 // Tail path (wg_tail, below): a CTA with at most p.tail_rows (8) live rows swaps the products
 // (S^T = K Q^T, O^T += V^T P^T with m64n8k16) instead of spending a 64-row tile on them.
 // Shared tiles are stored "k-block major": [576 / 64 blocks][rows][64 bf16] with the 16-byte
@@ -36,7 +37,7 @@ constexpr int kWgThreads = 256, kWgBM = 64, kWgBN = 64;
 constexpr int kWgTailRows = 8;  // CTAs with at most this many live rows take the tail path
 constexpr int kWgTile = 64 * kQK * 2;                   // Q tile or one KV stage (72 KiB)
 constexpr int kWgP = kWgBM * kWgBN * 2, kWgRed = 4 * kWgBM * 4;
-constexpr int kWgBars = 64;  // the TMA variants' two mbarriers (one a KV stage)
+constexpr int kWgBars = 64;  // the TMA loads' two mbarriers (one a KV stage)
 constexpr int kWgSmem = 3 * kWgTile + kWgP + kWgRed + kWgBars + 1024;  // + 1024: alignment
 
 #if TVA_WG_REAL
@@ -44,7 +45,7 @@ constexpr int kWgSmem = 3 * kWgTile + kWgP + kWgRed + kWgBars + 1024;  // + 1024
 __device__ __forceinline__ uint32_t wg_off(int r, int c) {
   return static_cast<uint32_t>((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
-// TMA variants: zero the V rows valid..63 of a KV stage (generic address kv_g), which a box
+// TMA loads: zero the V rows valid..63 of a KV stage (generic address kv_g), which a box
 // carries in from past the request's end (0 x NaN would poison O), by `nthreads` threads.
 __device__ __forceinline__ void wg_zero_dead_rows(unsigned char* kv_g, int valid, int nthreads) {
   for (int i = threadIdx.x; i < (kWgBN - valid) * (kV / 8); i += nthreads)
@@ -76,34 +77,6 @@ __device__ __forceinline__ void wgmma_n32_kk(float* d, uint64_t da, uint64_t db,
       "%16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(scale_d)
-      : "memory");
-}
-__device__ __forceinline__ void wgmma_n64_kk(float* d, uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(scale_d)
-      : "memory");
-}
-__device__ __forceinline__ void wgmma_n64_kt(float* d, uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d)
       : "memory");
 }
@@ -140,7 +113,7 @@ __device__ __forceinline__ void wgmma_n256_kt(float* d, uint64_t da, uint64_t db
       : "memory");
 }
 
-// mbarrier and TMA (the TMA variants' KV loads: thread 0 issues 9 bulk tensor copies a 64-key
+// mbarrier and TMA (the KV loads: thread 0 issues 9 bulk tensor copies a 64-key
 // page, the copy engine writes the 128B-swizzled layout of wg_off and completes the stage's
 // mbarrier with the byte count).
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -167,7 +140,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// L2 prefetch of a contiguous global range (the TMA variants' look-ahead a tile past the stages).
+// L2 prefetch of a contiguous global range (the TMA loader's look-ahead a tile past the stages).
 __device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
@@ -209,20 +182,18 @@ __device__ __forceinline__ void wg_load_kv(const Params& p, int b, int kv_len, i
 // with m64n8k16 (A = V MN-major, straight from the KV tile; B = P, K-major), 4 dim blocks of 64
 // each. Accumulators: S^T element e of this thread is key 16 wr + g (+8 for e >= 2) and row
 // 2 qd + (e & 1); O^T block mt likewise with dims (4 wg + mt) 64 + 16 wr + g (+8).
-// KV tiles double-buffered with cp.async as in the main path.
-// TMA (mma21): when use_tma, the KV tiles come by TMA as in the main path: thread 0 calls
-// tma_first() for the first tile and tma_next(tile, stage) for tile + 1 (into stage ^ 1) after
-// the loop-top barrier, everyone waits on the stage's mbarrier (bar_u + 8 stage), and the dead
-// rows a box carries in past kv_len are zeroed (through kvs_g, the stages' generic address)
-// before the PV.
-template <bool TMA = false, class First = std::nullptr_t, class Next = std::nullptr_t>
+// KV tiles double-buffered as in the main path: by cp.async, or, when use_tma, by TMA: thread
+// 0 calls tma_first() for the first tile and tma_next(tile, stage) for tile + 1 (into stage ^
+// 1) after the loop-top barrier, everyone waits on the stage's mbarrier (bar_u + 8 stage), and
+// the dead rows a box carries in past kv_len are zeroed (through kvs_g, the stages' generic
+// address) before the PV.
+template <class First, class Next>
 __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int split, int rows_b,
                                         int prefix, int kv_len, int tile_begin, int tile_end,
                                         uint32_t qs_u, uint32_t kvs_u, uint32_t ps_u,
                                         unsigned char* ps, float* red_max, float* red_sum,
-                                        bool use_tma = false, uint32_t bar_u = 0,
-                                        unsigned char* kvs_g = nullptr, const First& tma_first = {},
-                                        const Next& tma_next = {}) {
+                                        bool use_tma, uint32_t bar_u, unsigned char* kvs_g,
+                                        const First& tma_first, const Next& tma_next) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3, g = lane >> 2, qd = lane & 3;
   const int live = rows_b - m0;  // 1..8
@@ -237,12 +208,8 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
       const bool ok = r < live;
       cp_async16(qs_u + wg_off(r, c), ok ? qg + (row_base + m0 + r) * kQK + c * 8 : qg, ok);
     }
-    if constexpr (TMA) {
-      if (!use_tma) load_kv(tile_begin, 0);
-      else if (tid == 0) tma_first();
-    } else {
-      load_kv(tile_begin, 0);
-    }
+    if (!use_tma) load_kv(tile_begin, 0);
+    else if (tid == 0) tma_first();
     cp_async_commit();
   }
   const int k0 = 16 * wr + g, r0 = 2 * qd;  // this thread's keys k0, k0 + 8; rows r0, r0 + 1
@@ -259,10 +226,8 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
     cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();
-    if (TMA && use_tma) {  // the barrier freed stage ^ 1 (every PV of the last tile is done)
-      if constexpr (TMA) {
-        if (tid == 0 && tile + 1 < tile_end) tma_next(tile, stage);
-      }
+    if (use_tma) {  // the barrier freed stage ^ 1 (every PV of the last tile is done)
+      if (tid == 0 && tile + 1 < tile_end) tma_next(tile, stage);
       mbar_wait(bar_u + 8 * stage, ((tile - tile_begin) >> 1) & 1);
     } else if (tile + 1 < tile_end) {
       load_kv(tile + 1, stage ^ 1);
@@ -318,7 +283,7 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
         red_max[wr * 8 + r0 + 1] = mx[1];
       }
       asm volatile("bar.sync 1, 128;\n" ::: "memory");
-      if (TMA && use_tma && kv_len - kv0 < kWgBN)  // the QKs are done with K
+      if (use_tma && kv_len - kv0 < kWgBN)  // the QKs are done with K
         wg_zero_dead_rows(kvs_g + stage * kWgTile, kv_len - kv0, 128);
       float m_use[2];
 #pragma unroll
@@ -401,41 +366,22 @@ __device__ __forceinline__ void wg_tail(const Params& p, int b, int m0, int spli
 }
 #endif  // TVA_WG_REAL
 
-// PVN: N of the PV wgmma, 64 (4 instructions per 16 keys; every B operand is one 64-dim block)
-// or 256 (one instruction; the 4 dim blocks are LBO = 8192 bytes apart).
-// OPT, bits: kWgLateLoad: the next tile's cp.async are issued after the QK
-// wgmmas, so the page-table lookup and the 18 cp.async a thread overlap the tensor work
-// instead of delaying it; kWgSkipUnit: a warp skips the O rescale when every alpha it holds is
-// 1 (x * 1.0f == x: the result is bit-identical). kWgTma (with kWgLateLoad):
-// the KV tiles come by TMA (p.kv_box_rows > 0: pages of 16, 32 or a multiple of 64 rows; else
-// the cp.async path): thread 0 issues a tile's boxes (their page slots looked up a tile ahead)
-// and every thread waits on the stage's mbarrier; rows past the request's end, which a box may
-// carry in from its page, are zeroed before the PV (0 x NaN would poison O). kWgL2Prefetch (with
-// kWgTma): thread 0 also prefetches the pages of the tile after next into L2 (a third stage in
-// L2 rather than shared memory, which has no room for one). kWgEarlyIssue (with kWgTma): the
-// next tile's boxes go out right after the loop-top barrier instead of after the QK issue.
-// kWgIssueFirst (with kWgEarlyIssue): the loop-top barrier comes before the wait for this
-// tile's KV, so the next tile's boxes go out as soon as the stage is free, not once this tile
-// has landed. kWgCheapSlots (with kWgTma): thread 0 walks the pages a tile at a time instead
-// of dividing each box's position by the page size (4 divisions and remainders a tile, ~570
-// SASS instructions on warp 0's path between the QK and the next barrier). kWgTmaTail (with
-// kWgTma): the tail path's KV tiles come by TMA too (wg_tail<true>).
-constexpr int kWgLateLoad = 1, kWgSkipUnit = 2, kWgTma = 8;  // 4 was mma12's PV in flight
-constexpr int kWgL2Prefetch = 16, kWgEarlyIssue = 32, kWgIssueFirst = 64, kWgCheapSlots = 128;
-constexpr int kWgTmaTail = 256;
-template <int PVN, int OPT = 0>
+// Choices measured on an H200 and kept (benchmarks/NOTES-attention.md):
+//  - PV as one m64n256k16 a 16-key step (the 4 dim blocks are LBO = 8192 bytes apart);
+//  - the next tile's loads are issued after the QK wgmmas, so the page-table lookup and the
+//    loads overlap the tensor work instead of delaying it;
+//  - a warp skips the O rescale when every alpha it holds is 1 (x * 1.0f == x: bit-identical);
+//  - the KV tiles come by TMA (p.kv_box_rows > 0: pages of 16, 32 or a multiple of 64 rows;
+//    else the cp.async path): thread 0 issues a tile's boxes (their page slots looked up a tile
+//    ahead, walking the pages a tile at a time instead of dividing each box's position by the
+//    page size) and every thread waits on the stage's mbarrier; rows past the request's end,
+//    which a box may carry in from its page, are zeroed before the PV (0 x NaN would poison
+//    O). The loop-top barrier comes before the wait for this tile's KV, so thread 0 issues the
+//    next tile's boxes as soon as the stage is free, and prefetches the pages of the tile
+//    after next into L2 (a third stage in L2 rather than shared memory, which has no room for
+//    one). The tail path's KV tiles come by TMA too.
 __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if TVA_WG_REAL
-  constexpr bool LATE_LOAD = (OPT & kWgLateLoad) != 0, SKIP_UNIT = (OPT & kWgSkipUnit) != 0;
-  constexpr bool TMA = (OPT & kWgTma) != 0;
-  constexpr bool L2_PREFETCH = (OPT & kWgL2Prefetch) != 0, EARLY = (OPT & kWgEarlyIssue) != 0;
-  static_assert(!TMA || LATE_LOAD, "TMA loads are issued after the QK issue");
-  static_assert(TMA || !(L2_PREFETCH || EARLY), "L2 prefetch and early issue need TMA");
-  constexpr bool FIRST = (OPT & kWgIssueFirst) != 0, CHEAP = (OPT & kWgCheapSlots) != 0;
-  static_assert(TMA || !CHEAP, "the page walk is the TMA loader's");
-  static_assert(EARLY || !FIRST, "issue-first is an early issue");
-  constexpr bool TMA_TAIL = (OPT & kWgTmaTail) != 0;
-  static_assert(TMA || !TMA_TAIL, "TMA tails need the TMA loader");
   const uint32_t base = (smem_u32(dyn_smem) + 1023u) & ~1023u;
   const uint32_t qs_u = base, kvs_u = base + kWgTile, ps_u = base + 3 * kWgTile;
   unsigned char* gbase = dyn_smem + (base - smem_u32(dyn_smem));
@@ -443,10 +389,10 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   float* red_max = reinterpret_cast<float*>(ps + kWgP);  // [2][64]
   float* red_sum = red_max + 2 * kWgBM;                  // [2][64]
 
-  // Block order: with the tail path on, the grid's last M column (where the few-row tails
-  // are) is scheduled after every other CTA, so its short CTAs fill the last wave's idle SMs.
+  // Block order: the grid's last M column (where the few-row tails are) is scheduled after
+  // every other CTA, so its short CTAs fill the last wave's idle SMs.
   int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  if (p.tail_last && gridDim.x > 1) {
+  if (gridDim.x > 1) {
     const int gx = gridDim.x, gy = gridDim.y;
     const int lin = blockIdx.x + gx * (blockIdx.y + gy * blockIdx.z);
     const int n_full = (gx - 1) * gy * static_cast<int>(gridDim.z);
@@ -470,58 +416,37 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   split_range(p, (kv_len + kWgBN - 1) / kWgBN, &tile_begin, &tile_end, bz);
   const int64_t row_base = static_cast<int64_t>(q0) * p.heads;
   const __nv_bfloat16* kvg = static_cast<const __nv_bfloat16*>(p.kv);
-#ifdef TVA_DIAG_NOLOAD
-  // Diagnostic build only (never the library's): KV tiles past the first two are not loaded,
-  // the stages are reused as they are, so the timing is the compute alone. Wrong results.
-  auto more = [&](int tile) { return tile + 1 < tile_end && tile + 1 < tile_begin + 2; };
-  auto loaded = [&](int tile) { return tile < tile_begin + 2; };
-#else
   auto more = [&](int tile) { return tile + 1 < tile_end; };
-  auto loaded = [&](int) { return true; };
-#endif
 
   auto load_kv = [&](int tile, int stage) { wg_load_kv(p, b, kv_len, tile, kvs_u + stage * kWgTile); };
-  if (!TMA_TAIL && rows_b - m0 <= p.tail_rows) {
-    wg_tail(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u, ps_u, ps,
-            red_max, red_sum);
-    return;
-  }
-  // TMA variants: the stages' mbarriers, and thread 0's page slots of the next tile's boxes.
-  const bool use_tma = TMA && p.kv_box_rows > 0;
+  // TMA loads: the stages' mbarriers, and thread 0's page slots of the next tile's boxes.
+  const bool use_tma = p.kv_box_rows > 0;
   const uint32_t bar_u = ps_u + kWgP + kWgRed;
   int next_slot[4] = {0, 0, 0, 0};
-  // CHEAP: the page index and row offset of the next tile tma_slots is asked for (it is asked
-  // for tile_begin, tile_begin + 1, ... in order); set from tile_begin with one division.
+  // The page index and row offset of the next tile tma_slots is asked for (it is asked for
+  // tile_begin, tile_begin + 1, ... in order); set from tile_begin with one division.
   int walk_pg = 0, walk_off = 0;
-  if (CHEAP && use_tma && tid == 0) {
+  if (use_tma && tid == 0) {
     walk_pg = tile_begin * kWgBN / p.page_size;
     walk_off = tile_begin * kWgBN - walk_pg * p.page_size;
   }
   auto tma_slots = [&](int tile) {  // thread 0: the slots of tile's boxes (looked up early)
-    if constexpr (CHEAP) {
-      const int32_t* bt = p.block_table + static_cast<int64_t>(b) * p.max_pages;
-      const int rows = p.kv_box_rows;  // 64 (pages of a multiple of 64 rows), 32 or 16
-      if (rows == kWgBN) {  // one box: rows walk_off.. of page walk_pg
-        if (tile * kWgBN < kv_len) next_slot[0] = bt[walk_pg] * p.page_size + walk_off;
-        walk_off += kWgBN;
-        if (walk_off == p.page_size) {
-          walk_off = 0;
-          ++walk_pg;
-        }
-      } else {  // one box a page, 2 or 4 pages a tile
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (j * rows < kWgBN && tile * kWgBN + j * rows < kv_len)
-            next_slot[j] = bt[walk_pg + j] * p.page_size;
-        }
-        walk_pg += rows == 32 ? 2 : 4;
+    const int32_t* bt = p.block_table + static_cast<int64_t>(b) * p.max_pages;
+    const int rows = p.kv_box_rows;  // 64 (pages of a multiple of 64 rows), 32 or 16
+    if (rows == kWgBN) {  // one box: rows walk_off.. of page walk_pg
+      if (tile * kWgBN < kv_len) next_slot[0] = bt[walk_pg] * p.page_size + walk_off;
+      walk_off += kWgBN;
+      if (walk_off == p.page_size) {
+        walk_off = 0;
+        ++walk_pg;
       }
-    } else {
+    } else {  // one box a page, 2 or 4 pages a tile
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int pos = tile * kWgBN + j * p.kv_box_rows;
-        if (j * p.kv_box_rows < kWgBN && pos < kv_len) next_slot[j] = static_cast<int>(kv_slot(p, b, pos));
+        if (j * rows < kWgBN && tile * kWgBN + j * rows < kv_len)
+          next_slot[j] = bt[walk_pg + j] * p.page_size;
       }
+      walk_pg += rows == 32 ? 2 : 4;
     }
   };
   auto tma_prefetch = [&](int tile) {  // thread 0: tile's pages into L2 (after tma_slots(tile))
@@ -534,8 +459,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
   };
   auto tma_issue = [&](int tile, int stage) {  // thread 0: the boxes of tile into stage
     const int rows = p.kv_box_rows, valid = min(kWgBN, kv_len - tile * kWgBN);
-    const int boxes = !CHEAP ? (valid + rows - 1) / rows
-                      : rows == kWgBN ? 1 : (valid + rows - 1) >> (rows == 32 ? 5 : 4);
+    const int boxes = rows == kWgBN ? 1 : (valid + rows - 1) >> (rows == 32 ? 5 : 4);
     const uint32_t bar = bar_u + 8 * stage, dst = kvs_u + stage * kWgTile;
     mbar_expect_tx(bar, static_cast<uint32_t>(boxes * rows * kQK * 2));
 #pragma unroll
@@ -555,24 +479,19 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     tma_issue(tile + 1, stage ^ 1);
     if (more(tile + 1)) {
       tma_slots(tile + 2);
-      if constexpr (L2_PREFETCH) tma_prefetch(tile + 2);
+      tma_prefetch(tile + 2);
     }
   };
-  if constexpr (TMA) {
-    if (use_tma && tid == 0) {
-      mbar_init(bar_u, 1);
-      mbar_init(bar_u + 8, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+  if (use_tma && tid == 0) {
+    mbar_init(bar_u, 1);
+    mbar_init(bar_u + 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (TMA_TAIL) {
-    if (rows_b - m0 <= p.tail_rows) {
-      wg_tail<true>(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u,
-                    ps_u, ps, red_max, red_sum, use_tma, bar_u, gbase + kWgTile, tma_first,
-                    tma_advance);
-      return;
-    }
+  __syncthreads();
+  if (rows_b - m0 <= p.tail_rows) {
+    wg_tail(p, b, m0, bz, rows_b, prefix, kv_len, tile_begin, tile_end, qs_u, kvs_u, ps_u, ps,
+            red_max, red_sum, use_tma, bar_u, gbase + kWgTile, tma_first, tma_advance);
+    return;
   }
   if (tile_begin < tile_end) {
     const int r = tid >> 2, sub = tid & 3;
@@ -604,15 +523,10 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     const int stage = (tile - tile_begin) & 1;
     cp_async_wait_all();
     const uint32_t parity = ((tile - tile_begin) >> 1) & 1;  // of this stage's mbarrier
-    if (!FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
     fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     __syncthreads();      // tile's KV (and Q) landed; everyone is done with the previous tile
-    if (EARLY && use_tma && tid == 0 && more(tile)) tma_advance(tile, stage);
-    if (FIRST && use_tma && loaded(tile)) mbar_wait(bar_u + 8 * stage, parity);
-    if (!LATE_LOAD && more(tile)) {
-      load_kv(tile + 1, stage ^ 1);
-      cp_async_commit();
-    }
+    if (use_tma && tid == 0 && more(tile)) tma_advance(tile, stage);
+    if (use_tma) mbar_wait(bar_u + 8 * stage, parity);
     const uint32_t kv_u = kvs_u + stage * kWgTile;
     const int kv0 = tile * kWgBN;
 
@@ -628,13 +542,9 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
                    1);
     }
     wg_commit();
-    if (LATE_LOAD && more(tile)) {  // stage ^ 1's readers finished last tile
-      if (use_tma) {
-        if (!EARLY && tid == 0) tma_advance(tile, stage);
-      } else {
-        load_kv(tile + 1, stage ^ 1);
-        cp_async_commit();
-      }
+    if (!use_tma && more(tile)) {  // stage ^ 1's readers finished last tile
+      load_kv(tile + 1, stage ^ 1);
+      cp_async_commit();
     }
     wg_wait0();
 
@@ -684,7 +594,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
       *reinterpret_cast<__nv_bfloat162*>(ps + lrow1 * 128 + ((c ^ (lrow1 & 7)) << 4) + qd * 4) =
           __floats2bfloat162_rn(p2, p3);
     }
-    if (!SKIP_UNIT || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
@@ -698,12 +608,7 @@ __global__ void __launch_bounds__(TVA_WG_BOUND, 1) tva_wgmma_kernel(Params p, co
     for (int ks = 0; ks < kWgBN / 16; ++ks) {
       const uint64_t da = wg_desc(ps_u + ks * 32, 16, 1024);
       const uint32_t vb = kv_u + wg * 4 * 8192 + ks * 16 * 128;
-      if constexpr (PVN == 256) {
-        wgmma_n256_kt(o, da, wg_desc(vb, 8192, 1024), 1);
-      } else {
-#pragma unroll
-        for (int n = 0; n < 4; ++n) wgmma_n64_kt(o + 32 * n, da, wg_desc(vb + n * 8192, 1024, 1024), 1);
-      }
+      wgmma_n256_kt(o, da, wg_desc(vb, 8192, 1024), 1);
     }
     wg_commit();
     wg_wait0();

@@ -1,7 +1,7 @@
-// tree_build_v4.cuh: the v4 best-first loop of the tree build (the default): only the frontier
+// tree_build_heap.cuh: the heap best-first loop of the tree build: only the frontier
 // keys in registers, candidate records in shared memory, one redux.sync per pop in the common
-// case. Included by tree_build.cu inside its anonymous namespace, after pop_loop (v1), whose
-// Smem layout and pack/info_* helpers it uses; tree_build_v5.cuh builds on its helpers.
+// case. Included by tree_build.cu inside its anonymous namespace, after pop_loop_lowmem, whose
+// Smem layout and pack/info_* helpers it uses.
 #pragma once
 
 // ddtree::double_key with the -0.0 fold done on the integer (no float64 add in the chain).
@@ -11,8 +11,8 @@ __device__ __forceinline__ uint64_t key_of(double x) {
   return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
 }
 
-// path_less over the v4 node records (parent and rank packed in ninfo).
-__device__ __noinline__ bool path_less_v4(uint64_t a, uint64_t b, const uint64_t* ninfo) {
+// path_less over the heap node records (parent and rank packed in ninfo).
+__device__ __noinline__ bool path_less_heap(uint64_t a, uint64_t b, const uint64_t* ninfo) {
   int pa = info_p(a), ra = info_r(a), da = info_d(a);
   int pb = info_p(b), rb = info_r(b), db = info_d(b);
   if (da > db) {
@@ -50,8 +50,8 @@ __device__ __forceinline__ int slot_of(const uint32_t (&btb)[4], int w) {
   return wt;
 }
 
-// v4 best-first loop of warp 0 (the default; DDTREE_TREE_ALGO=v1 selects the loop above). Same
-// pop order, a shorter chain per pop and fewer instructions (one warp issues them all):
+// The heap best-first loop of warp 0 (pop_loop_lowmem is the low-memory kernel's). Same pop
+// order, a shorter chain per pop and fewer instructions (one warp issues them all):
 //  * registers hold only the frontier keys, S slots per lane (slot id = lane + 32 t); the rest
 //    of a candidate lives in shared memory by slot id: its (parent, rank, depth, pred) and the
 //    keys of its own next sibling and first child, so a pop only moves keys;
@@ -62,7 +62,7 @@ __device__ __forceinline__ int slot_of(const uint32_t (&btb)[4], int w) {
 //    computed by lanes 0-3 in parallel, loads issued in this pop and the arithmetic and stores
 //    in the next one, after its redux, so they stay off the chain.
 template <int S>
-__device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
+__device__ void pop_loop_heap(const Smem& sm, int H, int K, int budget) {
   const int lane = threadIdx.x & 31;
   const double* lp = sm.lpd;
   const int HK = H * K;
@@ -104,7 +104,7 @@ __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
     for (int t = 1; t < S; ++t) {
       bool take = key[t] > bk;
       if (key[t] == bk && bk != 0)
-        take = path_less_v4(rinfo[lane + 32 * t], rinfo[lane + 32 * bt], ninfo);
+        take = path_less_heap(rinfo[lane + 32 * t], rinfo[lane + 32 * bt], ninfo);
       if (take) { bk = key[t]; bt = t; }
     }
     uint32_t btb[4] = {0u, 0u, 0u, 0u};  // bit k of every lane's best slot index
@@ -145,7 +145,7 @@ __device__ void pop_loop_v4(const Smem& sm, int H, int K, int budget) {
           const int l = __ffs(rest) - 1;
           rest &= rest - 1;
           const uint64_t li = __shfl_sync(kFull, mine_i, l);
-          if (path_less_v4(li, wi0, ninfo)) { w = l; wi0 = li; }
+          if (path_less_heap(li, wi0, ninfo)) { w = l; wi0 = li; }
         }
       }
       wid = w + 32 * slot_of<S>(btb, w);
