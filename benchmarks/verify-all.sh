@@ -1,21 +1,49 @@
 #!/usr/bin/env bash
-# Final verification on one GPU: build for its arch, EVERY gpu-marked test (kernels, attention,
-# engine), then the kernel benchmarks with their defaults. Results under $OUT.
-# Usage: OUT=dir DDTREE_GIT_SHA=$(git rev-parse HEAD) [ARCH=sm_90] bash benchmarks/verify-all.sh
+# The one device script: on one GPU, build the kernels for its arch, run EVERY gpu-marked test,
+# then the quick kernel benchmarks (the default rows, as every earlier run; then the kernel
+# variants and the attention split sweep). With BASE_DIR (a checkout of an earlier commit,
+# e.g. `git worktree add /tmp/base HEAD~1`), the same quick bench also runs from there, its own
+# build, interleaved with ours (base, new, base, new), for a same-run comparison
+# (`compare.txt`: `python -m kernels.bench --compare`). Everything lands under $OUT, with the
+# command, the commit and the GPU; name $OUT benchmarks/results/<date>-<commit>-<what>/.
+# Usage: OUT=dir [ARCH=sm_90] [BASE_DIR=dir] bash benchmarks/verify-all.sh
 set -u
-OUT=${OUT:-/tmp/verify}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/verify}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
+echo "OUT=$OUT ARCH=$ARCH BASE_DIR=${BASE_DIR:-} bash benchmarks/verify-all.sh" > "$OUT/command.txt"
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
   | tee "$OUT/gpu.txt"
-python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json"
+build() {  # build DIR LIBDIR: the kernels of checkout DIR into LIBDIR
+  (cd "$1" && python3 -m kernels.build --arch "$ARCH" --out "$2" --json)
+}
+build . /tmp/ddtree-k > "$OUT/build.json"
 rc=$?; if [ $rc -ne 0 ]; then cat "$OUT/build.json"; exit $rc; fi
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
-# the GPU test files by name: the CPU-only test modules import packages a GPU box may lack
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu tests/test_cuda_kernels.py \
-  tests/test_attention_cuda.py tests/test_engine_gpu.py -q -p no:cacheprovider \
+# Every test file with a gpu mark (CPU-only modules may import packages a GPU box lacks).
+mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
+timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -p no:cacheprovider \
   > "$OUT/pytest-gpu.txt" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest-gpu.txt" | tail -15
-timeout "${BENCH_TIMEOUT:-200}" python3 -m kernels.bench --json --quick \
-  --suite topk,tree,accept,attn --batch 1,64 --budget 64 --k 8,64 \
-  > "$OUT/bench.json" 2> "$OUT/bench.err"
-echo "bench rc=$?"; tail -c 6000 "$OUT/bench.err"
+QUICK=(--json --quick --suite topk,tree,accept,attn --batch 1,64 --budget 64 --k 8,64)
+bench() {  # bench DIR LIB NAME: the quick bench of checkout DIR with library LIB
+  (cd "$1" && DDTREE_KERNELS_LIB=$2 timeout "${BENCH_TIMEOUT:-240}" \
+    python3 -m kernels.bench "${QUICK[@]}" > "$OUT/$3.json" 2> "$OUT/$3.err")
+  echo "bench $3 rc=$?"
+}
+if [ -n "${BASE_DIR:-}" ]; then
+  build "$BASE_DIR" /tmp/ddtree-base > "$OUT/build-base.json" || exit 1
+  for round in 1 2; do
+    bench "$BASE_DIR" /tmp/ddtree-base/libddtree_kernels.so "bench-base-$round"
+    bench . "$DDTREE_KERNELS_LIB" "bench-$round"
+  done
+  python3 -m kernels.bench --compare "$OUT/bench-base-1.json,$OUT/bench-base-2.json" \
+    "$OUT/bench-1.json,$OUT/bench-2.json" > "$OUT/compare.txt"; cat "$OUT/compare.txt"
+else
+  bench . "$DDTREE_KERNELS_LIB" bench
+  tail -c 6000 "$OUT/bench.err"
+fi
+timeout "${BENCH_TIMEOUT:-240}" python3 -m kernels.bench --json --quick --suite tree,attn \
+  --batch 64 --budget 64 --k 8,64 --variants auto,heap,heap_lowmem,wgmma_tma,mma_sync_64 \
+  --sweep > "$OUT/bench-variants.json" 2> "$OUT/bench-variants.err"
+echo "bench variants rc=$?"

@@ -1,17 +1,18 @@
 """Kernel micro-benchmarks, run on the GPU host: `python -m kernels.bench --json [--suite ...]`.
 
-Suites register themselves with `@register_suite(name)`; the Kernels I suites (topk, tree,
-accept) live in `kernels.bench_suites`, others (e.g. `attn` in `kernels.bench_attention`) are
-imported from `PLUGINS` when present. A suite takes a `BenchConfig` and returns rows: one per
-(kernel, shape, implementation) with its `Timing` and, for CUDA rows, the speedup over each
-baseline named in the row. Prints a table, or one JSON document with `--json`.
+The one benchmark tool: every suite is listed in `suites()` (topk, tree, accept in
+`kernels.bench_suites`, attn in `kernels.bench_attention`, integration in
+`kernels.bench_integration`). A suite takes a `BenchConfig` and returns rows of one schema
+(`row`): one per (kernel, shape, implementation) with its `kernels.timing.Timing` in
+microseconds and, for CUDA rows, the speedup over each baseline of its group. `--variants`
+also times the named kernel algorithms (tree: `kernels.cuda.TREE_ALGOS`, attn:
+`kernels.cuda_attention.ALGOS`; impl `cuda_graph:heap`, ...), `--sweep` the attention KV split
+counts at the two target sizes. Prints a table, or one JSON document with `--json`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import shlex
@@ -22,13 +23,11 @@ from typing import Any
 
 from kernels.envinfo import environment
 
-__all__ = ["SUITES", "BenchConfig", "register_suite", "row", "main"]
+__all__ = ["BenchConfig", "impl_name", "main", "row", "suites"]
 
-CORE_SUITES = "kernels.bench_suites"
-PLUGINS = ("kernels.bench_attention", "kernels.bench_integration")  # optional: skipped if broken
 Row = dict[str, Any]
 SuiteFn = Callable[["BenchConfig"], list[Row]]
-SUITES: dict[str, SuiteFn] = {}
+DEFAULT_SUITES = ("topk", "tree", "accept")
 
 
 @dataclass
@@ -42,14 +41,33 @@ class BenchConfig:
     refcheck: bool = True
     quick: bool = False  # fewer reps of the slow CPU baselines
     tree_scale: float = 2.5  # drafter logits ~ N(0, scale^2): larger = peaked = deeper trees
+    variants: list[str] = field(default_factory=lambda: ["auto"])  # kernel algorithms to time
+    sweep: bool = False  # attn: also every KV split count of the sweep at the target sizes
 
 
-def register_suite(name: str) -> Callable[[SuiteFn], SuiteFn]:
-    def deco(fn: SuiteFn) -> SuiteFn:
-        SUITES[name] = fn
-        return fn
+def suites() -> dict[str, SuiteFn]:
+    """Every benchmark suite by name (imported here, explicitly: an import error is an error)."""
+    from kernels import bench_attention, bench_integration, bench_suites
 
-    return deco
+    return {
+        "topk": bench_suites.topk_suite,
+        "tree": bench_suites.tree_suite,
+        "accept": bench_suites.accept_suite,
+        "attn": bench_attention.attn_suite,
+        "integration": bench_integration.integration_suite,
+    }
+
+
+def impl_name(impl: str, variant: str) -> str:
+    """`impl` for the default algorithm (`auto`), `impl:variant` for the others."""
+    return impl if variant == "auto" else f"{impl}:{variant}"
+
+
+def _variant_sets() -> dict[str, set[str]]:
+    from kernels.cuda import TREE_ALGOS
+    from kernels.cuda_attention import ALGOS
+
+    return {"tree": set(TREE_ALGOS), "attn": set(ALGOS)}
 
 
 def row(
@@ -73,17 +91,6 @@ def add_speedups(rows: list[Row]) -> None:
         for r in rs:
             if r["impl"].startswith("cuda") and r["median_us"] > 0:
                 r["speedup"] = {k: round(v / r["median_us"], 2) for k, v in base.items()}
-
-
-def load_plugins() -> None:
-    importlib.import_module(CORE_SUITES)
-    for mod in PLUGINS:
-        if importlib.util.find_spec(mod) is None:
-            continue
-        try:
-            importlib.import_module(mod)
-        except Exception as exc:  # a plugin's bug must not hide the other suites
-            print(f"warning: bench plugin {mod} not loaded: {exc!r}", file=sys.stderr)
 
 
 def _ints(s: str) -> list[int]:
@@ -138,12 +145,51 @@ def apply_memory_cap() -> dict[str, Any] | None:
     return {"gib": gib, "fraction": round(fraction, 6), "applied": True}
 
 
+def compare(base: list[dict], new: list[dict]) -> list[Row]:
+    """Rows present in both sets of bench documents: median over runs of each row's median_us,
+    and new / base (below 1: faster). Runs interleaved on one GPU make the ratio meaningful."""
+
+    def medians(docs: list[dict]) -> dict[tuple[str, ...], float]:
+        runs: dict[tuple[str, ...], list[float]] = {}
+        for doc in docs:
+            for r in doc.get("results", []):
+                if "median_us" in r:
+                    key = (
+                        r["suite"],
+                        r["kernel"],
+                        r["impl"],
+                        json.dumps(r["shape"], sort_keys=True),
+                    )
+                    runs.setdefault(key, []).append(r["median_us"])
+        return {k: sorted(v)[(len(v) - 1) // 2] for k, v in runs.items()}
+
+    b, n = medians(base), medians(new)
+    return [
+        {"suite": k[0], "kernel": k[1], "impl": k[2], "shape": json.loads(k[3]),
+         "base_us": b[k], "new_us": n[k], "ratio": round(n[k] / b[k], 4) if b[k] else None}
+        for k in b if k in n
+    ]  # fmt: skip
+
+
+def _compare_main(base: str, new: str) -> int:
+    def load(paths: str) -> list[dict]:
+        return [json.loads(open(p).read()) for p in paths.split(",") if p]
+
+    try:
+        rows = compare(load(base), load(new))
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for r in rows:
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        print(f"{r['suite']:<6} {r['kernel']:<28} {r['impl']:<22} {shape:<48} "
+              f"{r['base_us']:10.1f} {r['new_us']:10.1f} {r['ratio']}")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    load_plugins()
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--suite", default=",".join(s for s in ("topk", "tree", "accept") if s in SUITES)
-    )
+    ap.add_argument("--suite", default=",".join(DEFAULT_SUITES))
     ap.add_argument("--batch", default="1,8,64")
     ap.add_argument("--budget", default="16,64,128")
     ap.add_argument("--k", default="8,64")
@@ -156,8 +202,23 @@ def main(argv: list[str] | None = None) -> int:
         default=2.5,
         help="std of the drafter logits behind the tree inputs (6: peaked, deep trees)",
     )
+    ap.add_argument(
+        "--variants",
+        default="auto",
+        help="kernel algorithms to time, e.g. auto,heap,heap_lowmem (tree) or "
+        "auto,wgmma_tma,mma_sync_64 (attn); each suite times the ones it knows",
+    )
+    ap.add_argument("--sweep", action="store_true", help="attn: every KV split count too")
+    ap.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BASE.json[,...]", "NEW.json[,...]"),
+        help="print new/base medians of the rows two sets of --json documents share; no bench",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.compare:
+        return _compare_main(*args.compare)
     try:
         cfg = BenchConfig(
             _ints(args.batch),
@@ -167,20 +228,31 @@ def main(argv: list[str] | None = None) -> int:
             refcheck=not args.no_refcheck,
             quick=args.quick,
             tree_scale=args.tree_scale,
+            variants=[v for v in args.variants.split(",") if v],
+            sweep=args.sweep,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    table = suites()
     names = [s for s in args.suite.split(",") if s]
-    unknown = [s for s in names if s not in SUITES]
+    unknown = [s for s in names if s not in table]
     if unknown:
-        print(f"error: unknown suite(s) {unknown}; known: {sorted(SUITES)}", file=sys.stderr)
+        print(f"error: unknown suite(s) {unknown}; known: {sorted(table)}", file=sys.stderr)
+        return 2
+    known = _variant_sets()
+    stray = [
+        v for v in cfg.variants if v != "auto" and not any(v in known.get(n, ()) for n in names)
+    ]
+    if stray or not cfg.variants:
+        choices = {n: sorted(known[n]) for n in names if n in known}
+        print(f"error: unknown variant(s) {stray} for suites {names}; known: {choices}",
+              file=sys.stderr)  # fmt: skip
         return 2
     memory_cap = apply_memory_cap()
     rows: list[Row] = []
-    failed: list[str] = []
     for name in names:
-        rows += SUITES[name](cfg)
+        rows += table[name](cfg)
     add_speedups(rows)
     failed = [f"{r['kernel']} {r['shape']}" for r in rows if r.get("refcheck") is False]
     doc = {
@@ -199,8 +271,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run main() of the importable module, whose SUITES the suite modules register into
-    # (as __main__ this file is a second module object with its own, empty registry).
-    from kernels.bench import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

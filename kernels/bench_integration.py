@@ -9,8 +9,7 @@ budget and K; `follow_verified_tree` (stock dict walk vs the C++ walk) on the pa
 deepest node; and, for each batch size B > 1 of the config, `build_ddtree_trees` (B requests
 handed at once: one builder call, B 7-tuples back). Wall-clock host time per call (the service
 waits for all of it). Every row checks its answers against the stock-style builder's
-(`refcheck`). Registered via
-`kernels.bench.PLUGINS`: `python -m kernels.bench --json --suite integration`.
+(`refcheck`). `python -m kernels.bench --json --suite integration`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from integration import sglang_dropins as dropins
-from kernels.bench import BenchConfig, Row, register_suite, row
+from kernels.bench import BenchConfig, Row, row
 from kernels.timing import time_host
 
 SUITE = "integration"
@@ -97,7 +96,6 @@ def _reps(impl: str, cfg: BenchConfig) -> int:
     return (10 if cfg.quick else 40) if slow else (50 if cfg.quick else 300)
 
 
-@register_suite(SUITE)
 def integration_suite(cfg: BenchConfig) -> list[Row]:
     rows: list[Row] = []
     builders = _builders(cfg)

@@ -1,4 +1,4 @@
-"""The Kernels I benchmark suites (topk, tree, accept), registered with kernels.bench.
+"""Benchmark suites topk, tree and accept of `python -m kernels.bench` (listed in its `suites()`).
 
 Each CUDA kernel is timed against the baselines that do the same job: plain torch (topk +
 logsumexp on the upcast logits; argmax), the Python/heapq reference (what the live service
@@ -8,13 +8,12 @@ runs today) and the compiled C++ baseline, both timed on this host's CPU.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import torch
 
 from kernels import reference as ref
-from kernels.bench import BenchConfig, Row, register_suite, row
+from kernels.bench import BenchConfig, Row, impl_name, row
 from kernels.timing import summarize, time_cuda, time_graph, time_host
 
 ROTATE_BYTES = 192 << 20  # rotate inputs over at least this much (L2 is 50-60 MB)
@@ -49,7 +48,6 @@ def _top_inputs(
     return lp.contiguous(), ids.contiguous()
 
 
-@register_suite("topk")
 def topk_suite(cfg: BenchConfig) -> list[Row]:
     kc, rows, h, v = _kc(), [], cfg.depth, cfg.vocab
     for b in cfg.batches:
@@ -133,7 +131,6 @@ def _cpp():
     return cpu
 
 
-@register_suite("tree")
 def tree_suite(cfg: BenchConfig) -> list[Row]:
     kc, cpu, rows, h = _kc(), _cpp(), [], cfg.depth
     for b in cfg.batches:
@@ -142,51 +139,35 @@ def tree_suite(cfg: BenchConfig) -> list[Row]:
                 shape = {"B": b, "H": h, "K": k, "budget": budget, "scale": cfg.tree_scale}
                 sets = [_top_inputs(b, h, k, 100 * i + k, cfg.tree_scale) for i in range(8)]
                 out = kc.CudaTrees.empty(b, budget, "cuda")
-
-                def fn(i: int, budget: int = budget, out=out, sets=sets) -> None:
-                    kc.build_trees(sets[i][0], sets[i][1], budget, out=out)
-
                 lp_np, ids_np = (t.cpu().numpy() for t in sets[0])
-                check = None
-                if cfg.refcheck:
-                    fn(0)
-                    want = ref.build_trees(lp_np, ids_np, budget)
-                    check = all(
-                        np.array_equal(getattr(out, f).cpu().numpy(), getattr(want, f))
-                        for f in out._fields
-                    )
-                rows.append(
-                    row(
-                        "tree",
-                        "build_trees",
-                        "cuda_graph",
-                        shape,
-                        time_graph(fn, len(sets)),
-                        refcheck=check,
-                    )
-                )
-                os.environ["DDTREE_TREE_PARALLEL"] = "1"  # the opt-in parallel selection
-                try:
+                want = ref.build_trees(lp_np, ids_np, budget) if cfg.refcheck else None
+                for algo in [v for v in cfg.variants if v in kc.TREE_ALGOS] or ["auto"]:
+
+                    def fn(i: int, budget=budget, out=out, sets=sets, algo=algo) -> None:
+                        kc.build_trees(sets[i][0], sets[i][1], budget, out=out, algo=algo)
+
+                    check = None
+                    if want is not None and algo != "levels":  # levels alone may decline
+                        fn(0)
+                        check = all(
+                            np.array_equal(getattr(out, f).cpu().numpy(), getattr(want, f))
+                            for f in out._fields
+                        )
+                    graph = time_graph(fn, len(sets))
                     rows.append(
                         row(
                             "tree",
                             "build_trees",
-                            "cuda_graph_parallel",
+                            impl_name("cuda_graph", algo),
                             shape,
-                            time_graph(fn, len(sets)),
-                        )
+                            graph,
+                            refcheck=check,
+                        )  # fmt: skip
                     )
-                finally:
-                    del os.environ["DDTREE_TREE_PARALLEL"]
-                rows.append(
-                    row(
-                        "tree",
-                        "build_trees",
-                        "cuda_events",
-                        shape,
-                        time_cuda(fn, len(sets), reps=cfg.reps),
+                    events = time_cuda(fn, len(sets), reps=cfg.reps)
+                    rows.append(
+                        row("tree", "build_trees", impl_name("cuda_events", algo), shape, events)
                     )
-                )
 
                 def cpp_time(lp_np=lp_np, ids_np=ids_np, budget=budget):
                     s = cpu.time_build_trees_cpp(
@@ -224,7 +205,6 @@ def _deep_targets(trees: ref.BatchedTrees, vocab: int, seed: int) -> np.ndarray:
     return tg
 
 
-@register_suite("accept")
 def accept_suite(cfg: BenchConfig) -> list[Row]:
     kc, cpu, rows, h, v, k = _kc(), _cpp(), [], cfg.depth, cfg.vocab, 8
     for b in cfg.batches:

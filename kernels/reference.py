@@ -320,5 +320,5 @@ def greedy_accept_batch(
     return accepted, accept_len, bonus
 
 
-# Kernels II references (tree-verify attention, KV compaction) are re-exported below.
+# The tree-verify attention and KV compaction references are re-exported below.
 from kernels.reference_attention import compact_kv, tree_verify_attention  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""Float64 CPU references for tree-verify MLA attention and KV compaction (Kernels II).
+"""Float64 CPU references for tree-verify MLA attention and KV compaction.
 
 Ragged layout (shared with the CUDA kernels in `kernels/csrc/tree_verify_attention.cu`):
 

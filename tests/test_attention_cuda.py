@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from kernels import reference_attention as ref
-from kernels.cuda_attention import WGMMA_VARIANTS
 
 pytestmark = pytest.mark.gpu
 
@@ -65,10 +64,12 @@ def check(case, dtype, scale=576**-0.5, **kw) -> float:
 RAGGED = dict(prefix_lens=[0, 37, 130, 5], tree_lens=[1, 9, 17, 4])
 _HOPPER = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="the wgmma variants need an sm_90 device",
+    reason="wgmma_tma and mma_sync_64 need an sm_90 device",
 )
-BF16_MMA = [(torch.bfloat16, f"mma{i}") for i in range(7)] + [  # every tensor-core variant
-    pytest.param(torch.bfloat16, f"mma{i}", marks=_HOPPER) for i in WGMMA_VARIANTS
+BF16_MMA = [  # every tensor-core kernel
+    (torch.bfloat16, "mma_sync_32"),
+    pytest.param(torch.bfloat16, "mma_sync_64", marks=_HOPPER),
+    pytest.param(torch.bfloat16, "wgmma_tma", marks=_HOPPER),
 ]
 ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 
@@ -103,7 +104,8 @@ def test_long_prefix_auto_split_bf16() -> None:
     check(case, torch.bfloat16)
 
 
-@pytest.mark.parametrize("algo", [pytest.param(f"mma{i}", marks=_HOPPER) for i in WGMMA_VARIANTS])
+@_HOPPER
+@pytest.mark.parametrize("algo", ["wgmma_tma", "auto"])
 def test_long_prefix_wgmma(algo) -> None:
     # 520 M rows a request (9 CTAs, the last with 8 live rows), splits planned and forced.
     case = make_case(13, [5000, 3071, 64], [65, 40, 65], heads=8, page_size=64,
@@ -114,7 +116,7 @@ def test_long_prefix_wgmma(algo) -> None:
 
 @_HOPPER
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
-@pytest.mark.parametrize("algo", ["mma8", *(f"mma{i}" for i in WGMMA_VARIANTS if i >= 14)])
+@pytest.mark.parametrize("algo", ["wgmma_tma", "mma_sync_64"])
 def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
     # NaN in every slot a request does not own up to (the rest of its last page, its unused
     # pages): a TMA box carries the rest of the last page into shared memory, and 0 x NaN in the
@@ -132,17 +134,15 @@ def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
 
 
 @_HOPPER
-@pytest.mark.parametrize("mode", ["0", "1", ""])
+@pytest.mark.parametrize("page_size", [16, 48])  # TMA loads; cp.async loads (48: no TMA box)
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("algo", ["mma8", "mma19", "mma21"])  # cp.async, TMA, TMA tails
-def test_wgmma_tail_path(monkeypatch, mode, num_splits, algo) -> None:
-    # CTAs with <= 8 live rows take the swap-AB tail path unless DDTREE_ATTN_TAIL=0; "" also
-    # reorders the blocks. Rows a request: 65 x 8 = 520 (tail of 8), 7 x 8 = 56 (one CTA of 56),
-    # 1 x 8 = 8 (the tail is the whole request), 9 x 8 = 72 (tail of 8); prefix 0 included.
-    monkeypatch.setenv("DDTREE_ATTN_TAIL", mode)
-    case = make_case(17, [4000, 0, 129, 63], [65, 7, 1, 9], heads=8, page_size=16,
+def test_wgmma_tail_path(page_size, num_splits) -> None:
+    # CTAs with <= 8 live rows take the swap-AB tail path, scheduled after the others. Rows a
+    # request: 65 x 8 = 520 (tail of 8), 7 x 8 = 56 (one CTA of 56), 1 x 8 = 8 (the tail is
+    # the whole request), 9 x 8 = 72 (tail of 8); prefix 0 included.
+    case = make_case(17, [4000, 0, 129, 63], [65, 7, 1, 9], heads=8, page_size=page_size,
                      dtype=torch.bfloat16)  # fmt: skip
-    check(case, torch.bfloat16, algo=algo, num_splits=num_splits)
+    check(case, torch.bfloat16, algo="wgmma_tma", num_splits=num_splits)
 
 
 def test_planned_splits() -> None:
@@ -153,18 +153,21 @@ def test_planned_splits() -> None:
         assert 1 <= planned_splits(*size) <= 128
     assert planned_splits(1, 8, 65, 64) == 1  # one KV tile: nothing to split
     with pytest.raises(ValueError, match="planned_splits: algo must be one of"):
-        planned_splits(1, 8, 65, 64, algo="mma12")
+        planned_splits(1, 8, 65, 64, algo="mma21")  # a tuning-step name, retired
 
 
-def test_bench_size_records_both_timings() -> None:
-    from kernels.bench_attention import bench_size, table
+def test_bench_size_rows_in_the_bench_schema() -> None:
+    from kernels.bench_attention import bench_size
 
-    r = bench_size(2, 256, 9, 8, reps=5)
-    assert r["rel_err_vs_sdpa_fp32"] < TOL[torch.bfloat16]
-    assert r["num_splits"] >= 1
-    for key in ("ours", "ours_graph", "torch_sdpa"):
-        assert r[key]["median_ms"] > 0 and r[key]["tflops"] > 0, key
-    assert len(table({"results": [r]}).splitlines()) == 2
+    rows = bench_size(2, 256, 9, 8, reps=5, variants=("auto", "mma_sync_32"))
+    impls = [r["impl"] for r in rows]
+    assert impls == ["cuda", "cuda_graph", "cuda:mma_sync_32", "cuda_graph:mma_sync_32",
+                     "torch_sdpa"]  # fmt: skip
+    for r in rows:
+        assert r["suite"] == "attn" and r["kernel"] == "tree_verify_attention", r
+        assert r["median_us"] > 0 and r["tflops"] > 0 and "samples_us" not in r, r
+        assert r["rel_err_vs_sdpa_fp32"] < TOL[torch.bfloat16], r
+    assert rows[1]["mode"] == "graph" and rows[0]["mode"] == "events"
 
 
 def test_scale_matters() -> None:
@@ -193,25 +196,29 @@ def test_bad_arguments_raise() -> None:
 
     q, kv, table, pl, tl, vis = make_case(3, [4, 2], [3, 2], 2, 16, torch.bfloat16)
     args = (q, kv, table, pl, tl, vis, 0.1)
-    with pytest.raises(ValueError, match="tree_verify_attention: kv_cache must have dtype"):
+    with pytest.raises(ValueError, match="tree_verify_attention: kv_cache: expected dtype"):
         tree_verify_attention(q, kv.float(), *args[2:])
-    with pytest.raises(ValueError, match="tree_verify_attention: q must be on"):
+    with pytest.raises(ValueError, match="tree_verify_attention: q: expected a CUDA tensor"):
         tree_verify_attention(q.cpu(), *args[1:])
-    with pytest.raises(ValueError, match="tree_verify_attention: q must be contiguous"):
+    with pytest.raises(ValueError, match="tree_verify_attention: q: expected a contiguous"):
         tree_verify_attention(q.transpose(0, 1).contiguous().transpose(0, 1), *args[1:])
-    with pytest.raises(ValueError, match="tree_verify_attention: block_table must have dtype"):
+    with pytest.raises(ValueError, match="tree_verify_attention: block_table: expected dtype"):
         tree_verify_attention(q, kv, table.long(), *args[3:])
     with pytest.raises(ValueError, match="tree_verify_attention: tree_lens must sum"):
         tree_verify_attention(q, kv, table, pl, tl + 1, vis, 0.1)
-    with pytest.raises(ValueError, match="tree_verify_attention: visibility must be"):
+    with pytest.raises(ValueError, match="tree_verify_attention: visibility: expected shape"):
         tree_verify_attention(q, kv, table, pl, tl, vis[:, :2], 0.1)
+    with pytest.raises(ValueError, match="tree_verify_attention: prefix_lens: expected a CUDA"):
+        tree_verify_attention(q, kv, table, pl.cpu(), tl, vis, 0.1)
     with pytest.raises(ValueError, match="prefix_lens \\+ tree_lens"):
         tree_verify_attention(q, kv, table, pl + 10_000, tl, vis, 0.1)
-    with pytest.raises(ValueError, match="algo 'mma' needs bfloat16"):
-        tree_verify_attention(q.float(), kv.float(), *args[2:], algo="mma")
-    with pytest.raises(ValueError, match="algo must be one of"):  # a retired variant
-        tree_verify_attention(q, kv, *args[2:], algo="mma12")
+    with pytest.raises(ValueError, match="algo 'wgmma_tma' needs bfloat16"):
+        tree_verify_attention(q.float(), kv.float(), *args[2:], algo="wgmma_tma")
+    with pytest.raises(ValueError, match="algo must be one of"):  # a retired tuning-step name
+        tree_verify_attention(q, kv, *args[2:], algo="mma8")
+    with pytest.raises(ValueError, match="tree_verify_attention: q: expected a torch.Tensor"):
+        tree_verify_attention(q.tolist(), *args[1:])  # ValueError, as in kernels.cuda
     with pytest.raises(ValueError, match="compact_kv: accepted rows"):
         compact_kv(kv, table, pl, torch.tensor([[0, 2, 1], [0, -1, -1]], device="cuda"))
-    with pytest.raises(ValueError, match="compact_kv: accepted must be"):
+    with pytest.raises(ValueError, match="compact_kv: accepted: expected shape"):
         compact_kv(kv, table, pl, torch.zeros((3, 2), dtype=torch.int32, device="cuda"))

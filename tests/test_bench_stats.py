@@ -47,3 +47,26 @@ def test_cli_sees_the_registered_suites():
     )
     assert proc.returncode == 2
     assert "known: ['accept', 'topk', 'tree'" in proc.stderr or "'topk'" in proc.stderr
+
+
+def test_unknown_suite_or_variant_is_exit_2(capsys):
+    from kernels.bench import main, suites
+
+    assert set(suites()) == {"topk", "tree", "accept", "attn", "integration"}
+    assert main(["--suite", "nope"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+    assert main(["--suite", "tree", "--variants", "v6"]) == 2  # a tuning-step name
+    assert "unknown variant(s) ['v6']" in capsys.readouterr().err
+    assert main(["--suite", "topk", "--variants", "heap"]) == 2  # no selected suite knows it
+    assert "heap" in capsys.readouterr().err
+
+
+def test_compare_pairs_rows_of_two_runs():
+    from kernels.bench import compare
+
+    def doc(us: float, impl: str = "cuda_graph") -> dict:
+        return {"results": [row("tree", "build_trees", impl, {"B": 64}, summarize([us], "graph"))]}
+
+    got = compare([doc(10.0), doc(12.0), doc(11.0)], [doc(5.5), doc(5.5, "cuda_graph:heap")])
+    assert len(got) == 1
+    assert (got[0]["base_us"], got[0]["new_us"], got[0]["ratio"]) == (11.0, 5.5, 0.5)
