@@ -1,9 +1,9 @@
-"""One timing helper for the kernel benchmarks: CUDA events or graph replay, and host timers.
+"""The one timer of the kernel benchmarks (`kernels.bench`): CUDA events, graph replay, host.
 
-Rules (DESIGN.md "Measurement rules"): warm up first; time many repetitions and report the
-median and IQR; rotate over several input sets so repeated runs don't just measure L2; for
-launch-bound kernels also capture `launches` calls in a CUDA graph and report the replay time
-divided by the launches. `fn(i)` runs the kernel on input set `i % n_inputs`.
+Measurement rules: warm up first; time many repetitions and report the median and IQR;
+rotate over several input sets so repeated runs don't just measure L2; for launch-bound
+kernels also capture `launches` calls in a CUDA graph and report the replay time divided by
+the launches. `fn(i)` runs the kernel on input set `i % n_inputs`.
 """
 
 from __future__ import annotations
