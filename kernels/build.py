@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,26 @@ HEADERS: list[str] = [
 ]
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
+
+
+def cache_dir() -> Path:
+    """`$DDTREE_CACHE`, default `~/.cache/ddtree-ops`: the compiled libraries, by source digest."""
+    env = os.environ.get("DDTREE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "ddtree-ops"
+
+
+def cached(path: Path, make: Callable[[], None]) -> Path:
+    """`path`, made first by `make()` (which must create it atomically) when missing, under a
+    file lock beside it so that concurrent processes build it once. The one cache-and-build
+    helper of the CUDA library (`kernels.cuda_core`) and the C++ baseline (`kernels.cpu`)."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f"{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():  # another process may have built it while we waited
+            make()
+    return path
 
 
 class BuildError(RuntimeError):

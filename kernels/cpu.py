@@ -9,7 +9,6 @@ and the same answers as `kernels.reference.build_trees` / `greedy_accept_batch`.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
 import hashlib
 import itertools
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.build import cache_dir, cached
 from kernels.reference import BatchedTrees, _budget, _check_topk, _int64
 
 __all__ = [
@@ -42,25 +42,12 @@ class CpuBuildError(RuntimeError):
     """The C++ baseline could not be compiled (no g++, or the compiler failed)."""
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("DDTREE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "ddtree-ops"
-
-
 def library_path() -> Path:
     """Path of the compiled library for the current source (built if missing)."""
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(CXXFLAGS).encode()).hexdigest()[:16]
-    out_dir = cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"cpu_tree_build-{digest}.so"
-    if lib.exists():
-        return lib
-    with open(out_dir / f"cpu_tree_build-{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not lib.exists():  # another process may have built it while we waited
-            _compile(lib)
-    return lib
+    lib = cache_dir() / f"cpu_tree_build-{digest}.so"
+    return cached(lib, lambda: _compile(lib))
 
 
 def _compile(lib: Path) -> None:

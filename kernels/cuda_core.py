@@ -12,7 +12,6 @@ whose `ddtree_abi_version()` is not `ABI_VERSION` is refused at load (`AbiMismat
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
 import os
 from collections.abc import Sequence
@@ -54,11 +53,6 @@ class KernelError(RuntimeError):
         self.op, self.code, self.cuda_message = op, code, message
 
 
-def _cache_root() -> Path:
-    env = os.environ.get("DDTREE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "ddtree-ops"
-
-
 def device_arch(device: torch.device | int | None = None) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}"
@@ -75,17 +69,8 @@ def library_path(arch: str | None = None) -> Path:
             raise FileNotFoundError(f"{LIB_ENV}={env}: no such library")
         return path
     arch = arch or device_arch()
-    root = _cache_root() / "cuda"
-    out = root / f"{arch}-{_build.source_digest()[:16]}"
-    lib = out / _build.LIBRARY
-    if lib.is_file():
-        return lib
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not lib.is_file():  # another process may have built it while we waited
-            _build.build([arch], out)
-    return lib
+    out = _build.cache_dir() / "cuda" / f"{arch}-{_build.source_digest()[:16]}"
+    return _build.cached(out, lambda: _build.build([arch], out)) / _build.LIBRARY
 
 
 @functools.cache
