@@ -60,22 +60,29 @@ class TorchAttention:
         width = int(padded_len.max())
         if table.shape[1] < width:  # pad with slot 0 (finite; masked out)
             table = np.pad(table, ((0, 0), (0, width - table.shape[1])))
-        groups = []
         c = self.rows_per_call
+        metas, rows_l, tabs = [], [], []
         for lb in np.unique(padded_len):
             members = np.flatnonzero(padded_len == lb)
             for start in range(0, len(members), c):
                 part = members[start : start + c]
                 rows = np.concatenate([part, np.full(c - len(part), part[0])])
-                mask = np.arange(lb)[None, :] >= lens[rows][:, None]
-                groups.append(
-                    _Group(
-                        torch.from_numpy(rows).to(device),
-                        len(part),
-                        torch.from_numpy(np.ascontiguousarray(table[rows, :lb])).to(device),
-                        torch.from_numpy(mask[:, None, :]).to(device),
-                    )
-                )
+                metas.append((int(lb), len(part)))
+                rows_l.append(rows)
+                tabs.append(table[rows, :lb].reshape(-1))
+        # one upload for every group: row ids, then the slot tables, then the lengths
+        all_rows = np.concatenate(rows_l)
+        flat = torch.from_numpy(np.concatenate([all_rows, *tabs, lens[all_rows]])).to(device)
+        n_rows = len(all_rows)
+        rows_d, rest = flat[:n_rows], flat[n_rows:]
+        lens_d = rest[-n_rows:]
+        groups, off = [], 0
+        for g, (lb, count) in enumerate(metas):
+            tab = rest[off : off + c * lb].view(c, lb)
+            off += c * lb
+            own = lens_d[g * c : (g + 1) * c, None, None]
+            mask = torch.arange(lb, device=device)[None, None, :] >= own
+            groups.append(_Group(rows_d[g * c : (g + 1) * c], count, tab, mask))
         return groups
 
     def __call__(

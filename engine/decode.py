@@ -100,38 +100,45 @@ class Decoder:
         seq.kv_len = n
 
     def _verify_rows(self, seqs: list[Sequence], trees, num_nodes: list[int]) -> Rows:
-        """Every request's root + tree nodes as rows, each with its visible slots in order."""
-        parts = []
+        """Every request's root + tree nodes as rows, each with its visible slots in position
+        order (the prefix, then its ancestors and itself), for the whole batch at once."""
+        ps, B = self.cache.page_size, len(seqs)
+        lens_pre = np.array([s.kv_len for s in seqs], dtype=np.int64)  # L_b
+        nodes = np.asarray(num_nodes, dtype=np.int64)
+        T = int(nodes.max()) + 1 if B else 1  # rows per request (padded)
+        for s, n in zip(seqs, num_nodes, strict=True):
+            s.blocks.reserve(s.kv_len + n + 1)
+        W = int(lens_pre.max()) + T
+        pages = np.zeros((B, max(len(s.blocks.pages) for s in seqs)), dtype=np.int64)
         for b, s in enumerate(seqs):
-            n, L = num_nodes[b], s.kv_len
-            s.blocks.reserve(L + n + 1)
-            slots = s.blocks.slot_array(L + n + 1)
-            tree_slots = slots[L:]
-            tokens = np.empty(n + 1, dtype=np.int64)
-            tokens[0] = s.root
-            positions = np.full(n + 1, L, dtype=np.int64)
-            if n:
-                tokens[1:] = trees.token_ids[b, :n]
-                positions[1:] += trees.depths[b, :n]
-                vis = np.asarray(trees.visibility[b, : n + 1, : n + 1], dtype=bool)
-                # ancestors + self in index (= position) order first: a stable sort of ~vis
-                order = np.argsort(~vis, axis=1, kind="stable")
-                lens = L + vis.sum(axis=1)
-            else:
-                order = np.zeros((1, 1), dtype=np.int64)
-                lens = np.array([L + 1])
-            table = np.empty((n + 1, L + n + 1), dtype=np.int64)
-            table[:, :L] = slots[:L]
-            table[:, L:] = tree_slots[order]
-            parts.append((tokens, positions, tree_slots, table, lens))
-        width = max(p[3].shape[1] for p in parts)
-        table = np.full((sum(len(p[0]) for p in parts), width), self.cache.trash_slot, np.int64)
-        off = 0
-        for p in parts:
-            table[off : off + len(p[0]), : p[3].shape[1]] = p[3]
-            off += len(p[0])
-        cat = [np.concatenate([p[i] for p in parts]) for i in (0, 1, 2, 4)]
-        return Rows(cat[0], cat[1], cat[2], table, cat[3])
+            pages[b, : len(s.blocks.pages)] = s.blocks.pages
+        pos = np.arange(W)
+        slots = pages[:, np.minimum(pos // ps, pages.shape[1] - 1)] * ps + pos % ps  # [B, W]
+        if trees is None:
+            vis = np.ones((B, 1, 1), dtype=bool)
+        else:
+            vis = np.asarray(trees.visibility[:, :T, :T], dtype=bool)
+        # ancestors + self in index (= position) order first: a stable sort of ~vis
+        order = np.argsort(~vis, axis=2, kind="stable")  # [B, T, T]
+        L = lens_pre[:, None, None]
+        j = pos[None, None, :]
+        k = np.clip(j - L, 0, T - 1)
+        bi, ti = np.arange(B)[:, None, None], np.arange(T)[None, :, None]
+        table = slots[bi, np.where(j < L, j, L + order[bi, ti, k])]  # [B, T, W]
+        tokens = np.zeros((B, T), dtype=np.int64)
+        tokens[:, 0] = [s.root for s in seqs]
+        positions = np.repeat(lens_pre[:, None], T, axis=1)
+        if trees is not None and T > 1:
+            tokens[:, 1:] = trees.token_ids[:, : T - 1]
+            positions[:, 1:] += trees.depths[:, : T - 1]
+        write = slots[np.arange(B)[:, None], lens_pre[:, None] + np.arange(T)[None, :]]
+        keep = (np.arange(T)[None, :] <= nodes[:, None]).reshape(-1)
+        lens = L[:, :, 0] + vis.sum(axis=2)
+        return Rows(
+            *(a.reshape(B * T)[keep] for a in (tokens, positions, write)),
+            table.reshape(B * T, W)[keep],
+            lens.reshape(B * T)[keep],
+        )
 
     def step(self, seqs: list[Sequence]) -> StepResult:
         stages: dict[str, float] = {}
