@@ -37,6 +37,9 @@ def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
+_NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
+
+
 def _cuda(x: Any, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(x).to(device).contiguous()
 
@@ -55,7 +58,7 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
 
     topk: Callable = lambda logits, k: reference.topk_logprobs(_np(logits), k)  # noqa: E731
     build: Callable = reference.build_trees
-    accept: Callable = lambda trees, tgt, h: reference.greedy_accept_batch(trees, tgt, h)  # noqa: E731
+    accept: Callable = lambda trees, tgt, h: reference.greedy_accept_batch(trees, _np(tgt), h)  # noqa: E731
     attention: Attention = TorchAttention(rows_per_call=64 if device.type == "cuda" else 16)
     if names["topk"] == "cuda":
         from kernels import cuda
@@ -70,7 +73,7 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     if names["accept"] == "cpp":
         from kernels import cpu
 
-        accept = cpu.greedy_accept_cpp
+        accept = lambda trees, tgt, h: cpu.greedy_accept_cpp(trees, _np(tgt), h)  # noqa: E731
     elif names["accept"] == "cuda":
         accept = lambda trees, tgt, h: _cuda_accept(trees, tgt, h, device)  # noqa: E731
     if names["attention"] == "cuda":
@@ -83,7 +86,15 @@ def _cuda_build(lp: Any, ids: Any, budget: int, device: torch.device) -> Any:
     from kernels.reference import BatchedTrees
 
     t = cuda.build_trees(_cuda(lp, device).float(), _cuda(ids, device).long(), budget)
-    host = BatchedTrees(**{f: _np(getattr(t, f)) for f in t._fields})
+    # one device-to-host copy for every field (visibility travels as int64)
+    parts = [getattr(t, f) for f in t._fields]
+    flat = torch.cat([p.reshape(-1).long() for p in parts]).cpu().numpy()
+    fields, off = {}, 0
+    for f, p in zip(t._fields, parts, strict=True):
+        n = p.numel()
+        fields[f] = flat[off : off + n].reshape(p.shape).astype(_NP_DTYPES[p.dtype])
+        off += n
+    host = BatchedTrees(**fields)
     object.__setattr__(host, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
     return host
 
@@ -95,4 +106,6 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
     if ct is None:
         ct = cuda.CudaTrees(*(_cuda(getattr(trees, f), device) for f in cuda.CudaTrees._fields))
     acc, alen, bonus = cuda.greedy_accept(ct, _cuda(target, device).long(), h)
-    return _np(acc), _np(alen), _np(bonus)
+    flat = torch.cat([acc.reshape(-1), alen, bonus]).cpu().numpy()  # one copy back
+    b = alen.shape[0]
+    return flat[: acc.numel()].reshape(acc.shape), flat[-2 * b : -b], flat[-b:]

@@ -99,9 +99,12 @@ class Decoder:
             self._run(Rows(tokens[a:b], pos, slots[a:b], table, pos + 1), timer)
         seq.kv_len = n
 
-    def _verify_rows(self, seqs: list[Sequence], trees, num_nodes: list[int]) -> Rows:
+    def _verify_rows(
+        self, seqs: list[Sequence], trees, num_nodes: list[int]
+    ) -> tuple[Rows, np.ndarray]:
         """Every request's root + tree nodes as rows, each with its visible slots in position
-        order (the prefix, then its ancestors and itself), for the whole batch at once."""
+        order (the prefix, then its ancestors and itself), for the whole batch at once; and
+        each row's flat index in the accept's `[B, budget + 1]` target."""
         ps, B = self.cache.page_size, len(seqs)
         lens_pre = np.array([s.kv_len for s in seqs], dtype=np.int64)  # L_b
         nodes = np.asarray(num_nodes, dtype=np.int64)
@@ -134,11 +137,13 @@ class Decoder:
         write = slots[np.arange(B)[:, None], lens_pre[:, None] + np.arange(T)[None, :]]
         keep = (np.arange(T)[None, :] <= nodes[:, None]).reshape(-1)
         lens = L[:, :, 0] + vis.sum(axis=2)
-        return Rows(
+        rows = Rows(
             *(a.reshape(B * T)[keep] for a in (tokens, positions, write)),
             table.reshape(B * T, W)[keep],
             lens.reshape(B * T)[keep],
         )
+        b, i = np.divmod(np.flatnonzero(keep), T)
+        return rows, b * (self.cfg.budget + 1) + i  # each row's place in [B, budget + 1]
 
     def step(self, seqs: list[Sequence]) -> StepResult:
         stages: dict[str, float] = {}
@@ -163,12 +168,13 @@ class Decoder:
 
         # verify: one target forward over every request's root + nodes
         timer = AttentionTimer(self.model.device)
-        logits = self._run(self._verify_rows(seqs, trees, num_nodes), timer)
-        argmax = logits.argmax(dim=-1).cpu().numpy()
-        lap("verify")
-        stages["attention"] = timer.seconds()
-
+        rows, place = self._verify_rows(seqs, trees, num_nodes)
+        logits = self._run(rows, timer)
+        argmax = logits.argmax(dim=-1)
         if trees is None:
+            argmax = argmax.cpu().numpy()
+            lap("verify")
+            stages["attention"] = timer.seconds()
             accepted = [[0] for _ in seqs]
             bonus = [int(t) for t in argmax]
             for b, s in enumerate(seqs):
@@ -176,11 +182,13 @@ class Decoder:
                     probs = torch.softmax(logits[b].double().cpu() / s.temperature, dim=-1)
                     bonus[b] = int(torch.multinomial(probs, 1, generator=s.generator))
         else:
-            target = np.zeros((len(seqs), self.cfg.budget + 1), dtype=np.int64)
-            off = 0
-            for b, n in enumerate(num_nodes):
-                target[b, : n + 1] = argmax[off : off + n + 1]
-                off += n + 1
+            # the target ids stay on the model's device: a CUDA accept reads them there
+            target = torch.zeros(len(seqs) * (self.cfg.budget + 1), dtype=torch.int64,
+                                 device=argmax.device)  # fmt: skip
+            target[torch.from_numpy(place).to(argmax.device)] = argmax
+            lap("verify")
+            stages["attention"] = timer.seconds()
+            target = target.view(len(seqs), self.cfg.budget + 1)
             acc, alen, bon = self.backends.accept(trees, target, self.cfg.draft_len)
             accepted = [[int(a) for a in acc[b, : int(alen[b])]] for b in range(len(seqs))]
             bonus = [int(x) for x in bon]
