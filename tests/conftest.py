@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.deploy import build_cpp_cache
 from helpers.sshd import Sshd, start_sshd, write_inventory
 
 
@@ -40,3 +41,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 def inventory_file(tmp_path: Path, sshd: Sshd) -> Path:
     """An inventory with `loop` (the session's sshd) and `local`, rooted under tmp_path."""
     return write_inventory(tmp_path / "ops.toml", sshd, tmp_path / "roots")
+
+
+@pytest.fixture(scope="session")
+def cpp_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C++ CPU baseline compiled once for the session, for `Deploy(cache=...)`."""
+    return build_cpp_cache(tmp_path_factory.mktemp("cpp-cache"))

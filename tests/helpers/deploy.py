@@ -1,6 +1,16 @@
 """Releases for the deploy tests: a temporary git repository holding a copy of the project's
 data plane (so a test can commit a change, a different weight seed or a broken kernel, and
 deploy it), and `Deploy`, the real `ops` CLI against one inventory of SSH targets.
+
+Two things keep the deploys quick without changing what they prove:
+- `build_cpp_cache` compiles the C++ CPU baseline once (what a deploy's self-test builds into
+  `<remote_root>/cache`, keyed by the sha256 of its source and flags) and `Deploy(cache=...)`
+  copies it into each host's cache before the first deploy, as a host that has deployed
+  before has it. A commit that changes the C++ source has another key and is compiled by its
+  own self-test, as on any host.
+- `trim_golden` re-records a host's golden set with only its first prompts, once the test has
+  checked the full set its bootstrap recorded, so that later pre- and post-flights of a real
+  engine check a few prompts instead of all 34 (a changed model diverges on every one).
 """
 
 from __future__ import annotations
@@ -55,6 +65,35 @@ def commit_change(src: Path, path: str, old: str, new: str) -> str:
     return git(src, "rev-parse", "HEAD").strip()
 
 
+def build_cpp_cache(cache: Path) -> Path:
+    """The C++ CPU baseline compiled into `cache` as `kernels.cpu` names it; `cache`."""
+    subprocess.run(
+        [sys.executable, "-c", "from kernels.cpu import library_path; library_path()"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "DDTREE_CACHE": str(cache)},
+    )
+    assert list(cache.glob("cpu_tree_build-*.so")), f"nothing built in {cache}"
+    return cache
+
+
+def trim_golden(url: str, root: Path, prompts: int) -> dict:
+    """Re-record `<root>/golden/golden.json` from the service at `url` with its first
+    `prompts` golden prompts (the previous set is kept as golden.json.1); the new document."""
+    golden = root / "golden" / "golden.json"
+    argv = ["--record-golden", str(golden), "--limit", str(prompts), "--max-tokens", TOKENS]
+    subprocess.run(
+        [sys.executable, "-m", "checks.identity", "--json", "--url", url, *argv],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    return json.loads(golden.read_text())
+
+
 def steps(doc: dict, host: int = 0) -> dict[str, str]:
     """A deploy document's steps for one host: name -> status."""
     return {s["name"]: s["status"] for s in doc["results"][host]["steps"]}
@@ -66,12 +105,17 @@ class Deploy:
     `hosts` maps a target name to its sshd, remote root, service port and optionally its
     service command (default: the reference engine), gpus, cuda_arch and components."""
 
-    def __init__(self, tmp: Path, hosts: dict[str, dict], src: Path) -> None:
+    def __init__(
+        self, tmp: Path, hosts: dict[str, dict], src: Path, cache: Path | None = None
+    ) -> None:
         self.tmp, self.src = tmp, src
         self.inventory = tmp / "ops.toml"
         self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
         self.hosts = hosts
         self.write()
+        for h in hosts.values():  # what an earlier deploy's self-test left in the host's cache
+            if cache is not None:
+                shutil.copytree(cache, Path(h["root"]) / "cache", dirs_exist_ok=True)
 
     def write(self, groups: dict[str, list[str]] | None = None) -> None:
         lines = []
