@@ -7,6 +7,18 @@ No nvidia-smi is a fact (`available: false`, exit 0), not a failure. The GPUs ar
 unless nvidia-smi fails, the count differs from `--expect`, a hardware or thermal slowdown is
 active, or a GPU runs hotter than `--max-temp`; each problem is listed with its evidence, and
 exit is 1.
+
+Prints (`checks.docs.GpusDoc`):
+    ok            bool   no problem
+    available     bool   nvidia-smi is there (`reason` says why not)
+    error         str    nvidia-smi hung or failed (a problem)
+    device_order  str    PCI_BUS_ID: indices are nvidia-smi's, in bus order
+    service_pid   int|None   the --service-pid the processes were matched against
+    problems      list   one line per problem
+    gpus          list   one `GpuRow` per GPU: index, uuid, name, pci_bus_id, memory
+                         used/total/free (MiB), utilization_pct, sm_clock_mhz, temperature_c,
+                         throttle_reasons, driver_version, compute_cap, arch (sm_XY), and
+                         processes (`GpuProcess`: pid, used_memory_mib, process_name, service)
 """
 
 from __future__ import annotations

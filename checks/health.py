@@ -11,6 +11,15 @@ Checks, each pass / fail / skip with its evidence:
 `--timeout` bounds each request as a whole (`checks.http`); when /health gets no HTTP answer at
 all (refused, timed out), the other checks are skipped with that reason instead of each waiting
 out its own timeout. Exit 0 when nothing failed, 1 when something did.
+
+Prints (`checks.docs.HealthDoc`):
+    ok        bool   nothing failed
+    url       str    the service checked
+    failed    list   names of the failed checks
+    checks    list   one `HealthCheckRow` per check: name, status (pass/fail/skip), detail,
+                     http (status, latency, body excerpt), evidence (on a failure); models
+                     lists the model ids, smoke its text, token_ids and latency_ms,
+                     server_info the avg_spec_accept_length
 """
 
 from __future__ import annotations

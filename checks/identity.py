@@ -12,6 +12,21 @@ Greedy token identity against a recorded golden set, at concurrency 1 (one reque
   prompt it answers differently on its own is reported as `nondeterministic` and its golden
   mismatch is not blamed on the change.
 Exit 0 when every deterministic prompt matches, 1 otherwise, 2 for a bad golden file.
+
+Prints (`checks.docs.IdentityDoc`):
+    ok                 bool  every deterministic prompt matches (recording: it was written)
+    recorded, path     int, str   --record-golden: prompts recorded and where
+    kept, golden       str|None, dict   the previous set's new name; the golden set itself
+    total, matched     int   --golden: prompts compared, and how many are identical
+    identity_pct       float matched / total in percent
+    mismatched         list  prompt ids that differ (deterministic ones only)
+    nondeterministic   list  prompt ids the service answers differently on its own (A/A)
+    aa_runs, warnings  int, list
+    golden_model, service   the golden's model, and what the service says it serves
+    prompts            list  one `PromptRow` per prompt: id, compared (ids/text), match,
+                             first_divergence, golden_continuation, got_continuation,
+                             self_consistent
+    error, message, evidence   a request got no answer (error "request_failed", exit 1)
 """
 
 from __future__ import annotations

@@ -10,6 +10,15 @@ endpoint that changes the service's state (no cache flush, no profiler start).
 Whatever a server answers (a bad status line, an SSE event that is not a JSON object, an
 oversized event, garbage), that request is counted as failed with the reason, and the module
 still prints its one JSON document (exit 1), never a traceback.
+
+Prints (`checks.docs.LoadtestDoc`):
+    ok           bool   no request failed
+    url, requests, warmup, input_len, output_len   what ran
+    level        dict   `LevelDoc`: concurrency, completed, failed, errors (reason -> count),
+                        duration_s, request_per_s, output_tok_per_s, output_tokens,
+                        ttft_ms / tpot_ms / itl_ms / e2e_ms (`Dist`: p50, p90, p99, mean),
+                        accept_length (value and where the service reported it)
+    error, message      the load generator itself crashed (error "crashed", no level)
 """
 
 from __future__ import annotations

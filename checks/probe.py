@@ -33,6 +33,19 @@ Exit 0: measured, no interference, and CMD exited 0; 1: otherwise; 2: bad input.
 `python -m checks.probe --json --url URL --counters` instead prints the service's counters
 once (`/get_server_info` and the samples of `/metrics`), for `ops profile` to take the
 difference of two such snapshots around a load level. Stdlib only.
+
+Prints (`checks.docs.ProbeDoc`):
+    ok            bool   measured, not tripped, and CMD exited 0
+    measured      bool   the service answered before CMD (`unmeasured_reason` if not)
+    threshold, limit_ms   the allowed rise and the p50 it makes
+    before, during, after   `Phase`: n, answered, failed, ms, p25_ms, p50_ms, p75_ms, errors
+                            (during also at_s: when each request went out)
+    tripped, stopped_early, trip   interference, and the rule that killed CMD early
+    warnings      list   a noisy baseline, a p50 past the limit
+    cmd           dict   `CmdRun`: argv, pid, rc, killed, timed_out, duration_s, document
+                         (CMD's JSON stdout), stdout_tail, stderr_tail
+With --counters (`checks.docs.CountersDoc`): at, server_info, server_info_status, metrics
+(/metrics samples by name{labels}, buckets left out), metrics_status.
 """
 
 from __future__ import annotations

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
 
+from checks.docs import GpusDoc, ProbeDoc
 from ops.dataplane import data_plane_dir, run_check
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.guard import SUITES, evaluate
@@ -125,7 +126,7 @@ def run_bench(
     pid = service_pid(host)
     progress("GPUs (nvidia-smi)")
     args = ["--service-pid", str(pid)] if pid else []
-    gpus = run_check(host, "checks.gpus", args).data
+    gpus = cast(GpusDoc, run_check(host, "checks.gpus", args).data)
     guard = evaluate(
         gpus, opts.gpu, target=t.name, suites=opts.suites, batches=opts.batches,
         allow_shared=opts.allow_shared, max_mem_gib=opts.max_mem_gib, service_pid=pid,
@@ -159,10 +160,10 @@ def run_bench(
     )
     if res.rc == 2:
         raise OpsError(f"{t.name}: checks.probe: {res.data.get('message', 'bad input')}")
-    return conclude(section, res.data, guard.cap_env)
+    return conclude(section, cast(ProbeDoc, res.data), guard.cap_env)
 
 
-def conclude(section: dict[str, Any], probe: dict[str, Any], cap: dict[str, str]) -> BenchOutcome:
+def conclude(section: dict[str, Any], probe: ProbeDoc, cap: dict[str, str]) -> BenchOutcome:
     """Turn the probe's document (with the bench's inside) into the section and the outcome."""
     cmd = probe["cmd"]
     doc = cmd.get("document") or {}
@@ -172,7 +173,13 @@ def conclude(section: dict[str, Any], probe: dict[str, Any], cap: dict[str, str]
     section["table"] = kernel_table(rows)
     section["refcheck_failed"] = doc.get("refcheck_failed") or []
     section["environment"]["bench"] = doc.get("env")
-    section["bench_run"] = {k: cmd[k] for k in ("argv", "rc", "killed", "timed_out", "duration_s")}
+    section["bench_run"] = {
+        "argv": cmd["argv"],
+        "rc": cmd["rc"],
+        "killed": cmd["killed"],
+        "timed_out": cmd["timed_out"],
+        "duration_s": cmd["duration_s"],
+    }
     section["bench_run"]["stderr_tail"] = cmd.get("stderr_tail", "")[-2000:]
     section["bench_run"]["stdout_tail"] = cmd.get("stdout_tail", "")[-2000:]
     if cap:
@@ -212,7 +219,7 @@ def conclude(section: dict[str, Any], probe: dict[str, Any], cap: dict[str, str]
     return BenchOutcome(code=EXIT_OK, outcome="pass", section=section)
 
 
-def probe_section(probe: dict[str, Any]) -> dict[str, Any]:
+def probe_section(probe: ProbeDoc) -> dict[str, Any]:
     """The probe in `ops.evidence.Probe`'s shape, everything else kept beside it."""
     b, d, a = probe["before"], probe["during"], probe["after"]
     return {
@@ -227,7 +234,7 @@ def probe_section(probe: dict[str, Any]) -> dict[str, Any]:
 
 
 def environment(
-    gpus: dict[str, Any],
+    gpus: GpusDoc,
     info: dict[str, Any] | None,
     gpu: int | None,
     procs: list[dict[str, Any]],

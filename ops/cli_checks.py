@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from checks.docs import Dist, LevelDoc
 from ops.cli_common import (
     Done,
     InputLenOpt,
@@ -167,7 +168,13 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:.2f}" if abs(value) < 10 else f"{value:.{digits}f}"
 
 
-LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"))
+def latencies(lv: LevelDoc) -> list[tuple[str, Dist]]:
+    return [
+        ("TTFT", lv["ttft_ms"]),
+        ("TPOT", lv["tpot_ms"]),
+        ("ITL", lv["itl_ms"]),
+        ("E2E", lv["e2e_ms"]),
+    ]
 
 
 def _print_loadtest(rep: LoadtestReport) -> None:
@@ -176,7 +183,7 @@ def _print_loadtest(rep: LoadtestReport) -> None:
     heads = ("c", "ok", "failed", "req/s", "out tok/s", "accept len", "time s")
     for col in heads:
         table.add_column(col, justify="right", overflow="fold")
-    for lv in rep.levels:
+    for lv in rep.level_docs:
         acc = lv["accept_length"]["value"]
         table.add_row(
             str(lv["concurrency"]),
@@ -191,17 +198,17 @@ def _print_loadtest(rep: LoadtestReport) -> None:
     lat = Table(title="latency per request (ms)", title_justify="left")
     for col in ("c", "metric", "p50 ms", "p90 ms", "p99 ms", "mean ms"):
         lat.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
-    for lv in rep.levels:
-        for i, (name, key) in enumerate(LATENCIES):
-            d = lv[key]
+    for lv in rep.level_docs:
+        rows = latencies(lv)
+        for i, (name, d) in enumerate(rows):
             lat.add_row(
                 str(lv["concurrency"]) if i == 0 else "",
                 name,
-                *(fmt(d[k]) for k in ("p50", "p90", "p99", "mean")),
-                end_section=i == len(LATENCIES) - 1,
+                *(fmt(v) for v in (d["p50"], d["p90"], d["p99"], d["mean"])),
+                end_section=i == len(rows) - 1,
             )
     out.print(lat)
-    for lv in rep.levels:
+    for lv in rep.level_docs:
         for error, n in lv["errors"].items():
             err.print(f"[red]c={lv['concurrency']}: {n} x {escape(error)}[/]", soft_wrap=True)
     if rep.interrupted:

@@ -163,7 +163,6 @@ def deploy(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Build, self-test and switch a release on TARGET (or a group: canary, then waves)."""
-
     st = state(ctx)
     inv = st.inventory()
     targets = inv.resolve(target)

@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from checks.docs import GpuProcess, GpusDoc
+
 CAP_ENV = "DDTREE_BENCH_MAX_MEM_GIB"
 SUITES = ("topk", "tree", "accept", "attn")
 UNLISTED_MIB = 1024  # memory in use beyond the listed processes that makes a GPU "in use"
@@ -101,7 +103,7 @@ class GuardResult(BaseModel):
     hint: str | None = None
 
 
-def _proc_line(p: dict[str, Any], service_pid: int | None) -> str:
+def _proc_line(p: GpuProcess, service_pid: int | None) -> str:
     if service_pid is None:
         who = "service pid unknown"
     else:
@@ -116,7 +118,7 @@ def _proc_line(p: dict[str, Any], service_pid: int | None) -> str:
 
 
 def evaluate(
-    gpus_doc: dict[str, Any],
+    gpus_doc: GpusDoc,
     gpu: int | None,
     *,
     target: str,

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
+from checks.docs import GpusDoc, HealthDoc, IdentityDoc
 from checks.identity import keep_previous, parse_golden
 from ops.dataplane import run_check
 from ops.errors import OpsError
@@ -55,7 +56,7 @@ def golden_on_host(host: Host) -> str:
     return f"{host.target.remote_root}/golden/golden.json"
 
 
-def identity_check(data: dict[str, Any], recorded: bool) -> Check:
+def identity_check(data: IdentityDoc, recorded: bool) -> Check:
     if data.get("error") == "request_failed":
         return Check(
             name="identity",
@@ -122,12 +123,14 @@ def run_healthcheck(
     )
 
     progress("health, smoke completion")
-    health = run_check(host, "checks.health", ["--url", url, "--timeout", str(timeout)])
-    modules["health"] = health.data
-    for c in health.data["checks"]:
+    health = cast(
+        HealthDoc, run_check(host, "checks.health", ["--url", url, "--timeout", str(timeout)]).data
+    )
+    modules["health"] = health
+    for c in health["checks"]:
         ev = [c["evidence"]] if c.get("evidence") else []
         out.append(Check(name=c["name"], status=c["status"], detail=c["detail"], evidence=ev))
-    healthy = all(c["status"] != "fail" for c in health.data["checks"] if c["name"] == "health")
+    healthy = all(c["status"] != "fail" for c in health["checks"] if c["name"] == "health")
 
     progress("token identity")
     if healthy:
@@ -139,7 +142,7 @@ def run_healthcheck(
 
     progress("GPUs")
     gpu_args = ["--expect", str(target.gpus)] if target.gpus else []
-    gpus = run_check(host, "checks.gpus", gpu_args).data
+    gpus = cast(GpusDoc, run_check(host, "checks.gpus", gpu_args).data)
     modules["gpus"] = gpus
     if not gpus.get("available"):
         out.append(Check(name="gpus", status="skip", detail=gpus.get("reason", "no nvidia-smi")))
@@ -168,7 +171,7 @@ def _identity(
     aa_runs: int,
     timeout: float,
     max_tokens: int,
-) -> tuple[Check, dict[str, Any] | None]:
+) -> tuple[Check, IdentityDoc | None]:
     """Record the golden set (on the host, or into the local file `golden`) or compare with it."""
     base = ["--url", host.target.service.url, "--timeout", str(timeout)]
     on_host = golden_on_host(host)
@@ -179,16 +182,17 @@ def _identity(
             "checks.identity",
             [*base, "--record-golden", where, "--max-tokens", str(max_tokens)],
         )
+        data = cast(IdentityDoc, res.data)
         if golden and res.rc == 0:
-            doc = json.dumps(res.data["golden"], ensure_ascii=False, indent=1) + "\n"
+            doc = json.dumps(data["golden"], ensure_ascii=False, indent=1) + "\n"
             try:
                 kept = keep_previous(golden)
                 write_atomic(golden, doc.encode())
             except OSError as exc:
                 raise OpsError(f"cannot write golden file {golden}: {exc.strerror}") from None
-            res.data["path"] = str(golden)
-            res.data["kept"] = str(kept) if kept else None
-        return identity_check(res.data, recorded=res.rc == 0), res.data
+            data["path"] = str(golden)
+            data["kept"] = str(kept) if kept else None
+        return identity_check(data, recorded=res.rc == 0), data
     stdin = None
     if golden:
         try:
@@ -206,8 +210,8 @@ def _identity(
         detail = f"no golden set at {on_host} (record one with --record-golden)"
         return Check(name="identity", status="skip", detail=detail), None
     args = [*base, "--golden", source, "--aa-runs", str(aa_runs)]
-    res = run_check(host, "checks.identity", args, stdin)
-    return identity_check(res.data, recorded=False), res.data
+    data = cast(IdentityDoc, run_check(host, "checks.identity", args, stdin).data)
+    return identity_check(data, recorded=False), data
 
 
 def hook_check(host: Host) -> Check:

@@ -9,10 +9,11 @@ raises `LoadtestInterrupted`, which carries the report of the levels that finish
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
+from checks.docs import LevelDoc, LoadtestDoc
 from ops.dataplane import run_check
 from ops.errors import HostError, OpsError
 from ops.remote import Host
@@ -22,13 +23,18 @@ class LoadtestReport(BaseModel):
     target: str
     url: str
     settings: dict[str, Any]
-    levels: list[dict[str, Any]]
+    levels: list[dict[str, Any]]  # checks.docs.LevelDoc (stdlib TypedDict: see `level_docs`)
     interrupted: bool = False  # Ctrl-C: `levels` are the ones that finished
     planned: list[int] = []
 
     @property
+    def level_docs(self) -> list[LevelDoc]:
+        """The levels, typed (pydantic on Python 3.11 cannot validate a stdlib TypedDict)."""
+        return cast(list[LevelDoc], self.levels)
+
+    @property
     def ok(self) -> bool:
-        return not self.interrupted and all(level["failed"] == 0 for level in self.levels)
+        return not self.interrupted and all(lv["failed"] == 0 for lv in self.level_docs)
 
 
 class LoadtestInterrupted(KeyboardInterrupt):
@@ -57,7 +63,7 @@ def run_loadtest(
     input_len: int = 32,
     output_len: int = 32,
     timeout: float = 120.0,
-    on_level: Callable[[int, dict[str, Any]], None] = lambda c, level: None,
+    on_level: Callable[[int, LevelDoc], None] = lambda c, level: None,
 ) -> LoadtestReport:
     url = host.target.service.url
     settings = {
@@ -73,7 +79,7 @@ def run_loadtest(
     try:
         for c in levels:
             level = _level(host, url, c, requests, input_len, output_len, timeout)
-            report.levels.append(level)
+            report.levels.append(dict(level))
             on_level(c, level)
     except KeyboardInterrupt as exc:
         report.interrupted = True
@@ -83,7 +89,7 @@ def run_loadtest(
 
 def _level(
     host: Host, url: str, c: int, requests: int, input_len: int, output_len: int, timeout: float
-) -> dict[str, Any]:
+) -> LevelDoc:
     """One concurrency level, run on the host by `checks.loadtest`."""
     args = [
         "--url",
@@ -99,11 +105,12 @@ def _level(
         "--timeout",
         str(timeout),
     ]
-    res = run_check(host, "checks.loadtest", args, timeout=3600)
-    if not isinstance(res.data.get("level"), dict):
+    doc = cast(LoadtestDoc, run_check(host, "checks.loadtest", args, timeout=3600).data)
+    level = doc.get("level")
+    if not isinstance(level, dict):
         raise HostError(
-            f"c={c}: {res.data.get('message') or 'no level in its answer'}",
+            f"c={c}: {doc.get('message') or 'no level in its answer'}",
             target=host.name,
             step="module checks.loadtest",
         )
-    return {**res.data["level"], "requests": res.data["requests"], "warmup": res.data["warmup"]}
+    return {**level, "requests": doc["requests"], "warmup": doc["warmup"]}

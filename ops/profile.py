@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
+from checks.docs import CountersDoc, LevelDoc
 from ops.dataplane import data_plane_dir, run_check
 from ops.errors import OpsError
 from ops.loadtest import run_loadtest
@@ -102,11 +103,12 @@ def value(v: float, source: str, note: str, **kw: Any) -> dict[str, Any]:
     return {"value": v, "source": source, "note": note, **kw}
 
 
-def snapshot(host: Host) -> dict[str, Any]:
-    return run_check(host, "checks.probe", ["--url", host.target.service.url, "--counters"]).data
+def snapshot(host: Host) -> CountersDoc:
+    args = ["--url", host.target.service.url, "--counters"]
+    return cast(CountersDoc, run_check(host, "checks.probe", args).data)
 
 
-def breakdown(snap: dict[str, Any]) -> dict[str, Any] | None:
+def breakdown(snap: CountersDoc) -> dict[str, Any] | None:
     info = snap.get("server_info") or {}
     states = info.get("internal_states")
     if isinstance(states, list) and states and isinstance(states[0], dict):
@@ -115,7 +117,7 @@ def breakdown(snap: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def metric(snap: dict[str, Any], prefix: str) -> float | None:
+def metric(snap: CountersDoc, prefix: str) -> float | None:
     """The sum of the /metrics samples named `prefix` (any labels)."""
     samples = snap.get("metrics") or {}
     found = [v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{")]
@@ -134,9 +136,7 @@ def level_steps(before: dict[str, Any], after: dict[str, Any]) -> dict[int, dict
     return out
 
 
-def measured_level(
-    c: int, before: dict[str, Any], after: dict[str, Any], lt: dict[str, Any]
-) -> dict[str, Any]:
+def measured_level(c: int, before: CountersDoc, after: CountersDoc, lt: LevelDoc) -> dict[str, Any]:
     steps = level_steps(breakdown(before) or {}, breakdown(after) or {})
     if not steps:
         raise OpsError(f"concurrency {c}: the service ran no decode step during the level")
@@ -186,12 +186,12 @@ def measured_level(
     return level
 
 
-def _delta(before: dict[str, Any], after: dict[str, Any], name: str) -> float | None:
+def _delta(before: CountersDoc, after: CountersDoc, name: str) -> float | None:
     b, a = metric(before, name), metric(after, name)
     return None if a is None or b is None else a - b
 
 
-def throughput(lt: dict[str, Any]) -> dict[str, Any]:
+def throughput(lt: LevelDoc) -> dict[str, Any]:
     tok_s = lt.get("output_tok_per_s")
     if not tok_s:
         return {}
@@ -224,7 +224,7 @@ def cpu_baseline(host: Host, cwd: str, c: int, opts: ProfileOptions) -> dict[str
 
 
 def derived_level(
-    host: Host, cwd: str, c: int, lt: dict[str, Any], opts: ProfileOptions
+    host: Host, cwd: str, c: int, lt: LevelDoc, opts: ProfileOptions
 ) -> dict[str, Any]:
     level: dict[str, Any] = {"concurrency": c, "batch": c, "missing": []}
     level.update(throughput(lt))
@@ -277,7 +277,7 @@ def derived_level(
     return level
 
 
-def service_facts(snap: dict[str, Any]) -> dict[str, Any]:
+def service_facts(snap: CountersDoc) -> dict[str, Any]:
     info = snap.get("server_info") or {}
     keep = ("model", "mode", "preset", "device", "backends", "topk")
     out = {k: info.get(k) for k in keep if k in info}
@@ -312,7 +312,7 @@ def run_profile(
             host, [c], requests=opts.requests, input_len=opts.input_len,
             output_len=opts.output_len, timeout=opts.timeout,
         )  # fmt: skip
-        lt = rep.levels[0]
+        lt = rep.level_docs[0]
         after = snapshot(host)
         if breakdown(before) is not None and breakdown(after) is not None:
             level = measured_level(c, before, after, lt)

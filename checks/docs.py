@@ -1,0 +1,222 @@
+"""The JSON documents the `checks.*` modules print, as stdlib TypedDicts (no third-party import).
+
+The control plane reads a module's document through these types (`typing.cast` of the parsed
+JSON; nothing is validated twice); each module's docstring says which one it prints and what
+its keys mean. Keys a document has only in some outcomes are `NotRequired`. Every document has
+`ok` and `module`; bad input (exit 2) is `BadInput` from any module.
+"""
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+
+class BadInput(TypedDict):
+    """Exit 2 from any module: the arguments (or the golden file) are wrong."""
+
+    ok: Literal[False]
+    module: str
+    error: str  # "bad_input", "bad_golden"
+    message: str
+
+
+# -- checks.health ---------------------------------------------------------------------------
+class HealthCheckRow(TypedDict):
+    name: str  # health | health_generate | models | smoke | server_info
+    status: Literal["pass", "fail", "skip"]
+    detail: str
+    http: NotRequired[dict[str, Any]]  # status, latency, body excerpt (checks.http summary)
+    evidence: NotRequired[str]  # on a failure: what the service answered
+    models: NotRequired[list[str]]  # models: the ids /v1/models lists
+    avg_spec_accept_length: NotRequired[float | None]  # server_info: what the service reports
+    latency_ms: NotRequired[float]  # smoke: the completion's latency
+    text: NotRequired[str]  # smoke: what it answered
+    token_ids: NotRequired[list[int] | None]  # smoke: its token ids, where the service gives them
+
+
+class HealthDoc(TypedDict):
+    ok: bool
+    module: str
+    url: str
+    failed: list[str]
+    checks: list[HealthCheckRow]
+
+
+# -- checks.identity -------------------------------------------------------------------------
+class PromptRow(TypedDict):
+    id: str
+    kind: str | None
+    compared: Literal["ids", "text"]
+    match: bool
+    first_divergence: int | None
+    golden_continuation: NotRequired[list[int] | str]
+    got_continuation: NotRequired[list[int] | str]
+    self_consistent: bool
+
+
+class IdentityDoc(TypedDict):
+    """Compare (`--golden`), record (`--record-golden`) or a failed request (`error`)."""
+
+    ok: bool
+    module: str
+    error: NotRequired[str]  # "request_failed"
+    message: NotRequired[str]
+    evidence: NotRequired[str]
+    # --record-golden
+    recorded: NotRequired[int]
+    path: NotRequired[str]
+    kept: NotRequired[str | None]
+    golden: NotRequired[dict[str, Any]]  # the golden set itself (schema ddtree-ops/golden/v1)
+    # --golden
+    concurrency: NotRequired[int]
+    total: NotRequired[int]
+    matched: NotRequired[int]
+    identity_pct: NotRequired[float]
+    mismatched: NotRequired[list[str]]
+    nondeterministic: NotRequired[list[str]]
+    aa_runs: NotRequired[int]
+    golden_model: NotRequired[str | None]
+    service: NotRequired[dict[str, Any]]
+    warnings: NotRequired[list[str]]
+    prompts: NotRequired[list[PromptRow]]
+
+
+# -- checks.gpus -----------------------------------------------------------------------------
+class GpuProcess(TypedDict):
+    pid: int | None
+    gpu_uuid: str
+    gpu_bus_id: str | None
+    used_memory_mib: int | None
+    process_name: str | None
+    service: NotRequired[bool | None]  # a descendant of --service-pid (None: pid not visible)
+
+
+class GpuRow(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    memory_free_mib: int | None
+    utilization_pct: int | None
+    sm_clock_mhz: int | None
+    temperature_c: int | None
+    throttle_reasons: list[str]
+    driver_version: str | None
+    compute_cap: str | None
+    arch: str | None  # sm_90 for compute capability 9.0
+    processes: list[GpuProcess]
+
+
+class GpusDoc(TypedDict):
+    ok: bool
+    module: str
+    device_order: str  # always PCI_BUS_ID
+    service_pid: int | None
+    problems: list[str]
+    available: bool  # nvidia-smi found
+    reason: NotRequired[str]  # why not available
+    error: NotRequired[str]  # nvidia-smi hung or failed
+    gpus: list[GpuRow]
+
+
+# -- checks.loadtest -------------------------------------------------------------------------
+class Dist(TypedDict):
+    """Milliseconds; None without samples."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+
+
+class AcceptLength(TypedDict):
+    value: float | None
+    source: str  # where the service reported it, or "not reported by the service"
+
+
+class LevelDoc(TypedDict):
+    concurrency: int
+    completed: int
+    failed: int
+    errors: dict[str, int]  # error -> requests that met it
+    duration_s: float
+    request_per_s: float | None
+    output_tok_per_s: float | None
+    output_tokens: int
+    ttft_ms: Dist
+    tpot_ms: Dist
+    itl_ms: Dist
+    e2e_ms: Dist
+    accept_length: AcceptLength
+    requests: NotRequired[int]  # added by ops.loadtest: measured requests
+    warmup: NotRequired[int]  # added by ops.loadtest: uncounted requests first
+
+
+class LoadtestDoc(TypedDict):
+    ok: bool
+    module: str
+    url: str
+    error: NotRequired[str]  # "crashed"
+    message: NotRequired[str]
+    requests: NotRequired[int]
+    warmup: NotRequired[int]
+    input_len: NotRequired[int]
+    output_len: NotRequired[int]
+    level: NotRequired[LevelDoc]
+
+
+# -- checks.probe ----------------------------------------------------------------------------
+class Phase(TypedDict):
+    n: int
+    answered: int
+    failed: int
+    ms: list[float]
+    p25_ms: float | None
+    p50_ms: float | None
+    p75_ms: float | None
+    errors: list[str]
+
+
+class CmdRun(TypedDict):
+    argv: list[str]
+    pid: int
+    rc: int | None
+    killed: bool
+    timed_out: bool
+    duration_s: float
+    document: dict[str, Any] | None  # CMD's stdout when it is one JSON document
+    stdout_tail: str
+    stderr_tail: str
+
+
+class ProbeDoc(TypedDict):
+    ok: bool
+    module: str
+    measured: bool
+    unmeasured_reason: str | None
+    threshold: float
+    limit_ms: float | None
+    request: dict[str, Any]
+    during_request_timeout_s: float | None
+    interval_s: float
+    window: int
+    before: Phase
+    during: Phase  # plus at_s: when each request was sent
+    after: Phase
+    tripped: bool
+    stopped_early: bool
+    trip: dict[str, Any] | None  # the stop rule that fired: why, at_s, limit_ms, reason
+    warnings: list[str]
+    cmd: CmdRun
+
+
+class CountersDoc(TypedDict):
+    """`--counters`: one snapshot of the service's counters."""
+
+    ok: bool
+    module: str
+    at: float  # unix time
+    server_info: dict[str, Any] | None
+    server_info_status: int | str | None
+    metrics: dict[str, float] | None  # /metrics samples by name{labels}, buckets left out
+    metrics_status: int | str | None
