@@ -11,9 +11,10 @@ rows runs ceil(R / C) chunks and pads the last one (token 0 at position 0, its K
 the pool's trash slot). Every chunk has the same shapes, so a row's arithmetic does not depend
 on the batch (see engine.model).
 
-CUDA graphs, the way SGLang's piecewise capture does it: each segment (`pre` of layer l, `post`
-of layer l, `head`) of chunk j is captured once, on first use, as its own graph over the static
-buffers, and replayed afterwards; attention runs eagerly between them with the step's real
+CUDA graphs, the way SGLang's piecewise capture does it: everything between two attentions
+(`post` of layer l-1 and `pre` of layer l, for every chunk of the forward) is captured once per
+chunk count, on first use, as one graph over the static buffers, and replayed afterwards: a
+forward is layers + 1 graph launches. Attention runs eagerly between them with the step's real
 lengths, which is also where its time is measured (CUDA events, read after the step's sync, so
 the timing costs no extra sync). `graphs=False` (`--no-cuda-graphs`,
 DDTREE_ENGINE_CUDA_GRAPHS=0) runs the same segments eagerly.
@@ -92,7 +93,7 @@ class Forward:
         self.q = torch.zeros(n, cfg.heads, cfg.kv_dim, device=dev)
         self.o = torch.zeros(n, cfg.heads, cfg.kv_lora_rank, device=dev)
         self.logits = torch.zeros(n, cfg.vocab_size, device=dev)
-        self._captured: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
+        self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
 
     @property
@@ -115,15 +116,28 @@ class Forward:
         s = slice(j * self.chunk, (j + 1) * self.chunk)
         self.logits[s] = self.model.head(self.xs[-1, s])
 
-    def _segment(self, kind: str, layer: int, j: int) -> None:
-        fn = {"pre": self._pre, "post": self._post, "head": self._head}[kind]
+    def _piece(self, piece: int, chunks: int) -> None:
+        """Everything between two attentions, for chunks 0 .. chunks - 1: piece 0 is layer 0's
+        `pre`; piece l is layer l-1's `post` and layer l's `pre`; the last is the last layer's
+        `post` and the head. One CUDA graph per (piece, chunks), captured on first use."""
+        last = self.model.cfg.layers
+
+        def run() -> None:
+            for j in range(chunks):
+                if piece > 0:
+                    self._post(piece - 1, j)
+                if piece < last:
+                    self._pre(piece, j)
+                else:
+                    self._head(0, j)
+
         if not self.graphs:
-            fn(layer, j)
+            run()
             return
-        key = (kind, layer, j)
+        key = (piece, chunks)
         graph = self._captured.get(key)
         if graph is None:
-            graph = self._capture(lambda: fn(layer, j))
+            graph = self._capture(run)
             self._captured[key] = graph
         graph.replay()
 
@@ -156,16 +170,12 @@ class Forward:
         self.inputs[:, :end] = torch.from_numpy(host).to(self.inputs.device)
         plan = attention.plan(rows.table, rows.lens, self.model.device)
         for layer in range(cfg.layers):
-            for j in range(chunks):
-                self._segment("pre", layer, j)
+            self._piece(layer, chunks)
             out = timer.span(
                 lambda layer=layer: attention(
                     self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
                 )
             )
             self.o[:n] = out
-            for j in range(chunks):
-                self._segment("post", layer, j)
-        for j in range(chunks):
-            self._segment("head", 0, j)
+        self._piece(cfg.layers, chunks)
         return self.logits[:n]
