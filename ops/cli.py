@@ -1,8 +1,12 @@
 """The `ops` command line. Thin: parse, call one function, print, set the exit code.
 
+The app and its groups are assembled here; the commands live in `ops.cli_*`, each one a
+function that parses its options and hands an action to `cli_common.on_target` (open the
+target, run it inside a run record, render its typed result), wrapped by `cli_common.command`.
 Every command takes `--json` (one JSON document on stdout) and `--inventory PATH` (or
-`$OPS_INVENTORY`). A user mistake or an unreachable host is one line on stderr and exit 2,
-never a traceback. Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configuration, 3 HOLD.
+`$OPS_INVENTORY`), before or after the command's name (both land on `ctx.obj`). A user
+mistake or an unreachable host is one line on stderr and exit 2, never a traceback.
+Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configuration, 3 HOLD.
 """
 
 from __future__ import annotations

@@ -180,7 +180,9 @@ def on_target(
     show: Callable[[R], None],
     *,
     key: str | None = None,
-    **render: Any,
+    doc: Callable[[Done[R]], dict[str, Any]] = ok_doc,
+    always: Callable[[Done[R]], None] | None = None,
+    record_line: bool = True,
 ) -> int:
     """The body of a command on one target: resolve it, open it, run `act` inside a run record
     named `name` (inputs: the target's name and `inputs`; the result under `key`, default
@@ -193,7 +195,7 @@ def on_target(
             return act(host)
 
     run, done = recorded(name, t, {"target": t.name, **inputs}, body, key=key)
-    return finish(st, run, done, show, **render)
+    return finish(st, run, done, show, doc=doc, always=always, record_line=record_line)
 
 
 def recorded(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -49,3 +50,16 @@ def test_bad_flags_and_values_are_one_line(args: tuple[str, ...], says: str) -> 
 def test_no_command_shows_the_help() -> None:
     res = ops()
     assert res.returncode == 2 and "Commands:" in res.stdout and "Traceback" not in res.stderr
+
+
+def test_shared_options_before_or_after_the_command(tmp_path) -> None:
+    """--json and --inventory live on the typer context: either place gives the same answer."""
+    after, before = ops("hosts", "--json"), ops("--json", "hosts")
+    assert after.returncode == before.returncode == 0
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+    assert json.loads(before.stdout)["targets"][0]["name"] == "local"
+    missing = str(tmp_path / "missing.toml")
+    for args in (("hosts", "-i", missing), ("-i", missing, "hosts")):
+        res = ops(*args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert "missing.toml" in res.stderr and "Traceback" not in res.stderr
