@@ -3,6 +3,8 @@
 A forward's rows each see an explicit list of KV slots in position order (`table[i, :lens[i]]`:
 the prefix, then the row's tree ancestors, then itself). A backend turns that into a *plan*
 once per forward (index tensors on the device) and then runs one layer's attention per call.
+The plans and calls live in `kernels.row_attention` (which the kernel bench's `row_attention`
+rows time as they run here); this module names them as the engine's backends.
 
 Batch invariance (DDTree output == AR output, bit for bit) needs a row's arithmetic to depend
 only on its own visible keys, never on which other rows share the call:
@@ -17,11 +19,17 @@ only on its own visible keys, never on which other rows share the call:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from kernels.row_attention import RowGroup as _Group
+from kernels.row_attention import RowwisePlan as _RowwisePlan
+from kernels.row_attention import cuda_rows, rowwise_plan, torch_rows, torch_rows_plan
+from kernels.row_attention import reference_rows as reference_attention
+
+__all__ = ["Attention", "CudaAttention", "TorchAttention", "reference_attention", "rowwise_plan"]
 
 
 class Attention(Protocol):
@@ -38,14 +46,6 @@ class Attention(Protocol):
         ...
 
 
-@dataclass
-class _Group:
-    rows: torch.Tensor  # [rows_per_call] int64, padded with the group's first row
-    count: int  # real rows in `rows`
-    table: torch.Tensor  # [rows_per_call, Lb] int64 slots
-    mask: torch.Tensor  # [rows_per_call, 1, Lb] bool, True past the row's length
-
-
 class TorchAttention:
     """Batched torch attention with fixed shapes per (length bucket, rows_per_call)."""
 
@@ -55,69 +55,12 @@ class TorchAttention:
         self.bucket, self.rows_per_call = bucket, rows_per_call
 
     def plan(self, table: np.ndarray, lens: np.ndarray, device: torch.device) -> list[_Group]:
-        lens = np.asarray(lens, dtype=np.int64)
-        padded_len = -(-lens // self.bucket) * self.bucket
-        width = int(padded_len.max())
-        if table.shape[1] < width:  # pad with slot 0 (finite; masked out)
-            table = np.pad(table, ((0, 0), (0, width - table.shape[1])))
-        c = self.rows_per_call
-        metas, rows_l, tabs = [], [], []
-        for lb in np.unique(padded_len):
-            members = np.flatnonzero(padded_len == lb)
-            for start in range(0, len(members), c):
-                part = members[start : start + c]
-                rows = np.concatenate([part, np.full(c - len(part), part[0])])
-                metas.append((int(lb), len(part)))
-                rows_l.append(rows)
-                tabs.append(table[rows, :lb].reshape(-1))
-        # one upload for every group: row ids, then the slot tables, then the lengths
-        all_rows = np.concatenate(rows_l)
-        flat = torch.from_numpy(np.concatenate([all_rows, *tabs, lens[all_rows]])).to(device)
-        n_rows = len(all_rows)
-        rows_d, rest = flat[:n_rows], flat[n_rows:]
-        lens_d = rest[-n_rows:]
-        groups, off = [], 0
-        for g, (lb, count) in enumerate(metas):
-            tab = rest[off : off + c * lb].view(c, lb)
-            off += c * lb
-            own = lens_d[g * c : (g + 1) * c, None, None]
-            mask = torch.arange(lb, device=device)[None, None, :] >= own
-            groups.append(_Group(rows_d[g * c : (g + 1) * c], count, tab, mask))
-        return groups
+        return torch_rows_plan(table, lens, device, self.bucket, self.rows_per_call)
 
     def __call__(
         self, q: torch.Tensor, pool: torch.Tensor, plan: list[_Group], scale: float, latent_dim: int
     ) -> torch.Tensor:
-        out = torch.empty(q.shape[0], q.shape[1], latent_dim, device=q.device, dtype=q.dtype)
-        for g in plan:
-            keys = pool[g.table]  # [C, Lb, kv_dim]
-            s = torch.bmm(q.index_select(0, g.rows), keys.transpose(1, 2)) * scale
-            p = torch.softmax(s.masked_fill(g.mask, float("-inf")), dim=-1)  # [C, heads, Lb]
-            o = torch.bmm(p, keys[..., :latent_dim].contiguous())
-            out.index_copy_(0, g.rows[: g.count], o[: g.count])
-        return out
-
-
-@dataclass
-class _RowwisePlan:
-    block_table: torch.Tensor  # [R, W] int32
-    prefix_lens: torch.Tensor  # [R] int32: the row's own length - 1
-    tree_lens: torch.Tensor  # [R] int32: ones
-    visibility: torch.Tensor  # [R, 1, 1] bool
-    max_kv_len: int
-
-
-def rowwise_plan(table: np.ndarray, lens: np.ndarray, device: torch.device) -> _RowwisePlan:
-    """The CUDA kernel's ragged layout with every row as its own request.
-
-    Row i becomes request i with a root-only tree (T = 1) whose "prefix" is its visible keys in
-    position order but the last (itself), over a page_size-1 view `[slots, 1, kv_dim]` of the
-    pool with block table `table[i, :lens[i]]`.
-    """
-    lens_t = torch.as_tensor(np.asarray(lens), dtype=torch.int32).to(device)
-    bt = torch.from_numpy(np.ascontiguousarray(table)).to(device=device, dtype=torch.int32)
-    vis = torch.ones(len(lens), 1, 1, dtype=torch.bool, device=device)
-    return _RowwisePlan(bt, lens_t - 1, torch.ones_like(lens_t), vis, int(np.max(lens)))
+        return torch_rows(q, pool, plan, scale, latent_dim)
 
 
 class CudaAttention:
@@ -131,33 +74,4 @@ class CudaAttention:
     def __call__(
         self, q: torch.Tensor, pool: torch.Tensor, plan: _RowwisePlan, scale: float, latent_dim: int
     ) -> torch.Tensor:
-        from kernels.cuda_attention import tree_verify_attention
-
-        kv = pool.view(pool.shape[0], 1, pool.shape[1])
-        out = tree_verify_attention(
-            q.contiguous(),
-            kv,
-            plan.block_table,
-            plan.prefix_lens,
-            plan.tree_lens,
-            plan.visibility,
-            scale,
-            max_kv_len=plan.max_kv_len,
-            num_splits=1,
-            algo="simt",
-            check=False,
-        )
-        return out[..., :latent_dim]
-
-
-def reference_attention(
-    q: torch.Tensor, pool: torch.Tensor, table: np.ndarray, lens: np.ndarray, scale: float,
-    latent_dim: int,
-) -> torch.Tensor:  # fmt: skip
-    """Row by row over exactly the visible keys, in float64: the tests' yardstick."""
-    outs = []
-    for i, n in enumerate(lens):
-        keys = pool.index_select(0, torch.as_tensor(table[i, :n], device=pool.device)).double()
-        p = torch.softmax(torch.mm(q[i].double(), keys.t()) * scale, dim=-1)
-        outs.append(torch.mm(p, keys[:, :latent_dim]))
-    return torch.stack(outs)
+        return cuda_rows(q, pool, plan, scale, latent_dim)

@@ -43,6 +43,14 @@ class BenchConfig:
     tree_scale: float = 2.5  # drafter logits ~ N(0, scale^2): larger = peaked = deeper trees
     variants: list[str] = field(default_factory=lambda: ["auto"])  # kernel algorithms to time
     sweep: bool = False  # attn: also every KV split count of the sweep at the target sizes
+    prefix_lens: list[int] = field(default_factory=lambda: [64, 1024])  # attn row_attention: L
+    row_budget: int = 16  # attn row_attention: tree nodes per request (T = row_budget + 1 rows)
+
+    def __post_init__(self) -> None:
+        if not self.prefix_lens or min(self.prefix_lens) < 1:
+            raise ValueError(f"--prefix-len takes lengths >= 1 like 64,1024: {self.prefix_lens}")
+        if self.row_budget < 0:
+            raise ValueError(f"--row-budget must be >= 0, got {self.row_budget}")
 
 
 def suites() -> dict[str, SuiteFn]:
@@ -210,6 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sweep", action="store_true", help="attn: every KV split count too")
     ap.add_argument(
+        "--prefix-len",
+        default="64,1024",
+        help="attn row_attention: prefix lengths L (keys before the tree) of the decode step",
+    )
+    ap.add_argument(
+        "--row-budget",
+        type=int,
+        default=16,
+        help="attn row_attention: tree nodes per request (T = budget + 1 rows; engine small: 16)",
+    )
+    ap.add_argument(
         "--compare",
         nargs=2,
         metavar=("BASE.json[,...]", "NEW.json[,...]"),
@@ -230,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             tree_scale=args.tree_scale,
             variants=[v for v in args.variants.split(",") if v],
             sweep=args.sweep,
+            prefix_lens=_ints(args.prefix_len),
+            row_budget=args.row_budget,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

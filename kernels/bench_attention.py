@@ -10,10 +10,25 @@ achieved TFLOP/s (dense count: masked tree columns included) and TB/s against th
 ceilings (790 TFLOP/s bf16, 4.3 TB/s) and the relative error against SDPA in fp32. `--sweep`
 adds rows (kernel `tree_verify_attention_splits`) for each forced KV split count at the two
 target sizes.
+
+Kernel `row_attention` is the reference engine's attention call as it runs (fp32, the `small`
+preset's 8 heads over 576-wide KV rows, 512 latent): one decode step of `B` requests (the
+`--batch` list), each `T` = `--row-budget` + 1 rows (root + tree nodes, random trees) over a
+prefix of `L` keys (each of `--prefix-len`) in 64-slot pages, every row seeing its prefix,
+its ancestors and itself (`kernels.row_attention.step_rows`). `torch_rows` is the engine's
+`torch` backend (`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows`
+its `cuda` backend (the tree-verify kernel with every row its own request, fp32 SIMT, one
+split); each times one layer's call with CUDA events, the plan built once beforehand, as the
+engine's attention stage does. These rows give `ops report` its s(c) for the change
+`attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with `change.shape`). Without
+a CUDA device the suite prints a note and yields no rows.
 """
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 import torch
 
 from kernels.bench import BenchConfig, Row, impl_name, row
@@ -165,14 +180,87 @@ def sweep_rows(variants: tuple[str, ...], reps: int = 20) -> list[Row]:
     return rows
 
 
+ROW_HEADS, ROW_KV, ROW_LATENT = 8, 576, 512  # the engine's `small` preset
+ROW_SCALE = 128**-0.5  # its softmax scale: (qk_nope_dim 64 + qk_rope_dim 64) ** -0.5
+ROW_PAGE, ROW_BUCKET, ROW_PER_CALL = 64, 64, 64  # its page size; TorchAttention on a GPU
+ROW_ROTATE = 200_000_000  # bytes of KV over the input sets (> 4x the 50 MB L2)
+ROW_TOL = 1e-5  # relative error (norm) of an fp32 row result against float64
+
+
+def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int) -> tuple:
+    """One pool (fp32, on the GPU) for every input set, each set's B requests in pages of
+    their own (shuffled over the pool), and per set the step's rows (table, lens) and q."""
+    from kernels.row_attention import random_parents, step_rows
+
+    rng = np.random.default_rng(seed)
+    per_req = -(-(prefix + t) // ROW_PAGE)
+    order = rng.permutation(sets * b * per_req).reshape(sets, b, per_req)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pool = torch.randn(sets * b * per_req * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
+    steps = []
+    for s in range(sets):
+        parents = [random_parents(rng, t) for _ in range(b)]
+        table, lens = step_rows([prefix] * b, parents, order[s], ROW_PAGE)
+        q = torch.randn(b * t, ROW_HEADS, ROW_KV, device="cuda", generator=gen)
+        steps.append((table, lens, q))
+    return pool, steps
+
+
+def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
+                       refcheck: bool = True) -> list[Row]:  # fmt: skip
+    """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys."""
+    from kernels import row_attention as ra
+
+    per_set = b * -(-(prefix + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
+    sets = max(2, min(64, -(-ROW_ROTATE // per_set)))
+    pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
+    dev = pool.device
+    tplans = [ra.torch_rows_plan(tb, ln, dev, ROW_BUCKET, ROW_PER_CALL) for tb, ln, _ in steps]
+    cplans = [ra.rowwise_plan(tab, lens, dev) for tab, lens, _ in steps]
+    qs = [q for _, _, q in steps]
+    impls = {
+        "torch_rows": lambda i: ra.torch_rows(qs[i], pool, tplans[i], ROW_SCALE, ROW_LATENT),
+        "cuda_rows": lambda i: ra.cuda_rows(qs[i], pool, cplans[i], ROW_SCALE, ROW_LATENT),
+    }
+    extra = {
+        "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
+        "cuda_rows": {"algo": "simt", "num_splits": 1},
+    }
+    want = None
+    if refcheck:
+        table, lens, _ = steps[0]
+        want = ra.reference_rows(qs[0], pool, table, lens, ROW_SCALE, ROW_LATENT)
+    shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
+    rows: list[Row] = []
+    for impl, fn in impls.items():
+        check: dict = {}
+        if want is not None:
+            got = fn(0).double()
+            rel = float((got - want).norm() / want.norm())
+            check = {"rel_err_vs_fp64": rel, "refcheck": rel < ROW_TOL}
+        timing = time_cuda(fn, sets, reps=reps)
+        rows.append(row("attn", "row_attention", impl, shape, timing, rows=b * t,
+                        input_sets=sets, **extra[impl], **check))  # fmt: skip
+    return rows
+
+
 def attn_suite(cfg: BenchConfig) -> list[Row]:
-    """`python -m kernels.bench --suite attn`: cuda, cuda_graph and torch_sdpa rows per size."""
+    """`python -m kernels.bench --suite attn`: cuda, cuda_graph and torch_sdpa rows per size,
+    then the engine's call (`row_attention`: torch_rows, cuda_rows) per batch and prefix."""
     from kernels.cuda_attention import ALGOS
 
+    if not torch.cuda.is_available():
+        print("note: attn suite: no CUDA device, no rows (tree_verify_attention, row_attention)",
+              file=sys.stderr)  # fmt: skip
+        return []
     variants = tuple(v for v in cfg.variants if v in ALGOS) or ("auto",)
     rows: list[Row] = []
     for size in SIZES[:2] if cfg.quick else SIZES:
         rows += bench_size(*size, reps=cfg.reps, variants=variants)
     if cfg.sweep:
         rows += sweep_rows(variants)
+    for prefix in cfg.prefix_lens:
+        for b in cfg.batches:
+            rows += row_attention_rows(b, cfg.row_budget + 1, prefix, cfg.reps, cfg.refcheck)
+            torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
     return rows

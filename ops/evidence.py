@@ -45,6 +45,12 @@ Models (extra fields are allowed and kept, so a producer may record more than is
   two impls whose medians give s(c) (tree_build: suite "tree", build_trees, reference ->
   cpu_python, cpp -> cpu_cpp, cuda -> cuda_events); `shape` optionally pins other shape keys
   (e.g. {"budget": 16, "K": 8}); `baseline_impl` / `candidate_impl` override the map.
+  `bench_kernel` optionally picks another kernel of the component (BENCH_KERNELS) with its own
+  impl names: for `attention`, `row_attention` is the reference engine's own call (suite attn,
+  fp32, torch -> torch_rows, cuda -> cuda_rows; shape B, T = budget + 1 rows, L = prefix keys,
+  heads, kv_dim, dtype), so a rollout of the engine's attention pins e.g.
+  `bench_kernel: row_attention, shape: {T: 17, L: 1024}` (playbooks/rollout-attention.yaml);
+  without it, attention's s(c) is the generic tree_verify_attention (bf16) against torch SDPA.
 
 `load_record(path)` reads and validates one record; a missing file, bad JSON or a bad field
 raises `BadRecord`, one line naming the file and the field (exit 2).
@@ -56,7 +62,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ops.errors import OpsError
 from ops.healthcheck import HealthReport
@@ -200,6 +206,7 @@ class Change(_Open):
     shape: dict[str, Any] = Field(default_factory=dict)
     baseline_impl: str | None = None
     candidate_impl: str | None = None
+    bench_kernel: str | None = None  # another kernel of the component's (BENCH_KERNELS)
 
     @field_validator("baseline", "candidate")
     @classmethod
@@ -208,9 +215,16 @@ class Change(_Open):
             raise ValueError(f"unknown backend {v!r}; known: {sorted(BACKEND_IMPL)}")
         return v
 
+    @model_validator(mode="after")
+    def _kernel(self) -> Change:
+        check_bench_kernel(self.component, self.bench_kernel)
+        return self
+
     def bench_map(self) -> tuple[str, str, str, str]:
         """(suite, kernel, baseline impl, candidate impl) of the bench rows giving s(c)."""
         suite, kernel, impls = BENCH_MAP[self.component]
+        if self.bench_kernel is not None:
+            _, suite, kernel, impls = BENCH_KERNELS[self.bench_kernel]
         base = self.baseline_impl or impls.get(self.baseline, BACKEND_IMPL[self.baseline])
         cand = self.candidate_impl or impls.get(self.candidate, BACKEND_IMPL[self.candidate])
         return suite, kernel, base, cand
@@ -232,6 +246,22 @@ BENCH_MAP: dict[str, tuple[str, str, dict[str, str]]] = {
     "topk": ("topk", "topk_logprobs", {}),
     "attention": ("attn", "tree_verify_attention", {"torch": "torch_sdpa", "cuda": "cuda"}),
 }
+# kernel -> (component, suite, kernel, impls): what `Change.bench_kernel` may name
+BENCH_KERNELS: dict[str, tuple[str, str, str, dict[str, str]]] = {
+    "tree_verify_attention": ("attention", *BENCH_MAP["attention"]),
+    "row_attention": ("attention", "attn", "row_attention",
+                      {"torch": "torch_rows", "cuda": "cuda_rows"}),
+}  # fmt: skip
+
+
+def check_bench_kernel(component: str, kernel: str | None) -> None:
+    """ValueError unless `kernel` is None or a bench kernel of `component` (BENCH_KERNELS)."""
+    if kernel is None:
+        return
+    known = sorted(k for k, v in BENCH_KERNELS.items() if v[0] == component)
+    if BENCH_KERNELS.get(kernel, ("",))[0] != component:
+        names = " | ".join(known) or "none"
+        raise ValueError(f"bench_kernel: {kernel!r} is not a bench kernel of {component} ({names})")
 
 
 class MeasureLevel(_Open):

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ops.errors import OpsError
-from ops.evidence import Change
+from ops.evidence import Change, check_bench_kernel
 from ops.inventory import COMPONENT_KINDS
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
@@ -84,9 +84,11 @@ class ChangeSpec(_Strict):
     baseline: str
     candidate: str
     shape: dict[str, int | str] = Field(default_factory=dict)  # pins bench shape keys for s(c)
+    bench_kernel: str | None = None  # the bench kernel giving s(c) (ops.evidence.BENCH_KERNELS)
 
     @model_validator(mode="after")
     def _kinds(self) -> ChangeSpec:
+        check_bench_kernel(self.component, self.bench_kernel)
         kinds = COMPONENT_KINDS[self.component]
         for field in ("baseline", "candidate"):
             if getattr(self, field) not in kinds:

@@ -1,0 +1,187 @@
+"""Row attention of a batched forward: every row over its own list of KV slots, in one plan.
+
+The engine-independent half of the reference engine's two attention backends
+(`engine.attention` wraps these; this module never imports `engine`), and what the kernel bench's
+`row_attention` rows time (`kernels.bench_attention`). A forward's rows each see an explicit list
+of KV slots in position order (`table[i, :lens[i]]`: the prefix, then the row's tree ancestors,
+then itself). A *plan* is built once per forward (index tensors on the device); each call then
+runs one layer's attention of every row: q [R, heads, kv_dim], pool [slots, kv_dim] -> out
+[R, heads, latent_dim].
+
+Batch invariance (a row's result bit-identical in any batch) needs a row's arithmetic to depend
+only on its own visible keys, never on which other rows share the call:
+- `torch_rows` (plan `torch_rows_plan`): rows are grouped by their own padded length
+  `Lb = ceil(len / bucket) * bucket` (a function of the row alone) and run in calls of a fixed
+  number of rows (`rows_per_call`, padded), so every bmm / softmax has one of a few fixed shapes;
+  keys past a row's length are masked to -inf and contribute exact zeros.
+- `cuda_rows` (plan `rowwise_plan`): the CUDA tree-verify kernel with every row as its own
+  request (a page-size-1 view of the pool), one KV split and the fp32 SIMT path: the kernel walks
+  a row's keys in order, so the row's result is the same whatever the batch.
+
+`step_rows` builds the rows of one decode step the way the engine's verify does (B requests of
+T = budget + 1 rows over a paged prefix of L keys); `reference_rows` is the float64 yardstick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "RowGroup",
+    "RowwisePlan",
+    "cuda_rows",
+    "random_parents",
+    "reference_rows",
+    "rowwise_plan",
+    "step_rows",
+    "torch_rows",
+    "torch_rows_plan",
+]
+
+
+@dataclass
+class RowGroup:
+    rows: torch.Tensor  # [rows_per_call] int64, padded with the group's first row
+    count: int  # real rows in `rows`
+    table: torch.Tensor  # [rows_per_call, Lb] int64 slots
+    mask: torch.Tensor  # [rows_per_call, 1, Lb] bool, True past the row's length
+
+
+def torch_rows_plan(
+    table: np.ndarray, lens: np.ndarray, device: torch.device, bucket: int = 64,
+    rows_per_call: int = 16,
+) -> list[RowGroup]:  # fmt: skip
+    """The groups of fixed shape (length bucket, rows_per_call) of the rows [R, W] / [R]."""
+    lens = np.asarray(lens, dtype=np.int64)
+    padded_len = -(-lens // bucket) * bucket
+    width = int(padded_len.max())
+    if table.shape[1] < width:  # pad with slot 0 (finite; masked out)
+        table = np.pad(table, ((0, 0), (0, width - table.shape[1])))
+    c = rows_per_call
+    metas, rows_l, tabs = [], [], []
+    for lb in np.unique(padded_len):
+        members = np.flatnonzero(padded_len == lb)
+        for start in range(0, len(members), c):
+            part = members[start : start + c]
+            rows = np.concatenate([part, np.full(c - len(part), part[0])])
+            metas.append((int(lb), len(part)))
+            rows_l.append(rows)
+            tabs.append(table[rows, :lb].reshape(-1))
+    # one upload for every group: row ids, then the slot tables, then the lengths
+    all_rows = np.concatenate(rows_l)
+    flat = torch.from_numpy(np.concatenate([all_rows, *tabs, lens[all_rows]])).to(device)
+    n_rows = len(all_rows)
+    rows_d, rest = flat[:n_rows], flat[n_rows:]
+    lens_d = rest[-n_rows:]
+    groups, off = [], 0
+    for g, (lb, count) in enumerate(metas):
+        tab = rest[off : off + c * lb].view(c, lb)
+        off += c * lb
+        own = lens_d[g * c : (g + 1) * c, None, None]
+        mask = torch.arange(lb, device=device)[None, None, :] >= own
+        groups.append(RowGroup(rows_d[g * c : (g + 1) * c], count, tab, mask))
+    return groups
+
+
+def torch_rows(
+    q: torch.Tensor, pool: torch.Tensor, plan: list[RowGroup], scale: float, latent_dim: int
+) -> torch.Tensor:
+    """One layer's attention of every row, one fixed-shape bmm/softmax/bmm per group."""
+    out = torch.empty(q.shape[0], q.shape[1], latent_dim, device=q.device, dtype=q.dtype)
+    for g in plan:
+        keys = pool[g.table]  # [C, Lb, kv_dim]
+        s = torch.bmm(q.index_select(0, g.rows), keys.transpose(1, 2)) * scale
+        p = torch.softmax(s.masked_fill(g.mask, float("-inf")), dim=-1)  # [C, heads, Lb]
+        o = torch.bmm(p, keys[..., :latent_dim].contiguous())
+        out.index_copy_(0, g.rows[: g.count], o[: g.count])
+    return out
+
+
+@dataclass
+class RowwisePlan:
+    block_table: torch.Tensor  # [R, W] int32
+    prefix_lens: torch.Tensor  # [R] int32: the row's own length - 1
+    tree_lens: torch.Tensor  # [R] int32: ones
+    visibility: torch.Tensor  # [R, 1, 1] bool
+    max_kv_len: int
+
+
+def rowwise_plan(table: np.ndarray, lens: np.ndarray, device: torch.device) -> RowwisePlan:
+    """The CUDA kernel's ragged layout with every row as its own request.
+
+    Row i becomes request i with a root-only tree (T = 1) whose "prefix" is its visible keys in
+    position order but the last (itself), over a page_size-1 view `[slots, 1, kv_dim]` of the
+    pool with block table `table[i, :lens[i]]`.
+    """
+    lens_t = torch.as_tensor(np.asarray(lens), dtype=torch.int32).to(device)
+    bt = torch.from_numpy(np.ascontiguousarray(table)).to(device=device, dtype=torch.int32)
+    vis = torch.ones(len(lens), 1, 1, dtype=torch.bool, device=device)
+    return RowwisePlan(bt, lens_t - 1, torch.ones_like(lens_t), vis, int(np.max(lens)))
+
+
+def cuda_rows(
+    q: torch.Tensor, pool: torch.Tensor, plan: RowwisePlan, scale: float, latent_dim: int
+) -> torch.Tensor:
+    """The CUDA tree-verify kernel (fp32 SIMT, one split), one launch for all rows."""
+    from kernels.cuda_attention import tree_verify_attention
+
+    kv = pool.view(pool.shape[0], 1, pool.shape[1])
+    out = tree_verify_attention(
+        q.contiguous(),
+        kv,
+        plan.block_table,
+        plan.prefix_lens,
+        plan.tree_lens,
+        plan.visibility,
+        scale,
+        max_kv_len=plan.max_kv_len,
+        num_splits=1,
+        algo="simt",
+        check=False,
+    )
+    return out[..., :latent_dim]
+
+
+def reference_rows(
+    q: torch.Tensor, pool: torch.Tensor, table: np.ndarray, lens: np.ndarray, scale: float,
+    latent_dim: int,
+) -> torch.Tensor:  # fmt: skip
+    """Row by row over exactly the visible keys, in float64: the tests' yardstick."""
+    outs = []
+    for i, n in enumerate(lens):
+        keys = pool.index_select(0, torch.as_tensor(table[i, :n], device=pool.device)).double()
+        p = torch.softmax(torch.mm(q[i].double(), keys.t()) * scale, dim=-1)
+        outs.append(torch.mm(p, keys[:, :latent_dim]))
+    return torch.stack(outs)
+
+
+def random_parents(rng: np.random.Generator, t: int) -> np.ndarray:
+    """A random tree of t nodes: node 0 the root (parent -1), node i's parent a node before it."""
+    return np.array([-1] + [int(rng.integers(0, i)) for i in range(1, t)], dtype=np.int64)
+
+
+def step_rows(
+    prefix_lens: list[int], parents: list[np.ndarray], pages: np.ndarray, page_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows (table [B*T, W], lens [B*T]) of one decode step, as the engine's verify builds
+    them: request b's positions 0 .. L_b - 1 hold its prefix and L_b + i its tree node i, in
+    the pages `pages[b]` of a paged pool; its row i sees the prefix, then node i's ancestors
+    and node i itself in position order."""
+    t = len(parents[0])
+    width = max(prefix_lens) + t
+    table = np.zeros((len(prefix_lens) * t, width), dtype=np.int64)
+    lens = np.zeros(len(prefix_lens) * t, dtype=np.int64)
+    for b, (n, par) in enumerate(zip(prefix_lens, parents, strict=True)):
+        pos = np.arange(n + t)
+        slots = pages[b, pos // page_size] * page_size + pos % page_size
+        for i in range(t):
+            path = [i]
+            while par[path[-1]] >= 0:
+                path.append(int(par[path[-1]]))
+            seen = np.concatenate([slots[:n], slots[n + np.array(sorted(path))]])
+            table[b * t + i, : len(seen)] = seen
+            lens[b * t + i] = len(seen)
+    return table, lens
