@@ -1,0 +1,146 @@
+"""kernels.row_attention: the engine's row attention outside the engine, and the kernel bench's
+`row_attention` rows built on it. On the CPU: a decode step's rows are laid out as the engine's
+verify builds them, the batched torch path equals the float64 row reference to fp32 rounding
+and is batch-invariant (a row's output bit-identical in any batch), the engine's backends are
+these functions, and the attn suite yields no rows (a note) without CUDA. On a GPU (marked):
+cuda_rows equals torch_rows to fp32 tolerance and the bench rows carry the row schema."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import row_attention as ra
+
+SCALE = 128**-0.5  # the small preset's softmax scale
+
+
+def step_case(b: int, t: int, prefix_lens: list[int], page_size: int, seed: int, heads: int = 8,
+              kv_dim: int = 576, device: str = "cpu") -> tuple:  # fmt: skip
+    """Pool, rows (table, lens) and q of one decode step over shuffled pages."""
+    rng = np.random.default_rng(seed)
+    per_req = max(-(-(n + t) // page_size) for n in prefix_lens)
+    pages = rng.permutation(b * per_req + 3).astype(np.int64)[: b * per_req].reshape(b, per_req)
+    parents = [ra.random_parents(rng, t) for _ in range(b)]
+    table, lens = ra.step_rows(prefix_lens, parents, pages, page_size)
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn((b * per_req + 3) * page_size, kv_dim, generator=gen).to(device)
+    q = torch.randn(b * t, heads, kv_dim, generator=gen).to(device)
+    return pool, table, lens, q
+
+
+def test_step_rows_see_the_prefix_then_ancestors_and_self_in_position_order() -> None:
+    # request 0: prefix 3, tree 0 <- 1 <- 3, 0 <- 2; request 1: prefix 1; page_size 2
+    parents = [np.array([-1, 0, 0, 1]), np.array([-1, 0, 1, 1])]
+    pages = np.array([[5, 2, 7, 0], [1, 4, 6, 3]])
+    table, lens = ra.step_rows([3, 1], parents, pages, page_size=2)
+    slot = lambda b, p: int(pages[b, p // 2] * 2 + p % 2)  # noqa: E731
+    pre0 = [slot(0, p) for p in range(3)]
+    want = [
+        pre0 + [slot(0, 3)],  # root at position L + 0
+        pre0 + [slot(0, 3), slot(0, 4)],
+        pre0 + [slot(0, 3), slot(0, 5)],
+        pre0 + [slot(0, 3), slot(0, 4), slot(0, 6)],
+        [slot(1, 0), slot(1, 1)],
+        [slot(1, 0), slot(1, 1), slot(1, 2)],
+        [slot(1, 0), slot(1, 1), slot(1, 2), slot(1, 3)],
+        [slot(1, 0), slot(1, 1), slot(1, 2), slot(1, 4)],
+    ]
+    assert lens.tolist() == [len(w) for w in want]
+    assert [table[i, :n].tolist() for i, n in enumerate(lens)] == want
+
+
+def test_torch_rows_match_the_float64_reference_and_are_the_engine_backend() -> None:
+    from engine.attention import CudaAttention, TorchAttention, reference_attention
+
+    pool, table, lens, q = step_case(3, 5, [0, 40, 100], page_size=16, seed=0)
+    plan = ra.torch_rows_plan(table, lens, q.device, bucket=64, rows_per_call=4)
+    got = ra.torch_rows(q, pool, plan, SCALE, 512)
+    want = reference_attention(q, pool, table, lens, SCALE, 512)
+    assert got.dtype == torch.float32 and got.shape == (15, 8, 512)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # the engine's backends are these functions: the same plan, bit for bit the same result
+    att = TorchAttention(bucket=64, rows_per_call=4)
+    assert torch.equal(att(q, pool, att.plan(table, lens, q.device), SCALE, 512), got)
+    assert CudaAttention().plan(table, lens, q.device).max_kv_len == int(lens.max())
+
+
+def test_rowwise_plan_gives_the_row_reference_through_the_kernels_reference() -> None:
+    """What cuda_rows hands the CUDA kernel (every row a T = 1 request over a page_size-1
+    view) gives exactly the row reference through the kernel's float64 reference."""
+    from kernels.reference_attention import tree_verify_attention
+
+    pool, table, lens, q = step_case(2, 4, [7, 30], page_size=8, seed=3, heads=2)
+    pool, q = pool.double(), q.double()
+    plan = ra.rowwise_plan(table, lens, q.device)
+    got = tree_verify_attention(q, pool.view(-1, 1, 576), plan.block_table, plan.prefix_lens,
+                                plan.tree_lens, plan.visibility, SCALE)  # fmt: skip
+    want = ra.reference_rows(q, pool, table, lens, SCALE, 512)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-12, atol=1e-12)
+
+
+def test_torch_rows_are_batch_invariant() -> None:
+    """A row's output is bit-identical in the full step, alone, beside any rows, in any order,
+    and with another request count per call."""
+    pool, table, lens, q = step_case(6, 5, [10, 63, 64, 65, 130, 3], page_size=16, seed=1)
+    plan = ra.torch_rows_plan(table, lens, q.device, bucket=64, rows_per_call=8)
+    full = ra.torch_rows(q, pool, plan, SCALE, 512)
+    rng = np.random.default_rng(2)
+    n = len(lens)
+    for trial in range(6):
+        pick = rng.permutation(n)[: rng.integers(1, n)]
+        sub = ra.torch_rows_plan(table[pick], lens[pick], q.device, bucket=64, rows_per_call=8)
+        part = ra.torch_rows(q[pick], pool, sub, SCALE, 512)
+        assert torch.equal(part, full[pick]), trial
+    one = ra.torch_rows_plan(table[7:8], lens[7:8], q.device, bucket=64, rows_per_call=8)
+    assert torch.equal(ra.torch_rows(q[7:8], pool, one, SCALE, 512), full[7:8])
+
+
+def test_attn_suite_without_cuda_is_a_note_and_no_rows(capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: the suite runs (see the gpu tests)")
+    from kernels.bench import main
+
+    assert main(["--suite", "attn", "--batch", "1,8,32", "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out[out.out.index("{") : out.out.rindex("}") + 1])
+    assert doc["results"] == [] and doc["config"]["prefix_lens"] == [64, 1024]
+    assert doc["config"]["row_budget"] == 16
+    assert "no CUDA device" in out.err
+    assert main(["--suite", "attn", "--prefix-len", "0"]) == 2
+    assert "--prefix-len" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_rows_equal_torch_rows() -> None:
+    pool, table, lens, q = step_case(8, 17, [64, 1024, 5, 300, 1, 64, 1023, 129], page_size=64,
+                                     seed=4, device="cuda")  # fmt: skip
+    want = ra.reference_rows(q, pool, table, lens, SCALE, 512)
+    tplan = ra.torch_rows_plan(table, lens, q.device, bucket=64, rows_per_call=64)
+    torch_out = ra.torch_rows(q, pool, tplan, SCALE, 512)
+    cuda_out = ra.cuda_rows(q, pool, ra.rowwise_plan(table, lens, q.device), SCALE, 512)
+    torch.cuda.synchronize()
+    assert cuda_out.shape == torch_out.shape == (8 * 17, 8, 512)
+    torch.testing.assert_close(cuda_out, torch_out, rtol=1e-4, atol=1e-5)
+    for got in (torch_out, cuda_out):
+        assert float((got.double() - want).norm() / want.norm()) < 1e-5
+
+
+@pytest.mark.gpu
+def test_row_attention_bench_rows() -> None:
+    from kernels.bench import add_speedups
+    from kernels.bench_attention import row_attention_rows
+
+    rows = row_attention_rows(4, 17, 64, reps=5)
+    add_speedups(rows)
+    assert [r["impl"] for r in rows] == ["torch_rows", "cuda_rows"]
+    for r in rows:
+        assert r["suite"] == "attn" and r["kernel"] == "row_attention", r
+        assert r["shape"] == {"B": 4, "T": 17, "L": 64, "heads": 8, "kv_dim": 576,
+                              "dtype": "fp32"}  # fmt: skip
+        assert r["median_us"] > 0 and r["refcheck"] is True and r["mode"] == "events", r
+        assert r["rows"] == 68 and "samples_us" not in r
+    assert set(rows[1]["speedup"]) == {"torch_rows"}
