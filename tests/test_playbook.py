@@ -38,6 +38,7 @@ def test_shipped_playbooks_are_valid() -> None:
         "bench-only",
         "healthcheck-only",
         "rollout",
+        "rollout-attention",
     ]
     pb = load_playbook(None)
     assert pb.path.endswith("playbooks/rollout.yaml") and pb.change is not None
