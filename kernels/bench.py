@@ -7,7 +7,10 @@ The one benchmark tool: every suite is listed in `suites()` (topk, tree, accept 
 microseconds and, for CUDA rows, the speedup over each baseline of its group. `--variants`
 also times the named kernel algorithms (tree: `kernels.cuda.TREE_ALGOS`, attn:
 `kernels.cuda_attention.ALGOS`; impl `cuda_graph:heap`, ...), `--sweep` the attention KV split
-counts at the two target sizes. Prints a table, or one JSON document with `--json`.
+counts at the two target sizes. The attn suite's `row_attention` rows (the reference engine's
+attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` requests x
+`--row-budget` + 1 rows over each `--prefix-len` keys. Prints a table, or one JSON document
+with `--json`.
 """
 
 from __future__ import annotations
