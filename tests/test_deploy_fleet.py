@@ -10,6 +10,7 @@ component changes the output exactly as a component that breaks token identity w
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -31,13 +32,15 @@ def three(tmp_path_factory: pytest.TempPathFactory):
         s.stop()
 
 
-def test_group_canary_then_waves_stop_at_first_failure(tmp_path: Path, three: list[Sshd]):
+def test_group_canary_then_waves_stop_at_first_failure(
+    tmp_path: Path, three: list[Sshd], cpp_cache: Path
+):
     src = make_source(tmp_path)
     hosts = {
         f"h{i}": {"sshd": s, "root": tmp_path / f"root{i}", "port": free_port(), "command": SALTED}
         for i, s in enumerate(three, start=1)
     }
-    d = Deploy(tmp_path, hosts, src)
+    d = Deploy(tmp_path, hosts, src, cache=cpp_cache)
     d.write(groups={"fleet": ["h1", "h3", "h2"]})
     try:
         code, doc, err = d.deploy("fleet", "--bootstrap")
@@ -97,7 +100,9 @@ cat "$STUB_ROOT"/*.log 2>/dev/null
 """
 
 
-def test_systemd_bootstrap_installs_the_dropin_and_restarts_through_sudo(tmp_path: Path):
+def test_systemd_bootstrap_installs_the_dropin_and_restarts_through_sudo(
+    tmp_path: Path, cpp_cache: Path
+):
     stub = tmp_path / "stub"
     (stub / "bin").mkdir(parents=True)
     for name, text in [
@@ -111,6 +116,7 @@ def test_systemd_bootstrap_installs_the_dropin_and_restarts_through_sudo(tmp_pat
     port = free_port()
     src = make_source(tmp_path)
     root = tmp_path / "root"
+    shutil.copytree(cpp_cache, root / "cache")  # as Deploy(cache=...) does
     inv = tmp_path / "ops.toml"
     inv.write_text(
         "[targets.local]\n"

@@ -20,10 +20,12 @@ COMMAND = (
 )
 
 
-def test_deploy_switches_the_hook_and_rollback_undoes_it(tmp_path: Path, sshd: Sshd) -> None:
+def test_deploy_switches_the_hook_and_rollback_undoes_it(
+    tmp_path: Path, sshd: Sshd, cpp_cache: Path
+) -> None:
     root = tmp_path / "root"
     host = {"sshd": sshd, "root": root, "port": free_port(), "command": COMMAND}
-    d = Deploy(tmp_path, {"loop": host}, make_source(tmp_path))
+    d = Deploy(tmp_path, {"loop": host}, make_source(tmp_path), cache=cpp_cache)
 
     def hook() -> dict:
         code, doc, err = d("healthcheck", "loop", "--max-tokens", "4")

@@ -1,7 +1,8 @@
 """A real OpenSSH server on 127.0.0.1 for tests: temp host and user keys, free port, temp config.
 
 Logs in as the user running the tests (root in CI) with a key made for the run; the host key
-goes into a temp known_hosts, so tests exercise strict host-key checking for real.
+goes into a temp known_hosts, so tests exercise strict host-key checking for real. The login
+user's ~/.bashrc is not run for each command (`SetEnv SHLVL=1`, see the config).
 `write_inventory` writes an ops.toml whose target `loop` is that server.
 """
 
@@ -89,6 +90,11 @@ MaxStartups 50
 MaxSessions 50
 Subsystem sftp internal-sftp
 LogLevel VERBOSE
+# bash runs ~/.bashrc for a top-level shell started by sshd (SHLVL unset) even when it is not
+# interactive; a bashrc without the distributions' usual non-interactive guard (one running
+# `pyenv init`: ~0.2 s) then costs that on each of a deploy's ~30 commands. SHLVL=1 makes
+# every session's shell a nested one, as on a host whose bashrc has the guard.
+SetEnv SHLVL=1
 """
     )
     host_pub = (base / "host_ed25519.pub").read_text().strip()
