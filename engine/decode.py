@@ -64,6 +64,7 @@ class Decoder:
             model, self.cache.pool, self.cache.trash_slot, max(max_rows, cfg.row_chunk),
             cfg.row_chunk, graphs,
         )  # fmt: skip
+        self.forward.capture()
 
     def _sync(self) -> None:
         if self.model.device.type == "cuda":

@@ -13,10 +13,10 @@ on the batch (see engine.model).
 
 CUDA graphs, the way SGLang's piecewise capture does it: everything between two attentions
 (`post` of layer l-1 and `pre` of layer l, for every chunk of the forward) is captured once per
-chunk count, on first use, as one graph over the static buffers, and replayed afterwards: a
-forward is layers + 1 graph launches. Attention runs eagerly between them with the step's real
-lengths, which is also where its time is measured (CUDA events, read after the step's sync, so
-the timing costs no extra sync). `graphs=False` (`--no-cuda-graphs`,
+chunk count, at startup (`capture`), as one graph over the static buffers, and replayed
+afterwards: a forward is layers + 1 graph launches. Attention runs eagerly between them with
+the step's real lengths, which is also where its time is measured (CUDA events, read after the
+step's sync, so the timing costs no extra sync). `graphs=False` (`--no-cuda-graphs`,
 DDTREE_ENGINE_CUDA_GRAPHS=0) runs the same segments eagerly.
 """
 
@@ -96,6 +96,19 @@ class Forward:
         self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
 
+    def capture(self) -> None:
+        """Capture every piece for every chunk count up front (at startup, as SGLang captures
+        its decode graphs), so no capture happens while requests are being served. The
+        buffers hold zeros and every KV write goes to the trash slot meanwhile."""
+        if not self.graphs:
+            return
+        self.inputs.zero_()
+        self.write.fill_(self.trash)
+        for chunks in range(1, self.max_rows // self.chunk + 1):
+            for piece in range(self.model.cfg.layers + 1):
+                self._piece(piece, chunks)
+        torch.cuda.synchronize(self.inputs.device)
+
     @property
     def captured_graphs(self) -> int:
         return len(self._captured)
@@ -119,7 +132,7 @@ class Forward:
     def _piece(self, piece: int, chunks: int) -> None:
         """Everything between two attentions, for chunks 0 .. chunks - 1: piece 0 is layer 0's
         `pre`; piece l is layer l-1's `post` and layer l's `pre`; the last is the last layer's
-        `post` and the head. One CUDA graph per (piece, chunks), captured on first use."""
+        `post` and the head. One CUDA graph per (piece, chunks) (`capture`)."""
         last = self.model.cfg.layers
 
         def run() -> None:
