@@ -31,10 +31,13 @@ from ops.service import manager_for
 PROBE_MARGIN_S = 180  # the probe's own phases (before/after) on top of the bench's time
 
 # impl names of kernels.bench rows, by role in the table
-OURS = ("cuda_events", "cuda")
+OURS = ("cuda_events", "cuda", "cuda_rows")
 GRAPH = ("cuda_graph",)
-TORCH = ("torch", "torch_sdpa", "torch_argmax")
-SIZE_KEYS = {"B": "B", "batch": "B", "budget": "n", "K": "K", "prefix": "L", "tree_rows": "T"}
+TORCH = ("torch", "torch_sdpa", "torch_argmax", "torch_rows")
+SIZE_KEYS = {
+    "B": "B", "batch": "B", "budget": "n", "K": "K", "prefix": "L", "L": "L", "tree_rows": "T",
+    "T": "T",
+}  # fmt: skip
 
 
 class BenchOptions(BaseModel):

@@ -40,12 +40,16 @@ def test_measured_stage_times_per_level(ops: Ops) -> None:
     for lv, model in zip(doc["levels"], prof.levels, strict=True):
         assert lv["method"] == "measured" and lv["batch"] == lv["concurrency"]
         assert model.step_ms.source == "measured" and model.step_ms.value > 0
-        assert set(model.stage_ms) == set(STAGES)
+        # every stage, and attention: measured inside verify, so not added on top of it
+        assert set(model.stage_ms) == set(STAGES) | {"attention"}
+        assert 0 < model.stage_ms["attention"].value < model.stage_ms["verify"].value
         stages = model.stage_ms.values()
         assert all(v.source == "measured" and v.n == model.step_ms.n for v in stages)
-        total = sum(v.value for v in model.stage_ms.values())
+        total = sum(v.value for s, v in model.stage_ms.items() if s != "attention")
         assert total <= model.step_ms.value * 1.001 and total >= model.step_ms.value * 0.9
-        assert sum(lv["share"].values()) == pytest.approx(total / model.step_ms.value)
+        flat = {s: v for s, v in lv["share"].items() if s != "attention"}
+        assert sum(flat.values()) == pytest.approx(total / model.step_ms.value)
+        assert lv["unaccounted_ms"] == pytest.approx(model.step_ms.value - total)
         assert model.tokens_per_s.value > 0 and model.tokens_per_s.source == "measured"
         assert model.accept_length.value > 1 and "Δ ddtree:accept_length_sum" in (
             model.accept_length.note

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `ops rollout` on one GPU against the reference engine serving on that GPU (process manager,
+# preset small): a validation rollout per change, which deploys the candidate WHATEVER the
+# verdict (`when: always`), so the measured gain can be set beside the predicted one.
+#   WHICH=tree: tree_build reference -> cuda (playbooks/rollout.yaml's change), prompts 32
+#   WHICH=attn: attention torch -> cuda (playbooks/rollout-attention.yaml: s(c) from the
+#               engine-shaped row_attention rows), prompts 1024
+# One GPU holds both the service and the bench, so the bench runs --allow-shared and the
+# interference probe's threshold is lifted (this run checks the prediction, not isolation).
+# Usage on the GPU host, project root: OUT=dir WHICH=tree|attn [ARCH=sm_90] bash benchmarks/rollout-gpu.sh
+set -u
+ARCH=${ARCH:-sm_90}; WHICH=${WHICH:-tree}; OUT=${OUT:-/tmp/rollout-gpu}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 9
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 OPS_RUNS_DIR=$OUT/runs CUDA_DEVICE_ORDER=PCI_BUS_ID
+LOG=$OUT/log.txt; say() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
+src=/tmp/rollout-src; root=/tmp/rollout-root; rm -rf "$src" "$root"; mkdir -p "$src"
+cp -r kernels checks engine pyproject.toml "$src"/; [ -d integration ] && cp -r integration "$src"/
+find "$src" -name __pycache__ -prune -exec rm -rf {} + ; rm -rf "$src"/kernels/_build
+git -C "$src" init -q -b main && git -C "$src" add -A &&
+  git -C "$src" -c user.email=ops@gpu -c user.name=ops commit -q -m "release under test" || exit 8
+inv=$OUT/ops.toml
+if [ "$WHICH" = attn ]; then
+  comps='tree_build = "cuda", topk = "cuda", accept = "cuda", attention = "torch"'
+  base=playbooks/rollout-attention.yaml
+else
+  comps='tree_build = "reference", topk = "cuda", accept = "cuda", attention = "cuda"'
+  base=playbooks/rollout.yaml
+fi
+cat > "$inv" <<TOML
+[targets.local]
+python = "$(command -v python3)"
+remote_root = "$root"
+gpus = 1
+cuda_arch = "$ARCH"
+bench_gpu = 0
+[targets.local.service]
+url = "http://127.0.0.1:30188"
+command = "{python} -m engine --host {host} --port {port} --preset small --mode ddtree --device cuda"
+components = { $comps }
+TOML
+# the validation playbook: the shipped one, every step after `decide` run whatever the verdict
+pb=$OUT/playbook.yaml
+python3 - "$base" "$pb" "$src" <<'PY'
+import sys, yaml
+raw = yaml.safe_load(open(sys.argv[1]))
+raw["name"] = raw["name"] + "-validate"
+for st in raw["steps"]:
+    if st["step"] == "bench":
+        st.update(allow_shared=True, probe_threshold=100.0)
+    if st.get("when") == "go":
+        st["when"] = "always"
+    if st["step"] == "deploy":
+        st["source"] = sys.argv[3]
+yaml.safe_dump(raw, open(sys.argv[2], "w"), sort_keys=False)
+PY
+O="python3 -m ops"
+nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv >> "$LOG" 2>&1
+say "deploy --bootstrap ($comps)"
+timeout 300 $O deploy local -i "$inv" --source "$src" --bootstrap --json > "$OUT/deploy.json" 2>> "$LOG"
+echo "deploy rc=$?" | tee -a "$LOG"
+say "rollout ($WHICH)"
+timeout "${ROLLOUT_TIMEOUT:-420}" $O rollout local -i "$inv" --playbook "$pb" --json \
+  > "$OUT/rollout.json" 2>> "$LOG"
+echo "rollout rc=$?" | tee -a "$LOG"
+$O service stop local -i "$inv" >> "$LOG" 2>&1
+tail -n 30 "$root"/logs/*.log >> "$LOG" 2>&1
+say "done"
