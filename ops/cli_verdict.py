@@ -291,7 +291,7 @@ def _print_profile(sec: dict[str, Any]) -> None:
         left = h in ("stage", "source")
         t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=left)
     for lv in sec["levels"]:
-        stages = [s for s in (*STAGES, "attention") if s in lv.get("stage_ms", {})] or ["-"]
+        stages = [s for s in STAGES if s in lv.get("stage_ms", {})] or ["-"]
         for i, s in enumerate(stages):
             v = lv.get("stage_ms", {}).get(s)
             first = i == 0
