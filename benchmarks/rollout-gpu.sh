@@ -10,7 +10,7 @@
 # Usage on the GPU host, project root: OUT=dir WHICH=tree|attn [ARCH=sm_90] bash benchmarks/rollout-gpu.sh
 set -u
 ARCH=${ARCH:-sm_90}; WHICH=${WHICH:-tree}; OUT=${OUT:-/tmp/rollout-gpu}; mkdir -p "$OUT"
-if [ -d .whl ]; then
+if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 9
   export PYTHONPATH=/tmp/site:$PWD
@@ -30,16 +30,16 @@ else
   comps='tree_build = "reference", topk = "cuda", accept = "cuda", attention = "cuda"'
   base=playbooks/rollout.yaml
 fi
+gpu_lines=$(printf 'gpus = 1\ncuda_arch = "%s"\nbench_gpu = 0' "$ARCH")
+[ "${DEVICE:-cuda}" = cpu ] && gpu_lines=""  # a CPU dry run of this script (no GPU there)
 cat > "$inv" <<TOML
 [targets.local]
 python = "$(command -v python3)"
 remote_root = "$root"
-gpus = 1
-cuda_arch = "$ARCH"
-bench_gpu = 0
+$gpu_lines
 [targets.local.service]
 url = "http://127.0.0.1:30188"
-command = "{python} -m engine --host {host} --port {port} --preset small --mode ddtree --device cuda"
+command = "{python} -m engine --host {host} --port {port} --preset ${PRESET:-small} --mode ddtree --device ${DEVICE:-cuda}"
 components = { $comps }
 TOML
 # the validation playbook: the shipped one, every step after `decide` run whatever the verdict
