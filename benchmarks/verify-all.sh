@@ -21,7 +21,12 @@ build . /tmp/ddtree-k > "$OUT/build.json"
 rc=$?; if [ $rc -ne 0 ]; then cat "$OUT/build.json"; exit $rc; fi
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 # Every test file with a gpu mark (CPU-only modules may import packages a GPU box lacks).
-mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
+# The bench guard refuses a GPU another process uses, and a pytest process that has run CUDA
+# tests holds GPU memory: the guard/probe tests run first, in a process of their own.
+GUARDED=tests/test_bench_probe.py
+timeout 120 python3 -m pytest -m gpu "$GUARDED" -q -p no:cacheprovider > "$OUT/pytest-gpu-guard.txt" 2>&1
+echo "pytest (guard) rc=$?"; grep -E "passed|failed|error" "$OUT/pytest-gpu-guard.txt" | tail -5
+mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py | grep -v "$GUARDED")
 timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -p no:cacheprovider \
   > "$OUT/pytest-gpu.txt" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest-gpu.txt" | tail -15

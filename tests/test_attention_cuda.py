@@ -207,7 +207,7 @@ def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="tree_verify_attention: tree_lens must sum"):
         tree_verify_attention(q, kv, table, pl, tl + 1, vis, 0.1)
     with pytest.raises(ValueError, match="tree_verify_attention: visibility: expected shape"):
-        tree_verify_attention(q, kv, table, pl, tl, vis[:, :2], 0.1)
+        tree_verify_attention(q, kv, table, pl, tl, vis[:, :2].contiguous(), 0.1)
     with pytest.raises(ValueError, match="tree_verify_attention: prefix_lens: expected a CUDA"):
         tree_verify_attention(q, kv, table, pl.cpu(), tl, vis, 0.1)
     with pytest.raises(ValueError, match="prefix_lens \\+ tree_lens"):
