@@ -63,8 +63,10 @@ say "deploy --bootstrap ($comps)"
 timeout 300 $O deploy local -i "$inv" --source "$src" --bootstrap --json > "$OUT/deploy.json" 2>> "$LOG"
 echo "deploy rc=$?" | tee -a "$LOG"
 say "rollout ($WHICH)"
+# ROLLOUT_SETS: extra --set overrides, e.g. "--set load.requests=96 --set baseline.repeats=2"
+# shellcheck disable=SC2086
 timeout "${ROLLOUT_TIMEOUT:-420}" $O rollout local -i "$inv" --playbook "$pb" --json \
-  > "$OUT/rollout.json" 2>> "$LOG"
+  ${ROLLOUT_SETS:-} > "$OUT/rollout.json" 2>> "$LOG"
 echo "rollout rc=$?" | tee -a "$LOG"
 $O service stop local -i "$inv" >> "$LOG" 2>&1
 tail -n 30 "$root"/logs/*.log >> "$LOG" 2>&1
