@@ -35,11 +35,11 @@ import json
 import os
 import re
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from checks.atomic import write_atomic
 from checks.http import completion_ids, get, post
 from checks.module import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS, exit_json, parser
 
@@ -136,16 +136,6 @@ def load_golden(path: str) -> dict[str, Any]:
     return parse_golden(text)
 
 
-def write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def keep_previous(path: Path) -> Path | None:
     """Before a golden set at `path` is replaced, keep it as `path`.N (one above the highest N)."""
     if not path.is_file():
@@ -186,7 +176,8 @@ def record(args: Any) -> None:
     kept = None
     if args.record_golden != "-":
         kept = keep_previous(Path(args.record_golden))
-        write_atomic(Path(args.record_golden), doc)
+        text = json.dumps(doc, ensure_ascii=False, indent=1)
+        write_atomic(Path(args.record_golden), text.encode("utf-8"))
     exit_json(
         {
             "ok": True,

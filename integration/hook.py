@@ -11,7 +11,8 @@ missing function, a signature other than the contract's, or drop-ins that cannot
 nothing: one line on stderr says why, and the service starts as it would without the hook.
 
 Every outcome logs one line (`ddtree-ops hook: ...`, with the release id from
-`DDTREE_RELEASE_ID`) and writes a status JSON (atomically) to `$DDTREE_OPS_HOOK_STATUS`, default
+`DDTREE_RELEASE_ID`) and writes a status JSON (atomically, `checks.atomic`: the release's own
+`checks`, standard library only) to `$DDTREE_OPS_HOOK_STATUS`, default
 `<release>/run/hook-status.json` (<release> = the directory holding the `integration` package).
 `python -m integration.hook --json [--status PATH]` prints that status for the healthcheck.
 """
@@ -27,9 +28,10 @@ import inspect
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from checks.atomic import write_atomic
 
 ENV_SPEC, ENV_STATUS = "DDTREE_OPS_SGLANG", "DDTREE_OPS_HOOK_STATUS"
 ENV_RELEASE = "DDTREE_RELEASE_ID"
@@ -196,11 +198,7 @@ def log(msg: str) -> None:
 def write_status(path: Path, status: dict[str, Any]) -> str:
     """Write atomically; returns '' or ' (status not written: why)' for the log line."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump({**status, "status_file": str(path)}, f, indent=1)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({**status, "status_file": str(path)}, indent=1).encode())
         return ""
     except Exception as exc:
         return f" (status not written: {exc})"

@@ -20,10 +20,11 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from checks.atomic import write_atomic
 from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, out, state
 from ops.errors import OpsError
 from ops.evidence import Change, Evidence, gather, record_files
-from ops.records import RunDir, write_atomic
+from ops.records import RunDir
 from ops.render import context, pct, render
 from ops.report import Decision, decide, times
 

@@ -17,11 +17,11 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
+from checks.atomic import write_atomic
 from checks.docs import GpusDoc, HealthDoc, IdentityDoc
 from checks.identity import keep_previous, parse_golden
 from ops.dataplane import run_check
 from ops.errors import OpsError
-from ops.records import write_atomic
 from ops.remote import Host, shell_path
 from ops.service import manager_for
 

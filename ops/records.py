@@ -1,9 +1,9 @@
 """Run records: every command that touches a target leaves `runs/<utc>-<command>-<target>/`.
 
 A run directory is created exclusively (a name is never reused, nothing is overwritten) and
-every file in it is written atomically (temp file in the same directory, fsync, rename), so a
-crash leaves either the previous state or the complete file, never half a record. The root is
-`$OPS_RUNS_DIR` or `./runs`.
+every file in it is written atomically (`checks.atomic.write_atomic`: temp file in the same
+directory, fsync, rename), so a crash leaves either the previous state or the complete file,
+never half a record. The root is `$OPS_RUNS_DIR` or `./runs`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from checks.atomic import write_atomic
 
 SCHEMA = "ddtree-ops/record/v1"
 
@@ -26,21 +27,6 @@ def runs_root() -> Path:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass

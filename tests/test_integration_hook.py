@@ -326,7 +326,7 @@ SERVICE = textwrap.dedent(
 def _release(tmp_path: Path) -> Path:
     """A release laid out as the deploy makes it: code at the root, site/ beside it."""
     rel = tmp_path / "releases" / "20261201T000000Z-abc1234"
-    for pkg in ("integration", "kernels"):
+    for pkg in ("integration", "kernels", "checks"):
         shutil.copytree(REPO / pkg, rel / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "integration" / "site", rel / "site")
     (tmp_path / "current").symlink_to(rel)
