@@ -6,7 +6,10 @@ every POST at once with a fixed streamed completion (chunked SSE, N tokens), the
 tokens/s; with --out, writes the JSON. Whatever the generator reaches here is an upper bound
 on what it can measure, so a service far below it is measured, not the generator.
 
-    python benchmarks/loadgen_capacity.py --out benchmarks/results/loadgen-capacity.json
+    python benchmarks/loadgen_capacity.py --out benchmarks/results/RUN/loadgen-capacity.json
+
+(RUN: one folder per run, `<date>-<commit>-loadgen-capacity`, with the command in its
+`command.txt`; see `benchmarks/results/INDEX.md`)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`ops bench`'s results from a real `python -m kernels.bench --json` document recorded on an H200
-(benchmarks/results/h200-final-2026-11-29-bench.json): the kernel table (ours median/IQR,
-CUDA-graph time, both CPU baselines, torch, speedups) readable at 80 columns, and the outcome
-the bench's document and the probe's give together."""
+(benchmarks/results/2026-11-29-fb6cd56-h200-final/h200-final-2026-11-29-bench.json): the kernel
+table (ours median/IQR, CUDA-graph time, both CPU baselines, torch, speedups) readable at 80
+columns, and the outcome the bench's document and the probe's give together."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from ops.bench import conclude, kernel_table
 from ops.evidence import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
-H200 = json.loads((REPO / "benchmarks/results/h200-final-2026-11-29-bench.json").read_text())
+BENCH_JSON = "benchmarks/results/2026-11-29-fb6cd56-h200-final/h200-final-2026-11-29-bench.json"
+H200 = json.loads((REPO / BENCH_JSON).read_text())
 
 
 def probe_doc(bench_doc: dict | None, **over: Any) -> dict:
