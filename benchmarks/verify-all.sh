@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one device script: on one GPU, build the kernels for its arch, run EVERY gpu-marked test,
-# then the quick kernel benchmarks (the default rows, as every earlier run; then the kernel
-# variants and the attention split sweep). With BASE_DIR (a checkout of an earlier commit,
+# then the quick kernel benchmarks (the default rows, as every earlier run, the attn suite's
+# engine-shaped row_attention rows among them; then the kernel variants and the attention split
+# sweep), then the reference engine's own bench. With BASE_DIR (a checkout of an earlier commit,
 # e.g. `git worktree add /tmp/base HEAD~1`), the same quick bench also runs from there, its own
 # build, interleaved with ours (base, new, base, new), for a same-run comparison
 # (`compare.txt`: `python -m kernels.bench --compare`). Everything lands under $OUT, with the
@@ -10,6 +11,11 @@
 set -u
 OUT=${OUT:-/tmp/verify}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
+if [ -d .whl ]; then  # packages the GPU box lacks (pydantic, fastapi, uvicorn...), as wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 9
+  export PYTHONPATH=/tmp/site:$PWD
+fi
 echo "OUT=$OUT ARCH=$ARCH BASE_DIR=${BASE_DIR:-} bash benchmarks/verify-all.sh" > "$OUT/command.txt"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
@@ -52,3 +58,8 @@ timeout "${BENCH_TIMEOUT:-240}" python3 -m kernels.bench --json --quick --suite 
   --batch 64 --budget 64 --k 8,64 --variants auto,heap,heap_lowmem,wgmma_tma,mma_sync_64 \
   --sweep > "$OUT/bench-variants.json" 2> "$OUT/bench-variants.err"
 echo "bench variants rc=$?"
+# The reference engine on this GPU: AR against DDTree, CUDA graphs on and off, identity checked
+# on the golden prompts and under load (benchmarks/NOTES-engine.md).
+timeout "${ENGINE_TIMEOUT:-300}" python3 -m engine.bench --preset small --device cuda \
+  --max-tokens 128 --json "$OUT/engine.json" > "$OUT/engine.txt" 2>&1
+echo "engine.bench rc=$?"; tail -n 30 "$OUT/engine.txt"
