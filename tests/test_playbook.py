@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import run_ops
 
 from ops.playbook import DeployStep, HealthcheckStep, PlaybookError
 from ops.playbook_load import PLAYBOOKS, load_playbook
@@ -178,13 +178,7 @@ def test_bad_set_names_the_step_and_the_field(
 
 def run_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-    return subprocess.run(
-        [sys.executable, "-m", "ops", "rollout", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    return run_ops("rollout", *args, env=env, timeout=60)
 
 
 def test_cli_refuses_before_anything_runs(tmp_path: Path) -> None:

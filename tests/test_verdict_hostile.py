@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.cli import run_ops
 from helpers.sshd import free_port
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
@@ -23,14 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def ops(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs"), "COLUMNS": "80"}
-    return subprocess.run(
-        [sys.executable, "-m", "ops", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-    )
+    return run_ops(*args, env=env, timeout=timeout, cwd=ROOT)
 
 
 def one_line_exit_2(res: subprocess.CompletedProcess[str], want: str) -> None:
