@@ -112,7 +112,7 @@ def test_counters_snapshot(engine: EngineProcess) -> None:
 
 def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
     ops = Ops(tmp_path)
-    ops.configure()  # a quick service (tests/fake_service.py) under ops's process manager
+    ops.configure()  # a quick service (tests/helpers/fake_service.py) under ops's process manager
     ops.env["PATH"] = f"{STANDIN}:{os.environ['PATH']}"
     assert ops.json("service", "start", "local")[0] == 0
     try:  # a huge threshold: the bench's own start (importing torch) loads these 2 cores too
