@@ -70,3 +70,19 @@ def test_compare_pairs_rows_of_two_runs():
     got = compare([doc(10.0), doc(12.0), doc(11.0)], [doc(5.5), doc(5.5, "cuda_graph:heap")])
     assert len(got) == 1
     assert (got[0]["base_us"], got[0]["new_us"], got[0]["ratio"]) == (11.0, 5.5, 0.5)
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="the no-GPU path (a GPU host times the suites)"
+)
+@pytest.mark.parametrize("suite", ["tree", "topk", "accept", "attn"])
+def test_kernel_suites_without_a_gpu_say_so_and_exit_0(suite, capsys):
+    import json
+
+    from kernels.bench import main
+
+    assert main(["--suite", suite, "--batch", "1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["results"] == [] and "no CUDA device" in err
+    assert suite == "attn" or any(suite in n for n in doc["notes"])
