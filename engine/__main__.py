@@ -137,28 +137,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def check_device(device: str) -> None:
-    """UsageError unless this torch can run on `device` (cpu, cuda, cuda:N)."""
-    if device == "cpu":
-        return  # no torch import: `--check` of a CPU engine stays fast
-    import torch
+    """UsageError unless this torch can run on `device` (engine.device)."""
+    from engine.device import DeviceError
+    from engine.device import check_device as check
 
     try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise UsageError(f"bad --device {device!r}: expected cpu, cuda or cuda:N")
-    if dev.type == "cpu":
-        return
-    if not torch.cuda.is_available():
-        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise UsageError(
-            f"--device {device}: CUDA is not available to this torch {torch.__version__} "
-            f"({built}); use --device cpu, or a CUDA torch on a host with a GPU"
-        )
-    count = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= count:
-        raise UsageError(f"--device {device}: this host has {count} CUDA device(s)")
+        check(device)
+    except DeviceError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def bind(host: str, port: int) -> socket.socket:

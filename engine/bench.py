@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder, generate
 from engine.scheduler import GenRequest, Scheduler, Update
@@ -117,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=200.0)
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
+    try:
+        check_device(args.device)
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     start = time.monotonic()
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -136,23 +142,30 @@ def main(argv: list[str] | None = None) -> int:
         from kernels.envinfo import environment
 
         result["environment"] = environment()
+        result["git_sha"] = result["git_sha"] or result["environment"].get("git_sha")
     except Exception as exc:  # the bench still runs without it
         result["environment"] = {"error": repr(exc), "torch": torch.__version__}
     prompts = _prompts(args.prompt_len)
     on_gpu = args.device.startswith("cuda")
     graph_modes = {"on": [True], "off": [False], "both": [True, False]}[args.graphs]
+    sets = list(args.sets)
     if not on_gpu:
         graph_modes = [False]
+        # the `cuda` set needs a GPU; `cpu-kernels` is what a CPU host can run as named
+        if "cuda" in sets:
+            sets.remove("cuda")
+            print("note: the cuda backend set needs --device cuda; skipped", file=sys.stderr)
+            result["skipped_sets"] = {"cuda": "needs --device cuda"}
 
     def save() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
 
     rows = []
-    for name in args.sets:
+    for name in sets:
         for graphs in graph_modes:
             label = name if graphs or not on_gpu else f"{name}:eager"
-            backends = BACKEND_SETS[name] if on_gpu else ()
+            backends = BACKEND_SETS[name]
             entry: dict[str, Any] = {"backends": list(backends), "cuda_graphs": graphs}
             result["sets"][label] = entry
             try:

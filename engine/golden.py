@@ -45,6 +45,7 @@ def load_prompts(path: Path | None = None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from engine.device import DeviceError, check_device
     from engine.runtime import EngineSpec, build_decoder, generate
     from engine.tokenizer import ByteTokenizer
 
@@ -55,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", action="append", default=[])
     p.add_argument("--prompts", type=Path, help="a ddtree-ops/prompts/v1 JSON file")
     args = p.parse_args(argv)
+    try:
+        check_device(args.device)
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.device == "cpu":
         torch.set_num_threads(1)
     tok = ByteTokenizer()

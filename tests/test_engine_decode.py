@@ -325,3 +325,38 @@ def test_sampling_is_ar_only() -> None:
     _, dd = build_decoder(EngineSpec(mode="ddtree"))
     with pytest.raises(ValueError, match="ar mode only"):
         dd.new_sequence([BOS_ID], temperature=1.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+@pytest.mark.parametrize("module", ["engine.golden", "engine.bench"])
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(module: str, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", module, "--device", "cuda"]
+    argv += ["--json", str(tmp_path / "x.json")] if module == "engine.bench" else []
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: --device cuda: CUDA is not available") and (
+        p.stderr.count("\n") == 1
+    ), p.stderr
+
+
+def test_engine_bench_on_the_cpu_runs_the_cpu_set_and_checks_identity_under_load(tmp_path) -> None:
+    import json
+
+    from engine.bench import main
+
+    out = tmp_path / "bench.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--concurrency", "1", "3"]
+    assert main([*argv, "--max-tokens", "6", "--identity-tokens", "6", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert list(doc["sets"]) == ["cpu-kernels"] and doc["skipped_sets"] == {
+        "cuda": "needs --device cuda"
+    }
+    entry = doc["sets"]["cpu-kernels"]
+    assert entry["backends"][1] == "tree_build=cpp"
+    assert entry["ddtree_equals_ar"] and entry["load_identity"] == {"1": True, "3": True}
+    assert {(r["mode"], r["concurrency"]) for r in entry["load"]} == {
+        (m, c) for m in ("ar", "ddtree") for c in (1, 3)
+    }
