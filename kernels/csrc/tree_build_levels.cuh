@@ -1,7 +1,7 @@
 // tree_build_levels.cuh: the level-synchronous tree build (auto's first try for budget <= 64).
 // Included by tree_build.cu inside its anonymous namespace, after the Smem layout, pack() and
 // the heap loop (its fallback). Python model of the same decisions, checked against the
-// reference on CPU: tests/tree_levels_model.py.
+// reference on CPU: tests/helpers/tree_levels_model.py.
 //
 // Why it is exact. When every log-prob the reference reads is a float32 whose float64 partial
 // sums along any path are exact (all are multiples of the smallest ulp 2^E among them, and H
