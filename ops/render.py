@@ -441,6 +441,15 @@ def probes(ev: Evidence) -> list[dict[str, Any]]:
     return out
 
 
+def target_text(d: Decision, ev: Evidence) -> str:
+    """The concurrency the verdict is for, or why there is none."""
+    if d.target_concurrency is not None:
+        return str(d.target_concurrency)
+    if ev.profile is None:
+        return "none (no profile record)"
+    return "none (the profile measured no level)"
+
+
 def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, Any]:
     rows = [r for _, b in ev.bench for r in b.rows]
     series = speedup_series(rows)
@@ -450,6 +459,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "d": decision,
         "ev": ev,
         "vclass": verdict_class,
+        "target": target_text(decision, ev),
         "sources": sources,
         "amdahl": amdahl_table(decision),
         "amdahl_notes": amdahl_notes(decision),

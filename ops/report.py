@@ -24,7 +24,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ops.evidence import COMPONENT_STAGE, BenchSection, Change, Evidence, KernelRow, Probe
+from ops.evidence import (
+    COMPONENT_STAGE,
+    BenchSection,
+    Change,
+    Evidence,
+    HealthEntry,
+    KernelRow,
+    Probe,
+)
 
 Verdict = Literal["GO", "NO-GO", "HOLD"]
 EXIT_OF = {"GO": 0, "NO-GO": 1, "HOLD": 3}
@@ -253,11 +261,30 @@ def _flights(ev: Evidence, t: _Tally) -> None:
                 )
             else:
                 t.ok(f"{role}_passed", f"{role}: {len(h.report.checks)} checks, none failed")
-        compared = [h for h in entries if h.report is not None and not h.golden_recorded]
+        skipped = {h.path: why for h in entries if (why := _identity_skipped(h)) is not None}
+        for path, why in skipped.items():
+            t.hold("no_identity", f"{role}: {why}", record=path)
+        checked = [h for h in entries if h.report is not None and h.path not in skipped]
+        compared = [h for h in checked if not h.golden_recorded]
         for h in compared:
             _identity(role, h.path, h.report.modules.get("identity") if h.report else None, t)
-        if not compared and any(h.golden_recorded for h in entries):
+        if not compared and any(h.golden_recorded for h in checked):
             t.hold("no_identity", f"{role}: the golden set was recorded, nothing compared with it")
+
+
+def _identity_skipped(h: HealthEntry) -> str | None:
+    """Why the flight could not check token identity (its identity check skipped), or None."""
+    if h.report is None or h.report.modules.get("identity"):
+        return None
+    check = next((c for c in h.report.checks if c.name == "identity"), None)
+    if check is None or check.status != "skip":
+        return None
+    if check.detail == "service not healthy":
+        return (
+            f"could not check greedy token identity: the service was not healthy "
+            f"(failed: {', '.join(c.name for c in h.report.checks if c.status == 'fail')})"
+        )
+    return f"greedy token identity not checked: {check.detail}"
 
 
 def _identity(role: str, path: str, data: dict[str, Any] | None, t: _Tally) -> None:
@@ -376,6 +403,10 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
             f"{ev.profile.failed_requests} requests failed while "
             "the service was profiled: its step times are not trustworthy",
         )
+    if not rows:
+        why = " (its requests failed)" if ev.profile.failed_requests else ""
+        t.hold("no_profile_level", f"the profile measured no level{why}: f(c) is unknown")
+        return
     row = next((r for r in rows if r.concurrency == c), None)
     if row is None:
         have = [r.concurrency for r in rows]

@@ -11,6 +11,8 @@ directory, and small loads.
   through ops deploy and measures the same load before (A/A pair) and after the switch.
 - A failing step with `on_fail: stop` skips to the report; a playbook without one exits with
   its worst step.
+- Against a stopped service (`on_fail: continue`) the later steps run and the report's reasons
+  say what happened: identity not checked as the service was down, no profiled level.
 """
 
 from __future__ import annotations
@@ -217,3 +219,31 @@ def test_on_fail_stop_skips_to_the_report(tmp_path: Path) -> None:
     code, doc, _ = loc("rollout", "local", "--playbook", "healthcheck-only")
     assert code == 1 and doc["verdict"] is None and doc["steps"][0]["status"] == "fail"
     assert record(Path(doc["run_dir"]))["outcome"] == "fail"
+
+
+def test_a_stopped_service_gets_reasons_that_say_so(tmp_path: Path) -> None:
+    """The preflight fails and, `on_fail: continue`, the later steps still run: the report says
+    the identity could not be checked because the service was down (the golden set exists) and
+    that the profile measured no level, never a Python None or a missing golden set."""
+    loc = Local(tmp_path)  # nothing serves on its port
+    golden = loc.root / "golden" / "golden.json"
+    golden.parent.mkdir(parents=True)
+    golden.write_text('{"prompts": []}\n')
+    small = ["--set", "load.concurrency=1", "--set", "load.requests=1", "--set", "load.timeout=5"]
+    code, doc, err = loc("rollout", "local", *small, "--set", "preflight.timeout=2")
+    assert code == 1 and doc["verdict"] == "NO-GO", err
+    d = doc["decision"]
+    assert [r["code"] for r in d["failed"]] == ["preflight_failed"]
+    held = {r["code"]: r["message"] for r in d["holds"]}
+    assert held["no_identity"] == (
+        "preflight: could not check greedy token identity: the service was not healthy "
+        "(failed: service, health)"
+    )
+    assert held["no_profile_level"].startswith("the profile measured no level")
+    assert d["target_concurrency"] is None
+    md = (Path(doc["run_dir"]) / "report.md").read_text()
+    assert "target concurrency none (the profile measured no level)" in md
+    head = md.split("## Kernels")[0]  # the verdict, its reasons and the Amdahl section
+    for wrong in ("None", "no golden set", "n/a"):
+        assert wrong not in head, wrong
+    assert "The profile measured no level." in md and "No profile record" not in md
