@@ -135,6 +135,7 @@ def stage_table(ev: Evidence) -> tuple[list[str], list[dict[str, Any]]]:
         rows.append(
             {
                 "c": lv.concurrency,
+                "batch": (lv.model_extra or {}).get("batch"),
                 "step": lv.step_ms,
                 "stages": lv.stage_ms,
                 "tokens_per_s": lv.tokens_per_s,
@@ -395,6 +396,7 @@ def profile_table(ev: Evidence) -> tuple[list[str], list[dict[str, Any]]]:
         out.append(
             {
                 "c": r["c"],
+                "batch": "-" if r["batch"] is None else str(r["batch"]),
                 "step": _v(r["step"]),
                 "stages": [_v(r["stages"].get(s)) for s in stages],
                 "tokens_per_s": _v(r["tokens_per_s"], fmt=".4g"),

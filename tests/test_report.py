@@ -304,3 +304,26 @@ def test_default_run_dir_and_one_line_errors_in_a_real_process(tmp_path: Path) -
     assert res.returncode == 2 and "Traceback" not in res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "bad_missing_field/record.json: bench.rows.0.median_us" in lines[0]
+
+
+def test_profile_table_says_means_and_the_batch_each_level_ran_at(tmp_path: Path) -> None:
+    """The profile records means (no IQR); a level at c=32 on an engine of max batch 8 ran at
+    batch 8, and the table shows it."""
+    doc = json.loads((RECORDS / "profile_tree" / "record.json").read_text())
+    for lv in doc["profile"]["levels"]:
+        lv["batch"] = min(lv["concurrency"], 8)
+        for v in (lv["step_ms"], *lv["stage_ms"].values()):
+            v.pop("p25"), v.pop("p75")
+    prof = tmp_path / "profile_capped"
+    prof.mkdir()
+    (prof / "record.json").write_text(json.dumps(doc))
+    ops_report(tmp_path, "preflight_ok", "bench_tree", str(prof), "rollout_tree")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "the mean over the level's steps at the batch it ran at" in md
+    assert "median, IQR ends in brackets" not in md
+    assert "| c | batch | step |" in md
+    steps = {lv["concurrency"]: lv["step_ms"]["value"] for lv in doc["profile"]["levels"]}
+    assert f"| 32 | 8 | {steps[32]:.3g} |" in md and f"| 8 | 8 | {steps[8]:.3g} |" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<th>c</th><th>batch</th><th>step ms</th>" in html
+    assert f'<tr><td>32</td><td class="n">8</td><td class="n">{steps[32]:.3g}</td>' in html
