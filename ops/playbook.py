@@ -196,7 +196,8 @@ class Playbook(_Strict):
     description: str = ""
     change: ChangeSpec | None = None
     threshold: float = Field(default=0.03, ge=0, lt=1)
-    target_concurrency: int | None = Field(default=None, ge=1)  # default: the highest level
+    # one of load.concurrency (only those are profiled); default: the highest level
+    target_concurrency: int | None = Field(default=None, ge=1)
     load: Load = Field(default_factory=Load)
     steps: list[Any] = Field(min_length=1)
     path: str = ""
@@ -231,6 +232,13 @@ def validate_playbook(
         head = str(e["loc"][0]) if e["loc"] else ""
         mine = any(s is None and f.split(".")[0] == head for s, f in touched)
         raise PlaybookError(where, _loc(e), _msg(e) + (" (from --set)" if mine else "")) from None
+    c = pb.target_concurrency
+    if c is not None and c not in pb.load.concurrency:
+        mine = any(s is None and f == "target_concurrency" for s, f in touched)
+        levels = ", ".join(map(str, pb.load.concurrency))
+        problem = f"{c} is not one of load.concurrency ({levels}): only those are profiled"
+        problem += " (from --set)" if mine else ""
+        raise PlaybookError(where, "target_concurrency", problem)
     pb.steps = [_step(where, i, s, touched) for i, s in enumerate(pb.steps, 1)]
     check_order(where, pb)
     return pb

@@ -135,6 +135,8 @@ PRE = "steps:\n  - {step: healthcheck, name: preflight}\n"
         ("change: {component: warp, baseline: cpp, candidate: cuda}\n" + PRE,
          "change.component", "(got 'warp')"),
         ("load: {concurrency: [0]}\n" + PRE, "load.concurrency.0", "greater than or equal to 1"),
+        ("load: {concurrency: [1, 8]}\ntarget_concurrency: 4\n" + PRE, "target_concurrency",
+         "4 is not one of load.concurrency (1, 8): only those are profiled"),
         ("steps:\n  - {step: deploy}\n", "change", "needs the playbook's `change`"),
         ("steps: []\n", "steps", "at least 1 item"),
     ],
@@ -166,6 +168,18 @@ def test_bad_documents(tmp_path: Path) -> None:
         (["change.candidate=rocm"], None, "change", "no backend 'rocm'"),
         (["load.concurrency=1,x"], None, "load.concurrency", "integers like 1,8,32"),
         (["threshold.x=1"], None, "threshold.x=1", "threshold is not a table"),
+        (
+            ["target_concurrency=7"],
+            None,
+            "target_concurrency",
+            "7 is not one of load.concurrency (1, 8, 32): only those are profiled (from --set)",
+        ),
+        (
+            ["target_concurrency=8", "load.concurrency=1,4"],
+            None,
+            "target_concurrency",
+            "8 is not one of load.concurrency (1, 4)",
+        ),
     ],
 )
 def test_bad_set_names_the_step_and_the_field(
@@ -186,6 +200,10 @@ def test_cli_refuses_before_anything_runs(tmp_path: Path) -> None:
     res = run_cli(tmp_path, "local", "--playbook", bad)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "step 2 'deploy': when:" in res.stderr and res.stderr.count("error:") == 1
+    res = run_cli(tmp_path, "local", "--set", "target_concurrency=7")
+    assert res.returncode == 2 and res.stderr.count("error:") == 1, res.stderr
+    assert "target_concurrency: 7 is not one of load.concurrency (1, 8, 32)" in res.stderr
+    assert load_playbook(None, ["target_concurrency=8"]).target_concurrency == 8
     res = run_cli(tmp_path, "local", "--set", "bench.gpux=1", "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 2 and (doc["step"], doc["field"]) == ("bench", "gpux")
