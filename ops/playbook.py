@@ -272,7 +272,11 @@ def _step(where: str, i: int, raw: Any, touched: set[tuple]) -> AnyStep:
     if isinstance(st, HealthcheckStep) and st.role is None:
         roles = [r for r in ("preflight", "postflight") if r in st.name]
         if len(roles) != 1:
-            raise PlaybookError(f"{where}: {label}", "role", "preflight or postflight", st.name)
+            problem = (
+                "a healthcheck step needs role: preflight | postflight, "
+                "or a name containing 'preflight' or 'postflight'"
+            )
+            raise PlaybookError(f"{where}: {label}", "role", problem, st.name)
         st.role = roles[0]  # type: ignore[assignment]
     return st
 

@@ -107,7 +107,9 @@ def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
         ("  - {step: measure, phase: after}\n", "measure", "phase", "'before' earlier"),
         ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
         ("  - {step: bench}\n  - {step: bench}\n", "bench", "name", "used by step 1"),
-        ("  - {step: healthcheck, name: check}\n", "check", "role", "preflight or postflight"),
+        ("  - {step: healthcheck, name: check1}\n", "check1", "role",
+         "step 1 'check1': role: a healthcheck step needs role: preflight | postflight, "
+         "or a name containing 'preflight' or 'postflight'"),
         ("  - {step: deploy, colour: red}\n", "deploy", "colour", "unknown field"),
         ("  - {step: profile, budget: many}\n", "profile", "budget", "valid integer"),
     ],
