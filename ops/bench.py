@@ -212,6 +212,12 @@ def conclude(section: dict[str, Any], probe: ProbeDoc, cap: dict[str, str]) -> B
     if reasons:
         section.update(ok=False, reasons=reasons)
         return BenchOutcome(code=EXIT_FAIL, outcome="fail", message=reasons[0], section=section)
+    if not rows:  # e.g. no CUDA device where it ran: nothing measured is no evidence
+        notes = "; ".join(doc.get("notes") or []) or "no suite produced a row"
+        section.update(ok=False, hold_reasons=[f"the bench gave no rows: {notes}"])
+        return BenchOutcome(
+            code=EXIT_HOLD, outcome="hold", message=section["hold_reasons"][0], section=section
+        )
     if not probe["measured"]:
         why = probe.get("unmeasured_reason") or "the service did not answer the probe"
         section.update(ok=False, hold_reasons=[f"interference not measured: {why}"])
