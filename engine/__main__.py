@@ -185,6 +185,7 @@ def run(argv: list[str] | None) -> int:
     if args.check:
         sock.close()
         doc = {"ok": True, "preset": args.preset, "mode": args.mode, "device": args.device}
+        doc["cuda_graphs"] = args.cuda_graphs
         doc |= {"backends": names, "backend_sources": sources}
         doc |= {"url": f"http://{args.host}:{args.port}"}
         print(json.dumps(doc))

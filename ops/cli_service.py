@@ -157,6 +157,13 @@ def serve(
         list[str] | None,
         typer.Option(help="COMPONENT=KIND, e.g. tree_build=cpp (repeatable)."),
     ] = None,
+    cuda_graphs: Annotated[
+        bool,
+        typer.Option(
+            "--cuda-graphs/--no-cuda-graphs",
+            help="On a GPU, replay the forward's pieces as CUDA graphs (captured at start).",
+        ),
+    ] = True,
     _json: JsonOpt = False,
 ) -> int:
     """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it).
@@ -187,6 +194,8 @@ def serve(
     ]
     for b in backend or []:
         argv += ["--backend", b]
+    if not cuda_graphs:
+        argv.append("--no-cuda-graphs")
     check = _engine_check(argv, port)  # every bad value is refused before "serving on"
     if state(ctx).as_json:
         emit_json({"argv": argv, "url": f"http://{host}:{port}", "check": check})

@@ -124,3 +124,16 @@ def test_ops_serve_on_a_busy_port_exits_2_with_a_hint(busy_port: int) -> None:
     error, hint = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert error.startswith("error: ") and "in use" in error
     assert hint.startswith("hint: ") and str(busy_port) in hint
+
+
+def test_cuda_graphs_switch_reaches_the_engine() -> None:
+    """`--no-cuda-graphs` (and $DDTREE_ENGINE_CUDA_GRAPHS=0) turn the graphs off; on by default."""
+    port = str(free_port())
+    on = json.loads(_run("-m", "engine", "--check", "--port", port).stdout)
+    off = json.loads(_run("-m", "engine", "--check", "--port", port, "--no-cuda-graphs").stdout)
+    env_off = _run("-m", "engine", "--check", "--port", port,
+                   env={"DDTREE_ENGINE_CUDA_GRAPHS": "0"})  # fmt: skip
+    assert on["cuda_graphs"] is True and off["cuda_graphs"] is False
+    assert json.loads(env_off.stdout)["cuda_graphs"] is False
+    help_text = _run("-m", "ops", "serve", "-h").stdout
+    assert "--no-cuda-graphs" in help_text
