@@ -69,7 +69,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "tiny": Preset("tiny"),
     # The `small` preset's KV rows are 512 latent + 64 rope = 576 wide, the layout of the
-    # Kernels II CUDA tree-verify attention.
+    # CUDA tree-verify attention kernel.
     "small": Preset(
         "small",
         ModelConfig(
