@@ -26,8 +26,6 @@ a CUDA device the suite prints a note and yields no rows.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 
@@ -249,10 +247,6 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
     then the engine's call (`row_attention`: torch_rows, cuda_rows) per batch and prefix."""
     from kernels.cuda_attention import ALGOS
 
-    if not torch.cuda.is_available():
-        print("note: attn suite: no CUDA device, no rows (tree_verify_attention, row_attention)",
-              file=sys.stderr)  # fmt: skip
-        return []
     variants = tuple(v for v in cfg.variants if v in ALGOS) or ("auto",)
     rows: list[Row] = []
     for size in SIZES[:2] if cfg.quick else SIZES:
