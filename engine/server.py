@@ -43,7 +43,7 @@ from engine.protocol import (
 )
 from engine.runtime import EngineSpec, build_decoder
 from engine.scheduler import GenRequest, Scheduler, Update
-from engine.stats import StepStats
+from engine.stats import NESTED_STAGES, StepStats
 from engine.tokenizer import BOS_ID, ByteTokenizer
 
 log = logging.getLogger("engine.server")
@@ -232,7 +232,7 @@ def create_app(
                 }
                 if dec
                 else None,
-                "nested_stages": {"attention": "verify"},
+                "nested_stages": NESTED_STAGES,
                 "internal_states": [internal],
             }
         )

@@ -6,8 +6,9 @@ import threading
 import time
 from collections import defaultdict, deque
 
-# "attention" is part of "verify" (measured inside the forward), not added on top of it
 STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
+# stages measured inside another (attention inside the forward of verify): not added on top
+NESTED_STAGES = {"attention": "verify"}
 STAGE_BUCKETS = (
     1e-4,
     2.5e-4,

@@ -36,11 +36,11 @@ from pydantic import BaseModel
 from checks.docs import CountersDoc, LevelDoc
 from ops.dataplane import data_plane_dir, run_check
 from ops.errors import OpsError
+from ops.evidence import NESTED_STAGES
 from ops.loadtest import run_loadtest
 from ops.remote import Host
 
 STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
-NESTED = {"attention": "verify"}  # measured inside another stage: not added on top of it
 BREAKDOWN = "step_time_breakdown"
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
@@ -158,7 +158,8 @@ def measured_level(c: int, before: CountersDoc, after: CountersDoc, lt: LevelDoc
         "step_ms": value(step, "measured", where, n=n),
         "stage_ms": stage_ms,
         "share": {s: v["value"] / step for s, v in stage_ms.items()},
-        "unaccounted_ms": step - sum(v["value"] for s, v in stage_ms.items() if s not in NESTED),
+        "unaccounted_ms": step
+        - sum(v["value"] for s, v in stage_ms.items() if s not in NESTED_STAGES),
     }
     level.update(throughput(lt))
     d_sum = _delta(before, after, "ddtree:accept_length_sum")
