@@ -81,9 +81,6 @@ class Decoder:
             gen.manual_seed(seed) if seed is not None else gen.seed()
         return Sequence(list(prompt), self.cache.new_sequence(), 0, temperature, gen)
 
-    def _run(self, rows: Rows, timer: AttentionTimer) -> torch.Tensor:
-        return self.forward.run(rows, self.backends.attention, timer)
-
     def prefill(self, seq: Sequence) -> None:
         """Write the KV of every prompt token but the last (the first step's root), in blocks
         of at most the forward's row capacity (row p sees positions 0 .. p)."""
@@ -92,12 +89,12 @@ class Decoder:
         slots = seq.blocks.slot_array(max(n, 0))
         tokens = np.asarray(seq.tokens[:n], dtype=np.int64)
         step = self.forward.max_rows
-        timer = AttentionTimer(self.model.device)
         for a in range(0, n, step):
             b = min(n, a + step)
             pos = np.arange(a, b, dtype=np.int64)
             table = np.tile(slots[:b], (b - a, 1))
-            self._run(Rows(tokens[a:b], pos, slots[a:b], table, pos + 1), timer)
+            rows = Rows(tokens[a:b], pos, slots[a:b], table, pos + 1)
+            self.forward.run(rows, self.backends.attention)
         seq.kv_len = n
 
     def _verify_rows(
@@ -170,12 +167,18 @@ class Decoder:
         # verify: one target forward over every request's root + nodes
         timer = AttentionTimer(self.model.device)
         rows, place = self._verify_rows(seqs, trees, num_nodes)
-        logits = self._run(rows, timer)
+        logits = self.forward.run(rows, self.backends.attention, timer)
         argmax = logits.argmax(dim=-1)
         if trees is None:
             argmax = argmax.cpu().numpy()
-            lap("verify")
-            stages["attention"] = timer.seconds()
+        else:  # the target ids stay on the model's device: a CUDA accept reads them there
+            target = torch.zeros(len(seqs) * (self.cfg.budget + 1), dtype=torch.int64,
+                                 device=argmax.device)  # fmt: skip
+            target[torch.from_numpy(place).to(argmax.device)] = argmax
+        lap("verify")
+        stages["attention"] = timer.seconds()
+
+        if trees is None:
             accepted = [[0] for _ in seqs]
             bonus = [int(t) for t in argmax]
             for b, s in enumerate(seqs):
@@ -183,12 +186,6 @@ class Decoder:
                     probs = torch.softmax(logits[b].double().cpu() / s.temperature, dim=-1)
                     bonus[b] = int(torch.multinomial(probs, 1, generator=s.generator))
         else:
-            # the target ids stay on the model's device: a CUDA accept reads them there
-            target = torch.zeros(len(seqs) * (self.cfg.budget + 1), dtype=torch.int64,
-                                 device=argmax.device)  # fmt: skip
-            target[torch.from_numpy(place).to(argmax.device)] = argmax
-            lap("verify")
-            stages["attention"] = timer.seconds()
             target = target.view(len(seqs), self.cfg.budget + 1)
             acc, alen, bon = self.backends.accept(trees, target, self.cfg.draft_len)
             accepted = [[int(a) for a in acc[b, : int(alen[b])]] for b in range(len(seqs))]

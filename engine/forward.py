@@ -125,7 +125,7 @@ class Forward:
         s = slice(j * self.chunk, (j + 1) * self.chunk)
         self.xs[layer + 1, s] = self.model.post(layer, self.xs[layer, s], self.o[s])
 
-    def _head(self, _: int, j: int) -> None:
+    def _head(self, j: int) -> None:
         s = slice(j * self.chunk, (j + 1) * self.chunk)
         self.logits[s] = self.model.head(self.xs[-1, s])
 
@@ -142,7 +142,7 @@ class Forward:
                 if piece < last:
                     self._pre(piece, j)
                 else:
-                    self._head(0, j)
+                    self._head(j)
 
         if not self.graphs:
             run()
@@ -168,8 +168,11 @@ class Forward:
         return graph
 
     # -- a forward -----------------------------------------------------------------------------
-    def run(self, rows: Rows, attention: Attention, timer: AttentionTimer) -> torch.Tensor:
-        """Logits [R, V] (a view of the static buffer: use before the next run)."""
+    def run(
+        self, rows: Rows, attention: Attention, timer: AttentionTimer | None = None
+    ) -> torch.Tensor:
+        """Logits [R, V] (a view of the static buffer: use before the next run); with a timer,
+        the attention calls are timed into it."""
         cfg, n = self.model.cfg, len(rows)
         if n == 0:
             return self.logits[:0]
@@ -184,11 +187,11 @@ class Forward:
         plan = attention.plan(rows.table, rows.lens, self.model.device)
         for layer in range(cfg.layers):
             self._piece(layer, chunks)
-            out = timer.span(
-                lambda layer=layer: attention(
+            call = (
+                lambda layer=layer: attention(  # noqa: E731
                     self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
                 )
             )
-            self.o[:n] = out
+            self.o[:n] = timer.span(call) if timer else call()
         self._piece(cfg.layers, chunks)
         return self.logits[:n]
