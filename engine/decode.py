@@ -23,6 +23,7 @@ from engine.drafter import Drafter
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
+from kernels.row_attention import paged_slots, visible_rows
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Decoder:
         """Every request's root + tree nodes as rows, each with its visible slots in position
         order (the prefix, then its ancestors and itself), for the whole batch at once; and
         each row's flat index in the accept's `[B, budget + 1]` target."""
-        ps, B = self.cache.page_size, len(seqs)
+        B = len(seqs)
         lens_pre = np.array([s.kv_len for s in seqs], dtype=np.int64)  # L_b
         nodes = np.asarray(num_nodes, dtype=np.int64)
         T = int(nodes.max()) + 1 if B else 1  # rows per request (padded)
@@ -113,19 +114,12 @@ class Decoder:
         pages = np.zeros((B, max(len(s.blocks.pages) for s in seqs)), dtype=np.int64)
         for b, s in enumerate(seqs):
             pages[b, : len(s.blocks.pages)] = s.blocks.pages
-        pos = np.arange(W)
-        slots = pages[:, np.minimum(pos // ps, pages.shape[1] - 1)] * ps + pos % ps  # [B, W]
+        slots = paged_slots(pages, W, self.cache.page_size)  # [B, W]
         if trees is None:
             vis = np.ones((B, 1, 1), dtype=bool)
         else:
             vis = np.asarray(trees.visibility[:, :T, :T], dtype=bool)
-        # ancestors + self in index (= position) order first: a stable sort of ~vis
-        order = np.argsort(~vis, axis=2, kind="stable")  # [B, T, T]
-        L = lens_pre[:, None, None]
-        j = pos[None, None, :]
-        k = np.clip(j - L, 0, T - 1)
-        bi, ti = np.arange(B)[:, None, None], np.arange(T)[None, :, None]
-        table = slots[bi, np.where(j < L, j, L + order[bi, ti, k])]  # [B, T, W]
+        table, lens = visible_rows(slots, lens_pre, vis)  # [B, T, W], [B, T]
         tokens = np.zeros((B, T), dtype=np.int64)
         tokens[:, 0] = [s.root for s in seqs]
         positions = np.repeat(lens_pre[:, None], T, axis=1)
@@ -134,7 +128,6 @@ class Decoder:
             positions[:, 1:] += trees.depths[:, : T - 1]
         write = slots[np.arange(B)[:, None], lens_pre[:, None] + np.arange(T)[None, :]]
         keep = (np.arange(T)[None, :] <= nodes[:, None]).reshape(-1)
-        lens = L[:, :, 0] + vis.sum(axis=2)
         rows = Rows(
             *(a.reshape(B * T)[keep] for a in (tokens, positions, write)),
             table.reshape(B * T, W)[keep],

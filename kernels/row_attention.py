@@ -18,8 +18,9 @@ only on its own visible keys, never on which other rows share the call:
   request (a page-size-1 view of the pool), one KV split and the fp32 SIMT path: the kernel walks
   a row's keys in order, so the row's result is the same whatever the batch.
 
-`step_rows` builds the rows of one decode step the way the engine's verify does (B requests of
-T = budget + 1 rows over a paged prefix of L keys); `reference_rows` is the float64 yardstick.
+`visible_rows` lays out the rows of one decode step (B requests of T = budget + 1 rows over a
+paged prefix of L keys): the engine's verify calls it, and `step_rows` builds the bench's steps
+through it; `reference_rows` is the float64 yardstick.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ __all__ = [
     "random_parents",
     "reference_rows",
     "rowwise_plan",
+    "paged_slots",
     "step_rows",
+    "visible_rows",
     "torch_rows",
     "torch_rows_plan",
 ]
@@ -163,25 +166,48 @@ def random_parents(rng: np.random.Generator, t: int) -> np.ndarray:
     return np.array([-1] + [int(rng.integers(0, i)) for i in range(1, t)], dtype=np.int64)
 
 
+def paged_slots(pages: np.ndarray, width: int, page_size: int) -> np.ndarray:
+    """[B, width]: the pool slot of positions 0 .. width - 1 of each request's block table
+    `pages[b]`; positions past a table map into its last page (slots nothing reads)."""
+    pos = np.arange(width)
+    return pages[:, np.minimum(pos // page_size, pages.shape[1] - 1)] * page_size + pos % page_size
+
+
+def visible_rows(
+    slots: np.ndarray, prefix_lens: np.ndarray, vis: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Slot table [B, T, W] and lengths [B, T] of a verify step's rows, the engine's layout.
+
+    Request b's positions 0 .. L_b - 1 hold its prefix and L_b + i its tree node i, at pool
+    slots `slots[b]` [W >= max L_b + T]; row i sees the prefix, then the nodes `vis[b, i]`
+    marks (its ancestors and itself: each before its descendants) in position order. Entries
+    past a row's length are valid slots that nothing reads."""
+    b_n, t, _ = vis.shape
+    width = slots.shape[1]
+    order = np.argsort(~vis, axis=2, kind="stable")  # the visible nodes first, in index order
+    lp = np.asarray(prefix_lens, dtype=np.int64)[:, None, None]
+    j = np.arange(width)[None, None, :]
+    k = np.clip(j - lp, 0, t - 1)
+    bi, ti = np.arange(b_n)[:, None, None], np.arange(t)[None, :, None]
+    table = slots[bi, np.where(j < lp, j, lp + order[bi, ti, k])]
+    return table, lp[:, :, 0] + vis.sum(axis=2)
+
+
 def step_rows(
     prefix_lens: list[int], parents: list[np.ndarray], pages: np.ndarray, page_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The rows (table [B*T, W], lens [B*T]) of one decode step, as the engine's verify builds
-    them: request b's positions 0 .. L_b - 1 hold its prefix and L_b + i its tree node i, in
-    the pages `pages[b]` of a paged pool; its row i sees the prefix, then node i's ancestors
-    and node i itself in position order."""
+    """The rows (table [B*T, W], lens [B*T]) of one decode step, built by `visible_rows` as the
+    engine's verify builds them, for trees given by their parents (-1 for the root), in the
+    pages `pages[b]` of a paged pool."""
     t = len(parents[0])
     width = max(prefix_lens) + t
-    table = np.zeros((len(prefix_lens) * t, width), dtype=np.int64)
-    lens = np.zeros(len(prefix_lens) * t, dtype=np.int64)
-    for b, (n, par) in enumerate(zip(prefix_lens, parents, strict=True)):
-        pos = np.arange(n + t)
-        slots = pages[b, pos // page_size] * page_size + pos % page_size
+    slots = paged_slots(pages, width, page_size)
+    vis = np.zeros((len(parents), t, t), dtype=bool)
+    for b, par in enumerate(parents):
         for i in range(t):
-            path = [i]
-            while par[path[-1]] >= 0:
-                path.append(int(par[path[-1]]))
-            seen = np.concatenate([slots[:n], slots[n + np.array(sorted(path))]])
-            table[b * t + i, : len(seen)] = seen
-            lens[b * t + i] = len(seen)
-    return table, lens
+            node = i
+            while node >= 0:  # node i and its ancestors
+                vis[b, i, node] = True
+                node = int(par[node])
+    table, lens = visible_rows(slots, np.asarray(prefix_lens), vis)
+    return table.reshape(-1, width), lens.reshape(-1)
