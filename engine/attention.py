@@ -13,8 +13,9 @@ only on its own visible keys, never on which other rows share the call:
   padded), so every bmm / softmax has one of a few fixed shapes; keys past a row's length are
   masked to -inf and contribute exact zeros.
 - `cuda`: the CUDA tree-verify kernel with every row as its own request (a page-size-1 view of
-  the pool), one KV split and the fp32 SIMT path: the kernel walks a row's keys in order, so
-  the row's result is the same whatever the batch.
+  the pool) and the fp32 SIMT path, a row's keys cut into KV splits of a fixed length
+  (`kernels.row_attention.SPLIT_KEYS`) and combined in a fixed order, so the row's result is
+  the same whatever the batch.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class TorchAttention:
 
 
 class CudaAttention:
-    """The CUDA tree-verify kernel (fp32 SIMT, one split), one launch per layer for all rows."""
+    """The CUDA tree-verify kernel (fp32 SIMT, fixed-length KV splits), one launch per layer for all rows."""
 
     name = "cuda"
 

@@ -82,21 +82,25 @@ class Decoder:
             gen.manual_seed(seed) if seed is not None else gen.seed()
         return Sequence(list(prompt), self.cache.new_sequence(), 0, temperature, gen)
 
-    def prefill(self, seq: Sequence) -> None:
+    def prefill(self, seq: Sequence) -> float:
         """Write the KV of every prompt token but the last (the first step's root), in blocks
-        of at most the forward's row capacity (row p sees positions 0 .. p)."""
+        of at most the forward's row capacity (row p sees positions 0 .. p). Returns the
+        seconds spent in attention (timed as in a step's verify)."""
         n = len(seq.tokens) - 1
         seq.blocks.reserve(n + self.cfg.budget + 2)
         slots = seq.blocks.slot_array(max(n, 0))
         tokens = np.asarray(seq.tokens[:n], dtype=np.int64)
         step = self.forward.max_rows
+        timer = AttentionTimer(self.model.device)
         for a in range(0, n, step):
             b = min(n, a + step)
             pos = np.arange(a, b, dtype=np.int64)
             table = np.tile(slots[:b], (b - a, 1))
             rows = Rows(tokens[a:b], pos, slots[a:b], table, pos + 1)
-            self.forward.run(rows, self.backends.attention)
+            self.forward.run(rows, self.backends.attention, timer)
         seq.kv_len = n
+        self._sync()
+        return timer.seconds()
 
     def _verify_rows(
         self, seqs: list[Sequence], trees, num_nodes: list[int]

@@ -190,8 +190,10 @@ class Scheduler:
             try:
                 t0 = time.perf_counter()
                 req.seq = self.decoder.new_sequence(req.prompt_ids, req.temperature, req.seed)
-                self.decoder.prefill(req.seq)
-                self.stats.record_prefill(len(req.prompt_ids), time.perf_counter() - t0)
+                attention = self.decoder.prefill(req.seq)
+                self.stats.record_prefill(
+                    len(req.prompt_ids), time.perf_counter() - t0, attention
+                )
                 self._running.append(req)
                 self._running_per_group[req.key] += 1
             except Exception as exc:

@@ -210,6 +210,8 @@ def create_app(
             "generation_tokens_total": s.tokens_total,
             "requests_total": s.requests_total,
             "step_time_breakdown": s.breakdown(),
+            "prefill_time_breakdown": s.prefill_breakdown(),
+            "clock_s": time.monotonic(),
         }
         dec = state.scheduler.decoder if state.scheduler else None
         return JSONResponse(

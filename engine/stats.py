@@ -67,6 +67,7 @@ class StepStats:
         self.requests_total = 0
         self.prefill_tokens_total = 0
         self.prefill_seconds_total = 0.0
+        self.prefill_attention_seconds_total = 0.0
         self.max_batch_seen = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for throughput
 
@@ -91,11 +92,27 @@ class StepStats:
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
 
-    def record_prefill(self, tokens: int, seconds: float) -> None:
+    def record_prefill(self, tokens: int, seconds: float, attention: float = 0.0) -> None:
+        """One request's prefill: prompt tokens, its seconds, the attention inside them."""
         with self.lock:
             self.requests_total += 1
             self.prefill_tokens_total += tokens
             self.prefill_seconds_total += seconds
+            self.prefill_attention_seconds_total += attention
+
+    def prefill_breakdown(self) -> dict:
+        """{"prefills", "tokens", "total_s": {"prefill", "attention"}}: every prefill so far
+        (attention is inside prefill). With `breakdown`'s steps, all the engine's timed work:
+        a profile divides their growth over a window by the window's wall time."""
+        with self.lock:
+            return {
+                "prefills": self.requests_total,
+                "tokens": self.prefill_tokens_total,
+                "total_s": {
+                    "prefill": self.prefill_seconds_total,
+                    "attention": self.prefill_attention_seconds_total,
+                },
+            }
 
     def throughput(self) -> float:
         """Generated tokens per second over the last 10 s (0 when idle)."""

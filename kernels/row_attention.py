@@ -15,8 +15,9 @@ only on its own visible keys, never on which other rows share the call:
   number of rows (`rows_per_call`, padded), so every bmm / softmax has one of a few fixed shapes;
   keys past a row's length are masked to -inf and contribute exact zeros.
 - `cuda_rows` (plan `rowwise_plan`): the CUDA tree-verify kernel with every row as its own
-  request (a page-size-1 view of the pool), one KV split and the fp32 SIMT path: the kernel walks
-  a row's keys in order, so the row's result is the same whatever the batch.
+  request (a page-size-1 view of the pool) and the fp32 SIMT path, its keys cut into KV splits
+  of a fixed `SPLIT_KEYS` (`split_plan`): the kernel walks a split's keys in order and combines
+  the splits in a fixed order, so the row's result is the same whatever the batch.
 
 `visible_rows` lays out the rows of one decode step (B requests of T = budget + 1 rows over a
 paged prefix of L keys): the engine's verify calls it, and `step_rows` builds the bench's steps
@@ -36,6 +37,7 @@ __all__ = [
     "cuda_rows",
     "random_parents",
     "reference_rows",
+    "split_plan",
     "rowwise_plan",
     "paged_slots",
     "step_rows",
@@ -125,13 +127,32 @@ def rowwise_plan(table: np.ndarray, lens: np.ndarray, device: torch.device) -> R
     return RowwisePlan(bt, lens_t - 1, torch.ones_like(lens_t), vis, int(np.max(lens)))
 
 
+# Keys a KV split of `cuda_rows` covers. The kernel cuts each row's keys at multiples of
+# `ceil(max_tiles / num_splits)` tiles of 16 keys (the SIMT tile), max_tiles planned from
+# `max_kv_len`; `split_plan` passes a `max_kv_len` that makes that exactly SPLIT_KEYS, so a row's
+# splits (and the fixed-order combine over them) depend only on its own length, never on the
+# batch: splits past a row's end are empty and the combine skips them.
+SPLIT_KEYS = 64
+_SIMT_TILE = 16
+
+
+def split_plan(max_len: int, split_keys: int = SPLIT_KEYS) -> tuple[int, int]:
+    """(num_splits, max_kv_len) for rows of at most `max_len` keys: splits of `split_keys`."""
+    if split_keys % _SIMT_TILE:
+        raise ValueError(f"split_keys must be a multiple of {_SIMT_TILE}, got {split_keys}")
+    splits = max(1, -(-int(max_len) // split_keys))
+    return splits, splits * split_keys
+
+
 def cuda_rows(
     q: torch.Tensor, pool: torch.Tensor, plan: RowwisePlan, scale: float, latent_dim: int
 ) -> torch.Tensor:
-    """The CUDA tree-verify kernel (fp32 SIMT, one split), one launch for all rows."""
+    """The CUDA tree-verify kernel (fp32 SIMT), one launch for all rows, each row's keys in
+    splits of SPLIT_KEYS (flash-decoding: parallel over a long row, and batch-invariant)."""
     from kernels.cuda_attention import tree_verify_attention
 
     kv = pool.view(pool.shape[0], 1, pool.shape[1])
+    splits, max_kv_len = split_plan(plan.max_kv_len)
     out = tree_verify_attention(
         q.contiguous(),
         kv,
@@ -140,8 +161,8 @@ def cuda_rows(
         plan.tree_lens,
         plan.visibility,
         scale,
-        max_kv_len=plan.max_kv_len,
-        num_splits=1,
+        max_kv_len=max_kv_len,
+        num_splits=splits,
         algo="simt",
         check=False,
     )

@@ -129,6 +129,39 @@ def test_cuda_rows_equal_torch_rows() -> None:
         assert float((got.double() - want).norm() / want.norm()) < 1e-5
 
 
+def test_split_plan_cuts_every_row_at_the_same_keys_whatever_the_batch() -> None:
+    """The kernel cuts a row at multiples of ceil(max_tiles / splits) tiles; split_plan's
+    max_kv_len makes that exactly SPLIT_KEYS for any batch-wide maximum."""
+    for max_len in (1, 15, 16, 63, 64, 65, 1000, 1088, 4096):
+        splits, max_kv = ra.split_plan(max_len)
+        assert max_kv >= max_len and splits == -(-max_len // ra.SPLIT_KEYS)
+        max_tiles = -(-max_kv // 16)
+        assert -(-max_tiles // splits) * 16 == ra.SPLIT_KEYS  # the kernel's tiles_per_split
+    assert ra.split_plan(1000, 128) == (8, 1024)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ra.split_plan(100, 40)
+
+
+@pytest.mark.gpu
+def test_cuda_rows_are_batch_invariant() -> None:
+    """Bit-identical rows alone, in any subset (so another split count: the longest row sets
+    it) and in any order, with rows shorter and longer than one split."""
+    pool, table, lens, q = step_case(6, 9, [10, 63, 64, 65, 700, 3], page_size=16, seed=5,
+                                     device="cuda")  # fmt: skip
+    full = ra.cuda_rows(q, pool, ra.rowwise_plan(table, lens, q.device), SCALE, 512)
+    rng = np.random.default_rng(6)
+    n = len(lens)
+    for trial in range(8):
+        pick = rng.permutation(n)[: rng.integers(1, n)]
+        part = ra.cuda_rows(q[pick], pool, ra.rowwise_plan(table[pick], lens[pick], q.device),
+                            SCALE, 512)  # fmt: skip
+        assert torch.equal(part, full[pick]), trial
+    for i in (0, int(np.argmax(lens))):
+        one = ra.cuda_rows(q[i : i + 1], pool, ra.rowwise_plan(table[i : i + 1], lens[i : i + 1],
+                           q.device), SCALE, 512)  # fmt: skip
+        assert torch.equal(one, full[i : i + 1]), i
+
+
 @pytest.mark.gpu
 def test_row_attention_bench_rows() -> None:
     from kernels.bench import add_speedups
