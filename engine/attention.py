@@ -65,7 +65,8 @@ class TorchAttention:
 
 
 class CudaAttention:
-    """The CUDA tree-verify kernel (fp32 SIMT, fixed-length KV splits), one launch per layer for all rows."""
+    """The CUDA tree-verify kernel (fp32 SIMT, fixed-length KV splits), one launch per layer
+    for all rows."""
 
     name = "cuda"
 

@@ -187,11 +187,12 @@ class Forward:
         plan = attention.plan(rows.table, rows.lens, self.model.device)
         for layer in range(cfg.layers):
             self._piece(layer, chunks)
-            call = (
-                lambda layer=layer: attention(  # noqa: E731
+
+            def call(layer: int = layer) -> torch.Tensor:
+                return attention(
                     self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
                 )
-            )
+
             self.o[:n] = timer.span(call) if timer else call()
         self._piece(cfg.layers, chunks)
         return self.logits[:n]

@@ -191,9 +191,7 @@ class Scheduler:
                 t0 = time.perf_counter()
                 req.seq = self.decoder.new_sequence(req.prompt_ids, req.temperature, req.seed)
                 attention = self.decoder.prefill(req.seq)
-                self.stats.record_prefill(
-                    len(req.prompt_ids), time.perf_counter() - t0, attention
-                )
+                self.stats.record_prefill(len(req.prompt_ids), time.perf_counter() - t0, attention)
                 self._running.append(req)
                 self._running_per_group[req.key] += 1
             except Exception as exc:

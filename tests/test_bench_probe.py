@@ -209,3 +209,49 @@ def test_bench_on_a_free_gpu(tmp_path: Path) -> None:
     section = BenchSection.model_validate(doc)
     assert {r.impl for r in section.rows} >= {"cuda_events", "cuda_graph", "cpu_python"}
     assert all(r.refcheck is not False for r in section.rows)
+
+
+@pytest.mark.gpu
+def test_guard_and_probe_with_the_engine_serving_on_the_gpu(tmp_path: Path) -> None:
+    """#15 on a real GPU: the reference engine serves on GPU 0 (preset small, process manager).
+    `--gpu` past the host's GPUs is exit 2 naming the GPUs there are; GPU 0 is refused while
+    the service uses it; with --allow-shared a deliberately heavy bench (the attention suite at
+    its largest shapes, fp32 SDPA baselines included) slows the service past the default 10%
+    threshold, and the probe stops it at once: NO-GO for interference, the three
+    distributions in the record."""
+    import torch
+
+    ops = Ops(tmp_path)
+    command = ("{python} -m engine --host {host} --port {port} --preset small --mode ddtree "
+               "--device cuda")  # fmt: skip
+    ops.configure_service(command)
+    n_gpus = torch.cuda.device_count()
+    ops.inventory.write_text(
+        ops.inventory.read_text().replace(
+            "[targets.local.service]", f"gpus = {n_gpus}\nbench_gpu = 0\n[targets.local.service]"
+        )
+    )
+    code, doc = ops.json("service", "start", "local")
+    assert code == 0, doc
+    try:
+        code, doc = ops.json("bench", "local", "--gpu", str(n_gpus + 3), "--suite", "tree")
+        assert code == 2 and "GPU" in doc["message"], doc
+        assert all(str(i) in doc["message"] for i in range(n_gpus)), doc["message"]
+        code, doc = ops.json("bench", "local", "--gpu", "0", "--suite", "tree")
+        assert code == 2, doc
+        assert "--allow-shared" in doc["message"], doc["message"]
+        t0 = time.monotonic()
+        code, doc = ops.json("bench", "local", "--gpu", "0", "--allow-shared", "--suite", "attn",
+                             "--batch", "64")  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        ops("service", "stop", "local")
+    assert (code, doc["outcome"]) == (1, "no-go"), doc.get("message")
+    assert doc["message"].startswith("interference: ") and doc["interference"] is True
+    p = doc["probe"]
+    assert p["tripped"] and p["stopped_early"], p
+    assert p["before_ms"] and p["during_ms"] and p["after_ms"] is not None
+    rec = json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+    section = BenchSection.model_validate(rec["bench"])
+    assert rec["outcome"] == "no-go" and section.probe.tripped and not section.ok
+    print(f"tripped after {took:.1f} s: p50 {p['p50_before_ms']:.1f} ms before")
