@@ -14,6 +14,7 @@ backend that needs them is selected.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +36,6 @@ from engine.components import (  # noqa: F401  (re-exported)
 
 def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-_NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
 
 
 def _cuda(x: Any, device: torch.device) -> torch.Tensor:
@@ -69,7 +67,9 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
 
         build = lambda lp, ids, budget: cpu.build_trees_cpp(_np(lp), _np(ids), budget)  # noqa: E731
     elif names["tree_build"] == "cuda":
-        build = lambda lp, ids, budget: _cuda_build(lp, ids, budget, device)  # noqa: E731
+        from kernels import tree_stage  # the stage itself (upload, build, one copy back)
+
+        build = functools.partial(tree_stage.build_trees_stage, device=device)
     if names["accept"] == "cpp":
         from kernels import cpu
 
@@ -79,24 +79,6 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     if names["attention"] == "cuda":
         attention = CudaAttention()
     return Backends(dict(names), topk, build, accept, attention)
-
-
-def _cuda_build(lp: Any, ids: Any, budget: int, device: torch.device) -> Any:
-    from kernels import cuda
-    from kernels.reference import BatchedTrees
-
-    t = cuda.build_trees(_cuda(lp, device).float(), _cuda(ids, device).long(), budget)
-    # one device-to-host copy for every field (visibility travels as int64)
-    parts = [getattr(t, f) for f in t._fields]
-    flat = torch.cat([p.reshape(-1).long() for p in parts]).cpu().numpy()
-    fields, off = {}, 0
-    for f, p in zip(t._fields, parts, strict=True):
-        n = p.numel()
-        fields[f] = flat[off : off + n].reshape(p.shape).astype(_NP_DTYPES[p.dtype])
-        off += n
-    host = BatchedTrees(**fields)
-    object.__setattr__(host, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
-    return host
 
 
 def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -> tuple:

@@ -9,7 +9,11 @@ also times the named kernel algorithms (tree: `kernels.cuda.TREE_ALGOS`, attn:
 `kernels.cuda_attention.ALGOS`; impl `cuda_graph:heap`, ...), `--sweep` the attention KV split
 counts at the two target sizes. The attn suite's `row_attention` rows (the reference engine's
 attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` requests x
-`--row-budget` + 1 rows over each `--prefix-len` keys. Prints a table, or one JSON document
+`--row-budget` + 1 rows over each `--prefix-len` keys. The tree suite's `tree_build_stage`
+rows (`kernels.bench_stage`) time the reference engine's whole tree-build stage per backend,
+boundary copies included (reference_stage vs cuda_stage, wall clock, synchronised like the
+engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):
+the stage's speedup, beside the kernel's (`build_trees`). Prints a table, or one JSON document
 with `--json`.
 """
 
@@ -48,12 +52,18 @@ class BenchConfig:
     sweep: bool = False  # attn: also every KV split count of the sweep at the target sizes
     prefix_lens: list[int] = field(default_factory=lambda: [64, 1024])  # attn row_attention: L
     row_budget: int = 16  # attn row_attention: tree nodes per request (T = row_budget + 1 rows)
+    # tree tree_build_stage: (H, K, budget) of the engine's stage (engine `small`: 7, 16, 16)
+    stage_shape: tuple[int, int, int] = (7, 16, 16)
 
     def __post_init__(self) -> None:
         if not self.prefix_lens or min(self.prefix_lens) < 1:
             raise ValueError(f"--prefix-len takes lengths >= 1 like 64,1024: {self.prefix_lens}")
         if self.row_budget < 0:
             raise ValueError(f"--row-budget must be >= 0, got {self.row_budget}")
+        if len(self.stage_shape) != 3 or min(self.stage_shape) < 1:
+            raise ValueError(
+                f"--stage-shape takes H,K,BUDGET >= 1 like 7,16,16: {self.stage_shape}"
+            )
 
 
 CUDA_SUITES = ("topk", "tree", "accept", "attn")  # time CUDA kernels: nothing to time without one
@@ -235,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         help="attn row_attention: tree nodes per request (T = budget + 1 rows; engine small: 16)",
     )
     ap.add_argument(
+        "--stage-shape",
+        default="7,16,16",
+        help="tree tree_build_stage rows: H,K,BUDGET of the engine's tree-build stage "
+        "(drafted positions, top-K, nodes; engine small preset: 7,16,16), at each --batch",
+    )
+    ap.add_argument(
         "--compare",
         nargs=2,
         metavar=("BASE.json[,...]", "NEW.json[,...]"),
@@ -257,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep=args.sweep,
             prefix_lens=_ints(args.prefix_len),
             row_budget=args.row_budget,
+            stage_shape=tuple(_ints(args.stage_shape)),  # type: ignore[arg-type]
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 Each CUDA kernel is timed against the baselines that do the same job: plain torch (topk +
 logsumexp on the upcast logits; argmax), the Python/heapq reference (what the live service
-runs today) and the compiled C++ baseline, both timed on this host's CPU.
+runs today) and the compiled C++ baseline, both timed on this host's CPU. The tree suite also
+times the engine's whole tree-build stage per backend (`kernels.bench_stage`, kernel
+`tree_build_stage`): the speedup a rollout of the tree build can expect, beside the kernel's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from kernels import reference as ref
 from kernels.bench import BenchConfig, Row, impl_name, row
+from kernels.bench_stage import tree_stage_rows
 from kernels.timing import summarize, time_cuda, time_graph, time_host
 
 ROTATE_BYTES = 192 << 20  # rotate inputs over at least this much (L2 is 50-60 MB)
@@ -185,7 +188,7 @@ def tree_suite(cfg: BenchConfig) -> list[Row]:
                     ),
                     cpp_time if cpu is not None else None,
                 )
-    return rows
+    return rows + tree_stage_rows(cfg, "cuda")  # the engine's whole stage, beside the kernel
 
 
 def _deep_targets(trees: ref.BatchedTrees, vocab: int, seed: int) -> np.ndarray:

@@ -1,0 +1,106 @@
+"""The tree suite's `tree_build_stage` rows: the reference engine's tree-build stage, per backend.
+
+The kernel rows (`build_trees`: cuda_events vs cpu_python) give the kernel's speedup. What a
+rollout changes is the engine's stage: the same call the engine makes (`kernels.tree_stage`),
+on lp / ids as its topk backend hands them, boundary copies included:
+- `reference_stage`: `kernels.tree_stage.reference_stage` (= `kernels.reference.build_trees`,
+  the engine's reference backend) on the CUDA topk's tensors, so it pays their copy to the host;
+- `cuda_stage`: `kernels.tree_stage.build_trees_stage` (the engine's CUDA backend): upload (a
+  no-op for tensors already there), the kernel, one copy of every tree field back to numpy.
+Shape: B = each `--batch`; H, K, budget = `--stage-shape` (the engine's `small` preset: draft_len
+7, K = 16, budget 16). Each sample is wall clock (perf_counter) with the device synchronised
+before and after, as the engine's `lap` times its stages. Median and IQR as every row; the
+cuda_stage row carries the speedup over reference_stage (`kernels.bench.add_speedups`) and a
+refcheck against it. `device="cpu"` times the reference stage alone on the reference topk's
+numpy arrays (what a CPU engine hands it): there is no CUDA side to time, so no CUDA row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels import reference as ref
+from kernels import tree_stage
+from kernels.bench import BenchConfig, Row, row
+from kernels.timing import Timing, summarize
+
+N_SETS = 8  # input sets rotated over, as the engine's every step brings new ones
+VOCAB = 4096  # logits behind each drafted position (only the top K reach the stage)
+STAGE_NOTE = "the engine's stage: same call, boundary copies included, synchronised wall clock"
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def time_stage(
+    fn: Callable[[int], Any], n_inputs: int, device: str, warmup: int = 3, reps: int = 20
+) -> Timing:
+    """Per sample: synchronise, perf_counter, one call, synchronise, perf_counter (the lap)."""
+    for i in range(warmup):
+        fn(i % n_inputs)
+    samples = []
+    for i in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn(i % n_inputs)
+        _sync(device)
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return summarize(samples, "host")
+
+
+def stage_inputs(b: int, h: int, k: int, scale: float, device: str, seed: int) -> tuple[Any, Any]:
+    """lp / ids as the engine's topk backend returns them: the CUDA topk's float32 / int64
+    tensors on `device`, or the reference topk's numpy arrays on "cpu"."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(b, h, VOCAB, device=device, generator=gen) * scale
+    if device == "cpu":
+        return ref.topk_logprobs(x.numpy(), k)
+    from kernels import cuda
+
+    return cuda.topk_logprobs(x, k)
+
+
+def _same_trees(a: ref.BatchedTrees, b: ref.BatchedTrees) -> bool:
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f)) and getattr(a, f).dtype == getattr(b, f).dtype
+        for f in ("token_ids", "depths", "parents", "visibility", "first_child", "next_sibling",
+                  "num_nodes")
+    )  # fmt: skip
+
+
+def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
+    """reference_stage (and, on a CUDA `device`, cuda_stage) rows at each batch of `cfg`."""
+    h, k, budget = cfg.stage_shape
+    rows: list[Row] = []
+    for b in cfg.batches:
+        shape = {"B": b, "H": h, "K": k, "budget": budget, "scale": cfg.tree_scale,
+                 "inputs": "cuda" if device.startswith("cuda") else "numpy"}  # fmt: skip
+        sets = [stage_inputs(b, h, k, cfg.tree_scale, device, 1000 * b + i) for i in range(N_SETS)]
+
+        def ref_fn(i: int, sets=sets) -> ref.BatchedTrees:
+            return tree_stage.reference_stage(sets[i][0], sets[i][1], budget)
+
+        ref_reps = 5 if cfg.quick else 20
+        t = time_stage(ref_fn, N_SETS, device, warmup=1, reps=ref_reps)
+        rows.append(row("tree", "tree_build_stage", "reference_stage", shape, t, note=STAGE_NOTE))
+        if not device.startswith("cuda"):
+            continue
+
+        def cuda_fn(i: int, sets=sets) -> ref.BatchedTrees:
+            return tree_stage.build_trees_stage(sets[i][0], sets[i][1], budget, device)
+
+        check = None
+        if cfg.refcheck:
+            check = _same_trees(cuda_fn(0), ref_fn(0))
+        t = time_stage(cuda_fn, N_SETS, device, reps=max(cfg.reps, 20))
+        rows.append(
+            row("tree", "tree_build_stage", "cuda_stage", shape, t, refcheck=check, note=STAGE_NOTE)
+        )
+    return rows
