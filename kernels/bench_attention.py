@@ -17,11 +17,15 @@ preset's 8 heads over 576-wide KV rows, 512 latent): one decode step of `B` requ
 prefix of `L` keys (each of `--prefix-len`) in 64-slot pages, every row seeing its prefix,
 its ancestors and itself (`kernels.row_attention.step_rows`). `torch_rows` is the engine's
 `torch` backend (`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows`
-its `cuda` backend (the tree-verify kernel with every row its own request, fp32 SIMT, one
-split); each times one layer's call with CUDA events, the plan built once beforehand, as the
-engine's attention stage does. These rows give `ops report` its s(c) for the change
-`attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with `change.shape`). Without
-a CUDA device the suite prints a note and yields no rows.
+its `cuda` backend (the tree-verify kernel with every row its own request, fp32 SIMT, KV splits
+of `kernels.row_attention.SPLIT_KEYS`); each times one layer's call with CUDA events, the plan
+built once beforehand, as the engine's attention stage does. These rows give `ops report` its
+s(c) for the change `attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with
+`change.shape`). Kernel `row_attention_prefill` is the same two calls over the engine's prefill
+of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions
+0 .. p, in one call (the engine cuts a long prompt into calls of its forward's row capacity;
+the groups and splits are the same), the prefill part of the attention's time. Without a CUDA
+device the suite prints a note and yields no rows.
 """
 
 from __future__ import annotations
@@ -222,7 +226,7 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
     }
     extra = {
         "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
-        "cuda_rows": {"algo": "simt", "num_splits": 1},
+        "cuda_rows": {"algo": "simt", "split_keys": ra.SPLIT_KEYS},
     }
     want = None
     if refcheck:
@@ -242,9 +246,55 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
     return rows
 
 
+def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True) -> list[Row]:
+    """`torch_rows` and `cuda_rows` over the engine's prefill of one prompt of `prompt` tokens:
+    rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages (engine.decode's
+    `prefill` rows, in one call)."""
+    from kernels import row_attention as ra
+
+    n = max(prompt - 1, 1)
+    pages = -(-n // ROW_PAGE)
+    per_set = pages * ROW_PAGE * ROW_KV * 4
+    sets = max(2, min(64, -(-ROW_ROTATE // per_set)))
+    rng = np.random.default_rng(prompt)
+    order = rng.permutation(sets * pages).reshape(sets, 1, pages)
+    gen = torch.Generator(device="cuda").manual_seed(prompt)
+    pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
+    lens = np.arange(1, n + 1, dtype=np.int64)
+    tables = [np.tile(ra.paged_slots(order[s], n, ROW_PAGE)[0], (n, 1)) for s in range(sets)]
+    qs = [torch.randn(n, ROW_HEADS, ROW_KV, device="cuda", generator=gen) for _ in range(sets)]
+    dev = pool.device
+    tplans = [ra.torch_rows_plan(t, lens, dev, ROW_BUCKET, ROW_PER_CALL) for t in tables]
+    cplans = [ra.rowwise_plan(t, lens, dev) for t in tables]
+    impls = {
+        "torch_rows": lambda i: ra.torch_rows(qs[i], pool, tplans[i], ROW_SCALE, ROW_LATENT),
+        "cuda_rows": lambda i: ra.cuda_rows(qs[i], pool, cplans[i], ROW_SCALE, ROW_LATENT),
+    }
+    extra = {
+        "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
+        "cuda_rows": {"algo": "simt", "split_keys": ra.SPLIT_KEYS},
+    }
+    want = None
+    if refcheck:
+        want = ra.reference_rows(qs[0], pool, tables[0], lens, ROW_SCALE, ROW_LATENT)
+    shape = {"B": 1, "L": prompt, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
+    rows: list[Row] = []
+    for impl, fn in impls.items():
+        check: dict = {}
+        if want is not None:
+            got = fn(0).double()
+            rel = float((got - want).norm() / want.norm())
+            check = {"rel_err_vs_fp64": rel, "refcheck": rel < ROW_TOL}
+        timing = time_cuda(fn, sets, reps=reps)
+        rows.append(row("attn", "row_attention_prefill", impl, shape, timing, rows=n,
+                        input_sets=sets, **extra[impl], **check))  # fmt: skip
+    return rows
+
+
 def attn_suite(cfg: BenchConfig) -> list[Row]:
     """`python -m kernels.bench --suite attn`: cuda, cuda_graph and torch_sdpa rows per size,
-    then the engine's call (`row_attention`: torch_rows, cuda_rows) per batch and prefix."""
+    then the engine's call (`row_attention`: torch_rows, cuda_rows) per batch and prefix, and
+    over a prefill of each prefix length (`row_attention_prefill`)."""
     from kernels.cuda_attention import ALGOS
 
     variants = tuple(v for v in cfg.variants if v in ALGOS) or ("auto",)
@@ -257,4 +307,6 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
         for b in cfg.batches:
             rows += row_attention_rows(b, cfg.row_budget + 1, prefix, cfg.reps, cfg.refcheck)
             torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
+        rows += row_prefill_rows(prefix, cfg.reps, cfg.refcheck)
+        torch.cuda.empty_cache()
     return rows

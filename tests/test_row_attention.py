@@ -177,3 +177,18 @@ def test_row_attention_bench_rows() -> None:
         assert r["median_us"] > 0 and r["refcheck"] is True and r["mode"] == "events", r
         assert r["rows"] == 68 and "samples_us" not in r
     assert set(rows[1]["speedup"]) == {"torch_rows"}
+
+
+@pytest.mark.gpu
+def test_row_attention_prefill_rows() -> None:
+    from kernels.bench import add_speedups
+    from kernels.bench_attention import row_prefill_rows
+
+    rows = row_prefill_rows(300, reps=5)
+    add_speedups(rows)
+    assert [r["impl"] for r in rows] == ["torch_rows", "cuda_rows"]
+    for r in rows:
+        assert r["kernel"] == "row_attention_prefill" and r["rows"] == 299, r
+        assert r["shape"] == {"B": 1, "L": 300, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
+        assert r["refcheck"] is True and r["median_us"] > 0, r
+    assert set(rows[1]["speedup"]) == {"torch_rows"}
