@@ -7,7 +7,12 @@
 # build, interleaved with ours (base, new, base, new), for a same-run comparison
 # (`compare.txt`: `python -m kernels.bench --compare`). Everything lands under $OUT, with the
 # command, the commit and the GPU; name $OUT benchmarks/results/<date>-<commit>-<what>/.
-# Usage: OUT=dir [ARCH=sm_90] [BASE_DIR=dir] bash benchmarks/verify-all.sh
+# A narrower run for one change: TESTS="tests/test_a.py ..." runs those gpu tests only (the
+# guard file still first, alone, when listed), KERNEL_BENCH=0 skips the kernel benchmarks, and
+# ENGINE_TOKENS="64 128" runs the engine bench once per --max-tokens (default 128), with
+# ENGINE_ARGS (e.g. "--graphs on") added.
+# Usage: OUT=dir [ARCH=sm_90] [BASE_DIR=dir] [TESTS=...] [KERNEL_BENCH=0] [ENGINE_TOKENS=...]
+#        bash benchmarks/verify-all.sh
 set -u
 OUT=${OUT:-/tmp/verify}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
@@ -16,7 +21,8 @@ if [ -d .whl ]; then  # packages the GPU box lacks (pydantic, fastapi, uvicorn..
     --target /tmp/site .whl/*.whl || exit 9
   export PYTHONPATH=/tmp/site:$PWD
 fi
-echo "OUT=$OUT ARCH=$ARCH BASE_DIR=${BASE_DIR:-} bash benchmarks/verify-all.sh" > "$OUT/command.txt"
+echo "OUT=$OUT ARCH=$ARCH BASE_DIR=${BASE_DIR:-} TESTS=${TESTS:-} KERNEL_BENCH=${KERNEL_BENCH:-1}" \
+  "ENGINE_TOKENS=${ENGINE_TOKENS:-128} ENGINE_ARGS=${ENGINE_ARGS:-} bash benchmarks/verify-all.sh" > "$OUT/command.txt"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
   | tee "$OUT/gpu.txt"
@@ -30,12 +36,23 @@ export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 # The bench guard refuses a GPU another process uses, and a pytest process that has run CUDA
 # tests holds GPU memory: the guard/probe tests run first, in a process of their own.
 GUARDED=tests/test_bench_probe.py
-timeout 120 python3 -m pytest -m gpu "$GUARDED" -q -p no:cacheprovider > "$OUT/pytest-gpu-guard.txt" 2>&1
-echo "pytest (guard) rc=$?"; grep -E "passed|failed|error" "$OUT/pytest-gpu-guard.txt" | tail -5
-mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py | grep -v "$GUARDED")
-timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -p no:cacheprovider \
-  > "$OUT/pytest-gpu.txt" 2>&1
-echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest-gpu.txt" | tail -15
+if [ -z "${TESTS:-}" ] || [[ " $TESTS " == *" $GUARDED "* ]]; then
+  timeout 300 python3 -m pytest -m gpu "$GUARDED" -q -p no:cacheprovider -s \
+    > "$OUT/pytest-gpu-guard.txt" 2>&1
+  echo "pytest (guard) rc=$?"; grep -E "passed|failed|error|tripped" "$OUT/pytest-gpu-guard.txt" | tail -5
+fi
+if [ -n "${TESTS:-}" ]; then
+  read -r -a GPU_TESTS <<< "${TESTS//$GUARDED/}"
+else
+  mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py | grep -v "$GUARDED")
+fi
+if [ ${#GPU_TESTS[@]} -gt 0 ]; then
+  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu "${GPU_TESTS[@]}" -q -p no:cacheprovider \
+    > "$OUT/pytest-gpu.txt" 2>&1
+  echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest-gpu.txt" | tail -15
+fi
+if [ "${KERNEL_BENCH:-1}" = 0 ]; then :
+else
 QUICK=(--json --quick --suite topk,tree,accept,attn --batch 1,64 --budget 64 --k 8,64)
 bench() {  # bench DIR LIB NAME: the quick bench of checkout DIR with library LIB
   (cd "$1" && DDTREE_KERNELS_LIB=$2 timeout "${BENCH_TIMEOUT:-240}" \
@@ -58,8 +75,11 @@ timeout "${BENCH_TIMEOUT:-240}" python3 -m kernels.bench --json --quick --suite 
   --batch 64 --budget 64 --k 8,64 --variants auto,heap,heap_lowmem,wgmma_tma,mma_sync_64 \
   --sweep > "$OUT/bench-variants.json" 2> "$OUT/bench-variants.err"
 echo "bench variants rc=$?"
+fi
 # The reference engine on this GPU: AR against DDTree, CUDA graphs on and off, identity checked
 # on the golden prompts and under load (benchmarks/NOTES-engine.md).
-timeout "${ENGINE_TIMEOUT:-300}" python3 -m engine.bench --preset small --device cuda \
-  --max-tokens 128 --json "$OUT/engine.json" > "$OUT/engine.txt" 2>&1
-echo "engine.bench rc=$?"; tail -n 30 "$OUT/engine.txt"
+for n in ${ENGINE_TOKENS:-128}; do
+  timeout "${ENGINE_TIMEOUT:-300}" python3 -m engine.bench --preset small --device cuda \
+    --max-tokens "$n" ${ENGINE_ARGS:-} --json "$OUT/engine-$n.json" > "$OUT/engine-$n.txt" 2>&1
+  echo "engine.bench $n rc=$?"; tail -n 16 "$OUT/engine-$n.txt"
+done
