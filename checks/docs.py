@@ -134,6 +134,25 @@ class AcceptLength(TypedDict):
     source: str  # where the service reported it, or "not reported by the service"
 
 
+class Counters(TypedDict):
+    """One snapshot of the service's counters (`checks.probe.counters`)."""
+
+    at: float  # unix time
+    server_info: dict[str, Any] | None
+    server_info_status: int | str | None
+    metrics: dict[str, float] | None  # /metrics samples by name{labels}, buckets left out
+    metrics_status: int | str | None
+
+
+class WindowCounters(TypedDict):
+    """`checks.loadtest --counters`: snapshots bracketing the measured window (`duration_s`)."""
+
+    start: Counters  # taken after the warm-up, before the first measured request is sent
+    end: Counters  # taken after the last measured request completed
+    start_lead_s: float  # from `start` coming back to the first measured request going out
+    end_lag_s: float  # from the last measured request's completion to asking for `end`
+
+
 class LevelDoc(TypedDict):
     concurrency: int
     completed: int
@@ -150,6 +169,7 @@ class LevelDoc(TypedDict):
     accept_length: AcceptLength
     requests: NotRequired[int]  # added by ops.loadtest: measured requests
     warmup: NotRequired[int]  # added by ops.loadtest: uncounted requests first
+    counters: NotRequired[WindowCounters]  # with --counters
 
 
 class LoadtestDoc(TypedDict):
@@ -210,13 +230,8 @@ class ProbeDoc(TypedDict):
     cmd: CmdRun
 
 
-class CountersDoc(TypedDict):
-    """`--counters`: one snapshot of the service's counters."""
+class CountersDoc(Counters):
+    """`checks.probe --counters`: one snapshot of the service's counters."""
 
     ok: bool
     module: str
-    at: float  # unix time
-    server_info: dict[str, Any] | None
-    server_info_status: int | str | None
-    metrics: dict[str, float] | None  # /metrics samples by name{labels}, buckets left out
-    metrics_status: int | str | None

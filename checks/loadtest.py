@@ -17,7 +17,13 @@ Prints (`checks.docs.LoadtestDoc`):
     level        dict   `LevelDoc`: concurrency, completed, failed, errors (reason -> count),
                         duration_s, request_per_s, output_tok_per_s, output_tokens,
                         ttft_ms / tpot_ms / itl_ms / e2e_ms (`Dist`: p50, p90, p99, mean),
-                        accept_length (value and where the service reported it)
+                        accept_length (value and where the service reported it),
+                        counters (with --counters, `WindowCounters`: the service's counters,
+                        as `checks.probe --counters` takes them, at `start` (right before the
+                        first measured request is sent; every measured request waits for it)
+                        and `end` (right after the last measured request completed), so their
+                        difference is the engine's work in exactly the `duration_s` window;
+                        start_lead_s, end_lag_s: the client-side slack on either side)
     error, message      the load generator itself crashed (error "crashed", no level)
 """
 
@@ -29,11 +35,14 @@ import random
 import statistics
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks.docs import Counters, WindowCounters
 from checks.http import get
 from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
+from checks.probe import counters
 
 MAX_EVENT = 2**20  # bytes of one SSE event (or of data without an event boundary)
 MAX_BODY = 64 * 2**20  # a non-streamed answer's Content-Length
@@ -203,29 +212,57 @@ async def one_request(conn: Conn, path: str, body: dict[str, Any], timeout: floa
     return s
 
 
-async def sweep_level(url: str, c: int, n: int, warmup: int, body: dict, timeout: float):
+async def sweep_level(
+    url: str,
+    c: int,
+    n: int,
+    warmup: int,
+    body: dict,
+    timeout: float,
+    snap: Callable[[], Counters] | None = None,
+) -> tuple[list[Sample], float, WindowCounters | None]:
+    """The level's measured samples, their wall (first start to last end), and with `snap` the
+    service's counters taken right before the first measured request goes out (every measured
+    request waits for that snapshot) and right after the last one completed."""
     parts = urllib.parse.urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     path = (parts.path.rstrip("/") or "") + "/v1/completions"
     counter = iter(range(warmup + n))
     samples: list[Sample] = []
-    t_first: list[float] = []
+    start: asyncio.Future[tuple[Counters, float]] | None = None
+
+    async def take_start() -> tuple[Counters, float]:
+        assert snap is not None
+        doc = await asyncio.to_thread(snap)
+        return doc, time.perf_counter()
 
     async def worker() -> None:
+        nonlocal start
         conn = Conn(host, port)
         for i in counter:
+            if i >= warmup and snap is not None:
+                if start is None:  # the first measured request: one snapshot for all
+                    start = asyncio.ensure_future(take_start())
+                await start
             s = await one_request(conn, path, body, timeout)
             if i >= warmup:
-                if not t_first:
-                    t_first.append(s.start)
                 samples.append(s)
         await conn.close()
 
     await asyncio.gather(*(worker() for _ in range(c)))
-    wall = max((s.start + (s.e2e or 0) for s in samples), default=0) - min(
-        (s.start for s in samples), default=0
-    )
-    return samples, wall
+    first = min((s.start for s in samples), default=0)
+    last = max((s.start + (s.e2e or 0) for s in samples), default=0)
+    window: WindowCounters | None = None
+    if snap is not None and start is not None:
+        asked = time.perf_counter()
+        start_doc, start_back = start.result()
+        window = {
+            "start": start_doc,
+            "end": snap(),
+            "start_lead_s": round(first - start_back, 6),
+            "end_lag_s": round(asked - last, 6),
+        }
+    return samples, last - first, window
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -305,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
+    p.add_argument(
+        "--counters",
+        action="store_true",
+        help="snapshot the service's counters around the measured window (level.counters)",
+    )
     args = p.parse_args(argv)
     if args.concurrency < 1 or args.input_len < 1 or args.output_len < 1 or args.requests < 0:
         p.error("--concurrency, --input-len, --output-len must be >= 1; --requests >= 0")
@@ -322,12 +364,15 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.model:
         body["model"] = args.model
+    snap = (lambda: counters(args.url, 10.0)) if args.counters else None
     try:
-        samples, wall = asyncio.run(
-            sweep_level(args.url, args.concurrency, n, warmup, body, args.timeout)
+        samples, wall, window = asyncio.run(
+            sweep_level(args.url, args.concurrency, n, warmup, body, args.timeout, snap)
         )
         level = summarise(samples, wall, args.concurrency)
         level["accept_length"] = accept_length(args.url)
+        if window is not None:
+            level["counters"] = window
     except Exception as exc:  # noqa: BLE001 - still one JSON document, never a traceback
         exit_json(
             {

@@ -283,17 +283,20 @@ def _print_profile(sec: dict[str, Any]) -> None:
     if not sec["levels"]:
         return
     t = Table(
-        title=f"profile {escape(sec['target'])}: ms per step, share of the step",
+        title=f"profile {escape(sec['target'])}: ms per step, share of the step, and f: the "
+        "share of the measured window's wall time",
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    for h in ("c", "batch", "step ms", "stage", "ms", "share", "source", "tok/s", "accept"):
+    heads = ("c", "batch", "step ms", "stage", "ms", "share", "wall (f)", "source", "tok/s")
+    for h in (*heads, "accept"):
         left = h in ("stage", "source")
         t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=left)
     for lv in sec["levels"]:
         stages = [s for s in STAGES if s in lv.get("stage_ms", {})] or ["-"]
         for i, s in enumerate(stages):
             v = lv.get("stage_ms", {}).get(s)
+            wall = lv.get("wall_share", {}).get(s)
             first = i == 0
             tok = lv.get("tokens_per_s")
             acc = lv.get("accept_length")
@@ -304,6 +307,7 @@ def _print_profile(sec: dict[str, Any]) -> None:
                 s,
                 "-" if v is None else f"{v['value']:.3f}",
                 "-" if v is None else f"{v['value'] / lv['step_ms']['value']:.1%}",
+                "-" if wall is None else f"{wall['value']:.1%}",
                 "-" if v is None else v["source"],
                 f"{tok['value']:.1f}" if first and tok else "",
                 f"{acc['value']:.2f}" if first and acc else "",
@@ -313,3 +317,10 @@ def _print_profile(sec: dict[str, Any]) -> None:
     derived = [lv for lv in sec["levels"] if lv.get("method") == "derived"]
     for lv in derived[:1]:
         out.print(f"derived: {escape(lv['step_ms']['note'])}", overflow="fold")
+        out.print(f"derived: f is step-based: {escape(lv.get('f_basis', ''))}", overflow="fold")
+    if any(lv.get("wall_share") for lv in sec["levels"]):
+        out.print(
+            "wall (f): the stage's seconds over all the window's steps (any batch size) and "
+            "prefills / the measured window's wall time; share: of the step at the batch shown",
+            overflow="fold",
+        )

@@ -35,7 +35,12 @@ Models (extra fields are allowed and kept, so a producer may record more than is
   source ("measured" | "derived"), note (how it was derived).
 - `ProfileLevel`: concurrency, step_ms: Value, stage_ms {stage: Value} (stages of
   engine.stats.STAGES: draft, topk, tree_build, verify, accept, commit; plus "attention", the
-  attention time inside verify, where the profile can tell it), tokens_per_s, accept_length.
+  attention time inside verify, where the profile can tell it), tokens_per_s, accept_length,
+  wall_share {stage: Value}: the stage's share of the measured window's wall time (its seconds
+  over all the window's steps at any batch size, plus prefill's where it runs there, / the
+  window's duration_s), the f of a closed-loop throughput gain. A record made before
+  `ops profile` measured it has none: its f falls back to the share of the step at batch c
+  (`f_of`).
 - `ProfileSection`: target, levels, service (model, backends, config as the service reports),
   incomplete [{concurrency, missing}], failed_requests (the load's failures while profiling).
 - `MeasureLevel`: concurrency, aa: [A, A'] tokens/s samples of the unchanged service,
@@ -186,6 +191,30 @@ class ProfileLevel(_Open):
     stage_ms: dict[str, Value] = Field(default_factory=dict)
     tokens_per_s: Value | None = None
     accept_length: Value | None = None
+    wall_share: dict[str, Value] = Field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        b = (self.model_extra or {}).get("batch")
+        return int(b) if isinstance(b, int) else self.concurrency
+
+    def f_of(self, stage: str) -> tuple[Value, Literal["wall", "step"]] | None:
+        """f(c) of `stage` and what it is a share of: the measured window's wall time where
+        the record has it, else the step at batch c (stage / step, IQR ends crossed)."""
+        if stage in self.wall_share:
+            return self.wall_share[stage], "wall"
+        comp = self.stage_ms.get(stage)
+        step = self.step_ms
+        if comp is None or step.value <= 0:
+            return None
+        f = Value(
+            value=comp.value / step.value,
+            p25=min(comp.lo / step.hi, comp.value / step.value) if step.hi > 0 else None,
+            p75=comp.hi / step.lo if step.lo > 0 else None,
+            source="derived" if "derived" in (comp.source, step.source) else "measured",
+            note=f"{stage} / step at batch {self.batch}",
+        )
+        return f, "step"
 
 
 class ProfileSection(_Open):

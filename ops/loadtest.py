@@ -63,8 +63,11 @@ def run_loadtest(
     input_len: int = 32,
     output_len: int = 32,
     timeout: float = 120.0,
+    counters: bool = False,
     on_level: Callable[[int, LevelDoc], None] = lambda c, level: None,
 ) -> LoadtestReport:
+    """Every level in turn; with `counters`, each level also carries the service's counters
+    bracketing its measured window (`checks.loadtest --counters`: level["counters"])."""
     url = host.target.service.url
     settings = {
         "requests": requests,
@@ -78,7 +81,7 @@ def run_loadtest(
     report = LoadtestReport(target=host.name, url=url, settings=settings, levels=[], planned=levels)
     try:
         for c in levels:
-            level = _level(host, url, c, requests, input_len, output_len, timeout)
+            level = _level(host, url, c, requests, input_len, output_len, timeout, counters)
             report.levels.append(dict(level))
             on_level(c, level)
     except KeyboardInterrupt as exc:
@@ -88,7 +91,14 @@ def run_loadtest(
 
 
 def _level(
-    host: Host, url: str, c: int, requests: int, input_len: int, output_len: int, timeout: float
+    host: Host,
+    url: str,
+    c: int,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    timeout: float,
+    counters: bool = False,
 ) -> LevelDoc:
     """One concurrency level, run on the host by `checks.loadtest`."""
     args = [
@@ -104,6 +114,7 @@ def _level(
         str(output_len),
         "--timeout",
         str(timeout),
+        *(["--counters"] if counters else []),
     ]
     doc = cast(LoadtestDoc, run_check(host, "checks.loadtest", args, timeout=3600).data)
     level = doc.get("level")

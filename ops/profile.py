@@ -1,19 +1,31 @@
-"""`ops profile`: where the service's step time goes, at each concurrency it is driven at.
+"""`ops profile`: where the service's time goes, at each concurrency it is driven at.
 
-Per level c: a snapshot of the service's counters (`checks.probe --counters` on the host:
-`/get_server_info` and `/metrics`), one closed-loop load level (`ops.loadtest`, the
-`checks.loadtest` generator), a second snapshot. The level's numbers are the DIFFERENCE of the
-two snapshots, so they are that level's own, not the service's history.
+Per level c: one closed-loop load level (`ops.loadtest`, the `checks.loadtest` generator with
+`--counters`), which snapshots the service's counters (`/get_server_info` and `/metrics`, as
+`checks.probe --counters` takes them) right before its first measured request goes out and
+right after its last one completed. The level's numbers are the DIFFERENCE of those two
+snapshots: the engine's work in exactly the measured window (`duration_s`), without the
+warm-up, the levels before, or the process start.
 
 Measured (a service with per-stage timings, like the reference engine: `internal_states[0]
-.step_time_breakdown`, per batch size the steps and each stage's total seconds): step time and
-each stage's time are the mean over the level's steps at batch c (or, when the service never
-ran batch c, at the batch size it ran most), f = stage / step; accept length is
-Δ`ddtree:accept_length_sum` / Δ`_count` from `/metrics`; tokens/s is the load generator's.
+.step_time_breakdown`, per batch size the steps and each stage's total seconds, and
+`prefill_time_breakdown`, every prefill's seconds and the attention inside them):
 
-Derived (a service without them, like SGLang): in steady state a step advances each of the c
-requests by the accept length a (accepted drafts + bonus), so the service emits c * a tokens
-per step and
+- `wall_share[stage]`: f for a closed-loop throughput gain, the stage's share of the measured
+  window's wall time = (Δ Σ over every batch size of total_s[stage], plus Δ prefill total_s
+  [stage] where the stage also runs in prefill, i.e. attention) / duration_s. The window also
+  holds prefill, steps at other batch sizes (ramp up and down) and idle gaps, and the client's
+  tokens/s counts all of them; `window` says how the wall time splits (steps, prefill, idle).
+- per step, for the step-time chart: step time and each stage's time are the mean over the
+  window's steps at batch c (or, when the service never ran batch c, at the batch size it ran
+  most), `share` = stage / step (what f was before `wall_share`: it overstates the component's
+  part of what the client sees).
+- accept length is Δ`ddtree:accept_length_sum` / Δ`_count` from `/metrics`; tokens/s is the
+  load generator's.
+
+Derived (a service without them, like SGLang): f stays step-based. In steady state a step
+advances each of the c requests by the accept length a (accepted drafts + bonus), so the
+service emits c * a tokens per step and
 
     step_ms = 1000 * c * a / tok_s          (tok_s: output tokens/s measured at concurrency c)
 
@@ -33,7 +45,7 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
-from checks.docs import CountersDoc, LevelDoc
+from checks.docs import Counters, CountersDoc, LevelDoc
 from ops.dataplane import data_plane_dir, run_check
 from ops.errors import OpsError
 from ops.evidence import NESTED_STAGES
@@ -42,6 +54,7 @@ from ops.remote import Host
 
 STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
 BREAKDOWN = "step_time_breakdown"
+PREFILL = "prefill_time_breakdown"
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
 # B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.
@@ -109,16 +122,20 @@ def snapshot(host: Host) -> CountersDoc:
     return cast(CountersDoc, run_check(host, "checks.probe", args).data)
 
 
-def breakdown(snap: CountersDoc) -> dict[str, Any] | None:
+def _state(snap: Counters, key: str) -> dict[str, Any] | None:
     info = snap.get("server_info") or {}
     states = info.get("internal_states")
     if isinstance(states, list) and states and isinstance(states[0], dict):
-        b = states[0].get(BREAKDOWN)
+        b = states[0].get(key)
         return b if isinstance(b, dict) else None
     return None
 
 
-def metric(snap: CountersDoc, prefix: str) -> float | None:
+def breakdown(snap: Counters) -> dict[str, Any] | None:
+    return _state(snap, BREAKDOWN)
+
+
+def metric(snap: Counters, prefix: str) -> float | None:
     """The sum of the /metrics samples named `prefix` (any labels)."""
     samples = snap.get("metrics") or {}
     found = [v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{")]
@@ -137,20 +154,91 @@ def level_steps(before: dict[str, Any], after: dict[str, Any]) -> dict[int, dict
     return out
 
 
-def measured_level(c: int, before: CountersDoc, after: CountersDoc, lt: LevelDoc) -> dict[str, Any]:
-    steps = level_steps(breakdown(before) or {}, breakdown(after) or {})
+def window_counters(lt: LevelDoc) -> tuple[Counters, Counters] | None:
+    """The snapshots bracketing the level's measured window, where both hold stage timings."""
+    w = lt.get("counters")
+    if not w or breakdown(w["start"]) is None or breakdown(w["end"]) is None:
+        return None
+    return w["start"], w["end"]
+
+
+def wall_shares(
+    steps: dict[int, dict[str, Any]], start: Counters, end: Counters, lt: LevelDoc
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each stage's share of the measured window's wall time, and how that wall time splits."""
+    duration = lt["duration_s"]
+    p0, p1 = _state(start, PREFILL), _state(end, PREFILL)
+    prefill = None
+    if p0 is not None and p1 is not None:
+        prefill = {
+            "prefills": p1["prefills"] - p0["prefills"],
+            "total_s": {k: v - p0["total_s"].get(k, 0.0) for k, v in p1["total_s"].items()},
+        }
+    n = sum(r["steps"] for r in steps.values())
+    t0, t1 = _clock(start), _clock(end)
+    step_s = sum(r["total_s"].get("step", 0.0) for r in steps.values())
+    prefill_s = prefill["total_s"].get("prefill", 0.0) if prefill else None
+    window: dict[str, Any] = {
+        "duration_s": duration,
+        "steps": n,
+        "steps_s": step_s,
+        "prefills": prefill["prefills"] if prefill else None,
+        "prefill_s": prefill_s,
+        "idle_s": duration - step_s - (prefill_s or 0.0),
+        "server_clock_s": None if t0 is None or t1 is None else t1 - t0,
+        "start_lead_s": lt["counters"]["start_lead_s"],  # type: ignore[typeddict-item]
+        "end_lag_s": lt["counters"]["end_lag_s"],  # type: ignore[typeddict-item]
+    }
+    shares: dict[str, dict[str, Any]] = {}
+    if duration <= 0:
+        return shares, window
+    batches = ", ".join(str(b) for b in sorted(steps))
+    for s in STAGES:
+        in_steps = sum(r["total_s"].get(s, 0.0) for r in steps.values())
+        in_prefill = prefill["total_s"].get(s, 0.0) if prefill else 0.0
+        if in_steps + in_prefill <= 0:
+            continue
+        if prefill is None:
+            pre = "; the service reports no prefill timings, so prefill's part is not in it"
+        elif s in prefill["total_s"]:
+            pre = (
+                f" + {in_prefill:.4f} s in the window's {prefill['prefills']} prefills "
+                f"(Δ {PREFILL}.total_s.{s})"
+            )
+        else:
+            pre = "; it does not run in prefill"
+        note = (
+            f"share of the measured window's wall time: seconds the engine spent in {s} during "
+            f"the window, {in_steps:.4f} s over all its {n} steps at batch sizes {batches} "
+            f"(Δ {BREAKDOWN}.total_s.{s}){pre}, / the window's wall time duration_s = "
+            f"{duration:.4f} s (first measured request sent to last one completed, client side)"
+        )
+        shares[s] = value(min((in_steps + in_prefill) / duration, 1.0), "measured", note, n=n)
+    return shares, window
+
+
+def _clock(snap: Counters) -> float | None:
+    info = snap.get("server_info") or {}
+    clock = info["internal_states"][0].get("clock_s")
+    return float(clock) if isinstance(clock, int | float) else None
+
+
+def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict[str, Any]:
+    """Level c from the counters bracketing its measured window (`lt["counters"]`)."""
+    steps = level_steps(breakdown(start) or {}, breakdown(end) or {})
     if not steps:
         raise OpsError(f"concurrency {c}: the service ran no decode step during the level")
     batch = c if c in steps else max(steps, key=lambda b: steps[b]["steps"])
     row = steps[batch]
     n = row["steps"]
-    where = f"mean over the level's {n} steps at batch {batch} (Δ step_time_breakdown)"
+    where = f"mean over the measured window's {n} steps at batch {batch} (Δ {BREAKDOWN})"
     step = 1000 * row["total_s"]["step"] / n
     stage_ms = {
         s: value(1000 * row["total_s"][s] / n, "measured", where, n=n)
         for s in STAGES
         if row["total_s"].get(s, 0.0) > 0
     }
+    shares, window = wall_shares(steps, start, end, lt)
     level: dict[str, Any] = {
         "concurrency": c,
         "batch": batch,
@@ -158,12 +246,14 @@ def measured_level(c: int, before: CountersDoc, after: CountersDoc, lt: LevelDoc
         "step_ms": value(step, "measured", where, n=n),
         "stage_ms": stage_ms,
         "share": {s: v["value"] / step for s, v in stage_ms.items()},
+        "wall_share": shares,
+        "window": window,
         "unaccounted_ms": step
         - sum(v["value"] for s, v in stage_ms.items() if s not in NESTED_STAGES),
     }
     level.update(throughput(lt))
-    d_sum = _delta(before, after, "ddtree:accept_length_sum")
-    d_cnt = _delta(before, after, "ddtree:accept_length_count")
+    d_sum = _delta(start, end, "ddtree:accept_length_sum")
+    d_cnt = _delta(start, end, "ddtree:accept_length_count")
     if d_sum is not None and d_cnt:
         level["accept_length"] = value(
             d_sum / d_cnt, "measured",
@@ -188,7 +278,7 @@ def measured_level(c: int, before: CountersDoc, after: CountersDoc, lt: LevelDoc
     return level
 
 
-def _delta(before: CountersDoc, after: CountersDoc, name: str) -> float | None:
+def _delta(before: Counters, after: Counters, name: str) -> float | None:
     b, a = metric(before, name), metric(after, name)
     return None if a is None or b is None else a - b
 
@@ -229,6 +319,10 @@ def derived_level(
     host: Host, cwd: str, c: int, lt: LevelDoc, opts: ProfileOptions
 ) -> dict[str, Any]:
     level: dict[str, Any] = {"concurrency": c, "batch": c, "missing": []}
+    level["f_basis"] = (
+        "step: f = the component's time / the derived step (the service reports no stage "
+        "timings, so its share of the measured window's wall time cannot be measured)"
+    )
     level.update(throughput(lt))
     reported = lt["accept_length"]
     if reported["value"] is not None:
@@ -279,7 +373,7 @@ def derived_level(
     return level
 
 
-def service_facts(snap: CountersDoc) -> dict[str, Any]:
+def service_facts(snap: Counters) -> dict[str, Any]:
     info = snap.get("server_info") or {}
     keep = ("model", "mode", "preset", "device", "backends", "topk")
     out = {k: info.get(k) for k in keep if k in info}
@@ -308,16 +402,15 @@ def run_profile(
         "incomplete": [],
     }
     cwd: str | None = None
-    before = first
     for c in opts.levels:
         rep = run_loadtest(
             host, [c], requests=opts.requests, input_len=opts.input_len,
-            output_len=opts.output_len, timeout=opts.timeout,
+            output_len=opts.output_len, timeout=opts.timeout, counters=True,
         )  # fmt: skip
         lt = rep.level_docs[0]
-        after = snapshot(host)
-        if breakdown(before) is not None and breakdown(after) is not None:
-            level = measured_level(c, before, after, lt)
+        window = window_counters(lt)
+        if window is not None:
+            level = measured_level(c, *window, lt)
             level["method"] = "measured"
         else:
             cwd = cwd or data_plane_dir(host)
@@ -331,6 +424,5 @@ def run_profile(
             section["incomplete"].append({"concurrency": c, "missing": level.get("missing", [])})
         if lt["failed"]:
             section["failed_requests"] = section.get("failed_requests", 0) + lt["failed"]
-        before = after
         on_level(c)
     return section

@@ -1,10 +1,12 @@
 """The decision: the Amdahl model per concurrency and GO / NO-GO / HOLD over typed evidence.
 
-`projected_gain(f, s)` is the end-to-end throughput gain when a fraction `f` of the step gets
-`s` times faster; `ceiling(f)` the gain if it took no time at all. `decide(evidence, ...)` is
-a pure function of the records (ops.evidence): every failed condition becomes a NO-GO reason,
-every missing or too-noisy piece of evidence a HOLD cause; GO only when there are none
-(NO-GO wins over HOLD: a failed condition decides whatever else is missing).
+`projected_gain(f, s)` is the end-to-end throughput gain when a fraction `f` of the time gets
+`s` times faster; f(c) is the component's share of the profile's measured window's wall time
+(`ProfileLevel.wall_share`), or for a record without it the share of the step at batch c.
+`ceiling(f)` is the gain if it took no time at all. `decide(evidence, ...)` is a pure function
+of the records (ops.evidence): every failed condition becomes a NO-GO reason, every missing or
+too-noisy piece of evidence a HOLD cause; GO only when there are none (NO-GO wins over HOLD: a
+failed condition decides whatever else is missing).
 
     NO-GO  preflight_failed, postflight_failed, identity_mismatch, interference,
            kernel_not_exact, gain_below_threshold, ceiling_below_threshold (no s(c) needed:
@@ -35,6 +37,10 @@ from ops.evidence import (
 )
 
 Verdict = Literal["GO", "NO-GO", "HOLD"]
+F_BASIS = {
+    "wall": "share of the measured window's wall time",
+    "step": "share of the step at batch c",
+}
 EXIT_OF = {"GO": 0, "NO-GO": 1, "HOLD": 3}
 
 
@@ -87,7 +93,8 @@ class AmdahlRow(BaseModel):
     f: float | None = None
     f_lo: float | None = None
     f_hi: float | None = None
-    f_source: str = ""
+    f_source: str = ""  # measured | derived
+    f_basis: Literal["wall", "step"] | None = None  # what f is a share of (F_BASIS)
     speed: SpeedRow | None = None
     gain: float | None = None
     gain_lo: float | None = None
@@ -185,21 +192,30 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
     for lv in ev.profile.levels:
         row = AmdahlRow(concurrency=lv.concurrency)
         row.aa_noise, row.measured_gain = _aa_noise(ev, lv.concurrency)
-        comp = lv.stage_ms.get(stage)
-        if comp is None or lv.step_ms.value <= 0:
+        found = lv.f_of(stage)
+        if found is None:
             row.note = f"the profile has no {stage!r} time at this concurrency"
             out.append(row)
             continue
-        step = lv.step_ms
-        row.f = min(comp.value / step.value, 0.999999)
-        row.f_lo = min(comp.lo / step.hi, row.f) if step.hi > 0 else row.f
-        row.f_hi = min(comp.hi / step.lo, 0.999999) if step.lo > 0 else row.f
-        derived = "derived" in (comp.source, step.source)
-        row.f_source = "derived" if derived else "measured"
+        fv, row.f_basis = found
+        row.f = min(fv.value, 0.999999)
+        row.f_lo = min(fv.lo, row.f)
+        row.f_hi = max(min(fv.hi, 0.999999), row.f)
+        row.f_source = fv.source
+        notes = []
+        if row.f_basis == "step" and fv.source == "measured":
+            notes.append(
+                f"f is {stage}'s share of the step at batch c: this profile record has "
+                "no wall_share (made before ops profile measured the share of the measured "
+                "window's wall time), and the step share overstates what the client sees when "
+                "the window also holds prefill, other batch sizes and gaps"
+            )
         row.ceiling = ceiling(row.f)
         row.speed = speedup_at(ev, change, lv.concurrency)
         if row.speed is None:
-            row.note = "no bench rows for this change"
+            notes.insert(0, "no bench rows for this change")
+        row.note = "; ".join(notes)
+        if row.speed is None:
             out.append(row)
             continue
         sp = row.speed
@@ -423,7 +439,8 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
             t.fail(
                 "ceiling_below_threshold",
                 f"at c={c} the component is {row.f:.2%} of the "
-                f"step: even infinitely fast it gains at most {_pct(top)} (ceiling), below "
+                f"{'measured wall time' if row.f_basis == 'wall' else 'step'}: even infinitely "
+                f"fast it gains at most {_pct(top)} (ceiling), below "
                 f"the {th:.1%} threshold",
                 concurrency=c,
                 f=row.f,

@@ -63,7 +63,12 @@ def test_seed_case_is_no_go_with_the_exact_numbers(tmp_path: Path) -> None:
     assert "+1.008%" in msg and "474x" in msg and "+1.010%" in msg and "3.0% threshold" in msg
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.startswith("# NO-GO: tree_build: reference -> cuda")
-    assert "| 1 (target) | 1.000% (0.980%..1.020%) | measured | 474x" in md
+    # a record without wall_share: f is the share of the step at batch c, and the report says so
+    assert (
+        "| 1 (target) | 1.000% (0.980%..1.020%) | measured, share of the step at batch c | 474x"
+        in md
+    )
+    assert "this profile record has no wall_share" in md
     assert "+1.008% (+0.988%..+1.029%) | +1.010% |" in md
 
 
