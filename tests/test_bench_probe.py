@@ -239,7 +239,8 @@ def test_guard_and_probe_with_the_engine_serving_on_the_gpu(tmp_path: Path) -> N
         assert all(str(i) in doc["message"] for i in range(n_gpus)), doc["message"]
         code, doc = ops.json("bench", "local", "--gpu", "0", "--suite", "tree")
         assert code == 2, doc
-        assert "--allow-shared" in doc["message"], doc["message"]
+        assert "in use by the service" in doc["message"], doc["message"]
+        assert "--allow-shared" in doc["hint"], doc
         t0 = time.monotonic()
         code, doc = ops.json("bench", "local", "--gpu", "0", "--allow-shared", "--suite", "attn",
                              "--batch", "64")  # fmt: skip
