@@ -283,12 +283,12 @@ def _print_profile(sec: dict[str, Any]) -> None:
     if not sec["levels"]:
         return
     t = Table(
-        title=f"profile {escape(sec['target'])}: ms per step, share of the step, and f: the "
-        "share of the measured window's wall time",
+        title=f"profile {escape(sec['target'])}: ms per step, share of the step, f",
         title_justify="left",
         box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    heads = ("c", "batch", "step ms", "stage", "ms", "share", "wall (f)", "source", "tok/s")
+    heads = ("c", "batch", "step ms", "stage", "ms", "share", "f", "source", "tok/s")
     for h in (*heads, "accept"):
         left = h in ("stage", "source")
         t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=left)
@@ -305,7 +305,7 @@ def _print_profile(sec: dict[str, Any]) -> None:
                 str(lv.get("batch", "")) if first else "",
                 f"{lv['step_ms']['value']:.2f}" if first else "",
                 s,
-                "-" if v is None else f"{v['value']:.3f}",
+                "-" if v is None else f"{v['value']:.3g}",
                 "-" if v is None else f"{v['value'] / lv['step_ms']['value']:.1%}",
                 "-" if wall is None else f"{wall['value']:.1%}",
                 "-" if v is None else v["source"],
@@ -320,7 +320,8 @@ def _print_profile(sec: dict[str, Any]) -> None:
         out.print(f"derived: f is step-based: {escape(lv.get('f_basis', ''))}", overflow="fold")
     if any(lv.get("wall_share") for lv in sec["levels"]):
         out.print(
-            "wall (f): the stage's seconds over all the window's steps (any batch size) and "
-            "prefills / the measured window's wall time; share: of the step at the batch shown",
+            "f: the stage's share of the measured window's wall time (its seconds over all the "
+            "window's steps, any batch size, and prefills / the window's wall seconds); share: "
+            "of the step at the batch shown",
             overflow="fold",
         )

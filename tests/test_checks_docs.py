@@ -98,6 +98,17 @@ def test_loadtest_document(url: str) -> None:
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         keys_match(doc["level"][name], docs.Dist, name)
     keys_match(doc["level"]["accept_length"], docs.AcceptLength, "accept_length")
+    assert "counters" not in doc["level"]
+    args = ("--url", url, "--concurrency", "2", "--requests", "4", "--counters")
+    rc, doc = run("checks.loadtest", *args)
+    assert rc == 0
+    keys_match(doc["level"], docs.LevelDoc, "checks.loadtest --counters level")
+    window = doc["level"]["counters"]
+    keys_match(window, docs.WindowCounters, "checks.loadtest counters")
+    for end in ("start", "end"):
+        keys_match(window[end], docs.Counters, f"checks.loadtest counters {end}")
+    assert window["start"]["at"] < window["end"]["at"]
+    assert window["start_lead_s"] >= 0 and window["end_lag_s"] >= 0
 
 
 def test_probe_documents(url: str) -> None:

@@ -1,5 +1,6 @@
 """`ops profile` through the real CLI: measured against the reference engine (its per-stage
-timings, taken as the difference of the counters around each level), derived against
+timings, taken as the difference of the counters bracketing each level's measured window, and
+each stage's share of that window's wall time), derived against
 tests/helpers/fake_service.py (a service without stage timings, like SGLang): step time from
 tokens/s and accept length, the tree build's time from its CPU baseline timed on the host."""
 
@@ -54,6 +55,29 @@ def test_measured_stage_times_per_level(ops: Ops) -> None:
         assert model.accept_length.value > 1 and "Δ ddtree:accept_length_sum" in (
             model.accept_length.note
         )
+        # f: each stage's share of the measured window's wall time (all its steps at any
+        # batch size, plus prefill's attention, / duration_s): below 1, and the engine's timed
+        # work in the window fits in its wall time
+        wall, win = model.wall_share, lv["window"]
+        for s in ("tree_build", "attention"):
+            assert 0 < wall[s].value < 1 and wall[s].source == "measured"
+            assert "share of the measured window's wall time" in wall[s].note
+            assert wall[s].value <= sum(lv["share"].values())
+        assert (
+            "prefills" in wall["attention"].note and "not run in prefill" in wall["tree_build"].note
+        )
+        assert win["duration_s"] == lv["load"]["duration_s"] > 0
+        assert win["steps"] == sum(lv["steps_by_batch"].values()) and win["prefill_s"] > 0
+        # every measured request's prefill is in the window (warm-up ones may be too)
+        assert 8 <= win["prefills"] <= 8 + lv["concurrency"]
+        if lv["concurrency"] == 1:  # its one warm-up request was done before the window began
+            assert win["prefills"] == 8
+        flat = sum(v.value for s, v in wall.items() if s != "attention")
+        assert flat <= win["steps_s"] / win["duration_s"] * 1.001
+        assert win["steps_s"] + win["prefill_s"] <= win["duration_s"] * 1.05
+        assert (
+            wall["attention"].value * win["duration_s"] > model.stage_ms["attention"].value / 1000
+        )
     # each level's own steps: the c=1 level ran only at batch 1; the c=4 level's numbers do not
     # hold the c=1 level's steps (it ran mostly at batch 4)
     assert set(one["steps_by_batch"]) == {"1"}
@@ -90,6 +114,8 @@ def test_derived_without_stage_timings(ops: Ops) -> None:
         assert lv["cpu_baseline"]["params"]["batch"] == c
         assert lv["share"]["tree_build"] == pytest.approx(tb.value / model.step_ms.value)
         assert lv["step_ms_from_tpot"]["source"] == "derived"
+        # no stage timings: no wall share, and the level says its f is step-based
+        assert model.wall_share == {} and lv["f_basis"].startswith("step: ")
     # without an accept length the step cannot be derived: HOLD, and the record says why
     code, doc = ops.json(*args[:3], "2", *args[4:])
     assert code == 3 and doc["levels"] == []
