@@ -3,7 +3,8 @@ under ops's process manager, on a free port, with a temporary inventory, remote 
 directory, and small loads.
 
 - The default playbook (its threshold raised to 6%) ends NO-GO on this machine, and says why:
-  the tree build is ~2-3% of the tiny engine's step, so even an infinitely fast one cannot
+  the tree build is ~2% of the tiny engine's measured wall time (f: its share of the load
+  window, ~2-3% of the step), so even an infinitely fast one cannot
   clear the threshold (ceiling_below_threshold); the missing GPU bench is named as a HOLD
   cause beside it. Every step leaves its record in one run directory; the steps behind the
   `go` gate are skipped and `current` is left alone; `ops report` rebuilds the same verdict
@@ -82,7 +83,7 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     old = local.root / "releases" / "20260101T000000Z-0123456789"
     old.mkdir(parents=True)
     (local.root / "current").symlink_to("releases/20260101T000000Z-0123456789")
-    # the tree build is ~2-3% of the tiny engine's step (its ceiling near the default 3%):
+    # the tree build is ~2% of the tiny engine's wall time (its ceiling near the default 3%):
     # a 6% threshold makes "below the ceiling" a property of the engine, not of a noisy run
     code, doc, err = local("rollout", "local", *SMALL, "--set", "threshold=0.06")
     assert code == 1 and doc["verdict"] == "NO-GO", err
