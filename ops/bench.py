@@ -31,7 +31,7 @@ from ops.service import manager_for
 PROBE_MARGIN_S = 180  # the probe's own phases (before/after) on top of the bench's time
 
 # impl names of kernels.bench rows, by role in the table
-OURS = ("cuda_events", "cuda", "cuda_rows")
+OURS = ("cuda_events", "cuda", "cuda_rows", "cuda_stage")
 GRAPH = ("cuda_graph",)
 TORCH = ("torch", "torch_sdpa", "torch_argmax", "torch_rows")
 SIZE_KEYS = {
@@ -284,7 +284,7 @@ def kernel_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             g["speedup"] = dict(r.get("speedup") or {})
         elif impl in GRAPH:
             g["graph_us"] = med
-        elif impl == "cpu_python":
+        elif impl in ("cpu_python", "reference_stage"):  # the stage's baseline: the Python one
             g["cpu_python_us"] = med
         elif impl == "cpu_cpp":
             g["cpu_cpp_us"] = med

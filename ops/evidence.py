@@ -277,10 +277,25 @@ BENCH_MAP: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 # kernel -> (component, suite, kernel, impls): what `Change.bench_kernel` may name
 BENCH_KERNELS: dict[str, tuple[str, str, str, dict[str, str]]] = {
+    "build_trees": ("tree_build", *BENCH_MAP["tree_build"]),
     "tree_verify_attention": ("attention", *BENCH_MAP["attention"]),
     "row_attention": ("attention", "attn", "row_attention",
                       {"torch": "torch_rows", "cuda": "cuda_rows"}),
+    # the engine's tree-build STAGE as it calls it (kernels.tree_stage: the upload, the kernel
+    # and the copy back into numpy trees), not the kernel alone: what the stage's time shrinks by
+    "tree_build_stage": ("tree_build", "tree", "tree_build_stage",
+                         {"reference": "reference_stage", "cuda": "cuda_stage"}),
 }  # fmt: skip
+
+
+# component -> the bench kernel timing the engine's whole STAGE (boundary copies included):
+# s(c) comes from it when a change names no bench_kernel and the bench has its rows for both
+# ends of the change (ops.report.effective_change)
+STAGE_KERNELS = {"tree_build": "tree_build_stage"}
+
+# bench kernel -> the kernel timing the same change where it runs in prefill: a wall share's
+# prefill part (ops.profile) is projected with that kernel's speedup (ops.report)
+PREFILL_KERNELS = {"row_attention": "row_attention_prefill"}
 
 
 def check_bench_kernel(component: str, kernel: str | None) -> None:

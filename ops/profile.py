@@ -213,7 +213,10 @@ def wall_shares(
             f"(Δ {BREAKDOWN}.total_s.{s}){pre}, / the window's wall time duration_s = "
             f"{duration:.4f} s (first measured request sent to last one completed, client side)"
         )
-        shares[s] = value(min((in_steps + in_prefill) / duration, 1.0), "measured", note, n=n)
+        shares[s] = value(
+            min((in_steps + in_prefill) / duration, 1.0), "measured", note, n=n,
+            prefill=in_prefill / duration,  # the part in prefill (ops.report: its own s)
+        )  # fmt: skip
     return shares, window
 
 

@@ -28,6 +28,8 @@ from pydantic import BaseModel, Field
 
 from ops.evidence import (
     COMPONENT_STAGE,
+    PREFILL_KERNELS,
+    STAGE_KERNELS,
     BenchSection,
     Change,
     Evidence,
@@ -96,6 +98,8 @@ class AmdahlRow(BaseModel):
     f_source: str = ""  # measured | derived
     f_basis: Literal["wall", "step"] | None = None  # what f is a share of (F_BASIS)
     speed: SpeedRow | None = None
+    f_prefill: float | None = None  # the part of f in prefill, projected at prefill_speed
+    prefill_speed: SpeedRow | None = None
     gain: float | None = None
     gain_lo: float | None = None
     gain_hi: float | None = None
@@ -129,10 +133,37 @@ def _rows(ev: Evidence, change: Change) -> list[KernelRow]:
     return [r for r in out if all(r.shape.get(k) == v for k, v in change.shape.items())]
 
 
+def projected_gain_parts(parts: list[tuple[float, float]]) -> float:
+    """The gain when each part f_i of the time gets s_i times faster (parts of one component
+    that run at different shapes, e.g. attention in the decode steps and in prefill):
+    1/((1 - sum f_i) + sum f_i/s_i) - 1; `projected_gain(f, s)` for one part."""
+    f = sum(p[0] for p in parts)
+    _check_f(f)
+    if not all(p[1] > 0 for p in parts):
+        raise ValueError(f"every s must be > 0, got {[p[1] for p in parts]!r}")
+    return 1.0 / ((1.0 - f) + sum(fi / si for fi, si in parts)) - 1.0
+
+
+def prefill_speedup(ev: Evidence, change: Change) -> SpeedRow | None:
+    """s of the change where it runs in prefill: the bench kernel's prefill rows
+    (`PREFILL_KERNELS`) at the pinned prompt length `change.shape.L`, or None."""
+    suite, kernel, base_impl, cand_impl = change.bench_map()
+    pk = PREFILL_KERNELS.get(kernel)
+    if pk is None:
+        return None
+    length = change.shape.get("L")
+    rows = [r for _, b in ev.bench for r in b.rows if r.suite == suite and r.kernel == pk]
+    rows = [r for r in rows if length is None or r.shape.get("L") == length]
+    return _speed(rows, base_impl, cand_impl, 1)
+
+
 def speedup_at(ev: Evidence, change: Change, batch: int) -> SpeedRow | None:
     """s at `batch` from the bench rows (nearest benchmarked batch; lowest of several shapes)."""
     _, _, base_impl, cand_impl = change.bench_map()
-    rows = _rows(ev, change)
+    return _speed(_rows(ev, change), base_impl, cand_impl, batch)
+
+
+def _speed(rows: list[KernelRow], base_impl: str, cand_impl: str, batch: int) -> SpeedRow | None:
     batches = sorted({r.batch for r in rows if r.batch is not None and r.impl == cand_impl})
     batches = [b for b in batches if any(r.impl == base_impl and r.batch == b for r in rows)]
     if not batches:
@@ -219,10 +250,38 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
             out.append(row)
             continue
         sp = row.speed
-        corners = [projected_gain(f, s) for f in (row.f_lo, row.f_hi) for s in (sp.lo, sp.hi)]
-        row.gain = projected_gain(row.f, sp.s)
+        pre = float((fv.model_extra or {}).get("prefill") or 0.0) if row.f_basis == "wall" else 0
+        pre = min(pre, row.f)
+        pre_sp = prefill_speedup(ev, change) if pre > 0 else None
+        if pre > 0 and pre_sp is not None:  # two parts: decode steps at s(c), prefill at s_p
+            row.f_prefill, row.prefill_speed = pre, pre_sp
+
+            def gain(f: float, s: float, sp_: float, pre: float = pre) -> float:
+                f_pre = min(pre, f)
+                return projected_gain_parts([(f - f_pre, s), (f_pre, sp_)])
+
+            corners = [
+                gain(f, s, q)
+                for f in (row.f_lo, row.f_hi)
+                for s in (sp.lo, sp.hi)
+                for q in (pre_sp.lo, pre_sp.hi)
+            ]
+            row.gain = gain(row.f, sp.s, pre_sp.s)
+            row.note = "; ".join(
+                x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at its own "
+                            f"s = {pre_sp.s:.3g}x (bench rows of the prefill at this prompt "
+                            "length)") if x
+            )  # fmt: skip
+        else:
+            if pre > 0:
+                row.note = "; ".join(
+                    x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at the "
+                                "decode step's s (the bench has no prefill rows for it)") if x
+                )  # fmt: skip
+            corners = [projected_gain(f, s) for f in (row.f_lo, row.f_hi) for s in (sp.lo, sp.hi)]
+            row.gain = projected_gain(row.f, sp.s)
         row.gain_lo, row.gain_hi = _spread(corners + [row.gain])
-        row.step_shorter = step_reduction(row.f, sp.s)
+        row.step_shorter = 1.0 - 1.0 / (1.0 + row.gain)
         row.clears = row.gain_lo - (row.aa_noise or 0.0) > threshold
         out.append(row)
     return out
@@ -480,12 +539,27 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
         )
 
 
+def effective_change(ev: Evidence, change: Change | None) -> Change | None:
+    """The change with the bench kernel its s(c) comes from: the component's stage kernel
+    (STAGE_KERNELS) when the change names none and the bench has that kernel's rows for both
+    the baseline and the candidate; otherwise the change as it is (the kernel alone)."""
+    if change is None or change.bench_kernel is not None:
+        return change
+    kernel = STAGE_KERNELS.get(change.component)
+    if kernel is None:
+        return change
+    staged = change.model_copy(update={"bench_kernel": kernel})
+    suite, name, base, cand = staged.bench_map()
+    impls = {r.impl for _, b in ev.bench for r in b.rows if (r.suite, r.kernel) == (suite, name)}
+    return staged if {base, cand} <= impls else change
+
+
 def decide(ev: Evidence, threshold: float = 0.03, concurrency: int | None = None) -> Decision:
     """GO / NO-GO / HOLD with every reason; pure over the evidence."""
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must be in [0, 1), got {threshold!r}")
     t = _Tally()
-    change = ev.change
+    change = effective_change(ev, ev.change)
     if change is None:
         t.hold("no_change", "no change named (a rollout's `change` record, or --change)")
     _flights(ev, t)
