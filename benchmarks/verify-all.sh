@@ -79,6 +79,7 @@ fi
 # The reference engine on this GPU: AR against DDTree, CUDA graphs on and off, identity checked
 # on the golden prompts and under load (benchmarks/NOTES-engine.md).
 for n in ${ENGINE_TOKENS:-128}; do
+  [ "$n" = 0 ] && continue  # ENGINE_TOKENS=0: no engine bench
   timeout "${ENGINE_TIMEOUT:-300}" python3 -m engine.bench --preset small --device cuda \
     --max-tokens "$n" ${ENGINE_ARGS:-} --json "$OUT/engine-$n.json" > "$OUT/engine-$n.txt" 2>&1
   echo "engine.bench $n rc=$?"; tail -n 16 "$OUT/engine-$n.txt"
