@@ -111,9 +111,14 @@ def add_speedups(rows: list[Row]) -> None:
     for r in rows:
         groups.setdefault((r["kernel"], json.dumps(r["shape"], sort_keys=True)), []).append(r)
     for rs in groups.values():
-        base = {r["impl"]: r["median_us"] for r in rs if not r["impl"].startswith("cuda")}
-        for r in rs:
+        for r in rs:  # a GPU-time row ("queued") is set against GPU-time baselines only
             if r["impl"].startswith("cuda") and r["median_us"] > 0:
+                q = r.get("mode") == "queued"
+                base = {
+                    b["impl"]: b["median_us"]
+                    for b in rs
+                    if not b["impl"].startswith("cuda") and (b.get("mode") == "queued") == q
+                }
                 r["speedup"] = {k: round(v / r["median_us"], 2) for k, v in base.items()}
 
 

@@ -24,8 +24,13 @@ s(c) for the change `attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T an
 `change.shape`). Kernel `row_attention_prefill` is the same two calls over the engine's prefill
 of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions
 0 .. p, in one call (the engine cuts a long prompt into calls of its forward's row capacity;
-the groups and splits are the same), the prefill part of the attention's time. Without a CUDA
-device the suite prints a note and yields no rows.
+the groups and splits are the same), the prefill part of the attention's time. Each impl is
+timed twice: per call with CUDA events (`torch_rows`, `cuda_rows`: a call whose host time
+exceeds its GPU time shows the host's), and enqueued behind GPU work (`torch_rows_gpu`,
+`cuda_rows_gpu`, `kernels.timing.time_queued`: the GPU's time alone), which is what the call
+costs inside the engine's forward, where the CPU runs ahead of the GPU between the graph
+pieces and a call's launch overhead hides behind the work before it. Without a CUDA device the
+suite prints a note and yields no rows.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numpy as np
 import torch
 
 from kernels.bench import BenchConfig, Row, impl_name, row
-from kernels.timing import Timing, time_cuda, time_graph
+from kernels.timing import Timing, time_cuda, time_graph, time_queued
 
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3
 SIZES = [  # (batch, prefix, tree rows T, heads); the first two are the target sizes
@@ -243,6 +248,9 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
         timing = time_cuda(fn, sets, reps=reps)
         rows.append(row("attn", "row_attention", impl, shape, timing, rows=b * t,
                         input_sets=sets, **extra[impl], **check))  # fmt: skip
+        queued = time_queued(fn, sets, reps=reps)
+        rows.append(row("attn", "row_attention", impl + "_gpu", shape, queued, rows=b * t,
+                        input_sets=sets, **extra[impl], **check))  # fmt: skip
     return rows
 
 
@@ -287,6 +295,9 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True) -> list
             check = {"rel_err_vs_fp64": rel, "refcheck": rel < ROW_TOL}
         timing = time_cuda(fn, sets, reps=reps)
         rows.append(row("attn", "row_attention_prefill", impl, shape, timing, rows=n,
+                        input_sets=sets, **extra[impl], **check))  # fmt: skip
+        queued = time_queued(fn, sets, reps=reps)
+        rows.append(row("attn", "row_attention_prefill", impl + "_gpu", shape, queued, rows=n,
                         input_sets=sets, **extra[impl], **check))  # fmt: skip
     return rows
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Timing", "summarize", "time_cuda", "time_graph", "time_host"]
+__all__ = ["Timing", "summarize", "time_cuda", "time_graph", "time_host", "time_queued"]
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Timing:
     p25_us: float
     p75_us: float
     reps: int
-    mode: str  # "events", "graph" or "host"
+    mode: str  # "events", "graph", "queued" or "host"
     launches_per_sample: int = 1
     samples_us: list[float] = field(default_factory=list)
 
@@ -70,6 +70,53 @@ def time_cuda(
         end.record()
     torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "events")
+
+
+def time_queued(
+    fn: Callable[[int], Any], n_inputs: int = 1, warmup: int = 5, reps: int = 50
+) -> Timing:
+    """Each sample: one call between two CUDA events, enqueued behind a GPU sleep longer than
+    the call's host time, so the span is the GPU's time alone: what a call costs inside a
+    pipeline whose CPU runs ahead of its GPU (an engine's forward between CUDA-graph pieces),
+    where its launch overhead hides behind the work before it. `time_cuda` of a call whose
+    host time exceeds its GPU time measures the host instead."""
+    import torch
+
+    for i in range(warmup):
+        fn(i % n_inputs)
+    torch.cuda.synchronize()
+    host = []
+    for i in range(3):  # the call's host time (enqueueing only), to size the sleep
+        t0 = time.perf_counter()
+        fn(i % n_inputs)
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    cycles = _sleep_cycles(4 * max(host) + 100e-6)
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
+    for i, (start, end) in enumerate(events):
+        torch.cuda._sleep(cycles)
+        start.record()
+        fn(i % n_inputs)
+        end.record()
+        end.synchronize()  # the next sample's sleep starts on an idle GPU
+    return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "queued")
+
+
+def _sleep_cycles(seconds: float) -> int:
+    """torch.cuda._sleep cycles lasting about `seconds` on the current device (measured)."""
+    import torch
+
+    probe = 1_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    per_cycle = start.elapsed_time(end) / 1e3 / probe
+    return max(1000, int(seconds / max(per_cycle, 1e-12)))
 
 
 def time_graph(
