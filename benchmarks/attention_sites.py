@@ -4,8 +4,8 @@ On one GPU, in one process: the reference engine (preset small, every other comp
 with attention `torch`, then `cuda`; per backend the attention seconds of a prefill of one
 PROMPT-token prompt (`Decoder.prefill`'s timer) and of a DDTree decode step at each
 concurrency c (the step's `attention` stage), medians. Then `kernels.bench_attention`'s
-`row_attention_prefill` and `row_attention` rows at the same shapes, one layer each (x layers
-to compare). The question it answers: does the bench's s (what `ops report` projects with)
+`row_attention_prefill` and `row_attention` stage rows at the same shapes (the plan and one call
+per layer). The question it answers: does the bench's s (what `ops report` projects with)
 equal the engine's own s at each site?
 
 Usage on the GPU host, project root: python benchmarks/attention_sites.py [--prompt 1024]
@@ -78,14 +78,14 @@ def main() -> None:
         "bench": bench_rows(a.prompt, a.concurrency),
         "prompt": a.prompt,
     }
-    eng, layers = doc["engine"], doc["engine"]["torch"]["layers"]
+    eng = doc["engine"]
 
     def bench_us(kernel: str, impl: str, b: int) -> float:
         found = [r for r in doc["bench"] if (r["kernel"], r["impl"]) == (kernel, impl)]
         return next(r["median_us"] for r in found if r["shape"]["B"] == b)
 
     lines = ["site        engine torch ms  engine cuda ms  engine s | bench torch ms  cuda ms  s "
-             "(GPU time, x layers)"]  # fmt: skip
+             "(stage: plan + layers calls)"]  # fmt: skip
     sites = [
         ("prefill", eng["torch"]["prefill_s"], eng["cuda"]["prefill_s"], "row_attention_prefill", 1)
     ]
@@ -93,8 +93,8 @@ def main() -> None:
         sites.append((f"step c={c}", eng["torch"]["steps"][str(c)]["attention_s"],
                       eng["cuda"]["steps"][str(c)]["attention_s"], "row_attention", c))  # fmt: skip
     for name, t, cu, kernel, b in sites:
-        bt = bench_us(kernel, "torch_rows_gpu", b) * layers / 1e3
-        bc = bench_us(kernel, "cuda_rows_gpu", b) * layers / 1e3
+        bt = bench_us(kernel, "torch_rows_stage", b) / 1e3
+        bc = bench_us(kernel, "cuda_rows_stage", b) / 1e3
         lines.append(f"{name:<11} {t * 1e3:15.3f} {cu * 1e3:15.3f} {t / cu:9.2f} | "
                      f"{bt:14.3f} {bc:8.3f} {bt / bc:5.2f}")  # fmt: skip
     doc["table"] = lines

@@ -6,7 +6,8 @@ its ancestors; tree node i is stored at position L + i, rotated at position L + 
 per-row argmax -> greedy accept -> KV compaction of the accepted rows and commit of accepted
 tokens + bonus. An AR step is the same verify with a root-only tree, so both modes share one
 code path. Stage times: draft, topk, tree_build, verify (the forward, argmax included),
-attention (the part of verify spent in attention, measured inside it), accept, commit.
+attention (the part of verify spent in attention, its plan and its calls, measured inside it),
+accept, commit.
 """
 
 from __future__ import annotations

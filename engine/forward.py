@@ -15,7 +15,8 @@ CUDA graphs, the way SGLang's piecewise capture does it: everything between two 
 (`post` of layer l-1 and `pre` of layer l, for every chunk of the forward) is captured once per
 chunk count, at startup (`capture`), as one graph over the static buffers, and replayed
 afterwards: a forward is layers + 1 graph launches. Attention runs eagerly between them with
-the step's real lengths, which is also where its time is measured (CUDA events, read after the
+the step's real lengths, which is also where its time is measured: its plan on the host clock
+(built before the first piece, with the GPU idle) and its calls with CUDA events (read after the
 step's sync, so the timing costs no extra sync). `graphs=False` (`--no-cuda-graphs`,
 DDTREE_ENGINE_CUDA_GRAPHS=0) runs the same segments eagerly.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,11 +51,20 @@ class Rows:
 
 
 class AttentionTimer:
-    """Seconds spent in attention during a forward: CUDA events on a GPU, a clock on the CPU."""
+    """Seconds spent in attention during a forward: its plan on the host clock (built with the
+    GPU idle, before the forward's first piece, so all of it is on the critical path), then
+    every call: CUDA events on a GPU, the clock on the CPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.spans: list[tuple] = []
+        self.host_s = 0.0
+
+    def host(self, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        self.host_s += time.perf_counter() - t0
+        return out
 
     def span(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self.cuda:
@@ -71,8 +82,8 @@ class AttentionTimer:
     def seconds(self) -> float:
         """Total; call after the device is synchronised."""
         if self.cuda:
-            return sum(s.elapsed_time(e) for s, e in self.spans) / 1000.0
-        return sum(s[0] for s in self.spans)
+            return self.host_s + sum(s.elapsed_time(e) for s, e in self.spans) / 1000.0
+        return self.host_s + sum(s[0] for s in self.spans)
 
 
 class Forward:
@@ -184,7 +195,11 @@ class Forward:
         host[0, :n], host[1, :n], host[2, :n] = rows.tokens, rows.positions, rows.write_slots
         host[2, n:] = self.trash
         self.inputs[:, :end] = torch.from_numpy(host).to(self.inputs.device)
-        plan = attention.plan(rows.table, rows.lens, self.model.device)
+
+        def make_plan() -> Any:
+            return attention.plan(rows.table, rows.lens, self.model.device)
+
+        plan = timer.host(make_plan) if timer else make_plan()
         for layer in range(cfg.layers):
             self._piece(layer, chunks)
 

@@ -105,19 +105,22 @@ def row(
     return d
 
 
+SEPARATE_MODES = ("queued", "stage")  # timing modes compared only with each other (same shape)
+
+
 def add_speedups(rows: list[Row]) -> None:
     """For each CUDA row, speedup = baseline median / CUDA median, per baseline of its group."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r["kernel"], json.dumps(r["shape"], sort_keys=True)), []).append(r)
     for rs in groups.values():
-        for r in rs:  # a GPU-time row ("queued") is set against GPU-time baselines only
+        for r in rs:  # a GPU-time or stage row is set against its own kind of baseline only
             if r["impl"].startswith("cuda") and r["median_us"] > 0:
-                q = r.get("mode") == "queued"
+                q = r.get("mode") in SEPARATE_MODES
                 base = {
                     b["impl"]: b["median_us"]
                     for b in rs
-                    if not b["impl"].startswith("cuda") and (b.get("mode") == "queued") == q
+                    if not b["impl"].startswith("cuda") and (b.get("mode") in SEPARATE_MODES) == q
                 }
                 r["speedup"] = {k: round(v / r["median_us"], 2) for k, v in base.items()}
 

@@ -25,12 +25,15 @@ s(c) for the change `attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T an
 of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions
 0 .. p, in one call (the engine cuts a long prompt into calls of its forward's row capacity;
 the groups and splits are the same), the prefill part of the attention's time. Each impl is
-timed twice: per call with CUDA events (`torch_rows`, `cuda_rows`: a call whose host time
-exceeds its GPU time shows the host's), and enqueued behind GPU work (`torch_rows_gpu`,
-`cuda_rows_gpu`, `kernels.timing.time_queued`: the GPU's time alone), which is what the call
-costs inside the engine's forward, where the CPU runs ahead of the GPU between the graph
-pieces and a call's launch overhead hides behind the work before it. Without a CUDA device the
-suite prints a note and yields no rows.
+timed twice: one call per CUDA-event sample, its plan built beforehand (`torch_rows`,
+`cuda_rows`: the kernel-level comparison), and as the engine's attention STAGE of one forward
+(`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.time_stage`): the
+plan built on the host with the GPU idle, as `engine.forward` builds it before the forward's
+first piece, then one call per layer timed as the GPU's time alone, since in the forward the
+CPU runs ahead of the GPU and a call's launch overhead hides behind the piece before it. The
+stage rows are what `ops report` projects with (playbooks/rollout-attention.yaml): the torch
+plan's host work (grouping by length, one upload of every group's table) is part of what the
+switch removes. Without a CUDA device the suite prints a note and yields no rows.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 import torch
 
 from kernels.bench import BenchConfig, Row, impl_name, row
-from kernels.timing import Timing, time_cuda, time_graph, time_queued
+from kernels.timing import Timing, time_cuda, time_graph, time_stage
 
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3
 SIZES = [  # (batch, prefix, tree rows T, heads); the first two are the target sizes
@@ -214,47 +217,67 @@ def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int) -> tuple:
 
 
 def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
-                       refcheck: bool = True) -> list[Row]:  # fmt: skip
+                       refcheck: bool = True, layers: int = 4) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys."""
-    from kernels import row_attention as ra
 
     per_set = b * -(-(prefix + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
     sets = max(2, min(64, -(-ROW_ROTATE // per_set)))
     pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
+    tables = [(tab, lens) for tab, lens, _ in steps]
+    shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
+    return _row_impls("row_attention", shape, pool, tables, [q for _, _, q in steps], b * t,
+                      sets, reps, refcheck, layers)  # fmt: skip
+
+
+def _row_impls(
+    kernel: str, shape: dict, pool: torch.Tensor, tables: list[tuple], qs: list[torch.Tensor],
+    n_rows: int, sets: int, reps: int, refcheck: bool, layers: int,
+) -> list[Row]:  # fmt: skip
+    """Per impl: one call (plan built beforehand) per CUDA-event sample (`torch_rows`,
+    `cuda_rows`), and the forward's whole attention stage (`*_stage`: the plan on the host,
+    then `layers` calls, `kernels.timing.time_stage`)."""
+    from kernels import row_attention as ra
+
     dev = pool.device
-    tplans = [ra.torch_rows_plan(tb, ln, dev, ROW_BUCKET, ROW_PER_CALL) for tb, ln, _ in steps]
-    cplans = [ra.rowwise_plan(tab, lens, dev) for tab, lens, _ in steps]
-    qs = [q for _, _, q in steps]
-    impls = {
-        "torch_rows": lambda i: ra.torch_rows(qs[i], pool, tplans[i], ROW_SCALE, ROW_LATENT),
-        "cuda_rows": lambda i: ra.cuda_rows(qs[i], pool, cplans[i], ROW_SCALE, ROW_LATENT),
+    plan_of = {
+        "torch_rows": lambda i: ra.torch_rows_plan(*tables[i], dev, ROW_BUCKET, ROW_PER_CALL),
+        "cuda_rows": lambda i: ra.rowwise_plan(*tables[i], dev),
     }
+    call_of = {"torch_rows": ra.torch_rows, "cuda_rows": ra.cuda_rows}
     extra = {
         "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
         "cuda_rows": {"algo": "simt", "split_keys": ra.SPLIT_KEYS},
     }
     want = None
     if refcheck:
-        table, lens, _ = steps[0]
-        want = ra.reference_rows(qs[0], pool, table, lens, ROW_SCALE, ROW_LATENT)
-    shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
+        want = ra.reference_rows(qs[0], pool, *tables[0], ROW_SCALE, ROW_LATENT)
     rows: list[Row] = []
-    for impl, fn in impls.items():
+    for impl in ("torch_rows", "cuda_rows"):
+        plans = [plan_of[impl](i) for i in range(sets)]
+        call = call_of[impl]
+
+        def fn(i: int, call=call, plans=plans) -> torch.Tensor:
+            return call(qs[i], pool, plans[i], ROW_SCALE, ROW_LATENT)
+
+        def run(i: int, plan, call=call) -> None:
+            for _ in range(layers):
+                call(qs[i], pool, plan, ROW_SCALE, ROW_LATENT)
+
         check: dict = {}
         if want is not None:
-            got = fn(0).double()
-            rel = float((got - want).norm() / want.norm())
+            rel = float((fn(0).double() - want).norm() / want.norm())
             check = {"rel_err_vs_fp64": rel, "refcheck": rel < ROW_TOL}
-        timing = time_cuda(fn, sets, reps=reps)
-        rows.append(row("attn", "row_attention", impl, shape, timing, rows=b * t,
-                        input_sets=sets, **extra[impl], **check))  # fmt: skip
-        queued = time_queued(fn, sets, reps=reps)
-        rows.append(row("attn", "row_attention", impl + "_gpu", shape, queued, rows=b * t,
-                        input_sets=sets, **extra[impl], **check))  # fmt: skip
+        common = {"rows": n_rows, "input_sets": sets, **extra[impl], **check}
+        rows.append(row("attn", kernel, impl, shape, time_cuda(fn, sets, reps=reps), **common))
+        stage = time_stage(plan_of[impl], run, sets, reps=max(10, reps // 2))
+        rows.append(row("attn", kernel, impl + "_stage", {**shape, "layers": layers}, stage,
+                        **common))  # fmt: skip
+        del plans
     return rows
 
 
-def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True) -> list[Row]:
+def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
+                     layers: int = 4) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` over the engine's prefill of one prompt of `prompt` tokens:
     rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages (engine.decode's
     `prefill` rows, in one call)."""
@@ -269,37 +292,12 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True) -> list
     gen = torch.Generator(device="cuda").manual_seed(prompt)
     pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
     lens = np.arange(1, n + 1, dtype=np.int64)
-    tables = [np.tile(ra.paged_slots(order[s], n, ROW_PAGE)[0], (n, 1)) for s in range(sets)]
+    tables = [(np.tile(ra.paged_slots(order[s], n, ROW_PAGE)[0], (n, 1)), lens)
+              for s in range(sets)]  # fmt: skip
     qs = [torch.randn(n, ROW_HEADS, ROW_KV, device="cuda", generator=gen) for _ in range(sets)]
-    dev = pool.device
-    tplans = [ra.torch_rows_plan(t, lens, dev, ROW_BUCKET, ROW_PER_CALL) for t in tables]
-    cplans = [ra.rowwise_plan(t, lens, dev) for t in tables]
-    impls = {
-        "torch_rows": lambda i: ra.torch_rows(qs[i], pool, tplans[i], ROW_SCALE, ROW_LATENT),
-        "cuda_rows": lambda i: ra.cuda_rows(qs[i], pool, cplans[i], ROW_SCALE, ROW_LATENT),
-    }
-    extra = {
-        "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
-        "cuda_rows": {"algo": "simt", "split_keys": ra.SPLIT_KEYS},
-    }
-    want = None
-    if refcheck:
-        want = ra.reference_rows(qs[0], pool, tables[0], lens, ROW_SCALE, ROW_LATENT)
     shape = {"B": 1, "L": prompt, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
-    rows: list[Row] = []
-    for impl, fn in impls.items():
-        check: dict = {}
-        if want is not None:
-            got = fn(0).double()
-            rel = float((got - want).norm() / want.norm())
-            check = {"rel_err_vs_fp64": rel, "refcheck": rel < ROW_TOL}
-        timing = time_cuda(fn, sets, reps=reps)
-        rows.append(row("attn", "row_attention_prefill", impl, shape, timing, rows=n,
-                        input_sets=sets, **extra[impl], **check))  # fmt: skip
-        queued = time_queued(fn, sets, reps=reps)
-        rows.append(row("attn", "row_attention_prefill", impl + "_gpu", shape, queued, rows=n,
-                        input_sets=sets, **extra[impl], **check))  # fmt: skip
-    return rows
+    return _row_impls("row_attention_prefill", shape, pool, tables, qs, n, sets, reps, refcheck,
+                      layers)  # fmt: skip
 
 
 def attn_suite(cfg: BenchConfig) -> list[Row]:

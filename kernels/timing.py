@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Timing", "summarize", "time_cuda", "time_graph", "time_host", "time_queued"]
+__all__ = [
+    "Timing", "summarize", "time_cuda", "time_graph", "time_host", "time_queued", "time_stage",
+]  # fmt: skip
 
 
 @dataclass
@@ -25,7 +27,7 @@ class Timing:
     p25_us: float
     p75_us: float
     reps: int
-    mode: str  # "events", "graph", "queued" or "host"
+    mode: str  # "events", "graph", "queued", "stage" or "host"
     launches_per_sample: int = 1
     samples_us: list[float] = field(default_factory=list)
 
@@ -103,6 +105,48 @@ def time_queued(
         end.record()
         end.synchronize()  # the next sample's sleep starts on an idle GPU
     return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "queued")
+
+
+def time_stage(
+    prepare: Callable[[int], Any],
+    run: Callable[[int, Any], Any],
+    n_inputs: int = 1,
+    warmup: int = 3,
+    reps: int = 30,
+) -> Timing:
+    """Each sample: `prepare(i)` on the host with the GPU idle (synchronised, wall clock), then
+    `run(i, prepared)` enqueued behind a GPU sleep (its GPU time alone, as `time_queued`):
+    a stage that builds a plan on the host and then launches work inside a pipeline whose CPU
+    runs ahead, e.g. the engine's attention per forward (its plan, then one call per layer)."""
+    import torch
+
+    for i in range(warmup):
+        run(i % n_inputs, prepare(i % n_inputs))
+    torch.cuda.synchronize()
+    host = []
+    for i in range(3):
+        p = prepare(i % n_inputs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run(i % n_inputs, p)
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    cycles = _sleep_cycles(4 * max(host) + 100e-6)
+    samples = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        p = prepare(i % n_inputs)
+        torch.cuda.synchronize()
+        host_s = time.perf_counter() - t0
+        torch.cuda._sleep(cycles)
+        start.record()
+        run(i % n_inputs, p)
+        end.record()
+        end.synchronize()
+        samples.append(host_s * 1e6 + start.elapsed_time(end) * 1e3)
+    return summarize(samples, "stage")
 
 
 def _sleep_cycles(seconds: float) -> int:

@@ -313,6 +313,9 @@ class MeasureLevel(_Open):
     aa: list[list[float]] = Field(default_factory=list, description="[A, A'] tokens/s samples")
     before: list[float] = Field(min_length=1)
     after: list[float] = Field(min_length=1)
+    # the change's stage as the service saw it: seconds per output token before / after
+    # ("total", "steps", "prefill"; ops.rollout_switch.service_speedup), where it reports them
+    service_speedup: dict[str, float] | None = None
 
 
 class MeasureSection(_Open):

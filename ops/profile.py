@@ -220,6 +220,20 @@ def wall_shares(
     return shares, window
 
 
+def stage_seconds(start: Counters, end: Counters, stage: str) -> dict[str, float] | None:
+    """Seconds the service spent in `stage` between two counter snapshots: over every decode
+    step (any batch size) and inside prefills; None for a service without stage timings."""
+    b0, b1 = breakdown(start), breakdown(end)
+    if b0 is None or b1 is None:
+        return None
+    steps = level_steps(b0, b1)
+    p0, p1 = _state(start, PREFILL), _state(end, PREFILL)
+    pre = 0.0
+    if p0 is not None and p1 is not None:
+        pre = p1["total_s"].get(stage, 0.0) - p0["total_s"].get(stage, 0.0)
+    return {"steps_s": sum(r["total_s"].get(stage, 0.0) for r in steps.values()), "prefill_s": pre}
+
+
 def _clock(snap: Counters) -> float | None:
     info = snap.get("server_info") or {}
     clock = info["internal_states"][0].get("clock_s")

@@ -347,10 +347,23 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 if r.measured_gain is None or r.gain is None
                 else f"{(r.measured_gain - r.gain) * 100:+.1f} pp",
                 "clears": clears,
+                "s_bench": "-"
+                if sp is None
+                else times(sp.s)
+                + ("" if r.prefill_speed is None else f" (prefill {times(r.prefill_speed.s)})"),
+                "s_service": _service_s(r.service_speedup),
                 "note": r.note,
             }
         )
     return out
+
+
+def _service_s(sp: dict[str, float] | None) -> str:
+    """The stage's speedup the service saw (seconds per output token, before / after)."""
+    if not sp or "total" not in sp:
+        return "-"
+    parts = [f"{k} {times(sp[k])}" for k in ("steps", "prefill") if k in sp]
+    return times(sp["total"]) + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
 
 
 def speedup_tables(series: dict[str, dict[str, dict[int, list[float]]]]) -> dict[str, list]:

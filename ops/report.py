@@ -106,6 +106,7 @@ class AmdahlRow(BaseModel):
     step_shorter: float | None = None
     ceiling: float | None = None
     measured_gain: float | None = None
+    service_speedup: dict[str, float] | None = None  # the stage's s as the service saw it
     aa_noise: float | None = None
     clears: bool | None = None
     note: str = ""
@@ -214,6 +215,13 @@ def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None]:
     return noise, gain
 
 
+def _service_speedup(ev: Evidence, c: int) -> dict[str, float] | None:
+    if ev.measure is None:
+        return None
+    lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
+    return None if lv is None else lv.service_speedup
+
+
 def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRow]:
     """One row per profiled concurrency: f(c), s(c), projected gain with its spread, ceiling."""
     if ev.profile is None:
@@ -223,6 +231,7 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
     for lv in ev.profile.levels:
         row = AmdahlRow(concurrency=lv.concurrency)
         row.aa_noise, row.measured_gain = _aa_noise(ev, lv.concurrency)
+        row.service_speedup = _service_speedup(ev, lv.concurrency)
         found = lv.f_of(stage)
         if found is None:
             row.note = f"the profile has no {stage!r} time at this concurrency"

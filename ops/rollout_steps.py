@@ -64,6 +64,7 @@ class Context:
     deploy: DeployResult | None = None
     deploy_record: str = ""
     before: dict[int, list[list[float]]] | None = None  # the A/A pair per level
+    before_runs: list[dict[str, Any]] = field(default_factory=list)  # their raw runs
     report: dict[str, Any] | None = None
     files: list[str] = field(default_factory=list)
 

@@ -10,19 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from ops.deploy import Deployer, DeployOptions
-from ops.evidence import Change
+from ops.evidence import COMPONENT_STAGE, Change
 from ops.inventory import Target
 from ops.loadtest import run_loadtest
 from ops.playbook import DeployStep, MeasureStep
+from ops.profile import stage_seconds
 from ops.records import RunDir
 from ops.remote import open_host
 from ops.rollout_steps import Context, Done
 
 
 def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict[int, list[float]]:
-    """`runs` passes of the load over every level (interleaved); tokens/s samples per level."""
+    """`runs` passes of the load over every level (interleaved); tokens/s samples per level.
+    Each run also keeps the seconds the service spent in the change's stage during its window
+    (where the service reports stage timings: `component` in the raw run)."""
     load = ctx.playbook.load
     out: dict[int, list[float]] = {c: [] for c in load.concurrency}
+    stage = COMPONENT_STAGE[ctx.change.component] if ctx.change else None
     for i in range(runs):
         rep = run_loadtest(
             ctx.host,
@@ -31,13 +35,42 @@ def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict
             input_len=load.input_len,
             output_len=load.output_len,
             timeout=load.timeout,
+            counters=stage is not None,
         )
         for lv in rep.levels:
-            raw.append({"arm": label, "run": i, **lv})
+            lv = dict(lv)
+            window = lv.pop("counters", None)
+            comp = None
+            if window and stage:
+                comp = stage_seconds(window["start"], window["end"], stage)
+            raw.append({"arm": label, "run": i, **lv, "component": comp})
             if lv.get("output_tok_per_s"):
                 out[lv["concurrency"]].append(float(lv["output_tok_per_s"]))
         ctx.say(f"{label} run {i + 1}/{runs} done")
     return out
+
+
+def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | None:
+    """The change's speedup as the service saw it at concurrency c: the stage's seconds per
+    output token before the switch (arms A and A') over after, median of the runs, for the
+    decode steps, prefill, and both. None where the service reports no stage timings."""
+
+    def per_token(arms: tuple[str, ...], part: str) -> float | None:
+        xs = [
+            (r["component"]["steps_s"] + r["component"]["prefill_s"] if part == "total"
+             else r["component"][part]) / r["output_tokens"]
+            for r in raw
+            if r["arm"] in arms and r["concurrency"] == c and r.get("component")
+            and r.get("output_tokens")
+        ]  # fmt: skip
+        return statistics.median(xs) if xs else None
+
+    out = {}
+    for part in ("total", "steps_s", "prefill_s"):
+        b, a = per_token(("A", "A'"), part), per_token(("after",), part)
+        if b is not None and a is not None and a > 0 and b > 0:
+            out[part.removesuffix("_s")] = b / a
+    return out or None
 
 
 def _rel(a: list[float], b: list[float]) -> float | None:
@@ -54,6 +87,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     if st.phase == "before":
         a, a2 = _arm(ctx, st.repeats, "A", raw), _arm(ctx, st.repeats, "A'", raw)
         ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}
+        ctx.before_runs = raw
         levels = [
             {"concurrency": c, "aa": ctx.before[c], "aa_noise": _rel(a[c], a2[c])}
             for c in load.concurrency
@@ -86,7 +120,8 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         if not before or not after[c]:
             missing.append(c)
             continue
-        levels.append({"concurrency": c, "aa": ctx.before[c], "before": before, "after": after[c]})
+        levels.append({"concurrency": c, "aa": ctx.before[c], "before": before, "after": after[c],
+                       "service_speedup": service_speedup(ctx.before_runs + raw, c)})  # fmt: skip
         gains.append(f"c={c} {_pct(_rel(before, after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {

@@ -191,6 +191,13 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     (lv,) = measure.levels
     assert lv.aa == before["aa"] and lv.before == lv.aa[0] + lv.aa[1]
     assert len(lv.after) == 2 and all(x > 0 for x in lv.after)
+    # the stage as the service saw it: its seconds per output token, before / after (the
+    # compiled C++ tree build beats the Python one; the tree build does not run in prefill)
+    sp = lv.service_speedup
+    assert sp is not None and sp["total"] == sp["steps"] > 1.0 and "prefill" not in sp, sp
+    raw = record(run / "04-measure")["measure"]["runs"]
+    assert all("counters" not in r and r["component"]["steps_s"] > 0 for r in raw), raw
+    assert row["service_speedup"] == sp
     # the report reads all of it: the deploy and its post-flight, predicted beside measured
     ev = gather([run])
     assert ev.deployed and sorted(h.role for h in ev.health) == ["postflight", "preflight"]
