@@ -10,6 +10,7 @@ estimated here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -65,6 +66,8 @@ class Context:
     deploy_record: str = ""
     before: dict[int, list[list[float]]] | None = None  # the A/A pair per level
     before_runs: list[dict[str, Any]] = field(default_factory=list)  # their raw runs
+    # measure's requests per level, sized from the profile (load.run_seconds), else empty
+    requests_per_level: dict[int, int] = field(default_factory=dict)
     report: dict[str, Any] | None = None
     files: list[str] = field(default_factory=list)
 
@@ -151,6 +154,18 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
     )
 
 
+def sized_requests(levels: list[dict[str, Any]], seconds: float, output_len: int) -> dict[int, int]:
+    """Requests per level so one run lasts about `seconds` at the profiled output tokens/s
+    (at least the level's concurrency); empty when `seconds` is 0 or nothing was measured."""
+    out = {}
+    for lv in levels if seconds > 0 else []:
+        tok_s = (lv.get("tokens_per_s") or {}).get("value")
+        if tok_s:
+            c = int(lv["concurrency"])
+            out[c] = max(c, math.ceil(seconds * float(tok_s) / output_len))
+    return out
+
+
 def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     load, ch = ctx.playbook.load, ctx.change
     derived = ch.component if ch is not None and ch.component in ("tree_build", "accept") else None
@@ -168,11 +183,15 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         depth=st.depth,
     )
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
+    ctx.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)
     shares = []
     stage = COMPONENT_STAGE[ch.component] if ch is not None else None
     for lv in sec["levels"]:
+        wall = (lv.get("wall_share") or {}).get(stage or "")
         v = (lv.get("stage_ms") or {}).get(stage or "")
-        if v is not None and lv["step_ms"]["value"] > 0:
+        if wall is not None:
+            shares.append(f"c={lv['concurrency']} {wall['value']:.2%} of the wall time")
+        elif v is not None and lv["step_ms"]["value"] > 0:
             f = v["value"] / lv["step_ms"]["value"]
             shares.append(f"c={lv['concurrency']} {f:.2%} of {lv['step_ms']['value']:.1f} ms")
     detail = f"{len(sec['levels'])} levels"

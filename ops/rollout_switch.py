@@ -27,17 +27,22 @@ def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict
     load = ctx.playbook.load
     out: dict[int, list[float]] = {c: [] for c in load.concurrency}
     stage = COMPONENT_STAGE[ctx.change.component] if ctx.change else None
+    sized = ctx.requests_per_level  # from the profile (load.run_seconds), else load.requests
+    plan = [([c], sized[c]) for c in load.concurrency] if sized else [(load.concurrency, 0)]
     for i in range(runs):
-        rep = run_loadtest(
-            ctx.host,
-            load.concurrency,
-            requests=load.requests,
-            input_len=load.input_len,
-            output_len=load.output_len,
-            timeout=load.timeout,
-            counters=stage is not None,
-        )
-        for lv in rep.levels:
+        levels = []
+        for cs, n in plan:
+            rep = run_loadtest(
+                ctx.host,
+                cs,
+                requests=n or load.requests,
+                input_len=load.input_len,
+                output_len=load.output_len,
+                timeout=load.timeout,
+                counters=stage is not None,
+            )
+            levels += rep.levels
+        for lv in levels:
             lv = dict(lv)
             window = lv.pop("counters", None)
             comp = None
@@ -83,7 +88,8 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     """before: the A/A pair (the unchanged service, the load twice); after: the same load on
     the switched service, as many runs as before. The report sets predicted beside measured."""
     load, raw = ctx.playbook.load, []
-    settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side"}
+    settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side",
+                "requests_per_level": ctx.requests_per_level or None}  # fmt: skip
     if st.phase == "before":
         a, a2 = _arm(ctx, st.repeats, "A", raw), _arm(ctx, st.repeats, "A'", raw)
         ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}

@@ -32,6 +32,7 @@ from helpers.deploy import make_source
 from helpers.sshd import free_port
 
 from ops.evidence import MeasureSection, gather
+from ops.rollout_steps import sized_requests
 
 SMALL = [
     "--set", "load.concurrency=1,4", "--set", "load.requests=4", "--set", "load.input_len=16",
@@ -147,7 +148,7 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     pb = local.tmp / "switch.yaml"
     pb.write_text(
         "change: {component: tree_build, baseline: reference, candidate: cpp}\n"
-        "load: {concurrency: [1], requests: 2, input_len: 8, output_len: 8}\n"
+        "load: {concurrency: [1], requests: 2, input_len: 8, output_len: 8, run_seconds: 0.4}\n"
         "steps:\n"
         "  - {step: profile}\n"
         "  - {step: measure, name: baseline, phase: before}\n"
@@ -186,6 +187,7 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     assert dep["results"][0]["outcome"] == "deployed" and dep["exit_code"] == 0
     assert record(run / "03-deploy" / "postflight")["inputs"]["role"] == "postflight"
     before = record(run / "02-baseline")["measure_before"]["levels"][0]
+    before_runs = record(run / "02-baseline")["measure_before"]["runs"]
     assert before["concurrency"] == 1 and len(before["aa"]) == 2
     measure = MeasureSection.model_validate(record(run / "04-measure")["measure"])
     (lv,) = measure.levels
@@ -197,6 +199,12 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     assert sp is not None and sp["total"] == sp["steps"] > 1.0 and "prefill" not in sp, sp
     raw = record(run / "04-measure")["measure"]["runs"]
     assert all("counters" not in r and r["component"]["steps_s"] > 0 for r in raw), raw
+    # load.run_seconds: each measured run has as many requests as 0.4 s take at the profile's
+    # tokens/s (sized_requests), the same before and after the switch
+    sized = record(run / "04-measure")["measure"]["settings"]["requests_per_level"]
+    prof = record(run / "01-profile")["profile"]["levels"][0]
+    assert sized == {"1": sized_requests([prof], 0.4, 8)[1]} and sized["1"] > 2, sized
+    assert {r["completed"] for r in raw} | {r["completed"] for r in before_runs} == {sized["1"]}
     assert row["service_speedup"] == sp
     # the report reads all of it: the deploy and its post-flight, predicted beside measured
     ev = gather([run])
