@@ -32,9 +32,10 @@ from ops.cli_common import (
     out,
     state,
 )
+from ops.counters import STAGES
 from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.loadtest import parse_levels
-from ops.profile import STAGES, ProfileOptions, run_profile
+from ops.profile import ProfileOptions, run_profile
 from ops.remote import Host
 
 

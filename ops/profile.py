@@ -46,15 +46,21 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel
 
 from checks.docs import Counters, CountersDoc, LevelDoc
+from ops.counters import (
+    BREAKDOWN,
+    STAGES,
+    _delta,
+    breakdown,
+    level_steps,
+    value,
+    wall_shares,
+    window_counters,
+)
 from ops.dataplane import data_plane_dir, run_check
 from ops.errors import OpsError
 from ops.evidence import NESTED_STAGES
 from ops.loadtest import run_loadtest
 from ops.remote import Host
-
-STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
-BREAKDOWN = "step_time_breakdown"
-PREFILL = "prefill_time_breakdown"
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
 # B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.
@@ -112,132 +118,9 @@ class ProfileOptions(BaseModel):
     seconds: float = 1.0
 
 
-def value(v: float, source: str, note: str, **kw: Any) -> dict[str, Any]:
-    """An `ops.evidence.Value`: one number, its spread where known, its provenance."""
-    return {"value": v, "source": source, "note": note, **kw}
-
-
 def snapshot(host: Host) -> CountersDoc:
     args = ["--url", host.target.service.url, "--counters"]
     return cast(CountersDoc, run_check(host, "checks.probe", args).data)
-
-
-def _state(snap: Counters, key: str) -> dict[str, Any] | None:
-    info = snap.get("server_info") or {}
-    states = info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        b = states[0].get(key)
-        return b if isinstance(b, dict) else None
-    return None
-
-
-def breakdown(snap: Counters) -> dict[str, Any] | None:
-    return _state(snap, BREAKDOWN)
-
-
-def metric(snap: Counters, prefix: str) -> float | None:
-    """The sum of the /metrics samples named `prefix` (any labels)."""
-    samples = snap.get("metrics") or {}
-    found = [v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{")]
-    return sum(found) if found else None
-
-
-def level_steps(before: dict[str, Any], after: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Per batch size: the level's own steps and each stage's total seconds (after - before)."""
-    out = {}
-    for b, row in after.items():
-        prev = before.get(b, {"steps": 0, "total_s": {}})
-        steps = row["steps"] - prev["steps"]
-        if steps > 0:
-            totals = {s: t - prev["total_s"].get(s, 0.0) for s, t in row["total_s"].items()}
-            out[int(b)] = {"steps": steps, "total_s": totals}
-    return out
-
-
-def window_counters(lt: LevelDoc) -> tuple[Counters, Counters] | None:
-    """The snapshots bracketing the level's measured window, where both hold stage timings."""
-    w = lt.get("counters")
-    if not w or breakdown(w["start"]) is None or breakdown(w["end"]) is None:
-        return None
-    return w["start"], w["end"]
-
-
-def wall_shares(
-    steps: dict[int, dict[str, Any]], start: Counters, end: Counters, lt: LevelDoc
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Each stage's share of the measured window's wall time, and how that wall time splits."""
-    duration = lt["duration_s"]
-    p0, p1 = _state(start, PREFILL), _state(end, PREFILL)
-    prefill = None
-    if p0 is not None and p1 is not None:
-        prefill = {
-            "prefills": p1["prefills"] - p0["prefills"],
-            "total_s": {k: v - p0["total_s"].get(k, 0.0) for k, v in p1["total_s"].items()},
-        }
-    n = sum(r["steps"] for r in steps.values())
-    t0, t1 = _clock(start), _clock(end)
-    step_s = sum(r["total_s"].get("step", 0.0) for r in steps.values())
-    prefill_s = prefill["total_s"].get("prefill", 0.0) if prefill else None
-    window: dict[str, Any] = {
-        "duration_s": duration,
-        "steps": n,
-        "steps_s": step_s,
-        "prefills": prefill["prefills"] if prefill else None,
-        "prefill_s": prefill_s,
-        "idle_s": duration - step_s - (prefill_s or 0.0),
-        "server_clock_s": None if t0 is None or t1 is None else t1 - t0,
-        "start_lead_s": lt["counters"]["start_lead_s"],  # type: ignore[typeddict-item]
-        "end_lag_s": lt["counters"]["end_lag_s"],  # type: ignore[typeddict-item]
-    }
-    shares: dict[str, dict[str, Any]] = {}
-    if duration <= 0:
-        return shares, window
-    batches = ", ".join(str(b) for b in sorted(steps))
-    for s in STAGES:
-        in_steps = sum(r["total_s"].get(s, 0.0) for r in steps.values())
-        in_prefill = prefill["total_s"].get(s, 0.0) if prefill else 0.0
-        if in_steps + in_prefill <= 0:
-            continue
-        if prefill is None:
-            pre = "; the service reports no prefill timings, so prefill's part is not in it"
-        elif s in prefill["total_s"]:
-            pre = (
-                f" + {in_prefill:.4f} s in the window's {prefill['prefills']} prefills "
-                f"(Δ {PREFILL}.total_s.{s})"
-            )
-        else:
-            pre = "; it does not run in prefill"
-        note = (
-            f"share of the measured window's wall time: seconds the engine spent in {s} during "
-            f"the window, {in_steps:.4f} s over all its {n} steps at batch sizes {batches} "
-            f"(Δ {BREAKDOWN}.total_s.{s}){pre}, / the window's wall time duration_s = "
-            f"{duration:.4f} s (first measured request sent to last one completed, client side)"
-        )
-        shares[s] = value(
-            min((in_steps + in_prefill) / duration, 1.0), "measured", note, n=n,
-            prefill=in_prefill / duration,  # the part in prefill (ops.report: its own s)
-        )  # fmt: skip
-    return shares, window
-
-
-def stage_seconds(start: Counters, end: Counters, stage: str) -> dict[str, float] | None:
-    """Seconds the service spent in `stage` between two counter snapshots: over every decode
-    step (any batch size) and inside prefills; None for a service without stage timings."""
-    b0, b1 = breakdown(start), breakdown(end)
-    if b0 is None or b1 is None:
-        return None
-    steps = level_steps(b0, b1)
-    p0, p1 = _state(start, PREFILL), _state(end, PREFILL)
-    pre = 0.0
-    if p0 is not None and p1 is not None:
-        pre = p1["total_s"].get(stage, 0.0) - p0["total_s"].get(stage, 0.0)
-    return {"steps_s": sum(r["total_s"].get(stage, 0.0) for r in steps.values()), "prefill_s": pre}
-
-
-def _clock(snap: Counters) -> float | None:
-    info = snap.get("server_info") or {}
-    clock = info["internal_states"][0].get("clock_s")
-    return float(clock) if isinstance(clock, int | float) else None
 
 
 def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict[str, Any]:
@@ -293,11 +176,6 @@ def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict
             "as step time there)",
         }
     return level
-
-
-def _delta(before: Counters, after: Counters, name: str) -> float | None:
-    b, a = metric(before, name), metric(after, name)
-    return None if a is None or b is None else a - b
 
 
 def throughput(lt: LevelDoc) -> dict[str, Any]:

@@ -9,12 +9,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ops.counters import stage_seconds
 from ops.deploy import Deployer, DeployOptions
 from ops.evidence import COMPONENT_STAGE, Change
 from ops.inventory import Target
 from ops.loadtest import run_loadtest
 from ops.playbook import DeployStep, MeasureStep
-from ops.profile import stage_seconds
 from ops.records import RunDir
 from ops.remote import open_host
 from ops.rollout_steps import Context, Done

@@ -130,3 +130,26 @@ def test_tree_build_without_stage_rows_takes_the_kernel_rows(tmp_path: Path) -> 
     assert speeds and all(sp["s"] != pytest.approx(4.0) for sp in speeds)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "`cpu_python`" in md and "reference_stage" not in md
+
+
+def test_the_service_s_beside_the_bench_s_and_a_note_where_they_differ(tmp_path: Path) -> None:
+    recs = _attn_records(tmp_path, True)
+    meas = _load("measure_attn_noisy")
+    service = {1: {"total": 2.9, "steps": 3.1, "prefill": 0.5},  # as the bench: no note
+               8: {"total": 1.5, "steps": 1.6, "prefill": 1.2},  # both parts off
+               32: {"total": 5.0, "steps": 5.2}}  # fmt: skip
+    for lv in meas["measure"]["levels"]:
+        lv["service_speedup"] = service[lv["concurrency"]]
+    code, doc = ops_report(tmp_path, *recs, _write(tmp_path, "measure", meas), args=("-c", "32"))
+    rows = {r["concurrency"]: r for r in doc["amdahl"]}
+    assert rows[1]["service_speedup"] == service[1]
+    assert "s in the service differs" not in rows[1]["note"]
+    note8 = rows[8]["note"]
+    assert "decode steps: the service saw 1.6x where the bench measured 3x" in note8
+    assert "prefill: the service saw 1.2x where the bench measured 0.5x" in note8
+    assert "s in the service differs" not in rows[32]["note"]  # 5.2 vs 5: within 20%
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| s in the bench | s in the service |" in md
+    assert "| 3x (prefill 0.5x) | 1.5x (steps 1.6x, prefill 1.2x) |" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<th>s in the service</th>" in html and "1.5x (steps 1.6x, prefill 1.2x)" in html

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import urllib.request
@@ -187,18 +188,24 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     assert dep["results"][0]["outcome"] == "deployed" and dep["exit_code"] == 0
     assert record(run / "03-deploy" / "postflight")["inputs"]["role"] == "postflight"
     before = record(run / "02-baseline")["measure_before"]["levels"][0]
-    before_runs = record(run / "02-baseline")["measure_before"]["runs"]
     assert before["concurrency"] == 1 and len(before["aa"]) == 2
     measure = MeasureSection.model_validate(record(run / "04-measure")["measure"])
     (lv,) = measure.levels
     assert lv.aa == before["aa"] and lv.before == lv.aa[0] + lv.aa[1]
     assert len(lv.after) == 2 and all(x > 0 for x in lv.after)
-    # the stage as the service saw it: its seconds per output token, before / after (the
-    # compiled C++ tree build beats the Python one; the tree build does not run in prefill)
+    # the stage as the service saw it: its seconds per output token, before (A and A') over
+    # after, medians of the runs (the tree build does not run in prefill); which of Python and
+    # C++ wins at this tiny shape depends on the machine, so only the arithmetic is pinned
     sp = lv.service_speedup
-    assert sp is not None and sp["total"] == sp["steps"] > 1.0 and "prefill" not in sp, sp
+    assert sp is not None and sp["total"] == sp["steps"] > 0 and "prefill" not in sp, sp
     raw = record(run / "04-measure")["measure"]["runs"]
     assert all("counters" not in r and r["component"]["steps_s"] > 0 for r in raw), raw
+    before_runs = record(run / "02-baseline")["measure_before"]["runs"]
+
+    def per_token(runs: list[dict]) -> float:
+        return statistics.median(r["component"]["steps_s"] / r["output_tokens"] for r in runs)
+
+    assert sp["steps"] == pytest.approx(per_token(before_runs) / per_token(raw))
     # load.run_seconds: each measured run has as many requests as 0.4 s take at the profile's
     # tokens/s (sized_requests), the same before and after the switch
     sized = record(run / "04-measure")["measure"]["settings"]["requests_per_level"]

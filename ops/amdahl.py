@@ -1,0 +1,314 @@
+"""The Amdahl model of a change: f(c) and s(c) per concurrency, the projected gain and its spread.
+
+`projected_gain(f, s)` is the end-to-end throughput gain when a fraction `f` of the time gets
+`s` times faster (`projected_gain_parts` when parts of it run at different speeds: attention in
+the decode steps and in prefill); `ceiling(f)` is the gain if it took no time at all.
+`amdahl_rows` reads f(c) from the profile (the component's share of the measured window's wall
+time, or for an older record the share of the step at batch c) and s(c) from the bench rows of
+the change (`effective_change`: the engine's stage rows where the bench has them), sets the
+measured gain and the service's own s beside them (the `measure` step), and notes where the
+service saw another s than the bench. The decision over these rows is ops.report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel
+
+from ops.evidence import (
+    COMPONENT_STAGE,
+    PREFILL_KERNELS,
+    STAGE_KERNELS,
+    Change,
+    Evidence,
+    KernelRow,
+)
+
+F_BASIS = {
+    "wall": "share of the measured window's wall time",
+    "step": "share of the step at batch c",
+}
+
+
+def _check_f(f: float) -> None:
+    if not 0 <= f < 1:
+        raise ValueError(f"f must be in [0, 1), got {f!r}")
+
+
+def projected_gain(f: float, s: float) -> float:
+    """End-to-end throughput gain 1/((1-f) + f/s) - 1 when a fraction f gets s times faster."""
+    _check_f(f)
+    if not s > 0:
+        raise ValueError(f"s must be > 0, got {s!r}")
+    return 1.0 / ((1.0 - f) + f / s) - 1.0
+
+
+def ceiling(f: float) -> float:
+    """The gain if the component took no time at all: 1/(1-f) - 1."""
+    _check_f(f)
+    return 1.0 / (1.0 - f) - 1.0
+
+
+def step_reduction(f: float, s: float) -> float:
+    """How much shorter the step gets: f - f/s (0.00998 for f = 1%, s = 474)."""
+    return 1.0 - 1.0 / (1.0 + projected_gain(f, s))
+
+
+class SpeedRow(BaseModel):
+    """s(c): the candidate's speedup over the baseline at batch c, with its IQR-end spread."""
+
+    batch: int
+    s: float
+    lo: float
+    hi: float
+    baseline_us: float
+    candidate_us: float
+    note: str = ""
+
+
+class AmdahlRow(BaseModel):
+    concurrency: int
+    f: float | None = None
+    f_lo: float | None = None
+    f_hi: float | None = None
+    f_source: str = ""  # measured | derived
+    f_basis: Literal["wall", "step"] | None = None  # what f is a share of (F_BASIS)
+    speed: SpeedRow | None = None
+    f_prefill: float | None = None  # the part of f in prefill, projected at prefill_speed
+    prefill_speed: SpeedRow | None = None
+    gain: float | None = None
+    gain_lo: float | None = None
+    gain_hi: float | None = None
+    step_shorter: float | None = None
+    ceiling: float | None = None
+    measured_gain: float | None = None
+    service_speedup: dict[str, float] | None = None  # the stage's s as the service saw it
+    aa_noise: float | None = None
+    clears: bool | None = None
+    note: str = ""
+
+
+def _spread(vals: list[float]) -> tuple[float, float]:
+    return min(vals), max(vals)
+
+
+def _rows(ev: Evidence, change: Change) -> list[KernelRow]:
+    suite, kernel, _, _ = change.bench_map()
+    out = [r for _, b in ev.bench for r in b.rows if r.suite == suite and r.kernel == kernel]
+    return [r for r in out if all(r.shape.get(k) == v for k, v in change.shape.items())]
+
+
+def projected_gain_parts(parts: list[tuple[float, float]]) -> float:
+    """The gain when each part f_i of the time gets s_i times faster (parts of one component
+    that run at different shapes, e.g. attention in the decode steps and in prefill):
+    1/((1 - sum f_i) + sum f_i/s_i) - 1; `projected_gain(f, s)` for one part."""
+    f = sum(p[0] for p in parts)
+    _check_f(f)
+    if not all(p[1] > 0 for p in parts):
+        raise ValueError(f"every s must be > 0, got {[p[1] for p in parts]!r}")
+    return 1.0 / ((1.0 - f) + sum(fi / si for fi, si in parts)) - 1.0
+
+
+def prefill_speedup(ev: Evidence, change: Change) -> SpeedRow | None:
+    """s of the change where it runs in prefill: the bench kernel's prefill rows
+    (`PREFILL_KERNELS`) at the pinned prompt length `change.shape.L`, or None."""
+    suite, kernel, base_impl, cand_impl = change.bench_map()
+    pk = PREFILL_KERNELS.get(kernel)
+    if pk is None:
+        return None
+    length = change.shape.get("L")
+    rows = [r for _, b in ev.bench for r in b.rows if r.suite == suite and r.kernel == pk]
+    rows = [r for r in rows if length is None or r.shape.get("L") == length]
+    return _speed(rows, base_impl, cand_impl, 1)
+
+
+def speedup_at(ev: Evidence, change: Change, batch: int) -> SpeedRow | None:
+    """s at `batch` from the bench rows (nearest benchmarked batch; lowest of several shapes)."""
+    _, _, base_impl, cand_impl = change.bench_map()
+    return _speed(_rows(ev, change), base_impl, cand_impl, batch)
+
+
+def _speed(rows: list[KernelRow], base_impl: str, cand_impl: str, batch: int) -> SpeedRow | None:
+    batches = sorted({r.batch for r in rows if r.batch is not None and r.impl == cand_impl})
+    batches = [b for b in batches if any(r.impl == base_impl and r.batch == b for r in rows)]
+    if not batches:
+        return None
+    b = min(batches, key=lambda x: (abs(x - batch), x))
+    found: list[SpeedRow] = []
+    for cand in (r for r in rows if r.batch == b and r.impl == cand_impl and r.median_us > 0):
+        key = {k: v for k, v in cand.shape.items()}
+        for base in (r for r in rows if r.batch == b and r.impl == base_impl and r.shape == key):
+            s = base.median_us / cand.median_us
+            lo = base.lo_us / cand.hi_us if cand.hi_us > 0 else s
+            hi = base.hi_us / cand.lo_us if cand.lo_us > 0 else s
+            found.append(
+                SpeedRow(
+                    batch=b,
+                    s=s,
+                    lo=lo,
+                    hi=hi,
+                    baseline_us=base.median_us,
+                    candidate_us=cand.median_us,
+                )
+            )
+    if not found:
+        return None
+    pick = min(found, key=lambda r: r.s)
+    notes = []
+    if b != batch:
+        notes.append(f"batch {b} (nearest benchmarked to {batch})")
+    if len(found) > 1:
+        notes.append(f"lowest of {len(found)} shapes at batch {b}; pin one with change.shape")
+    pick.note = "; ".join(notes)
+    return pick
+
+
+def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None]:
+    """(A/A relative difference of tokens/s, measured gain after/before - 1) at concurrency c."""
+    if ev.measure is None:
+        return None, None
+    lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
+    if lv is None:
+        return None, None
+    noise = None
+    if len(lv.aa) >= 2 and lv.aa[0] and lv.aa[1]:
+        a, b = statistics.median(lv.aa[0]), statistics.median(lv.aa[1])
+        noise = abs(b / a - 1) if a > 0 else None
+    before = statistics.median(lv.before)
+    gain = statistics.median(lv.after) / before - 1 if before > 0 else None
+    return noise, gain
+
+
+def _service_speedup(ev: Evidence, c: int) -> dict[str, float] | None:
+    if ev.measure is None:
+        return None
+    lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
+    return None if lv is None else lv.service_speedup
+
+
+def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRow]:
+    """One row per profiled concurrency: f(c), s(c), projected gain with its spread, ceiling."""
+    if ev.profile is None:
+        return []
+    stage = COMPONENT_STAGE[change.component]
+    out = []
+    for lv in ev.profile.levels:
+        row = AmdahlRow(concurrency=lv.concurrency)
+        row.aa_noise, row.measured_gain = _aa_noise(ev, lv.concurrency)
+        row.service_speedup = _service_speedup(ev, lv.concurrency)
+        found = lv.f_of(stage)
+        if found is None:
+            row.note = f"the profile has no {stage!r} time at this concurrency"
+            out.append(row)
+            continue
+        fv, row.f_basis = found
+        row.f = min(fv.value, 0.999999)
+        row.f_lo = min(fv.lo, row.f)
+        row.f_hi = max(min(fv.hi, 0.999999), row.f)
+        row.f_source = fv.source
+        notes = []
+        if row.f_basis == "step" and fv.source == "measured":
+            notes.append(
+                f"f is {stage}'s share of the step at batch c: this profile record has "
+                "no wall_share (made before ops profile measured the share of the measured "
+                "window's wall time), and the step share overstates what the client sees when "
+                "the window also holds prefill, other batch sizes and gaps"
+            )
+        row.ceiling = ceiling(row.f)
+        row.speed = speedup_at(ev, change, lv.concurrency)
+        if row.speed is None:
+            notes.insert(0, "no bench rows for this change")
+        row.note = "; ".join(notes)
+        if row.speed is None:
+            out.append(row)
+            continue
+        sp = row.speed
+        pre = float((fv.model_extra or {}).get("prefill") or 0.0) if row.f_basis == "wall" else 0
+        pre = min(pre, row.f)
+        pre_sp = prefill_speedup(ev, change) if pre > 0 else None
+        if pre > 0 and pre_sp is not None:  # two parts: decode steps at s(c), prefill at s_p
+            row.f_prefill, row.prefill_speed = pre, pre_sp
+
+            def gain(f: float, s: float, sp_: float, pre: float = pre) -> float:
+                f_pre = min(pre, f)
+                return projected_gain_parts([(f - f_pre, s), (f_pre, sp_)])
+
+            corners = [
+                gain(f, s, q)
+                for f in (row.f_lo, row.f_hi)
+                for s in (sp.lo, sp.hi)
+                for q in (pre_sp.lo, pre_sp.hi)
+            ]
+            row.gain = gain(row.f, sp.s, pre_sp.s)
+            row.note = "; ".join(
+                x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at its own "
+                            f"s = {pre_sp.s:.3g}x (bench rows of the prefill at this prompt "
+                            "length)") if x
+            )  # fmt: skip
+        else:
+            if pre > 0:
+                row.note = "; ".join(
+                    x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at the "
+                                "decode step's s (the bench has no prefill rows for it)") if x
+                )  # fmt: skip
+            corners = [projected_gain(f, s) for f in (row.f_lo, row.f_hi) for s in (sp.lo, sp.hi)]
+            row.gain = projected_gain(row.f, sp.s)
+        row.gain_lo, row.gain_hi = _spread(corners + [row.gain])
+        row.step_shorter = 1.0 - 1.0 / (1.0 + row.gain)
+        row.clears = row.gain_lo - (row.aa_noise or 0.0) > threshold
+        gap = _bench_vs_service(row)
+        if gap:
+            row.note = "; ".join(x for x in (row.note, gap) if x)
+        out.append(row)
+    return out
+
+
+SERVICE_S_TOLERANCE = 0.2  # the service's s this far (relative) from the bench's is named
+
+
+def _bench_vs_service(row: AmdahlRow) -> str:
+    """A note when the stage's speedup the service saw after the switch is not the one the
+    bench measured: the projection then rests on a bench that did not time what the service
+    pays (other shapes, a GPU shared with the service, a busier host)."""
+    sp, svc = row.speed, row.service_speedup or {}
+    parts = [("decode steps", svc.get("steps"), sp.s if sp else None)]
+    if row.prefill_speed is not None:
+        parts.append(("prefill", svc.get("prefill"), row.prefill_speed.s))
+    off = [
+        f"{name}: the service saw {got:.3g}x where the bench measured {want:.3g}x"
+        for name, got, want in parts
+        if got and want and abs(got / want - 1) > SERVICE_S_TOLERANCE
+    ]
+    if not off:
+        return ""
+    return (
+        "s in the service differs from the bench's by more than "
+        f"{SERVICE_S_TOLERANCE:.0%} ({'; '.join(off)}): the projection rests on a bench that "
+        "did not time what the service pays"
+    )
+
+
+def _pct(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x * 100:+.{digits}f}%"
+
+
+def times(s: float | None) -> str:
+    """A speedup as people write it: 3.2x, 474x, 2,107x."""
+    return "n/a" if s is None else f"{s:,.0f}x" if s >= 100 else f"{s:.3g}x"
+
+
+def effective_change(ev: Evidence, change: Change | None) -> Change | None:
+    """The change with the bench kernel its s(c) comes from: the component's stage kernel
+    (STAGE_KERNELS) when the change names none and the bench has that kernel's rows for both
+    the baseline and the candidate; otherwise the change as it is (the kernel alone)."""
+    if change is None or change.bench_kernel is not None:
+        return change
+    kernel = STAGE_KERNELS.get(change.component)
+    if kernel is None:
+        return change
+    staged = change.model_copy(update={"bench_kernel": kernel})
+    suite, name, base, cand = staged.bench_map()
+    impls = {r.impl for _, b in ev.bench for r in b.rows if (r.suite, r.kernel) == (suite, name)}
+    return staged if {base, cand} <= impls else change
