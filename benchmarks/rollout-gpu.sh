@@ -5,9 +5,12 @@
 #   WHICH=tree: tree_build reference -> cuda (playbooks/rollout.yaml's change), prompts 32
 #   WHICH=attn: attention torch -> cuda (playbooks/rollout-attention.yaml: s(c) from the
 #               engine-shaped row_attention rows), prompts 1024
-# One GPU holds both the service and the bench, so the bench runs --allow-shared and the
-# interference probe's threshold is lifted (this run checks the prediction, not isolation).
-# Usage on the GPU host, project root: OUT=dir WHICH=tree|attn [ARCH=sm_90] bash benchmarks/rollout-gpu.sh
+# With one GPU it holds both the service and the bench, so the bench runs --allow-shared and the
+# interference probe's threshold is lifted (this run checks the prediction, not isolation), and
+# the bench's times include the service's load. With GPUS=2 (a two-GPU host) the service runs
+# on GPU 0 and the bench on GPU 1, guarded and probed as shipped.
+# Usage on the GPU host, project root:
+#   OUT=dir WHICH=tree|attn [ARCH=sm_90] [GPUS=1|2] bash benchmarks/rollout-gpu.sh
 set -u
 ARCH=${ARCH:-sm_90}; WHICH=${WHICH:-tree}; OUT=${OUT:-/tmp/rollout-gpu}; mkdir -p "$OUT"
 if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
@@ -30,8 +33,9 @@ else
   comps='tree_build = "reference", topk = "cuda", accept = "cuda", attention = "cuda"'
   base=playbooks/rollout.yaml
 fi
-gpu_lines=$(printf 'gpus = 1\ncuda_arch = "%s"\nbench_gpu = 0' "$ARCH")
-[ "${DEVICE:-cuda}" = cpu ] && gpu_lines=""  # a CPU dry run of this script (no GPU there)
+GPUS=${GPUS:-1}; BENCH_GPU=$([ "$GPUS" -ge 2 ] && echo 1 || echo 0)
+gpu_lines=$(printf 'gpus = %s\ncuda_arch = "%s"\nbench_gpu = %s' "$GPUS" "$ARCH" "$BENCH_GPU")
+[ "${DEVICE:-cuda:0}" = cpu ] && gpu_lines=""  # a CPU dry run of this script (no GPU there)
 cat > "$inv" <<TOML
 [targets.local]
 python = "$(command -v python3)"
@@ -39,17 +43,17 @@ remote_root = "$root"
 $gpu_lines
 [targets.local.service]
 url = "http://127.0.0.1:30188"
-command = "{python} -m engine --host {host} --port {port} --preset ${PRESET:-small} --mode ddtree --device ${DEVICE:-cuda}"
+command = "{python} -m engine --host {host} --port {port} --preset ${PRESET:-small} --mode ddtree --device ${DEVICE:-cuda:0}"
 components = { $comps }
 TOML
 # the validation playbook: the shipped one, every step after `decide` run whatever the verdict
 pb=$OUT/playbook.yaml
-python3 - "$base" "$pb" "$src" <<'PY'
+python3 - "$base" "$pb" "$src" "$GPUS" <<'PY'
 import sys, yaml
 raw = yaml.safe_load(open(sys.argv[1]))
 raw["name"] = raw["name"] + "-validate"
 for st in raw["steps"]:
-    if st["step"] == "bench":
+    if st["step"] == "bench" and int(sys.argv[4]) < 2:  # one GPU: shared with the service
         st.update(allow_shared=True, probe_threshold=100.0)
     if st.get("when") == "go":
         st["when"] = "always"

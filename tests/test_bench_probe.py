@@ -256,3 +256,37 @@ def test_guard_and_probe_with_the_engine_serving_on_the_gpu(tmp_path: Path) -> N
     section = BenchSection.model_validate(rec["bench"])
     assert rec["outcome"] == "no-go" and section.probe.tripped and not section.ok
     print(f"tripped after {took:.1f} s: p50 {p['p50_before_ms']:.1f} ms before")
+
+
+@pytest.mark.gpu
+def test_bench_on_the_other_gpu_is_isolated(tmp_path: Path) -> None:
+    """#15's isolated case, on a host with two GPUs (device kind nvidia-h200-x2): the engine
+    serves on GPU 0, `ops bench --gpu 1` runs the same heavy attention suite that trips the
+    probe on the service's own GPU, and completes with the service's latency unmoved."""
+    import torch
+
+    n_gpus = torch.cuda.device_count()
+    if n_gpus < 2:
+        pytest.skip(f"needs two GPUs, this host has {n_gpus}")
+    ops = Ops(tmp_path)
+    command = ("{python} -m engine --host {host} --port {port} --preset small --mode ddtree "
+               "--device cuda:0")  # fmt: skip
+    ops.configure_service(command)
+    ops.inventory.write_text(
+        ops.inventory.read_text().replace(
+            "[targets.local.service]", f"gpus = {n_gpus}\nbench_gpu = 1\n[targets.local.service]"
+        )
+    )
+    code, doc = ops.json("service", "start", "local")
+    assert code == 0, doc
+    try:
+        code, doc = ops.json("bench", "local", "--suite", "attn", "--batch", "64")
+    finally:
+        ops("service", "stop", "local")
+    assert (code, doc["outcome"]) == (0, "pass"), doc.get("message")
+    g, p = doc["guard"], doc["probe"]
+    assert g["gpu"] == 1 and not g["in_use"] and not g["allow_shared"], g
+    assert doc["environment"]["bench_env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert p["measured"] and not p["tripped"] and doc["interference"] is False, p
+    assert p["p50_during_ms"] <= 1.10 * p["p50_before_ms"], p
+    print(f"p50 {p['p50_before_ms']:.1f} -> {p['p50_during_ms']:.1f} ms during the bench on GPU 1")
