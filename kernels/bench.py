@@ -125,8 +125,12 @@ def add_speedups(rows: list[Row]) -> None:
                 r["speedup"] = {k: round(v / r["median_us"], 2) for k, v in base.items()}
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+def _ints(s: str, flag: str = "") -> list[int]:
+    """`1,8,64` as integers; a ValueError naming the flag for anything else."""
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {s!r}") from None
 
 
 def print_table(rows: list[Row], file: Any = None) -> None:
@@ -270,18 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         return _compare_main(*args.compare)
     try:
         cfg = BenchConfig(
-            _ints(args.batch),
-            _ints(args.budget),
-            _ints(args.k),
+            _ints(args.batch, "--batch"),
+            _ints(args.budget, "--budget"),
+            _ints(args.k, "--k"),
             reps=args.reps,
             refcheck=not args.no_refcheck,
             quick=args.quick,
             tree_scale=args.tree_scale,
             variants=[v for v in args.variants.split(",") if v],
             sweep=args.sweep,
-            prefix_lens=_ints(args.prefix_len),
+            prefix_lens=_ints(args.prefix_len, "--prefix-len"),
             row_budget=args.row_budget,
-            stage_shape=tuple(_ints(args.stage_shape)),  # type: ignore[arg-type]
+            stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -116,9 +116,12 @@ def wall_shares(
             f"(Δ {BREAKDOWN}.total_s.{s}){pre}, / the window's wall time duration_s = "
             f"{duration:.4f} s (first measured request sent to last one completed, client side)"
         )
+        share = min((in_steps + in_prefill) / duration, 1.0)
         shares[s] = value(
-            min((in_steps + in_prefill) / duration, 1.0), "measured", note, n=n,
-            prefill=in_prefill / duration,  # the part in prefill (ops.report: its own s)
+            share, "measured", note, n=n,
+            # the part in prefill (ops.report: its own s), never more than the share it is
+            # part of (the share is capped at 1; ops.evidence refuses a larger part)
+            prefill=min(max(in_prefill, 0.0) / duration, share),
         )  # fmt: skip
     return shares, window
 

@@ -64,6 +64,7 @@ raises `BadRecord`, one line naming the file and the field (exit 2).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -193,6 +194,39 @@ class ProfileLevel(_Open):
     accept_length: Value | None = None
     wall_share: dict[str, Value] = Field(default_factory=dict)
 
+    @field_validator("step_ms")
+    @classmethod
+    def _step_time(cls, v: Value) -> Value:
+        _check_seconds("", v)
+        return v
+
+    @field_validator("stage_ms")
+    @classmethod
+    def _stage_times(cls, v: dict[str, Value]) -> dict[str, Value]:
+        for stage, t in v.items():
+            _check_seconds(f"{stage}.", t)
+        return v
+
+    @field_validator("wall_share")
+    @classmethod
+    def _shares(cls, v: dict[str, Value]) -> dict[str, Value]:
+        """A share of the wall time is in [0, 1], and its part in prefill is a part of it."""
+        for stage, share in v.items():
+            for key in ("value", "p25", "p75"):
+                x = getattr(share, key)
+                if x is not None and not 0 <= x <= 1:
+                    raise ValueError(f"{stage}.{key}: a share of the wall time is in [0, 1], "
+                                     f"got {x!r}")  # fmt: skip
+            pre = (share.model_extra or {}).get("prefill")
+            if pre is None:
+                continue
+            if isinstance(pre, bool) or not isinstance(pre, int | float):
+                raise ValueError(f"{stage}.prefill: must be a number, got {pre!r}")
+            if not 0 <= pre <= share.value:
+                raise ValueError(f"{stage}.prefill: the part in prefill is in [0, the share "
+                                 f"{share.value!r}], got {pre!r}")  # fmt: skip
+        return v
+
     @property
     def batch(self) -> int:
         b = (self.model_extra or {}).get("batch")
@@ -215,6 +249,14 @@ class ProfileLevel(_Open):
             note=f"{stage} / step at batch {self.batch}",
         )
         return f, "step"
+
+
+def _check_seconds(where: str, t: Value) -> None:
+    """A time is a finite number >= 0 (its spread too): a negative one would make f negative."""
+    for key in ("value", "p25", "p75"):
+        x = getattr(t, key)
+        if x is not None and not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"{where}{key}: a time is a number >= 0, got {x!r}")
 
 
 class ProfileSection(_Open):
@@ -316,6 +358,15 @@ class MeasureLevel(_Open):
     # the change's stage as the service saw it: seconds per output token before / after
     # ("total", "steps", "prefill"; ops.rollout_switch.service_speedup), where it reports them
     service_speedup: dict[str, float] | None = None
+
+    @field_validator("service_speedup")
+    @classmethod
+    def _speedups(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        """A speedup is a ratio of two positive times: finite and > 0."""
+        for part, x in (v or {}).items():
+            if not (math.isfinite(x) and x > 0):
+                raise ValueError(f"{part}: a speedup is a number > 0, got {x!r}")
+        return v
 
 
 class MeasureSection(_Open):

@@ -322,6 +322,12 @@ def _order_problem(
             return "phase", "'after' needs a measure step with phase 'before' earlier"
         if st.phase == "before" and "deploy" in kinds:
             return "phase", "'before' must come before the deploy step"
+        if pb.load.run_seconds > 0 and "profile" not in kinds:
+            return "load.run_seconds", (
+                f"{pb.load.run_seconds:g} s sizes measure's runs from the tokens/s a profile "
+                "step measured, and no profile step comes before this one (add one, or set "
+                "load.requests instead)"
+            )
     needs = isinstance(st, DeployStep) or (isinstance(st, BenchStep) and not st.suites)
     if needs and pb.change is None:
         return "change", f"the {st.step} step needs the playbook's `change`"

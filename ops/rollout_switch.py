@@ -27,8 +27,7 @@ def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict
     load = ctx.playbook.load
     out: dict[int, list[float]] = {c: [] for c in load.concurrency}
     stage = COMPONENT_STAGE[ctx.change.component] if ctx.change else None
-    sized = ctx.requests_per_level  # from the profile (load.run_seconds), else load.requests
-    plan = [([c], sized[c]) for c in load.concurrency] if sized else [(load.concurrency, 0)]
+    plan = run_plan(load.concurrency, ctx.requests_per_level)
     for i in range(runs):
         levels = []
         for cs, n in plan:
@@ -53,6 +52,15 @@ def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict
                 out[lv["concurrency"]].append(float(lv["output_tok_per_s"]))
         ctx.say(f"{label} run {i + 1}/{runs} done")
     return out
+
+
+def run_plan(levels: list[int], sized: dict[int, int]) -> list[tuple[list[int], int]]:
+    """The loadtest calls of one pass: (levels, requests; 0: load.requests). All levels in one
+    call, or one call per level at the requests the profile sized it to (`sized`, from
+    load.run_seconds); a level the profile measured no tokens/s at gets load.requests."""
+    if not sized:
+        return [(levels, 0)]
+    return [([c], sized.get(c, 0)) for c in levels]
 
 
 def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | None:
@@ -105,7 +113,8 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         return Done(
             status="ok" if ok else "fail",
             detail=f"A/A noise: {', '.join(noise)}"
-            + (f"; {failed} requests failed" if failed else ""),
+            + (f"; {failed} requests failed" if failed else "")
+            + _unsized(ctx),
             outcome="pass" if ok else "fail",
             exit_code=0 if ok else 1,
             sections={"measure_before": section},
@@ -141,6 +150,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     }
     ok = not failed and not missing
     detail = f"measured gain: {', '.join(gains) or 'none'}"
+    detail += _unsized(ctx)
     detail += f"; {failed} requests failed" if failed else ""
     detail += f"; no samples at c={missing}" if missing else ""
     return Done(
@@ -150,6 +160,18 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         exit_code=0 if ok else 1,
         sections={"measure": section} if levels else {"measure_incomplete": section},
         inputs=settings,
+    )
+
+
+def _unsized(ctx: Context) -> str:
+    """Where load.run_seconds asked for sized runs and a level got load.requests instead."""
+    load = ctx.playbook.load
+    unsized = [c for c in load.concurrency if c not in ctx.requests_per_level]
+    if load.run_seconds <= 0 or not unsized:
+        return ""
+    return (
+        f"; load.run_seconds not applied at c={unsized} (the profile measured no tokens/s "
+        "there): those levels ran load.requests"
     )
 
 
