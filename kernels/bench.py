@@ -56,6 +56,8 @@ class BenchConfig:
     stage_shape: tuple[int, int, int] = (7, 16, 16)
 
     def __post_init__(self) -> None:
+        if not self.batches or min(self.batches) < 1:
+            raise ValueError(f"--batch takes batch sizes >= 1 like 1,8,64: {self.batches}")
         if not self.prefix_lens or min(self.prefix_lens) < 1:
             raise ValueError(f"--prefix-len takes lengths >= 1 like 64,1024: {self.prefix_lens}")
         if self.row_budget < 0:

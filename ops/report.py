@@ -235,10 +235,14 @@ def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
         return  # held above: no rows at all
     if change is not None and ev.bench and speedup_at(ev, change, 1) is None:
         suite, kernel, base, cand = change.bench_map()
+        have = sorted({r.impl for _, b in ev.bench for r in b.rows
+                       if (r.suite, r.kernel) == (suite, kernel)})  # fmt: skip
         t.hold(
             "no_kernel_rows",
             f"the bench has no {suite}/{kernel} rows of both {base} "
-            f"and {cand}" + (f" with {change.shape}" if change.shape else ""),
+            f"and {cand}"
+            + (f" with {change.shape}" if change.shape else "")
+            + (f" (its impls there: {', '.join(have)})" if have else ""),
         )
 
 

@@ -207,3 +207,29 @@ def test_bench_names_a_bad_stage_shape(value: str, words: str) -> None:
     )  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip() == f"error: {words}"
+
+
+@pytest.mark.parametrize("value", ["0", ",", "1,0,8"])
+def test_bench_refuses_a_batch_below_one(value: str) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "kernels.bench", "--suite", "tree", "--batch", value, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().startswith("error: --batch takes batch sizes >= 1 like 1,8,64")
+
+
+def test_no_kernel_rows_names_the_impls_the_bench_has(tmp_path: Path) -> None:
+    code, doc = ops_report(tmp_path, "preflight_ok", "bench_topk_only", "profile_tree",
+                           "rollout_tree", args=("--threshold", "0.005"))  # fmt: skip
+    (hold,) = [h for h in doc["holds"] if h["code"] == "no_kernel_rows"]
+    assert "(its impls there:" not in hold["message"]  # it has no tree rows at all
+    change = json.loads((RECORDS / "rollout_attn_change" / "record.json").read_text())
+    change["change"]["baseline_impl"] = "nonsense_impl"
+    d = tmp_path / "recs" / "change"
+    d.mkdir(parents=True)
+    (d / "record.json").write_text(json.dumps(change))
+    code, doc = ops_report(tmp_path, "preflight_ok", "bench_attn", "profile_attn_wall", str(d))
+    (hold,) = [h for h in doc["holds"] if h["code"] == "no_kernel_rows"]
+    assert "rows of both nonsense_impl and cuda" in hold["message"], hold
+    assert "(its impls there: cuda, cuda_graph, torch_sdpa)" in hold["message"], hold
