@@ -72,8 +72,8 @@ class Deployer:
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
+        self._running = name  # before the progress line: a signal right after it names the step
         self.progress(name, None)
-        self._running = name
         t0 = time.monotonic()
         status, detail, data = fn()
         self._running = None
