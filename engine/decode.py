@@ -20,7 +20,7 @@ import torch
 
 from engine.backends import Backends
 from engine.config import EngineConfig
-from engine.drafter import Drafter
+from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
@@ -36,6 +36,7 @@ class Sequence:
     kv_len: int = 0
     temperature: float = 0.0  # > 0: sample the AR token (ar mode only); 0: greedy
     generator: torch.Generator | None = None
+    text: str = ""  # `tokens` as the drafter searches them (engine.drafter.history_text)
 
     @property
     def root(self) -> int:
@@ -81,7 +82,9 @@ class Decoder:
         if temperature > 0:
             gen = torch.Generator()
             gen.manual_seed(seed) if seed is not None else gen.seed()
-        return Sequence(list(prompt), self.cache.new_sequence(), 0, temperature, gen)
+        return Sequence(
+            list(prompt), self.cache.new_sequence(), 0, temperature, gen, history_text(prompt)
+        )
 
     def prefill(self, seq: Sequence) -> float:
         """Write the KV of every prompt token but the last (the first step's root), in blocks
@@ -154,7 +157,7 @@ class Decoder:
 
         trees = None
         if self.mode == "ddtree":
-            logits = self.drafter.draft([s.tokens for s in seqs])
+            logits = self.drafter.draft([s.text for s in seqs])
             lap("draft")
             lp, ids = self.backends.topk(logits, self.k)
             lap("topk")
@@ -198,6 +201,7 @@ class Decoder:
             s.kv_len += len(acc_b)
             new = [int(trees.token_ids[b, a - 1]) for a in acc_b[1:]] + [bonus[b]]
             s.tokens.extend(new)
+            s.text += history_text(new)
             new_tokens.append(new)
         lap("commit")
         return StepResult(new_tokens, stages)

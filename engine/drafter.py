@@ -18,6 +18,13 @@ import torch
 
 from engine.model import Model
 
+HISTORY = 512  # tokens of a sequence's history the lookup searches (its last HISTORY)
+
+
+def history_text(tokens: list[int]) -> str:
+    """A token list as the drafter searches it: one character per token (ids < 0x110000)."""
+    return "".join(map(chr, tokens))
+
 
 class Drafter:
     def __init__(self, model: Model, draft_len: int, ngram: int = 4, boost: float = 4.0) -> None:
@@ -30,35 +37,38 @@ class Drafter:
         self.argmax = host.argmax(dim=1).tolist()  # the bigram's own next token
         self.rowmax = host.max(dim=1).values.to(self.device)  # [V]
 
-    def _lookup(self, hist: str) -> int | None:
-        for n in range(min(self.ngram, len(hist) - 1), 1, -1):
-            at = hist.rfind(hist[-n:], 0, len(hist) - 1)
-            if at >= 0:
-                return ord(hist[at + n])
-        return None
-
-    def draft(self, histories: list[list[int]]) -> torch.Tensor:
-        """Logits [B, H, V] for positions L+1 .. L+H, given each sequence's committed tokens.
+    def draft(self, histories: list[list[int]] | list[str]) -> torch.Tensor:
+        """Logits [B, H, V] for positions L+1 .. L+H, given each sequence's committed tokens
+        (a token list, or its `history_text`, which a caller can keep growing instead of
+        rebuilding it every step).
 
         Position d's row is the bigram row of the token before it; a history match adds
         `boost` over the row's max at the guessed token (which then is the row's argmax, the
-        token position d + 1 is conditioned on). The chain of conditioning tokens is walked on
-        the host with plain ints; the [B, H, V] logits are gathered on the device in one go.
+        token position d + 1 is conditioned on). The guess: the token that followed the latest
+        earlier occurrence of the last n tokens (n = ngram .. 2) in the last HISTORY tokens
+        plus the positions drafted so far. The chain is walked on the host; the [B, H, V]
+        logits are gathered on the device in one go.
         """
-        b_n, h_n = len(histories), self.draft_len
+        b_n, h_n, top = len(histories), self.draft_len, self.ngram
+        argmax = self.argmax
         prev = [[0] * h_n for _ in range(b_n)]
         boost_at: list[tuple[int, int, int]] = []  # (b, d, token)
         for b, tokens in enumerate(histories):
-            hist = "".join(map(chr, tokens[-512:]))
+            hist = tokens[-HISTORY:] if isinstance(tokens, str) else history_text(tokens[-HISTORY:])
+            row = prev[b]
             for d in range(h_n):
                 last = ord(hist[-1])
-                prev[b][d] = last
-                guess = self._lookup(hist)
-                if guess is not None:
-                    boost_at.append((b, d, guess))
-                    hist += chr(guess)
+                row[d] = last
+                end = len(hist) - 1
+                for n in range(min(top, end), 1, -1):  # the lookup, inlined (hot at batch 32)
+                    at = hist.rfind(hist[-n:], 0, end)
+                    if at >= 0:
+                        guess = ord(hist[at + n])
+                        boost_at.append((b, d, guess))
+                        break
                 else:
-                    hist += chr(self.argmax[last])
+                    guess = argmax[last]
+                hist += chr(guess)
         prev_t = torch.tensor(prev, dtype=torch.int64).to(self.device)
         out = self.table.index_select(0, prev_t.view(-1)).view(b_n, h_n, -1)
         if boost_at:
