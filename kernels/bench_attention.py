@@ -197,6 +197,11 @@ ROW_ROTATE = 200_000_000  # bytes of KV over the input sets (> 4x the 50 MB L2)
 ROW_TOL = 1e-5  # relative error (norm) of an fp32 row result against float64
 
 
+def _input_sets(per_set: int) -> int:
+    """Input sets rotated so their KV (`per_set` bytes each) exceeds ROW_ROTATE (2 to 64)."""
+    return max(2, min(64, -(-ROW_ROTATE // per_set)))
+
+
 def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int) -> tuple:
     """One pool (fp32, on the GPU) for every input set, each set's B requests in pages of
     their own (shuffled over the pool), and per set the step's rows (table, lens) and q."""
@@ -221,7 +226,7 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
     """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys."""
 
     per_set = b * -(-(prefix + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
-    sets = max(2, min(64, -(-ROW_ROTATE // per_set)))
+    sets = _input_sets(per_set)
     pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
     tables = [(tab, lens) for tab, lens, _ in steps]
     shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
@@ -286,7 +291,7 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
     n = max(prompt - 1, 1)
     pages = -(-n // ROW_PAGE)
     per_set = pages * ROW_PAGE * ROW_KV * 4
-    sets = max(2, min(64, -(-ROW_ROTATE // per_set)))
+    sets = _input_sets(per_set)
     rng = np.random.default_rng(prompt)
     order = rng.permutation(sets * pages).reshape(sets, 1, pages)
     gen = torch.Generator(device="cuda").manual_seed(prompt)

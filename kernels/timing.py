@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "Timing", "summarize", "time_cuda", "time_graph", "time_host", "time_queued", "time_stage",
+    "Timing", "summarize", "time_cuda", "time_graph", "time_host", "time_stage",
 ]  # fmt: skip
 
 
@@ -27,7 +27,7 @@ class Timing:
     p25_us: float
     p75_us: float
     reps: int
-    mode: str  # "events", "graph", "queued", "stage" or "host"
+    mode: str  # "events", "graph", "stage" or "host"
     launches_per_sample: int = 1
     samples_us: list[float] = field(default_factory=list)
 
@@ -74,39 +74,6 @@ def time_cuda(
     return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "events")
 
 
-def time_queued(
-    fn: Callable[[int], Any], n_inputs: int = 1, warmup: int = 5, reps: int = 50
-) -> Timing:
-    """Each sample: one call between two CUDA events, enqueued behind a GPU sleep longer than
-    the call's host time, so the span is the GPU's time alone: what a call costs inside a
-    pipeline whose CPU runs ahead of its GPU (an engine's forward between CUDA-graph pieces),
-    where its launch overhead hides behind the work before it. `time_cuda` of a call whose
-    host time exceeds its GPU time measures the host instead."""
-    import torch
-
-    for i in range(warmup):
-        fn(i % n_inputs)
-    torch.cuda.synchronize()
-    host = []
-    for i in range(3):  # the call's host time (enqueueing only), to size the sleep
-        t0 = time.perf_counter()
-        fn(i % n_inputs)
-        host.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-    cycles = _sleep_cycles(4 * max(host) + 100e-6)
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(reps)
-    ]
-    for i, (start, end) in enumerate(events):
-        torch.cuda._sleep(cycles)
-        start.record()
-        fn(i % n_inputs)
-        end.record()
-        end.synchronize()  # the next sample's sleep starts on an idle GPU
-    return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "queued")
-
-
 def time_stage(
     prepare: Callable[[int], Any],
     run: Callable[[int, Any], Any],
@@ -115,9 +82,10 @@ def time_stage(
     reps: int = 30,
 ) -> Timing:
     """Each sample: `prepare(i)` on the host with the GPU idle (synchronised, wall clock), then
-    `run(i, prepared)` enqueued behind a GPU sleep (its GPU time alone, as `time_queued`):
-    a stage that builds a plan on the host and then launches work inside a pipeline whose CPU
-    runs ahead, e.g. the engine's attention per forward (its plan, then one call per layer)."""
+    `run(i, prepared)` enqueued behind a GPU sleep longer than its host time, so its span is the
+    GPU's time alone: a stage that builds a plan on the host and then launches work inside a
+    pipeline whose CPU runs ahead of its GPU, where the launch overhead hides behind the work
+    before it, e.g. the engine's attention per forward (its plan, then one call per layer)."""
     import torch
 
     for i in range(warmup):

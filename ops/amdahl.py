@@ -310,5 +310,9 @@ def effective_change(ev: Evidence, change: Change | None) -> Change | None:
         return change
     staged = change.model_copy(update={"bench_kernel": kernel})
     suite, name, base, cand = staged.bench_map()
-    impls = {r.impl for _, b in ev.bench for r in b.rows if (r.suite, r.kernel) == (suite, name)}
-    return staged if {base, cand} <= impls else change
+    return staged if {base, cand} <= bench_impls(ev, suite, name) else change
+
+
+def bench_impls(ev: Evidence, suite: str, kernel: str) -> set[str]:
+    """The impls the evidence's bench rows have for one kernel of one suite."""
+    return {r.impl for _, b in ev.bench for r in b.rows if (r.suite, r.kernel) == (suite, kernel)}

@@ -70,13 +70,7 @@ def wall_shares(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Each stage's share of the measured window's wall time, and how that wall time splits."""
     duration = lt["duration_s"]
-    p0, p1 = _state(start, PREFILL), _state(end, PREFILL)
-    prefill = None
-    if p0 is not None and p1 is not None:
-        prefill = {
-            "prefills": p1["prefills"] - p0["prefills"],
-            "total_s": {k: v - p0["total_s"].get(k, 0.0) for k, v in p1["total_s"].items()},
-        }
+    prefill = prefill_delta(start, end)
     n = sum(r["steps"] for r in steps.values())
     t0, t1 = _clock(start), _clock(end)
     step_s = sum(r["total_s"].get("step", 0.0) for r in steps.values())
@@ -133,11 +127,23 @@ def stage_seconds(start: Counters, end: Counters, stage: str) -> dict[str, float
     if b0 is None or b1 is None:
         return None
     steps = level_steps(b0, b1)
+    prefill = prefill_delta(start, end)
+    return {
+        "steps_s": sum(r["total_s"].get(stage, 0.0) for r in steps.values()),
+        "prefill_s": prefill["total_s"].get(stage, 0.0) if prefill else 0.0,
+    }
+
+
+def prefill_delta(start: Counters, end: Counters) -> dict[str, Any] | None:
+    """The prefills between two snapshots: {"prefills", "total_s": {stage: seconds}}; None
+    for a service that reports no prefill timings."""
     p0, p1 = _state(start, PREFILL), _state(end, PREFILL)
-    pre = 0.0
-    if p0 is not None and p1 is not None:
-        pre = p1["total_s"].get(stage, 0.0) - p0["total_s"].get(stage, 0.0)
-    return {"steps_s": sum(r["total_s"].get(stage, 0.0) for r in steps.values()), "prefill_s": pre}
+    if p0 is None or p1 is None:
+        return None
+    return {
+        "prefills": p1["prefills"] - p0["prefills"],
+        "total_s": {k: v - p0["total_s"].get(k, 0.0) for k, v in p1["total_s"].items()},
+    }
 
 
 def _clock(snap: Counters) -> float | None:

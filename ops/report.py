@@ -30,6 +30,7 @@ from ops.amdahl import (  # re-exported: the report's formulas are named ops.rep
     SpeedRow,
     _pct,
     amdahl_rows,
+    bench_impls,
     ceiling,
     effective_change,
     projected_gain,
@@ -235,8 +236,7 @@ def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
         return  # held above: no rows at all
     if change is not None and ev.bench and speedup_at(ev, change, 1) is None:
         suite, kernel, base, cand = change.bench_map()
-        have = sorted({r.impl for _, b in ev.bench for r in b.rows
-                       if (r.suite, r.kernel) == (suite, kernel)})  # fmt: skip
+        have = sorted(bench_impls(ev, suite, kernel))
         t.hold(
             "no_kernel_rows",
             f"the bench has no {suite}/{kernel} rows of both {base} "

@@ -211,6 +211,23 @@ def test_bench_on_a_free_gpu(tmp_path: Path) -> None:
     assert all(r.refcheck is not False for r in section.rows)
 
 
+def _engine_on_gpu(tmp: Path, device: str, n_gpus: int, bench_gpu: int) -> Ops:
+    """`local` with the reference engine (preset small) serving on `device`, started, and an
+    inventory that says the host has `n_gpus` GPUs and benches on `bench_gpu`."""
+    ops = Ops(tmp)
+    ops.configure_service("{python} -m engine --host {host} --port {port} --preset small "
+                          f"--mode ddtree --device {device}")  # fmt: skip
+    ops.inventory.write_text(
+        ops.inventory.read_text().replace(
+            "[targets.local.service]",
+            f"gpus = {n_gpus}\nbench_gpu = {bench_gpu}\n[targets.local.service]",
+        )
+    )
+    code, doc = ops.json("service", "start", "local")
+    assert code == 0, doc
+    return ops
+
+
 @pytest.mark.gpu
 def test_guard_and_probe_with_the_engine_serving_on_the_gpu(tmp_path: Path) -> None:
     """#15 on a real GPU: the reference engine serves on GPU 0 (preset small, process manager).
@@ -221,18 +238,8 @@ def test_guard_and_probe_with_the_engine_serving_on_the_gpu(tmp_path: Path) -> N
     distributions in the record."""
     import torch
 
-    ops = Ops(tmp_path)
-    command = ("{python} -m engine --host {host} --port {port} --preset small --mode ddtree "
-               "--device cuda")  # fmt: skip
-    ops.configure_service(command)
     n_gpus = torch.cuda.device_count()
-    ops.inventory.write_text(
-        ops.inventory.read_text().replace(
-            "[targets.local.service]", f"gpus = {n_gpus}\nbench_gpu = 0\n[targets.local.service]"
-        )
-    )
-    code, doc = ops.json("service", "start", "local")
-    assert code == 0, doc
+    ops = _engine_on_gpu(tmp_path, "cuda", n_gpus, bench_gpu=0)
     try:
         code, doc = ops.json("bench", "local", "--gpu", str(n_gpus + 3), "--suite", "tree")
         assert code == 2 and "GPU" in doc["message"], doc
@@ -268,17 +275,7 @@ def test_bench_on_the_other_gpu_is_isolated(tmp_path: Path) -> None:
     n_gpus = torch.cuda.device_count()
     if n_gpus < 2:
         pytest.skip(f"needs two GPUs, this host has {n_gpus}")
-    ops = Ops(tmp_path)
-    command = ("{python} -m engine --host {host} --port {port} --preset small --mode ddtree "
-               "--device cuda:0")  # fmt: skip
-    ops.configure_service(command)
-    ops.inventory.write_text(
-        ops.inventory.read_text().replace(
-            "[targets.local.service]", f"gpus = {n_gpus}\nbench_gpu = 1\n[targets.local.service]"
-        )
-    )
-    code, doc = ops.json("service", "start", "local")
-    assert code == 0, doc
+    ops = _engine_on_gpu(tmp_path, "cuda:0", n_gpus, bench_gpu=1)
     try:
         code, doc = ops.json("bench", "local", "--suite", "attn", "--batch", "64")
     finally:
