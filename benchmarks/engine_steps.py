@@ -1,0 +1,137 @@
+"""Where one engine step's time goes, at a fixed batch: stage means, wall and GPU busy time.
+
+    PYTHONPATH=. python benchmarks/engine_steps.py --device cuda --batch 1 32 \
+        --modes ar ddtree [--row-chunk 128] [--matmul tf32] [--steps 30] [--profile 12] \
+        --json OUT.json
+
+For each mode and batch size: build the decoder (all-CUDA backends on a GPU), prefill `batch`
+golden prompts, run warm-up steps, then time `--steps` steps (the scheduler's own stage laps:
+`StepResult.stages`). With `--profile N`, a further run of steps under torch.profiler gives the
+GPU's busy time per step (the sum of its kernels) and the N kernels and host calls that cost
+most. A diagnosis tool (engine.bench is the throughput benchmark); its JSON goes under
+benchmarks/results/ with the command that made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from engine.bench import BACKEND_SETS
+from engine.golden import GOLDEN_PROMPTS
+from engine.runtime import EngineSpec, build_decoder
+from engine.tokenizer import ByteTokenizer
+
+
+def _steps(dec, seqs, n: int) -> list[dict[str, float]]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        res = dec.step(seqs)
+        out.append({**res.stages, "wall": time.perf_counter() - t0})
+    return out
+
+
+def _profile(dec, seqs, n: int, top: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _steps(dec, seqs, n)
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1000.0 / n
+    by_gpu = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
+    by_cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    return {
+        "gpu_busy_ms_per_step": busy,
+        "kernels": [
+            {
+                "name": e.key[:90],
+                "ms_per_step": e.self_device_time_total / 1000.0 / n,
+                "calls_per_step": e.count / n,
+            }
+            for e in by_gpu
+        ],  # fmt: skip
+        "host": [
+            {
+                "name": e.key[:90],
+                "ms_per_step": e.self_cpu_time_total / 1000.0 / n,
+                "calls_per_step": e.count / n,
+            }
+            for e in by_cpu
+        ],  # fmt: skip
+    }
+
+
+def run(args, mode: str, batch: int) -> dict:
+    backends = BACKEND_SETS["cuda"] if args.device.startswith("cuda") else ()
+    spec = EngineSpec(
+        args.preset, mode, args.device, backends, max_batch_size=max(args.batch),
+        row_chunk=args.row_chunk, cuda_graphs=not args.eager,
+    )  # fmt: skip
+    _, dec = build_decoder(spec)
+    tok = ByteTokenizer()
+    prompts = [tok.encode(GOLDEN_PROMPTS[i % len(GOLDEN_PROMPTS)]) for i in range(batch)]
+    seqs = [dec.new_sequence(p) for p in prompts]
+    for s in seqs:
+        dec.prefill(s)
+    _steps(dec, seqs, args.warm)
+    laps = _steps(dec, seqs, args.steps)
+    tokens = sum(len(s.tokens) for s in seqs)
+    keys = sorted({k for lap in laps for k in lap})
+    out = {
+        "mode": mode,
+        "batch": batch,
+        "forward_rows_max": dec.forward.max_rows,
+        "chunk": dec.forward.chunk,
+        "stages_ms": {k: 1000 * statistics.mean(lap.get(k, 0.0) for lap in laps) for k in keys},
+        "wall_ms_median": 1000 * statistics.median(lap["wall"] for lap in laps),
+    }
+    if args.profile:
+        out["profile"] = _profile(dec, seqs, min(args.steps, 10), args.profile)
+    out["tokens_after"] = sum(len(s.tokens) for s in seqs) - tokens
+    for s in seqs:
+        s.blocks.free()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks/engine_steps.py")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", nargs="+", default=["ar", "ddtree"], choices=["ar", "ddtree"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--row-chunk", type=int)
+    ap.add_argument("--matmul", choices=("fp32", "tf32"), default="fp32")
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warm", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=0, help="top N kernels / host calls")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    if args.matmul == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    result = {"command": "benchmarks/engine_steps.py " + " ".join(sys.argv[1:]), "runs": []}
+    for batch in args.batch:
+        for mode in args.modes:
+            r = run(args, mode, batch)
+            result["runs"].append(r)
+            st = r["stages_ms"]
+            busy = r.get("profile", {}).get("gpu_busy_ms_per_step")
+            print(
+                f"{mode:6s} b={batch:3d} wall {r['wall_ms_median']:7.2f} ms  gpu "
+                f"{busy if busy is None else round(busy, 2)}  "
+                + " ".join(f"{k}={v:.2f}" for k, v in st.items() if k != "wall"),
+                flush=True,
+            )
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
