@@ -8,8 +8,11 @@ Components and kinds (`--backend COMPONENT=KIND`, or $DDTREE_ENGINE_BACKENDS; en
 
 Every tree is handed between components as a `kernels.reference.BatchedTrees` (numpy), so any
 one component can be swapped alone; a CUDA backend uploads / downloads at its boundary and
-that copy is counted in its stage's time. Kernel modules are imported lazily, only when a
-backend that needs them is selected.
+that copy is counted in its stage's time. The tree stage hands its trees over where the accept
+runs: host trees (reference, cpp) for a CUDA accept are uploaded at the end of the tree-build
+stage (`kernels.tree_stage.to_device`), as the CUDA tree build leaves its own on the GPU, so
+swapping the tree builder changes the tree-build stage's time and no other's. Kernel modules
+are imported lazily, only when a backend that needs them is selected.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
         from kernels import tree_stage  # the stage itself (upload, build, one copy back)
 
         build = functools.partial(tree_stage.build_trees_stage, device=device)
+    if names["accept"] == "cuda" and names["tree_build"] != "cuda":
+        # host trees: their upload for the CUDA accept is the tree stage's handoff, timed there
+        # (kernels.tree_stage.to_device), so the accept stage costs the same after any builder
+        from kernels import tree_stage
+
+        host_build = build
+        build = lambda lp, ids, budget: tree_stage.to_device(host_build(lp, ids, budget), device)  # noqa: E731
     if names["accept"] == "cpp":
         from kernels import cpu
 
@@ -85,8 +95,10 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
     from kernels import cuda
 
     ct = getattr(trees, "device_copy", None)
-    if ct is None:
-        ct = cuda.CudaTrees(*(_cuda(getattr(trees, f), device) for f in cuda.CudaTrees._fields))
+    if ct is None:  # trees from a caller that did not hand them over (the tree stage does)
+        from kernels import tree_stage
+
+        ct = tree_stage.to_device(trees, device).device_copy
     acc, alen, bonus = cuda.greedy_accept(ct, _cuda(target, device).long(), h)
     flat = torch.cat([acc.reshape(-1), alen, bonus]).cpu().numpy()  # one copy back
     b = alen.shape[0]
