@@ -6,13 +6,20 @@ on lp / ids as its topk backend hands them, boundary copies included:
 - `reference_stage`: `kernels.tree_stage.reference_stage` (= `kernels.reference.build_trees`,
   the engine's reference backend) on the CUDA topk's tensors, so it pays their copy to the host;
 - `cuda_stage`: `kernels.tree_stage.build_trees_stage` (the engine's CUDA backend): upload (a
-  no-op for tensors already there), the kernel, one copy of every tree field back to numpy.
+  no-op for tensors already there), the kernel, one copy of every tree field back to numpy;
+- `reference_stage_to_device`: `kernels.tree_stage.reference_stage_to_device`, the reference
+  stage as the engine runs it when its accept is CUDA: `reference_stage`, then the trees'
+  upload for the accept (one host-to-device copy, kept as `device_copy`). It is the baseline
+  of a tree-build rollout on a service whose accept runs on CUDA (`ops.amdahl`).
 Shape: B = each `--batch`; H, K, budget = `--stage-shape` (the engine's `small` preset: draft_len
 7, K = 16, budget 16). Each sample is wall clock (perf_counter) with the device synchronised
 before and after, as the engine's `lap` times its stages. Median and IQR as every row; the
-cuda_stage row carries the speedup over reference_stage (`kernels.bench.add_speedups`) and a
-refcheck against it. `device="cpu"` times the reference stage alone on the reference topk's
-numpy arrays (what a CPU engine hands it): there is no CUDA side to time, so no CUDA row.
+cuda_stage row carries the speedup over each of the other two (`kernels.bench.add_speedups`:
+{"reference_stage": x, "reference_stage_to_device": y}) and a refcheck against
+reference_stage's trees; the reference_stage_to_device row carries a refcheck against
+cuda_stage (the same trees, and a `device_copy` equal to cuda_stage's field by field).
+`device="cpu"` times the reference stage alone on the reference topk's numpy arrays (what a CPU
+engine hands it): there is no CUDA side to time, so no CUDA row and no upload row.
 """
 
 from __future__ import annotations
@@ -75,8 +82,20 @@ def _same_trees(a: ref.BatchedTrees, b: ref.BatchedTrees) -> bool:
     )  # fmt: skip
 
 
+def _same_device_copy(a: ref.BatchedTrees, b: ref.BatchedTrees) -> bool:
+    """Both trees carry a `device_copy` whose every field equals the other's (dtype included)."""
+    da, db = getattr(a, "device_copy", None), getattr(b, "device_copy", None)
+    if da is None or db is None:
+        return False
+    return all(
+        x.dtype == y.dtype and x.device == y.device and torch.equal(x, y)
+        for x, y in zip(da, db, strict=True)
+    )
+
+
 def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
-    """reference_stage (and, on a CUDA `device`, cuda_stage) rows at each batch of `cfg`."""
+    """reference_stage (and, on a CUDA `device`, cuda_stage and reference_stage_to_device) rows
+    at each batch of `cfg`."""
     h, k, budget = cfg.stage_shape
     rows: list[Row] = []
     for b in cfg.batches:
@@ -103,4 +122,17 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
         rows.append(
             row("tree", "tree_build_stage", "cuda_stage", shape, t, refcheck=check, note=STAGE_NOTE)
         )
+
+        def upload_fn(i: int, sets=sets) -> ref.BatchedTrees:
+            return tree_stage.reference_stage_to_device(sets[i][0], sets[i][1], budget, device)
+
+        check = None
+        if cfg.refcheck:
+            got, want = upload_fn(0), cuda_fn(0)
+            check = _same_trees(got, want) and _same_device_copy(got, want)
+        t = time_stage(upload_fn, N_SETS, device, warmup=1, reps=ref_reps)
+        rows.append(
+            row("tree", "tree_build_stage", "reference_stage_to_device", shape, t,
+                refcheck=check, note=STAGE_NOTE)
+        )  # fmt: skip
     return rows

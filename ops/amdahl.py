@@ -5,7 +5,8 @@
 the decode steps and in prefill); `ceiling(f)` is the gain if it took no time at all.
 `amdahl_rows` reads f(c) from the profile (the component's share of the measured window's wall
 time, or for an older record the share of the step at batch c) and s(c) from the bench rows of
-the change (`effective_change`: the engine's stage rows where the bench has them), sets the
+the change (`effective_change`: the engine's stage rows where the bench has them; on a
+service whose accept runs on CUDA, the host builder's stage with its trees' upload), sets the
 measured gain and the service's own s beside them (the `measure` step), and notes where the
 service saw another s than the bench. The decision over these rows is ops.report.
 """
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 
 from ops.evidence import (
     COMPONENT_STAGE,
+    CUDA_ACCEPT_IMPLS,
     PREFILL_KERNELS,
     STAGE_KERNELS,
     Change,
@@ -302,7 +304,12 @@ def times(s: float | None) -> str:
 def effective_change(ev: Evidence, change: Change | None) -> Change | None:
     """The change with the bench kernel its s(c) comes from: the component's stage kernel
     (STAGE_KERNELS) when the change names none and the bench has that kernel's rows for both
-    the baseline and the candidate; otherwise the change as it is (the kernel alone)."""
+    the baseline and the candidate; otherwise the change as it is (the kernel alone).
+
+    On a service whose accept runs on CUDA (the profile's `service.backends.accept`), a host
+    builder's stage ends by uploading its trees for that accept: an end of the change that is
+    one takes that stage's impl (CUDA_ACCEPT_IMPLS: `reference_stage_to_device`) where the
+    bench has its rows and the change pins no impl of its own."""
     if change is None or change.bench_kernel is not None:
         return change
     kernel = STAGE_KERNELS.get(change.component)
@@ -310,7 +317,24 @@ def effective_change(ev: Evidence, change: Change | None) -> Change | None:
         return change
     staged = change.model_copy(update={"bench_kernel": kernel})
     suite, name, base, cand = staged.bench_map()
-    return staged if {base, cand} <= bench_impls(ev, suite, name) else change
+    have = bench_impls(ev, suite, name)
+    if not {base, cand} <= have:
+        return change
+    handoff = CUDA_ACCEPT_IMPLS.get(kernel, {}) if service_backend(ev, "accept") == "cuda" else {}
+    pins = {}
+    for end, impl_key in (("baseline", "baseline_impl"), ("candidate", "candidate_impl")):
+        impl = handoff.get(getattr(change, end))
+        if impl in have and getattr(change, impl_key) is None:
+            pins[impl_key] = impl
+    return staged.model_copy(update=pins) if pins else staged
+
+
+def service_backend(ev: Evidence, component: str) -> str | None:
+    """The backend the profiled service says it runs for `component` (its
+    /get_server_info `backends`, kept in the profile's `service`), or None."""
+    backends = ev.profile.service.get("backends") if ev.profile is not None else None
+    kind = backends.get(component) if isinstance(backends, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def bench_impls(ev: Evidence, suite: str, kernel: str) -> set[str]:

@@ -335,6 +335,15 @@ BENCH_KERNELS: dict[str, tuple[str, str, str, dict[str, str]]] = {
 # ends of the change (ops.report.effective_change)
 STAGE_KERNELS = {"tree_build": "tree_build_stage"}
 
+# stage kernel -> {backend: impl} where the service's accept backend is "cuda" (the profile's
+# service.backends.accept): a host tree builder's stage then ends by uploading its trees for
+# the CUDA accept (engine.backends; kernels.tree_stage.reference_stage_to_device), so that
+# stage, upload included, is what the change swaps (ops.amdahl.effective_change). cpp has no
+# stage row: its change keeps the kernel rows.
+CUDA_ACCEPT_IMPLS: dict[str, dict[str, str]] = {
+    "tree_build_stage": {"reference": "reference_stage_to_device"},
+}
+
 # bench kernel -> the kernel timing the same change where it runs in prefill: a wall share's
 # prefill part (ops.profile) is projected with that kernel's speedup (ops.report)
 PREFILL_KERNELS = {"row_attention": "row_attention_prefill"}

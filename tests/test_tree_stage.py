@@ -3,7 +3,8 @@
 The engine binds the very functions the bench times (identity, not copies); the reference
 stage's rows run on the CPU with the row schema; on a GPU the CUDA stage builds the same trees
 as the reference stage from the CUDA topk's tensors, and `python -m kernels.bench --suite tree`
-carries both stage rows with the speedup beside the kernel's rows.
+carries the three stage rows (reference, CUDA, reference with its trees' upload for a CUDA
+accept) with the speedups beside the kernel's rows.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def test_cuda_stage_builds_the_reference_stages_trees(b: int, scale: float) -> N
 
 
 @pytest.mark.gpu
-def test_tree_suite_carries_both_stage_rows_with_speedups(
+def test_tree_suite_carries_the_three_stage_rows_with_speedups(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["--suite", "tree", "--batch", "1,32", "--budget", "16", "--k", "8", "--reps", "10",
@@ -125,12 +126,14 @@ def test_tree_suite_carries_both_stage_rows_with_speedups(
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = [r for r in doc["results"] if r["kernel"] == "tree_build_stage"]
-    assert [(r["impl"], r["shape"]["B"]) for r in rows] == [
-        ("reference_stage", 1), ("cuda_stage", 1), ("reference_stage", 32), ("cuda_stage", 32)
-    ]  # fmt: skip
+    impls = ("reference_stage", "cuda_stage", "reference_stage_to_device")
+    assert [(r["impl"], r["shape"]["B"]) for r in rows] == [(i, b) for b in (1, 32) for i in impls]
     for r in rows:
         _check_row(r, r["impl"], r["shape"]["B"], (7, 16, 16), "cuda")
-    for r in rows[1::2]:
+    for r in rows[1::3]:  # cuda_stage: against each host stage, under its own key
         assert r["refcheck"] is True
-        assert set(r["speedup"]) == {"reference_stage"} and r["speedup"]["reference_stage"] > 0
+        assert set(r["speedup"]) == {"reference_stage", "reference_stage_to_device"}
+        assert all(v > 0 for v in r["speedup"].values())
+    for r in rows[2::3]:  # reference_stage_to_device: a baseline, refchecked against cuda_stage
+        assert r["refcheck"] is True and "speedup" not in r
     assert any(r["kernel"] == "build_trees" and "speedup" in r for r in doc["results"])
