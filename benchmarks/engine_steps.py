@@ -71,7 +71,7 @@ def run(args, mode: str, batch: int) -> dict:
     backends = BACKEND_SETS["cuda"] if args.device.startswith("cuda") else ()
     spec = EngineSpec(
         args.preset, mode, args.device, backends, max_batch_size=max(args.batch),
-        row_chunk=args.row_chunk, cuda_graphs=not args.eager,
+        row_chunk=args.row_chunk, cuda_graphs=not args.eager, matmul=args.matmul,
     )  # fmt: skip
     _, dec = build_decoder(spec)
     tok = ByteTokenizer()
@@ -106,15 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=["ar", "ddtree"], choices=["ar", "ddtree"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--row-chunk", type=int)
-    ap.add_argument("--matmul", choices=("fp32", "tf32"), default="fp32")
+    ap.add_argument("--matmul", choices=("fp32", "tf32"), default="tf32")
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warm", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="top N kernels / host calls")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
-    if args.matmul == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = True
     result = {"command": "benchmarks/engine_steps.py " + " ".join(sys.argv[1:]), "runs": []}
     for batch in args.batch:
         for mode in args.modes:

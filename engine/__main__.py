@@ -78,6 +78,13 @@ def parser() -> argparse.ArgumentParser:
         help="run the forward eagerly on a GPU (default: its segments are captured as CUDA "
         "graphs; $DDTREE_ENGINE_CUDA_GRAPHS=0 also turns them off)",
     )
+    p.add_argument(
+        "--matmul",
+        choices=("tf32", "fp32"),
+        default=os.environ.get("DDTREE_ENGINE_MATMUL", "tf32"),
+        help="float32 matmuls on a GPU: tf32 tensor cores (default) or full fp32 "
+        "($DDTREE_ENGINE_MATMUL); a CPU always computes fp32",
+    )
     p.add_argument("--model-name", default="ddtree-reference")
     p.add_argument(
         "--threads",
@@ -186,6 +193,7 @@ def run(argv: list[str] | None) -> int:
         sock.close()
         doc = {"ok": True, "preset": args.preset, "mode": args.mode, "device": args.device}
         doc["cuda_graphs"] = args.cuda_graphs
+        doc["matmul"] = args.matmul
         doc |= {"backends": names, "backend_sources": sources}
         doc |= {"url": f"http://{args.host}:{args.port}"}
         print(json.dumps(doc))
@@ -211,6 +219,7 @@ def run(argv: list[str] | None) -> int:
         args.max_batch_size,
         args.budget,
         cuda_graphs=args.cuda_graphs,
+        matmul=args.matmul,
         backend_sources=sources,
     )
     limits = Limits(

@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--row-chunk", type=int, help="override the preset's forward chunk rows")
+    ap.add_argument(
+        "--matmul", choices=("tf32", "fp32"), default="tf32", help="float32 matmuls on the GPU"
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=0, help="pad prompts to this many tokens")
     ap.add_argument("--identity-tokens", type=int, default=32)
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "prompt_len": args.prompt_len,
         "row_chunk": args.row_chunk,
+        "matmul": args.matmul,
         "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "sets": {},
     }
@@ -193,7 +197,8 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
     outs = {}
     for mode in ("ar", "ddtree"):
         spec = EngineSpec(
-            args.preset, mode, args.device, backends, cuda_graphs=graphs, row_chunk=args.row_chunk
+            args.preset, mode, args.device, backends, cuda_graphs=graphs, row_chunk=args.row_chunk,
+            matmul=args.matmul,
         )
         _, dec = build_decoder(spec)
         t0 = time.perf_counter()
@@ -216,7 +221,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             spec = EngineSpec(
                 args.preset, mode, args.device, backends,
                 max_batch_size=max(args.concurrency), cuda_graphs=graphs,
-                row_chunk=args.row_chunk,
+                row_chunk=args.row_chunk, matmul=args.matmul,
             )  # fmt: skip
             r = {"mode": mode, **load(spec, prompts, c, args.max_tokens)}
             got[mode] = r.pop("outputs")

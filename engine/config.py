@@ -86,7 +86,10 @@ PRESETS: dict[str, Preset] = {
             shared_inter=256,
             max_seq_len=2048,
         ),
-        EngineConfig(draft_len=7, budget=16, max_batch_size=32, page_size=64, row_chunk=128),
+        # one chunk holds a full DDTree step at batch 32 (32 x 17 = 544 rows): on a GPU with
+        # TF32 matmuls the padded rows cost little and a forward is layers + 1 graph launches
+        # (benchmarks/NOTES-engine.md, "One chunk, TF32")
+        EngineConfig(draft_len=7, budget=16, max_batch_size=32, page_size=64, row_chunk=576),
     ),
 }
 

@@ -24,7 +24,7 @@ from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
-from kernels.row_attention import paged_slots, visible_rows
+from kernels.row_attention import paged_slots, visible_rows_device
 
 
 @dataclass
@@ -127,7 +127,10 @@ class Decoder:
             vis = np.ones((B, 1, 1), dtype=bool)
         else:
             vis = np.asarray(trees.visibility[:, :T, :T], dtype=bool)
-        table, lens = visible_rows(slots, lens_pre, vis)  # [B, T, W], [B, T]
+        keep = (np.arange(T)[None, :] <= nodes[:, None]).reshape(-1)
+        kept = np.flatnonzero(keep)
+        # the [R, W] slot table is built where attention reads it (one small upload)
+        table, lens = visible_rows_device(slots, lens_pre, vis, kept, self.model.device)
         tokens = np.zeros((B, T), dtype=np.int64)
         tokens[:, 0] = [s.root for s in seqs]
         positions = np.repeat(lens_pre[:, None], T, axis=1)
@@ -135,13 +138,9 @@ class Decoder:
             tokens[:, 1:] = trees.token_ids[:, : T - 1]
             positions[:, 1:] += trees.depths[:, : T - 1]
         write = slots[np.arange(B)[:, None], lens_pre[:, None] + np.arange(T)[None, :]]
-        keep = (np.arange(T)[None, :] <= nodes[:, None]).reshape(-1)
-        rows = Rows(
-            *(a.reshape(B * T)[keep] for a in (tokens, positions, write)),
-            table.reshape(B * T, W)[keep],
-            lens.reshape(B * T)[keep],
-        )
-        b, i = np.divmod(np.flatnonzero(keep), T)
+        rows = Rows(*(a.reshape(B * T)[keep] for a in (tokens, positions, write)), table, lens)
+        b, i = np.divmod(kept, T)
+        self._slots = slots  # the commit's compaction reads the same map
         return rows, b * (self.cfg.budget + 1) + i  # each row's place in [B, budget + 1]
 
     def step(self, seqs: list[Sequence]) -> StepResult:
@@ -180,28 +179,35 @@ class Decoder:
         stages["attention"] = timer.seconds()
 
         if trees is None:
-            accepted = [[0] for _ in seqs]
-            bonus = [int(t) for t in argmax]
+            new_tokens = [[int(t)] for t in argmax]
             for b, s in enumerate(seqs):
                 if s.temperature > 0:  # row b is sequence b's only row in an AR step
                     probs = torch.softmax(logits[b].double().cpu() / s.temperature, dim=-1)
-                    bonus[b] = int(torch.multinomial(probs, 1, generator=s.generator))
+                    new_tokens[b] = [int(torch.multinomial(probs, 1, generator=s.generator))]
         else:
             target = target.view(len(seqs), self.cfg.budget + 1)
             acc, alen, bon = self.backends.accept(trees, target, self.cfg.draft_len)
-            accepted = [[int(a) for a in acc[b, : int(alen[b])]] for b in range(len(seqs))]
-            bonus = [int(x) for x in bon]
             lap("accept")
-
-        new_tokens = []
-        moves = [s.blocks.compaction(s.kv_len, accepted[b]) for b, s in enumerate(seqs)]
-        self.cache.move(*(np.concatenate([m[i] for m in moves]) for i in (0, 1)))
-        for b, s in enumerate(seqs):
-            acc_b = accepted[b]
-            s.kv_len += len(acc_b)
-            new = [int(trees.token_ids[b, a - 1]) for a in acc_b[1:]] + [bonus[b]]
+            new_tokens = self._compact(seqs, trees, acc, alen, bon)
+        for s, new in zip(seqs, new_tokens, strict=True):
+            s.kv_len += len(new)  # the accepted rows (root included); the bonus is the new root
             s.tokens.extend(new)
             s.text += history_text(new)
-            new_tokens.append(new)
         lap("commit")
         return StepResult(new_tokens, stages)
+
+    def _compact(self, seqs: list[Sequence], trees, acc, alen, bon) -> list[list[int]]:
+        """Move the KV of every request's accepted tree rows L + acc[k] to L + k (the whole
+        batch in one gather and one scatter) and return each request's new tokens: the
+        accepted nodes' tokens, then the bonus. acc [B, H + 1]: accepted node indices (0 the
+        root, node i the tree's token i - 1), the first alen[b] of them valid."""
+        acc, alen = np.asarray(acc, dtype=np.int64), np.asarray(alen, dtype=np.int64)
+        k = np.arange(acc.shape[1])
+        moved = (k[None, :] < alen[:, None]) & (acc != k[None, :])
+        if moved.any():
+            b, i = np.nonzero(moved)
+            lens = np.array([s.kv_len for s in seqs], dtype=np.int64)[b]
+            self.cache.move(self._slots[b, lens + acc[b, i]], self._slots[b, lens + i])
+        toks = np.asarray(trees.token_ids)[np.arange(len(seqs))[:, None], np.maximum(acc - 1, 0)]
+        bonus, lens = np.asarray(bon).tolist(), alen.tolist()
+        return [row[1:n] + [x] for row, n, x in zip(toks.tolist(), lens, bonus, strict=True)]

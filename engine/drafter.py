@@ -69,9 +69,14 @@ class Drafter:
                 else:
                     guess = argmax[last]
                 hist += chr(guess)
-        prev_t = torch.tensor(prev, dtype=torch.int64).to(self.device)
-        out = self.table.index_select(0, prev_t.view(-1)).view(b_n, h_n, -1)
+        # one upload: every position's conditioning token, then the boosts' (row, token)
+        flat = [t for row in prev for t in row]
+        for b, d, t in boost_at:
+            flat += (b * h_n + d, t)
+        dev = torch.tensor(flat, dtype=torch.int64).to(self.device)
+        prev_t, boosts = dev[: b_n * h_n], dev[b_n * h_n :].view(-1, 2)
+        out = self.table.index_select(0, prev_t)
         if boost_at:
-            bi, di, ti = torch.tensor(boost_at, dtype=torch.int64).to(self.device).unbind(1)
-            out[bi, di, ti] = self.rowmax[prev_t[bi, di]] + self.boost
-        return out
+            at, tok = boosts.unbind(1)
+            out[at, tok] = self.rowmax[prev_t[at]] + self.boost
+        return out.view(b_n, h_n, -1)

@@ -37,13 +37,14 @@ from engine.model import Model
 
 @dataclass
 class Rows:
-    """Rows of one forward (host arrays): token, RoPE position, KV slot written, and the
-    visible slots in position order (`table[i, :lens[i]]`: prefix, tree ancestors, itself)."""
+    """Rows of one forward: token, RoPE position, KV slot written (host arrays), and the
+    visible slots in position order (`table[i, :lens[i]]`: prefix, tree ancestors, itself; a
+    host array, or a tensor already on the model's device as a decode step builds it)."""
 
     tokens: np.ndarray  # [R] int64
     positions: np.ndarray  # [R] int64
     write_slots: np.ndarray  # [R] int64
-    table: np.ndarray  # [R, W] int64
+    table: np.ndarray | torch.Tensor  # [R, W] int64
     lens: np.ndarray  # [R] int64
 
     def __len__(self) -> int:

@@ -4,7 +4,8 @@ The pool is `[layers, (num_pages + 1) * page_size, kv_dim]`; a sequence owns a l
 (its block table) and sequence position p lives in slot `pages[p // page_size] * page_size +
 p % page_size`. The extra last page is never handed out: its first slot, `trash_slot`, takes the
 KV writes of a forward's padding rows. Tree rows of a DDTree step are written at positions
-L .. L + N (L = committed length) and the accepted ones are compacted to L, L + 1, ... after.
+L .. L + N (L = committed length) and the accepted ones are compacted to L, L + 1, ... after
+(`PagedKVCache.move`, the whole batch at once).
 """
 
 from __future__ import annotations
@@ -68,15 +69,6 @@ class SeqBlocks:
         ps = self.cache.page_size
         pos = np.arange(count, dtype=np.int64)
         return np.asarray(self.pages, dtype=np.int64)[pos // ps] * ps + pos % ps
-
-    def compaction(self, prefix_len: int, accepted: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(src, dst) slots that move tree rows L + accepted[k] to L + k (only those that move)."""
-        acc = np.asarray(accepted, dtype=np.int64)
-        keep = acc != np.arange(len(acc))
-        if not keep.any():
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        slots = self.slot_array(prefix_len + int(acc.max()) + 1)
-        return slots[prefix_len + acc[keep]], slots[prefix_len + np.flatnonzero(keep)]
 
     def free(self) -> None:
         self.cache._release(self.pages)

@@ -16,6 +16,9 @@ from engine.tokenizer import EOS_ID
 from engine.weights import init_weights, load_weights
 
 
+MATMUL = ("tf32", "fp32")
+
+
 @dataclass
 class EngineSpec:
     preset: str = "tiny"
@@ -30,6 +33,10 @@ class EngineSpec:
     # --no-cuda-graphs turns it off)
     cuda_graphs: bool = True
     row_chunk: int | None = None  # override the preset's EngineConfig.row_chunk
+    # float32 matmuls on a GPU: "tf32" (tensor cores, inputs rounded to TF32, what serving
+    # stacks run) or "fp32" (full precision, SIMT). Every row's GEMMs still run with one shape,
+    # so AR == DDTree holds either way; a CPU computes fp32 whatever this says.
+    matmul: str = "tf32"
     # where each component's backend came from ("default" | "env" | "cli"), for reports
     backend_sources: dict[str, str] = field(default_factory=dict)
 
@@ -51,6 +58,10 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     else:
         weights = init_weights(p.model, spec.seed)
     device = torch.device(spec.device)
+    if spec.matmul not in MATMUL:
+        raise ValueError(f"matmul must be one of {MATMUL}, got {spec.matmul!r}")
+    if device.type == "cuda":  # process-wide: one engine per process, as the server runs
+        torch.backends.cuda.matmul.allow_tf32 = spec.matmul == "tf32"
     names = parse_backends(list(spec.backends), spec.device)
     model = Model(p.model, weights, device)
     backends = make_backends(names, device)

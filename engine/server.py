@@ -234,6 +234,7 @@ def create_app(
                 }
                 if dec
                 else None,
+                "matmul": spec.matmul if spec.device.startswith("cuda") else "fp32",
                 "nested_stages": NESTED_STAGES,
                 "internal_states": [internal],
             }

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "RowGroup",
@@ -42,6 +43,7 @@ __all__ = [
     "paged_slots",
     "step_rows",
     "visible_rows",
+    "visible_rows_device",
     "torch_rows",
     "torch_rows_plan",
 ]
@@ -63,8 +65,10 @@ def torch_rows_plan(
     lens = np.asarray(lens, dtype=np.int64)
     padded_len = -(-lens // bucket) * bucket
     width = int(padded_len.max())
+    on_device = isinstance(table, torch.Tensor)
     if table.shape[1] < width:  # pad with slot 0 (finite; masked out)
-        table = np.pad(table, ((0, 0), (0, width - table.shape[1])))
+        pad = width - table.shape[1]
+        table = F.pad(table, (0, pad)) if on_device else np.pad(table, ((0, 0), (0, pad)))
     c = rows_per_call
     metas, rows_l, tabs = [], [], []
     for lb in np.unique(padded_len):
@@ -74,9 +78,21 @@ def torch_rows_plan(
             rows = np.concatenate([part, np.full(c - len(part), part[0])])
             metas.append((int(lb), len(part)))
             rows_l.append(rows)
-            tabs.append(table[rows, :lb].reshape(-1))
-    # one upload for every group: row ids, then the slot tables, then the lengths
+            if not on_device:
+                tabs.append(table[rows, :lb].reshape(-1))
     all_rows = np.concatenate(rows_l)
+    if on_device:  # a table built on the device (the engine's verify): gather it there
+        flat = torch.from_numpy(np.concatenate([all_rows, lens[all_rows]])).to(device)
+        n_rows = len(all_rows)
+        rows_d, lens_d = flat[:n_rows], flat[n_rows:]
+        groups = []
+        for g, (lb, count) in enumerate(metas):
+            rows_g = rows_d[g * c : (g + 1) * c]
+            own = lens_d[g * c : (g + 1) * c, None, None]
+            mask = torch.arange(lb, device=device)[None, None, :] >= own
+            groups.append(RowGroup(rows_g, count, table.index_select(0, rows_g)[:, :lb], mask))
+        return groups
+    # one upload for every group: row ids, then the slot tables, then the lengths
     flat = torch.from_numpy(np.concatenate([all_rows, *tabs, lens[all_rows]])).to(device)
     n_rows = len(all_rows)
     rows_d, rest = flat[:n_rows], flat[n_rows:]
@@ -122,7 +138,9 @@ def rowwise_plan(table: np.ndarray, lens: np.ndarray, device: torch.device) -> R
     pool with block table `table[i, :lens[i]]`.
     """
     lens_t = torch.as_tensor(np.asarray(lens), dtype=torch.int32).to(device)
-    bt = torch.from_numpy(np.ascontiguousarray(table)).to(device=device, dtype=torch.int32)
+    if not isinstance(table, torch.Tensor):
+        table = torch.from_numpy(np.ascontiguousarray(table))
+    bt = table.to(device=device, dtype=torch.int32).contiguous()
     vis = torch.ones(len(lens), 1, 1, dtype=torch.bool, device=device)
     return RowwisePlan(bt, lens_t - 1, torch.ones_like(lens_t), vis, int(np.max(lens)))
 
@@ -212,6 +230,37 @@ def visible_rows(
     bi, ti = np.arange(b_n)[:, None, None], np.arange(t)[None, :, None]
     table = slots[bi, np.where(j < lp, j, lp + order[bi, ti, k])]
     return table, lp[:, :, 0] + vis.sum(axis=2)
+
+
+def visible_rows_device(
+    slots: np.ndarray, prefix_lens: np.ndarray, vis: np.ndarray, keep: np.ndarray,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, np.ndarray]:  # fmt: skip
+    """`visible_rows`' table [B * T, W] restricted to the rows `keep` (flat indices into B * T),
+    built on `device`: one upload of the slots [B, W], each kept row's request and prefix length
+    and its visible nodes in index order ([T] each), then gathers there, instead of building
+    and uploading R x W entries on the host (544 x 1100 at batch 32 with 1024-token prompts).
+    Returns the table [R, W] (int64, on `device`) and the lengths [R] (host): exactly
+    `visible_rows`' (tests/test_row_attention_device.py)."""
+    b_n, t, _ = vis.shape
+    width = slots.shape[1]
+    prefix_lens = np.asarray(prefix_lens, dtype=np.int64)
+    order = np.argsort(~vis, axis=2, kind="stable").reshape(b_n * t, t)[keep]  # [R, T]
+    lens = (prefix_lens[:, None] + vis.sum(axis=2)).reshape(-1)[keep]
+    rb = np.asarray(keep, dtype=np.int64) // t
+    n = len(rb)
+    flat = np.concatenate([slots.reshape(-1), rb, prefix_lens[rb], order.reshape(-1)])
+    d = torch.from_numpy(flat.astype(np.int64, copy=False)).to(device)
+    slots_d = d[: b_n * width]
+    rb_d, lp_d = (
+        d[b_n * width : b_n * width + n, None],
+        d[b_n * width + n : b_n * width + 2 * n, None],
+    )
+    order_d = d[b_n * width + 2 * n :].view(n, t)
+    j = torch.arange(width, device=d.device)[None, :]
+    k = (j - lp_d).clamp_(0, t - 1)
+    pos = torch.where(j < lp_d, j, lp_d + order_d.gather(1, k))
+    return slots_d[rb_d * width + pos], lens
 
 
 def step_rows(
