@@ -99,7 +99,9 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
         from kernels import tree_stage
 
         ct = tree_stage.to_device(trees, device).device_copy
-    acc, alen, bonus = cuda.greedy_accept(ct, _cuda(target, device).long(), h)
-    flat = torch.cat([acc.reshape(-1), alen, bonus]).cpu().numpy()  # one copy back
-    b = alen.shape[0]
-    return flat[: acc.numel()].reshape(acc.shape), flat[-2 * b : -b], flat[-b:]
+    b, n = ct.num_nodes.shape[0], (h + 1) * ct.num_nodes.shape[0]
+    flat = torch.empty(n + 2 * b, dtype=torch.int64, device=device)  # the outputs, one buffer
+    out = (flat[:n].view(b, h + 1), flat[n : n + b], flat[n + b :])
+    cuda.greedy_accept(ct, _cuda(target, device).long(), h, out=out)
+    host = flat.cpu().numpy()  # one copy back
+    return host[:n].reshape(b, h + 1), host[n : n + b], host[n + b :]

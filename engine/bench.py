@@ -197,7 +197,12 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
     outs = {}
     for mode in ("ar", "ddtree"):
         spec = EngineSpec(
-            args.preset, mode, args.device, backends, cuda_graphs=graphs, row_chunk=args.row_chunk,
+            args.preset,
+            mode,
+            args.device,
+            backends,
+            cuda_graphs=graphs,
+            row_chunk=args.row_chunk,
             matmul=args.matmul,
         )
         _, dec = build_decoder(spec)

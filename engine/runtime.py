@@ -15,7 +15,6 @@ from engine.model import Model
 from engine.tokenizer import EOS_ID
 from engine.weights import init_weights, load_weights
 
-
 MATMUL = ("tf32", "fp32")
 
 

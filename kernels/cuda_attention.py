@@ -11,12 +11,20 @@ SOURCES), loaded through `kernels.cuda_core` (built once per arch and source dig
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
 from kernels.cuda_core import check_same_device, check_tensor, declare, launch, ptr, stream_of
 
-__all__ = ["ALGOS", "compact_kv", "planned_splits", "tree_verify_attention"]
+__all__ = [
+    "ALGOS",
+    "TreeVerifyLaunch",
+    "compact_kv",
+    "planned_splits",
+    "prepare_tree_verify",
+    "tree_verify_attention",
+]
 
 QK_DIM, V_DIM = 576, 512
 # Attention kernels (DDTREE_ATTN_* in kernels/csrc/ddtree_attention.h). auto: bf16 -> the
@@ -65,7 +73,75 @@ def tree_verify_attention(
     `max_kv_len` (an upper bound on L_b + T_b) only plans the KV split; when None it is read
     from the device (a sync). `check` verifies the data-dependent preconditions on the device
     (also a sync); pass `check=False, max_kv_len=...` inside CUDA graphs. `num_splits` 0 = auto.
+    The same as `prepare_tree_verify(...)` then `.run(q, kv_cache, out)`.
     """
+    prepared = prepare_tree_verify(
+        q, kv_cache, block_table, prefix_lens, tree_lens, visibility, scale,
+        max_kv_len=max_kv_len, num_splits=num_splits, algo=algo, check=check,
+    )  # fmt: skip
+    return prepared.run(q, kv_cache, out=out)
+
+
+@dataclass
+class TreeVerifyLaunch:
+    """A tree-verify attention launch with its arguments checked and its plan (query offsets,
+    KV splits, workspace) made once: `run` launches it for a q / kv_cache of the shapes it was
+    prepared with (a model's every layer: one plan per forward, one launch per layer)."""
+
+    q_shape: tuple[int, ...]
+    kv_shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    args: tuple  # block_table, prefix_lens, qo_offsets, visibility, workspace (tensors)
+    ws_bytes: int
+    dims: tuple[
+        int, ...
+    ]  # dtype code, algo, batch, heads, total_q, t_max, page_size, max_pages, max_kv_len
+    scale: float
+    splits: int
+
+    def run(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        op = "tree_verify_attention"
+        for name, t, shape in (("q", q, self.q_shape), ("kv_cache", kv_cache, self.kv_shape)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != self.dtype:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{op}: {name}: prepared for {shape} {self.dtype}, got {got}")
+            if t.device != self.device or not t.is_contiguous():
+                raise ValueError(f"{op}: {name}: expected a contiguous tensor on {self.device}")
+        total_q, heads = self.q_shape[0], self.q_shape[1]
+        if out is None:
+            out = torch.empty((total_q, heads, V_DIM), dtype=q.dtype, device=q.device)
+        check_tensor(op, "out", out, dtypes=(q.dtype,), shape=(total_q, heads, V_DIM))
+        if out.device != self.device:
+            raise ValueError(f"{op}: out: expected a tensor on {self.device}, got {out.device}")
+        if not self.args:  # nothing to compute (no request or no query row)
+            return out
+        bt, pl, qo, vis, ws = self.args
+        dtype, algo, batch, heads, total_q, t_max, page_size, max_pages, max_kv_len = self.dims
+        launch(op, declare(*_ATTN),
+            ptr(q), ptr(kv_cache), ptr(bt), ptr(pl), ptr(qo), ptr(vis), ptr(out), ptr(ws),
+            self.ws_bytes, dtype, algo, batch, heads, total_q, t_max, page_size, max_pages,
+            max_kv_len, self.scale, self.splits, stream_of(q))  # fmt: skip
+        return out
+
+
+def prepare_tree_verify(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    tree_lens: torch.Tensor,
+    visibility: torch.Tensor,
+    scale: float,
+    *,
+    max_kv_len: int | None = None,
+    num_splits: int = 0,
+    algo: str = "auto",
+    check: bool = True,
+) -> TreeVerifyLaunch:
+    """Check `tree_verify_attention`'s arguments and plan its launch (see there)."""
     op = "tree_verify_attention"
     check_tensor(op, "q", q, dtypes=tuple(_DTYPES), shape=(None, None, QK_DIM))
     total_q, heads, _ = q.shape
@@ -82,13 +158,11 @@ def tree_verify_attention(
     _check_algo(op, algo, q.dtype)
     pl = _lens(op, "prefix_lens", prefix_lens, batch)
     tl = _lens(op, "tree_lens", tree_lens, batch)
-    if out is None:
-        out = torch.empty((total_q, heads, V_DIM), dtype=q.dtype, device=q.device)
-    check_tensor(op, "out", out, dtypes=(q.dtype,), shape=(total_q, heads, V_DIM))
-    tensors = dict(kv_cache=kv_cache, block_table=block_table, visibility=visibility, out=out)
+    tensors = dict(kv_cache=kv_cache, block_table=block_table, visibility=visibility)
     dev = check_same_device(op, q=q, **tensors, prefix_lens=pl, tree_lens=tl)
+    shapes = (tuple(q.shape), tuple(kv_cache.shape), q.dtype, dev)
     if batch == 0 or total_q == 0:
-        return out
+        return TreeVerifyLaunch(*shapes, (), 0, (), float(scale), 0)
     if check:
         _check_attention(op, pl, tl, block_table, kv_cache.shape[0], total_q, t_max,
                          max_pages * page_size)  # fmt: skip
@@ -99,11 +173,10 @@ def tree_verify_attention(
     dtype = _DTYPES[q.dtype]
     splits, ws_bytes = _plan(op, dtype, algo, batch, heads, total_q, t_max, max_kv_len, num_splits)
     ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
-    launch(op, declare(*_ATTN),
-        ptr(q), ptr(kv_cache), ptr(block_table), ptr(pl), ptr(qo), ptr(visibility), ptr(out),
-        ptr(ws), ws_bytes, dtype, ALGOS[algo], batch, heads, total_q, t_max, page_size,
-        max_pages, max_kv_len, float(scale), splits, stream_of(q))  # fmt: skip
-    return out
+    dims = (dtype, ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len)
+    return TreeVerifyLaunch(
+        *shapes, (block_table, pl, qo, visibility, ws), ws_bytes, dims, float(scale), splits
+    )
 
 
 def _plan(op, dtype: int, algo: str, batch, heads, total_q, t_max, max_kv_len, num_splits):

@@ -27,6 +27,7 @@ through it; `reference_rows` is the float64 yardstick.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,6 +129,9 @@ class RowwisePlan:
     tree_lens: torch.Tensor  # [R] int32: ones
     visibility: torch.Tensor  # [R, 1, 1] bool
     max_kv_len: int
+    # the launch planned on the first call (kernels.cuda_attention.TreeVerifyLaunch) and
+    # reused by the forward's every later layer: same rows, same q / pool shapes
+    launch: Any = None
 
 
 def rowwise_plan(table: np.ndarray, lens: np.ndarray, device: torch.device) -> RowwisePlan:
@@ -167,24 +171,18 @@ def cuda_rows(
 ) -> torch.Tensor:
     """The CUDA tree-verify kernel (fp32 SIMT), one launch for all rows, each row's keys in
     splits of SPLIT_KEYS (flash-decoding: parallel over a long row, and batch-invariant)."""
-    from kernels.cuda_attention import tree_verify_attention
+    from kernels.cuda_attention import prepare_tree_verify
 
     kv = pool.view(pool.shape[0], 1, pool.shape[1])
-    splits, max_kv_len = split_plan(plan.max_kv_len)
-    out = tree_verify_attention(
-        q.contiguous(),
-        kv,
-        plan.block_table,
-        plan.prefix_lens,
-        plan.tree_lens,
-        plan.visibility,
-        scale,
-        max_kv_len=max_kv_len,
-        num_splits=splits,
-        algo="simt",
-        check=False,
-    )
-    return out[..., :latent_dim]
+    q = q.contiguous()
+    run = plan.launch
+    if run is None or (run.q_shape, run.kv_shape, run.scale) != (q.shape, kv.shape, scale):
+        splits, max_kv_len = split_plan(plan.max_kv_len)
+        run = plan.launch = prepare_tree_verify(
+            q, kv, plan.block_table, plan.prefix_lens, plan.tree_lens, plan.visibility, scale,
+            max_kv_len=max_kv_len, num_splits=splits, algo="simt", check=False,
+        )  # fmt: skip
+    return run.run(q, kv)[..., :latent_dim]
 
 
 def reference_rows(

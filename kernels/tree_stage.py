@@ -34,8 +34,6 @@ __all__ = ["build_trees_stage", "reference_stage", "reference_stage_to_device", 
 
 reference_stage = reference.build_trees  # the same function object, not a wrapper
 
-_NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
-
 
 def _on(x: Any, device: torch.device | str) -> torch.Tensor:
     return torch.as_tensor(x).to(device).contiguous()
@@ -45,18 +43,40 @@ def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str
     """The CUDA tree-build stage: upload, build on `device`, one copy back to numpy trees."""
     from kernels import cuda  # lazily: the kernel library loads on first use
 
-    t = cuda.build_trees(_on(lp, device).float(), _on(ids, device).long(), budget)
-    # one device-to-host copy for every field (visibility travels as int64)
-    parts = [getattr(t, f) for f in t._fields]
-    flat = torch.cat([p.reshape(-1).long() for p in parts]).cpu().numpy()
-    fields, off = {}, 0
-    for f, p in zip(t._fields, parts, strict=True):
-        n = p.numel()
-        fields[f] = flat[off : off + n].reshape(p.shape).astype(_NP_DTYPES[p.dtype])
-        off += n
-    host = BatchedTrees(**fields)
-    object.__setattr__(host, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
-    return host
+    lp, ids = _on(lp, device).float(), _on(ids, device).long()
+    flat, t, layout = _flat_trees(lp.shape[0], budget, lp.device)
+    cuda.build_trees(lp, ids, budget, out=t)
+    host = flat.cpu().numpy()  # every field in ONE device-to-host copy
+    fields = {f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout}
+    trees = BatchedTrees(**fields)
+    object.__setattr__(trees, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
+    return trees
+
+
+_INT64_FIELDS = ("token_ids", "depths", "parents", "first_child", "next_sibling", "num_nodes")
+
+
+def _flat_trees(batch: int, budget: int, device: torch.device) -> tuple[torch.Tensor, Any, list]:
+    """CudaTrees whose fields are views of one byte buffer (the int64 fields, then the bool
+    visibility: every offset a multiple of 8), so the whole tree set comes back in one copy;
+    and the layout (field, start, end, numpy dtype, shape) to read the host copy with."""
+    from kernels import cuda
+
+    n1 = budget + 1
+    shapes = {"token_ids": (batch, budget), "depths": (batch, budget), "parents": (batch, n1),
+              "first_child": (batch, n1), "next_sibling": (batch, n1), "num_nodes": (batch,),
+              "visibility": (batch, n1, n1)}  # fmt: skip
+    layout, off = [], 0
+    for f, sh in shapes.items():
+        size = int(np.prod(sh)) * (8 if f in _INT64_FIELDS else 1)
+        layout.append((f, off, off + size, np.int64 if f in _INT64_FIELDS else np.bool_, sh))
+        off += size
+    flat = torch.empty(off, dtype=torch.uint8, device=device)
+    views = {
+        f: flat[a:b].view(torch.int64 if dt is np.int64 else torch.bool).view(sh)
+        for f, a, b, dt, sh in layout
+    }
+    return flat, cuda.CudaTrees(**views), layout
 
 
 _FIELDS = ("token_ids", "depths", "parents", "visibility", "first_child", "next_sibling",

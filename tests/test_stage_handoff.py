@@ -197,3 +197,22 @@ def test_a_change_back_to_the_host_builder_takes_the_upload_stage_as_candidate(
     assert (ch["baseline_impl"], ch["candidate_impl"]) == (None, "reference_stage_to_device")
     assert all(r["speed"]["s"] == pytest.approx(0.2) for r in doc["amdahl"])
     assert "`cuda_stage` / median of `reference_stage_to_device`" in _s_line(tmp_path)
+
+
+def test_flat_trees_views_cover_one_buffer_without_overlap() -> None:
+    """The CUDA stage's trees are views of one byte buffer read back in one copy: each field's
+    view and its host layout entry address the same bytes, and no two fields overlap."""
+    from kernels.tree_stage import _flat_trees
+
+    flat, t, layout = _flat_trees(3, 5, torch.device("cpu"))
+    for i, f in enumerate(t._fields):
+        v = getattr(t, f)
+        v.fill_(i + 1) if v.dtype != torch.bool else v.fill_(True)
+    host = flat.numpy()
+    assert layout[-1][2] == flat.numel()
+    for f, a, b, dt, shape in layout:
+        got = host[a:b].view(dt).reshape(shape)
+        want = getattr(t, f).numpy()
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+        assert a % 8 == 0

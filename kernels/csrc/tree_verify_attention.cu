@@ -119,6 +119,9 @@ __global__ void __launch_bounds__(kSimtThreads) tva_simt_kernel(Params p) {
   float* row_m = ps + kSimtM * kSimtN;  // [16] running max (log2 units)
   float* row_l = row_m + kSimtM;        // [16] running sum
   float* row_a = row_l + kSimtM;        // [16] rescale factor of this tile
+  // [16] element offset of each key row of the tile (-1 past kv_len): looked up once, in
+  // parallel, so the tile's loads do not wait on 16 block-table reads one after another
+  int64_t* kbase = reinterpret_cast<int64_t*>(row_a + kSimtM);
   const int b = blockIdx.y, tid = threadIdx.x;
   const int q0 = p.qo_offsets[b], t_b = p.qo_offsets[b + 1] - q0;
   const int rows_b = t_b * p.heads, m0 = blockIdx.x * kSimtM;
@@ -145,11 +148,12 @@ __global__ void __launch_bounds__(kSimtThreads) tva_simt_kernel(Params p) {
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int kv0 = tile * kSimtN;
     __syncthreads();  // previous tile's ks / ps reads are done
-    for (int r = 0; r < kSimtN; ++r) {
-      const int pos = kv0 + r;
-      const int64_t base = pos < kv_len ? kv_slot(p, b, pos) * kQK : -1;
-      for (int d = tid; d < kQK; d += kSimtThreads)
-        ks[r * kSimtPad + d] = base >= 0 ? to_f(kv[base + d]) : 0.f;
+    if (tid < kSimtN) kbase[tid] = kv0 + tid < kv_len ? kv_slot(p, b, kv0 + tid) * kQK : -1;
+    __syncthreads();
+    for (int i = tid; i < kSimtN * kQK; i += kSimtThreads) {
+      const int r = i / kQK, d = i % kQK;
+      const int64_t base = kbase[r];
+      ks[r * kSimtPad + d] = base >= 0 ? to_f(kv[base + d]) : 0.f;
     }
     __syncthreads();
     float s = 0.f;
@@ -292,7 +296,7 @@ int choose(int dtype, int algo, Launch* l) {
                                             : algo != DDTREE_ATTN_SIMT;
   if (mma && dtype != DDTREE_ATTN_BFLOAT16) return static_cast<int>(cudaErrorInvalidValue);
   if (!mma) {
-    const int smem = (2 * 16 * kSimtPad + 16 * 16 + 3 * 16) * 4;
+    const int smem = (2 * 16 * kSimtPad + 16 * 16 + 3 * 16) * 4 + kSimtN * 8;
     *l = {kSimtM, kSimtN, kSimtThreads, smem, 2,
           dtype == DDTREE_ATTN_FLOAT32 ? reinterpret_cast<const void*>(&tva_simt_kernel<float>)
                                        : reinterpret_cast<const void*>(
