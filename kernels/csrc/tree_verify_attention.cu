@@ -156,8 +156,7 @@ __global__ void __launch_bounds__(kSimtThreads) tva_simt_kernel(Params p) {
       ks[r * kSimtPad + d] = base >= 0 ? to_f(kv[base + d]) : 0.f;
     }
     __syncthreads();
-    float s = 0.f;  // one fmaf chain in d order (unrolled: the loads run ahead of the chain)
-#pragma unroll 16
+    float s = 0.f;
     for (int d = 0; d < kQK; ++d) s = fmaf(qs[sr * kSimtPad + d], ks[sn * kSimtPad + d], s);
     ps[sr * kSimtN + sn] =
         visible(p, b, t_row, prefix, kv_len, kv0 + sn) ? s * p.scale_log2 : -INFINITY;
@@ -187,7 +186,6 @@ __global__ void __launch_bounds__(kSimtThreads) tva_simt_kernel(Params p) {
     const float alpha = row_a[sr];
 #pragma unroll
     for (int j = 0; j < kV / 16; ++j) o[j] *= alpha;
-#pragma unroll 4
     for (int n = 0; n < kSimtN; ++n) {
       const float w = ps[sr * kSimtN + n];
 #pragma unroll
