@@ -1,18 +1,18 @@
 """`python -m engine.bench`: AR == DDTree identity and throughput of the engine on one device.
 
     python -m engine.bench --preset small --device cuda --json OUT.json \
-        [--concurrency 1 8 32] [--max-tokens 64] [--graphs both] [--prompt-len N]
-        [--time-budget 200]
+        [--concurrency 1 8 32] [--max-tokens 64] [--repeats 3] [--graphs both]
+        [--prompt-len N] [--matmul tf32|fp32] [--time-budget 200]
 
 For each backend set (`cuda`: every component on the GPU; `cpu-kernels`: the model on the
 device, top-k / tree build / accept on the CPU references, torch attention) it checks that
 DDTree output equals AR output on the golden prompts (batched), then for each mode and
 concurrency c submits c requests at once to the continuous-batching scheduler (each
-generating exactly max-tokens tokens, EOS ignored) and records wall time, tokens/s, mean
-accept length and the per-stage step breakdown, and whether every request's DDTree output
-equals its AR output under that load. With `--graphs both` (the default on a GPU) every set
-runs with the forward's CUDA graphs and again eagerly (`SET:eager`). In-process: no HTTP
-server involved.
+generating exactly max-tokens tokens, EOS ignored) and records wall time, tokens/s (the median
+of `--repeats` runs over one decoder, every run's kept), mean accept length and the per-stage
+step breakdown, and whether every request's DDTree output equals its AR output under that load.
+With `--graphs both` (the default on a GPU) every set runs with the forward's CUDA graphs and
+again eagerly (`SET:eager`). In-process: no HTTP server involved.
 """
 
 from __future__ import annotations
@@ -39,12 +39,30 @@ BACKEND_SETS = {
 }
 
 
-def load(spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """c requests submitted at once; wall time until the last finishes. A warm-up of the same
-    batch (4 tokens) runs first, so CUDA-graph capture is not timed."""
+def load(
+    spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_tokens: int, repeats: int = 1
+) -> dict:
+    """c requests submitted at once; wall time until the last finishes, `repeats` times over one
+    decoder (tokens/s: the median run's). A warm-up of the same batch (4 tokens) runs first, so
+    CUDA-graph capture is not timed."""
     _, dec = build_decoder(spec)
     warm = [prompts[i % len(prompts)] for i in range(concurrency)]
     generate(dec, warm, 4, stop_at_eos=False)
+    runs = [_load_once(dec, prompts, concurrency, max_tokens) for _ in range(repeats)]
+    mid = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    outputs = runs[0].pop("outputs")
+    same = all(r.pop("outputs") == outputs for r in runs[1:])
+    return {
+        **mid,
+        "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+        "same_outputs_every_run": same,
+        "cuda_graphs": dec.forward.graphs,
+        "captured_graphs": dec.forward.captured_graphs,
+        "outputs": outputs,
+    }
+
+
+def _load_once(dec, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
     sched = Scheduler(dec)
     done = threading.Event()
     counts: dict[int, int] = {}
@@ -83,8 +101,6 @@ def load(spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_token
         "mean_accept_length": sched.stats.avg_accept_length(),
         "steps_by_batch": {str(k): v for k, v in sorted(sched.stats.steps_by_batch.items())},
         "step_breakdown": sched.stats.breakdown(),
-        "cuda_graphs": dec.forward.graphs,
-        "captured_graphs": dec.forward.captured_graphs,
         "outputs": [outputs.get(i, []) for i in range(concurrency)],
     }
 
@@ -116,11 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         "--matmul", choices=("tf32", "fp32"), default="tf32", help="float32 matmuls on the GPU"
     )
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs per mode and level over one decoder; tokens/s is the median run's",
+    )
     ap.add_argument("--prompt-len", type=int, default=0, help="pad prompts to this many tokens")
     ap.add_argument("--identity-tokens", type=int, default=32)
     ap.add_argument("--time-budget", type=float, default=200.0)
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
+    if args.repeats < 1 or args.max_tokens < 1:
+        print("error: --repeats and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
     try:
         check_device(args.device)
     except DeviceError as exc:
@@ -139,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_len": args.prompt_len,
         "row_chunk": args.row_chunk,
         "matmul": args.matmul,
+        "repeats": args.repeats,
         "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "sets": {},
     }
@@ -228,7 +254,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
                 max_batch_size=max(args.concurrency), cuda_graphs=graphs,
                 row_chunk=args.row_chunk, matmul=args.matmul,
             )  # fmt: skip
-            r = {"mode": mode, **load(spec, prompts, c, args.max_tokens)}
+            r = {"mode": mode, **load(spec, prompts, c, args.max_tokens, args.repeats)}
             got[mode] = r.pop("outputs")
             entry["load"].append(r)
             rows.append((label, mode, c, r["tokens_per_s"], r["mean_accept_length"]))
