@@ -171,6 +171,8 @@ class Decoder:
         argmax = logits.argmax(dim=-1)
         if trees is None:
             argmax = argmax.cpu().numpy()
+        elif len(place) == len(seqs) * (self.cfg.budget + 1):  # every tree full: in place
+            target = argmax
         else:  # the target ids stay on the model's device: a CUDA accept reads them there
             target = torch.zeros(len(seqs) * (self.cfg.budget + 1), dtype=torch.int64,
                                  device=argmax.device)  # fmt: skip
