@@ -13,8 +13,9 @@ attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` re
 rows (`kernels.bench_stage`) time the reference engine's whole tree-build stage per backend,
 boundary copies included (reference_stage vs cuda_stage, wall clock, synchronised like the
 engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):
-the stage's speedup, beside the kernel's (`build_trees`). Prints a table, or one JSON document
-with `--json`.
+the stage's speedup, beside the kernel's (`build_trees`). `--matmul` (default tf32, the
+engine's) sets how torch runs float32 matmuls for the torch rows, so they cost what the engine
+pays. Prints a table, or one JSON document with `--json`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class BenchConfig:
     row_budget: int = 16  # attn row_attention: tree nodes per request (T = row_budget + 1 rows)
     # tree tree_build_stage: (H, K, budget) of the engine's stage (engine `small`: 7, 16, 16)
     stage_shape: tuple[int, int, int] = (7, 16, 16)
+    # float32 matmuls of the torch rows (torch_rows' bmm, the sdpa baseline): "tf32" as the
+    # reference engine runs them on a GPU by default (engine --matmul), or "fp32"
+    matmul: str = "tf32"
 
     def __post_init__(self) -> None:
         if not self.batches or min(self.batches) < 1:
@@ -265,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         "(drafted positions, top-K, nodes; engine small preset: 7,16,16), at each --batch",
     )
     ap.add_argument(
+        "--matmul",
+        choices=("tf32", "fp32"),
+        default="tf32",
+        help="float32 matmuls of the torch rows: tf32 as the reference engine runs them on a "
+        "GPU (its --matmul default), or fp32",
+    )
+    ap.add_argument(
         "--compare",
         nargs=2,
         metavar=("BASE.json[,...]", "NEW.json[,...]"),
@@ -288,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             prefix_lens=_ints(args.prefix_len, "--prefix-len"),
             row_budget=args.row_budget,
             stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
+            matmul=args.matmul,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -312,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     import torch
 
+    torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"  # as the engine sets it
     for name in names:
         if name in CUDA_SUITES and not torch.cuda.is_available():
             notes.append(f"{name} suite: no CUDA device, no rows (it times CUDA kernels; the "
