@@ -32,8 +32,10 @@ plan built on the host with the GPU idle, as `engine.forward` builds it before t
 first piece, then one call per layer timed as the GPU's time alone, since in the forward the
 CPU runs ahead of the GPU and a call's launch overhead hides behind the piece before it. The
 stage rows are what `ops report` projects with (playbooks/rollout-attention.yaml): the torch
-plan's host work (grouping by length, one upload of every group's table) is part of what the
-switch removes. Without a CUDA device the suite prints a note and yields no rows.
+plan's host work (grouping by length, one gather of every group's table) is part of what the
+switch removes. As in the engine, a decode step's plans start from a slot table already on
+the device (engine.decode builds it there) and a prefill's from a host table. Without a CUDA
+device the suite prints a note and yields no rows.
 """
 
 from __future__ import annotations
@@ -228,7 +230,9 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
     per_set = b * -(-(prefix + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
     sets = _input_sets(per_set)
     pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
-    tables = [(tab, lens) for tab, lens, _ in steps]
+    # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
+    # outside the attention stage: its plans start from a device table
+    tables = [(torch.from_numpy(tab).to(pool.device), lens) for tab, lens, _ in steps]
     shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
     return _row_impls("row_attention", shape, pool, tables, [q for _, _, q in steps], b * t,
                       sets, reps, refcheck, layers)  # fmt: skip
@@ -255,7 +259,9 @@ def _row_impls(
     }
     want = None
     if refcheck:
-        want = ra.reference_rows(qs[0], pool, *tables[0], ROW_SCALE, ROW_LATENT)
+        tab0 = tables[0][0]
+        tab0 = tab0.cpu().numpy() if isinstance(tab0, torch.Tensor) else tab0
+        want = ra.reference_rows(qs[0], pool, tab0, tables[0][1], ROW_SCALE, ROW_LATENT)
     rows: list[Row] = []
     for impl in ("torch_rows", "cuda_rows"):
         plans = [plan_of[impl](i) for i in range(sets)]
