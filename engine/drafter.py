@@ -35,6 +35,7 @@ class Drafter:
         self.table = model.bigram_logits()  # [V, V] float32, on the model's device
         host = self.table.cpu()
         self.argmax = host.argmax(dim=1).tolist()  # the bigram's own next token
+        self.next_char = {chr(t): chr(a) for t, a in enumerate(self.argmax)}  # the same, as text
         self.rowmax = host.max(dim=1).values.to(self.device)  # [V]
 
     def draft(self, histories: list[list[int]] | list[str]) -> torch.Tensor:
@@ -46,37 +47,55 @@ class Drafter:
         `boost` over the row's max at the guessed token (which then is the row's argmax, the
         token position d + 1 is conditioned on). The guess: the token that followed the latest
         earlier occurrence of the last n tokens (n = ngram .. 2) in the last HISTORY tokens
-        plus the positions drafted so far. The chain is walked on the host; the [B, H, V]
-        logits are gathered on the device in one go.
+        plus the positions drafted so far. The chain is walked on the host, in text (a drafted
+        token is a char appended to the history; the conditioning tokens are converted to ints
+        once, for the upload); the [B, H, V] logits are gathered on the device in one go.
         """
         b_n, h_n, top = len(histories), self.draft_len, self.ngram
-        argmax = self.argmax
-        prev = [[0] * h_n for _ in range(b_n)]
-        boost_at: list[tuple[int, int, int]] = []  # (b, d, token)
+        next_char = self.next_char
+        walked: list[str] = []  # per sequence: the root, then its drafted tokens but the last
+        boosts: list[int] = []  # (row, token) pairs, flat
         for b, tokens in enumerate(histories):
             hist = tokens[-HISTORY:] if isinstance(tokens, str) else history_text(tokens[-HISTORY:])
-            row = prev[b]
-            for d in range(h_n):
-                last = ord(hist[-1])
-                row[d] = last
-                end = len(hist) - 1
-                for n in range(min(top, end), 1, -1):  # the lookup, inlined (hot at batch 32)
+            first = len(hist) - 1  # position 0's end; position d's is first + d
+            row = b * h_n - first  # position d's row is row + its end
+            if top == 4 and first >= 4:  # the default, unrolled (hot at batch 32)
+                for end in range(first, first + h_n):
+                    at = hist.rfind(hist[-4:], 0, end)
+                    if at >= 0:
+                        hist += hist[at + 4]
+                        boosts += (row + end, ord(hist[-1]))
+                        continue
+                    at = hist.rfind(hist[-3:], 0, end)
+                    if at >= 0:
+                        hist += hist[at + 3]
+                        boosts += (row + end, ord(hist[-1]))
+                        continue
+                    at = hist.rfind(hist[-2:], 0, end)
+                    if at >= 0:
+                        hist += hist[at + 2]
+                        boosts += (row + end, ord(hist[-1]))
+                        continue
+                    hist += next_char[hist[-1]]
+                walked.append(hist[first : first + h_n])
+                continue
+            for end in range(first, first + h_n):  # plain str ops, no ord/chr but the boosts'
+                for n in range(min(top, end), 1, -1):
                     at = hist.rfind(hist[-n:], 0, end)
                     if at >= 0:
-                        guess = ord(hist[at + n])
-                        boost_at.append((b, d, guess))
+                        hist += hist[at + n]
+                        boosts += (row + end, ord(hist[-1]))
                         break
                 else:
-                    guess = argmax[last]
-                hist += chr(guess)
+                    hist += next_char[hist[-1]]
+            walked.append(hist[first : first + h_n])
         # one upload: every position's conditioning token, then the boosts' (row, token)
-        flat = [t for row in prev for t in row]
-        for b, d, t in boost_at:
-            flat += (b * h_n + d, t)
+        flat = list(map(ord, "".join(walked)))
+        flat += boosts
         dev = torch.tensor(flat, dtype=torch.int64).to(self.device)
-        prev_t, boosts = dev[: b_n * h_n], dev[b_n * h_n :].view(-1, 2)
+        prev_t, pairs = dev[: b_n * h_n], dev[b_n * h_n :].view(-1, 2)
         out = self.table.index_select(0, prev_t)
-        if boost_at:
-            at, tok = boosts.unbind(1)
+        if boosts:
+            at, tok = pairs.unbind(1)
             out[at, tok] = self.rowmax[prev_t[at]] + self.boost
         return out.view(b_n, h_n, -1)
