@@ -24,7 +24,7 @@ from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
-from kernels.row_attention import paged_slots, visible_rows_device
+from kernels.row_attention import paged_slots, visible_rows, visible_rows_device
 
 
 @dataclass
@@ -129,8 +129,11 @@ class Decoder:
             vis = np.asarray(trees.visibility[:, :T, :T], dtype=bool)
         keep = (np.arange(T)[None, :] <= nodes[:, None]).reshape(-1)
         kept = np.flatnonzero(keep)
-        # the [R, W] slot table is built where attention reads it (one small upload)
-        table, lens = visible_rows_device(slots, lens_pre, vis, kept, self.model.device)
+        if self.model.device.type == "cuda":  # the [R, W] table built where attention reads it
+            table, lens = visible_rows_device(slots, lens_pre, vis, kept, self.model.device)
+        else:  # a CPU reads it where numpy builds it (the same table: visible_rows_device's doc)
+            table, lens = visible_rows(slots, lens_pre, vis)
+            table, lens = table.reshape(B * T, W)[kept], lens.reshape(B * T)[kept]
         tokens = np.zeros((B, T), dtype=np.int64)
         tokens[:, 0] = [s.root for s in seqs]
         positions = np.repeat(lens_pre[:, None], T, axis=1)
