@@ -116,9 +116,10 @@ class Forward:
             return
         self.inputs.zero_()
         self.write.fill_(self.trash)
-        for chunks in range(1, self.max_rows // self.chunk + 1):
-            for piece in range(self.model.cfg.layers + 1):
-                self._piece(piece, chunks)
+        with self.model.precision():
+            for chunks in range(1, self.max_rows // self.chunk + 1):
+                for piece in range(self.model.cfg.layers + 1):
+                    self._piece(piece, chunks)
         torch.cuda.synchronize(self.inputs.device)
 
     @property
@@ -201,14 +202,15 @@ class Forward:
             return attention.plan(rows.table, rows.lens, self.model.device)
 
         plan = timer.host(make_plan) if timer else make_plan()
-        for layer in range(cfg.layers):
-            self._piece(layer, chunks)
+        with self.model.precision():  # eager pieces and the torch attention's bmm as captured
+            for layer in range(cfg.layers):
+                self._piece(layer, chunks)
 
-            def call(layer: int = layer) -> torch.Tensor:
-                return attention(
-                    self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
-                )
+                def call(layer: int = layer) -> torch.Tensor:
+                    return attention(
+                        self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
+                    )
 
-            self.o[:n] = timer.span(call) if timer else call()
-        self._piece(cfg.layers, chunks)
+                self.o[:n] = timer.span(call) if timer else call()
+            self._piece(cfg.layers, chunks)
         return self.logits[:n]

@@ -24,6 +24,9 @@ output latent is mapped back through W_UV (the 512 + 64 layout of the CUDA atten
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -32,9 +35,15 @@ from engine.weights import Weights
 
 
 class Model:
-    def __init__(self, cfg: ModelConfig, weights: Weights, device: str | torch.device = "cpu"):
+    def __init__(
+        self, cfg: ModelConfig, weights: Weights, device: str | torch.device = "cpu",
+        tf32: bool = False,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
         self.device = torch.device(device)
+        # float32 matmuls in TF32 on a GPU, inside `precision()` only (the flag is process-wide
+        # in torch; other code in the process keeps its own setting)
+        self.tf32 = tf32 and self.device.type == "cuda"
         self.w = {k: v.to(self.device, torch.float32).contiguous() for k, v in weights.items()}
         w = self.w
         for i in range(cfg.layers):  # fewer, larger GEMMs: each input's projections in one
@@ -121,6 +130,18 @@ class Model:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.w["final_norm"]), self.w["head"])
 
+    @contextlib.contextmanager
+    def precision(self) -> Iterator[None]:
+        """The model's matmul precision for the duration (every forward, capture included)."""
+        flags = torch.backends.cuda.matmul
+        before = flags.allow_tf32
+        flags.allow_tf32 = self.tf32
+        try:
+            yield
+        finally:
+            flags.allow_tf32 = before
+
     def bigram_logits(self) -> torch.Tensor:
         """[V, V]: the zero-layer model's next-token logits for each token (the drafter's table)."""
-        return self.head(self.w["embed"])
+        with self.precision():
+            return self.head(self.w["embed"])

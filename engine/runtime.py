@@ -34,7 +34,8 @@ class EngineSpec:
     row_chunk: int | None = None  # override the preset's EngineConfig.row_chunk
     # float32 matmuls on a GPU: "tf32" (tensor cores, inputs rounded to TF32, what serving
     # stacks run) or "fp32" (full precision, SIMT). Every row's GEMMs still run with one shape,
-    # so AR == DDTree holds either way; a CPU computes fp32 whatever this says.
+    # so AR == DDTree holds either way; a CPU computes fp32 whatever this says. Applied inside
+    # the model's forwards only (engine.model.Model.precision), not to the whole process.
     matmul: str = "tf32"
     # where each component's backend came from ("default" | "env" | "cli"), for reports
     backend_sources: dict[str, str] = field(default_factory=dict)
@@ -59,10 +60,8 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     device = torch.device(spec.device)
     if spec.matmul not in MATMUL:
         raise ValueError(f"matmul must be one of {MATMUL}, got {spec.matmul!r}")
-    if device.type == "cuda":  # process-wide: one engine per process, as the server runs
-        torch.backends.cuda.matmul.allow_tf32 = spec.matmul == "tf32"
     names = parse_backends(list(spec.backends), spec.device)
-    model = Model(p.model, weights, device)
+    model = Model(p.model, weights, device, tf32=spec.matmul == "tf32")
     backends = make_backends(names, device)
     return p, Decoder(model, p.engine, spec.mode, backends, graphs=spec.cuda_graphs)
 
