@@ -92,7 +92,7 @@ class TreeVerifyLaunch:
     kv_shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
-    args: tuple  # block_table, prefix_lens, qo_offsets, visibility, workspace (tensors)
+    args: tuple  # block_table, prefix_lens, qo_offsets, visibility (tensors)
     ws_bytes: int
     dims: tuple[
         int, ...
@@ -118,8 +118,11 @@ class TreeVerifyLaunch:
             raise ValueError(f"{op}: out: expected a tensor on {self.device}, got {out.device}")
         if not self.args:  # nothing to compute (no request or no query row)
             return out
-        bt, pl, qo, vis, ws = self.args
+        bt, pl, qo, vis = self.args
         dtype, algo, batch, heads, total_q, t_max, page_size, max_pages, max_kv_len = self.dims
+        # the split partials: per launch from torch's caching allocator, not held by the
+        # launch (at 544 rows x 17 splits they are ~150 MB; a bench keeps many plans alive)
+        ws = torch.empty(max(self.ws_bytes, 1), dtype=torch.uint8, device=self.device)
         launch(op, declare(*_ATTN),
             ptr(q), ptr(kv_cache), ptr(bt), ptr(pl), ptr(qo), ptr(vis), ptr(out), ptr(ws),
             self.ws_bytes, dtype, algo, batch, heads, total_q, t_max, page_size, max_pages,
@@ -172,10 +175,9 @@ def prepare_tree_verify(
     torch.cumsum(tl, 0, dtype=torch.int32, out=qo[1:])
     dtype = _DTYPES[q.dtype]
     splits, ws_bytes = _plan(op, dtype, algo, batch, heads, total_q, t_max, max_kv_len, num_splits)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
     dims = (dtype, ALGOS[algo], batch, heads, total_q, t_max, page_size, max_pages, max_kv_len)
     return TreeVerifyLaunch(
-        *shapes, (block_table, pl, qo, visibility, ws), ws_bytes, dims, float(scale), splits
+        *shapes, (block_table, pl, qo, visibility), ws_bytes, dims, float(scale), splits
     )
 
 
