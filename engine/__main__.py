@@ -181,6 +181,8 @@ def validate(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
         raise UsageError(str(exc)) from None
     if args.weights and not os.path.isfile(args.weights):
         raise UsageError(f"--weights {args.weights}: no such file")
+    if args.matmul not in ("tf32", "fp32"):  # argparse checks a flag's value, not an env default
+        raise UsageError(f"$DDTREE_ENGINE_MATMUL={args.matmul!r}: expected tf32 or fp32")
     check_device(args.device)
     return names, sources
 

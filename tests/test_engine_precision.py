@@ -31,3 +31,20 @@ def test_the_flag_is_restored_after_every_forward(outside: bool) -> None:
 def test_a_bad_matmul_setting_is_refused() -> None:
     with pytest.raises(ValueError, match="matmul"):
         build_decoder(EngineSpec(preset="tiny", device="cpu", matmul="bf16"))
+
+
+def test_a_bad_matmul_from_the_environment_is_one_line_and_exit_2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from helpers.sshd import free_port
+
+    env = {**os.environ, "DDTREE_ENGINE_MATMUL": "bf16"}
+    cmd = [sys.executable, "-m", "engine", "--check", "--port", str(free_port())]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res
+    assert "DDTREE_ENGINE_MATMUL='bf16'" in res.stderr and "Traceback" not in res.stderr
+    ok = subprocess.run([*cmd[:-1], str(free_port())], env={**env, "DDTREE_ENGINE_MATMUL": "fp32"},
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0 and '"matmul": "fp32"' in ok.stdout, ok
