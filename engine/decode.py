@@ -5,7 +5,9 @@ A DDTree step: draft logits [B, H, V] -> top-K log-probs -> best-first trees (bu
 its ancestors; tree node i is stored at position L + i, rotated at position L + depth) ->
 per-row argmax -> greedy accept -> KV compaction of the accepted rows and commit of accepted
 tokens + bonus. An AR step is the same verify with a root-only tree, so both modes share one
-code path. Stage times: draft, topk, tree_build, verify (the forward, argmax included),
+code path. A step's rows and their visible slots are built for the whole batch at once (the slot
+table on the GPU where attention reads it), and the commit compacts the whole batch's KV in one
+gather and one scatter. Stage times: draft, topk, tree_build, verify (the forward, argmax included),
 attention (the part of verify spent in attention, its plan and its calls, measured inside it),
 accept, commit.
 """

@@ -1,4 +1,5 @@
-"""The target model: MLA attention (absorbed form) + MoE with a shared expert, float32.
+"""The target model: MLA attention (absorbed form) + MoE with a shared expert, float32 (its
+matmuls in TF32 on a GPU unless `--matmul fp32`: `Model.precision`, around every forward).
 
 The model's math works on a *chunk*: a fixed number of rows (`EngineConfig.row_chunk`), each a
 token at a position. Every matmul, norm, RoPE and MoE of a layer runs once for the whole chunk,
