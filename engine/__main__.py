@@ -255,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        if "--check" in (sys.argv[1:] if argv is None else argv):
+        given = sys.argv[1:] if argv is None else argv
+        # argparse takes any unique prefix (--ch, --che, --chec) as --check too
+        if any(a.startswith("--ch") and "--check".startswith(a) for a in given):
             print(json.dumps({"ok": False, "error": str(exc)}))
         return 2
 

@@ -23,10 +23,11 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
+from engine.config import PRESETS
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder, generate
@@ -117,9 +118,33 @@ def _prompts(prompt_len: int) -> list[list[int]]:
     return [((p or [0]) * (prompt_len // max(len(p), 1) + 1))[:prompt_len] for p in base]
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _bad_input(args: argparse.Namespace) -> str | None:
+    """Why these arguments could only hang, crash or measure nothing (None when they can run)."""
+    for flag, values, low in (
+        ("--concurrency", args.concurrency, 1),
+        ("--repeats", [args.repeats], 1),
+        ("--max-tokens", [args.max_tokens], 1),
+        ("--identity-tokens", [args.identity_tokens], 1),
+        ("--prompt-len", [args.prompt_len], 0),
+        ("--row-chunk", [args.row_chunk] if args.row_chunk is not None else [], 1),
+    ):
+        bad = [v for v in values if v < low]
+        if bad:
+            return f"{flag} must be at least {low}, got {bad[0]}"
+    if not args.device.startswith("cuda") and set(args.sets) == {"cuda"}:
+        return "--sets cuda needs --device cuda (a CPU runs the cpu-kernels set)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.bench")
-    ap.add_argument("--preset", default="small")
+    ap = _Parser(prog="python -m engine.bench")
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sets", nargs="+", default=list(BACKEND_SETS), choices=list(BACKEND_SETS))
     ap.add_argument(
@@ -145,8 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=200.0)
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
-    if args.repeats < 1 or args.max_tokens < 1:
-        print("error: --repeats and --max-tokens must be at least 1", file=sys.stderr)
+    why = _bad_input(args)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    try:
+        open(args.json, "w").close()  # an unwritable --json fails now, not after a set has run
+    except OSError as exc:
+        print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
         check_device(args.device)

@@ -27,7 +27,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from kernels.envinfo import environment
 
@@ -62,6 +62,14 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.batches or min(self.batches) < 1:
             raise ValueError(f"--batch takes batch sizes >= 1 like 1,8,64: {self.batches}")
+        if not self.budgets or min(self.budgets) < 1:
+            raise ValueError(f"--budget takes node budgets >= 1 like 16,64,128: {self.budgets}")
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"--k takes top-k sizes >= 1 like 8,64: {self.ks}")
+        if self.reps < 1:
+            raise ValueError(f"--reps must be >= 1, got {self.reps}")
+        if not 0 < self.tree_scale < float("inf"):  # NaN fails too
+            raise ValueError(f"--tree-scale must be a finite number > 0, got {self.tree_scale}")
         if not self.prefix_lens or min(self.prefix_lens) < 1:
             raise ValueError(f"--prefix-len takes lengths >= 1 like 64,1024: {self.prefix_lens}")
         if self.row_budget < 0:
@@ -229,8 +237,14 @@ def _compare_main(base: str, new: str) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
+    ap = _Parser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--suite", default=",".join(DEFAULT_SUITES))
     ap.add_argument("--batch", default="1,8,64")
     ap.add_argument("--budget", default="16,64,128")

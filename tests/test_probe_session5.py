@@ -1,0 +1,171 @@
+"""Bad input to this session's bench and diagnosis commands: one line on stderr and exit 2.
+
+Probed on a CPU host: `python -m engine.bench`, `python -m kernels.bench`,
+`benchmarks/engine_steps.py` and `python -m engine --check`. Each case here hung, crashed with a
+traceback, printed argparse's usage block, or ran and reported nothing before its fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import bench as engine_bench
+from kernels import bench as kernels_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine_steps():
+    spec = importlib.util.spec_from_file_location(
+        "engine_steps", ROOT / "benchmarks" / "engine_steps.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _exit_code(fn, argv: list[str]) -> int:
+    """main(argv)'s exit status, whether it returns it or argparse's error exits with it."""
+    try:
+        return fn(argv)
+    except SystemExit as exc:
+        return int(exc.code)  # type: ignore[arg-type]
+
+
+ENGINE_BENCH = ["--device", "cpu", "--preset", "tiny", "--max-tokens", "8"]
+ENGINE_BENCH += ["--identity-tokens", "4", "--repeats", "1", "--concurrency", "1"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),  # hung 600 s a run
+        (["--concurrency", "1", "-1"], "--concurrency must be at least 1, got -1"),  # exit 0
+        (["--identity-tokens", "0"], "--identity-tokens"),  # a vacuous identity check
+        (["--row-chunk", "0"], "--row-chunk"),  # ZeroDivisionError, exit 1
+        (["--prompt-len", "-1"], "--prompt-len"),
+        (["--preset", "bogus"], "invalid choice: 'bogus'"),  # exit 1 after the run started
+        (["--matmul", "bogus"], "invalid choice: 'bogus'"),  # argparse's usage block
+        (["--sets", "cuda"], "--sets cuda needs --device cuda"),  # nothing ran, exit 0
+        (["--repeats", "0"], "--repeats must be at least 1"),
+    ],
+)
+def test_engine_bench_bad_input(tmp_path, capsys, extra, says) -> None:
+    out = tmp_path / "e.json"
+    assert _exit_code(engine_bench.main, [*ENGINE_BENCH, *extra, "--json", str(out)]) == 2
+    assert says in _one_line(capsys.readouterr().err)
+
+
+def test_engine_bench_unwritable_json_fails_before_running(tmp_path, capsys) -> None:
+    bad = tmp_path / "missing" / "e.json"
+    assert engine_bench.main([*ENGINE_BENCH, "--json", str(bad)]) == 2  # was a traceback
+    assert "--json" in _one_line(capsys.readouterr().err)
+
+
+def test_engine_bench_cpu_run_records_matmul_and_repeats(tmp_path) -> None:
+    out = tmp_path / "e.json"
+    argv = [*ENGINE_BENCH, "--repeats", "2", "--concurrency", "1", "2", "--matmul", "fp32"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine.bench", *argv, "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert (doc["matmul"], doc["repeats"]) == ("fp32", 2)
+    load = doc["sets"]["cpu-kernels"]["load"]
+    assert [(r["mode"], r["concurrency"]) for r in load] == [
+        ("ar", 1), ("ddtree", 1), ("ar", 2), ("ddtree", 2)
+    ]  # fmt: skip
+    assert all(len(r["tokens_per_s_runs"]) == 2 for r in load)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--reps", "0"], "--reps must be >= 1"),
+        (["--k", "0"], "--k takes top-k sizes >= 1"),
+        (["--budget", "0"], "--budget takes node budgets >= 1"),
+        (["--tree-scale", "nan"], "--tree-scale must be a finite number > 0"),
+        (["--matmul", "bogus"], "invalid choice: 'bogus'"),  # was argparse's usage block
+    ],
+)
+def test_kernels_bench_bad_input(capsys, extra, says) -> None:
+    argv = ["--json", "--suite", "tree", "--batch", "1", *extra]
+    assert _exit_code(kernels_bench.main, argv) == 2
+    captured = capsys.readouterr()
+    assert says in _one_line(captured.err)
+    assert captured.out == ""
+
+
+def test_kernels_bench_matmul_recorded_on_cpu(capsys) -> None:
+    argv = ["--json", "--suite", "tree", "--batch", "1", "--budget", "16", "--k", "8"]
+    assert kernels_bench.main([*argv, "--quick", "--reps", "2", "--matmul", "fp32"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["matmul"] == "fp32"
+
+
+STEPS = ["--device", "cpu", "--preset", "tiny", "--batch", "1", "--steps", "2", "--warm", "0"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--batch", "0"], "--batch must be >= 1, got 0"),  # numpy traceback
+        (["--batch", "1", "-2"], "--batch must be >= 1, got -2"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),  # StatisticsError traceback
+        (["--warm", "-1"], "--warm must be >= 0"),  # silently 0
+        (["--profile", "-1"], "--profile must be >= 0"),  # silently top N-1
+        (["--row-chunk", "0"], "--row-chunk must be >= 1"),  # ZeroDivisionError
+        (["--preset", "bogus"], "invalid choice: 'bogus'"),  # ValueError traceback
+        (["--device", "cuda:x"], "--device"),
+        (["--matmul", "bogus"], "invalid choice: 'bogus'"),
+    ],
+)
+def test_engine_steps_bad_input(tmp_path, capsys, extra, says) -> None:
+    argv = [*STEPS, *extra, "--json", str(tmp_path / "s.json")]
+    assert _engine_steps().main(argv) == 2
+    assert says in _one_line(capsys.readouterr().err)
+
+
+def test_engine_steps_unwritable_json_fails_before_running(tmp_path, capsys) -> None:
+    argv = [*STEPS, "--json", str(tmp_path / "missing" / "s.json")]
+    assert _engine_steps().main(argv) == 2  # was a traceback after the first run
+    assert "--json" in _one_line(capsys.readouterr().err)
+
+
+def test_engine_steps_counts_the_timed_steps_tokens(tmp_path, capsys) -> None:
+    out = tmp_path / "s.json"
+    argv = [*STEPS, "--steps", "3", "--modes", "ar", "--batch", "1", "2", "--json", str(out)]
+    assert _engine_steps().main(argv) == 0
+    runs = json.loads(out.read_text())["runs"]
+    # AR commits one token per request per step; this was 0 (counted after the timed steps)
+    assert [(r["batch"], r["tokens_after"]) for r in runs] == [(1, 3), (2, 6)]
+    assert json.loads(out.read_text())["command"].endswith(str(out))
+    capsys.readouterr()
+
+
+def test_engine_check_abbreviated_still_prints_its_json_document() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "--chec", "--port", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--port" in _one_line(proc.stderr)
+    assert json.loads(proc.stdout) == {
+        "ok": False,
+        "error": "argument --port: must be in [1, 65535], got 0",
+    }
