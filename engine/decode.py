@@ -110,10 +110,11 @@ class Decoder:
 
     def _verify_rows(
         self, seqs: list[Sequence], trees, num_nodes: list[int]
-    ) -> tuple[Rows, np.ndarray]:
+    ) -> tuple[Rows, np.ndarray, np.ndarray]:
         """Every request's root + tree nodes as rows, each with its visible slots in position
-        order (the prefix, then its ancestors and itself), for the whole batch at once; and
-        each row's flat index in the accept's `[B, budget + 1]` target."""
+        order (the prefix, then its ancestors and itself), for the whole batch at once; each
+        row's flat index in the accept's `[B, budget + 1]` target; and the pool slot of each
+        request's positions 0 .. W - 1 ([B, W], what the commit's compaction moves between)."""
         B = len(seqs)
         lens_pre = np.array([s.kv_len for s in seqs], dtype=np.int64)  # L_b
         nodes = np.asarray(num_nodes, dtype=np.int64)
@@ -145,8 +146,7 @@ class Decoder:
         write = slots[np.arange(B)[:, None], lens_pre[:, None] + np.arange(T)[None, :]]
         rows = Rows(*(a.reshape(B * T)[keep] for a in (tokens, positions, write)), table, lens)
         b, i = np.divmod(kept, T)
-        self._slots = slots  # the commit's compaction reads the same map
-        return rows, b * (self.cfg.budget + 1) + i  # each row's place in [B, budget + 1]
+        return rows, b * (self.cfg.budget + 1) + i, slots
 
     def step(self, seqs: list[Sequence]) -> StepResult:
         stages: dict[str, float] = {}
@@ -171,7 +171,7 @@ class Decoder:
 
         # verify: one target forward over every request's root + nodes
         timer = AttentionTimer(self.model.device)
-        rows, place = self._verify_rows(seqs, trees, num_nodes)
+        rows, place, slots = self._verify_rows(seqs, trees, num_nodes)
         logits = self.forward.run(rows, self.backends.attention, timer)
         argmax = logits.argmax(dim=-1)
         if trees is None:
@@ -195,7 +195,7 @@ class Decoder:
             target = target.view(len(seqs), self.cfg.budget + 1)
             acc, alen, bon = self.backends.accept(trees, target, self.cfg.draft_len)
             lap("accept")
-            new_tokens = self._compact(seqs, trees, acc, alen, bon)
+            new_tokens = self._compact(seqs, slots, trees, acc, alen, bon)
         for s, new in zip(seqs, new_tokens, strict=True):
             s.kv_len += len(new)  # the accepted rows (root included); the bonus is the new root
             s.tokens.extend(new)
@@ -203,7 +203,9 @@ class Decoder:
         lap("commit")
         return StepResult(new_tokens, stages)
 
-    def _compact(self, seqs: list[Sequence], trees, acc, alen, bon) -> list[list[int]]:
+    def _compact(
+        self, seqs: list[Sequence], slots: np.ndarray, trees, acc, alen, bon
+    ) -> list[list[int]]:
         """Move the KV of every request's accepted tree rows L + acc[k] to L + k (the whole
         batch in one gather and one scatter) and return each request's new tokens: the
         accepted nodes' tokens, then the bonus. acc [B, H + 1]: accepted node indices (0 the
@@ -214,7 +216,7 @@ class Decoder:
         if moved.any():
             b, i = np.nonzero(moved)
             lens = np.array([s.kv_len for s in seqs], dtype=np.int64)[b]
-            self.cache.move(self._slots[b, lens + acc[b, i]], self._slots[b, lens + i])
+            self.cache.move(slots[b, lens + acc[b, i]], slots[b, lens + i])
         toks = np.asarray(trees.token_ids)[np.arange(len(seqs))[:, None], np.maximum(acc - 1, 0)]
         bonus, lens = np.asarray(bon).tolist(), alen.tolist()
         return [row[1:n] + [x] for row, n, x in zip(toks.tolist(), lens, bonus, strict=True)]

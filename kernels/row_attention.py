@@ -249,12 +249,8 @@ def visible_rows_device(
     n = len(rb)
     flat = np.concatenate([slots.reshape(-1), rb, prefix_lens[rb], order.reshape(-1)])
     d = torch.from_numpy(flat.astype(np.int64, copy=False)).to(device)
-    slots_d = d[: b_n * width]
-    rb_d, lp_d = (
-        d[b_n * width : b_n * width + n, None],
-        d[b_n * width + n : b_n * width + 2 * n, None],
-    )
-    order_d = d[b_n * width + 2 * n :].view(n, t)
+    slots_d, rest = d[: b_n * width], d[b_n * width :]
+    rb_d, lp_d, order_d = rest[:n, None], rest[n : 2 * n, None], rest[2 * n :].view(n, t)
     j = torch.arange(width, device=d.device)[None, :]
     k = (j - lp_d).clamp_(0, t - 1)
     pos = torch.where(j < lp_d, j, lp_d + order_d.gather(1, k))
