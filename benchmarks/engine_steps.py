@@ -22,7 +22,7 @@ import time
 from typing import NoReturn
 
 from engine.bench import BACKEND_SETS
-from engine.config import PRESETS
+from engine.config import MATMUL, PRESETS
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder
@@ -147,7 +147,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--modes", nargs="+", default=["ar", "ddtree"], choices=["ar", "ddtree"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--row-chunk", type=int)
-    ap.add_argument("--matmul", choices=("fp32", "tf32"), default="tf32")
+    ap.add_argument("--matmul", choices=MATMUL, default=MATMUL[0])
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warm", type=int, default=5)

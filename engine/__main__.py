@@ -22,7 +22,7 @@ import sys
 from typing import Any, NoReturn
 
 from engine.components import COMPONENTS, ENV_VAR, resolve_backends
-from engine.config import PRESETS
+from engine.config import MATMUL, PRESETS
 
 
 class UsageError(Exception):
@@ -80,8 +80,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--matmul",
-        choices=("tf32", "fp32"),
-        default=os.environ.get("DDTREE_ENGINE_MATMUL", "tf32"),
+        choices=MATMUL,
+        default=os.environ.get("DDTREE_ENGINE_MATMUL", MATMUL[0]),
         help="float32 matmuls on a GPU: tf32 tensor cores (default) or full fp32 "
         "($DDTREE_ENGINE_MATMUL); a CPU always computes fp32",
     )
@@ -181,7 +181,7 @@ def validate(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
         raise UsageError(str(exc)) from None
     if args.weights and not os.path.isfile(args.weights):
         raise UsageError(f"--weights {args.weights}: no such file")
-    if args.matmul not in ("tf32", "fp32"):  # argparse checks a flag's value, not an env default
+    if args.matmul not in MATMUL:  # argparse checks a flag's value, not an env default
         raise UsageError(f"$DDTREE_ENGINE_MATMUL={args.matmul!r}: expected tf32 or fp32")
     check_device(args.device)
     return names, sources

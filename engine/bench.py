@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from engine.config import PRESETS
+from engine.config import MATMUL, PRESETS
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder, generate
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--row-chunk", type=int, help="override the preset's forward chunk rows")
     ap.add_argument(
-        "--matmul", choices=("tf32", "fp32"), default="tf32", help="float32 matmuls on the GPU"
+        "--matmul", choices=MATMUL, default=MATMUL[0], help="float32 matmuls on the GPU"
     )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument(

@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 VOCAB_SIZE = 258  # 256 bytes + BOS + EOS (see engine.tokenizer)
+# float32 matmuls on a GPU (`--matmul`, engine.model.Model.precision): TF32 tensor cores (the
+# default) or full fp32; a CPU computes fp32 whatever is chosen
+MATMUL = ("tf32", "fp32")
 
 
 @dataclass(frozen=True)

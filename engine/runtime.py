@@ -9,13 +9,11 @@ from pathlib import Path
 import torch
 
 from engine.backends import make_backends, parse_backends
-from engine.config import Preset, preset
+from engine.config import MATMUL, Preset, preset
 from engine.decode import Decoder, Sequence
 from engine.model import Model
 from engine.tokenizer import EOS_ID
 from engine.weights import init_weights, load_weights
-
-MATMUL = ("tf32", "fp32")
 
 
 @dataclass
