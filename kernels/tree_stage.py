@@ -44,11 +44,12 @@ def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str
     from kernels import cuda  # lazily: the kernel library loads on first use
 
     lp, ids = _on(lp, device).float(), _on(ids, device).long()
-    flat, t, layout = _flat_trees(lp.shape[0], budget, lp.device)
+    layout = _layout(lp.shape[0], budget)
+    flat = torch.empty(layout[-1][2], dtype=torch.uint8, device=lp.device)
+    t = _views(flat, layout)
     cuda.build_trees(lp, ids, budget, out=t)
     host = flat.cpu().numpy()  # every field in ONE device-to-host copy
-    fields = {f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout}
-    trees = BatchedTrees(**fields)
+    trees = BatchedTrees(**{f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout})
     object.__setattr__(trees, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
     return trees
 
@@ -56,31 +57,31 @@ def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str
 _INT64_FIELDS = ("token_ids", "depths", "parents", "first_child", "next_sibling", "num_nodes")
 
 
-def _flat_trees(batch: int, budget: int, device: torch.device) -> tuple[torch.Tensor, Any, list]:
-    """CudaTrees whose fields are views of one byte buffer (the int64 fields, then the bool
-    visibility: every offset a multiple of 8), so the whole tree set comes back in one copy;
-    and the layout (field, start, end, numpy dtype, shape) to read the host copy with."""
-    from kernels import cuda
-
+def _layout(batch: int, budget: int) -> list[tuple[str, int, int, type, tuple[int, ...]]]:
+    """One byte buffer for a tree set, both ways (the CUDA stage's copy back, `to_device`'s
+    upload): per field (name, start, end, numpy dtype, shape), the int64 fields first, then the
+    bool visibility, so every offset is a multiple of 8."""
     n1 = budget + 1
     shapes = {"token_ids": (batch, budget), "depths": (batch, budget), "parents": (batch, n1),
               "first_child": (batch, n1), "next_sibling": (batch, n1), "num_nodes": (batch,),
               "visibility": (batch, n1, n1)}  # fmt: skip
     layout, off = [], 0
     for f, sh in shapes.items():
-        size = int(np.prod(sh)) * (8 if f in _INT64_FIELDS else 1)
-        layout.append((f, off, off + size, np.int64 if f in _INT64_FIELDS else np.bool_, sh))
+        dt = np.int64 if f in _INT64_FIELDS else np.bool_
+        size = int(np.prod(sh)) * np.dtype(dt).itemsize
+        layout.append((f, off, off + size, dt, sh))
         off += size
-    flat = torch.empty(off, dtype=torch.uint8, device=device)
-    views = {
+    return layout
+
+
+def _views(flat: torch.Tensor, layout: list) -> Any:
+    """kernels.cuda.CudaTrees whose fields are views of the byte buffer `flat` (`_layout`)."""
+    from kernels import cuda
+
+    return cuda.CudaTrees(**{
         f: flat[a:b].view(torch.int64 if dt is np.int64 else torch.bool).view(sh)
         for f, a, b, dt, sh in layout
-    }
-    return flat, cuda.CudaTrees(**views), layout
-
-
-_FIELDS = ("token_ids", "depths", "parents", "visibility", "first_child", "next_sibling",
-           "num_nodes")  # fmt: skip
+    })  # fmt: skip
 
 
 def to_device(trees: BatchedTrees, device: torch.device | str) -> BatchedTrees:
@@ -88,17 +89,13 @@ def to_device(trees: BatchedTrees, device: torch.device | str) -> BatchedTrees:
     host-to-device copy of every field; trees that have one already are returned as they are."""
     if getattr(trees, "device_copy", None) is not None:
         return trees
-    from kernels import cuda
-
-    parts = [np.asarray(getattr(trees, f)) for f in _FIELDS]
-    flat = torch.from_numpy(np.concatenate([p.reshape(-1).astype(np.int64) for p in parts]))
-    flat = flat.to(device)
-    fields, off = [], 0
-    for p in parts:
-        t = flat[off : off + p.size].view(p.shape)
-        fields.append(t.bool() if p.dtype == np.bool_ else t)
-        off += p.size
-    object.__setattr__(trees, "device_copy", cuda.CudaTrees(*fields))
+    batch, budget = np.asarray(trees.token_ids).shape
+    layout = _layout(batch, budget)
+    host = np.empty(layout[-1][2], dtype=np.uint8)
+    for f, a, b, dt, _ in layout:
+        host[a:b].view(dt)[:] = np.asarray(getattr(trees, f), dtype=dt).reshape(-1)
+    flat = torch.from_numpy(host).to(device)
+    object.__setattr__(trees, "device_copy", _views(flat, layout))
     return trees
 
 

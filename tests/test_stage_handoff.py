@@ -202,9 +202,11 @@ def test_a_change_back_to_the_host_builder_takes_the_upload_stage_as_candidate(
 def test_flat_trees_views_cover_one_buffer_without_overlap() -> None:
     """The CUDA stage's trees are views of one byte buffer read back in one copy: each field's
     view and its host layout entry address the same bytes, and no two fields overlap."""
-    from kernels.tree_stage import _flat_trees
+    from kernels.tree_stage import _layout, _views
 
-    flat, t, layout = _flat_trees(3, 5, torch.device("cpu"))
+    layout = _layout(3, 5)
+    flat = torch.empty(layout[-1][2], dtype=torch.uint8)
+    t = _views(flat, layout)
     for i, f in enumerate(t._fields):
         v = getattr(t, f)
         v.fill_(i + 1) if v.dtype != torch.bool else v.fill_(True)
