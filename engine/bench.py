@@ -1,15 +1,15 @@
 """`python -m engine.bench`: AR == DDTree identity and throughput of the engine on one device.
 
     python -m engine.bench --preset small --device cuda --json OUT.json \
-        [--concurrency 1 8 32] [--max-tokens 64] [--repeats 3] [--graphs both]
+        [--concurrency 1 8 32] [--max-tokens 64] [--repeats 5] [--graphs both]
         [--prompt-len N] [--matmul tf32|fp32] [--time-budget 200]
 
-For each backend set (`cuda`: every component on the GPU; `cpu-kernels`: the model on the
-device, top-k / tree build / accept on the CPU references, torch attention) it checks that
-DDTree output equals AR output on the golden prompts (batched), then for each mode and
-concurrency c submits c requests at once to the continuous-batching scheduler (each
-generating exactly max-tokens tokens, EOS ignored) and records wall time, tokens/s (the median
-of `--repeats` runs over one decoder, every run's kept), mean accept length and the per-stage
+For each backend set (`cuda`: every component on the GPU; `cpu-kernels`: the model on the device,
+top-k / tree build / accept on the CPU references, torch attention) it checks that DDTree output
+equals AR output on the golden prompts (batched), then for each mode and concurrency c submits c
+requests at once to the continuous-batching scheduler (each generating exactly max-tokens tokens,
+EOS ignored) and records wall time, tokens/s (the median of `--repeats` runs over one decoder per
+mode, AR's and DDTree's runs interleaved, every run's kept), mean accept length and the per-stage
 step breakdown, and whether every request's DDTree output equals its AR output under that load.
 With `--graphs both` (the default on a GPU) every set runs with the forward's CUDA graphs and
 again eagerly (`SET:eager`). In-process: no HTTP server involved.
@@ -46,10 +46,35 @@ def load(
     """c requests submitted at once; wall time until the last finishes, `repeats` times over one
     decoder (tokens/s: the median run's). A warm-up of the same batch (4 tokens) runs first, so
     CUDA-graph capture is not timed."""
-    _, dec = build_decoder(spec)
-    warm = [prompts[i % len(prompts)] for i in range(concurrency)]
-    generate(dec, warm, 4, stop_at_eos=False)
-    runs = [_load_once(dec, prompts, concurrency, max_tokens) for _ in range(repeats)]
+    return load_interleaved({spec.mode: spec}, prompts, concurrency, max_tokens, repeats)[spec.mode]
+
+
+def load_interleaved(
+    specs: dict[str, EngineSpec],
+    prompts: list[list[int]],
+    concurrency: int,
+    max_tokens: int,
+    repeats: int,
+) -> dict[str, dict]:
+    """`load` for several engines at one level, their runs interleaved (ar, ddtree, ar,
+    ddtree, ...): every decoder is built and warmed first, then each repeat runs every engine
+    once, so a slow spell of the host (a c=1 run lasts ~0.1 s; on the H200 host, runs of one
+    engine varied by 25% within a call) falls on all of them alike instead of on one engine's
+    block of runs."""
+    decs = {}
+    for mode, spec in specs.items():
+        _, dec = build_decoder(spec)
+        warm = [prompts[i % len(prompts)] for i in range(concurrency)]
+        generate(dec, warm, 4, stop_at_eos=False)
+        decs[mode] = dec
+    runs: dict[str, list[dict]] = {mode: [] for mode in specs}
+    for _ in range(repeats):
+        for mode, dec in decs.items():
+            runs[mode].append(_load_once(dec, prompts, concurrency, max_tokens))
+    return {mode: _summary(decs[mode], runs[mode]) for mode in specs}
+
+
+def _summary(dec, runs: list[dict]) -> dict:
     mid = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
     outputs = runs[0].pop("outputs")
     same = all(r.pop("outputs") == outputs for r in runs[1:])
@@ -162,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--repeats",
         type=int,
-        default=3,
-        help="timed runs per mode and level over one decoder; tokens/s is the median run's",
+        default=5,
+        help="timed runs per mode and level over one decoder, the modes' runs interleaved; "
+        "tokens/s is the median run's",
     )
     ap.add_argument("--prompt-len", type=int, default=0, help="pad prompts to this many tokens")
     ap.add_argument("--identity-tokens", type=int, default=32)
@@ -278,20 +304,29 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
     entry["load"] = []
     for c in args.concurrency:
         got = {}
-        for mode in ("ar", "ddtree"):
-            if time.monotonic() - start > args.time_budget:
+        if time.monotonic() - start > args.time_budget:
+            for mode in ("ar", "ddtree"):
                 entry["load"].append({"mode": mode, "concurrency": c, "skipped": "time"})
-                continue
-            spec = EngineSpec(
-                args.preset, mode, args.device, backends,
-                max_batch_size=max(args.concurrency), cuda_graphs=graphs,
-                row_chunk=args.row_chunk, matmul=args.matmul,
+            continue
+        specs = {
+            mode: EngineSpec(
+                args.preset,
+                mode,
+                args.device,
+                backends,
+                max_batch_size=max(args.concurrency),
+                cuda_graphs=graphs,
+                row_chunk=args.row_chunk,
+                matmul=args.matmul,
             )  # fmt: skip
-            r = {"mode": mode, **load(spec, prompts, c, args.max_tokens, args.repeats)}
+            for mode in ("ar", "ddtree")
+        }
+        level = load_interleaved(specs, prompts, c, args.max_tokens, args.repeats)
+        for mode, r in level.items():
             got[mode] = r.pop("outputs")
-            entry["load"].append(r)
+            entry["load"].append({"mode": mode, **r})
             rows.append((label, mode, c, r["tokens_per_s"], r["mean_accept_length"]))
-            save()
+        save()
         if len(got) == 2:
             repeat_same = all(r.get("same_outputs_every_run", True) for r in entry["load"][-2:])
             same = got["ar"] == got["ddtree"] and repeat_same

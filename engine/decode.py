@@ -72,8 +72,8 @@ class Decoder:
         self.forward.capture()
 
     def _sync(self) -> None:
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)
+        if self.model.device.type == "cuda":  # the stream the engine queues its work on
+            torch.cuda.current_stream(self.model.device.index).synchronize()
 
     def new_sequence(
         self, prompt: list[int], temperature: float = 0.0, seed: int | None = None

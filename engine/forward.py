@@ -58,6 +58,8 @@ class AttentionTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        # the stream the forward runs on, looked up once (each lookup resolves the device)
+        self.stream = torch.cuda.current_stream(device.index) if self.cuda else None
         self.spans: list[tuple] = []
         self.host_s = 0.0
 
@@ -70,9 +72,9 @@ class AttentionTimer:
     def span(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(self.stream)
             out = fn()
-            end.record()
+            end.record(self.stream)
             self.spans.append((start, end))
         else:
             t0 = time.perf_counter()

@@ -56,6 +56,10 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     else:
         weights = init_weights(p.model, spec.seed)
     device = torch.device(spec.device)
+    if device.type == "cuda" and device.index is None:
+        # an indexed device: torch resolves a bare "cuda" to the current GPU on every stream,
+        # sync and copy call (about 10 us each, dozens a step: measured, engine_steps.py)
+        device = torch.device("cuda", torch.cuda.current_device())
     if spec.matmul not in MATMUL:
         raise ValueError(f"matmul must be one of {MATMUL}, got {spec.matmul!r}")
     names = parse_backends(list(spec.backends), spec.device)

@@ -113,7 +113,7 @@ def ptr(t: torch.Tensor | None) -> int | None:
 
 def stream_of(t: torch.Tensor) -> int:
     """The raw handle of the current stream on t's device."""
-    return torch.cuda.current_stream(t.device).cuda_stream
+    return torch.cuda.current_stream(t.device.index).cuda_stream  # an int: torch's fast path
 
 
 def check_tensor(

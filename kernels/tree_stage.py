@@ -22,6 +22,7 @@ boundary copies included, so its time is what swapping the backend changes in a 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,8 @@ def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str
 _INT64_FIELDS = ("token_ids", "depths", "parents", "first_child", "next_sibling", "num_nodes")
 
 
-def _layout(batch: int, budget: int) -> list[tuple[str, int, int, type, tuple[int, ...]]]:
+@functools.cache  # per (batch, budget): a step's host work is what a batch-1 step costs
+def _layout(batch: int, budget: int) -> tuple[tuple[str, int, int, type, tuple[int, ...]], ...]:
     """One byte buffer for a tree set, both ways (the CUDA stage's copy back, `to_device`'s
     upload): per field (name, start, end, numpy dtype, shape), the int64 fields first, then the
     bool visibility, so every offset is a multiple of 8."""
@@ -71,10 +73,10 @@ def _layout(batch: int, budget: int) -> list[tuple[str, int, int, type, tuple[in
         size = int(np.prod(sh)) * np.dtype(dt).itemsize
         layout.append((f, off, off + size, dt, sh))
         off += size
-    return layout
+    return tuple(layout)
 
 
-def _views(flat: torch.Tensor, layout: list) -> Any:
+def _views(flat: torch.Tensor, layout: tuple) -> Any:
     """kernels.cuda.CudaTrees whose fields are views of the byte buffer `flat` (`_layout`)."""
     from kernels import cuda
 
