@@ -42,6 +42,8 @@ def _np(x: Any) -> np.ndarray:
 
 
 def _cuda(x: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor) and x.device == device and x.is_contiguous():
+        return x  # already there (the verify's target ids): no dispatcher call
     return torch.as_tensor(x).to(device).contiguous()
 
 

@@ -71,9 +71,11 @@ class Decoder:
         )  # fmt: skip
         self.forward.capture()
 
-    def _sync(self) -> None:
-        if self.model.device.type == "cuda":  # the stream the engine queues its work on
-            torch.cuda.current_stream(self.model.device.index).synchronize()
+    def _stream(self) -> torch.cuda.Stream | None:
+        """The stream the engine queues its work on (None on a CPU)."""
+        if self.model.device.type != "cuda":
+            return None
+        return torch.cuda.current_stream(self.model.device.index)
 
     def new_sequence(
         self, prompt: list[int], temperature: float = 0.0, seed: int | None = None
@@ -105,7 +107,9 @@ class Decoder:
             rows = Rows(tokens[a:b], pos, slots[a:b], table, pos + 1)
             self.forward.run(rows, self.backends.attention, timer)
         seq.kv_len = n
-        self._sync()
+        stream = self._stream()
+        if stream is not None:
+            stream.synchronize()
         return timer.seconds()
 
     def _verify_rows(
@@ -150,11 +154,13 @@ class Decoder:
 
     def step(self, seqs: list[Sequence]) -> StepResult:
         stages: dict[str, float] = {}
+        stream = self._stream()  # looked up once a step
         clock = time.perf_counter()
 
         def lap(stage: str) -> None:
             nonlocal clock
-            self._sync()
+            if stream is not None:
+                stream.synchronize()
             now = time.perf_counter()
             stages[stage] = now - clock
             clock = now

@@ -36,7 +36,9 @@ class Drafter:
         host = self.table.cpu()
         self.argmax = host.argmax(dim=1).tolist()  # the bigram's own next token
         self.next_char = {chr(t): chr(a) for t, a in enumerate(self.argmax)}  # the same, as text
-        self.rowmax = host.max(dim=1).values.to(self.device)  # [V]
+        # a boosted guess's logit: its row's max + boost, per conditioning token [V] (float32:
+        # the very values `rowmax[token] + boost` gives on the device)
+        self.boosted = host.max(dim=1).values.to(self.device) + boost
 
     def draft(self, histories: list[list[int]] | list[str]) -> torch.Tensor:
         """Logits [B, H, V] for positions L+1 .. L+H, given each sequence's committed tokens
@@ -49,32 +51,38 @@ class Drafter:
         earlier occurrence of the last n tokens (n = ngram .. 2) in the last HISTORY tokens
         plus the positions drafted so far. The chain is walked on the host, in text (a drafted
         token is a char appended to the history; the conditioning tokens are converted to ints
-        once, for the upload); the [B, H, V] logits are gathered on the device in one go.
+        once, for the upload); the [B, H, V] logits are gathered on the device in one go, and the
+        boosts written there by one gather and one scatter.
         """
         b_n, h_n, top = len(histories), self.draft_len, self.ngram
-        next_char = self.next_char
+        next_char, vocab = self.next_char, self.table.shape[1]
         walked: list[str] = []  # per sequence: the root, then its drafted tokens but the last
-        boosts: list[int] = []  # (row, token) pairs, flat
+        boosts: list[int] = []  # per boosted row: its flat logit index row * V + token
+        conds: list[str] = []  # per boosted row: its conditioning token, as a char
         for b, tokens in enumerate(histories):
             hist = tokens[-HISTORY:] if isinstance(tokens, str) else history_text(tokens[-HISTORY:])
             first = len(hist) - 1  # position 0's end; position d's is first + d
             row = b * h_n - first  # position d's row is row + its end
+            at0 = row * vocab  # position d's row's logits start at at0 + end * vocab
             if top == 4 and first >= 4:  # the default, unrolled (hot at batch 32)
                 for end in range(first, first + h_n):
                     at = hist.rfind(hist[-4:], 0, end)
                     if at >= 0:
                         hist += hist[at + 4]
-                        boosts += (row + end, ord(hist[-1]))
+                        boosts.append(at0 + end * vocab + ord(hist[-1]))
+                        conds.append(hist[end])
                         continue
                     at = hist.rfind(hist[-3:], 0, end)
                     if at >= 0:
                         hist += hist[at + 3]
-                        boosts += (row + end, ord(hist[-1]))
+                        boosts.append(at0 + end * vocab + ord(hist[-1]))
+                        conds.append(hist[end])
                         continue
                     at = hist.rfind(hist[-2:], 0, end)
                     if at >= 0:
                         hist += hist[at + 2]
-                        boosts += (row + end, ord(hist[-1]))
+                        boosts.append(at0 + end * vocab + ord(hist[-1]))
+                        conds.append(hist[end])
                         continue
                     hist += next_char[hist[-1]]
                 walked.append(hist[first : first + h_n])
@@ -84,18 +92,19 @@ class Drafter:
                     at = hist.rfind(hist[-n:], 0, end)
                     if at >= 0:
                         hist += hist[at + n]
-                        boosts += (row + end, ord(hist[-1]))
+                        boosts.append(at0 + end * vocab + ord(hist[-1]))
+                        conds.append(hist[end])
                         break
                 else:
                     hist += next_char[hist[-1]]
             walked.append(hist[first : first + h_n])
-        # one upload: every position's conditioning token, then the boosts' (row, token)
-        flat = list(map(ord, "".join(walked)))
-        flat += boosts
+        # one upload: every position's conditioning token, then the boosted logits' flat
+        # indices and their rows' conditioning tokens
+        flat = list(map(ord, "".join(walked) + "".join(conds)))
+        flat[b_n * h_n : b_n * h_n] = boosts
         dev = torch.tensor(flat, dtype=torch.int64).to(self.device)
-        prev_t, pairs = dev[: b_n * h_n], dev[b_n * h_n :].view(-1, 2)
-        out = self.table.index_select(0, prev_t)
-        if boosts:
-            at, tok = pairs.unbind(1)
-            out[at, tok] = self.rowmax[prev_t[at]] + self.boost
+        n, m = b_n * h_n, len(boosts)
+        out = self.table.index_select(0, dev[:n])
+        if boosts:  # one gather, one scatter (each boosted row once: no duplicate index)
+            out.view(-1).index_put_((dev[n : n + m],), self.boosted.index_select(0, dev[n + m :]))
         return out.view(b_n, h_n, -1)

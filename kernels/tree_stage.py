@@ -36,15 +36,22 @@ __all__ = ["build_trees_stage", "reference_stage", "reference_stage_to_device", 
 reference_stage = reference.build_trees  # the same function object, not a wrapper
 
 
-def _on(x: Any, device: torch.device | str) -> torch.Tensor:
-    return torch.as_tensor(x).to(device).contiguous()
+def _on(x: Any, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """x as a contiguous `dtype` tensor on `device` (x itself when it is one already: the CUDA
+    top-k's outputs are, and each skipped conversion is a dispatcher call a step)."""
+    if (
+        isinstance(x, torch.Tensor) and x.device == device and x.dtype == dtype
+        and x.is_contiguous()
+    ):  # fmt: skip
+        return x
+    return torch.as_tensor(x).to(device, dtype).contiguous()
 
 
 def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str) -> BatchedTrees:
     """The CUDA tree-build stage: upload, build on `device`, one copy back to numpy trees."""
     from kernels import cuda  # lazily: the kernel library loads on first use
 
-    lp, ids = _on(lp, device).float(), _on(ids, device).long()
+    lp, ids = _on(lp, device, torch.float32), _on(ids, device, torch.int64)
     layout = _layout(lp.shape[0], budget)
     flat = torch.empty(layout[-1][2], dtype=torch.uint8, device=lp.device)
     t = _views(flat, layout)
