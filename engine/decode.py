@@ -1,20 +1,20 @@
 """Decoding steps: prefill, AR step and DDTree step over a batch of sequences.
 
-A DDTree step: draft logits [B, H, V] -> top-K log-probs -> best-first trees (budget nodes)
--> one target forward over every request's root + nodes at once (each row sees the prefix and
-its ancestors; tree node i is stored at position L + i, rotated at position L + depth) ->
-per-row argmax -> greedy accept -> KV compaction of the accepted rows and commit of accepted
-tokens + bonus. An AR step is the same verify with a root-only tree, so both modes share one
-code path. A step's rows and their visible slots are built for the whole batch at once (the slot
-table on the GPU where attention reads it), and the commit compacts the whole batch's KV in one
-gather and one scatter. Stage times: draft, topk, tree_build, verify (the forward, argmax included),
-attention (the part of verify spent in attention, its plan and its calls, measured inside it),
-accept, commit.
+A DDTree step: draft logits [B, H, V] -> top-K log-probs -> best-first trees (budget nodes) -> one
+target forward over every request's root + nodes at once (each row sees the prefix and its
+ancestors; tree node i is stored at position L + i, rotated at position L + depth) -> per-row
+argmax -> greedy accept -> KV compaction of the accepted rows and commit of accepted tokens +
+bonus. An AR step is the same verify with a root-only tree, so both modes share one code path. A
+step's rows and their visible slots are built for the whole batch at once (the slot table on the
+GPU where attention reads it), and the commit compacts the whole batch's KV in one gather and one
+scatter. Stage times (engine.stage_clock: each stage's span on the step's critical path, from CUDA
+events on a GPU, no sync per stage): draft, topk, tree_build, verify (the forward, argmax
+included), attention (the part of verify spent in attention, its plan and its calls, measured
+inside it), accept, commit.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,7 @@ from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
+from engine.stage_clock import StageClock
 from kernels.row_attention import paged_slots, visible_rows, visible_rows_device
 
 
@@ -153,18 +154,8 @@ class Decoder:
         return rows, b * (self.cfg.budget + 1) + i, slots
 
     def step(self, seqs: list[Sequence]) -> StepResult:
-        stages: dict[str, float] = {}
-        stream = self._stream()  # looked up once a step
-        clock = time.perf_counter()
-
-        def lap(stage: str) -> None:
-            nonlocal clock
-            if stream is not None:
-                stream.synchronize()
-            now = time.perf_counter()
-            stages[stage] = now - clock
-            clock = now
-
+        clock = StageClock(self._stream())
+        lap = clock.lap
         trees = None
         if self.mode == "ddtree":
             logits = self.drafter.draft([s.text for s in seqs])
@@ -189,7 +180,6 @@ class Decoder:
                                  device=argmax.device)  # fmt: skip
             target[torch.from_numpy(place).to(argmax.device)] = argmax
         lap("verify")
-        stages["attention"] = timer.seconds()
 
         if trees is None:
             new_tokens = [[int(t)] for t in argmax]
@@ -207,6 +197,8 @@ class Decoder:
             s.tokens.extend(new)
             s.text += history_text(new)
         lap("commit")
+        stages = clock.finish()
+        stages["attention"] = timer.seconds()  # its events are done: finish synchronised
         return StepResult(new_tokens, stages)
 
     def _compact(
