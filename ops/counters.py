@@ -6,7 +6,8 @@ and each stage's total seconds) and `prefill_time_breakdown` (every prefill's se
 attention inside them), both cumulative, and `clock_s`. The difference of two snapshots is the
 window's own work: `level_steps` per batch size, `wall_shares` each stage's share of the
 window's wall time (ops.profile's f), `stage_seconds` one stage's seconds in steps and prefill
-(the rollout's `measure`: the service's own s).
+(the rollout's `measure`: the service's own s), `window_stages` every stage's (the measure's
+audit of where a gain came from).
 """
 
 from __future__ import annotations
@@ -132,6 +133,24 @@ def stage_seconds(start: Counters, end: Counters, stage: str) -> dict[str, float
         "steps_s": sum(r["total_s"].get(stage, 0.0) for r in steps.values()),
         "prefill_s": prefill["total_s"].get(stage, 0.0) if prefill else 0.0,
     }
+
+
+def window_stages(start: Counters, end: Counters) -> dict[str, float] | None:
+    """Seconds the service spent where, between two snapshots: each stage's total over the
+    decode steps (`verify` includes `attention`), `steps` the steps' own total, `prefill` the
+    prefills' and `prefill_attention` the attention inside them; None for a service without
+    stage timings. The rollout's `measure` keeps it per run, so a report can say where a
+    measured gain came from (ops.rollout_switch.audit)."""
+    b0, b1 = breakdown(start), breakdown(end)
+    if b0 is None or b1 is None:
+        return None
+    steps = level_steps(b0, b1)
+    out = {s: sum(r["total_s"].get(s, 0.0) for r in steps.values()) for s in STAGES}
+    out["steps"] = sum(r["total_s"].get("step", 0.0) for r in steps.values())
+    prefill = prefill_delta(start, end) or {"total_s": {}}
+    out["prefill"] = prefill["total_s"].get("prefill", 0.0)
+    out["prefill_attention"] = prefill["total_s"].get("attention", 0.0)
+    return out
 
 
 def prefill_delta(start: Counters, end: Counters) -> dict[str, Any] | None:

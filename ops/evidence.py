@@ -367,6 +367,9 @@ class MeasureLevel(_Open):
     # the change's stage as the service saw it: seconds per output token before / after
     # ("total", "steps", "prefill"; ops.rollout_switch.service_speedup), where it reports them
     service_speedup: dict[str, float] | None = None
+    # where the gain came from: per part of the window, ms per output token before / after
+    # (ops.rollout_switch.audit: {"window": {"before_ms": .., "after_ms": ..}, "draft": ..})
+    audit: dict[str, dict[str, float]] | None = None
 
     @field_validator("service_speedup")
     @classmethod

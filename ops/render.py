@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
+from ops.gain_audit import audit_rows
 from ops.report import Decision, times
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -478,6 +479,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "sources": sources,
         "amdahl": amdahl_table(decision),
         "amdahl_notes": amdahl_notes(decision),
+        "audit": audit_rows(decision, ev),
         "kernels": kernel_table(rows),
         "speedups": speedup_tables(series),
         "speedup_charts": {k: speedup_chart(k, v) for k, v in series.items()},

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ops.counters import stage_seconds
+from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
 from ops.evidence import COMPONENT_STAGE, Change
 from ops.inventory import Target
@@ -44,10 +44,12 @@ def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict
         for lv in levels:
             lv = dict(lv)
             window = lv.pop("counters", None)
-            comp = None
-            if window and stage:
-                comp = stage_seconds(window["start"], window["end"], stage)
-            raw.append({"arm": label, "run": i, **lv, "component": comp})
+            comp = stages = None
+            if window:
+                stages = window_stages(window["start"], window["end"])
+                if stage:
+                    comp = stage_seconds(window["start"], window["end"], stage)
+            raw.append({"arm": label, "run": i, **lv, "component": comp, "stages": stages})
             if lv.get("output_tok_per_s"):
                 out[lv["concurrency"]].append(float(lv["output_tok_per_s"]))
         ctx.say(f"{label} run {i + 1}/{runs} done")
@@ -84,6 +86,51 @@ def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | Non
         if b is not None and a is not None and a > 0 and b > 0:
             out[part.removesuffix("_s")] = b / a
     return out or None
+
+
+# the parts of a measured window that add up to it (ms per output token each; ops.render)
+AUDIT_PARTS = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit",
+               "step_other", "prefill_attention", "prefill_other", "idle", "window")  # fmt: skip
+
+
+def _parts(run: dict[str, Any]) -> dict[str, float] | None:
+    """A run's window split into parts that add up to it, in seconds: the stages of its decode
+    steps (`verify` without the attention inside it, `attention` the steps' attention),
+    `step_other` (step time outside the stages: the scheduler's own), prefill's attention and
+    the rest of prefill, `idle` (the window's time in neither a step nor a prefill)."""
+    st, duration = run.get("stages"), run.get("duration_s")
+    if not st or not duration:
+        return None
+    out = {s: st.get(s, 0.0) for s in STAGES}
+    out["verify"] -= out["attention"]
+    out["step_other"] = st["steps"] - sum(out.values())
+    out["prefill_attention"] = st["prefill_attention"]
+    out["prefill_other"] = st["prefill"] - st["prefill_attention"]
+    out["idle"] = duration - st["steps"] - st["prefill"]
+    out["window"] = duration
+    return out
+
+
+def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | None:
+    """Where the measured gain at concurrency c came from: per part of the window
+    (AUDIT_PARTS), its milliseconds per output token before the switch (arms A and A') and
+    after, means over the runs (so the parts still add up to the window). None where the
+    service reports no stage timings."""
+
+    def per_token(arms: tuple[str, ...]) -> dict[str, float] | None:
+        runs = [
+            (p, r["output_tokens"]) for r in raw
+            if r["arm"] in arms and r["concurrency"] == c and r.get("output_tokens")
+            and (p := _parts(r)) is not None
+        ]  # fmt: skip
+        if not runs:
+            return None
+        return {k: statistics.fmean(1000 * p[k] / n for p, n in runs) for k in AUDIT_PARTS}
+
+    b, a = per_token(("A", "A'")), per_token(("after",))
+    if b is None or a is None:
+        return None
+    return {k: {"before_ms": b[k], "after_ms": a[k]} for k in AUDIT_PARTS}
 
 
 def _rel(a: list[float], b: list[float]) -> float | None:
@@ -136,7 +183,8 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
             missing.append(c)
             continue
         levels.append({"concurrency": c, "aa": ctx.before[c], "before": before, "after": after[c],
-                       "service_speedup": service_speedup(ctx.before_runs + raw, c)})  # fmt: skip
+                       "service_speedup": service_speedup(ctx.before_runs + raw, c),
+                       "audit": audit(ctx.before_runs + raw, c)})  # fmt: skip
         gains.append(f"c={c} {_pct(_rel(before, after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {

@@ -34,6 +34,7 @@ from helpers.sshd import free_port
 
 from ops.evidence import MeasureSection, gather
 from ops.rollout_steps import sized_requests
+from ops.rollout_switch import AUDIT_PARTS
 
 SMALL = [
     "--set", "load.concurrency=1,4", "--set", "load.requests=4", "--set", "load.input_len=16",
@@ -200,6 +201,12 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     assert sp is not None and sp["total"] == sp["steps"] > 0 and "prefill" not in sp, sp
     raw = record(run / "04-measure")["measure"]["runs"]
     assert all("counters" not in r and r["component"]["steps_s"] > 0 for r in raw), raw
+    # where the gain came from: each arm's window in parts that add up to it (ms per token)
+    assert lv.audit is not None and set(lv.audit) == set(AUDIT_PARTS), lv.audit
+    for when in ("before_ms", "after_ms"):
+        parts = sum(v[when] for k, v in lv.audit.items() if k != "window")
+        assert parts == pytest.approx(lv.audit["window"][when]), lv.audit
+    assert lv.audit["tree_build"]["before_ms"] > 0 and lv.audit["verify"]["after_ms"] > 0
     before_runs = record(run / "02-baseline")["measure_before"]["runs"]
 
     def per_token(runs: list[dict]) -> float:

@@ -1,0 +1,99 @@
+"""Where a measured gain came from: the measure step splits each run's window into parts that
+add up to it (ops.rollout_switch.audit, from the service's counters: ops.counters.window_stages),
+and the report sets the prediction beside them (ops.gain_audit). Fixed numbers throughout."""
+
+from __future__ import annotations
+
+import pytest
+from test_report import ops_report
+from test_report_parts import _attn_records, _load, _write
+
+from ops.counters import window_stages
+from ops.rollout_switch import AUDIT_PARTS, _parts, audit
+
+
+def _snap(steps: dict, prefill: dict | None) -> dict:
+    state = {"step_time_breakdown": steps}
+    if prefill is not None:
+        state["prefill_time_breakdown"] = prefill
+    return {"server_info": {"internal_states": [state]}}
+
+
+def test_window_stages_are_the_windows_own_seconds_steps_and_prefill_apart() -> None:
+    t0 = {"1": {"steps": 10, "total_s": {"draft": 1.0, "verify": 5.0, "attention": 2.0,
+                                         "step": 7.0}}}  # fmt: skip
+    t1 = {"1": {"steps": 30, "total_s": {"draft": 2.0, "verify": 9.0, "attention": 3.5,
+                                         "step": 12.5}},
+          "8": {"steps": 5, "total_s": {"draft": 0.5, "verify": 1.0, "attention": 0.25,
+                                        "step": 1.75}}}  # fmt: skip
+    p0 = {"prefills": 2, "total_s": {"prefill": 1.0, "attention": 0.5}}
+    p1 = {"prefills": 6, "total_s": {"prefill": 3.0, "attention": 1.25}}
+    got = window_stages(_snap(t0, p0), _snap(t1, p1))
+    assert got is not None
+    assert got["draft"] == pytest.approx(1.5) and got["verify"] == pytest.approx(5.0)
+    assert got["attention"] == pytest.approx(1.75)  # the steps' own, not prefill's
+    assert got["steps"] == pytest.approx(7.25) and got["tree_build"] == 0.0
+    assert got["prefill"] == pytest.approx(2.0) and got["prefill_attention"] == pytest.approx(0.75)
+    assert window_stages({"server_info": {}}, _snap(t1, p1)) is None  # no stage timings
+
+
+def _run(arm: str, tokens: int, duration: float, **st: float) -> dict:
+    stages = {"draft": 0.0, "topk": 0.0, "tree_build": 0.0, "verify": 0.0, "attention": 0.0,
+              "accept": 0.0, "commit": 0.0, "steps": 0.0, "prefill": 0.0,
+              "prefill_attention": 0.0, **st}  # fmt: skip
+    return {"arm": arm, "concurrency": 1, "output_tokens": tokens, "duration_s": duration,
+            "stages": stages}  # fmt: skip
+
+
+def test_the_parts_add_up_to_the_window_and_audit_means_them_per_output_token() -> None:
+    before = _run("A", 1000, 2.0, verify=1.0, attention=0.4, tree_build=0.3, steps=1.5,
+                  prefill=0.2, prefill_attention=0.05)  # fmt: skip
+    p = _parts(before)
+    assert p is not None
+    assert p["verify"] == pytest.approx(0.6) and p["attention"] == pytest.approx(0.4)
+    assert p["step_other"] == pytest.approx(0.2)  # 1.5 - (0.3 + 0.6 + 0.4)
+    assert p["prefill_other"] == pytest.approx(0.15) and p["idle"] == pytest.approx(0.3)
+    assert sum(v for k, v in p.items() if k != "window") == pytest.approx(p["window"])
+    runs = [
+        before,
+        _run("A'", 1000, 2.2, verify=1.0, attention=0.4, tree_build=0.5, steps=1.7, prefill=0.2),
+        _run(
+            "after", 1000, 1.8, verify=1.0, attention=0.4, tree_build=0.1, steps=1.3, prefill=0.2
+        ),  # fmt: skip
+        _run("after", 500, 0.5, verify=0.25, attention=0.1, tree_build=0.05, steps=0.4),
+    ]
+    a = audit(runs, 1)
+    assert a is not None and set(a) == set(AUDIT_PARTS)
+    assert a["window"] == {"before_ms": pytest.approx(2.1), "after_ms": pytest.approx(1.4)}
+    assert a["tree_build"] == {"before_ms": pytest.approx(0.4), "after_ms": pytest.approx(0.1)}
+    assert audit(runs, 8) is None  # no runs at that level
+    assert audit([{**r, "stages": None} for r in runs], 1) is None  # no stage timings
+
+
+def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
+    meas = _load("measure_attn_noisy")
+    for lv in meas["measure"]["levels"]:
+        lv["audit"] = {k: {"before_ms": 1.0, "after_ms": 0.8} for k in AUDIT_PARTS}
+        lv["audit"]["window"] = {"before_ms": 4.0, "after_ms": 3.0}
+        lv["audit"]["tree_build"] = {"before_ms": 0.0, "after_ms": 0.0}  # not run: no row
+    recs = _attn_records(tmp_path, True)
+    code, doc = ops_report(tmp_path, *recs, _write(tmp_path, "measure", meas), args=("-c", "32"))
+    rows = {r["concurrency"]: r for r in doc["amdahl"]}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Where the measured gain came from" in md
+    g1, sp1 = rows[1]["gain"], rows[1]["speed"]["s"]
+    psp = rows[1]["prefill_speed"]["s"]
+    want_window = f"| 1 | window (wall time) | 4.0000 | 3.0000 | -1.0000 | {4.0 / (1 + g1):.4f} |"
+    assert want_window in md, md
+    assert (
+        f"| 1 | attention (decode steps) [the change] | 1.0000 | 0.8000 | -0.2000 | {1 / sp1:.4f} |"
+        in md
+    )
+    assert (
+        f"| 1 | attention (prefill) [the change] | 1.0000 | 0.8000 | -0.2000 | {1 / psp:.4f} |"
+        in md
+    )
+    assert "| 1 | draft | 1.0000 | 0.8000 | -0.2000 | - | - |" in md
+    assert "tree_build" not in md.split("Where the measured gain came from")[1].split("##")[0]
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert '<table id="gain-audit">' in html and "attention (prefill) [the change]" in html
