@@ -359,6 +359,20 @@ def check_bench_kernel(component: str, kernel: str | None) -> None:
         raise ValueError(f"bench_kernel: {kernel!r} is not a bench kernel of {component} ({names})")
 
 
+class AuditPart(_Open):
+    """One part of a measured window (ops.rollout_switch.audit): ms per output token."""
+
+    before_ms: float
+    after_ms: float
+
+    @field_validator("before_ms", "after_ms")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"expected a finite number of milliseconds, got {v!r}")
+        return v
+
+
 class MeasureLevel(_Open):
     concurrency: int = Field(ge=1)
     aa: list[list[float]] = Field(default_factory=list, description="[A, A'] tokens/s samples")
@@ -369,7 +383,7 @@ class MeasureLevel(_Open):
     service_speedup: dict[str, float] | None = None
     # where the gain came from: per part of the window, ms per output token before / after
     # (ops.rollout_switch.audit: {"window": {"before_ms": .., "after_ms": ..}, "draft": ..})
-    audit: dict[str, dict[str, float]] | None = None
+    audit: dict[str, AuditPart] | None = None
 
     @field_validator("service_speedup")
     @classmethod

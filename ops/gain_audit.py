@@ -61,7 +61,7 @@ def audit_rows(d: Decision, ev: Evidence) -> list[dict[str, str]]:
             got = lv.audit.get(part)
             if got is None:
                 continue
-            before, after = got["before_ms"], got["after_ms"]
+            before, after = got.before_ms, got.after_ms
             if part != "window" and abs(before) < 5e-5 and abs(after) < 5e-5:
                 continue  # a stage this service does not run
             predicted = None

@@ -97,3 +97,22 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
     assert "tree_build" not in md.split("Where the measured gain came from")[1].split("##")[0]
     html = (tmp_path / "out" / "report.html").read_text()
     assert '<table id="gain-audit">' in html and "attention (prefill) [the change]" in html
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"before_ms": 1.0}, "after_ms"),
+        ({"before_ms": "x", "after_ms": 1.0}, "before_ms"),
+        ({"before_ms": float("nan"), "after_ms": 1.0}, "before_ms"),
+    ],  # fmt: skip
+)
+def test_a_malformed_audit_is_bad_input_naming_the_file_and_field(tmp_path, bad, field) -> None:
+    meas = _load("measure_attn_noisy")
+    meas["measure"]["levels"][0]["audit"] = {"window": bad}
+    recs = _attn_records(tmp_path, True)
+    path = _write(tmp_path, "measure", meas)
+    code, doc = ops_report(tmp_path, *recs, path, args=("-c", "32"))
+    assert code == 2, doc
+    text = str(doc)
+    assert "measure" in text and "audit" in text and field in text, text
