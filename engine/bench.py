@@ -310,17 +310,12 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             continue
         specs = {
             mode: EngineSpec(
-                args.preset,
-                mode,
-                args.device,
-                backends,
-                max_batch_size=max(args.concurrency),
-                cuda_graphs=graphs,
-                row_chunk=args.row_chunk,
-                matmul=args.matmul,
-            )  # fmt: skip
+                args.preset, mode, args.device, backends,
+                max_batch_size=max(args.concurrency), cuda_graphs=graphs,
+                row_chunk=args.row_chunk, matmul=args.matmul,
+            )
             for mode in ("ar", "ddtree")
-        }
+        }  # fmt: skip
         level = load_interleaved(specs, prompts, c, args.max_tokens, args.repeats)
         for mode, r in level.items():
             got[mode] = r.pop("outputs")
