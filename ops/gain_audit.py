@@ -8,6 +8,10 @@ switch and after. `audit_rows` sets beside them what the Amdahl row predicted: t
 part at prefill's s where the bench has one). So a miss shows where it is: the component did
 not speed up in the service as the bench said (its own row), or the rest of the window moved
 (another stage, the scheduler, idle time), which the Amdahl model holds constant.
+`audit_lines` says it per concurrency in one sentence: the gain the change's own parts alone
+give (the window less their measured saving), beside the projection, and how far the rest of
+the window moved against the A/A noise. That is a diagnosis, not the measured gain: the verdict
+and the predicted-vs-measured table keep the gain the load measured.
 """
 
 from __future__ import annotations
@@ -84,4 +88,34 @@ def audit_rows(d: Decision, ev: Evidence) -> list[dict[str, str]]:
                     "miss": "-" if predicted is None else f"{after - predicted:+.4f}",
                 }
             )
+    return out
+
+
+def audit_lines(d: Decision, ev: Evidence) -> list[str]:
+    """Per concurrency with an audit and a projection: the change's own parts' saving, the
+    gain it alone gives, and the rest of the window's move (see the module's doc)."""
+    if ev.measure is None or d.change is None:
+        return []
+    amdahl = {r.concurrency: r for r in d.amdahl}
+    comp = _component_parts(d.change.component)
+    out = []
+    for lv in ev.measure.levels:
+        row = amdahl.get(lv.concurrency)
+        if not lv.audit or "window" not in lv.audit or row is None or row.gain is None:
+            continue
+        w0, w1 = lv.audit["window"].before_ms, lv.audit["window"].after_ms
+        own = [lv.audit[p] for p in comp if p in lv.audit]
+        if not own or w0 <= 0:
+            continue
+        saved = sum(p.before_ms - p.after_ms for p in own)
+        rest = (w1 - w0) + saved  # how the window's other parts moved, ms per token
+        alone = w0 / (w0 - saved) - 1 if saved < w0 else None
+        noise = f"{row.aa_noise:.1%}" if row.aa_noise is not None else "not measured"
+        out.append(
+            f"c={lv.concurrency}: the change's own parts saved {saved:.4f} ms per output token "
+            f"of the window's {w0:.4f}; alone that is a gain of "
+            + ("n/a" if alone is None else f"{alone:+.2%}")
+            + f" (projected {row.gain:+.2%}); the rest of the window moved {rest:+.4f} ms per "
+            f"token ({rest / w0:+.2%} of it; A/A noise {noise})"
+        )
     return out

@@ -17,7 +17,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
-from ops.gain_audit import audit_rows
+from ops.gain_audit import audit_lines, audit_rows
 from ops.report import Decision, times
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -480,6 +480,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "amdahl": amdahl_table(decision),
         "amdahl_notes": amdahl_notes(decision),
         "audit": audit_rows(decision, ev),
+        "audit_lines": audit_lines(decision, ev),
         "kernels": kernel_table(rows),
         "speedups": speedup_tables(series),
         "speedup_charts": {k: speedup_chart(k, v) for k, v in series.items()},

@@ -97,6 +97,13 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
     assert "tree_build" not in md.split("Where the measured gain came from")[1].split("##")[0]
     html = (tmp_path / "out" / "report.html").read_text()
     assert '<table id="gain-audit">' in html and "attention (prefill) [the change]" in html
+    # the change's own parts alone: 0.2 + 0.2 ms per token saved of 4: +11.11%; the rest of
+    # the window moved (3 - 4) + 0.4 = -0.6 ms per token, -15% of it
+    line = next(x for x in md.splitlines() if x.startswith("- c=1: the change's own parts"))
+    assert "saved 0.4000 ms per output token of the window's 4.0000" in line, line
+    assert f"alone that is a gain of +11.11% (projected {g1:+.2%})" in line, line
+    assert "moved -0.6000 ms per token (-15.00% of it; A/A noise" in line, line
+    assert '<ul id="audit-lines">' in html
 
 
 @pytest.mark.parametrize(
