@@ -13,6 +13,7 @@ service saw another s than the bench. The decision over these rows is ops.report
 
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Literal
 
@@ -86,6 +87,8 @@ class AmdahlRow(BaseModel):
     step_shorter: float | None = None
     ceiling: float | None = None
     measured_gain: float | None = None
+    measured_lo: float | None = None  # its bootstrap interval (gain_interval)
+    measured_hi: float | None = None
     service_speedup: dict[str, float] | None = None  # the stage's s as the service saw it
     aa_noise: float | None = None
     clears: bool | None = None
@@ -167,6 +170,28 @@ def _speed(rows: list[KernelRow], base_impl: str, cand_impl: str, batch: int) ->
     return pick
 
 
+GAIN_INTERVAL = 0.90  # the measured gain's bootstrap interval (two-sided)
+_RESAMPLES = 2000
+
+
+def gain_interval(before: list[float], after: list[float], c: int) -> tuple[float, float] | None:
+    """The measured gain's GAIN_INTERVAL bootstrap interval: the runs before and after
+    resampled with replacement (seeded by c, so a report rebuilt from the same records gives
+    the same interval), median after / median before - 1 each time, the interval's ends. None
+    with fewer than two runs on either side (nothing to resample)."""
+    if len(before) < 2 or len(after) < 2 or min(before) <= 0:
+        return None
+    rng = random.Random(c)
+    gains = sorted(
+        statistics.median(rng.choices(after, k=len(after)))
+        / statistics.median(rng.choices(before, k=len(before)))
+        - 1
+        for _ in range(_RESAMPLES)
+    )
+    tail = (1 - GAIN_INTERVAL) / 2
+    return gains[int(tail * _RESAMPLES)], gains[int((1 - tail) * _RESAMPLES) - 1]
+
+
 def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None]:
     """(A/A relative difference of tokens/s, measured gain after/before - 1) at concurrency c."""
     if ev.measure is None:
@@ -199,6 +224,11 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
     for lv in ev.profile.levels:
         row = AmdahlRow(concurrency=lv.concurrency)
         row.aa_noise, row.measured_gain = _aa_noise(ev, lv.concurrency)
+        levels = ev.measure.levels if ev.measure is not None else []
+        mlv = next((x for x in levels if x.concurrency == lv.concurrency), None)
+        ci = gain_interval(mlv.before, mlv.after, lv.concurrency) if mlv is not None else None
+        if ci is not None:
+            row.measured_lo, row.measured_hi = ci
         row.service_speedup = _service_speedup(ev, lv.concurrency)
         found = lv.f_of(stage)
         if found is None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from ops.amdahl import GAIN_INTERVAL
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
 from ops.gain_audit import audit_lines, audit_rows
 from ops.report import Decision, times
@@ -328,6 +329,11 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
             measured = pct(r.measured_gain, 2) + (
                 f" (A/A {pct(r.aa_noise, 2)})" if r.aa_noise is not None else ""
             )
+        interval = inside = "-"
+        if r.measured_lo is not None and r.measured_hi is not None:
+            interval = f"{pct(r.measured_lo, 2)}..{pct(r.measured_hi, 2)}"
+            if r.gain is not None:
+                inside = "yes" if r.measured_lo <= r.gain <= r.measured_hi else "no"
         out.append(
             {
                 "c": str(r.concurrency)
@@ -353,6 +359,8 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 else times(sp.s)
                 + ("" if r.prefill_speed is None else f" (prefill {times(r.prefill_speed.s)})"),
                 "s_service": _service_s(r.service_speedup),
+                "interval": interval,
+                "inside": inside,
                 "note": r.note,
             }
         )
@@ -481,6 +489,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "amdahl_notes": amdahl_notes(decision),
         "audit": audit_rows(decision, ev),
         "audit_lines": audit_lines(decision, ev),
+        "gain_interval": GAIN_INTERVAL,
         "kernels": kernel_table(rows),
         "speedups": speedup_tables(series),
         "speedup_charts": {k: speedup_chart(k, v) for k, v in series.items()},

@@ -4,10 +4,13 @@ and the report sets the prediction beside them (ops.gain_audit). Fixed numbers t
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from test_report import ops_report
 from test_report_parts import _attn_records, _load, _write
 
+from ops.amdahl import gain_interval
 from ops.counters import window_stages
 from ops.rollout_switch import AUDIT_PARTS, _parts, audit
 
@@ -123,3 +126,27 @@ def test_a_malformed_audit_is_bad_input_naming_the_file_and_field(tmp_path, bad,
     assert code == 2, doc
     text = str(doc)
     assert "measure" in text and "audit" in text and field in text, text
+
+
+def test_the_measured_gain_has_a_reproducible_bootstrap_interval(tmp_path) -> None:
+    before, after = [100.0, 104.0, 98.0, 102.0], [110.0, 115.0, 108.0, 112.0]
+    lo, hi = gain_interval(before, after, 8)
+    assert (lo, hi) == gain_interval(before, after, 8)  # seeded: a rebuilt report agrees
+    point = statistics.median(after) / statistics.median(before) - 1
+    assert lo <= point <= hi and lo >= 108 / 104 - 1 and hi <= 115 / 98 - 1
+    assert gain_interval([100.0], after, 8) is None and gain_interval(before, [1.0], 8) is None
+    # the report: the interval beside the measured gain, and whether the projection is in it
+    meas = _load("measure_attn_noisy")
+    code, doc = ops_report(
+        tmp_path, *_attn_records(tmp_path / "b", True), _write(tmp_path, "measure", meas),
+        args=("-c", "32"),
+    )  # fmt: skip
+    rows = {r["concurrency"]: r for r in doc["amdahl"]}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| measured interval | predicted inside |" in md
+    for c, r in rows.items():
+        lv = next(x for x in meas["measure"]["levels"] if x["concurrency"] == c)
+        want = gain_interval(lv["before"], lv["after"], c)
+        assert (r["measured_lo"], r["measured_hi"]) == pytest.approx(want)
+        inside = "yes" if want[0] <= r["gain"] <= want[1] else "no"
+        assert f"| {100 * want[0]:+.2f}%..{100 * want[1]:+.2f}% | {inside} |" in md, md
