@@ -32,9 +32,24 @@ from engine.runtime import EngineSpec, build_decoder
 from engine.tokenizer import ByteTokenizer
 
 
+class UsageError(Exception):
+    """A user mistake: one line on stderr, exit 2."""
+
+
 def _steps(dec, seqs, n: int) -> list[dict[str, float]]:
+    # a step commits at most draft_len + 1 tokens a sequence: stop before one would pass the
+    # model's context, as the service does (a little past it the KV pool and the rotary table
+    # end: an IndexError deep in the forward, exit 1, an empty --json)
+    room = dec.model.cfg.max_seq_len - (dec.cfg.draft_len + 1 if dec.mode == "ddtree" else 1)
     out = []
     for _ in range(n):
+        longest = max(len(s.tokens) for s in seqs)
+        if longest > room:
+            raise UsageError(
+                f"a sequence has {longest} tokens: one more {dec.mode} step could pass this "
+                f"model's context ({dec.model.cfg.max_seq_len}); ask for fewer steps (--warm, "
+                "--steps, --profile's up to 10 and --host-profile's --steps all grow them)"
+            )
         t0 = time.perf_counter()
         res = dec.step(seqs)
         out.append({**res.stages, "wall": time.perf_counter() - t0})
@@ -125,10 +140,6 @@ def run(args, mode: str, batch: int) -> dict:
     for s in seqs:
         s.blocks.free()
     return out
-
-
-class UsageError(Exception):
-    """A user mistake: one line on stderr, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,241 @@
+"""Session 6's new features probed as a new user on a CPU host, with bad input.
+
+`benchmarks/engine_steps.py --host-profile N`, engine.bench's interleaved runs and repeats, the
+stage clock's CPU laps (a step's stages add up to its wall time) and `ops report`'s gain audit
+on hand-edited copies of the committed H200 rollout records. Each case here either crashed with
+a traceback before its fix or pins down behaviour a user relies on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import bench as engine_bench
+from engine.runtime import EngineSpec, build_decoder
+from engine.tokenizer import ByteTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLLOUTS = ROOT / "benchmarks/results/2026-12-01-b3b9d70-h200-rollouts-audit"
+
+
+def _engine_steps():
+    spec = importlib.util.spec_from_file_location(
+        "engine_steps_s6", ROOT / "benchmarks" / "engine_steps.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+STEPS = ["--device", "cpu", "--preset", "tiny", "--batch", "1", "--warm", "0"]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("-1", "--host-profile must be >= 0, got -1"),
+        ("1.5", "invalid int value: '1.5'"),
+        ("ten", "invalid int value: 'ten'"),
+    ],
+)
+def test_engine_steps_rejects_a_bad_host_profile(tmp_path, capsys, value, says) -> None:
+    es = _engine_steps()
+    argv = [*STEPS, "--modes", "ar", "--steps", "2", "--host-profile", value]
+    assert es.main([*argv, "--json", str(tmp_path / "x.json")]) == 2
+    assert says in _one_line(capsys.readouterr().err)
+
+
+def test_engine_steps_host_profile_lists_the_top_functions_per_step(tmp_path, capsys) -> None:
+    es = _engine_steps()
+    out = tmp_path / "x.json"
+    argv = [*STEPS, "--modes", "ar", "ddtree", "--steps", "3", "--host-profile", "4"]
+    assert es.main([*argv, "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["ar", "ddtree"]
+    for r in runs:
+        hp = r["host_profile"]
+        assert len(hp) == 4, hp
+        own = [h["own_ms_per_step"] for h in hp]
+        assert own == sorted(own, reverse=True) and own[0] > 0
+        assert all(h["cum_ms_per_step"] >= h["own_ms_per_step"] for h in hp)
+        assert all(h["calls_per_step"] > 0 and ":" in h["function"] for h in hp)
+        assert r["tokens_after"] >= 3  # the timed steps' tokens, not the profiled ones
+    # a huge N is every function cProfile saw, not an error
+    assert es.main([*STEPS, "--modes", "ar", "--steps", "2", "--host-profile", "100000",
+                    "--json", str(out)]) == 0  # fmt: skip
+    assert 20 < len(json.loads(out.read_text())["runs"][0]["host_profile"]) < 100000
+
+
+def test_engine_steps_stops_before_the_sequences_pass_the_models_context(tmp_path) -> None:
+    """--steps 150 of DDTree on `tiny` (512 tokens of context) ran the rotary table's index out
+    of range: an IndexError traceback from engine/model.py, exit 1, an empty --json."""
+    p = subprocess.run(
+        [sys.executable, "benchmarks/engine_steps.py", *STEPS, "--modes", "ddtree",
+         "--steps", "150", "--json", str(tmp_path / "x.json")],
+        cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr[-2000:]
+    line = _one_line(p.stderr)
+    assert "context (512)" in line and "fewer steps" in line, line
+
+
+@pytest.mark.parametrize("mode", ["ar", "ddtree"])
+def test_a_cpu_steps_stages_add_up_to_its_wall_time(mode) -> None:
+    """engine.stage_clock on a CPU: host-clock laps, one per stage; `attention` is the part of
+    verify spent in attention (inside verify, not beside it), so the other stages add up to the
+    step's wall time less the step's own bookkeeping outside the clock."""
+    spec = EngineSpec("tiny", mode, "cpu", (), max_batch_size=2)
+    _, dec = build_decoder(spec)
+    tok = ByteTokenizer()
+    seqs = [dec.new_sequence(tok.encode(p)) for p in ("Hello there", "The tree of")]
+    for s in seqs:
+        dec.prefill(s)
+    dec.step(seqs)  # warm
+    walls, sums = [], []
+    for _ in range(8):
+        t0 = time.perf_counter()
+        st = dec.step(seqs).stages
+        walls.append(time.perf_counter() - t0)
+        assert all(v >= 0 for v in st.values()), st
+        assert st["attention"] <= st["verify"], st
+        sums.append(sum(v for k, v in st.items() if k != "attention"))
+        want = {"verify", "attention", "commit"}
+        if mode == "ddtree":
+            want |= {"draft", "topk", "tree_build", "accept"}
+        assert set(st) == want, st
+    for s in seqs:
+        s.blocks.free()
+    w, s = sorted(walls)[4], sorted(sums)[4]
+    assert s <= w and s >= 0.8 * w - 2e-4, (sums, walls)
+
+
+def test_engine_bench_interleaved_repeats_and_time_budget(tmp_path, capsys) -> None:
+    base = ["--device", "cpu", "--preset", "tiny", "--max-tokens", "6", "--identity-tokens",
+            "3", "--concurrency", "1", "2"]  # fmt: skip
+    out = tmp_path / "b.json"
+    assert engine_bench.main([*base, "--repeats", "3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["repeats"] == 3
+    load = doc["sets"]["cpu-kernels"]["load"]
+    assert [(r["mode"], r["concurrency"]) for r in load] == [
+        ("ar", 1), ("ddtree", 1), ("ar", 2), ("ddtree", 2)
+    ]  # fmt: skip
+    for r in load:
+        runs = r["tokens_per_s_runs"]
+        assert len(runs) == 3 and r["tokens_per_s"] == sorted(runs)[1], r
+        assert r["same_outputs_every_run"] and r["completed"]
+    # a spent time budget skips every level for both modes, recorded
+    assert engine_bench.main([*base, "--repeats", "2", "--time-budget", "0", "--json",
+                              str(out)]) == 0  # fmt: skip
+    load = json.loads(out.read_text())["sets"]["cpu-kernels"]["load"]
+    assert load == [
+        {"mode": m, "concurrency": c, "skipped": "time"} for c in (1, 2) for m in ("ar", "ddtree")
+    ]
+    capsys.readouterr()
+
+
+def _edited(tmp_path: Path, which: str, edit) -> Path:
+    src = next((ROLLOUTS / f"rollout-{which}" / "runs").glob("*rollout-local"))
+    dst = tmp_path / which / src.name
+    shutil.copytree(src, dst)
+    f = dst / "08-measure" / "record.json"
+    rec = json.loads(f.read_text())
+    edit(rec["measure"]["levels"])
+    f.write_text(json.dumps(rec))
+    return dst
+
+
+def _report(run: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ops", "report", str(run), "--out", str(run) + "-out", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _set(part: str, key: str, value):
+    def edit(levels):
+        levels[0]["audit"][part][key] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "field"),
+    [
+        ("missing", lambda L: L[0]["audit"]["window"].pop("after_ms"), "window.after_ms"),
+        ("string", _set("tree_build", "before_ms", "abc"), "tree_build.before_ms"),
+        ("nan", _set("window", "before_ms", float("nan")), "window.before_ms"),
+        ("a list", lambda L: L[0].__setitem__("audit", [1]), "levels.0.audit"),
+        ("part null", lambda L: L[0]["audit"].__setitem__("draft", None), "audit.draft"),
+    ],
+)
+def test_a_malformed_audit_is_exit_2_naming_the_file_and_field(tmp_path, name, edit, field):
+    run = _edited(tmp_path, "tree", edit)
+    p = _report(run)
+    assert p.returncode == 2, (name, p.stderr)
+    line = _one_line(p.stderr)
+    assert str(run / "08-measure" / "record.json") in line and field in line, line
+
+
+def _table(md: str) -> list[str]:
+    return [x for x in md.splitlines() if x.startswith("| ") and "window (wall time)" in x]
+
+
+def test_the_committed_audit_renders_and_agrees_with_its_record(tmp_path) -> None:
+    run = _edited(tmp_path, "attn", lambda L: None)
+    p = _report(run)
+    assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr  # HOLD, as recorded
+    md = (Path(str(run) + "-out") / "report.md").read_text()
+    rec = json.loads((run / "08-measure" / "record.json").read_text())
+    for lv, line in zip(rec["measure"]["levels"], _table(md), strict=True):
+        w = lv["audit"]["window"]
+        assert line.startswith(
+            f"| {lv['concurrency']} | window (wall time) | {w['before_ms']:.4f} | "
+            f"{w['after_ms']:.4f} |"
+        ), line
+        parts = [v["before_ms"] for k, v in lv["audit"].items() if k != "window"]
+        assert sum(parts) == pytest.approx(w["before_ms"], rel=1e-9)
+    assert "| -0.0000 |" not in md and "attention (prefill) [the change]" in md
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "windows"),
+    [
+        ("empty dict", lambda L: L[0].__setitem__("audit", {}), 2),
+        ("one level only", lambda L: [lv.pop("audit") for lv in L[1:]], 1),
+        ("negative window", _set("window", "before_ms", -1.0), 3),
+        (
+            "zero window",
+            lambda L: L[0]["audit"].__setitem__("window", {"before_ms": 0.0, "after_ms": 0.0}),
+            3,
+        ),  # fmt: skip
+    ],
+)
+def test_an_odd_audit_renders_without_a_traceback(tmp_path, name, edit, windows) -> None:
+    run = _edited(tmp_path, "tree", edit)
+    p = _report(run)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, (name, p.stderr)
+    md = (Path(str(run) + "-out") / "report.md").read_text()
+    rows = _table(md)
+    assert len(rows) == windows, rows
+    if name.endswith("window"):
+        # no prediction from a window of no (or negative) time: '-' and '-', not -0.9562
+        assert rows[0].startswith("| 1 |") and rows[0].endswith("| - | - |"), rows[0]
+        assert not any(x.startswith("- c=1: the change's own parts") for x in md.splitlines())
