@@ -49,6 +49,12 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _signed(x: float) -> str:
+    """A difference in ms, signed; one that rounds to zero is +0.0000, not -0.0000."""
+    s = f"{x:+.4f}"
+    return "+0.0000" if s == "-0.0000" else s
+
+
 def audit_rows(d: Decision, ev: Evidence) -> list[dict[str, str]]:
     """One row per (concurrency, part) with a measured audit: before, after, the change, and
     the prediction for the window and the component's parts (empty without an audit)."""
@@ -61,6 +67,9 @@ def audit_rows(d: Decision, ev: Evidence) -> list[dict[str, str]]:
         if not lv.audit:
             continue
         row = amdahl.get(lv.concurrency)
+        window = lv.audit.get("window")
+        if window is not None and not (window.before_ms > 0 and window.after_ms > 0):
+            row = None  # a window of no time (a hand-edited record): nothing to predict from
         for part, label in LABELS.items():
             got = lv.audit.get(part)
             if got is None:
@@ -83,9 +92,9 @@ def audit_rows(d: Decision, ev: Evidence) -> list[dict[str, str]]:
                     "part": label + (" [the change]" if part in comp else ""),
                     "before": _ms(before),
                     "after": _ms(after),
-                    "change": f"{after - before:+.4f}",
+                    "change": _signed(after - before),
                     "predicted": _ms(predicted),
-                    "miss": "-" if predicted is None else f"{after - predicted:+.4f}",
+                    "miss": "-" if predicted is None else _signed(after - predicted),
                 }
             )
     return out
