@@ -59,11 +59,13 @@ def _steps(dec, seqs, n: int) -> list[dict[str, float]]:
 def _profile(dec, seqs, n: int, top: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    on_gpu = dec.model.device.type == "cuda"  # on a CPU: host calls only (busy time None)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=acts) as prof:
         _steps(dec, seqs, n)
     events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1000.0 / n
-    by_gpu = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
+    busy = sum(e.self_device_time_total for e in events) / 1000.0 / n if on_gpu else None
+    by_gpu = sorted(events, key=lambda e: -e.self_device_time_total)[:top] if on_gpu else []
     by_cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
     return {
         "gpu_busy_ms_per_step": busy,

@@ -239,3 +239,16 @@ def test_an_odd_audit_renders_without_a_traceback(tmp_path, name, edit, windows)
         # no prediction from a window of no (or negative) time: '-' and '-', not -0.9562
         assert rows[0].startswith("| 1 |") and rows[0].endswith("| - | - |"), rows[0]
         assert not any(x.startswith("- c=1: the change's own parts") for x in md.splitlines())
+
+
+def test_engine_steps_profile_on_a_cpu_reports_no_gpu_time(tmp_path, capsys) -> None:
+    """--profile on a CPU asked torch.profiler for CUDA activity (a UserWarning, an error under
+    this suite) and reported a GPU busy time of 0.0 ms a step; now None, no kernels, host calls."""
+    es = _engine_steps()
+    out = tmp_path / "x.json"
+    argv = [*STEPS, "--modes", "ddtree", "--steps", "2", "--profile", "3", "--json", str(out)]
+    assert es.main(argv) == 0
+    prof = json.loads(out.read_text())["runs"][0]["profile"]
+    assert prof["gpu_busy_ms_per_step"] is None and prof["kernels"] == []
+    assert len(prof["host"]) == 3 and prof["host"][0]["ms_per_step"] > 0
+    assert "gpu None" in capsys.readouterr().out
