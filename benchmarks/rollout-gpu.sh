@@ -9,8 +9,10 @@
 # interference probe's threshold is lifted (this run checks the prediction, not isolation), and
 # the bench's times include the service's load. With GPUS=2 (a two-GPU host) the service runs
 # on GPU 0 and the bench on GPU 1, guarded and probed as shipped.
+# The measure after the switch rechecks (RECHECK=1, the default; 0: off): the baseline's release
+# switched back in, the load once more (A''), the candidate back: drift beside the gain.
 # Usage on the GPU host, project root:
-#   OUT=dir WHICH=tree|attn [ARCH=sm_90] [GPUS=1|2] bash benchmarks/rollout-gpu.sh
+#   OUT=dir WHICH=tree|attn [ARCH=sm_90] [GPUS=1|2] [RECHECK=0|1] bash benchmarks/rollout-gpu.sh
 set -u
 ARCH=${ARCH:-sm_90}; WHICH=${WHICH:-tree}; OUT=${OUT:-/tmp/rollout-gpu}; mkdir -p "$OUT"
 if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
@@ -48,7 +50,7 @@ components = { $comps }
 TOML
 # the validation playbook: the shipped one, every step after `decide` run whatever the verdict
 pb=$OUT/playbook.yaml
-python3 - "$base" "$pb" "$src" "$GPUS" <<'PY'
+python3 - "$base" "$pb" "$src" "$GPUS" "${RECHECK:-1}" <<'PY'
 import sys, yaml
 raw = yaml.safe_load(open(sys.argv[1]))
 raw["name"] = raw["name"] + "-validate"
@@ -59,6 +61,8 @@ for st in raw["steps"]:
         st["when"] = "always"
     if st["step"] == "deploy":
         st["source"] = sys.argv[3]
+    if st["step"] == "measure" and st.get("phase") == "after" and sys.argv[5] == "1":
+        st["recheck"] = True  # the drift check: A'' on the baseline, switched back and forth
 yaml.safe_dump(raw, open(sys.argv[2], "w"), sort_keys=False)
 PY
 O="python3 -m ops"

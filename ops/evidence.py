@@ -384,6 +384,9 @@ class MeasureLevel(_Open):
     # where the gain came from: per part of the window, ms per output token before / after
     # (ops.rollout_switch.audit: {"window": {"before_ms": .., "after_ms": ..}, "draft": ..})
     audit: dict[str, AuditPart] | None = None
+    # the recheck's arm A'': the same load on the release before the candidate, switched back
+    # after the measure (ops.rollout_switch.recheck): did the unchanged service drift?
+    recheck: list[float] = Field(default_factory=list)
 
     @field_validator("service_speedup")
     @classmethod

@@ -16,6 +16,8 @@ and the predicted-vs-measured table keep the gain the load measured.
 
 from __future__ import annotations
 
+import statistics
+
 from ops.evidence import COMPONENT_STAGE, Evidence
 from ops.report import Decision
 
@@ -126,5 +128,30 @@ def audit_lines(d: Decision, ev: Evidence) -> list[str]:
             + ("n/a" if alone is None else f"{alone:+.2%}")
             + f" (projected {row.gain:+.2%}); the rest of the window moved {rest:+.4f} ms per "
             f"token ({rest / w0:+.2%} of it; A/A noise {noise})"
+        )
+    return out
+
+
+def drift_lines(d: Decision, ev: Evidence) -> list[str]:
+    """Per concurrency with a recheck (arm A'': the release before the candidate, switched back
+    after the measure): how far the unchanged service drifted between the A/A pair and A'', and
+    the switch's gain against the mean of the two, beside the measured gain and the projection.
+    With drift of the size of the gain, before / after alone cannot tell the change from time."""
+    if ev.measure is None:
+        return []
+    amdahl = {r.concurrency: r for r in d.amdahl}
+    out = []
+    for lv in ev.measure.levels:
+        if not lv.recheck:
+            continue
+        b, a, again = (statistics.median(x) for x in (lv.before, lv.after, lv.recheck))
+        if b <= 0 or again <= 0:
+            continue
+        row = amdahl.get(lv.concurrency)
+        proj = "" if row is None or row.gain is None else f", projected {row.gain:+.2%}"
+        out.append(
+            f"c={lv.concurrency}: A'' {again:.1f} tokens/s against {b:.1f} before the switch "
+            f"(drift {again / b - 1:+.2%}); after the switch {a:.1f}: {a / b - 1:+.2%} against "
+            f"before, {a / ((b + again) / 2) - 1:+.2%} against the mean of before and A''{proj}"
         )
     return out

@@ -27,7 +27,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ops.errors import OpsError
 from ops.evidence import Change, check_bench_kernel
@@ -163,7 +171,18 @@ class DecideStep(StepBase):
 class MeasureStep(StepBase):
     step: Literal["measure"]
     phase: Literal["before", "after"]  # before: the A/A pair; after: the same load, switched
-    repeats: int = Field(default=1, ge=1, le=20)  # load runs per arm (A, A', after)
+    repeats: int = Field(default=1, ge=1, le=20)  # load runs per arm (A, A', after, A'')
+    # after only: then switch back to the release before the candidate, run the load once
+    # more (A'': did the unchanged service drift while the rollout ran?) and switch the
+    # candidate back in (ops.rollout_switch.recheck)
+    recheck: bool = False
+
+    @field_validator("recheck")
+    @classmethod
+    def _recheck_after(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("phase") != "after":
+            raise ValueError("only a measure step of phase 'after' can recheck")
+        return v
 
 
 class DeployStep(StepBase):

@@ -63,6 +63,7 @@ class Context:
     change: Change | None = None
     decision: Decision | None = None
     deploy: DeployResult | None = None
+    deploy_opts: Any = None  # the deploy step's DeployOptions (measure's recheck reuses them)
     deploy_record: str = ""
     before: dict[int, list[list[float]]] | None = None  # the A/A pair per level
     before_runs: list[dict[str, Any]] = field(default_factory=list)  # their raw runs

@@ -176,6 +176,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
             inputs=settings,
         )
     after = _arm(ctx, 2 * st.repeats, "after", raw)
+    again, recheck_note = recheck(ctx, st, raw) if st.recheck else ({}, "")
     levels, gains, missing = [], [], []
     for c in load.concurrency:
         before = ctx.before[c][0] + ctx.before[c][1]
@@ -184,7 +185,8 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
             continue
         levels.append({"concurrency": c, "aa": ctx.before[c], "before": before, "after": after[c],
                        "service_speedup": service_speedup(ctx.before_runs + raw, c),
-                       "audit": audit(ctx.before_runs + raw, c)})  # fmt: skip
+                       "audit": audit(ctx.before_runs + raw, c),
+                       "recheck": again.get(c, [])})  # fmt: skip
         gains.append(f"c={c} {_pct(_rel(before, after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {
@@ -196,8 +198,9 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         "incomplete": missing,
         "failed_requests": failed,
     }
-    ok = not failed and not missing
+    ok = not failed and not missing and not recheck_note.startswith("FAILED")
     detail = f"measured gain: {', '.join(gains) or 'none'}"
+    detail += f"; {recheck_note}" if recheck_note else ""
     detail += _unsized(ctx)
     detail += f"; {failed} requests failed" if failed else ""
     detail += f"; no samples at c={missing}" if missing else ""
@@ -209,6 +212,40 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         sections={"measure": section} if levels else {"measure_incomplete": section},
         inputs=settings,
     )
+
+
+def recheck(
+    ctx: Context, st: MeasureStep, raw: list[dict[str, Any]]
+) -> tuple[dict[int, list[float]], str]:
+    """The drift check after the switch: back to the release that ran before the candidate
+    (ops.deploy's rollback: switch, restart, post-flight), the load once more on it (arm A''),
+    then the candidate's release back in. Returns the A'' tokens/s per level and a note; the
+    note starts with FAILED when the candidate could not be switched back in (the service then
+    runs the release the rollback left current, and the note names it)."""
+    dep = ctx.deploy
+    if dep is None or not dep.ok or not dep.before or not dep.release:
+        return {}, "no recheck: no deployed candidate with a release before it"
+    opts = ctx.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
+
+    def show(name: str, step: Any) -> None:
+        if step is not None:
+            ctx.say(f"recheck {name}: {step.status} ({step.seconds:.1f} s) {step.detail}")
+
+    with open_host(ctx.target) as host:
+        back = Deployer(host, opts, show).rollback(dep.before)
+    if not back.ok:
+        return {}, f"no recheck: switching back to {dep.before} failed ({back.message})"
+    ctx.say(f"recheck: {dep.before} is current again; the load once more")
+    again = _arm(ctx, st.repeats, "A''", raw)
+    assert ctx.change is not None  # a deployed candidate has one
+    with open_host(candidate_target(ctx.target, ctx.change)) as host:
+        fwd = Deployer(host, opts, show).rollback(dep.release)
+    if not fwd.ok:
+        return again, (
+            f"FAILED to switch the candidate {dep.release} back in after the recheck "
+            f"({fwd.message}): the service runs {fwd.after or dep.before}"
+        )
+    return again, f"recheck: A'' on {dep.before}, then {dep.release} current again"
 
 
 def _unsized(ctx: Context) -> str:
@@ -254,6 +291,7 @@ def step_deploy(ctx: Context, st: DeployStep, sub: RunDir) -> Done:
     with open_host(cand) as host:
         res = Deployer(host, opts, show).run()
     ctx.deploy, ctx.deploy_record = res, str(sub.path / "record.json")
+    ctx.deploy_opts = opts
     for flight in ("preflight", "postflight"):  # the deploy's own checks, as the report reads them
         step = next((s for s in res.steps if s.name == flight and s.data.get("report")), None)
         if step is not None:

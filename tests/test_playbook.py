@@ -105,6 +105,8 @@ def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
         ("  - {step: bench, suites: [tree, warp]}\n", "bench", "suites.1", "(got 'warp')"),
         ("  - {step: measure}\n", "measure", "phase", "step 1 'measure': phase: Field required"),
         ("  - {step: measure, phase: after}\n", "measure", "phase", "'before' earlier"),
+        ("  - {step: measure, phase: before, recheck: true}\n", "measure", "recheck",
+         "only a measure step of phase 'after' can recheck"),
         ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
         ("  - {step: bench}\n  - {step: bench}\n", "bench", "name", "used by step 1"),
         ("  - {step: healthcheck, name: check1}\n", "check1", "role",

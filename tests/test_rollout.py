@@ -155,7 +155,7 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
         "  - {step: profile}\n"
         "  - {step: measure, name: baseline, phase: before}\n"
         f"  - {{step: deploy, source: '{src}', max_tokens: 4, wait_s: 60}}\n"
-        "  - {step: measure, phase: after, when: deployed}\n"
+        "  - {step: measure, phase: after, when: deployed, recheck: true}\n"
         "  - {step: report}\n"
     )
     assert local.backends()["tree_build"] == "reference"
@@ -168,6 +168,11 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
         capture_output=True,
         timeout=60,
     )
+    # the service runs a release (the measure's recheck switches back to it after the switch)
+    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
+    code, doc, err = local("deploy", "local", *boot, timeout=240)
+    assert code == 0, err
+    first = doc["results"][0]["release"] if "results" in doc else doc["release"]
     code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
     status = {s["name"]: s["status"] for s in doc["steps"]}
     # the verdict follows the measured share of the tree build on the tiny engine: below the
@@ -194,6 +199,13 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     (lv,) = measure.levels
     assert lv.aa == before["aa"] and lv.before == lv.aa[0] + lv.aa[1]
     assert len(lv.after) == 2 and all(x > 0 for x in lv.after)
+    # the recheck: the release before the candidate switched back in, the load once more (A''),
+    # then the candidate's release current again (asserted above: the service runs cpp)
+    detail = next(s["detail"] for s in doc["steps"] if s["name"] == "measure")
+    assert "recheck: A'' on " in detail and "current again" in detail, detail
+    assert len(lv.recheck) == 1 and lv.recheck[0] > 0
+    assert f"A'' on {first}" in detail, detail
+    assert Path(current).name == dep["results"][0]["release"]
     # the stage as the service saw it: its seconds per output token, before (A and A') over
     # after, medians of the runs (the tree build does not run in prefill); which of Python and
     # C++ wins at this tiny shape depends on the machine, so only the arithmetic is pinned
@@ -212,7 +224,8 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     def per_token(runs: list[dict]) -> float:
         return statistics.median(r["component"]["steps_s"] / r["output_tokens"] for r in runs)
 
-    assert sp["steps"] == pytest.approx(per_token(before_runs) / per_token(raw))
+    after_runs = [r for r in raw if r["arm"] == "after"]  # (raw also holds the recheck's A'')
+    assert sp["steps"] == pytest.approx(per_token(before_runs) / per_token(after_runs))
     # load.run_seconds: each measured run has as many requests as 0.4 s take at the profile's
     # tokens/s (sized_requests), the same before and after the switch
     sized = record(run / "04-measure")["measure"]["settings"]["requests_per_level"]
@@ -220,6 +233,9 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     assert sized == {"1": sized_requests([prof], 0.4, 8)[1]} and sized["1"] > 2, sized
     assert {r["completed"] for r in raw} | {r["completed"] for r in before_runs} == {sized["1"]}
     assert row["service_speedup"] == sp
+    md = (run / "report.md").read_text()
+    assert "Drift check" in md and "- c=1: A'' " in md, md
+    assert "against the mean of before and A''" in md
     # the report reads all of it: the deploy and its post-flight, predicted beside measured
     ev = gather([run])
     assert ev.deployed and sorted(h.role for h in ev.health) == ["postflight", "preflight"]
