@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import threading
@@ -75,7 +76,8 @@ def load_interleaved(
 
 
 def _summary(dec, runs: list[dict]) -> dict:
-    mid = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    # the median run (for an even count the lower middle one: never the faster of two)
+    mid = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
     outputs = runs[0].pop("outputs")
     same = all(r.pop("outputs") == outputs for r in runs[1:])
     return {
@@ -162,6 +164,8 @@ def _bad_input(args: argparse.Namespace) -> str | None:
         bad = [v for v in values if v < low]
         if bad:
             return f"{flag} must be at least {low}, got {bad[0]}"
+    if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
+        return f"--time-budget must be a number of seconds >= 0, got {args.time_budget}"
     if not args.device.startswith("cuda") and set(args.sets) == {"cuda"}:
         return "--sets cuda needs --device cuda (a CPU runs the cpu-kernels set)"
     return None
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=5,
         help="timed runs per mode and level over one decoder, the modes' runs interleaved; "
-        "tokens/s is the median run's",
+        "tokens/s is the median run's (the lower middle one for an even count)",
     )
     ap.add_argument("--prompt-len", type=int, default=0, help="pad prompts to this many tokens")
     ap.add_argument("--identity-tokens", type=int, default=32)
@@ -265,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             save()
     print(f"{'set':18s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s}")
     for label, mode, c, tps, acc in rows:
+        if tps is None:  # a level the --time-budget left out
+            print(f"{label:18s} {mode:7s} {c:3d} {'skipped (--time-budget)':>17s}")
+            continue
         print(f"{label:18s} {mode:7s} {c:3d} {tps:9.1f} {acc:7.2f}")
     for label, e in result["sets"].items():
         print(
@@ -307,6 +314,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
         if time.monotonic() - start > args.time_budget:
             for mode in ("ar", "ddtree"):
                 entry["load"].append({"mode": mode, "concurrency": c, "skipped": "time"})
+                rows.append((label, mode, c, None, None))
             continue
         specs = {
             mode: EngineSpec(

@@ -24,6 +24,7 @@ from checks.atomic import write_atomic
 from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, out, state
 from ops.errors import OpsError
 from ops.evidence import Change, Evidence, gather, record_files
+from ops.gain_audit import audit_doc
 from ops.records import RunDir
 from ops.render import context, pct, render
 from ops.report import Decision, decide, times
@@ -92,7 +93,8 @@ def write_reports(
     """report.<fmt> for each format and report.json, each written atomically, readable by all."""
     ctx = context(d, ev, [s["path"] for s in sources])
     docs = {f"report.{fmt}": render(fmt, ctx) for fmt in fmts}
-    docs["report.json"] = json.dumps(summary(d, sources), indent=2) + "\n"
+    doc = {**summary(d, sources), "gain_audit": audit_doc(d, ev)}
+    docs["report.json"] = json.dumps(doc, indent=2) + "\n"
     files = []
     for name, text in docs.items():
         path = dest / name
@@ -183,7 +185,8 @@ def report(
             files=files,
         )
     if state(ctx).as_json:
-        emit_json({**summary(d, sources), "out_dir": str(dest), "files": files})
+        doc = {**summary(d, sources), "gain_audit": audit_doc(d, ev)}
+        emit_json({**doc, "out_dir": str(dest), "files": files})
     else:
         _print(d)
         err.print(f"[dim]report: {', '.join(files)}[/]")

@@ -359,18 +359,46 @@ def check_bench_kernel(component: str, kernel: str | None) -> None:
         raise ValueError(f"bench_kernel: {kernel!r} is not a bench kernel of {component} ({names})")
 
 
+# the parts of a measured window that add up to it (ms per output token each;
+# ops.rollout_switch.audit makes them, ops.gain_audit shows them)
+AUDIT_PARTS = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit",
+               "step_other", "prefill_attention", "prefill_other", "idle", "window")  # fmt: skip
+AUDIT_MAX_MS = 1e6  # no part of a window is anywhere near 1000 s per output token
+
+
 class AuditPart(_Open):
     """One part of a measured window (ops.rollout_switch.audit): ms per output token."""
 
     before_ms: float
     after_ms: float
 
-    @field_validator("before_ms", "after_ms")
+    @field_validator("before_ms", "after_ms", mode="before")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError(f"expected a finite number of milliseconds, got {v!r}")
-        return v
+    def _ms(cls, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"expected a number of milliseconds, got {v!r}")
+        if not math.isfinite(v) or abs(v) > AUDIT_MAX_MS:
+            raise ValueError(f"expected a finite number of milliseconds (|x| <= 1e6), got {v!r}")
+        return float(v)
+
+
+def _check_audit(audit: dict[str, AuditPart]) -> dict[str, AuditPart]:
+    """A window of time before and after, and where every part is there, parts that add up to
+    it (they are means over the same runs: equal but for rounding)."""
+    window = audit.get("window")
+    if window is None:
+        return audit
+    if not (window.before_ms > 0 and window.after_ms > 0):
+        raise ValueError("window: a measured window takes time before and after (> 0 ms)")
+    if all(p in audit for p in AUDIT_PARTS):
+        for when in ("before_ms", "after_ms"):
+            parts = sum(getattr(audit[p], when) for p in AUDIT_PARTS if p != "window")
+            whole = getattr(window, when)
+            if abs(parts - whole) > 1e-6 * max(abs(whole), 1e-9) + 1e-9:
+                raise ValueError(
+                    f"{when}: the parts add up to {parts:.6g} ms, not the window's {whole:.6g}"
+                )
+    return audit
 
 
 class MeasureLevel(_Open):
@@ -387,6 +415,11 @@ class MeasureLevel(_Open):
     # the recheck's arm A'': the same load on the release before the candidate, switched back
     # after the measure (ops.rollout_switch.recheck): did the unchanged service drift?
     recheck: list[float] = Field(default_factory=list)
+
+    @field_validator("audit")
+    @classmethod
+    def _audit(cls, v: dict[str, AuditPart] | None) -> dict[str, AuditPart] | None:
+        return None if v is None else _check_audit(v)
 
     @field_validator("service_speedup")
     @classmethod

@@ -155,3 +155,9 @@ def drift_lines(d: Decision, ev: Evidence) -> list[str]:
             f"before, {a / ((b + again) / 2) - 1:+.2%} against the mean of before and A''{proj}"
         )
     return out
+
+
+def audit_doc(d: Decision, ev: Evidence) -> dict[str, list]:
+    """The audit for report.json and `ops report --json`: the table's rows, the own-parts
+    lines and the drift lines, as the md and html show them."""
+    return {"rows": audit_rows(d, ev), "own_parts": audit_lines(d, ev), "drift": drift_lines(d, ev)}

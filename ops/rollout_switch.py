@@ -11,7 +11,7 @@ from typing import Any
 
 from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
-from ops.evidence import COMPONENT_STAGE, Change
+from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change
 from ops.inventory import Target
 from ops.loadtest import run_loadtest
 from ops.playbook import DeployStep, MeasureStep
@@ -86,11 +86,6 @@ def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | Non
         if b is not None and a is not None and a > 0 and b > 0:
             out[part.removesuffix("_s")] = b / a
     return out or None
-
-
-# the parts of a measured window that add up to it (ms per output token each; ops.render)
-AUDIT_PARTS = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit",
-               "step_other", "prefill_attention", "prefill_other", "idle", "window")  # fmt: skip
 
 
 def _parts(run: dict[str, Any]) -> dict[str, float] | None:

@@ -77,8 +77,8 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
     meas = _load("measure_attn_noisy")
     for lv in meas["measure"]["levels"]:
         lv["audit"] = {k: {"before_ms": 1.0, "after_ms": 0.8} for k in AUDIT_PARTS}
-        lv["audit"]["window"] = {"before_ms": 4.0, "after_ms": 3.0}
         lv["audit"]["tree_build"] = {"before_ms": 0.0, "after_ms": 0.0}  # not run: no row
+        lv["audit"]["window"] = {"before_ms": 10.0, "after_ms": 8.0}  # the other 10 parts
     recs = _attn_records(tmp_path, True)
     code, doc = ops_report(tmp_path, *recs, _write(tmp_path, "measure", meas), args=("-c", "32"))
     rows = {r["concurrency"]: r for r in doc["amdahl"]}
@@ -86,7 +86,7 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
     assert "Where the measured gain came from" in md
     g1, sp1 = rows[1]["gain"], rows[1]["speed"]["s"]
     psp = rows[1]["prefill_speed"]["s"]
-    want_window = f"| 1 | window (wall time) | 4.0000 | 3.0000 | -1.0000 | {4.0 / (1 + g1):.4f} |"
+    want_window = f"| 1 | window (wall time) | 10.0000 | 8.0000 | -2.0000 | {10 / (1 + g1):.4f} |"
     assert want_window in md, md
     assert (
         f"| 1 | attention (decode steps) [the change] | 1.0000 | 0.8000 | -0.2000 | {1 / sp1:.4f} |"
@@ -100,12 +100,12 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
     assert "tree_build" not in md.split("Where the measured gain came from")[1].split("##")[0]
     html = (tmp_path / "out" / "report.html").read_text()
     assert '<table id="gain-audit">' in html and "attention (prefill) [the change]" in html
-    # the change's own parts alone: 0.2 + 0.2 ms per token saved of 4: +11.11%; the rest of
-    # the window moved (3 - 4) + 0.4 = -0.6 ms per token, -15% of it
+    # the change's own parts alone: 0.2 + 0.2 ms per token saved of 10: +4.17%; the rest of
+    # the window moved (8 - 10) + 0.4 = -1.6 ms per token, -16% of it
     line = next(x for x in md.splitlines() if x.startswith("- c=1: the change's own parts"))
-    assert "saved 0.4000 ms per output token of the window's 4.0000" in line, line
-    assert f"alone that is a gain of +11.11% (projected {g1:+.2%})" in line, line
-    assert "moved -0.6000 ms per token (-15.00% of it; A/A noise" in line, line
+    assert "saved 0.4000 ms per output token of the window's 10.0000" in line, line
+    assert f"alone that is a gain of +4.17% (projected {g1:+.2%})" in line, line
+    assert "moved -1.6000 ms per token (-16.00% of it; A/A noise" in line, line
     assert '<ul id="audit-lines">' in html
 
 
@@ -115,6 +115,10 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
         ({"before_ms": 1.0}, "after_ms"),
         ({"before_ms": "x", "after_ms": 1.0}, "before_ms"),
         ({"before_ms": float("nan"), "after_ms": 1.0}, "before_ms"),
+        ({"before_ms": True, "after_ms": 1.0}, "before_ms"),
+        ({"before_ms": "1.5", "after_ms": 1.0}, "before_ms"),
+        ({"before_ms": 1.0, "after_ms": 1e308}, "after_ms"),
+        ({"before_ms": 0.0, "after_ms": 1.0}, "audit"),
     ],  # fmt: skip
 )
 def test_a_malformed_audit_is_bad_input_naming_the_file_and_field(tmp_path, bad, field) -> None:
@@ -150,3 +154,13 @@ def test_the_measured_gain_has_a_reproducible_bootstrap_interval(tmp_path) -> No
         assert (r["measured_lo"], r["measured_hi"]) == pytest.approx(want)
         inside = "yes" if want[0] <= r["gain"] <= want[1] else "no"
         assert f"| {100 * want[0]:+.2f}%..{100 * want[1]:+.2f}% | {inside} |" in md, md
+
+
+def test_an_audit_whose_parts_do_not_add_up_to_its_window_is_bad_input(tmp_path) -> None:
+    meas = _load("measure_attn_noisy")
+    audit = {k: {"before_ms": 1.0, "after_ms": 0.8} for k in AUDIT_PARTS}
+    audit["window"] = {"before_ms": 11.0, "after_ms": 9.0}  # the parts: 11.0 and 8.8
+    meas["measure"]["levels"][0]["audit"] = audit
+    path = _write(tmp_path, "measure", meas)
+    code, doc = ops_report(tmp_path, *_attn_records(tmp_path, True), path, args=("-c", "32"))
+    assert code == 2 and "after_ms: the parts add up to 8.8 ms, not the window's 9" in str(doc)
