@@ -283,7 +283,14 @@ def _worst(results: list[StepResult]) -> tuple[int, str]:
 def _notes(ctx: Context) -> list[str]:
     notes = []
     res, ch = ctx.deploy, ctx.change
-    if res is not None and res.outcome == "deployed" and ch is not None:
+    if ctx.recheck_left_on is not None and ch is not None:
+        notes.append(
+            f"the measure's recheck could not switch the candidate back in: {ctx.target.name} "
+            f"runs release {ctx.recheck_left_on} ({ch.component} = {ch.baseline}), as the "
+            f"inventory says; `ops rollback {ctx.target.name} --to {res.release if res else '?'}` "
+            "puts the candidate back"
+        )
+    elif res is not None and res.outcome == "deployed" and ch is not None:
         notes.append(
             f"{ctx.target.name} now runs {ch.component} = {ch.candidate} (release {res.after}); "
             f"the inventory still says {ch.baseline}: set [targets.{ctx.target.name}.service."

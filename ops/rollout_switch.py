@@ -236,6 +236,7 @@ def recheck(
     with open_host(candidate_target(ctx.target, ctx.change)) as host:
         fwd = Deployer(host, opts, show).rollback(dep.release)
     if not fwd.ok:
+        ctx.recheck_left_on = fwd.after or dep.before
         return again, (
             f"FAILED to switch the candidate {dep.release} back in after the recheck "
             f"({fwd.message}): the service runs {fwd.after or dep.before}"
