@@ -18,6 +18,7 @@ again eagerly (`SET:eager`). In-process: no HTTP server involved.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -75,6 +76,16 @@ def load_interleaved(
     return {mode: _summary(decs[mode], runs[mode]) for mode in specs}
 
 
+def _stage_means(breakdown: dict[str, dict]) -> dict[str, float]:
+    """Each stage's mean milliseconds per step over every batch size of a run."""
+    n = sum(r["steps"] for r in breakdown.values())
+    stages = {k for r in breakdown.values() for k in r["total_s"]}
+    return {
+        k: 1000 * sum(r["total_s"].get(k, 0.0) for r in breakdown.values()) / n
+        for k in sorted(stages)
+    } if n else {}  # fmt: skip
+
+
 def _summary(dec, runs: list[dict]) -> dict:
     # the median run (for an even count the lower middle one: never the faster of two)
     mid = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
@@ -83,6 +94,13 @@ def _summary(dec, runs: list[dict]) -> dict:
     return {
         **mid,
         "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+        "runs": [
+            {
+                k: r[k]
+                for k in ("tokens_per_s", "wall_s", "cpu_s", "gc_collections", "stage_mean_ms")
+            }
+            for r in runs
+        ],  # fmt: skip
         "same_outputs_every_run": same,
         "cuda_graphs": dec.forward.graphs,
         "captured_graphs": dec.forward.captured_graphs,
@@ -112,14 +130,16 @@ def _load_once(dec, prompts: list[list[int]], concurrency: int, max_tokens: int)
 
     # every request is queued before the scheduler starts, so its first step admits them all
     # (submitting to a running scheduler raced its loop: the first steps ran at batch 3, 6, ...)
-    t0 = time.perf_counter()
+    gc0 = [g["collections"] for g in gc.get_stats()]
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for i in range(concurrency):
         p = prompts[i % len(prompts)]
         sched.submit(GenRequest(p, max_tokens, sink(i), ignore_eos=True))
     sched.start()
     ok = done.wait(600)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     sched.shutdown()
+    gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
     tokens = sum(counts.values())
     return {
         "concurrency": concurrency,
@@ -131,6 +151,12 @@ def _load_once(dec, prompts: list[list[int]], concurrency: int, max_tokens: int)
         "mean_accept_length": sched.stats.avg_accept_length(),
         "steps_by_batch": {str(k): v for k, v in sorted(sched.stats.steps_by_batch.items())},
         "step_breakdown": sched.stats.breakdown(),
+        # why one run is slower than another: the process's CPU seconds over the run (about
+        # the wall time: the host worked; well below: it waited), the garbage collections per
+        # generation, each stage's mean over all the run's steps
+        "cpu_s": cpu,
+        "gc_collections": gcs,
+        "stage_mean_ms": _stage_means(sched.stats.breakdown()),
         "outputs": [outputs.get(i, []) for i in range(concurrency)],
     }
 

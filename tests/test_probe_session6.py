@@ -140,6 +140,12 @@ def test_engine_bench_interleaved_repeats_and_time_budget(tmp_path, capsys) -> N
     for r in load:
         runs = r["tokens_per_s_runs"]
         assert len(runs) == 3 and r["tokens_per_s"] == sorted(runs)[1], r
+        # every run's own account: CPU seconds, collections per generation, stage means
+        detail = r["runs"]
+        assert [d["tokens_per_s"] for d in detail] == runs, detail
+        for d in detail:
+            assert 0 < d["cpu_s"] and len(d["gc_collections"]) == 3, d
+            assert d["stage_mean_ms"]["step"] > 0 and d["stage_mean_ms"]["verify"] > 0, d
         assert r["same_outputs_every_run"] and r["completed"]
     # a spent time budget skips every level for both modes, recorded
     assert engine_bench.main([*base, "--repeats", "2", "--time-budget", "0", "--json",
