@@ -41,12 +41,6 @@ def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def _cuda(x: Any, device: torch.device) -> torch.Tensor:
-    if isinstance(x, torch.Tensor) and x.device == device and x.is_contiguous():
-        return x  # already there (the verify's target ids): no dispatcher call
-    return torch.as_tensor(x).to(device).contiguous()
-
-
 @dataclass
 class Backends:
     names: dict[str, str]
@@ -65,8 +59,9 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     attention: Attention = TorchAttention(rows_per_call=64 if device.type == "cuda" else 16)
     if names["topk"] == "cuda":
         from kernels import cuda
+        from kernels.cuda_core import on_device
 
-        topk = lambda logits, k: cuda.topk_logprobs(_cuda(logits, device), k)  # noqa: E731
+        topk = lambda logits, k: cuda.topk_logprobs(on_device(logits, device), k)  # noqa: E731
     if names["tree_build"] == "cpp":
         from kernels import cpu
 
@@ -95,6 +90,7 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
 
 def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -> tuple:
     from kernels import cuda
+    from kernels.cuda_core import on_device
 
     ct = getattr(trees, "device_copy", None)
     if ct is None:  # trees from a caller that did not hand them over (the tree stage does)
@@ -104,6 +100,6 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
     b, n = ct.num_nodes.shape[0], (h + 1) * ct.num_nodes.shape[0]
     flat = torch.empty(n + 2 * b, dtype=torch.int64, device=device)  # the outputs, one buffer
     out = (flat[:n].view(b, h + 1), flat[n : n + b], flat[n + b :])
-    cuda.greedy_accept(ct, _cuda(target, device).long(), h, out=out)
+    cuda.greedy_accept(ct, on_device(target, device, torch.int64), h, out=out)
     host = flat.cpu().numpy()  # one copy back
     return host[:n].reshape(b, h + 1), host[n : n + b], host[n + b :]

@@ -32,6 +32,7 @@ __all__ = [
     "launch",
     "library",
     "library_path",
+    "on_device",
     "ptr",
     "stream_of",
 ]
@@ -105,6 +106,18 @@ def launch(op: str, fn: Any, *args: Any) -> None:
     if rc != 0:
         msg = library().ddtree_error_string(rc).decode(errors="replace")
         raise KernelError(op, rc, msg)
+
+
+def on_device(x: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x as a contiguous tensor on `device` (of `dtype`, else its own): x itself when it is one
+    already (a CUDA stage's inputs usually are, and each skipped conversion is a dispatcher
+    call in a host-bound decode step)."""
+    if (
+        isinstance(x, torch.Tensor) and x.device == device
+        and (dtype is None or x.dtype == dtype) and x.is_contiguous()
+    ):  # fmt: skip
+        return x
+    return torch.as_tensor(x).to(device, dtype).contiguous()
 
 
 def ptr(t: torch.Tensor | None) -> int | None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from kernels import reference
+from kernels.cuda_core import on_device
 from kernels.reference import BatchedTrees
 
 __all__ = ["build_trees_stage", "reference_stage", "reference_stage_to_device", "to_device"]
@@ -36,22 +37,11 @@ __all__ = ["build_trees_stage", "reference_stage", "reference_stage_to_device", 
 reference_stage = reference.build_trees  # the same function object, not a wrapper
 
 
-def _on(x: Any, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
-    """x as a contiguous `dtype` tensor on `device` (x itself when it is one already: the CUDA
-    top-k's outputs are, and each skipped conversion is a dispatcher call a step)."""
-    if (
-        isinstance(x, torch.Tensor) and x.device == device and x.dtype == dtype
-        and x.is_contiguous()
-    ):  # fmt: skip
-        return x
-    return torch.as_tensor(x).to(device, dtype).contiguous()
-
-
 def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str) -> BatchedTrees:
     """The CUDA tree-build stage: upload, build on `device`, one copy back to numpy trees."""
     from kernels import cuda  # lazily: the kernel library loads on first use
 
-    lp, ids = _on(lp, device, torch.float32), _on(ids, device, torch.int64)
+    lp, ids = on_device(lp, device, torch.float32), on_device(ids, device, torch.int64)
     layout = _layout(lp.shape[0], budget)
     flat = torch.empty(layout[-1][2], dtype=torch.uint8, device=lp.device)
     t = _views(flat, layout)

@@ -62,3 +62,16 @@ def test_attention_arguments_are_checked_like_the_other_ops():
         cuda_attention.tree_verify_attention(q, q, q, q, q, q, 0.1)
     with pytest.raises(ValueError, match="compact_kv: kv_cache: expected a CUDA tensor"):
         cuda_attention.compact_kv(q, q, q, q)
+
+
+def test_on_device_passes_a_ready_tensor_through_and_converts_anything_else():
+    ready = torch.arange(6, dtype=torch.int64)
+    assert cuda_core.on_device(ready, torch.device("cpu")) is ready
+    assert cuda_core.on_device(ready, torch.device("cpu"), torch.int64) is ready
+    f = cuda_core.on_device(ready, torch.device("cpu"), torch.float32)
+    assert f.dtype == torch.float32 and torch.equal(f, ready.float())
+    strided = torch.arange(12).view(3, 4).t()
+    c = cuda_core.on_device(strided, torch.device("cpu"))
+    assert c is not strided and c.is_contiguous() and torch.equal(c, strided)
+    from_list = cuda_core.on_device([1, 2, 3], "cpu", torch.int64)
+    assert from_list.dtype == torch.int64 and from_list.tolist() == [1, 2, 3]
