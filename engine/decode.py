@@ -154,7 +154,8 @@ class Decoder:
         return rows, b * (self.cfg.budget + 1) + i, slots
 
     def step(self, seqs: list[Sequence]) -> StepResult:
-        clock = StageClock(self._stream())
+        stream = self._stream()  # looked up once a step: the laps' and the attention timer's
+        clock = StageClock(stream)
         lap = clock.lap
         trees = None
         if self.mode == "ddtree":
@@ -167,7 +168,7 @@ class Decoder:
         num_nodes = [0] * len(seqs) if trees is None else [int(n) for n in trees.num_nodes]
 
         # verify: one target forward over every request's root + nodes
-        timer = AttentionTimer(self.model.device)
+        timer = AttentionTimer(self.model.device, stream)
         rows, place, slots = self._verify_rows(seqs, trees, num_nodes)
         logits = self.forward.run(rows, self.backends.attention, timer)
         argmax = logits.argmax(dim=-1)

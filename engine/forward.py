@@ -56,10 +56,13 @@ class AttentionTimer:
     GPU idle, before the forward's first piece, so all of it is on the critical path), then
     every call: CUDA events on a GPU, the clock on the CPU."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream | None = None) -> None:
         self.cuda = device.type == "cuda"
-        # the stream the forward runs on, looked up once (each lookup resolves the device)
-        self.stream = torch.cuda.current_stream(device.index) if self.cuda else None
+        # the stream the forward runs on: the caller's (a step looks it up once for its laps
+        # and this timer), else looked up here once
+        if self.cuda and stream is None:
+            stream = torch.cuda.current_stream(device.index)
+        self.stream = stream
         self.spans: list[tuple] = []
         self.host_s = 0.0
 
