@@ -65,6 +65,11 @@ def run_plan(levels: list[int], sized: dict[int, int]) -> list[tuple[list[int], 
     return [([c], sized.get(c, 0)) for c in levels]
 
 
+def _level_runs(raw: list[dict[str, Any]], arms: tuple[str, ...], c: int) -> list[dict]:
+    """The raw runs of `arms` at concurrency c that produced output tokens."""
+    return [r for r in raw if r["arm"] in arms and r["concurrency"] == c and r.get("output_tokens")]
+
+
 def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | None:
     """The change's speedup as the service saw it at concurrency c: the stage's seconds per
     output token before the switch (arms A and A') over after, median of the runs, for the
@@ -74,9 +79,7 @@ def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | Non
         xs = [
             (r["component"]["steps_s"] + r["component"]["prefill_s"] if part == "total"
              else r["component"][part]) / r["output_tokens"]
-            for r in raw
-            if r["arm"] in arms and r["concurrency"] == c and r.get("component")
-            and r.get("output_tokens")
+            for r in _level_runs(raw, arms, c) if r.get("component")
         ]  # fmt: skip
         return statistics.median(xs) if xs else None
 
@@ -114,9 +117,8 @@ def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | No
 
     def per_token(arms: tuple[str, ...]) -> dict[str, float] | None:
         runs = [
-            (p, r["output_tokens"]) for r in raw
-            if r["arm"] in arms and r["concurrency"] == c and r.get("output_tokens")
-            and (p := _parts(r)) is not None
+            (p, r["output_tokens"]) for r in _level_runs(raw, arms, c)
+            if (p := _parts(r)) is not None
         ]  # fmt: skip
         if not runs:
             return None
@@ -209,6 +211,16 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     )
 
 
+def _deploy_progress(ctx: Context, prefix: str = "") -> Any:
+    """A Deployer's progress callback that tells the rollout's output each step as it ends."""
+
+    def show(name: str, step: Any) -> None:
+        if step is not None:
+            ctx.say(f"{prefix}{name}: {step.status} ({step.seconds:.1f} s) {step.detail}")
+
+    return show
+
+
 def recheck(
     ctx: Context, st: MeasureStep, raw: list[dict[str, Any]]
 ) -> tuple[dict[int, list[float]], str]:
@@ -221,11 +233,7 @@ def recheck(
     if dep is None or not dep.ok or not dep.before or not dep.release:
         return {}, "no recheck: no deployed candidate with a release before it"
     opts = ctx.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
-
-    def show(name: str, step: Any) -> None:
-        if step is not None:
-            ctx.say(f"recheck {name}: {step.status} ({step.seconds:.1f} s) {step.detail}")
-
+    show = _deploy_progress(ctx, "recheck ")
     with open_host(ctx.target) as host:
         back = Deployer(host, opts, show).rollback(dep.before)
     if not back.ok:
@@ -279,13 +287,8 @@ def step_deploy(ctx: Context, st: DeployStep, sub: RunDir) -> Done:
         wait_s=st.wait_s,
         max_tokens=st.max_tokens,
     )
-
-    def show(name: str, step: Any) -> None:
-        if step is not None:
-            ctx.say(f"{name}: {step.status} ({step.seconds:.1f} s) {step.detail}")
-
     with open_host(cand) as host:
-        res = Deployer(host, opts, show).run()
+        res = Deployer(host, opts, _deploy_progress(ctx)).run()
     ctx.deploy, ctx.deploy_record = res, str(sub.path / "record.json")
     ctx.deploy_opts = opts
     for flight in ("preflight", "postflight"):  # the deploy's own checks, as the report reads them
