@@ -1,0 +1,126 @@
+"""Why a level's runs are bimodal: one decoder's c=1 runs in a row, against fresh decoders.
+
+    PYTHONPATH=. python benchmarks/engine_aging.py --device cuda --runs 12 --fresh 3 \
+        [--mode ddtree] [--max-tokens 64] --json OUT.json
+
+On the H200 host, `engine.bench`'s DDTree runs at c=1 were often 750 tokens/s once and ~565
+after, every stage slower, AR's not. This runs one decoder's runs back to back (the scheduler
+on its thread, as engine.bench), then `--fresh` runs each on a newly built decoder, then
+`--fresh` runs of the same decoder driven from this thread (`generate`, no scheduler thread).
+Every run records tokens/s, wall and process CPU seconds, each stage's mean, and the host's
+clocks around it (the mean CPU MHz from /proc/cpuinfo; the GPU's SM clock from nvidia-smi
+where present), so a slow run can be told apart: an older decoder, the scheduler's thread, or
+a slower host. A diagnosis tool; its JSON goes under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+from engine.bench import BACKEND_SETS, _load_once, _prompts
+from engine.device import DeviceError, check_device
+from engine.runtime import EngineSpec, build_decoder, generate
+
+
+def _cpu_mhz() -> float | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(ln.split(":")[1]) for ln in f if ln.startswith("cpu MHz")]
+    except OSError:
+        return None
+    return sum(mhz) / len(mhz) if mhz else None
+
+
+def _sm_clock() -> int | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        return int(out.stdout.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _clocked(kind: str, fn) -> dict:
+    before = {"cpu_mhz": _cpu_mhz(), "sm_mhz": _sm_clock()}
+    run = fn()
+    after = {"cpu_mhz": _cpu_mhz(), "sm_mhz": _sm_clock()}
+    keep = ("tokens_per_s", "wall_s", "cpu_s", "mean_accept_length", "stage_mean_ms")
+    return {"kind": kind, **{k: run[k] for k in keep if k in run}, "before": before, "after": after}
+
+
+def _direct(dec, prompts, max_tokens: int) -> dict:
+    """One c=1 run from this thread: generate() over the first prompt, no scheduler."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    outs, acc = generate(dec, prompts[:1], max_tokens, stop_at_eos=False)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    n = len(outs[0])
+    return {"tokens_per_s": n / wall, "wall_s": wall, "cpu_s": cpu,
+            "mean_accept_length": sum(acc) / len(acc)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="engine_aging.py")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--mode", default="ddtree", choices=("ar", "ddtree"))
+    ap.add_argument("--runs", type=int, default=12)
+    ap.add_argument("--fresh", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    if min(args.runs, args.fresh, args.max_tokens) < 1:
+        print("error: --runs, --fresh and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        check_device(args.device)
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sets = BACKEND_SETS["cuda" if args.device.startswith("cuda") else "cpu-kernels"]
+    spec = EngineSpec(args.preset, args.mode, args.device, sets, max_batch_size=32)
+    prompts = _prompts(0)
+
+    def warm_decoder():
+        _, dec = build_decoder(spec)
+        generate(dec, prompts[:1], 4, stop_at_eos=False)
+        return dec
+
+    def sched_run(dec) -> dict:
+        r = _load_once(dec, prompts, 1, args.max_tokens)
+        r.pop("outputs")
+        return r
+
+    runs = []
+    dec = warm_decoder()
+    for _ in range(args.runs):
+        runs.append(_clocked("same decoder", lambda: sched_run(dec)))
+    for _ in range(args.fresh):
+        fresh = warm_decoder()
+        runs.append(_clocked("fresh decoder", lambda f=fresh: sched_run(f)))
+        del fresh
+    for _ in range(args.fresh):
+        direct = lambda: _direct(dec, prompts, args.max_tokens)  # noqa: E731
+        runs.append(_clocked("same decoder, this thread", direct))
+    for i, r in enumerate(runs):
+        stages = " ".join(f"{k}={v:.3f}" for k, v in sorted(r.get("stage_mean_ms", {}).items()))
+        print(f"{i:2d} {r['kind']:28s} {r['tokens_per_s']:8.1f} tok/s cpu/wall "
+              f"{r['cpu_s'] / r['wall_s']:.2f} cpu {r['before']['cpu_mhz']} MHz "
+              f"sm {r['before']['sm_mhz']} {stages}")  # fmt: skip
+    with open(args.json, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "mode": args.mode, "runs": runs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
