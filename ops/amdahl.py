@@ -27,6 +27,7 @@ from ops.evidence import (
     Change,
     Evidence,
     KernelRow,
+    MeasureLevel,
 )
 
 F_BASIS = {
@@ -89,6 +90,9 @@ class AmdahlRow(BaseModel):
     measured_gain: float | None = None
     measured_lo: float | None = None  # its bootstrap interval (gain_interval)
     measured_hi: float | None = None
+    # with a recheck, measured_gain is against every baseline run (baseline_runs: A, A' and
+    # A''); this is after against A and A' alone, the plain before / after
+    measured_plain: float | None = None
     service_speedup: dict[str, float] | None = None  # the stage's s as the service saw it
     aa_noise: float | None = None
     clears: bool | None = None
@@ -192,20 +196,38 @@ def gain_interval(before: list[float], after: list[float], c: int) -> tuple[floa
     return gains[int(tail * _RESAMPLES)], gains[int((1 - tail) * _RESAMPLES) - 1]
 
 
-def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None]:
-    """(A/A relative difference of tokens/s, measured gain after/before - 1) at concurrency c."""
+def baseline_runs(lv: MeasureLevel) -> list[float]:
+    """The tokens/s runs the measured gain sets `after` against: the A/A pair before the
+    switch, and with a recheck also A'' (the baseline's release switched back in after the
+    `after` runs, as many runs as they). In time order A A' | after | A'' is balanced: the
+    baseline's runs sit as much before the after runs as behind them, so a host whose speed
+    drifts steadily through the measure moves both medians alike and the gain is free of it;
+    before / after alone counts that drift as the change's (on the H200 leases a c=1 run's
+    tokens/s varied by 10-30% within minutes, every stage alike)."""
+    return lv.before + lv.recheck
+
+
+def _median_gain(before: list[float], after: list[float]) -> float | None:
+    b = statistics.median(before)
+    return statistics.median(after) / b - 1 if b > 0 else None
+
+
+def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None, float | None]:
+    """(A/A relative difference of tokens/s, measured gain: median after / median of
+    baseline_runs - 1, the plain after / (A, A') gain where a recheck made them differ) at
+    concurrency c."""
     if ev.measure is None:
-        return None, None
+        return None, None, None
     lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
     if lv is None:
-        return None, None
+        return None, None, None
     noise = None
     if len(lv.aa) >= 2 and lv.aa[0] and lv.aa[1]:
         a, b = statistics.median(lv.aa[0]), statistics.median(lv.aa[1])
         noise = abs(b / a - 1) if a > 0 else None
-    before = statistics.median(lv.before)
-    gain = statistics.median(lv.after) / before - 1 if before > 0 else None
-    return noise, gain
+    gain = _median_gain(baseline_runs(lv), lv.after)
+    plain = _median_gain(lv.before, lv.after) if lv.recheck else None
+    return noise, gain, plain
 
 
 def _service_speedup(ev: Evidence, c: int) -> dict[str, float] | None:
@@ -223,10 +245,12 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
     out = []
     for lv in ev.profile.levels:
         row = AmdahlRow(concurrency=lv.concurrency)
-        row.aa_noise, row.measured_gain = _aa_noise(ev, lv.concurrency)
+        row.aa_noise, row.measured_gain, row.measured_plain = _aa_noise(ev, lv.concurrency)
         levels = ev.measure.levels if ev.measure is not None else []
         mlv = next((x for x in levels if x.concurrency == lv.concurrency), None)
-        ci = gain_interval(mlv.before, mlv.after, lv.concurrency) if mlv is not None else None
+        ci = None
+        if mlv is not None:
+            ci = gain_interval(baseline_runs(mlv), mlv.after, lv.concurrency)
         if ci is not None:
             row.measured_lo, row.measured_hi = ci
         row.service_speedup = _service_speedup(ev, lv.concurrency)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 
+from ops.amdahl import baseline_runs
 from ops.evidence import COMPONENT_STAGE, Evidence
 from ops.report import Decision
 
@@ -135,8 +136,9 @@ def audit_lines(d: Decision, ev: Evidence) -> list[str]:
 def drift_lines(d: Decision, ev: Evidence) -> list[str]:
     """Per concurrency with a recheck (arm A'': the release before the candidate, switched back
     after the measure): how far the unchanged service drifted between the A/A pair and A'', and
-    the switch's gain against the mean of the two, beside the measured gain and the projection.
-    With drift of the size of the gain, before / after alone cannot tell the change from time."""
+    the switch's gain against A and A' alone beside the measured gain (against every baseline
+    run, ops.amdahl.baseline_runs) and the projection. With drift of the size of the gain,
+    before / after alone cannot tell the change from time."""
     if ev.measure is None:
         return []
     amdahl = {r.concurrency: r for r in d.amdahl}
@@ -145,14 +147,16 @@ def drift_lines(d: Decision, ev: Evidence) -> list[str]:
         if not lv.recheck:
             continue
         b, a, again = (statistics.median(x) for x in (lv.before, lv.after, lv.recheck))
-        if b <= 0 or again <= 0:
+        every = statistics.median(baseline_runs(lv))
+        if b <= 0 or again <= 0 or every <= 0:
             continue
         row = amdahl.get(lv.concurrency)
         proj = "" if row is None or row.gain is None else f", projected {row.gain:+.2%}"
         out.append(
-            f"c={lv.concurrency}: A'' {again:.1f} tokens/s against {b:.1f} before the switch "
+            f"c={lv.concurrency}: A'' {again:.1f} tokens/s against {b:.1f} in the A/A pair "
             f"(drift {again / b - 1:+.2%}); after the switch {a:.1f}: {a / b - 1:+.2%} against "
-            f"before, {a / ((b + again) / 2) - 1:+.2%} against the mean of before and A''{proj}"
+            f"the A/A pair alone, {a / every - 1:+.2%} against every baseline run (A, A', A''; "
+            f"the measured gain){proj}"
         )
     return out
 

@@ -65,6 +65,11 @@ def run_plan(levels: list[int], sized: dict[int, int]) -> list[tuple[list[int], 
     return [([c], sized.get(c, 0)) for c in levels]
 
 
+# the arms of the release before the candidate: the A/A pair and the recheck's A''
+# (ops.amdahl.baseline_runs: the measured gain's baseline is all of them)
+BASELINE_ARMS = ("A", "A'", "A''")
+
+
 def _level_runs(raw: list[dict[str, Any]], arms: tuple[str, ...], c: int) -> list[dict]:
     """The raw runs of `arms` at concurrency c that produced output tokens."""
     return [r for r in raw if r["arm"] in arms and r["concurrency"] == c and r.get("output_tokens")]
@@ -72,7 +77,7 @@ def _level_runs(raw: list[dict[str, Any]], arms: tuple[str, ...], c: int) -> lis
 
 def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | None:
     """The change's speedup as the service saw it at concurrency c: the stage's seconds per
-    output token before the switch (arms A and A') over after, median of the runs, for the
+    output token on the baseline (BASELINE_ARMS) over after, median of the runs, for the
     decode steps, prefill, and both. None where the service reports no stage timings."""
 
     def per_token(arms: tuple[str, ...], part: str) -> float | None:
@@ -85,7 +90,7 @@ def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | Non
 
     out = {}
     for part in ("total", "steps_s", "prefill_s"):
-        b, a = per_token(("A", "A'"), part), per_token(("after",), part)
+        b, a = per_token(BASELINE_ARMS, part), per_token(("after",), part)
         if b is not None and a is not None and a > 0 and b > 0:
             out[part.removesuffix("_s")] = b / a
     return out or None
@@ -111,9 +116,9 @@ def _parts(run: dict[str, Any]) -> dict[str, float] | None:
 
 def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | None:
     """Where the measured gain at concurrency c came from: per part of the window
-    (AUDIT_PARTS), its milliseconds per output token before the switch (arms A and A') and
-    after, means over the runs (so the parts still add up to the window). None where the
-    service reports no stage timings."""
+    (AUDIT_PARTS), its milliseconds per output token on the baseline (BASELINE_ARMS, as the
+    measured gain) and after, means over the runs (so the parts still add up to the window).
+    None where the service reports no stage timings."""
 
     def per_token(arms: tuple[str, ...]) -> dict[str, float] | None:
         runs = [
@@ -124,7 +129,7 @@ def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | No
             return None
         return {k: statistics.fmean(1000 * p[k] / n for p, n in runs) for k in AUDIT_PARTS}
 
-    b, a = per_token(("A", "A'")), per_token(("after",))
+    b, a = per_token(BASELINE_ARMS), per_token(("after",))
     if b is None or a is None:
         return None
     return {k: {"before_ms": b[k], "after_ms": a[k]} for k in AUDIT_PARTS}
@@ -184,7 +189,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
                        "service_speedup": service_speedup(ctx.before_runs + raw, c),
                        "audit": audit(ctx.before_runs + raw, c),
                        "recheck": again.get(c, [])})  # fmt: skip
-        gains.append(f"c={c} {_pct(_rel(before, after[c]))}")
+        gains.append(f"c={c} {_pct(_rel(before + again.get(c, []), after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {
         "target": ctx.target.name,
@@ -225,10 +230,12 @@ def recheck(
     ctx: Context, st: MeasureStep, raw: list[dict[str, Any]]
 ) -> tuple[dict[int, list[float]], str]:
     """The drift check after the switch: back to the release that ran before the candidate
-    (ops.deploy's rollback: switch, restart, post-flight), the load once more on it (arm A''),
-    then the candidate's release back in. Returns the A'' tokens/s per level and a note; the
-    note starts with FAILED when the candidate could not be switched back in (the service then
-    runs the release the rollback left current, and the note names it)."""
+    (ops.deploy's rollback: switch, restart, post-flight), the load on it once more (arm A'',
+    as many runs as the after arm, so A A' | after | A'' is balanced in time:
+    ops.amdahl.baseline_runs), then the candidate's release back in. Returns the A'' tokens/s
+    per level and a note; the note starts with FAILED when the candidate could not be switched
+    back in (the service then runs the release the rollback left current, and the note names
+    it)."""
     dep = ctx.deploy
     if dep is None or not dep.ok or not dep.before or not dep.release:
         return {}, "no recheck: no deployed candidate with a release before it"
@@ -239,7 +246,7 @@ def recheck(
     if not back.ok:
         return {}, f"no recheck: switching back to {dep.before} failed ({back.message})"
     ctx.say(f"recheck: {dep.before} is current again; the load once more")
-    again = _arm(ctx, st.repeats, "A''", raw)
+    again = _arm(ctx, 2 * st.repeats, "A''", raw)
     assert ctx.change is not None  # a deployed candidate has one
     with open_host(candidate_target(ctx.target, ctx.change)) as host:
         fwd = Deployer(host, opts, show).rollback(dep.release)

@@ -164,3 +164,37 @@ def test_an_audit_whose_parts_do_not_add_up_to_its_window_is_bad_input(tmp_path)
     path = _write(tmp_path, "measure", meas)
     code, doc = ops_report(tmp_path, *_attn_records(tmp_path, True), path, args=("-c", "32"))
     assert code == 2 and "after_ms: the parts add up to 8.8 ms, not the window's 9" in str(doc)
+
+
+def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path) -> None:
+    # a host that speeds up steadily through the measure: A, A' (100, 102), after (140, 144),
+    # A'' (112, 114). Before / after alone counts the drift as the change's (+40.6%); against
+    # every baseline run (median 107: A, A' and A'' sit as much before the after runs as
+    # behind them) the gain is +32.7%, and the drift line says both
+    meas = _load("measure_attn_noisy")
+    for lv in meas["measure"]["levels"]:
+        lv["aa"], lv["before"] = [[100.0], [102.0]], [100.0, 102.0]
+        lv["after"], lv["recheck"] = [140.0, 144.0], [112.0, 114.0]
+    path = _write(tmp_path, "measure", meas)
+    code, doc = ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path,
+                           args=("-c", "32"))  # fmt: skip
+    assert code in (0, 1, 3), doc
+    every = [100.0, 102.0, 112.0, 114.0]
+    for r in doc["amdahl"]:
+        assert r["measured_gain"] == pytest.approx(142 / 107 - 1)
+        assert r["measured_plain"] == pytest.approx(142 / 101 - 1)
+        want = gain_interval(every, [140.0, 144.0], r["concurrency"])
+        assert (r["measured_lo"], r["measured_hi"]) == pytest.approx(want)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "+32.71% (A/A +2.00%)" in md, md
+    assert "A'' 113.0 tokens/s against 101.0 in the A/A pair (drift +11.88%)" in md, md
+    assert "+40.59% against the A/A pair alone, +32.71% against every baseline run" in md, md
+    assert "A'' after it (switched back in), a design balanced in time" in md
+    # without a recheck nothing changes: after against the A/A pair, no plain gain apart
+    for lv in meas["measure"]["levels"]:
+        lv["recheck"] = []
+    path = _write(tmp_path / "c", "measure", meas)
+    code, doc = ops_report(tmp_path / "c", *_attn_records(tmp_path / "d", True), path,
+                           args=("-c", "32"))  # fmt: skip
+    for r in doc["amdahl"]:
+        assert r["measured_gain"] == pytest.approx(142 / 101 - 1) and r["measured_plain"] is None
