@@ -17,7 +17,6 @@ are imported lazily, only when a backend that needs them is selected.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +68,7 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     elif names["tree_build"] == "cuda":
         from kernels import tree_stage  # the stage itself (upload, build, one copy back)
 
-        build = functools.partial(tree_stage.build_trees_stage, device=device)
+        build = tree_stage.CudaTreeStage(device)  # the stage, its buffers kept per shape
     if names["accept"] == "cuda" and names["tree_build"] != "cuda":
         # host trees: their upload for the CUDA accept is the tree stage's handoff, timed there
         # (kernels.tree_stage.to_device), so the accept stage costs the same after any builder
@@ -92,6 +91,12 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
     from kernels import cuda
     from kernels.cuda_core import on_device
 
+    ws = getattr(trees, "workspace", None)  # the CUDA tree stage's, checked once
+    if ws is not None and ws.max_depth == h:
+        cuda.greedy_accept(ws, on_device(target, device, torch.int64), h)
+        n = ws.batch * (h + 1)
+        host = ws.accept_flat.cpu().numpy()  # one copy back
+        return host[:n].reshape(ws.batch, h + 1), host[n : n + ws.batch], host[n + ws.batch :]
     ct = getattr(trees, "device_copy", None)
     if ct is None:  # trees from a caller that did not hand them over (the tree stage does)
         from kernels import tree_stage

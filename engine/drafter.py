@@ -106,5 +106,5 @@ class Drafter:
         n, m = b_n * h_n, len(boosts)
         out = self.table.index_select(0, dev[:n])
         if boosts:  # one gather, one scatter (each boosted row once: no duplicate index)
-            out.view(-1).index_put_((dev[n : n + m],), self.boosted.index_select(0, dev[n + m :]))
+            out.view(-1).index_copy_(0, dev[n : n + m], self.boosted.index_select(0, dev[n + m :]))
         return out.view(b_n, h_n, -1)

@@ -41,11 +41,14 @@ class PagedKVCache:
         return self._free.pop()
 
     def move(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """Copy slots src[i] -> dst[i] in every layer (one gather and one scatter)."""
+        """Copy slots src[i] -> dst[i] in every layer (one gather into a new tensor, then one
+        scatter, so a slot that is both a source and a destination moves its old row)."""
         if len(src):
             idx = torch.from_numpy(np.concatenate([src, dst])).to(self.pool.device)
-            s, d = idx.split(len(src))
-            self.pool[:, d] = self.pool[:, s]
+            n = len(src)
+            # index_select / index_copy_: the plain kernels, with less host work per call than
+            # advanced indexing (a batch-1 decode step is host-bound)
+            self.pool.index_copy_(1, idx[n:], self.pool.index_select(1, idx[:n]))
 
     def _release(self, pages: list[int]) -> None:
         self._free.extend(reversed(pages))

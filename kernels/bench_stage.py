@@ -5,8 +5,9 @@ rollout changes is the engine's stage: the same call the engine makes (`kernels.
 on lp / ids as its topk backend hands them, boundary copies included:
 - `reference_stage`: `kernels.tree_stage.reference_stage` (= `kernels.reference.build_trees`,
   the engine's reference backend) on the CUDA topk's tensors, so it pays their copy to the host;
-- `cuda_stage`: `kernels.tree_stage.build_trees_stage` (the engine's CUDA backend): upload (a
-  no-op for tensors already there), the kernel, one copy of every tree field back to numpy;
+- `cuda_stage`: a `kernels.tree_stage.CudaTreeStage` (the engine's CUDA backend, its buffers
+  kept per shape as in the engine): upload (a no-op for tensors already there), the kernel, one
+  copy of every tree field back to numpy;
 - `reference_stage_to_device`: `kernels.tree_stage.reference_stage_to_device`, the reference
   stage as the engine runs it when its accept is CUDA: `reference_stage`, then the trees'
   upload for the accept (one host-to-device copy, kept as `device_copy`). It is the baseline
@@ -112,8 +113,10 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
         if not device.startswith("cuda"):
             continue
 
-        def cuda_fn(i: int, sets=sets) -> ref.BatchedTrees:
-            return tree_stage.build_trees_stage(sets[i][0], sets[i][1], budget, device)
+        stage = tree_stage.CudaTreeStage(device)  # as the engine binds it: buffers kept
+
+        def cuda_fn(i: int, sets=sets, stage=stage) -> ref.BatchedTrees:
+            return stage(sets[i][0], sets[i][1], budget)
 
         check = None
         if cfg.refcheck:

@@ -29,6 +29,7 @@ __all__ = [
     "TREE_ALGOS",
     "CudaTrees",
     "KernelError",
+    "TreeWorkspace",
     "build_trees",
     "greedy_accept",
     "greedy_accept_from_logits",
@@ -73,6 +74,29 @@ class CudaTrees(NamedTuple):
             i64(batch, n1),
             i64(batch),
         )
+
+
+class TreeWorkspace:
+    """Trees and the greedy accept's outputs for one (batch, budget, max_depth) on one GPU,
+    checked once, here: a decode loop that builds and accepts trees of one shape every step
+    passes it as `build_trees(..., out=ws)` and `greedy_accept(ws, ...)`, which then check
+    only their other arguments (a batch-1 decode step is host-bound, and these buffers' checks
+    were 14 tensor checks a step). `trees`: the CudaTrees every build overwrites; `accept_out`:
+    (accepted, accept_len, bonus), views of the one int64 buffer `accept_flat` (one copy back).
+    The tensors are never replaced; nobody else should resize them."""
+
+    __slots__ = ("accept_flat", "accept_out", "batch", "budget", "device", "max_depth", "trees")
+
+    def __init__(self, trees: CudaTrees, max_depth: int) -> None:
+        op = "TreeWorkspace"
+        self.device = _check_trees(op, "trees", trees, None, None)
+        self.trees = trees
+        self.batch, self.budget = (int(x) for x in trees.token_ids.shape)
+        self.max_depth = _int_arg(op, "max_depth", max_depth, 0, MAX_DEPTH)
+        b, n = self.batch, self.batch * (self.max_depth + 1)
+        flat = torch.empty(n + 2 * b, dtype=torch.int64, device=self.device)
+        self.accept_flat = flat
+        self.accept_out = (flat[:n].view(b, self.max_depth + 1), flat[n : n + b], flat[n + b :])
 
 
 def _int_arg(op: str, name: str, v: object, lo: int, hi: int) -> int:
@@ -145,9 +169,17 @@ def build_trees(
     if k > MAX_K:
         raise ValueError(f"{op}: top_log_probs: K = {k} > {MAX_K}")
     dev = check_same_device(op, top_log_probs=top_log_probs, top_token_ids=top_token_ids)
-    out = out if out is not None else CudaTrees.empty(b, budget, dev)
-    _check_trees(op, "out", out, b, budget)
-    check_same_device(op, top_log_probs=top_log_probs, out=out.parents)
+    if isinstance(out, TreeWorkspace):  # its trees were checked when it was made
+        if (out.batch, out.budget) != (b, budget) or out.device != dev:
+            raise ValueError(
+                f"{op}: out: a workspace for batch {out.batch}, budget {out.budget} on "
+                f"{out.device}; these inputs need batch {b}, budget {budget} on {dev}"
+            )
+        out = out.trees
+    else:
+        out = out if out is not None else CudaTrees.empty(b, budget, dev)
+        _check_trees(op, "out", out, b, budget)
+        check_same_device(op, top_log_probs=top_log_probs, out=out.parents)
     argtypes = (c_ptr, c_ptr, c_i32, c_i32, c_i32, c_i32) + (c_ptr,) * 7 + (c_i32, c_ptr)
     fn = declare("ddtree_build_trees", argtypes)
     with torch.cuda.device(dev):
@@ -169,7 +201,7 @@ def build_trees(
 
 def _check_trees(
     op: str, name: str, trees: CudaTrees, batch: int | None, budget: int | None
-) -> None:
+) -> torch.device:
     if not isinstance(trees, CudaTrees):
         raise ValueError(f"{op}: {name}: expected CudaTrees, got {type(trees).__name__}")
     b = trees.num_nodes.shape[0] if batch is None else batch
@@ -186,7 +218,7 @@ def _check_trees(
     for field, shape in shapes.items():
         dt = (torch.bool,) if field == "visibility" else _I64
         check_tensor(op, f"{name}.{field}", getattr(trees, field), dtypes=dt, shape=shape)
-    check_same_device(op, **{f"{name}.{f}": getattr(trees, f) for f in shapes})
+    return check_same_device(op, **{f"{name}.{f}": getattr(trees, f) for f in shapes})
 
 
 def _accept_outputs(
@@ -208,7 +240,7 @@ def _accept_outputs(
 
 
 def greedy_accept(
-    trees: CudaTrees,
+    trees: CudaTrees | TreeWorkspace,
     target_ids: torch.Tensor,
     max_depth: int,
     *,
@@ -217,15 +249,28 @@ def greedy_accept(
     """(accepted [B, max_depth+1] padded -1, accept_len [B], bonus [B]) from ids [B, budget+1].
 
     Pass the drafter's H as max_depth: a walk is cut after max_depth steps (the reference
-    raises instead; no tree built from H positions is deeper than H).
+    raises instead; no tree built from H positions is deeper than H). A TreeWorkspace's trees
+    and outputs (its `accept_out`, unless `out` is given) are not checked again.
     """
     op = "greedy_accept"
-    _check_trees(op, "trees", trees, None, None)
-    b, budget = trees.token_ids.shape
-    check_tensor(op, "target_ids", target_ids, dtypes=_I64, shape=(b, budget + 1))
-    max_depth = _int_arg(op, "max_depth", max_depth, 0, MAX_DEPTH)
-    dev = check_same_device(op, trees=trees.parents, target_ids=target_ids)
-    acc, alen, bonus = _accept_outputs(op, b, max_depth, dev, out)
+    if isinstance(trees, TreeWorkspace):
+        ws, trees = trees, trees.trees
+        if max_depth != ws.max_depth:
+            raise ValueError(f"{op}: max_depth: {max_depth}, the workspace's is {ws.max_depth}")
+        b, budget = ws.batch, ws.budget
+        check_tensor(op, "target_ids", target_ids, dtypes=_I64, shape=(b, budget + 1))
+        dev = check_same_device(op, trees=trees.parents, target_ids=target_ids)
+        if out is None:
+            acc, alen, bonus = ws.accept_out
+        else:
+            acc, alen, bonus = _accept_outputs(op, b, max_depth, dev, out)
+    else:
+        _check_trees(op, "trees", trees, None, None)
+        b, budget = trees.token_ids.shape
+        check_tensor(op, "target_ids", target_ids, dtypes=_I64, shape=(b, budget + 1))
+        max_depth = _int_arg(op, "max_depth", max_depth, 0, MAX_DEPTH)
+        dev = check_same_device(op, trees=trees.parents, target_ids=target_ids)
+        acc, alen, bonus = _accept_outputs(op, b, max_depth, dev, out)
     fn = declare(
         "ddtree_greedy_accept",
         (c_ptr, c_ptr, c_ptr, c_i32, c_i32, c_ptr, c_i32, c_ptr, c_ptr, c_ptr, c_ptr),

@@ -12,6 +12,12 @@ boundary copies included, so its time is what swapping the backend changes in a 
   (a no-op for tensors already there), runs `kernels.cuda.build_trees`, and copies every tree
   field back in ONE device-to-host copy into a numpy `BatchedTrees`, which keeps the device
   trees as its `device_copy` attribute (the CUDA accept reuses them: no re-upload).
+- `CudaTreeStage(device)`: that stage as the engine binds it and the bench times it, with its
+  buffers kept per (batch, H, budget): the byte buffer and its views, and a
+  `kernels.cuda.TreeWorkspace` over them (trees and the accept's outputs, checked once when
+  made, not every step), kept as the trees' `workspace` beside their `device_copy`. A
+  step's trees are good until the stage's next call at that shape overwrites them (the engine
+  accepts them in the same step, in stream order).
 - `reference_stage_to_device(lp, ids, budget, device)`: the reference backend as the engine
   binds it when the accept runs on a GPU: `reference_stage`, then the trees' upload for that
   accept (`to_device`: one host-to-device copy, kept as `device_copy`). The upload is the
@@ -32,7 +38,13 @@ from kernels import reference
 from kernels.cuda_core import on_device
 from kernels.reference import BatchedTrees
 
-__all__ = ["build_trees_stage", "reference_stage", "reference_stage_to_device", "to_device"]
+__all__ = [
+    "CudaTreeStage",
+    "build_trees_stage",
+    "reference_stage",
+    "reference_stage_to_device",
+    "to_device",
+]
 
 reference_stage = reference.build_trees  # the same function object, not a wrapper
 
@@ -50,6 +62,39 @@ def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str
     trees = BatchedTrees(**{f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout})
     object.__setattr__(trees, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
     return trees
+
+
+class CudaTreeStage:
+    """`build_trees_stage` with its buffers kept per (batch, H, budget) (module doc)."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._kept: dict[tuple[int, int, int], tuple[torch.Tensor, tuple, Any]] = {}
+
+    def __call__(self, lp: Any, ids: Any, budget: int) -> BatchedTrees:
+        from kernels import cuda  # lazily: the kernel library loads on first use
+
+        dev = self.device
+        lp, ids = on_device(lp, dev, torch.float32), on_device(ids, dev, torch.int64)
+        if (
+            lp.dim() != 3 or lp.shape[1] > cuda.MAX_DEPTH
+            or type(budget) is not int or not 0 <= budget <= cuda.MAX_BUDGET
+        ):  # fmt: skip
+            return build_trees_stage(lp, ids, budget, dev)  # its checks name what is wrong
+        key = (lp.shape[0], lp.shape[1], budget)
+        kept = self._kept.get(key)
+        if kept is None:
+            layout = _layout(key[0], budget)
+            flat = torch.empty(layout[-1][2], dtype=torch.uint8, device=dev)
+            ws = cuda.TreeWorkspace(_views(flat, layout), key[1])
+            kept = self._kept[key] = (flat, layout, ws)
+        flat, layout, ws = kept
+        cuda.build_trees(lp, ids, budget, out=ws)
+        host = flat.cpu().numpy()  # every field in ONE device-to-host copy
+        trees = BatchedTrees(**{f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout})
+        object.__setattr__(trees, "device_copy", ws.trees)
+        object.__setattr__(trees, "workspace", ws)  # the CUDA accept's outputs, checked once
+        return trees
 
 
 _INT64_FIELDS = ("token_ids", "depths", "parents", "first_child", "next_sibling", "num_nodes")

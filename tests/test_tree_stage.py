@@ -9,7 +9,6 @@ accept) with the speedups beside the kernel's rows.
 
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
@@ -41,8 +40,7 @@ def test_the_engine_binds_the_stage_functions_themselves() -> None:
     assert tree_stage.reference_stage is reference.build_trees
     assert make_backends(dict(DEFAULTS), cpu).tree_build is tree_stage.reference_stage
     cuda = make_backends({**DEFAULTS, "tree_build": "cuda"}, cpu).tree_build
-    assert isinstance(cuda, functools.partial)
-    assert cuda.func is tree_stage.build_trees_stage and cuda.keywords == {"device": cpu}
+    assert isinstance(cuda, tree_stage.CudaTreeStage) and cuda.device == cpu
     import engine.backends as eb
 
     assert not hasattr(eb, "_cuda_build")  # moved, not copied
@@ -91,6 +89,73 @@ def test_tree_suite_without_cuda_is_a_note_and_keeps_the_stage_shape(
     assert doc["config"]["stage_shape"] == [5, 8, 8]
 
 
+def _targets(trees: reference.BatchedTrees, seed: int) -> np.ndarray:
+    """Verify ids [B, budget + 1] that follow each node's first child 3 times in 4 (else a
+    random id): accepts of every length."""
+    rng = np.random.default_rng(seed)
+    fc, tok = np.asarray(trees.first_child), np.asarray(trees.token_ids)
+    b, n1 = fc.shape
+    out = rng.integers(0, 1 << 20, size=(b, n1)).astype(np.int64)
+    follow = (fc > 0) & (rng.random((b, n1)) < 0.75)
+    rows, cols = np.nonzero(follow)
+    out[rows, cols] = tok[rows, fc[rows, cols] - 1]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 7, 32])
+def test_the_kept_stage_reuses_its_buffers_and_accepts_exactly(b: int) -> None:
+    # the engine's CUDA tree stage keeps one workspace per shape: every call at that shape
+    # overwrites the same buffers, its trees and the CUDA accept through the workspace (no
+    # checks of the kept buffers) equal the references on fresh inputs each time, and a
+    # call's host trees are its own (the next call does not change them)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    be = make_backends({**DEFAULTS, "topk": "cuda", "tree_build": "cuda", "accept": "cuda"}, dev)
+    assert isinstance(be.tree_build, tree_stage.CudaTreeStage)
+    seen, kept = set(), []
+    for i in range(3):
+        lp, ids = bench_stage.stage_inputs(b, 7, 16, 2.5 + 2 * i, "cuda", seed=100 * b + i)
+        want = tree_stage.reference_stage(lp, ids, 16)
+        got = be.tree_build(lp, ids, 16)
+        for f in TREE_FIELDS:
+            assert np.array_equal(getattr(got, f), getattr(want, f)), (i, f)
+        seen.add(got.workspace.trees.parents.data_ptr())
+        assert got.device_copy is got.workspace.trees
+        target = _targets(want, seed=i)
+        acc = be.accept(got, torch.from_numpy(target).to(dev), 7)
+        ref_acc = reference.greedy_accept_batch(want, target, 7)
+        for x, y in zip(acc, ref_acc, strict=True):
+            assert np.array_equal(np.asarray(x), np.asarray(y)), i
+        kept.append((got, want))
+    assert len(seen) == 1  # one workspace for the shape
+    for got, want in kept:  # each call's host trees are its own copy
+        assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in TREE_FIELDS)
+
+
+@pytest.mark.gpu
+def test_a_tree_workspace_is_checked_once_and_refuses_another_shape() -> None:
+    from kernels import cuda
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    good = cuda.CudaTrees.empty(2, 16, dev)
+    with pytest.raises(ValueError, match="TreeWorkspace: trees.depths: expected dtype int64"):
+        cuda.TreeWorkspace(good._replace(depths=good.depths.float()), 7)
+    with pytest.raises(ValueError, match="TreeWorkspace: max_depth"):
+        cuda.TreeWorkspace(good, 99)
+    ws = cuda.TreeWorkspace(good, 7)
+    assert ws.accept_out[0].shape == (2, 8) and ws.accept_out[0].data_ptr() == (
+        ws.accept_flat.data_ptr()
+    )
+    lp, ids = bench_stage.stage_inputs(3, 7, 16, 2.5, "cuda", seed=1)  # batch 3, not 2
+    with pytest.raises(ValueError, match="build_trees: out: a workspace for batch 2, budget 16"):
+        cuda.build_trees(lp, ids, 16, out=ws)
+    target = torch.zeros((2, 17), dtype=torch.int64, device=dev)
+    with pytest.raises(ValueError, match="greedy_accept: max_depth: 5, the workspace's is 7"):
+        cuda.greedy_accept(ws, target, 5)
+    with pytest.raises(ValueError, match="greedy_accept: target_ids: expected shape"):
+        cuda.greedy_accept(ws, target[:, :5].contiguous(), 7)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 8, 32])
 @pytest.mark.parametrize("scale", [2.5, 6.0])
@@ -106,6 +171,7 @@ def test_cuda_stage_builds_the_reference_stages_trees(b: int, scale: float) -> N
         make_backends({**DEFAULTS, "topk": "cuda", "tree_build": "cuda"}, dev).tree_build(
             lp, ids, 16
         ),
+        tree_stage.CudaTreeStage(dev)(lp, ids, 16),
     ):
         for f in TREE_FIELDS:
             assert getattr(got, f).dtype == getattr(want, f).dtype, f
