@@ -1,0 +1,92 @@
+"""`python -m engine.attn_bench`: the engine's own attention stage as kernels.bench rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ops.evidence import KernelRow
+
+SHAPE_KEYS = {"B", "L", "heads", "kv_dim", "dtype", "layers", "preset"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.attn_bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _rows(doc: dict) -> list[KernelRow]:
+    return [KernelRow.model_validate(r) for r in doc["results"]]
+
+
+def test_cpu_rows_validate_as_kernel_rows(tmp_path) -> None:
+    out = tmp_path / "attn.json"
+    p = _run("--device", "cpu", "--preset", "tiny", "--impls", "torch", "--batch", "1", "2",
+             "--steps", "3", "--warm", "1", "--prompt-len", "24", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)  # exactly one JSON document on stdout
+    assert json.loads(out.read_text()) == doc
+    assert doc["command"].startswith("python -m engine.attn_bench")
+    assert doc["config"]["impls"] == ["torch"] and "environment" in doc
+    rows = _rows(doc)
+    decode = [r for r in rows if r.kernel == "row_attention"]
+    prefill = [r for r in rows if r.kernel == "row_attention_prefill"]
+    assert [r.batch for r in decode] == [1, 2] and [r.batch for r in prefill] == [1]
+    for r in rows:
+        assert r.suite == "attn" and r.impl == "torch_engine" and r.mode == "engine_stage"
+        assert r.median_us > 0 and r.p25_us <= r.median_us <= r.p75_us
+        assert SHAPE_KEYS <= set(r.shape) and r.shape["L"] == 24
+        assert r.refcheck is None and not r.speedup  # one impl: nothing to compare
+    for r in decode:
+        assert r.reps == 3 and r.shape["T"] == 13 and r.shape["prefix_span"] == 64
+    assert prefill[0].reps == 3  # one prefill per sequence: 1 + 2
+    # the batch of 2 decodes from staggered prefixes: L - 1 and L - 1 + 64 // 2
+    two = next(r for r in decode if r.batch == 2)
+    assert two.model_extra["kv_len_first"] == [23, 55]
+    assert two.model_extra["kv_len_last"][0] > 23
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--batch", "0"], "--batch must be >= 1"),
+        (["--impls", "nope"], "invalid choice"),
+        (["--impls", "cuda"], "needs --device cuda"),
+        (["--steps", "100"], "past this model's context"),
+        (["--prompt-len", "1"], "--prompt-len must be >= 2"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], words: str) -> None:
+    p = _run("--device", "cpu", "--preset", "tiny", "--prompt-len", "24", *args)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_both_impls_carry_speedup_and_refcheck() -> None:
+    # fp32 matmuls: torch's bmm then computes fp32 as the CUDA kernel does (under TF32 a near
+    # tie may break differently between the backends; the bench records that, not fails)
+    p = _run("--device", "cuda", "--preset", "small", "--batch", "1", "8", "--steps", "4",
+             "--warm", "1", "--prompt-len", "256", "--matmul", "fp32")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    rows = _rows(doc)
+    for kernel, batches in (("row_attention", [1, 8]), ("row_attention_prefill", [1])):
+        for impl in ("torch_engine", "cuda_engine"):
+            got = [r for r in rows if r.kernel == kernel and r.impl == impl]
+            assert [r.batch for r in got] == batches, (kernel, impl)
+            for r in got:
+                assert r.median_us > 0 and r.refcheck is True
+                if impl == "cuda_engine":
+                    assert r.speedup["torch_engine"] > 0
+    assert doc["refcheck"] == {"1": True, "8": True}
