@@ -17,14 +17,54 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 from engine.bench import BACKEND_SETS, _load_once, _prompts
+from engine.config import PRESETS, preset
 from engine.device import DeviceError, check_device
 from engine.runtime import EngineSpec, build_decoder, generate
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _bad_input(args: argparse.Namespace) -> str | None:
+    """Why these arguments could only crash or time nothing (None when they can run)."""
+    for flag in ("runs", "fresh", "max_tokens"):
+        if getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}"
+    try:
+        check_device(args.device)
+    except DeviceError as exc:
+        return str(exc)
+    # a step starts while the sequence has room, and may commit draft_len + 1 tokens: the
+    # longest golden prompt plus --max-tokens plus one step's worth must fit the context
+    p = preset(args.preset)
+    per = p.engine.draft_len + 1 if args.mode == "ddtree" else 1
+    longest = max(len(x) for x in _prompts(0))
+    if longest + args.max_tokens + per > p.model.max_seq_len:
+        top = p.model.max_seq_len - longest - per
+        return (
+            f"--max-tokens {args.max_tokens}: a {longest}-token prompt would decode past this "
+            f"model's context ({p.model.max_seq_len}); at most {top} with --preset {args.preset}"
+        )
+    if not args.json:
+        return "--json needs a file path"
+    if os.path.isdir(args.json):
+        return f"--json {args.json}: is a directory"
+    parent = os.path.dirname(os.path.abspath(args.json))
+    exists = os.path.exists(args.json)
+    if not os.path.isdir(parent) or not os.access(args.json if exists else parent, os.W_OK):
+        return f"--json {args.json}: cannot write there"
+    return None
 
 
 def _cpu_mhz() -> float | None:
@@ -55,7 +95,8 @@ def _clocked(kind: str, fn) -> dict:
     before = {"cpu_mhz": _cpu_mhz(), "sm_mhz": _sm_clock()}
     run = fn()
     after = {"cpu_mhz": _cpu_mhz(), "sm_mhz": _sm_clock()}
-    keep = ("tokens_per_s", "wall_s", "cpu_s", "mean_accept_length", "stage_mean_ms")
+    keep = ("tokens_per_s", "wall_s", "cpu_s", "mean_accept_length", "stage_mean_ms",
+            "completed", "finish_reasons")  # fmt: skip
     return {"kind": kind, **{k: run[k] for k in keep if k in run}, "before": before, "after": after}
 
 
@@ -70,22 +111,18 @@ def _direct(dec, prompts, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="engine_aging.py")
+    ap = _Parser(prog="engine_aging.py")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="small")
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--mode", default="ddtree", choices=("ar", "ddtree"))
     ap.add_argument("--runs", type=int, default=12)
     ap.add_argument("--fresh", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
-    if min(args.runs, args.fresh, args.max_tokens) < 1:
-        print("error: --runs, --fresh and --max-tokens must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        check_device(args.device)
-    except DeviceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    why = _bad_input(args)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
         return 2
     sets = BACKEND_SETS["cuda" if args.device.startswith("cuda") else "cpu-kernels"]
     spec = EngineSpec(args.preset, args.mode, args.device, sets, max_batch_size=32)
@@ -117,8 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{i:2d} {r['kind']:28s} {r['tokens_per_s']:8.1f} tok/s cpu/wall "
               f"{r['cpu_s'] / r['wall_s']:.2f} cpu {r['before']['cpu_mhz']} MHz "
               f"sm {r['before']['sm_mhz']} {stages}")  # fmt: skip
-    with open(args.json, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "mode": args.mode, "runs": runs}, f, indent=1)
+    cmd = "engine_aging.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    doc = {"command": cmd, "mode": args.mode, "preset": args.preset, "runs": runs}
+    try:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    except OSError as exc:
+        print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    failed = [
+        i
+        for i, r in enumerate(runs)
+        if r.get("completed") is False or r.get("finish_reasons", ["length"]) != ["length"]
+    ]
+    if failed:
+        print(f"error: runs {failed} did not finish cleanly (see finish_reasons)", file=sys.stderr)
+        return 1
     return 0
 
 
