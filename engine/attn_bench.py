@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -88,6 +89,10 @@ def _check(args: argparse.Namespace) -> None:
     if not args.device.startswith("cuda") and "cuda" in args.impls:
         raise UsageError("--impls cuda needs --device cuda (a CPU has the torch attention only)")
     p = preset(args.preset)
+    if args.prompt_len >= p.model.max_seq_len:
+        raise UsageError(
+            f"--prompt-len {args.prompt_len}: past this model's context ({p.model.max_seq_len})"
+        )
     top = max(args.batch)
     if top > max(p.engine.max_batch_size, 64):
         raise UsageError(f"--batch {top}: at most {max(p.engine.max_batch_size, 64)} here")
@@ -103,11 +108,25 @@ def _check(args: argparse.Namespace) -> None:
             f"reach {need} tokens, past this model's context ({p.model.max_seq_len}); ask for "
             "fewer --steps / --warm or a shorter --prompt-len / --prefix-span"
         )
-    if args.json:
-        try:
-            open(args.json, "w").close()  # an unwritable path fails now, not after the run
-        except OSError as exc:
-            raise UsageError(f"--json {args.json}: {exc.strerror or exc}") from None
+    if args.json is not None:  # an unwritable path fails now, not after the run
+        why = _unwritable(args.json)
+        if why:
+            raise UsageError(f"--json {args.json!r}: {why}")
+
+
+def _unwritable(path: str) -> str | None:
+    """Why `path` cannot take the document (None when it can); an existing file is left as is
+    until the run has its document (a bad run does not empty an earlier result)."""
+    if not path:
+        return "needs a file path"
+    if os.path.isdir(path):
+        return "is a directory"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else "not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return "no such directory"
+    return None if os.access(parent, os.W_OK) else "its directory is not writable"
 
 
 def _decoders(args: argparse.Namespace) -> dict[str, Decoder]:
@@ -221,6 +240,7 @@ def _main(argv: list[str] | None) -> int:
     if args.impls is None:
         args.impls = list(IMPLS) if args.device.startswith("cuda") else ["torch"]
     args.impls = list(dict.fromkeys(args.impls))
+    args.batch = list(dict.fromkeys(args.batch))  # `--batch 2 2`: one row per shape, not two
     _check(args)
     if not args.device.startswith("cuda"):
         torch.set_num_threads(1)
@@ -263,9 +283,12 @@ def _main(argv: list[str] | None) -> int:
               file=sys.stderr)  # fmt: skip
     text = json.dumps(doc, indent=1)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    if args.json is not None:
+        try:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            raise UsageError(f"--json {args.json!r}: {exc.strerror or exc}") from None
     return 0
 
 
