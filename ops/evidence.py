@@ -416,6 +416,22 @@ class MeasureLevel(_Open):
     # after the measure (ops.rollout_switch.recheck): did the unchanged service drift?
     recheck: list[float] = Field(default_factory=list)
 
+    @field_validator("before", "after", "recheck")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        """A run's tokens/s: finite and > 0 (a run that made no tokens is not a sample)."""
+        for i, x in enumerate(v):
+            if not (math.isfinite(x) and x > 0):
+                raise ValueError(f"run {i}: tokens/s must be a finite number > 0, got {x!r}")
+        return v
+
+    @field_validator("aa")
+    @classmethod
+    def _aa_rates(cls, v: list[list[float]]) -> list[list[float]]:
+        for arm in v:
+            cls._rates(arm)
+        return v
+
     @field_validator("audit")
     @classmethod
     def _audit(cls, v: dict[str, AuditPart] | None) -> dict[str, AuditPart] | None:

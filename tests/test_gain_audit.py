@@ -189,7 +189,7 @@ def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path
     assert "+32.71% (A/A +2.00%)" in md, md
     assert "A'' 113.0 tokens/s against 101.0 in the A/A pair (drift +11.88%)" in md, md
     assert "+40.59% against the A/A pair alone, +32.71% against every baseline run" in md, md
-    assert "A'' after it (switched back in), a design balanced in time" in md
+    assert "A'' after it (switched back in),\na design balanced in time" in md
     # without a recheck nothing changes: after against the A/A pair, no plain gain apart
     for lv in meas["measure"]["levels"]:
         lv["recheck"] = []
@@ -198,3 +198,37 @@ def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path
                            args=("-c", "32"))  # fmt: skip
     for r in doc["amdahl"]:
         assert r["measured_gain"] == pytest.approx(142 / 101 - 1) and r["measured_plain"] is None
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("recheck", [0.0, 0.0]),
+        ("recheck", [-5.0]),
+        ("after", [0.0]),
+        ("before", [float("nan")]),
+        ("recheck", [float("inf")]),
+    ],  # fmt: skip
+)
+def test_a_run_of_no_tokens_or_a_non_number_is_bad_input(tmp_path, field, bad) -> None:
+    # a recheck of zero-token runs once made the measured gain +184% against a median of 50
+    meas = _load("measure_attn_noisy")
+    meas["measure"]["levels"][0][field] = bad
+    path = _write(tmp_path, "measure", meas)
+    code, doc = ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path,
+                           args=("-c", "32"))  # fmt: skip
+    assert code == 2, doc
+    assert field in str(doc) and "tokens/s must be a finite number > 0" in str(doc), doc
+
+
+def test_a_drift_line_says_what_its_baseline_was(tmp_path) -> None:
+    # no A/A pair: "the runs before the switch"; fewer A'' runs than after: not balanced
+    meas = _load("measure_attn_noisy")
+    for lv in meas["measure"]["levels"]:
+        lv["aa"], lv["before"] = [], [100.0, 102.0]
+        lv["after"], lv["recheck"] = [140.0, 144.0], [112.0]
+    path = _write(tmp_path, "measure", meas)
+    ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path, args=("-c", "32"))
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "A'' 112.0 tokens/s against 101.0 in the runs before the switch" in md, md
+    assert "(not balanced: 1 A'' runs against 2 after)" in md, md
