@@ -185,7 +185,8 @@ def test_identity_without_ids_in_completions(ops: Ops, ids: str, compared: str) 
     assert ops.json("service", "restart", "local")[0] == 0
     code, rep = ops.json("healthcheck", "local")
     ident = rep["modules"]["identity"]
-    assert code == 1 and {p["compared"] for p in ident["prompts"]} == {compared}
+    # (once, under a full suite's load, this returned 0; the report says why if it does again)
+    assert code == 1 and {p["compared"] for p in ident["prompts"]} == {compared}, rep
     warned = any("compared text" in w for w in ident["warnings"])
     assert warned == (compared == "text")
 
