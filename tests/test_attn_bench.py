@@ -63,12 +63,22 @@ def test_cpu_rows_validate_as_kernel_rows(tmp_path) -> None:
         (["--prompt-len", "1"], "--prompt-len must be >= 2"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args: list[str], words: str) -> None:
-    p = _run("--device", "cpu", "--preset", "tiny", "--prompt-len", "24", *args)
-    assert p.returncode == 2
-    assert p.stdout == ""
+def test_bad_input_is_one_line_and_exit_2(args: list[str], words: str, capsys) -> None:
+    # in this process (a subprocess each costs a torch import; one below runs the real CLI)
+    from engine import attn_bench
+
+    code = attn_bench.main(["--device", "cpu", "--preset", "tiny", "--prompt-len", "24", *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], err
+
+
+def test_bad_input_from_the_command_line_is_one_line_and_exit_2() -> None:
+    p = _run("--device", "cpu", "--preset", "tiny", "--batch", "0")
+    assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0], p.stderr
+    assert len(lines) == 1 and "--batch must be >= 1" in lines[0], p.stderr
     assert "Traceback" not in p.stderr
 
 
