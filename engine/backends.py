@@ -92,19 +92,14 @@ def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -
     from kernels.cuda_core import on_device
 
     ws = getattr(trees, "workspace", None)  # the CUDA tree stage's, checked once
-    if ws is not None and ws.max_depth == h:
-        cuda.greedy_accept(ws, on_device(target, device, torch.int64), h)
-        n = ws.batch * (h + 1)
-        host = ws.accept_flat.cpu().numpy()  # one copy back
-        return host[:n].reshape(ws.batch, h + 1), host[n : n + ws.batch], host[n + ws.batch :]
-    ct = getattr(trees, "device_copy", None)
-    if ct is None:  # trees from a caller that did not hand them over (the tree stage does)
-        from kernels import tree_stage
+    if ws is None or ws.max_depth != h:
+        ct = getattr(trees, "device_copy", None)
+        if ct is None:  # trees from a caller that did not hand them over (the tree stage does)
+            from kernels import tree_stage
 
-        ct = tree_stage.to_device(trees, device).device_copy
-    b, n = ct.num_nodes.shape[0], (h + 1) * ct.num_nodes.shape[0]
-    flat = torch.empty(n + 2 * b, dtype=torch.int64, device=device)  # the outputs, one buffer
-    out = (flat[:n].view(b, h + 1), flat[n : n + b], flat[n + b :])
-    cuda.greedy_accept(ct, on_device(target, device, torch.int64), h, out=out)
-    host = flat.cpu().numpy()  # one copy back
+            ct = tree_stage.to_device(trees, device).device_copy
+        ws = cuda.TreeWorkspace(ct, h)  # checks the trees; its outputs are one buffer
+    cuda.greedy_accept(ws, on_device(target, device, torch.int64), h)
+    b, n = ws.batch, ws.batch * (h + 1)
+    host = ws.accept_flat.cpu().numpy()  # one copy back
     return host[:n].reshape(b, h + 1), host[n : n + b], host[n + b :]

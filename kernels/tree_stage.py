@@ -51,17 +51,27 @@ reference_stage = reference.build_trees  # the same function object, not a wrapp
 
 def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str) -> BatchedTrees:
     """The CUDA tree-build stage: upload, build on `device`, one copy back to numpy trees."""
-    from kernels import cuda  # lazily: the kernel library loads on first use
-
     lp, ids = on_device(lp, device, torch.float32), on_device(ids, device, torch.int64)
     layout = _layout(lp.shape[0], budget)
     flat = torch.empty(layout[-1][2], dtype=torch.uint8, device=lp.device)
     t = _views(flat, layout)
-    cuda.build_trees(lp, ids, budget, out=t)
-    host = flat.cpu().numpy()  # every field in ONE device-to-host copy
-    trees = BatchedTrees(**{f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout})
-    object.__setattr__(trees, "device_copy", t)  # the CUDA accept reuses it (no re-upload)
-    return trees
+    return _build_into(lp, ids, budget, flat, layout, t, t)
+
+
+def _build_into(
+    lp: torch.Tensor, ids: torch.Tensor, budget: int, flat: torch.Tensor, layout: tuple,
+    trees: Any, out: Any,
+) -> BatchedTrees:  # fmt: skip
+    """Build into `out` (CudaTrees `trees` over the byte buffer `flat`, or a TreeWorkspace over
+    them), copy every field back in ONE device-to-host copy, and hand back numpy trees that keep
+    the device trees as their `device_copy` (the CUDA accept reuses them: no re-upload)."""
+    from kernels import cuda  # lazily: the kernel library loads on first use
+
+    cuda.build_trees(lp, ids, budget, out=out)
+    host = flat.cpu().numpy()
+    got = BatchedTrees(**{f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout})
+    object.__setattr__(got, "device_copy", trees)
+    return got
 
 
 class CudaTreeStage:
@@ -89,10 +99,7 @@ class CudaTreeStage:
             ws = cuda.TreeWorkspace(_views(flat, layout), key[1])
             kept = self._kept[key] = (flat, layout, ws)
         flat, layout, ws = kept
-        cuda.build_trees(lp, ids, budget, out=ws)
-        host = flat.cpu().numpy()  # every field in ONE device-to-host copy
-        trees = BatchedTrees(**{f: host[a:b].view(dt).reshape(sh) for f, a, b, dt, sh in layout})
-        object.__setattr__(trees, "device_copy", ws.trees)
+        trees = _build_into(lp, ids, budget, flat, layout, ws.trees, ws)
         object.__setattr__(trees, "workspace", ws)  # the CUDA accept's outputs, checked once
         return trees
 
