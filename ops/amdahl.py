@@ -207,34 +207,28 @@ def baseline_runs(lv: MeasureLevel) -> list[float]:
     return lv.before + lv.recheck
 
 
-def _median_gain(before: list[float], after: list[float]) -> float | None:
+def median_gain(before: list[float], after: list[float]) -> float | None:
+    """median(after) / median(before) - 1; None when either is empty or before's median is not
+    > 0 (the measured gain; the rollout's measure step says the same in its detail)."""
+    if not before or not after:
+        return None
     b = statistics.median(before)
     return statistics.median(after) / b - 1 if b > 0 else None
 
 
-def _aa_noise(ev: Evidence, c: int) -> tuple[float | None, float | None, float | None]:
-    """(A/A relative difference of tokens/s, measured gain: median after / median of
-    baseline_runs - 1, the plain after / (A, A') gain where a recheck made them differ) at
-    concurrency c."""
-    if ev.measure is None:
-        return None, None, None
-    lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
-    if lv is None:
-        return None, None, None
-    noise = None
+def _measured(row: AmdahlRow, lv: MeasureLevel) -> None:
+    """Fill row's A/A noise, measured gain (median after / median of baseline_runs - 1), its
+    bootstrap interval, the plain after / (A, A') gain where a recheck made them differ, and the
+    service's own s, from the measure's level at row's concurrency."""
     if len(lv.aa) >= 2 and lv.aa[0] and lv.aa[1]:
         a, b = statistics.median(lv.aa[0]), statistics.median(lv.aa[1])
-        noise = abs(b / a - 1) if a > 0 else None
-    gain = _median_gain(baseline_runs(lv), lv.after)
-    plain = _median_gain(lv.before, lv.after) if lv.recheck else None
-    return noise, gain, plain
-
-
-def _service_speedup(ev: Evidence, c: int) -> dict[str, float] | None:
-    if ev.measure is None:
-        return None
-    lv = next((x for x in ev.measure.levels if x.concurrency == c), None)
-    return None if lv is None else lv.service_speedup
+        row.aa_noise = abs(b / a - 1) if a > 0 else None
+    row.measured_gain = median_gain(baseline_runs(lv), lv.after)
+    row.measured_plain = median_gain(lv.before, lv.after) if lv.recheck else None
+    ci = gain_interval(baseline_runs(lv), lv.after, row.concurrency)
+    if ci is not None:
+        row.measured_lo, row.measured_hi = ci
+    row.service_speedup = lv.service_speedup
 
 
 def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRow]:
@@ -242,18 +236,13 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
     if ev.profile is None:
         return []
     stage = COMPONENT_STAGE[change.component]
+    measured = ev.measure.levels if ev.measure is not None else []
     out = []
     for lv in ev.profile.levels:
         row = AmdahlRow(concurrency=lv.concurrency)
-        row.aa_noise, row.measured_gain, row.measured_plain = _aa_noise(ev, lv.concurrency)
-        levels = ev.measure.levels if ev.measure is not None else []
-        mlv = next((x for x in levels if x.concurrency == lv.concurrency), None)
-        ci = None
+        mlv = next((x for x in measured if x.concurrency == lv.concurrency), None)
         if mlv is not None:
-            ci = gain_interval(baseline_runs(mlv), mlv.after, lv.concurrency)
-        if ci is not None:
-            row.measured_lo, row.measured_hi = ci
-        row.service_speedup = _service_speedup(ev, lv.concurrency)
+            _measured(row, mlv)
         found = lv.f_of(stage)
         if found is None:
             row.note = f"the profile has no {stage!r} time at this concurrency"

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ops.amdahl import median_gain
 from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
 from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change
@@ -135,12 +136,6 @@ def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | No
     return {k: {"before_ms": b[k], "after_ms": a[k]} for k in AUDIT_PARTS}
 
 
-def _rel(a: list[float], b: list[float]) -> float | None:
-    if not a or not b or statistics.median(a) <= 0:
-        return None
-    return statistics.median(b) / statistics.median(a) - 1
-
-
 def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     """before: the A/A pair (the unchanged service, the load twice); after: the same load on
     the switched service, as many runs as before. The report sets predicted beside measured."""
@@ -152,7 +147,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}
         ctx.before_runs = raw
         levels = [
-            {"concurrency": c, "aa": ctx.before[c], "aa_noise": _rel(a[c], a2[c])}
+            {"concurrency": c, "aa": ctx.before[c], "aa_noise": median_gain(a[c], a2[c])}
             for c in load.concurrency
         ]
         section = {"target": ctx.target.name, "levels": levels, "settings": settings, "runs": raw}
@@ -189,7 +184,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
                        "service_speedup": service_speedup(ctx.before_runs + raw, c),
                        "audit": audit(ctx.before_runs + raw, c),
                        "recheck": again.get(c, [])})  # fmt: skip
-        gains.append(f"c={c} {_pct(_rel(before + again.get(c, []), after[c]))}")
+        gains.append(f"c={c} {_pct(median_gain(before + again.get(c, []), after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {
         "target": ctx.target.name,
