@@ -7,35 +7,18 @@ traceback, printed argparse's usage block, or ran and reported nothing before it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_benchmark, one_line
 
 from engine import bench as engine_bench
 from kernels import bench as kernels_bench
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _engine_steps():
-    spec = importlib.util.spec_from_file_location(
-        "engine_steps", ROOT / "benchmarks" / "engine_steps.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def _exit_code(fn, argv: list[str]) -> int:
@@ -67,13 +50,13 @@ ENGINE_BENCH += ["--identity-tokens", "4", "--repeats", "1", "--concurrency", "1
 def test_engine_bench_bad_input(tmp_path, capsys, extra, says) -> None:
     out = tmp_path / "e.json"
     assert _exit_code(engine_bench.main, [*ENGINE_BENCH, *extra, "--json", str(out)]) == 2
-    assert says in _one_line(capsys.readouterr().err)
+    assert says in one_line(capsys.readouterr().err)
 
 
 def test_engine_bench_unwritable_json_fails_before_running(tmp_path, capsys) -> None:
     bad = tmp_path / "missing" / "e.json"
     assert engine_bench.main([*ENGINE_BENCH, "--json", str(bad)]) == 2  # was a traceback
-    assert "--json" in _one_line(capsys.readouterr().err)
+    assert "--json" in one_line(capsys.readouterr().err)
 
 
 def test_engine_bench_cpu_run_records_matmul_and_repeats(tmp_path) -> None:
@@ -107,7 +90,7 @@ def test_kernels_bench_bad_input(capsys, extra, says) -> None:
     argv = ["--json", "--suite", "tree", "--batch", "1", *extra]
     assert _exit_code(kernels_bench.main, argv) == 2
     captured = capsys.readouterr()
-    assert says in _one_line(captured.err)
+    assert says in one_line(captured.err)
     assert captured.out == ""
 
 
@@ -137,20 +120,20 @@ STEPS = ["--device", "cpu", "--preset", "tiny", "--batch", "1", "--steps", "2", 
 )
 def test_engine_steps_bad_input(tmp_path, capsys, extra, says) -> None:
     argv = [*STEPS, *extra, "--json", str(tmp_path / "s.json")]
-    assert _engine_steps().main(argv) == 2
-    assert says in _one_line(capsys.readouterr().err)
+    assert load_benchmark("engine_steps").main(argv) == 2
+    assert says in one_line(capsys.readouterr().err)
 
 
 def test_engine_steps_unwritable_json_fails_before_running(tmp_path, capsys) -> None:
     argv = [*STEPS, "--json", str(tmp_path / "missing" / "s.json")]
-    assert _engine_steps().main(argv) == 2  # was a traceback after the first run
-    assert "--json" in _one_line(capsys.readouterr().err)
+    assert load_benchmark("engine_steps").main(argv) == 2  # was a traceback after the first run
+    assert "--json" in one_line(capsys.readouterr().err)
 
 
 def test_engine_steps_counts_the_timed_steps_tokens(tmp_path, capsys) -> None:
     out = tmp_path / "s.json"
     argv = [*STEPS, "--steps", "3", "--modes", "ar", "--batch", "1", "2", "--json", str(out)]
-    assert _engine_steps().main(argv) == 0
+    assert load_benchmark("engine_steps").main(argv) == 0
     runs = json.loads(out.read_text())["runs"]
     # AR commits one token per request per step; this was 0 (counted after the timed steps)
     assert [(r["batch"], r["tokens_after"]) for r in runs] == [(1, 3), (2, 6)]
@@ -164,7 +147,7 @@ def test_engine_check_abbreviated_still_prints_its_json_document() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "--port" in _one_line(proc.stderr)
+    assert "--port" in one_line(proc.stderr)
     assert json.loads(proc.stdout) == {
         "ok": False,
         "error": "argument --port: must be in [1, 65535], got 0",

@@ -8,7 +8,6 @@ a traceback before its fix or pins down behaviour a user relies on.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_benchmark, one_line
 
 from engine import bench as engine_bench
 from engine.runtime import EngineSpec, build_decoder
@@ -24,23 +24,6 @@ from engine.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = ROOT / "benchmarks/results/2026-12-01-b3b9d70-h200-rollouts-audit"
-
-
-def _engine_steps():
-    spec = importlib.util.spec_from_file_location(
-        "engine_steps_s6", ROOT / "benchmarks" / "engine_steps.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 STEPS = ["--device", "cpu", "--preset", "tiny", "--batch", "1", "--warm", "0"]
@@ -55,14 +38,14 @@ STEPS = ["--device", "cpu", "--preset", "tiny", "--batch", "1", "--warm", "0"]
     ],
 )
 def test_engine_steps_rejects_a_bad_host_profile(tmp_path, capsys, value, says) -> None:
-    es = _engine_steps()
+    es = load_benchmark("engine_steps")
     argv = [*STEPS, "--modes", "ar", "--steps", "2", "--host-profile", value]
     assert es.main([*argv, "--json", str(tmp_path / "x.json")]) == 2
-    assert says in _one_line(capsys.readouterr().err)
+    assert says in one_line(capsys.readouterr().err)
 
 
 def test_engine_steps_host_profile_lists_the_top_functions_per_step(tmp_path, capsys) -> None:
-    es = _engine_steps()
+    es = load_benchmark("engine_steps")
     out = tmp_path / "x.json"
     argv = [*STEPS, "--modes", "ar", "ddtree", "--steps", "3", "--host-profile", "4"]
     assert es.main([*argv, "--json", str(out)]) == 0
@@ -92,7 +75,7 @@ def test_engine_steps_stops_before_the_sequences_pass_the_models_context(tmp_pat
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 2, p.stderr[-2000:]
-    line = _one_line(p.stderr)
+    line = one_line(p.stderr)
     assert "context (512)" in line and "fewer steps" in line, line
 
 
@@ -205,7 +188,7 @@ def test_a_malformed_audit_is_exit_2_naming_the_file_and_field(tmp_path, name, e
     run = _edited(tmp_path, "tree", edit)
     p = _report(run)
     assert p.returncode == 2, (name, p.stderr)
-    line = _one_line(p.stderr)
+    line = one_line(p.stderr)
     assert str(run / "08-measure" / "record.json") in line and field in line, line
 
 
@@ -266,7 +249,7 @@ def test_a_window_of_no_time_is_bad_input(tmp_path, name, edit) -> None:
 def test_engine_steps_profile_on_a_cpu_reports_no_gpu_time(tmp_path, capsys) -> None:
     """--profile on a CPU asked torch.profiler for CUDA activity (a UserWarning, an error under
     this suite) and reported a GPU busy time of 0.0 ms a step; now None, no kernels, host calls."""
-    es = _engine_steps()
+    es = load_benchmark("engine_steps")
     out = tmp_path / "x.json"
     argv = [*STEPS, "--modes", "ddtree", "--steps", "2", "--profile", "3", "--json", str(out)]
     assert es.main(argv) == 0

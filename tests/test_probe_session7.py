@@ -5,7 +5,6 @@ never lost or silently not written; a failed A/B round named in a summary that i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_benchmark
 
 from ops.evidence import KernelRow
 
@@ -35,14 +35,6 @@ def _in_process(main, argv: list[str], capsys) -> subprocess.CompletedProcess:
         rc = exc.code
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(argv, rc, out, err)
-
-
-def _aging_main():
-    path = ROOT / "benchmarks" / "engine_aging.py"
-    spec = importlib.util.spec_from_file_location("engine_aging", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
 
 
 def _one_line_exit_2(p: subprocess.CompletedProcess, words: str) -> None:
@@ -111,7 +103,7 @@ def test_attn_bench_repeated_batch_and_earlier_result_kept(tmp_path) -> None:
 )
 def test_engine_aging_bad_input(tmp_path, capsys, args: list[str], words: str) -> None:
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    p = _in_process(_aging_main(), [*TINY, *args], capsys)
+    p = _in_process(load_benchmark("engine_aging").main, [*TINY, *args], capsys)
     _one_line_exit_2(p, words)
     assert not (tmp_path / "a.json").exists()
 
