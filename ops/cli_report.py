@@ -93,8 +93,7 @@ def write_reports(
     """report.<fmt> for each format and report.json, each written atomically, readable by all."""
     ctx = context(d, ev, [s["path"] for s in sources])
     docs = {f"report.{fmt}": render(fmt, ctx) for fmt in fmts}
-    doc = {**summary(d, sources), "gain_audit": audit_doc(d, ev)}
-    docs["report.json"] = json.dumps(doc, indent=2) + "\n"
+    docs["report.json"] = json.dumps(report_doc(d, ev, sources), indent=2) + "\n"
     files = []
     for name, text in docs.items():
         path = dest / name
@@ -122,6 +121,11 @@ def _ensure_dir(path: Path) -> None:
 
 def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
     return {**d.model_dump(mode="json"), "records": sources}
+
+
+def report_doc(d: Decision, ev: Evidence, sources: list[dict[str, str]]) -> dict[str, Any]:
+    """What report.json and `ops report --json` say: the decision, its records, the gain audit."""
+    return {**summary(d, sources), "gain_audit": audit_doc(d, ev)}
 
 
 @command
@@ -185,8 +189,7 @@ def report(
             files=files,
         )
     if state(ctx).as_json:
-        doc = {**summary(d, sources), "gain_audit": audit_doc(d, ev)}
-        emit_json({**doc, "out_dir": str(dest), "files": files})
+        emit_json({**report_doc(d, ev, sources), "out_dir": str(dest), "files": files})
     else:
         _print(d)
         err.print(f"[dim]report: {', '.join(files)}[/]")
