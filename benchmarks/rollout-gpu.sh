@@ -9,6 +9,9 @@
 # interference probe's threshold is lifted (this run checks the prediction, not isolation), and
 # the bench's times include the service's load. With GPUS=2 (a two-GPU host) the service runs
 # on GPU 0 and the bench on GPU 1, guarded and probed as shipped.
+# The engine serves with a fixed tree budget (SERVE_ARGS, default `--max-budget 0`): the playbooks'
+# bench shapes are trees of 17 rows (the preset's budget 16) at every concurrency, which the
+# preset's budget by batch size (32 nodes up to batch 17) would not match.
 # The measure after the switch rechecks (RECHECK=1, the default; 0: off): the baseline's release
 # switched back in, the load once more (A''), the candidate back: drift beside the gain.
 # Usage on the GPU host, project root:
@@ -45,7 +48,7 @@ remote_root = "$root"
 $gpu_lines
 [targets.local.service]
 url = "http://127.0.0.1:30188"
-command = "{python} -m engine --host {host} --port {port} --preset ${PRESET:-small} --mode ddtree --device ${DEVICE:-cuda:0}"
+command = "{python} -m engine --host {host} --port {port} --preset ${PRESET:-small} --mode ddtree --device ${DEVICE:-cuda:0} ${SERVE_ARGS---max-budget 0}"
 components = { $comps }
 TOML
 # the validation playbook: the shipped one, every step after `decide` run whatever the verdict

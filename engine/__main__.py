@@ -71,6 +71,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=_number(int, 1))
     p.add_argument("--budget", type=_number(int, 1), help="DDTree nodes per request per step")
     p.add_argument(
+        "--max-budget",
+        type=_number(int, 0),
+        help="grow each tree up to this many nodes while the step's batch leaves the forward "
+        "chunk room (EngineConfig.max_budget; 0: every step at --budget)",
+    )
+    p.add_argument(
         "--no-cuda-graphs",
         dest="cuda_graphs",
         action="store_false",
@@ -220,6 +226,7 @@ def run(argv: list[str] | None) -> int:
         args.seed,
         args.max_batch_size,
         args.budget,
+        max_budget=args.max_budget,
         cuda_graphs=args.cuda_graphs,
         matmul=args.matmul,
         backend_sources=sources,

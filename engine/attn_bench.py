@@ -182,7 +182,7 @@ def _batch(args, decs: dict[str, Decoder], b: int, prefill: dict, out: dict) -> 
     dec = next(iter(decs.values()))
     shape = {
         **_shape(args, dec, b),
-        "T": dec.cfg.budget + 1 if args.mode == "ddtree" else 1,
+        "T": dec.cfg.budget_at(b) + 1 if args.mode == "ddtree" else 1,
         "prefix_span": args.prefix_span,
     }
     extra = {"kv_len_first": [min(kv0), max(kv0)], "kv_len_last": [min(kv1), max(kv1)]}

@@ -186,6 +186,7 @@ def _bad_input(args: argparse.Namespace) -> str | None:
         ("--identity-tokens", [args.identity_tokens], 1),
         ("--prompt-len", [args.prompt_len], 0),
         ("--row-chunk", [args.row_chunk] if args.row_chunk is not None else [], 1),
+        ("--max-budget", [args.max_budget] if args.max_budget is not None else [], 0),
     ):
         bad = [v for v in values if v < low]
         if bad:
@@ -210,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--row-chunk", type=int, help="override the preset's forward chunk rows")
+    ap.add_argument(
+        "--max-budget",
+        type=int,
+        help="override the preset's largest tree by batch size (EngineConfig.max_budget; "
+        "0: every step at the preset's budget)",
+    )
     ap.add_argument(
         "--matmul", choices=MATMUL, default=MATMUL[0], help="float32 matmuls on the GPU"
     )
@@ -252,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "prompt_len": args.prompt_len,
         "row_chunk": args.row_chunk,
+        "max_budget": args.max_budget,
         "matmul": args.matmul,
         "repeats": args.repeats,
         "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -321,6 +329,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             backends,
             cuda_graphs=graphs,
             row_chunk=args.row_chunk,
+            max_budget=args.max_budget,
             matmul=args.matmul,
         )
         _, dec = build_decoder(spec)
@@ -346,7 +355,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             mode: EngineSpec(
                 args.preset, mode, args.device, backends,
                 max_batch_size=max(args.concurrency), cuda_graphs=graphs,
-                row_chunk=args.row_chunk, matmul=args.matmul,
+                row_chunk=args.row_chunk, max_budget=args.max_budget, matmul=args.matmul,
             )
             for mode in ("ar", "ddtree")
         }  # fmt: skip

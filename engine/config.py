@@ -50,6 +50,12 @@ class EngineConfig:
 
     draft_len: int = 6  # H: drafted positions per step
     budget: int = 12  # tree nodes per request per step (root excluded)
+    # The tree budget by batch size: a step of b requests grows each tree up to the rows one
+    # forward chunk holds, `budget_at(b)` = max(budget, min(max_budget, row_chunk // b - 1));
+    # 0 (or <= budget) keeps every step at `budget`. The verify's matmuls run on whole padded
+    # chunks, so at a small batch the extra tree rows cost the GEMMs nothing and raise the
+    # accept length; they do cost attention (per row, per key), so long prompts gain less.
+    max_budget: int = 0
     topk: int = 0  # K per drafted position; 0 = min(budget, vocab) as the public reference does
     max_batch_size: int = 8
     page_size: int = 16
@@ -58,8 +64,21 @@ class EngineConfig:
     # (padded), which is what keeps a row's result independent of the batch (engine.model)
     row_chunk: int = 16
 
-    def k(self, vocab: int) -> int:
-        return self.topk if self.topk > 0 else max(1, min(self.budget, vocab))
+    def budget_at(self, batch: int) -> int:
+        """Tree nodes per request in a step of `batch` requests (see `max_budget`)."""
+        if self.max_budget <= self.budget:
+            return self.budget
+        return max(self.budget, min(self.max_budget, self.row_chunk // max(batch, 1) - 1))
+
+    @property
+    def largest_budget(self) -> int:
+        """The largest tree any step builds (what KV reservations and buffers are sized for)."""
+        return max(self.budget, self.max_budget)
+
+    def k(self, vocab: int, budget: int | None = None) -> int:
+        """K per drafted position for a tree of `budget` nodes (default: `budget`)."""
+        b = self.budget if budget is None else budget
+        return self.topk if self.topk > 0 else max(1, min(b, vocab))
 
 
 @dataclass(frozen=True)
@@ -92,7 +111,11 @@ PRESETS: dict[str, Preset] = {
         # one chunk holds a full DDTree step at batch 32 (32 x 17 = 544 rows): on a GPU with
         # TF32 matmuls the padded rows cost little and a forward is layers + 1 graph launches
         # (benchmarks/NOTES-engine.md, "One chunk, TF32")
-        EngineConfig(draft_len=7, budget=16, max_batch_size=32, page_size=64, row_chunk=576),
+        # trees of 32 nodes up to batch 17, then what fills the chunk (17 nodes at batch 32)
+        EngineConfig(
+            draft_len=7, budget=16, max_budget=32, max_batch_size=32, page_size=64,
+            row_chunk=576,
+        ),
     ),
 }
 

@@ -60,12 +60,15 @@ class Decoder:
             raise ValueError(f"mode must be 'ar' or 'ddtree', got {mode!r}")
         self.model, self.cfg, self.mode, self.backends = model, cfg, mode, backends
         mc = model.cfg
-        slots_per_seq = mc.max_seq_len + cfg.budget + 2
+        slots_per_seq = mc.max_seq_len + cfg.largest_budget + 2
         pages = cfg.max_batch_size * -(-slots_per_seq // cfg.page_size) + 1
         self.cache = PagedKVCache(mc.layers, pages, cfg.page_size, mc.kv_dim, model.device)
         self.drafter = Drafter(model, cfg.draft_len) if mode == "ddtree" else None
         self.k = cfg.k(mc.vocab_size)
-        max_rows = cfg.max_batch_size * ((cfg.budget if mode == "ddtree" else 0) + 1)
+        max_rows = max(  # the most rows a step's forward can hold, over every batch size
+            b * ((cfg.budget_at(b) if mode == "ddtree" else 0) + 1)
+            for b in range(1, cfg.max_batch_size + 1)
+        )
         self.forward = Forward(
             model, self.cache.pool, self.cache.trash_slot, max(max_rows, cfg.row_chunk),
             cfg.row_chunk, graphs,
@@ -96,7 +99,7 @@ class Decoder:
         of at most the forward's row capacity (row p sees positions 0 .. p). Returns the
         seconds spent in attention (timed as in a step's verify)."""
         n = len(seq.tokens) - 1
-        seq.blocks.reserve(n + self.cfg.budget + 2)
+        seq.blocks.reserve(n + self.cfg.largest_budget + 2)
         slots = seq.blocks.slot_array(max(n, 0))
         tokens = np.asarray(seq.tokens[:n], dtype=np.int64)
         step = self.forward.max_rows
@@ -114,7 +117,7 @@ class Decoder:
         return timer.seconds()
 
     def _verify_rows(
-        self, seqs: list[Sequence], trees, num_nodes: list[int]
+        self, seqs: list[Sequence], trees, num_nodes: list[int], budget: int
     ) -> tuple[Rows, np.ndarray, np.ndarray]:
         """Every request's root + tree nodes as rows, each with its visible slots in position
         order (the prefix, then its ancestors and itself), for the whole batch at once; each
@@ -151,33 +154,34 @@ class Decoder:
         write = slots[np.arange(B)[:, None], lens_pre[:, None] + np.arange(T)[None, :]]
         rows = Rows(*(a.reshape(B * T)[keep] for a in (tokens, positions, write)), table, lens)
         b, i = np.divmod(kept, T)
-        return rows, b * (self.cfg.budget + 1) + i, slots
+        return rows, b * (budget + 1) + i, slots
 
     def step(self, seqs: list[Sequence]) -> StepResult:
         stream = self._stream()  # looked up once a step: the laps' and the attention timer's
         clock = StageClock(stream)
         lap = clock.lap
         trees = None
+        budget = self.cfg.budget_at(len(seqs))  # the tree budget of a step this size
         if self.mode == "ddtree":
             logits = self.drafter.draft([s.text for s in seqs])
             lap("draft")
-            lp, ids = self.backends.topk(logits, self.k)
+            lp, ids = self.backends.topk(logits, self.cfg.k(self.model.cfg.vocab_size, budget))
             lap("topk")
-            trees = self.backends.tree_build(lp, ids, self.cfg.budget)
+            trees = self.backends.tree_build(lp, ids, budget)
             lap("tree_build")
         num_nodes = [0] * len(seqs) if trees is None else [int(n) for n in trees.num_nodes]
 
         # verify: one target forward over every request's root + nodes
         timer = AttentionTimer(self.model.device, stream)
-        rows, place, slots = self._verify_rows(seqs, trees, num_nodes)
+        rows, place, slots = self._verify_rows(seqs, trees, num_nodes, budget)
         logits = self.forward.run(rows, self.backends.attention, timer)
         argmax = logits.argmax(dim=-1)
         if trees is None:
             argmax = argmax.cpu().numpy()
-        elif len(place) == len(seqs) * (self.cfg.budget + 1):  # every tree full: in place
+        elif len(place) == len(seqs) * (budget + 1):  # every tree full: in place
             target = argmax
         else:  # the target ids stay on the model's device: a CUDA accept reads them there
-            target = torch.zeros(len(seqs) * (self.cfg.budget + 1), dtype=torch.int64,
+            target = torch.zeros(len(seqs) * (budget + 1), dtype=torch.int64,
                                  device=argmax.device)  # fmt: skip
             target[torch.from_numpy(place).to(argmax.device)] = argmax
         lap("verify")
@@ -189,7 +193,7 @@ class Decoder:
                     probs = torch.softmax(logits[b].double().cpu() / s.temperature, dim=-1)
                     new_tokens[b] = [int(torch.multinomial(probs, 1, generator=s.generator))]
         else:
-            target = target.view(len(seqs), self.cfg.budget + 1)
+            target = target.view(len(seqs), budget + 1)
             acc, alen, bon = self.backends.accept(trees, target, self.cfg.draft_len)
             lap("accept")
             new_tokens = self._compact(seqs, slots, trees, acc, alen, bon)

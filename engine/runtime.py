@@ -26,6 +26,7 @@ class EngineSpec:
     seed: int = 0
     max_batch_size: int | None = None
     budget: int | None = None
+    max_budget: int | None = None  # EngineConfig.max_budget (0: every step at `budget`)
     # capture the forward's segments as CUDA graphs (on a GPU; $DDTREE_ENGINE_CUDA_GRAPHS=0 or
     # --no-cuda-graphs turns it off)
     cuda_graphs: bool = True
@@ -45,6 +46,7 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
         for k, v in (
             ("max_batch_size", spec.max_batch_size),
             ("budget", spec.budget),
+            ("max_budget", spec.max_budget),
             ("row_chunk", spec.row_chunk),
         )
         if v is not None

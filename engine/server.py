@@ -227,6 +227,12 @@ def create_app(
                 "backend_sources": backend_sources,
                 "limits": dataclasses.asdict(limits),
                 "topk": dec.k if dec else None,
+                # the tree budget a step of b requests builds (EngineConfig.budget_at), b = 1..max
+                "budget_by_batch": (
+                    [dec.cfg.budget_at(b) for b in range(1, dec.cfg.max_batch_size + 1)]
+                    if dec and spec.mode == "ddtree"
+                    else None
+                ),
                 "cuda_graphs": {
                     "enabled": dec.forward.graphs,
                     "captured": dec.forward.captured_graphs,

@@ -82,6 +82,36 @@ def test_ddtree_equals_ar_with_cpp_accept_and_small_budget(ar_outputs: list[list
     assert generate(dec, PROMPTS, MAX_TOKENS)[0] == ar_outputs
 
 
+def test_budget_by_batch_fills_the_chunk_and_never_goes_below_the_budget() -> None:
+    small = preset("small").engine  # budget 16, max_budget 32, chunk 576
+    assert [small.budget_at(b) for b in (1, 8, 17, 18, 32)] == [32, 32, 32, 31, 17]
+    assert all(b * (small.budget_at(b) + 1) <= small.row_chunk for b in range(1, 33))
+    fixed = preset("small", max_budget=0).engine
+    assert {fixed.budget_at(b) for b in range(1, 33)} == {16}
+    tiny = preset("tiny", max_budget=15).engine  # budget 12, chunk 16: 15 alone, 12 batched
+    assert [tiny.budget_at(b) for b in (1, 2, 8)] == [15, 12, 12]
+    assert (tiny.largest_budget, tiny.k(258, 15), tiny.k(258)) == (15, 15, 12)
+
+
+def test_ddtree_with_a_budget_by_batch_equals_ar_as_batches_grow_and_shrink(
+    ar_outputs: list[list[int]],
+) -> None:
+    """Trees of 15 nodes at batch 1 and 12 when batched (one decoder, the sizes mixing as
+    requests join and leave): every output still equals AR's, and the lone steps' trees were
+    really larger (a step at batch 1 accepts from a 15-node tree)."""
+    _, dec = build_decoder(EngineSpec(mode="ddtree", max_budget=15, max_batch_size=4))
+    assert dec.cfg.budget_at(1) == 15 and dec.cfg.budget_at(2) == 12
+    seen: list[int] = []
+    build = dec.backends.tree_build
+    dec.backends.tree_build = lambda lp, ids, budget: seen.append(budget) or build(lp, ids, budget)
+    batched, accept = generate(dec, PROMPTS, MAX_TOKENS)
+    assert batched == ar_outputs
+    alone = [generate(dec, [p], MAX_TOKENS)[0][0] for p in PROMPTS[::5]]
+    assert alone == ar_outputs[::5]
+    assert {12, 15} <= set(seen) and max(accept) > 1
+    assert dec.cache.free_pages == dec.cache.num_pages
+
+
 def test_project_golden_prompts_identity_and_accept_length_above_two() -> None:
     """checks/data/golden_prompts.json: DDTree == AR, and > 2 tokens per step on average."""
     from engine.golden import PROJECT_PROMPTS, load_prompts
