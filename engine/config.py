@@ -113,7 +113,11 @@ PRESETS: dict[str, Preset] = {
         # (benchmarks/NOTES-engine.md, "One chunk, TF32")
         # trees of 32 nodes up to batch 17, then what fills the chunk (17 nodes at batch 32)
         EngineConfig(
-            draft_len=7, budget=16, max_budget=32, max_batch_size=32, page_size=64,
+            draft_len=7,
+            budget=16,
+            max_budget=32,
+            max_batch_size=32,
+            page_size=64,
             row_chunk=576,
         ),
     ),
