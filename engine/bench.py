@@ -2,17 +2,21 @@
 
     python -m engine.bench --preset small --device cuda --json OUT.json \
         [--concurrency 1 8 32] [--max-tokens 64] [--repeats 5] [--graphs both]
-        [--prompt-len N] [--matmul tf32|fp32] [--time-budget 200]
+        [--prompt-len N] [--matmul tf32|fp32] [--time-budget 200] [--rounds R]
+        [--max-budget N]
 
 For each backend set (`cuda`: every component on the GPU; `cpu-kernels`: the model on the device,
 top-k / tree build / accept on the CPU references, torch attention) it checks that DDTree output
 equals AR output on the golden prompts (batched), then for each mode and concurrency c submits c
 requests at once to the continuous-batching scheduler (each generating exactly max-tokens tokens,
-EOS ignored) and records wall time, tokens/s (the median of `--repeats` runs over one decoder per
-mode, AR's and DDTree's runs interleaved, every run's kept), mean accept length and the per-stage
-step breakdown, and whether every request's DDTree output equals its AR output under that load.
-With `--graphs both` (the default on a GPU) every set runs with the forward's CUDA graphs and
-again eagerly (`SET:eager`). In-process: no HTTP server involved.
+EOS ignored; with `--rounds R`, R x c requests, each finished one replaced by the next, so c stay
+in flight as under a closed-loop client, and the steady tokens/s of the window until the last
+submission is recorded beside the whole run's) and records wall time, tokens/s (the median of
+`--repeats` runs over one decoder per mode, AR's and DDTree's runs interleaved, every run's kept),
+mean accept length and the per-stage step breakdown, and whether every request's DDTree output
+equals its AR output under that load. With `--graphs both` (the default on a GPU) every set runs
+with the forward's CUDA graphs and again eagerly (`SET:eager`). In-process: no HTTP server
+involved.
 """
 
 from __future__ import annotations
@@ -43,12 +47,18 @@ BACKEND_SETS = {
 
 
 def load(
-    spec: EngineSpec, prompts: list[list[int]], concurrency: int, max_tokens: int, repeats: int = 1
+    spec: EngineSpec,
+    prompts: list[list[int]],
+    concurrency: int,
+    max_tokens: int,
+    repeats: int = 1,
+    rounds: int = 1,
 ) -> dict:
     """c requests submitted at once; wall time until the last finishes, `repeats` times over one
     decoder (tokens/s: the median run's). A warm-up of the same batch (4 tokens) runs first, so
     CUDA-graph capture is not timed."""
-    return load_interleaved({spec.mode: spec}, prompts, concurrency, max_tokens, repeats)[spec.mode]
+    level = load_interleaved({spec.mode: spec}, prompts, concurrency, max_tokens, repeats, rounds)
+    return level[spec.mode]
 
 
 def load_interleaved(
@@ -57,6 +67,7 @@ def load_interleaved(
     concurrency: int,
     max_tokens: int,
     repeats: int,
+    rounds: int = 1,
 ) -> dict[str, dict]:
     """`load` for several engines at one level, their runs interleaved (ar, ddtree, ar,
     ddtree, ...): every decoder is built and warmed first, then each repeat runs every engine
@@ -72,7 +83,7 @@ def load_interleaved(
     runs: dict[str, list[dict]] = {mode: [] for mode in specs}
     for _ in range(repeats):
         for mode, dec in decs.items():
-            runs[mode].append(_load_once(dec, prompts, concurrency, max_tokens))
+            runs[mode].append(_load_once(dec, prompts, concurrency, max_tokens, rounds))
     return {mode: _summary(decs[mode], runs[mode]) for mode in specs}
 
 
@@ -91,13 +102,24 @@ def _summary(dec, runs: list[dict]) -> dict:
     mid = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
     outputs = runs[0].pop("outputs")
     same = all(r.pop("outputs") == outputs for r in runs[1:])
+    steady = sorted(r["steady_tokens_per_s"] for r in runs if r["steady_tokens_per_s"])
     return {
         **mid,
+        # the median of the runs' steady tokens/s (lower middle), apart from the median run's
+        "steady_tokens_per_s": steady[(len(steady) - 1) // 2] if steady else None,
         "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+        "steady_tokens_per_s_runs": [r["steady_tokens_per_s"] for r in runs],
         "runs": [
             {
                 k: r[k]
-                for k in ("tokens_per_s", "wall_s", "cpu_s", "gc_collections", "stage_mean_ms")
+                for k in (
+                    "tokens_per_s",
+                    "steady_tokens_per_s",
+                    "wall_s",
+                    "cpu_s",
+                    "gc_collections",
+                    "stage_mean_ms",
+                )  # fmt: skip
             }
             for r in runs
         ],  # fmt: skip
@@ -108,46 +130,70 @@ def _summary(dec, runs: list[dict]) -> dict:
     }
 
 
-def _load_once(dec, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+def _load_once(
+    dec, prompts: list[list[int]], concurrency: int, max_tokens: int, rounds: int = 1
+) -> dict:
+    """One run: `rounds` x c requests through the scheduler, c in flight at any time (the first
+    c submitted at once; each one that finishes is replaced by the next, as a closed-loop client
+    keeps a service at concurrency c). tokens/s: every token over the wall time to the last one
+    (ramp-up and the drain at the end included: with rounds = 1, the c requests as one batch
+    job). steady tokens/s (rounds > 1): the tokens committed from the start until the last
+    request was submitted, over that window, in which c requests were always in flight."""
     sched = Scheduler(dec)
+    n_req = concurrency * rounds
     done = threading.Event()
     counts: dict[int, int] = {}
     outputs: dict[int, list[int]] = {}
     finished: list[str | None] = []
     lock = threading.Lock()
+    steady: dict[str, float] = {}  # the window's end and the tokens committed before it
+
+    def submit(i: int) -> None:
+        p = prompts[i % len(prompts)]
+        sched.submit(GenRequest(p, max_tokens, sink(i), ignore_eos=True))
 
     def sink(i: int):
         def put(u: Update) -> None:
             with lock:
                 counts[i] = counts.get(i, 0) + len(u.token_ids)
                 outputs.setdefault(i, []).extend(u.token_ids)
-                if u.finished:
-                    finished.append(u.finish_reason)
-                    if len(finished) == concurrency:
-                        done.set()
+                if not u.finished:
+                    return
+                finished.append(u.finish_reason)
+                nxt = len(finished) - 1 + concurrency  # the request replacing this one
+                if nxt < n_req:
+                    submit(nxt)
+                    if nxt == n_req - 1:
+                        steady["t"] = time.perf_counter()
+                        steady["tokens"] = sum(counts.values())
+                if len(finished) == n_req:
+                    done.set()
 
         return put
 
-    # every request is queued before the scheduler starts, so its first step admits them all
+    # the first c are queued before the scheduler starts, so its first step admits them all
     # (submitting to a running scheduler raced its loop: the first steps ran at batch 3, 6, ...)
     gc0 = [g["collections"] for g in gc.get_stats()]
     t0, cpu0 = time.perf_counter(), time.process_time()
     for i in range(concurrency):
-        p = prompts[i % len(prompts)]
-        sched.submit(GenRequest(p, max_tokens, sink(i), ignore_eos=True))
+        submit(i)
     sched.start()
     ok = done.wait(600)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     sched.shutdown()
     gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
     tokens = sum(counts.values())
+    window = steady["t"] - t0 if steady else 0.0
     return {
         "concurrency": concurrency,
+        "requests": n_req,
         "completed": ok,
         "finish_reasons": sorted({str(r) for r in finished}),
         "tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
+        "steady_tokens_per_s": steady["tokens"] / window if window > 0 else None,
+        "steady_window_s": window if window > 0 else None,
         "mean_accept_length": sched.stats.avg_accept_length(),
         "steps_by_batch": {str(k): v for k, v in sorted(sched.stats.steps_by_batch.items())},
         "step_breakdown": sched.stats.breakdown(),
@@ -157,7 +203,7 @@ def _load_once(dec, prompts: list[list[int]], concurrency: int, max_tokens: int)
         "cpu_s": cpu,
         "gc_collections": gcs,
         "stage_mean_ms": _stage_means(sched.stats.breakdown()),
-        "outputs": [outputs.get(i, []) for i in range(concurrency)],
+        "outputs": [outputs.get(i, []) for i in range(n_req)],
     }
 
 
@@ -182,6 +228,7 @@ def _bad_input(args: argparse.Namespace) -> str | None:
     for flag, values, low in (
         ("--concurrency", args.concurrency, 1),
         ("--repeats", [args.repeats], 1),
+        ("--rounds", [args.rounds], 1),
         ("--max-tokens", [args.max_tokens], 1),
         ("--identity-tokens", [args.identity_tokens], 1),
         ("--prompt-len", [args.prompt_len], 0),
@@ -221,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         "--matmul", choices=MATMUL, default=MATMUL[0], help="float32 matmuls on the GPU"
     )
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="requests per level = rounds x c, c in flight (each finished one replaced); > 1 "
+        "adds the steady tokens/s, while c were always in flight (1: the c as one batch job)",
+    )
     ap.add_argument(
         "--repeats",
         type=int,
@@ -262,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_budget": args.max_budget,
         "matmul": args.matmul,
         "repeats": args.repeats,
+        "rounds": args.rounds,
         "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "sets": {},
     }
@@ -301,12 +356,13 @@ def main(argv: list[str] | None = None) -> int:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 print(f"[{label}] failed: {entry['error']}", file=sys.stderr)
             save()
-    print(f"{'set':18s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s}")
-    for label, mode, c, tps, acc in rows:
+    print(f"{'set':18s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s} {'steady':>9s}")
+    for label, mode, c, tps, acc, st in rows:
         if tps is None:  # a level the --time-budget left out
             print(f"{label:18s} {mode:7s} {c:3d} {'skipped (--time-budget)':>17s}")
             continue
-        print(f"{label:18s} {mode:7s} {c:3d} {tps:9.1f} {acc:7.2f}")
+        steady = f"{st:9.1f}" if st else f"{'-':>9s}"
+        print(f"{label:18s} {mode:7s} {c:3d} {tps:9.1f} {acc:7.2f} {steady}")
     for label, e in result["sets"].items():
         print(
             f"{label}: ddtree_equals_ar={e.get('ddtree_equals_ar')} "
@@ -349,7 +405,7 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
         if time.monotonic() - start > args.time_budget:
             for mode in ("ar", "ddtree"):
                 entry["load"].append({"mode": mode, "concurrency": c, "skipped": "time"})
-                rows.append((label, mode, c, None, None))
+                rows.append((label, mode, c, None, None, None))
             continue
         specs = {
             mode: EngineSpec(
@@ -359,11 +415,14 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             )
             for mode in ("ar", "ddtree")
         }  # fmt: skip
-        level = load_interleaved(specs, prompts, c, args.max_tokens, args.repeats)
+        level = load_interleaved(specs, prompts, c, args.max_tokens, args.repeats, args.rounds)
         for mode, r in level.items():
             got[mode] = r.pop("outputs")
             entry["load"].append({"mode": mode, **r})
-            rows.append((label, mode, c, r["tokens_per_s"], r["mean_accept_length"]))
+            rows.append(
+                (label, mode, c, r["tokens_per_s"], r["mean_accept_length"],
+                 r["steady_tokens_per_s"])
+            )  # fmt: skip
         save()
         if len(got) == 2:
             repeat_same = all(r.get("same_outputs_every_run", True) for r in entry["load"][-2:])

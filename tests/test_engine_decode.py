@@ -390,3 +390,31 @@ def test_engine_bench_on_the_cpu_runs_the_cpu_set_and_checks_identity_under_load
     assert {(r["mode"], r["concurrency"]) for r in entry["load"]} == {
         (m, c) for m in ("ar", "ddtree") for c in (1, 3)
     }
+
+
+def test_engine_bench_rounds_keep_c_in_flight_and_measure_the_steady_window(tmp_path) -> None:
+    """--rounds 3 at c = 3: 9 requests, never more than 3 in flight, each finished one replaced
+    (most steps at batch 3, where a batch job of 3 would drain to 2 and 1 at once); the steady
+    tokens/s covers the window until the last submission; identity still holds per request."""
+    import json
+
+    from engine.bench import main
+
+    out = tmp_path / "bench.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--concurrency", "3", "--rounds", "3"]
+    assert main([*argv, "--max-tokens", "8", "--identity-tokens", "4", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    entry = doc["sets"]["cpu-kernels"]
+    assert doc["rounds"] == 3 and entry["load_identity"] == {"3": True}
+    for r in entry["load"]:
+        assert r["requests"] == 9 and r["tokens"] == 9 * 8 and r["completed"]
+        batches = {int(b): n for b, n in r["steps_by_batch"].items()}
+        assert max(batches) == 3 and batches[3] > sum(n for b, n in batches.items() if b < 3)
+        assert 0 < r["steady_window_s"] < r["wall_s"] and r["steady_tokens_per_s"] > 0
+        assert r["steady_tokens_per_s"] in r["steady_tokens_per_s_runs"]
+    one = tmp_path / "one.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--concurrency", "2", "--max-tokens", "4"]
+    assert main([*argv, "--identity-tokens", "4", "--json", str(one)]) == 0
+    level = json.loads(one.read_text())["sets"]["cpu-kernels"]["load"][0]
+    assert level["requests"] == 2 and level["steady_tokens_per_s"] is None
+    assert main([*argv, "--rounds", "0", "--json", str(one)]) == 2
