@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The attention stage inside the serving process against the same stage in process, on one GPU:
+# why the rollout's s(c) from the bench differs from the service's (benchmarks/NOTES-attention.md).
+# For each variant the engine serves (preset small, fixed budget, the rollout's components) and
+# benchmarks/service_stages.py drives it at c = 1 and 8 with 1024-token prompts, reading the
+# engine's own per-prefill and per-step attention; then `engine.attn_bench` times the same stage
+# in process, with torch's default CPU threads and with one (the server's --threads default).
+# Usage on the GPU host, project root: OUT=dir [ARCH=sm_90] bash benchmarks/service-vs-bench.sh
+set -u
+OUT=${OUT:-/tmp/svc}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 9
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
+echo "OUT=$OUT ARCH=$ARCH bash benchmarks/service-vs-bench.sh" > "$OUT/command.txt"
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
+nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
+export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
+P=30190; URL=http://127.0.0.1:$P
+serve() {  # serve NAME ENGINE-ARGS...: start, drive at c = 1 and 8, stop
+  local name=$1; shift
+  python3 -m engine --host 127.0.0.1 --port $P --preset small --mode ddtree --device cuda:0 \
+    --max-budget 0 "$@" > "$OUT/serve-$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 120); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
+  python3 benchmarks/service_stages.py --url $URL --requests 12 --concurrency 1 \
+    --json "$OUT/svc-$name-c1.json"
+  python3 benchmarks/service_stages.py --url $URL --requests 32 --concurrency 8 \
+    --json "$OUT/svc-$name-c8.json"
+  kill $pid; wait $pid 2> /dev/null
+}
+K="topk=cuda tree_build=cuda accept=cuda"
+for round in a b; do
+  serve "torch-$round" --backend $K attention=torch
+  serve "cuda-$round" --backend $K attention=cuda
+done
+serve torch-threads16 --backend $K attention=torch --threads 16
+AB=(--preset small --device cuda --batch 1 8 --prompt-len 1024 --mode ddtree)
+timeout 200 python3 -m engine.attn_bench "${AB[@]}" --json "$OUT/attn-bench.json" \
+  > "$OUT/attn-bench.txt" 2>&1; echo "attn_bench rc=$?"
+OMP_NUM_THREADS=1 timeout 200 python3 -m engine.attn_bench "${AB[@]}" \
+  --json "$OUT/attn-bench-threads1.json" > "$OUT/attn-bench-threads1.txt" 2>&1
+echo "attn_bench threads 1 rc=$?"
