@@ -5,7 +5,11 @@
 # benchmarks/service_stages.py drives it at c = 1 and 8 with 1024-token prompts, reading the
 # engine's own per-prefill and per-step attention; then `engine.attn_bench` times the same stage
 # in process, with torch's default CPU threads and with one (the server's --threads default).
-# Usage on the GPU host, project root: OUT=dir [ARCH=sm_90] bash benchmarks/service-vs-bench.sh
+# The torch variants run again with the allocator's expandable segments
+# (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; /get_server_info counts the allocator's
+# device allocations and frees).
+# Usage on the GPU host, project root:
+#   OUT=dir [ARCH=sm_90] [THREADS16=0] [ATTN_BENCH=0] bash benchmarks/service-vs-bench.sh
 set -u
 OUT=${OUT:-/tmp/svc}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 if [ -d .whl ]; then
@@ -20,10 +24,10 @@ nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader > "$OUT/gp
 python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 P=30190; URL=http://127.0.0.1:$P
-serve() {  # serve NAME ENGINE-ARGS...: start, drive at c = 1 and 8, stop
+serve() {  # serve NAME ENGINE-ARGS...: start, drive at c = 1 and 8, stop ($ALLOC: the allocator)
   local name=$1; shift
-  python3 -m engine --host 127.0.0.1 --port $P --preset small --mode ddtree --device cuda:0 \
-    --max-budget 0 "$@" > "$OUT/serve-$name.log" 2>&1 &
+  env ${ALLOC:+PYTORCH_CUDA_ALLOC_CONF=$ALLOC} python3 -m engine --host 127.0.0.1 --port $P \
+    --preset small --mode ddtree --device cuda:0 --max-budget 0 "$@" > "$OUT/serve-$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 120); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
   python3 benchmarks/service_stages.py --url $URL --requests 12 --concurrency 1 \
@@ -37,8 +41,13 @@ for round in a b; do
   serve "torch-$round" --backend $K attention=torch
   serve "cuda-$round" --backend $K attention=cuda
 done
-serve torch-threads16 --backend $K attention=torch --threads 16
-AB=(--preset small --device cuda --batch 1 8 --prompt-len 1024 --mode ddtree)
+[ "${THREADS16:-1}" = 1 ] && serve torch-threads16 --backend $K attention=torch --threads 16
+for round in a b; do
+  ALLOC=expandable_segments:True serve "torch-expandable-$round" --backend $K attention=torch
+done
+ALLOC=expandable_segments:True serve cuda-expandable --backend $K attention=cuda
+[ "${ATTN_BENCH:-1}" = 0 ] && exit 0
+AB=(--preset small --max-budget 0 --device cuda --batch 1 8 --prompt-len 1024 --mode ddtree)
 timeout 200 python3 -m engine.attn_bench "${AB[@]}" --json "$OUT/attn-bench.json" \
   > "$OUT/attn-bench.txt" 2>&1; echo "attn_bench rc=$?"
 OMP_NUM_THREADS=1 timeout 200 python3 -m engine.attn_bench "${AB[@]}" \

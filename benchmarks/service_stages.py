@@ -6,7 +6,8 @@
 Sends `--requests` completions (prompt: `--prompt-len` ASCII bytes, so that many tokens with the
 BOS; greedy, `--max-tokens`, EOS ignored) with `--concurrency` in flight, and reads
 `/get_server_info` before and after: per prefill its seconds and the attention inside them, per
-step (mean over the window's steps) the attention stage and the whole step. What it is for: the
+step (mean over the window's steps) the attention stage and the whole step, and the CUDA
+allocator's device allocations, frees and retries over the window. What it is for: the
 same numbers as `engine.attn_bench` and the kernel bench's stage rows, but measured inside the
 serving process (`benchmarks/service-vs-bench.sh` runs both in one call). Stdlib only.
 """
@@ -43,8 +44,10 @@ def _totals(info: dict) -> dict:
     steps = st["step_time_breakdown"]
     n = sum(v["steps"] for v in steps.values())
     tot = {k: sum(v["total_s"].get(k, 0.0) for v in steps.values()) for k in ("attention", "step")}
+    alloc = {k: v for k, v in (info.get("cuda_allocator") or {}).items() if k.startswith("num_")}
     return {"prefills": pre["prefills"], "prefill_s": pre["total_s"]["prefill"],
-            "prefill_attention_s": pre["total_s"]["attention"], "steps": n, **tot}  # fmt: skip
+            "prefill_attention_s": pre["total_s"]["attention"], "steps": n, **tot,
+            **alloc}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        after = _totals(_get(base + "/get_server_info"))
+        info = _get(base + "/get_server_info")
+        after = _totals(info)
     except OSError as exc:
         print(f"error: {base}: {exc}", file=sys.stderr)
         return 1
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_ms": 1000 * d["prefill_s"] / n_pre,
         "prefill_attention_ms": 1000 * d["prefill_attention_s"] / n_pre,
         "step_ms": 1000 * d["step"] / n_steps, "step_attention_ms": 1000 * d["attention"] / n_steps,
-        "delta": d,
+        "delta": d, "cuda_alloc_conf": info.get("cuda_alloc_conf"),
     }  # fmt: skip
     print(json.dumps(out))
     if a.json:

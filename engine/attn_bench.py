@@ -78,6 +78,7 @@ def _check(args: argparse.Namespace) -> None:
         ("--warm", [args.warm], 0),
         ("--prompt-len", [args.prompt_len], 2),
         ("--prefix-span", [args.prefix_span], 0),
+        ("--max-budget", [args.max_budget] if args.max_budget is not None else [], 0),
     ):
         bad = [v for v in values if v < low]
         if bad:
@@ -138,7 +139,7 @@ def _decoders(args: argparse.Namespace) -> dict[str, Decoder]:
         spec = EngineSpec(
             args.preset, args.mode, args.device, (*(others if on_gpu else ()), f"attention={impl}"),
             seed=args.seed, max_batch_size=top, cuda_graphs=on_gpu and args.graphs == "on",
-            matmul=args.matmul,
+            matmul=args.matmul, max_budget=args.max_budget,
         )  # fmt: skip
         decs[impl] = build_decoder(spec)[1]
         warm = decs[impl].new_sequence(_prompt(0, args.prompt_len))
@@ -235,6 +236,9 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--graphs", choices=("on", "off"), default="on", help="CUDA graphs (GPU)")
     ap.add_argument("--matmul", choices=MATMUL, default=MATMUL[0])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--max-budget", type=int, help="the preset's largest tree by batch (0: a fixed budget)"
+    )
     ap.add_argument("--json", help="also write the document here")
     args = ap.parse_args(argv)
     if args.impls is None:

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from engine import metrics
 from engine.components import resolve_backends
 from engine.config import Preset, to_dict
+from engine.device import allocator_stats
 from engine.limits import BodyLimit, Limits, quiet_accept_errors
 from engine.protocol import (
     BadRequest,
@@ -241,6 +242,10 @@ def create_app(
                 if dec
                 else None,
                 "matmul": spec.matmul if spec.device.startswith("cuda") else "fp32",
+                # the CUDA caching allocator's churn (engine.device.allocator_stats), and how
+                # it was configured ($PYTORCH_CUDA_ALLOC_CONF)
+                "cuda_allocator": allocator_stats(spec.device) if dec else None,
+                "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                 "nested_stages": NESTED_STAGES,
                 "internal_states": [internal],
             }
