@@ -13,9 +13,13 @@
 # bench shapes are trees of 17 rows (the preset's budget 16) at every concurrency, which the
 # preset's budget by batch size (32 nodes up to batch 17) would not match.
 # The measure after the switch rechecks (RECHECK=1, the default; 0: off): the baseline's release
-# switched back in, the load once more (A''), the candidate back: drift beside the gain.
+# switched back in, the load once more (A''), the candidate back: drift beside the gain; with
+# CYCLES=N the two releases alternate N times (A A' | after | A'' | after | A'' ...).
+# With one GPU the interference probe paces its requests 0.5 s apart (probe_interval), so the
+# probe's own load on the shared GPU stays out of the bench's timings.
 # Usage on the GPU host, project root:
-#   OUT=dir WHICH=tree|attn [ARCH=sm_90] [GPUS=1|2] [RECHECK=0|1] bash benchmarks/rollout-gpu.sh
+#   OUT=dir WHICH=tree|attn [ARCH=sm_90] [GPUS=1|2] [RECHECK=0|1] [CYCLES=N]
+#   bash benchmarks/rollout-gpu.sh
 set -u
 ARCH=${ARCH:-sm_90}; WHICH=${WHICH:-tree}; OUT=${OUT:-/tmp/rollout-gpu}; mkdir -p "$OUT"
 if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
@@ -53,19 +57,21 @@ components = { $comps }
 TOML
 # the validation playbook: the shipped one, every step after `decide` run whatever the verdict
 pb=$OUT/playbook.yaml
-python3 - "$base" "$pb" "$src" "$GPUS" "${RECHECK:-1}" <<'PY'
+python3 - "$base" "$pb" "$src" "$GPUS" "${RECHECK:-1}" "${CYCLES:-1}" <<'PY'
 import sys, yaml
 raw = yaml.safe_load(open(sys.argv[1]))
 raw["name"] = raw["name"] + "-validate"
 for st in raw["steps"]:
     if st["step"] == "bench" and int(sys.argv[4]) < 2:  # one GPU: shared with the service
-        st.update(allow_shared=True, probe_threshold=100.0)
+        # the probe's requests paced 0.5 s apart, so its own load stays out of the bench's times
+        st.update(allow_shared=True, probe_threshold=100.0, probe_interval=0.5)
     if st.get("when") == "go":
         st["when"] = "always"
     if st["step"] == "deploy":
         st["source"] = sys.argv[3]
     if st["step"] == "measure" and st.get("phase") == "after" and sys.argv[5] == "1":
         st["recheck"] = True  # the drift check: A'' on the baseline, switched back and forth
+        st["cycles"] = int(sys.argv[6])  # CYCLES: the releases alternate this many times
 yaml.safe_dump(raw, open(sys.argv[2], "w"), sort_keys=False)
 PY
 O="python3 -m ops"

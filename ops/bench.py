@@ -46,6 +46,10 @@ class BenchOptions(BaseModel):
     batches: list[int]
     allow_shared: bool = False
     threshold: float = 0.10
+    # seconds between the probe's requests: the default keeps the service busy part of the
+    # time; on a GPU the bench shares with the service (--allow-shared) a longer pause keeps
+    # the probe's own load out of the bench's timings
+    probe_interval: float = Field(default=0.05, ge=0)
     max_mem_gib: float | None = None
     timeout: float = 1800.0
 
@@ -156,7 +160,8 @@ def run_bench(
     cmd = bench_argv(t.python, opts)
     section["command"] = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)
     probe_args = ["--url", t.service.url, "--threshold", str(opts.threshold),
-                  "--max-seconds", str(opts.timeout), "--", *cmd]  # fmt: skip
+                  "--interval", str(opts.probe_interval), "--max-seconds", str(opts.timeout),
+                  "--", *cmd]  # fmt: skip
     progress(f"kernels.bench on GPU {opts.gpu}, probing the service")
     res = host.run_module(
         "checks.probe", probe_args, cwd=cwd, env=env, timeout=opts.timeout + PROBE_MARGIN_S

@@ -55,6 +55,10 @@ def bench(
     probe_threshold: Annotated[
         float, typer.Option(min=0.0, help="Allowed rise of the service's p50 (0.10 = 10%).")
     ] = 0.10,
+    probe_interval: Annotated[
+        float,
+        typer.Option(min=0.0, max=60.0, help="Seconds between the probe's requests."),
+    ] = 0.05,
     max_mem_gib: Annotated[
         float | None, typer.Option(min=0.1, help="Cap on the bench's GPU memory (GiB).")
     ] = None,
@@ -68,8 +72,8 @@ def bench(
     n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
     opts = BenchOptions(
         gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
-        allow_shared=allow_shared, threshold=probe_threshold, max_mem_gib=max_mem_gib,
-        timeout=timeout,
+        allow_shared=allow_shared, threshold=probe_threshold, probe_interval=probe_interval,
+        max_mem_gib=max_mem_gib, timeout=timeout,
     )  # fmt: skip
 
     def go(host: Host) -> Done[BenchOutcome]:

@@ -150,6 +150,7 @@ class BenchStep(StepBase):
     batches: list[Annotated[int, Field(ge=1, le=4096)]] | None = None  # default: load levels
     allow_shared: bool = False
     probe_threshold: float = Field(default=0.10, ge=0)
+    probe_interval: float = Field(default=0.05, ge=0, le=60)  # s between probe requests
     max_mem_gib: float | None = Field(default=None, gt=0)
     timeout: float = Field(default=1800.0, gt=0)
 
@@ -176,12 +177,26 @@ class MeasureStep(StepBase):
     # more (A'': did the unchanged service drift while the rollout ran?) and switch the
     # candidate back in (ops.rollout_switch.recheck)
     recheck: bool = False
+    # with recheck: how many times the two releases alternate after the switch (each cycle:
+    # the baseline's release back in for an A'' arm, then the candidate's for one more `after`
+    # arm but in the last cycle), each arm on a freshly started service. 1: A A' | after | A''.
+    # More cycles spread both arms over more processes and over the whole measure, so neither a
+    # slow process nor a slow spell of the host falls on one arm alone.
+    cycles: int = Field(default=1, ge=1, le=10)
 
     @field_validator("recheck")
     @classmethod
     def _recheck_after(cls, v: bool, info: ValidationInfo) -> bool:
         if v and info.data.get("phase") != "after":
             raise ValueError("only a measure step of phase 'after' can recheck")
+        return v
+
+    @field_validator("cycles")
+    @classmethod
+    def _cycles_recheck(cls, v: int, info: ValidationInfo) -> int:
+        if v > 1 and not info.data.get("recheck"):
+            raise ValueError("cycles > 1 alternates the releases after the switch: it needs "
+                             "recheck: true")  # fmt: skip
         return v
 
 

@@ -142,6 +142,7 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
         batches=st.batches or ctx.playbook.load.concurrency,
         allow_shared=st.allow_shared,
         threshold=st.probe_threshold,
+        probe_interval=st.probe_interval,
         max_mem_gib=st.max_mem_gib,
         timeout=st.timeout,
     )

@@ -21,10 +21,13 @@ from ops.remote import open_host
 from ops.rollout_steps import Context, Done
 
 
-def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict[int, list[float]]:
+def _arm(
+    ctx: Context, runs: int, label: str, raw: list[dict[str, Any]], cycle: int = 0
+) -> dict[int, list[float]]:
     """`runs` passes of the load over every level (interleaved); tokens/s samples per level.
     Each run also keeps the seconds the service spent in the change's stage during its window
-    (where the service reports stage timings: `component` in the raw run)."""
+    (where the service reports stage timings: `component` in the raw run) and the measure's
+    `cycle` it ran in (0: before the first recheck)."""
     load = ctx.playbook.load
     out: dict[int, list[float]] = {c: [] for c in load.concurrency}
     stage = COMPONENT_STAGE[ctx.change.component] if ctx.change else None
@@ -50,10 +53,11 @@ def _arm(ctx: Context, runs: int, label: str, raw: list[dict[str, Any]]) -> dict
                 stages = window_stages(window["start"], window["end"])
                 if stage:
                     comp = stage_seconds(window["start"], window["end"], stage)
-            raw.append({"arm": label, "run": i, **lv, "component": comp, "stages": stages})
+            raw.append({"arm": label, "run": i, "cycle": cycle, **lv, "component": comp,
+                        "stages": stages})  # fmt: skip
             if lv.get("output_tok_per_s"):
                 out[lv["concurrency"]].append(float(lv["output_tok_per_s"]))
-        ctx.say(f"{label} run {i + 1}/{runs} done")
+        ctx.say(f"{label} run {i + 1}/{runs} done" + (f" (cycle {cycle})" if cycle else ""))
     return out
 
 
@@ -173,7 +177,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
             inputs=settings,
         )
     after = _arm(ctx, 2 * st.repeats, "after", raw)
-    again, recheck_note = recheck(ctx, st, raw) if st.recheck else ({}, "")
+    again, recheck_note = recheck(ctx, st, raw, after) if st.recheck else ({}, "")
     levels, gains, missing = [], [], []
     for c in load.concurrency:
         before = ctx.before[c][0] + ctx.before[c][1]
@@ -222,36 +226,58 @@ def _deploy_progress(ctx: Context, prefix: str = "") -> Any:
 
 
 def recheck(
-    ctx: Context, st: MeasureStep, raw: list[dict[str, Any]]
+    ctx: Context,
+    st: MeasureStep,
+    raw: list[dict[str, Any]],
+    after: dict[int, list[float]] | None = None,
 ) -> tuple[dict[int, list[float]], str]:
-    """The drift check after the switch: back to the release that ran before the candidate
-    (ops.deploy's rollback: switch, restart, post-flight), the load on it once more (arm A'',
-    as many runs as the after arm, so A A' | after | A'' is balanced in time:
-    ops.amdahl.baseline_runs), then the candidate's release back in. Returns the A'' tokens/s
-    per level and a note; the note starts with FAILED when the candidate could not be switched
-    back in (the service then runs the release the rollback left current, and the note names
-    it)."""
+    """The drift check after the switch, `st.cycles` times: back to the release that ran before
+    the candidate (ops.deploy's rollback: switch, restart, post-flight), the load on it once
+    more (arm A'', as many runs as the after arm), then the candidate's release back in, and,
+    but in the last cycle, its load once more (`after` gets those runs). So A A' | after | A''
+    (| after | A'' ...) is balanced in time: ops.amdahl.baseline_runs. Returns the A''
+    tokens/s per level and a note; the note starts with FAILED when the candidate could not
+    be switched back in (the service then runs the release the rollback left current, and the
+    note names it)."""
     dep = ctx.deploy
     if dep is None or not dep.ok or not dep.before or not dep.release:
         return {}, "no recheck: no deployed candidate with a release before it"
     opts = ctx.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
     show = _deploy_progress(ctx, "recheck ")
-    with open_host(ctx.target) as host:
-        back = Deployer(host, opts, show).rollback(dep.before)
-    if not back.ok:
-        return {}, f"no recheck: switching back to {dep.before} failed ({back.message})"
-    ctx.say(f"recheck: {dep.before} is current again; the load once more")
-    again = _arm(ctx, 2 * st.repeats, "A''", raw)
     assert ctx.change is not None  # a deployed candidate has one
-    with open_host(candidate_target(ctx.target, ctx.change)) as host:
-        fwd = Deployer(host, opts, show).rollback(dep.release)
-    if not fwd.ok:
-        ctx.recheck_left_on = fwd.after or dep.before
-        return again, (
-            f"FAILED to switch the candidate {dep.release} back in after the recheck "
-            f"({fwd.message}): the service runs {fwd.after or dep.before}"
-        )
-    return again, f"recheck: A'' on {dep.before}, then {dep.release} current again"
+    again: dict[int, list[float]] = {}
+    for k in range(1, st.cycles + 1):
+        with open_host(ctx.target) as host:
+            back = Deployer(host, opts, show).rollback(dep.before)
+        if not back.ok:
+            what = f"switching back to {dep.before} failed ({back.message})"
+            if k == 1:
+                return {}, f"no recheck: {what}"
+            if back.after and back.after != dep.release:  # not the candidate that ran before
+                ctx.recheck_left_on = back.after
+                return (
+                    again,
+                    f"FAILED: recheck cycle {k} of {st.cycles}: {what}; the service "
+                    f"runs {back.after}",
+                )
+            return again, f"recheck: cycle {k} of {st.cycles} stopped: {what}"
+        ctx.say(f"recheck: {dep.before} is current again; the load once more")
+        for c, xs in _arm(ctx, 2 * st.repeats, "A''", raw, cycle=k).items():
+            again.setdefault(c, []).extend(xs)
+        with open_host(candidate_target(ctx.target, ctx.change)) as host:
+            fwd = Deployer(host, opts, show).rollback(dep.release)
+        if not fwd.ok:
+            ctx.recheck_left_on = fwd.after or dep.before
+            return again, (
+                f"FAILED to switch the candidate {dep.release} back in after the recheck "
+                f"({fwd.message}): the service runs {fwd.after or dep.before}"
+            )
+        if k < st.cycles and after is not None:
+            ctx.say(f"recheck: {dep.release} is current again; the load once more")
+            for c, xs in _arm(ctx, 2 * st.repeats, "after", raw, cycle=k).items():
+                after.setdefault(c, []).extend(xs)
+    cycles = f" in {st.cycles} cycles" if st.cycles > 1 else ""
+    return again, f"recheck: A'' on {dep.before}{cycles}, then {dep.release} current again"
 
 
 def _unsized(ctx: Context) -> str:

@@ -117,7 +117,8 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
     assert ops.json("service", "start", "local")[0] == 0
     try:  # a huge threshold: the bench's own start (importing torch) loads these 2 cores too
         code, doc = ops.json("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "tree",
-                             "--batch", "1", "--probe-threshold", "100")  # fmt: skip
+                             "--batch", "1", "--probe-threshold", "100",
+                             "--probe-interval", "0.02")  # fmt: skip
     finally:
         ops("service", "stop", "local")
     g = doc["guard"]
@@ -132,6 +133,7 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
     assert doc["environment"]["release"].startswith("checkout ")
     p = doc["probe"]
     assert p["measured"] and len(p["before_ms"]) == 20 and p["p50_before_ms"] > 0
+    assert p["interval_s"] == 0.02  # --probe-interval: the pause between the probe's requests
     rec = json.loads((Path(doc["run_dir"]) / "record.json").read_text())
     section = BenchSection.model_validate(rec["bench"])
     assert section.probe is not None and section.guard is not None

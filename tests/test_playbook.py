@@ -107,6 +107,10 @@ def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
         ("  - {step: measure, phase: after}\n", "measure", "phase", "'before' earlier"),
         ("  - {step: measure, phase: before, recheck: true}\n", "measure", "recheck",
          "only a measure step of phase 'after' can recheck"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "cycles: 3}\n", "m2", "cycles", "it needs recheck: true"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, cycles: 11}\n", "m2", "cycles", "less than or equal to 10"),
         ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
         ("  - {step: bench}\n  - {step: bench}\n", "bench", "name", "used by step 1"),
         ("  - {step: healthcheck, name: check1}\n", "check1", "role",

@@ -155,7 +155,7 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
         "  - {step: profile}\n"
         "  - {step: measure, name: baseline, phase: before}\n"
         f"  - {{step: deploy, source: '{src}', max_tokens: 4, wait_s: 60}}\n"
-        "  - {step: measure, phase: after, when: deployed, recheck: true}\n"
+        "  - {step: measure, phase: after, when: deployed, recheck: true, cycles: 2}\n"
         "  - {step: report}\n"
     )
     assert local.backends()["tree_build"] == "reference"
@@ -198,12 +198,18 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
     measure = MeasureSection.model_validate(record(run / "04-measure")["measure"])
     (lv,) = measure.levels
     assert lv.aa == before["aa"] and lv.before == lv.aa[0] + lv.aa[1]
-    assert len(lv.after) == 2 and all(x > 0 for x in lv.after)
+    # two cycles: after (cycle 0) | A'' (1) | after (1) | A'' (2), then the candidate back:
+    # every arm of the two releases on a freshly started service, the arms alternating
+    assert len(lv.after) == 4 and all(x > 0 for x in lv.after)
     # the recheck: the release before the candidate switched back in, the load once more (A''),
     # then the candidate's release current again (asserted above: the service runs cpp)
     detail = next(s["detail"] for s in doc["steps"] if s["name"] == "measure")
-    assert "recheck: A'' on " in detail and "current again" in detail, detail
-    assert len(lv.recheck) == 2 and all(x > 0 for x in lv.recheck)  # as many as after
+    assert "recheck: A'' on " in detail and "in 2 cycles" in detail, detail
+    assert "current again" in detail, detail
+    assert len(lv.recheck) == 4 and all(x > 0 for x in lv.recheck)  # as many as after
+    order = [(r["arm"], r["cycle"]) for r in record(run / "04-measure")["measure"]["runs"]]
+    blocks = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+    assert blocks == [("after", 0), ("A''", 1), ("after", 1), ("A''", 2)], order
     assert f"A'' on {first}" in detail, detail
     assert Path(current).name == dep["results"][0]["release"]
     # the stage as the service saw it: its seconds per output token, before (A and A') over
