@@ -436,19 +436,49 @@ def lib_facts(path: Path) -> tuple[dict[str, Any], list[str]]:
     return facts, problems
 
 
-def run(lib: Path | None, shapes: str, seed: int, require_gpu: bool) -> tuple[dict, int]:
-    import torch
+# the device nodes of an NVIDIA driver (Linux; /dev/dxg under WSL): without any of them no CUDA
+# device can be visible, and the self-test need not import torch (seconds) to find that out
+NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
 
+
+def _no_gpu_possible(require: bool) -> str | None:
+    """Why no GPU check can run here, found without importing torch (None: ask torch). Only
+    when nothing asks for a GPU: --require-gpu or a named CUDA_VISIBLE_DEVICES go to the guard,
+    which fails if there is none."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    named = bool(cvd and cvd.strip() and not cvd.strip().startswith("-1"))
+    if require or named or any(os.path.exists(p) for p in NVIDIA_NODES):
+        return None
+    return f"no NVIDIA device on this host (none of {', '.join(NVIDIA_NODES)})"
+
+
+def _torch_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run(lib: Path | None, shapes: str, seed: int, require_gpu: bool) -> tuple[dict, int]:
     t0 = time.perf_counter()
     shape = SHAPES[shapes]
+    no_gpu = _no_gpu_possible(require_gpu)
+    if no_gpu is None:
+        import torch
+
+        version, cuda = torch.__version__, torch.version.cuda
+    else:  # the installed torch's version, without importing it
+        version, cuda = _torch_version(), "not imported: " + no_gpu
     doc: dict[str, Any] = {"ok": False, "module": "kernels.selftest", "shapes": shapes,
-                           "shape": shape, "seed": seed, "torch": torch.__version__, "lib": None,
-                           "torch_cuda": torch.version.cuda, "problems": []}  # fmt: skip
+                           "shape": shape, "seed": seed, "torch": version, "lib": None,
+                           "torch_cuda": cuda, "problems": []}  # fmt: skip
     if lib is not None:
         doc["lib"], doc["problems"] = lib_facts(lib)
         os.environ["DDTREE_KERNELS_LIB"] = str(lib)  # what kernels.cuda_core loads
     ops = cpu_checks(shape, seed)
-    status, facts = gpu_guard(shape, require_gpu)
+    status, facts = gpu_guard(shape, require_gpu) if no_gpu is None else (f"skipped: {no_gpu}", {})
     doc.update({"gpu": status, "gpu_name": None, "arch": None, **facts})
     doc["switches"] = {k: v for k, v in os.environ.items() if k.startswith("DDTREE_")}
     if status == "ran" and not doc["problems"]:

@@ -50,6 +50,31 @@ def test_cpu_builds_pass_without_a_gpu():
         assert o["cases"] >= 8 and o["mismatches"] == 0 and o["first_mismatch"] is None
 
 
+@pytest.mark.skipif(
+    any(os.path.exists(p) for p in selftest.NVIDIA_NODES), reason="a host with an NVIDIA driver"
+)
+def test_a_host_without_nvidia_devices_checks_the_cpu_builds_without_importing_torch():
+    """No driver nodes, nothing asking for a GPU: the GPU checks are skipped without the
+    seconds of `import torch` (a deploy's self-test on a CPU host); the installed torch's
+    version is still recorded. A named CUDA_VISIBLE_DEVICES still goes to the guard."""
+    code = (
+        "import json, sys; from kernels import selftest as s; "
+        "doc, rc = s.run(None, 'small', 3, False); "
+        "print(json.dumps({'rc': rc, 'doc': doc, 'torch_imported': 'torch' in sys.modules}))"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)  # fmt: skip
+    got = json.loads(out.stdout)
+    doc = got["doc"]
+    assert got["rc"] == 0 and doc["ok"] and not got["torch_imported"], doc
+    assert doc["gpu"].startswith("skipped: no NVIDIA device on this host"), doc["gpu"]
+    assert doc["torch"] and doc["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    assert {o["op"] for o in doc["results"]} == {"build_trees", "greedy_accept"}
+    proc = _run("--shapes", "small", env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert proc.returncode == 1 and "asks for a GPU" in proc.stdout, proc.stdout
+
+
 def test_service_shapes_include_ties_and_the_production_sizes():
     shape = selftest.SHAPES["service"]
     assert shape["depth"] == 15 and shape["budgets"] == (16, 64, 128) and 64 in shape["ks"]
