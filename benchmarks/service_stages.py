@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     if min(a.prompt_len, a.max_tokens, a.requests, a.concurrency) < 1 or a.warm < 0:
-        print("error: --prompt-len, --max-tokens, --requests, --concurrency must be >= 1",
-              file=sys.stderr)  # fmt: skip
+        print("error: --prompt-len, --max-tokens, --requests, --concurrency must be >= 1 and "
+              "--warm >= 0", file=sys.stderr)  # fmt: skip
         return 2
     base = a.url.rstrip("/")
     # distinct prompts (no cache in the engine, but the drafter's lookup sees the text)
