@@ -19,7 +19,15 @@ import json
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _get(url: str) -> dict:
@@ -51,7 +59,7 @@ def _totals(info: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python benchmarks/service_stages.py")
+    ap = _Parser(prog="python benchmarks/service_stages.py")
     ap.add_argument("--url", required=True)
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -64,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --prompt-len, --max-tokens, --requests, --concurrency must be >= 1 and "
               "--warm >= 0", file=sys.stderr)  # fmt: skip
         return 2
+    if not a.url.startswith(("http://", "https://")):
+        print(f"error: --url {a.url}: not an http:// or https:// URL", file=sys.stderr)
+        return 2
+    if a.json:
+        try:  # an unwritable --json fails now, not after the load has run
+            open(a.json, "w").close()
+        except OSError as exc:
+            print(f"error: --json {a.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     base = a.url.rstrip("/")
     # distinct prompts (no cache in the engine, but the drafter's lookup sees the text)
     prompts = [("abcdefghij klmnopqrst"[i % 7 :] * a.prompt_len)[: a.prompt_len - 1]
@@ -74,25 +91,42 @@ def main(argv: list[str] | None = None) -> int:
         before, t0 = _totals(_get(base + "/get_server_info")), time.perf_counter()
         todo = list(prompts[a.warm :])
         lock = threading.Lock()
+        failed: list[Exception] = []  # a worker's error ends the run, reported as the warm-up's
 
         def worker() -> None:
             while True:
                 with lock:
-                    if not todo:
+                    if not todo or failed:
                         return
                     p = todo.pop()
-                _complete(base, p, a.max_tokens)
+                try:
+                    _complete(base, p, a.max_tokens)
+                except (OSError, ValueError) as exc:
+                    with lock:
+                        failed.append(exc)
 
         threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if failed:
+            raise failed[0]
         wall = time.perf_counter() - t0
         info = _get(base + "/get_server_info")
         after = _totals(info)
+    except urllib.error.HTTPError as exc:  # 400: the engine refused this input (e.g. too long)
+        why = (
+            exc.read().decode(errors="replace")[:200].replace("\n", " ") if exc.code == 400 else ""
+        )
+        print(f"error: {base}: {exc} {why}".rstrip(), file=sys.stderr)
+        return 2 if exc.code == 400 else 1
     except OSError as exc:
         print(f"error: {base}: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, TypeError) as exc:  # a server that answers, but not an engine
+        print(f"error: {base}: not a reference engine ({type(exc).__name__}: {exc})",
+              file=sys.stderr)  # fmt: skip
         return 1
     d = {k: after[k] - before[k] for k in after}
     n_pre, n_steps = max(d["prefills"], 1), max(d["steps"], 1)

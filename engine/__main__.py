@@ -24,6 +24,10 @@ from typing import Any, NoReturn
 from engine.components import COMPONENTS, ENV_VAR, resolve_backends
 from engine.config import MATMUL, PRESETS
 
+# the largest tree budget a flag takes: the KV cache holds each sequence's tree, so a budget of
+# 1e20 overflowed its allocation once the port was bound (the compiled builders' own limit)
+MAX_BUDGET = 4096
+
 
 class UsageError(Exception):
     """A user mistake: one line on stderr, exit 2."""
@@ -69,10 +73,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="safetensors file written by engine.weights.save_weights")
     p.add_argument("--seed", type=int, default=0, help="weight seed when --weights is not given")
     p.add_argument("--max-batch-size", type=_number(int, 1))
-    p.add_argument("--budget", type=_number(int, 1), help="DDTree nodes per request per step")
+    p.add_argument(
+        "--budget",
+        type=_number(int, 1, MAX_BUDGET),
+        help="DDTree nodes per request per step",
+    )
     p.add_argument(
         "--max-budget",
-        type=_number(int, 0),
+        type=_number(int, 0, MAX_BUDGET),
         help="grow each tree up to this many nodes while the step's batch leaves the forward "
         "chunk room (EngineConfig.max_budget; 0: every step at --budget)",
     )

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from engine.bench import BACKEND_SETS
+from engine.bench import BACKEND_SETS, MAX_BUDGET
 from engine.config import MATMUL, PRESETS, preset
 from engine.decode import Decoder, Sequence
 from engine.device import DeviceError, check_device
@@ -83,6 +83,8 @@ def _check(args: argparse.Namespace) -> None:
         bad = [v for v in values if v < low]
         if bad:
             raise UsageError(f"{flag} must be >= {low}, got {bad[0]}")
+    if args.max_budget is not None and args.max_budget > MAX_BUDGET:  # overflowed the KV cache
+        raise UsageError(f"--max-budget must be <= {MAX_BUDGET}, got {args.max_budget}")
     try:
         check_device(args.device)
     except DeviceError as exc:

@@ -40,6 +40,8 @@ from engine.runtime import EngineSpec, build_decoder, generate
 from engine.scheduler import GenRequest, Scheduler, Update
 from engine.tokenizer import ByteTokenizer
 
+MAX_BUDGET = 4096  # the largest --max-budget, as `python -m engine` takes
+MAX_ROUNDS = 1000
 BACKEND_SETS = {
     "cuda": ("topk=cuda", "tree_build=cuda", "accept=cuda", "attention=cuda"),
     "cpu-kernels": ("topk=reference", "tree_build=cpp", "accept=reference", "attention=torch"),
@@ -238,6 +240,14 @@ def _bad_input(args: argparse.Namespace) -> str | None:
         bad = [v for v in values if v < low]
         if bad:
             return f"{flag} must be at least {low}, got {bad[0]}"
+    # a huge value overflowed the KV cache's allocation (exit 1, torch's message) or ran for
+    # hours (each run waits up to 600 s for its rounds x c requests)
+    for flag, value, high in (
+        ("--max-budget", args.max_budget, MAX_BUDGET),
+        ("--rounds", args.rounds, MAX_ROUNDS),
+    ):
+        if value is not None and value > high:
+            return f"{flag} must be at most {high}, got {value}"
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
         return f"--time-budget must be a number of seconds >= 0, got {args.time_budget}"
     if not args.device.startswith("cuda") and set(args.sets) == {"cuda"}:

@@ -191,9 +191,18 @@ class MeasureStep(StepBase):
             raise ValueError("only a measure step of phase 'after' can recheck")
         return v
 
+    @field_validator("cycles", "repeats", mode="before")
+    @classmethod
+    def _not_bool(cls, v: Any) -> Any:  # YAML's `true` would otherwise be taken as 1
+        if isinstance(v, bool):
+            raise ValueError("takes a whole number, not true/false")
+        return v
+
     @field_validator("cycles")
     @classmethod
     def _cycles_recheck(cls, v: int, info: ValidationInfo) -> int:
+        if v > 1 and info.data.get("phase") != "after":
+            raise ValueError("only a measure step of phase 'after' alternates cycles")
         if v > 1 and not info.data.get("recheck"):
             raise ValueError("cycles > 1 alternates the releases after the switch: it needs "
                              "recheck: true")  # fmt: skip
