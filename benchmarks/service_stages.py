@@ -110,15 +110,18 @@ def main(argv: list[str] | None = None) -> int:
             t.start()
         for t in threads:
             t.join()
+        for extra in failed[1:]:  # only the first is reported: the others' responses closed
+            if isinstance(extra, urllib.error.HTTPError):
+                extra.close()
         if failed:
             raise failed[0]
         wall = time.perf_counter() - t0
         info = _get(base + "/get_server_info")
         after = _totals(info)
     except urllib.error.HTTPError as exc:  # 400: the engine refused this input (e.g. too long)
-        why = (
-            exc.read().decode(errors="replace")[:200].replace("\n", " ") if exc.code == 400 else ""
-        )
+        with exc:  # its response, read or not, closed
+            why = exc.read().decode(errors="replace")[:200].replace("\n", " ")
+        why = why if exc.code == 400 else ""
         print(f"error: {base}: {exc} {why}".rstrip(), file=sys.stderr)
         return 2 if exc.code == 400 else 1
     except OSError as exc:
