@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from engine.config import MATMUL, PRESETS
+from engine.config import MATMUL, PRESETS, preset
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder, generate
@@ -41,7 +41,9 @@ from engine.scheduler import GenRequest, Scheduler, Update
 from engine.tokenizer import ByteTokenizer
 
 MAX_BUDGET = 4096  # the largest --max-budget, as `python -m engine` takes
-MAX_ROUNDS = 1000
+MAX_ROUNDS = 1000  # also the most --repeats
+MAX_CONCURRENCY = 1024
+MAX_ROW_CHUNK = 1 << 16
 BACKEND_SETS = {
     "cuda": ("topk=cuda", "tree_build=cuda", "accept=cuda", "attention=cuda"),
     "cpu-kernels": ("topk=reference", "tree_build=cpp", "accept=reference", "attention=torch"),
@@ -240,14 +242,24 @@ def _bad_input(args: argparse.Namespace) -> str | None:
         bad = [v for v in values if v < low]
         if bad:
             return f"{flag} must be at least {low}, got {bad[0]}"
-    # a huge value overflowed the KV cache's allocation (exit 1, torch's message) or ran for
-    # hours (each run waits up to 600 s for its rounds x c requests)
+    # a huge value overflowed the KV cache's or the chunk's allocation (exit 1, torch's
+    # message) or ran for hours (each run waits up to 600 s for its rounds x c requests)
     for flag, value, high in (
         ("--max-budget", args.max_budget, MAX_BUDGET),
         ("--rounds", args.rounds, MAX_ROUNDS),
+        ("--repeats", args.repeats, MAX_ROUNDS),
+        ("--concurrency", max(args.concurrency), MAX_CONCURRENCY),
+        ("--row-chunk", args.row_chunk, MAX_ROW_CHUNK),
     ):
         if value is not None and value > high:
             return f"{flag} must be at most {high}, got {value}"
+    # as the server's 400: past the model's context the KV cache ran out (CacheFull tracebacks)
+    ctx = preset(args.preset).model.max_seq_len
+    longest = max(len(p) for p in _prompts(args.prompt_len))
+    for flag, n in (("--max-tokens", args.max_tokens), ("--identity-tokens", args.identity_tokens)):
+        if longest + n > ctx:
+            return (f"{flag} {n}: with the {longest}-token prompts past the {args.preset} "
+                    f"preset's context ({ctx} tokens)")  # fmt: skip
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
         return f"--time-budget must be a number of seconds >= 0, got {args.time_budget}"
     if not args.device.startswith("cuda") and set(args.sets) == {"cuda"}:

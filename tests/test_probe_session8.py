@@ -54,6 +54,13 @@ def test_engine_check_takes_the_largest_budget() -> None:
         (["--rounds", "1001"], "--rounds must be at most 1000"),
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--rounds", "two"], "--rounds"),
+        (["--concurrency", "1", HUGE], "--concurrency must be at most 1024"),
+        (["--repeats", "1001"], "--repeats must be at most 1000"),
+        (["--row-chunk", HUGE], "--row-chunk must be at most 65536"),
+        (["--max-tokens", HUGE], "past the tiny preset's context (512 tokens)"),
+        (["--max-tokens", "468"], "--max-tokens 468: with the 45-token prompts past"),
+        (["--prompt-len", "600"], "the 600-token prompts past"),
+        (["--identity-tokens", "500"], "--identity-tokens 500"),
     ],
 )
 def test_engine_bench_refuses_huge_values(
