@@ -27,6 +27,9 @@ from engine.config import MATMUL, PRESETS
 # the largest tree budget a flag takes: the KV cache holds each sequence's tree, so a budget of
 # 1e20 overflowed its allocation once the port was bound (the compiled builders' own limit)
 MAX_BUDGET = 4096
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+# --max-batch-size, --threads and --load-delay are capped as well (1024, 1024, 3600 s): past
+# 2**63 the KV cache, torch.set_num_threads or the loader's sleep raised once the port was bound
 
 
 class UsageError(Exception):
@@ -71,8 +74,13 @@ def parser() -> argparse.ArgumentParser:
         help=f"swap one DDTree component (repeatable; overrides ${ENV_VAR}): {kinds}",
     )
     p.add_argument("--weights", help="safetensors file written by engine.weights.save_weights")
-    p.add_argument("--seed", type=int, default=0, help="weight seed when --weights is not given")
-    p.add_argument("--max-batch-size", type=_number(int, 1))
+    p.add_argument(
+        "--seed",
+        type=_number(int, SEED_RANGE[0], SEED_RANGE[1]),  # past it torch's generator overflowed
+        default=0,
+        help="weight seed when --weights is not given",
+    )
+    p.add_argument("--max-batch-size", type=_number(int, 1, 1024))  # KV cache
     p.add_argument(
         "--budget",
         type=_number(int, 1, MAX_BUDGET),
@@ -102,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default="ddtree-reference")
     p.add_argument(
         "--threads",
-        type=_number(int, 1),
+        type=_number(int, 1, 1024),
         default=1,
         help="torch CPU threads",
     )
@@ -114,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--load-delay",
-        type=_number(float, 0),
+        type=_number(float, 0, 3600),
         default=0.0,
         help="seconds to wait before loading (tests observe /health's 503)",
     )

@@ -83,6 +83,8 @@ def _check(args: argparse.Namespace) -> None:
         bad = [v for v in values if v < low]
         if bad:
             raise UsageError(f"{flag} must be >= {low}, got {bad[0]}")
+    if not -(2**63) <= args.seed < 2**64:  # torch's generator overflowed: a traceback, exit 1
+        raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.max_budget is not None and args.max_budget > MAX_BUDGET:  # overflowed the KV cache
         raise UsageError(f"--max-budget must be <= {MAX_BUDGET}, got {args.max_budget}")
     try:

@@ -34,7 +34,16 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "args",
-    [["--budget", HUGE], ["--max-budget", HUGE], ["--max-budget", "4097"], ["--budget", "-1"]],
+    [
+        ["--budget", HUGE],
+        ["--max-budget", HUGE],
+        ["--max-budget", "4097"],
+        ["--budget", "-1"],
+        ["--seed", HUGE],
+        ["--max-batch-size", HUGE],
+        ["--threads", HUGE],
+        ["--load-delay", "1e20"],
+    ],
 )
 def test_engine_check_refuses_a_budget_past_the_cap(args: list[str]) -> None:
     r = _run("-m", "engine", "--preset", "tiny", "--port", "1", *args, "--check")
@@ -89,6 +98,8 @@ def test_attn_bench_refuses_a_huge_max_budget(capsys: pytest.CaptureFixture[str]
     assert attn_bench.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and "--max-budget must be <= 4096" in one_line(err)
+    assert attn_bench.main([*argv[:-2], "--seed", HUGE]) == 2
+    assert "--seed must be in" in one_line(capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
