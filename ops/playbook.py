@@ -143,6 +143,13 @@ class HealthcheckStep(StepBase):
     timeout: float = Field(default=30.0, gt=0)
 
 
+def _not_bool(v: Any) -> Any:
+    """A number field's before-validator: YAML's or --set's `true` would otherwise be 1."""
+    if isinstance(v, bool):
+        raise ValueError("takes a number, not true/false")
+    return v
+
+
 class BenchStep(StepBase):
     step: Literal["bench"]
     gpu: int | None = Field(default=None, ge=0)  # default: the target's bench_gpu
@@ -155,6 +162,7 @@ class BenchStep(StepBase):
     timeout: float = Field(default=1800.0, gt=0)
 
     _split = field_validator("batches", mode="before")(_levels)
+    _no_bool = field_validator("probe_interval", mode="before")(_not_bool)
 
 
 class ProfileStep(StepBase):
@@ -191,12 +199,7 @@ class MeasureStep(StepBase):
             raise ValueError("only a measure step of phase 'after' can recheck")
         return v
 
-    @field_validator("cycles", "repeats", mode="before")
-    @classmethod
-    def _not_bool(cls, v: Any) -> Any:  # YAML's `true` would otherwise be taken as 1
-        if isinstance(v, bool):
-            raise ValueError("takes a whole number, not true/false")
-        return v
+    _no_bool = field_validator("cycles", "repeats", mode="before")(_not_bool)
 
     @field_validator("cycles")
     @classmethod

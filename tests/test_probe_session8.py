@@ -184,15 +184,18 @@ def _measure(tmp: Path, after: str, before: str = "") -> PlaybookError:
 
 def test_measure_cycles_refuses_true_and_the_before_phase(tmp_path: Path) -> None:
     e = _measure(tmp_path, "    recheck: true\n    cycles: true\n")
-    assert e.field == "cycles" and "true/false" in e.message
+    assert e.field == "cycles" and "not true/false" in e.message
     e = _measure(tmp_path, "", before="    cycles: 2\n")
     assert e.field == "cycles" and "phase 'after'" in e.message
     e = _measure(tmp_path, "    cycles: 2\n")
     assert e.field == "cycles" and "recheck: true" in e.message
     e = _measure(tmp_path, "    repeats: false\n")
-    assert e.field == "repeats" and "true/false" in e.message
+    assert e.field == "repeats" and "not true/false" in e.message
     with pytest.raises(PlaybookError) as info:
         load_playbook("rollout", ["measure.recheck=true", "measure.cycles=true"])
-    assert "true/false" in info.value.message and "(from --set)" in info.value.message
+    assert "not true/false" in info.value.message and "(from --set)" in info.value.message
+    with pytest.raises(PlaybookError) as info:
+        load_playbook("rollout", ["bench.probe_interval=true"])
+    assert info.value.field == "probe_interval" and "not true/false" in info.value.message
     good = load_playbook("rollout", ["measure.recheck=true", "measure.cycles=2"])
     assert [s.cycles for s in good.steps if s.step == "measure"][-1] == 2
