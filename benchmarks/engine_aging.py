@@ -22,18 +22,12 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import NoReturn
 
 from engine.bench import BACKEND_SETS, _load_once, _prompts
 from engine.config import PRESETS, preset
 from engine.device import DeviceError, check_device
 from engine.runtime import EngineSpec, build_decoder, generate
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+from kernels.cli import OneLineParser
 
 
 def _bad_input(args: argparse.Namespace) -> str | None:
@@ -111,7 +105,7 @@ def _direct(dec, prompts, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="engine_aging.py")
+    ap = OneLineParser(prog="engine_aging.py")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--mode", default="ddtree", choices=("ar", "ddtree"))

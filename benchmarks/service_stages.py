@@ -9,25 +9,20 @@ BOS; greedy, `--max-tokens`, EOS ignored) with `--concurrency` in flight, and re
 step (mean over the window's steps) the attention stage and the whole step, and the CUDA
 allocator's device allocations, frees and retries over the window. What it is for: the
 same numbers as `engine.attn_bench` and the kernel bench's stage rows, but measured inside the
-serving process (`benchmarks/service-vs-bench.sh` runs both in one call). Stdlib only.
+serving process (`benchmarks/service-vs-bench.sh` runs both in one call). Stdlib only, and
+`kernels.cli` for its flags.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from typing import NoReturn
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+from kernels.cli import OneLineParser
 
 
 def _get(url: str) -> dict:
@@ -59,7 +54,7 @@ def _totals(info: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python benchmarks/service_stages.py")
+    ap = OneLineParser(prog="python benchmarks/service_stages.py")
     ap.add_argument("--url", required=True)
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=64)

@@ -29,18 +29,18 @@ import os
 import sys
 import threading
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
-from engine.config import MATMUL, PRESETS, preset
+from engine.config import MATMUL, MAX_BUDGET, PRESETS, preset
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder, generate
 from engine.scheduler import GenRequest, Scheduler, Update
 from engine.tokenizer import ByteTokenizer
+from kernels.cli import OneLineParser
 
-MAX_BUDGET = 4096  # the largest --max-budget, as `python -m engine` takes
 MAX_ROUNDS = 1000  # also the most --repeats
 MAX_CONCURRENCY = 1024
 MAX_ROW_CHUNK = 1 << 16
@@ -221,12 +221,6 @@ def _prompts(prompt_len: int) -> list[list[int]]:
     return [((p or [0]) * (prompt_len // max(len(p), 1) + 1))[:prompt_len] for p in base]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _bad_input(args: argparse.Namespace) -> str | None:
     """Why these arguments could only hang, crash or measure nothing (None when they can run)."""
     for flag, values, low in (
@@ -268,7 +262,7 @@ def _bad_input(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m engine.bench")
+    ap = OneLineParser(prog="python -m engine.bench")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sets", nargs="+", default=list(BACKEND_SETS), choices=list(BACKEND_SETS))

@@ -20,15 +20,15 @@ pays. Prints a table, or one JSON document with `--json`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
+from kernels.cli import OneLineParser
 from kernels.envinfo import environment
 
 __all__ = ["BenchConfig", "impl_name", "main", "row", "suites"]
@@ -237,14 +237,8 @@ def _compare_main(base: str, new: str) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line and exit 2, not the usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--suite", default=",".join(DEFAULT_SUITES))
     ap.add_argument("--batch", default="1,8,64")
     ap.add_argument("--budget", default="16,64,128")
