@@ -22,12 +22,8 @@ import sys
 from typing import Any, NoReturn
 
 from engine.components import COMPONENTS, ENV_VAR, resolve_backends
-from engine.config import MATMUL, PRESETS
+from engine.config import MATMUL, MAX_BUDGET, PRESETS, SEED_RANGE
 
-# the largest tree budget a flag takes: the KV cache holds each sequence's tree, so a budget of
-# 1e20 overflowed its allocation once the port was bound (the compiled builders' own limit)
-MAX_BUDGET = 4096
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 # --max-batch-size, --threads and --load-delay are capped as well (1024, 1024, 3600 s): past
 # 2**63 the KV cache, torch.set_num_threads or the loader's sleep raised once the port was bound
 

@@ -34,8 +34,8 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from engine.bench import BACKEND_SETS, MAX_BUDGET
-from engine.config import MATMUL, PRESETS, preset
+from engine.bench import BACKEND_SETS
+from engine.config import MATMUL, MAX_BUDGET, PRESETS, SEED_RANGE, preset
 from engine.decode import Decoder, Sequence
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
@@ -83,7 +83,7 @@ def _check(args: argparse.Namespace) -> None:
         bad = [v for v in values if v < low]
         if bad:
             raise UsageError(f"{flag} must be >= {low}, got {bad[0]}")
-    if not -(2**63) <= args.seed < 2**64:  # torch's generator overflowed: a traceback, exit 1
+    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:  # torch's generator overflowed
         raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.max_budget is not None and args.max_budget > MAX_BUDGET:  # overflowed the KV cache
         raise UsageError(f"--max-budget must be <= {MAX_BUDGET}, got {args.max_budget}")

@@ -6,6 +6,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 VOCAB_SIZE = 258  # 256 bytes + BOS + EOS (see engine.tokenizer)
+# The largest tree budget (--budget, --max-budget) the engine's commands take: the KV cache
+# reserves every sequence's tree, and a budget of 1e20 overflowed its allocation. (The CUDA
+# tree builder itself takes at most kernels.cuda.MAX_BUDGET = 512 nodes.)
+MAX_BUDGET = 4096
+SEED_RANGE = (-(2**63), 2**64 - 1)  # the weight seeds torch.Generator.manual_seed takes
 # float32 matmuls on a GPU (`--matmul`, engine.model.Model.precision): TF32 tensor cores (the
 # default) or full fp32; a CPU computes fp32 whatever is chosen
 MATMUL = ("tf32", "fp32")
