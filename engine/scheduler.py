@@ -7,9 +7,11 @@ request: its prompts): a free slot goes to the waiting group with the fewest run
 sequences, ties to the one served least recently, so a request with many prompts never
 starves another client's small one. Cancelled requests leave the waiting queue and the
 running batch at the next iteration. Each request's updates (new token ids, finish reason) go
-to its `sink` callable, which the server turns into an asyncio handoff
-(`loop.call_soon_threadsafe`). A failure inside a step fails the requests in that step with
-an error and the thread keeps serving.
+to its `sink` callable. The updates of one loop iteration leave together, through `dispatch`:
+by default each sink is called on the scheduler thread; the server passes one
+`loop.call_soon_threadsafe` per iteration, so the asyncio thread wakes once per step, not once
+per request (every wake-up takes the GIL from the step's host-side work). A failure inside a
+step fails the requests in that step with an error and the thread keeps serving.
 """
 
 from __future__ import annotations
@@ -74,10 +76,27 @@ class GenRequest:
         return Update(taken)
 
 
+Sink = Callable[[Update], None]
+Dispatch = Callable[[list[tuple[Sink, Update]]], None]
+
+
+def deliver(batch: list[tuple[Sink, Update]]) -> None:
+    """Call each sink with its update; a broken sink (client gone) never stops the others."""
+    for sink, update in batch:
+        try:
+            sink(update)
+        except Exception:
+            log.exception("request sink failed")
+
+
 class Scheduler:
-    def __init__(self, decoder: Decoder, stats: StepStats | None = None) -> None:
+    def __init__(
+        self, decoder: Decoder, stats: StepStats | None = None, dispatch: Dispatch = deliver
+    ) -> None:
         self.decoder = decoder
         self.stats = stats or StepStats()
+        self.dispatch = dispatch  # takes one iteration's (sink, update) pairs at once
+        self._outbox: list[tuple[Sink, Update]] = []
         self.max_batch = decoder.cfg.max_batch_size
         # waiting requests per group; when each group was last served (a tick count)
         self._waiting: dict[Hashable, deque[GenRequest]] = {}
@@ -135,10 +154,17 @@ class Scheduler:
         self._finish(req, update)
 
     def _emit(self, req: GenRequest, update: Update) -> None:
+        self._outbox.append((req.sink, update))
+
+    def _flush(self) -> None:
+        """Hand this iteration's updates to `dispatch`, all at once."""
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
         try:
-            req.sink(update)
-        except Exception:  # a broken sink (client gone) must not stop the loop
-            log.exception("request sink failed")
+            self.dispatch(batch)
+        except Exception:  # e.g. the server's event loop already closed at shutdown
+            log.exception("update dispatch failed")
 
     def _next_waiting(self) -> GenRequest | None:
         """Pop the next request to admit: from the group with the fewest running sequences,
@@ -211,6 +237,8 @@ class Scheduler:
                 log.error("scheduler iteration failed:\n%s", traceback.format_exc())
                 for req in list(self._running):
                     self._retire(req, Update([], True, "error", f"decode step failed: {exc}"))
+            finally:
+                self._flush()
         with self._cv:
             waiting = [r for q in self._waiting.values() for r in q]
             self._waiting.clear()
@@ -218,6 +246,7 @@ class Scheduler:
             self._n_waiting = 0
         for req in [*self._running, *waiting]:
             self._finish(req, Update([], True, "abort", "server shutting down"))
+        self._flush()
 
     @property
     def alive(self) -> bool:

@@ -4,8 +4,9 @@
 choice carries `token_ids`), `GET /v1/models`, `/health` (503 while loading), `/health_generate`
 (one real token), `/get_server_info` (config, mode, backends and their source, limits, pid,
 `internal_states`), `/metrics` (Prometheus text). The model loads in a background thread;
-requests reach the scheduler thread through a queue and come back through
-`loop.call_soon_threadsafe` into an asyncio.Queue. Inputs are bounded (`engine.limits`): body
+requests reach the scheduler thread through a queue and come back into an asyncio.Queue per
+request, all of one step's updates through one `loop.call_soon_threadsafe` (the asyncio thread
+wakes once per step, not once per request). Inputs are bounded (`engine.limits`): body
 size, prompts per request, connections and read time; the prompts of one request form one
 fairness group in the scheduler, and a client that leaves stops its generation.
 """
@@ -43,7 +44,7 @@ from engine.protocol import (
     parse_completion,
 )
 from engine.runtime import EngineSpec, build_decoder
-from engine.scheduler import GenRequest, Scheduler, Update
+from engine.scheduler import GenRequest, Scheduler, Sink, Update, deliver
 from engine.stats import NESTED_STAGES, StepStats
 from engine.tokenizer import BOS_ID, ByteTokenizer
 
@@ -63,11 +64,16 @@ class EngineState:
         self.created = int(time.time())
         self.ready = threading.Event()
 
-    def load(self) -> None:
+    def load(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Build the model and start the scheduler; its updates come back on `loop`."""
+
+        def dispatch(batch: list[tuple[Sink, Update]]) -> None:
+            loop.call_soon_threadsafe(deliver, batch)
+
         try:
             time.sleep(self.load_delay)
             self.preset, decoder = build_decoder(self.spec)
-            self.scheduler = Scheduler(decoder, self.stats)
+            self.scheduler = Scheduler(decoder, self.stats, dispatch)
             self.scheduler.start()
             self.ready.set()
             log.info("engine ready: preset=%s mode=%s", self.spec.preset, self.spec.mode)
@@ -112,7 +118,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         quiet_accept_errors(asyncio.get_running_loop())
-        threading.Thread(target=state.load, name="engine-load", daemon=True).start()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=state.load, args=(loop,), name="engine-load", daemon=True).start()
         yield
         if state.scheduler is not None:
             state.scheduler.shutdown()
@@ -133,12 +140,11 @@ def create_app(
     def submit(
         prompt: list[int], max_tokens: int, c: Completion | None = None, group: str | None = None
     ) -> tuple[GenRequest, asyncio.Queue[Update]]:
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
         req = GenRequest(
             prompt,
             max_tokens,
-            lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
+            queue.put_nowait,  # called on this loop's thread (EngineState.load's dispatch)
             group=group,
         )
         if c is None:  # /health_generate: one greedy token, EOS or not
