@@ -3,8 +3,9 @@
 `POST /v1/completions` (text or token-id prompts, greedy, stop strings, SSE streaming; each
 choice carries `token_ids`), `GET /v1/models`, `/health` (503 while loading), `/health_generate`
 (one real token), `/get_server_info` (config, mode, backends and their source, limits, pid,
-`internal_states`), `/metrics` (Prometheus text). The model loads in a background thread;
-requests reach the scheduler thread through a queue and come back into an asyncio.Queue per
+`internal_states`, the garbage collector's pauses), `/metrics` (Prometheus text). The model
+loads in a background thread, and what it built is frozen out of later collections; requests
+reach the scheduler thread through a queue and come back into an asyncio.Queue per
 request, all of one step's updates through one `loop.call_soon_threadsafe` (the asyncio thread
 wakes once per step, not once per request). Inputs are bounded (`engine.limits`): body
 size, prompts per request, connections and read time; the prompts of one request form one
@@ -34,6 +35,7 @@ from engine import metrics
 from engine.components import resolve_backends
 from engine.config import Preset, to_dict
 from engine.device import allocator_stats
+from engine.gc_pauses import GcPauses, freeze_loaded
 from engine.limits import BodyLimit, Limits, quiet_accept_errors
 from engine.protocol import (
     BadRequest,
@@ -63,6 +65,7 @@ class EngineState:
         self.load_error: str | None = None
         self.created = int(time.time())
         self.ready = threading.Event()
+        self.gc = GcPauses()  # installed while the app runs (lifespan)
 
     def load(self, loop: asyncio.AbstractEventLoop) -> None:
         """Build the model and start the scheduler; its updates come back on `loop`."""
@@ -73,6 +76,8 @@ class EngineState:
         try:
             time.sleep(self.load_delay)
             self.preset, decoder = build_decoder(self.spec)
+            # what loading built lives as long as the process: out of every later collection
+            freeze_loaded()
             self.scheduler = Scheduler(decoder, self.stats, dispatch)
             self.scheduler.start()
             self.ready.set()
@@ -119,8 +124,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         quiet_accept_errors(asyncio.get_running_loop())
         loop = asyncio.get_running_loop()
+        state.gc.install()
         threading.Thread(target=state.load, args=(loop,), name="engine-load", daemon=True).start()
         yield
+        state.gc.remove()
         if state.scheduler is not None:
             state.scheduler.shutdown()
 
@@ -252,6 +259,9 @@ def create_app(
                 # it was configured ($PYTORCH_CUDA_ALLOC_CONF)
                 "cuda_allocator": allocator_stats(spec.device) if dec else None,
                 "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                # the garbage collector: runs and pauses per generation since start, and how
+                # many objects loading left frozen (engine.gc_pauses)
+                "gc": state.gc.snapshot(),
                 "nested_stages": NESTED_STAGES,
                 "internal_states": [internal],
             }

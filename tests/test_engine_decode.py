@@ -162,6 +162,52 @@ def test_continuous_batching_matches_ar(ar_outputs: list[list[int]]) -> None:
     assert dec.cache.free_pages == dec.cache.num_pages  # every page came back
 
 
+def test_scheduler_hands_out_one_batch_of_updates_per_step(ar_outputs: list[list[int]]) -> None:
+    """Scheduler.dispatch gets each iteration's updates together (the server turns one batch
+    into one event-loop wake-up): a full 4-wide step is one call with 4 updates, never one call
+    per request; `deliver` calls every sink, a broken one (a client gone) not stopping the
+    others; outputs still equal AR's."""
+    from engine.scheduler import deliver
+
+    _, dec = build_decoder(EngineSpec(mode="ddtree", max_batch_size=4))
+    batches: list[int] = []
+    got: dict[int, list[int]] = {}
+    finished: set[int] = set()
+    done = threading.Event()
+
+    def dispatch(batch) -> None:
+        batches.append(len(batch))
+        deliver(batch)
+
+    def sink(i: int):
+        def put(u: Update) -> None:
+            got.setdefault(i, []).extend(u.token_ids)
+            if u.finished:
+                finished.add(i)
+                if len(finished) == 3:
+                    done.set()
+
+        return put
+
+    def broken(u: Update) -> None:
+        raise RuntimeError("client gone")
+
+    sched = Scheduler(dec, dispatch=dispatch)
+    sched.submit(GenRequest(PROMPTS[3], MAX_TOKENS, broken, group="gone"))
+    for i in range(3):  # queued before the thread starts: admitted together, stepped together
+        sched.submit(GenRequest(PROMPTS[i], MAX_TOKENS, sink(i)))
+    sched.start()
+    try:
+        assert done.wait(120)
+    finally:
+        sched.shutdown()
+    assert [got[i] for i in range(3)] == [ar_outputs[i][:MAX_TOKENS] for i in range(3)]
+    steps = sum(sched.stats.steps_by_batch.values())
+    assert batches[0] == 4  # the first step's four updates (the broken sink's among them)
+    assert len(batches) <= steps + 1  # one call per iteration, not one per request
+    assert sum(batches) >= 3 * len(batches) - 3
+
+
 def test_ddtree_batches_up_to_64_with_joining_requests_equal_ar_alone() -> None:
     """Batches of 1, 7, 32 and 64 (max batch 64), ragged prompts, requests joining mid-run:
     every DDTree output equals the same prompt's AR output decoded alone."""

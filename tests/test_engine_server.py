@@ -174,6 +174,9 @@ def test_health_models_server_info(engine: EngineProcess) -> None:
         "attention": "torch",
     }
     assert info["config"]["model"]["vocab_size"] == 258
+    gc_info = info["gc"]  # loading froze what it built; collections counted per generation
+    assert gc_info["frozen_objects"] > 1000 and len(gc_info["collections"]) == 3
+    assert all(x >= 0 for x in gc_info["pause_total_s"] + gc_info["pause_max_s"])
     state = info["internal_states"][0]
     assert state["avg_spec_accept_length"] > 1.0
     steps = state["step_time_breakdown"]
