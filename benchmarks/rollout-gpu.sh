@@ -85,6 +85,8 @@ say "rollout ($WHICH)"
 timeout "${ROLLOUT_TIMEOUT:-420}" $O rollout local -i "$inv" --playbook "$pb" --json \
   ${ROLLOUT_SETS:-} > "$OUT/rollout.json" 2>> "$LOG"
 echo "rollout rc=$?" | tee -a "$LOG"
+# the last service's own view (stage times, the garbage collector's pauses), before it stops
+curl -sf --max-time 10 http://127.0.0.1:30188/get_server_info > "$OUT/server-info.json"
 $O service stop local -i "$inv" >> "$LOG" 2>&1
 tail -n 30 "$root"/logs/*.log >> "$LOG" 2>&1
 say "done"
