@@ -27,10 +27,12 @@ of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seei
 the groups and splits are the same), the prefill part of the attention's time. Each impl is
 timed twice: one call per CUDA-event sample, its plan built beforehand (`torch_rows`,
 `cuda_rows`: the kernel-level comparison), and as the engine's attention STAGE of one forward
-(`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.time_stage`): the
+(`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.stage_sampler`): the
 plan built on the host with the GPU idle, as `engine.forward` builds it before the forward's
 first piece, then one call per layer timed as the GPU's time alone, since in the forward the
-CPU runs ahead of the GPU and a call's launch overhead hides behind the piece before it. The
+CPU runs ahead of the GPU and a call's launch overhead hides behind the piece before it; the
+two impls' stage samples are taken in turn (`kernels.timing.interleave`, rows marked
+`interleaved`), so a slow spell on a shared host or GPU weighs on both alike. The
 stage rows are what `ops report` projects with (playbooks/rollout-attention.yaml): the torch
 plan's host work (grouping by length, one gather of every group's table) is part of what the
 switch removes. As in the engine, a decode step's plans start from a slot table already on
@@ -44,7 +46,7 @@ import numpy as np
 import torch
 
 from kernels.bench import BenchConfig, Row, impl_name, row
-from kernels.timing import Timing, time_cuda, time_graph, time_stage
+from kernels.timing import Timing, interleave, stage_sampler, summarize, time_cuda, time_graph
 
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3
 SIZES = [  # (batch, prefix, tree rows T, heads); the first two are the target sizes
@@ -247,7 +249,7 @@ def _row_impls(
 ) -> list[Row]:  # fmt: skip
     """Per impl: one call (plan built beforehand) per CUDA-event sample (`torch_rows`,
     `cuda_rows`), and the forward's whole attention stage (`*_stage`: the plan on the host,
-    then `layers` calls, `kernels.timing.time_stage`)."""
+    then `layers` calls, `kernels.timing.stage_sampler`, the two impls' samples interleaved)."""
     from kernels import row_attention as ra
 
     dev = pool.device
@@ -265,7 +267,8 @@ def _row_impls(
         tab0 = tables[0][0]
         tab0 = tab0.cpu().numpy() if isinstance(tab0, torch.Tensor) else tab0
         want = ra.reference_rows(qs[0], pool, tab0, tables[0][1], ROW_SCALE, ROW_LATENT)
-    rows: list[Row] = []
+    by_impl: dict[str, list[Row]] = {}
+    samplers, common_of = {}, {}
     for impl in ("torch_rows", "cuda_rows"):
         plans = [plan_of[impl](i) for i in range(sets)]
         call = call_of[impl]
@@ -283,12 +286,19 @@ def _row_impls(
             tf32 = impl == "torch_rows" and torch.backends.cuda.matmul.allow_tf32
             tol = ROW_TOL_TF32 if tf32 else ROW_TOL
             check = {"rel_err_vs_fp64": rel, "refcheck": rel < tol, "tolerance": tol}
-        common = {"rows": n_rows, "input_sets": sets, **extra[impl], **check}
-        rows.append(row("attn", kernel, impl, shape, time_cuda(fn, sets, reps=reps), **common))
-        stage = time_stage(plan_of[impl], run, sets, reps=max(10, reps // 2))
-        rows.append(row("attn", kernel, impl + "_stage", {**shape, "layers": layers}, stage,
-                        **common))  # fmt: skip
+        common_of[impl] = {"rows": n_rows, "input_sets": sets, **extra[impl], **check}
+        timing = time_cuda(fn, sets, reps=reps)
+        by_impl[impl] = [row("attn", kernel, impl, shape, timing, **common_of[impl])]
+        samplers[impl] = stage_sampler(plan_of[impl], run, sets)
         del plans
+    # the stage rows (what the rollout projects with) sample both impls in turn (A B B A ...)
+    stage = interleave(samplers, reps=max(10, reps // 2))
+    rows: list[Row] = []
+    for impl in ("torch_rows", "cuda_rows"):
+        timing = summarize(stage[impl], "stage")
+        rows += by_impl[impl]
+        rows.append(row("attn", kernel, impl + "_stage", {**shape, "layers": layers}, timing,
+                        interleaved=True, **common_of[impl]))  # fmt: skip
     return rows
 
 

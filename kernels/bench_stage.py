@@ -14,11 +14,12 @@ on lp / ids as its topk backend hands them, boundary copies included:
   of a tree-build rollout on a service whose accept runs on CUDA (`ops.amdahl`).
 Shape: B = each `--batch`; H, K, budget = `--stage-shape` (the engine's `small` preset: draft_len
 7, K = 16, budget 16). Each sample is wall clock (perf_counter) with the device synchronised
-before and after, as the engine's `lap` times its stages. Median and IQR as every row; the
-cuda_stage row carries the speedup over each of the other two (`kernels.bench.add_speedups`:
-{"reference_stage": x, "reference_stage_to_device": y}) and a refcheck against
-reference_stage's trees; the reference_stage_to_device row carries a refcheck against
-cuda_stage (the same trees, and a `device_copy` equal to cuda_stage's field by field).
+before and after, as the engine's `lap` times its stages; on CUDA the three stages' samples
+are taken in turn (`kernels.timing.interleave`, rows marked `interleaved`). Median and IQR as
+every row; the cuda_stage row carries the speedup over each of the other two
+(`kernels.bench.add_speedups`: {"reference_stage": x, "reference_stage_to_device": y}) and a
+refcheck against reference_stage's trees; the reference_stage_to_device row carries a refcheck
+against cuda_stage (the same trees, and a `device_copy` equal to cuda_stage's field by field).
 `device="cpu"` times the reference stage alone on the reference topk's numpy arrays (what a CPU
 engine hands it): there is no CUDA side to time, so no CUDA row and no upload row.
 """
@@ -35,7 +36,7 @@ import torch
 from kernels import reference as ref
 from kernels import tree_stage
 from kernels.bench import BenchConfig, Row, row
-from kernels.timing import Timing, summarize
+from kernels.timing import Timing, interleave, summarize
 
 N_SETS = 8  # input sets rotated over, as the engine's every step brings new ones
 VOCAB = 4096  # logits behind each drafted position (only the top K reach the stage)
@@ -47,20 +48,28 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_stage(
-    fn: Callable[[int], Any], n_inputs: int, device: str, warmup: int = 3, reps: int = 20
-) -> Timing:
-    """Per sample: synchronise, perf_counter, one call, synchronise, perf_counter (the lap)."""
+def lap_sampler(fn: Callable[[int], Any], n_inputs: int, device: str, warmup: int = 3):
+    """A stage's sampler, warmed up here: per call, synchronise, perf_counter, one call,
+    synchronise, perf_counter (the engine's lap); returns microseconds."""
     for i in range(warmup):
         fn(i % n_inputs)
-    samples = []
-    for i in range(reps):
+
+    def sample(i: int) -> float:
         _sync(device)
         t0 = time.perf_counter()
         fn(i % n_inputs)
         _sync(device)
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return summarize(samples, "host")
+        return (time.perf_counter() - t0) * 1e6
+
+    return sample
+
+
+def time_stage(
+    fn: Callable[[int], Any], n_inputs: int, device: str, warmup: int = 3, reps: int = 20
+) -> Timing:
+    """One stage alone: `reps` laps."""
+    sample = lap_sampler(fn, n_inputs, device, warmup)
+    return summarize([sample(i) for i in range(reps)], "host")
 
 
 def stage_inputs(b: int, h: int, k: int, scale: float, device: str, seed: int) -> tuple[Any, Any]:
@@ -108,9 +117,10 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
             return tree_stage.reference_stage(sets[i][0], sets[i][1], budget)
 
         ref_reps = 5 if cfg.quick else 20
-        t = time_stage(ref_fn, N_SETS, device, warmup=1, reps=ref_reps)
-        rows.append(row("tree", "tree_build_stage", "reference_stage", shape, t, note=STAGE_NOTE))
         if not device.startswith("cuda"):
+            t = time_stage(ref_fn, N_SETS, device, warmup=1, reps=ref_reps)
+            rows.append(row("tree", "tree_build_stage", "reference_stage", shape, t,
+                            note=STAGE_NOTE))  # fmt: skip
             continue
 
         stage = tree_stage.CudaTreeStage(device)  # as the engine binds it: buffers kept
@@ -118,24 +128,29 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
         def cuda_fn(i: int, sets=sets, stage=stage) -> ref.BatchedTrees:
             return stage(sets[i][0], sets[i][1], budget)
 
-        check = None
-        if cfg.refcheck:
-            check = _same_trees(cuda_fn(0), ref_fn(0))
-        t = time_stage(cuda_fn, N_SETS, device, reps=max(cfg.reps, 20))
-        rows.append(
-            row("tree", "tree_build_stage", "cuda_stage", shape, t, refcheck=check, note=STAGE_NOTE)
-        )
-
         def upload_fn(i: int, sets=sets) -> ref.BatchedTrees:
             return tree_stage.reference_stage_to_device(sets[i][0], sets[i][1], budget, device)
 
-        check = None
+        checks: dict[str, bool | None] = {"reference_stage": None}
         if cfg.refcheck:
+            checks["cuda_stage"] = _same_trees(cuda_fn(0), ref_fn(0))
             got, want = upload_fn(0), cuda_fn(0)
-            check = _same_trees(got, want) and _same_device_copy(got, want)
-        t = time_stage(upload_fn, N_SETS, device, warmup=1, reps=ref_reps)
-        rows.append(
-            row("tree", "tree_build_stage", "reference_stage_to_device", shape, t,
-                refcheck=check, note=STAGE_NOTE)
-        )  # fmt: skip
+            checks["reference_stage_to_device"] = _same_trees(got, want) and _same_device_copy(
+                got, want
+            )
+        # the three stages sampled in turn (A B C C B A ...): a slow spell of the host weighs
+        # on each alike, so their ratios (what a rollout projects with) hold through it
+        fns = {
+            "reference_stage": ref_fn,
+            "cuda_stage": cuda_fn,
+            "reference_stage_to_device": upload_fn,
+        }
+        samplers = {name: lap_sampler(f, N_SETS, device, warmup=1) for name, f in fns.items()}
+        laps = interleave(samplers, reps=ref_reps if cfg.quick else max(cfg.reps, 20))
+        for name in fns:
+            extra = {} if name == "reference_stage" else {"refcheck": checks.get(name)}
+            rows.append(
+                row("tree", "tree_build_stage", name, shape, summarize(laps[name], "host"),
+                    note=STAGE_NOTE, interleaved=True, **extra)
+            )  # fmt: skip
     return rows

@@ -3,7 +3,10 @@
 Measurement rules: warm up first; time many repetitions and report the median and IQR;
 rotate over several input sets so repeated runs don't just measure L2; for launch-bound
 kernels also capture `launches` calls in a CUDA graph and report the replay time divided by
-the launches. `fn(i)` runs the kernel on input set `i % n_inputs`.
+the launches. `fn(i)` runs the kernel on input set `i % n_inputs`. Rows whose ratio is the
+result (a stage's baseline against its candidate, what `ops report` projects with) take their
+samples interleaved (`interleave`: A B B A ...), so a slow spell of the host or a neighbour's
+burst on a shared GPU falls on both sides alike instead of on whichever ran at that moment.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "Timing", "summarize", "time_cuda", "time_graph", "time_host", "time_stage",
+    "Timing", "interleave", "stage_sampler", "summarize", "time_cuda", "time_graph", "time_host",
+    "time_stage",
 ]  # fmt: skip
 
 
@@ -74,18 +78,28 @@ def time_cuda(
     return summarize([s.elapsed_time(e) * 1e3 for s, e in events], "events")
 
 
-def time_stage(
-    prepare: Callable[[int], Any],
-    run: Callable[[int, Any], Any],
-    n_inputs: int = 1,
+def interleave(samplers: dict[str, Callable[[int], float]], reps: int) -> dict[str, list[float]]:
+    """`reps` samples of each sampler, taken in turn: rep r calls them in order when r is even
+    and in reverse when odd (A B, B A, A B ...), so drift over the run, linear or a spell of
+    any length, weighs on every sampler alike. `sampler(r)` returns one sample (us)."""
+    names = list(samplers)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps):
+        for n in names if r % 2 == 0 else reversed(names):
+            out[n].append(float(samplers[n](r)))
+    return out
+
+
+def stage_sampler(
+    prepare: Callable[[int], Any], run: Callable[[int, Any], Any], n_inputs: int = 1,
     warmup: int = 3,
-    reps: int = 30,
-) -> Timing:
-    """Each sample: `prepare(i)` on the host with the GPU idle (synchronised, wall clock), then
-    `run(i, prepared)` enqueued behind a GPU sleep longer than its host time, so its span is the
-    GPU's time alone: a stage that builds a plan on the host and then launches work inside a
-    pipeline whose CPU runs ahead of its GPU, where the launch overhead hides behind the work
-    before it, e.g. the engine's attention per forward (its plan, then one call per layer)."""
+) -> Callable[[int], float]:  # fmt: skip
+    """A stage's sampler (warmed up and calibrated once, here): each call `prepare(i)` on the
+    host with the GPU idle (synchronised, wall clock), then `run(i, prepared)` enqueued behind a
+    GPU sleep longer than its host time, so its span is the GPU's time alone: a stage that
+    builds a plan on the host and then launches work inside a pipeline whose CPU runs ahead of
+    its GPU, where the launch overhead hides behind the work before it, e.g. the engine's
+    attention per forward (its plan, then one call per layer). Returns host + GPU time (us)."""
     import torch
 
     for i in range(warmup):
@@ -100,9 +114,9 @@ def time_stage(
         host.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
     cycles = _sleep_cycles(4 * max(host) + 100e-6)
-    samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(reps):
+
+    def sample(i: int) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         p = prepare(i % n_inputs)
@@ -113,8 +127,21 @@ def time_stage(
         run(i % n_inputs, p)
         end.record()
         end.synchronize()
-        samples.append(host_s * 1e6 + start.elapsed_time(end) * 1e3)
-    return summarize(samples, "stage")
+        return host_s * 1e6 + start.elapsed_time(end) * 1e3
+
+    return sample
+
+
+def time_stage(
+    prepare: Callable[[int], Any],
+    run: Callable[[int, Any], Any],
+    n_inputs: int = 1,
+    warmup: int = 3,
+    reps: int = 30,
+) -> Timing:
+    """One stage alone: `reps` samples of its `stage_sampler`."""
+    sample = stage_sampler(prepare, run, n_inputs, warmup)
+    return summarize([sample(i) for i in range(reps)], "stage")
 
 
 def _sleep_cycles(seconds: float) -> int:

@@ -86,3 +86,51 @@ def test_kernel_suites_without_a_gpu_say_so_and_exit_0(suite, capsys):
     doc = json.loads(out)
     assert doc["results"] == [] and "no CUDA device" in err
     assert [n.split(":")[0] for n in doc["notes"]] == [f"{suite} suite"]
+
+
+def _drifting(costs: dict[str, float], slow) -> tuple[dict, list[str]]:
+    """Samplers of stages costing `costs` (us) on a host whose speed changes with time: the
+    k-th sample taken overall costs `slow(k)` times more. Returns them and the call log."""
+    log: list[str] = []
+
+    def sampler(name: str):
+        def sample(r: int) -> float:
+            log.append(name)
+            return costs[name] * slow(len(log) - 1)
+
+        return sample
+
+    return {n: sampler(n) for n in costs}, log
+
+
+def test_interleave_takes_turns_and_mirrors_each_rep():
+    from kernels.timing import interleave
+
+    samplers, log = _drifting({"a": 1.0, "b": 2.0, "c": 3.0}, lambda k: 1.0)
+    out = interleave(samplers, reps=4)
+    assert log == list("abccbaabccba")
+    assert {n: len(v) for n, v in out.items()} == {"a": 4, "b": 4, "c": 4}
+
+
+@pytest.mark.parametrize(
+    "slow",
+    [
+        lambda k: 1.0 + 0.01 * k,  # a host slowing steadily over the run
+        lambda k: 3.0 if 10 <= k < 40 else 1.0,  # a neighbour's burst in the middle of it
+    ],
+    ids=["drift", "spell"],
+)
+def test_interleaved_ratio_holds_where_one_after_the_other_does_not(slow):
+    """The stage ratio the rollout projects with (b costs 2x a): sampled in turn it comes out
+    right under drift or a slow spell; sampled one stage after the other (the old order) the
+    same host makes it wrong."""
+    from kernels.timing import interleave
+
+    samplers, _ = _drifting({"a": 100.0, "b": 200.0}, slow)
+    out = interleave(samplers, reps=40)
+    ratio = summarize(out["b"], "stage").median_us / summarize(out["a"], "stage").median_us
+    assert ratio == pytest.approx(2.0, rel=0.03)
+    samplers, _ = _drifting({"a": 100.0, "b": 200.0}, slow)
+    seq = {n: [s(r) for r in range(40)] for n, s in samplers.items()}
+    wrong = summarize(seq["b"], "stage").median_us / summarize(seq["a"], "stage").median_us
+    assert abs(wrong / 2.0 - 1) > 0.1
