@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ops.errors import InventoryError, UnknownTarget
+from ops.numbers import NoBoolNumbers
 
 LOCAL = "local"
 DEFAULT_INVENTORY = "ops.toml"
@@ -43,7 +44,7 @@ def default_local_root() -> str:
     return os.path.abspath(os.path.join(base, "ddtree-ops", "local"))
 
 
-class _Model(BaseModel):
+class _Model(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -28,7 +28,6 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -40,6 +39,7 @@ from pydantic import (
 from ops.errors import OpsError
 from ops.evidence import Change, check_bench_kernel
 from ops.inventory import COMPONENT_KINDS
+from ops.numbers import NoBoolNumbers
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 Gate = Literal["always", "go", "deployed"]
@@ -57,7 +57,7 @@ class PlaybookError(OpsError):
         return {**super().to_dict(), "step": self.step, "field": self.field}
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -143,13 +143,6 @@ class HealthcheckStep(StepBase):
     timeout: float = Field(default=30.0, gt=0)
 
 
-def _not_bool(v: Any) -> Any:
-    """A number field's before-validator: YAML's or --set's `true` would otherwise be 1."""
-    if isinstance(v, bool):
-        raise ValueError("takes a number, not true/false")
-    return v
-
-
 class BenchStep(StepBase):
     step: Literal["bench"]
     gpu: int | None = Field(default=None, ge=0)  # default: the target's bench_gpu
@@ -162,7 +155,6 @@ class BenchStep(StepBase):
     timeout: float = Field(default=1800.0, gt=0)
 
     _split = field_validator("batches", mode="before")(_levels)
-    _no_bool = field_validator("probe_interval", mode="before")(_not_bool)
 
 
 class ProfileStep(StepBase):
@@ -198,8 +190,6 @@ class MeasureStep(StepBase):
         if v and info.data.get("phase") != "after":
             raise ValueError("only a measure step of phase 'after' can recheck")
         return v
-
-    _no_bool = field_validator("cycles", "repeats", mode="before")(_not_bool)
 
     @field_validator("cycles")
     @classmethod

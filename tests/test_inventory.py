@@ -75,6 +75,11 @@ def test_env_var_and_local_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyP
             "target 'ct200': cuda_arch: Value error, must look",
         ),
         ("[targets.ct200]\ngpus = 2\nbench_gpu = 7\n", "bench_gpu 7 is not below gpus = 2"),
+        ("[targets.ct200]\ngpus = true\n", "target 'ct200': gpus: Value error, takes a number"),
+        (
+            "[targets.ct200.service]\nstop_timeout = true\n",
+            "service.stop_timeout: Value error, takes a number",
+        ),
         ("[targets.ct200.service]\nmanager = 'docker'\n", "target 'ct200': service.manager:"),
         ("[targets.ct200]\naddress = 'a b; rm -rf /'\n", "target 'ct200': address: Value error"),
         ("[targets.'bad name']\n", "target 'bad name': name must be"),

@@ -198,6 +198,29 @@ def test_bad_set_names_the_step_and_the_field(
     assert words in e.message
 
 
+@pytest.mark.parametrize(
+    ("setting", "step", "field"),
+    [
+        ("threshold=true", None, "threshold"),
+        ("load.requests=true", None, "load.requests"),
+        ("load.concurrency=[true]", None, "load.concurrency"),
+        ("load.run_seconds=false", None, "load.run_seconds"),
+        ("bench.gpu=true", "bench", "gpu"),
+        ("bench.probe_threshold=true", "bench", "probe_threshold"),
+        ("preflight.aa_runs=true", "preflight", "aa_runs"),
+        ("deploy.keep=true", "deploy", "keep"),
+        ("profile.budget=true", "profile", "budget"),
+    ],
+)
+def test_true_is_not_a_number_in_any_number_field(setting: str, step: str | None, field: str):
+    """YAML's true/false in a number field is a mistake, named with its step and field, in every
+    number field of a playbook (it used to be taken as 1 wherever no field said otherwise);
+    a bool field still takes it."""
+    e = fails(None, [setting])
+    assert (e.step, e.field) == (step, field) and "not true/false" in e.message
+    assert load_playbook("rollout", ["bench.allow_shared=true"])
+
+
 def run_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
     return run_ops("rollout", *args, env=env, timeout=60)
