@@ -265,7 +265,13 @@ def run(argv: list[str] | None) -> int:
     logging.getLogger("engine").info(
         "engine listening on http://%s:%d (pid %d)", args.host, args.port, os.getpid()
     )
-    uvicorn.Server(config).run(sockets=[BackoffSocket.wrap(sock)])
+    server = uvicorn.Server(config)
+    state = app.state.engine
+    state.on_load_failed = lambda: setattr(server, "should_exit", True)  # a graceful stop
+    server.run(sockets=[BackoffSocket.wrap(sock)])
+    if state.load_error:
+        print(f"error: the model failed to load: {state.load_error}", file=sys.stderr)
+        return 1
     return 0
 
 

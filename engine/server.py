@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -66,6 +66,9 @@ class EngineState:
         self.created = int(time.time())
         self.ready = threading.Event()
         self.gc = GcPauses()  # installed while the app runs (lifespan)
+        # what to do when loading fails (python -m engine: stop serving and exit 1, so a
+        # service manager sees the failure at once instead of a process that never gets ready)
+        self.on_load_failed: Callable[[], None] = lambda: None
 
     def load(self, loop: asyncio.AbstractEventLoop) -> None:
         """Build the model and start the scheduler; its updates come back on `loop`."""
@@ -82,9 +85,10 @@ class EngineState:
             self.scheduler.start()
             self.ready.set()
             log.info("engine ready: preset=%s mode=%s", self.spec.preset, self.spec.mode)
-        except Exception as exc:  # reported by /health
+        except Exception as exc:  # reported by /health until the process stops
             log.exception("engine failed to load")
             self.load_error = f"{type(exc).__name__}: {exc}"
+            self.on_load_failed()
 
 
 def _error(

@@ -319,6 +319,21 @@ def test_cli_refuses_a_bad_backend() -> None:
     assert r.returncode == 2 and "bad --backend" in r.stderr
 
 
+def test_a_model_that_fails_to_load_ends_the_process_with_exit_1(tmp_path) -> None:
+    """Weights that are not a safetensors file pass the flag checks (the file exists) and fail
+    in the load thread: the server stops and the process exits 1 with the reason on stderr,
+    so a service manager sees the failure at once instead of waiting on /health."""
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file" * 10)
+    eng = start_engine(tmp_path, extra_args=("--weights", str(bad)), wait_healthy=False)
+    try:
+        assert eng.proc.wait(timeout=60) == 1
+    finally:
+        eng.stop()
+    log = eng.log_path.read_text(errors="replace")
+    assert "engine failed to load" in log and "error: the model failed to load:" in log
+
+
 def test_service_stages_reads_the_engines_own_prefill_and_step_times(
     engine: EngineProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
