@@ -28,7 +28,9 @@ class GcPauses:
     """Counts and times the collector's runs per generation (a `gc.callbacks` hook)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # re-entrant: a collection can start on any allocation, snapshot()'s included, and
+        # runs this callback on the same thread while snapshot() holds the lock
+        self._lock = threading.RLock()
         self._t0: float | None = None
         self.count = [0, 0, 0]
         self.total_s = [0.0, 0.0, 0.0]
