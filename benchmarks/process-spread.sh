@@ -15,8 +15,8 @@ OUT=${OUT:-/tmp/spread}; ARCH=${ARCH:-sm_90}; N=${N:-4}; mkdir -p "$OUT"; OUT=$(
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 echo "OUT=$OUT N=$N ARCH=$ARCH bash benchmarks/process-spread.sh" > "$OUT/command.txt"
 (lscpu; nproc; nvidia-smi) > "$OUT/host.txt" 2>&1
-python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
 [ -d old ] || { echo "old/: git archive \$OLD engine kernels | tar -x -C old" >&2; exit 2; }
+python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 NC=$(nproc); HALF=$((NC / 2))
 SERVE_CPUS="0-$((HALF - 1))"; LOAD_CPUS="$HALF-$((NC - 1))"
