@@ -24,9 +24,7 @@ from checks.atomic import write_atomic
 from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, out, state
 from ops.errors import OpsError
 from ops.evidence import Change, Evidence, gather, record_files
-from ops.gain_audit import audit_doc
 from ops.records import RunDir
-from ops.render import context, pct, render
 from ops.report import Decision, decide, times
 
 FORMATS = ("md", "html")
@@ -91,6 +89,8 @@ def write_reports(
     dest: Path, fmts: list[str], ev: Evidence, d: Decision, sources: list[dict[str, str]]
 ) -> list[str]:
     """report.<fmt> for each format and report.json, each written atomically, readable by all."""
+    from ops.render import context, render  # here: jinja2 only where a report is written
+
     ctx = context(d, ev, [s["path"] for s in sources])
     docs = {f"report.{fmt}": render(fmt, ctx) for fmt in fmts}
     docs["report.json"] = json.dumps(report_doc(d, ev, sources), indent=2) + "\n"
@@ -125,6 +125,8 @@ def summary(d: Decision, sources: list[dict[str, str]]) -> dict[str, Any]:
 
 def report_doc(d: Decision, ev: Evidence, sources: list[dict[str, str]]) -> dict[str, Any]:
     """What report.json and `ops report --json` say: the decision, its records, the gain audit."""
+    from ops.gain_audit import audit_doc
+
     return {**summary(d, sources), "gain_audit": audit_doc(d, ev)}
 
 
@@ -197,6 +199,8 @@ def report(
 
 
 def _p(x: float | None) -> str:
+    from ops.render import pct
+
     return pct(x, 3 if x is not None and abs(x) < 0.1 else 1)
 
 
