@@ -8,6 +8,8 @@
 #   plain:  this tree's engine
 #   pinned: this tree's engine under `taskset` on the first half of the CPUs, the load generator
 #           on the second half
+#   process: this tree's engine serving HTTP from a child process (--frontend process)
+# (VARIANTS="plain process" picks some; the default is "old plain pinned")
 # Each process's threads (ps -L: which CPU each ran on last) and the GPU's clocks are recorded.
 # Usage on the GPU host, project root:  OUT=dir [N=4] [ARCH=sm_90] bash benchmarks/process-spread.sh
 set -u
@@ -15,7 +17,7 @@ OUT=${OUT:-/tmp/spread}; ARCH=${ARCH:-sm_90}; N=${N:-4}; mkdir -p "$OUT"; OUT=$(
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 echo "OUT=$OUT N=$N ARCH=$ARCH bash benchmarks/process-spread.sh" > "$OUT/command.txt"
 (lscpu; nproc; nvidia-smi) > "$OUT/host.txt" 2>&1
-[ -d old ] || { echo "old/: git archive \$OLD engine kernels | tar -x -C old" >&2; exit 2; }
+[ -d old ] || [[ " ${VARIANTS:-old} " != *" old "* ]] || { echo "old/: git archive \$OLD engine kernels | tar -x -C old" >&2; exit 2; }
 python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so
 NC=$(nproc); HALF=$((NC / 2))
@@ -28,10 +30,11 @@ ENGINE_ARGS=(--host 127.0.0.1 --port $P --preset "${PRESET:-small}" --mode ddtre
   --backend ${BACKENDS:-topk=cuda tree_build=cuda accept=cuda attention=torch})
 REQ_1=${REQ_1:-53}; REQ_32=${REQ_32:-187}; LEN=${LEN:-1024}
 one() {  # one VARIANT INDEX: serve, load twice at c=1 and 32, stop
-  local v=$1 i=$2 dir=$PWD pin_s=() pin_l=()
+  local v=$1 i=$2 dir=$PWD pin_s=() pin_l=() extra=()
+  [ "$v" = process ] && extra=(--frontend process)
   [ "$v" = old ] && dir=$PWD/old
   if [ "$v" = pinned ]; then pin_s=(taskset -c "$SERVE_CPUS"); pin_l=(taskset -c "$LOAD_CPUS"); fi
-  (cd "$dir" && PYTHONPATH=$dir:${SITE:-} exec "${pin_s[@]}" python3 -m engine "${ENGINE_ARGS[@]}") \
+  (cd "$dir" && PYTHONPATH=$dir:${SITE:-} exec "${pin_s[@]}" python3 -m engine "${ENGINE_ARGS[@]}" "${extra[@]}") \
     > "$OUT/serve-$v-$i.log" 2>&1 &
   local pid=$!
   for _ in $(seq 120); do curl -sf "$URL/health" > /dev/null && break; sleep 0.5; done

@@ -17,6 +17,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from typing import Any, NoReturn
@@ -111,6 +112,14 @@ def parser() -> argparse.ArgumentParser:
         help="torch CPU threads",
     )
     p.add_argument(
+        "--frontend",
+        choices=("thread", "process"),
+        default=os.environ.get("DDTREE_ENGINE_FRONTEND", "thread"),
+        help="where HTTP is served: a thread beside the scheduler (default), or a child process "
+        "of its own, so request parsing and streaming never take the step's GIL "
+        "($DDTREE_ENGINE_FRONTEND)",
+    )
+    p.add_argument(
         "--log-level",
         type=str.lower,
         default="info",
@@ -199,6 +208,8 @@ def validate(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
         raise UsageError(str(exc)) from None
     if args.weights and not os.path.isfile(args.weights):
         raise UsageError(f"--weights {args.weights}: no such file")
+    if args.frontend not in ("thread", "process"):  # an env default argparse does not check
+        raise UsageError(f"$DDTREE_ENGINE_FRONTEND={args.frontend!r}: expected thread or process")
     if args.matmul not in MATMUL:  # argparse checks a flag's value, not an env default
         raise UsageError(f"$DDTREE_ENGINE_MATMUL={args.matmul!r}: expected tf32 or fp32")
     check_device(args.device)
@@ -214,6 +225,7 @@ def run(argv: list[str] | None) -> int:
         doc = {"ok": True, "preset": args.preset, "mode": args.mode, "device": args.device}
         doc["cuda_graphs"] = args.cuda_graphs
         doc["matmul"] = args.matmul
+        doc["frontend"] = args.frontend
         doc |= {"backends": names, "backend_sources": sources}
         doc |= {"url": f"http://{args.host}:{args.port}"}
         print(json.dumps(doc))
@@ -222,11 +234,10 @@ def run(argv: list[str] | None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     import torch
-    import uvicorn
 
-    from engine.limits import BackoffSocket, Limits, bounded_h11
+    from engine.limits import BackoffSocket, Limits
     from engine.runtime import EngineSpec
-    from engine.server import create_app
+    from engine.server import EngineState, build_server, create_app
 
     torch.set_num_threads(args.threads)
     spec = EngineSpec(
@@ -250,29 +261,70 @@ def run(argv: list[str] | None) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
         **({"max_connections": args.max_connections} if args.max_connections else {}),
     )
-    app = create_app(spec, args.model_name, load_delay=args.load_delay, limits=limits)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        http=bounded_h11(limits),
-        # beyond max_connections the oldest idle connection is closed; when none is idle
-        # uvicorn answers 503 (it also bounds in-flight request tasks)
-        limit_concurrency=limits.max_connections + 1,
-        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
-    )
+    state = EngineState(spec, args.model_name, args.load_delay, limits)
     logging.getLogger("engine").info(
-        "engine listening on http://%s:%d (pid %d)", args.host, args.port, os.getpid()
-    )
-    server = uvicorn.Server(config)
-    state = app.state.engine
-    state.on_load_failed = lambda: setattr(server, "should_exit", True)  # a graceful stop
-    server.run(sockets=[BackoffSocket.wrap(sock)])
+        "engine listening on http://%s:%d (pid %d, front end: %s)",
+        args.host, args.port, os.getpid(), args.frontend,
+    )  # fmt: skip
+    if args.frontend == "process":
+        rc = serve_with_frontend_process(state, sock, args, limits)
+    else:
+        server = build_server(
+            create_app(limits=limits, engine=state), args.host, args.port, args.log_level, limits
+        )
+        state.on_load_failed = lambda: setattr(server, "should_exit", True)  # a graceful stop
+        server.run(sockets=[BackoffSocket.wrap(sock)])
+        rc = 0
     if state.load_error:
         print(f"error: the model failed to load: {state.load_error}", file=sys.stderr)
         return 1
-    return 0
+    return rc
+
+
+def serve_with_frontend_process(
+    state: Any, sock: socket.socket, args: argparse.Namespace, limits: Any
+) -> int:
+    """The engine here, HTTP in a spawned child on the same socket (engine.engine_proc); a
+    TERM stops the engine's side, whose closed pipe stops the child."""
+    import multiprocessing
+
+    from engine.engine_proc import frontend_main, serve_engine
+
+    state.frontend = "process"
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=True)
+    child = ctx.Process(
+        target=frontend_main,
+        args=(theirs, sock, args.model_name, args.mode, limits, args.host, args.port,
+              args.log_level),
+        name="engine-frontend",
+    )  # fmt: skip
+    child.start()
+    theirs.close()
+    sock.close()
+
+    stopping = []
+
+    def stop(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        rc = serve_engine(state, ours)
+    except SystemExit:
+        rc = 0
+    finally:
+        ours.close()
+    child.join(timeout=15)
+    if child.is_alive():
+        child.terminate()
+        child.join(timeout=5)
+    if rc == 0 and not stopping and child.exitcode != 0:  # the front end died under us
+        print(f"error: the HTTP front end exited with {child.exitcode}", file=sys.stderr)
+        rc = 1
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ class GenRequest:
     temperature: float = 0.0
     seed: int | None = None
     group: Hashable | None = None  # requests of one group share fairly; None: a group alone
+    rid: int = 0  # its id across a process boundary (engine.engine_proc), else unused
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     seq: Sequence | None = None

@@ -1,5 +1,7 @@
 """OpenAI-compatible HTTP server (FastAPI + uvicorn) over the scheduler, SGLang-like endpoints.
 
+The endpoints talk to an engine handle: `EngineState` (the scheduler in this process) or
+`engine.engine_proc.EngineClient` (the scheduler in another, `--frontend process`).
 `POST /v1/completions` (text or token-id prompts, greedy, stop strings, SSE streaming; each
 choice carries `token_ids`), `GET /v1/models`, `/health` (503 while loading), `/health_generate`
 (one real token), `/get_server_info` (config, mode, backends and their source, limits, pid,
@@ -36,7 +38,7 @@ from engine.components import resolve_backends
 from engine.config import Preset, to_dict
 from engine.device import allocator_stats
 from engine.gc_pauses import GcPauses, freeze_loaded
-from engine.limits import BodyLimit, Limits, quiet_accept_errors
+from engine.limits import BodyLimit, Limits, bounded_h11, quiet_accept_errors
 from engine.protocol import (
     BadRequest,
     Completion,
@@ -46,7 +48,7 @@ from engine.protocol import (
     parse_completion,
 )
 from engine.runtime import EngineSpec, build_decoder
-from engine.scheduler import GenRequest, Scheduler, Sink, Update, deliver
+from engine.scheduler import Dispatch, GenRequest, Scheduler, Sink, Update, deliver
 from engine.stats import NESTED_STAGES, StepStats
 from engine.tokenizer import BOS_ID, ByteTokenizer
 
@@ -54,10 +56,26 @@ log = logging.getLogger("engine.server")
 
 
 class EngineState:
-    """What the endpoints share: the spec, and once loaded the preset and the scheduler."""
+    """The engine in this process: the spec, and once loaded the preset and the scheduler.
 
-    def __init__(self, spec: EngineSpec, model_name: str, load_delay: float = 0.0) -> None:
+    It is also what the endpoints talk to (the engine handle): `ready`, `load_error`,
+    `preset`, `alive()`, `submit` / `cancel`, `info()` / `metrics()`, `start(loop)` / `stop()`.
+    `engine.engine_proc.EngineClient` is the same handle for an engine in another process."""
+
+    frontend = "thread"  # the HTTP server runs beside the scheduler, in this process
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        model_name: str,
+        load_delay: float = 0.0,
+        limits: Limits | None = None,
+    ) -> None:
         self.spec, self.model_name, self.load_delay = spec, model_name, load_delay
+        self.limits = limits or Limits()
+        self.backend_sources = (
+            spec.backend_sources or resolve_backends(None, list(spec.backends), "cuda")[1]
+        )
         self.tok = ByteTokenizer()
         self.stats = StepStats()
         self.preset: Preset | None = None
@@ -65,17 +83,13 @@ class EngineState:
         self.load_error: str | None = None
         self.created = int(time.time())
         self.ready = threading.Event()
-        self.gc = GcPauses()  # installed while the app runs (lifespan)
+        self.gc = GcPauses()  # installed while the engine runs
         # what to do when loading fails (python -m engine: stop serving and exit 1, so a
         # service manager sees the failure at once instead of a process that never gets ready)
         self.on_load_failed: Callable[[], None] = lambda: None
 
-    def load(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Build the model and start the scheduler; its updates come back on `loop`."""
-
-        def dispatch(batch: list[tuple[Sink, Update]]) -> None:
-            loop.call_soon_threadsafe(deliver, batch)
-
+    def load(self, dispatch: Dispatch) -> None:
+        """Build the model and start the scheduler, its updates handed to `dispatch`."""
         try:
             time.sleep(self.load_delay)
             self.preset, decoder = build_decoder(self.spec)
@@ -89,6 +103,107 @@ class EngineState:
             log.exception("engine failed to load")
             self.load_error = f"{type(exc).__name__}: {exc}"
             self.on_load_failed()
+
+    # -- the engine handle --------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self.spec.mode
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Load in a background thread; one step's updates come back on `loop` at once."""
+
+        def dispatch(batch: list[tuple[Sink, Update]]) -> None:
+            loop.call_soon_threadsafe(deliver, batch)
+
+        self.gc.install()
+        threading.Thread(
+            target=self.load, args=(dispatch,), name="engine-load", daemon=True
+        ).start()
+
+    def stop(self) -> None:
+        self.gc.remove()
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+
+    def alive(self) -> bool:
+        return self.scheduler is not None and self.scheduler.alive
+
+    def submit(self, req: GenRequest) -> None:
+        assert self.scheduler is not None
+        self.scheduler.submit(req)
+
+    def cancel(self, req: GenRequest) -> None:
+        if self.scheduler is not None:
+            self.scheduler.cancel(req)  # no-op once finished
+
+    async def info(self) -> dict[str, Any]:
+        return self.info_doc()
+
+    async def metrics(self) -> str:
+        return self.metrics_text()
+
+    def info_doc(self) -> dict[str, Any]:
+        """`/get_server_info`: the config, backends, limits, pid and the scheduler's counters."""
+        s, spec, sched = self.stats, self.spec, self.scheduler
+        internal = {
+            "avg_spec_accept_length": s.avg_accept_length(),
+            "last_gen_throughput": s.throughput(),
+            "num_running_reqs": sched.num_running if sched else 0,
+            "num_waiting_reqs": sched.num_waiting if sched else 0,
+            "max_batch_size_seen": s.max_batch_seen,
+            "generation_tokens_total": s.tokens_total,
+            "requests_total": s.requests_total,
+            "step_time_breakdown": s.breakdown(),
+            "prefill_time_breakdown": s.prefill_breakdown(),
+            "clock_s": time.monotonic(),
+        }
+        dec = sched.decoder if sched else None
+        return {
+            "model": self.model_name,
+            "pid": os.getpid(),  # the process that holds the model (and the GPU)
+            "frontend": self.frontend,
+            "ready": self.ready.is_set(),
+            "preset": spec.preset,
+            "mode": spec.mode,
+            "device": spec.device,
+            "config": to_dict(self.preset) if self.preset else None,
+            "backends": dec.backends.names if dec else None,
+            "backend_sources": self.backend_sources,
+            "limits": dataclasses.asdict(self.limits),
+            "topk": dec.k if dec else None,
+            # the tree budget a step of b requests builds (EngineConfig.budget_at), b = 1..max
+            "budget_by_batch": (
+                [dec.cfg.budget_at(b) for b in range(1, dec.cfg.max_batch_size + 1)]
+                if dec and spec.mode == "ddtree"
+                else None
+            ),
+            "cuda_graphs": {
+                "enabled": dec.forward.graphs,
+                "captured": dec.forward.captured_graphs,
+                "row_chunk": dec.forward.chunk,
+            }
+            if dec
+            else None,
+            "matmul": spec.matmul if spec.device.startswith("cuda") else "fp32",
+            # the CUDA caching allocator's churn (engine.device.allocator_stats), and how
+            # it was configured ($PYTORCH_CUDA_ALLOC_CONF)
+            "cuda_allocator": allocator_stats(spec.device) if dec else None,
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            # the garbage collector: runs and pauses per generation since start, and how
+            # many objects loading left frozen (engine.gc_pauses)
+            "gc": self.gc.snapshot(),
+            "nested_stages": NESTED_STAGES,
+            "internal_states": [internal],
+        }
+
+    def metrics_text(self) -> str:
+        sched = self.scheduler
+        return metrics.render(
+            self.stats,
+            self.model_name,
+            sched.num_running if sched else 0,
+            sched.num_waiting if sched else 0,
+        )
 
 
 def _error(
@@ -114,26 +229,42 @@ async def _client_left(request: Request) -> None:
         pass
 
 
+def build_server(app: FastAPI, host: str, port: int, log_level: str, limits: Limits) -> Any:
+    """The uvicorn server for `app`, bounded by `limits` (h11 sizes, connections, keep-alive)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=bounded_h11(limits),
+        # beyond max_connections the oldest idle connection is closed; when none is idle
+        # uvicorn answers 503 (it also bounds in-flight request tasks)
+        limit_concurrency=limits.max_connections + 1,
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
+    )
+    return uvicorn.Server(config)
+
+
 def create_app(
-    spec: EngineSpec,
+    spec: EngineSpec | None = None,
     model_name: str = "ddtree-reference",
     load_delay: float = 0.0,
     limits: Limits | None = None,
+    engine: Any = None,
 ) -> FastAPI:
-    state = EngineState(spec, model_name, load_delay)
+    """The HTTP app over an engine handle: `engine`, or an EngineState of `spec` in this
+    process (its scheduler thread beside the event loop)."""
     limits = limits or Limits()
-    backend_sources = spec.backend_sources or resolve_backends(None, list(spec.backends), "cuda")[1]
+    state = engine if engine is not None else EngineState(spec, model_name, load_delay, limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         quiet_accept_errors(asyncio.get_running_loop())
-        loop = asyncio.get_running_loop()
-        state.gc.install()
-        threading.Thread(target=state.load, args=(loop,), name="engine-load", daemon=True).start()
+        state.start(asyncio.get_running_loop())
         yield
-        state.gc.remove()
-        if state.scheduler is not None:
-            state.scheduler.shutdown()
+        state.stop()
 
     app = FastAPI(title="ddtree reference engine", lifespan=lifespan)
     app.state.engine = state
@@ -155,7 +286,7 @@ def create_app(
         req = GenRequest(
             prompt,
             max_tokens,
-            queue.put_nowait,  # called on this loop's thread (EngineState.load's dispatch)
+            queue.put_nowait,  # called on this loop's thread (the engine handle's dispatch)
             group=group,
         )
         if c is None:  # /health_generate: one greedy token, EOS or not
@@ -167,7 +298,7 @@ def create_app(
                 c.temperature,
                 c.seed,
             )
-        state.scheduler.submit(req)
+        state.submit(req)
         return req, queue
 
     async def collect(req: GenRequest, queue: asyncio.Queue[Update]) -> tuple[list[int], Update]:
@@ -179,12 +310,12 @@ def create_app(
                 if u.finished:
                     return ids, u
         finally:
-            state.scheduler.cancel(req)  # no-op once finished; frees it if the client left
+            state.cancel(req)  # no-op once finished; frees it if the client left
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if state.ready.is_set():
-            if not state.scheduler.alive:
+            if not state.alive():
                 return JSONResponse({"status": "failed: scheduler stopped"}, status_code=503)
             return JSONResponse({"status": "ok"})
         status = "failed: " + state.load_error if state.load_error else "loading"
@@ -207,79 +338,22 @@ def create_app(
     async def models() -> JSONResponse:
         max_len = state.preset.model.max_seq_len if state.preset else None
         card = {
-            "id": model_name,
+            "id": state.model_name,
             "object": "model",
             "created": state.created,
             "owned_by": "ddtree-ops",
-            "root": model_name,
+            "root": state.model_name,
             "max_model_len": max_len,
         }
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/get_server_info")
     async def server_info() -> JSONResponse:
-        s = state.stats
-        internal = {
-            "avg_spec_accept_length": s.avg_accept_length(),
-            "last_gen_throughput": s.throughput(),
-            "num_running_reqs": state.scheduler.num_running if state.scheduler else 0,
-            "num_waiting_reqs": state.scheduler.num_waiting if state.scheduler else 0,
-            "max_batch_size_seen": s.max_batch_seen,
-            "generation_tokens_total": s.tokens_total,
-            "requests_total": s.requests_total,
-            "step_time_breakdown": s.breakdown(),
-            "prefill_time_breakdown": s.prefill_breakdown(),
-            "clock_s": time.monotonic(),
-        }
-        dec = state.scheduler.decoder if state.scheduler else None
-        return JSONResponse(
-            {
-                "model": model_name,
-                "pid": os.getpid(),
-                "ready": state.ready.is_set(),
-                "preset": spec.preset,
-                "mode": spec.mode,
-                "device": spec.device,
-                "config": to_dict(state.preset) if state.preset else None,
-                "backends": dec.backends.names if dec else None,
-                "backend_sources": backend_sources,
-                "limits": dataclasses.asdict(limits),
-                "topk": dec.k if dec else None,
-                # the tree budget a step of b requests builds (EngineConfig.budget_at), b = 1..max
-                "budget_by_batch": (
-                    [dec.cfg.budget_at(b) for b in range(1, dec.cfg.max_batch_size + 1)]
-                    if dec and spec.mode == "ddtree"
-                    else None
-                ),
-                "cuda_graphs": {
-                    "enabled": dec.forward.graphs,
-                    "captured": dec.forward.captured_graphs,
-                    "row_chunk": dec.forward.chunk,
-                }
-                if dec
-                else None,
-                "matmul": spec.matmul if spec.device.startswith("cuda") else "fp32",
-                # the CUDA caching allocator's churn (engine.device.allocator_stats), and how
-                # it was configured ($PYTORCH_CUDA_ALLOC_CONF)
-                "cuda_allocator": allocator_stats(spec.device) if dec else None,
-                "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                # the garbage collector: runs and pauses per generation since start, and how
-                # many objects loading left frozen (engine.gc_pauses)
-                "gc": state.gc.snapshot(),
-                "nested_stages": NESTED_STAGES,
-                "internal_states": [internal],
-            }
-        )
+        return JSONResponse(await state.info())
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
-        sched = state.scheduler
-        text = metrics.render(
-            state.stats,
-            model_name,
-            sched.num_running if sched else 0,
-            sched.num_waiting if sched else 0,
-        )
+        text = await state.metrics()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
@@ -291,7 +365,7 @@ def create_app(
         try:
             c = parse_completion(
                 load_json(raw),
-                mode=spec.mode,
+                mode=state.mode,
                 vocab=mc.vocab_size,
                 max_seq_len=mc.max_seq_len,
                 max_new=state.preset.engine.max_new_tokens,
@@ -310,7 +384,7 @@ def create_app(
         left.cancel()
         if not gathered.done():  # the client is gone: stop its generation, answer no one
             for r, _ in pending:
-                state.scheduler.cancel(r)
+                state.cancel(r)
             gathered.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await gathered
@@ -337,7 +411,7 @@ def create_app(
                 "id": rid,
                 "object": "text_completion",
                 "created": int(time.time()),
-                "model": model_name,
+                "model": state.model_name,
                 "choices": choices,
                 "usage": {
                     "prompt_tokens": prompt_tokens,
@@ -385,13 +459,13 @@ def create_app(
                     "id": rid,
                     "object": "text_completion",
                     "created": int(time.time()),
-                    "model": model_name,
+                    "model": state.model_name,
                     "choices": [],
                     "usage": usage,
                 }
                 yield f"data: {json.dumps(body)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            state.scheduler.cancel(req)
+            state.cancel(req)
 
     return app

@@ -5,6 +5,8 @@ through HTTP."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +27,15 @@ TOK = ByteTokenizer()
 PROMPTS = ["Hello, world!", "The capital of France is", "def f(x):", "日本語", ""]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    eng = start_engine(tmp_path_factory.mktemp("engine"), extra_args=("--max-batch-size", "4"))
+@pytest.fixture(scope="module", params=["thread", "process"])
+def engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcess]:
+    """The engine serving HTTP from a thread beside its scheduler, and from a front-end process
+    of its own (--frontend process, engine.engine_proc): every test below runs against both."""
+    args = ("--max-batch-size", "4", "--frontend", request.param)
+    eng = start_engine(tmp_path_factory.mktemp("engine"), extra_args=args)
+    eng.frontend = request.param  # type: ignore[attr-defined]
     yield eng
     eng.stop()
 
@@ -167,6 +175,9 @@ def test_health_models_server_info(engine: EngineProcess) -> None:
     assert models["data"][0]["id"] == MODEL
     info = httpx.get(f"{engine.url}/get_server_info").json()
     assert info["mode"] == "ddtree" and info["preset"] == "tiny"
+    # the process holding the model is the one started (its pid is the service's, also when
+    # HTTP is served by a child)
+    assert info["frontend"] == engine.frontend and info["pid"] == engine.proc.pid
     assert info["backends"] == {
         "topk": "reference",
         "tree_build": "reference",
@@ -319,19 +330,67 @@ def test_cli_refuses_a_bad_backend() -> None:
     assert r.returncode == 2 and "bad --backend" in r.stderr
 
 
-def test_a_model_that_fails_to_load_ends_the_process_with_exit_1(tmp_path) -> None:
+@pytest.mark.parametrize("frontend", ["thread", "process"])
+def test_a_model_that_fails_to_load_ends_the_process_with_exit_1(tmp_path, frontend) -> None:
     """Weights that are not a safetensors file pass the flag checks (the file exists) and fail
-    in the load thread: the server stops and the process exits 1 with the reason on stderr,
-    so a service manager sees the failure at once instead of waiting on /health."""
+    in loading: the server stops and the process exits 1 with the reason on stderr, so a
+    service manager sees the failure at once instead of waiting on /health."""
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file" * 10)
-    eng = start_engine(tmp_path, extra_args=("--weights", str(bad)), wait_healthy=False)
+    args = ("--weights", str(bad), "--frontend", frontend)
+    eng = start_engine(tmp_path, extra_args=args, wait_healthy=False)
     try:
         assert eng.proc.wait(timeout=60) == 1
     finally:
         eng.stop()
     log = eng.log_path.read_text(errors="replace")
     assert "engine failed to load" in log and "error: the model failed to load:" in log
+
+
+def _children(pid: int) -> list[int]:
+    path = f"/proc/{pid}/task/{pid}/children"
+    with open(path) as f:
+        return [int(x) for x in f.read().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_frontend_process_ends_with_the_engine_and_the_engine_with_it(tmp_path) -> None:
+    """--frontend process: a TERM to the engine stops its HTTP child too (exit 0); a front end
+    that dies under a running engine ends the engine with exit 1, so its manager sees it."""
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process"))
+    kids = _children(eng.proc.pid)
+    assert kids and health_status(eng.url) == 200
+    eng.stop()
+    assert eng.proc.returncode == 0
+    deadline = time.monotonic() + 10
+    while not all(_gone(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(k) for k in kids)
+
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process"))
+    try:
+        front = [k for k in _children(eng.proc.pid) if "spawn_main" in _cmdline(k)]
+        assert len(front) == 1
+        os.kill(front[0], signal.SIGKILL)
+        assert eng.proc.wait(timeout=30) == 1
+        assert "the HTTP front end exited with -9" in eng.log_path.read_text(errors="replace")
+    finally:
+        eng.stop()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_service_stages_reads_the_engines_own_prefill_and_step_times(
