@@ -9,7 +9,8 @@
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; /get_server_info counts the allocator's
 # device allocations and frees).
 # Usage on the GPU host, project root:
-#   OUT=dir [ARCH=sm_90] [THREADS16=0] [ATTN_BENCH=0] bash benchmarks/service-vs-bench.sh
+#   OUT=dir [ARCH=sm_90] [THREADS16=0] [ATTN_BENCH=0] [SERVE_EXTRA="--frontend process"]
+#   bash benchmarks/service-vs-bench.sh
 set -u
 OUT=${OUT:-/tmp/svc}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 if [ -d .whl ]; then
@@ -27,7 +28,8 @@ P=30190; URL=http://127.0.0.1:$P
 serve() {  # serve NAME ENGINE-ARGS...: start, drive at c = 1 and 8, stop ($ALLOC: the allocator)
   local name=$1; shift
   env ${ALLOC:+PYTORCH_CUDA_ALLOC_CONF=$ALLOC} python3 -m engine --host 127.0.0.1 --port $P \
-    --preset small --mode ddtree --device cuda:0 --max-budget 0 "$@" > "$OUT/serve-$name.log" 2>&1 &
+    --preset small --mode ddtree --device cuda:0 --max-budget 0 "$@" ${SERVE_EXTRA:-} \
+    > "$OUT/serve-$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 120); do curl -sf "$URL/health" > /dev/null && break; sleep 1; done
   python3 benchmarks/service_stages.py --url $URL --requests 12 --concurrency 1 \
