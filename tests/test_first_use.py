@@ -22,7 +22,7 @@ def ops(tmp_path: Path):
     o.configure()
     assert o.json("service", "start", "local")[0] == 0
     yield o
-    o("service", "stop", "local")
+    o.stop()
 
 
 def _record(stderr: str) -> dict:

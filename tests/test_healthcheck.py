@@ -28,7 +28,7 @@ def ops(tmp_path: Path):
     o = Ops(tmp_path)
     o.configure()
     yield o
-    o("service", "stop", "local")
+    o.stop()
 
 
 def test_service_lifecycle_and_healthcheck_pass(ops: Ops) -> None:
@@ -99,7 +99,7 @@ def test_changed_greedy_output_names_first_divergence(ops: Ops) -> None:
 )
 def test_misbehaving_service_fails_with_evidence(ops: Ops, mode: str, check: str, evidence: str):
     ops.configure(mode=mode)
-    code, st = ops.json("service", "start", "local", "--wait", "5")
+    code, st = ops.json("service", "start", "local", "--wait", "3")
     if mode == "500":
         assert code == 1 and st["state"] == "failed" and "HTTP 500" in st["detail"]
     else:

@@ -21,7 +21,7 @@ def ops(tmp_path: Path):
     o = Ops(tmp_path)
     o.configure_service(None)  # the built-in reference-engine command
     yield o
-    o.json("service", "stop", "local")
+    o.stop()
 
 
 def check(rep: dict, name: str) -> dict:

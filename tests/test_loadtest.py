@@ -10,7 +10,7 @@ from helpers.local import Ops
 def ops(tmp_path):
     o = Ops(tmp_path)
     yield o
-    o("service", "stop", "local")
+    o.stop()
 
 
 def test_sweep_reports_every_level(ops: Ops) -> None:

@@ -25,7 +25,7 @@ def record(doc: dict) -> dict:
 def ops(tmp_path: Path):
     o = Ops(tmp_path)
     yield o
-    o("service", "stop", "local")
+    o.stop()
 
 
 def test_measured_stage_times_per_level(ops: Ops) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,18 @@ def test_port_held_by_another_server_is_not_our_health(tmp_path: Path) -> None:
         other.wait()
 
 
+def _wait_answering(port: int) -> None:
+    """Until the server on `port` answers /health (at most 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing answers on port {port}"
+            time.sleep(0.05)
+
+
 def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path: Path) -> None:
     """The service starts, but the port is answered by another process: not active."""
     cli = Cli(tmp_path, command="sleep 300")
@@ -196,7 +209,7 @@ def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path:
         [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
     )
     try:
-        time.sleep(0.5)
+        _wait_answering(cli.port)
         code, st = cli("service", "start", "local")
         assert code == 1 and "already in use" in st["detail"]
     finally:
@@ -208,7 +221,7 @@ def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path:
         [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
     )
     try:
-        time.sleep(0.5)
+        _wait_answering(cli.port)
         code, st = cli("service", "status", "local")
         assert code == 1 and st["state"] == "activating"
         assert f"answered by pid {other.pid}" in st["detail"], st

@@ -45,6 +45,12 @@ class Ops:
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
         return run_ops(*args, inventory=self.inventory, env=self.env)
 
+    def stop(self) -> None:
+        """A test's teardown: `ops service stop local`, unless no pidfile says a service of
+        ours may run (that call would find "was not running" and do nothing)."""
+        if any((self.tmp / "root" / "run").glob("*.pid")):
+            self("service", "stop", "local")
+
     def json(self, *args: str) -> tuple[int, dict]:
         code, doc, _ = ops_json(*args, inventory=self.inventory, env=self.env)
         return code, doc
