@@ -183,8 +183,9 @@ class _RemoteSink:
 
 
 def serve_engine(state: Any, conn: Connection) -> int:
-    """The engine's side (main process): load, tell the front end, then serve its requests
-    until the pipe closes. `state` is an `engine.server.EngineState`. Returns the exit code."""
+    """The engine's side (main process): load in a thread and tell the front end when it is
+    done, while serving the front end's requests and calls until the pipe closes. `state` is
+    an `engine.server.EngineState`. Returns the exit code (1: the model failed to load)."""
     lock = threading.Lock()  # the scheduler's thread and this one both send
     live: dict[int, GenRequest] = {}
 
@@ -204,13 +205,19 @@ def serve_engine(state: Any, conn: Connection) -> int:
         except OSError:  # the front end is gone; the main loop sees it too
             pass
 
+    def load() -> None:  # in a thread: calls (/get_server_info) are answered meanwhile
+        state.load(dispatch)
+        try:
+            if state.load_error is not None:
+                send(("failed", state.load_error))  # the front end stops, the pipe closes
+            else:
+                send(("ready", state.preset))
+                log.info("engine pid %d serving its front end", os.getpid())
+        except OSError:
+            pass
+
     state.gc.install()
-    state.load(dispatch)
-    if state.load_error is not None:
-        send(("failed", state.load_error))
-        return 1
-    send(("ready", state.preset))
-    log.info("engine pid %d serving its front end", os.getpid())
+    threading.Thread(target=load, name="engine-load", daemon=True).start()
     try:
         while True:
             try:
@@ -233,7 +240,7 @@ def serve_engine(state: Any, conn: Connection) -> int:
                 send(("reply", msg[1], value))
     finally:
         state.stop()
-    return 0
+    return 1 if state.load_error is not None else 0
 
 
 def frontend_main(

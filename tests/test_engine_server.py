@@ -256,17 +256,24 @@ def test_metrics_parse(engine: EngineProcess) -> None:
     )
 
 
-def test_ar_server_matches_and_health_is_503_while_loading(tmp_path, ar_reference) -> None:
-    eng = start_engine(tmp_path, mode="ar", extra_args=("--load-delay", "3"), wait_healthy=False)
+@pytest.mark.parametrize("frontend", ["thread", "process"])
+def test_ar_server_matches_and_health_is_503_while_loading(tmp_path, ar_reference, frontend):
+    """While the model loads, /health is 503 and /get_server_info answers at once (ready
+    false), from either front end; then AR serves its reference outputs."""
+    args = ("--load-delay", "3", "--frontend", frontend)
+    eng = start_engine(tmp_path, mode="ar", extra_args=args, wait_healthy=False)
     try:
         deadline = time.monotonic() + 60
-        seen = set()
+        seen, info = set(), None
         while time.monotonic() < deadline:
-            seen.add(health_status(eng.url, timeout=1))
+            seen.add(status := health_status(eng.url, timeout=1))
+            if status == 503 and info is None:
+                info = httpx.get(f"{eng.url}/get_server_info", timeout=2).json()
             if 200 in seen:
                 break
             time.sleep(0.1)
         assert 503 in seen and 200 in seen, eng.log_tail()
+        assert info is not None and info["ready"] is False and info["frontend"] == frontend
         r = httpx.post(f"{eng.url}/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 32})
         assert r.json()["choices"][0]["token_ids"] == ar_reference[PROMPTS[1]]
         assert httpx.get(f"{eng.url}/get_server_info").json()["mode"] == "ar"
