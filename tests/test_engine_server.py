@@ -370,7 +370,8 @@ def _gone(pid: int) -> bool:
 
 def test_frontend_process_ends_with_the_engine_and_the_engine_with_it(tmp_path) -> None:
     """--frontend process: a TERM to the engine stops its HTTP child too (exit 0); a front end
-    that dies under a running engine ends the engine with exit 1, so its manager sees it."""
+    that dies under a running engine ends the engine with exit 1, so its manager sees it; an
+    engine killed outright leaves no front end behind (it reads end-of-file and stops)."""
     eng = start_engine(tmp_path, extra_args=("--frontend", "process"))
     kids = _children(eng.proc.pid)
     assert kids and health_status(eng.url) == 200
@@ -390,6 +391,16 @@ def test_frontend_process_ends_with_the_engine_and_the_engine_with_it(tmp_path) 
         assert "the HTTP front end exited with -9" in eng.log_path.read_text(errors="replace")
     finally:
         eng.stop()
+
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process"))  # the engine killed
+    kids = _children(eng.proc.pid)
+    eng.proc.kill()
+    eng.proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while not all(_gone(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(k) for k in kids)  # no orphan front end left holding the port
+    assert health_status(eng.url, timeout=1) is None
 
 
 def _cmdline(pid: int) -> str:
