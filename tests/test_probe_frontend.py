@@ -1,0 +1,58 @@
+"""`--frontend process` probed as a service: a real engine and its spawned HTTP child, real
+signals and real HTTP. A terminal's Ctrl-C (SIGINT to the whole process group) stops both
+quietly with exit 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from helpers.engine_server import EngineProcess, health_status, start_engine
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _front_end(eng: EngineProcess) -> int:
+    front = [k for k in _children(eng.proc.pid) if "spawn_main" in _cmdline(k)]
+    assert len(front) == 1
+    return front[0]
+
+
+def test_ctrl_c_to_the_group_stops_engine_and_front_end_quietly(tmp_path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to both processes: a requested stop, so exit 0, no
+    process or port left, and no KeyboardInterrupt traceback from the front end."""
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process"))
+    try:
+        kids = _children(eng.proc.pid)
+        os.kill(_front_end(eng), signal.SIGINT)  # as the kernel delivers it to a group
+        os.kill(eng.proc.pid, signal.SIGINT)
+        assert eng.proc.wait(timeout=30) == 0
+    finally:
+        eng.stop()
+    deadline = time.monotonic() + 10
+    while not all(_gone(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(k) for k in kids)
+    assert health_status(eng.url, timeout=1) is None
+    log = eng.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
