@@ -13,6 +13,7 @@ those checks and prints one JSON document (exit 0 ok, 2 bad input): `ops serve` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -285,7 +286,7 @@ def serve_with_frontend_process(
     state: Any, sock: socket.socket, args: argparse.Namespace, limits: Any
 ) -> int:
     """The engine here, HTTP in a spawned child on the same socket (engine.engine_proc); a
-    TERM stops the engine's side, whose closed pipe stops the child."""
+    TERM drains the child, whose closed pipe then stops the engine's side."""
     import multiprocessing
 
     from engine.engine_proc import frontend_main, serve_engine
@@ -306,7 +307,14 @@ def serve_with_frontend_process(
     stopping = []
 
     def stop(signum: int, frame: Any) -> None:
+        """The first TERM or INT stops the front end as uvicorn stops (no new connections, the
+        requests in flight run to their end), and the engine serves until its pipe closes;
+        a second one stops the engine at once (what is in flight is aborted)."""
         stopping.append(signum)
+        if len(stopping) == 1 and child.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+            return
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 from helpers.engine_server import EngineProcess, health_status, start_engine
 
 
@@ -56,3 +58,31 @@ def test_ctrl_c_to_the_group_stops_engine_and_front_end_quietly(tmp_path) -> Non
     assert health_status(eng.url, timeout=1) is None
     log = eng.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+
+
+def test_term_lets_requests_in_flight_finish_as_the_thread_front_end_does(tmp_path) -> None:
+    """A TERM (ops service stop or restart) is a graceful stop in both front ends: the port
+    closes to new clients and the requests in flight run to their end. The process front end
+    aborted them at once instead (200s with finish_reason "abort", truncated outputs)."""
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process", "--max-batch-size", "4"))
+    body = {"prompt": [f"prompt {i}" for i in range(16)], "max_tokens": 48, "ignore_eos": True}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(httpx.post, f"{eng.url}/v1/completions", json=body, timeout=60)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                info = httpx.get(f"{eng.url}/get_server_info", timeout=10).json()
+                if info["internal_states"][0]["num_running_reqs"] > 0:
+                    break
+                time.sleep(0.05)
+            eng.proc.send_signal(signal.SIGTERM)
+            r = fut.result(timeout=60)
+        assert eng.proc.wait(timeout=30) == 0
+    finally:
+        eng.stop()
+    assert r.status_code == 200
+    choices = r.json()["choices"]
+    assert [c["finish_reason"] for c in choices] == ["length"] * 16
+    assert all(len(c["token_ids"]) == 48 for c in choices)
+    assert health_status(eng.url, timeout=1) is None
+    assert "Traceback" not in eng.log_path.read_text(errors="replace")
