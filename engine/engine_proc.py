@@ -256,9 +256,10 @@ def frontend_main(
 ) -> None:
     """The spawned front end: the HTTP app over an `EngineClient`, on the inherited socket.
 
-    A terminal's Ctrl-C reaches both processes; the engine stops this one by closing the pipe.
-    SIGINT is ignored here, so uvicorn's re-raise of it after its own graceful stop (or one
-    while it starts) is no KeyboardInterrupt traceback and no exit 1."""
+    A terminal's Ctrl-C reaches both processes; the engine stops this one itself (a TERM: a
+    graceful stop; then its pipe closing). SIGINT is ignored here, so uvicorn's re-raise of it
+    after its own graceful stop (or one while it starts) is no KeyboardInterrupt traceback and
+    no exit 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
