@@ -12,7 +12,7 @@ Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configuration, 3 HOLD.
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -39,8 +39,10 @@ from ops.cli_rollout import rollout
 from ops.cli_service import serve, service_app
 from ops.cli_verdict import bench, profile
 from ops.errors import EXIT_OK
-from ops.facts import Facts, Tool, gather_facts
 from ops.remote import Host
+
+if TYPE_CHECKING:  # imported by the facts command (a fast `ops` start)
+    from ops.facts import Facts, Tool
 
 app = typer.Typer(
     name="ops",
@@ -140,6 +142,7 @@ def facts(
     ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
 ) -> int:
     """Connect to TARGET and report what is there: OS, python, nvcc, GPUs, disk, service."""
+    from ops.facts import gather_facts
 
     def gather(host: Host) -> Done[Facts]:
         return Done(EXIT_OK, "ok", gather_facts(host))

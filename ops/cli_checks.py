@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -28,9 +28,11 @@ from ops.cli_common import (
     state,
 )
 from ops.errors import EXIT_FAIL, EXIT_OK
-from ops.healthcheck import HealthReport, run_healthcheck
 from ops.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
 from ops.remote import Host
+
+if TYPE_CHECKING:  # imported by the healthcheck command (a fast `ops` start)
+    from ops.healthcheck import HealthReport
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -60,6 +62,8 @@ def healthcheck(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Pre/post-flight: service active, answering, token-identical to the golden set, GPUs sane."""
+    from ops.healthcheck import run_healthcheck
+
     inputs = {
         "record_golden": record_golden,
         "golden": str(golden or ""),

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -29,17 +29,11 @@ from ops.cli_common import (
     recorded,
     state,
 )
-from ops.deploy import (
-    Deployer,
-    DeployInterrupted,
-    DeployOptions,
-    DeployResult,
-    Step,
-    host_releases,
-)
 from ops.errors import EXIT_FAIL, EXIT_OK
-from ops.fleet import deploy_group
 from ops.remote import Host, open_host
+
+if TYPE_CHECKING:  # each command imports ops.deploy when it runs (a fast `ops` start)
+    from ops.deploy import DeployResult, Step
 
 WaitOpt = Annotated[
     float,
@@ -163,6 +157,9 @@ def deploy(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Build, self-test and switch a release on TARGET (or a group: canary, then waves)."""
+    from ops.deploy import Deployer, DeployInterrupted, DeployOptions
+    from ops.fleet import deploy_group
+
     st = state(ctx)
     inv = st.inventory()
     targets = inv.resolve(target)
@@ -206,6 +203,8 @@ def releases(
     ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
 ) -> int:
     """The releases on TARGET: id, git sha, created, arch, self-test, size, current/previous."""
+    from ops.deploy import host_releases
+
     st = state(ctx)
     t = st.target(target)
     with open_host(t) as host:
@@ -262,6 +261,7 @@ def rollback(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Switch TARGET back to its previous release (or --to ID), restart, post-flight."""
+    from ops.deploy import Deployer, DeployInterrupted, DeployOptions
 
     show = _progress(False)
 

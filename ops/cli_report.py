@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -23,9 +23,11 @@ from rich.table import Table
 from checks.atomic import write_atomic
 from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, out, state
 from ops.errors import OpsError
-from ops.evidence import Change, Evidence, gather, record_files
 from ops.records import RunDir
-from ops.report import Decision, decide, times
+
+if TYPE_CHECKING:  # imported where used: `ops` starts without the report's models
+    from ops.evidence import Change, Evidence
+    from ops.report import Decision
 
 FORMATS = ("md", "html")
 STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
@@ -33,6 +35,8 @@ STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
 
 def parse_change(text: str | None, shape: str | None) -> Change | None:
     """`tree_build:reference->cuda` (or `tree_build:reference:cuda`) and `budget=16,K=8`."""
+    from ops.evidence import Change
+
     if text is None:
         if shape:
             raise OpsError("--shape needs --change")
@@ -78,6 +82,9 @@ def build(
     concurrency: int | None,
     change: Change | None,
 ) -> tuple[Evidence, Decision, list[dict[str, str]]]:
+    from ops.evidence import gather
+    from ops.report import decide
+
     if not 0 <= threshold < 1:
         raise OpsError(f"--threshold must be in [0, 1), got {threshold}")
     ev = gather(paths, change)
@@ -162,6 +169,7 @@ def report(
     _inventory: InventoryOpt = None,
 ) -> int:
     """GO / NO-GO / HOLD from records: Amdahl per concurrency, kernels, health, interference."""
+    from ops.evidence import record_files
 
     fmts = parse_formats(fmt)
     ch = parse_change(change, shape)
@@ -205,6 +213,8 @@ def _p(x: float | None) -> str:
 
 
 def _print(d: Decision) -> None:
+    from ops.report import times
+
     label = d.change.label if d.change else "no change named"
     out.print(f"[{STYLE[d.verdict]}]{d.verdict}[/]: {escape(label)}")
     for title, reasons in (("NO-GO", d.failed), ("HOLD", d.holds)):

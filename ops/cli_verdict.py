@@ -9,14 +9,13 @@ measured). `ops profile` exits 0 when every level is complete, 1 when requests f
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ops.bench import BenchOptions, BenchOutcome, parse_batches, parse_suites, run_bench
 from ops.cli_common import (
     Done,
     InputLenOpt,
@@ -35,8 +34,10 @@ from ops.cli_common import (
 from ops.counters import STAGES
 from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.loadtest import parse_levels
-from ops.profile import ProfileOptions, run_profile
 from ops.remote import Host
+
+if TYPE_CHECKING:  # each command imports its own module when it runs (a fast `ops` start)
+    from ops.bench import BenchOutcome
 
 
 @command
@@ -67,6 +68,7 @@ def bench(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Benchmark the kernels on one GPU of TARGET: guarded, with the interference probe."""
+    from ops.bench import BenchOptions, parse_batches, parse_suites, run_bench
 
     t = state(ctx).target(target)
     n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
@@ -241,6 +243,7 @@ def profile(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Where the service's step time goes, per concurrency: stage times, shares, tokens/s."""
+    from ops.profile import ProfileOptions, run_profile
 
     levels = parse_levels(concurrency)
     state(ctx).target(target)  # an unknown target is refused before the options are
