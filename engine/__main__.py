@@ -274,7 +274,9 @@ def run(argv: list[str] | None) -> int:
             create_app(limits=limits, engine=state), args.host, args.port, args.log_level, limits
         )
         state.on_load_failed = lambda: setattr(server, "should_exit", True)  # a graceful stop
-        server.run(sockets=[BackoffSocket.wrap(sock)])
+        # uvicorn stops gracefully on Ctrl-C, then raises it again: no traceback for a stop
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[BackoffSocket.wrap(sock)])
         rc = 0
     if state.load_error:
         print(f"error: the model failed to load: {state.load_error}", file=sys.stderr)

@@ -225,23 +225,37 @@ def serve_engine(state: Any, conn: Connection) -> int:
                 msg = conn.recv()
             except (EOFError, OSError):
                 break
-            kind = msg[0]
-            if kind == "submit":
-                _, rid, fields = msg
-                req = GenRequest(sink=_RemoteSink(rid), **fields)
-                req.rid = rid
-                live[rid] = req
-                state.submit(req)
-            elif kind == "cancel":
-                req = live.get(msg[1])
-                if req is not None:
-                    state.cancel(req)
-            elif kind == "call":
-                value = state.info_doc() if msg[2] == "info" else state.metrics_text()
-                send(("reply", msg[1], value))
+            try:
+                _handle_request(state, msg, live, send)
+            except Exception:  # a message this side cannot use: say so, keep serving
+                log.exception("engine: a front-end message it could not handle: %.200r", msg)
     finally:
         state.stop()
     return 1 if state.load_error is not None else 0
+
+
+def _handle_request(
+    state: Any, msg: tuple, live: dict[int, GenRequest], send: Callable[[tuple], None]
+) -> None:
+    """One front-end message on the engine's side: a submit, a cancel or a call."""
+    kind = msg[0]
+    if kind == "submit":
+        _, rid, fields = msg
+        req = GenRequest(sink=_RemoteSink(rid), **fields)
+        req.rid = rid
+        live[rid] = req
+        state.submit(req)
+    elif kind == "cancel":
+        req = live.get(msg[1])
+        if req is not None:
+            state.cancel(req)
+    elif kind == "call":
+        if msg[2] not in ("info", "metrics"):
+            raise ValueError(f"unknown call {msg[2]!r}")
+        value = state.info_doc() if msg[2] == "info" else state.metrics_text()
+        send(("reply", msg[1], value))
+    else:
+        raise ValueError(f"unknown message kind {kind!r}")
 
 
 def frontend_main(

@@ -4,6 +4,7 @@ through HTTP."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -401,6 +402,44 @@ def test_frontend_process_ends_with_the_engine_and_the_engine_with_it(tmp_path) 
         time.sleep(0.1)
     assert all(_gone(k) for k in kids)  # no orphan front end left holding the port
     assert health_status(eng.url, timeout=1) is None
+
+
+def test_ctrl_c_stops_the_thread_front_end_quietly(tmp_path) -> None:
+    """SIGINT (a terminal's Ctrl-C) to the default engine: a graceful stop, exit 0, and no
+    KeyboardInterrupt traceback (uvicorn raises the signal again after stopping)."""
+    eng = start_engine(tmp_path)
+    eng.proc.send_signal(signal.SIGINT)
+    assert eng.proc.wait(timeout=30) == 0
+    assert "Traceback" not in eng.log_path.read_text(errors="replace")
+
+
+def test_engine_side_of_the_pipe_survives_messages_it_cannot_use() -> None:
+    """engine.engine_proc.serve_engine with a real tiny engine: an unknown kind, a submit with
+    an unknown field and an unknown call are logged and skipped; the next call is answered and
+    a closed pipe ends it with exit code 0."""
+    import multiprocessing
+    import threading
+
+    from engine.engine_proc import serve_engine
+    from engine.server import EngineState
+
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    state = EngineState(EngineSpec(), "m")
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(serve_engine(state, theirs)), daemon=True)
+    t.start()
+    assert ours.poll(60) and ours.recv()[0] == "ready"
+    ours.send(("bogus",))
+    ours.send(("submit", 1, {"prompt_ids": [1], "max_tokens": 1, "nope": 1}))
+    ours.send(("call", 2, "nothing"))
+    ours.send(("call", 3, "info"))
+    assert ours.poll(30)
+    kind, cid, doc = ours.recv()
+    assert (kind, cid, doc["model"], doc["ready"]) == ("reply", 3, "m", True)
+    ours.close()
+    t.join(30)
+    gc.unfreeze()  # loading froze this test process's objects: leave the collector as it was
+    assert rc == [0]
 
 
 def _cmdline(pid: int) -> str:
