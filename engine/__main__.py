@@ -236,9 +236,10 @@ def run(argv: list[str] | None) -> int:
     )
     import torch
 
+    from engine.engine_state import EngineState
     from engine.limits import BackoffSocket, Limits
     from engine.runtime import EngineSpec
-    from engine.server import EngineState, build_server, create_app
+    from engine.server import build_server, create_app
 
     torch.set_num_threads(args.threads)
     spec = EngineSpec(

@@ -11,10 +11,12 @@ pipe:
   "metrics");
 - engine -> front end: ("ready", preset) or ("failed", error) once loading ends; ("updates",
   [(rid, Update), ...]) once per scheduler iteration; ("reply", cid, value).
-`EngineClient` is the front end's engine handle (the interface `engine.server.create_app` uses,
-as `EngineState` is in one process); `serve_engine` runs the engine's side. Either side ends
-when the other goes: the engine stops the front end by closing the pipe, and exits when it
-reads end-of-file.
+`EngineClient` is the front end's engine handle (the interface `engine.server.create_app`
+uses, as `engine.engine_state.EngineState` is in one process); `serve_engine` runs the
+engine's side. A TERM to the engine is passed on to the front end, which drains as uvicorn
+does (no new connections, the requests in flight finish) and then closes the pipe; the engine
+exits when it reads end-of-file, and a front end whose engine is gone stops serving. Neither
+this module nor `engine.server` imports torch: the front end never loads the model's libraries.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 from engine.config import Preset
 from engine.limits import Limits
-from engine.scheduler import GenRequest, Sink, Update, deliver
+from engine.requests import GenRequest, Sink, Update, deliver
 from engine.tokenizer import ByteTokenizer
 
 log = logging.getLogger("engine.frontend")
@@ -186,7 +188,7 @@ class _RemoteSink:
 def serve_engine(state: Any, conn: Connection) -> int:
     """The engine's side (main process): load in a thread and tell the front end when it is
     done, while serving the front end's requests and calls until the pipe closes. `state` is
-    an `engine.server.EngineState`. Returns the exit code (1: the model failed to load)."""
+    an `engine.engine_state.EngineState`. Returns the exit code (1: the model failed to load)."""
     lock = threading.Lock()  # the scheduler's thread and this one both send
     live: dict[int, GenRequest] = {}
 

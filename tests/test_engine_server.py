@@ -421,7 +421,7 @@ def test_engine_side_of_the_pipe_survives_messages_it_cannot_use() -> None:
     import threading
 
     from engine.engine_proc import serve_engine
-    from engine.server import EngineState
+    from engine.engine_state import EngineState
 
     ours, theirs = multiprocessing.Pipe(duplex=True)
     state = EngineState(EngineSpec(), "m")
