@@ -12,6 +12,7 @@ several hundred times, and without a .pyc each of them compiles its modules from
 from __future__ import annotations
 
 import compileall
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,11 @@ PACKAGES = ("ops", "checks", "engine", "kernels", "integration")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    # A suite started as a background job of a non-interactive shell inherits SIGINT ignored,
+    # and so would every process it starts: the tests that stop `ops` with a Ctrl-C (SIGINT)
+    # would see nothing happen. A handler here is reset to the default in every child at exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for name in PACKAGES:  # an up-to-date .pyc is left alone; a stale one is rewritten
         compileall.compile_dir(REPO / name, quiet=2)
 
