@@ -272,7 +272,7 @@ def run(argv: list[str] | None) -> int:
         rc = serve_with_frontend_process(state, sock, args, limits)
     else:
         server = build_server(
-            create_app(limits=limits, engine=state), args.host, args.port, args.log_level, limits
+            create_app(state, limits), args.host, args.port, args.log_level, limits
         )
         state.on_load_failed = lambda: setattr(server, "should_exit", True)  # a graceful stop
         # uvicorn stops gracefully on Ctrl-C, then raises it again: no traceback for a stop

@@ -284,7 +284,7 @@ def frontend_main(
     from engine.server import build_server, create_app
 
     client = EngineClient(conn, model_name, mode)
-    app = create_app(model_name=model_name, limits=limits, engine=client)
+    app = create_app(client, limits)
     server = build_server(app, host, port, log_level, limits)
     client.on_load_failed = lambda: setattr(server, "should_exit", True)
     log.info("front end pid %d listening on http://%s:%d", os.getpid(), host, port)

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,9 +42,6 @@ from engine.protocol import (
 )
 from engine.requests import GenRequest, Update
 from engine.tokenizer import BOS_ID
-
-if TYPE_CHECKING:
-    from engine.runtime import EngineSpec
 
 log = logging.getLogger("engine.server")
 
@@ -90,21 +87,10 @@ def build_server(app: FastAPI, host: str, port: int, log_level: str, limits: Lim
     return uvicorn.Server(config)
 
 
-def create_app(
-    spec: EngineSpec | None = None,
-    model_name: str = "ddtree-reference",
-    load_delay: float = 0.0,
-    limits: Limits | None = None,
-    engine: Any = None,
-) -> FastAPI:
-    """The HTTP app over an engine handle: `engine`, or an EngineState of `spec` in this
-    process (its scheduler thread beside the event loop)."""
+def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
+    """The HTTP app over an engine handle `state`: an `engine.engine_state.EngineState` (the
+    scheduler in this process) or an `engine.engine_proc.EngineClient` (in another)."""
     limits = limits or Limits()
-    if engine is None:
-        from engine.engine_state import EngineState  # the model's side: torch
-
-        engine = EngineState(spec, model_name, load_delay, limits)
-    state = engine
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
