@@ -231,9 +231,9 @@ def run(argv: list[str] | None) -> int:
         doc |= {"url": f"http://{args.host}:{args.port}"}
         print(json.dumps(doc))
         return 0
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from engine.engine_proc import LOG_FORMAT  # torch-free, as the front end's logging
+
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     import torch
 
     from engine.engine_state import EngineState

@@ -39,6 +39,8 @@ from engine.tokenizer import ByteTokenizer
 
 log = logging.getLogger("engine.frontend")
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # both processes' log lines
+
 CALL_TIMEOUT_S = 30.0
 
 
@@ -277,9 +279,7 @@ def frontend_main(
     after its own graceful stop (or one while it starts) is no KeyboardInterrupt traceback and
     no exit 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     from engine.limits import BackoffSocket
     from engine.server import build_server, create_app
 
