@@ -10,7 +10,9 @@
 # device allocations and frees).
 # Usage on the GPU host, project root:
 #   OUT=dir [ARCH=sm_90] [THREADS16=0] [ATTN_BENCH=0] [SERVE_EXTRA="--frontend process"]
-#   bash benchmarks/service-vs-bench.sh
+#   [FRONTENDS="thread process" [ROUNDS="a b c"]] bash benchmarks/service-vs-bench.sh
+# FRONTENDS: the front-end A/B instead: rounds a and b each serve torch under every listed
+# front end in turn, round a cuda too (no allocator variants); then engine.attn_bench once.
 set -u
 OUT=${OUT:-/tmp/svc}; ARCH=${ARCH:-sm_90}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 if [ -d .whl ]; then
@@ -19,7 +21,9 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
-echo "OUT=$OUT ARCH=$ARCH bash benchmarks/service-vs-bench.sh" > "$OUT/command.txt"
+echo "OUT=$OUT ARCH=$ARCH THREADS16=${THREADS16:-1} ATTN_BENCH=${ATTN_BENCH:-1}" \
+  "SERVE_EXTRA=${SERVE_EXTRA:-} FRONTENDS=${FRONTENDS:-} ROUNDS=${ROUNDS:-} bash benchmarks/service-vs-bench.sh" \
+  > "$OUT/command.txt"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
@@ -39,6 +43,29 @@ serve() {  # serve NAME ENGINE-ARGS...: start, drive at c = 1 and 8, stop ($ALLO
   kill $pid; wait $pid 2> /dev/null
 }
 K="topk=cuda tree_build=cuda accept=cuda"
+AB=(--preset small --max-budget 0 --device cuda --batch 1 8 --prompt-len 1024 --mode ddtree)
+if [ -n "${FRONTENDS:-}" ]; then
+  for round in ${ROUNDS:-a b}; do
+    for fe in $FRONTENDS; do serve "torch-$fe-$round" --backend $K attention=torch --frontend "$fe"; done
+    [ $round = a ] && for fe in $FRONTENDS; do
+      serve "cuda-$fe-$round" --backend $K attention=cuda --frontend "$fe"
+    done
+  done
+  [ "${ATTN_BENCH:-1}" = 0 ] && exit 0
+  timeout 200 python3 -m engine.attn_bench "${AB[@]}" --json "$OUT/attn-bench.json" \
+    > "$OUT/attn-bench.txt" 2>&1; echo "attn_bench rc=$?"
+  python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
+import glob, json, re, sys
+print("serve              c  tok/s   prefill ms  prefill attn ms  step ms  step attn ms")
+for f in sorted(glob.glob(f"{sys.argv[1]}/svc-*.json")):
+    name, c = re.match(r".*/svc-(.+)-c(\d+)\.json", f).groups()
+    d = json.load(open(f))
+    print(f"{name:18s} {c:>2s} {d['tokens_per_s']:6.0f} {d['prefill_ms']:10.2f} "
+          f"{d['prefill_attention_ms']:15.2f} {d['step_ms']:8.3f} {d['step_attention_ms']:12.3f}")
+PY
+  head -2 "$OUT/attn-bench.txt"
+  exit 0
+fi
 for round in a b; do
   serve "torch-$round" --backend $K attention=torch
   serve "cuda-$round" --backend $K attention=cuda
@@ -49,7 +76,6 @@ for round in a b; do
 done
 ALLOC=expandable_segments:True serve cuda-expandable --backend $K attention=cuda
 [ "${ATTN_BENCH:-1}" = 0 ] && exit 0
-AB=(--preset small --max-budget 0 --device cuda --batch 1 8 --prompt-len 1024 --mode ddtree)
 timeout 200 python3 -m engine.attn_bench "${AB[@]}" --json "$OUT/attn-bench.json" \
   > "$OUT/attn-bench.txt" 2>&1; echo "attn_bench rc=$?"
 OMP_NUM_THREADS=1 timeout 200 python3 -m engine.attn_bench "${AB[@]}" \
