@@ -8,6 +8,8 @@ release's service.env sets it); each --backend overrides its component. Every us
 (a bad flag or value, a device this torch cannot use, a bad backend, a port in use) is one line
 on stderr and exit 2, before the port is bound or the model is loaded. `--check` stops after
 those checks and prints one JSON document (exit 0 ok, 2 bad input): `ops serve` runs it first.
+HTTP is served by a spawned child process (engine.engine_proc; `--frontend thread`: a thread in
+this one); the model, the scheduler and the GPU stay in this process, whose pid is the service's.
 """
 
 from __future__ import annotations
@@ -115,9 +117,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--frontend",
         choices=("thread", "process"),
-        default=os.environ.get("DDTREE_ENGINE_FRONTEND", "thread"),
-        help="where HTTP is served: a thread beside the scheduler (default), or a child process "
-        "of its own, so request parsing and streaming never take the step's GIL "
+        default=os.environ.get("DDTREE_ENGINE_FRONTEND", "process"),
+        help="where HTTP is served: a child process of its own (default), so request parsing "
+        "and streaming never take the step's GIL, or a thread beside the scheduler "
         "($DDTREE_ENGINE_FRONTEND)",
     )
     p.add_argument(
@@ -232,14 +234,22 @@ def run(argv: list[str] | None) -> int:
         print(json.dumps(doc))
         return 0
     from engine.engine_proc import LOG_FORMAT  # torch-free, as the front end's logging
+    from engine.limits import BackoffSocket, Limits
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompts_per_request=args.max_prompts_per_request,
+        request_read_timeout=args.request_read_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        **({"max_connections": args.max_connections} if args.max_connections else {}),
+    )
+    # The front end starts first: its imports run while this process imports torch and loads
+    frontend = start_frontend_process(sock, args, limits) if args.frontend == "process" else None
     import torch
 
     from engine.engine_state import EngineState
-    from engine.limits import BackoffSocket, Limits
     from engine.runtime import EngineSpec
-    from engine.server import build_server, create_app
 
     torch.set_num_threads(args.threads)
     spec = EngineSpec(
@@ -256,21 +266,16 @@ def run(argv: list[str] | None) -> int:
         matmul=args.matmul,
         backend_sources=sources,
     )
-    limits = Limits(
-        max_body_bytes=args.max_body_bytes,
-        max_prompts_per_request=args.max_prompts_per_request,
-        request_read_timeout=args.request_read_timeout,
-        keep_alive_timeout=args.keep_alive_timeout,
-        **({"max_connections": args.max_connections} if args.max_connections else {}),
-    )
     state = EngineState(spec, args.model_name, args.load_delay, limits)
     logging.getLogger("engine").info(
         "engine listening on http://%s:%d (pid %d, front end: %s)",
         args.host, args.port, os.getpid(), args.frontend,
     )  # fmt: skip
-    if args.frontend == "process":
-        rc = serve_with_frontend_process(state, sock, args, limits)
+    if frontend is not None:
+        rc = serve_with_frontend_process(state, *frontend)
     else:
+        from engine.server import build_server, create_app
+
         server = build_server(
             create_app(state, limits), args.host, args.port, args.log_level, limits
         )
@@ -285,16 +290,13 @@ def run(argv: list[str] | None) -> int:
     return rc
 
 
-def serve_with_frontend_process(
-    state: Any, sock: socket.socket, args: argparse.Namespace, limits: Any
-) -> int:
-    """The engine here, HTTP in a spawned child on the same socket (engine.engine_proc); a
-    TERM drains the child, whose closed pipe then stops the engine's side."""
+def start_frontend_process(sock: socket.socket, args: argparse.Namespace, limits: Any) -> tuple:
+    """Spawn the HTTP front end (engine.engine_proc.frontend_main) on the listening socket, which
+    this process then closes; returns (the child, this side of the pipe)."""
     import multiprocessing
 
-    from engine.engine_proc import frontend_main, serve_engine
+    from engine.engine_proc import frontend_main
 
-    state.frontend = "process"
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=True)
     child = ctx.Process(
@@ -306,7 +308,15 @@ def serve_with_frontend_process(
     child.start()
     theirs.close()
     sock.close()
+    return child, ours
 
+
+def serve_with_frontend_process(state: Any, child: Any, ours: Any) -> int:
+    """The engine here, HTTP in the spawned child (start_frontend_process); a TERM drains the
+    child, whose closed pipe then stops the engine's side."""
+    from engine.engine_proc import serve_engine
+
+    state.frontend = "process"
     stopping = []
 
     def stop(signum: int, frame: Any) -> None:
