@@ -1,0 +1,164 @@
+"""Does the bench's attention stage hide host time the engine pays? (GPU diagnosis, one call.)
+
+The kernel bench's stage rows (`kernels.timing.stage_sampler`) enqueue a forward's layer calls
+behind a GPU sleep, so their span is the GPU's time alone. The engine's stage clock
+(`engine.forward.AttentionTimer`) puts events around each layer's call right after that layer's
+graph piece, and every forward starts with the GPU idle (its input upload waits for the
+stream), so a host-heavy path (the torch one: ~9 launches per 64-row group) can starve the GPU
+inside the span. For the torch and CUDA paths at the rollout's shapes (a 1024-token prefill in
+the engine's blocks of 576 rows; decode steps of B x 17 rows over 1024 keys), each stage is
+sampled three ways, in turn (`kernels.timing.interleave`):
+- `hidden`: the bench's stage row as shipped (host plan, then the layers behind a GPU sleep);
+- `exposed`: the host plan, then per layer events around the call, the GPU idle at the start;
+- `piece<N>`: as exposed, with a GPU sleep of N us before each layer's call (a stand-in for the
+  engine's graph piece, the head start the CPU gets on the call's launches).
+Usage on a GPU host, project root: python3 benchmarks/stage_exposure.py [--reps 20] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from kernels import row_attention as ra
+from kernels.bench_attention import (
+    ROW_BUCKET,
+    ROW_HEADS,
+    ROW_KV,
+    ROW_LATENT,
+    ROW_PAGE,
+    ROW_PER_CALL,
+    ROW_SCALE,
+    row_step_inputs,
+)  # fmt: skip
+from kernels.timing import _sleep_cycles, interleave, stage_sampler
+
+LAYERS = 4
+BLOCK = 576  # the small preset's forward capacity (engine.decode.prefill's block)
+
+
+def prefill_case(prompt: int, sets: int = 4) -> tuple:
+    """(pool, per input set: [(table, lens, q) per block]) for one prompt's prefill."""
+    n = prompt - 1
+    pages = -(-n // ROW_PAGE)
+    rng = np.random.default_rng(prompt)
+    order = rng.permutation(sets * pages).reshape(sets, 1, pages)
+    gen = torch.Generator(device="cuda").manual_seed(prompt)
+    pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
+    cases = []
+    for s in range(sets):
+        slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
+        blocks = []
+        for a in range(0, n, BLOCK):
+            b = min(n, a + BLOCK)
+            table = np.tile(slots[:b], (b - a, 1))
+            lens = np.arange(a + 1, b + 1, dtype=np.int64)
+            q = torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen)
+            blocks.append((table, lens, q))
+        cases.append(blocks)
+    return pool, cases
+
+
+def decode_case(b: int, t: int, prefix: int, sets: int = 4) -> tuple:
+    pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
+    cases = [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
+    return pool, cases
+
+
+def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int]) -> dict:
+    dev = pool.device
+    if impl == "torch":
+
+        def plan(tab, lens):
+            return ra.torch_rows_plan(tab, lens, dev, ROW_BUCKET, ROW_PER_CALL)
+
+        call = ra.torch_rows
+    else:
+        plan, call = (lambda tab, lens: ra.rowwise_plan(tab, lens, dev)), ra.cuda_rows
+    n = len(cases)
+
+    def prepare(i: int) -> list:
+        return [plan(tab, lens) for tab, lens, _ in cases[i % n]]
+
+    def run(i: int, plans: list) -> None:
+        for (_, _, q), p in zip(cases[i % n], plans, strict=True):
+            for _ in range(LAYERS):
+                call(q, pool, p, ROW_SCALE, ROW_LATENT)
+
+    out = {f"{impl}/hidden": stage_sampler(prepare, run, n)}
+    for piece in [0, *pieces]:
+        cycles = _sleep_cycles(piece * 1e-6) if piece else 0
+
+        def sample(i: int, cycles: int = cycles) -> float:
+            total = 0.0
+            spans = []
+            for tab, lens, q in cases[i % n]:
+                torch.cuda.synchronize()  # a forward starts with the GPU idle (its upload)
+                t0 = time.perf_counter()
+                p = plan(tab, lens)
+                total += time.perf_counter() - t0
+                for _ in range(LAYERS):
+                    if cycles:
+                        torch.cuda._sleep(cycles)
+                    s, e = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
+                    s.record()
+                    call(q, pool, p, ROW_SCALE, ROW_LATENT)
+                    e.record()
+                    spans.append((s, e))
+            torch.cuda.synchronize()
+            return total * 1e6 + sum(s.elapsed_time(e) for s, e in spans) * 1e3
+
+        for _ in range(3):
+            sample(0)
+        out[f"{impl}/{'exposed' if not piece else f'piece{piece}'}"] = sample
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--pieces", default="100,300")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = True  # the engine's --matmul tf32 default
+    pieces = [int(x) for x in args.pieces.split(",") if x]
+    shapes = [("prefill L=1024", lambda: prefill_case(1024))]
+    shapes += [
+        (f"decode B={b} L=1024 T=17", lambda b=b: decode_case(b, 17, 1024)) for b in (1, 8, 32)
+    ]
+    doc = {"command": " ".join(sys.argv), "reps": args.reps, "layers": LAYERS, "rows": []}
+    for name, make in shapes:
+        pool, cases = make()
+        smp = {**samplers(pool, cases, "torch", pieces), **samplers(pool, cases, "cuda", pieces)}
+        got = interleave(smp, args.reps)
+        med = {k: statistics.median(v) for k, v in got.items()}
+        for k, v in got.items():
+            q = statistics.quantiles(v, n=4)
+            doc["rows"].append({"shape": name, "sampler": k, "median_us": med[k],
+                                "p25_us": q[0], "p75_us": q[2]})  # fmt: skip
+        ways = [k.split("/")[1] for k in med if k.startswith("torch/")]
+        line = "  ".join(f"{w} {med['torch/' + w]:.0f}/{med['cuda/' + w]:.0f}="
+                         f"{med['torch/' + w] / med['cuda/' + w]:.2f}x" for w in ways)  # fmt: skip
+        print(f"{name:24s} torch/cuda us: {line}", flush=True)
+        del pool, cases
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
