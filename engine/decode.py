@@ -27,7 +27,7 @@ from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
 from engine.stage_clock import StageClock
-from kernels.row_attention import paged_slots, visible_rows, visible_rows_device
+from kernels.row_attention import paged_slots, prefill_blocks, visible_rows, visible_rows_device
 
 
 @dataclass
@@ -102,13 +102,9 @@ class Decoder:
         seq.blocks.reserve(n + self.cfg.largest_budget + 2)
         slots = seq.blocks.slot_array(max(n, 0))
         tokens = np.asarray(seq.tokens[:n], dtype=np.int64)
-        step = self.forward.max_rows
         timer = AttentionTimer(self.model.device)
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            pos = np.arange(a, b, dtype=np.int64)
-            table = np.tile(slots[:b], (b - a, 1))
-            rows = Rows(tokens[a:b], pos, slots[a:b], table, pos + 1)
+        for a, b, table, lens in prefill_blocks(slots, n, self.forward.max_rows):
+            rows = Rows(tokens[a:b], lens - 1, slots[a:b], table, lens)
             self.forward.run(rows, self.backends.attention, timer)
         seq.kv_len = n
         stream = self._stream()

@@ -53,6 +53,9 @@ class BenchConfig:
     sweep: bool = False  # attn: also every KV split count of the sweep at the target sizes
     prefix_lens: list[int] = field(default_factory=lambda: [64, 1024])  # attn row_attention: L
     row_budget: int = 16  # attn row_attention: tree nodes per request (T = row_budget + 1 rows)
+    # attn row_attention_prefill: rows per forward, as engine.decode.prefill cuts a prompt (its
+    # forward's row capacity: the small preset's max(32 x 17, row_chunk 576) = 576)
+    prefill_block: int = 576
     # tree tree_build_stage: (H, K, budget) of the engine's stage (engine `small`: 7, 16, 16)
     stage_shape: tuple[int, int, int] = (7, 16, 16)
     # float32 matmuls of the torch rows (torch_rows' bmm, the sdpa baseline): "tf32" as the
@@ -74,6 +77,8 @@ class BenchConfig:
             raise ValueError(f"--prefix-len takes lengths >= 1 like 64,1024: {self.prefix_lens}")
         if self.row_budget < 0:
             raise ValueError(f"--row-budget must be >= 0, got {self.row_budget}")
+        if self.prefill_block < 1:
+            raise ValueError(f"--prefill-block must be >= 1, got {self.prefill_block}")
         if len(self.stage_shape) != 3 or min(self.stage_shape) < 1:
             raise ValueError(
                 f"--stage-shape takes H,K,BUDGET >= 1 like 7,16,16: {self.stage_shape}"
@@ -271,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         help="attn row_attention: tree nodes per request (T = budget + 1 rows; engine small: 16)",
     )
     ap.add_argument(
+        "--prefill-block",
+        type=int,
+        default=576,
+        help="attn row_attention_prefill: rows per forward, as the engine cuts a prompt (its "
+        "forward's row capacity; engine small: 576)",
+    )
+    ap.add_argument(
         "--stage-shape",
         default="7,16,16",
         help="tree tree_build_stage rows: H,K,BUDGET of the engine's tree-build stage "
@@ -306,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep=args.sweep,
             prefix_lens=_ints(args.prefix_len, "--prefix-len"),
             row_budget=args.row_budget,
+            prefill_block=args.prefill_block,
             stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
             matmul=args.matmul,
         )

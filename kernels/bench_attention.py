@@ -23,8 +23,11 @@ built once beforehand, as the engine's attention stage does. These rows give `op
 s(c) for the change `attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with
 `change.shape`). Kernel `row_attention_prefill` is the same two calls over the engine's prefill
 of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions
-0 .. p, in one call (the engine cuts a long prompt into calls of its forward's row capacity;
-the groups and splits are the same), the prefill part of the attention's time. Each impl is
+0 .. p, cut as `engine.decode.prefill` cuts them, into forwards of at most `--prefill-block`
+rows (the forward's row capacity; the `small` preset's 576), each block its own plan and calls
+(shape key `block`), the prefill part of the attention's time. On the H200 the torch path's
+1023 rows cost it 16.7 ms in the engine's blocks against 13.8 ms in one call, the CUDA path's
+about the same (benchmarks/stage_exposure.py, NOTES-attention.md). Each impl is
 timed twice: one call per CUDA-event sample, its plan built beforehand (`torch_rows`,
 `cuda_rows`: the kernel-level comparison), and as the engine's attention STAGE of one forward
 (`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.stage_sampler`): the
@@ -237,26 +240,28 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
     pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
     # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
     # outside the attention stage: its plans start from a device table
-    tables = [(torch.from_numpy(tab).to(pool.device), lens) for tab, lens, _ in steps]
+    blocks = [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
     shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
-    return _row_impls("row_attention", shape, pool, tables, [q for _, _, q in steps], b * t,
-                      sets, reps, refcheck, layers)  # fmt: skip
+    return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers)
 
 
 def _row_impls(
-    kernel: str, shape: dict, pool: torch.Tensor, tables: list[tuple], qs: list[torch.Tensor],
-    n_rows: int, sets: int, reps: int, refcheck: bool, layers: int,
+    kernel: str, shape: dict, pool: torch.Tensor, blocks: list[list[tuple]], n_rows: int,
+    sets: int, reps: int, refcheck: bool, layers: int,
 ) -> list[Row]:  # fmt: skip
-    """Per impl: one call (plan built beforehand) per CUDA-event sample (`torch_rows`,
-    `cuda_rows`), and the forward's whole attention stage (`*_stage`: the plan on the host,
-    then `layers` calls, `kernels.timing.stage_sampler`, the two impls' samples interleaved)."""
+    """Per impl: one call per block (plans built beforehand) per CUDA-event sample (`torch_rows`,
+    `cuda_rows`), and the forward's whole attention stage (`*_stage`: the plans on the host,
+    then `layers` calls per block, `kernels.timing.stage_sampler`, the two impls' samples
+    interleaved). `blocks[i]`: input set i's forwards, each (table, lens, q): a decode step is
+    one, a prefill the engine's blocks of its forward's row capacity."""
     from kernels import row_attention as ra
 
     dev = pool.device
     plan_of = {
-        "torch_rows": lambda i: ra.torch_rows_plan(*tables[i], dev, ROW_BUCKET, ROW_PER_CALL),
-        "cuda_rows": lambda i: ra.rowwise_plan(*tables[i], dev),
-    }
+        "torch_rows": lambda i: [ra.torch_rows_plan(tab, lens, dev, ROW_BUCKET, ROW_PER_CALL)
+                                 for tab, lens, _ in blocks[i]],
+        "cuda_rows": lambda i: [ra.rowwise_plan(tab, lens, dev) for tab, lens, _ in blocks[i]],
+    }  # fmt: skip
     call_of = {"torch_rows": ra.torch_rows, "cuda_rows": ra.cuda_rows}
     extra = {
         "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
@@ -264,25 +269,29 @@ def _row_impls(
     }
     want = None
     if refcheck:
-        tab0 = tables[0][0]
-        tab0 = tab0.cpu().numpy() if isinstance(tab0, torch.Tensor) else tab0
-        want = ra.reference_rows(qs[0], pool, tab0, tables[0][1], ROW_SCALE, ROW_LATENT)
+        want = torch.cat([
+            ra.reference_rows(q, pool, tab.cpu().numpy() if isinstance(tab, torch.Tensor) else tab,
+                              lens, ROW_SCALE, ROW_LATENT)
+            for tab, lens, q in blocks[0]
+        ])  # fmt: skip
     by_impl: dict[str, list[Row]] = {}
     samplers, common_of = {}, {}
     for impl in ("torch_rows", "cuda_rows"):
         plans = [plan_of[impl](i) for i in range(sets)]
         call = call_of[impl]
 
-        def fn(i: int, call=call, plans=plans) -> torch.Tensor:
-            return call(qs[i], pool, plans[i], ROW_SCALE, ROW_LATENT)
+        def fn(i: int, call=call, plans=plans) -> list[torch.Tensor]:
+            return [call(q, pool, p, ROW_SCALE, ROW_LATENT)
+                    for (_, _, q), p in zip(blocks[i], plans[i], strict=True)]  # fmt: skip
 
-        def run(i: int, plan, call=call) -> None:
-            for _ in range(layers):
-                call(qs[i], pool, plan, ROW_SCALE, ROW_LATENT)
+        def run(i: int, plan: list, call=call) -> None:
+            for (_, _, q), p in zip(blocks[i], plan, strict=True):  # as the engine: per block,
+                for _ in range(layers):  # its forward's layers
+                    call(q, pool, p, ROW_SCALE, ROW_LATENT)
 
         check: dict = {}
         if want is not None:
-            rel = float((fn(0).double() - want).norm() / want.norm())
+            rel = float((torch.cat(fn(0)).double() - want).norm() / want.norm())
             tf32 = impl == "torch_rows" and torch.backends.cuda.matmul.allow_tf32
             tol = ROW_TOL_TF32 if tf32 else ROW_TOL
             check = {"rel_err_vs_fp64": rel, "refcheck": rel < tol, "tolerance": tol}
@@ -303,10 +312,11 @@ def _row_impls(
 
 
 def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
-                     layers: int = 4) -> list[Row]:  # fmt: skip
+                     layers: int = 4, block: int = 576) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` over the engine's prefill of one prompt of `prompt` tokens:
-    rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages (engine.decode's
-    `prefill` rows, in one call)."""
+    rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages, in forwards of at
+    most `block` rows (engine.decode's `prefill`: rows a .. b - 1 over the table of slots
+    0 .. b - 1)."""
     from kernels import row_attention as ra
 
     n = max(prompt - 1, 1)
@@ -317,12 +327,16 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
     order = rng.permutation(sets * pages).reshape(sets, 1, pages)
     gen = torch.Generator(device="cuda").manual_seed(prompt)
     pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
-    lens = np.arange(1, n + 1, dtype=np.int64)
-    tables = [(np.tile(ra.paged_slots(order[s], n, ROW_PAGE)[0], (n, 1)), lens)
-              for s in range(sets)]  # fmt: skip
-    qs = [torch.randn(n, ROW_HEADS, ROW_KV, device="cuda", generator=gen) for _ in range(sets)]
-    shape = {"B": 1, "L": prompt, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
-    return _row_impls("row_attention_prefill", shape, pool, tables, qs, n, sets, reps, refcheck,
+    blocks = []
+    for s in range(sets):
+        slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
+        blocks.append([
+            (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
+            for a, b, table, lens in ra.prefill_blocks(slots, n, block)
+        ])  # fmt: skip
+    shape = {"B": 1, "L": prompt, "block": block, "heads": ROW_HEADS, "kv_dim": ROW_KV,
+             "dtype": "fp32"}  # fmt: skip
+    return _row_impls("row_attention_prefill", shape, pool, blocks, n, sets, reps, refcheck,
                       layers)  # fmt: skip
 
 
@@ -342,6 +356,6 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
         for b in cfg.batches:
             rows += row_attention_rows(b, cfg.row_budget + 1, prefix, cfg.reps, cfg.refcheck)
             torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
-        rows += row_prefill_rows(prefix, cfg.reps, cfg.refcheck)
+        rows += row_prefill_rows(prefix, cfg.reps, cfg.refcheck, block=cfg.prefill_block)
         torch.cuda.empty_cache()
     return rows

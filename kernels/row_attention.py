@@ -203,6 +203,22 @@ def random_parents(rng: np.random.Generator, t: int) -> np.ndarray:
     return np.array([-1] + [int(rng.integers(0, i)) for i in range(1, t)], dtype=np.int64)
 
 
+def prefill_blocks(
+    slots: np.ndarray, n: int, block: int
+) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """A prompt's prefill as the engine runs it (engine.decode's `prefill`) and the bench times
+    it: rows 0 .. n - 1 in forwards of at most `block` rows; each (a, b, table, lens) holds rows
+    a .. b - 1, every row's table the slots 0 .. b - 1 and its length p + 1 (row p sees
+    positions 0 .. p)."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    out = []
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        out.append((a, b, np.tile(slots[:b], (b - a, 1)), np.arange(a + 1, b + 1, dtype=np.int64)))
+    return out
+
+
 def paged_slots(pages: np.ndarray, width: int, page_size: int) -> np.ndarray:
     """[B, width]: the pool slot of positions 0 .. width - 1 of each request's block table
     `pages[b]`; positions past a table map into its last page (slots nothing reads)."""

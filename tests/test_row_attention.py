@@ -186,16 +186,39 @@ def test_row_attention_bench_rows() -> None:
         assert stage["median_us"] > one["median_us"], (one, stage)
 
 
+def test_prefill_blocks_cut_a_prompt_as_the_engine_runs_it() -> None:
+    """Forwards of at most `block` rows covering rows 0 .. n - 1 in order, row p seeing exactly
+    slots 0 .. p; the engine's prefill and the bench's prefill rows both take these."""
+    import inspect
+
+    from engine.decode import Decoder
+    from kernels.bench_attention import row_prefill_rows
+
+    slots = np.random.default_rng(0).permutation(2048)[:1023]
+    for n, block, spans in ((1023, 576, [(0, 576), (576, 1023)]), (5, 576, [(0, 5)]),
+                            (7, 3, [(0, 3), (3, 6), (6, 7)])):  # fmt: skip
+        blocks = ra.prefill_blocks(slots, n, block)
+        assert [(a, b) for a, b, _, _ in blocks] == spans
+        for a, b, table, lens in blocks:
+            assert table.shape == (b - a, b) and lens.tolist() == list(range(a + 1, b + 1))
+            for p in range(a, b):
+                assert table[p - a, : lens[p - a]].tolist() == slots[: p + 1].tolist()
+    with pytest.raises(ValueError, match="block must be >= 1"):
+        ra.prefill_blocks(slots, 4, 0)
+    assert "prefill_blocks(" in inspect.getsource(Decoder.prefill)
+    assert "prefill_blocks(" in inspect.getsource(row_prefill_rows)
+
+
 @pytest.mark.gpu
 def test_row_attention_prefill_rows() -> None:
     from kernels.bench import add_speedups
     from kernels.bench_attention import row_prefill_rows
 
-    rows = row_prefill_rows(300, reps=5)
+    rows = row_prefill_rows(300, reps=5, block=128)  # three forwards: 128 + 128 + 43 rows
     add_speedups(rows)
     assert [r["impl"] for r in rows] == ["torch_rows", "torch_rows_stage", "cuda_rows",
                                          "cuda_rows_stage"]  # fmt: skip
-    shape = {"B": 1, "L": 300, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
+    shape = {"B": 1, "L": 300, "block": 128, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
     for r in rows:
         assert r["kernel"] == "row_attention_prefill" and r["rows"] == 299, r
         assert r["shape"] == ({**shape, "layers": 4} if r["mode"] == "stage" else shape), r
