@@ -13,6 +13,8 @@ process, and it never does so on a pid's word alone:
   it is removed and nothing is signalled.
 - `wait` waits until /health answers AND the listening socket on the service's port belongs
   to the service's session (so a server someone else runs on that port never counts).
+- `up` is `start`, then (when it started the service) `wait`, then `status`, in one run on the
+  host: what `ops service start` needs, without starting Python on the host three times.
 - `stop` sends TERM to the service's process group, KILL after the grace period, then KILL to
   any process left in its session; every signal sent is reported.
 """
@@ -28,6 +30,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+FAST_POLL_S = 1.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
 
 
 def boot_id() -> str:
@@ -293,7 +297,8 @@ def do_wait(pidfile: str, url: str, timeout: float) -> dict:
             return {"ok": True, "pid": pid, "waited_s": time.time() - t0}
         if time.time() - t0 >= timeout:
             return {"ok": False, "reason": last, "waited_s": time.time() - t0}
-        time.sleep(0.25)
+        # a service that is up within a second is seen at once; a slow one at 4 polls a second
+        time.sleep(0.05 if time.time() - t0 < FAST_POLL_S else 0.25)
 
 
 def session_members(sid: int) -> list[int]:
@@ -355,6 +360,17 @@ def do_stop(pidfile: str, grace: float) -> dict:
     }
 
 
+def do_up(pidfile: str, log: str, root: str, command: str, url: str, timeout: float) -> dict:
+    """start; then wait (when this call started it) and the status after either."""
+    started = do_start(pidfile, log, root, command, url)
+    doc = {"start": started}
+    if started.get("started"):
+        doc["wait"] = do_wait(pidfile, url, timeout)
+    if started.get("started") or started.get("already"):
+        doc["status"] = do_status(pidfile, url)
+    return doc
+
+
 def main(argv: list[str]) -> dict:
     action, args = argv[0], argv[1:]
     if action == "status":
@@ -363,6 +379,8 @@ def main(argv: list[str]) -> dict:
         return do_start(args[0], args[1], args[2], args[3], args[4])
     if action == "wait":
         return do_wait(args[0], args[1], float(args[2]))
+    if action == "up":
+        return do_up(args[0], args[1], args[2], args[3], args[4], float(args[5]))
     if action == "stop":
         return do_stop(args[0], float(args[1]))
     raise SystemExit(f"unknown action {action!r}")

@@ -305,10 +305,15 @@ class ProcessManager(ServiceManager):
     def start(self, wait_s: float = 120.0) -> ServiceStatus:
         check_wait(wait_s)
         root, pf, log = self._paths()
-        doc = self._host_side("start", pf, log, root, self.command_line(), self.service.url)
+        # start, wait for /health and the status after it: one run of the host side
+        up = self._host_side(
+            "up", pf, log, root, self.command_line(), self.service.url, str(wait_s),
+            timeout=wait_s + 90,
+        )  # fmt: skip
+        doc = up.get("start") or {}
         notes = doc.get("notes") or []
         if doc.get("already"):
-            st = self.status()
+            st = self._status(up.get("status") or {})
             return st.model_copy(
                 update={"detail": f"already running, pid {doc['pid']}", "actions": notes}
             )
@@ -321,8 +326,8 @@ class ProcessManager(ServiceManager):
                 detail=f"not started: {doc.get('reason', 'unknown reason')}",
                 actions=notes,
             )
-        probe = self._host_side("wait", pf, self.service.url, str(wait_s), timeout=wait_s + 30)
-        st = self.status()
+        probe = up.get("wait") or {}
+        st = self._status(up.get("status") or {})
         if probe.get("ok"):
             return st.model_copy(
                 update={
@@ -341,10 +346,18 @@ class ProcessManager(ServiceManager):
             }
         )
 
-    def stop(self) -> ServiceStatus:
+    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
+        self._stop()  # the status after the stop would be read by no one: not asked for
+        return self.start(wait_s)
+
+    def _stop(self) -> dict:
         _, pf, _ = self._paths()
         grace = self.service.stop_timeout
-        doc = self._host_side("stop", pf, str(grace), timeout=grace + 40)
+        return self._host_side("stop", pf, str(grace), timeout=grace + 40)
+
+    def stop(self) -> ServiceStatus:
+        doc = self._stop()
         st = self.status()
         return st.model_copy(
             update={
