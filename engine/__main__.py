@@ -244,6 +244,11 @@ def run(argv: list[str] | None) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
         **({"max_connections": args.max_connections} if args.max_connections else {}),
     )
+    # Until the server's own handlers are in place (importing torch, building the state), a TERM
+    # or a Ctrl-C stops the process quietly with exit 0 (a front end already spawned is a daemon:
+    # multiprocessing ends it as this process exits), not a traceback or a death by signal
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_while_starting)
     # The front end starts first: its imports run while this process imports torch and loads
     frontend = start_frontend_process(sock, args, limits) if args.frontend == "process" else None
     import torch
@@ -290,9 +295,15 @@ def run(argv: list[str] | None) -> int:
     return rc
 
 
+def _stop_while_starting(signum: int, frame: Any) -> NoReturn:
+    raise SystemExit(0)
+
+
 def start_frontend_process(sock: socket.socket, args: argparse.Namespace, limits: Any) -> tuple:
     """Spawn the HTTP front end (engine.engine_proc.frontend_main) on the listening socket, which
-    this process then closes; returns (the child, this side of the pipe)."""
+    this process then closes; returns (the child, this side of the pipe). The child is a daemon:
+    should this process end before it serves (a signal or an error while loading), its exit
+    terminates the front end instead of waiting on it (it would wait on this pipe: a hang)."""
     import multiprocessing
 
     from engine.engine_proc import frontend_main
@@ -304,6 +315,7 @@ def start_frontend_process(sock: socket.socket, args: argparse.Namespace, limits
         args=(theirs, sock, args.model_name, args.mode, limits, args.host, args.port,
               args.log_level),
         name="engine-frontend",
+        daemon=True,
     )  # fmt: skip
     child.start()
     theirs.close()

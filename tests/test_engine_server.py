@@ -4,6 +4,7 @@ through HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -402,6 +403,34 @@ def test_frontend_process_ends_with_the_engine_and_the_engine_with_it(tmp_path) 
         time.sleep(0.1)
     assert all(_gone(k) for k in kids)  # no orphan front end left holding the port
     assert health_status(eng.url, timeout=1) is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_engine_imports_torch_ends_both_processes(tmp_path, sig) -> None:
+    """The front end is spawned before the engine imports torch: a Ctrl-C or a TERM then (the
+    front end up, the engine still loading) is a quiet stop with exit 0 that takes the front end
+    with it; it was a KeyboardInterrupt traceback and a hang (the exit waited on the front end,
+    which waited on the engine's pipe), and a TERM a death by signal (-15)."""
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process"), wait_healthy=False)
+    try:
+        deadline = time.monotonic() + 30
+        front: list[int] = []
+        while not front and time.monotonic() < deadline and eng.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                front = [k for k in _children(eng.proc.pid) if "spawn_main" in _cmdline(k)]
+            time.sleep(0.01)
+        assert front, eng.log_tail()
+        time.sleep(0.3)  # the engine is importing torch (over a second here)
+        assert "engine listening" not in eng.log_path.read_text(errors="replace")
+        eng.proc.send_signal(sig)
+        assert eng.proc.wait(timeout=20) == 0
+    finally:
+        eng.stop()
+    deadline = time.monotonic() + 10
+    while not _gone(front[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(front[0])
+    assert "Traceback" not in eng.log_path.read_text(errors="replace")
 
 
 def test_ctrl_c_stops_the_thread_front_end_quietly(tmp_path) -> None:
