@@ -433,10 +433,12 @@ def test_a_stop_while_the_engine_imports_torch_ends_both_processes(tmp_path, sig
     assert "Traceback" not in eng.log_path.read_text(errors="replace")
 
 
-def test_ctrl_c_stops_the_thread_front_end_quietly(tmp_path) -> None:
-    """SIGINT (a terminal's Ctrl-C) to the default engine: a graceful stop, exit 0, and no
-    KeyboardInterrupt traceback (uvicorn raises the signal again after stopping)."""
-    eng = start_engine(tmp_path)
+@pytest.mark.parametrize("frontend", ["thread", "process"])
+def test_ctrl_c_stops_either_front_end_quietly(tmp_path, frontend) -> None:
+    """SIGINT (a terminal's Ctrl-C) to a served engine, under either front end (process is the
+    default): a graceful stop, exit 0, and no KeyboardInterrupt traceback (uvicorn raises the
+    signal again after stopping)."""
+    eng = start_engine(tmp_path, extra_args=("--frontend", frontend))
     eng.proc.send_signal(signal.SIGINT)
     assert eng.proc.wait(timeout=30) == 0
     assert "Traceback" not in eng.log_path.read_text(errors="replace")
