@@ -281,6 +281,9 @@ def run(argv: list[str] | None) -> int:
     else:
         from engine.server import build_server, create_app
 
+        # uvicorn takes the signals and raises a caught one again into these once it has stopped
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         server = build_server(
             create_app(state, limits), args.host, args.port, args.log_level, limits
         )
