@@ -272,10 +272,13 @@ def run(argv: list[str] | None) -> int:
         backend_sources=sources,
     )
     state = EngineState(spec, args.model_name, args.load_delay, limits)
-    logging.getLogger("engine").info(
-        "engine listening on http://%s:%d (pid %d, front end: %s)",
-        args.host, args.port, os.getpid(), args.frontend,
-    )  # fmt: skip
+    log = logging.getLogger("engine")
+    if frontend is not None:  # its front end has been serving (/health 503) since its own line
+        log.info("engine pid %d loading; its front end (pid %d) serves http://%s:%d",
+                 os.getpid(), frontend[0].pid, args.host, args.port)  # fmt: skip
+    else:
+        log.info("engine listening on http://%s:%d (pid %d, front end: thread)",
+                 args.host, args.port, os.getpid())  # fmt: skip
     if frontend is not None:
         rc = serve_with_frontend_process(state, *frontend)
     else:
