@@ -9,7 +9,9 @@ also times the named kernel algorithms (tree: `kernels.cuda.TREE_ALGOS`, attn:
 `kernels.cuda_attention.ALGOS`; impl `cuda_graph:heap`, ...), `--sweep` the attention KV split
 counts at the two target sizes. The attn suite's `row_attention` rows (the reference engine's
 attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` requests x
-`--row-budget` + 1 rows over each `--prefix-len` keys. The tree suite's `tree_build_stage`
+`--row-budget` + 1 rows over each `--prefix-len` keys; its `row_attention_prefill` rows the
+prefill of one prompt of each `--prefix-len` tokens in the engine's forwards of at most
+`--prefill-block` rows (default 576, the `small` preset's). The tree suite's `tree_build_stage`
 rows (`kernels.bench_stage`) time the reference engine's whole tree-build stage per backend,
 boundary copies included (reference_stage vs cuda_stage, wall clock, synchronised like the
 engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):

@@ -21,7 +21,9 @@ only on its own visible keys, never on which other rows share the call:
 
 `visible_rows` lays out the rows of one decode step (B requests of T = budget + 1 rows over a
 paged prefix of L keys): the engine's verify calls it, and `step_rows` builds the bench's steps
-through it; `reference_rows` is the float64 yardstick.
+through it; `prefill_blocks` cuts a prompt's prefill into forwards as the engine's prefill
+runs it (and the bench's `row_attention_prefill` rows time it); `reference_rows` is the float64
+yardstick.
 """
 
 from __future__ import annotations
