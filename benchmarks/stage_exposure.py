@@ -54,14 +54,10 @@ def prefill_case(prompt: int, sets: int = 4) -> tuple:
     cases = []
     for s in range(sets):
         slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
-        blocks = []
-        for a in range(0, n, BLOCK):
-            b = min(n, a + BLOCK)
-            table = np.tile(slots[:b], (b - a, 1))
-            lens = np.arange(a + 1, b + 1, dtype=np.int64)
-            q = torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen)
-            blocks.append((table, lens, q))
-        cases.append(blocks)
+        cases.append([  # the engine's forwards (engine.decode.prefill cuts them so)
+            (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
+            for a, b, table, lens in ra.prefill_blocks(slots, n, BLOCK)
+        ])  # fmt: skip
     return pool, cases
 
 
@@ -129,11 +125,18 @@ def main() -> int:
     ap.add_argument("--pieces", default="100,300")
     ap.add_argument("--json")
     args = ap.parse_args()
+    try:
+        pieces = [int(x) for x in args.pieces.split(",") if x]
+    except ValueError:
+        pieces = [-1]
+    if args.reps < 2 or min(pieces, default=0) < 0:  # quartiles take two samples at least
+        print(f"error: --reps takes >= 2 and --pieces us >= 0 like 100,300: {args.reps}, "
+              f"{args.pieces!r}", file=sys.stderr)  # fmt: skip
+        return 2
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's --matmul tf32 default
-    pieces = [int(x) for x in args.pieces.split(",") if x]
     shapes = [("prefill L=1024", lambda: prefill_case(1024))]
     shapes += [
         (f"decode B={b} L=1024 T=17", lambda b=b: decode_case(b, 17, 1024)) for b in (1, 8, 32)
