@@ -9,7 +9,7 @@
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; /get_server_info counts the allocator's
 # device allocations and frees).
 # Usage on the GPU host, project root:
-#   OUT=dir [ARCH=sm_90] [THREADS16=0] [ATTN_BENCH=0] [SERVE_EXTRA="--frontend process"]
+#   OUT=dir [ARCH=sm_90] [THREADS16=0] [ATTN_BENCH=0] [SERVE_EXTRA="--frontend thread"]
 #   [FRONTENDS="thread process" [ROUNDS="a b c"]] bash benchmarks/service-vs-bench.sh
 # FRONTENDS: the front-end A/B instead: rounds a and b each serve torch under every listed
 # front end in turn, round a cuda too (no allocator variants); then engine.attn_bench once.
@@ -51,9 +51,6 @@ if [ -n "${FRONTENDS:-}" ]; then
       serve "cuda-$fe-$round" --backend $K attention=cuda --frontend "$fe"
     done
   done
-  [ "${ATTN_BENCH:-1}" = 0 ] && exit 0
-  timeout 200 python3 -m engine.attn_bench "${AB[@]}" --json "$OUT/attn-bench.json" \
-    > "$OUT/attn-bench.txt" 2>&1; echo "attn_bench rc=$?"
   python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
 import glob, json, re, sys
 print("serve              c  tok/s   prefill ms  prefill attn ms  step ms  step attn ms")
@@ -63,6 +60,9 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/svc-*.json")):
     print(f"{name:18s} {c:>2s} {d['tokens_per_s']:6.0f} {d['prefill_ms']:10.2f} "
           f"{d['prefill_attention_ms']:15.2f} {d['step_ms']:8.3f} {d['step_attention_ms']:12.3f}")
 PY
+  [ "${ATTN_BENCH:-1}" = 0 ] && exit 0  # the table above either way
+  timeout 200 python3 -m engine.attn_bench "${AB[@]}" --json "$OUT/attn-bench.json" \
+    > "$OUT/attn-bench.txt" 2>&1; echo "attn_bench rc=$?"
   head -2 "$OUT/attn-bench.txt"
   exit 0
 fi
