@@ -20,7 +20,9 @@ DEPLOY_HOST_SOURCE = (Path(__file__).parent / "deploy_host.py").read_text(encodi
 def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
     """Run one action of `ops.deploy_host` on the host; a refusal is an OpsError."""
     res = host.run(
-        [host.target.python, "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root, *args],
+        # -S: the host side is stdlib only, so no site-packages scan at each call
+        [host.target.python, "-S", "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root]
+        + list(args),
         stdin=stdin,
         warn=True,
         timeout=300,
@@ -59,7 +61,7 @@ def revert_guard(host: Host, restart: bool) -> Iterator[None]:
     """A host process that, when ops goes away with `deploy.pending` still there, switches
     `current` back (and restarts the service): the host never stays on an unproven release."""
     t = host.target
-    revert = shlex.join([t.python, "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
+    revert = shlex.join([t.python, "-S", "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
     again = restart_script(t) if restart else "true"
     # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
     # for it in `prepare`, so a guard still putting the host back is never raced

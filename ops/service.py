@@ -237,7 +237,8 @@ class ProcessManager(ServiceManager):
 
     def _host_side(self, action: str, *args: str, timeout: float = 60.0) -> dict:
         res = self.host.run(
-            [self.target.python, "-c", PROCMAN_SOURCE, action, *args],
+            # -S: the host side is stdlib only, so no site-packages scan at each call
+            [self.target.python, "-S", "-c", PROCMAN_SOURCE, action, *args],
             timeout=timeout,
             warn=True,
             step=f"service {action}",
