@@ -23,48 +23,22 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 from kernels import row_attention as ra
 from kernels.bench_attention import (
     ROW_BUCKET,
-    ROW_HEADS,
-    ROW_KV,
     ROW_LATENT,
-    ROW_PAGE,
     ROW_PER_CALL,
     ROW_SCALE,
-    row_step_inputs,
+    row_prefill_blocks,
+    row_step_blocks,
 )  # fmt: skip
 from kernels.timing import _sleep_cycles, interleave, stage_sampler
 
 LAYERS = 4
 BLOCK = 576  # the small preset's forward capacity (engine.decode.prefill's block)
-
-
-def prefill_case(prompt: int, sets: int = 4) -> tuple:
-    """(pool, per input set: [(table, lens, q) per block]) for one prompt's prefill."""
-    n = prompt - 1
-    pages = -(-n // ROW_PAGE)
-    rng = np.random.default_rng(prompt)
-    order = rng.permutation(sets * pages).reshape(sets, 1, pages)
-    gen = torch.Generator(device="cuda").manual_seed(prompt)
-    pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
-    cases = []
-    for s in range(sets):
-        slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
-        cases.append([  # the engine's forwards (engine.decode.prefill cuts them so)
-            (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
-            for a, b, table, lens in ra.prefill_blocks(slots, n, BLOCK)
-        ])  # fmt: skip
-    return pool, cases
-
-
-def decode_case(b: int, t: int, prefix: int, sets: int = 4) -> tuple:
-    pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
-    cases = [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
-    return pool, cases
+SETS = 4  # input sets each shape's samples rotate over
 
 
 def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int]) -> dict:
@@ -137,10 +111,9 @@ def main() -> int:
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's --matmul tf32 default
-    shapes = [("prefill L=1024", lambda: prefill_case(1024))]
-    shapes += [
-        (f"decode B={b} L=1024 T=17", lambda b=b: decode_case(b, 17, 1024)) for b in (1, 8, 32)
-    ]
+    shapes = [("prefill L=1024", lambda: row_prefill_blocks(1024, SETS, BLOCK))]
+    for b in (1, 8, 32):
+        shapes.append((f"decode B={b} L=1024 T=17", lambda b=b: row_step_blocks(b, 17, 1024, SETS)))
     doc = {"command": " ".join(sys.argv), "reps": args.reps, "layers": LAYERS, "rows": []}
     for name, make in shapes:
         pool, cases = make()

@@ -231,16 +231,44 @@ def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int) -> tuple:
     return pool, steps
 
 
+def row_step_blocks(b: int, t: int, prefix: int, sets: int) -> tuple:
+    """(pool, per input set: its one forward [(table, lens, q)]) of a decode step, as
+    `_row_impls` takes them."""
+    pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
+    # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
+    # outside the attention stage: its plans start from a device table
+    return pool, [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
+
+
+def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
+    """(pool, per input set: the engine's forwards [(table, lens, q), ...]) of one prompt's
+    prefill: rows 0 .. prompt - 2 over the request's shuffled pages, cut as engine.decode's
+    `prefill` cuts them (`kernels.row_attention.prefill_blocks`)."""
+    from kernels import row_attention as ra
+
+    n = max(prompt - 1, 1)
+    pages = -(-n // ROW_PAGE)
+    rng = np.random.default_rng(prompt)
+    order = rng.permutation(sets * pages).reshape(sets, 1, pages)
+    gen = torch.Generator(device="cuda").manual_seed(prompt)
+    pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
+    blocks = []
+    for s in range(sets):
+        slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
+        blocks.append([
+            (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
+            for a, b, table, lens in ra.prefill_blocks(slots, n, block)
+        ])  # fmt: skip
+    return pool, blocks
+
+
 def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
                        refcheck: bool = True, layers: int = 4) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys."""
 
     per_set = b * -(-(prefix + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
     sets = _input_sets(per_set)
-    pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
-    # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
-    # outside the attention stage: its plans start from a device table
-    blocks = [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
+    pool, blocks = row_step_blocks(b, t, prefix, sets)
     shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
     return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers)
 
@@ -317,23 +345,9 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
     rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages, in forwards of at
     most `block` rows (engine.decode's `prefill`: rows a .. b - 1 over the table of slots
     0 .. b - 1)."""
-    from kernels import row_attention as ra
-
     n = max(prompt - 1, 1)
-    pages = -(-n // ROW_PAGE)
-    per_set = pages * ROW_PAGE * ROW_KV * 4
-    sets = _input_sets(per_set)
-    rng = np.random.default_rng(prompt)
-    order = rng.permutation(sets * pages).reshape(sets, 1, pages)
-    gen = torch.Generator(device="cuda").manual_seed(prompt)
-    pool = torch.randn(sets * pages * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
-    blocks = []
-    for s in range(sets):
-        slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
-        blocks.append([
-            (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
-            for a, b, table, lens in ra.prefill_blocks(slots, n, block)
-        ])  # fmt: skip
+    sets = _input_sets(-(-n // ROW_PAGE) * ROW_PAGE * ROW_KV * 4)
+    pool, blocks = row_prefill_blocks(prompt, sets, block)
     shape = {"B": 1, "L": prompt, "block": block, "heads": ROW_HEADS, "kv_dim": ROW_KV,
              "dtype": "fp32"}  # fmt: skip
     return _row_impls("row_attention_prefill", shape, pool, blocks, n, sets, reps, refcheck,
