@@ -276,12 +276,10 @@ def run(argv: list[str] | None) -> int:
     if frontend is not None:  # its front end has been serving (/health 503) since its own line
         log.info("engine pid %d loading; its front end (pid %d) serves http://%s:%d",
                  os.getpid(), frontend[0].pid, args.host, args.port)  # fmt: skip
+        rc = serve_with_frontend_process(state, *frontend)
     else:
         log.info("engine listening on http://%s:%d (pid %d, front end: thread)",
                  args.host, args.port, os.getpid())  # fmt: skip
-    if frontend is not None:
-        rc = serve_with_frontend_process(state, *frontend)
-    else:
         from engine.server import build_server, create_app
 
         # uvicorn takes the signals and raises a caught one again into these once it has stopped
