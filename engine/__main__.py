@@ -245,10 +245,13 @@ def run(argv: list[str] | None) -> int:
         **({"max_connections": args.max_connections} if args.max_connections else {}),
     )
     # Until the server's own handlers are in place (importing torch, building the state), a TERM
-    # or a Ctrl-C stops the process quietly with exit 0 (a front end already spawned is a daemon:
-    # multiprocessing ends it as this process exits), not a traceback or a death by signal
+    # or a Ctrl-C is only noted, and the process then stops quietly with exit 0 before it serves
+    # (taking a spawned front end along), not a traceback or a death by signal. Raising from the
+    # handler instead would land inside whatever import was running: numpy's turns it into an
+    # ImportError traceback, and one swallowed inside torch's went on to load and serve
+    stops: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _stop_while_starting)
+        signal.signal(signum, lambda signum, frame: stops.append(signum))
     # The front end starts first: its imports run while this process imports torch and loads
     frontend = start_frontend_process(sock, args, limits) if args.frontend == "process" else None
     import torch
@@ -276,7 +279,7 @@ def run(argv: list[str] | None) -> int:
     if frontend is not None:  # its front end has been serving (/health 503) since its own line
         log.info("engine pid %d loading; its front end (pid %d) serves http://%s:%d",
                  os.getpid(), frontend[0].pid, args.host, args.port)  # fmt: skip
-        rc = serve_with_frontend_process(state, *frontend)
+        rc = serve_with_frontend_process(state, *frontend, stops)
     else:
         log.info("engine listening on http://%s:%d (pid %d, front end: thread)",
                  args.host, args.port, os.getpid())  # fmt: skip
@@ -285,6 +288,8 @@ def run(argv: list[str] | None) -> int:
         # uvicorn takes the signals and raises a caught one again into these once it has stopped
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if stops:  # a stop while starting: end before serving
+            return 0
         server = build_server(
             create_app(state, limits), args.host, args.port, args.log_level, limits
         )
@@ -297,10 +302,6 @@ def run(argv: list[str] | None) -> int:
         print(f"error: the model failed to load: {state.load_error}", file=sys.stderr)
         return 1
     return rc
-
-
-def _stop_while_starting(signum: int, frame: Any) -> NoReturn:
-    raise SystemExit(0)
 
 
 def start_frontend_process(sock: socket.socket, args: argparse.Namespace, limits: Any) -> tuple:
@@ -327,9 +328,10 @@ def start_frontend_process(sock: socket.socket, args: argparse.Namespace, limits
     return child, ours
 
 
-def serve_with_frontend_process(state: Any, child: Any, ours: Any) -> int:
+def serve_with_frontend_process(state: Any, child: Any, ours: Any, stops: list[int]) -> int:
     """The engine here, HTTP in the spawned child (start_frontend_process); a TERM drains the
-    child, whose closed pipe then stops the engine's side."""
+    child, whose closed pipe then stops the engine's side. `stops`: the signals noted while
+    starting (any: the front end is stopped and nothing is served)."""
     from engine.engine_proc import serve_engine
 
     state.frontend = "process"
@@ -348,6 +350,10 @@ def serve_with_frontend_process(state: Any, child: Any, ours: Any) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if stops:  # a stop while starting (noted before these handlers): end before serving
+        child.terminate()
+        child.join(timeout=15)
+        return 0
     try:
         rc = serve_engine(state, ours)
     except SystemExit:
