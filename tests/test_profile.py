@@ -74,7 +74,12 @@ def test_measured_stage_times_per_level(ops: Ops) -> None:
             assert win["prefills"] == 8
         flat = sum(v.value for s, v in wall.items() if s != "attention")
         assert flat <= win["steps_s"] / win["duration_s"] * 1.001
-        assert win["steps_s"] + win["prefill_s"] <= win["duration_s"] * 1.05
+        # the counters' difference is the engine's work between its two reads, on its own clock
+        # (`server_clock_s`), which holds the client's window; a step or prefill already running
+        # at the first read is counted whole (warm-up work can still be in flight at c > 1)
+        assert win["server_clock_s"] >= win["duration_s"] * 0.999
+        in_flight = 3 * win["steps_s"] / win["steps"] + win["prefill_s"] / win["prefills"]
+        assert win["steps_s"] + win["prefill_s"] <= win["server_clock_s"] * 1.001 + in_flight
         assert (
             wall["attention"].value * win["duration_s"] > model.stage_ms["attention"].value / 1000
         )
