@@ -16,9 +16,7 @@ and the predicted-vs-measured table keep the gain the load measured.
 
 from __future__ import annotations
 
-import statistics
-
-from ops.amdahl import baseline_runs
+from ops.amdahl import baseline_runs, pooled_rate
 from ops.evidence import COMPONENT_STAGE, Evidence
 from ops.report import Decision
 
@@ -146,9 +144,10 @@ def drift_lines(d: Decision, ev: Evidence) -> list[str]:
     for lv in ev.measure.levels:
         if not lv.recheck:
             continue
-        b, a, again = (statistics.median(x) for x in (lv.before, lv.after, lv.recheck))
-        every = statistics.median(baseline_runs(lv))
-        if b <= 0 or again <= 0 or every <= 0:
+        b, a, again, every = (
+            pooled_rate(x) for x in (lv.before, lv.after, lv.recheck, baseline_runs(lv))
+        )
+        if b is None or a is None or again is None or every is None:
             continue
         row = amdahl.get(lv.concurrency)
         proj = "" if row is None or row.gain is None else f", projected {row.gain:+.2%}"

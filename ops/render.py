@@ -350,6 +350,7 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 else f"{pct(r.gain)} ({pct(r.gain_lo)}..{pct(r.gain_hi)})",
                 "ceiling": pct(r.ceiling),
                 "measured": measured,
+                "median": "-" if r.measured_median is None else pct(r.measured_median, 2),
                 "diff": "-"
                 if r.measured_gain is None or r.gain is None
                 else f"{(r.measured_gain - r.gain) * 100:+.1f} pp",

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ops.amdahl import median_gain
+from ops.amdahl import rate_gain
 from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
 from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change
@@ -82,16 +82,18 @@ def _level_runs(raw: list[dict[str, Any]], arms: tuple[str, ...], c: int) -> lis
 
 def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | None:
     """The change's speedup as the service saw it at concurrency c: the stage's seconds per
-    output token on the baseline (BASELINE_ARMS) over after, median of the runs, for the
+    output token on the baseline (BASELINE_ARMS) over after, pooled over the runs (their
+    seconds over their tokens, as the measured gain pools them: ops.amdahl.rate_gain), for the
     decode steps, prefill, and both. None where the service reports no stage timings."""
 
     def per_token(arms: tuple[str, ...], part: str) -> float | None:
-        xs = [
-            (r["component"]["steps_s"] + r["component"]["prefill_s"] if part == "total"
-             else r["component"][part]) / r["output_tokens"]
-            for r in _level_runs(raw, arms, c) if r.get("component")
-        ]  # fmt: skip
-        return statistics.median(xs) if xs else None
+        runs = [r for r in _level_runs(raw, arms, c) if r.get("component")]
+        seconds = sum(
+            r["component"]["steps_s"] + r["component"]["prefill_s"] if part == "total"
+            else r["component"][part]
+            for r in runs
+        )  # fmt: skip
+        return seconds / sum(r["output_tokens"] for r in runs) if runs else None
 
     out = {}
     for part in ("total", "steps_s", "prefill_s"):
@@ -151,7 +153,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}
         ctx.before_runs = raw
         levels = [
-            {"concurrency": c, "aa": ctx.before[c], "aa_noise": median_gain(a[c], a2[c])}
+            {"concurrency": c, "aa": ctx.before[c], "aa_noise": rate_gain(a[c], a2[c])}
             for c in load.concurrency
         ]
         section = {"target": ctx.target.name, "levels": levels, "settings": settings, "runs": raw}
@@ -188,7 +190,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
                        "service_speedup": service_speedup(ctx.before_runs + raw, c),
                        "audit": audit(ctx.before_runs + raw, c),
                        "recheck": again.get(c, [])})  # fmt: skip
-        gains.append(f"c={c} {_pct(median_gain(before + again.get(c, []), after[c]))}")
+        gains.append(f"c={c} {_pct(rate_gain(before + again.get(c, []), after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {
         "target": ctx.target.name,
