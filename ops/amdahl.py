@@ -195,10 +195,10 @@ def rate_gain(before: list[float], after: list[float]) -> float | None:
     Why pooled and not the median of the runs: the host's speed comes in spells (a 6-s run's
     tokens/s spread 4-30% on the H200 leases), so with 6-8 runs an arm's median jumps between
     a fast and a slow run, where the pooled rate weighs every run's time. Over the 60 measured
-    levels committed under benchmarks/results before the switch, its bootstrap interval was
-    narrower in 47, as wide in 6 (two runs a side) and wider in 7 (mean width 13.7 against 17.9
-    pp). It is also what the projection predicts: Amdahl's model is one of time, and the
-    pooled rate is the arms' total time per token."""
+    levels committed under benchmarks/results before the switch, with the same bootstrap draws,
+    its interval was narrower at 54 and as wide at 6 (two runs a side; mean width 13.7 against
+    17.9 pp: benchmarks/measure_estimators.py). It is also what the projection predicts:
+    Amdahl's model is one of time, and the pooled rate is the arms' total time per token."""
     b, a = pooled_rate(before), pooled_rate(after)
     return None if b is None or a is None else a / b - 1
 
