@@ -9,8 +9,10 @@ serves HTTP from a spawned child that shares the listening socket. They talk ove
 pipe:
 - front end -> engine: ("submit", rid, fields), ("cancel", rid), ("call", cid, "info" or
   "metrics");
-- engine -> front end: ("ready", preset) or ("failed", error) once loading ends; ("updates",
-  [(rid, Update), ...]) once per scheduler iteration; ("reply", cid, value).
+- engine -> front end: ("up", pid) once it reads the pipe (its libraries imported; until then
+  the front end answers /get_server_info and /metrics itself: `EngineClient.starting_info`);
+  ("ready", preset) or ("failed", error) once loading ends; ("updates", [(rid, Update), ...])
+  once per scheduler iteration; ("reply", cid, value).
 `EngineClient` is the front end's engine handle (the interface `engine.server.create_app`
 uses, as `engine.engine_state.EngineState` is in one process); `serve_engine` runs the
 engine's side. A TERM to the engine is passed on to the front end, which drains as uvicorn
@@ -62,6 +64,7 @@ class EngineClient:
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._gone = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.engine_up = False  # the engine reads the pipe ("up"): calls go to it
 
     # -- the engine handle (the event loop's thread) -----------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -96,10 +99,26 @@ class EngineClient:
             self._send(("cancel", req.rid))
 
     async def info(self) -> dict[str, Any]:
+        if not self.engine_up and not self._gone:
+            return self.starting_info()
         return await self._call("info")
 
     async def metrics(self) -> str:
+        if not self.engine_up and not self._gone:
+            return "# the engine process is starting: no samples yet\n"
         return await self._call("metrics")
+
+    def starting_info(self) -> dict[str, Any]:
+        """/get_server_info before the engine reads the pipe (it is still importing torch, a
+        second or more): answered here at once, not after that import."""
+        return {
+            "model": self.model_name,
+            "pid": os.getppid(),  # the engine: this front end's parent, which holds the model
+            "frontend": self.frontend,
+            "ready": False,
+            "starting": "the engine process is importing its libraries; the model loads next",
+            "mode": self.mode,
+        }
 
     # -- internals ----------------------------------------------------------------------------
     def _send(self, msg: tuple) -> bool:
@@ -158,6 +177,8 @@ class EngineClient:
             fut = self._calls.get(msg[1])
             if fut is not None and not fut.done():
                 fut.set_result(msg[2])
+        elif kind == "up":
+            self.engine_up = True
         elif kind == "ready":
             self.preset = msg[1]
             self.ready.set()
@@ -222,6 +243,10 @@ def serve_engine(state: Any, conn: Connection) -> int:
             pass
 
     state.gc.install()
+    try:
+        send(("up", os.getpid()))
+    except OSError:  # the front end is gone already: the loop below reads end-of-file
+        pass
     threading.Thread(target=load, name="engine-load", daemon=True).start()
     try:
         while True:

@@ -433,6 +433,48 @@ def test_a_stop_while_the_engine_imports_torch_ends_both_processes(tmp_path, sig
     assert "Traceback" not in eng.log_path.read_text(errors="replace")
 
 
+def test_server_info_answers_at_once_while_the_engine_still_imports_torch(tmp_path) -> None:
+    """Under the process front end, /get_server_info and /metrics answered only once the engine
+    had imported torch (seconds on a GPU host): a monitor's poll hung that long. The engine is
+    frozen (SIGSTOP) as soon as its front end is spawned, so it cannot finish the import; the
+    front end then answers itself: not ready, starting, the engine's pid. Let go (SIGCONT), the
+    engine serves and answers with its whole document."""
+    eng = start_engine(tmp_path, extra_args=("--frontend", "process"), wait_healthy=False)
+    try:
+        deadline = time.monotonic() + 30
+        front: list[int] = []
+        while not front and time.monotonic() < deadline and eng.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                front = [k for k in _children(eng.proc.pid) if "spawn_main" in _cmdline(k)]
+            time.sleep(0.005)
+        assert front, eng.log_tail()
+        os.kill(eng.proc.pid, signal.SIGSTOP)  # still importing torch (over a second here)
+        try:
+            assert "engine pid" not in eng.log_path.read_text(errors="replace")
+            while health_status(eng.url, timeout=1) is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the front end starts listening
+            assert health_status(eng.url, timeout=1) == 503
+            t0 = time.monotonic()
+            info = httpx.get(f"{eng.url}/get_server_info", timeout=10)
+            metrics = httpx.get(f"{eng.url}/metrics", timeout=10)
+            assert time.monotonic() - t0 < 5  # at once, not after the engine's import
+            assert info.status_code == 200 and metrics.status_code == 200
+            doc = info.json()
+            assert doc["ready"] is False and "importing" in doc["starting"], doc
+            assert doc["pid"] == eng.proc.pid and doc["frontend"] == "process"
+            assert "config" not in doc and metrics.text.startswith("#")
+        finally:
+            os.kill(eng.proc.pid, signal.SIGCONT)
+        while health_status(eng.url, timeout=1) != 200 and time.monotonic() < deadline + 60:
+            assert eng.proc.poll() is None, eng.log_tail()
+            time.sleep(0.1)
+        doc = httpx.get(f"{eng.url}/get_server_info", timeout=10).json()
+        assert doc["ready"] is True and doc["pid"] == eng.proc.pid and "starting" not in doc
+        assert doc["config"] and "ddtree" in httpx.get(f"{eng.url}/metrics", timeout=10).text
+    finally:
+        eng.stop()
+
+
 @pytest.mark.parametrize("frontend", ["thread", "process"])
 def test_ctrl_c_stops_either_front_end_quietly(tmp_path, frontend) -> None:
     """SIGINT (a terminal's Ctrl-C) to a served engine, under either front end (process is the
@@ -459,6 +501,7 @@ def test_engine_side_of_the_pipe_survives_messages_it_cannot_use() -> None:
     rc: list[int] = []
     t = threading.Thread(target=lambda: rc.append(serve_engine(state, theirs)), daemon=True)
     t.start()
+    assert ours.poll(60) and ours.recv() == ("up", os.getpid())  # reading the pipe, loading
     assert ours.poll(60) and ours.recv()[0] == "ready"
     ours.send(("bogus",))
     ours.send(("submit", 1, {"prompt_ids": [1], "max_tokens": 1, "nope": 1}))
