@@ -15,8 +15,6 @@ import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from ops.cli_checks import healthcheck, loadtest
 from ops.cli_common import (
@@ -28,6 +26,7 @@ from ops.cli_common import (
     command,
     emit_json,
     err,
+    escape,
     on_target,
     out,
     package_version,
@@ -118,6 +117,8 @@ def hosts(ctx: typer.Context, _json: JsonOpt = False, _inventory: InventoryOpt =
             }
         )
         return EXIT_OK
+    from rich.table import Table
+
     table = Table(title=f"targets ({inv.path or 'built-in local only'})")
     for col in ("name", "address", "gpus", "arch", "service", "manager"):
         table.add_column(col)
@@ -153,6 +154,8 @@ def facts(
 def _print_facts(f: Facts) -> None:
     def tool(t: Tool) -> str:
         return f"{t.path} ({t.version})" if t.found else f"[yellow]missing[/] ({t.error})"
+
+    from rich.table import Table
 
     table = Table(title=f"facts: {f.target}", show_header=False)
     table.add_column("fact", style="bold")

@@ -6,9 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from checks.docs import Dist, LevelDoc
 from ops.cli_common import (
@@ -23,6 +20,7 @@ from ops.cli_common import (
     TargetArg,
     command,
     err,
+    escape,
     on_target,
     out,
     state,
@@ -92,6 +90,8 @@ def healthcheck(
 
 
 def _print_report(rep: HealthReport) -> None:
+    from rich.table import Table
+
     table = Table(
         title=f"healthcheck {escape(rep.target)} ({escape(rep.url)})", title_justify="left"
     )
@@ -135,6 +135,14 @@ def loadtest(
     as_json = state(ctx).as_json
 
     def sweep(host: Host) -> Done[LoadtestReport]:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         columns = (
             TextColumn("loadtest {task.description}"),
             BarColumn(),
@@ -142,7 +150,7 @@ def loadtest(
             TimeElapsedColumn(),
         )
         try:
-            with Progress(*columns, console=err, disable=as_json) as bar:
+            with Progress(*columns, console=err.console, disable=as_json) as bar:
                 task = bar.add_task(host.name, total=len(levels))
                 rep = run_loadtest(
                     host,
@@ -182,6 +190,8 @@ def latencies(lv: LevelDoc) -> list[tuple[str, Dist]]:
 
 
 def _print_loadtest(rep: LoadtestReport) -> None:
+    from rich.table import Table
+
     """Two narrow tables (throughput, then latency per level) so 80 columns show every number."""
     table = Table(title=f"loadtest {escape(rep.target)} ({escape(rep.url)})", title_justify="left")
     heads = ("c", "ok", "failed", "req/s", "out tok/s", "accept len", "time s")

@@ -6,27 +6,58 @@ and the one way a command runs: `command` (errors become one line and an exit co
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
-from rich.markup import escape
 
 from ops.errors import EXIT_OK, OpsError
 from ops.inventory import Inventory, Target, load_inventory
 from ops.records import RunDir
 from ops.remote import Host, open_host
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 HELP_SETTINGS = {"help_option_names": ["-h", "--help"]}
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 R = TypeVar("R")
+
+
+class LazyConsole:
+    """A rich Console made on first use. rich costs ~60 ms of every `ops` start-up (its
+    console, markup, tables and progress bars), and a `--json` call that prints nothing for
+    people never needs it; `out.print(...)` and the rest reach the real one."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        """The real rich Console (for what needs one, e.g. `Progress(console=...)`)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+out = LazyConsole(highlight=False)
+err = LazyConsole(stderr=True, highlight=False)
+
+
+def escape(markup: str) -> str:
+    """rich's `escape` (a text's `[` not read as markup), importing rich only when called."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(markup)
 
 
 @dataclass
@@ -90,6 +121,8 @@ RequestTimeoutOpt = Annotated[float, typer.Option(min=0.1, help="Per-request tim
 
 
 def package_version() -> str:
+    import importlib.metadata  # ~20 ms; only `--version` asks
+
     try:
         return importlib.metadata.version("ddtree-ops")
     except importlib.metadata.PackageNotFoundError:

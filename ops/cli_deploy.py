@@ -10,9 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 
 from ops.cli_common import (
     Done,
@@ -23,6 +20,7 @@ from ops.cli_common import (
     command,
     emit_json,
     err,
+    escape,
     finish,
     on_target,
     out,
@@ -100,6 +98,9 @@ def _step_word(s: Step) -> str:
 def _summary(results: list[DeployResult], title: str = "deploy") -> None:
     """One row per host; release ids are never cut (they are what `--to` takes), so before
     and after share a column, one above the other, and the steps column folds."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
     table.add_column("host", overflow="fold", max_width=16)
     table.add_column("release: before -> after", no_wrap=True)
@@ -212,6 +213,9 @@ def releases(
     if st.as_json:
         emit_json(doc)
         return EXIT_OK
+    from rich import box
+    from rich.table import Table
+
     # ids are never cut (they are what `ops rollback --to` takes); the rest fits 80 columns
     table = Table(
         title=f"releases on {escape(t.name)} ({escape(t.remote_root)})",

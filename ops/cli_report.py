@@ -16,12 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 
 from checks.atomic import write_atomic
-from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, out, state
+from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, escape, out, state
 from ops.errors import OpsError
 from ops.records import RunDir
 
@@ -213,6 +210,9 @@ def _p(x: float | None) -> str:
 
 
 def _print(d: Decision) -> None:
+    from rich import box
+    from rich.table import Table
+
     from ops.report import times
 
     label = d.change.label if d.change else "no change named"

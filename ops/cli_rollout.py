@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from ops.cli_common import (
     InventoryOpt,
@@ -21,6 +19,7 @@ from ops.cli_common import (
     command,
     emit_json,
     err,
+    escape,
     out,
     state,
 )
@@ -92,6 +91,8 @@ def rollout(
 
 
 def _print(res: RolloutResult) -> None:
+    from rich.table import Table
+
     table = Table(title=f"rollout {escape(res.target)}", title_justify="left")
     for col in ("#", "step", "status", "s", "detail"):
         table.add_column(col, overflow="fold", justify="right" if col in ("#", "s") else "left")

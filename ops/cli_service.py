@@ -9,7 +9,6 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from ops.cli_common import (
     Done,
@@ -19,6 +18,7 @@ from ops.cli_common import (
     command,
     emit_json,
     err,
+    escape,
     on_target,
     out,
     state,

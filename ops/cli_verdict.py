@@ -12,9 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 
 from ops.cli_common import (
     Done,
@@ -27,6 +24,7 @@ from ops.cli_common import (
     TargetArg,
     command,
     err,
+    escape,
     on_target,
     out,
     state,
@@ -37,6 +35,8 @@ from ops.loadtest import parse_levels
 from ops.remote import Host
 
 if TYPE_CHECKING:  # each command imports its own module when it runs (a fast `ops` start)
+    from rich.table import Table
+
     from ops.bench import BenchOutcome
 
 
@@ -135,6 +135,9 @@ def kernel_tables(table: list[dict[str, Any]]) -> list[Table]:
 
     Columns no row of a kernel has (e.g. CPU baselines of top-k) are left out.
     """
+    from rich import box
+    from rich.table import Table
+
     by_kernel: dict[str, list[dict[str, Any]]] = {}
     for g in table:
         by_kernel.setdefault(f"{g['kernel']} ({g['suite']})", []).append(g)
@@ -288,6 +291,9 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
 
 
 def _print_profile(sec: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
     if not sec["levels"]:
         return
     t = Table(
