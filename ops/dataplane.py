@@ -33,8 +33,13 @@ def data_plane_dir(host: Host) -> str:
 def run_check(
     host: Host, module: str, args: list[str], stdin: bytes | None = None, timeout: float = 1800
 ) -> ModuleResult:
-    """Run a check module on the host; its exit 2 (bad input) is our exit 2."""
-    res = host.run_module(module, args, cwd=data_plane_dir(host), timeout=timeout, stdin=stdin)
+    """Run a check module on the host; its exit 2 (bad input) is our exit 2.
+
+    The checks import only the standard library (test_checks_docs holds them to it), so they
+    run as `python -S`: on this two-core CI host that is ~65 ms less per check run."""
+    res = host.run_module(
+        module, args, cwd=data_plane_dir(host), timeout=timeout, stdin=stdin, stdlib_only=True
+    )
     if res.rc == 2:
         raise OpsError(f"{host.name}: {module}: {res.data.get('message', 'bad input')}")
     return res

@@ -264,12 +264,16 @@ class Host(ABC):
         timeout: float = 300.0,
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
+        stdlib_only: bool = False,
     ) -> ModuleResult:
-        """Run `python -m module --json args...` in `cwd` on the host and parse its JSON."""
+        """Run `python -m module --json args...` in `cwd` on the host and parse its JSON.
+
+        `stdlib_only`: the module imports only the standard library and its own package, so it
+        runs as `python -S` (no site-packages scan and no .pth files at each start)."""
         py = python or self.target.python
         step = f"module {module}"
         result = self.run(
-            [py, "-m", module, "--json", *args],
+            [py, *(["-S"] if stdlib_only else []), "-m", module, "--json", *args],
             cwd=cwd,
             env=env,
             stdin=stdin,

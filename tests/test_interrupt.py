@@ -107,7 +107,8 @@ def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
     argv += ["--output-len", "4", "--input-len", "4", "--json", "--inventory", str(inv)]
     ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     url = f"http://127.0.0.1:{port}"
-    marker = ("-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
+    # the checks run as `python -S -m checks.NAME` (stdlib only: ops.dataplane.run_check)
+    marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
     try:
         (gen,) = wait_for(lambda: matching(*marker, at=1), 90, "the 2nd level's generator")
         started = session_of(gen)  # the generator and what runs it (timeout, bash)
@@ -132,7 +133,7 @@ def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
     # nothing we started runs on: the generator (by pid and by its marker) and its session
     wait_for(lambda: not any(_running(p) for p in started), 10, f"{started} to end")
     assert matching(*marker, at=1) == []
-    assert matching("-m", "checks.loadtest", "--json", "--url", url, at=1) == []
+    assert matching("-S", "-m", "checks.loadtest", "--json", "--url", url, at=1) == []
 
 
 def test_ctrl_c_stops_the_load_generator_locally(tmp_path: Path, hanging_service: int) -> None:
