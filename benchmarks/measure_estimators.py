@@ -24,6 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ops.amdahl import GAIN_INTERVAL, gain_interval, median_gain, rate_gain
 from ops.evidence import MeasureLevel
 
@@ -46,22 +48,54 @@ def median_interval(before: list[float], after: list[float], c: int) -> tuple[fl
     return gains[int(tail * RESAMPLES)], gains[int((1 - tail) * RESAMPLES) - 1]
 
 
+class BadInput(Exception):
+    """A record or report that cannot be read: main prints it in one line, exit 2."""
+
+
+def _object(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise BadInput(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise BadInput(f"{path}: not a JSON object")
+    return doc
+
+
 def levels(results: Path) -> list[dict]:
-    """Every measured level with a projection: its rollout, c, the runs and both estimates."""
+    """Every measured level with a projection: its rollout, c, the runs and both estimates.
+    Raises BadInput on a record or report that is not what a rollout writes."""
     out = []
     for report in sorted(results.glob("*/rollout-*/runs/*rollout-local/report.json")):
         run = report.parent
         measures = sorted(run.glob("0*-measure/record.json"))
         if not measures:
             continue
-        doc = json.loads(report.read_text())
-        section = json.loads(measures[-1].read_text()).get("measure") or {}
-        by_c = {lv["concurrency"]: lv for lv in section.get("levels", [])}
-        for row in doc.get("amdahl", []):
+        doc = _object(report)
+        amdahl = doc.get("amdahl")
+        if not isinstance(amdahl, list) or not all(
+            isinstance(r, dict) and "concurrency" in r for r in amdahl
+        ):
+            raise BadInput(f"{report}: no 'amdahl' list of levels (each with its concurrency)")
+        section = _object(measures[-1]).get("measure") or {}
+        try:
+            by_c = {lv["concurrency"]: lv for lv in section.get("levels") or []}
+        except (AttributeError, TypeError, KeyError):
+            raise BadInput(f"{measures[-1]}: its measure levels are malformed") from None
+        for row in amdahl:
             c, projected = row["concurrency"], row.get("gain")
             if projected is None or c not in by_c:
                 continue
-            lv = MeasureLevel.model_validate(by_c[c])
+            if not isinstance(projected, (int, float)):
+                raise BadInput(f"{report}: the projected gain at c={c} is not a number")
+            try:
+                lv = MeasureLevel.model_validate(by_c[c])
+            except ValidationError as e:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise BadInput(
+                    f"{measures[-1]}: level c={c} is malformed ({where}: {first['msg']})"
+                ) from None
             base, after = lv.before + lv.recheck, lv.after
             pooled, median = rate_gain(base, after), median_gain(base, after)
             if pooled is None or median is None:
@@ -110,7 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results.is_dir():
         print(f"error: {args.results} is not a directory", file=sys.stderr)
         return 2
-    rows = levels(args.results)
+    try:
+        rows = levels(args.results)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(
+            f"error: no measured level with a projection under {args.results} "
+            "(*/rollout-*/runs/*rollout-local/ with a measure record and report.json)",
+            file=sys.stderr,
+        )
+        return 2
     doc = {"rows": rows, "summary": summary(rows)}
     if args.json:
         print(json.dumps(doc, indent=1))
