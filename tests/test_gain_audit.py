@@ -200,6 +200,14 @@ def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path
     assert "A'' 113.0 tokens/s against 101.0 in the A/A pair (drift +11.88%)" in md, md
     assert "+40.58% against the A/A pair alone, +33.11% against every baseline run" in md, md
     assert "A'' after it (switched back in),\na design balanced in time" in md
+    # the HTML report says what its measured column is, as the markdown does (it had the
+    # columns and no word of what "measured" or "median of the runs" computes)
+    html = (tmp_path / "out" / "report.html").read_text()
+    key = html[html.index('id="predicted-measured-key"') : html.index('id="predicted-measured"')]
+    assert "each arm's runs pooled, their output tokens over their time" in key, key
+    assert "median of the runs: median tokens/s after / median before - 1" in key, key
+    assert "A'' after it (switched back in)" in key, key
+    assert '<td class="n">+33.11% (A/A +2.00%)</td>' in html and "+32.71%" in html
     # without a recheck nothing changes: after against the A/A pair, no plain gain apart
     for lv in meas["measure"]["levels"]:
         lv["recheck"] = []
