@@ -5,6 +5,7 @@ and the report sets the prediction beside them (ops.gain_audit). Fixed numbers t
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 from test_report import ops_report
@@ -253,3 +254,22 @@ def test_a_drift_line_says_what_its_baseline_was(tmp_path) -> None:
     md = (tmp_path / "out" / "report.md").read_text()
     assert "A'' 112.0 tokens/s against 101.0 in the runs before the switch" in md, md
     assert "(not balanced: 1 A'' runs against 2 after)" in md, md
+
+
+def test_html_shows_the_measured_table_without_a_projection(tmp_path) -> None:
+    """A committed rollout whose levels have no projected gain (d1de6e1's attention rollout):
+    report.md listed each level's measured gain, its interval, the median of the runs and the
+    service's s; report.html left that table out (it sat under the projection's chart), so the
+    two reports disagreed. Rebuilt from the committed records, both now carry the same numbers."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    run = sorted(root.glob("2026-12-01-d1de6e1-*/rollout-attn/runs/*rollout-local"))[0]
+    code, doc = ops_report(tmp_path, str(run))
+    assert code in (0, 1, 3), doc
+    md = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    measured = [r for r in doc["amdahl"] if r.get("measured_gain") is not None]
+    assert measured and all(r.get("gain") is None for r in measured)
+    table = html[html.index('id="predicted-measured"') :]
+    for r in measured:
+        for x in (r["measured_gain"], r["measured_median"], r["measured_lo"], r["measured_hi"]):
+            assert f"{100 * x:+.2f}%" in md and f"{100 * x:+.2f}%" in table, (x, r)
