@@ -7,7 +7,7 @@ run: ops.amdahl.baseline_runs):
 - pooled: each arm's runs pooled, tokens over time (ops.amdahl.rate_gain, the report's
   measured gain since abf5281), with its 90% bootstrap interval (ops.amdahl.gain_interval);
 - median: median after / median before - 1 (the measured gain before abf5281), with its
-  interval bootstrapped the same way (same seed, same resamples).
+  interval bootstrapped over the same draws (ops.amdahl.gain_interval with median_gain).
 
 Prints a table and a summary (mean interval width; how many levels each is narrower at; how
 many are within 3 pp of the projection), or one JSON document with --json.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -30,22 +29,7 @@ from ops.amdahl import GAIN_INTERVAL, gain_interval, median_gain, rate_gain
 from ops.evidence import MeasureLevel
 
 HERE = Path(__file__).resolve().parent
-RESAMPLES = 2000  # as ops.amdahl's
 WITHIN = 0.03  # issue #15: the prediction within 3 pp of the measured gain
-
-
-def median_interval(before: list[float], after: list[float], c: int) -> tuple[float, float] | None:
-    """gain_interval's bootstrap for the median of the runs' gain (the same seed and draws)."""
-    if len(before) < 2 or len(after) < 2:
-        return None
-    rng = random.Random(c)
-    gains = []
-    for _ in range(RESAMPLES):  # before's draw first, then after's, as gain_interval draws
-        b = statistics.median(rng.choices(before, k=len(before)))
-        gains.append(statistics.median(rng.choices(after, k=len(after))) / b - 1)
-    gains.sort()
-    tail = (1 - GAIN_INTERVAL) / 2
-    return gains[int(tail * RESAMPLES)], gains[int((1 - tail) * RESAMPLES) - 1]
 
 
 class BadInput(Exception):
@@ -100,7 +84,7 @@ def levels(results: Path) -> list[dict]:
             pooled, median = rate_gain(base, after), median_gain(base, after)
             if pooled is None or median is None:
                 continue
-            p_ci, m_ci = gain_interval(base, after, c), median_interval(base, after, c)
+            p_ci, m_ci = gain_interval(base, after, c), gain_interval(base, after, c, median_gain)
             out.append({
                 "rollout": f"{run.parents[2].name}/{run.parents[1].name}",
                 "concurrency": c, "baseline_runs": len(base), "after_runs": len(after),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel
@@ -212,16 +213,22 @@ def median_gain(before: list[float], after: list[float]) -> float | None:
     return statistics.median(after) / b - 1 if b > 0 else None
 
 
-def gain_interval(before: list[float], after: list[float], c: int) -> tuple[float, float] | None:
+def gain_interval(
+    before: list[float],
+    after: list[float],
+    c: int,
+    gain: Callable[[list[float], list[float]], float | None] = rate_gain,
+) -> tuple[float, float] | None:
     """The measured gain's GAIN_INTERVAL bootstrap interval: the runs before and after
     resampled with replacement (seeded by c, so a report rebuilt from the same records gives
-    the same interval), rate_gain each time, the interval's ends. None with fewer than two
-    runs on either side (nothing to resample) or a run without a positive rate."""
+    the same interval), `gain` each time (rate_gain; benchmarks/measure_estimators.py passes
+    median_gain over the same draws), the interval's ends. None with fewer than two runs on
+    either side (nothing to resample) or a run without a positive rate."""
     if len(before) < 2 or len(after) < 2 or min(before) <= 0 or min(after) <= 0:
         return None
     rng = random.Random(c)
     gains = sorted(
-        rate_gain(rng.choices(before, k=len(before)), rng.choices(after, k=len(after))) or 0.0
+        gain(rng.choices(before, k=len(before)), rng.choices(after, k=len(after))) or 0.0
         for _ in range(_RESAMPLES)
     )
     tail = (1 - GAIN_INTERVAL) / 2
