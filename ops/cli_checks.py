@@ -190,9 +190,9 @@ def latencies(lv: LevelDoc) -> list[tuple[str, Dist]]:
 
 
 def _print_loadtest(rep: LoadtestReport) -> None:
+    """Two narrow tables (throughput, then latency per level) so 80 columns show every number."""
     from rich.table import Table
 
-    """Two narrow tables (throughput, then latency per level) so 80 columns show every number."""
     table = Table(title=f"loadtest {escape(rep.target)} ({escape(rep.url)})", title_justify="left")
     heads = ("c", "ok", "failed", "req/s", "out tok/s", "accept len", "time s")
     for col in heads:
