@@ -12,7 +12,10 @@ sampled three ways, in turn (`kernels.timing.interleave`):
 - `exposed`: the host plan, then per layer events around the call, the GPU idle at the start;
 - `piece<N>`: as exposed, with a GPU sleep of N us before each layer's call (a stand-in for the
   engine's graph piece, the head start the CPU gets on the call's launches).
-Usage on a GPU host, project root: python3 benchmarks/stage_exposure.py [--reps 20] [--json F]
+Each sample's two parts are kept too, the plan on the host clock and the calls' GPU time (the
+medians of each printed as `parts`), so a change of host speed shows apart from the GPU's.
+Usage on a GPU host, project root:
+    python3 benchmarks/stage_exposure.py [--reps 20] [--sets 4] [--json F]
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from kernels.timing import _sleep_cycles, interleave, stage_sampler
 
 LAYERS = 4
 BLOCK = 576  # the small preset's forward capacity (engine.decode.prefill's block)
-SETS = 4  # input sets each shape's samples rotate over
+SETS = 4  # input sets each shape's samples rotate over (--sets)
 
 
-def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int]) -> dict:
+def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int], parts: dict) -> dict:
+    """name -> sampler of `impl` ("torch" or "cuda") over `cases`; each sampler's (host us,
+    GPU us) per sample land in `parts[name]`."""
     dev = pool.device
     if impl == "torch":
 
@@ -61,11 +66,14 @@ def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int]) -> d
             for _ in range(LAYERS):
                 call(q, pool, p, ROW_SCALE, ROW_LATENT)
 
-    out = {f"{impl}/hidden": stage_sampler(prepare, run, n)}
+    parts[f"{impl}/hidden"] = []
+    out = {f"{impl}/hidden": stage_sampler(prepare, run, n, parts=parts[f"{impl}/hidden"])}
     for piece in [0, *pieces]:
         cycles = _sleep_cycles(piece * 1e-6) if piece else 0
+        name = f"{impl}/{'exposed' if not piece else f'piece{piece}'}"
+        parts[name] = []
 
-        def sample(i: int, cycles: int = cycles) -> float:
+        def sample(i: int, cycles: int = cycles, keep: list = parts[name]) -> float:
             total = 0.0
             spans = []
             for tab, lens, q in cases[i % n]:
@@ -85,11 +93,14 @@ def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int]) -> d
                     e.record()
                     spans.append((s, e))
             torch.cuda.synchronize()
-            return total * 1e6 + sum(s.elapsed_time(e) for s, e in spans) * 1e3
+            host_us, gpu_us = total * 1e6, sum(s.elapsed_time(e) for s, e in spans) * 1e3
+            keep.append((host_us, gpu_us))
+            return host_us + gpu_us
 
         for _ in range(3):
             sample(0)
-        out[f"{impl}/{'exposed' if not piece else f'piece{piece}'}"] = sample
+        parts[name].clear()  # the warm-up's samples are not kept
+        out[name] = sample
     return out
 
 
@@ -97,37 +108,48 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--pieces", default="100,300")
+    ap.add_argument("--sets", type=int, default=SETS, help="input sets the samples rotate over")
     ap.add_argument("--json")
     args = ap.parse_args()
     try:
         pieces = [int(x) for x in args.pieces.split(",") if x]
     except ValueError:
         pieces = [-1]
-    if args.reps < 2 or min(pieces, default=0) < 0:  # quartiles take two samples at least
-        print(f"error: --reps takes >= 2 and --pieces us >= 0 like 100,300: {args.reps}, "
-              f"{args.pieces!r}", file=sys.stderr)  # fmt: skip
+    if args.reps < 2 or min(pieces, default=0) < 0 or args.sets < 1:  # quartiles: 2 samples
+        print(f"error: --reps takes >= 2, --sets >= 1 and --pieces us >= 0 like 100,300: "
+              f"{args.reps}, {args.sets}, {args.pieces!r}", file=sys.stderr)  # fmt: skip
         return 2
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's --matmul tf32 default
-    shapes = [("prefill L=1024", lambda: row_prefill_blocks(1024, SETS, BLOCK))]
+    sets = args.sets
+    shapes = [("prefill L=1024", lambda: row_prefill_blocks(1024, sets, BLOCK))]
     for b in (1, 8, 32):
-        shapes.append((f"decode B={b} L=1024 T=17", lambda b=b: row_step_blocks(b, 17, 1024, SETS)))
-    doc = {"command": " ".join(sys.argv), "reps": args.reps, "layers": LAYERS, "rows": []}
+        shapes.append((f"decode B={b} L=1024 T=17", lambda b=b: row_step_blocks(b, 17, 1024, sets)))
+    doc = {"command": " ".join(sys.argv), "reps": args.reps, "sets": sets, "layers": LAYERS,
+           "rows": []}  # fmt: skip
     for name, make in shapes:
         pool, cases = make()
-        smp = {**samplers(pool, cases, "torch", pieces), **samplers(pool, cases, "cuda", pieces)}
+        parts: dict[str, list] = {}
+        smp = {**samplers(pool, cases, "torch", pieces, parts),
+               **samplers(pool, cases, "cuda", pieces, parts)}  # fmt: skip
         got = interleave(smp, args.reps)
         med = {k: statistics.median(v) for k, v in got.items()}
+        split = {k: [statistics.median(x) for x in zip(*parts[k], strict=True)] for k in got}
         for k, v in got.items():
             q = statistics.quantiles(v, n=4)
             doc["rows"].append({"shape": name, "sampler": k, "median_us": med[k],
-                                "p25_us": q[0], "p75_us": q[2]})  # fmt: skip
+                                "p25_us": q[0], "p75_us": q[2], "host_us": split[k][0],
+                                "gpu_us": split[k][1]})  # fmt: skip
         ways = [k.split("/")[1] for k in med if k.startswith("torch/")]
         line = "  ".join(f"{w} {med['torch/' + w]:.0f}/{med['cuda/' + w]:.0f}="
                          f"{med['torch/' + w] / med['cuda/' + w]:.2f}x" for w in ways)  # fmt: skip
         print(f"{name:24s} torch/cuda us: {line}", flush=True)
+        line = "  ".join(f"{w} {split['torch/' + w][0]:.0f}+{split['torch/' + w][1]:.0f}/"
+                         f"{split['cuda/' + w][0]:.0f}+{split['cuda/' + w][1]:.0f}"
+                         for w in ways)  # fmt: skip
+        print(f"{'':24s} parts host+GPU us: {line}", flush=True)
         del pool, cases
         torch.cuda.empty_cache()
     if args.json:

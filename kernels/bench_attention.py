@@ -25,17 +25,20 @@ s(c) for the change `attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T an
 of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions
 0 .. p, cut as `engine.decode.prefill` cuts them, into forwards of at most `--prefill-block`
 rows (the forward's row capacity; the `small` preset's 576), each block its own plan and calls
-(shape key `block`), the prefill part of the attention's time. On the H200 the torch path's
-1023 rows cost it 16.7 ms in the engine's blocks against 13.8 ms in one call, the CUDA path's
-about the same (benchmarks/stage_exposure.py, NOTES-attention.md). Each impl is
-timed twice: one call per CUDA-event sample, its plan built beforehand (`torch_rows`,
-`cuda_rows`: the kernel-level comparison), and as the engine's attention STAGE of one forward
+(shape key `block`), the prefill part of the attention's time. (On one H200 lease
+benchmarks/stage_exposure.py saw the torch path's 1023 rows cost 16.7 ms in the engine's blocks
+against 13.8 ms in one call; these rows, blocks and all, read 14.0 ms on a later one:
+NOTES-attention.md.) Each impl is timed twice: one call per CUDA-event sample, its plan built
+beforehand (`torch_rows`, `cuda_rows`: the kernel-level comparison), and as the engine's
+attention STAGE of one forward
 (`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.stage_sampler`): the
 plan built on the host with the GPU idle, as `engine.forward` builds it before the forward's
 first piece, then one call per layer timed as the GPU's time alone, since in the forward the
 CPU runs ahead of the GPU and a call's launch overhead hides behind the piece before it; the
 two impls' stage samples are taken in turn (`kernels.timing.interleave`, rows marked
-`interleaved`), so a slow spell on a shared host or GPU weighs on both alike. The
+`interleaved`), so a slow spell on a shared host or GPU weighs on both alike; each stage row
+also carries its two parts, `host_us` (the plan, host clock) and `gpu_us` (the layers' calls,
+the GPU's time), medians over the samples, since a busy host stretches the first alone. The
 stage rows are what `ops report` projects with (playbooks/rollout-attention.yaml): the torch
 plan's host work (grouping by length, one gather of every group's table) is part of what the
 switch removes. As in the engine, a decode step's plans start from a slot table already on
@@ -303,7 +306,7 @@ def _row_impls(
             for tab, lens, q in blocks[0]
         ])  # fmt: skip
     by_impl: dict[str, list[Row]] = {}
-    samplers, common_of = {}, {}
+    samplers, common_of, parts_of = {}, {}, {}
     for impl in ("torch_rows", "cuda_rows"):
         plans = [plan_of[impl](i) for i in range(sets)]
         call = call_of[impl]
@@ -326,16 +329,21 @@ def _row_impls(
         common_of[impl] = {"rows": n_rows, "input_sets": sets, **extra[impl], **check}
         timing = time_cuda(fn, sets, reps=reps)
         by_impl[impl] = [row("attn", kernel, impl, shape, timing, **common_of[impl])]
-        samplers[impl] = stage_sampler(plan_of[impl], run, sets)
+        parts_of[impl] = []
+        samplers[impl] = stage_sampler(plan_of[impl], run, sets, parts=parts_of[impl])
         del plans
     # the stage rows (what the rollout projects with) sample both impls in turn (A B B A ...)
     stage = interleave(samplers, reps=max(10, reps // 2))
     rows: list[Row] = []
     for impl in ("torch_rows", "cuda_rows"):
         timing = summarize(stage[impl], "stage")
+        # the stage's two parts, each its median over the samples: the plan on the host clock
+        # (the part a busy host stretches) and the layers' calls on the GPU's
+        host_us, gpu_us = (float(np.median(p)) for p in zip(*parts_of[impl], strict=True))
         rows += by_impl[impl]
         rows.append(row("attn", kernel, impl + "_stage", {**shape, "layers": layers}, timing,
-                        interleaved=True, **common_of[impl]))  # fmt: skip
+                        interleaved=True, host_us=host_us, gpu_us=gpu_us,
+                        **common_of[impl]))  # fmt: skip
     return rows
 
 

@@ -92,14 +92,15 @@ def interleave(samplers: dict[str, Callable[[int], float]], reps: int) -> dict[s
 
 def stage_sampler(
     prepare: Callable[[int], Any], run: Callable[[int, Any], Any], n_inputs: int = 1,
-    warmup: int = 3,
+    warmup: int = 3, parts: list[tuple[float, float]] | None = None,
 ) -> Callable[[int], float]:  # fmt: skip
     """A stage's sampler (warmed up and calibrated once, here): each call `prepare(i)` on the
     host with the GPU idle (synchronised, wall clock), then `run(i, prepared)` enqueued behind a
     GPU sleep longer than its host time, so its span is the GPU's time alone: a stage that
     builds a plan on the host and then launches work inside a pipeline whose CPU runs ahead of
     its GPU, where the launch overhead hides behind the work before it, e.g. the engine's
-    attention per forward (its plan, then one call per layer). Returns host + GPU time (us)."""
+    attention per forward (its plan, then one call per layer). Returns host + GPU time (us);
+    with `parts`, each sample also appends its (host us, GPU us) there."""
     import torch
 
     for i in range(warmup):
@@ -127,7 +128,10 @@ def stage_sampler(
         run(i % n_inputs, p)
         end.record()
         end.synchronize()
-        return host_s * 1e6 + start.elapsed_time(end) * 1e3
+        host_us, gpu_us = host_s * 1e6, start.elapsed_time(end) * 1e3
+        if parts is not None:
+            parts.append((host_us, gpu_us))
+        return host_us + gpu_us
 
     return sample
 

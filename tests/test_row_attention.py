@@ -184,6 +184,18 @@ def test_row_attention_bench_rows() -> None:
     # a stage is the plan and four calls: more than one call of the same impl
     for one, stage in ((rows[0], rows[1]), (rows[2], rows[3])):
         assert stage["median_us"] > one["median_us"], (one, stage)
+    _check_stage_parts(rows)
+
+
+def _check_stage_parts(rows: list[dict]) -> None:
+    """Stage rows carry their two parts (the host plan, the GPU calls), each a median of the
+    samples, adding up to about the stage's median; other rows carry neither."""
+    for r in rows:
+        if r["mode"] != "stage":
+            assert "host_us" not in r and "gpu_us" not in r, r
+            continue
+        assert r["host_us"] > 0 and r["gpu_us"] > 0, r
+        assert 0.8 < (r["host_us"] + r["gpu_us"]) / r["median_us"] < 1.25, r
 
 
 def test_prefill_blocks_cut_a_prompt_as_the_engine_runs_it() -> None:
@@ -225,3 +237,4 @@ def test_row_attention_prefill_rows() -> None:
         assert r["refcheck"] is True and r["median_us"] > 0, r
     assert set(rows[2]["speedup"]) == {"torch_rows"}
     assert set(rows[3]["speedup"]) == {"torch_rows_stage"}
+    _check_stage_parts(rows)
