@@ -103,7 +103,9 @@ class Decoder:
         slots = seq.blocks.slot_array(max(n, 0))
         tokens = np.asarray(seq.tokens[:n], dtype=np.int64)
         timer = AttentionTimer(self.model.device)
-        for a, b, table, lens in prefill_blocks(slots, n, self.forward.max_rows):
+        # on a GPU the blocks' tables are built there, as a decode step's (a CPU reads numpy's)
+        dev = self.model.device if self.model.device.type == "cuda" else None
+        for a, b, table, lens in prefill_blocks(slots, n, self.forward.max_rows, dev):
             rows = Rows(tokens[a:b], lens - 1, slots[a:b], table, lens)
             self.forward.run(rows, self.backends.attention, timer)
         seq.kv_len = n

@@ -41,8 +41,8 @@ also carries its two parts, `host_us` (the plan, host clock) and `gpu_us` (the l
 the GPU's time), medians over the samples, since a busy host stretches the first alone. The
 stage rows are what `ops report` projects with (playbooks/rollout-attention.yaml): the torch
 plan's host work (grouping by length, one gather of every group's table) is part of what the
-switch removes. As in the engine, a decode step's plans start from a slot table already on
-the device (engine.decode builds it there) and a prefill's from a host table. Without a CUDA
+switch removes. As in the engine, a decode step's plans and a prefill's start from a slot
+table already on the device (engine.decode builds both there). Without a CUDA
 device the suite prints a note and yields no rows.
 """
 
@@ -246,7 +246,8 @@ def row_step_blocks(b: int, t: int, prefix: int, sets: int) -> tuple:
 def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
     """(pool, per input set: the engine's forwards [(table, lens, q), ...]) of one prompt's
     prefill: rows 0 .. prompt - 2 over the request's shuffled pages, cut as engine.decode's
-    `prefill` cuts them (`kernels.row_attention.prefill_blocks`)."""
+    `prefill` cuts them, each block's table built on the GPU as there
+    (`kernels.row_attention.prefill_blocks`)."""
     from kernels import row_attention as ra
 
     n = max(prompt - 1, 1)
@@ -260,7 +261,7 @@ def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
         slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
         blocks.append([
             (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
-            for a, b, table, lens in ra.prefill_blocks(slots, n, block)
+            for a, b, table, lens in ra.prefill_blocks(slots, n, block, pool.device)
         ])  # fmt: skip
     return pool, blocks
 

@@ -206,18 +206,26 @@ def random_parents(rng: np.random.Generator, t: int) -> np.ndarray:
 
 
 def prefill_blocks(
-    slots: np.ndarray, n: int, block: int
-) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    slots: np.ndarray, n: int, block: int, device: torch.device | str | None = None
+) -> list[tuple[int, int, np.ndarray | torch.Tensor, np.ndarray]]:
     """A prompt's prefill as the engine runs it (engine.decode's `prefill`) and the bench times
     it: rows 0 .. n - 1 in forwards of at most `block` rows; each (a, b, table, lens) holds rows
     a .. b - 1, every row's table the slots 0 .. b - 1 and its length p + 1 (row p sees
-    positions 0 .. p)."""
+    positions 0 .. p). With `device` the tables are built there: one upload of the n slots, each
+    block's table a broadcast view of them ([b - a, b], nothing copied), where a host table is
+    b - a copies of them that a plan then uploads (megabytes a prompt: 576 x 576 + 447 x 1023
+    slots for 1024 tokens), as a decode step's table is built on the device
+    (`visible_rows_device`); lens stay on the host either way."""
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
+    on_dev = None
+    if device is not None and n > 0:
+        on_dev = torch.from_numpy(np.ascontiguousarray(slots[:n], dtype=np.int64)).to(device)
     out = []
     for a in range(0, n, block):
         b = min(n, a + block)
-        out.append((a, b, np.tile(slots[:b], (b - a, 1)), np.arange(a + 1, b + 1, dtype=np.int64)))
+        table = np.tile(slots[:b], (b - a, 1)) if on_dev is None else on_dev[:b].expand(b - a, b)
+        out.append((a, b, table, np.arange(a + 1, b + 1, dtype=np.int64)))
     return out
 
 

@@ -221,6 +221,60 @@ def test_prefill_blocks_cut_a_prompt_as_the_engine_runs_it() -> None:
     assert "prefill_blocks(" in inspect.getsource(row_prefill_rows)
 
 
+def prefill_case(n: int, block: int, device: str = "cpu", seed: int = 5) -> tuple:
+    """Pool, slots of a prompt's positions over shuffled pages, and q, for a prefill of n rows."""
+    rng = np.random.default_rng(seed)
+    pages = rng.permutation(-(-n // 16) + 2)[None, :]
+    slots = ra.paged_slots(pages, n, 16)[0]
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(pages.size * 16, 576, generator=gen).to(device)
+    return pool, slots, torch.randn(n, 8, 576, generator=gen).to(device)
+
+
+def test_prefill_blocks_built_on_a_device_are_the_host_tables_as_views() -> None:
+    """With a device, each block's table is a broadcast view of one upload of the slots (no
+    copy per row), equal to the host table; the torch plan over it gives bit for bit the host
+    table's result, and the rowwise plan the same block table."""
+    n, block = 300, 128
+    pool, slots, q = prefill_case(n, block)
+    host = ra.prefill_blocks(slots, n, block)
+    dev = ra.prefill_blocks(slots, n, block, torch.device("cpu"))
+    assert [(a, b) for a, b, _, _ in dev] == [(a, b) for a, b, _, _ in host] == [
+        (0, 128), (128, 256), (256, 300)]  # fmt: skip
+    base = dev[0][2].untyped_storage().data_ptr()
+    for (a, b, t_h, l_h), (_, _, t_d, l_d) in zip(host, dev, strict=True):
+        assert isinstance(t_d, torch.Tensor) and t_d.dtype == torch.int64
+        assert t_d.shape == (b - a, b) and t_d.stride(0) == 0  # a view: one row, broadcast
+        assert t_d.untyped_storage().data_ptr() == base  # every block over the one upload
+        assert np.array_equal(t_d.numpy(), t_h) and np.array_equal(l_d, l_h)
+        got = ra.torch_rows(q[a:b], pool, ra.torch_rows_plan(t_d, l_d, q.device, 64, 16),
+                            SCALE, 512)  # fmt: skip
+        want = ra.torch_rows(q[a:b], pool, ra.torch_rows_plan(t_h, l_h, q.device, 64, 16),
+                             SCALE, 512)  # fmt: skip
+        assert torch.equal(got, want), (a, b)
+        p_d, p_h = ra.rowwise_plan(t_d, l_d, q.device), ra.rowwise_plan(t_h, l_h, q.device)
+        assert torch.equal(p_d.block_table, p_h.block_table) and p_d.block_table.is_contiguous()
+        assert torch.equal(p_d.prefix_lens, p_h.prefix_lens)
+    assert ra.prefill_blocks(slots, 0, block, torch.device("cpu")) == []
+
+
+@pytest.mark.gpu
+def test_engine_prefill_tables_on_the_gpu_give_the_host_tables_results() -> None:
+    """On a GPU both backends' plans over the device-built prefill tables (what engine.decode's
+    prefill now hands them) give bit for bit what the host tables gave."""
+    from engine.attention import CudaAttention, TorchAttention
+
+    n, block = 1023, 576
+    pool, slots, q = prefill_case(n, block, device="cuda")
+    host = ra.prefill_blocks(slots, n, block)
+    dev = ra.prefill_blocks(slots, n, block, pool.device)
+    for att in (TorchAttention(bucket=64, rows_per_call=64), CudaAttention()):
+        for (a, b, t_h, l_h), (_, _, t_d, l_d) in zip(host, dev, strict=True):
+            got = att(q[a:b], pool, att.plan(t_d, l_d, pool.device), SCALE, 512)
+            want = att(q[a:b], pool, att.plan(t_h, l_h, pool.device), SCALE, 512)
+            assert torch.equal(got, want), (type(att).__name__, a, b)
+
+
 @pytest.mark.gpu
 def test_row_attention_prefill_rows() -> None:
     from kernels.bench import add_speedups
