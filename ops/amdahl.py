@@ -70,6 +70,11 @@ class SpeedRow(BaseModel):
     hi: float
     baseline_us: float
     candidate_us: float
+    # the two stage rows' host parts (their plans) and GPU parts, where the bench split them
+    baseline_host_us: float | None = None
+    candidate_host_us: float | None = None
+    baseline_gpu_us: float | None = None
+    candidate_gpu_us: float | None = None
     note: str = ""
 
 
@@ -162,6 +167,10 @@ def _speed(rows: list[KernelRow], base_impl: str, cand_impl: str, batch: int) ->
                     hi=hi,
                     baseline_us=base.median_us,
                     candidate_us=cand.median_us,
+                    baseline_host_us=base.host_us,
+                    candidate_host_us=cand.host_us,
+                    baseline_gpu_us=base.gpu_us,
+                    candidate_gpu_us=cand.gpu_us,
                 )
             )
     if not found:
@@ -335,11 +344,38 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
         row.gain_lo, row.gain_hi = _spread(corners + [row.gain])
         row.step_shorter = 1.0 - 1.0 / (1.0 + row.gain)
         row.clears = row.gain_lo - (row.aa_noise or 0.0) > threshold
-        gap = _bench_vs_service(row)
-        if gap:
-            row.note = "; ".join(x for x in (row.note, gap) if x)
+        for extra in (_bench_vs_service(row), _host_bound(row)):
+            if extra:
+                row.note = "; ".join(x for x in (row.note, extra) if x)
         out.append(row)
     return out
+
+
+HOST_SHARE = 0.3  # a stage row whose host part is this much of it is named host-bound
+
+
+def _host_bound(row: AmdahlRow) -> str:
+    """A note where a bench stage s(c) rests on is mostly its plan's host time: that part
+    varies with the process and the host's load (on the H200 leases one prefill plan took
+    1.5 ms in one process and 10 ms in another, where the GPU parts held within 1.2%:
+    benchmarks/NOTES-attention.md), so the note gives the s of the GPU parts alone beside it."""
+    out = []
+    for name, sp in (("decode steps", row.speed), ("prefill", row.prefill_speed)):
+        if sp is None or None in (sp.baseline_host_us, sp.candidate_host_us):
+            continue
+        shares = (sp.baseline_host_us / sp.baseline_us if sp.baseline_us else 0.0,
+                  sp.candidate_host_us / sp.candidate_us if sp.candidate_us else 0.0)  # fmt: skip
+        if max(shares) < HOST_SHARE:
+            continue
+        gpu = ""
+        if sp.baseline_gpu_us and sp.candidate_gpu_us:
+            gpu = f"; the GPU parts alone give {times(sp.baseline_gpu_us / sp.candidate_gpu_us)}"
+        out.append(
+            f"{name}: {times(sp.s)} rests on host time (the plans: {shares[0]:.0%} of the "
+            f"baseline's stage, {shares[1]:.0%} of the candidate's), which varies with the "
+            f"process and the host's load{gpu}"
+        )
+    return "; ".join(out)
 
 
 SERVICE_S_TOLERANCE = 0.2  # the service's s this far (relative) from the bench's is named

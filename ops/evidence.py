@@ -111,6 +111,10 @@ class KernelRow(_Open):
     mode: str | None = None
     speedup: dict[str, float] = Field(default_factory=dict)
     refcheck: bool | None = None
+    # a stage row's two parts (kernels.bench's attention stage rows): the plan on the host
+    # clock and the calls on the GPU, each a median over the samples
+    host_us: float | None = Field(default=None, ge=0)
+    gpu_us: float | None = Field(default=None, ge=0)
 
     @property
     def batch(self) -> int | None:

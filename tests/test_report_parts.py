@@ -35,7 +35,9 @@ def _row(kernel: str, impl: str, shape: dict, us: float) -> dict:
             "launches_per_sample": 1, "refcheck": True}  # fmt: skip
 
 
-def _attn_records(tmp: Path, prefill_rows: bool) -> list[str]:
+def _attn_records(tmp: Path, prefill_rows: bool, parts: dict | None = None) -> list[str]:
+    """The attention change's records; `parts`: {(prompt length, impl): (host_us, gpu_us)}
+    given to those prefill rows (the bench's stage rows carry them)."""
     change = _load("rollout_attn_change")
     change["change"].update(bench_kernel="row_attention", shape={"T": 17, "L": 1024})
     bench = _load("bench_attn")
@@ -49,6 +51,10 @@ def _attn_records(tmp: Path, prefill_rows: bool) -> list[str]:
             shape = {"B": 1, "L": length, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
             rows += [_row("row_attention_prefill", "torch_rows", shape, t_us),
                      _row("row_attention_prefill", "cuda_rows", shape, c_us)]  # fmt: skip
+            for r in rows[-2:]:
+                host_gpu = (parts or {}).get((length, r["impl"]))
+                if host_gpu:
+                    r["host_us"], r["gpu_us"] = host_gpu
     bench["bench"]["rows"] = rows
     prof = _load("profile_attn_wall")
     for lv in prof["profile"]["levels"]:
@@ -76,6 +82,32 @@ def test_prefill_part_is_projected_at_the_prefill_rows_s(tmp_path: Path) -> None
         assert row["gain"] < projected_gain(f, s)  # the slower prefill part pulls it down
         assert row["gain_lo"] <= row["gain"] <= row["gain_hi"]
         assert "in prefill, projected at its own s = 0.5x" in row["note"]
+
+
+def test_a_prefill_s_resting_on_host_time_is_named_with_the_gpu_parts_s(tmp_path: Path) -> None:
+    """Prefill stage rows whose plans are most of their time (the bench's host_us): each level's
+    note names it, with the s of the GPU parts alone; the projection itself is unchanged. Rows
+    whose host part is small, or that carry no parts (the decode rows here), get no such note."""
+    parts = {(1024, "torch_rows"): (2000.0, 2000.0), (1024, "cuda_rows"): (7000.0, 1000.0)}
+    code, doc = ops_report(tmp_path, *_attn_records(tmp_path, True, parts), args=("-c", "32"))
+    base_code, base = ops_report(tmp_path / "b", *_attn_records(tmp_path / "b", True),
+                                 args=("-c", "32"))  # fmt: skip
+    assert code == base_code
+    want = ("prefill: 0.5x rests on host time (the plans: 50% of the baseline's stage, 88% of "
+            "the candidate's), which varies with the process and the host's load; the GPU parts "
+            "alone give 2x")  # fmt: skip
+    for row, plain in zip(doc["amdahl"], base["amdahl"], strict=True):
+        assert want in row["note"], row["note"]
+        assert "decode steps:" not in row["note"]
+        assert row["gain"] == pytest.approx(plain["gain"])  # a note, not another projection
+        assert row["prefill_speed"]["candidate_host_us"] == 7000.0
+        assert "rests on host time" not in plain["note"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert want in md
+    small = {(1024, "torch_rows"): (800.0, 3200.0), (1024, "cuda_rows"): (1600.0, 6400.0)}
+    _, doc = ops_report(tmp_path / "s", *_attn_records(tmp_path / "s", True, small),
+                        args=("-c", "32"))  # fmt: skip
+    assert all("rests on host time" not in r["note"] for r in doc["amdahl"])
 
 
 def test_without_prefill_rows_the_prefill_part_takes_the_steps_s_and_says_so(
