@@ -37,7 +37,9 @@ class Attention(Protocol):
     name: str
 
     def plan(self, table: np.ndarray, lens: np.ndarray, device: torch.device) -> Any:
-        """Per-forward state from the rows' slot table [R, W] and lengths [R] (host arrays)."""
+        """Per-forward state from the rows' slot table [R, W] (a host array, or a tensor on the
+        device: engine.decode builds a step's and a prefill block's there on a GPU) and their
+        lengths [R] (a host array)."""
         ...
 
     def __call__(

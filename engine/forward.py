@@ -39,7 +39,8 @@ from engine.model import Model
 class Rows:
     """Rows of one forward: token, RoPE position, KV slot written (host arrays), and the
     visible slots in position order (`table[i, :lens[i]]`: prefix, tree ancestors, itself; a
-    host array, or a tensor already on the model's device as a decode step builds it)."""
+    host array, or a tensor already on the model's device as engine.decode builds a decode
+    step's and a prefill block's on a GPU)."""
 
     tokens: np.ndarray  # [R] int64
     positions: np.ndarray  # [R] int64
