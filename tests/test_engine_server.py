@@ -262,7 +262,8 @@ def test_metrics_parse(engine: EngineProcess) -> None:
 def test_ar_server_matches_and_health_is_503_while_loading(tmp_path, ar_reference, frontend):
     """While the model loads, /health is 503 and /get_server_info answers at once (ready
     false), from either front end; then AR serves its reference outputs."""
-    args = ("--load-delay", "3", "--frontend", frontend)
+    # 1.5 s of 503 (the load delay) is 15 of this loop's polls, to see one and ask for the info
+    args = ("--load-delay", "1.5", "--frontend", frontend)
     eng = start_engine(tmp_path, mode="ar", extra_args=args, wait_healthy=False)
     try:
         deadline = time.monotonic() + 60
@@ -339,15 +340,32 @@ def test_cli_refuses_a_bad_backend() -> None:
     assert r.returncode == 2 and "bad --backend" in r.stderr
 
 
+@pytest.fixture(scope="module")
+def failing_loads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, EngineProcess]]:
+    """An engine per front end given weights that are not a safetensors file, both started at
+    once (each imports torch before it fails, ~3 s of one core): front end -> its process."""
+    tmp = tmp_path_factory.mktemp("bad-weights")
+    bad = tmp / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file" * 10)
+    engines = {
+        frontend: start_engine(
+            tmp, extra_args=("--weights", str(bad), "--frontend", frontend), wait_healthy=False
+        )
+        for frontend in ("thread", "process")
+    }
+    try:
+        yield engines
+    finally:
+        for eng in engines.values():
+            eng.stop()
+
+
 @pytest.mark.parametrize("frontend", ["thread", "process"])
-def test_a_model_that_fails_to_load_ends_the_process_with_exit_1(tmp_path, frontend) -> None:
+def test_a_model_that_fails_to_load_ends_the_process_with_exit_1(failing_loads, frontend) -> None:
     """Weights that are not a safetensors file pass the flag checks (the file exists) and fail
     in loading: the server stops and the process exits 1 with the reason on stderr, so a
     service manager sees the failure at once instead of waiting on /health."""
-    bad = tmp_path / "bad.safetensors"
-    bad.write_bytes(b"not a safetensors file" * 10)
-    args = ("--weights", str(bad), "--frontend", frontend)
-    eng = start_engine(tmp_path, extra_args=args, wait_healthy=False)
+    eng = failing_loads[frontend]
     try:
         assert eng.proc.wait(timeout=60) == 1
     finally:
@@ -475,17 +493,6 @@ def test_server_info_answers_at_once_while_the_engine_still_imports_torch(tmp_pa
         eng.stop()
 
 
-@pytest.mark.parametrize("frontend", ["thread", "process"])
-def test_ctrl_c_stops_either_front_end_quietly(tmp_path, frontend) -> None:
-    """SIGINT (a terminal's Ctrl-C) to a served engine, under either front end (process is the
-    default): a graceful stop, exit 0, and no KeyboardInterrupt traceback (uvicorn raises the
-    signal again after stopping)."""
-    eng = start_engine(tmp_path, extra_args=("--frontend", frontend))
-    eng.proc.send_signal(signal.SIGINT)
-    assert eng.proc.wait(timeout=30) == 0
-    assert "Traceback" not in eng.log_path.read_text(errors="replace")
-
-
 def test_engine_side_of_the_pipe_survives_messages_it_cannot_use() -> None:
     """engine.engine_proc.serve_engine with a real tiny engine: an unknown kind, a submit with
     an unknown field and an unknown call are logged and skipped; the next call is answered and
@@ -547,3 +554,18 @@ def test_service_stages_reads_the_engines_own_prefill_and_step_times(
     one_line(capsys.readouterr().err)
     assert stages.main(["--url", "http://127.0.0.1:1", "--requests", "1", "--warm", "0"]) == 1
     assert "error: http://127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_either_front_end_quietly(engine: EngineProcess) -> None:
+    """SIGINT (a terminal's Ctrl-C) to a served engine, under either front end (process is the
+    default): a graceful stop, exit 0, and no KeyboardInterrupt traceback (uvicorn raises the
+    signal again after stopping). The engine is the module's, which has served every test
+    above: this test stops it, so it is the file's last one (pytest runs a module's tests in
+    file order, for each of the fixture's front ends in turn)."""
+    assert engine.proc.poll() is None and health_status(engine.url) == 200
+    served = len(engine.log_path.read_bytes())  # what the tests above left in its log
+    engine.proc.send_signal(signal.SIGINT)
+    assert engine.proc.wait(timeout=30) == 0
+    with open(engine.log_path, "rb") as f:
+        f.seek(served)
+        assert "Traceback" not in f.read().decode(errors="replace")
