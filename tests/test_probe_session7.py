@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,15 +67,21 @@ def test_attn_bench_bad_input(tmp_path, capsys, args: list[str], words: str) -> 
 
 
 def test_attn_bench_repeated_batch_and_earlier_result_kept(tmp_path) -> None:
-    out = tmp_path / "attn.json"
-    out.write_text('{"earlier": 1}\n')
-    # a bad run leaves an earlier result as it was (the up-front check truncated it)
-    p = _py("-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps", "999",
-            "--json", str(out))  # fmt: skip
-    _one_line_exit_2(p, "past this model's context")
-    assert json.loads(out.read_text()) == {"earlier": 1}
-    p = _py("-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps", "1", "--warm",
-            "0", "--prefix-span", "0", "--batch", "2", "2", "1", "--json", str(out))  # fmt: skip
+    kept, out = tmp_path / "kept.json", tmp_path / "attn.json"
+    for path in (kept, out):
+        path.write_text('{"earlier": 1}\n')
+    # the two runs (each imports torch, ~3 s of one core) go together, each on its own file
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(_py, "-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps",
+                          "999", "--json", str(kept))  # fmt: skip
+        good = pool.submit(_py, "-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps",
+                           "1", "--warm", "0", "--prefix-span", "0", "--batch", "2", "2", "1",
+                           "--json", str(out))  # fmt: skip
+        p = bad.result()
+        # a bad run leaves an earlier result as it was (the up-front check truncated it)
+        _one_line_exit_2(p, "past this model's context")
+        assert json.loads(kept.read_text()) == {"earlier": 1}
+        p = good.result()
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert json.loads(out.read_text()) == doc
