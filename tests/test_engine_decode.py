@@ -403,15 +403,32 @@ def test_sampling_is_ar_only() -> None:
         dd.new_sequence([BOS_ID], temperature=1.0)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
-@pytest.mark.parametrize("module", ["engine.golden", "engine.bench"])
-def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(module: str, tmp_path) -> None:
+CUDA_REFUSERS = ("engine.golden", "engine.bench")
+
+
+@pytest.fixture(scope="module")
+def cuda_refusals(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`python -m MODULE --device cuda` for each of CUDA_REFUSERS, run together (each imports
+    torch, ~3 s of one core, before it finds no GPU): module -> the finished process."""
     import subprocess
     import sys
+    from concurrent.futures import ThreadPoolExecutor
 
-    argv = [sys.executable, "-m", module, "--device", "cuda"]
-    argv += ["--json", str(tmp_path / "x.json")] if module == "engine.bench" else []
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    tmp = tmp_path_factory.mktemp("cuda-refusals")
+
+    def run(module: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", module, "--device", "cuda"]
+        argv += ["--json", str(tmp / "x.json")] if module == "engine.bench" else []
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(len(CUDA_REFUSERS)) as pool:
+        return dict(zip(CUDA_REFUSERS, pool.map(run, CUDA_REFUSERS), strict=True))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+@pytest.mark.parametrize("module", CUDA_REFUSERS)
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(module: str, cuda_refusals) -> None:
+    p = cuda_refusals[module]
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("error: --device cuda: CUDA is not available") and (
         p.stderr.count("\n") == 1
