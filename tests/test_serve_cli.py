@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -61,17 +62,41 @@ ENGINE_BAD = {
 }
 
 
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[int, float, subprocess.CompletedProcess]:
+    """`python ARGV --port P` on a free port P: (P, its seconds, the finished process)."""
+    port = free_port()
+    t0 = time.monotonic()
+    res = _run(*argv, "--port", str(port), env=env)
+    return port, time.monotonic() - t0, res
+
+
+@pytest.fixture(scope="module")
+def cuda_refusals() -> dict[str, tuple[int, float, subprocess.CompletedProcess]]:
+    """The two "cuda on a CPU-only torch" cases below, `python -m engine` and `ops serve`,
+    run together: each imports torch (~3 s of one core) before it finds no GPU."""
+    runs = {
+        "engine": ["-m", "engine", "--device", "cuda"],
+        "ops": ["-m", "ops", "serve", "--device", "cuda"],
+    }
+    with ThreadPoolExecutor(len(runs)) as pool:
+        done = {name: pool.submit(_timed, argv, {}) for name, argv in runs.items()}
+        return {name: f.result() for name, f in done.items()}
+
+
 @pytest.mark.parametrize("case", list(ENGINE_BAD))
-def test_engine_refuses_bad_input_at_once_in_one_line(case: str) -> None:
+def test_engine_refuses_bad_input_at_once_in_one_line(
+    case: str, request: pytest.FixtureRequest
+) -> None:
     args, env, needle = ENGINE_BAD[case]
     if "cuda" in case and not NO_CUDA:
         pytest.skip("this torch has CUDA")
-    port = free_port()
-    t0 = time.monotonic()
-    res = _run("-m", "engine", "--port", str(port), *args, env=env)
+    if "cuda" in case:
+        port, took, res = request.getfixturevalue("cuda_refusals")["engine"]
+    else:
+        port, took, res = _timed(["-m", "engine", *args], env)
     assert res.returncode == 2, res.stderr[-2000:]
     assert needle in _one_error_line(res.stderr)
-    assert time.monotonic() - t0 < 30
+    assert took < 30
     assert _port_is_free(port)
 
 
@@ -105,12 +130,14 @@ OPS_BAD = {
 
 
 @pytest.mark.parametrize("case", list(OPS_BAD))
-def test_ops_serve_validates_before_serving(case: str) -> None:
+def test_ops_serve_validates_before_serving(case: str, request: pytest.FixtureRequest) -> None:
     args, needle = OPS_BAD[case]
     if "cuda" in case and not NO_CUDA:
         pytest.skip("this torch has CUDA")
-    port = free_port()
-    res = _run("-m", "ops", "serve", "--port", str(port), *args)
+    if "cuda" in case:
+        port, _, res = request.getfixturevalue("cuda_refusals")["ops"]
+    else:
+        port, _, res = _timed(["-m", "ops", "serve", *args], {})
     assert res.returncode == 2, res.stderr[-2000:]
     assert "serving on" not in res.stderr and "Traceback" not in res.stderr
     assert needle in _one_error_line(res.stderr)
