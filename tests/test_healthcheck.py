@@ -169,7 +169,13 @@ def test_ops_serve_runs_the_engine_in_the_foreground(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 0.5  # within half a second of ops serve's exit
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+        except OSError:
+            break
+        time.sleep(0.05)
     with pytest.raises(OSError):  # the engine itself got the signal: nothing listens any more
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
     res = run_ops("serve", "--mode", "fast", timeout=60)
