@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -131,7 +132,9 @@ def test_ctrl_c_during_rollout_is_130_with_the_step_recorded(tmp_path: Path) -> 
         while "preflight (healthcheck) ..." not in err_path.read_text():
             assert time.monotonic() < deadline, err_path.read_text()
             time.sleep(0.2)
-        time.sleep(2)  # well inside the pre-flight, which waits on the silent service
+        # well inside the pre-flight: its first request waits on the silent service (a
+        # connection in the listening socket's queue, never accepted, makes it readable)
+        assert select.select([sock], [], [], 20)[0], err_path.read_text()
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         proc.wait(timeout=30)
     finally:
@@ -150,5 +153,7 @@ def test_ctrl_c_during_rollout_is_130_with_the_step_recorded(tmp_path: Path) -> 
     assert [(s["name"], s["status"]) for s in rec["steps"]] == [("preflight", "interrupted")]
     step = json.loads((run / "01-preflight" / "record.json").read_text())
     assert step["outcome"] == "interrupted"
-    time.sleep(0.5)
-    assert _left_for(port) == []  # nothing of the rollout left running
+    deadline = time.monotonic() + 0.5
+    while _left_for(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _left_for(port) == []  # nothing of the rollout left running (within 0.5 s)
