@@ -76,6 +76,14 @@ def local(tmp_path: Path):
     loc("service", "stop", "local")
 
 
+@pytest.fixture
+def local_stopped(tmp_path: Path):
+    """`local` before anything has started its service (a deploy --bootstrap does)."""
+    loc = Local(tmp_path)
+    yield loc
+    loc("service", "stop", "local")
+
+
 def record(path: Path) -> dict:
     return json.loads((path / "record.json").read_text())
 
@@ -144,7 +152,8 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert [r["code"] for r in again["failed"]] == ["ceiling_below_threshold"]
 
 
-def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Local) -> None:
+def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopped: Local) -> None:
+    local = local_stopped
     src = make_source(local.tmp)
     pb = local.tmp / "switch.yaml"
     pb.write_text(
@@ -157,8 +166,14 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
         "  - {step: measure, phase: after, when: deployed, recheck: true, cycles: 2}\n"
         "  - {step: report}\n"
     )
+    # the service runs a release (the measure's recheck switches back to it after the switch);
+    # the bootstrap starts it (one start of the engine, not a start and then a restart)
+    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
+    code, doc, err = local("deploy", "local", *boot, timeout=240)
+    assert code == 0, err
+    first = doc["results"][0]["release"] if "results" in doc else doc["release"]
     assert local.backends()["tree_build"] == "reference"
-    # a golden set recorded earlier (4 prompts keep the deploy's pre- and post-flight quick)
+    # the golden set re-recorded with 4 prompts keeps the rollout's pre- and post-flights quick
     golden = local.root / "golden" / "golden.json"
     argv = ["--record-golden", str(golden), "--limit", "4", "--max-tokens", "4"]
     subprocess.run(
@@ -167,11 +182,7 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local: Loca
         capture_output=True,
         timeout=60,
     )
-    # the service runs a release (the measure's recheck switches back to it after the switch)
-    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
-    code, doc, err = local("deploy", "local", *boot, timeout=240)
-    assert code == 0, err
-    first = doc["results"][0]["release"] if "results" in doc else doc["release"]
+    assert len(json.loads(golden.read_text())["prompts"]) == 4
     code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
     status = {s["name"]: s["status"] for s in doc["steps"]}
     # the verdict follows the measured share of the tree build on the tiny engine: below the
