@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from helpers.engine_server import EngineProcess, health_status, start_engine
 
 
@@ -40,10 +42,33 @@ def _front_end(eng: EngineProcess) -> int:
     return front[0]
 
 
-def test_ctrl_c_to_the_group_stops_engine_and_front_end_quietly(tmp_path) -> None:
+ARGS = {
+    "ctrl-c": ("--frontend", "process"),
+    "term": ("--frontend", "process", "--max-batch-size", "4"),
+}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, EngineProcess]]:
+    """Each test's own engine (ARGS), both started at once (each imports torch, ~3 s of one
+    core); each test stops its own."""
+    tmp = tmp_path_factory.mktemp("frontend")
+    with ThreadPoolExecutor(len(ARGS)) as pool:
+        starts = {k: pool.submit(start_engine, tmp, extra_args=a) for k, a in ARGS.items()}
+    started: dict[str, EngineProcess] = {}
+    try:
+        for name, f in starts.items():  # a failed start is raised once the others are stopped
+            started[name] = f.result()
+        yield started
+    finally:
+        for eng in started.values():
+            eng.stop()
+
+
+def test_ctrl_c_to_the_group_stops_engine_and_front_end_quietly(engines) -> None:
     """Ctrl-C in a terminal sends SIGINT to both processes: a requested stop, so exit 0, no
     process or port left, and no KeyboardInterrupt traceback from the front end."""
-    eng = start_engine(tmp_path, extra_args=("--frontend", "process"))
+    eng = engines["ctrl-c"]
     try:
         kids = _children(eng.proc.pid)
         os.kill(_front_end(eng), signal.SIGINT)  # as the kernel delivers it to a group
@@ -60,11 +85,11 @@ def test_ctrl_c_to_the_group_stops_engine_and_front_end_quietly(tmp_path) -> Non
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
 
 
-def test_term_lets_requests_in_flight_finish_as_the_thread_front_end_does(tmp_path) -> None:
+def test_term_lets_requests_in_flight_finish_as_the_thread_front_end_does(engines) -> None:
     """A TERM (ops service stop or restart) is a graceful stop in both front ends: the port
     closes to new clients and the requests in flight run to their end. The process front end
     aborted them at once instead (200s with finish_reason "abort", truncated outputs)."""
-    eng = start_engine(tmp_path, extra_args=("--frontend", "process", "--max-batch-size", "4"))
+    eng = engines["term"]
     body = {"prompt": [f"prompt {i}" for i in range(16)], "max_tokens": 48, "ignore_eos": True}
     try:
         with ThreadPoolExecutor(1) as pool:
