@@ -28,6 +28,12 @@ if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1 OPS_RUNS_DIR=$OUT/runs CUDA_DEVICE_ORDER=PCI_BUS_ID
+# what ran, to commit beside the results: this command line with every setting it read
+{ echo "WHICH=$WHICH ARCH=$ARCH GPUS=${GPUS:-1} RECHECK=${RECHECK:-1} CYCLES=${CYCLES:-1}" \
+    "PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda:0} SERVE_ARGS=\"${SERVE_ARGS---max-budget 0}\"" \
+    "ROLLOUT_TIMEOUT=${ROLLOUT_TIMEOUT:-420} ROLLOUT_SETS=\"${ROLLOUT_SETS:-}\"" \
+    "bash benchmarks/rollout-gpu.sh"
+  echo "commit: ${DDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; } > "$OUT/command.txt"
 LOG=$OUT/log.txt; say() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
 src=/tmp/rollout-src; root=/tmp/rollout-root; rm -rf "$src" "$root"; mkdir -p "$src"
 cp -r kernels checks engine pyproject.toml "$src"/; [ -d integration ] && cp -r integration "$src"/
