@@ -24,7 +24,9 @@ export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 echo "OUT=$OUT ARCH=$ARCH THREADS16=${THREADS16:-1} ATTN_BENCH=${ATTN_BENCH:-1}" \
   "SERVE_EXTRA=${SERVE_EXTRA:-} FRONTENDS=${FRONTENDS:-} ROUNDS=${ROUNDS:-} bash benchmarks/service-vs-bench.sh" \
   > "$OUT/command.txt"
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
+# DDTREE_GIT_SHA first (as kernels.envinfo): a git-archive snapshot has no .git, and git would
+# answer for whatever checkout encloses it
+echo "${DDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 python3 -m kernels.build --arch "$ARCH" --out /tmp/ddtree-k --json > "$OUT/build.json" || exit 1
 export DDTREE_KERNELS_LIB=/tmp/ddtree-k/libddtree_kernels.so

@@ -23,7 +23,9 @@ if [ -d .whl ]; then  # packages the GPU box lacks (pydantic, fastapi, uvicorn..
 fi
 echo "OUT=$OUT ARCH=$ARCH BASE_DIR=${BASE_DIR:-} TESTS=${TESTS:-} KERNEL_BENCH=${KERNEL_BENCH:-1}" \
   "ENGINE_TOKENS=${ENGINE_TOKENS:-128} ENGINE_ARGS=${ENGINE_ARGS:-} bash benchmarks/verify-all.sh" > "$OUT/command.txt"
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${DDTREE_GIT_SHA:-unknown}" > "$OUT/commit.txt"
+# DDTREE_GIT_SHA first (as kernels.envinfo): a git-archive snapshot has no .git, and git would
+# answer for whatever checkout encloses it
+echo "${DDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
   | tee "$OUT/gpu.txt"
 build() {  # build DIR LIBDIR: the kernels of checkout DIR into LIBDIR
