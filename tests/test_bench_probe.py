@@ -120,7 +120,7 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
                              "--batch", "1", "--probe-threshold", "100",
                              "--probe-interval", "0.02")  # fmt: skip
     finally:
-        ops("service", "stop", "local")
+        ops.stop()  # the service ends (helpers.local.end_services)
     g = doc["guard"]
     assert g["verdict"] == "ok" and g["in_use"] and g["allow_shared"]
     assert g["service_pid"] is not None  # the service's pid, from the process manager

@@ -28,6 +28,7 @@ import pytest
 from helpers import FAKE_SERVICE
 from helpers.cli import ops_json, run_ops
 from helpers.deploy import commit_change, git
+from helpers.local import end_services
 from helpers.sshd import free_port
 
 TESTS = Path(__file__).resolve().parent
@@ -179,7 +180,7 @@ class Ops:
 def ops(tmp_path: Path):
     o = Ops(tmp_path)
     yield o
-    o.stop()
+    end_services(o.root)
 
 
 def steps(result: dict) -> dict[str, str]:

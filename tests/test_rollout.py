@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from helpers.cli import ops_json
 from helpers.deploy import make_source
+from helpers.local import end_services
 from helpers.sshd import free_port
 
 from ops.evidence import MeasureSection, gather
@@ -73,7 +74,7 @@ def local(tmp_path: Path):
     code, _, err = loc("service", "start", "local")
     assert code == 0, err
     yield loc
-    loc("service", "stop", "local")
+    end_services(loc.root)
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def local_stopped(tmp_path: Path):
     """`local` before anything has started its service (a deploy --bootstrap does)."""
     loc = Local(tmp_path)
     yield loc
-    loc("service", "stop", "local")
+    end_services(loc.root)
 
 
 def record(path: Path) -> dict:

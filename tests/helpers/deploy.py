@@ -24,6 +24,7 @@ from pathlib import Path
 
 from . import FAKE_SERVICE, REPO
 from .cli import ops_json
+from .local import end_services
 from .sshd import Sshd
 
 DATA_PLANE = ("kernels", "checks", "engine", "integration", "pyproject.toml")
@@ -160,5 +161,6 @@ class Deploy:
         return os.readlink(link).split("/")[-1] if link.is_symlink() else None
 
     def stop_all(self) -> None:
-        for name in self.hosts:
-            self("service", "stop", name)
+        """A test's teardown: every host's service ends (`end_services`)."""
+        for h in self.hosts.values():
+            end_services(Path(h["root"]))
