@@ -355,8 +355,8 @@ HOST_SHARE = 0.3  # a stage row whose host part is this much of it is named host
 
 
 def _host_bound(row: AmdahlRow) -> str:
-    """A note where a bench stage s(c) rests on is mostly its plan's host time: that part
-    varies with the process and the host's load (on the H200 leases one prefill plan took
+    """A note where the bench stage that s(c) rests on is mostly its plan's host time: that
+    part varies with the process and the host's load (on the H200 leases one prefill plan took
     1.5 ms in one process and 10 ms in another, where the GPU parts held within 1.2%:
     benchmarks/NOTES-attention.md), so the note gives the s of the GPU parts alone beside it."""
     out = []
