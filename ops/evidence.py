@@ -517,6 +517,13 @@ class HealthEntry(BaseModel):
     report: HealthReport | None = None  # None when the healthcheck itself errored
     error: str = ""
     golden_recorded: bool = False  # it recorded the golden set: its identity compared nothing
+    by: str = ""  # the command that ran it as one of its steps ("deploy"), "" for its own step
+
+    @property
+    def name(self) -> str:
+        """How the report names this flight: "preflight", or "deploy's preflight" for the one a
+        deploy ran inside a rollout, so a rollout's two pre-flights read apart."""
+        return f"{self.by}'s {self.role}" if self.by else self.role
 
 
 class Evidence(BaseModel):
@@ -586,6 +593,8 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
             role = _role(rec, path) or ("postflight" if ev.deployed else "preflight")
             entry = HealthEntry(role=role, path=rec.path, outcome=rec.outcome)
             entry.golden_recorded = rec.inputs.get("record_golden") is True
+            if isinstance(rec.inputs.get("by"), str):
+                entry.by = rec.inputs["by"]
             if "healthcheck" in doc:
                 entry.report = validate(path, HealthReport, doc["healthcheck"], "healthcheck")
             else:

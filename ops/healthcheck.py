@@ -86,7 +86,9 @@ def identity_check(data: IdentityDoc, recorded: bool) -> Check:
     )
     if data["aa_runs"]:
         nondet = data["nondeterministic"]
-        detail += f"; {len(nondet)} nondeterministic in {data['aa_runs']} A/A runs"
+        detail += f"; {len(nondet)} nondeterministic in {data['aa_runs']} A/A run" + (
+            "" if data["aa_runs"] == 1 else "s"
+        )
         if nondet:
             more = f" (+{len(nondet) - 5} more)" if len(nondet) > 5 else ""
             detail += ": " + ", ".join(nondet[:5]) + more

@@ -98,26 +98,26 @@ def _flights(ev: Evidence, t: _Tally) -> None:
             continue
         for h in entries:
             if h.report is None:
-                t.fail(f"{role}_failed", f"{role} did not run: {h.error}", record=h.path)
+                t.fail(f"{role}_failed", f"{h.name} did not run: {h.error}", record=h.path)
                 continue
             bad = [c for c in h.report.checks if c.status == "fail" and c.name != "identity"]
             if bad:
                 names = ", ".join(c.name for c in bad)
                 t.fail(
                     f"{role}_failed",
-                    f"{role} checks failed: {names}",
+                    f"{h.name} checks failed: {names}",
                     record=h.path,
                     checks={c.name: c.detail for c in bad},
                 )
             else:
-                t.ok(f"{role}_passed", f"{role}: {len(h.report.checks)} checks, none failed")
-        skipped = {h.path: why for h in entries if (why := _identity_skipped(h)) is not None}
-        for path, why in skipped.items():
-            t.hold("no_identity", f"{role}: {why}", record=path)
+                t.ok(f"{role}_passed", f"{h.name}: {len(h.report.checks)} checks, none failed")
+        skipped = {h.path: (h.name, why) for h in entries if (why := _identity_skipped(h))}
+        for path, (name, why) in skipped.items():
+            t.hold("no_identity", f"{name}: {why}", record=path)
         checked = [h for h in entries if h.report is not None and h.path not in skipped]
         compared = [h for h in checked if not h.golden_recorded]
         for h in compared:
-            _identity(role, h.path, h.report.modules.get("identity") if h.report else None, t)
+            _identity(h.name, h.path, h.report.modules.get("identity") if h.report else None, t)
         if not compared and any(h.golden_recorded for h in checked):
             t.hold("no_identity", f"{role}: the golden set was recorded, nothing compared with it")
 
@@ -143,7 +143,8 @@ def _identity(role: str, path: str, data: dict[str, Any] | None, t: _Tally) -> N
             "no_identity", f"{role}: no greedy token-identity result (no golden set?)", record=path
         )
         return
-    aa = f" after {data.get('aa_runs', 0)} A/A runs" if data.get("aa_runs") else " (no A/A run)"
+    n = data.get("aa_runs", 0)
+    aa = f" after {n} A/A run{'' if n == 1 else 's'}" if n else " (no A/A run)"
     ev = {
         "record": path,
         "identity_pct": data["identity_pct"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,29 @@ def test_full_rollout_dir_with_sub_records_is_go(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
 
     assert saved["verdict"] == "GO" and saved["amdahl"] == doc["amdahl"]
+
+
+def test_a_deploys_own_flights_read_apart_from_the_rollouts(tmp_path: Path) -> None:
+    """A rollout's deploy runs a pre- and post-flight of its own (inputs.by = "deploy"): the
+    reasons name them "deploy's preflight" / "deploy's postflight", so two alike lines do not
+    read as one printed twice; one A/A run is "1 A/A run"."""
+    run = tmp_path / "rollout"
+    shutil.copytree(RECORDS / "rollout_attn", run)
+    doc = json.loads((run / "01-preflight" / "record.json").read_text())
+    doc["inputs"] = {"role": "preflight", "record_golden": False, "by": "deploy"}
+    doc["healthcheck"]["modules"]["identity"]["aa_runs"] = 1
+    (run / "04-deploy" / "preflight").mkdir()
+    (run / "04-deploy" / "preflight" / "record.json").write_text(json.dumps(doc))
+    code, out = ops_report(tmp_path, str(run))
+    assert code == 0 and out["verdict"] == "GO", out
+    said = [r["message"] for r in out["passed"] if r["code"] in ("preflight_passed", "identity")]
+    assert any(m.startswith("preflight: ") for m in said), said
+    assert any(m.startswith("deploy's preflight: ") and "checks, none failed" in m for m in said)
+    assert (
+        "deploy's preflight: greedy token identity 100% (8/8) at concurrency 1 after 1 A/A run"
+        in said
+    ), said
+    assert "preflight: greedy token identity 100% (8/8) at concurrency 1 after 2 A/A runs" in said
 
 
 NO_GO = {

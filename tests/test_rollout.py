@@ -258,6 +258,9 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     ev = gather([run])
     assert ev.deployed and sorted(h.role for h in ev.health) == ["postflight", "preflight"]
     assert all(not h.golden_recorded and h.report and h.report.ok for h in ev.health)
+    # the flights the deploy ran say so, apart from a rollout's own pre- and post-flight steps
+    assert sorted(h.name for h in ev.health) == ["deploy's postflight", "deploy's preflight"]
+    assert "deploy's postflight: " in md and "deploy's preflight: " in md, md
     assert code == want_code and doc["verdict"] == verdict, doc["decision"]
     reasons = [r["code"] for r in doc["decision"]["failed" if below else "holds"]]
     assert reasons == (["ceiling_below_threshold"] if below else ["no_bench"]), reasons
