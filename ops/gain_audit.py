@@ -12,11 +12,15 @@ not speed up in the service as the bench said (its own row), or the rest of the 
 give (the window less their measured saving), beside the projection, and how far the rest of
 the window moved against the A/A noise. That is a diagnosis, not the measured gain: the verdict
 and the predicted-vs-measured table keep the gain the load measured.
+`precision_lines` says how precisely the load measured it: the interval's half-width per
+concurrency, and about how many runs an arm would bring it to the report's threshold.
 """
 
 from __future__ import annotations
 
-from ops.amdahl import baseline_runs, pooled_rate
+import math
+
+from ops.amdahl import GAIN_INTERVAL, baseline_runs, pooled_rate
 from ops.evidence import COMPONENT_STAGE, Evidence
 from ops.report import Decision
 
@@ -165,7 +169,48 @@ def drift_lines(d: Decision, ev: Evidence) -> list[str]:
     return out
 
 
+def runs_for(n: int, half: float, target: float) -> int:
+    """About how many runs an arm of `n` would take for an interval of half-width `half` to
+    narrow to `target`: a bootstrap interval of a mean-like estimate narrows as one over the
+    root of the runs, so n * (half / target)^2, rounded up."""
+    return max(n, math.ceil(n * (half / target) ** 2))
+
+
+def precision_lines(d: Decision, ev: Evidence) -> list[str]:
+    """Per measured level with an interval: its half-width in points, and where that is wider
+    than the report's threshold, about how many runs an arm (runs_for, each arm scaled alike)
+    would make it the threshold's width, so a reader sees whether the load could have told a
+    gain of the threshold's size from none, and what a sharper measure would cost."""
+    amdahl = {r.concurrency: r for r in d.amdahl}
+    out: list[str] = []
+    for lv in ev.measure.levels if ev.measure else []:
+        row = amdahl.get(lv.concurrency)
+        if row is None or row.measured_lo is None or row.measured_hi is None:
+            continue
+        half = (row.measured_hi - row.measured_lo) / 2
+        na, nb = len(lv.after), len(baseline_runs(lv))
+        line = (
+            f"c={lv.concurrency}: the measured gain's {GAIN_INTERVAL:.0%} interval is "
+            f"+/-{half * 100:.1f} points ({na} runs after the switch, {nb} of the baseline)"
+        )
+        if half <= d.threshold:
+            line += f", within the threshold's {d.threshold * 100:.1f}"
+        else:
+            line += (
+                f"; +/-{d.threshold * 100:.1f} (the threshold) would take about "
+                f"{runs_for(na, half, d.threshold)} runs after and "
+                f"{runs_for(nb, half, d.threshold)} of the baseline"
+            )
+        out.append(line)
+    return out
+
+
 def audit_doc(d: Decision, ev: Evidence) -> dict[str, list]:
     """The audit for report.json and `ops report --json`: the table's rows, the own-parts
-    lines and the drift lines, as the md and html show them."""
-    return {"rows": audit_rows(d, ev), "own_parts": audit_lines(d, ev), "drift": drift_lines(d, ev)}
+    lines, the drift lines and the precision lines, as the md and html show them."""
+    return {
+        "rows": audit_rows(d, ev),
+        "own_parts": audit_lines(d, ev),
+        "drift": drift_lines(d, ev),
+        "precision": precision_lines(d, ev),
+    }

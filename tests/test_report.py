@@ -4,6 +4,7 @@ reason and every HOLD cause from a record that has it, bad records, `--json`, th
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -119,6 +120,29 @@ def test_a_deploys_own_flights_read_apart_from_the_rollouts(tmp_path: Path) -> N
         in said
     ), said
     assert "preflight: greedy token identity 100% (8/8) at concurrency 1 after 2 A/A runs" in said
+
+
+def test_precision_lines_say_the_interval_and_the_runs_for_the_threshold(tmp_path: Path) -> None:
+    """Each measured level: its interval's half-width, and past the threshold about how many
+    runs an arm would narrow it to the threshold (n * (half / threshold)^2, rounded up)."""
+    code, doc = ops_report(tmp_path, "rollout_attn")
+    assert code == 0
+    lines = doc["gain_audit"]["precision"]
+    assert len(lines) == 3 and all("within the threshold's 3.0" in x for x in lines), lines
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "How precisely the load measured the gain" in md
+    code, doc = ops_report(tmp_path, "rollout_attn", args=("--threshold", "0.002"))
+    for row, line in zip(doc["amdahl"], doc["gain_audit"]["precision"], strict=True):
+        half = (row["measured_hi"] - row["measured_lo"]) / 2
+        assert half > 0.002, row  # the fixture's intervals are wider than this threshold
+        runs = math.ceil(3 * (half / 0.002) ** 2)
+        assert line == (
+            f"c={row['concurrency']}: the measured gain's 90% interval is +/-{half * 100:.1f} "
+            f"points (3 runs after the switch, 3 of the baseline); +/-0.2 (the threshold) "
+            f"would take about {runs} runs after and {runs} of the baseline"
+        )
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert '<ul id="precision-lines">' in html and "would take about" in html
 
 
 NO_GO = {
