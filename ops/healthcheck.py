@@ -56,6 +56,11 @@ def golden_on_host(host: Host) -> str:
     return f"{host.target.remote_root}/golden/golden.json"
 
 
+def aa_runs_text(n: int) -> str:
+    """ "1 A/A run", "2 A/A runs": how the healthcheck and the report count A/A runs."""
+    return f"{n} A/A run{'' if n == 1 else 's'}"
+
+
 def identity_check(data: IdentityDoc, recorded: bool) -> Check:
     if data.get("error") == "request_failed":
         return Check(
@@ -86,9 +91,7 @@ def identity_check(data: IdentityDoc, recorded: bool) -> Check:
     )
     if data["aa_runs"]:
         nondet = data["nondeterministic"]
-        detail += f"; {len(nondet)} nondeterministic in {data['aa_runs']} A/A run" + (
-            "" if data["aa_runs"] == 1 else "s"
-        )
+        detail += f"; {len(nondet)} nondeterministic in {aa_runs_text(data['aa_runs'])}"
         if nondet:
             more = f" (+{len(nondet) - 5} more)" if len(nondet) > 5 else ""
             detail += ": " + ", ".join(nondet[:5]) + more

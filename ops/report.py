@@ -40,6 +40,7 @@ from ops.amdahl import (  # re-exported: the report's formulas are named ops.rep
     times,
 )
 from ops.evidence import BenchSection, Change, Evidence, HealthEntry, Probe
+from ops.healthcheck import aa_runs_text
 
 __all__ = [
     "EXIT_OF", "AmdahlRow", "Decision", "Reason", "SpeedRow", "Verdict", "amdahl_rows",
@@ -144,7 +145,7 @@ def _identity(role: str, path: str, data: dict[str, Any] | None, t: _Tally) -> N
         )
         return
     n = data.get("aa_runs", 0)
-    aa = f" after {n} A/A run{'' if n == 1 else 's'}" if n else " (no A/A run)"
+    aa = f" after {aa_runs_text(n)}" if n else " (no A/A run)"
     ev = {
         "record": path,
         "identity_pct": data["identity_pct"],
