@@ -178,9 +178,10 @@ def runs_for(n: int, half: float, target: float) -> int:
 
 def precision_lines(d: Decision, ev: Evidence) -> list[str]:
     """Per measured level with an interval: its half-width in points, and where that is wider
-    than the report's threshold, about how many runs an arm (runs_for, each arm scaled alike)
-    would make it the threshold's width, so a reader sees whether the load could have told a
-    gain of the threshold's size from none, and what a sharper measure would cost."""
+    than the report's threshold (and that is above 0), about how many runs an arm (runs_for,
+    each arm scaled alike) would make it the threshold's width, so a reader sees whether the
+    load could have told a gain of the threshold's size from none, and what a sharper measure
+    would cost."""
     amdahl = {r.concurrency: r for r in d.amdahl}
     out: list[str] = []
     for lv in ev.measure.levels if ev.measure else []:
@@ -195,7 +196,7 @@ def precision_lines(d: Decision, ev: Evidence) -> list[str]:
         )
         if half <= d.threshold:
             line += f", within the threshold's {d.threshold * 100:.1f}"
-        else:
+        elif d.threshold > 0:  # a threshold of 0 has no width to narrow to
             line += (
                 f"; +/-{d.threshold * 100:.1f} (the threshold) would take about "
                 f"{runs_for(na, half, d.threshold)} runs after and "

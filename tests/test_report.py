@@ -143,6 +143,11 @@ def test_precision_lines_say_the_interval_and_the_runs_for_the_threshold(tmp_pat
         )
     html = (tmp_path / "out" / "report.html").read_text()
     assert '<ul id="precision-lines">' in html and "would take about" in html
+    # --threshold 0: the half-width alone, no runs to narrow it to nothing (was a traceback)
+    code, doc = ops_report(tmp_path, "rollout_attn", args=("--threshold", "0"))
+    lines = doc["gain_audit"]["precision"]
+    assert code in (0, 1, 3) and len(lines) == 3, doc
+    assert all(x.endswith("3 of the baseline)") for x in lines), lines
 
 
 NO_GO = {
