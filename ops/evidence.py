@@ -451,10 +451,21 @@ class MeasureLevel(_Open):
         return v
 
 
+class MeasurePrecision(_Open):
+    """What a measure's `precision` asked (ops.rollout_switch._precision_doc) and what it got."""
+
+    target: float = Field(gt=0, lt=1)
+    cycles_run: int = Field(ge=0)
+    max_cycles: int | None = None
+    met: bool
+    half_width: dict[str, float | None] = Field(default_factory=dict)
+
+
 class MeasureSection(_Open):
     target: str
     change: Change | None = None
     levels: list[MeasureLevel]
+    precision: MeasurePrecision | None = None
 
 
 class Record(_Open):

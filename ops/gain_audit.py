@@ -169,6 +169,18 @@ def drift_lines(d: Decision, ev: Evidence) -> list[str]:
     return out
 
 
+def points(x: float) -> str:
+    """A half-width (a fraction) as points: "+/-3.0"; one under 0.05 points keeps two
+    significant digits ("+/-0.0001"), so a tiny target is not shown as 0."""
+    p = x * 100
+    return f"+/-{p:.1f}" if p >= 0.05 else f"+/-{p:.2g}"
+
+
+def cycles_text(n: int) -> str:
+    """ "1 cycle", "2 cycles": the measure's alternations of the two releases."""
+    return f"{n} cycle{'' if n == 1 else 's'}"
+
+
 def runs_for(n: int, half: float, target: float) -> int:
     """About how many runs an arm of `n` would take for an interval of half-width `half` to
     narrow to `target`: a bootstrap interval of a mean-like estimate narrows as one over the
@@ -184,6 +196,17 @@ def precision_lines(d: Decision, ev: Evidence) -> list[str]:
     would cost."""
     amdahl = {r.concurrency: r for r in d.amdahl}
     out: list[str] = []
+    asked = ev.measure.precision if ev.measure else None
+    if asked is not None:
+        want = f"{points(asked.target)} points at every level (the measure's precision)"
+        ran = cycles_text(asked.cycles_run) + (
+            f" (max_cycles {asked.max_cycles})" if asked.max_cycles else ""
+        )
+        out.append(
+            f"The measure asked for {want} and stopped once it had them: after {ran}"
+            if asked.met
+            else f"The measure asked for {want} and did not get them in its {ran}"
+        )
     for lv in ev.measure.levels if ev.measure else []:
         row = amdahl.get(lv.concurrency)
         if row is None or row.measured_lo is None or row.measured_hi is None:

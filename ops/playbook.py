@@ -183,6 +183,13 @@ class MeasureStep(StepBase):
     # More cycles spread both arms over more processes and over the whole measure, so neither a
     # slow process nor a slow spell of the host falls on one arm alone.
     cycles: int = Field(default=1, ge=1, le=10)
+    # with recheck: after `cycles`, the releases go on alternating until the measured gain's 90%
+    # interval is within +/- `precision` at every level (a fraction: 0.03 is 3 points; the
+    # report's interval, ops.amdahl.gain_interval), `max_cycles` cycles at the most. 0: off.
+    # The stop looks at the interval's width alone, never at the gain, so it does not pick a
+    # gain; the report says whether the precision was met and in how many cycles.
+    precision: float = Field(default=0.0, ge=0.0, lt=1.0)
+    max_cycles: int | None = Field(default=None, ge=1, le=50, validate_default=True)
 
     @field_validator("recheck")
     @classmethod
@@ -199,6 +206,29 @@ class MeasureStep(StepBase):
         if v > 1 and not info.data.get("recheck"):
             raise ValueError("cycles > 1 alternates the releases after the switch: it needs "
                              "recheck: true")  # fmt: skip
+        return v
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_recheck(cls, v: float, info: ValidationInfo) -> float:
+        if v > 0 and not info.data.get("recheck"):
+            raise ValueError("precision adds cycles of the releases alternating after the "
+                             "switch: it needs recheck: true (and phase: after)")  # fmt: skip
+        return v
+
+    @field_validator("max_cycles")
+    @classmethod
+    def _max_cycles(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None:
+            if info.data.get("precision"):
+                raise ValueError("precision needs max_cycles: the most cycles to run for it")
+            return v
+        if not info.data.get("precision"):
+            raise ValueError("max_cycles bounds the cycles that precision adds: set precision "
+                             "(e.g. 0.03) too")  # fmt: skip
+        cycles = info.data.get("cycles") or 1
+        if v < cycles:
+            raise ValueError(f"{v} is below cycles ({cycles}): the measure runs cycles first")
         return v
 
 

@@ -9,10 +9,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ops.amdahl import rate_gain
+from ops.amdahl import gain_interval, rate_gain
 from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
 from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change
+from ops.gain_audit import cycles_text, points
 from ops.inventory import Target
 from ops.loadtest import run_loadtest
 from ops.playbook import DeployStep, MeasureStep
@@ -179,7 +180,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
             inputs=settings,
         )
     after = _arm(ctx, 2 * st.repeats, "after", raw)
-    again, recheck_note = recheck(ctx, st, raw, after) if st.recheck else ({}, "")
+    again, recheck_note, precision = recheck(ctx, st, raw, after) if st.recheck else ({}, "", None)
     levels, gains, missing = [], [], []
     for c in load.concurrency:
         before = ctx.before[c][0] + ctx.before[c][1]
@@ -200,6 +201,7 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         "change": ctx.change.model_dump(mode="json") if ctx.change else None,
         "incomplete": missing,
         "failed_requests": failed,
+        "precision": precision,
     }
     ok = not failed and not missing and not recheck_note.startswith("FAILED")
     detail = f"measured gain: {', '.join(gains) or 'none'}"
@@ -227,59 +229,137 @@ def _deploy_progress(ctx: Context, prefix: str = "") -> Any:
     return show
 
 
+def half_widths(
+    before: dict[int, list[list[float]]],
+    again: dict[int, list[float]],
+    after: dict[int, list[float]],
+) -> dict[int, float | None]:
+    """Per level, the half-width of the measured gain's interval as the report computes it
+    (ops.amdahl.gain_interval of `after` against the A/A pair and A''), as a fraction; None
+    where there is no interval yet (fewer than two runs a side, or a run with no tokens)."""
+    out: dict[int, float | None] = {}
+    for c, (a, a2) in before.items():
+        ci = gain_interval(a + a2 + again.get(c, []), after.get(c, []), c)
+        out[c] = None if ci is None else (ci[1] - ci[0]) / 2
+    return out
+
+
+def _precision_met(widths: dict[int, float | None], target: float) -> bool:
+    return all(h is not None and h <= target for h in widths.values())
+
+
+def _precision_doc(
+    st: MeasureStep, ran: int, widths: dict[int, float | None]
+) -> dict[str, Any] | None:
+    """What the measure's `precision` asked and what it got (None when it asked nothing)."""
+    if not st.precision:
+        return None
+    return {
+        "target": st.precision,
+        "cycles": st.cycles,
+        "max_cycles": st.max_cycles,
+        "cycles_run": ran,
+        "met": _precision_met(widths, st.precision),
+        "half_width": {str(c): h for c, h in widths.items()},
+    }
+
+
+def _precision_note(doc: dict[str, Any] | None) -> str:
+    if doc is None:
+        return ""
+    known = [(h, c) for c, h in doc["half_width"].items() if h is not None]
+    widest = f"widest {points(max(known)[0])} at c={max(known)[1]}" if known else "no interval"
+    target = f"{points(doc['target'])} points"
+    ran = cycles_text(doc["cycles_run"])
+    if doc["met"]:
+        return f"; precision {target} met after {ran} ({widest})"
+    return f"; precision {target} NOT met in {ran} (max_cycles {doc['max_cycles']}; {widest})"
+
+
 def recheck(
     ctx: Context,
     st: MeasureStep,
     raw: list[dict[str, Any]],
     after: dict[int, list[float]] | None = None,
-) -> tuple[dict[int, list[float]], str]:
+) -> tuple[dict[int, list[float]], str, dict[str, Any] | None]:
     """The drift check after the switch, `st.cycles` times: back to the release that ran before
     the candidate (ops.deploy's rollback: switch, restart, post-flight), the load on it once
     more (arm A'', as many runs as the after arm), then the candidate's release back in, and,
     but in the last cycle, its load once more (`after` gets those runs). So A A' | after | A''
-    (| after | A'' ...) is balanced in time: ops.amdahl.baseline_runs. Returns the A''
-    tokens/s per level and a note; the note starts with FAILED when the candidate could not
-    be switched back in (the service then runs the release the rollback left current, and the
-    note names it)."""
+    (| after | A'' ...) is balanced in time: ops.amdahl.baseline_runs. With `st.precision`,
+    the cycles go on past `st.cycles` until the measured gain's interval is that narrow at
+    every level (half_widths, checked after each A'' arm: the two arms then have as many
+    runs), `st.max_cycles` at the most. Returns the A'' tokens/s per level, a note, and the
+    precision's outcome (_precision_doc); the note starts with FAILED when the candidate
+    could not be switched back in (the service then runs the release the rollback left
+    current, and the note names it)."""
     dep = ctx.deploy
     if dep is None or not dep.ok or not dep.before or not dep.release:
-        return {}, "no recheck: no deployed candidate with a release before it"
+        return {}, "no recheck: no deployed candidate with a release before it", None
     opts = ctx.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
     show = _deploy_progress(ctx, "recheck ")
     assert ctx.change is not None  # a deployed candidate has one
     again: dict[int, list[float]] = {}
-    for k in range(1, st.cycles + 1):
+    last = st.max_cycles if st.precision and st.max_cycles else st.cycles
+    of = f"{st.cycles}" if last == st.cycles else f"{st.cycles} (up to {last})"
+    widths: dict[int, float | None] = {}
+    k = 0
+    for k in range(1, last + 1):
         with open_host(ctx.target) as host:
             back = Deployer(host, opts, show).rollback(dep.before)
         if not back.ok:
             what = f"switching back to {dep.before} failed ({back.message})"
             if k == 1:
-                return {}, f"no recheck: {what}"
+                return {}, f"no recheck: {what}", None
+            doc = _precision_doc(st, k - 1, widths)
             if back.after and back.after != dep.release:  # not the candidate that ran before
                 ctx.recheck_left_on = back.after
                 return (
                     again,
-                    f"FAILED: recheck cycle {k} of {st.cycles}: {what}; the service "
-                    f"runs {back.after}",
+                    f"FAILED: recheck cycle {k} of {of}: {what}; the service runs {back.after}",
+                    doc,
                 )
-            return again, f"recheck: cycle {k} of {st.cycles} stopped: {what}"
+            return again, f"recheck: cycle {k} of {of} stopped: {what}", doc
         ctx.say(f"recheck: {dep.before} is current again; the load once more")
         for c, xs in _arm(ctx, 2 * st.repeats, "A''", raw, cycle=k).items():
             again.setdefault(c, []).extend(xs)
+        if st.precision and ctx.before is not None and after is not None:
+            widths = half_widths(ctx.before, again, after)
         with open_host(candidate_target(ctx.target, ctx.change)) as host:
             fwd = Deployer(host, opts, show).rollback(dep.release)
         if not fwd.ok:
             ctx.recheck_left_on = fwd.after or dep.before
-            return again, (
-                f"FAILED to switch the candidate {dep.release} back in after the recheck "
-                f"({fwd.message}): the service runs {fwd.after or dep.before}"
+            return (
+                again,
+                (
+                    f"FAILED to switch the candidate {dep.release} back in after the recheck "
+                    f"({fwd.message}): the service runs {fwd.after or dep.before}"
+                ),
+                _precision_doc(st, k, widths),
             )
-        if k < st.cycles and after is not None:
+        done = k >= last or (
+            k >= st.cycles and bool(st.precision) and _precision_met(widths, st.precision)
+        )
+        if st.precision and k >= st.cycles:
+            shown = ", ".join(
+                f"c={c} " + ("n/a" if h is None else points(h)) for c, h in widths.items()
+            )
+            ctx.say(f"recheck: after cycle {k}, the measured gain's interval: {shown} points "
+                    f"(precision {points(st.precision)})")  # fmt: skip
+        if done:
+            break
+        if after is not None:
             ctx.say(f"recheck: {dep.release} is current again; the load once more")
             for c, xs in _arm(ctx, 2 * st.repeats, "after", raw, cycle=k).items():
                 after.setdefault(c, []).extend(xs)
-    cycles = f" in {st.cycles} cycles" if st.cycles > 1 else ""
-    return again, f"recheck: A'' on {dep.before}{cycles}, then {dep.release} current again"
+    doc = _precision_doc(st, k, widths)
+    cycles = f" in {k} cycles" if k > 1 else ""
+    return (
+        again,
+        f"recheck: A'' on {dep.before}{cycles}, then {dep.release} current again"
+        + _precision_note(doc),
+        doc,
+    )
 
 
 def _unsized(ctx: Context) -> str:

@@ -111,6 +111,20 @@ def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
          "cycles: 3}\n", "m2", "cycles", "it needs recheck: true"),
         ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
          "recheck: true, cycles: 11}\n", "m2", "cycles", "less than or equal to 10"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "precision: 0.03, max_cycles: 4}\n", "m2", "precision", "it needs recheck: true"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, precision: 0.03}\n", "m2", "max_cycles", "precision needs max_cycles"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, max_cycles: 4}\n", "m2", "max_cycles", "set precision"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, cycles: 3, precision: 0.03, max_cycles: 2}\n", "m2", "max_cycles",
+         "2 is below cycles (3)"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, precision: 1, max_cycles: 4}\n", "m2", "precision", "less than 1"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, precision: 0.03, max_cycles: 51}\n", "m2", "max_cycles",
+         "less than or equal to 50"),
         ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
         ("  - {step: bench}\n  - {step: bench}\n", "bench", "name", "used by step 1"),
         ("  - {step: healthcheck, name: check1}\n", "check1", "role",

@@ -271,6 +271,99 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     assert doc["field"] == "change.baseline"
 
 
+def _bootstrap(local: Local) -> Path:
+    """The service on a first release (deploy --bootstrap) with a golden set of 4 prompts, so
+    a rollout's flights stay quick; returns the deploy's source."""
+    src = make_source(local.tmp)
+    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
+    code, _, err = local("deploy", "local", *boot, timeout=240)
+    assert code == 0, err
+    golden = local.root / "golden" / "golden.json"
+    argv = ["--record-golden", str(golden), "--limit", "4", "--max-tokens", "4"]
+    subprocess.run(
+        [sys.executable, "-m", "checks.identity", "--json", "--url", local.url, *argv],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return src
+
+
+def _precision_playbook(local: Local, src: Path, change: str, measure: str) -> Path:
+    pb = local.tmp / "precision.yaml"
+    pb.write_text(
+        f"change: {change}\n"
+        "load: {concurrency: [1, 4], requests: 4, input_len: 8, output_len: 8}\n"
+        "steps:\n"
+        "  - {step: profile}\n"
+        "  - {step: measure, name: baseline, phase: before}\n"
+        f"  - {{step: deploy, source: '{src}', max_tokens: 4, wait_s: 60}}\n"
+        f"  - {{step: measure, phase: after, when: deployed, recheck: true, {measure}}}\n"
+        "  - {step: report}\n"
+    )
+    return pb
+
+
+def test_measure_precision_adds_cycles_until_the_interval_is_narrow_enough(
+    local_stopped: Local,
+) -> None:
+    """measure.precision: after `cycles`, the releases go on alternating until the measured
+    gain's 90% interval is that narrow at every level, max_cycles at the most; the record, the
+    step's line and the report say whether it was met and after how many cycles."""
+    local = local_stopped
+    src = _bootstrap(local)
+
+    def arms(run: Path) -> list[tuple[str, int]]:
+        order = [(r["arm"], r["cycle"]) for r in record(run / "04-measure")["measure"]["runs"]]
+        return [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+
+    # +/-99 points: met at the first check, after `cycles` (1): after | A'', nothing more
+    pb = _precision_playbook(
+        local, src, "{component: tree_build, baseline: reference, candidate: cpp}",
+        "precision: 0.99, max_cycles: 3",
+    )  # fmt: skip
+    code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
+    assert code in (1, 3), err  # no GPU bench: NO-GO or HOLD, never GO
+    run = Path(doc["run_dir"])
+    assert arms(run) == [("after", 0), ("A''", 1)], arms(run)
+    got = record(run / "04-measure")["measure"]["precision"]
+    assert got["met"] is True and got["cycles_run"] == 1 and got["max_cycles"] == 3, got
+    assert set(got["half_width"]) == {"1", "4"}
+    assert all(0 <= h <= 0.99 for h in got["half_width"].values()), got
+    detail = next(s["detail"] for s in doc["steps"] if s["name"] == "measure")
+    assert "precision +/-99.0 points met after 1 cycle (" in detail, detail
+    md = (run / "report.md").read_text()
+    assert "stopped once it had them: after 1 cycle (max_cycles 3)" in md, md
+    # the interval the stop looked at is the one the report prints
+    ev = gather([run])
+    assert ev.measure is not None and ev.measure.precision is not None
+    rows = doc["decision"]["amdahl"]
+    assert sorted(r["concurrency"] for r in rows) == [1, 4], rows
+    for row in rows:
+        half = (row["measured_hi"] - row["measured_lo"]) / 2
+        assert half == pytest.approx(got["half_width"][str(row["concurrency"])]), row
+    assert local.backends()["tree_build"] == "cpp"
+
+    # +/-0.0001 points: never met, so max_cycles (2) cycles, and the report says so
+    pb = _precision_playbook(
+        local, src, "{component: tree_build, baseline: cpp, candidate: reference}",
+        "precision: 0.000001, max_cycles: 2",
+    )  # fmt: skip
+    code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
+    assert code in (1, 3), err
+    run = Path(doc["run_dir"])
+    assert arms(run) == [("after", 0), ("A''", 1), ("after", 1), ("A''", 2)], arms(run)
+    got = record(run / "04-measure")["measure"]["precision"]
+    assert got["met"] is False and got["cycles_run"] == 2, got
+    detail = next(s["detail"] for s in doc["steps"] if s["name"] == "measure")
+    assert "in 2 cycles" in detail and "NOT met in 2 cycles (max_cycles 2;" in detail, detail
+    assert "precision +/-0.0001 points NOT met" in detail, detail  # not "+/-0.0"
+    md = (run / "report.md").read_text()
+    assert "did not get them in its 2 cycles (max_cycles 2)" in md, md
+    assert "did not get them in its 2 cycles" in (run / "report.html").read_text()
+    assert local.backends()["tree_build"] == "reference"  # the candidate, current again
+
+
 def test_on_fail_stop_skips_to_the_report(tmp_path: Path) -> None:
     loc = Local(tmp_path)  # nothing serves on its port
     pb = tmp_path / "stop.yaml"
