@@ -137,6 +137,7 @@ def run_bench(
     guard = evaluate(
         gpus, opts.gpu, target=t.name, suites=opts.suites, batches=opts.batches,
         allow_shared=opts.allow_shared, max_mem_gib=opts.max_mem_gib, service_pid=pid,
+        inventory_gpus=t.gpus,
     )  # fmt: skip
     section["guard"] = guard.model_dump()
     section["environment"] = environment(gpus, guard.gpu_info, opts.gpu, guard.processes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,16 @@ def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
 
 
+def _finite(ctx: typer.Context, kwargs: dict[str, Any]) -> None:
+    """Every number option is finite: click parses `inf` and `nan` as floats, which would pass a
+    `min=` and then land in a record as JSON's non-standard Infinity / NaN (exit 2, one line)."""
+    for p in ctx.command.params:
+        v = kwargs.get(p.name or "")
+        if isinstance(v, float) and not math.isfinite(v):
+            opt = max(p.opts, key=len) if p.opts else p.name
+            raise OpsError(f"{opt}: takes a finite number, got {v}")
+
+
 def command(fn: Callable[..., int]) -> Callable[..., None]:
     """Run a command function (its first parameter `ctx`) and exit with the code it returns;
     an OpsError becomes one line on stderr (and, with --json, a JSON document) and its code."""
@@ -142,6 +153,7 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
         ctx = kwargs.get("ctx") or args[0]
         as_json = state(ctx).as_json
         try:
+            _finite(ctx, kwargs)
             code = fn(*args, **kwargs)
         except OpsError as exc:
             if as_json:

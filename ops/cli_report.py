@@ -72,6 +72,35 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+DEFAULT_THRESHOLD = 0.03
+
+
+def recorded_threshold(files: list[Path]) -> float | None:
+    """The threshold the records were decided at: a decide or report record's
+    `decision.threshold`, a rollout's playbook (`inputs.resolved.threshold`); None where no
+    record holds one. Records decided at different thresholds are exit 2: the report would
+    have to pick one (--threshold does)."""
+    seen: dict[float, str] = {}
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue  # gather() names the file and the field
+        if not isinstance(doc, dict):
+            continue
+        dec, inputs = doc.get("decision"), doc.get("inputs")
+        value = dec.get("threshold") if isinstance(dec, dict) else None
+        if value is None and isinstance(inputs, dict) and isinstance(inputs.get("resolved"), dict):
+            value = inputs["resolved"].get("threshold")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seen.setdefault(round(float(value), 9), str(f))
+    if len(seen) > 1:
+        each = ", ".join(f"{v:g} in {where}" for v, where in sorted(seen.items()))
+        raise OpsError(f"the records were decided at different thresholds ({each}): pass "
+                       "--threshold")  # fmt: skip
+    return next(iter(seen), None)
+
+
 def build(
     paths: list[Path],
     *,
@@ -141,14 +170,18 @@ def report(
         list[Path],
         typer.Argument(metavar="RUN_DIR", help="Run directories (or record.json files)."),
     ],
-    out_dir: Annotated[
-        Path | None,
+    out: Annotated[
+        str | None,
         typer.Option("--out", metavar="DIR", help="Where to write (default: a new run dir)."),
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="md, html or md,html.")] = "md,html",
     threshold: Annotated[
-        float, typer.Option(help="Projected end-to-end gain needed for GO (0.03 = 3%).")
-    ] = 0.03,
+        float | None,
+        typer.Option(
+            help="Projected end-to-end gain needed for GO (0.03 = 3%). Default: the one the "
+            "records were decided at, else 0.03."
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None,
         typer.Option(
@@ -168,9 +201,15 @@ def report(
     """GO / NO-GO / HOLD from records: Amdahl per concurrency, kernels, health, interference."""
     from ops.evidence import record_files
 
+    if out is not None and not out.strip():
+        raise OpsError("--out: an empty path; name a directory (--out . for this one)")
+    out_dir = Path(out) if out is not None else None
     fmts = parse_formats(fmt)
     ch = parse_change(change, shape)
-    record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
+    files = record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
+    if threshold is None:
+        threshold = recorded_threshold(files)
+        threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     ev, d, sources = build(run_dirs, threshold=threshold, concurrency=concurrency, change=ch)
     inputs = {
         "run_dirs": [str(p) for p in run_dirs],

@@ -455,10 +455,36 @@ class MeasurePrecision(_Open):
     """What a measure's `precision` asked (ops.rollout_switch._precision_doc) and what it got."""
 
     target: float = Field(gt=0, lt=1)
+    cycles: int = Field(default=1, ge=1)
     cycles_run: int = Field(ge=0)
-    max_cycles: int | None = None
+    max_cycles: int | None = Field(default=None, ge=1)
     met: bool
     half_width: dict[str, float | None] = Field(default_factory=dict)
+
+    @field_validator("half_width")
+    @classmethod
+    def _widths(cls, v: dict[str, float | None]) -> dict[str, float | None]:
+        for c, h in v.items():
+            if not c.isdigit() or int(c) < 1:
+                raise ValueError(f"a level is a concurrency (an integer >= 1), got {c!r}")
+            if h is not None and not (math.isfinite(h) and h >= 0):
+                raise ValueError(f"c={c}: a half-width is a finite number >= 0, got {h}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MeasurePrecision:
+        """The record agrees with itself: it could have been written by the measure."""
+        if self.max_cycles is not None and self.max_cycles < self.cycles:
+            raise ValueError(f"max_cycles {self.max_cycles} is below cycles {self.cycles}")
+        if self.max_cycles is not None and self.cycles_run > self.max_cycles:
+            raise ValueError(f"cycles_run {self.cycles_run} is above max_cycles {self.max_cycles}")
+        widths = self.half_width.values()
+        met = bool(widths) and all(h is not None and h <= self.target for h in widths)
+        if self.met != met:
+            raise ValueError(
+                f"met is {self.met}, but its half-widths against its target {self.target} say {met}"
+            )
+        return self
 
 
 class MeasureSection(_Open):
@@ -516,7 +542,11 @@ def validate(path: Path | str, model: type[M], data: Any, prefix: str = "") -> M
     except ValidationError as exc:
         e = exc.errors()[0]
         field = ".".join(p for p in (prefix, _loc(e)) if p)
-        raise BadRecord(path, field, e["msg"].lower()) from None
+        if e["type"] == "value_error" and "error" in e.get("ctx", {}):
+            msg = str(e["ctx"]["error"])  # our own validator's words, as written
+        else:
+            msg = e["msg"][:1].lower() + e["msg"][1:]
+        raise BadRecord(path, field, msg) from None
 
 
 class HealthEntry(BaseModel):
@@ -533,8 +563,11 @@ class HealthEntry(BaseModel):
     @property
     def name(self) -> str:
         """How the report names this flight: "preflight", or "deploy's preflight" for the one a
-        deploy ran inside a rollout, so a rollout's two pre-flights read apart."""
-        return f"{self.by}'s {self.role}" if self.by else self.role
+        deploy ran inside a rollout, so a rollout's two pre-flights read apart; the run that
+        recorded the golden set says so ("preflight recording the golden set"), apart from the
+        run that then compared with it."""
+        name = f"{self.by}'s {self.role}" if self.by else self.role
+        return f"{name} recording the golden set" if self.golden_recorded else name
 
 
 class Evidence(BaseModel):

@@ -127,8 +127,11 @@ def evaluate(
     allow_shared: bool,
     max_mem_gib: float | None,
     service_pid: int | None,
+    inventory_gpus: int = 0,
 ) -> GuardResult:
-    """Decide from the host's `checks.gpus` document whether GPU `gpu` may be benchmarked."""
+    """Decide from the host's `checks.gpus` document whether GPU `gpu` may be benchmarked.
+    Where nvidia-smi cannot list the GPUs, the inventory's `gpus` (when set) still tells a GPU
+    that is not there (refused, exit 2) from a host it cannot see into (HOLD)."""
     rows = gpus_doc.get("gpus") or []
     brief = [
         {k: g.get(k) for k in ("index", "name", "uuid", "pci_bus_id", "memory_free_mib")}
@@ -140,6 +143,13 @@ def evaluate(
     )  # fmt: skip
     if not gpus_doc.get("available") or gpus_doc.get("error") or not rows:
         why = gpus_doc.get("reason") or gpus_doc.get("error") or "nvidia-smi lists no GPU"
+        if gpu is not None and inventory_gpus and gpu >= inventory_gpus:
+            return _refuse(
+                res,
+                f"{target} has no GPU {gpu}: its inventory says gpus = {inventory_gpus} "
+                f"(0-{inventory_gpus - 1}); nvidia-smi could not list them ({why})",
+                "pick one of them with --gpu (the target's bench_gpu is the default)",
+            )
         return _hold(res, f"no GPU on {target} ({why})")
     mine = next((g for g in rows if g.get("index") == gpu), None)
     have = ", ".join(str(g.get("index")) for g in rows)

@@ -281,7 +281,8 @@ def _msg(err: dict[str, Any]) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown field"
     msg = err["msg"].removeprefix("Value error, ")
-    if "input" in err and not isinstance(err["input"], dict | list) and "got" not in msg:
+    given = "input" in err and err["input"] is not None  # None: the field was left out
+    if given and not isinstance(err["input"], dict | list) and "got" not in msg:
         msg += f" (got {err['input']!r})"
     return msg
 

@@ -19,6 +19,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from ops.amdahl import GAIN_INTERVAL
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
 from ops.gain_audit import audit_lines, audit_rows, drift_lines, precision_lines
+from ops.healthcheck import aa_runs_text
 from ops.report import Decision, times
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -440,6 +441,7 @@ def identity_rows(ev: Evidence) -> list[dict[str, str]]:
             {
                 "role": h.role,
                 "aa_runs": str(i.get("aa_runs") or 0),
+                "aa_text": aa_runs_text(int(i.get("aa_runs") or 0)),
                 "nondeterministic": ", ".join(map(str, i.get("nondeterministic") or [])) or "none",
                 "identity": f"{i['identity_pct']}% ({i.get('matched')}/{i.get('total')})",
                 "concurrency": str(i.get("concurrency", 1)),

@@ -283,17 +283,25 @@ def _worst(results: list[StepResult]) -> tuple[int, str]:
 def _notes(ctx: Context) -> list[str]:
     notes = []
     res, ch = ctx.deploy, ctx.change
-    if ctx.recheck_left_on is not None and ch is not None:
+    if ch is None:
+        return notes
+    name = ctx.target.name
+    listed = ctx.target.service.components.get(ch.component)
+    says = (
+        f"the inventory says {ch.component} = {listed}"
+        if listed
+        else f"the inventory names no {ch.component} (its releases then take the engine's default)"
+    )
+    if ctx.recheck_left_on is not None:
         notes.append(
-            f"the measure's recheck could not switch the candidate back in: {ctx.target.name} "
-            f"runs release {ctx.recheck_left_on} ({ch.component} = {ch.baseline}), as the "
-            f"inventory says; `ops rollback {ctx.target.name} --to {res.release if res else '?'}` "
-            "puts the candidate back"
+            f"the measure's recheck could not switch the candidate back in: {name} runs release "
+            f"{ctx.recheck_left_on} ({ch.component} = {ch.baseline}); `ops rollback {name} --to "
+            f"{res.release if res else '?'}` puts the candidate back"
         )
-    elif res is not None and res.outcome == "deployed" and ch is not None:
+    elif res is not None and res.outcome == "deployed" and listed != ch.candidate:
         notes.append(
-            f"{ctx.target.name} now runs {ch.component} = {ch.candidate} (release {res.after}); "
-            f"the inventory still says {ch.baseline}: set [targets.{ctx.target.name}.service."
-            f'components] {ch.component} = "{ch.candidate}" so the next deploy keeps it'
+            f"{name} now runs {ch.component} = {ch.candidate} (release {res.after}), and {says}: "
+            f'set [targets.{name}.service.components] {ch.component} = "{ch.candidate}" so the '
+            "next deploy keeps it"
         )
     return notes

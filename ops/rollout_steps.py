@@ -93,7 +93,8 @@ def step_healthcheck(ctx: Context, st: HealthcheckStep, sub: RunDir) -> Done:
     if record_first:
         ctx.say("recording the golden set (none on the host yet)" if not have else "recording")
         rep0 = run_healthcheck(host, record_golden=True, **kw)
-        status, detail = _health(rep0, f"{st.role}, golden recorded")
+        what = "golden set recorded" if rep0.ok else "recording the golden set"
+        status, detail = _health(rep0, f"{st.role}, {what}")
         inputs = {"role": st.role, "record_golden": True, **kw}
         result = {"outcome": "pass" if rep0.ok else "fail", "exit_code": 0 if rep0.ok else 1}
         if st.golden == "record" or not rep0.ok:  # nothing to compare: this is the record

@@ -245,7 +245,7 @@ def half_widths(
 
 
 def _precision_met(widths: dict[int, float | None], target: float) -> bool:
-    return all(h is not None and h <= target for h in widths.values())
+    return bool(widths) and all(h is not None and h <= target for h in widths.values())
 
 
 def _precision_doc(

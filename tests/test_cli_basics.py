@@ -47,6 +47,27 @@ def test_bad_flags_and_values_are_one_line(args: tuple[str, ...], says: str) -> 
     assert res.stderr.count("\n") == 1 and says in res.stderr and "-h)" in res.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("bench", "local", "--timeout", "inf"), "--timeout: takes a finite number, got inf"),
+        (("bench", "local", "--probe-threshold", "inf"), "--probe-threshold: takes a finite"),
+        (("service", "start", "local", "--wait", "inf"), "--wait: takes a finite number"),
+        (("report", "/x", "--threshold", "nan"), "--threshold: takes a finite number, got nan"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_refused(tmp_path, args: tuple[str, ...], says) -> None:
+    """click reads `inf` / `nan` as floats; they pass a min= and would land in a record as
+    JSON's non-standard Infinity / NaN: exit 2, one line, before anything runs."""
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", *args], capture_output=True, text=True, timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "OPS_RUNS_DIR": str(tmp_path / "runs")},
+    )  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and says in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()  # no record was started
+
+
 def test_no_command_shows_the_help() -> None:
     res = ops()
     assert res.returncode == 2 and "Commands:" in res.stdout and "Traceback" not in res.stderr

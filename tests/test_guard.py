@@ -111,6 +111,25 @@ def test_no_nvidia_smi_is_hold_with_a_record(tmp_path: Path) -> None:
     assert res.returncode == 3 and "HOLD: no GPU on local" in res.stderr
 
 
+def test_no_nvidia_smi_but_the_inventory_counts_the_gpus(tmp_path: Path) -> None:
+    """With nvidia-smi missing, the inventory's `gpus` still tells a GPU that is not there
+    (exit 2, naming the ones there are) from one the host cannot be asked about (HOLD)."""
+    ops = Ops(tmp_path)
+    ops.configure()
+    text = ops.inventory.read_text()
+    ops.inventory.write_text(text.replace("[targets.local]\n", "[targets.local]\ngpus = 2\n", 1))
+    ops.env["PATH"] = str(path_without_nvidia_smi(tmp_path / "tools"))
+    res = ops("bench", "local", "--gpu", "9")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [
+        "error: local has no GPU 9: its inventory says gpus = 2 (0-1); nvidia-smi could not "
+        "list them (nvidia-smi not found on PATH)"
+    ], res.stderr
+    code, doc = ops.json("bench", "local", "--gpu", "1")
+    assert code == 3 and doc["hold_reasons"] == ["no GPU on local (nvidia-smi not found on PATH)"]
+
+
 def test_over_ssh_out_of_range_and_busy(tmp_path: Path, sshd) -> None:
     wrapper = tmp_path / "python"  # the host's python, with the stand-in first on its PATH
     wrapper.write_text(f'#!/bin/sh\nPATH={STANDIN}:$PATH exec {sys.executable} "$@"\n')

@@ -69,7 +69,7 @@ def _svc(recs: dict[str, dict], value: dict[str, Any]) -> None:
 
 CASES: list[tuple[str, Callable[[dict[str, dict]], None], str, str]] = [
     ("share_negative", lambda r: _share(r).update(value=-0.2), "profile",
-     "profile.levels.0.wall_share: value error, attention.value: a share of the wall time"),
+     "profile.levels.0.wall_share: attention.value: a share of the wall time"),
     ("share_over_one", lambda r: _share(r).update(value=1.5), "profile",
      "attention.value: a share of the wall time is in [0, 1], got 1.5"),
     ("share_p25_negative", lambda r: _share(r).update(p25=-0.5), "profile",
@@ -84,9 +84,9 @@ CASES: list[tuple[str, Callable[[dict[str, dict]], None], str, str]] = [
      "attention.prefill: must be a number, got [1]"),
     ("stage_negative",
      lambda r: r["profile"]["profile"]["levels"][1]["stage_ms"]["attention"].update(value=-3),
-     "profile", "profile.levels.1.stage_ms: value error, attention.value: a time is a number"),
+     "profile", "profile.levels.1.stage_ms: attention.value: a time is a number"),
     ("service_total_negative", lambda r: _svc(r, {"total": -1}), "measure",
-     "measure.levels.0.service_speedup: value error, total: a speedup is a number > 0"),
+     "measure.levels.0.service_speedup: total: a speedup is a number > 0"),
     ("service_steps_zero", lambda r: _svc(r, {"steps": 0}), "measure",
      "steps: a speedup is a number > 0, got 0.0"),
 ]  # fmt: skip

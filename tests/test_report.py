@@ -385,3 +385,67 @@ def test_profile_table_says_means_and_the_batch_each_level_ran_at(tmp_path: Path
     html = (tmp_path / "out" / "report.html").read_text()
     assert "<th>c</th><th>batch</th><th>step ms</th>" in html
     assert f'<tr><td>32</td><td class="n">8</td><td class="n">{steps[32]:.3g}</td>' in html
+
+
+def _with(tmp_path: Path, fixture: str, name: str, edit) -> str:
+    """A copy of a fixture record under tmp_path/name, `edit` applied to its document."""
+    doc = json.loads((RECORDS / fixture / "record.json").read_text())
+    edit(doc)
+    d = tmp_path / name
+    d.mkdir()
+    (d / "record.json").write_text(json.dumps(doc))
+    return str(d)
+
+
+def test_the_threshold_comes_from_the_records_unless_given(tmp_path: Path) -> None:
+    """A rollout decided at --set threshold=0.015 rebuilds to the same verdict from its records
+    alone; --threshold still overrides; records decided at two thresholds are exit 2."""
+
+    def at(t: float):
+        return lambda doc: doc["inputs"].update(resolved={"threshold": t})
+
+    base = ("preflight_ok", "bench_attn", "profile_attn_small")
+    code, doc = ops_report(tmp_path, *base, "rollout_attn_change")  # +3.45% against 3%
+    assert code == 0 and doc["threshold"] == 0.03
+    rollout = _with(tmp_path, "rollout_attn_change", "r5", at(0.05))
+    code, doc = ops_report(tmp_path, *base, rollout)
+    assert code == 1 and doc["threshold"] == 0.05, doc["threshold"]
+    assert codes(doc, "failed") == ["gain_below_threshold"]
+    code, doc = ops_report(tmp_path, *base, rollout, args=("--threshold", "0.03"))
+    assert code == 0 and doc["threshold"] == 0.03
+    other = _with(tmp_path, "rollout_attn_change", "r2", at(0.02))
+    code, doc = ops_report(tmp_path, *base, rollout, other)
+    assert code == 2 and "decided at different thresholds (0.02 in " in doc["message"], doc
+
+
+def test_an_empty_out_is_exit_2_not_the_current_directory(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["report", *(str(RECORDS / n) for n in SEED), "--out", "", "--json"],
+        env={"OPS_RUNS_DIR": str(tmp_path / "runs")},
+    )  # fmt: skip
+    assert res.exit_code == 2 and "--out: an empty path" in json.loads(res.stdout)["message"]
+    assert not Path("report.md").exists() or Path("report.md").stat().st_mtime < 0
+
+
+@pytest.mark.parametrize(
+    ("precision", "want"),
+    [
+        ({"target": 0.03, "cycles_run": 3, "met": True, "half_width": {"1": 0.05}},
+         "met is True, but its half-widths against its target 0.03 say False"),
+        ({"target": 0.03, "cycles_run": 9, "max_cycles": 3, "met": False,
+          "half_width": {"1": 0.05}}, "cycles_run 9 is above max_cycles 3"),
+        ({"target": 0.03, "cycles": 2, "cycles_run": 1, "max_cycles": 1, "met": False,
+          "half_width": {"1": 0.05}}, "max_cycles 1 is below cycles 2"),
+        ({"target": 0.03, "cycles_run": 1, "met": False, "half_width": {"abc": 0.05}},
+         "a level is a concurrency"),
+        ({"target": 0.03, "cycles_run": 1, "met": False, "half_width": {"1": -0.5}},
+         "a half-width is a finite number >= 0"),
+    ],
+)  # fmt: skip
+def test_a_measure_precision_that_contradicts_itself_is_a_bad_record(
+    tmp_path: Path, precision: dict, want: str
+) -> None:
+    rec = _with(tmp_path, "measure_attn_noisy", "m",
+                lambda doc: doc["measure"].update(precision=precision))  # fmt: skip
+    code, doc = ops_report(tmp_path, "preflight_ok", "bench_attn", "profile_attn_small", rec)
+    assert code == 2 and "measure.precision" in doc["message"] and want in doc["message"], doc

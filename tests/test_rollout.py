@@ -200,6 +200,8 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     env = (local.root / current / "service.env").read_text()
     assert "DDTREE_ENGINE_BACKENDS=tree_build=cpp" in env
     assert 'tree_build = "cpp" so the next deploy keeps it' in doc["notes"][0]
+    # what the inventory says, as it says it (this one names no components)
+    assert "the inventory names no tree_build" in doc["notes"][0], doc["notes"]
     run = Path(doc["run_dir"])
     dep = record(run / "03-deploy")
     assert dep["results"][0]["outcome"] == "deployed" and dep["exit_code"] == 0
