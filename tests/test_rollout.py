@@ -135,6 +135,12 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert golden["inputs"]["record_golden"] is True and pre["inputs"]["golden_recorded_first"]
     ident = next(c for c in pre["healthcheck"]["checks"] if c["name"] == "identity")
     assert ident["status"] == "pass" and "34/34" in ident["detail"]
+    # the flight that recorded the golden set and the one that compared with it read apart
+    passed = [r["message"] for r in d["passed"] if r["code"] == "preflight_passed"]
+    assert len(passed) == 2 and len(set(passed)) == 2, passed
+    assert any(m.startswith("preflight recording the golden set: ") for m in passed), passed
+    line = next(ln for ln in err.splitlines() if ln.startswith("[1/9] preflight: ok"))
+    assert "golden" not in line or "golden set recorded" in line, line
     assert record(run / "02-bench")["bench"]["hold_reasons"]
     prof = record(run / "03-profile")["profile"]
     assert [lv["concurrency"] for lv in prof["levels"]] == [1, 4]
@@ -414,3 +420,17 @@ def test_a_stopped_service_gets_reasons_that_say_so(tmp_path: Path) -> None:
     for wrong in ("None", "no golden set", "n/a"):
         assert wrong not in head, wrong
     assert "The profile measured no level." in md and "No profile record" not in md
+
+
+def test_a_failed_golden_recording_is_not_called_recorded(tmp_path: Path) -> None:
+    """No golden set and nothing serving: the pre-flight tries to record one and fails; its
+    line says it was recording, never that the golden set was recorded."""
+    loc = Local(tmp_path)  # nothing serves on its port, and there is no golden set
+    code, doc, err = loc("rollout", "local", "--playbook", "healthcheck-only",
+                         "--set", "preflight.timeout=2")  # fmt: skip
+    assert code != 0, err
+    (step,) = [s for s in doc["steps"] if s["name"] == "preflight"]
+    assert step["status"] == "fail", step
+    assert step["detail"].startswith("preflight, recording the golden set: failed "), step
+    assert "golden recorded" not in err and "golden set recorded" not in err, err
+    assert not (loc.root / "golden" / "golden.json").exists()
