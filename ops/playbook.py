@@ -188,7 +188,7 @@ class MeasureStep(StepBase):
     # report's interval, ops.amdahl.gain_interval), `max_cycles` cycles at the most. 0: off.
     # The stop looks at the interval's width alone, never at the gain, so it does not pick a
     # gain; the report says whether the precision was met and in how many cycles.
-    precision: float = Field(default=0.0, ge=0.0, lt=1.0)
+    precision: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
     max_cycles: int | None = Field(default=None, ge=1, le=50, validate_default=True)
 
     @field_validator("recheck")

@@ -123,6 +123,9 @@ def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
         ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
          "recheck: true, precision: 1, max_cycles: 4}\n", "m2", "precision", "less than 1"),
         ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+         "recheck: true, precision: .nan, max_cycles: 4}\n", "m2", "precision",
+         "a finite number"),
+        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
          "recheck: true, precision: 0.03, max_cycles: 51}\n", "m2", "max_cycles",
          "less than or equal to 50"),
         ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
