@@ -84,8 +84,8 @@ def recorded_threshold(files: list[Path]) -> float | None:
     for f in files:
         try:
             doc = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue  # gather() names the file and the field
+        except (OSError, ValueError, RecursionError):
+            continue  # gather() names the file and what is wrong with it
         if not isinstance(doc, dict):
             continue
         dec, inputs = doc.get("decision"), doc.get("inputs")

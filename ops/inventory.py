@@ -334,7 +334,7 @@ def _describe(path: Path, where: str, exc: ValidationError) -> str:
     errors = exc.errors()
     first = errors[0]
     field = ".".join(str(p) for p in first["loc"]) or "(table)"
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")  # our validator's words, as written
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     elif "input" in first and not isinstance(first["input"], dict):

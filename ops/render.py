@@ -485,6 +485,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
     return {
         "d": decision,
         "ev": ev,
+        "bench_rows": bool(rows),
         "vclass": verdict_class,
         "target": target_text(decision, ev),
         "sources": sources,
