@@ -135,6 +135,9 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert golden["inputs"]["record_golden"] is True and pre["inputs"]["golden_recorded_first"]
     ident = next(c for c in pre["healthcheck"]["checks"] if c["name"] == "identity")
     assert ident["status"] == "pass" and "34/34" in ident["detail"]
+    # the bench held (no GPU): the report names no bench rows it does not have
+    md = (run / "report.md").read_text()
+    assert "No bench rows: s(c) is not known here" in md and "build_trees` rows" not in md
     # the flight that recorded the golden set and the one that compared with it read apart
     passed = [r["message"] for r in d["passed"] if r["code"] == "preflight_passed"]
     assert len(passed) == 2 and len(set(passed)) == 2, passed
