@@ -655,6 +655,8 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
                 keep.update({lv.concurrency: lv for lv in prof.levels})
                 prof.levels = [keep[c] for c in sorted(keep)]
             ev.profile, ev.profile_path = prof, rec.path
+        elif rec.command == "profile" and rec.exit_code == 0:  # a profile that passed has one
+            raise BadRecord(path, "profile", "missing: a profile that passed records its levels")
         if "measure" in doc:
             ev.measure = validate(path, MeasureSection, doc["measure"], "measure")
         if "change" in doc and doc["change"] is not None:

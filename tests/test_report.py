@@ -427,6 +427,14 @@ def test_an_empty_out_is_exit_2_not_the_current_directory(tmp_path: Path) -> Non
     assert not Path("report.md").exists() or Path("report.md").stat().st_mtime < 0
 
 
+def test_a_passed_profile_without_its_levels_is_a_bad_record(tmp_path: Path) -> None:
+    """Not a missing profile (HOLD no_profile): a record that says it passed and holds none."""
+    prof = _with(tmp_path, "profile_tree", "p", lambda doc: doc.pop("profile"))
+    code, doc = ops_report(tmp_path, "preflight_ok", "bench_tree", prof, "rollout_tree")
+    assert code == 2 and doc["error"] == "BadRecord" and doc["field"] == "profile", doc
+    assert "a profile that passed records its levels" in doc["message"]
+
+
 @pytest.mark.parametrize(
     ("precision", "want"),
     [
