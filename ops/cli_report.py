@@ -23,7 +23,7 @@ from ops.errors import OpsError
 from ops.records import RunDir
 
 if TYPE_CHECKING:  # imported where used: `ops` starts without the report's models
-    from ops.evidence import Change, Evidence
+    from ops.evidence import Change, Evidence, Record
     from ops.report import Decision
 
 FORMATS = ("md", "html")
@@ -75,25 +75,19 @@ def _sha256(path: Path) -> str:
 DEFAULT_THRESHOLD = 0.03
 
 
-def recorded_threshold(files: list[Path]) -> float | None:
-    """The threshold the records were decided at: a decide or report record's
-    `decision.threshold`, a rollout's playbook (`inputs.resolved.threshold`); None where no
-    record holds one. Records decided at different thresholds are exit 2: the report would
-    have to pick one (--threshold does)."""
+def recorded_threshold(records: list[Record]) -> float | None:
+    """The threshold the records were decided at: a decide record's `decision.threshold`, a
+    rollout's playbook (`inputs.resolved.threshold`); None where no record holds one. Records
+    decided at different thresholds are exit 2: the report would have to pick one
+    (--threshold does)."""
     seen: dict[float, str] = {}
-    for f in files:
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, ValueError, RecursionError):
-            continue  # gather() names the file and what is wrong with it
-        if not isinstance(doc, dict):
-            continue
-        dec, inputs = doc.get("decision"), doc.get("inputs")
+    for rec in records:
+        dec, resolved = (rec.model_extra or {}).get("decision"), rec.inputs.get("resolved")
         value = dec.get("threshold") if isinstance(dec, dict) else None
-        if value is None and isinstance(inputs, dict) and isinstance(inputs.get("resolved"), dict):
-            value = inputs["resolved"].get("threshold")
+        if value is None and isinstance(resolved, dict):
+            value = resolved.get("threshold")
         if isinstance(value, int | float) and not isinstance(value, bool):
-            seen.setdefault(round(float(value), 9), str(f))
+            seen.setdefault(round(float(value), 9), rec.path)
     if len(seen) > 1:
         each = ", ".join(f"{v:g} in {where}" for v, where in sorted(seen.items()))
         raise OpsError(f"the records were decided at different thresholds ({each}): pass "
@@ -104,16 +98,21 @@ def recorded_threshold(files: list[Path]) -> float | None:
 def build(
     paths: list[Path],
     *,
-    threshold: float,
+    threshold: float | None,
     concurrency: int | None,
     change: Change | None,
 ) -> tuple[Evidence, Decision, list[dict[str, str]]]:
+    """The evidence of `paths` and its decision; `threshold` None: the one the records were
+    decided at (recorded_threshold), else DEFAULT_THRESHOLD."""
     from ops.evidence import gather
     from ops.report import decide
 
-    if not 0 <= threshold < 1:
+    if threshold is not None and not 0 <= threshold < 1:
         raise OpsError(f"--threshold must be in [0, 1), got {threshold}")
     ev = gather(paths, change)
+    if threshold is None:
+        threshold = recorded_threshold(ev.records)
+        threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     sources = [{"path": r.path, "sha256": _sha256(Path(r.path))} for r in ev.records]
     return ev, decide(ev, threshold, concurrency), sources
 
@@ -206,14 +205,11 @@ def report(
     out_dir = Path(out) if out is not None else None
     fmts = parse_formats(fmt)
     ch = parse_change(change, shape)
-    files = record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
-    if threshold is None:
-        threshold = recorded_threshold(files)
-        threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    record_files(run_dirs)  # a missing dir or file is exit 2 before anything is written
     ev, d, sources = build(run_dirs, threshold=threshold, concurrency=concurrency, change=ch)
     inputs = {
         "run_dirs": [str(p) for p in run_dirs],
-        "threshold": threshold,
+        "threshold": d.threshold,
         "concurrency": concurrency,
         "change": change,
         "shape": shape,

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -451,6 +452,13 @@ class MeasureLevel(_Open):
         return v
 
 
+def precision_met(widths: Iterable[float | None], target: float) -> bool:
+    """A measure's precision is met: there are levels, and each one's interval (half-width, a
+    fraction; None: no interval yet) is within the target."""
+    widths = list(widths)
+    return bool(widths) and all(h is not None and h <= target for h in widths)
+
+
 class MeasurePrecision(_Open):
     """What a measure's `precision` asked (ops.rollout_switch._precision_doc) and what it got."""
 
@@ -478,8 +486,7 @@ class MeasurePrecision(_Open):
             raise ValueError(f"max_cycles {self.max_cycles} is below cycles {self.cycles}")
         if self.max_cycles is not None and self.cycles_run > self.max_cycles:
             raise ValueError(f"cycles_run {self.cycles_run} is above max_cycles {self.max_cycles}")
-        widths = self.half_width.values()
-        met = bool(widths) and all(h is not None and h <= self.target for h in widths)
+        met = precision_met(self.half_width.values(), self.target)
         if self.met != met:
             raise ValueError(
                 f"met is {self.met}, but its half-widths against its target {self.target} say {met}"
@@ -542,11 +549,8 @@ def validate(path: Path | str, model: type[M], data: Any, prefix: str = "") -> M
     except ValidationError as exc:
         e = exc.errors()[0]
         field = ".".join(p for p in (prefix, _loc(e)) if p)
-        if e["type"] == "value_error" and "error" in e.get("ctx", {}):
-            msg = str(e["ctx"]["error"])  # our own validator's words, as written
-        else:
-            msg = e["msg"][:1].lower() + e["msg"][1:]
-        raise BadRecord(path, field, msg) from None
+        msg = e["msg"].removeprefix("Value error, ")  # our own validator's words, as written
+        raise BadRecord(path, field, msg[:1].lower() + msg[1:]) from None
 
 
 class HealthEntry(BaseModel):

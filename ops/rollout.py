@@ -287,11 +287,6 @@ def _notes(ctx: Context) -> list[str]:
         return notes
     name = ctx.target.name
     listed = ctx.target.service.components.get(ch.component)
-    says = (
-        f"the inventory says {ch.component} = {listed}"
-        if listed
-        else f"the inventory names no {ch.component} (its releases then take the engine's default)"
-    )
     if ctx.recheck_left_on is not None:
         notes.append(
             f"the measure's recheck could not switch the candidate back in: {name} runs release "
@@ -299,6 +294,12 @@ def _notes(ctx: Context) -> list[str]:
             f"{res.release if res else '?'}` puts the candidate back"
         )
     elif res is not None and res.outcome == "deployed" and listed != ch.candidate:
+        says = (
+            f"the inventory says {ch.component} = {listed}"
+            if listed
+            else f"the inventory names no {ch.component} (its releases then take the engine's "
+            "default)"
+        )
         notes.append(
             f"{name} now runs {ch.component} = {ch.candidate} (release {res.after}), and {says}: "
             f'set [targets.{name}.service.components] {ch.component} = "{ch.candidate}" so the '

@@ -12,7 +12,7 @@ from typing import Any
 from ops.amdahl import gain_interval, rate_gain
 from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
-from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change
+from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change, precision_met
 from ops.gain_audit import cycles_text, points
 from ops.inventory import Target
 from ops.loadtest import run_loadtest
@@ -244,10 +244,6 @@ def half_widths(
     return out
 
 
-def _precision_met(widths: dict[int, float | None], target: float) -> bool:
-    return bool(widths) and all(h is not None and h <= target for h in widths.values())
-
-
 def _precision_doc(
     st: MeasureStep, ran: int, widths: dict[int, float | None]
 ) -> dict[str, Any] | None:
@@ -259,7 +255,7 @@ def _precision_doc(
         "cycles": st.cycles,
         "max_cycles": st.max_cycles,
         "cycles_run": ran,
-        "met": _precision_met(widths, st.precision),
+        "met": precision_met(widths.values(), st.precision),
         "half_width": {str(c): h for c, h in widths.items()},
     }
 
@@ -338,7 +334,7 @@ def recheck(
                 _precision_doc(st, k, widths),
             )
         done = k >= last or (
-            k >= st.cycles and bool(st.precision) and _precision_met(widths, st.precision)
+            k >= st.cycles and bool(st.precision) and precision_met(widths.values(), st.precision)
         )
         if st.precision and k >= st.cycles:
             shown = ", ".join(
