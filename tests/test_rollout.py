@@ -162,9 +162,34 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert [r["code"] for r in again["failed"]] == ["ceiling_below_threshold"]
 
 
+def _bootstrap(local: Local) -> tuple[Path, str]:
+    """The service on a first release (deploy --bootstrap: one start of the engine, not a start
+    and then a restart) with a golden set of 4 prompts, so a rollout's flights stay quick;
+    returns the deploy's source and the release."""
+    src = make_source(local.tmp)
+    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
+    code, doc, err = local("deploy", "local", *boot, timeout=240)
+    assert code == 0, err
+    first = doc["results"][0]["release"] if "results" in doc else doc["release"]
+    golden = local.root / "golden" / "golden.json"
+    argv = ["--record-golden", str(golden), "--limit", "4", "--max-tokens", "4"]
+    subprocess.run(
+        [sys.executable, "-m", "checks.identity", "--json", "--url", local.url, *argv],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return src, first
+
+
 def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopped: Local) -> None:
     local = local_stopped
-    src = make_source(local.tmp)
+    # the service runs a release (the measure's recheck switches back to it after the switch)
+    src, first = _bootstrap(local)
+    assert local.backends()["tree_build"] == "reference"
+    # the golden set re-recorded with 4 prompts keeps the rollout's pre- and post-flights quick
+    golden = local.root / "golden" / "golden.json"
+    assert len(json.loads(golden.read_text())["prompts"]) == 4
     pb = local.tmp / "switch.yaml"
     pb.write_text(
         "change: {component: tree_build, baseline: reference, candidate: cpp}\n"
@@ -176,23 +201,6 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
         "  - {step: measure, phase: after, when: deployed, recheck: true, cycles: 2}\n"
         "  - {step: report}\n"
     )
-    # the service runs a release (the measure's recheck switches back to it after the switch);
-    # the bootstrap starts it (one start of the engine, not a start and then a restart)
-    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
-    code, doc, err = local("deploy", "local", *boot, timeout=240)
-    assert code == 0, err
-    first = doc["results"][0]["release"] if "results" in doc else doc["release"]
-    assert local.backends()["tree_build"] == "reference"
-    # the golden set re-recorded with 4 prompts keeps the rollout's pre- and post-flights quick
-    golden = local.root / "golden" / "golden.json"
-    argv = ["--record-golden", str(golden), "--limit", "4", "--max-tokens", "4"]
-    subprocess.run(
-        [sys.executable, "-m", "checks.identity", "--json", "--url", local.url, *argv],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    assert len(json.loads(golden.read_text())["prompts"]) == 4
     code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
     status = {s["name"]: s["status"] for s in doc["steps"]}
     # the verdict follows the measured share of the tree build on the tiny engine: below the
@@ -282,24 +290,6 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     assert doc["field"] == "change.baseline"
 
 
-def _bootstrap(local: Local) -> Path:
-    """The service on a first release (deploy --bootstrap) with a golden set of 4 prompts, so
-    a rollout's flights stay quick; returns the deploy's source."""
-    src = make_source(local.tmp)
-    boot = ["--source", str(src), "--bootstrap", "--max-tokens", "4", "--wait", "60"]
-    code, _, err = local("deploy", "local", *boot, timeout=240)
-    assert code == 0, err
-    golden = local.root / "golden" / "golden.json"
-    argv = ["--record-golden", str(golden), "--limit", "4", "--max-tokens", "4"]
-    subprocess.run(
-        [sys.executable, "-m", "checks.identity", "--json", "--url", local.url, *argv],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return src
-
-
 def _precision_playbook(local: Local, src: Path, change: str, measure: str) -> Path:
     pb = local.tmp / "precision.yaml"
     pb.write_text(
@@ -322,7 +312,7 @@ def test_measure_precision_adds_cycles_until_the_interval_is_narrow_enough(
     gain's 90% interval is that narrow at every level, max_cycles at the most; the record, the
     step's line and the report say whether it was met and after how many cycles."""
     local = local_stopped
-    src = _bootstrap(local)
+    src, _ = _bootstrap(local)
 
     def arms(run: Path) -> list[tuple[str, int]]:
         order = [(r["arm"], r["cycle"]) for r in record(run / "04-measure")["measure"]["runs"]]
