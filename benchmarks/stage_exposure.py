@@ -1,7 +1,8 @@
 """Does the bench's attention stage hide host time the engine pays? (GPU diagnosis, one call.)
 
-The kernel bench's stage rows (`kernels.timing.stage_sampler`) enqueue a forward's layer calls
-behind a GPU sleep, so their span is the GPU's time alone. The engine's stage clock
+The kernel bench's stage rows enqueued a forward's layer calls behind a GPU sleep
+(`kernels.timing.stage_sampler`; since 2026-12-03 they take `forward_sampler`, this script's
+`piece` sampler with each layer over its own pool), so their span was the GPU's time alone. The engine's stage clock
 (`engine.forward.AttentionTimer`) puts events around each layer's call right after that layer's
 graph piece, and every forward starts with the GPU idle (its input upload waits for the
 stream), so a host-heavy path (the torch one: ~9 launches per 64-row group) can starve the GPU

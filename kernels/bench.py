@@ -11,7 +11,10 @@ counts at the two target sizes. The attn suite's `row_attention` rows (the refer
 attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` requests x
 `--row-budget` + 1 rows over each `--prefix-len` keys; its `row_attention_prefill` rows the
 prefill of one prompt of each `--prefix-len` tokens in the engine's forwards of at most
-`--prefill-block` rows (default 576, the `small` preset's). The tree suite's `tree_build_stage`
+`--prefill-block` rows (default 576, the `small` preset's). Its stage rows time the engine's
+attention stage shaped as its forward (`kernels.timing.forward_sampler`: a `--stage-piece-us`
+GPU piece before each layer's call), the decode step's requests' prefixes spread over
+`--decode-spread` tokens past L. The tree suite's `tree_build_stage`
 rows (`kernels.bench_stage`) time the reference engine's whole tree-build stage per backend,
 boundary copies included (reference_stage vs cuda_stage, wall clock, synchronised like the
 engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):
@@ -40,6 +43,13 @@ SuiteFn = Callable[["BenchConfig"], list[Row]]
 DEFAULT_SUITES = ("topk", "tree", "accept")
 
 
+# GPU time (us) of the piece before each layer's call in the attn stage rows: a stand-in for
+# the graph piece the engine's forward runs there (the layer's other work; the `small` preset's
+# pieces take about 0.2-0.5 ms: a rollout profile's verify time without its attention, over
+# the forward's 5 pieces)
+STAGE_PIECE_US = 300.0
+
+
 @dataclass
 class BenchConfig:
     batches: list[int] = field(default_factory=lambda: [1, 8, 64])
@@ -58,6 +68,11 @@ class BenchConfig:
     # attn row_attention_prefill: rows per forward, as engine.decode.prefill cuts a prompt (its
     # forward's row capacity: the small preset's max(32 x 17, row_chunk 576) = 576)
     prefill_block: int = 576
+    # attn row_attention: the decode step's requests' prefixes spread over L .. L + spread - 1
+    # (a served batch's requests at different points of their output; 0: all at L)
+    decode_spread: int = 0
+    # attn stage rows: GPU time (us) of the piece before each layer's call
+    stage_piece_us: float = STAGE_PIECE_US
     # tree tree_build_stage: (H, K, budget) of the engine's stage (engine `small`: 7, 16, 16)
     stage_shape: tuple[int, int, int] = (7, 16, 16)
     # float32 matmuls of the torch rows (torch_rows' bmm, the sdpa baseline): "tf32" as the
@@ -81,6 +96,10 @@ class BenchConfig:
             raise ValueError(f"--row-budget must be >= 0, got {self.row_budget}")
         if self.prefill_block < 1:
             raise ValueError(f"--prefill-block must be >= 1, got {self.prefill_block}")
+        if not 0 <= self.decode_spread <= 65536:
+            raise ValueError(f"--decode-spread takes 0 .. 65536 tokens, got {self.decode_spread}")
+        if not 0 <= self.stage_piece_us <= 100_000:  # NaN fails too
+            raise ValueError(f"--stage-piece-us takes 0 .. 100000 us, got {self.stage_piece_us}")
         if len(self.stage_shape) != 3 or min(self.stage_shape) < 1:
             raise ValueError(
                 f"--stage-shape takes H,K,BUDGET >= 1 like 7,16,16: {self.stage_shape}"
@@ -285,6 +304,21 @@ def main(argv: list[str] | None = None) -> int:
         "forward's row capacity; engine small: 576)",
     )
     ap.add_argument(
+        "--decode-spread",
+        type=int,
+        default=0,
+        help="attn row_attention: the decode step's requests' prefixes spread evenly over "
+        "L .. L + N - 1 (a served batch's requests at different points of their output; "
+        "ops rollout passes its load's output length); 0: every request at L",
+    )
+    ap.add_argument(
+        "--stage-piece-us",
+        type=float,
+        default=STAGE_PIECE_US,
+        help="attn stage rows: GPU time of the piece before each layer's call, the stand-in "
+        "for the engine forward's graph piece there (0: none)",
+    )
+    ap.add_argument(
         "--stage-shape",
         default="7,16,16",
         help="tree tree_build_stage rows: H,K,BUDGET of the engine's tree-build stage "
@@ -321,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             prefix_lens=_ints(args.prefix_len, "--prefix-len"),
             row_budget=args.row_budget,
             prefill_block=args.prefill_block,
+            decode_spread=args.decode_spread,
+            stage_piece_us=args.stage_piece_us,
             stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
             matmul=args.matmul,
         )

@@ -14,35 +14,37 @@ target sizes.
 Kernel `row_attention` is the reference engine's attention call as it runs (fp32, the `small`
 preset's 8 heads over 576-wide KV rows, 512 latent): one decode step of `B` requests (the
 `--batch` list), each `T` = `--row-budget` + 1 rows (root + tree nodes, random trees) over a
-prefix of `L` keys (each of `--prefix-len`) in 64-slot pages, every row seeing its prefix,
-its ancestors and itself (`kernels.row_attention.step_rows`). `torch_rows` is the engine's
-`torch` backend (`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows`
-its `cuda` backend (the tree-verify kernel with every row its own request, fp32 SIMT, KV splits
-of `kernels.row_attention.SPLIT_KEYS`); each times one layer's call with CUDA events, the plan
-built once beforehand, as the engine's attention stage does. These rows give `ops report` its
-s(c) for the change `attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with
-`change.shape`). Kernel `row_attention_prefill` is the same two calls over the engine's prefill
-of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions
-0 .. p, cut as `engine.decode.prefill` cuts them, into forwards of at most `--prefill-block`
-rows (the forward's row capacity; the `small` preset's 576), each block its own plan and calls
-(shape key `block`), the prefill part of the attention's time. (On one H200 lease
-benchmarks/stage_exposure.py saw the torch path's 1023 rows cost 16.7 ms in the engine's blocks
-against 13.8 ms in one call; these rows, blocks and all, read 14.0 ms on a later one:
-NOTES-attention.md.) Each impl is timed twice: one call per CUDA-event sample, its plan built
-beforehand (`torch_rows`, `cuda_rows`: the kernel-level comparison), and as the engine's
-attention STAGE of one forward
-(`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.stage_sampler`): the
-plan built on the host with the GPU idle, as `engine.forward` builds it before the forward's
-first piece, then one call per layer timed as the GPU's time alone, since in the forward the
-CPU runs ahead of the GPU and a call's launch overhead hides behind the piece before it; the
-two impls' stage samples are taken in turn (`kernels.timing.interleave`, rows marked
+prefix of `L` keys (each of `--prefix-len`; with `--decode-spread N` the B requests' prefixes
+spread evenly over L .. L + N - 1, as a served batch's requests stand at different points of
+their output: shape key `spread`) in 64-slot pages, every row seeing its prefix, its ancestors
+and itself (`kernels.row_attention.step_rows`). `torch_rows` is the engine's `torch` backend
+(`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows` its `cuda` backend
+(the tree-verify kernel with every row its own request, fp32 SIMT, KV splits of
+`kernels.row_attention.SPLIT_KEYS`). These rows give `ops report` its s(c) for the change
+`attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with `change.shape`). Kernel
+`row_attention_prefill` is the same two calls over the engine's prefill of one prompt of `L`
+tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions 0 .. p, cut as
+`engine.decode.prefill` cuts them, into forwards of at most `--prefill-block` rows (the
+forward's row capacity; the `small` preset's 576), each block its own plan and calls (shape key
+`block`), the prefill part of the attention's time. Each impl is timed twice: one call per
+CUDA-event sample, its plan built beforehand (`torch_rows`, `cuda_rows`: the kernel-level
+comparison), and as the engine's attention STAGE (`torch_rows_stage`, `cuda_rows_stage`, shape
+key `layers`, `kernels.timing.forward_sampler`), shaped as engine.forward runs it: per forward,
+the GPU idle, the plan on the host clock, then per layer a GPU piece of `--stage-piece-us`
+(the stand-in for the graph piece before that layer's call) and the call between CUDA events,
+each layer over its own pool. So a path whose launches take longer on the CPU than the GPU's
+head start (the torch one: about 9 launches per 64-row group) pays that wait as the engine's
+clock does. (The rows before this sampler enqueued the layers behind one long GPU sleep,
+hiding it, and read the torch path's s low against the service: prefill 1.49-1.52x against
+1.59-1.65x, the decode step at B=32 1.11x against 1.17-1.18x; NOTES-attention.md.) The two
+impls' stage samples are taken in turn (`kernels.timing.interleave`, rows marked
 `interleaved`), so a slow spell on a shared host or GPU weighs on both alike; each stage row
-also carries its two parts, `host_us` (the plan, host clock) and `gpu_us` (the layers' calls,
-the GPU's time), medians over the samples, since a busy host stretches the first alone. The
-stage rows are what `ops report` projects with (playbooks/rollout-attention.yaml): the torch
-plan's host work (grouping by length, one gather of every group's table) is part of what the
-switch removes. As in the engine, a decode step's plans and a prefill's start from a slot
-table already on the device (engine.decode builds both there). Without a CUDA
+also carries its two parts, `host_us` (the plans, host clock) and `gpu_us` (the layers' calls,
+GPU time), medians over the samples, and its `piece_us`. The stage rows are what `ops report`
+projects with (playbooks/rollout-attention.yaml): the torch plan's host work (grouping by
+length, one gather of every group's table) is part of what the switch removes. As in the
+engine, a decode step's plans and a prefill's start from a slot table already on the device
+(engine.decode builds both there). Without a CUDA
 device the suite prints a note and yields no rows.
 """
 
@@ -51,8 +53,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.bench import BenchConfig, Row, impl_name, row
-from kernels.timing import Timing, interleave, stage_sampler, summarize, time_cuda, time_graph
+from kernels.bench import STAGE_PIECE_US, BenchConfig, Row, impl_name, row
+from kernels.timing import Timing, forward_sampler, interleave, summarize, time_cuda, time_graph
 
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3
 SIZES = [  # (batch, prefix, tree rows T, heads); the first two are the target sizes
@@ -215,29 +217,40 @@ def _input_sets(per_set: int) -> int:
     return max(2, min(64, -(-ROW_ROTATE // per_set)))
 
 
-def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int) -> tuple:
+def decode_prefixes(prefix: int, spread: int, b: int, sets: int) -> list[list[int]]:
+    """Per input set, the prefix lengths of a decode step's `b` requests: spread evenly over
+    prefix .. prefix + spread - 1 (0: all `prefix`), as the requests of a served batch stand at
+    different points of their output, interleaved so every set spans the range and the sets
+    together cover it (with one request a step, the sets take its prefixes in turn)."""
+    n = sets * b
+    return [[prefix + (i * sets + s) * spread // n for i in range(b)] for s in range(sets)]
+
+
+def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int, spread: int = 0) -> tuple:
     """One pool (fp32, on the GPU) for every input set, each set's B requests in pages of
-    their own (shuffled over the pool), and per set the step's rows (table, lens) and q."""
+    their own (shuffled over the pool), and per set the step's rows (table, lens) and q; the
+    requests' prefixes per `decode_prefixes`."""
     from kernels.row_attention import random_parents, step_rows
 
     rng = np.random.default_rng(seed)
-    per_req = -(-(prefix + t) // ROW_PAGE)
+    per_req = -(-(prefix + max(spread - 1, 0) + t) // ROW_PAGE)
     order = rng.permutation(sets * b * per_req).reshape(sets, b, per_req)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pool = torch.randn(sets * b * per_req * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
     steps = []
-    for s in range(sets):
+    for s, prefixes in enumerate(decode_prefixes(prefix, spread, b, sets)):
         parents = [random_parents(rng, t) for _ in range(b)]
-        table, lens = step_rows([prefix] * b, parents, order[s], ROW_PAGE)
+        table, lens = step_rows(prefixes, parents, order[s], ROW_PAGE)
         q = torch.randn(b * t, ROW_HEADS, ROW_KV, device="cuda", generator=gen)
         steps.append((table, lens, q))
     return pool, steps
 
 
-def row_step_blocks(b: int, t: int, prefix: int, sets: int) -> tuple:
+def row_step_blocks(b: int, t: int, prefix: int, sets: int, spread: int = 0) -> tuple:
     """(pool, per input set: its one forward [(table, lens, q)]) of a decode step, as
     `_row_impls` takes them."""
-    pool, steps = row_step_inputs(b, t, prefix, sets, seed=b * 100_000 + prefix * 100 + t)
+    seed = b * 100_000 + prefix * 100 + t
+    pool, steps = row_step_inputs(b, t, prefix, sets, seed, spread)
     # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
     # outside the attention stage: its plans start from a device table
     return pool, [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
@@ -266,39 +279,50 @@ def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
     return pool, blocks
 
 
-def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50,
-                       refcheck: bool = True, layers: int = 4) -> list[Row]:  # fmt: skip
-    """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys."""
+def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50, refcheck: bool = True,
+                       layers: int = 4, spread: int = 0,
+                       piece_us: float = STAGE_PIECE_US) -> list[Row]:  # fmt: skip
+    """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys
+    (the requests' prefixes spread over prefix .. prefix + spread - 1: `decode_prefixes`)."""
 
-    per_set = b * -(-(prefix + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
+    per_set = b * -(-(prefix + max(spread - 1, 0) + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
     sets = _input_sets(per_set)
-    pool, blocks = row_step_blocks(b, t, prefix, sets)
-    shape = {"B": b, "T": t, "L": prefix, "heads": ROW_HEADS, "kv_dim": ROW_KV, "dtype": "fp32"}
-    return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers)
+    pool, blocks = row_step_blocks(b, t, prefix, sets, spread)
+    shape = {"B": b, "T": t, "L": prefix, "spread": spread, "heads": ROW_HEADS, "kv_dim": ROW_KV,
+             "dtype": "fp32"}  # fmt: skip
+    return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers,
+                      piece_us)  # fmt: skip
 
 
 def _row_impls(
     kernel: str, shape: dict, pool: torch.Tensor, blocks: list[list[tuple]], n_rows: int,
-    sets: int, reps: int, refcheck: bool, layers: int,
+    sets: int, reps: int, refcheck: bool, layers: int, piece_us: float,
 ) -> list[Row]:  # fmt: skip
     """Per impl: one call per block (plans built beforehand) per CUDA-event sample (`torch_rows`,
-    `cuda_rows`), and the forward's whole attention stage (`*_stage`: the plans on the host,
-    then `layers` calls per block, `kernels.timing.stage_sampler`, the two impls' samples
-    interleaved). `blocks[i]`: input set i's forwards, each (table, lens, q): a decode step is
-    one, a prefill the engine's blocks of its forward's row capacity."""
+    `cuda_rows`), and the forward's whole attention stage (`*_stage`: per block its plan on the
+    host, then `layers` calls, each over its own layer's pool, after a `piece_us` GPU piece:
+    `kernels.timing.forward_sampler`, the two impls' samples interleaved). `blocks[i]`: input
+    set i's forwards, each (table, lens, q): a decode step is one, a prefill the engine's
+    blocks of its forward's row capacity."""
     from kernels import row_attention as ra
 
     dev = pool.device
-    plan_of = {
-        "torch_rows": lambda i: [ra.torch_rows_plan(tab, lens, dev, ROW_BUCKET, ROW_PER_CALL)
-                                 for tab, lens, _ in blocks[i]],
-        "cuda_rows": lambda i: [ra.rowwise_plan(tab, lens, dev) for tab, lens, _ in blocks[i]],
+    plan_one = {
+        "torch_rows": lambda tab, lens: ra.torch_rows_plan(tab, lens, dev, ROW_BUCKET,
+                                                           ROW_PER_CALL),
+        "cuda_rows": lambda tab, lens: ra.rowwise_plan(tab, lens, dev),
     }  # fmt: skip
     call_of = {"torch_rows": ra.torch_rows, "cuda_rows": ra.cuda_rows}
     extra = {
         "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
         "cuda_rows": {"algo": "simt", "split_keys": ra.SPLIT_KEYS},
     }
+    # the engine's layers each read their own pool (same slots, other memory): layer 0 is
+    # `pool`, the others copies of its shape, so a layer's call never finds the last one's
+    # keys in L2
+    gen = torch.Generator(device=dev).manual_seed(n_rows)
+    pools = [pool] + [torch.randn(pool.shape, device=dev, generator=gen)
+                      for _ in range(layers - 1)]  # fmt: skip
     want = None
     if refcheck:
         want = torch.cat([
@@ -309,17 +333,17 @@ def _row_impls(
     by_impl: dict[str, list[Row]] = {}
     samplers, common_of, parts_of = {}, {}, {}
     for impl in ("torch_rows", "cuda_rows"):
-        plans = [plan_of[impl](i) for i in range(sets)]
-        call = call_of[impl]
+        plan, call = plan_one[impl], call_of[impl]
+        plans = [[plan(tab, lens) for tab, lens, _ in blocks[i]] for i in range(sets)]
 
         def fn(i: int, call=call, plans=plans) -> list[torch.Tensor]:
             return [call(q, pool, p, ROW_SCALE, ROW_LATENT)
                     for (_, _, q), p in zip(blocks[i], plans[i], strict=True)]  # fmt: skip
 
-        def run(i: int, plan: list, call=call) -> None:
-            for (_, _, q), p in zip(blocks[i], plan, strict=True):  # as the engine: per block,
-                for _ in range(layers):  # its forward's layers
-                    call(q, pool, p, ROW_SCALE, ROW_LATENT)
+        def forwards(i: int, plan=plan, call=call) -> list[tuple]:
+            return [(lambda tab=tab, lens=lens: plan(tab, lens),
+                     lambda p, layer, q=q: call(q, pools[layer], p, ROW_SCALE, ROW_LATENT))
+                    for tab, lens, q in blocks[i]]  # fmt: skip
 
         check: dict = {}
         if want is not None:
@@ -331,25 +355,25 @@ def _row_impls(
         timing = time_cuda(fn, sets, reps=reps)
         by_impl[impl] = [row("attn", kernel, impl, shape, timing, **common_of[impl])]
         parts_of[impl] = []
-        samplers[impl] = stage_sampler(plan_of[impl], run, sets, parts=parts_of[impl])
+        samplers[impl] = forward_sampler(forwards, sets, layers, piece_us, parts=parts_of[impl])
         del plans
     # the stage rows (what the rollout projects with) sample both impls in turn (A B B A ...)
     stage = interleave(samplers, reps=max(10, reps // 2))
     rows: list[Row] = []
     for impl in ("torch_rows", "cuda_rows"):
         timing = summarize(stage[impl], "stage")
-        # the stage's two parts, each its median over the samples: the plan on the host clock
+        # the stage's two parts, each its median over the samples: the plans on the host clock
         # (the part a busy host stretches) and the layers' calls on the GPU's
         host_us, gpu_us = (float(np.median(p)) for p in zip(*parts_of[impl], strict=True))
         rows += by_impl[impl]
         rows.append(row("attn", kernel, impl + "_stage", {**shape, "layers": layers}, timing,
-                        interleaved=True, host_us=host_us, gpu_us=gpu_us,
+                        interleaved=True, host_us=host_us, gpu_us=gpu_us, piece_us=piece_us,
                         **common_of[impl]))  # fmt: skip
     return rows
 
 
-def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
-                     layers: int = 4, block: int = 576) -> list[Row]:  # fmt: skip
+def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True, layers: int = 4,
+                     block: int = 576, piece_us: float = STAGE_PIECE_US) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` over the engine's prefill of one prompt of `prompt` tokens:
     rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages, in forwards of at
     most `block` rows (engine.decode's `prefill`: rows a .. b - 1 over the table of slots
@@ -360,7 +384,7 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True,
     shape = {"B": 1, "L": prompt, "block": block, "heads": ROW_HEADS, "kv_dim": ROW_KV,
              "dtype": "fp32"}  # fmt: skip
     return _row_impls("row_attention_prefill", shape, pool, blocks, n, sets, reps, refcheck,
-                      layers)  # fmt: skip
+                      layers, piece_us)  # fmt: skip
 
 
 def attn_suite(cfg: BenchConfig) -> list[Row]:
@@ -377,8 +401,10 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
         rows += sweep_rows(variants)
     for prefix in cfg.prefix_lens:
         for b in cfg.batches:
-            rows += row_attention_rows(b, cfg.row_budget + 1, prefix, cfg.reps, cfg.refcheck)
+            rows += row_attention_rows(b, cfg.row_budget + 1, prefix, cfg.reps, cfg.refcheck,
+                                       spread=cfg.decode_spread, piece_us=cfg.stage_piece_us)
             torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
-        rows += row_prefill_rows(prefix, cfg.reps, cfg.refcheck, block=cfg.prefill_block)
+        rows += row_prefill_rows(prefix, cfg.reps, cfg.refcheck, block=cfg.prefill_block,
+                                 piece_us=cfg.stage_piece_us)
         torch.cuda.empty_cache()
     return rows

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "Timing", "interleave", "stage_sampler", "summarize", "time_cuda", "time_graph", "time_host",
-    "time_stage",
+    "Timing", "forward_sampler", "interleave", "stage_sampler", "summarize", "time_cuda",
+    "time_graph", "time_host", "time_stage",
 ]  # fmt: skip
 
 
@@ -133,6 +133,55 @@ def stage_sampler(
             parts.append((host_us, gpu_us))
         return host_us + gpu_us
 
+    return sample
+
+
+def forward_sampler(
+    forwards: Callable[[int], Sequence[tuple[Callable[[], Any], Callable[[Any, int], Any]]]],
+    n_inputs: int = 1, layers: int = 4, piece_us: float = 0.0, warmup: int = 3,
+    parts: list[tuple[float, float]] | None = None,
+) -> Callable[[int], float]:  # fmt: skip
+    """A stage's sampler shaped as the forwards that run it (engine.forward): `forwards(i)`
+    gives input set i's forwards, each a (plan, call) pair. Per forward: the GPU idle (the
+    forward's input upload waits for the stream), `plan()` on the host clock (the engine's
+    `AttentionTimer.host`), then per layer a GPU sleep of `piece_us` (the stand-in for the
+    graph piece the forward runs before that layer's call; 0: none) and `call(plan, layer)`
+    between two CUDA events (`AttentionTimer.span`). A sample is the host time plus the spans'
+    GPU time (us), as the engine's stage clock adds them: where the CPU is still launching a
+    call when the GPU gets to it, the wait is inside the span, as it is in the forward; behind
+    `stage_sampler`'s long sleep it would be hidden. With `parts`, each sample also appends its
+    (host us, GPU us) there; the `warmup` samples are not kept."""
+    import torch
+
+    cycles = _sleep_cycles(piece_us * 1e-6) if piece_us > 0 else 0
+
+    def sample(i: int) -> float:
+        host_s, spans = 0.0, []
+        for plan, call in forwards(i % n_inputs):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            p = plan()
+            host_s += time.perf_counter() - t0
+            for layer in range(layers):
+                if cycles:
+                    torch.cuda._sleep(cycles)
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))  # fmt: skip
+                start.record()
+                call(p, layer)
+                end.record()
+                spans.append((start, end))
+        torch.cuda.synchronize()
+        host_us = host_s * 1e6
+        gpu_us = sum(s.elapsed_time(e) for s, e in spans) * 1e3
+        if parts is not None:
+            parts.append((host_us, gpu_us))
+        return host_us + gpu_us
+
+    for i in range(warmup):
+        sample(i % n_inputs)
+    if parts is not None:
+        parts.clear()
     return sample
 
 

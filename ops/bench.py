@@ -52,6 +52,10 @@ class BenchOptions(BaseModel):
     probe_interval: float = Field(default=0.05, ge=0)
     max_mem_gib: float | None = None
     timeout: float = 1800.0
+    # attn: the decode rows' requests' prefixes spread over this many tokens past L (a served
+    # batch's requests stand at different points of their output: a rollout passes its load's
+    # output length); 0: every request at L
+    decode_spread: int = Field(default=0, ge=0, le=65536)
 
 
 class BenchOutcome(BaseModel):
@@ -113,8 +117,11 @@ def release_id(host: Host, cwd: str) -> str:
 
 
 def bench_argv(python: str, opts: BenchOptions) -> list[str]:
-    return [python, "-m", "kernels.bench", "--json", "--suite", ",".join(opts.suites),
+    argv = [python, "-m", "kernels.bench", "--json", "--suite", ",".join(opts.suites),
             "--batch", ",".join(map(str, opts.batches))]  # fmt: skip
+    if "attn" in opts.suites and opts.decode_spread:
+        argv += ["--decode-spread", str(opts.decode_spread)]
+    return argv
 
 
 def run_bench(
@@ -128,6 +135,7 @@ def run_bench(
         "suites": opts.suites,
         "batches": opts.batches,
         "threshold": opts.threshold,
+        "decode_spread": opts.decode_spread,
     }
     progress("service pid")
     pid = service_pid(host)
@@ -137,7 +145,7 @@ def run_bench(
     guard = evaluate(
         gpus, opts.gpu, target=t.name, suites=opts.suites, batches=opts.batches,
         allow_shared=opts.allow_shared, max_mem_gib=opts.max_mem_gib, service_pid=pid,
-        inventory_gpus=t.gpus,
+        inventory_gpus=t.gpus, spread=opts.decode_spread,
     )  # fmt: skip
     section["guard"] = guard.model_dump()
     section["environment"] = environment(gpus, guard.gpu_info, opts.gpu, guard.processes)

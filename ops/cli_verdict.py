@@ -64,6 +64,14 @@ def bench(
         float | None, typer.Option(min=0.1, help="Cap on the bench's GPU memory (GiB).")
     ] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="The bench's time limit (s).")] = 1800.0,
+    decode_spread: Annotated[
+        int,
+        typer.Option(
+            min=0, max=65536,
+            help="attn: spread the decode step's requests' prefixes over N tokens (the load's "
+            "output length, as a served batch's requests stand at different points of it).",
+        ),
+    ] = 0,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
@@ -75,7 +83,7 @@ def bench(
     opts = BenchOptions(
         gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
         allow_shared=allow_shared, threshold=probe_threshold, probe_interval=probe_interval,
-        max_mem_gib=max_mem_gib, timeout=timeout,
+        max_mem_gib=max_mem_gib, timeout=timeout, decode_spread=decode_spread,
     )  # fmt: skip
 
     def go(host: Host) -> Done[BenchOutcome]:

@@ -59,8 +59,20 @@ def _attn_bytes(b: int, prefix: int, t: int, heads: int) -> int:
     return sets * (kv + q + gathered) + fp32_check
 
 
-def suite_bytes(suite: str, batches: list[int]) -> int:
-    """Peak bytes one suite allocates at the given batch sizes (an estimate, see module doc)."""
+def _row_attn_bytes(b: int, spread: int, layers: int = 4) -> int:
+    """The attn suite's decode rows at batch b over the longest default prefix (1024 keys, 17
+    rows a request, prefixes spread over `spread` more): every layer's pool of the rotated input
+    sets, and the torch path's largest group (keys, their latent copy, scores)."""
+    width = math.ceil((1024 + spread + 17) / 64) * 64
+    per_set = b * width * 576 * 4
+    sets = max(2, min(64, math.ceil(200_000_000 / per_set)))
+    group = 64 * width * (576 + 512 + 2 * 8) * 4
+    return sets * per_set * layers + sets * b * 17 * 8 * 576 * 4 + group
+
+
+def suite_bytes(suite: str, batches: list[int], spread: int = 0) -> int:
+    """Peak bytes one suite allocates at the given batch sizes (an estimate, see module doc);
+    `spread`: the attn decode rows' prefix spread (`--decode-spread`)."""
     if suite == "topk":
         return max(_sets(b * H * V * 2) * b * H * V * 2 + 2 * b * H * V * 4 for b in batches)
     if suite == "tree":
@@ -70,14 +82,15 @@ def suite_bytes(suite: str, batches: list[int]) -> int:
         return max(
             _sets(b * (n + 1) * V * 2) * b * (n + 1) * V * 2 + b * (n + 1) * V * 4 for b, n in sizes
         )
-    if suite == "attn":  # fixed sizes: --batch does not apply
-        return max(_attn_bytes(*s) for s in ATTN_SIZES)
+    if suite == "attn":  # fixed sizes, then the engine's row attention at each batch
+        fixed = max(_attn_bytes(*s) for s in ATTN_SIZES)
+        return max(fixed, *(_row_attn_bytes(b, spread) for b in batches))
     raise ValueError(suite)
 
 
-def memory_needed_mib(suites: list[str], batches: list[int]) -> float:
+def memory_needed_mib(suites: list[str], batches: list[int], spread: int = 0) -> float:
     """The suites run one after another and free their buffers: the largest one counts."""
-    peak = max(suite_bytes(s, batches) for s in suites)
+    peak = max(suite_bytes(s, batches, spread) for s in suites)
     return round((peak + CONTEXT_BYTES) / 2**20, 1)
 
 
@@ -128,6 +141,7 @@ def evaluate(
     max_mem_gib: float | None,
     service_pid: int | None,
     inventory_gpus: int = 0,
+    spread: int = 0,
 ) -> GuardResult:
     """Decide from the host's `checks.gpus` document whether GPU `gpu` may be benchmarked.
     Where nvidia-smi cannot list the GPUs, the inventory's `gpus` (when set) still tells a GPU
@@ -190,9 +204,9 @@ def evaluate(
             "(another container or pid namespace?)"
         )
     res.in_use = bool(procs) or unlisted > UNLISTED_MIB
-    need = memory_needed_mib(suites, batches)
+    need = memory_needed_mib(suites, batches, spread)
     res.memory_needed_mib = need
-    at = f"at batch {','.join(map(str, batches))}" if set(suites) - {"attn"} else "(fixed sizes)"
+    at = f"at batch {','.join(map(str, batches))}"
     res.findings.append(
         f"the suites {','.join(suites)} {at} need about {need / 1024:.1f} GiB (estimate); "
         f"{_gib(res.memory_free_mib)} free"

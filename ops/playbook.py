@@ -153,6 +153,8 @@ class BenchStep(StepBase):
     probe_interval: float = Field(default=0.05, ge=0, le=60)  # s between probe requests
     max_mem_gib: float | None = Field(default=None, gt=0)
     timeout: float = Field(default=1800.0, gt=0)
+    # attn decode rows: prefixes spread over this many tokens past L (default: load.output_len)
+    decode_spread: int | None = Field(default=None, ge=0, le=65536)
 
     _split = field_validator("batches", mode="before")(_levels)
 

@@ -165,6 +165,12 @@ def test_decisions_on_the_recorded_host() -> None:
     g = decide(doc, 1, allow_shared=True, max_mem_gib=200)  # more than the GPU has free
     assert g.verdict == "refused" and "less than the cap 200 GiB" in g.message
 
+    # the attn suite's engine rows hold every layer's pool at each batch: more with the batch
+    # and the prefixes' spread, above its fixed sizes only past them
+    attn = [memory_needed_mib(["attn"], [1, 8, b], spread) for b in (32, 256, 1024)
+            for spread in (0, 64)]  # fmt: skip
+    assert attn[0] == attn[1] < attn[2] < attn[3] < attn[4] < attn[5]
+
     g = decide(doc, 1, allow_shared=True, suites=["accept"], batches=[1024])
     assert g.verdict == "refused" and "need about" in g.message and "--batch" in g.hint
 

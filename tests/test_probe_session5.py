@@ -84,6 +84,8 @@ def test_engine_bench_cpu_run_records_matmul_and_repeats(tmp_path) -> None:
         (["--budget", "0"], "--budget takes node budgets >= 1"),
         (["--tree-scale", "nan"], "--tree-scale must be a finite number > 0"),
         (["--matmul", "bogus"], "invalid choice: 'bogus'"),  # was argparse's usage block
+        (["--decode-spread", "-1"], "--decode-spread takes 0 .. 65536 tokens"),
+        (["--stage-piece-us", "nan"], "--stage-piece-us takes 0 .. 100000 us"),
     ],
 )
 def test_kernels_bench_bad_input(capsys, extra, says) -> None:

@@ -144,7 +144,10 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert any(m.startswith("preflight recording the golden set: ") for m in passed), passed
     line = next(ln for ln in err.splitlines() if ln.startswith("[1/9] preflight: ok"))
     assert "golden" not in line or "golden set recorded" in line, line
-    assert record(run / "02-bench")["bench"]["hold_reasons"]
+    bench = record(run / "02-bench")
+    assert bench["bench"]["hold_reasons"]
+    # the decode rows' prefixes spread over the load's output, as the service's requests stand
+    assert bench["inputs"]["decode_spread"] == bench["bench"]["decode_spread"] == 8
     prof = record(run / "03-profile")["profile"]
     assert [lv["concurrency"] for lv in prof["levels"]] == [1, 4]
     assert record(run / "04-decide")["decision"]["verdict"] == "NO-GO"

@@ -162,16 +162,63 @@ def test_cuda_rows_are_batch_invariant() -> None:
         assert torch.equal(one, full[i : i + 1]), i
 
 
+def test_decode_prefixes_spread_evenly_and_every_set_spans_the_range() -> None:
+    """A served batch's requests stand at different points of their output: the decode rows'
+    prefixes spread evenly over L .. L + spread - 1, each input set over the whole range, and
+    with one request a step the sets take its prefixes in turn; spread 0 is every request at L."""
+    from kernels.bench_attention import decode_prefixes
+
+    assert decode_prefixes(1024, 0, 3, 2) == [[1024] * 3] * 2
+    got = decode_prefixes(1024, 64, 32, 3)
+    assert len(got) == 3 and all(len(s) == 32 for s in got)
+    every = sorted(p for s in got for p in s)
+    assert every[0] == 1024 and every[-1] <= 1087 and len(set(every)) == 64  # every offset
+    for s in got:  # each set spans the range, low to high
+        assert s == sorted(s) and s[0] - 1024 < 3 and s[-1] - 1024 > 60, s
+    assert [s[0] for s in decode_prefixes(1024, 64, 1, 64)] == list(range(1024, 1088))
+    assert decode_prefixes(64, 64, 8, 2) == [[64 + 8 * i for i in range(8)],
+                                              [68 + 8 * i for i in range(8)]]  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_forward_sampler_counts_the_host_wait_inside_a_span_and_a_piece_covers_it() -> None:
+    """The stage rows' sampler, shaped as the engine's forward: a call whose launch comes 3 ms
+    after its start event (a host-bound path) pays the wait inside its span, as the engine's
+    clock counts it, where stage_sampler's long sleep hides it; a piece longer than the wait
+    gives the CPU that head start back."""
+    import time
+
+    from kernels.timing import forward_sampler, stage_sampler
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_call(plan, layer: int) -> None:
+        time.sleep(0.003)
+        x.add_(1.0)
+
+    def forwards(i: int) -> list:
+        return [(lambda: None, slow_call)]
+
+    parts: list = []
+    bare = forward_sampler(forwards, 1, layers=2, piece_us=0, parts=parts)
+    assert parts == []  # the warm-up's samples are not kept
+    assert bare(0) > 2 * 2500 and len(parts) == 1 and parts[0][1] > 2 * 2500
+    covered = forward_sampler(forwards, 1, layers=2, piece_us=8000)
+    assert covered(0) < 2 * 1500
+    hidden = stage_sampler(lambda i: None, lambda i, p: [slow_call(p, j) for j in range(2)])
+    assert hidden(0) < 2 * 1500
+
+
 @pytest.mark.gpu
 def test_row_attention_bench_rows() -> None:
     from kernels.bench import add_speedups
     from kernels.bench_attention import row_attention_rows
 
-    rows = row_attention_rows(4, 17, 64, reps=5, layers=4)
+    rows = row_attention_rows(4, 17, 64, reps=5, layers=4, spread=32, piece_us=100)
     add_speedups(rows)
     assert [r["impl"] for r in rows] == ["torch_rows", "torch_rows_stage", "cuda_rows",
                                          "cuda_rows_stage"]  # fmt: skip
-    shape = {"B": 4, "T": 17, "L": 64, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
+    shape = {"B": 4, "T": 17, "L": 64, "spread": 32, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
     for r in rows:
         assert r["suite"] == "attn" and r["kernel"] == "row_attention", r
         stage = r["impl"].endswith("_stage")
@@ -179,6 +226,7 @@ def test_row_attention_bench_rows() -> None:
         assert r["median_us"] > 0 and r["refcheck"] is True, r
         assert r["mode"] == ("stage" if stage else "events"), r
         assert r["rows"] == 68 and "samples_us" not in r
+        assert r.get("piece_us") == (100 if stage else None), r
     assert set(rows[2]["speedup"]) == {"torch_rows"}
     assert set(rows[3]["speedup"]) == {"torch_rows_stage"}
     # a stage is the plan and four calls: more than one call of the same impl
