@@ -401,10 +401,18 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
         rows += sweep_rows(variants)
     for prefix in cfg.prefix_lens:
         for b in cfg.batches:
-            rows += row_attention_rows(b, cfg.row_budget + 1, prefix, cfg.reps, cfg.refcheck,
-                                       spread=cfg.decode_spread, piece_us=cfg.stage_piece_us)
+            rows += row_attention_rows(
+                b,
+                cfg.row_budget + 1,
+                prefix,
+                cfg.reps,
+                cfg.refcheck,
+                spread=cfg.decode_spread,
+                piece_us=cfg.stage_piece_us,
+            )
             torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
-        rows += row_prefill_rows(prefix, cfg.reps, cfg.refcheck, block=cfg.prefill_block,
-                                 piece_us=cfg.stage_piece_us)
+        rows += row_prefill_rows(
+            prefix, cfg.reps, cfg.refcheck, block=cfg.prefill_block, piece_us=cfg.stage_piece_us
+        )
         torch.cuda.empty_cache()
     return rows

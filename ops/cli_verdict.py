@@ -67,7 +67,8 @@ def bench(
     decode_spread: Annotated[
         int,
         typer.Option(
-            min=0, max=65536,
+            min=0,
+            max=65536,
             help="attn: spread the decode step's requests' prefixes over N tokens (the load's "
             "output length, as a served batch's requests stand at different points of it).",
         ),
