@@ -6,9 +6,10 @@ The kernel bench's stage rows enqueued a forward's layer calls behind a GPU slee
 The engine's stage clock (`engine.forward.AttentionTimer`) puts events around each layer's
 call right after that layer's graph piece, and every forward starts with the GPU idle (its
 input upload waits for the stream), so a host-heavy path (the torch one: ~9 launches per
-64-row group) can starve the GPU inside the span. For the torch and CUDA paths at the rollout's shapes (a 1024-token prefill in
-the engine's blocks of 576 rows; decode steps of B x 17 rows over 1024 keys), each stage is
-sampled three ways, in turn (`kernels.timing.interleave`):
+64-row group) can starve the GPU inside the span. For the torch and CUDA paths at the
+rollout's shapes (a 1024-token prefill in the engine's blocks of 576 rows; decode steps of
+B x 17 rows over 1024 keys), each stage is sampled three ways, in turn
+(`kernels.timing.interleave`):
 - `hidden`: the bench's stage row as it was (host plan, then the layers behind a GPU sleep);
 - `exposed`: the host plan, then per layer events around the call, the GPU idle at the start;
 - `piece<N>`: as exposed, with a GPU sleep of N us before each layer's call (a stand-in for the
