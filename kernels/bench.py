@@ -71,6 +71,8 @@ class BenchConfig:
     # attn row_attention: the decode step's requests' prefixes spread over L .. L + spread - 1
     # (a served batch's requests at different points of their output; 0: all at L)
     decode_spread: int = 0
+    # ... a set's requests all at one prefix, the sets over the range (requests in lockstep)
+    decode_lockstep: bool = False
     # attn stage rows: GPU time (us) of the piece before each layer's call
     stage_piece_us: float = STAGE_PIECE_US
     # tree tree_build_stage: (H, K, budget) of the engine's stage (engine `small`: 7, 16, 16)
@@ -312,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         "ops rollout passes its load's output length); 0: every request at L",
     )
     ap.add_argument(
+        "--decode-lockstep",
+        action="store_true",
+        help="attn row_attention with --decode-spread: a step's requests all at one prefix, "
+        "the input sets over the range (requests started together, advancing together)",
+    )
+    ap.add_argument(
         "--stage-piece-us",
         type=float,
         default=STAGE_PIECE_US,
@@ -356,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             row_budget=args.row_budget,
             prefill_block=args.prefill_block,
             decode_spread=args.decode_spread,
+            decode_lockstep=args.decode_lockstep,
             stage_piece_us=args.stage_piece_us,
             stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
             matmul=args.matmul,

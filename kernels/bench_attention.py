@@ -217,16 +217,24 @@ def _input_sets(per_set: int) -> int:
     return max(2, min(64, -(-ROW_ROTATE // per_set)))
 
 
-def decode_prefixes(prefix: int, spread: int, b: int, sets: int) -> list[list[int]]:
-    """Per input set, the prefix lengths of a decode step's `b` requests: spread evenly over
-    prefix .. prefix + spread - 1 (0: all `prefix`), as the requests of a served batch stand at
-    different points of their output, interleaved so every set spans the range and the sets
-    together cover it (with one request a step, the sets take its prefixes in turn)."""
+def decode_prefixes(
+    prefix: int, spread: int, b: int, sets: int, lockstep: bool = False
+) -> list[list[int]]:
+    """Per input set, the prefix lengths of a decode step's `b` requests over prefix ..
+    prefix + spread - 1 (0: all `prefix`). Spread: evenly within every set, interleaved so
+    each set spans the range (a batch whose requests stand at different points of their
+    output). Lockstep: a set's requests all at one prefix, the sets evenly over the range (a
+    batch whose requests started together and advance together, as a load of equal requests
+    started at once drives the service)."""
+    if lockstep:
+        return [[prefix + (2 * s + 1) * spread // (2 * sets)] * b for s in range(sets)]
     n = sets * b
     return [[prefix + (i * sets + s) * spread // n for i in range(b)] for s in range(sets)]
 
 
-def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int, spread: int = 0) -> tuple:
+def row_step_inputs(
+    b: int, t: int, prefix: int, sets: int, seed: int, spread: int = 0, lockstep: bool = False
+) -> tuple:
     """One pool (fp32, on the GPU) for every input set, each set's B requests in pages of
     their own (shuffled over the pool), and per set the step's rows (table, lens) and q; the
     requests' prefixes per `decode_prefixes`."""
@@ -238,7 +246,7 @@ def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int, spread: i
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pool = torch.randn(sets * b * per_req * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
     steps = []
-    for s, prefixes in enumerate(decode_prefixes(prefix, spread, b, sets)):
+    for s, prefixes in enumerate(decode_prefixes(prefix, spread, b, sets, lockstep)):
         parents = [random_parents(rng, t) for _ in range(b)]
         table, lens = step_rows(prefixes, parents, order[s], ROW_PAGE)
         q = torch.randn(b * t, ROW_HEADS, ROW_KV, device="cuda", generator=gen)
@@ -246,11 +254,13 @@ def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int, spread: i
     return pool, steps
 
 
-def row_step_blocks(b: int, t: int, prefix: int, sets: int, spread: int = 0) -> tuple:
+def row_step_blocks(
+    b: int, t: int, prefix: int, sets: int, spread: int = 0, lockstep: bool = False
+) -> tuple:
     """(pool, per input set: its one forward [(table, lens, q)]) of a decode step, as
     `_row_impls` takes them."""
     seed = b * 100_000 + prefix * 100 + t
-    pool, steps = row_step_inputs(b, t, prefix, sets, seed, spread)
+    pool, steps = row_step_inputs(b, t, prefix, sets, seed, spread, lockstep)
     # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
     # outside the attention stage: its plans start from a device table
     return pool, [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
@@ -280,16 +290,21 @@ def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
 
 
 def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50, refcheck: bool = True,
-                       layers: int = 4, spread: int = 0,
-                       piece_us: float = STAGE_PIECE_US) -> list[Row]:  # fmt: skip
+                       layers: int = 4, spread: int = 0, piece_us: float = STAGE_PIECE_US,
+                       lockstep: bool = False) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys
-    (the requests' prefixes spread over prefix .. prefix + spread - 1: `decode_prefixes`)."""
+    (the requests' prefixes over prefix .. prefix + spread - 1: `decode_prefixes`; lockstep
+    takes at least 8 input sets, so the sets' prefixes cover the range)."""
 
     per_set = b * -(-(prefix + max(spread - 1, 0) + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
     sets = _input_sets(per_set)
-    pool, blocks = row_step_blocks(b, t, prefix, sets, spread)
+    if lockstep and spread:
+        sets = max(sets, 8)
+    pool, blocks = row_step_blocks(b, t, prefix, sets, spread, lockstep)
     shape = {"B": b, "T": t, "L": prefix, "spread": spread, "heads": ROW_HEADS, "kv_dim": ROW_KV,
              "dtype": "fp32"}  # fmt: skip
+    if lockstep and spread:
+        shape["lockstep"] = True
     return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers,
                       piece_us)  # fmt: skip
 
@@ -409,6 +424,7 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
                 cfg.refcheck,
                 spread=cfg.decode_spread,
                 piece_us=cfg.stage_piece_us,
+                lockstep=cfg.decode_lockstep,
             )
             torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
         rows += row_prefill_rows(

@@ -153,7 +153,7 @@ def forward_sampler(
     (host us, GPU us) there; the `warmup` samples are not kept."""
     import torch
 
-    cycles = _sleep_cycles(piece_us * 1e-6) if piece_us > 0 else 0
+    cycles = 0
 
     def sample(i: int) -> float:
         host_s, spans = 0.0, []
@@ -182,6 +182,9 @@ def forward_sampler(
         sample(i % n_inputs)
     if parts is not None:
         parts.clear()
+    # the piece's sleep calibrated once the warm-up has the GPU at its working clock (a sleep
+    # counts cycles: calibrated at an idle clock it runs several times shorter under load)
+    cycles = _sleep_cycles(piece_us * 1e-6) if piece_us > 0 else 0
     return sample
 
 
