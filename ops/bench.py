@@ -52,9 +52,8 @@ class BenchOptions(BaseModel):
     probe_interval: float = Field(default=0.05, ge=0)
     max_mem_gib: float | None = None
     timeout: float = 1800.0
-    # attn: the decode rows' requests' prefixes spread over this many tokens past L (a served
-    # batch's requests stand at different points of their output: a rollout passes its load's
-    # output length); 0: every request at L
+    # attn: the decode rows' requests' prefixes spread over this many tokens past L
+    # (`kernels.bench --decode-spread`; a playbook's bench.decode_spread); 0: every request at L
     decode_spread: int = Field(default=0, ge=0, le=65536)
 
 

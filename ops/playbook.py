@@ -153,8 +153,10 @@ class BenchStep(StepBase):
     probe_interval: float = Field(default=0.05, ge=0, le=60)  # s between probe requests
     max_mem_gib: float | None = Field(default=None, gt=0)
     timeout: float = Field(default=1800.0, gt=0)
-    # attn decode rows: prefixes spread over this many tokens past L (default: load.output_len)
-    decode_spread: int | None = Field(default=None, ge=0, le=65536)
+    # attn decode rows: the requests' prefixes spread over this many tokens past L (0: all at
+    # L). Not the load's output length: the load's requests advance nearly together, and a
+    # batch spread over 64 tokens costs the torch path 40-51% more (NOTES-attention.md)
+    decode_spread: int = Field(default=0, ge=0, le=65536)
 
     _split = field_validator("batches", mode="before")(_levels)
 

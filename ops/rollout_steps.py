@@ -146,10 +146,7 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
         probe_interval=st.probe_interval,
         max_mem_gib=st.max_mem_gib,
         timeout=st.timeout,
-        # the service's requests stand at every point of their output while it is measured
-        decode_spread=(
-            st.decode_spread if st.decode_spread is not None else ctx.playbook.load.output_len
-        ),
+        decode_spread=st.decode_spread,
     )
     o = run_bench(ctx.host, opts, ctx.say)
     detail = o.message or f"{len(o.section.get('rows') or [])} kernel rows, no interference"

@@ -185,3 +185,17 @@ def test_decisions_on_the_recorded_host() -> None:
     assert decide({"available": True, "gpus": []}, 0).verdict == "hold"
     g = decide(doc, None)
     assert g.verdict == "refused" and "give --gpu N" in g.message
+
+
+def test_bench_argv_passes_the_decode_spread_to_the_attn_suite_only() -> None:
+    """The decode rows' prefix spread reaches `kernels.bench` when the attn suite runs, and the
+    guard's memory estimate counts it; other suites' command lines are as before."""
+    from ops.bench import BenchOptions, bench_argv
+
+    attn = BenchOptions(gpu=0, suites=["attn"], batches=[1, 32], decode_spread=16)
+    assert bench_argv("py", attn)[-2:] == ["--decode-spread", "16"]
+    assert "--decode-spread" not in bench_argv("py", attn.model_copy(update={"decode_spread": 0}))
+    tree = BenchOptions(gpu=0, suites=["tree"], batches=[1], decode_spread=16)
+    assert bench_argv("py", tree) == [
+        "py", "-m", "kernels.bench", "--json", "--suite", "tree", "--batch", "1"
+    ]  # fmt: skip

@@ -96,7 +96,9 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     (local.root / "current").symlink_to("releases/20260101T000000Z-0123456789")
     # the tree build is ~2% of the tiny engine's wall time (its ceiling near the default 3%):
     # a 6% threshold makes "below the ceiling" a property of the engine, not of a noisy run
-    code, doc, err = local("rollout", "local", *SMALL, "--set", "threshold=0.06")
+    code, doc, err = local(
+        "rollout", "local", *SMALL, "--set", "threshold=0.06", "--set", "bench.decode_spread=8"
+    )
     assert code == 1 and doc["verdict"] == "NO-GO", err
     assert doc["change"] == "tree_build: reference -> cuda"
     d = doc["decision"]
@@ -146,8 +148,7 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert "golden" not in line or "golden set recorded" in line, line
     bench = record(run / "02-bench")
     assert bench["bench"]["hold_reasons"]
-    # the decode rows' prefixes spread over the load's output, as the service's requests stand
-    assert bench["inputs"]["decode_spread"] == bench["bench"]["decode_spread"] == 8
+    assert bench["inputs"]["decode_spread"] == bench["bench"]["decode_spread"] == 8  # --set
     prof = record(run / "03-profile")["profile"]
     assert [lv["concurrency"] for lv in prof["levels"]] == [1, 4]
     assert record(run / "04-decide")["decision"]["verdict"] == "NO-GO"
