@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = [
     "Timing", "forward_sampler", "interleave", "stage_sampler", "summarize", "time_cuda",
-    "time_graph", "time_host", "time_stage",
+    "time_graph", "time_host",
 ]  # fmt: skip
 
 
@@ -99,7 +99,8 @@ def stage_sampler(
     GPU sleep longer than its host time, so its span is the GPU's time alone: a stage that
     builds a plan on the host and then launches work inside a pipeline whose CPU runs ahead of
     its GPU, where the launch overhead hides behind the work before it, e.g. the engine's
-    attention per forward (its plan, then one call per layer). Returns host + GPU time (us);
+    attention per forward (its plan, then one call per layer; benchmarks/stage_exposure.py's
+    `hidden` sampler: the bench's stage rows take `forward_sampler`). Returns host + GPU time (us);
     with `parts`, each sample also appends its (host us, GPU us) there."""
     import torch
 
@@ -186,18 +187,6 @@ def forward_sampler(
     # counts cycles: calibrated at an idle clock it runs several times shorter under load)
     cycles = _sleep_cycles(piece_us * 1e-6) if piece_us > 0 else 0
     return sample
-
-
-def time_stage(
-    prepare: Callable[[int], Any],
-    run: Callable[[int, Any], Any],
-    n_inputs: int = 1,
-    warmup: int = 3,
-    reps: int = 30,
-) -> Timing:
-    """One stage alone: `reps` samples of its `stage_sampler`."""
-    sample = stage_sampler(prepare, run, n_inputs, warmup)
-    return summarize([sample(i) for i in range(reps)], "stage")
 
 
 def _sleep_cycles(seconds: float) -> int:
