@@ -204,6 +204,7 @@ class Scheduler:
         if not self._running:
             return
         batch = list(self._running)
+        lengths = [len(r.seq.tokens) for r in batch]
         t0 = time.perf_counter()
         res = self.decoder.step([r.seq for r in batch])
         res.stages["step"] = time.perf_counter() - t0
@@ -215,4 +216,7 @@ class Scheduler:
                 self._retire(req, update)
             elif update.token_ids:
                 self._emit(req, update)
-        self.stats.record_step(len(batch), res.stages, [len(n) for n in res.new_tokens], delivered)
+        self.stats.record_step(
+            len(batch), res.stages, [len(n) for n in res.new_tokens], delivered,
+            max(lengths) - min(lengths),
+        )  # fmt: skip

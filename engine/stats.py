@@ -61,6 +61,10 @@ class StepStats:
             lambda: {s: [0, 0.0] for s in (*STAGES, "step")}
         )
         self.steps_by_batch: dict[int, int] = defaultdict(int)
+        # batch size -> Σ over its steps of the batch's length spread (longest sequence -
+        # shortest, tokens): how far apart the requests of a step stand (a batch whose
+        # sequences straddle the torch attention's length buckets costs it more)
+        self.spread_by_batch: dict[int, int] = defaultdict(int)
         self.stage_hist = {s: Histogram(STAGE_BUCKETS) for s in STAGES}
         self.accept_hist = Histogram(ACCEPT_BUCKETS)
         self.tokens_total = 0
@@ -72,12 +76,15 @@ class StepStats:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for throughput
 
     def record_step(
-        self, batch: int, stages: dict[str, float], accept_lens: list[int], delivered: int
-    ) -> None:
-        """One step: its stage times, tokens committed per request, tokens handed to clients."""
+        self, batch: int, stages: dict[str, float], accept_lens: list[int], delivered: int,
+        spread: int = 0,
+    ) -> None:  # fmt: skip
+        """One step: its stage times, tokens committed per request, tokens handed to clients,
+        and its sequences' length spread (longest - shortest, tokens, before the step)."""
         now = time.monotonic()
         with self.lock:
             self.steps_by_batch[batch] += 1
+            self.spread_by_batch[batch] += spread
             self.max_batch_seen = max(self.max_batch_seen, batch)
             row = self.by_batch[batch]
             for s, sec in stages.items():
@@ -130,7 +137,8 @@ class StepStats:
             return h.sum / h.count if h.count else 0.0
 
     def breakdown(self) -> dict[str, dict]:
-        """{batch size: {"steps": n, "mean_s": {stage: mean seconds per step}}}."""
+        """{batch size: {"steps": n, "mean_s": {stage: mean seconds per step}, "total_s":
+        {stage: seconds}, "spread_sum": Σ of the steps' length spreads (tokens)}}."""
         with self.lock:
             out = {}
             for b, row in sorted(self.by_batch.items()):
@@ -139,5 +147,6 @@ class StepStats:
                     "steps": n,
                     "mean_s": {s: (v[1] / n if n else 0.0) for s, v in row.items()},
                     "total_s": {s: v[1] for s, v in row.items()},
+                    "spread_sum": self.spread_by_batch[b],
                 }
             return out

@@ -47,7 +47,8 @@ def metric(snap: Counters, prefix: str) -> float | None:
 
 
 def level_steps(before: dict[str, Any], after: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Per batch size: the level's own steps and each stage's total seconds (after - before)."""
+    """Per batch size: the level's own steps and each stage's total seconds (after - before),
+    and the Σ of its steps' length spreads where the engine reports it (`spread_sum`)."""
     out = {}
     for b, row in after.items():
         prev = before.get(b, {"steps": 0, "total_s": {}})
@@ -55,6 +56,8 @@ def level_steps(before: dict[str, Any], after: dict[str, Any]) -> dict[int, dict
         if steps > 0:
             totals = {s: t - prev["total_s"].get(s, 0.0) for s, t in row["total_s"].items()}
             out[int(b)] = {"steps": steps, "total_s": totals}
+            if "spread_sum" in row:
+                out[int(b)]["spread_sum"] = row["spread_sum"] - prev.get("spread_sum", 0)
     return out
 
 

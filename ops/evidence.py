@@ -198,6 +198,15 @@ class ProfileLevel(_Open):
     tokens_per_s: Value | None = None
     accept_length: Value | None = None
     wall_share: dict[str, Value] = Field(default_factory=dict)
+    # the mean over the level's steps of the batch's length spread (longest - shortest, tokens)
+    batch_spread: Value | None = None
+
+    @field_validator("batch_spread")
+    @classmethod
+    def _spread(cls, v: Value | None) -> Value | None:
+        if v is not None and not 0 <= v.value < float("inf"):
+            raise ValueError(f"batch_spread: a length spread is >= 0 tokens, got {v.value!r}")
+        return v
 
     @field_validator("step_ms")
     @classmethod

@@ -151,6 +151,12 @@ def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict
         "unaccounted_ms": step
         - sum(v["value"] for s, v in stage_ms.items() if s not in NESTED_STAGES),
     }
+    if "spread_sum" in row:  # how far apart the step's sequences stood (longest - shortest)
+        level["batch_spread"] = value(
+            row["spread_sum"] / n, "measured",
+            f"mean over the measured window's {n} steps at batch {batch} of the batch's length "
+            f"spread, longest sequence - shortest, tokens (Δ {BREAKDOWN}.spread_sum)", n=n,
+        )  # fmt: skip
     level.update(throughput(lt))
     d_sum = _delta(start, end, "ddtree:accept_length_sum")
     d_cnt = _delta(start, end, "ddtree:accept_length_count")

@@ -212,6 +212,10 @@ def test_concurrent_requests_are_batched(engine: EngineProcess, ar_reference) ->
     info = httpx.get(f"{engine.url}/get_server_info").json()["internal_states"][0]
     assert info["max_batch_size_seen"] > 1
     assert any(int(b) > 1 for b in info["step_time_breakdown"])
+    # the batch's length spread (longest sequence - shortest, summed over the steps): prompts
+    # of different lengths stand apart; one sequence alone has none
+    spread = {int(b): v["spread_sum"] for b, v in info["step_time_breakdown"].items()}
+    assert spread.get(1, 0) == 0 and any(v > 0 for b, v in spread.items() if b > 1), spread
 
 
 def test_metrics_parse(engine: EngineProcess) -> None:

@@ -91,6 +91,20 @@ def test_measured_stage_times_per_level(ops: Ops) -> None:
     # the derived formula, applied where both are known, gives the same order of magnitude
     for lv in doc["levels"]:
         assert 0.5 < lv["derived_check"]["step_ms"] / lv["step_ms"]["value"] < 5
+    # how far apart a step's sequences stood: one alone, none; the load's one prompt keeps the
+    # c=4 requests within its 16 output tokens of each other
+    spread = {lv.concurrency: lv.batch_spread for lv in prof.levels}
+    assert (
+        spread[1] is not None and spread[1].value == 0 and spread[1].n == prof.levels[0].step_ms.n
+    )
+    assert spread[4] is not None and 0 <= spread[4].value < 16
+    assert "spread_sum" in spread[4].note
+    out = ops.tmp / "profile-report"
+    res = ops("report", doc["run_dir"], "--out", str(out))
+    assert res.returncode == 3, res.stderr  # HOLD: no bench
+    md = (out / "report.md").read_text()
+    assert "Batch length spread (the mean over the level's steps" in md and "c=1 0.0, c=4 " in md
+    assert 'id="batch-spread"' in (out / "report.html").read_text()
 
 
 def test_derived_without_stage_timings(ops: Ops) -> None:

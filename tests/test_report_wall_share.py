@@ -58,3 +58,27 @@ def test_an_old_record_without_wall_share_falls_back_to_the_step_share(tmp_path:
     assert "| measured, share of the step at batch c |" in md
     assert "this profile record has no wall_share" in md
     assert "Share of the measured window's wall time" not in md
+
+
+def test_the_batch_spread_is_shown_and_a_negative_one_is_a_bad_record(tmp_path: Path) -> None:
+    """A profile level's `batch_spread` (ops profile records it from the engine's counters) is
+    listed under the service profile; a negative spread names the record and the field."""
+    prof = json.loads((RECORDS / "profile_attn_wall" / "record.json").read_text())
+    for lv in prof["profile"]["levels"]:
+        lv["batch_spread"] = {"value": 0.0 if lv["concurrency"] == 1 else 2.5, "n": 96}
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "record.json").write_text(json.dumps(prof))
+    code, doc = ops_report(tmp_path, *RECS, str(good))
+    assert code == 0, doc
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Batch length spread (the mean over the level's steps" in md
+    assert "c=1 0.0, c=8 2.5, c=32 2.5." in md
+    prof["profile"]["levels"][1]["batch_spread"]["value"] = -1.0
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "record.json").write_text(json.dumps(prof))
+    code, doc = ops_report(tmp_path / "b", *RECS, str(bad))
+    assert code == 2 and doc["field"] == "profile.levels.1.batch_spread", doc
+    assert doc["file"] == str(bad / "record.json")
+    assert "a length spread is >= 0 tokens, got -1.0" in json.dumps(doc)
