@@ -14,9 +14,9 @@ target sizes.
 Kernel `row_attention` is the reference engine's attention call as it runs (fp32, the `small`
 preset's 8 heads over 576-wide KV rows, 512 latent): one decode step of `B` requests (the
 `--batch` list), each `T` = `--row-budget` + 1 rows (root + tree nodes, random trees) over a
-prefix of `L` keys (each of `--prefix-len`; with `--decode-spread N` the B requests' prefixes
-spread evenly over L .. L + N - 1, as a served batch's requests stand at different points of
-their output: shape key `spread`) in 64-slot pages, every row seeing its prefix, its ancestors
+prefix of `L` keys (each of `--prefix-len`; with `--decode-spread N`, a diagnostic, the B
+requests' prefixes spread evenly over L .. L + N - 1, or with `--decode-lockstep` each input
+set's requests at one prefix, the sets over that range: shape key `spread`) in 64-slot pages, every row seeing its prefix, its ancestors
 and itself (`kernels.row_attention.step_rows`). `torch_rows` is the engine's `torch` backend
 (`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows` its `cuda` backend
 (the tree-verify kernel with every row its own request, fp32 SIMT, KV splits of
@@ -34,9 +34,11 @@ the GPU idle, the plan on the host clock, then per layer a GPU piece of `--stage
 (the stand-in for the graph piece before that layer's call) and the call between CUDA events,
 each layer over its own pool. So a path whose launches take longer on the CPU than the GPU's
 head start (the torch one: about 9 launches per 64-row group) pays that wait as the engine's
-clock does. (The rows before this sampler enqueued the layers behind one long GPU sleep,
-hiding it, and read the torch path's s low against the service: prefill 1.49-1.52x against
-1.59-1.65x, the decode step at B=32 1.11x against 1.17-1.18x; NOTES-attention.md.) The two
+clock does. (The rows before this sampler enqueued the layers behind one long GPU sleep; on the
+H200 both read the same s, and both read the torch path's s low against the service's: prefill
+about 1.5x against 1.63-1.65x, the decode step at B=32 1.11x against 1.17x. A batch spread
+over 64 tokens reads it far higher, 1.58x, where a load of one prompt keeps the service's
+requests together; NOTES-attention.md.) The two
 impls' stage samples are taken in turn (`kernels.timing.interleave`, rows marked
 `interleaved`), so a slow spell on a shared host or GPU weighs on both alike; each stage row
 also carries its two parts, `host_us` (the plans, host clock) and `gpu_us` (the layers' calls,
