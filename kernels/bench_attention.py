@@ -16,8 +16,9 @@ preset's 8 heads over 576-wide KV rows, 512 latent): one decode step of `B` requ
 `--batch` list), each `T` = `--row-budget` + 1 rows (root + tree nodes, random trees) over a
 prefix of `L` keys (each of `--prefix-len`; with `--decode-spread N`, a diagnostic, the B
 requests' prefixes spread evenly over L .. L + N - 1, or with `--decode-lockstep` each input
-set's requests at one prefix, the sets over that range: shape key `spread`) in 64-slot pages, every row seeing its prefix, its ancestors
-and itself (`kernels.row_attention.step_rows`). `torch_rows` is the engine's `torch` backend
+set's requests at one prefix, the sets over that range: shape key `spread`) in 64-slot
+pages, every row seeing its prefix, its ancestors and itself
+(`kernels.row_attention.step_rows`). `torch_rows` is the engine's `torch` backend
 (`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows` its `cuda` backend
 (the tree-verify kernel with every row its own request, fp32 SIMT, KV splits of
 `kernels.row_attention.SPLIT_KEYS`). These rows give `ops report` its s(c) for the change
