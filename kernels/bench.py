@@ -100,6 +100,10 @@ class BenchConfig:
             raise ValueError(f"--prefill-block must be >= 1, got {self.prefill_block}")
         if not 0 <= self.decode_spread <= 65536:
             raise ValueError(f"--decode-spread takes 0 .. 65536 tokens, got {self.decode_spread}")
+        if self.decode_lockstep and not self.decode_spread:
+            raise ValueError(
+                "--decode-lockstep needs a --decode-spread N > 0 to spread the sets over"
+            )
         if not 0 <= self.stage_piece_us <= 100_000:  # NaN fails too
             raise ValueError(f"--stage-piece-us takes 0 .. 100000 us, got {self.stage_piece_us}")
         if len(self.stage_shape) != 3 or min(self.stage_shape) < 1:

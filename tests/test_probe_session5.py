@@ -86,6 +86,7 @@ def test_engine_bench_cpu_run_records_matmul_and_repeats(tmp_path) -> None:
         (["--matmul", "bogus"], "invalid choice: 'bogus'"),  # was argparse's usage block
         (["--decode-spread", "-1"], "--decode-spread takes 0 .. 65536 tokens"),
         (["--stage-piece-us", "nan"], "--stage-piece-us takes 0 .. 100000 us"),
+        (["--decode-lockstep"], "--decode-lockstep needs a --decode-spread N > 0"),
     ],
 )
 def test_kernels_bench_bad_input(capsys, extra, says) -> None:
