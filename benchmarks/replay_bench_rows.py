@@ -32,12 +32,19 @@ def main() -> int:
     if args.out_dir.exists():
         print(f"error: {args.out_dir} exists", file=sys.stderr)
         return 2
+    try:  # both inputs read and checked before anything is written
+        rec = json.loads(bench_rec.read_text())
+        old = rec["bench"]["rows"]
+        doc = json.loads(args.bench_json.read_text())
+        new = [r for r in doc["results"] if str(r.get("kernel", "")).startswith(args.kernel)]
+        if not isinstance(old, list) or not all(isinstance(r, dict) for r in old):
+            raise TypeError("bench.rows is not a list of rows")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"error: {bench_rec} or {args.bench_json}: not a bench record / a kernels.bench "
+              f"--json document ({type(exc).__name__}: {exc})", file=sys.stderr)  # fmt: skip
+        return 2
     run = args.out_dir / "run"
     shutil.copytree(args.run_dir, run)
-    rec = json.loads((run / "02-bench" / "record.json").read_text())
-    new = [r for r in json.loads(args.bench_json.read_text())["results"]
-           if str(r.get("kernel", "")).startswith(args.kernel)]  # fmt: skip
-    old = rec["bench"]["rows"]
     rec["bench"]["rows"] = [r for r in old if not str(r.get("kernel", "")).startswith(args.kernel)]
     print(f"{len(old) - len(rec['bench']['rows'])} {args.kernel}* rows replaced by {len(new)}")
     rec["bench"]["rows"] += new

@@ -313,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         "--decode-spread",
         type=int,
         default=0,
-        help="attn row_attention: the decode step's requests' prefixes spread evenly over "
-        "L .. L + N - 1 (a served batch's requests at different points of their output; "
-        "ops rollout passes its load's output length); 0: every request at L",
+        help="attn row_attention, a diagnostic: the decode step's requests' prefixes spread "
+        "evenly over L .. L + N - 1 (a load of one prompt keeps a served batch's requests "
+        "together: 0, the default, every request at L)",
     )
     ap.add_argument(
         "--decode-lockstep",

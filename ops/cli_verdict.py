@@ -69,8 +69,8 @@ def bench(
         typer.Option(
             min=0,
             max=65536,
-            help="attn: spread the decode step's requests' prefixes over N tokens (the load's "
-            "output length, as a served batch's requests stand at different points of it).",
+            help="attn, a diagnostic: spread the decode step's requests' prefixes over N tokens "
+            "(0: all at one prefix, as a load of one prompt keeps them).",
         ),
     ] = 0,
     _json: JsonOpt = False,

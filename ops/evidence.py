@@ -205,7 +205,7 @@ class ProfileLevel(_Open):
     @classmethod
     def _spread(cls, v: Value | None) -> Value | None:
         if v is not None and not 0 <= v.value < float("inf"):
-            raise ValueError(f"batch_spread: a length spread is >= 0 tokens, got {v.value!r}")
+            raise ValueError(f"a length spread is >= 0 tokens, got {v.value!r}")
         return v
 
     @field_validator("step_ms")

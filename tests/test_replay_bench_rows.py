@@ -44,3 +44,10 @@ def test_replay_with_its_own_rows_and_with_the_unspread_rows(tmp_path: Path) -> 
     assert got == _predicted(RESULTS / "replay-unspread" / "report.md")
     bad = _run(tmp_path / "nowhere", own, tmp_path / "x")
     assert bad.returncode == 2 and "error: needs" in bad.stderr and not (tmp_path / "x").exists()
+    for text in ("{not json", '{"rows": []}', "[1, 2]", '{"results": null}', '{"results": [1]}'):
+        junk = tmp_path / "junk.json"
+        junk.write_text(text)
+        bad = _run(run, junk, tmp_path / "y")
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1, (text, bad.stderr)
+        assert "not a bench record / a kernels.bench --json document" in bad.stderr, text
+        assert not (tmp_path / "y").exists(), text  # nothing half-written
