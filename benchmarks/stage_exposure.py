@@ -14,6 +14,8 @@ B x 17 rows over 1024 keys), each stage is sampled three ways, in turn
 - `exposed`: the host plan, then per layer events around the call, the GPU idle at the start;
 - `piece<N>`: as exposed, with a GPU sleep of N us before each layer's call (a stand-in for the
   engine's graph piece, the head start the CPU gets on the call's launches).
+`exposed` and `piece<N>` are `kernels.timing.forward_sampler` (piece 0 and N) over one pool
+for every layer; the bench's stage rows give each layer its own.
 Each sample's two parts are kept too, the plan on the host clock and the calls' GPU time (the
 medians of each printed as `parts`), so a change of host speed shows apart from the GPU's.
 Usage on a GPU host, project root:
@@ -26,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 import torch
 
@@ -39,7 +40,7 @@ from kernels.bench_attention import (
     row_prefill_blocks,
     row_step_blocks,
 )  # fmt: skip
-from kernels.timing import _sleep_cycles, interleave, stage_sampler
+from kernels.timing import forward_sampler, interleave, stage_sampler
 
 LAYERS = 4
 BLOCK = 576  # the small preset's forward capacity (engine.decode.prefill's block)
@@ -70,39 +71,16 @@ def samplers(pool: torch.Tensor, cases: list, impl: str, pieces: list[int], part
 
     parts[f"{impl}/hidden"] = []
     out = {f"{impl}/hidden": stage_sampler(prepare, run, n, parts=parts[f"{impl}/hidden"])}
+
+    def forwards(i: int) -> list:  # each forward's plan, and its call per layer
+        return [(lambda tab=tab, lens=lens: plan(tab, lens),
+                 lambda p, layer, q=q: call(q, pool, p, ROW_SCALE, ROW_LATENT))
+                for tab, lens, q in cases[i % n]]  # fmt: skip
+
     for piece in [0, *pieces]:
-        cycles = _sleep_cycles(piece * 1e-6) if piece else 0
         name = f"{impl}/{'exposed' if not piece else f'piece{piece}'}"
         parts[name] = []
-
-        def sample(i: int, cycles: int = cycles, keep: list = parts[name]) -> float:
-            total = 0.0
-            spans = []
-            for tab, lens, q in cases[i % n]:
-                torch.cuda.synchronize()  # a forward starts with the GPU idle (its upload)
-                t0 = time.perf_counter()
-                p = plan(tab, lens)
-                total += time.perf_counter() - t0
-                for _ in range(LAYERS):
-                    if cycles:
-                        torch.cuda._sleep(cycles)
-                    s, e = (
-                        torch.cuda.Event(enable_timing=True),
-                        torch.cuda.Event(enable_timing=True),
-                    )
-                    s.record()
-                    call(q, pool, p, ROW_SCALE, ROW_LATENT)
-                    e.record()
-                    spans.append((s, e))
-            torch.cuda.synchronize()
-            host_us, gpu_us = total * 1e6, sum(s.elapsed_time(e) for s, e in spans) * 1e3
-            keep.append((host_us, gpu_us))
-            return host_us + gpu_us
-
-        for _ in range(3):
-            sample(0)
-        parts[name].clear()  # the warm-up's samples are not kept
-        out[name] = sample
+        out[name] = forward_sampler(forwards, n, LAYERS, piece, parts=parts[name])
     return out
 
 
