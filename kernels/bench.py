@@ -13,8 +13,8 @@ attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` re
 prefill of one prompt of each `--prefix-len` tokens in the engine's forwards of at most
 `--prefill-block` rows (default 576, the `small` preset's). Its stage rows time the engine's
 attention stage shaped as its forward (`kernels.timing.forward_sampler`: a `--stage-piece-us`
-GPU piece before each layer's call), the decode step's requests' prefixes spread over
-`--decode-spread` tokens past L. The tree suite's `tree_build_stage`
+GPU piece before each layer's call); `--decode-spread` (a diagnostic) spreads the decode
+step's requests' prefixes over that many tokens past L. The tree suite's `tree_build_stage`
 rows (`kernels.bench_stage`) time the reference engine's whole tree-build stage per backend,
 boundary copies included (reference_stage vs cuda_stage, wall clock, synchronised like the
 engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):
@@ -68,8 +68,8 @@ class BenchConfig:
     # attn row_attention_prefill: rows per forward, as engine.decode.prefill cuts a prompt (its
     # forward's row capacity: the small preset's max(32 x 17, row_chunk 576) = 576)
     prefill_block: int = 576
-    # attn row_attention: the decode step's requests' prefixes spread over L .. L + spread - 1
-    # (a served batch's requests at different points of their output; 0: all at L)
+    # attn row_attention, a diagnostic: the decode step's requests' prefixes spread over
+    # L .. L + spread - 1 (0: all at L, as a load of one prompt keeps a served batch)
     decode_spread: int = 0
     # ... a set's requests all at one prefix, the sets over the range (requests in lockstep)
     decode_lockstep: bool = False

@@ -299,14 +299,13 @@ def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50, refcheck: bo
     (the requests' prefixes over prefix .. prefix + spread - 1: `decode_prefixes`; lockstep
     takes at least 8 input sets, so the sets' prefixes cover the range)."""
 
+    lockstep = lockstep and spread > 0
     per_set = b * -(-(prefix + max(spread - 1, 0) + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
-    sets = _input_sets(per_set)
-    if lockstep and spread:
-        sets = max(sets, 8)
+    sets = max(_input_sets(per_set), 8 if lockstep else 0)
     pool, blocks = row_step_blocks(b, t, prefix, sets, spread, lockstep)
     shape = {"B": b, "T": t, "L": prefix, "spread": spread, "heads": ROW_HEADS, "kv_dim": ROW_KV,
              "dtype": "fp32"}  # fmt: skip
-    if lockstep and spread:
+    if lockstep:
         shape["lockstep"] = True
     return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers,
                       piece_us)  # fmt: skip

@@ -154,8 +154,9 @@ class BenchStep(StepBase):
     max_mem_gib: float | None = Field(default=None, gt=0)
     timeout: float = Field(default=1800.0, gt=0)
     # attn decode rows: the requests' prefixes spread over this many tokens past L (0: all at
-    # L). Not the load's output length: the load's requests advance nearly together, and a
-    # batch spread over 64 tokens costs the torch path 40-51% more (NOTES-attention.md)
+    # L). Not the load's output length: the load sends one prompt, so its requests advance
+    # together, and a batch spread over 64 tokens costs the torch path 40-51% more
+    # (NOTES-attention.md)
     decode_spread: int = Field(default=0, ge=0, le=65536)
 
     _split = field_validator("batches", mode="before")(_levels)
