@@ -1,8 +1,8 @@
 """`python -m engine.attn_bench`: the engine's own attention stage per backend, as its clock counts.
 
     python -m engine.attn_bench --preset small --device cuda [--impls torch cuda]
-        [--batch 1 8 32] [--prompt-len 1024] [--prefix-span 64] [--steps 32] [--warm 4]
-        [--mode ddtree] [--graphs on] [--matmul tf32] [--json OUT.json]
+        [--batch 1 8 32] [--prompt-len 1024] [--prefix-span 64] [--same-prompt] [--steps 32]
+        [--warm 4] [--mode ddtree] [--graphs on] [--matmul tf32] [--json OUT.json]
 
 Builds the real engine once per attention backend (`--impls`; the other components on the
 `cuda` set of engine.bench on a GPU, CUDA graphs on by default) and, for each batch B: prefills
@@ -13,7 +13,11 @@ then decodes those B sequences for `--warm` + `--steps` steps and keeps each tim
 `stages["attention"]`. For decode, sequence i's prompt is re-prefilled (untimed) longer by
 i * span // B tokens, so the rows' prefixes spread over [L - 1, L - 1 + span) and fall into
 different length buckets, as in a service whose requests arrived at different times; they
-spread further as they decode. The impls' work is interleaved (prefill by prefill, step by
+spread further as they decode. `--same-prompt --prefix-span 0` is the layout of a load of one
+prompt (checks.loadtest, and so the rollout's measure): every request the same prompt, so with
+greedy decoding and a batch-invariant engine they commit the same tokens at the same steps and
+the batch stays at one prefix (measured: NOTES-attention.md); `kernels.bench --suite
+engine_attn` runs it so. The impls' work is interleaved (prefill by prefill, step by
 step), so a drift of the host falls on all of them alike. Rows follow kernels.bench's schema
 (`row_attention` / `row_attention_prefill`, impls `<impl>_engine`, mode `engine_stage`); one
 prefill row per impl pools every batch's prefills (each one prompt: shape B = 1, as the kernel
@@ -157,12 +161,13 @@ def _batch(args, decs: dict[str, Decoder], b: int, prefill: dict, out: dict) -> 
     L = args.prompt_len
     seqs: dict[str, list[Sequence]] = {impl: [] for impl in decs}
     for i, off in enumerate(_offsets(b, args.prefix_span)):
+        k = 0 if args.same_prompt else i
         for impl, dec in decs.items():
-            s = dec.new_sequence(_prompt(i, L))
+            s = dec.new_sequence(_prompt(k, L))
             prefill[impl].append(dec.prefill(s) * 1e6)
             if off:  # the decode's staggered prefix (not timed: its prompt is not L long)
                 s.blocks.free()
-                s = dec.new_sequence(_prompt(i, L + off))
+                s = dec.new_sequence(_prompt(k, L + off))
                 dec.prefill(s)
             seqs[impl].append(s)
     first = next(iter(seqs.values()))
@@ -190,6 +195,8 @@ def _batch(args, decs: dict[str, Decoder], b: int, prefill: dict, out: dict) -> 
         "T": dec.cfg.budget_at(b) + 1 if args.mode == "ddtree" else 1,
         "prefix_span": args.prefix_span,
     }
+    if args.same_prompt:
+        shape["same_prompt"] = True
     extra = {"kv_len_first": [min(kv0), max(kv0)], "kv_len_last": [min(kv1), max(kv1)]}
     rows = {}
     for impl in decs:
@@ -234,6 +241,10 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--prefix-span", type=int, default=64)
+    ap.add_argument(
+        "--same-prompt", action="store_true",
+        help="every request the same prompt (a load of one prompt: the batch stays together)",
+    )
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--warm", type=int, default=4)
     ap.add_argument("--mode", choices=("ar", "ddtree"), default="ddtree")
@@ -254,6 +265,11 @@ def _main(argv: list[str] | None) -> int:
         torch.set_num_threads(1)
     cmd = "python -m engine.attn_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     doc: dict[str, Any] = {"suite": "attn", "command": cmd, "config": vars(args)}
+    from kernels.bench import apply_memory_cap
+
+    cap = apply_memory_cap()  # ops bench --allow-shared's cap, inherited through kernels.bench
+    if cap is not None:
+        doc["memory_cap"] = cap
     try:
         from kernels.envinfo import environment
 
@@ -285,6 +301,8 @@ def _main(argv: list[str] | None) -> int:
             pre[impl]["refcheck"] = all(same.values())
     results += _speedups(pre)
     doc["results"] = results
+    if args.device.startswith("cuda"):  # what the guard's estimate (ops.guard) stands for
+        doc["peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     doc["refcheck"] = {str(b): s for b, s in same.items()} if len(decs) > 1 else None
     if len(decs) > 1 and not all(same.values()):
         print("note: the impls decoded different tokens (refcheck false; see the docstring)",

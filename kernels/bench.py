@@ -1,8 +1,8 @@
 """Kernel micro-benchmarks, run on the GPU host: `python -m kernels.bench --json [--suite ...]`.
 
 The one benchmark tool: every suite is listed in `suites()` (topk, tree, accept in
-`kernels.bench_suites`, attn in `kernels.bench_attention`, integration in
-`kernels.bench_integration`). A suite takes a `BenchConfig` and returns rows of one schema
+`kernels.bench_suites`, attn in `kernels.bench_attention`, engine_attn in
+`kernels.bench_engine`, integration in `kernels.bench_integration`). A suite takes a `BenchConfig` and returns rows of one schema
 (`row`): one per (kernel, shape, implementation) with its `kernels.timing.Timing` in
 microseconds and, for CUDA rows, the speedup over each baseline of its group. `--variants`
 also times the named kernel algorithms (tree: `kernels.cuda.TREE_ALGOS`, attn:
@@ -20,7 +20,10 @@ boundary copies included (reference_stage vs cuda_stage, wall clock, synchronise
 engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):
 the stage's speedup, beside the kernel's (`build_trees`). `--matmul` (default tf32, the
 engine's) sets how torch runs float32 matmuls for the torch rows, so they cost what the engine
-pays. Prints a table, or one JSON document with `--json`.
+pays. The engine_attn suite (`kernels.bench_engine`) runs the reference engine's own attention
+stage in its real forward (`python -m engine.attn_bench`, a child process per `--prefix-len`),
+the engine built as `--engine-preset`, `--engine-mode`, `--engine-max-budget` and
+`--engine-graphs` say: impls torch_engine and cuda_engine, mode engine_stage. Prints a table, or one JSON document with `--json`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels.bench_engine import SuiteError
 from kernels.cli import OneLineParser
 from kernels.envinfo import environment
 
@@ -80,6 +84,12 @@ class BenchConfig:
     # float32 matmuls of the torch rows (torch_rows' bmm, the sdpa baseline): "tf32" as the
     # reference engine runs them on a GPU by default (engine --matmul), or "fp32"
     matmul: str = "tf32"
+    # engine_attn: the reference engine as the service runs it (ops bench reads these from its
+    # /get_server_info): preset, mode, max tree budget (None: the preset's), CUDA graphs
+    engine_preset: str = "small"
+    engine_mode: str = "ddtree"
+    engine_max_budget: int | None = None
+    engine_graphs: str = "on"
 
     def __post_init__(self) -> None:
         if not self.batches or min(self.batches) < 1:
@@ -104,6 +114,8 @@ class BenchConfig:
             raise ValueError(
                 "--decode-lockstep needs a --decode-spread N > 0 to spread the sets over"
             )
+        if self.engine_max_budget is not None and self.engine_max_budget < 0:
+            raise ValueError(f"--engine-max-budget must be >= 0, got {self.engine_max_budget}")
         if not 0 <= self.stage_piece_us <= 100_000:  # NaN fails too
             raise ValueError(f"--stage-piece-us takes 0 .. 100000 us, got {self.stage_piece_us}")
         if len(self.stage_shape) != 3 or min(self.stage_shape) < 1:
@@ -112,18 +124,19 @@ class BenchConfig:
             )
 
 
-CUDA_SUITES = ("topk", "tree", "accept", "attn")  # time CUDA kernels: nothing to time without one
+CUDA_SUITES = ("topk", "tree", "accept", "attn", "engine_attn")  # time CUDA kernels: nothing to time without one
 
 
 def suites() -> dict[str, SuiteFn]:
     """Every benchmark suite by name (imported here, explicitly: an import error is an error)."""
-    from kernels import bench_attention, bench_integration, bench_suites
+    from kernels import bench_attention, bench_engine, bench_integration, bench_suites
 
     return {
         "topk": bench_suites.topk_suite,
         "tree": bench_suites.tree_suite,
         "accept": bench_suites.accept_suite,
         "attn": bench_attention.attn_suite,
+        "engine_attn": bench_engine.engine_attn_suite,
         "integration": bench_integration.integration_suite,
     }
 
@@ -151,7 +164,7 @@ def row(
     return d
 
 
-SEPARATE_MODES = ("stage",)  # timing modes compared only with each other (same shape)
+SEPARATE_MODES = ("stage", "engine_stage")  # timing modes compared only with each other (same shape)
 
 
 def add_speedups(rows: list[Row]) -> None:
@@ -344,6 +357,19 @@ def main(argv: list[str] | None = None) -> int:
         "GPU (its --matmul default), or fp32",
     )
     ap.add_argument(
+        "--engine-preset", default="small",
+        help="engine_attn: the reference engine's preset, as the service runs it",
+    )
+    ap.add_argument("--engine-mode", choices=("ddtree", "ar"), default="ddtree",
+                    help="engine_attn: the engine's decoding mode")  # fmt: skip
+    ap.add_argument(
+        "--engine-max-budget", type=int, default=None,
+        help="engine_attn: the engine's --max-budget (0: every step at the preset's budget; "
+        "default: the preset's)",
+    )
+    ap.add_argument("--engine-graphs", choices=("on", "off"), default="on",
+                    help="engine_attn: the engine's CUDA graphs")  # fmt: skip
+    ap.add_argument(
         "--compare",
         nargs=2,
         metavar=("BASE.json[,...]", "NEW.json[,...]"),
@@ -372,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
             stage_piece_us=args.stage_piece_us,
             stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
             matmul=args.matmul,
+            engine_preset=args.engine_preset,
+            engine_mode=args.engine_mode,
+            engine_max_budget=args.engine_max_budget,
+            engine_graphs=args.engine_graphs,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -403,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
                          "CPU baselines alone: python -m kernels.cpu)")  # fmt: skip
             print(f"note: {notes[-1]}", file=sys.stderr)
             continue
-        rows += table[name](cfg)
+        try:
+            rows += table[name](cfg)
+        except SuiteError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.code
     add_speedups(rows)
     failed = [f"{r['kernel']} {r['shape']}" for r in rows if r.get("refcheck") is False]
     doc = {

@@ -31,9 +31,9 @@ from ops.service import manager_for
 PROBE_MARGIN_S = 180  # the probe's own phases (before/after) on top of the bench's time
 
 # impl names of kernels.bench rows, by role in the table
-OURS = ("cuda_events", "cuda", "cuda_rows", "cuda_stage")
+OURS = ("cuda_events", "cuda", "cuda_rows", "cuda_stage", "cuda_engine")
 GRAPH = ("cuda_graph",)
-TORCH = ("torch", "torch_sdpa", "torch_argmax", "torch_rows")
+TORCH = ("torch", "torch_sdpa", "torch_argmax", "torch_rows", "torch_engine")
 SIZE_KEYS = {
     "B": "B", "batch": "B", "budget": "n", "K": "K", "prefix": "L", "L": "L", "tree_rows": "T",
     "T": "T",
@@ -115,12 +115,39 @@ def release_id(host: Host, cwd: str) -> str:
     return res.stdout.strip().rsplit("/", 1)[-1] if res.ok else "unknown"
 
 
-def bench_argv(python: str, opts: BenchOptions) -> list[str]:
+def bench_argv(python: str, opts: BenchOptions, engine: list[str] | None = None) -> list[str]:
     argv = [python, "-m", "kernels.bench", "--json", "--suite", ",".join(opts.suites),
             "--batch", ",".join(map(str, opts.batches))]  # fmt: skip
-    if "attn" in opts.suites and opts.decode_spread:
+    if {"attn", "engine_attn"} & set(opts.suites) and opts.decode_spread:
         argv += ["--decode-spread", str(opts.decode_spread)]
+    if "engine_attn" in opts.suites and engine:
+        argv += engine
     return argv
+
+
+def engine_flags(host: Host) -> list[str]:
+    """kernels.bench's flags for the engine_attn suite: the reference engine built as the
+    service runs it (preset, mode, max tree budget, CUDA graphs, matmul precision), read from
+    the service's /get_server_info. A service that does not report them (not the reference
+    engine, e.g. SGLang) cannot be mirrored: OpsError (exit 2)."""
+    t = host.target
+    res = run_check(host, "checks.probe", ["--url", t.service.url, "--counters"], timeout=60)
+    info = res.data.get("server_info") or {}
+    engine = (info.get("config") or {}).get("engine") or {}
+    if not isinstance(info.get("preset"), str) or not isinstance(engine.get("max_budget"), int):
+        raise OpsError(
+            f"{t.name}: --suite engine_attn benches the reference engine as its service runs "
+            f"it, and the service at {t.service.url} does not report its engine "
+            "(/get_server_info: no preset and config.engine.max_budget)",
+            hint="--suite attn times the engine's attention call without the engine",
+        )
+    graphs = (info.get("cuda_graphs") or {}).get("enabled", True)
+    return [
+        "--engine-preset", info["preset"], "--engine-mode", str(info.get("mode") or "ddtree"),
+        "--engine-max-budget", str(engine["max_budget"]),
+        "--engine-graphs", "on" if graphs else "off",
+        "--matmul", "fp32" if info.get("matmul") == "fp32" else "tf32",
+    ]  # fmt: skip
 
 
 def run_bench(
@@ -165,7 +192,13 @@ def run_bench(
     env = {"CUDA_VISIBLE_DEVICES": str(opts.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env.update(guard.cap_env)
     section["environment"]["bench_env"] = env
-    cmd = bench_argv(t.python, opts)
+    if "engine_attn" in opts.suites:
+        progress("the service's engine config (engine_attn)")
+        engine = engine_flags(host)
+        section["engine_flags"] = engine
+    else:
+        engine = None
+    cmd = bench_argv(t.python, opts, engine)
     section["command"] = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)
     probe_args = ["--url", t.service.url, "--threshold", str(opts.threshold),
                   "--interval", str(opts.probe_interval), "--max-seconds", str(opts.timeout),

@@ -47,7 +47,7 @@ def bench(
     gpu: Annotated[
         int | None, typer.Option("--gpu", min=0, help="GPU index (default: bench_gpu).")
     ] = None,
-    suite: Annotated[str, typer.Option(help="Suites: topk,tree,accept,attn.")] = "topk,tree,accept",
+    suite: Annotated[str, typer.Option(help="Suites: topk,tree,accept,attn,engine_attn (the reference engine's own attention stage, built as the service runs it).")] = "topk,tree,accept",
     batch: Annotated[str, typer.Option(help="Batch sizes, e.g. 1,8,64.")] = "1,8,64",
     allow_shared: Annotated[
         bool,

@@ -18,7 +18,8 @@ and handed to the bench as `DDTREE_BENCH_MAX_MEM_GIB`.
 
 The memory a suite needs is estimated from the shapes `kernels.bench` allocates (its default
 budgets 16,64,128, K 8,64, H 15, V 163840, inputs rotated over at least 192 MiB), plus 1 GiB
-for the CUDA context and the allocator's slack.
+for the CUDA context and the allocator's slack; engine_attn's from the two engines its child
+builds (the `small` preset's KV pool each, plus a workspace).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pydantic import BaseModel, Field
 from checks.docs import GpuProcess, GpusDoc
 
 CAP_ENV = "DDTREE_BENCH_MAX_MEM_GIB"
-SUITES = ("topk", "tree", "accept", "attn")
+SUITES = ("topk", "tree", "accept", "attn", "engine_attn")
 UNLISTED_MIB = 1024  # memory in use beyond the listed processes that makes a GPU "in use"
 CONTEXT_BYTES = 1 << 30
 H, V, BUDGETS, KS = 15, 163840, (16, 64, 128), (8, 64)
@@ -72,6 +73,15 @@ def _row_attn_bytes(b: int, spread: int, layers: int = 4) -> int:
     return sets * per_set * layers + sets * b * 17 * 8 * 576 * 4 + group
 
 
+def _engine_attn_bytes() -> int:
+    """engine_attn's child (engine.attn_bench): two engines of the `small` preset, each its
+    paged KV pool (4 layers x (32 requests x 33 pages of 64 slots + 2) x 576 fp32, engine.decode)
+    and 512 MiB for its weights, buffers, graphs and the torch path's workspace. An estimate:
+    the child records its peak (`peak_reserved_mib`)."""
+    pool = 4 * (32 * 33 + 2) * 64 * 576 * 4
+    return 2 * (pool + (512 << 20))
+
+
 def suite_bytes(suite: str, batches: list[int], spread: int = 0) -> int:
     """Peak bytes one suite allocates at the given batch sizes (an estimate, see module doc);
     `spread`: the attn decode rows' prefix spread (`--decode-spread`)."""
@@ -87,13 +97,17 @@ def suite_bytes(suite: str, batches: list[int], spread: int = 0) -> int:
     if suite == "attn":  # fixed sizes, then the engine's row attention at each batch
         fixed = max(_attn_bytes(*s) for s in ATTN_SIZES)
         return max(fixed, *(_row_attn_bytes(b, spread) for b in batches))
+    if suite == "engine_attn":
+        return _engine_attn_bytes()
     raise ValueError(suite)
 
 
 def memory_needed_mib(suites: list[str], batches: list[int], spread: int = 0) -> float:
     """The suites run one after another and free their buffers: the largest one counts."""
     peak = max(suite_bytes(s, batches, spread) for s in suites)
-    return round((peak + CONTEXT_BYTES) / 2**20, 1)
+    # engine_attn's child has a CUDA context of its own beside kernels.bench's
+    contexts = 2 if "engine_attn" in suites else 1
+    return round((peak + contexts * CONTEXT_BYTES) / 2**20, 1)
 
 
 class GuardResult(BaseModel):

@@ -100,3 +100,76 @@ def test_gpu_both_impls_carry_speedup_and_refcheck() -> None:
                 if impl == "cuda_engine":
                     assert r.speedup["torch_engine"] > 0
     assert doc["refcheck"] == {"1": True, "8": True}
+
+
+def test_cpu_same_prompt_keeps_the_batch_at_one_prefix() -> None:
+    """`--same-prompt --prefix-span 0` is a load of one prompt: every request commits the same
+    tokens, so the batch starts and stays at one prefix (the rollout's layout)."""
+    p = _run("--device", "cpu", "--preset", "tiny", "--batch", "3", "--steps", "3", "--warm", "1",
+             "--prompt-len", "64", "--prefix-span", "0", "--same-prompt")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    (step,) = [r for r in json.loads(p.stdout)["results"] if r["kernel"] == "row_attention"]
+    assert step["shape"]["same_prompt"] is True and step["shape"]["prefix_span"] == 0
+    first, last = step["kv_len_first"], step["kv_len_last"]
+    assert first[0] == first[1] and last[0] == last[1] and last[0] > first[0]
+    # golden prompts cycled instead: the requests accept different lengths and drift apart
+    p = _run("--device", "cpu", "--preset", "tiny", "--batch", "3", "--steps", "3", "--warm", "1",
+             "--prompt-len", "64", "--prefix-span", "0")  # fmt: skip
+    (step,) = [r for r in json.loads(p.stdout)["results"] if r["kernel"] == "row_attention"]
+    assert "same_prompt" not in step["shape"]
+
+
+@pytest.mark.gpu
+def test_gpu_engine_attn_suite_rows() -> None:
+    """`kernels.bench --suite engine_attn`: engine.attn_bench in a child, its rows (both impls,
+    decode at each batch and the prefill, mode engine_stage) in kernels.bench's document, the
+    batch in lockstep, the child's peak memory under the guard's estimate."""
+    from ops.guard import suite_bytes
+
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch",
+         "1,8", "--prefix-len", "256", "--engine-max-budget", "0"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    rows = _rows(doc)
+    for kernel, batches in (("row_attention", [1, 8]), ("row_attention_prefill", [1])):
+        for impl in ("torch_engine", "cuda_engine"):
+            got = [r for r in rows if r.kernel == kernel and r.impl == impl]
+            assert [r.batch for r in got] == batches, (kernel, impl)
+            assert all(r.median_us > 0 and r.mode == "engine_stage" for r in got)
+    for r in doc["results"]:
+        if r["kernel"] == "row_attention":
+            assert r["shape"]["T"] == 17 and r["shape"]["same_prompt"] is True
+            assert r["kv_len_last"][0] == r["kv_len_last"][1]  # one prefix, start to end
+        assert "--same-prompt" in r["engine_command"]
+    assert doc["refcheck_failed"] == []  # engine_refcheck is recorded, never a failure
+    peak = max(r["engine_peak_reserved_mib"] for r in doc["results"])
+    assert 0 < peak * 2**20 < suite_bytes("engine_attn", [1, 8])
+
+
+def test_engine_attn_suite_passes_the_service_config_and_the_childs_errors() -> None:
+    """The suite's child command line carries the engine as configured (a spread drops
+    --same-prompt); a child that fails (here: CUDA asked of a CPU-only torch, or a prompt past
+    the preset's context) is a SuiteError with its exit code and its one line."""
+    import torch
+
+    from kernels.bench import BenchConfig
+    from kernels.bench_engine import SuiteError, engine_argv, engine_attn_suite
+
+    cfg = BenchConfig([1, 32], prefix_lens=[1024], engine_max_budget=0, matmul="fp32")
+    argv = engine_argv(cfg, 1024)
+    assert argv[1:3] == ["-m", "engine.attn_bench"] and "--same-prompt" in argv
+    assert argv[argv.index("--batch") + 1 : argv.index("--prompt-len")] == ["1", "32"]
+    assert argv[argv.index("--max-budget") + 1] == "0" and argv[argv.index("--matmul") + 1] == "fp32"
+    spread = BenchConfig([1], prefix_lens=[64], decode_spread=16)
+    argv = engine_argv(spread, 64)
+    assert "--same-prompt" not in argv and argv[argv.index("--prefix-span") + 1] == "16"
+    assert "--max-budget" not in argv  # None: the preset's own
+    bad = BenchConfig([1], prefix_lens=[4096])  # past the small preset's 2048-token context
+    with pytest.raises(SuiteError) as exc:
+        engine_attn_suite(bad)
+    assert exc.value.code == 2
+    why = "CUDA is not available" if not torch.cuda.is_available() else "past this model's context"
+    assert why in str(exc.value) and str(exc.value).startswith("engine_attn (L=4096): ")

@@ -145,6 +145,48 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
         assert code in (0, 1) and (code == 0) == (doc["outcome"] == "pass")
 
 
+def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Path) -> None:
+    """`ops bench --suite engine_attn` reads the served reference engine's config from its
+    /get_server_info and hands it to kernels.bench (`--engine-*`, `--matmul`): here the real
+    engine on CPU, started by ops with a fixed tree budget. A service that does not report an
+    engine config (the fake one, as SGLang) cannot be mirrored: one line, exit 2, nothing run."""
+    ops = Ops(tmp_path)
+    ops.configure_service("{python} -m engine --host {host} --port {port} --preset tiny "
+                          "--mode ddtree --device cpu --max-budget 0")  # fmt: skip
+    ops.env["PATH"] = f"{STANDIN}:{os.environ['PATH']}"
+    assert ops.json("service", "start", "local")[0] == 0
+    try:
+        code, doc = ops.json("bench", "local", "--gpu", "1", "--allow-shared", "--suite",
+                             "engine_attn", "--batch", "1", "--probe-threshold", "100")  # fmt: skip
+    finally:
+        ops.stop()
+    flags = ["--engine-preset", "tiny", "--engine-mode", "ddtree", "--engine-max-budget", "0",
+             "--engine-graphs", "off", "--matmul", "fp32"]  # fmt: skip  (CPU: no graphs, fp32)
+    assert doc["engine_flags"] == flags
+    argv = doc["bench_run"]["argv"]
+    assert argv[1:8] == ["-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch", "1"]
+    assert argv[8:] == flags
+    # the guard counts the engines the suite builds and the child's own CUDA context
+    assert doc["guard"]["memory_needed_mib"] > 2 * 1024 + 2 * 1024
+    if not _cuda():  # no CUDA: the suite says so and gives no rows: HOLD
+        assert code == 3 and doc["message"].startswith(
+            "the bench gave no rows: engine_attn suite: no CUDA device")
+
+    (tmp_path / "fake").mkdir()
+    ops2 = Ops(tmp_path / "fake")
+    ops2.configure()  # helpers/fake_service.py: no /get_server_info
+    ops2.env["PATH"] = ops.env["PATH"]
+    assert ops2.json("service", "start", "local")[0] == 0
+    try:
+        res = ops2("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "engine_attn",
+                   "--batch", "1")  # fmt: skip
+    finally:
+        ops2.stop()
+    assert res.returncode == 2
+    assert "--suite engine_attn benches the reference engine as its service runs it" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def _alive(pid: int) -> bool:
     """A live process (a zombie nobody has reaped yet is not)."""
     try:

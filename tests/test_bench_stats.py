@@ -52,7 +52,7 @@ def test_cli_sees_the_registered_suites():
 def test_unknown_suite_or_variant_is_exit_2(capsys):
     from kernels.bench import main, suites
 
-    assert set(suites()) == {"topk", "tree", "accept", "attn", "integration"}
+    assert set(suites()) == {"topk", "tree", "accept", "attn", "engine_attn", "integration"}
     assert main(["--suite", "nope"]) == 2
     assert "unknown suite" in capsys.readouterr().err
     assert main(["--suite", "tree", "--variants", "v6"]) == 2  # a tuning-step name

@@ -1,0 +1,94 @@
+"""The `engine_attn` suite: the reference engine's own attention stage, per backend, in a child.
+
+`python -m kernels.bench --suite engine_attn` runs `python -m engine.attn_bench` once per
+`--prefix-len` L, as a child process (kernels does not import the engine; the child's engines
+and their memory are gone when it exits), and returns its rows: `row_attention` (a decode step
+of each `--batch` requests) and `row_attention_prefill` (one prompt of L tokens), impls
+`torch_engine` and `cuda_engine`, mode `engine_stage`. Each is the time the engine's stage clock
+charges to attention inside the engine's real forward (its graph pieces, its KV pool, its plan),
+the same number a service's profile reads, benched in isolation on the bench GPU.
+
+Why beside the attn suite's stage rows: those sample the stage around a stand-in for the
+forward's pieces, and on the H200 the torch path paid 1-1.7 ms more in the service than in any
+of their shapes, where engine.attn_bench's forwards read the service's prefill cost
+(NOTES-attention.md). The engine is built as the service runs it: `--engine-preset`,
+`--engine-mode`, `--engine-max-budget`, `--engine-graphs` and `--matmul` (`ops bench` reads them
+from the service's /get_server_info). The batch is laid out as a load of one prompt keeps it
+(`--same-prompt`, every request at one prefix), or spread over `--decode-spread` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernels.bench import BenchConfig, Row
+
+ENGINE_STEPS = 24  # timed decode steps per batch (after 4 untimed)
+ENGINE_WARM = 4
+CHILD_TIMEOUT_S = 900.0
+
+
+class SuiteError(RuntimeError):
+    """The child bench failed: its exit status and the last line it wrote on stderr."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def engine_argv(cfg: BenchConfig, prompt_len: int) -> list[str]:
+    """The child's command line for one prompt length (its JSON document goes to stdout)."""
+    argv = [
+        sys.executable, "-m", "engine.attn_bench", "--device", "cuda",
+        "--preset", cfg.engine_preset, "--mode", cfg.engine_mode,
+        "--batch", *map(str, cfg.batches), "--prompt-len", str(prompt_len),
+        "--prefix-span", str(cfg.decode_spread), "--steps", str(ENGINE_STEPS),
+        "--warm", str(ENGINE_WARM), "--graphs", cfg.engine_graphs, "--matmul", cfg.matmul,
+    ]  # fmt: skip
+    if cfg.decode_spread == 0:
+        argv.append("--same-prompt")
+    if cfg.engine_max_budget is not None:
+        argv += ["--max-budget", str(cfg.engine_max_budget)]
+    return argv
+
+
+def engine_attn_suite(cfg: BenchConfig) -> list[Row]:
+    import torch
+
+    torch.cuda.empty_cache()  # what earlier suites left cached goes back before the child runs
+    rows: list[Row] = []
+    for prompt_len in cfg.prefix_lens:
+        argv = engine_argv(cfg, prompt_len)
+        print(f"engine_attn: {' '.join(argv[1:])}", file=sys.stderr)
+        try:
+            res = subprocess.run(
+                argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise SuiteError(f"engine_attn: engine.attn_bench ran past {CHILD_TIMEOUT_S:.0f} s")
+        if res.stderr:
+            sys.stderr.write(res.stderr)
+        if res.returncode != 0:
+            last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+            # the child's exit 2 is bad input (e.g. a prompt past the preset's context)
+            raise SuiteError(
+                f"engine_attn (L={prompt_len}): engine.attn_bench exited {res.returncode}: {last}",
+                2 if res.returncode == 2 else 1,
+            )
+        try:
+            doc: dict[str, Any] = json.loads(res.stdout)
+        except json.JSONDecodeError as exc:
+            raise SuiteError(f"engine_attn (L={prompt_len}): no JSON document: {exc}") from None
+        for r in doc.get("results") or []:
+            r["engine_command"] = doc.get("command")
+            r["engine_peak_reserved_mib"] = doc.get("peak_reserved_mib")  # the guard's check
+            # tokens may differ across attention backends (TF32 bmm against the fp32 kernel):
+            # recorded as engine_refcheck, not a failed reference check (engine.attn_bench)
+            if "refcheck" in r:
+                r["engine_refcheck"] = r.pop("refcheck")
+            rows.append(r)
+    return rows
