@@ -8,12 +8,16 @@ of each `--batch` requests) and `row_attention_prefill` (one prompt of L tokens)
 charges to attention inside the engine's real forward (its graph pieces, its KV pool, its plan),
 the same number a service's profile reads, benched in isolation on the bench GPU.
 
-Why beside the attn suite's stage rows: those sample the stage around a stand-in for the
-forward's pieces, and on the H200 the torch path paid 1-1.7 ms more in the service than in any
-of their shapes, where engine.attn_bench's forwards read the service's prefill cost
-(NOTES-attention.md). The engine is built as the service runs it: `--engine-preset`,
-`--engine-mode`, `--engine-max-budget`, `--engine-graphs` and `--matmul` (`ops bench` reads them
-from the service's /get_server_info). The batch is laid out as a load of one prompt keeps it
+What it showed (NOTES-attention.md, 0abddba): on the H200 the torch path costs 1-1.7 ms more
+in the service than in the attn suite's stage rows, and these rows, the engine's real forward
+benched in isolation, read it no closer: 1.97 / 1.33 / 1.08x at B = 1 / 8 / 32 and prefill
+1.50x, against the service's 2.07 / 1.43 / 1.17x and 1.54-1.58x (the stage rows of the same
+bench: 2.20 / 1.40 / 1.11x and 1.50x). What the service pays on top is in the serving process,
+not in the forward, so this is a diagnostic beside the stage rows, not the rollout's s.
+
+The engine is built as the service runs it: `--engine-preset`, `--engine-mode`,
+`--engine-max-budget`, `--engine-graphs` and `--matmul` (`ops bench` reads them from the
+service's /get_server_info). The batch is laid out as a load of one prompt keeps it
 (`--same-prompt`, every request at one prefix), or spread over `--decode-spread` tokens.
 """
 

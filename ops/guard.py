@@ -76,11 +76,12 @@ def _row_attn_bytes(b: int, spread: int, layers: int = 4) -> int:
 def _engine_attn_bytes() -> int:
     """engine_attn's child (engine.attn_bench): two engines of the `small` preset, each its
     paged KV pool (4 layers x (32 requests x 33 pages of 64 slots + 2) x 576 fp32, engine.decode)
-    and 1 GiB for its weights, buffers, graphs and the torch path's workspace. An estimate: the
-    child records its peak (`peak_reserved_mib`); on the H200 it read 2450 MiB at batches 1,8
-    and a 256-token prompt (e1b490a), over the 2214 MiB a 512 MiB workspace had estimated."""
+    and 1.5 GiB for its weights, buffers, graphs and the torch path's workspace. An estimate:
+    the child records its peak (`peak_reserved_mib`). On the H200 it read 2450 MiB at batches
+    1,8 and a 256-token prompt (e1b490a) and 3510 MiB at batches 1,8,32 and 1024 tokens (0abddba,
+    a rollout's bench), over the 2214 and 3238 MiB that workspaces of 0.5 and 1 GiB estimated."""
     pool = 4 * (32 * 33 + 2) * 64 * 576 * 4
-    return 2 * (pool + (1 << 30))
+    return 2 * (pool + (3 << 29))
 
 
 def suite_bytes(suite: str, batches: list[int], spread: int = 0) -> int:

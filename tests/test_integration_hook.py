@@ -403,7 +403,7 @@ def test_cuda_dropin_matches_stock(fresh, monkeypatch):
 def test_integration_bench_suite_on_the_cpu():
     from kernels import bench
 
-    assert set(bench.suites()) == {"topk", "tree", "accept", "attn", "integration"}
+    assert set(bench.suites()) == {"topk", "tree", "accept", "attn", "engine_attn", "integration"}
     cfg = bench.BenchConfig(batches=[1, 4], budgets=[16], ks=[8], quick=True)
     rows = bench.suites()["integration"](cfg)
     got = {(r["kernel"], r["impl"], r["shape"]["B"]) for r in rows}

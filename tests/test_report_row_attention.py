@@ -110,11 +110,8 @@ def test_the_rollout_attention_playbook() -> None:
     pb = load_playbook("rollout-attention")
     assert pb.change is not None and pb.change.label == "attention: torch -> cuda"
     ch = pb.change.to_change()
-    # the engine's attention stage in its own forward (suite engine_attn), the kernel rows
-    # beside it in the kernel table
-    assert ch.bench_map() == ("attn", "row_attention", "torch_engine", "cuda_engine")
-    (bench,) = [s for s in pb.step_list() if s.step == "bench"]
-    assert bench.suites == ["attn", "engine_attn"]
+    # the engine's attention stage of one forward: the plan, then one call per layer
+    assert ch.bench_map() == ("attn", "row_attention", "torch_rows_stage", "cuda_rows_stage")
     assert ch.shape == {"T": 17, "L": 1024}
     assert (pb.load.input_len, pb.load.output_len) == (1024, 64)
     assert [s.step for s in pb.step_list()] == [
