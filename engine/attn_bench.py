@@ -242,7 +242,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--prefix-span", type=int, default=64)
     ap.add_argument(
-        "--same-prompt", action="store_true",
+        "--same-prompt",
+        action="store_true",
         help="every request the same prompt (a load of one prompt: the batch stays together)",
     )
     ap.add_argument("--steps", type=int, default=32)

@@ -2,28 +2,30 @@
 
 The one benchmark tool: every suite is listed in `suites()` (topk, tree, accept in
 `kernels.bench_suites`, attn in `kernels.bench_attention`, engine_attn in
-`kernels.bench_engine`, integration in `kernels.bench_integration`). A suite takes a `BenchConfig` and returns rows of one schema
-(`row`): one per (kernel, shape, implementation) with its `kernels.timing.Timing` in
-microseconds and, for CUDA rows, the speedup over each baseline of its group. `--variants`
-also times the named kernel algorithms (tree: `kernels.cuda.TREE_ALGOS`, attn:
-`kernels.cuda_attention.ALGOS`; impl `cuda_graph:heap`, ...), `--sweep` the attention KV split
-counts at the two target sizes. The attn suite's `row_attention` rows (the reference engine's
-attention call, torch_rows vs cuda_rows) take a decode step of each `--batch` requests x
-`--row-budget` + 1 rows over each `--prefix-len` keys; its `row_attention_prefill` rows the
-prefill of one prompt of each `--prefix-len` tokens in the engine's forwards of at most
-`--prefill-block` rows (default 576, the `small` preset's). Its stage rows time the engine's
-attention stage shaped as its forward (`kernels.timing.forward_sampler`: a `--stage-piece-us`
-GPU piece before each layer's call); `--decode-spread` (a diagnostic) spreads the decode
-step's requests' prefixes over that many tokens past L. The tree suite's `tree_build_stage`
-rows (`kernels.bench_stage`) time the reference engine's whole tree-build stage per backend,
-boundary copies included (reference_stage vs cuda_stage, wall clock, synchronised like the
-engine's lap) at each `--batch` and the engine's `--stage-shape` H,K,BUDGET (small: 7,16,16):
-the stage's speedup, beside the kernel's (`build_trees`). `--matmul` (default tf32, the
-engine's) sets how torch runs float32 matmuls for the torch rows, so they cost what the engine
-pays. The engine_attn suite (`kernels.bench_engine`) runs the reference engine's own attention
-stage in its real forward (`python -m engine.attn_bench`, a child process per `--prefix-len`),
-the engine built as `--engine-preset`, `--engine-mode`, `--engine-max-budget` and
-`--engine-graphs` say: impls torch_engine and cuda_engine, mode engine_stage. Prints a table, or one JSON document with `--json`.
+`kernels.bench_engine`, integration in `kernels.bench_integration`). A suite takes a
+`BenchConfig` and returns rows of one schema (`row`): one per (kernel, shape, implementation)
+with its `kernels.timing.Timing` in microseconds and, for CUDA rows, the speedup over each
+baseline of its group. `--variants` also times the named kernel algorithms (tree:
+`kernels.cuda.TREE_ALGOS`, attn: `kernels.cuda_attention.ALGOS`; impl `cuda_graph:heap`, ...),
+`--sweep` the attention KV split counts at the two target sizes. The attn suite's
+`row_attention` rows (the reference engine's attention call, torch_rows vs cuda_rows) take a
+decode step of each `--batch` requests x `--row-budget` + 1 rows over each `--prefix-len` keys;
+its `row_attention_prefill` rows the prefill of one prompt of each `--prefix-len` tokens in the
+engine's forwards of at most `--prefill-block` rows (default 576, the `small` preset's). Its
+stage rows time the engine's attention stage shaped as its forward
+(`kernels.timing.forward_sampler`: a `--stage-piece-us` GPU piece before each layer's call);
+`--decode-spread` (a diagnostic) spreads the decode step's requests' prefixes over that many
+tokens past L. The tree suite's `tree_build_stage` rows (`kernels.bench_stage`) time the
+reference engine's whole tree-build stage per backend, boundary copies included (reference_stage
+vs cuda_stage, wall clock, synchronised like the engine's lap) at each `--batch` and the
+engine's `--stage-shape` H,K,BUDGET (small: 7,16,16): the stage's speedup, beside the kernel's
+(`build_trees`). `--matmul` (default tf32, the engine's) sets how torch runs float32 matmuls for
+the torch rows, so they cost what the engine pays. The engine_attn suite
+(`kernels.bench_engine`) runs the reference engine's own attention stage in its real forward
+(`python -m engine.attn_bench`, a child process per `--prefix-len`), the engine built as
+`--engine-preset`, `--engine-mode`, `--engine-max-budget` and `--engine-graphs` say: impls
+torch_engine and cuda_engine, mode engine_stage. Prints a table, or one JSON document with
+`--json`.
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ class BenchConfig:
             )
 
 
-CUDA_SUITES = ("topk", "tree", "accept", "attn", "engine_attn")  # time CUDA kernels: nothing to time without one
+# suites that time CUDA kernels: nothing to time without one
+CUDA_SUITES = ("topk", "tree", "accept", "attn", "engine_attn")
 
 
 def suites() -> dict[str, SuiteFn]:
@@ -164,7 +167,8 @@ def row(
     return d
 
 
-SEPARATE_MODES = ("stage", "engine_stage")  # timing modes compared only with each other (same shape)
+# timing modes compared only with each other (same shape)
+SEPARATE_MODES = ("stage", "engine_stage")
 
 
 def add_speedups(rows: list[Row]) -> None:
@@ -357,13 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         "GPU (its --matmul default), or fp32",
     )
     ap.add_argument(
-        "--engine-preset", default="small",
+        "--engine-preset",
+        default="small",
         help="engine_attn: the reference engine's preset, as the service runs it",
     )
     ap.add_argument("--engine-mode", choices=("ddtree", "ar"), default="ddtree",
                     help="engine_attn: the engine's decoding mode")  # fmt: skip
     ap.add_argument(
-        "--engine-max-budget", type=int, default=None,
+        "--engine-max-budget",
+        type=int,
+        default=None,
         help="engine_attn: the engine's --max-budget (0: every step at the preset's budget; "
         "default: the preset's)",
     )

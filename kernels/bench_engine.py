@@ -73,7 +73,9 @@ def engine_attn_suite(cfg: BenchConfig) -> list[Row]:
                 argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
             )
         except subprocess.TimeoutExpired:
-            raise SuiteError(f"engine_attn: engine.attn_bench ran past {CHILD_TIMEOUT_S:.0f} s")
+            raise SuiteError(
+                f"engine_attn: engine.attn_bench ran past {CHILD_TIMEOUT_S:.0f} s"
+            ) from None
         if res.stderr:
             sys.stderr.write(res.stderr)
         if res.returncode != 0:

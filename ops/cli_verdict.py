@@ -34,6 +34,11 @@ from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.loadtest import parse_levels
 from ops.remote import Host
 
+SUITE_HELP = (
+    "Suites: topk,tree,accept,attn,engine_attn (engine_attn: the reference engine's own "
+    "attention stage, built as the service runs it; a diagnostic)."
+)
+
 if TYPE_CHECKING:  # each command imports its own module when it runs (a fast `ops` start)
     from rich.table import Table
 
@@ -47,7 +52,7 @@ def bench(
     gpu: Annotated[
         int | None, typer.Option("--gpu", min=0, help="GPU index (default: bench_gpu).")
     ] = None,
-    suite: Annotated[str, typer.Option(help="Suites: topk,tree,accept,attn,engine_attn (the reference engine's own attention stage, built as the service runs it).")] = "topk,tree,accept",
+    suite: Annotated[str, typer.Option(help=SUITE_HELP)] = "topk,tree,accept",
     batch: Annotated[str, typer.Option(help="Batch sizes, e.g. 1,8,64.")] = "1,8,64",
     allow_shared: Annotated[
         bool,

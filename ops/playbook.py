@@ -146,7 +146,8 @@ class HealthcheckStep(StepBase):
 class BenchStep(StepBase):
     step: Literal["bench"]
     gpu: int | None = Field(default=None, ge=0)  # default: the target's bench_gpu
-    suites: list[Literal["topk", "tree", "accept", "attn", "engine_attn"]] | None = None  # default: the change's
+    # default: the change's suite
+    suites: list[Literal["topk", "tree", "accept", "attn", "engine_attn"]] | None = None
     batches: list[Annotated[int, Field(ge=1, le=4096)]] | None = None  # default: load levels
     allow_shared: bool = False
     probe_threshold: float = Field(default=0.10, ge=0)

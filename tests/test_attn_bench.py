@@ -162,7 +162,8 @@ def test_engine_attn_suite_passes_the_service_config_and_the_childs_errors() -> 
     argv = engine_argv(cfg, 1024)
     assert argv[1:3] == ["-m", "engine.attn_bench"] and "--same-prompt" in argv
     assert argv[argv.index("--batch") + 1 : argv.index("--prompt-len")] == ["1", "32"]
-    assert argv[argv.index("--max-budget") + 1] == "0" and argv[argv.index("--matmul") + 1] == "fp32"
+    assert argv[argv.index("--max-budget") + 1] == "0"
+    assert argv[argv.index("--matmul") + 1] == "fp32"
     spread = BenchConfig([1], prefix_lens=[64], decode_spread=16)
     argv = engine_argv(spread, 64)
     assert "--same-prompt" not in argv and argv[argv.index("--prefix-span") + 1] == "16"

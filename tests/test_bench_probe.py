@@ -160,8 +160,9 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
                              "engine_attn", "--batch", "1", "--probe-threshold", "100")  # fmt: skip
     finally:
         ops.stop()
+    # CPU: no CUDA graphs, fp32 matmuls
     flags = ["--engine-preset", "tiny", "--engine-mode", "ddtree", "--engine-max-budget", "0",
-             "--engine-graphs", "off", "--matmul", "fp32"]  # fmt: skip  (CPU: no graphs, fp32)
+             "--engine-graphs", "off", "--matmul", "fp32"]  # fmt: skip
     assert doc["engine_flags"] == flags
     argv = doc["bench_run"]["argv"]
     assert argv[1:8] == ["-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch", "1"]
@@ -170,7 +171,8 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
     assert doc["guard"]["memory_needed_mib"] > 2 * 1024 + 2 * 1024
     if not _cuda():  # no CUDA: the suite says so and gives no rows: HOLD
         assert code == 3 and doc["message"].startswith(
-            "the bench gave no rows: engine_attn suite: no CUDA device")
+            "the bench gave no rows: engine_attn suite: no CUDA device"
+        )
 
     (tmp_path / "fake").mkdir()
     ops2 = Ops(tmp_path / "fake")
