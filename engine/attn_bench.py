@@ -4,27 +4,29 @@
         [--batch 1 8 32] [--prompt-len 1024] [--prefix-span 64] [--same-prompt] [--steps 32]
         [--warm 4] [--mode ddtree] [--graphs on] [--matmul tf32] [--json OUT.json]
 
-Builds the real engine once per attention backend (`--impls`; the other components on the
-`cuda` set of engine.bench on a GPU, CUDA graphs on by default) and, for each batch B: prefills
-B prompts of `--prompt-len` tokens (the golden prompts repeated; each prefill's attention
-seconds as `Decoder.prefill` returns them: the forward's blocks of its row capacity, the plan on
-the host clock and CUDA events around every call, exactly what a service's stage clock charges),
+Builds the real engine once per attention backend (`--impls`; the other components on the `cuda`
+set of engine.bench on a GPU, CUDA graphs on by default) and, for each batch B: prefills B
+prompts of `--prompt-len` tokens (the golden prompts repeated; each prefill's attention seconds
+as `Decoder.prefill` returns them: the forward's blocks of its row capacity, the plan on the
+host clock and CUDA events around every call, exactly what a service's stage clock charges),
 then decodes those B sequences for `--warm` + `--steps` steps and keeps each timed step's
-`stages["attention"]`. For decode, sequence i's prompt is re-prefilled (untimed) longer by
-i * span // B tokens, so the rows' prefixes spread over [L - 1, L - 1 + span) and fall into
-different length buckets, as in a service whose requests arrived at different times; they
-spread further as they decode. `--same-prompt --prefix-span 0` is the layout of a load of one
-prompt (checks.loadtest, and so the rollout's measure): every request the same prompt, so with
-greedy decoding and a batch-invariant engine they commit the same tokens at the same steps and
-the batch stays at one prefix (measured: NOTES-attention.md); `kernels.bench --suite
-engine_attn` runs it so. The impls' work is interleaved (prefill by prefill, step by
-step), so a drift of the host falls on all of them alike. Rows follow kernels.bench's schema
-(`row_attention` / `row_attention_prefill`, impls `<impl>_engine`, mode `engine_stage`); one
-prefill row per impl pools every batch's prefills (each one prompt: shape B = 1, as the kernel
-bench's prefill rows). refcheck: whether every impl decoded the same tokens for the same prompts
-(recorded, not required: torch attention's bmm runs TF32 under `--matmul tf32` while the CUDA
-kernel computes fp32, so a near tie may break differently; exit 0 either way). One JSON
-document on stdout; exit 0 when it ran, 2 for bad input.
+`stages["attention"]`. For decode, sequence i's prompt is re-prefilled (untimed) longer by i *
+span // B tokens, so the rows' prefixes spread over [L - 1, L - 1 + span) and fall into
+different length buckets, as in a service whose requests arrived at different times; they spread
+further as they decode. `--same-prompt --prefix-span 0` is the layout of a load of one prompt
+(checks.loadtest, and so the rollout's measure): every request the same prompt, so with greedy
+decoding and a batch-invariant engine they commit the same tokens at the same steps and the
+batch stays at one prefix (measured: NOTES-attention.md); `kernels.bench --suite engine_attn`
+runs it so. On a CPU (the torch path only), e.g. `--device cpu --preset tiny --prompt-len 64
+--same-prompt --prefix-span 0` (the tiny preset's context is 512 tokens). The impls' work is
+interleaved (prefill by prefill, step by step), so a drift of the host falls on all of them
+alike. Rows follow kernels.bench's schema (`row_attention` / `row_attention_prefill`, impls
+`<impl>_engine`, mode `engine_stage`); one prefill row per impl pools every batch's prefills
+(each one prompt: shape B = 1, as the kernel bench's prefill rows). refcheck: whether every impl
+decoded the same tokens for the same prompts (recorded, not required: torch attention's bmm runs
+TF32 under `--matmul tf32` while the CUDA kernel computes fp32, so a near tie may break
+differently; exit 0 either way). One JSON document on stdout; exit 0 when it ran, 2 for bad
+input.
 """
 
 from __future__ import annotations

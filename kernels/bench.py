@@ -288,7 +288,11 @@ def _compare_main(base: str, new: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--suite", default=",".join(DEFAULT_SUITES))
+    ap.add_argument(
+        "--suite",
+        default=",".join(DEFAULT_SUITES),
+        help="comma-separated: topk, tree, accept, attn, engine_attn, integration",
+    )
     ap.add_argument("--batch", default="1,8,64")
     ap.add_argument("--budget", default="16,64,128")
     ap.add_argument("--k", default="8,64")
@@ -330,9 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         "--decode-spread",
         type=int,
         default=0,
-        help="attn row_attention, a diagnostic: the decode step's requests' prefixes spread "
-        "evenly over L .. L + N - 1 (a load of one prompt keeps a served batch's requests "
-        "together: 0, the default, every request at L)",
+        help="attn row_attention and engine_attn, a diagnostic: the decode step's requests' "
+        "prefixes spread evenly over L .. L + N - 1 (a load of one prompt keeps a served "
+        "batch's requests together: 0, the default, every request at L; engine_attn then gives "
+        "every request the same prompt)",
     )
     ap.add_argument(
         "--decode-lockstep",
@@ -363,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--engine-preset",
         default="small",
-        help="engine_attn: the reference engine's preset, as the service runs it",
+        help="engine_attn: the reference engine's preset (small, tiny), as the service runs it",
     )
     ap.add_argument("--engine-mode", choices=("ddtree", "ar"), default="ddtree",
                     help="engine_attn: the engine's decoding mode")  # fmt: skip
@@ -415,6 +420,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     table = suites()
     names = [s for s in args.suite.split(",") if s]
+    if "engine_attn" in names:  # the engine's settings checked on any host, before any suite
+        from kernels.bench_engine import prompt_lens
+
+        try:
+            engine_notes = prompt_lens(cfg)[1]
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        engine_notes = []
     unknown = [s for s in names if s not in table]
     if unknown:
         print(f"error: unknown suite(s) {unknown}; known: {sorted(table)}", file=sys.stderr)
@@ -430,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     memory_cap = apply_memory_cap()
     rows: list[Row] = []
-    notes: list[str] = []
+    notes: list[str] = list(engine_notes)  # prefix lengths the engine's context does not hold
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"  # as the engine sets it

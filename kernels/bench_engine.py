@@ -60,12 +60,56 @@ def engine_argv(cfg: BenchConfig, prompt_len: int) -> list[str]:
     return argv
 
 
+def prompt_lens(cfg: BenchConfig) -> tuple[list[int], list[str]]:
+    """The `--prefix-len` values the engine's context holds (with the decode steps the child
+    runs after each prompt, as engine.attn_bench's own check counts them), and a note for each
+    one left out. ValueError (exit 2, before anything runs) for an unknown preset, a max budget
+    past the engine's limit, a batch past the engine's, or no length that fits. engine.config
+    is torch-free: checked here, on any host, not only once a child runs on a GPU."""
+    from engine.config import MAX_BUDGET, PRESETS
+
+    p = PRESETS.get(cfg.engine_preset)
+    if p is None:
+        raise ValueError(
+            f"--engine-preset {cfg.engine_preset!r}: unknown; known: {', '.join(sorted(PRESETS))}"
+        )
+    if cfg.engine_max_budget is not None and cfg.engine_max_budget > MAX_BUDGET:
+        raise ValueError(
+            f"--engine-max-budget must be <= {MAX_BUDGET}, got {cfg.engine_max_budget}"
+        )
+    top = max(cfg.batches)
+    limit = max(p.engine.max_batch_size, 64)
+    if top > limit:
+        raise ValueError(
+            f"engine_attn: --batch {top} is past the {cfg.engine_preset} engine's {limit}"
+        )
+    per = p.engine.draft_len + 1 if cfg.engine_mode == "ddtree" else 1
+    spread = 0 if cfg.decode_spread == 0 else (top - 1) * cfg.decode_spread // top
+    fit, notes = [], []
+    for n in cfg.prefix_lens:
+        need = n + spread + (ENGINE_WARM + ENGINE_STEPS) * per
+        if n < p.model.max_seq_len and need <= p.model.max_seq_len:
+            fit.append(n)
+        else:
+            notes.append(
+                f"engine_attn: --prefix-len {n} left out: with {ENGINE_WARM + ENGINE_STEPS} "
+                f"decode steps it could reach {need} tokens, past the {cfg.engine_preset} "
+                f"engine's context ({p.model.max_seq_len})"
+            )
+    if not fit:
+        raise ValueError(notes[0] + "; give a shorter --prefix-len")
+    return fit, notes
+
+
 def engine_attn_suite(cfg: BenchConfig) -> list[Row]:
     import torch
 
+    lens, notes = prompt_lens(cfg)  # the notes are in kernels.bench's document
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     torch.cuda.empty_cache()  # what earlier suites left cached goes back before the child runs
     rows: list[Row] = []
-    for prompt_len in cfg.prefix_lens:
+    for prompt_len in lens:
         argv = engine_argv(cfg, prompt_len)
         print(f"engine_attn: {' '.join(argv[1:])}", file=sys.stderr)
         try:

@@ -132,7 +132,15 @@ def engine_flags(host: Host) -> list[str]:
     engine, e.g. SGLang) cannot be mirrored: OpsError (exit 2)."""
     t = host.target
     res = run_check(host, "checks.probe", ["--url", t.service.url, "--counters"], timeout=60)
-    info = res.data.get("server_info") or {}
+    info = res.data.get("server_info")
+    status = res.data.get("server_info_status")
+    if not isinstance(info, dict) and not isinstance(status, int):  # no HTTP answer at all
+        raise OpsError(
+            f"{t.name}: --suite engine_attn reads the engine's config from the service, and "
+            f"{t.service.url} did not answer ({status})",
+            hint=f"is the service up? ops healthcheck {t.name}; ops service start {t.name}",
+        )
+    info = info if isinstance(info, dict) else {}
     engine = (info.get("config") or {}).get("engine") or {}
     if not isinstance(info.get("preset"), str) or not isinstance(engine.get("max_budget"), int):
         raise OpsError(

@@ -74,8 +74,8 @@ def bench(
         typer.Option(
             min=0,
             max=65536,
-            help="attn, a diagnostic: spread the decode step's requests' prefixes over N tokens "
-            "(0: all at one prefix, as a load of one prompt keeps them).",
+            help="attn and engine_attn, a diagnostic: spread the decode step's requests' "
+            "prefixes over N tokens (0: all at one prefix, as a load of one prompt keeps them).",
         ),
     ] = 0,
     _json: JsonOpt = False,

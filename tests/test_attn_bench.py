@@ -151,8 +151,9 @@ def test_gpu_engine_attn_suite_rows() -> None:
 
 def test_engine_attn_suite_passes_the_service_config_and_the_childs_errors() -> None:
     """The suite's child command line carries the engine as configured (a spread drops
-    --same-prompt); a child that fails (here: CUDA asked of a CPU-only torch, or a prompt past
-    the preset's context) is a SuiteError with its exit code and its one line."""
+    --same-prompt); a prompt past the preset's context is refused before any child runs; a
+    child that fails (here: CUDA asked of a CPU-only torch) is a SuiteError with its exit code
+    and its one line."""
     import torch
 
     from kernels.bench import BenchConfig
@@ -168,9 +169,47 @@ def test_engine_attn_suite_passes_the_service_config_and_the_childs_errors() -> 
     argv = engine_argv(spread, 64)
     assert "--same-prompt" not in argv and argv[argv.index("--prefix-span") + 1] == "16"
     assert "--max-budget" not in argv  # None: the preset's own
-    bad = BenchConfig([1], prefix_lens=[4096])  # past the small preset's 2048-token context
-    with pytest.raises(SuiteError) as exc:
-        engine_attn_suite(bad)
-    assert exc.value.code == 2
-    why = "CUDA is not available" if not torch.cuda.is_available() else "past this model's context"
-    assert why in str(exc.value) and str(exc.value).startswith("engine_attn (L=4096): ")
+    with pytest.raises(ValueError, match="past the small engine's context"):  # before a child
+        engine_attn_suite(BenchConfig([1], prefix_lens=[4096]))
+    if torch.cuda.is_available():
+        return  # the child below would run
+    with pytest.raises(SuiteError) as exc:  # a real child, refusing --device cuda here
+        engine_attn_suite(BenchConfig([1], prefix_lens=[64]))
+    assert exc.value.code == 2 and "CUDA is not available" in str(exc.value)
+    assert str(exc.value).startswith("engine_attn (L=64): engine.attn_bench exited 2: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine-preset", "nope"], "--engine-preset 'nope': unknown; known: small, tiny"),
+        (["--engine-max-budget", "99999"], "--engine-max-budget must be <= 4096"),
+        (["--prefix-len", "999999"], "--prefix-len 999999 left out"),
+        (["--batch", "100"], "--batch 100 is past the small engine's 64"),
+    ],
+)
+def test_kernels_bench_checks_the_engine_settings_on_any_host(args, message) -> None:
+    """engine_attn's settings are checked before any suite runs, on a CPU host too (not only
+    once a child runs on a GPU): one line, exit 2."""
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [f"error: {p.stderr.strip()[7:]}"]
+    assert message in p.stderr
+
+
+def test_kernels_bench_leaves_out_prompt_lengths_past_the_engines_context() -> None:
+    """The tiny preset's 512-token context holds L=64 but not the default 1024: that length is
+    left out with a note in the document; the rest would run (CPU: the suite needs CUDA)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn",
+         "--engine-preset", "tiny", "--batch", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    notes = json.loads(p.stdout)["notes"]
+    assert notes[0].startswith("engine_attn: --prefix-len 1024 left out")
+    assert "past the tiny engine's context (512)" in notes[0]
+    assert not any("--prefix-len 64 " in n for n in notes)

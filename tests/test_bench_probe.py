@@ -170,9 +170,10 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
     # the guard counts the engines the suite builds and the child's own CUDA context
     assert doc["guard"]["memory_needed_mib"] > 2 * 1024 + 2 * 1024
     if not _cuda():  # no CUDA: the suite says so and gives no rows: HOLD
-        assert code == 3 and doc["message"].startswith(
-            "the bench gave no rows: engine_attn suite: no CUDA device"
-        )
+        assert code == 3 and doc["message"].startswith("the bench gave no rows: ")
+        # the tiny engine's context holds the default L=64, not 1024: said, and left out
+        assert "--prefix-len 1024 left out" in doc["message"]
+        assert "engine_attn suite: no CUDA device" in doc["message"]
 
     (tmp_path / "fake").mkdir()
     ops2 = Ops(tmp_path / "fake")
@@ -187,6 +188,11 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
     assert res.returncode == 2
     assert "--suite engine_attn benches the reference engine as its service runs it" in res.stderr
     assert "Traceback" not in res.stderr
+    # the service down: said so, not taken for a service of another kind
+    res = ops2("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "engine_attn",
+               "--batch", "1")  # fmt: skip
+    assert res.returncode == 2 and "did not answer" in res.stderr, res.stderr
+    assert "is the service up?" in res.stderr and "Traceback" not in res.stderr
 
 
 def _alive(pid: int) -> bool:
