@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from engine.bench import BACKEND_SETS
-from engine.config import MATMUL, MAX_BUDGET, PRESETS, SEED_RANGE, preset
+from engine.config import MATMUL, MAX_BUDGET, PRESETS, SEED_RANGE, preset, tokens_reached
 from engine.decode import Decoder, Sequence
 from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
@@ -110,9 +110,8 @@ def _check(args: argparse.Namespace) -> None:
     # the guard of benchmarks/engine_steps.py, taken before anything runs and for the worst
     # case (every step commits draft_len + 1 tokens): a step starts only while the longest
     # sequence has room for one more, as the service does
-    per = p.engine.draft_len + 1 if args.mode == "ddtree" else 1
     longest = args.prompt_len + max(_offsets(top, args.prefix_span))
-    need = longest + (args.warm + args.steps) * per
+    need = tokens_reached(p, args.mode, longest, args.warm + args.steps)
     if need > p.model.max_seq_len:
         raise UsageError(
             f"{args.warm} + {args.steps} {args.mode} steps from a {longest}-token prompt could "

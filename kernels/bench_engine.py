@@ -66,7 +66,7 @@ def prompt_lens(cfg: BenchConfig) -> tuple[list[int], list[str]]:
     one left out. ValueError (exit 2, before anything runs) for an unknown preset, a max budget
     past the engine's limit, a batch past the engine's, or no length that fits. engine.config
     is torch-free: checked here, on any host, not only once a child runs on a GPU."""
-    from engine.config import MAX_BUDGET, PRESETS
+    from engine.config import MAX_BUDGET, PRESETS, tokens_reached
 
     p = PRESETS.get(cfg.engine_preset)
     if p is None:
@@ -83,11 +83,11 @@ def prompt_lens(cfg: BenchConfig) -> tuple[list[int], list[str]]:
         raise ValueError(
             f"engine_attn: --batch {top} is past the {cfg.engine_preset} engine's {limit}"
         )
-    per = p.engine.draft_len + 1 if cfg.engine_mode == "ddtree" else 1
-    spread = 0 if cfg.decode_spread == 0 else (top - 1) * cfg.decode_spread // top
+    # engine.attn_bench's own check: the batch's longest prompt (its offsets i * span // B)
+    spread = (top - 1) * cfg.decode_spread // top
     fit, notes = [], []
     for n in cfg.prefix_lens:
-        need = n + spread + (ENGINE_WARM + ENGINE_STEPS) * per
+        need = tokens_reached(p, cfg.engine_mode, n + spread, ENGINE_WARM + ENGINE_STEPS)
         if n < p.model.max_seq_len and need <= p.model.max_seq_len:
             fit.append(n)
         else:
