@@ -1,8 +1,9 @@
 """The `engine_attn` suite: the reference engine's own attention stage, per backend, in a child.
 
 `python -m kernels.bench --suite engine_attn` runs `python -m engine.attn_bench` once per
-`--prefix-len` L, as a child process (kernels does not import the engine; the child's engines
-and their memory are gone when it exits), and returns its rows: `row_attention` (a decode step
+`--prefix-len` L, as a child process (kernels imports only the torch-free engine.config, to
+check the settings; the child's engines and their memory are gone when it exits), and returns
+its rows: `row_attention` (a decode step
 of each `--batch` requests) and `row_attention_prefill` (one prompt of L tokens), impls
 `torch_engine` and `cuda_engine`, mode `engine_stage`. Each is the time the engine's stage clock
 charges to attention inside the engine's real forward (its graph pieces, its KV pool, its plan),
@@ -124,7 +125,8 @@ def engine_attn_suite(cfg: BenchConfig) -> list[Row]:
             sys.stderr.write(res.stderr)
         if res.returncode != 0:
             last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-            # the child's exit 2 is bad input (e.g. a prompt past the preset's context)
+            # the child's exit 2 is bad input (e.g. CUDA asked of a torch without it); the
+            # settings prompt_lens checks never get this far
             raise SuiteError(
                 f"engine_attn (L={prompt_len}): engine.attn_bench exited {res.returncode}: {last}",
                 2 if res.returncode == 2 else 1,
