@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine import trace
 from engine.attention import Attention
 from engine.model import Model
 
@@ -197,6 +198,9 @@ class Forward:
             return self.logits[:0]
         if n > self.max_rows:
             raise ValueError(f"a forward of {n} rows exceeds the {self.max_rows} rows planned")
+        tr = trace.tracer()  # DDTREE_ENGINE_TRACE: a diagnosis window (engine.trace), else None
+        if tr is not None:
+            tr.before(n, attention.name, self.model.device)
         chunks = -(-n // self.chunk)
         end = chunks * self.chunk
         host = np.zeros((3, end), dtype=np.int64)
@@ -219,4 +223,6 @@ class Forward:
 
                 self.o[:n] = timer.span(call) if timer else call()
             self._piece(cfg.layers, chunks)
+        if tr is not None:
+            tr.after(n, self.model.device)
         return self.logits[:n]

@@ -1,0 +1,164 @@
+"""Where the engine's attention stage goes, kernel by kernel, from `engine.trace`'s Chrome traces.
+
+    python benchmarks/attn_trace.py TRACE.json.gz... [--layers 4] [--json OUT.json]
+
+A traced forward starts at its marker copy (engine.trace: its size gives the rows and the
+attention backend) and runs: the plan's kernels, then the graph pieces G0 .. G_layers with one
+attention call A_l between G_l and G_l+1. A graph piece's kernels all carry the correlation id
+of its one `cudaGraphLaunch`; an eager call's kernels each have their own. Per attention call,
+on the GPU's clock (microseconds):
+- `lead`: from G_l's last kernel's end to A_l's first kernel's start: the GPU idle, waiting for
+  the host to launch the call (the engine's stage clock counts it: its start event fires when
+  G_l is done);
+- `busy`: the sum of A_l's kernels' durations (GPU work);
+- `gap`: A_l's span less `busy` (the GPU idle between the call's own launches);
+- `stage` = lead + span: what the engine's stage clock charges the call, less the event's own
+  few microseconds; `tail`: from A_l's end to G_l+1's start (not charged to attention).
+Per forward the calls are summed; per (backend, rows) the forwards' medians and quartiles are
+printed, with the kernels that take most of `busy` (their per-forward medians), so the same
+stage can be set side by side from a serving process and from a bench.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+from collections import defaultdict
+from typing import Any
+
+from engine.trace import read_marker
+from kernels.cli import OneLineParser
+
+PARTS = ("stage", "lead", "busy", "gap", "tail", "kernels", "plan_busy", "pieces_busy")
+
+
+def _load(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def _end(e: dict) -> float:
+    return float(e["ts"]) + float(e.get("dur", 0.0))
+
+
+def _groups(kernels: list[dict]) -> list[list[dict]]:
+    """Consecutive kernels split into runs of one correlation id (a graph launch's kernels
+    share one; an eager launch has one kernel)."""
+    out: list[list[dict]] = []
+    for k in kernels:
+        c = k.get("args", {}).get("correlation")
+        if out and c is not None and out[-1][0].get("args", {}).get("correlation") == c:
+            out[-1].append(k)
+        else:
+            out.append([k])
+    return out
+
+
+def forwards(events: list[dict], layers: int) -> list[dict[str, Any]]:
+    """One record per traced forward: rows, impl, the summed parts, and per-kernel busy."""
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    marks = []
+    for e in events:
+        if e.get("cat") == "gpu_memcpy":
+            m = read_marker(int(e.get("args", {}).get("bytes", 0)))
+            if m is not None:
+                marks.append((float(e["ts"]), *m))
+    marks.sort()
+    out = []
+    for i, (t0, rows, impl) in enumerate(marks):
+        t1 = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+        ks = [k for k in kernels if t0 <= k["ts"] < t1]
+        runs = _groups(ks)
+        graph_idx = [j for j, r in enumerate(runs) if len(r) > 1][: layers + 1]
+        if len(graph_idx) < layers + 1:
+            continue  # a forward the window cut short, or eager pieces: not this tool's case
+        rec: dict[str, Any] = {"rows": rows, "impl": impl, "by_kernel": defaultdict(float)}
+        for p in PARTS:
+            rec[p] = 0.0
+        rec["plan_busy"] = sum(k["dur"] for r in runs[: graph_idx[0]] for k in r)
+        rec["pieces_busy"] = sum(k["dur"] for j in graph_idx for k in runs[j])
+        for a, b in zip(graph_idx, graph_idx[1:], strict=False):
+            call = [k for r in runs[a + 1 : b] for k in r]
+            g_end = max(_end(k) for k in runs[a])
+            g_next = min(k["ts"] for k in runs[b])
+            if not call:
+                continue
+            first, last = call[0]["ts"], max(_end(k) for k in call)
+            busy = sum(k["dur"] for k in call)
+            rec["lead"] += first - g_end
+            rec["busy"] += busy
+            rec["gap"] += (last - first) - busy
+            rec["stage"] += last - g_end
+            rec["tail"] += g_next - last
+            rec["kernels"] += len(call)
+            for k in call:
+                rec["by_kernel"][k["name"]] += k["dur"]
+        out.append(rec)
+    return out
+
+
+def _q(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return {"median": xs[0], "p25": xs[0], "p75": xs[0]}
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return {"median": q[1], "p25": q[0], "p75": q[2]}
+
+
+def summarize(recs: list[dict[str, Any]], top: int = 8) -> list[dict[str, Any]]:
+    """Per (impl, rows): how many forwards, each part's quartiles, the top kernels' medians."""
+    by: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for r in recs:
+        by[(r["impl"], r["rows"])].append(r)
+    out = []
+    for (impl, rows), rs in sorted(by.items()):
+        every = set().union(*(r["by_kernel"] for r in rs))
+        names = {n: [r["by_kernel"].get(n, 0.0) for r in rs] for n in every}
+        kern = sorted(((statistics.median(v), n) for n, v in names.items()), reverse=True)
+        out.append({
+            "impl": impl, "rows": rows, "forwards": len(rs),
+            **{p: _q([r[p] for r in rs]) for p in PARTS},
+            "top_kernels": [{"name": n, "median_us": m} for m, n in kern[:top]],
+        })  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(prog="python benchmarks/attn_trace.py")
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--layers", type=int, default=4, help="the preset's layers (small: 4)")
+    ap.add_argument("--json", help="also write the summary here")
+    args = ap.parse_args(argv)
+    doc: dict[str, Any] = {"traces": {}}
+    for path in args.traces:
+        try:
+            events = _load(path)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: {path}: {exc}", file=sys.stderr)
+            return 2
+        cats: dict[str, int] = defaultdict(int)
+        for e in events:
+            cats[str(e.get("cat"))] += 1
+        recs = forwards(events, args.layers)
+        doc["traces"][path] = {"event_categories": dict(cats), "summary": summarize(recs)}
+        print(path)
+        print("  impl   rows  fwd   stage us (p25..p75)      lead     busy      gap   kernels")
+        for s in doc["traces"][path]["summary"]:
+            st = s["stage"]
+            print(f"  {s['impl']:5s} {s['rows']:5d} {s['forwards']:4d} {st['median']:9.1f} "
+                  f"({st['p25']:.0f}..{st['p75']:.0f}) {s['lead']['median']:8.1f} "
+                  f"{s['busy']['median']:8.1f} {s['gap']['median']:8.1f} "
+                  f"{s['kernels']['median']:6.0f}")  # fmt: skip
+    text = json.dumps(doc, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

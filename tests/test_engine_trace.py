@@ -1,0 +1,140 @@
+"""engine.trace (DDTREE_ENGINE_TRACE) and benchmarks/attn_trace.py.
+
+The window, for real on a CPU engine: it opens after the skipped forwards, writes one gzipped
+Chrome trace after its forwards, and leaves the engine's tokens as they were. The reader, on a
+hand-built GPU timeline whose every part is known: forwards found by their marker copies, graph
+pieces by their shared correlation id, each attention call's lead, busy, gap, stage and tail."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.trace import marker_bytes, read_marker
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "attn_trace.py"
+GEN = """
+import json, torch
+torch.set_num_threads(1)
+from engine.runtime import EngineSpec, build_decoder, generate
+_, dec = build_decoder(EngineSpec(mode="ddtree"))
+outs, _ = generate(dec, [[1, 2, 3, 4, 5], [7, 8, 9]], 12)
+print(json.dumps(outs))
+"""
+
+
+def _generate(env_extra: dict[str, str]) -> list:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_ENGINE_TRACE")}
+    res = subprocess.run(
+        [sys.executable, "-c", GEN], capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**env, **env_extra},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_markers_round_trip_and_ordinary_copies_are_not_markers() -> None:
+    for rows in (1, 17, 447, 544, 576, 1152):
+        for impl in ("torch", "cuda"):
+            assert read_marker(marker_bytes(rows, impl)) == (rows, impl)
+    for nbytes in (8, 4 * 544, 24 * 576, 8 * 1023 + 8, 1, 3, 65535, 65536, 65538):
+        assert read_marker(nbytes) is None
+
+
+def test_the_window_on_a_cpu_engine_writes_one_trace_and_changes_no_token(tmp_path: Path) -> None:
+    plain = _generate({})
+    out = tmp_path / "traces"
+    traced = _generate({
+        "DDTREE_ENGINE_TRACE": str(out), "DDTREE_ENGINE_TRACE_SKIP": "2",
+        "DDTREE_ENGINE_TRACE_FORWARDS": "3",
+    })  # fmt: skip
+    assert traced == plain
+    files = sorted(out.iterdir())
+    assert len(files) == 1 and files[0].name.endswith("-any.json.gz"), files
+    with gzip.open(files[0], "rt") as f:
+        events = json.load(f)["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    assert any(e["name"] == "aten::bmm" for e in ops)  # the torch attention ran in the window
+    # a window per row count, in the order they come: the forwards run 4, 2 (the prefills),
+    # then 26 x 7 (two requests' steps), 13 (one left); 26's window opens at its second and
+    # records three of them, 4's never opens (one skipped, no more come)
+    rows = tmp_path / "rows"
+    _generate({
+        "DDTREE_ENGINE_TRACE": str(rows), "DDTREE_ENGINE_TRACE_ROWS": "26,4",
+        "DDTREE_ENGINE_TRACE_SKIP": "1", "DDTREE_ENGINE_TRACE_FORWARDS": "3",
+    })  # fmt: skip
+    assert [p.name.split("-")[-1] for p in rows.iterdir()] == ["rows26.json.gz"]
+    # nothing is written when the window never opens (more forwards skipped than run)
+    none = tmp_path / "none"
+    _generate({"DDTREE_ENGINE_TRACE": str(none), "DDTREE_ENGINE_TRACE_SKIP": "100000"})
+    assert not none.exists()
+
+
+def _k(name: str, ts: float, dur: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "stream": 7}}  # fmt: skip
+
+
+def _mark(ts: float, rows: int, impl: str) -> dict:
+    return {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": ts,
+            "dur": 2.0, "args": {"bytes": marker_bytes(rows, impl), "correlation": 1}}  # fmt: skip
+
+
+def _forward(t: float, corr: int, rows: int, impl: str, calls: list[list[tuple]]) -> list[dict]:
+    """Marker, a plan kernel, then G0 A0 G1 A1 G2 (two layers): graph pieces of 3 kernels of
+    one correlation id and 10 us each; a call's kernels given as (gap before, duration)."""
+    ev = [_mark(t, rows, impl), _k("plan_pad", t + 5, 4.0, corr)]
+    t += 20
+    for layer in range(3):
+        corr += 1
+        for j in range(3):
+            ev.append(_k(f"piece_gemm_{j}", t, 10.0, corr))
+            t += 10
+        if layer < 2:
+            for gap, dur in calls[layer]:
+                corr += 1
+                t += gap
+                ev.append(_k("bmm" if dur > 5 else "softmax", t, dur, corr))
+                t += dur
+            t += 3  # the tail: the next piece's launch
+    return ev
+
+
+def test_the_reader_takes_each_call_apart_on_a_known_timeline(tmp_path: Path) -> None:
+    # torch, 17 rows: layer 0: lead 6, kernels 20 / 4 / 20 with a 2 us gap; layer 1: lead 1
+    torch_fwd = _forward(0.0, 10, 17, "torch", [[(6, 20), (2, 4), (0, 20)], [(1, 20), (0, 4)]])
+    cuda_fwd = _forward(1000.0, 50, 17, "cuda", [[(3, 30)], [(3, 30)]])
+    cut = [_mark(2000.0, 17, "torch"), _k("piece", 2010.0, 5.0, 99)]  # cut short: ignored
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": torch_fwd + cuda_fwd + cut}, f)
+    out = tmp_path / "s.json"
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), str(path), "--layers", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summ = {(s["impl"], s["rows"]): s for s in json.loads(out.read_text())["traces"][str(path)]
+            ["summary"]}  # fmt: skip
+    assert set(summ) == {("torch", 17), ("cuda", 17)}
+    t, c = summ[("torch", 17)], summ[("cuda", 17)]
+    med = {p: t[p]["median"] for p in ("lead", "busy", "gap", "stage", "tail", "kernels")}
+    assert med == pytest.approx(
+        {"lead": 7.0, "busy": 68.0, "gap": 2.0, "stage": 77.0, "tail": 6.0, "kernels": 5}
+    )
+    assert t["plan_busy"]["median"] == 4.0 and t["pieces_busy"]["median"] == 90.0
+    assert t["top_kernels"][0] == {"name": "bmm", "median_us": 60.0}
+    assert c["stage"]["median"] == 66.0 and c["busy"]["median"] == 60.0
+    assert c["forwards"] == 1 and t["forwards"] == 1
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "missing.json.gz")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1
