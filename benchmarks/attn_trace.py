@@ -16,13 +16,17 @@ on the GPU's clock (microseconds):
   few microseconds; `tail`: from A_l's end to G_l+1's start (not charged to attention).
 Per forward the calls are summed; per (backend, rows) the forwards' medians and quartiles are
 printed, with the kernels that take most of `busy` (their per-forward medians), so the same
-stage can be set side by side from a serving process and from a bench.
+stage can be set side by side from a serving process and from a bench. With the trace's
+`.timers.json` (engine.trace) each forward also carries the engine's own clock of it: the plan's
+host time (`plan host`, which no kernel shows) and its calls' CUDA events (`calls`, which the
+kernels' `stage` should match).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -32,6 +36,7 @@ from engine.trace import read_marker
 from kernels.cli import OneLineParser
 
 PARTS = ("stage", "lead", "busy", "gap", "tail", "kernels", "plan_busy", "pieces_busy")
+CLOCK = ("plan_host", "calls")  # the engine's own clock of the forward (from .timers.json)
 
 
 def _load(path: str) -> list[dict]:
@@ -58,8 +63,12 @@ def _groups(kernels: list[dict]) -> list[list[dict]]:
     return out
 
 
-def forwards(events: list[dict], layers: int) -> list[dict[str, Any]]:
-    """One record per traced forward: rows, impl, the summed parts, and per-kernel busy."""
+def forwards(
+    events: list[dict], layers: int, timers: list[dict] | None = None
+) -> list[dict[str, Any]]:
+    """One record per traced forward: rows, impl, the summed parts, and per-kernel busy; with
+    the window's timers (engine.trace's `.timers.json`, one per forward in order) also the
+    engine's own clock of it: `plan_host` and `calls` (CUDA events)."""
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     marks = []
     for e in events:
@@ -79,6 +88,10 @@ def forwards(events: list[dict], layers: int) -> list[dict[str, Any]]:
         rec: dict[str, Any] = {"rows": rows, "impl": impl, "by_kernel": defaultdict(float)}
         for p in PARTS:
             rec[p] = 0.0
+        if timers is not None and len(timers) == len(marks):
+            t = timers[i]
+            if (t["rows"], t["impl"]) == (rows, impl):
+                rec["plan_host"], rec["calls"] = t["plan_host_us"], t["calls_us"]
         rec["plan_busy"] = sum(k["dur"] for r in runs[: graph_idx[0]] for k in r)
         rec["pieces_busy"] = sum(k["dur"] for j in graph_idx for k in runs[j])
         for a, b in zip(graph_idx, graph_idx[1:], strict=False):
@@ -122,6 +135,7 @@ def summarize(recs: list[dict[str, Any]], top: int = 8) -> list[dict[str, Any]]:
         out.append({
             "impl": impl, "rows": rows, "forwards": len(rs),
             **{p: _q([r[p] for r in rs]) for p in PARTS},
+            **{p: _q([r[p] for r in rs]) for p in CLOCK if all(p in r for r in rs)},
             "top_kernels": [{"name": n, "median_us": m} for m, n in kern[:top]],
         })  # fmt: skip
     return out
@@ -143,16 +157,25 @@ def main(argv: list[str] | None = None) -> int:
         cats: dict[str, int] = defaultdict(int)
         for e in events:
             cats[str(e.get("cat"))] += 1
-        recs = forwards(events, args.layers)
+        side = path[: -len(".json.gz")] + ".timers.json" if path.endswith(".json.gz") else ""
+        timers = None
+        if side and os.path.exists(side):
+            with open(side) as f:
+                timers = json.load(f)
+        recs = forwards(events, args.layers, timers)
         doc["traces"][path] = {"event_categories": dict(cats), "summary": summarize(recs)}
         print(path)
-        print("  impl   rows  fwd   stage us (p25..p75)      lead     busy      gap   kernels")
+        print("  impl   rows  fwd   stage us (p25..p75)      lead     busy      gap   kernels"
+              "  plan host  calls (events)")  # fmt: skip
         for s in doc["traces"][path]["summary"]:
             st = s["stage"]
+            clock = "".join(
+                f" {s[p]['median']:10.1f}" if p in s else "          -" for p in CLOCK
+            )  # fmt: skip
             print(f"  {s['impl']:5s} {s['rows']:5d} {s['forwards']:4d} {st['median']:9.1f} "
                   f"({st['p25']:.0f}..{st['p75']:.0f}) {s['lead']['median']:8.1f} "
                   f"{s['busy']['median']:8.1f} {s['gap']['median']:8.1f} "
-                  f"{s['kernels']['median']:6.0f}")  # fmt: skip
+                  f"{s['kernels']['median']:6.0f} {clock}")  # fmt: skip
     text = json.dumps(doc, indent=1)
     if args.json:
         with open(args.json, "w") as f:

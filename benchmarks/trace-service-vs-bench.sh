@@ -9,7 +9,8 @@
 # engine.attn_bench runs the same batches (--same-prompt --prefix-span 0, the load's layout).
 # Every process traces one window per row count in ROWS (decode steps at B = 1 / 8 / 32 are
 # 17 / 136 / 544 rows, a prefill block 576), and benchmarks/attn_trace.py takes each apart.
-# Usage on the GPU host, project root:
+# Usage on the GPU host, project root (OUT gets results.tgz and traces.tgz besides the files;
+# copy those two to a lent machine's $OUT):
 #   OUT=dir [ARCH=sm_90] [IMPLS="torch cuda"] [ROWS=17,136,544,576] [SKIP=4] [FORWARDS=12]
 #   bash benchmarks/trace-service-vs-bench.sh
 set -u
@@ -120,7 +121,9 @@ for (t0, name), (t1, _) in zip(phases, phases[1:]):
           f"  mem {med(2,g):6.0f}  {med(3,g):6.1f} W  util {med(4,g):4.0f}%  CPU "
           f"{med(1,c) if c else float('nan'):6.0f} MHz")
 PY
-tar -czf "$OUT/traces.tgz" -C "$OUT" tr 2> /dev/null
+# two tarballs (a lent machine returns few files): every summary and record, and the raw traces
+# when they are small enough to come back (16 MB a file)
+tar -czf /tmp/results.tgz -C "$OUT" --exclude=tr . && mv /tmp/results.tgz "$OUT/"
+tar -czf /tmp/traces.tgz -C "$OUT" tr && mv /tmp/traces.tgz "$OUT/"
 [ "$(stat -c %s "$OUT/traces.tgz")" -gt 15000000 ] && rm -f "$OUT/traces.tgz"
-tar -czf "$OUT/results.tgz" -C "$OUT" --exclude=tr --exclude=traces.tgz --exclude=results.tgz .
 ls -la "$OUT"

@@ -200,7 +200,7 @@ class Forward:
             raise ValueError(f"a forward of {n} rows exceeds the {self.max_rows} rows planned")
         tr = trace.tracer()  # DDTREE_ENGINE_TRACE: a diagnosis window (engine.trace), else None
         if tr is not None:
-            tr.before(n, attention.name, self.model.device)
+            tr.before(n, attention.name, self.model.device, timer)
         chunks = -(-n // self.chunk)
         end = chunks * self.chunk
         host = np.zeros((3, end), dtype=np.int64)
@@ -224,5 +224,5 @@ class Forward:
                 self.o[:n] = timer.span(call) if timer else call()
             self._piece(cfg.layers, chunks)
         if tr is not None:
-            tr.after(n, self.model.device)
+            tr.after(n, attention.name, self.model.device, timer)
         return self.logits[:n]

@@ -11,8 +11,11 @@ untraced) and closes after N more (default 24), recording every forward that run
 with torch.profiler: on a GPU every kernel's start and duration on the GPU's clock (CUPTI) and
 only that, unless `_CPU=1` adds the host's ops (which slows the host-heavy torch attention
 path, so its gaps are no longer the untraced ones). Each window writes its Chrome trace to
-`DIR/trace-<pid>-rows<R>.json.gz`. Windows open one at a time, in the order their forwards
-come; a row count's forwards are counted only while no window is open.
+`DIR/trace-<pid>-rows<R>.json.gz`, and the traced forwards' own attention clock (the plan's
+host time and the calls' CUDA-event time, as the engine's stage clock counts them) to
+`DIR/trace-<pid>-rows<R>.timers.json`, one entry per forward in order. Windows open one at a
+time, in the order their forwards come; a row count's forwards are counted only while no
+window is open.
 
 Each traced forward is marked on the GPU's timeline by a host-to-device copy of an odd number
 of bytes, `65536 + 4 * rows + 1` (torch attention) or `+ 3` (cuda), before its plan: the
@@ -25,6 +28,7 @@ forward's own input copy waits for the GPU anyway). Without the variable nothing
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import sys
@@ -68,6 +72,8 @@ class Tracer:
         self.active: int | None = None  # the open window's row count
         self.recorded = 0
         self.prof: Any = None
+        self.timers: list[tuple] = []  # (rows, impl, timer, host_s, spans) before and after
+        self._at: tuple[float, int] | None = None
         self.paths: list[str] = []
 
     def _target(self, rows: int) -> int | None:
@@ -75,7 +81,7 @@ class Tracer:
             return 0
         return rows if rows in self.pending else None
 
-    def before(self, rows: int, impl: str, device: torch.device) -> None:
+    def before(self, rows: int, impl: str, device: torch.device, timer: Any = None) -> None:
         """Called at a forward's start: opens a window when one is due, marks the forward."""
         if self.active is None:
             t = self._target(rows)
@@ -87,11 +93,18 @@ class Tracer:
             self._start(t, device)
         if device.type == "cuda":
             torch.empty(marker_bytes(rows, impl), dtype=torch.uint8).to(device)
+        # where this forward's share of its timer starts (a prefill's blocks share one)
+        self._at = (timer.host_s, len(timer.spans)) if timer is not None else None
 
-    def after(self, rows: int, device: torch.device) -> None:
-        """Called at a forward's end: closes the window after its `forwards` forwards."""
+    def after(self, rows: int, impl: str, device: torch.device, timer: Any = None) -> None:
+        """Called at a forward's end: closes the window after its `forwards` forwards. The
+        forward's AttentionTimer (if any) is kept, and read once the window closes: its plan's
+        host seconds and its calls' CUDA-event seconds, per traced forward, in order, go to
+        the trace's `.timers.json` beside it."""
         if self.active is None:
             return
+        if timer is not None and self._at is not None:
+            self.timers.append((rows, impl, timer, *self._at, timer.host_s, len(timer.spans)))
         if self.active in (0, rows):
             self.recorded += 1
         if self.recorded >= self.forwards:
@@ -103,7 +116,7 @@ class Tracer:
         acts = [ProfilerActivity.CUDA] if device.type == "cuda" else []
         if self.cpu or device.type != "cuda":
             acts.append(ProfilerActivity.CPU)
-        self.active, self.recorded = target, 0
+        self.active, self.recorded, self.timers = target, 0, []
         try:
             self.prof = profile(activities=acts)
             self.prof.__enter__()
@@ -123,6 +136,16 @@ class Tracer:
             shutil.copyfileobj(src, dst)
         os.remove(base)
         self.paths.append(base + ".gz")
+        timed = []
+        for rows, impl, t, h0, n0, h1, n1 in self.timers:
+            spans = t.spans[n0:n1]
+            calls = sum(s.elapsed_time(e) * 1e3 for s, e in spans) if t.cuda else sum(
+                1e6 * s[0] for s in spans
+            )  # fmt: skip
+            timed.append({"rows": rows, "impl": impl, "plan_host_us": 1e6 * (h1 - h0),
+                          "calls_us": calls})  # fmt: skip
+        with open(base[: -len(".json")] + ".timers.json", "w") as f:
+            json.dump(timed, f)
         self.pending.remove(self.active)
         self.active, self.prof = None, None
 

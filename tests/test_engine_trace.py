@@ -57,9 +57,14 @@ def test_the_window_on_a_cpu_engine_writes_one_trace_and_changes_no_token(tmp_pa
     })  # fmt: skip
     assert traced == plain
     files = sorted(out.iterdir())
-    assert len(files) == 1 and files[0].name.endswith("-any.json.gz"), files
+    assert [p.name.split("-", 2)[2] for p in files] == ["any.json.gz", "any.timers.json"], files
     with gzip.open(files[0], "rt") as f:
         events = json.load(f)["traceEvents"]
+    # the forwards run 4, 2 (the two prefills), then 26 x 7, 13: two skipped, three recorded,
+    # each with the engine's own clock of its attention (on a CPU: the host's)
+    timers = json.loads(files[1].read_text())
+    assert [(t["rows"], t["impl"]) for t in timers] == [(26, "torch")] * 3
+    assert all(t["plan_host_us"] > 0 and t["calls_us"] > 0 for t in timers)
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     assert any(e["name"] == "aten::bmm" for e in ops)  # the torch attention ran in the window
     # a window per row count, in the order they come: the forwards run 4, 2 (the prefills),
@@ -70,7 +75,9 @@ def test_the_window_on_a_cpu_engine_writes_one_trace_and_changes_no_token(tmp_pa
         "DDTREE_ENGINE_TRACE": str(rows), "DDTREE_ENGINE_TRACE_ROWS": "26,4",
         "DDTREE_ENGINE_TRACE_SKIP": "1", "DDTREE_ENGINE_TRACE_FORWARDS": "3",
     })  # fmt: skip
-    assert [p.name.split("-")[-1] for p in rows.iterdir()] == ["rows26.json.gz"]
+    assert sorted(p.name.split("-")[-1] for p in rows.iterdir()) == [
+        "rows26.json.gz", "rows26.timers.json"
+    ]
     # nothing is written when the window never opens (more forwards skipped than run)
     none = tmp_path / "none"
     _generate({"DDTREE_ENGINE_TRACE": str(none), "DDTREE_ENGINE_TRACE_SKIP": "100000"})
@@ -115,6 +122,12 @@ def test_the_reader_takes_each_call_apart_on_a_known_timeline(tmp_path: Path) ->
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": torch_fwd + cuda_fwd + cut}, f)
+    # the engine's own clock of the three forwards, in order (the cut one's is dropped with it)
+    (tmp_path / "t.timers.json").write_text(json.dumps([
+        {"rows": 17, "impl": "torch", "plan_host_us": 250.0, "calls_us": 80.0},
+        {"rows": 17, "impl": "cuda", "plan_host_us": 40.0, "calls_us": 70.0},
+        {"rows": 17, "impl": "torch", "plan_host_us": 1.0, "calls_us": 1.0},
+    ]))  # fmt: skip
     out = tmp_path / "s.json"
     res = subprocess.run(
         [sys.executable, str(SCRIPT), str(path), "--layers", "2", "--json", str(out)],
@@ -133,8 +146,43 @@ def test_the_reader_takes_each_call_apart_on_a_known_timeline(tmp_path: Path) ->
     assert t["top_kernels"][0] == {"name": "bmm", "median_us": 60.0}
     assert c["stage"]["median"] == 66.0 and c["busy"]["median"] == 60.0
     assert c["forwards"] == 1 and t["forwards"] == 1
+    assert (t["plan_host"]["median"], t["calls"]["median"]) == (250.0, 80.0)
+    assert (c["plan_host"]["median"], c["calls"]["median"]) == (40.0, 70.0)
     bad = subprocess.run(
         [sys.executable, str(SCRIPT), str(tmp_path / "missing.json.gz")],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.gpu
+def test_gpu_a_traced_bench_is_taken_apart_and_agrees_with_the_engines_own_clock(
+    tmp_path: Path,
+) -> None:
+    """On a GPU: engine.attn_bench (both backends, B=8: 136-row steps) traced; the reader finds
+    the steps by their markers with both backends, every call between its graph pieces, and
+    the kernels' stage within 5% + 20 us of the engine's own CUDA events of the same calls."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_ENGINE_TRACE")}
+    env.update(DDTREE_ENGINE_TRACE=str(tmp_path / "tr"), DDTREE_ENGINE_TRACE_ROWS="136",
+               DDTREE_ENGINE_TRACE_SKIP="2", DDTREE_ENGINE_TRACE_FORWARDS="6")  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "engine.attn_bench", "--device", "cuda", "--preset", "small",
+         "--batch", "8", "--steps", "4", "--warm", "1", "--prompt-len", "256",
+         "--same-prompt", "--prefix-span", "0", "--max-budget", "0"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    (trace,) = (tmp_path / "tr").glob("*.json.gz")
+    out = tmp_path / "s.json"
+    res = subprocess.run([sys.executable, str(SCRIPT), str(trace), "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summ = {(s["impl"], s["rows"]): s for s in json.loads(out.read_text())["traces"][str(trace)]
+            ["summary"]}  # fmt: skip
+    assert {("torch", 136), ("cuda", 136)} <= set(summ), summ.keys()
+    for key in (("torch", 136), ("cuda", 136)):
+        s = summ[key]
+        assert s["forwards"] >= 3 and s["busy"]["median"] > 0
+        assert s["kernels"]["median"] >= 4  # at least one kernel a layer (cuda: one launch)
+        stage, calls = s["stage"]["median"], s["calls"]["median"]
+        assert abs(stage - calls) <= 0.05 * calls + 20, (key, stage, calls)
