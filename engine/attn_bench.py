@@ -47,6 +47,7 @@ from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder
 from engine.tokenizer import ByteTokenizer
+from engine.trace import settings as trace_settings
 
 IMPLS = ("torch", "cuda")
 
@@ -78,6 +79,10 @@ def _stats(us: list[float]) -> dict[str, Any]:
 
 def _check(args: argparse.Namespace) -> None:
     """UsageError for input that could only crash a run or time nothing."""
+    try:  # the diagnosis traces' settings (engine.trace), if any
+        trace_settings(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for flag, values, low in (
         ("--batch", args.batch, 1),
         ("--steps", [args.steps], 1),

@@ -32,9 +32,11 @@ import json
 import os
 import shutil
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ENV = "DDTREE_ENGINE_TRACE"
 
@@ -92,6 +94,8 @@ class Tracer:
                 return
             self._start(t, device)
         if device.type == "cuda":
+            import torch
+
             torch.empty(marker_bytes(rows, impl), dtype=torch.uint8).to(device)
         # where this forward's share of its timer starts (a prefill's blocks share one)
         self._at = (timer.host_s, len(timer.spans)) if timer is not None else None
@@ -125,7 +129,19 @@ class Tracer:
             self.pending, self.active, self.prof = [], None, None
 
     def _stop(self, device: torch.device) -> None:
+        target = self.active
+        try:
+            self._write(device)
+        except Exception as exc:  # e.g. DIR not writable: say so, never break the forward
+            print(f"engine.trace: window rows={target} not written ({exc!r})", file=sys.stderr)
+        if target in self.pending:
+            self.pending.remove(target)
+        self.active, self.prof = None, None
+
+    def _write(self, device: torch.device) -> None:
         if device.type == "cuda":
+            import torch
+
             torch.cuda.synchronize(device)
         self.prof.__exit__(None, None, None)
         os.makedirs(self.out_dir, exist_ok=True)
@@ -146,8 +162,6 @@ class Tracer:
                           "calls_us": calls})  # fmt: skip
         with open(base[: -len(".json")] + ".timers.json", "w") as f:
             json.dump(timed, f)
-        self.pending.remove(self.active)
-        self.active, self.prof = None, None
 
 
 _tracer: Tracer | None = None
@@ -161,13 +175,41 @@ def tracer() -> Tracer | None:
         _read = True
         out = os.environ.get(ENV)
         if out:
-            env = os.environ.get
-            rows = tuple(int(r) for r in env(ENV + "_ROWS", "").split(",") if r.strip())
-            _tracer = Tracer(
-                out,
-                rows=tuple(r for r in rows if r != 0),
-                skip=int(env(ENV + "_SKIP", "8")),
-                forwards=int(env(ENV + "_FORWARDS", "24")),
-                cpu=env(ENV + "_CPU", "0") not in ("0", "", "false", "no"),
-            )
+            try:
+                _tracer = Tracer(**settings(os.environ))
+            except ValueError as exc:  # a diagnosis's bad setting never stops the engine
+                print(f"engine.trace: {exc}; tracing off", file=sys.stderr)
     return _tracer
+
+
+def settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The tracer's settings from the environment ({} when DDTREE_ENGINE_TRACE is unset);
+    ValueError naming the variable for a bad one (`python -m engine` checks them at start)."""
+    out = environ.get(ENV)
+    if not out:
+        return {}
+
+    def num(name: str, default: str) -> int:
+        raw = environ.get(name, default)
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"${name}={raw!r}: expected an integer") from None
+
+    raw = environ.get(ENV + "_ROWS", "")
+    try:
+        rows = tuple(int(r) for r in raw.split(",") if r.strip())
+    except ValueError:
+        raise ValueError(f"${ENV}_ROWS={raw!r}: expected row counts, e.g. 17,544") from None
+    doc = {
+        "out_dir": out, "rows": tuple(r for r in rows if r != 0),
+        "skip": num(ENV + "_SKIP", "8"), "forwards": num(ENV + "_FORWARDS", "24"),
+        "cpu": environ.get(ENV + "_CPU", "0") not in ("0", "", "false", "no"),
+    }  # fmt: skip
+    if doc["skip"] < 0:
+        raise ValueError(f"${ENV}_SKIP={doc['skip']}: expected >= 0")
+    if doc["forwards"] < 1:
+        raise ValueError(f"${ENV}_FORWARDS={doc['forwards']}: expected >= 1")
+    if any(r < 0 for r in rows):
+        raise ValueError(f"${ENV}_ROWS={raw!r}: row counts are >= 0")
+    return doc

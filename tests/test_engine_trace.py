@@ -186,3 +186,45 @@ def test_gpu_a_traced_bench_is_taken_apart_and_agrees_with_the_engines_own_clock
         assert s["kernels"]["median"] >= 4  # at least one kernel a layer (cuda: one launch)
         stage, calls = s["stage"]["median"], s["calls"]["median"]
         assert abs(stage - calls) <= 0.05 * calls + 20, (key, stage, calls)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "words"),
+    [
+        ("DDTREE_ENGINE_TRACE_ROWS", "17,abc", "expected row counts"),
+        ("DDTREE_ENGINE_TRACE_SKIP", "-1", "expected >= 0"),
+        ("DDTREE_ENGINE_TRACE_FORWARDS", "0", "expected >= 1"),
+        ("DDTREE_ENGINE_TRACE_FORWARDS", "many", "expected an integer"),
+    ],
+)
+def test_a_bad_trace_setting_is_exit_2_in_one_line_before_anything_runs(
+    var: str, value: str, words: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_ENGINE_TRACE")}
+    env |= {"DDTREE_ENGINE_TRACE": str(tmp_path / "tr"), var: value}
+    for argv in (["-m", "engine", "--preset", "tiny", "--port", "30997", "--check"],
+                 ["-m", "engine.attn_bench", "--device", "cpu", "--preset", "tiny",
+                  "--prompt-len", "64"]):  # fmt: skip
+        res = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env=env)  # fmt: skip
+        assert res.returncode == 2, (argv, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"${var}=" in lines[0] and words in lines[0], res.stderr
+        assert not (tmp_path / "tr").exists()
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_and_the_engine_goes_on(
+    tmp_path: Path,
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    plain = _generate({})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_ENGINE_TRACE")}
+    env |= {"DDTREE_ENGINE_TRACE": str(blocked / "tr"), "DDTREE_ENGINE_TRACE_SKIP": "0",
+            "DDTREE_ENGINE_TRACE_FORWARDS": "2"}  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", GEN], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, env=env)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == plain
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("engine.trace:")]
+    assert len(notes) == 1 and "not written" in notes[0], res.stderr
