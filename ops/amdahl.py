@@ -358,7 +358,9 @@ def _host_bound(row: AmdahlRow) -> str:
     """A note where the bench stage that s(c) rests on is mostly its plan's host time: that
     part varies with the process and the host's load (on the H200 leases one prefill plan took
     1.5 ms in one process and 10 ms in another, where the GPU parts held within 1.2%:
-    benchmarks/NOTES-attention.md), so the note gives the s of the GPU parts alone beside it."""
+    benchmarks/NOTES-attention.md), so the note gives the s of the calls alone beside it (their
+    CUDA events: the GPU's work and any launch gaps inside the calls, which the kernel timeline
+    showed are host time too: NOTES-attention.md, "The kernel timeline")."""
     out = []
     for name, sp in (("decode steps", row.speed), ("prefill", row.prefill_speed)):
         if sp is None or None in (sp.baseline_host_us, sp.candidate_host_us):
@@ -369,7 +371,8 @@ def _host_bound(row: AmdahlRow) -> str:
             continue
         gpu = ""
         if sp.baseline_gpu_us and sp.candidate_gpu_us:
-            gpu = f"; the GPU parts alone give {times(sp.baseline_gpu_us / sp.candidate_gpu_us)}"
+            ratio = times(sp.baseline_gpu_us / sp.candidate_gpu_us)
+            gpu = f"; the calls alone (their CUDA events, launch gaps included) give {ratio}"
         out.append(
             f"{name}: {times(sp.s)} rests on host time (the plans: {shares[0]:.0%} of the "
             f"baseline's stage, {shares[1]:.0%} of the candidate's), which varies with the "

@@ -86,7 +86,7 @@ def test_prefill_part_is_projected_at_the_prefill_rows_s(tmp_path: Path) -> None
 
 def test_a_prefill_s_resting_on_host_time_is_named_with_the_gpu_parts_s(tmp_path: Path) -> None:
     """Prefill stage rows whose plans are most of their time (the bench's host_us): each level's
-    note names it, with the s of the GPU parts alone; the projection itself is unchanged. Rows
+    note names it, with the s of the calls alone; the projection itself is unchanged. Rows
     whose host part is small, or that carry no parts (the decode rows here), get no such note."""
     parts = {(1024, "torch_rows"): (2000.0, 2000.0), (1024, "cuda_rows"): (7000.0, 1000.0)}
     code, doc = ops_report(tmp_path, *_attn_records(tmp_path, True, parts), args=("-c", "32"))
@@ -94,8 +94,8 @@ def test_a_prefill_s_resting_on_host_time_is_named_with_the_gpu_parts_s(tmp_path
                                  args=("-c", "32"))  # fmt: skip
     assert code == base_code
     want = ("prefill: 0.5x rests on host time (the plans: 50% of the baseline's stage, 88% of "
-            "the candidate's), which varies with the process and the host's load; the GPU parts "
-            "alone give 2x")  # fmt: skip
+            "the candidate's), which varies with the process and the host's load; the calls "
+            "alone (their CUDA events, launch gaps included) give 2x")  # fmt: skip
     for row, plain in zip(doc["amdahl"], base["amdahl"], strict=True):
         assert want in row["note"], row["note"]
         assert "decode steps:" not in row["note"]
