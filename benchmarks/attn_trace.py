@@ -2,6 +2,10 @@
 
     python benchmarks/attn_trace.py TRACE.json.gz... [--layers 4] [--json OUT.json]
 
+Exit 0 with a table per trace, 1 when no trace holds a traced forward (a CPU trace has no GPU
+markers; `--layers` must be the preset's), 2 for bad input (one line: the file and what is
+wrong with it).
+
 A traced forward starts at its marker copy (engine.trace: its size gives the rows and the
 attention backend) and runs: the plan's kernels, then the graph pieces G0 .. G_layers with one
 attention call A_l between G_l and G_l+1. A graph piece's kernels all carry the correlation id
@@ -39,11 +43,51 @@ PARTS = ("stage", "lead", "busy", "gap", "tail", "kernels", "plan_busy", "pieces
 CLOCK = ("plan_host", "calls")  # the engine's own clock of the forward (from .timers.json)
 
 
+class TraceError(ValueError):
+    """A file that is not what this reads: one line, exit 2."""
+
+
 def _load(path: str) -> list[dict]:
+    """The trace's events, checked enough that the rest cannot fail on them."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        doc = json.load(f)
-    return doc["traceEvents"] if isinstance(doc, dict) else doc
+    try:
+        with opener(path, "rt") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:  # missing, a directory, not gzip, not JSON
+        raise TraceError(f"{path}: {exc}") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise TraceError(f"{path}: not a Chrome trace (no list of events under traceEvents)")
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy"):
+            continue
+        for key in ("ts", "dur"):
+            if not isinstance(e.get(key), int | float) or isinstance(e.get(key), bool):
+                raise TraceError(f"{path}: a {e['cat']} event without a numeric {key!r}")
+        if e["cat"] == "kernel" and not isinstance(e.get("name"), str):
+            raise TraceError(f"{path}: a kernel event without a name")
+        if e["cat"] == "gpu_memcpy":
+            n = (e.get("args") or {}).get("bytes", 0) if isinstance(e.get("args"), dict) else 0
+            if not isinstance(n, int) or isinstance(n, bool):
+                raise TraceError(f"{path}: a gpu_memcpy event whose bytes is not an integer")
+    return events
+
+
+def _timers(side: str) -> list[dict]:
+    """engine.trace's `.timers.json`: one {rows, impl, plan_host_us, calls_us} a forward."""
+    try:
+        with open(side) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{side}: {exc}") from None
+    keys = {"rows": int, "impl": str, "plan_host_us": (int, float), "calls_us": (int, float)}
+    if not isinstance(doc, list) or not all(
+        isinstance(t, dict) and all(isinstance(t.get(k), ty) for k, ty in keys.items())
+        for t in doc
+    ):
+        raise TraceError(f"{side}: not engine.trace's timers (a list of rows / impl / "
+                         "plan_host_us / calls_us)")  # fmt: skip
+    return doc
 
 
 def _end(e: dict) -> float:
@@ -142,29 +186,47 @@ def summarize(recs: list[dict[str, Any]], top: int = 8) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0: a table for every trace; 1: no traced forward in any of them; 2: bad input."""
     ap = OneLineParser(prog="python benchmarks/attn_trace.py")
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--layers", type=int, default=4, help="the preset's layers (small: 4)")
     ap.add_argument("--json", help="also write the summary here")
     args = ap.parse_args(argv)
+    if args.layers < 1:
+        print(f"error: --layers must be >= 1, got {args.layers}", file=sys.stderr)
+        return 2
+    if args.json:
+        try:  # an unwritable --json fails now, not after the tables
+            open(args.json, "a").close()
+        except OSError as exc:
+            print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     doc: dict[str, Any] = {"traces": {}}
+    found = 0
     for path in args.traces:
         try:
             events = _load(path)
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: {path}: {exc}", file=sys.stderr)
+            side = path[: -len(".json.gz")] + ".timers.json" if path.endswith(".json.gz") else ""
+            timers = _timers(side) if side and os.path.exists(side) else None
+        except TraceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         cats: dict[str, int] = defaultdict(int)
         for e in events:
             cats[str(e.get("cat"))] += 1
-        side = path[: -len(".json.gz")] + ".timers.json" if path.endswith(".json.gz") else ""
-        timers = None
-        if side and os.path.exists(side):
-            with open(side) as f:
-                timers = json.load(f)
         recs = forwards(events, args.layers, timers)
+        marks = sum(1 for e in events if e.get("cat") == "gpu_memcpy"
+                    and read_marker(int((e.get("args") or {}).get("bytes", 0))))  # fmt: skip
+        if timers is not None and len(timers) != marks:
+            print(f"note: {side}: {len(timers)} forwards timed, {marks} marked in the trace; "
+                  "not joined", file=sys.stderr)  # fmt: skip
+        found += len(recs)
         doc["traces"][path] = {"event_categories": dict(cats), "summary": summarize(recs)}
         print(path)
+        if not recs:
+            print("  no traced forward: no GPU markers (a CPU trace?), or --layers is not "
+                  "the preset's")  # fmt: skip
+            continue
         print("  impl   rows  fwd   stage us (p25..p75)      lead     busy      gap   kernels"
               "  plan host  calls (events)")  # fmt: skip
         for s in doc["traces"][path]["summary"]:
@@ -176,11 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"({st['p25']:.0f}..{st['p75']:.0f}) {s['lead']['median']:8.1f} "
                   f"{s['busy']['median']:8.1f} {s['gap']['median']:8.1f} "
                   f"{s['kernels']['median']:6.0f} {clock}")  # fmt: skip
-    text = json.dumps(doc, indent=1)
     if args.json:
         with open(args.json, "w") as f:
-            f.write(text + "\n")
-    return 0
+            f.write(json.dumps(doc, indent=1) + "\n")
+    return 0 if found else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -192,9 +193,16 @@ def test_gpu_a_traced_bench_is_taken_apart_and_agrees_with_the_engines_own_clock
     ("var", "value", "words"),
     [
         ("DDTREE_ENGINE_TRACE_ROWS", "17,abc", "expected row counts"),
-        ("DDTREE_ENGINE_TRACE_SKIP", "-1", "expected >= 0"),
-        ("DDTREE_ENGINE_TRACE_FORWARDS", "0", "expected >= 1"),
+        ("DDTREE_ENGINE_TRACE_ROWS", "1_000", "expected row counts"),
+        ("DDTREE_ENGINE_TRACE_SKIP", "-1", "expected an integer from 0"),
+        ("DDTREE_ENGINE_TRACE_SKIP", "\u0663", "expected an integer from 0"),
+        ("DDTREE_ENGINE_TRACE_FORWARDS", "0", "expected an integer from 1"),
         ("DDTREE_ENGINE_TRACE_FORWARDS", "many", "expected an integer"),
+        ("DDTREE_ENGINE_TRACE_FORWARDS", "9" * 30, "to 1000000"),
+        ("DDTREE_ENGINE_TRACE_CPU", "maybe", "expected 1 or 0"),
+        ("DDTREE_ENGINE_TRACE", " ", "expected a directory"),
+        ("DDTREE_ENGINE_TRACE", "<a file>/sub", "cannot be made"),
+        ("DDTREE_ENGINE_TRACE", "<a file>", "exists and is not a directory"),
     ],
 )
 def test_a_bad_trace_setting_is_exit_2_in_one_line_before_anything_runs(
@@ -202,6 +210,9 @@ def test_a_bad_trace_setting_is_exit_2_in_one_line_before_anything_runs(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_ENGINE_TRACE")}
     env |= {"DDTREE_ENGINE_TRACE": str(tmp_path / "tr"), var: value}
+    if value.startswith("<a file>"):  # DIR naming a file that exists, or a path under one
+        (tmp_path / "f").write_text("x")
+        env[var] = value.replace("<a file>", str(tmp_path / "f"))
     for argv in (["-m", "engine", "--preset", "tiny", "--port", "30997", "--check"],
                  ["-m", "engine.attn_bench", "--device", "cpu", "--preset", "tiny",
                   "--prompt-len", "64"]):  # fmt: skip
@@ -210,6 +221,7 @@ def test_a_bad_trace_setting_is_exit_2_in_one_line_before_anything_runs(
         assert res.returncode == 2, (argv, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and f"${var}=" in lines[0] and words in lines[0], res.stderr
+        assert "Traceback" not in res.stderr
         assert not (tmp_path / "tr").exists()
 
 
@@ -228,3 +240,82 @@ def test_a_trace_that_cannot_be_written_is_one_line_and_the_engine_goes_on(
     assert json.loads(res.stdout) == plain
     notes = [ln for ln in res.stderr.splitlines() if ln.startswith("engine.trace:")]
     assert len(notes) == 1 and "not written" in notes[0], res.stderr
+
+
+def test_a_window_still_open_at_exit_is_written_by_a_bench_and_by_a_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch crashes a process that exits with its profiler open (exit 139, no file): a window
+    the forwards never filled is closed and written at exit instead, with what it got. A bench
+    (the forwards in the main thread) and a served engine (in its scheduler's thread, stopped
+    by SIGTERM as `ops` stops it) alike."""
+    out = tmp_path / "bench"
+    _generate({"DDTREE_ENGINE_TRACE": str(out), "DDTREE_ENGINE_TRACE_SKIP": "2",
+               "DDTREE_ENGINE_TRACE_FORWARDS": "1000"})  # fmt: skip
+    timers = json.loads(next(out.glob("*-any.timers.json")).read_text())
+    assert len(timers) == 8  # the 10 forwards less the 2 skipped
+    from helpers.engine_server import start_engine
+
+    svc = tmp_path / "svc"
+    for k in [k for k in os.environ if k.startswith("DDTREE_ENGINE_TRACE")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("DDTREE_ENGINE_TRACE", str(svc))  # defaults: skip 8, 24 forwards
+    eng = start_engine(tmp_path, preset="tiny")
+    try:
+        for _ in range(3):
+            body = json.dumps({"prompt": "hello world", "max_tokens": 8, "temperature": 0})
+            req = urllib.request.Request(eng.url + "/v1/completions", body.encode(),
+                                         {"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert json.load(r)["choices"][0]["text"] is not None
+        assert not svc.exists()  # still open: fewer than 8 + 24 forwards so far
+    finally:
+        eng.stop()
+    assert eng.proc.returncode == 0, eng.log_tail()
+    (trace,) = svc.glob("*-any.json.gz")
+    assert json.loads(trace.with_name(trace.name.replace(".json.gz", ".timers.json"))
+                      .read_text())  # fmt: skip
+
+
+def _bad(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    p = tmp_path / name
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+    return p
+
+
+def test_the_reader_refuses_what_is_not_a_trace_in_one_line(tmp_path: Path) -> None:
+    def run(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+
+    good = tmp_path / "good.json.gz"
+    with gzip.open(good, "wt") as f:
+        json.dump({"traceEvents": _forward(0.0, 10, 17, "torch", [[(1, 5)], [(1, 5)]])}, f)
+    bad = {
+        "list.json": "[1, 2]", "str.json": '"s"', "null.json": "null",
+        "events.json": '{"traceEvents": 5}',
+        "nots.json": '{"traceEvents": [{"cat": "kernel", "name": "k", "dur": 1}]}',
+        "bytes.json": '{"traceEvents": [{"cat": "gpu_memcpy", "ts": 1, "dur": 1, '
+                      '"args": {"bytes": "x"}}]}',
+        "garbage.json.gz": b"not gzip at all",
+    }  # fmt: skip
+    for name, text in bad.items():
+        res = run(_bad(tmp_path, name, text), "--layers", "2")
+        assert res.returncode == 2, (name, res.stderr)
+        assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, (name, res.stderr)
+    for side in ("not json", "[1, 2, 3]"):  # a corrupt .timers.json beside the trace
+        _bad(tmp_path, "good.timers.json", side)
+        res = run(good, "--layers", "2")
+        assert res.returncode == 2 and "good.timers.json" in res.stderr, res.stderr
+    (tmp_path / "good.timers.json").unlink()
+    for args in (("--layers", "0"), ("--layers", "-1"), ("--json", tmp_path)):
+        res = run(good, *args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, (args, res.stderr)
+    assert run(good, "--layers", "2").returncode == 0
+    # an empty trace, or layers that are not the preset's: no forward found, exit 1, said so
+    for args in ((_bad(tmp_path, "empty.json", '{"traceEvents": []}'),), (good, "--layers", "4")):
+        res = run(*args)
+        assert res.returncode == 1 and "no traced forward" in res.stdout, (args, res.stdout)
