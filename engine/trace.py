@@ -68,9 +68,9 @@ def read_marker(nbytes: int) -> tuple[int, str] | None:
 
 class Tracer:
     """Windows over forwards: one per row count in `rows` (or one over any forwards when `rows`
-    is empty), each opened at the (skip+1)-th forward of its row count and closed after
-    `forwards` more of them. One window is open at a time and records every forward that runs
-    meanwhile; a row count's forwards are counted only while no other window is open."""
+    is empty), each opened at the (skip+1)-th forward of its row count and holding `forwards`
+    of them. One window is open at a time and records every forward that runs meanwhile; a row
+    count's forwards are counted only while no other window is open."""
 
     def __init__(
         self, out_dir: str, rows: tuple[int, ...] = (), skip: int = 8, forwards: int = 24,
