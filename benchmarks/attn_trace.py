@@ -64,13 +64,26 @@ def _load(path: str) -> list[dict]:
         for key in ("ts", "dur"):
             if not isinstance(e.get(key), int | float) or isinstance(e.get(key), bool):
                 raise TraceError(f"{path}: a {e['cat']} event without a numeric {key!r}")
+        if not isinstance(e.setdefault("args", {}), dict):
+            raise TraceError(f"{path}: a {e['cat']} event whose args is not an object")
         if e["cat"] == "kernel" and not isinstance(e.get("name"), str):
             raise TraceError(f"{path}: a kernel event without a name")
         if e["cat"] == "gpu_memcpy":
-            n = (e.get("args") or {}).get("bytes", 0) if isinstance(e.get("args"), dict) else 0
+            n = e["args"].get("bytes", 0)
             if not isinstance(n, int) or isinstance(n, bool):
                 raise TraceError(f"{path}: a gpu_memcpy event whose bytes is not an integer")
     return events
+
+
+def markers(events: list[dict]) -> list[tuple[float, int, str]]:
+    """(GPU start, rows, impl) of every traced forward's marker copy (engine.trace), in order."""
+    out = []
+    for e in events:
+        if e.get("cat") == "gpu_memcpy":
+            m = read_marker(e["args"].get("bytes", 0))
+            if m is not None:
+                out.append((float(e["ts"]), *m))
+    return sorted(out)
 
 
 def _timers(side: str) -> list[dict]:
@@ -108,19 +121,13 @@ def _groups(kernels: list[dict]) -> list[list[dict]]:
 
 
 def forwards(
-    events: list[dict], layers: int, timers: list[dict] | None = None
-) -> list[dict[str, Any]]:
+    events: list[dict], marks: list[tuple[float, int, str]], layers: int,
+    timers: list[dict] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """One record per traced forward: rows, impl, the summed parts, and per-kernel busy; with
     the window's timers (engine.trace's `.timers.json`, one per forward in order) also the
     engine's own clock of it: `plan_host` and `calls` (CUDA events)."""
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    marks = []
-    for e in events:
-        if e.get("cat") == "gpu_memcpy":
-            m = read_marker(int(e.get("args", {}).get("bytes", 0)))
-            if m is not None:
-                marks.append((float(e["ts"]), *m))
-    marks.sort()
     out = []
     for i, (t0, rows, impl) in enumerate(marks):
         t1 = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
@@ -214,11 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         cats: dict[str, int] = defaultdict(int)
         for e in events:
             cats[str(e.get("cat"))] += 1
-        recs = forwards(events, args.layers, timers)
-        marks = sum(1 for e in events if e.get("cat") == "gpu_memcpy"
-                    and read_marker(int((e.get("args") or {}).get("bytes", 0))))  # fmt: skip
-        if timers is not None and len(timers) != marks:
-            print(f"note: {side}: {len(timers)} forwards timed, {marks} marked in the trace; "
+        marks = markers(events)
+        recs = forwards(events, marks, args.layers, timers)
+        if timers is not None and len(timers) != len(marks):
+            print(f"note: {side}: {len(timers)} forwards timed, {len(marks)} marked in the trace; "
                   "not joined", file=sys.stderr)  # fmt: skip
         found += len(recs)
         doc["traces"][path] = {"event_categories": dict(cats), "summary": summarize(recs)}

@@ -86,7 +86,6 @@ class Tracer:
         self.prof: Any = None
         self.timers: list[tuple] = []  # (rows, impl, timer, host_s, spans) before and after
         self._at: tuple[float, int] | None = None
-        self.paths: list[str] = []
         self.device: Any = None
         self.thread = 0
         self._exit_hook = False
@@ -182,7 +181,6 @@ class Tracer:
         with open(base, "rb") as src, gzip.open(base + ".gz", "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst)
         os.remove(base)
-        self.paths.append(base + ".gz")
         timed = []
         for rows, impl, t, h0, n0, h1, n1 in self.timers:
             spans = t.spans[n0:n1]

@@ -300,6 +300,7 @@ def test_the_reader_refuses_what_is_not_a_trace_in_one_line(tmp_path: Path) -> N
         "nots.json": '{"traceEvents": [{"cat": "kernel", "name": "k", "dur": 1}]}',
         "bytes.json": '{"traceEvents": [{"cat": "gpu_memcpy", "ts": 1, "dur": 1, '
                       '"args": {"bytes": "x"}}]}',
+        "args.json": '{"traceEvents": [{"cat": "gpu_memcpy", "ts": 1, "dur": 1, "args": [1]}]}',
         "garbage.json.gz": b"not gzip at all",
     }  # fmt: skip
     for name, text in bad.items():
