@@ -55,7 +55,7 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     topk: Callable = lambda logits, k: reference.topk_logprobs(_np(logits), k)  # noqa: E731
     build: Callable = reference.build_trees
     accept: Callable = lambda trees, tgt, h: reference.greedy_accept_batch(trees, _np(tgt), h)  # noqa: E731
-    attention: Attention = TorchAttention(rows_per_call=64 if device.type == "cuda" else 16)
+    attention = attention_backend(names["attention"], device)
     if names["topk"] == "cuda":
         from kernels import cuda
         from kernels.cuda_core import on_device
@@ -82,9 +82,21 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
         accept = lambda trees, tgt, h: cpu.greedy_accept_cpp(trees, _np(tgt), h)  # noqa: E731
     elif names["accept"] == "cuda":
         accept = lambda trees, tgt, h: _cuda_accept(trees, tgt, h, device)  # noqa: E731
-    if names["attention"] == "cuda":
-        attention = CudaAttention()
     return Backends(dict(names), topk, build, accept, attention)
+
+
+def attention_backend(kind: str, device: torch.device) -> Attention:
+    """A new attention backend of `kind` (the serving one, or the shadow's candidate)."""
+    if kind == "cuda":
+        if device.type != "cuda":
+            raise ValueError("the cuda attention needs a GPU")
+        from kernels import cuda_core
+
+        cuda_core.library()  # the kernels' library loads now, or says why it cannot
+        return CudaAttention()
+    if kind == "torch":
+        return TorchAttention(rows_per_call=64 if device.type == "cuda" else 16)
+    raise ValueError(f"unknown attention backend {kind!r}")
 
 
 def _cuda_accept(trees: Any, target: np.ndarray, h: int, device: torch.device) -> tuple:

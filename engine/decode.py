@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.backends import Backends
+from engine.backends import Backends, attention_backend
 from engine.config import EngineConfig
 from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
+from engine.shadow import Shadow
 from engine.stage_clock import StageClock
 from kernels.row_attention import paged_slots, prefill_blocks, visible_rows, visible_rows_device
 
@@ -74,6 +75,10 @@ class Decoder:
             cfg.row_chunk, graphs,
         )  # fmt: skip
         self.forward.capture()
+        # engine.shadow: off until the front end arms it (POST /shadow)
+        self.shadow = Shadow(backends.names["attention"],
+                             lambda kind: attention_backend(kind, model.device), model.device.type)
+        self.forward.shadow = self.shadow
 
     def _stream(self) -> torch.cuda.Stream | None:
         """The stream the engine queues its work on (None on a CPU)."""
@@ -107,7 +112,7 @@ class Decoder:
         dev = self.model.device if self.model.device.type == "cuda" else None
         for a, b, table, lens in prefill_blocks(slots, n, self.forward.max_rows, dev):
             rows = Rows(tokens[a:b], lens - 1, slots[a:b], table, lens)
-            self.forward.run(rows, self.backends.attention, timer)
+            self.forward.run(rows, self.backends.attention, timer, kind="prefill")
         seq.kv_len = n
         stream = self._stream()
         if stream is not None:

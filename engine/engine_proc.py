@@ -108,6 +108,11 @@ class EngineClient:
             return "# the engine process is starting: no samples yet\n"
         return await self._call("metrics")
 
+    async def shadow(self, body: Any) -> dict[str, Any]:
+        if not self.engine_up and not self._gone:
+            return {"error": "the engine is not serving yet", "status": 503}
+        return await self._call("shadow", body)
+
     def starting_info(self) -> dict[str, Any]:
         """/get_server_info before the engine reads the pipe (it is still importing torch, a
         second or more): answered here at once, not after that import."""
@@ -131,13 +136,13 @@ class EngineClient:
             self._gone = True
             return False
 
-    async def _call(self, name: str) -> Any:
+    async def _call(self, name: str, arg: Any = None) -> Any:
         assert self._loop is not None
         cid = next(self._ids)
         fut: asyncio.Future[Any] = self._loop.create_future()
         self._calls[cid] = fut
         try:
-            if not self._send(("call", cid, name)):
+            if not self._send(("call", cid, name, arg)):
                 raise RuntimeError("the engine process is gone")
             return await asyncio.wait_for(fut, CALL_TIMEOUT_S)
         finally:
@@ -279,10 +284,16 @@ def _handle_request(
         if req is not None:
             state.cancel(req)
     elif kind == "call":
-        if msg[2] not in ("info", "metrics"):
-            raise ValueError(f"unknown call {msg[2]!r}")
-        value = state.info_doc() if msg[2] == "info" else state.metrics_text()
-        send(("reply", msg[1], value))
+        _, cid, name, arg = msg
+        if name == "info":
+            value = state.info_doc()
+        elif name == "metrics":
+            value = state.metrics_text()
+        elif name == "shadow":
+            value = state.shadow_call(arg)
+        else:
+            raise ValueError(f"unknown call {name!r}")
+        send(("reply", cid, value))
     else:
         raise ValueError(f"unknown message kind {kind!r}")
 

@@ -121,6 +121,20 @@ class EngineState:
     async def metrics(self) -> str:
         return self.metrics_text()
 
+    async def shadow(self, body: Any) -> dict[str, Any]:
+        return self.shadow_call(body)
+
+    def shadow_call(self, body: Any) -> dict[str, Any]:
+        """`POST /shadow` (engine.shadow): arm or disarm; the shadow's doc, or {"error": why}
+        for a request it refuses (the front end's 400)."""
+        sched = self.scheduler
+        if sched is None or not self.ready.is_set():
+            return {"error": "the engine is not serving yet", "status": 503}
+        try:
+            return sched.decoder.shadow.arm(body)
+        except ValueError as e:
+            return {"error": str(e), "status": 400}
+
     def info_doc(self) -> dict[str, Any]:
         """`/get_server_info`: the config, backends, limits, pid and the scheduler's counters."""
         s, spec, sched = self.stats, self.spec, self.scheduler
@@ -172,6 +186,8 @@ class EngineState:
             # many objects loading left frozen (engine.gc_pauses)
             "gc": self.gc.snapshot(),
             "nested_stages": NESTED_STAGES,
+            # engine.shadow: a candidate attention timed beside the serving one (POST /shadow)
+            "shadow": dec.shadow.doc() if dec else None,
             "internal_states": [internal],
         }
 

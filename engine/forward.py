@@ -34,6 +34,7 @@ import torch
 from engine import trace
 from engine.attention import Attention
 from engine.model import Model
+from engine.shadow import Pair, Shadow
 
 
 @dataclass
@@ -87,11 +88,80 @@ class AttentionTimer:
             self.spans.append((time.perf_counter() - t0,))
         return out
 
+    def calls_seconds(self) -> float:
+        """The calls alone; call after the device is synchronised."""
+        if self.cuda:
+            return sum(s.elapsed_time(e) for s, e in self.spans) / 1000.0
+        return sum(s[0] for s in self.spans)
+
     def seconds(self) -> float:
         """Total; call after the device is synchronised."""
-        if self.cuda:
-            return self.host_s + sum(s.elapsed_time(e) for s, e in self.spans) / 1000.0
-        return self.host_s + sum(s[0] for s in self.spans)
+        return self.host_s + self.calls_seconds()
+
+    def merge(self, other: AttentionTimer) -> None:
+        """Add another timer's plan time and calls (a shadowed forward's serving backend)."""
+        self.host_s += other.host_s
+        self.spans.extend(other.spans)
+
+
+class ShadowedForward:
+    """One forward the engine's shadow sampled (engine.shadow): both backends' plans and calls
+    in the order `first` says, each on its own timer; the serving backend's output is the
+    forward's. A candidate that raises is dropped for the rest of the forward (and the shadow
+    disarmed); the serving backend goes on."""
+
+    def __init__(
+        self, shadow: Shadow, candidate: Attention, first: str, device: torch.device,
+        stream: torch.cuda.Stream | None,
+    ) -> None:  # fmt: skip
+        self.shadow, self.candidate, self.first = shadow, candidate, first
+        self.base = AttentionTimer(device, stream)
+        self.cand = AttentionTimer(device, stream)
+        self.cand_plan: Any = None
+        self.failed = False
+
+    def _cand(self, fn: Callable[[], Any]) -> None:
+        if self.failed:
+            return
+        try:
+            fn()
+        except Exception as e:  # the candidate's fault, never the service's
+            self.failed = True
+            self.shadow.fail(e)
+
+    def plan(self, make_base: Callable[[], Any], make_cand: Callable[[], Any]) -> Any:
+        def cand() -> None:
+            self.cand_plan = self.cand.host(make_cand)
+
+        if self.first == "cand":
+            self._cand(cand)
+        plan = self.base.host(make_base)
+        if self.first == "base":
+            self._cand(cand)
+        return plan
+
+    def call(self, base: Callable[[], torch.Tensor], cand: Callable[[Any], Any]) -> torch.Tensor:
+        def run_cand() -> None:
+            self.cand.span(lambda: cand(self.cand_plan))
+
+        if self.first == "cand":
+            self._cand(run_cand)
+        out = self.base.span(base)
+        if self.first == "base":
+            self._cand(run_cand)
+        return out
+
+    def finish(self, kind: str, rows: int, timer: AttentionTimer | None) -> None:
+        """After the last layer: one sync, then the pair; the serving backend's time goes into
+        the step's own timer as an unsampled forward's would."""
+        if self.base.stream is not None:
+            self.base.stream.synchronize()
+        if not self.failed:
+            self.shadow.record(Pair(kind, rows, self.base.host_s * 1e6,
+                                    self.base.calls_seconds() * 1e6, self.cand.host_s * 1e6,
+                                    self.cand.calls_seconds() * 1e6, self.first))  # fmt: skip
+        if timer is not None:
+            timer.merge(self.base)
 
 
 class Forward:
@@ -114,6 +184,7 @@ class Forward:
         self.logits = torch.zeros(n, cfg.vocab_size, device=dev)
         self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.shadow: Shadow | None = None  # engine.shadow: set by the decoder
 
     def capture(self) -> None:
         """Capture every piece for every chunk count up front (at startup, as SGLang captures
@@ -189,10 +260,12 @@ class Forward:
 
     # -- a forward -----------------------------------------------------------------------------
     def run(
-        self, rows: Rows, attention: Attention, timer: AttentionTimer | None = None
-    ) -> torch.Tensor:
+        self, rows: Rows, attention: Attention, timer: AttentionTimer | None = None,
+        kind: str = "step",
+    ) -> torch.Tensor:  # fmt: skip
         """Logits [R, V] (a view of the static buffer: use before the next run); with a timer,
-        the attention calls are timed into it."""
+        the attention calls are timed into it. `kind` ("step" | "prefill") labels the forward
+        for the shadow, when it samples this one."""
         cfg, n = self.model.cfg, len(rows)
         if n == 0:
             return self.logits[:0]
@@ -208,21 +281,34 @@ class Forward:
         host[2, n:] = self.trash
         self.inputs[:, :end] = torch.from_numpy(host).to(self.inputs.device)
 
-        def make_plan() -> Any:
-            return attention.plan(rows.table, rows.lens, self.model.device)
+        def make_plan(backend: Attention = attention) -> Any:
+            return backend.plan(rows.table, rows.lens, self.model.device)
 
-        plan = timer.host(make_plan) if timer else make_plan()
+        taken = self.shadow.take() if self.shadow is not None else None
+        sampled = None
+        if taken is not None:
+            cand, first = taken
+            sampled = ShadowedForward(self.shadow, cand, first, self.model.device,
+                                      timer.stream if timer else None)  # fmt: skip
+            plan = sampled.plan(make_plan, lambda: make_plan(cand))
+        else:
+            plan = timer.host(make_plan) if timer else make_plan()
         with self.model.precision():  # eager pieces and the torch attention's bmm as captured
             for layer in range(cfg.layers):
                 self._piece(layer, chunks)
 
-                def call(layer: int = layer) -> torch.Tensor:
-                    return attention(
-                        self.q[:n], self.pool[layer], plan, cfg.softmax_scale, cfg.kv_lora_rank
+                def call(layer: int = layer, backend: Attention = attention, p: Any = plan) -> Any:
+                    return backend(
+                        self.q[:n], self.pool[layer], p, cfg.softmax_scale, cfg.kv_lora_rank
                     )
 
-                self.o[:n] = timer.span(call) if timer else call()
+                if sampled is not None:
+                    self.o[:n] = sampled.call(call, lambda p, layer=layer: call(layer, cand, p))
+                else:
+                    self.o[:n] = timer.span(call) if timer else call()
             self._piece(cfg.layers, chunks)
+        if sampled is not None:
+            sampled.finish(kind, n, timer)
         if tr is not None:
             tr.after(n, attention.name, self.model.device, timer)
         return self.logits[:n]

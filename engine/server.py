@@ -189,6 +189,23 @@ def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
         text = await state.metrics()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    @app.post("/shadow")
+    async def shadow(request: Request) -> JSONResponse:
+        """Arm the engine's shadow (engine.shadow): `{"attention": "cuda", "forwards": 400}`
+        times that backend beside the serving one on the next 400 forwards; `{"forwards": 0}`
+        disarms. The pairs are in /get_server_info's `shadow`."""
+        raw = await request.body()
+        try:
+            body = load_json(raw)
+        except BadRequest as e:
+            return _error(400, str(e))
+        doc = await state.shadow(body)
+        if "status" in doc:  # a refusal: {"error": why, "status": code}
+            status = doc["status"]
+            return _error(status, doc["error"], "unavailable" if status == 503 else
+                          "invalid_request_error")  # fmt: skip
+        return JSONResponse(doc)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         raw = await request.body()  # at most limits.max_body_bytes (BodyLimit)

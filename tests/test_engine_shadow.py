@@ -1,0 +1,159 @@
+"""The engine's shadow (engine.shadow): a candidate attention timed beside the serving one on the
+service's own forwards, in process and through a served engine's POST /shadow. On a CPU the
+candidate is a second torch backend (the A/A shadow); the GPU's cuda candidate runs in the
+rollout (benchmarks/results) and in tests/test_engine_gpu.py."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import torch
+from helpers.engine_server import start_engine
+
+from engine.golden import GOLDEN_PROMPTS
+from engine.runtime import EngineSpec, build_decoder, generate
+from engine.shadow import MAX_FORWARDS, PAIR_FIELDS, Shadow
+from engine.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+PROMPTS = [TOK.encode(t) for t in GOLDEN_PROMPTS[:6]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    _, dec = build_decoder(EngineSpec(mode="ddtree"))
+    return dec
+
+
+def _pairs(doc: dict) -> list[dict]:
+    assert doc["pair_fields"] == PAIR_FIELDS
+    return [dict(zip(PAIR_FIELDS, p, strict=True)) for p in doc["pairs"]]
+
+
+def test_a_shadowed_forward_changes_no_output_and_pairs_every_sampled_forward(decoder) -> None:
+    """The same prompts without and with the A/A shadow: the same tokens; the shadow sampled as
+    many forwards as it was armed for, steps and prefills, first alternating, both backends
+    timed (> 0) in each; then it is off by itself."""
+    plain, _ = generate(decoder, PROMPTS, 12)
+    doc = decoder.shadow.arm({"attention": "torch", "forwards": 9})
+    assert (doc["candidate"], doc["left"], doc["pairs"]) == ("torch", 9, [])
+    shadowed, _ = generate(decoder, PROMPTS, 12)
+    assert shadowed == plain
+    doc = decoder.shadow.doc()
+    pairs = _pairs(doc)
+    assert (doc["left"], doc["sampled"], len(pairs), doc["error"]) == (0, 9, 9, None)
+    assert {p["kind"] for p in pairs} == {"prefill", "step"}
+    assert [p["first"] for p in pairs] == ["base", "cand"] * 4 + ["base"]
+    for p in pairs:
+        assert p["rows"] > 0
+        assert min(p["base_plan_us"], p["base_calls_us"], p["cand_calls_us"]) > 0, p
+    again, _ = generate(decoder, PROMPTS[:1], 4)  # off: no more pairs
+    assert len(decoder.shadow.doc()["pairs"]) == 9
+
+
+class _Broken:
+    name = "broken"
+
+    def plan(self, table, lens, device):
+        return None
+
+    def __call__(self, q, pool, plan, scale, latent_dim):
+        raise RuntimeError("candidate fault")
+
+
+def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder) -> None:
+    plain, _ = generate(decoder, PROMPTS[:3], 8)
+    real = decoder.shadow
+    decoder.shadow = decoder.forward.shadow = Shadow("torch", lambda kind: _Broken(), "cpu")
+    try:
+        decoder.shadow.arm({"attention": "torch", "forwards": 50})
+        out, _ = generate(decoder, PROMPTS[:3], 8)
+        doc = decoder.shadow.doc()
+    finally:
+        decoder.shadow = decoder.forward.shadow = real
+    assert out == plain
+    assert (doc["left"], doc["pairs"], doc["sampled"]) == (0, [], 1)
+    assert doc["error"] == "RuntimeError: candidate fault"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ([], "JSON object"),
+        ({"tree_build": "cuda", "forwards": 4}, "unknown field 'tree_build'"),
+        ({"attention": "torch"}, "'forwards' must be an integer"),
+        ({"attention": "torch", "forwards": -1}, "'forwards' must be an integer"),
+        ({"attention": "torch", "forwards": MAX_FORWARDS + 1}, "'forwards' must be an integer"),
+        ({"attention": "torch", "forwards": True}, "'forwards' must be an integer"),
+        ({"attention": "triton", "forwards": 4}, "one of torch, cuda"),
+        ({"attention": "cuda", "forwards": 4}, "needs the engine on a GPU"),
+    ],
+)
+def test_bad_arms_are_refused_and_leave_the_shadow_as_it_was(body, says) -> None:
+    shadow = Shadow("torch", lambda kind: object(), "cpu")
+    before = shadow.doc()
+    with pytest.raises(ValueError, match=says):
+        shadow.arm(body)
+    assert shadow.doc() == before
+
+
+def test_a_backend_that_cannot_start_is_refused_with_its_reason() -> None:
+    def make(kind):
+        raise OSError("libddtree_kernels.so: not found")
+
+    shadow = Shadow("torch", make, "cuda")
+    with pytest.raises(ValueError, match="cannot start here: libddtree_kernels.so: not found"):
+        shadow.arm({"attention": "cuda", "forwards": 4})
+
+
+def test_served_engine_arms_times_and_refuses_over_http(tmp_path) -> None:
+    """POST /shadow on a real served engine (its own front-end process): a bad body is a 400
+    with the reason and changes nothing; an A/A arm, then requests: the pairs are in
+    /get_server_info; forwards 0 disarms and keeps them; the service answers throughout."""
+    eng = start_engine(tmp_path, extra_args=("--max-batch-size", "4"))
+    try:
+        url = eng.url
+
+        def post(body, raw: bytes | None = None) -> httpx.Response:
+            content = raw if raw is not None else json.dumps(body).encode()
+            return httpx.post(f"{url}/shadow", content=content, timeout=30,
+                              headers={"content-type": "application/json"})  # fmt: skip
+
+        def info() -> dict:
+            return httpx.get(f"{url}/get_server_info", timeout=30).json()["shadow"]
+
+        for body, raw, says in [
+            (None, b"{nope", "invalid JSON body"),
+            ({"attention": "cuda", "forwards": 5}, None, "needs the engine on a GPU"),
+            ({"attention": "torch", "forwards": "5"}, None, "'forwards' must be an integer"),
+        ]:
+            r = post(body, raw)
+            assert r.status_code == 400, r.text
+            assert says in r.json()["error"]["message"]
+        assert info()["candidate"] is None and info()["armed_forwards"] == 0
+
+        r = post({"attention": "torch", "forwards": 200})
+        assert r.status_code == 200 and r.json()["left"] == 200
+        for prompt in GOLDEN_PROMPTS[:3]:
+            c = httpx.post(f"{url}/v1/completions", timeout=60,
+                           json={"prompt": prompt, "max_tokens": 6, "temperature": 0})  # fmt: skip
+            assert c.status_code == 200, c.text
+        doc = info()
+        pairs = _pairs(doc)
+        assert doc["sampled"] == len(pairs) > 3 and doc["left"] == 200 - len(pairs)
+        assert {p["kind"] for p in pairs} == {"prefill", "step"}
+        r = post({"forwards": 0})
+        assert r.status_code == 200 and r.json()["left"] == 0 and len(r.json()["pairs"]) == len(pairs)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        eng.stop()
