@@ -230,6 +230,17 @@ class ProbeDoc(TypedDict):
     cmd: CmdRun
 
 
+class ShadowDoc(TypedDict):
+    """`checks.shadow`: the service's answer to arming (or disarming) its shadow."""
+
+    ok: bool
+    module: str
+    offered: bool
+    status: int | None
+    shadow: dict[str, Any] | None
+    message: str | None
+
+
 class CountersDoc(Counters):
     """`checks.probe --counters`: one snapshot of the service's counters."""
 

@@ -76,8 +76,11 @@ class Decoder:
         )  # fmt: skip
         self.forward.capture()
         # engine.shadow: off until the front end arms it (POST /shadow)
-        self.shadow = Shadow(backends.names["attention"],
-                             lambda kind: attention_backend(kind, model.device), model.device.type)
+        self.shadow = Shadow(
+            backends.names["attention"],
+            lambda kind: attention_backend(kind, model.device),
+            model.device.type,
+        )
         self.forward.shadow = self.shadow
 
     def _stream(self) -> torch.cuda.Stream | None:

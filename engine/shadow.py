@@ -10,8 +10,9 @@ serving process, under the load the profile drives, so s is a paired ratio.
 
 How a sampled forward runs (engine.forward.Forward.run): both plans are built before the first
 piece, then in every layer both calls run between the same two graph pieces; which backend goes
-first alternates from one sampled forward to the next, so each has half its samples in either
-place. The serving backend's output is the one the forward uses; the candidate's is discarded.
+first alternates from one sampled forward of the same kind and size to the next, so each has
+half its samples in either place (`ops.shadow` reports s over each half apart: the order's
+effect). The serving backend's output is the one the forward uses; the candidate's is discarded.
 Each backend has its own timer (its plan on the host clock, its calls with CUDA events, as the
 engine's stage timing), read after one sync at the end of the sampled forward.
 
@@ -73,6 +74,7 @@ class Shadow:
         self.sampled = 0
         self.pairs: list[Pair] = []
         self.error: str | None = None
+        self._seen: dict[tuple[str, int], int] = {}  # sampled forwards per (kind, rows)
 
     # -- the front end's side ------------------------------------------------------------------
     def arm(self, body: Any) -> dict[str, Any]:
@@ -108,7 +110,7 @@ class Shadow:
         with self._lock:
             self.candidate, self.kind = candidate, kind
             self.armed, self.left, self.sampled = n, n, 0
-            self.pairs, self.error = [], None
+            self.pairs, self.error, self._seen = [], None, {}
         return self.doc()
 
     def doc(self) -> dict[str, Any]:
@@ -127,17 +129,21 @@ class Shadow:
             }
 
     # -- the scheduler's side ------------------------------------------------------------------
-    def take(self) -> tuple[Any, str] | None:
-        """For the forward about to run: (candidate, which goes first) if it is sampled."""
+    def take(self, kind: str, rows: int) -> tuple[Any, str] | None:
+        """For the forward about to run: (candidate, which goes first) if it is sampled. The
+        order alternates per (kind, rows), not over all forwards: a prompt's prefill blocks
+        come in a fixed sequence (576 rows, then 447), which a global alternation would pin
+        each to one order."""
         if self.left <= 0:  # the common case, without the lock
             return None
         with self._lock:
             if self.left <= 0 or self.candidate is None:
                 return None
             self.left -= 1
-            first = "base" if self.sampled % 2 == 0 else "cand"
+            n = self._seen.get((kind, rows), 0)
+            self._seen[(kind, rows)] = n + 1
             self.sampled += 1
-            return self.candidate, first
+            return self.candidate, "base" if n % 2 == 0 else "cand"
 
     def record(self, pair: Pair) -> None:
         with self._lock:

@@ -29,6 +29,7 @@ from ops.evidence import (
     Evidence,
     KernelRow,
     MeasureLevel,
+    ProfileLevel,
 )
 
 F_BASIS = {
@@ -75,6 +76,8 @@ class SpeedRow(BaseModel):
     candidate_host_us: float | None = None
     baseline_gpu_us: float | None = None
     candidate_gpu_us: float | None = None
+    # bench: the kernel bench's rows; shadow: the service's own forwards (engine.shadow)
+    source: Literal["bench", "shadow"] = "bench"
     note: str = ""
 
 
@@ -88,6 +91,9 @@ class AmdahlRow(BaseModel):
     speed: SpeedRow | None = None
     f_prefill: float | None = None  # the part of f in prefill, projected at prefill_speed
     prefill_speed: SpeedRow | None = None
+    # where s came from the shadow, the bench's s beside it (what the projection would be on)
+    bench_speed: SpeedRow | None = None
+    bench_prefill_speed: SpeedRow | None = None
     gain: float | None = None
     gain_lo: float | None = None
     gain_hi: float | None = None
@@ -138,6 +144,29 @@ def prefill_speedup(ev: Evidence, change: Change) -> SpeedRow | None:
     rows = [r for _, b in ev.bench for r in b.rows if r.suite == suite and r.kernel == pk]
     rows = [r for r in rows if length is None or r.shape.get("L") == length]
     return _speed(rows, base_impl, cand_impl, 1)
+
+
+def shadow_speed(lv: ProfileLevel, change: Change, kind: str) -> SpeedRow | None:
+    """s of the change in the service's own forwards of `kind` ("step" | "prefill") at this
+    level, where the profile ran the shadow for exactly this change (ops.shadow), else None."""
+    sh = lv.shadow
+    if (
+        sh is None
+        or sh.error
+        or change.component != "attention"
+        or (sh.baseline, sh.candidate) != (change.baseline, change.candidate)
+    ):
+        return None
+    k = sh.step if kind == "step" else sh.prefill
+    if k is None:
+        return None
+    what = "decode steps" if kind == "step" else "prefill blocks"
+    return SpeedRow(
+        batch=lv.batch, s=k.s, lo=min(k.lo, k.s), hi=max(k.hi, k.s), baseline_us=k.base_us,
+        candidate_us=k.cand_us, baseline_host_us=k.base_host_us, candidate_host_us=k.cand_host_us,
+        source="shadow",
+        note=f"the service's own {k.forwards} {what} in the load at c={lv.concurrency} (shadow)",
+    )  # fmt: skip
 
 
 def speedup_at(ev: Evidence, change: Change, batch: int) -> SpeedRow | None:
@@ -310,10 +339,16 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
         if row.speed is None:
             out.append(row)
             continue
+        shadow = shadow_speed(lv, change, "step")
+        if shadow is not None:  # the service's own forwards: the bench's s stays beside it
+            row.bench_speed, row.speed = row.speed, shadow
         sp = row.speed
         pre = float((fv.model_extra or {}).get("prefill") or 0.0) if row.f_basis == "wall" else 0
         pre = min(pre, row.f)
         pre_sp = prefill_speedup(ev, change) if pre > 0 else None
+        shadow_pre = shadow_speed(lv, change, "prefill") if pre > 0 else None
+        if shadow_pre is not None:
+            row.bench_prefill_speed, pre_sp = pre_sp, shadow_pre
         if pre > 0 and pre_sp is not None:  # two parts: decode steps at s(c), prefill at s_p
             row.f_prefill, row.prefill_speed = pre, pre_sp
 
@@ -328,10 +363,13 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
                 for q in (pre_sp.lo, pre_sp.hi)
             ]
             row.gain = gain(row.f, sp.s, pre_sp.s)
+            where = (
+                "the service's own prefill blocks, shadow" if pre_sp.source == "shadow"
+                else "bench rows of the prefill at this prompt length"
+            )  # fmt: skip
             row.note = "; ".join(
                 x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at its own "
-                            f"s = {pre_sp.s:.3g}x (bench rows of the prefill at this prompt "
-                            "length)") if x
+                            f"s = {pre_sp.s:.3g}x ({where})") if x
             )  # fmt: skip
         else:
             if pre > 0:
@@ -342,6 +380,8 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
             corners = [projected_gain(f, s) for f in (row.f_lo, row.f_hi) for s in (sp.lo, sp.hi)]
             row.gain = projected_gain(row.f, sp.s)
         row.gain_lo, row.gain_hi = _spread(corners + [row.gain])
+        if shadow is not None or shadow_pre is not None:
+            row.note = "; ".join(x for x in (_shadow_note(row), row.note) if x)
         row.step_shorter = 1.0 - 1.0 / (1.0 + row.gain)
         row.clears = row.gain_lo - (row.aa_noise or 0.0) > threshold
         for extra in (_bench_vs_service(row), _host_bound(row)):
@@ -349,6 +389,21 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
                 row.note = "; ".join(x for x in (row.note, extra) if x)
         out.append(row)
     return out
+
+
+def _shadow_note(row: AmdahlRow) -> str:
+    """Where s came from the shadow: that, and the bench's s it stands in for."""
+    used, bench = [], []
+    for name, sp, b in (("decode steps", row.speed, row.bench_speed),
+                        ("prefill", row.prefill_speed, row.bench_prefill_speed)):  # fmt: skip
+        if sp is not None and sp.source == "shadow":
+            used.append(f"{name} {times(sp.s)}")
+            bench.append(f"{name} {times(b.s)}" if b is not None else f"{name}: no bench row")
+    return (
+        f"s from the service's own forwards (the shadow: the candidate timed beside the serving "
+        f"backend on the same forwards, engine.shadow): {', '.join(used)}; the bench read "
+        f"{', '.join(bench)}"
+    )
 
 
 HOST_SHARE = 0.3  # a stage row whose host part is this much of it is named host-bound
@@ -363,7 +418,8 @@ def _host_bound(row: AmdahlRow) -> str:
     showed are host time too: NOTES-attention.md, "The kernel timeline")."""
     out = []
     for name, sp in (("decode steps", row.speed), ("prefill", row.prefill_speed)):
-        if sp is None or None in (sp.baseline_host_us, sp.candidate_host_us):
+        if sp is None or sp.source == "shadow" or None in (sp.baseline_host_us,
+                                                           sp.candidate_host_us):  # fmt: skip
             continue
         shares = (sp.baseline_host_us / sp.baseline_us if sp.baseline_us else 0.0,
                   sp.candidate_host_us / sp.candidate_us if sp.candidate_us else 0.0)  # fmt: skip
@@ -392,13 +448,20 @@ def _bench_vs_service(row: AmdahlRow) -> str:
     parts = [("decode steps", svc.get("steps"), sp.s if sp else None)]
     if row.prefill_speed is not None:
         parts.append(("prefill", svc.get("prefill"), row.prefill_speed.s))
+    src = "the shadow" if sp is not None and sp.source == "shadow" else "the bench"
     off = [
-        f"{name}: the service saw {got:.3g}x where the bench measured {want:.3g}x"
+        f"{name}: the service saw {got:.3g}x where {src} measured {want:.3g}x"
         for name, got, want in parts
         if got and want and abs(got / want - 1) > SERVICE_S_TOLERANCE
     ]
     if not off:
         return ""
+    if src == "the shadow":
+        return (
+            "s in the service after the switch differs from the shadow's by more than "
+            f"{SERVICE_S_TOLERANCE:.0%} ({'; '.join(off)}): the service process after the "
+            "switch did not pay what the profiled one did"
+        )
     return (
         "s in the service differs from the bench's by more than "
         f"{SERVICE_S_TOLERANCE:.0%} ({'; '.join(off)}): the projection rests on a bench that "

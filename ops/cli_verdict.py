@@ -256,6 +256,11 @@ def profile(
     budget: Annotated[int, typer.Option(min=1, help="Derived path: tree budget.")] = 64,
     topk: Annotated[int, typer.Option(min=1, help="Derived path: K per position.")] = 8,
     depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
+    shadow: Annotated[
+        str | None,
+        typer.Option(help="Time this attention backend (torch, cuda) beside the serving one on "
+                     "the service's own forwards, in a load window of its own per level."),
+    ] = None,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
@@ -269,10 +274,13 @@ def profile(
             f"--component takes tree_build or accept and --baseline python or cpp, got "
             f"{component!r} / {baseline!r}"
         )
+    if shadow is not None and shadow not in ("torch", "cuda"):
+        raise OpsError(f"--shadow takes an attention backend, torch or cuda, got {shadow!r}")
     opts = ProfileOptions(
         levels=levels, requests=requests, input_len=input_len, output_len=output_len,
         timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
         baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
+        shadow=shadow,  # type: ignore[arg-type]
     )  # fmt: skip
 
     def go(host: Host) -> Done[dict[str, Any]]:
@@ -302,6 +310,26 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
         )
     if sec.get("failed_requests"):
         err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
+
+
+def shadow_lines(sec: dict[str, Any]) -> list[str]:
+    """One line per level the shadow ran at: s per kind of forward, or why it did not run."""
+    out = []
+    for lv in sec["levels"]:
+        sh = lv.get("shadow")
+        if not sh:
+            continue
+        c = lv["concurrency"]
+        if sh.get("error") or not sh.get("offered"):
+            out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
+            continue
+        parts = [
+            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} forwards)"
+            for kind in ("step", "prefill") if (k := sh.get(kind))
+        ]  # fmt: skip
+        out.append(f"shadow c={c}: {sh['candidate']} against {sh['baseline']} in the service's "
+                   f"own forwards: {', '.join(parts) or 'no forward sampled'}")  # fmt: skip
+    return out
 
 
 def _print_profile(sec: dict[str, Any]) -> None:
@@ -353,3 +381,5 @@ def _print_profile(sec: dict[str, Any]) -> None:
             "of the step at the batch shown",
             overflow="fold",
         )
+    for line in shadow_lines(sec):
+        out.print(escape(line), overflow="fold")

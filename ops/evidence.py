@@ -191,8 +191,34 @@ class Value(_Open):
         return self.p75 if self.p75 is not None else self.value
 
 
+class ShadowKind(_Open):
+    """The shadow's pairs of one kind of forward, summarised (ops.shadow.summarize)."""
+
+    forwards: int = Field(ge=1)
+    s: float = Field(gt=0, allow_inf_nan=False)
+    lo: float = Field(gt=0, allow_inf_nan=False)
+    hi: float = Field(gt=0, allow_inf_nan=False)
+    base_us: float = Field(gt=0, allow_inf_nan=False)
+    cand_us: float = Field(gt=0, allow_inf_nan=False)
+    base_host_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cand_host_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class Shadow(_Open):
+    """A profile level's shadow window (engine.shadow, ops.shadow): the candidate timed beside
+    the serving backend on the service's own forwards; `error` when it did not run."""
+
+    offered: bool = True
+    baseline: str | None = None
+    candidate: str | None = None
+    error: str | None = None
+    step: ShadowKind | None = None
+    prefill: ShadowKind | None = None
+
+
 class ProfileLevel(_Open):
     concurrency: int = Field(ge=1)
+    shadow: Shadow | None = None
     step_ms: Value
     stage_ms: dict[str, Value] = Field(default_factory=dict)
     tokens_per_s: Value | None = None

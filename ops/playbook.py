@@ -169,6 +169,11 @@ class ProfileStep(StepBase):
     budget: int = Field(default=64, ge=1)  # derived path: the CPU baseline's shape
     topk: int = Field(default=8, ge=1)
     depth: int = Field(default=15, ge=1)
+    # the change's candidate timed beside the serving backend on the service's own forwards, in
+    # a load window of its own per level (engine.shadow, ops.shadow), where the service offers
+    # it (the reference engine, for attention): s from the service itself, the bench's beside
+    shadow: bool = True
+    shadow_forwards: int = Field(default=5000, ge=1, le=20000)
 
 
 class DecideStep(StepBase):

@@ -23,6 +23,14 @@ Measured (a service with per-stage timings, like the reference engine: `internal
 - accept length is Δ`ddtree:accept_length_sum` / Δ`_count` from `/metrics`; tokens/s is the
   load generator's.
 
+Shadow (`--shadow KIND`, the rollout's profile step for an attention change): after a measured
+level, a load window of its own at the same c with the service's shadow armed (engine.shadow:
+the candidate attention timed beside the serving one on the service's own forwards, its output
+discarded), summarised by ops.shadow into s per kind of forward (decode steps, prefill blocks).
+f comes from the level's own window, before the shadow runs, so the shadow's extra work is in
+no f. `ops report` projects with this s where it is for exactly the change, the bench's beside
+it. A service without /shadow (SGLang) is asked once and recorded as not offering it.
+
 Derived (a service without them, like SGLang): f stays step-based. In steady state a step
 advances each of the c requests by the accept length a (accepted drafts + bonus), so the
 service emits c * a tokens per step and
@@ -61,6 +69,7 @@ from ops.errors import OpsError
 from ops.evidence import NESTED_STAGES
 from ops.loadtest import run_loadtest
 from ops.remote import Host
+from ops.shadow import shadow_level
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
 # B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.
@@ -116,6 +125,10 @@ class ProfileOptions(BaseModel):
     depth: int = 15
     scale: float = 2.5
     seconds: float = 1.0
+    # engine.shadow: time this attention backend beside the serving one in a load window of
+    # its own at each measured level (ops.shadow), for s in the service's own forwards
+    shadow: Literal["torch", "cuda"] | None = None
+    shadow_forwards: int = 5000
 
 
 def snapshot(host: Host) -> CountersDoc:
@@ -303,6 +316,7 @@ def run_profile(
         "incomplete": [],
     }
     cwd: str | None = None
+    shadow_offered = True  # until the service says it has no /shadow
     for c in opts.levels:
         rep = run_loadtest(
             host, [c], requests=opts.requests, input_len=opts.input_len,
@@ -319,6 +333,14 @@ def run_profile(
             level["method"] = "derived"
         level["load"] = {k: lt[k] for k in ("completed", "failed", "errors", "duration_s")}
         level["load"]["tpot_p50_ms"] = (lt.get("tpot_ms") or {}).get("p50")
+        if opts.shadow and level["method"] == "measured" and shadow_offered:
+            load = {"requests": opts.requests, "input_len": opts.input_len,
+                    "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
+            level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
+            shadow_offered = level["shadow"]["offered"]
+            failed = (level["shadow"].get("load") or {}).get("failed", 0)
+            if failed:
+                section["failed_requests"] = section.get("failed_requests", 0) + failed
         if "step_ms" in level:
             section["levels"].append(level)
         if level.get("missing") or "step_ms" not in level:

@@ -16,7 +16,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from ops.amdahl import GAIN_INTERVAL
+from ops.amdahl import GAIN_INTERVAL, AmdahlRow
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
 from ops.gain_audit import audit_lines, audit_rows, drift_lines, precision_lines
 from ops.healthcheck import aa_runs_text
@@ -344,7 +344,8 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 "s": "-" if sp is None else _range(sp.s, sp.lo, sp.hi, lambda x: f"{x:.4g}", times),
                 "s_at": "-"
                 if sp is None
-                else f"B={sp.batch}" + (f"; {sp.note}" if sp.note else ""),
+                else (sp.note if sp.source == "shadow" else f"B={sp.batch}"
+                      + (f"; {sp.note}" if sp.note else "")),  # fmt: skip
                 "step": "-" if r.step_shorter is None else f"{r.step_shorter:.3%}",
                 "gain": "-"
                 if r.gain is None
@@ -356,10 +357,7 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 if r.measured_gain is None or r.gain is None
                 else f"{(r.measured_gain - r.gain) * 100:+.1f} pp",
                 "clears": clears,
-                "s_bench": "-"
-                if sp is None
-                else times(sp.s)
-                + ("" if r.prefill_speed is None else f" (prefill {times(r.prefill_speed.s)})"),
+                "s_bench": _bench_s(r),
                 "s_service": _service_s(r.service_speedup),
                 "interval": interval,
                 "inside": inside,
@@ -367,6 +365,21 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
             }
         )
     return out
+
+
+def _bench_s(r: AmdahlRow) -> str:
+    """The s the projection used, and where it came from the shadow, the bench's beside it."""
+    sp, pre = r.speed, r.prefill_speed
+    if sp is None:
+        return "-"
+    used = times(sp.s) + ("" if pre is None else f" (prefill {times(pre.s)})")
+    if sp.source != "shadow" and (pre is None or pre.source != "shadow"):
+        return used
+    b, bp = r.bench_speed or (sp if sp.source == "bench" else None), r.bench_prefill_speed
+    bench = "-" if b is None else times(b.s)
+    if pre is not None:
+        bench += f" (prefill {'-' if bp is None else times(bp.s)})"
+    return f"{used} in the service's own forwards (shadow); bench {bench}"
 
 
 def _service_s(sp: dict[str, float] | None) -> str:
@@ -491,6 +504,10 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "sources": sources,
         "amdahl": amdahl_table(decision),
         "amdahl_notes": amdahl_notes(decision),
+        "shadow_used": any(
+            sp is not None and sp.source == "shadow"
+            for r in decision.amdahl for sp in (r.speed, r.prefill_speed)
+        ),  # fmt: skip
         "audit": audit_rows(decision, ev),
         "audit_lines": audit_lines(decision, ev),
         "drift_lines": drift_lines(decision, ev),

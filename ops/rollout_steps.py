@@ -187,7 +187,10 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         budget=st.budget,
         topk=st.topk,
         depth=st.depth,
-    )
+        shadow=ch.candidate if st.shadow and ch is not None and ch.component == "attention"
+        and ch.candidate in ("torch", "cuda") else None,
+        shadow_forwards=st.shadow_forwards,
+    )  # fmt: skip
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
     ctx.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)
     shares = []

@@ -127,6 +127,13 @@ def test_probe_documents(url: str) -> None:
     keys_match(doc["during"], docs.Phase, "during", optional=frozenset({"at_s"}))
 
 
+def test_shadow_document(url: str) -> None:
+    """checks.shadow against the stand-in service (no /shadow): the document's keys, refused."""
+    rc, doc = run("checks.shadow", "--url", url, "--attention", "cuda", "--forwards", "4")
+    assert rc == 1 and doc["offered"] is False
+    keys_match(doc, docs.ShadowDoc, "checks.shadow")
+
+
 def test_gpus_document() -> None:
     rc, doc = run("checks.gpus")
     assert rc in (0, 1)

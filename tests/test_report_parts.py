@@ -181,7 +181,7 @@ def test_the_service_s_beside_the_bench_s_and_a_note_where_they_differ(tmp_path:
     assert "prefill: the service saw 1.2x where the bench measured 0.5x" in note8
     assert "s in the service differs" not in rows[32]["note"]  # 5.2 vs 5: within 20%
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| s in the bench | s in the service |" in md
+    assert "| s projected with | s in the service |" in md
     assert "| 3x (prefill 0.5x) | 1.5x (steps 1.6x, prefill 1.2x) |" in md
     html = (tmp_path / "out" / "report.html").read_text()
     assert "<th>s in the service</th>" in html and "1.5x (steps 1.6x, prefill 1.2x)" in html

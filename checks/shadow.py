@@ -1,0 +1,62 @@
+"""`python -m checks.shadow --json --url URL --attention KIND --forwards N`: arm the service's
+shadow (engine.shadow; `--forwards 0` disarms), for `ops profile` to time a candidate beside
+the serving backend on the service's own forwards.
+
+POSTs `{"attention": KIND, "forwards": N}` to `/shadow` and prints the service's answer: the
+shadow's doc when it armed, else why not. A service without the endpoint (a real SGLang: 404)
+is `offered: false`, which the profile records and goes on without. Stdlib only.
+
+Prints (`checks.docs.ShadowDoc`): ok, module, offered (the service has /shadow), status (the
+HTTP status, or null when nothing answered), shadow (the doc, when armed), message (why not).
+Exit 0: armed (or disarmed); 1: the service refused or did not answer; 2: bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.http import post
+from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
+
+MAX_FORWARDS = 20_000  # engine.shadow.MAX_FORWARDS (the engine says so again if it differs)
+
+
+def arm(url: str, attention: str | None, forwards: int, timeout: float) -> dict[str, Any]:
+    body: dict[str, Any] = {"forwards": forwards}
+    if attention is not None:
+        body["attention"] = attention
+    res = post(url, "/shadow", body, timeout=timeout)
+    doc: dict[str, Any] = {"module": "checks.shadow", "status": res.status}
+    if res.status == 200 and isinstance(res.json, dict):
+        return {**doc, "ok": True, "offered": True, "shadow": res.json, "message": None}
+    offered = res.status not in (404, 405, None)
+    err = res.json.get("error") if isinstance(res.json, dict) else None
+    said = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
+    if not offered and res.status is not None:
+        why = f"the service has no /shadow endpoint (HTTP {res.status}): it cannot time a shadow"
+    elif said:
+        why = str(said)
+    else:
+        why = res.error or f"HTTP {res.status}: {res.text[:200]}"
+    return {**doc, "ok": False, "offered": offered, "shadow": None, "message": why}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser("checks.shadow", "Arm (or disarm) a service's attention shadow.")
+    p.add_argument("--url", required=True, help="service base URL")
+    p.add_argument("--attention", default=None, help="the candidate backend (torch | cuda)")
+    p.add_argument("--forwards", type=int, required=True, help="forwards to sample; 0 disarms")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds for the request")
+    args = p.parse_args(argv)
+    if not 0 <= args.forwards <= MAX_FORWARDS:
+        p.error(f"--forwards must be 0..{MAX_FORWARDS}, got {args.forwards}")
+    if args.forwards > 0 and not args.attention:
+        p.error("--attention is required to arm (--forwards > 0)")
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0")
+    doc = arm(args.url, args.attention if args.forwards else None, args.forwards, args.timeout)
+    exit_json(doc, EXIT_PASS if doc["ok"] else EXIT_FAIL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The profile's shadow window: a candidate attention timed beside the serving one on the
+service's own forwards (engine.shadow), and its pairs made into s per kind of forward.
+
+`shadow_level` arms the service's shadow (`checks.shadow` on the host), drives the same load
+at c once more (`ops.loadtest`), reads the pairs from the counters' `/get_server_info`, and
+disarms it whatever happened. `summarize` turns the pairs into, per kind ("step": the decode
+steps, "prefill": the prompt blocks), the number of forwards, each backend's mean time per
+forward (its plan on the host clock and its calls on the GPU), s = the baseline's total / the
+candidate's total (so a forward counts by its time, as the wall share f counts it), s over the
+pairs where each backend went first (the order's effect, which alternation cancels), and a 90%
+bootstrap interval of s over the forwards (fixed seed: the same pairs give the same interval).
+
+A service without /shadow (a real SGLang) is `offered: false`: the profile records it once and
+the report projects with the bench's s, as before.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ops.dataplane import run_check
+from ops.loadtest import run_loadtest
+from ops.remote import Host
+
+KINDS = ("step", "prefill")
+INTERVAL = 0.90
+RESAMPLES = 1000
+
+
+def _ratio(pairs: list[dict[str, float]]) -> float | None:
+    cand = sum(p["cand_us"] for p in pairs)
+    return sum(p["base_us"] for p in pairs) / cand if cand > 0 else None
+
+
+def _kind(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not pairs:
+        return None
+    n = len(pairs)
+    s = _ratio(pairs)
+    if s is None:
+        return None
+    rng = random.Random(0)
+    boots = sorted(
+        r for r in (_ratio([pairs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
+        if r is not None
+    )  # fmt: skip
+    cut = int((1 - INTERVAL) / 2 * len(boots))
+    by_first = {
+        f: _ratio([p for p in pairs if p["first"] == f]) for f in ("base", "cand")
+    }  # fmt: skip
+    return {
+        "forwards": n,
+        "s": s,
+        "lo": boots[cut] if boots else s,
+        "hi": boots[-1 - cut] if boots else s,
+        "base_us": sum(p["base_us"] for p in pairs) / n,
+        "cand_us": sum(p["cand_us"] for p in pairs) / n,
+        "base_host_us": sum(p["base_plan_us"] for p in pairs) / n,
+        "cand_host_us": sum(p["cand_plan_us"] for p in pairs) / n,
+        "rows_mean": sum(p["rows"] for p in pairs) / n,
+        "s_base_first": by_first["base"],
+        "s_cand_first": by_first["cand"],
+    }
+
+
+def summarize(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """The shadow doc of /get_server_info -> s per kind (see the module's docstring)."""
+    if not isinstance(doc, dict):
+        return {"offered": False, "error": "the service's /get_server_info has no shadow"}
+    fields = doc.get("pair_fields") or []
+    pairs = []
+    for raw in doc.get("pairs") or []:
+        p = dict(zip(fields, raw, strict=False))
+        try:
+            p["base_us"] = float(p["base_plan_us"]) + float(p["base_calls_us"])
+            p["cand_us"] = float(p["cand_plan_us"]) + float(p["cand_calls_us"])
+        except (KeyError, TypeError, ValueError):
+            return {"offered": True, "error": f"a shadow pair the profile cannot read: {raw!r}"}
+        pairs.append(p)
+    out: dict[str, Any] = {
+        "offered": True,
+        "component": doc.get("component"),
+        "baseline": doc.get("baseline"),
+        "candidate": doc.get("candidate"),
+        "armed_forwards": doc.get("armed_forwards"),
+        "sampled": doc.get("sampled"),
+        "error": doc.get("error"),
+    }
+    for kind in KINDS:
+        out[kind] = _kind([p for p in pairs if p.get("kind") == kind])
+    out["pair_fields"], out["pairs"] = fields, doc.get("pairs") or []
+    return out
+
+
+def shadow_level(host: Host, c: int, kind: str, forwards: int, load: dict[str, Any]) -> dict:
+    """Arm, drive the load at c once more, read the pairs, disarm (see the module's doc).
+    `load`: run_loadtest's keyword arguments (requests, input_len, output_len, timeout)."""
+    from ops.profile import snapshot  # the counters' snapshot (its module imports this one)
+
+    url = host.target.service.url
+    args = ["--url", url, "--attention", kind, "--forwards", str(forwards)]
+    arm = run_check(host, "checks.shadow", args).data
+    if not arm.get("ok"):
+        return {"offered": bool(arm.get("offered")), "candidate": kind,
+                "error": arm.get("message") or "the service did not arm its shadow"}  # fmt: skip
+    try:
+        rep = run_loadtest(host, [c], counters=False, **load)
+        snap = snapshot(host)
+    finally:
+        run_check(host, "checks.shadow", ["--url", url, "--forwards", "0"])
+    lt = rep.level_docs[0]
+    out = summarize((snap.get("server_info") or {}).get("shadow"))
+    out["load"] = {k: lt[k] for k in ("completed", "failed", "duration_s")}
+    return out

@@ -1,0 +1,212 @@
+"""The profile's shadow (ops.shadow over engine.shadow): its pairs summarised into s per kind of
+forward; `ops report` projecting with the service's own s where the profile has it for exactly
+the change (the bench's s kept beside), with the bench's otherwise; a malformed shadow is a bad
+record; and `ops profile --shadow` for real against the reference engine on this CPU (the A/A
+shadow: torch beside torch) and against a service without /shadow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers.local import Ops
+from test_report_row_attention import ROW_CHANGE, ROWS_1024, write_runs
+from typer.testing import CliRunner
+
+from ops.amdahl import projected_gain_parts
+from ops.cli import app
+from ops.shadow import summarize
+
+RECORDS = Path(__file__).parent / "fixtures" / "records"
+REPO = Path(__file__).resolve().parents[1]
+FIELDS = ["kind", "rows", "base_plan_us", "base_calls_us", "cand_plan_us", "cand_calls_us",
+          "first"]  # fmt: skip
+
+
+def _doc(pairs: list[list]) -> dict:
+    return {"component": "attention", "baseline": "torch", "candidate": "cuda",
+            "armed_forwards": 100, "sampled": len(pairs), "error": None,
+            "pair_fields": FIELDS, "pairs": pairs}  # fmt: skip
+
+
+def test_summarize_weighs_forwards_by_their_time_and_splits_by_kind_and_order() -> None:
+    pairs = [
+        ["step", 17, 100.0, 900.0, 50.0, 450.0, "base"],  # 1000 / 500
+        ["step", 17, 100.0, 1900.0, 50.0, 450.0, "cand"],  # 2000 / 500
+        ["prefill", 576, 0.0, 16000.0, 0.0, 10000.0, "base"],
+        ["prefill", 447, 0.0, 8000.0, 0.0, 5000.0, "cand"],
+    ]
+    out = summarize(_doc(pairs))
+    step, pre = out["step"], out["prefill"]
+    assert (out["offered"], out["candidate"], out["baseline"], out["error"]) == (
+        True, "cuda", "torch", None)  # fmt: skip
+    assert step["forwards"] == 2 and step["s"] == pytest.approx(3000 / 1000)  # not mean(2, 4)
+    assert (step["s_base_first"], step["s_cand_first"]) == (2.0, 4.0)
+    assert (step["base_us"], step["cand_us"], step["base_host_us"]) == (1500, 500, 100)
+    assert step["lo"] <= step["s"] <= step["hi"] and 2.0 <= step["lo"] and step["hi"] <= 4.0
+    assert pre["s"] == pytest.approx(24000 / 15000) and pre["rows_mean"] == (576 + 447) / 2
+    assert summarize(_doc(pairs)) == out  # the interval's resampling is seeded
+    assert summarize(_doc(pairs[2:]))["step"] is None
+    bad = summarize(_doc([["step", 1, "x", 1, 1, 1, "base"]]))
+    assert "cannot read" in bad["error"]
+    assert summarize(None)["offered"] is False
+
+
+def _shadowed_runs(tmp: Path, shadow_at: dict[int, dict], change: dict = ROW_CHANGE) -> list[str]:
+    """The row-attention report's records with a profile whose levels carry these shadows
+    (and, at c=8, a wall share of which a part is in prefill)."""
+    runs = write_runs(tmp, change)
+    prof = json.loads((RECORDS / "profile_attn" / "record.json").read_text())
+    for lv in prof["profile"]["levels"]:
+        if lv["concurrency"] == 8:
+            lv["wall_share"] = {"attention": {"value": 0.6, "prefill": 0.2, "source": "measured"}}
+        if lv["concurrency"] in shadow_at:
+            lv["shadow"] = shadow_at[lv["concurrency"]]
+    (tmp / "profile").mkdir()
+    (tmp / "profile" / "record.json").write_text(json.dumps(prof))
+    return [str(tmp / "profile") if "profile_attn" in r else r for r in runs]
+
+
+def _kind(s: float, n: int = 40) -> dict:
+    return {"forwards": n, "s": s, "lo": s * 0.95, "hi": s * 1.05, "base_us": 1000.0 * s,
+            "cand_us": 1000.0, "base_host_us": 100.0, "cand_host_us": 50.0}  # fmt: skip
+
+
+def _shadow(step: float | None, prefill: float | None, **kw) -> dict:
+    return {"offered": True, "component": "attention", "baseline": "torch", "candidate": "cuda",
+            "error": None, "step": _kind(step) if step else None,
+            "prefill": _kind(prefill) if prefill else None, **kw}  # fmt: skip
+
+
+def _report(tmp: Path, runs: list[str]) -> tuple[int, dict]:
+    res = CliRunner().invoke(app, ["report", *runs, "--out", str(tmp / "out"), "--json"],
+                             env={"OPS_RUNS_DIR": str(tmp / "runs")})  # fmt: skip
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, json.loads(res.stdout)
+
+
+def test_report_projects_with_the_shadows_s_and_keeps_the_benchs_beside(tmp_path: Path) -> None:
+    failed = _shadow(1.2, 1.5, error="RuntimeError: boom")
+    runs = _shadowed_runs(tmp_path, {1: _shadow(2.5, None), 8: _shadow(1.6, 1.55), 32: failed})
+    code, doc = _report(tmp_path, runs)
+    rows = {r["concurrency"]: r for r in doc["amdahl"]}
+    # c=1: the decode steps' s from the shadow, the bench's (300 / 100) beside it
+    one = rows[1]
+    assert one["speed"]["source"] == "shadow" and one["speed"]["s"] == 2.5
+    assert one["bench_speed"]["s"] == pytest.approx(3.0) and one["bench_speed"]["source"] == "bench"
+    assert "the service's own 40 decode steps in the load at c=1 (shadow)" in one["speed"]["note"]
+    assert "s from the service's own forwards" in one["note"] and "the bench read" in one["note"]
+    f = one["f"]
+    assert one["gain"] == pytest.approx(1 / ((1 - f) + f / 2.5) - 1)
+    # c=8: two parts, each at the shadow's s; the bench has no prefill rows here
+    eight = rows[8]
+    assert (eight["f"], eight["f_prefill"]) == (0.6, 0.2)
+    assert eight["prefill_speed"]["source"] == "shadow" and eight["bench_prefill_speed"] is None
+    assert eight["gain"] == pytest.approx(projected_gain_parts([(0.4, 1.6), (0.2, 1.55)]))
+    assert "prefill: no bench row" in eight["note"]
+    assert "(the service's own prefill blocks, shadow)" in eight["note"]
+    # c=32: a shadow that failed is not used: the bench's s (3000 / 2400)
+    assert rows[32]["speed"]["source"] == "bench" and rows[32]["bench_speed"] is None
+    assert rows[32]["speed"]["s"] == pytest.approx(ROWS_1024[32][0] / ROWS_1024[32][1])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "the service's own 40 decode steps in the load at c=1 (shadow)" in md
+    assert 'Where s(c) says "(shadow)"' in md
+
+
+def test_a_shadow_of_another_change_is_not_used(tmp_path: Path) -> None:
+    aa = _shadow(1.02, 1.01, candidate="torch")  # an A/A shadow: torch beside torch
+    _, doc = _report(tmp_path, _shadowed_runs(tmp_path, {1: aa, 8: aa, 32: aa}))
+    assert {r["speed"]["source"] for r in doc["amdahl"]} == {"bench"}
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [({"s": -1.0}, "shadow.step.s"), ({"forwards": 0}, "shadow.step.forwards"),
+     ({"cand_us": float("nan")}, "shadow.step.cand_us")],
+)  # fmt: skip
+def test_a_malformed_shadow_is_a_bad_record_naming_the_field(tmp_path: Path, patch, field) -> None:
+    sh = _shadow(2.0, None)
+    sh["step"].update(patch)
+    code, doc = _report(tmp_path, _shadowed_runs(tmp_path, {1: sh}))
+    assert code == 2, doc
+    text = json.dumps(doc)
+    assert "profile" in text and field.split(".")[-1] in text and "shadow" in text
+
+
+def _record(doc: dict) -> dict:
+    return json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    o.stop()
+
+
+def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
+    """Real: the reference engine on this CPU, `ops profile --shadow torch`: each level has a
+    shadow window with decode steps and prefill blocks paired, s near 1 (the same backend; a
+    loose bound, the CPU is shared), the service disarmed after; `--shadow cuda` on a CPU is
+    recorded as refused, with the engine's reason, and the profile still passes."""
+    ops.configure_service(None)
+    assert ops.json("service", "start", "local")[0] == 0
+    code, doc = ops.json("profile", "local", "-c", "1,2", "--requests", "4", "--output-len", "8",
+                         "--input-len", "16", "--shadow", "torch")  # fmt: skip
+    assert code == 0, doc
+    for lv in _record(doc)["profile"]["levels"]:
+        sh = lv["shadow"]
+        assert (sh["offered"], sh["error"], sh["candidate"], sh["baseline"]) == (
+            True, None, "torch", "torch")  # fmt: skip
+        assert sh["load"]["completed"] == 4 and sh["load"]["failed"] == 0
+        for kind in ("step", "prefill"):
+            k = sh[kind]
+            assert k["forwards"] >= 1 and 0.33 < k["s"] < 3, (kind, k)
+            assert k["lo"] <= k["s"] <= k["hi"]
+        paired = sh["step"]["forwards"] + sh["prefill"]["forwards"]
+        assert len(sh["pairs"]) == sh["sampled"] == paired
+    url = f"http://127.0.0.1:{ops.port}/get_server_info"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert json.loads(r.read())["shadow"]["left"] == 0  # disarmed after the last window
+    code, doc = ops.json("profile", "local", "-c", "1", "--requests", "2", "--output-len", "4",
+                         "--input-len", "8", "--shadow", "cuda")  # fmt: skip
+    assert code == 0, doc
+    sh = _record(doc)["profile"]["levels"][0]["shadow"]
+    assert sh["offered"] is True and "needs the engine on a GPU" in sh["error"]
+
+
+def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
+    """checks.shadow against tests/helpers/fake_service.py (no /shadow, as a real SGLang): exit
+    1, `offered: false`, and why; the profile goes on with the bench's s then."""
+    ops.configure("ok")
+    assert ops.json("service", "start", "local")[0] == 0
+    res = subprocess.run(
+        [sys.executable, "-m", "checks.shadow", "--json", "--url", f"http://127.0.0.1:{ops.port}",
+         "--attention", "cuda", "--forwards", "10"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and doc["offered"] is False and doc["status"] == 404
+    assert "no /shadow endpoint" in doc["message"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--forwards", "5"], ["--attention", "cuda", "--forwards", "-1"],
+     ["--attention", "cuda", "--forwards", "20001"], ["--forwards", "0", "--timeout", "0"]],
+)  # fmt: skip
+def test_checks_shadow_bad_input_is_exit_2(args) -> None:
+    res = subprocess.run([sys.executable, "-m", "checks.shadow", "--json", "--url",
+                          "http://127.0.0.1:9", *args],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    assert res.returncode == 2 and json.loads(res.stdout)["error"] == "bad_input"
+
+
+def test_bad_shadow_option_is_exit_2(ops: Ops) -> None:
+    ops.configure_service(None)
+    code, doc = ops.json("profile", "local", "--shadow", "triton")
+    assert code == 2 and "--shadow takes an attention backend" in json.dumps(doc)
