@@ -312,26 +312,6 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
         err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
 
 
-def shadow_lines(sec: dict[str, Any]) -> list[str]:
-    """One line per level the shadow ran at: s per kind of forward, or why it did not run."""
-    out = []
-    for lv in sec["levels"]:
-        sh = lv.get("shadow")
-        if not sh:
-            continue
-        c = lv["concurrency"]
-        if sh.get("error") or not sh.get("offered"):
-            out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
-            continue
-        parts = [
-            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} forwards)"
-            for kind in ("step", "prefill") if (k := sh.get(kind))
-        ]  # fmt: skip
-        out.append(f"shadow c={c}: {sh['candidate']} against {sh['baseline']} in the service's "
-                   f"own forwards: {', '.join(parts) or 'no forward sampled'}")  # fmt: skip
-    return out
-
-
 def _print_profile(sec: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
@@ -381,5 +361,7 @@ def _print_profile(sec: dict[str, Any]) -> None:
             "of the step at the batch shown",
             overflow="fold",
         )
+    from ops.shadow import shadow_lines
+
     for line in shadow_lines(sec):
         out.print(escape(line), overflow="fold")

@@ -206,6 +206,11 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     detail = f"{len(sec['levels'])} levels"
     if stage is not None:
         detail = f"f(c) of {stage}: " + (", ".join(shares) or "no such stage time in the profile")
+    from ops.shadow import shadow_lines
+
+    shadows = shadow_lines(sec)
+    if shadows:
+        detail += "; " + "; ".join(shadows)
     if sec.get("failed_requests"):
         status, code, outcome = "fail", 1, "fail"
         detail += f"; {sec['failed_requests']} requests failed"

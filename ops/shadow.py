@@ -113,3 +113,23 @@ def shadow_level(host: Host, c: int, kind: str, forwards: int, load: dict[str, A
     out = summarize((snap.get("server_info") or {}).get("shadow"))
     out["load"] = {k: lt[k] for k in ("completed", "failed", "duration_s")}
     return out
+
+
+def shadow_lines(sec: dict[str, Any]) -> list[str]:
+    """One line per level the shadow ran at: s per kind of forward, or why it did not run."""
+    out = []
+    for lv in sec["levels"]:
+        sh = lv.get("shadow")
+        if not sh:
+            continue
+        c = lv["concurrency"]
+        if sh.get("error") or not sh.get("offered"):
+            out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
+            continue
+        parts = [
+            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} forwards)"
+            for kind in ("step", "prefill") if (k := sh.get(kind))
+        ]  # fmt: skip
+        out.append(f"shadow c={c}: {sh['candidate']} against {sh['baseline']} in the service's "
+                   f"own forwards: {', '.join(parts) or 'no forward sampled'}")  # fmt: skip
+    return out
