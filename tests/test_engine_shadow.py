@@ -184,3 +184,11 @@ def test_gpu_shadow_changes_no_output_and_times_both_kinds(candidate: str) -> No
     assert {p["kind"] for p in pairs} == {"prefill", "step"}
     assert {p["first"] for p in pairs} == {"base", "cand"}
     assert all(p["base_calls_us"] > 0 and p["cand_calls_us"] > 0 for p in pairs)
+    from ops.shadow import summarize  # the profile's summary, printed for the run's log (-s)
+
+    sm = summarize(doc)
+    for kind in ("step", "prefill"):
+        k = sm[kind]
+        print(f"shadow {candidate} {kind}: s {k['s']:.3f} ({k['lo']:.3f}..{k['hi']:.3f}), "
+              f"base-first {k['s_base_first']:.3f}, cand-first {k['s_cand_first']:.3f}, "
+              f"{k['forwards']} forwards, rows {k['rows_mean']:.0f}")  # fmt: skip
