@@ -10,7 +10,7 @@
 #   collect: OUT=dir bash benchmarks/rollouts-detached.sh collect  (a tarball of the results)
 # Settings (start): CYCLES (attention, default 6); the tree's cycles are read when it starts,
 # from $DIR/tree-cycles if that file is there (so a later command can shorten it to fit the
-# time left), else CYCLES. ROLLOUT_SETS and SERVE_ARGS as rollout-gpu.sh. DIR: /tmp/rollouts.
+# time left), else TREE_CYCLES, else CYCLES (CYCLES=0 TREE_CYCLES=3: the tree alone). ROLLOUT_SETS and SERVE_ARGS as rollout-gpu.sh. DIR: /tmp/rollouts.
 set -u
 DIR=${DIR:-/tmp/rollouts}
 case "${1:-}" in
@@ -22,6 +22,7 @@ case "${1:-}" in
   run)
     for which in attn tree; do
       cycles=$CYCLES
+      [ "$which" = tree ] && cycles=${TREE_CYCLES:-$cycles}
       [ "$which" = tree ] && [ -f "$DIR/tree-cycles" ] && cycles=$(cat "$DIR/tree-cycles")
       [ "$cycles" -gt 0 ] || { echo "=== $(date +%T) $which skipped (cycles 0)"; continue; }
       echo "=== $(date +%T) $which, $cycles cycles"

@@ -53,7 +53,6 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     from kernels import reference
 
     topk: Callable = lambda logits, k: reference.topk_logprobs(_np(logits), k)  # noqa: E731
-    build: Callable = reference.build_trees
     accept: Callable = lambda trees, tgt, h: reference.greedy_accept_batch(trees, _np(tgt), h)  # noqa: E731
     attention = attention_backend(names["attention"], device)
     if names["topk"] == "cuda":
@@ -61,21 +60,7 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
         from kernels.cuda_core import on_device
 
         topk = lambda logits, k: cuda.topk_logprobs(on_device(logits, device), k)  # noqa: E731
-    if names["tree_build"] == "cpp":
-        from kernels import cpu
-
-        build = lambda lp, ids, budget: cpu.build_trees_cpp(_np(lp), _np(ids), budget)  # noqa: E731
-    elif names["tree_build"] == "cuda":
-        from kernels import tree_stage  # the stage itself (upload, build, one copy back)
-
-        build = tree_stage.CudaTreeStage(device)  # the stage, its buffers kept per shape
-    if names["accept"] == "cuda" and names["tree_build"] != "cuda":
-        # host trees: their upload for the CUDA accept is the tree stage's handoff, timed there
-        # (kernels.tree_stage.to_device), so the accept stage costs the same after any builder
-        from kernels import tree_stage
-
-        host_build = build
-        build = lambda lp, ids, budget: tree_stage.to_device(host_build(lp, ids, budget), device)  # noqa: E731
+    build = tree_build_backend(names["tree_build"], names["accept"], device)
     if names["accept"] == "cpp":
         from kernels import cpu
 
@@ -83,6 +68,35 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     elif names["accept"] == "cuda":
         accept = lambda trees, tgt, h: _cuda_accept(trees, tgt, h, device)  # noqa: E731
     return Backends(dict(names), topk, build, accept, attention)
+
+
+def tree_build_backend(kind: str, accept: str, device: torch.device) -> Callable:
+    """A new tree-build stage of `kind` for a service whose accept is `accept` (the serving one,
+    or the shadow's candidate): (log-probs, ids, budget) -> trees."""
+    from kernels import reference
+
+    build: Callable = reference.build_trees
+    if kind == "cpp":
+        from kernels import cpu
+
+        build = lambda lp, ids, budget: cpu.build_trees_cpp(_np(lp), _np(ids), budget)  # noqa: E731
+    elif kind == "cuda":
+        if device.type != "cuda":
+            raise ValueError("the cuda tree build needs a GPU")
+        from kernels import cuda_core, tree_stage  # the stage itself (upload, build, copy back)
+
+        cuda_core.library()  # the kernels' library loads now, or says why it cannot
+        build = tree_stage.CudaTreeStage(device)  # the stage, its buffers kept per shape
+    elif kind != "reference":
+        raise ValueError(f"unknown tree_build backend {kind!r}")
+    if accept == "cuda" and kind != "cuda":
+        # host trees: their upload for the CUDA accept is the tree stage's handoff, timed there
+        # (kernels.tree_stage.to_device), so the accept stage costs the same after any builder
+        from kernels import tree_stage
+
+        host_build = build
+        build = lambda lp, ids, budget: tree_stage.to_device(host_build(lp, ids, budget), device)  # noqa: E731
+    return build
 
 
 def attention_backend(kind: str, device: torch.device) -> Attention:

@@ -15,18 +15,20 @@ inside it), accept, commit.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from engine.backends import Backends, attention_backend
+from engine.backends import Backends, attention_backend, tree_build_backend
 from engine.config import EngineConfig
 from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
-from engine.shadow import Shadow
+from engine.shadow import Pair, Shadow
 from engine.stage_clock import StageClock
 from kernels.row_attention import paged_slots, prefill_blocks, visible_rows, visible_rows_device
 
@@ -76,12 +78,54 @@ class Decoder:
         )  # fmt: skip
         self.forward.capture()
         # engine.shadow: off until the front end arms it (POST /shadow)
-        self.shadow = Shadow(
-            backends.names["attention"],
-            lambda kind: attention_backend(kind, model.device),
-            model.device.type,
-        )
+        self.shadow = Shadow(backends.names, self._shadow_backend, model.device.type)
         self.forward.shadow = self.shadow
+
+    def _shadow_backend(self, component: str, kind: str) -> Any:
+        """A fresh backend for the shadow's candidate (engine.shadow)."""
+        if component == "attention":
+            return attention_backend(kind, self.model.device)
+        return tree_build_backend(kind, self.backends.names["accept"], self.model.device)
+
+    def _shadowed_tree_build(
+        self, taken: tuple[Any, str], lp: Any, ids: Any, budget: int,
+        stream: torch.cuda.Stream | None,
+    ) -> Any:  # fmt: skip
+        """A step the shadow sampled: both tree-build stages on the same inputs, in the order
+        it says, each timed as the engine's stage clock times a stage (CUDA events on the
+        step's stream, so a host-side build counts as the span it holds the step; the clock on
+        a CPU), then one sync; the serving stage's trees go on, the candidate's are dropped."""
+        cand, first = taken
+
+        def timed(fn: Any) -> tuple[Any, float]:
+            if stream is None:
+                t0 = time.perf_counter()
+                out = fn(lp, ids, budget)
+                return out, (time.perf_counter() - t0) * 1e6
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(stream)
+            out = fn(lp, ids, budget)
+            b.record(stream)
+            return out, (a, b)
+
+        spans: dict[str, Any] = {}
+        failed = False
+        for who in (("base", "cand") if first == "base" else ("cand", "base")):
+            if who == "base":
+                trees, spans["base"] = timed(self.backends.tree_build)
+                continue
+            try:
+                _, spans["cand"] = timed(cand)
+            except Exception as e:  # the candidate's fault, never the service's
+                failed = True
+                self.shadow.fail(e)
+        if stream is not None:
+            stream.synchronize()
+        if not failed:
+            us = {k: v if isinstance(v, float) else v[0].elapsed_time(v[1]) * 1000.0
+                  for k, v in spans.items()}  # fmt: skip
+            self.shadow.record(Pair("step", len(lp), 0.0, us["base"], 0.0, us["cand"], first))
+        return trees
 
     def _stream(self) -> torch.cuda.Stream | None:
         """The stream the engine queues its work on (None on a CPU)."""
@@ -173,7 +217,11 @@ class Decoder:
             lap("draft")
             lp, ids = self.backends.topk(logits, self.cfg.k(self.model.cfg.vocab_size, budget))
             lap("topk")
-            trees = self.backends.tree_build(lp, ids, budget)
+            taken = self.shadow.take("tree_build", "step", len(seqs))
+            if taken is None:
+                trees = self.backends.tree_build(lp, ids, budget)
+            else:
+                trees = self._shadowed_tree_build(taken, lp, ids, budget, stream)
             lap("tree_build")
         num_nodes = [0] * len(seqs) if trees is None else [int(n) for n in trees.num_nodes]
 

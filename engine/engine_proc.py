@@ -284,7 +284,8 @@ def _handle_request(
         if req is not None:
             state.cancel(req)
     elif kind == "call":
-        _, cid, name, arg = msg
+        cid, name = msg[1], msg[2]
+        arg = msg[3] if len(msg) > 3 else None  # ("call", id, name[, argument])
         if name == "info":
             value = state.info_doc()
         elif name == "metrics":

@@ -284,7 +284,7 @@ class Forward:
         def make_plan(backend: Attention = attention) -> Any:
             return backend.plan(rows.table, rows.lens, self.model.device)
 
-        taken = self.shadow.take(kind, n) if self.shadow is not None else None
+        taken = self.shadow.take("attention", kind, n) if self.shadow is not None else None
         sampled = None
         if taken is not None:
             cand, first = taken

@@ -1,5 +1,6 @@
-"""Shadow timing: a candidate attention backend run beside the serving one on the service's own
-forwards, its output thrown away, so its speed-up is measured inside the serving process.
+"""Shadow timing: a candidate backend (attention, or the tree build) run beside the serving one
+on the service's own forwards, its output thrown away, so its speed-up is measured inside the
+serving process.
 
 Why: the torch baseline's cost is its GPU work plus a host part (plans, launch gaps) of 10-45%
 of its stage, and that host part differs from process to process (benchmarks/NOTES-attention.md,
@@ -15,6 +16,10 @@ half its samples in either place (`ops.shadow` reports s over each half apart: t
 effect). The serving backend's output is the one the forward uses; the candidate's is discarded.
 Each backend has its own timer (its plan on the host clock, its calls with CUDA events, as the
 engine's stage timing), read after one sync at the end of the sampled forward.
+
+The tree build (engine.decode.Decoder._shadowed_tree_build): on a sampled step both tree-build
+stages run on the same log-probs, in the order given, each between CUDA events on the step's
+stream as the stage clock times a stage, then one sync; the serving stage's trees go on.
 
 Armed for a bounded number of forwards (`POST /shadow`), after which it is off by itself. Every
 sampled forward costs the service the candidate's time as well (and the sync), which is why
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_FORWARDS = 20_000  # the most a window may sample (and the pairs it keeps)
-COMPONENT = "attention"  # what the engine can shadow
+SHADOWED = ("attention", "tree_build")  # the components the engine can shadow
 
 
 @dataclass
@@ -62,11 +67,12 @@ PAIR_FIELDS = ["kind", "rows", "base_plan_us", "base_calls_us", "cand_plan_us", 
 class Shadow:
     """The engine's shadow: armed from the front end's thread, taken on the scheduler's."""
 
-    def __init__(self, baseline: str, make_backend: Any, device_type: str) -> None:
-        self.baseline = baseline  # the serving attention backend's name
-        self._make = make_backend  # kind -> an Attention instance (engine.backends)
+    def __init__(self, serving: dict[str, str], make_backend: Any, device_type: str) -> None:
+        self.serving = dict(serving)  # component -> the serving backend's name
+        self._make = make_backend  # (component, kind) -> a backend (engine.backends)
         self._device_type = device_type
         self._lock = threading.Lock()
+        self.component: str | None = None
         self.candidate: Any = None
         self.kind: str | None = None
         self.armed = 0  # forwards asked for in this window
@@ -78,18 +84,20 @@ class Shadow:
 
     # -- the front end's side ------------------------------------------------------------------
     def arm(self, body: Any) -> dict[str, Any]:
-        """`{"attention": KIND, "forwards": N}`: sample the next N forwards against a fresh KIND
-        backend (a new window: earlier pairs are dropped); `{"forwards": 0}` disarms and keeps
-        the pairs. ValueError (the caller's 400) on anything else."""
+        """`{"attention": KIND, "forwards": N}` (or `"tree_build": KIND`): sample the next N
+        forwards (attention) or steps (tree_build) against a fresh KIND backend (a new window:
+        earlier pairs are dropped); `{"forwards": 0}` disarms and keeps the pairs. ValueError
+        (the caller's 400) on anything else."""
         from engine.components import COMPONENTS
 
         if not isinstance(body, dict):
             raise ValueError('the body must be a JSON object, e.g. {"attention": "cuda", '
                              '"forwards": 400}')  # fmt: skip
-        unknown = sorted(set(body) - {COMPONENT, "forwards"})
+        unknown = sorted(set(body) - {*SHADOWED, "forwards"})
         if unknown:
-            raise ValueError(f"unknown field {unknown[0]!r}: the engine shadows {COMPONENT!r} only "
-                             "(fields: attention, forwards)")  # fmt: skip
+            comps = " or ".join(SHADOWED)
+            raise ValueError(f"unknown field {unknown[0]!r}: the engine shadows {comps} (fields: "
+                             "one of them, forwards)")  # fmt: skip
         n = body.get("forwards")
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_FORWARDS:
             raise ValueError(f"'forwards' must be an integer 0..{MAX_FORWARDS}, got {n!r}")
@@ -97,18 +105,23 @@ class Shadow:
             with self._lock:
                 self.left = 0
             return self.doc()
-        kind = body.get(COMPONENT)
-        kinds = COMPONENTS[COMPONENT]
+        named = [c for c in SHADOWED if c in body]
+        if len(named) != 1:
+            raise ValueError(f"name one component to shadow ({' or '.join(SHADOWED)}), got "
+                             f"{len(named)}")  # fmt: skip
+        comp = named[0]
+        kind = body[comp]
+        kinds = COMPONENTS[comp]
         if kind not in kinds:
-            raise ValueError(f"'{COMPONENT}' must be one of {', '.join(kinds)}, got {kind!r}")
+            raise ValueError(f"'{comp}' must be one of {', '.join(kinds)}, got {kind!r}")
         if kind == "cuda" and self._device_type != "cuda":
-            raise ValueError("a cuda attention shadow needs the engine on a GPU (--device cuda)")
+            raise ValueError(f"a cuda {comp} shadow needs the engine on a GPU (--device cuda)")
         try:
-            candidate = self._make(kind)
+            candidate = self._make(comp, kind)
         except Exception as e:  # e.g. the kernels' library missing from this release
-            raise ValueError(f"the {kind} attention backend cannot start here: {e}") from e
+            raise ValueError(f"the {kind} {comp} backend cannot start here: {e}") from e
         with self._lock:
-            self.candidate, self.kind = candidate, kind
+            self.component, self.candidate, self.kind = comp, candidate, kind
             self.armed, self.left, self.sampled = n, n, 0
             self.pairs, self.error, self._seen = [], None, {}
         return self.doc()
@@ -117,8 +130,8 @@ class Shadow:
         """`/get_server_info`'s `shadow`: the window's settings and every pair so far."""
         with self._lock:
             return {
-                "component": COMPONENT,
-                "baseline": self.baseline,
+                "component": self.component,
+                "baseline": self.serving.get(self.component) if self.component else None,
                 "candidate": self.kind,
                 "armed_forwards": self.armed,
                 "left": self.left,
@@ -129,15 +142,15 @@ class Shadow:
             }
 
     # -- the scheduler's side ------------------------------------------------------------------
-    def take(self, kind: str, rows: int) -> tuple[Any, str] | None:
-        """For the forward about to run: (candidate, which goes first) if it is sampled. The
-        order alternates per (kind, rows), not over all forwards: a prompt's prefill blocks
-        come in a fixed sequence (576 rows, then 447), which a global alternation would pin
-        each to one order."""
+    def take(self, component: str, kind: str, rows: int) -> tuple[Any, str] | None:
+        """For the `component` call about to run (a forward's attention, a step's tree build):
+        (candidate, which goes first) if it is sampled. The order alternates per (kind, rows),
+        not over all calls: a prompt's prefill blocks come in a fixed sequence (576 rows, then
+        447), which a global alternation would pin each to one order."""
         if self.left <= 0:  # the common case, without the lock
             return None
         with self._lock:
-            if self.left <= 0 or self.candidate is None:
+            if self.left <= 0 or self.candidate is None or component != self.component:
                 return None
             self.left -= 1
             n = self._seen.get((kind, rows), 0)

@@ -153,7 +153,7 @@ def shadow_speed(lv: ProfileLevel, change: Change, kind: str) -> SpeedRow | None
     if (
         sh is None
         or sh.error
-        or change.component != "attention"
+        or sh.component != change.component
         or (sh.baseline, sh.candidate) != (change.baseline, change.candidate)
     ):
         return None
@@ -161,6 +161,8 @@ def shadow_speed(lv: ProfileLevel, change: Change, kind: str) -> SpeedRow | None
     if k is None:
         return None
     what = "decode steps" if kind == "step" else "prefill blocks"
+    if change.component == "tree_build":
+        what = "decode steps' tree builds"
     return SpeedRow(
         batch=lv.batch, s=k.s, lo=min(k.lo, k.s), hi=max(k.hi, k.s), baseline_us=k.base_us,
         candidate_us=k.cand_us, baseline_host_us=k.base_host_us, candidate_host_us=k.cand_host_us,

@@ -258,8 +258,9 @@ def profile(
     depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
     shadow: Annotated[
         str | None,
-        typer.Option(help="Time this attention backend (torch, cuda) beside the serving one on "
-                     "the service's own forwards, in a load window of its own per level."),
+        typer.Option(help="COMPONENT=KIND (attention=cuda, tree_build=cuda): time that backend "
+                     "beside the serving one on the service's own forwards, in a load window "
+                     "of its own per level."),
     ] = None,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
@@ -274,8 +275,16 @@ def profile(
             f"--component takes tree_build or accept and --baseline python or cpp, got "
             f"{component!r} / {baseline!r}"
         )
-    if shadow is not None and shadow not in ("torch", "cuda"):
-        raise OpsError(f"--shadow takes an attention backend, torch or cuda, got {shadow!r}")
+    if shadow is not None:
+        from ops.shadow import SHADOW_KINDS
+
+        comp, _, kind = shadow.partition("=")
+        if kind not in SHADOW_KINDS.get(comp, ()):
+            raise OpsError(
+                f"--shadow takes COMPONENT=KIND, the component attention or tree_build and one "
+                f"of its backends (attention=torch|cuda, tree_build=reference|cpp|cuda), got "
+                f"{shadow!r}"
+            )
     opts = ProfileOptions(
         levels=levels, requests=requests, input_len=input_len, output_len=output_len,
         timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]

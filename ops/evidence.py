@@ -209,6 +209,7 @@ class Shadow(_Open):
     the serving backend on the service's own forwards; `error` when it did not run."""
 
     offered: bool = True
+    component: str = "attention"
     baseline: str | None = None
     candidate: str | None = None
     error: str | None = None

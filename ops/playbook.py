@@ -171,7 +171,8 @@ class ProfileStep(StepBase):
     depth: int = Field(default=15, ge=1)
     # the change's candidate timed beside the serving backend on the service's own forwards, in
     # a load window of its own per level (engine.shadow, ops.shadow), where the service offers
-    # it (the reference engine, for attention): s from the service itself, the bench's beside
+    # it (the reference engine, for attention and the tree build): s from the service itself,
+    # the bench's beside
     shadow: bool = True
     shadow_forwards: int = Field(default=5000, ge=1, le=20000)
 

@@ -23,10 +23,11 @@ Measured (a service with per-stage timings, like the reference engine: `internal
 - accept length is Δ`ddtree:accept_length_sum` / Δ`_count` from `/metrics`; tokens/s is the
   load generator's.
 
-Shadow (`--shadow KIND`, the rollout's profile step for an attention change): after a measured
+Shadow (`--shadow COMPONENT=KIND`, the rollout's profile step for an attention or tree-build
+change): after a measured
 level, a load window of its own at the same c with the service's shadow armed (engine.shadow:
-the candidate attention timed beside the serving one on the service's own forwards, its output
-discarded), summarised by ops.shadow into s per kind of forward (decode steps, prefill blocks).
+the candidate timed beside the serving backend on the service's own forwards or steps, its output
+discarded), summarised by ops.shadow into s per kind (decode steps, prefill blocks).
 f comes from the level's own window, before the shadow runs, so the shadow's extra work is in
 no f. `ops report` projects with this s where it is for exactly the change, the bench's beside
 it. A service without /shadow (SGLang) is asked once and recorded as not offering it.
@@ -51,7 +52,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from checks.docs import Counters, CountersDoc, LevelDoc
 from ops.counters import (
@@ -125,9 +126,10 @@ class ProfileOptions(BaseModel):
     depth: int = 15
     scale: float = 2.5
     seconds: float = 1.0
-    # engine.shadow: time this attention backend beside the serving one in a load window of
-    # its own at each measured level (ops.shadow), for s in the service's own forwards
-    shadow: Literal["torch", "cuda"] | None = None
+    # engine.shadow: time this backend (COMPONENT=KIND: attention=cuda, tree_build=cuda) beside
+    # the serving one in a load window of its own at each measured level (ops.shadow), for s in
+    # the service's own forwards
+    shadow: str | None = Field(default=None, pattern=r"^(attention|tree_build)=[a-z]+$")
     shadow_forwards: int = 5000
 
 

@@ -187,8 +187,8 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         budget=st.budget,
         topk=st.topk,
         depth=st.depth,
-        shadow=ch.candidate if st.shadow and ch is not None and ch.component == "attention"
-        and ch.candidate in ("torch", "cuda") else None,
+        shadow=f"{ch.component}={ch.candidate}" if st.shadow and ch is not None
+        and ch.component in ("attention", "tree_build") else None,
         shadow_forwards=st.shadow_forwards,
     )  # fmt: skip
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))

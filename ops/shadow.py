@@ -1,5 +1,5 @@
-"""The profile's shadow window: a candidate attention timed beside the serving one on the
-service's own forwards (engine.shadow), and its pairs made into s per kind of forward.
+"""The profile's shadow window: a candidate (attention, or the tree build) timed beside the
+serving one on the service's own forwards (engine.shadow), and its pairs made into s per kind.
 
 `shadow_level` arms the service's shadow (`checks.shadow` on the host), drives the same load
 at c once more (`ops.loadtest`), reads the pairs from the counters' `/get_server_info`, and
@@ -24,6 +24,8 @@ from ops.loadtest import run_loadtest
 from ops.remote import Host
 
 KINDS = ("step", "prefill")
+# what the engine can shadow, and each one's backends (engine.components; no engine import here)
+SHADOW_KINDS = {"attention": ("torch", "cuda"), "tree_build": ("reference", "cpp", "cuda")}
 INTERVAL = 0.90
 RESAMPLES = 1000
 
@@ -93,22 +95,25 @@ def summarize(doc: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def shadow_level(host: Host, c: int, kind: str, forwards: int, load: dict[str, Any]) -> dict:
-    """Arm, drive the load at c once more, read the pairs, disarm (see the module's doc).
-    `load`: run_loadtest's keyword arguments (requests, input_len, output_len, timeout)."""
+def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, Any]) -> dict:
+    """Arm (`spec`: COMPONENT=KIND), drive the load at c once more, read the pairs, disarm (see
+    the module's doc). `load`: run_loadtest's keyword arguments (requests, input_len,
+    output_len, timeout)."""
+    component, _, kind = spec.partition("=")
     from ops.profile import snapshot  # the counters' snapshot (its module imports this one)
 
     url = host.target.service.url
-    args = ["--url", url, "--attention", kind, "--forwards", str(forwards)]
+    args = ["--url", url, "--component", component, "--backend", kind, "--forwards", str(forwards)]
     arm = run_check(host, "checks.shadow", args).data
     if not arm.get("ok"):
-        return {"offered": bool(arm.get("offered")), "candidate": kind,
+        return {"offered": bool(arm.get("offered")), "component": component, "candidate": kind,
                 "error": arm.get("message") or "the service did not arm its shadow"}  # fmt: skip
     try:
         rep = run_loadtest(host, [c], counters=False, **load)
         snap = snapshot(host)
     finally:
-        run_check(host, "checks.shadow", ["--url", url, "--forwards", "0"])
+        off = ["--url", url, "--component", component, "--forwards", "0"]
+        run_check(host, "checks.shadow", off)
     lt = rep.level_docs[0]
     out = summarize((snap.get("server_info") or {}).get("shadow"))
     out["load"] = {k: lt[k] for k in ("completed", "failed", "duration_s")}

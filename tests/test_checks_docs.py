@@ -129,7 +129,7 @@ def test_probe_documents(url: str) -> None:
 
 def test_shadow_document(url: str) -> None:
     """checks.shadow against the stand-in service (no /shadow): the document's keys, refused."""
-    rc, doc = run("checks.shadow", "--url", url, "--attention", "cuda", "--forwards", "4")
+    rc, doc = run("checks.shadow", "--url", url, "--backend", "cuda", "--forwards", "4")
     assert rc == 1 and doc["offered"] is False
     keys_match(doc, docs.ShadowDoc, "checks.shadow")
 

@@ -19,6 +19,7 @@ from engine.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 PROMPTS = [TOK.encode(t) for t in GOLDEN_PROMPTS[:6]]
+SERVING = {"attention": "torch", "tree_build": "reference", "accept": "reference"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,6 +67,29 @@ def test_a_shadowed_forward_changes_no_output_and_pairs_every_sampled_forward(de
     assert len(decoder.shadow.doc()["pairs"]) == 9
 
 
+@pytest.mark.parametrize("candidate", ["reference", "cpp"])
+def test_a_shadowed_tree_build_changes_no_output_and_pairs_every_sampled_step(
+    decoder, candidate: str
+) -> None:
+    """The tree build's shadow: the A/A reference and the compiled C++ builder beside the
+    serving reference, on the same steps: the same tokens; one pair per step, rows = the
+    batch, the order alternating per batch size; both timed."""
+    plain, _ = generate(decoder, PROMPTS, 12)
+    doc = decoder.shadow.arm({"tree_build": candidate, "forwards": 500})
+    assert (doc["component"], doc["baseline"], doc["candidate"]) == (
+        "tree_build", "reference", candidate)  # fmt: skip
+    shadowed, _ = generate(decoder, PROMPTS, 12)
+    decoder.shadow.arm({"forwards": 0})
+    assert shadowed == plain
+    doc = decoder.shadow.doc()
+    pairs = _pairs(doc)
+    assert doc["error"] is None and len(pairs) == doc["sampled"] > 3
+    assert {p["kind"] for p in pairs} == {"step"}
+    assert {p["rows"] for p in pairs} <= set(range(1, len(PROMPTS) + 1))
+    assert {p["first"] for p in pairs} == {"base", "cand"}
+    assert all(p["base_calls_us"] > 0 and p["cand_calls_us"] > 0 for p in pairs)
+
+
 class _Broken:
     name = "broken"
 
@@ -76,12 +100,19 @@ class _Broken:
         raise RuntimeError("candidate fault")
 
 
-def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder) -> None:
+@pytest.mark.parametrize("component", ["attention", "tree_build"])
+def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder, component) -> None:
     plain, _ = generate(decoder, PROMPTS[:3], 8)
     real = decoder.shadow
-    decoder.shadow = decoder.forward.shadow = Shadow("torch", lambda kind: _Broken(), "cpu")
+
+    def broken_build(lp, ids, budget):
+        raise RuntimeError("candidate fault")
+
+    make = {"attention": lambda c, k: _Broken(), "tree_build": lambda c, k: broken_build}
+    decoder.shadow = decoder.forward.shadow = Shadow(SERVING, make[component], "cpu")
     try:
-        decoder.shadow.arm({"attention": "torch", "forwards": 50})
+        kind = "torch" if component == "attention" else "reference"
+        decoder.shadow.arm({component: kind, "forwards": 50})
         out, _ = generate(decoder, PROMPTS[:3], 8)
         doc = decoder.shadow.doc()
     finally:
@@ -95,7 +126,11 @@ def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder) ->
     ("body", "says"),
     [
         ([], "JSON object"),
-        ({"tree_build": "cuda", "forwards": 4}, "unknown field 'tree_build'"),
+        ({"accept": "cuda", "forwards": 4}, "unknown field 'accept'"),
+        ({"attention": "torch", "tree_build": "cpp", "forwards": 4}, "name one component"),
+        ({"forwards": 4}, "name one component"),
+        ({"tree_build": "torch", "forwards": 4}, "one of reference, cpp, cuda"),
+        ({"tree_build": "cuda", "forwards": 4}, "a cuda tree_build shadow needs the engine on"),
         ({"attention": "torch"}, "'forwards' must be an integer"),
         ({"attention": "torch", "forwards": -1}, "'forwards' must be an integer"),
         ({"attention": "torch", "forwards": MAX_FORWARDS + 1}, "'forwards' must be an integer"),
@@ -105,7 +140,7 @@ def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder) ->
     ],
 )
 def test_bad_arms_are_refused_and_leave_the_shadow_as_it_was(body, says) -> None:
-    shadow = Shadow("torch", lambda kind: object(), "cpu")
+    shadow = Shadow(SERVING, lambda c, k: object(), "cpu")
     before = shadow.doc()
     with pytest.raises(ValueError, match=says):
         shadow.arm(body)
@@ -113,11 +148,13 @@ def test_bad_arms_are_refused_and_leave_the_shadow_as_it_was(body, says) -> None
 
 
 def test_a_backend_that_cannot_start_is_refused_with_its_reason() -> None:
-    def make(kind):
+    def make(component, kind):
         raise OSError("libddtree_kernels.so: not found")
 
-    shadow = Shadow("torch", make, "cuda")
-    with pytest.raises(ValueError, match="cannot start here: libddtree_kernels.so: not found"):
+    shadow = Shadow(SERVING, make, "cuda")
+    with pytest.raises(
+        ValueError, match="cuda attention backend cannot start here: libddtree_kern"
+    ):
         shadow.arm({"attention": "cuda", "forwards": 4})
 
 
@@ -166,29 +203,37 @@ def test_served_engine_arms_times_and_refuses_over_http(tmp_path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["cuda", "torch"])
-def test_gpu_shadow_changes_no_output_and_times_both_kinds(candidate: str) -> None:
-    """On a GPU (preset small, torch attention serving): the cuda kernel (and the A/A torch)
-    as the shadow; the outputs of a batch of 8 with and without it are the same tokens, every
-    sampled forward is paired, the order's halves both present. s itself is the rollout's to
-    report (benchmarks/results), not a timed assertion here."""
+@pytest.mark.parametrize(
+    ("component", "candidate"),
+    [("attention", "cuda"), ("attention", "torch"), ("tree_build", "cuda")],
+)
+def test_gpu_shadow_changes_no_output_and_times_both_kinds(component: str, candidate: str) -> None:
+    """On a GPU (preset small, torch attention and the reference tree build serving): the cuda
+    attention kernel, the A/A torch attention and the CUDA tree-build stage as the shadow; the
+    outputs of a batch of 8 with and without it are the same tokens, every sampled call is
+    paired, both orders present. s itself is the rollout's to report (benchmarks/results), not
+    a timed assertion here; the test prints the profile's summary of the pairs (-s)."""
     _, dec = build_decoder(EngineSpec(mode="ddtree", preset="small", device="cuda"))
     prompts = [TOK.encode(t) * 8 for t in GOLDEN_PROMPTS[:8]]
     plain, _ = generate(dec, prompts, 24)
-    dec.shadow.arm({"attention": candidate, "forwards": 2000})
+    dec.shadow.arm({component: candidate, "forwards": 2000})
     shadowed, _ = generate(dec, prompts, 24)
     doc = dec.shadow.doc()
     assert shadowed == plain
     pairs = _pairs(doc)
     assert doc["error"] is None and len(pairs) == doc["sampled"] > 8
-    assert {p["kind"] for p in pairs} == {"prefill", "step"}
+    kinds = {"prefill", "step"} if component == "attention" else {"step"}
+    assert {p["kind"] for p in pairs} == kinds
     assert {p["first"] for p in pairs} == {"base", "cand"}
     assert all(p["base_calls_us"] > 0 and p["cand_calls_us"] > 0 for p in pairs)
-    from ops.shadow import summarize  # the profile's summary, printed for the run's log (-s)
+    from ops.shadow import summarize
 
     sm = summarize(doc)
-    for kind in ("step", "prefill"):
+    for kind in sorted(kinds):
         k = sm[kind]
-        print(f"shadow {candidate} {kind}: s {k['s']:.3f} ({k['lo']:.3f}..{k['hi']:.3f}), "
-              f"base-first {k['s_base_first']:.3f}, cand-first {k['s_cand_first']:.3f}, "
-              f"{k['forwards']} forwards, rows {k['rows_mean']:.0f}")  # fmt: skip
+        orders = ", ".join(f"{o} first {k[f's_{o}_first']:.3f}" for o in ("base", "cand")
+                           if k[f"s_{o}_first"] is not None)  # fmt: skip
+        print(
+            f"shadow {component}={candidate} {kind}: s {k['s']:.3f} ({k['lo']:.3f}.."
+            f"{k['hi']:.3f}), {orders}, {k['forwards']} calls, rows {k['rows_mean']:.0f}"
+        )

@@ -156,7 +156,7 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     ops.configure_service(None)
     assert ops.json("service", "start", "local")[0] == 0
     code, doc = ops.json("profile", "local", "-c", "1,2", "--requests", "4", "--output-len", "8",
-                         "--input-len", "16", "--shadow", "torch")  # fmt: skip
+                         "--input-len", "16", "--shadow", "attention=torch")  # fmt: skip
     assert code == 0, doc
     for lv in _record(doc)["profile"]["levels"]:
         sh = lv["shadow"]
@@ -173,10 +173,19 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     with urllib.request.urlopen(url, timeout=10) as r:
         assert json.loads(r.read())["shadow"]["left"] == 0  # disarmed after the last window
     code, doc = ops.json("profile", "local", "-c", "1", "--requests", "2", "--output-len", "4",
-                         "--input-len", "8", "--shadow", "cuda")  # fmt: skip
+                         "--input-len", "8", "--shadow", "attention=cuda")  # fmt: skip
     assert code == 0, doc
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
     assert sh["offered"] is True and "needs the engine on a GPU" in sh["error"]
+    # the tree build's shadow: the compiled C++ builder beside the serving Python reference
+    code, doc = ops.json("profile", "local", "-c", "2", "--requests", "4", "--output-len", "8",
+                         "--input-len", "16", "--shadow", "tree_build=cpp")  # fmt: skip
+    assert code == 0, doc
+    sh = _record(doc)["profile"]["levels"][0]["shadow"]
+    assert (sh["component"], sh["baseline"], sh["candidate"], sh["error"]) == (
+        "tree_build", "reference", "cpp", None)  # fmt: skip
+    assert sh["prefill"] is None and sh["step"]["forwards"] == len(sh["pairs"]) >= 2
+    assert sh["step"]["s"] > 0
 
 
 def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
@@ -186,7 +195,7 @@ def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
     assert ops.json("service", "start", "local")[0] == 0
     res = subprocess.run(
         [sys.executable, "-m", "checks.shadow", "--json", "--url", f"http://127.0.0.1:{ops.port}",
-         "--attention", "cuda", "--forwards", "10"],
+         "--component", "attention", "--backend", "cuda", "--forwards", "10"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )  # fmt: skip
     doc = json.loads(res.stdout)
@@ -196,8 +205,9 @@ def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--forwards", "5"], ["--attention", "cuda", "--forwards", "-1"],
-     ["--attention", "cuda", "--forwards", "20001"], ["--forwards", "0", "--timeout", "0"]],
+    [["--forwards", "5"], ["--backend", "cuda", "--forwards", "-1"],
+     ["--backend", "cuda", "--forwards", "20001"], ["--forwards", "0", "--timeout", "0"],
+     ["--component", "accept", "--backend", "cuda", "--forwards", "1"]],
 )  # fmt: skip
 def test_checks_shadow_bad_input_is_exit_2(args) -> None:
     res = subprocess.run([sys.executable, "-m", "checks.shadow", "--json", "--url",
@@ -208,5 +218,36 @@ def test_checks_shadow_bad_input_is_exit_2(args) -> None:
 
 def test_bad_shadow_option_is_exit_2(ops: Ops) -> None:
     ops.configure_service(None)
-    code, doc = ops.json("profile", "local", "--shadow", "triton")
-    assert code == 2 and "--shadow takes an attention backend" in json.dumps(doc)
+    for bad in ("triton", "attention=triton", "accept=cuda", "tree_build=torch"):
+        code, doc = ops.json("profile", "local", "--shadow", bad)
+        assert code == 2 and "--shadow takes COMPONENT=KIND" in json.dumps(doc), bad
+
+
+def test_the_control_planes_list_of_shadowed_backends_is_the_engines() -> None:
+    from engine.components import COMPONENTS
+    from ops.shadow import SHADOW_KINDS
+
+    assert {c: COMPONENTS[c] for c in SHADOW_KINDS} == SHADOW_KINDS
+
+
+def test_a_tree_build_shadow_stands_in_for_the_benchs_s_of_that_change() -> None:
+    """ops.amdahl.shadow_speed for the seed's change (tree_build reference -> cuda): the
+    shadow of that change at a level gives the decode steps' s, any other is ignored."""
+    from ops.amdahl import shadow_speed
+    from ops.evidence import Change, ProfileLevel
+
+    change = Change(component="tree_build", baseline="reference", candidate="cuda")
+    step = {"value": 10.0, "source": "measured"}
+
+    def level(**sh) -> ProfileLevel:
+        doc = {"offered": True, "component": "tree_build", "baseline": "reference",
+               "candidate": "cuda", "step": _kind(3.0, n=55), **sh}  # fmt: skip
+        return ProfileLevel.model_validate({"concurrency": 8, "step_ms": step, "shadow": doc})
+
+    sp = shadow_speed(level(), change, "step")
+    assert (sp.s, sp.source, sp.batch) == (3.0, "shadow", 8)
+    assert sp.note == "the service's own 55 decode steps' tree builds in the load at c=8 (shadow)"
+    assert shadow_speed(level(), change, "prefill") is None
+    assert shadow_speed(level(component="attention"), change, "step") is None
+    assert shadow_speed(level(candidate="cpp"), change, "step") is None
+    assert shadow_speed(level(error="boom"), change, "step") is None
