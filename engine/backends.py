@@ -70,9 +70,13 @@ def make_backends(names: dict[str, str], device: torch.device) -> Backends:
     return Backends(dict(names), topk, build, accept, attention)
 
 
-def tree_build_backend(kind: str, accept: str, device: torch.device) -> Callable:
+def tree_build_backend(
+    kind: str, accept: str, device: torch.device, check: bool = False
+) -> Callable:
     """A new tree-build stage of `kind` for a service whose accept is `accept` (the serving one,
-    or the shadow's candidate): (log-probs, ids, budget) -> trees."""
+    or the shadow's candidate): (log-probs, ids, budget) -> trees. `check` (the shadow's
+    candidate, armed in a running service): a CUDA stage needs a GPU and loads the kernels'
+    library now, so a missing one is refused at arming, not at the first sampled step."""
     from kernels import reference
 
     build: Callable = reference.build_trees
@@ -81,11 +85,12 @@ def tree_build_backend(kind: str, accept: str, device: torch.device) -> Callable
 
         build = lambda lp, ids, budget: cpu.build_trees_cpp(_np(lp), _np(ids), budget)  # noqa: E731
     elif kind == "cuda":
-        if device.type != "cuda":
-            raise ValueError("the cuda tree build needs a GPU")
         from kernels import cuda_core, tree_stage  # the stage itself (upload, build, copy back)
 
-        cuda_core.library()  # the kernels' library loads now, or says why it cannot
+        if check:
+            if device.type != "cuda":
+                raise ValueError("the cuda tree build needs a GPU")
+            cuda_core.library()  # the kernels' library loads now, or says why it cannot
         build = tree_stage.CudaTreeStage(device)  # the stage, its buffers kept per shape
     elif kind != "reference":
         raise ValueError(f"unknown tree_build backend {kind!r}")

@@ -28,7 +28,7 @@ from engine.drafter import Drafter, history_text
 from engine.forward import AttentionTimer, Forward, Rows
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
-from engine.shadow import Pair, Shadow
+from engine.shadow import Pair, Shadow, Taken
 from engine.stage_clock import StageClock
 from kernels.row_attention import paged_slots, prefill_blocks, visible_rows, visible_rows_device
 
@@ -85,17 +85,19 @@ class Decoder:
         """A fresh backend for the shadow's candidate (engine.shadow)."""
         if component == "attention":
             return attention_backend(kind, self.model.device)
-        return tree_build_backend(kind, self.backends.names["accept"], self.model.device)
+        if self.mode != "ddtree":
+            raise ValueError(f"this engine (--mode {self.mode}) builds no trees")
+        return tree_build_backend(kind, self.backends.names["accept"], self.model.device, True)
 
     def _shadowed_tree_build(
-        self, taken: tuple[Any, str], lp: Any, ids: Any, budget: int,
+        self, taken: Taken, lp: Any, ids: Any, budget: int, clock: StageClock,
         stream: torch.cuda.Stream | None,
     ) -> Any:  # fmt: skip
         """A step the shadow sampled: both tree-build stages on the same inputs, in the order
         it says, each timed as the engine's stage clock times a stage (CUDA events on the
         step's stream, so a host-side build counts as the span it holds the step; the clock on
         a CPU), then one sync; the serving stage's trees go on, the candidate's are dropped."""
-        cand, first = taken
+        cand, first, window = taken
 
         def timed(fn: Any) -> tuple[Any, float]:
             if stream is None:
@@ -118,13 +120,15 @@ class Decoder:
                 _, spans["cand"] = timed(cand)
             except Exception as e:  # the candidate's fault, never the service's
                 failed = True
-                self.shadow.fail(e)
+                self.shadow.fail(e, window)
         if stream is not None:
             stream.synchronize()
         if not failed:
             us = {k: v if isinstance(v, float) else v[0].elapsed_time(v[1]) * 1000.0
                   for k, v in spans.items()}  # fmt: skip
-            self.shadow.record(Pair("step", len(lp), 0.0, us["base"], 0.0, us["cand"], first))
+            pair = Pair("step", len(lp), 0.0, us["base"], 0.0, us["cand"], first)
+            self.shadow.record(pair, window)
+            clock.exclude("tree_build", us["cand"] / 1e6)  # the stage is the serving one's
         return trees
 
     def _stream(self) -> torch.cuda.Stream | None:
@@ -221,7 +225,7 @@ class Decoder:
             if taken is None:
                 trees = self.backends.tree_build(lp, ids, budget)
             else:
-                trees = self._shadowed_tree_build(taken, lp, ids, budget, stream)
+                trees = self._shadowed_tree_build(taken, lp, ids, budget, clock, stream)
             lap("tree_build")
         num_nodes = [0] * len(seqs) if trees is None else [int(n) for n in trees.num_nodes]
 

@@ -34,7 +34,7 @@ import torch
 from engine import trace
 from engine.attention import Attention
 from engine.model import Model
-from engine.shadow import Pair, Shadow
+from engine.shadow import Pair, Shadow, Taken
 
 
 @dataclass
@@ -111,10 +111,10 @@ class ShadowedForward:
     disarmed); the serving backend goes on."""
 
     def __init__(
-        self, shadow: Shadow, candidate: Attention, first: str, device: torch.device,
-        stream: torch.cuda.Stream | None,
-    ) -> None:  # fmt: skip
-        self.shadow, self.candidate, self.first = shadow, candidate, first
+        self, shadow: Shadow, taken: Taken, device: torch.device, stream: torch.cuda.Stream | None
+    ) -> None:
+        self.shadow, self.candidate, self.first = shadow, taken.candidate, taken.first
+        self.window = taken.window
         self.base = AttentionTimer(device, stream)
         self.cand = AttentionTimer(device, stream)
         self.cand_plan: Any = None
@@ -127,7 +127,7 @@ class ShadowedForward:
             fn()
         except Exception as e:  # the candidate's fault, never the service's
             self.failed = True
-            self.shadow.fail(e)
+            self.shadow.fail(e, self.window)
 
     def plan(self, make_base: Callable[[], Any], make_cand: Callable[[], Any]) -> Any:
         def cand() -> None:
@@ -159,7 +159,8 @@ class ShadowedForward:
         if not self.failed:
             self.shadow.record(Pair(kind, rows, self.base.host_s * 1e6,
                                     self.base.calls_seconds() * 1e6, self.cand.host_s * 1e6,
-                                    self.cand.calls_seconds() * 1e6, self.first))  # fmt: skip
+                                    self.cand.calls_seconds() * 1e6, self.first),
+                               self.window)  # fmt: skip
         if timer is not None:
             timer.merge(self.base)
 
@@ -287,8 +288,8 @@ class Forward:
         taken = self.shadow.take("attention", kind, n) if self.shadow is not None else None
         sampled = None
         if taken is not None:
-            cand, first = taken
-            sampled = ShadowedForward(self.shadow, cand, first, self.model.device,
+            cand = taken.candidate
+            sampled = ShadowedForward(self.shadow, taken, self.model.device,
                                       timer.stream if timer else None)  # fmt: skip
             plan = sampled.plan(make_plan, lambda: make_plan(cand))
         else:

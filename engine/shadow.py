@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_FORWARDS = 20_000  # the most a window may sample (and the pairs it keeps)
 SHADOWED = ("attention", "tree_build")  # the components the engine can shadow
@@ -60,6 +60,15 @@ class Pair:
                 round(self.cand_plan_us, 1), round(self.cand_calls_us, 1), self.first]  # fmt: skip
 
 
+class Taken(NamedTuple):
+    """A sampled call: the candidate, which goes first ("base" | "cand"), and the window it was
+    taken in (a pair or an error from an earlier window, finishing after a re-arm, is dropped)."""
+
+    candidate: Any
+    first: str
+    window: int
+
+
 PAIR_FIELDS = ["kind", "rows", "base_plan_us", "base_calls_us", "cand_plan_us", "cand_calls_us",
                "first"]  # fmt: skip
 
@@ -81,6 +90,7 @@ class Shadow:
         self.pairs: list[Pair] = []
         self.error: str | None = None
         self._seen: dict[tuple[str, int], int] = {}  # sampled forwards per (kind, rows)
+        self.window = 0  # arms so far: each arm starts a window of its own
 
     # -- the front end's side ------------------------------------------------------------------
     def arm(self, body: Any) -> dict[str, Any]:
@@ -121,6 +131,7 @@ class Shadow:
         except Exception as e:  # e.g. the kernels' library missing from this release
             raise ValueError(f"the {kind} {comp} backend cannot start here: {e}") from e
         with self._lock:
+            self.window += 1
             self.component, self.candidate, self.kind = comp, candidate, kind
             self.armed, self.left, self.sampled = n, n, 0
             self.pairs, self.error, self._seen = [], None, {}
@@ -142,7 +153,7 @@ class Shadow:
             }
 
     # -- the scheduler's side ------------------------------------------------------------------
-    def take(self, component: str, kind: str, rows: int) -> tuple[Any, str] | None:
+    def take(self, component: str, kind: str, rows: int) -> Taken | None:
         """For the `component` call about to run (a forward's attention, a step's tree build):
         (candidate, which goes first) if it is sampled. The order alternates per (kind, rows),
         not over all calls: a prompt's prefill blocks come in a fixed sequence (576 rows, then
@@ -156,14 +167,17 @@ class Shadow:
             n = self._seen.get((kind, rows), 0)
             self._seen[(kind, rows)] = n + 1
             self.sampled += 1
-            return self.candidate, "base" if n % 2 == 0 else "cand"
+            return Taken(self.candidate, "base" if n % 2 == 0 else "cand", self.window)
 
-    def record(self, pair: Pair) -> None:
+    def record(self, pair: Pair, window: int) -> None:
         with self._lock:
-            self.pairs.append(pair)
+            if window == self.window:
+                self.pairs.append(pair)
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, window: int) -> None:
         """The candidate raised: off, with the error kept for the doc."""
         with self._lock:
+            if window != self.window:
+                return
             self.left = 0
             self.error = f"{type(error).__name__}: {error}"[:500]

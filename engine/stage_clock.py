@@ -22,6 +22,7 @@ class StageClock:
     def __init__(self, stream: torch.cuda.Stream | None) -> None:
         self.stream = stream
         self.names: list[str] = []
+        self.excluded: dict[str, float] = {}  # seconds inside a stage that are not its own
         if stream is None:
             self.marks: list = [time.perf_counter()]
         else:
@@ -37,10 +38,20 @@ class StageClock:
         self.names.append(stage)
         self.marks.append(time.perf_counter() if self.stream is None else self._event())
 
+    def exclude(self, stage: str, seconds: float) -> None:
+        """Time inside `stage` that is not its own (a shadow's candidate run beside it,
+        engine.shadow): taken out of the stage's time at `finish`."""
+        self.excluded[stage] = self.excluded.get(stage, 0.0) + seconds
+
     def finish(self) -> dict[str, float]:
         """Seconds per stage (after one synchronisation on a GPU)."""
         m = self.marks
         if self.stream is None:
-            return {n: m[i + 1] - m[i] for i, n in enumerate(self.names)}
-        m[-1].synchronize()  # the last mark: every stage's work is done
-        return {n: m[i].elapsed_time(m[i + 1]) / 1000.0 for i, n in enumerate(self.names)}
+            out = {n: m[i + 1] - m[i] for i, n in enumerate(self.names)}
+        else:
+            m[-1].synchronize()  # the last mark: every stage's work is done
+            out = {n: m[i].elapsed_time(m[i + 1]) / 1000.0 for i, n in enumerate(self.names)}
+        for n, s in self.excluded.items():
+            if n in out:
+                out[n] = max(out[n] - s, 0.0)
+        return out

@@ -6,6 +6,7 @@ rollout (benchmarks/results) and in tests/test_engine_gpu.py."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from helpers.engine_server import start_engine
 
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder, generate
-from engine.shadow import MAX_FORWARDS, PAIR_FIELDS, Shadow
+from engine.shadow import MAX_FORWARDS, PAIR_FIELDS, Pair, Shadow
 from engine.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -200,6 +201,52 @@ def test_served_engine_arms_times_and_refuses_over_http(tmp_path) -> None:
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     finally:
         eng.stop()
+
+
+def test_a_pair_or_error_from_an_earlier_window_is_dropped() -> None:
+    """A call taken before a re-arm that finishes after it: its pair and its error belong to
+    the old window, and the new one keeps neither (the race a probe found: attention pairs in
+    a tree_build window, more pairs than sampled)."""
+    shadow = Shadow(SERVING, lambda c, k: object(), "cpu")
+    shadow.arm({"attention": "torch", "forwards": 5})
+    old = shadow.take("attention", "step", 4)
+    assert old is not None and shadow.take("tree_build", "step", 4) is None  # not armed for it
+    shadow.arm({"tree_build": "cpp", "forwards": 5})
+    shadow.record(Pair("prefill", 16, 1, 2, 3, 4, "base"), old.window)
+    shadow.fail(RuntimeError("late"), old.window)
+    doc = shadow.doc()
+    assert (doc["component"], doc["pairs"], doc["error"], doc["left"]) == (
+        "tree_build",
+        [],
+        None,
+        5,
+    )
+    new = shadow.take("tree_build", "step", 4)
+    shadow.record(Pair("step", 4, 0, 5, 0, 2, new.first), new.window)
+    assert len(shadow.doc()["pairs"]) == shadow.doc()["sampled"] == 1
+
+
+def test_an_ar_engine_refuses_a_tree_build_shadow() -> None:
+    _, ar = build_decoder(EngineSpec(mode="ar"))
+    with pytest.raises(ValueError, match=r"this engine \(--mode ar\) builds no trees"):
+        ar.shadow.arm({"tree_build": "cpp", "forwards": 5})
+
+
+def test_the_stage_clock_takes_a_shadows_time_out_of_its_stage() -> None:
+    from engine.stage_clock import StageClock
+
+    clock = StageClock(None)
+    time.sleep(0.02)
+    clock.lap("tree_build")
+    clock.lap("verify")
+    clock.exclude("tree_build", 0.015)
+    clock.exclude("nothing", 1.0)  # a stage the step did not lap: ignored
+    m = clock.marks
+    assert clock.finish() == {"tree_build": m[1] - m[0] - 0.015, "verify": m[2] - m[1]}
+    clock = StageClock(None)
+    clock.lap("tree_build")
+    clock.exclude("tree_build", 5.0)
+    assert clock.finish() == {"tree_build": 0.0}
 
 
 @pytest.mark.gpu
