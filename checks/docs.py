@@ -235,7 +235,7 @@ class ShadowDoc(TypedDict):
 
     ok: bool
     module: str
-    offered: bool
+    offered: bool | None
     status: int | None
     shadow: dict[str, Any] | None
     message: str | None

@@ -6,7 +6,8 @@ POSTs `{C: KIND, "forwards": N}` to `/shadow` and prints the service's answer: t
 shadow's doc when it armed, else why not. A service without the endpoint (a real SGLang: 404)
 is `offered: false`, which the profile records and goes on without. Stdlib only.
 
-Prints (`checks.docs.ShadowDoc`): ok, module, offered (the service has /shadow), status (the
+Prints (`checks.docs.ShadowDoc`): ok, module, offered (the service has /shadow: null when
+nothing answered), status (the
 HTTP status, or null when nothing answered), shadow (the doc, when armed), message (why not).
 Exit 0: armed (or disarmed); 1: the service refused or did not answer; 2: bad input.
 """
@@ -31,10 +32,11 @@ def arm(
     doc: dict[str, Any] = {"module": "checks.shadow", "status": res.status}
     if res.status == 200 and isinstance(res.json, dict):
         return {**doc, "ok": True, "offered": True, "shadow": res.json, "message": None}
-    offered = res.status not in (404, 405, None)
+    # only a 404 / 405 says the service has no /shadow; nothing answering says nothing of it
+    offered: bool | None = None if res.status is None else res.status not in (404, 405)
     err = res.json.get("error") if isinstance(res.json, dict) else None
     said = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
-    if not offered and res.status is not None:
+    if offered is False:
         why = f"the service has no /shadow endpoint (HTTP {res.status}): it cannot time a shadow"
     elif said:
         why = str(said)

@@ -186,7 +186,8 @@ class EngineState:
             # many objects loading left frozen (engine.gc_pauses)
             "gc": self.gc.snapshot(),
             "nested_stages": NESTED_STAGES,
-            # engine.shadow: a candidate attention timed beside the serving one (POST /shadow)
+            # engine.shadow: a candidate (attention, tree_build) timed beside the serving backend
+            # on the service's own forwards or steps (POST /shadow)
             "shadow": dec.shadow.doc() if dec else None,
             "internal_states": [internal],
         }

@@ -38,6 +38,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+
+def _short(x: Any, limit: int = 40) -> str:
+    """A value for an error message, cut (a refused body may be megabytes)."""
+    r = repr(x)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
 MAX_FORWARDS = 20_000  # the most a window may sample (and the pairs it keeps)
 SHADOWED = ("attention", "tree_build")  # the components the engine can shadow
 
@@ -106,11 +113,12 @@ class Shadow:
         unknown = sorted(set(body) - {*SHADOWED, "forwards"})
         if unknown:
             comps = " or ".join(SHADOWED)
-            raise ValueError(f"unknown field {unknown[0]!r}: the engine shadows {comps} (fields: "
-                             "one of them, forwards)")  # fmt: skip
+            field = _short(unknown[0])
+            raise ValueError(f"unknown field {field}: the engine shadows {comps} (fields: one of "
+                             "them, forwards)")  # fmt: skip
         n = body.get("forwards")
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_FORWARDS:
-            raise ValueError(f"'forwards' must be an integer 0..{MAX_FORWARDS}, got {n!r}")
+            raise ValueError(f"'forwards' must be an integer 0..{MAX_FORWARDS}, got {_short(n)}")
         if n == 0:
             with self._lock:
                 self.left = 0
@@ -123,7 +131,7 @@ class Shadow:
         kind = body[comp]
         kinds = COMPONENTS[comp]
         if kind not in kinds:
-            raise ValueError(f"'{comp}' must be one of {', '.join(kinds)}, got {kind!r}")
+            raise ValueError(f"'{comp}' must be one of {', '.join(kinds)}, got {_short(kind)}")
         if kind == "cuda" and self._device_type != "cuda":
             raise ValueError(f"a cuda {comp} shadow needs the engine on a GPU (--device cuda)")
         try:

@@ -208,7 +208,7 @@ class Shadow(_Open):
     """A profile level's shadow window (engine.shadow, ops.shadow): the candidate timed beside
     the serving backend on the service's own forwards; `error` when it did not run."""
 
-    offered: bool = True
+    offered: bool | None = True  # None: the arm got no answer (it says nothing of /shadow)
     component: str = "attention"
     baseline: str | None = None
     candidate: str | None = None

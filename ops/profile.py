@@ -339,7 +339,12 @@ def run_profile(
             load = {"requests": opts.requests, "input_len": opts.input_len,
                     "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
             level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
-            shadow_offered = level["shadow"]["offered"]
+            # only the service's own "no such endpoint" ends the asking (a timeout does not)
+            shadow_offered = level["shadow"]["offered"] is not False
+            if level["shadow"].get("error"):
+                section.setdefault("shadow_not_timed", []).append(
+                    {"concurrency": c, "why": level["shadow"]["error"]}
+                )
             failed = (level["shadow"].get("load") or {}).get("failed", 0)
             if failed:
                 section["failed_requests"] = section.get("failed_requests", 0) + failed

@@ -106,7 +106,7 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
     args = ["--url", url, "--component", component, "--backend", kind, "--forwards", str(forwards)]
     arm = run_check(host, "checks.shadow", args).data
     if not arm.get("ok"):
-        return {"offered": bool(arm.get("offered")), "component": component, "candidate": kind,
+        return {"offered": arm.get("offered"), "component": component, "candidate": kind,
                 "error": arm.get("message") or "the service did not arm its shadow"}  # fmt: skip
     try:
         rep = run_loadtest(host, [c], counters=False, **load)
@@ -131,10 +131,12 @@ def shadow_lines(sec: dict[str, Any]) -> list[str]:
         if sh.get("error") or not sh.get("offered"):
             out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
             continue
+        calls = "steps" if sh.get("component") == "tree_build" else "forwards"
         parts = [
-            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} forwards)"
+            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} {calls})"
             for kind in ("step", "prefill") if (k := sh.get(kind))
         ]  # fmt: skip
-        out.append(f"shadow c={c}: {sh['candidate']} against {sh['baseline']} in the service's "
-                   f"own forwards: {', '.join(parts) or 'no forward sampled'}")  # fmt: skip
+        out.append(f"shadow c={c}: {sh.get('component')} {sh['candidate']} against "
+                   f"{sh['baseline']} in the service's own {calls}: "
+                   f"{', '.join(parts) or 'nothing sampled'}")  # fmt: skip
     return out

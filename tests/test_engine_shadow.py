@@ -137,6 +137,8 @@ def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder, co
         ({"attention": "torch", "forwards": MAX_FORWARDS + 1}, "'forwards' must be an integer"),
         ({"attention": "torch", "forwards": True}, "'forwards' must be an integer"),
         ({"attention": "triton", "forwards": 4}, "one of torch, cuda"),
+        ({"attention": "x" * 100_000, "forwards": 4}, r"got 'xxxxxxxxx+\.\.\.$"),
+        ({"forwards": 10**50}, r"got 1000000000+\.\.\.$"),
         ({"attention": "cuda", "forwards": 4}, "needs the engine on a GPU"),
     ],
 )

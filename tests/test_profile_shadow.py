@@ -177,6 +177,7 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     assert code == 0, doc
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
     assert sh["offered"] is True and "needs the engine on a GPU" in sh["error"]
+    assert doc["shadow_not_timed"] == [{"concurrency": 1, "why": sh["error"]}]
     # the tree build's shadow: the compiled C++ builder beside the serving Python reference
     code, doc = ops.json("profile", "local", "-c", "2", "--requests", "4", "--output-len", "8",
                          "--input-len", "16", "--shadow", "tree_build=cpp")  # fmt: skip
@@ -201,6 +202,15 @@ def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and doc["offered"] is False and doc["status"] == 404
     assert "no /shadow endpoint" in doc["message"]
+    ops.stop()  # nothing answers now: that says nothing of /shadow (offered null), exit 1
+    res = subprocess.run(
+        [sys.executable, "-m", "checks.shadow", "--json", "--url", f"http://127.0.0.1:{ops.port}",
+         "--backend", "cuda", "--forwards", "10", "--timeout", "3"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and doc["offered"] is None and doc["status"] is None
+    assert doc["message"] == "connection refused"
 
 
 @pytest.mark.parametrize(
