@@ -73,6 +73,7 @@ class Context:
     requests_per_level: dict[int, int] = field(default_factory=dict)
     report: dict[str, Any] | None = None
     files: list[str] = field(default_factory=list)
+    bench_outcome: str | None = None  # the bench step's: the shadow is armed only after a pass
 
 
 def _health(rep: HealthReport, what: str) -> tuple[Status, str]:
@@ -149,6 +150,7 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
         decode_spread=st.decode_spread,
     )
     o = run_bench(ctx.host, opts, ctx.say)
+    ctx.bench_outcome = o.outcome
     detail = o.message or f"{len(o.section.get('rows') or [])} kernel rows, no interference"
     return Done(
         status=BENCH_STATUS[o.outcome],
@@ -175,6 +177,13 @@ def sized_requests(levels: list[dict[str, Any]], seconds: float, output_len: int
 def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     load, ch = ctx.playbook.load, ctx.change
     derived = ch.component if ch is not None and ch.component in ("tree_build", "accept") else None
+    # the candidate runs inside the live service only once the bench has checked it against
+    # the references (a kernel that faults would take the service down with it)
+    shadowable = ch is not None and ch.component in ("attention", "tree_build") and st.shadow
+    shadow_why = None
+    if shadowable and ctx.bench_outcome != "pass":
+        shadow_why = f"shadow not armed: the bench did not pass ({ctx.bench_outcome or 'not run'})"
+        shadowable = False
     opts = ProfileOptions(
         levels=load.concurrency,
         requests=load.requests,
@@ -187,8 +196,7 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         budget=st.budget,
         topk=st.topk,
         depth=st.depth,
-        shadow=f"{ch.component}={ch.candidate}" if st.shadow and ch is not None
-        and ch.component in ("attention", "tree_build") else None,
+        shadow=f"{ch.component}={ch.candidate}" if shadowable and ch is not None else None,
         shadow_forwards=st.shadow_forwards,
     )  # fmt: skip
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
@@ -209,6 +217,9 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     from ops.shadow import shadow_lines
 
     shadows = shadow_lines(sec)
+    if shadow_why:
+        sec["shadow_not_armed"] = shadow_why
+        shadows.insert(0, shadow_why)
     if shadows:
         detail += "; " + "; ".join(shadows)
     if sec.get("failed_requests"):

@@ -261,3 +261,21 @@ def test_a_tree_build_shadow_stands_in_for_the_benchs_s_of_that_change() -> None
     assert shadow_speed(level(component="attention"), change, "step") is None
     assert shadow_speed(level(candidate="cpp"), change, "step") is None
     assert shadow_speed(level(error="boom"), change, "step") is None
+
+
+def test_a_rollout_arms_the_shadow_only_after_the_bench_passed(ops: Ops) -> None:
+    """Real: the attention rollout on this CPU: the bench holds (no GPU), so the profile step
+    does not put the candidate into the live service, and says why in its line and record."""
+    ops.configure_service(None)
+    assert ops.json("service", "start", "local")[0] == 0
+    code, doc = ops.json(
+        "rollout", "local", "--playbook", str(REPO / "playbooks" / "rollout-attention.yaml"),
+        "--set", "load.input_len=16", "--set", "load.output_len=8", "--set", "load.concurrency=1",
+    )  # fmt: skip
+    assert code == 3, doc  # HOLD: no GPU bench
+    prof = next(s for s in doc["steps"] if s["name"] == "profile")
+    assert "shadow not armed: the bench did not pass (hold)" in prof["detail"]
+    run = Path(doc["run_dir"])
+    sec = json.loads(next(run.glob("*-profile/record.json")).read_text())["profile"]
+    assert sec["shadow_not_armed"] == "shadow not armed: the bench did not pass (hold)"
+    assert all("shadow" not in lv for lv in sec["levels"])
