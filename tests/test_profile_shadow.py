@@ -189,27 +189,25 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     assert sh["step"]["s"] > 0
 
 
+def _checks_shadow(url: str, *args: str) -> tuple[int, dict]:
+    """`python -m checks.shadow --json --url URL ARGS...`: its exit code and its document."""
+    cmd = [sys.executable, "-m", "checks.shadow", "--json", "--url", url, *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+    return res.returncode, json.loads(res.stdout)
+
+
 def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
     """checks.shadow against tests/helpers/fake_service.py (no /shadow, as a real SGLang): exit
     1, `offered: false`, and why; the profile goes on with the bench's s then."""
     ops.configure("ok")
     assert ops.json("service", "start", "local")[0] == 0
-    res = subprocess.run(
-        [sys.executable, "-m", "checks.shadow", "--json", "--url", f"http://127.0.0.1:{ops.port}",
-         "--component", "attention", "--backend", "cuda", "--forwards", "10"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
-    )  # fmt: skip
-    doc = json.loads(res.stdout)
-    assert res.returncode == 1 and doc["offered"] is False and doc["status"] == 404
+    url = f"http://127.0.0.1:{ops.port}"
+    rc, doc = _checks_shadow(url, "--component", "attention", "--backend", "cuda", "--forwards=1")
+    assert rc == 1 and doc["offered"] is False and doc["status"] == 404
     assert "no /shadow endpoint" in doc["message"]
     ops.stop()  # nothing answers now: that says nothing of /shadow (offered null), exit 1
-    res = subprocess.run(
-        [sys.executable, "-m", "checks.shadow", "--json", "--url", f"http://127.0.0.1:{ops.port}",
-         "--backend", "cuda", "--forwards", "10", "--timeout", "3"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
-    )  # fmt: skip
-    doc = json.loads(res.stdout)
-    assert res.returncode == 1 and doc["offered"] is None and doc["status"] is None
+    rc, doc = _checks_shadow(url, "--backend", "cuda", "--forwards", "10", "--timeout", "3")
+    assert rc == 1 and doc["offered"] is None and doc["status"] is None
     assert doc["message"] == "connection refused"
 
 
@@ -220,10 +218,8 @@ def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
      ["--component", "accept", "--backend", "cuda", "--forwards", "1"]],
 )  # fmt: skip
 def test_checks_shadow_bad_input_is_exit_2(args) -> None:
-    res = subprocess.run([sys.executable, "-m", "checks.shadow", "--json", "--url",
-                          "http://127.0.0.1:9", *args],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
-    assert res.returncode == 2 and json.loads(res.stdout)["error"] == "bad_input"
+    rc, doc = _checks_shadow("http://127.0.0.1:9", *args)
+    assert rc == 2 and doc["error"] == "bad_input"
 
 
 def test_bad_shadow_option_is_exit_2(ops: Ops) -> None:
