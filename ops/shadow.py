@@ -7,7 +7,10 @@ disarms it whatever happened. `summarize` turns the pairs into, per kind ("step"
 steps, "prefill": the prompt blocks), the number of forwards, each backend's mean time per
 forward (its plan on the host clock and its calls on the GPU), s = the baseline's total / the
 candidate's total (so a forward counts by its time, as the wall share f counts it), s over the
-pairs where each backend went first (the order's effect, which alternation cancels), and a 90%
+pairs where each backend went first (the order's effect, which alternation cancels), s with
+each backend timed only where it went first (`s_in_place`: where it runs in production; on the
+H200 the torch baseline cost more there, so this read the prefill nearer the service's than the
+paired s: benchmarks/NOTES-attention.md; a diagnosis, not the projection's s), and a 90%
 bootstrap interval of s over the forwards (fixed seed: the same pairs give the same interval).
 
 A service without /shadow (a real SGLang) is `offered: false`: the profile records it once and
@@ -51,6 +54,15 @@ def _kind(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
     by_first = {
         f: _ratio([p for p in pairs if p["first"] == f]) for f in ("base", "cand")
     }  # fmt: skip
+    base_first = [p["base_us"] for p in pairs if p["first"] == "base"]
+    cand_first = [p["cand_us"] for p in pairs if p["first"] == "cand"]
+    # each backend where it runs in production (first after the graph piece, or first in the
+    # stage), from the forwards where it went first: a diagnosis beside s, not the projection's
+    in_place = (
+        (sum(base_first) / len(base_first)) / (sum(cand_first) / len(cand_first))
+        if base_first and cand_first and sum(cand_first) > 0
+        else None
+    )
     return {
         "forwards": n,
         "s": s,
@@ -63,6 +75,7 @@ def _kind(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "rows_mean": sum(p["rows"] for p in pairs) / n,
         "s_base_first": by_first["base"],
         "s_cand_first": by_first["cand"],
+        "s_in_place": in_place,
     }
 
 

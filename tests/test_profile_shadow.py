@@ -46,6 +46,7 @@ def test_summarize_weighs_forwards_by_their_time_and_splits_by_kind_and_order() 
         True, "cuda", "torch", None)  # fmt: skip
     assert step["forwards"] == 2 and step["s"] == pytest.approx(3000 / 1000)  # not mean(2, 4)
     assert (step["s_base_first"], step["s_cand_first"]) == (2.0, 4.0)
+    assert step["s_in_place"] == 1000 / 500  # base where it went first / cand where it did
     assert (step["base_us"], step["cand_us"], step["base_host_us"]) == (1500, 500, 100)
     assert step["lo"] <= step["s"] <= step["hi"] and 2.0 <= step["lo"] and step["hi"] <= 4.0
     assert pre["s"] == pytest.approx(24000 / 15000) and pre["rows_mean"] == (576 + 447) / 2
