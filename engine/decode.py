@@ -15,7 +15,6 @@ inside it), accept, commit.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +24,10 @@ import torch
 from engine.backends import Backends, attention_backend, tree_build_backend
 from engine.config import EngineConfig
 from engine.drafter import Drafter, history_text
-from engine.forward import AttentionTimer, Forward, Rows
+from engine.forward import AttentionTimer, Forward, Rows, ShadowedCalls
 from engine.kvcache import PagedKVCache, SeqBlocks
 from engine.model import Model
-from engine.shadow import Pair, Shadow, Taken
+from engine.shadow import Shadow
 from engine.stage_clock import StageClock
 from kernels.row_attention import paged_slots, prefill_blocks, visible_rows, visible_rows_device
 
@@ -88,48 +87,6 @@ class Decoder:
         if self.mode != "ddtree":
             raise ValueError(f"this engine (--mode {self.mode}) builds no trees")
         return tree_build_backend(kind, self.backends.names["accept"], self.model.device, True)
-
-    def _shadowed_tree_build(
-        self, taken: Taken, lp: Any, ids: Any, budget: int, clock: StageClock,
-        stream: torch.cuda.Stream | None,
-    ) -> Any:  # fmt: skip
-        """A step the shadow sampled: both tree-build stages on the same inputs, in the order
-        it says, each timed as the engine's stage clock times a stage (CUDA events on the
-        step's stream, so a host-side build counts as the span it holds the step; the clock on
-        a CPU), then one sync; the serving stage's trees go on, the candidate's are dropped."""
-        cand, first, window = taken
-
-        def timed(fn: Any) -> tuple[Any, float]:
-            if stream is None:
-                t0 = time.perf_counter()
-                out = fn(lp, ids, budget)
-                return out, (time.perf_counter() - t0) * 1e6
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(stream)
-            out = fn(lp, ids, budget)
-            b.record(stream)
-            return out, (a, b)
-
-        spans: dict[str, Any] = {}
-        failed = False
-        for who in (("base", "cand") if first == "base" else ("cand", "base")):
-            if who == "base":
-                trees, spans["base"] = timed(self.backends.tree_build)
-                continue
-            try:
-                _, spans["cand"] = timed(cand)
-            except Exception as e:  # the candidate's fault, never the service's
-                failed = True
-                self.shadow.fail(e, window)
-        if stream is not None:
-            stream.synchronize()
-        if not failed:
-            us = {k: v if isinstance(v, float) else v[0].elapsed_time(v[1]) * 1000.0
-                  for k, v in spans.items()}  # fmt: skip
-            pair = Pair("step", len(lp), 0.0, us["base"], 0.0, us["cand"], first)
-            self.shadow.record(pair, window)
-            clock.exclude("tree_build", us["cand"] / 1e6)  # the stage is the serving one's
-        return trees
 
     def _stream(self) -> torch.cuda.Stream | None:
         """The stream the engine queues its work on (None on a CPU)."""
@@ -224,8 +181,13 @@ class Decoder:
             taken = self.shadow.take("tree_build", "step", len(seqs))
             if taken is None:
                 trees = self.backends.tree_build(lp, ids, budget)
-            else:
-                trees = self._shadowed_tree_build(taken, lp, ids, budget, clock, stream)
+            else:  # both stages on the same log-probs, each timed as the stage clock times one
+                sampled = ShadowedCalls(self.shadow, taken, self.model.device, stream)
+                trees = sampled.call(lambda: self.backends.tree_build(lp, ids, budget),
+                                     lambda _plan: taken.candidate(lp, ids, budget))  # fmt: skip
+                pair = sampled.finish("step", len(seqs), None)
+                if pair is not None:  # the stage's time is the serving one's alone
+                    clock.exclude("tree_build", pair.cand_calls_us / 1e6)
             lap("tree_build")
         num_nodes = [0] * len(seqs) if trees is None else [int(n) for n in trees.num_nodes]
 

@@ -104,11 +104,12 @@ class AttentionTimer:
         self.spans.extend(other.spans)
 
 
-class ShadowedForward:
-    """One forward the engine's shadow sampled (engine.shadow): both backends' plans and calls
-    in the order `first` says, each on its own timer; the serving backend's output is the
-    forward's. A candidate that raises is dropped for the rest of the forward (and the shadow
-    disarmed); the serving backend goes on."""
+class ShadowedCalls:
+    """What the engine's shadow sampled (engine.shadow): one forward's attention (both
+    backends' plans, then their calls layer by layer) or one step's tree build (one call each,
+    no plan), in the order `first` says, each backend on its own timer; the serving backend's
+    output is the one returned. A candidate that raises is dropped for the rest of it (and the
+    shadow disarmed); the serving backend goes on."""
 
     def __init__(
         self, shadow: Shadow, taken: Taken, device: torch.device, stream: torch.cuda.Stream | None
@@ -151,18 +152,20 @@ class ShadowedForward:
             self._cand(run_cand)
         return out
 
-    def finish(self, kind: str, rows: int, timer: AttentionTimer | None) -> None:
-        """After the last layer: one sync, then the pair; the serving backend's time goes into
-        the step's own timer as an unsampled forward's would."""
+    def finish(self, kind: str, rows: int, timer: AttentionTimer | None) -> Pair | None:
+        """After the last call: one sync, then the pair (None when the candidate failed); the
+        serving backend's time goes into the step's own timer as an unsampled call's would."""
         if self.base.stream is not None:
             self.base.stream.synchronize()
+        pair = None
         if not self.failed:
-            self.shadow.record(Pair(kind, rows, self.base.host_s * 1e6,
-                                    self.base.calls_seconds() * 1e6, self.cand.host_s * 1e6,
-                                    self.cand.calls_seconds() * 1e6, self.first),
-                               self.window)  # fmt: skip
+            base, cand = self.base, self.cand
+            pair = Pair(kind, rows, base.host_s * 1e6, base.calls_seconds() * 1e6,
+                        cand.host_s * 1e6, cand.calls_seconds() * 1e6, self.first)  # fmt: skip
+            self.shadow.record(pair, self.window)
         if timer is not None:
             timer.merge(self.base)
+        return pair
 
 
 class Forward:
@@ -289,7 +292,7 @@ class Forward:
         sampled = None
         if taken is not None:
             cand = taken.candidate
-            sampled = ShadowedForward(self.shadow, taken, self.model.device,
+            sampled = ShadowedCalls(self.shadow, taken, self.model.device,
                                       timer.stream if timer else None)  # fmt: skip
             plan = sampled.plan(make_plan, lambda: make_plan(cand))
         else:

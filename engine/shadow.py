@@ -17,9 +17,11 @@ effect). The serving backend's output is the one the forward uses; the candidate
 Each backend has its own timer (its plan on the host clock, its calls with CUDA events, as the
 engine's stage timing), read after one sync at the end of the sampled forward.
 
-The tree build (engine.decode.Decoder._shadowed_tree_build): on a sampled step both tree-build
-stages run on the same log-probs, in the order given, each between CUDA events on the step's
-stream as the stage clock times a stage, then one sync; the serving stage's trees go on.
+The tree build (engine.decode.Decoder.step, through the same engine.forward.ShadowedCalls): on
+a sampled step both tree-build stages run on the same log-probs, in the order given, each
+between CUDA events on the step's stream as the stage clock times a stage, then one sync; the
+serving stage's trees go on, and the candidate's time is taken out of the step's tree_build
+stage (StageClock.exclude).
 
 Armed for a bounded number of forwards (`POST /shadow`), after which it is off by itself. Every
 sampled forward costs the service the candidate's time as well (and the sync), which is why
@@ -38,12 +40,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-
-def _short(x: Any, limit: int = 40) -> str:
-    """A value for an error message, cut (a refused body may be megabytes)."""
-    r = repr(x)
-    return r if len(r) <= limit else r[: limit - 3] + "..."
-
+from engine.protocol import _short  # a refused value, cut for the message (bodies may be MBs)
 
 MAX_FORWARDS = 20_000  # the most a window may sample (and the pairs it keeps)
 SHADOWED = ("attention", "tree_build")  # the components the engine can shadow

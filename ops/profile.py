@@ -24,13 +24,13 @@ Measured (a service with per-stage timings, like the reference engine: `internal
   load generator's.
 
 Shadow (`--shadow COMPONENT=KIND`, the rollout's profile step for an attention or tree-build
-change): after a measured
-level, a load window of its own at the same c with the service's shadow armed (engine.shadow:
-the candidate timed beside the serving backend on the service's own forwards or steps, its output
-discarded), summarised by ops.shadow into s per kind (decode steps, prefill blocks).
-f comes from the level's own window, before the shadow runs, so the shadow's extra work is in
-no f. `ops report` projects with this s where it is for exactly the change, the bench's beside
-it. A service without /shadow (SGLang) is asked once and recorded as not offering it.
+change): after a measured level, a load window of its own at the same c with the service's
+shadow armed (engine.shadow: the candidate timed beside the serving backend on the service's
+own forwards or steps, its output discarded), summarised by ops.shadow into s per kind (decode
+steps, prefill blocks). f comes from the level's own window, before the shadow runs, so the
+shadow's extra work is in no f. `ops report` projects with this s where it is for exactly the
+change, the bench's beside it. A service without /shadow (SGLang, a 404) is recorded as not
+offering it and not asked again.
 
 Derived (a service without them, like SGLang): f stays step-based. In steady state a step
 advances each of the c requests by the accept length a (accepted drafts + bonus), so the

@@ -138,7 +138,7 @@ def test_a_candidate_that_raises_is_disarmed_and_the_service_goes_on(decoder, co
         ({"attention": "torch", "forwards": True}, "'forwards' must be an integer"),
         ({"attention": "triton", "forwards": 4}, "one of torch, cuda"),
         ({"attention": "x" * 100_000, "forwards": 4}, r"got 'xxxxxxxxx+\.\.\.$"),
-        ({"forwards": 10**50}, r"got 1000000000+\.\.\.$"),
+        ({"forwards": 10**50}, r"got <167-bit int>$"),
         ({"attention": "cuda", "forwards": 4}, "needs the engine on a GPU"),
     ],
 )
