@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The two validation rollouts (benchmarks/rollout-gpu.sh: attention, then the tree build) in
-# their own process session, so they outlive one device command (a lent machine runs a
-# command for at most 10 minutes and ends what it leaves running, but for a new session):
+# The two validation rollouts (benchmarks/rollout-gpu.sh: attention, then the tree build, or
+# as ORDER says) in their own process session, so they outlive one device command (a lent
+# machine runs a command for at most 10 minutes and ends what it leaves running, but for a new
+# session):
 # a measure with more cycles than one command's 10 minutes hold.
 #   start:   bash benchmarks/rollouts-detached.sh start     (returns at once)
 #   wait:    bash benchmarks/rollouts-detached.sh wait SECONDS
@@ -10,17 +11,20 @@
 #   collect: OUT=dir bash benchmarks/rollouts-detached.sh collect  (a tarball of the results)
 # Settings (start): CYCLES (attention, default 6); the tree's cycles are read when it starts,
 # from $DIR/tree-cycles if that file is there (so a later command can shorten it to fit the
-# time left), else TREE_CYCLES, else CYCLES (CYCLES=0 TREE_CYCLES=3: the tree alone). ROLLOUT_SETS and SERVE_ARGS as rollout-gpu.sh. DIR: /tmp/rollouts.
+# time left), else TREE_CYCLES, else CYCLES (CYCLES=0 TREE_CYCLES=3: the tree alone). ORDER: the
+# order of the two (default "attn tree"; "tree attn" runs the tree first). ROLLOUT_SETS and
+# SERVE_ARGS as rollout-gpu.sh. DIR: /tmp/rollouts.
 set -u
 DIR=${DIR:-/tmp/rollouts}
 case "${1:-}" in
   start)
     rm -rf "$DIR"; mkdir -p "$DIR"
-    export DIR CYCLES=${CYCLES:-6}
+    export DIR CYCLES=${CYCLES:-6} ORDER=${ORDER:-attn tree}
     setsid nohup bash "$0" run > "$DIR/driver.log" 2>&1 < /dev/null &
     echo "started: $DIR/driver.log" ;;
   run)
-    for which in attn tree; do
+    for which in ${ORDER:-attn tree}; do
+      case "$which" in attn|tree) ;; *) echo "=== ORDER: unknown rollout $which"; continue ;; esac
       cycles=$CYCLES
       [ "$which" = tree ] && cycles=${TREE_CYCLES:-$cycles}
       [ "$which" = tree ] && [ -f "$DIR/tree-cycles" ] && cycles=$(cat "$DIR/tree-cycles")
