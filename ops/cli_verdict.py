@@ -258,9 +258,11 @@ def profile(
     depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
     shadow: Annotated[
         str | None,
-        typer.Option(help="COMPONENT=KIND (attention=cuda, tree_build=cuda): time that backend "
-                     "beside the serving one on the service's own forwards, in a load window "
-                     "of its own per level."),
+        typer.Option(
+            help="COMPONENT=KIND (attention=cuda, tree_build=cuda): time that backend "
+            "beside the serving one on the service's own forwards, in a load window "
+            "of its own per level."
+        ),
     ] = None,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,

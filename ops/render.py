@@ -344,8 +344,11 @@ def amdahl_table(d: Decision) -> list[dict[str, str]]:
                 "s": "-" if sp is None else _range(sp.s, sp.lo, sp.hi, lambda x: f"{x:.4g}", times),
                 "s_at": "-"
                 if sp is None
-                else (sp.note if sp.source == "shadow" else f"B={sp.batch}"
-                      + (f"; {sp.note}" if sp.note else "")),  # fmt: skip
+                else (
+                    sp.note
+                    if sp.source == "shadow"
+                    else f"B={sp.batch}" + (f"; {sp.note}" if sp.note else "")
+                ),
                 "step": "-" if r.step_shorter is None else f"{r.step_shorter:.3%}",
                 "gain": "-"
                 if r.gain is None
@@ -506,8 +509,9 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "amdahl_notes": amdahl_notes(decision),
         "shadow_used": any(
             sp is not None and sp.source == "shadow"
-            for r in decision.amdahl for sp in (r.speed, r.prefill_speed)
-        ),  # fmt: skip
+            for r in decision.amdahl
+            for sp in (r.speed, r.prefill_speed)
+        ),
         "audit": audit_rows(decision, ev),
         "audit_lines": audit_lines(decision, ev),
         "drift_lines": drift_lines(decision, ev),

@@ -77,7 +77,8 @@ def test_the_window_on_a_cpu_engine_writes_one_trace_and_changes_no_token(tmp_pa
         "DDTREE_ENGINE_TRACE_SKIP": "1", "DDTREE_ENGINE_TRACE_FORWARDS": "3",
     })  # fmt: skip
     assert sorted(p.name.split("-")[-1] for p in rows.iterdir()) == [
-        "rows26.json.gz", "rows26.timers.json"
+        "rows26.json.gz",
+        "rows26.timers.json",
     ]
     # nothing is written when the window never opens (more forwards skipped than run)
     none = tmp_path / "none"
