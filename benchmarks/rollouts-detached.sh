@@ -30,6 +30,7 @@ case "${1:-}" in
       [ "$which" = tree ] && [ -f "$DIR/tree-cycles" ] && cycles=$(cat "$DIR/tree-cycles")
       [ "$cycles" -gt 0 ] || { echo "=== $(date +%T) $which skipped (cycles 0)"; continue; }
       echo "=== $(date +%T) $which, $cycles cycles"
+      echo "$DIR/rollout-$which/log.txt" >> "$DIR/logs"  # wait reads the logs in this order
       OUT=$DIR/rollout-$which WHICH=$which NO_WHEELS=1 CYCLES=$cycles \
         ROLLOUT_TIMEOUT=${ROLLOUT_TIMEOUT:-1500} bash benchmarks/rollout-gpu.sh
       echo "=== $(date +%T) $which ended"
@@ -37,10 +38,11 @@ case "${1:-}" in
     touch "$DIR/done" ;;
   wait)
     end=$((SECONDS + ${2:-500})); seen=0
+    logs() { [ -f "$DIR/logs" ] && xargs cat < "$DIR/logs" 2> /dev/null; }
     while :; do
-      n=$(cat "$DIR"/rollout-*/log.txt 2> /dev/null | grep -cE '^\[[0-9]+/[0-9]+\]|^===|recheck|run [0-9]+/')
+      n=$(logs | grep -cE '^\[[0-9]+/[0-9]+\]|^===|recheck|run [0-9]+/')
       if [ "$n" -gt "$seen" ]; then
-        cat "$DIR"/rollout-*/log.txt 2> /dev/null | grep -E '^\[[0-9]+/[0-9]+\]|^===|recheck|run [0-9]+/' \
+        logs | grep -E '^\[[0-9]+/[0-9]+\]|^===|recheck|run [0-9]+/' \
           | tail -n +$((seen + 1)) | sed 's/^ *//' | cut -c1-160
         seen=$n
       fi
