@@ -264,6 +264,15 @@ def profile(
             "of its own per level."
         ),
     ] = None,
+    run_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=3600.0,
+            help="> 0: an uncounted pilot of --requests first, then each level's window (and "
+            "its shadow window) sized to last about this long at the pilot's tokens/s.",
+        ),
+    ] = 0.0,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
@@ -291,7 +300,7 @@ def profile(
         levels=levels, requests=requests, input_len=input_len, output_len=output_len,
         timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
         baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
-        shadow=shadow,  # type: ignore[arg-type]
+        shadow=shadow, run_seconds=run_seconds,  # type: ignore[arg-type]
     )  # fmt: skip
 
     def go(host: Host) -> Done[dict[str, Any]]:

@@ -23,6 +23,14 @@ Measured (a service with per-stage timings, like the reference engine: `internal
 - accept length is Δ`ddtree:accept_length_sum` / Δ`_count` from `/metrics`; tokens/s is the
   load generator's.
 
+Sized windows (`--run-seconds S`, the rollout's `load.run_seconds`): each level first runs an
+uncounted pilot of `requests` (the default 4 x c), and its measured window (and its shadow
+window) is then sized to last about S seconds at the pilot's output tokens/s, as `measure`
+sizes its runs. f is then taken over the load whose gain the rollout measures: a window of
+4 x c requests is mostly ramp (the first wave's prefills, the last wave's partial batches), and
+on the H200 it overstated the tree build's f at c=32 by 3-4 points against the same service's
+6 s runs (benchmarks/NOTES-attention.md).
+
 Shadow (`--shadow COMPONENT=KIND`, the rollout's profile step for an attention or tree-build
 change): after a measured level, a load window of its own at the same c with the service's
 shadow armed (engine.shadow: the candidate timed beside the serving backend on the service's
@@ -49,6 +57,7 @@ number says `source: "derived"` and carries its formula in `note`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any, Literal, cast
 
@@ -131,6 +140,34 @@ class ProfileOptions(BaseModel):
     # the service's own forwards
     shadow: str | None = Field(default=None, pattern=r"^(attention|tree_build)=[a-z]+$")
     shadow_forwards: int = 5000
+    # > 0: each level's measured window and shadow window sized to last about this long at the
+    # output tokens/s of an uncounted pilot of `requests` first (as measure sizes its runs)
+    run_seconds: float = Field(default=0.0, ge=0, le=3600)
+
+
+def sized(c: int, tok_s: float | None, seconds: float, output_len: int) -> int | None:
+    """Requests for a run of about `seconds` at `tok_s` output tokens/s (at least c); None
+    when nothing sizes it (`seconds` 0, no tokens/s)."""
+    if seconds <= 0 or not tok_s:
+        return None
+    return max(c, math.ceil(seconds * float(tok_s) / output_len))
+
+
+def pilot(host: Host, c: int, opts: ProfileOptions) -> dict[str, Any]:
+    """An uncounted run of `opts.requests` at c, for its tokens/s: `sized_requests` is the
+    measured window's size (`opts.requests` where the pilot measured no tokens/s)."""
+    rep = run_loadtest(
+        host, [c], requests=opts.requests, input_len=opts.input_len,
+        output_len=opts.output_len, timeout=opts.timeout,
+    )  # fmt: skip
+    lt = rep.level_docs[0]
+    tok_s = lt.get("output_tok_per_s")
+    n = sized(c, tok_s, opts.run_seconds, opts.output_len)
+    return {
+        "completed": lt["completed"], "failed": lt["failed"], "duration_s": lt["duration_s"],
+        "output_tok_per_s": tok_s, "run_seconds": opts.run_seconds,
+        "sized_requests": opts.requests if n is None else n,
+    }  # fmt: skip
 
 
 def snapshot(host: Host) -> CountersDoc:
@@ -320,8 +357,10 @@ def run_profile(
     cwd: str | None = None
     shadow_offered = True  # until the service says it has no /shadow
     for c in opts.levels:
+        first_run = pilot(host, c, opts) if opts.run_seconds > 0 else None
+        requests = opts.requests if first_run is None else first_run["sized_requests"]
         rep = run_loadtest(
-            host, [c], requests=opts.requests, input_len=opts.input_len,
+            host, [c], requests=requests, input_len=opts.input_len,
             output_len=opts.output_len, timeout=opts.timeout, counters=True,
         )  # fmt: skip
         lt = rep.level_docs[0]
@@ -335,8 +374,13 @@ def run_profile(
             level["method"] = "derived"
         level["load"] = {k: lt[k] for k in ("completed", "failed", "errors", "duration_s")}
         level["load"]["tpot_p50_ms"] = (lt.get("tpot_ms") or {}).get("p50")
+        level["load"]["requests"] = requests
+        if first_run is not None:
+            level["load"]["pilot"] = first_run
+            if first_run["failed"]:
+                section["failed_requests"] = section.get("failed_requests", 0) + first_run["failed"]
         if opts.shadow and level["method"] == "measured" and shadow_offered:
-            load = {"requests": opts.requests, "input_len": opts.input_len,
+            load = {"requests": requests, "input_len": opts.input_len,
                     "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
             level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
             # only the service's own "no such endpoint" ends the asking (a timeout does not)

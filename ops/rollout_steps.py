@@ -10,7 +10,6 @@ estimated here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -31,7 +30,7 @@ from ops.playbook import (
     ProfileStep,
     ReportStep,
 )
-from ops.profile import ProfileOptions, run_profile
+from ops.profile import ProfileOptions, run_profile, sized
 from ops.records import RunDir
 from ops.remote import Host
 from ops.report import Decision, Reason, decide
@@ -166,11 +165,11 @@ def sized_requests(levels: list[dict[str, Any]], seconds: float, output_len: int
     """Requests per level so one run lasts about `seconds` at the profiled output tokens/s
     (at least the level's concurrency); empty when `seconds` is 0 or nothing was measured."""
     out = {}
-    for lv in levels if seconds > 0 else []:
-        tok_s = (lv.get("tokens_per_s") or {}).get("value")
-        if tok_s:
-            c = int(lv["concurrency"])
-            out[c] = max(c, math.ceil(seconds * float(tok_s) / output_len))
+    for lv in levels:
+        c = int(lv["concurrency"])
+        n = sized(c, (lv.get("tokens_per_s") or {}).get("value"), seconds, output_len)
+        if n is not None:
+            out[c] = n
     return out
 
 
@@ -198,6 +197,7 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         depth=st.depth,
         shadow=f"{ch.component}={ch.candidate}" if shadowable and ch is not None else None,
         shadow_forwards=st.shadow_forwards,
+        run_seconds=load.run_seconds,  # f over windows as long as measure's runs
     )  # fmt: skip
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
     ctx.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)

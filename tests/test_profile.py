@@ -7,6 +7,7 @@ tokens/s and accept length, the tree build's time from its CPU baseline timed on
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,29 @@ def test_measured_stage_times_per_level(ops: Ops) -> None:
     md = (out / "report.md").read_text()
     assert "Batch length spread (the mean over the level's steps" in md and "c=1 0.0, c=4 " in md
     assert 'id="batch-spread"' in (out / "report.html").read_text()
+
+
+def test_run_seconds_sizes_each_window_from_an_uncounted_pilot(ops: Ops) -> None:
+    """--run-seconds: a pilot of --requests at each level, then a measured window of as many
+    requests as last about that long at the pilot's tokens/s; the window's counters hold the
+    sized requests' prefills, not the pilot's."""
+    ops.configure_service(None)
+    assert ops.json("service", "start", "local")[0] == 0
+    code, doc = ops.json("profile", "local", "-c", "2", "--requests", "2", "--output-len", "8",
+                         "--input-len", "8", "--run-seconds", "1.5")  # fmt: skip
+    assert code == 0, doc
+    (lv,) = doc["levels"]
+    pil, load = lv["load"]["pilot"], lv["load"]
+    assert pil["completed"] == 2 and pil["failed"] == 0 and pil["output_tok_per_s"] > 0
+    want = max(2, math.ceil(1.5 * pil["output_tok_per_s"] / 8))
+    assert pil["sized_requests"] == want == load["requests"] == load["completed"], lv["load"]
+    assert want > 2  # the tiny engine makes far more than 2 requests' tokens in 1.5 s
+    assert want <= lv["window"]["prefills"] <= want + 2  # the c warm-up ones may be in it
+    # recorded as the profile's input, so the report and an audit see how f was taken
+    assert record(doc)["inputs"]["run_seconds"] == 1.5
+    # bad input is one line and exit 2, before anything runs
+    res = ops("profile", "local", "--run-seconds", "-1")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
 
 
 def test_derived_without_stage_timings(ops: Ops) -> None:

@@ -20,6 +20,7 @@ directory, and small loads.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -224,6 +225,13 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     # what the inventory says, as it says it (this one names no components)
     assert "the inventory names no tree_build" in doc["notes"][0], doc["notes"]
     run = Path(doc["run_dir"])
+    # load.run_seconds sizes the profile's window too (an uncounted pilot of load.requests,
+    # then a window of about 0.4 s at its tokens/s), so f is taken over measure's kind of run
+    (plv,) = record(run / "01-profile")["profile"]["levels"]
+    pil = plv["load"]["pilot"]
+    assert pil["completed"] == 2 and pil["run_seconds"] == 0.4, pil
+    assert plv["load"]["requests"] == pil["sized_requests"] == plv["load"]["completed"]
+    assert pil["sized_requests"] == max(1, math.ceil(0.4 * pil["output_tok_per_s"] / 8)), pil
     dep = record(run / "03-deploy")
     assert dep["results"][0]["outcome"] == "deployed" and dep["exit_code"] == 0
     assert record(run / "03-deploy" / "postflight")["inputs"]["role"] == "postflight"
