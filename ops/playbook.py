@@ -79,7 +79,8 @@ class Load(_Strict):
     )
     requests: int = Field(default=0, ge=0)  # measured requests per level (0: 4 x level)
     # > 0: `measure` sizes each level's requests so one run lasts about this many seconds at
-    # the tokens/s the profile measured there (short runs are noisy: the A/A pair says how much)
+    # the tokens/s the profile measured there (short runs are noisy: the A/A pair says how much),
+    # and the profile sizes its own windows so (after a pilot of `requests`: ops.profile)
     run_seconds: float = Field(default=0.0, ge=0, le=3600)
     input_len: int = Field(default=32, ge=1)
     output_len: int = Field(default=32, ge=1)
