@@ -202,6 +202,7 @@ class ShadowKind(_Open):
     cand_us: float = Field(gt=0, allow_inf_nan=False)
     base_host_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cand_host_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    warmup: int = Field(default=0, ge=0)  # forwards left out at the window's start (cold)
 
 
 class Shadow(_Open):

@@ -35,6 +35,9 @@ def _doc(pairs: list[list]) -> dict:
 
 def test_summarize_weighs_forwards_by_their_time_and_splits_by_kind_and_order() -> None:
     pairs = [
+        # each kind's first forward in the window: the candidate's cold start, left out
+        ["prefill", 576, 0.0, 16000.0, 0.0, 90000.0, "base"],
+        ["step", 17, 100.0, 900.0, 50.0, 9000.0, "cand"],
         ["step", 17, 100.0, 900.0, 50.0, 450.0, "base"],  # 1000 / 500
         ["step", 17, 100.0, 1900.0, 50.0, 450.0, "cand"],  # 2000 / 500
         ["prefill", 576, 0.0, 16000.0, 0.0, 10000.0, "base"],
@@ -45,13 +48,15 @@ def test_summarize_weighs_forwards_by_their_time_and_splits_by_kind_and_order() 
     assert (out["offered"], out["candidate"], out["baseline"], out["error"]) == (
         True, "cuda", "torch", None)  # fmt: skip
     assert step["forwards"] == 2 and step["s"] == pytest.approx(3000 / 1000)  # not mean(2, 4)
+    assert step["warmup"] == pre["warmup"] == 1 and len(out["pairs"]) == 6  # kept in the record
     assert (step["s_base_first"], step["s_cand_first"]) == (2.0, 4.0)
     assert step["s_in_place"] == 1000 / 500  # base where it went first / cand where it did
     assert (step["base_us"], step["cand_us"], step["base_host_us"]) == (1500, 500, 100)
     assert step["lo"] <= step["s"] <= step["hi"] and 2.0 <= step["lo"] and step["hi"] <= 4.0
     assert pre["s"] == pytest.approx(24000 / 15000) and pre["rows_mean"] == (576 + 447) / 2
     assert summarize(_doc(pairs)) == out  # the interval's resampling is seeded
-    assert summarize(_doc(pairs[2:]))["step"] is None
+    assert summarize(_doc(pairs[:2]))["step"] is None  # its one forward was the warm-up
+    assert summarize(_doc([p for p in pairs if p[0] == "prefill"]))["step"] is None
     bad = summarize(_doc([["step", 1, "x", 1, 1, 1, "base"]]))
     assert "cannot read" in bad["error"]
     assert summarize(None)["offered"] is False
@@ -168,7 +173,8 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
             k = sh[kind]
             assert k["forwards"] >= 1 and 0.33 < k["s"] < 3, (kind, k)
             assert k["lo"] <= k["s"] <= k["hi"]
-        paired = sh["step"]["forwards"] + sh["prefill"]["forwards"]
+        # every sampled forward is in the record; each kind's first one (the warm-up) is in no s
+        paired = sum(sh[k]["forwards"] + sh[k]["warmup"] for k in ("step", "prefill"))
         assert len(sh["pairs"]) == sh["sampled"] == paired
     url = f"http://127.0.0.1:{ops.port}/get_server_info"
     with urllib.request.urlopen(url, timeout=10) as r:
@@ -186,7 +192,7 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
     assert (sh["component"], sh["baseline"], sh["candidate"], sh["error"]) == (
         "tree_build", "reference", "cpp", None)  # fmt: skip
-    assert sh["prefill"] is None and sh["step"]["forwards"] == len(sh["pairs"]) >= 2
+    assert sh["prefill"] is None and sh["step"]["forwards"] + 1 == len(sh["pairs"]) >= 3
     assert sh["step"]["s"] > 0
 
 
