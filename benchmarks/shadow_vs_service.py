@@ -1,0 +1,119 @@
+"""Where a rollout's projection went wrong, side by side, from its committed records alone: f and
+the shadow's s against what the same service paid on the measure's own load.
+
+For each rollout run directory:
+- f: the profile's (its load window at each level) against f over the baseline's A/A pair (the
+  same service before the switch, on measure's sized runs), and the gain each projects with the
+  report's s;
+- prefill (attention changes): each backend's attention time per prompt, in the shadow's pairs
+  (the serving baseline and the candidate on the same blocks, the first pair of the level left
+  out: the candidate's first call in a process is a cold start) against the service's own: the
+  baseline's runs (A, A', A'') and the candidate's (after the switch), their prefill attention
+  seconds over their completed requests; and the baseline's cost in each of its runs, in order.
+
+A diagnosis of committed runs, not a projection: nothing here feeds a verdict. No GPU; reads
+only the run directories it is given.
+
+Usage: python3 benchmarks/shadow_vs_service.py RUN_DIR...   (rollout run directories)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def gain(parts: list[tuple[float, float]]) -> float:
+    """Amdahl over parts (f, s) of the window (ops.report.projected_gain's model)."""
+    rest = 1 - sum(f for f, _ in parts)
+    return 1 / (rest + sum(f / s for f, s in parts)) - 1
+
+
+def record(run: Path, step: str) -> dict:
+    (path,) = run.glob(f"*-{step}/record.json")
+    return json.loads(path.read_text())
+
+
+def per_prompt(runs: list[dict], c: int, after: bool) -> float:
+    """Prefill attention us per completed request over the level's runs of one release."""
+    rs = [r for r in runs if r["concurrency"] == c and (r["arm"] == "after") == after]
+    return sum(r["stages"]["prefill_attention"] for r in rs) / sum(r["completed"] for r in rs) * 1e6
+
+
+def shadow_per_prompt(pairs: list[list], input_rows: float) -> tuple[float, float]:
+    """(baseline, candidate) us per prompt of `input_rows` rows over the prefill pairs, plans
+    included, the level's first pair left out."""
+    ps = [p for p in pairs if p[0] == "prefill"][1:]
+    rows = sum(p[1] for p in ps)
+    return (sum(p[2] + p[3] for p in ps) / rows * input_rows,
+            sum(p[4] + p[5] for p in ps) / rows * input_rows)  # fmt: skip
+
+
+def replay(run: Path) -> list[str]:
+    prof = record(run, "profile")["profile"]
+    before = record(run, "baseline")["measure_before"]
+    runs = before["runs"] + record(run, "measure")["measure"]["runs"]
+    rep = json.loads((run / "report.json").read_text())
+    comp = rep["change"]["component"]
+    measured = {int(r["concurrency"]): r.get("measured_gain") for r in rep["amdahl"]}
+    out = [str(run)]
+    for lv in prof["levels"]:
+        c, sh = lv["concurrency"], lv.get("shadow") or {}
+        aa = [r for r in before["runs"] if r["concurrency"] == c]
+        wall = sum(r["duration_s"] for r in aa)
+        m = measured.get(c)
+        head = f"  c={c:>2} measured {m:+.1%}" if m is not None else f"  c={c:>2}"
+        if comp == "tree_build":
+            f_p = lv["wall_share"]["tree_build"]["value"]
+            f_aa = sum(r["stages"]["tree_build"] for r in aa) / wall
+            s = (sh.get("step") or {}).get("s")
+            if s is None:
+                out.append(f"{head}: f profile {f_p:.3f}, A/A {f_aa:.3f} (no shadow s)")
+                continue
+            out.append(
+                f"{head}: f profile {f_p:.3f} -> {gain([(f_p, s)]):+.1%}, "
+                f"A/A {f_aa:.3f} -> {gain([(f_aa, s)]):+.1%} (shadow s {s:.2f}x)"
+            )
+        elif comp == "attention":
+            ws = lv["wall_share"]["attention"]
+            fp_p, fd_p = ws["prefill"], ws["value"] - ws["prefill"]
+            fd = sum(r["stages"]["attention"] for r in aa) / wall
+            fp = sum(r["stages"]["prefill_attention"] for r in aa) / wall
+            sd, sp = sh["step"]["s"], sh["prefill"]["s"]
+            out.append(
+                f"{head}: f profile {fd_p:.3f}+{fp_p:.3f} -> {gain([(fd_p, sd), (fp_p, sp)]):+.1%}"
+                f", A/A {fd:.3f}+{fp:.3f} -> {gain([(fd, sd), (fp, sp)]):+.1%}"
+                f" (shadow s steps {sd:.2f}x, prefill {sp:.2f}x)"
+            )
+            rows = sum(p[1] for p in sh["pairs"] if p[0] == "prefill") / (
+                sh["load"]["completed"] + c
+            )  # the window's prompts: its measured requests and the c warm-up ones
+            b_sh, c_sh = shadow_per_prompt(sh["pairs"], rows)
+            b_sv, c_sv = per_prompt(runs, c, False), per_prompt(runs, c, True)
+            out.append(
+                f"        prefill attention us per prompt ({rows:.0f} rows): shadow baseline "
+                f"{b_sh:.0f}, candidate {c_sh:.0f} (s {b_sh / c_sh:.2f}x); service baseline "
+                f"{b_sv:.0f} ({b_sh / b_sv - 1:+.0%} in the shadow), candidate {c_sv:.0f} "
+                f"({c_sh / c_sv - 1:+.0%}) (s {b_sv / c_sv:.2f}x)"
+            )
+            seq = [
+                f"{r['arm']}{r['cycle']}:{per_prompt([r], c, False):.0f}"
+                for r in runs
+                if r["concurrency"] == c and r["arm"] != "after"
+            ]
+            out.append("        the baseline's per prompt, run by run: " + " ".join(seq))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    for arg in argv:
+        print("\n".join(replay(Path(arg))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

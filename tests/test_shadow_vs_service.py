@@ -1,0 +1,35 @@
+"""benchmarks/shadow_vs_service.py on the committed H200 pair it was written for (e30be2b): it
+reads the records alone and prints the numbers benchmarks/NOTES-attention.md quotes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAIR = REPO / "benchmarks" / "results" / "2026-12-03-e30be2b-h200-rollouts-shadow"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "shadow_vs_service.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_the_pair_reads_as_the_notes_quote_it() -> None:
+    (attn,) = PAIR.glob("rollout-attn/runs/*-rollout-local")
+    (tree,) = PAIR.glob("rollout-tree/runs/*-rollout-local")
+    res = _run(str(attn), str(tree))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    # the attention at c=32: the candidate's prefill cost as in the service, the baseline's not
+    assert "c=32 measured +40.8%" in out
+    assert "shadow baseline 15223, candidate 9984 (s 1.52x); service baseline 17751 (-14% in the" \
+        " shadow), candidate 9956 (+0%) (s 1.78x)" in out  # fmt: skip
+    # the tree at c=32: f over the profile's window against f over the A/A pair's runs
+    assert "c=32 measured +19.1%: f profile 0.235 -> +26.6%, A/A 0.205 -> +22.5%" in out
+
+
+def test_no_argument_is_usage_and_exit_2() -> None:
+    res = _run()
+    assert res.returncode == 2 and "Usage:" in res.stderr
