@@ -26,10 +26,10 @@ Measured (a service with per-stage timings, like the reference engine: `internal
 Sized windows (`--run-seconds S`, the rollout's `load.run_seconds`): each level first runs an
 uncounted pilot of `requests` (the default 4 x c), and its measured window (and its shadow
 window) is then sized to last about S seconds at the pilot's output tokens/s, as `measure`
-sizes its runs. f is then taken over the load whose gain the rollout measures: a window of
-4 x c requests is mostly ramp (the first wave's prefills, the last wave's partial batches), and
-on the H200 it overstated the tree build's f at c=32 by 3-4 points against the same service's
-6 s runs (benchmarks/NOTES-attention.md).
+sizes its runs. f is then taken over the same kind of window as the gain the rollout measures
+(a window of 4 x c requests is mostly ramp: on the H200 at c=32 it was 5-10% idle where 6-s
+windows and measure's runs were 12-16%, and it read the tree build's f 1.2 points higher on the
+mean; benchmarks/NOTES-attention.md), and the shadow gets ten times the forwards.
 
 Shadow (`--shadow COMPONENT=KIND`, the rollout's profile step for an attention or tree-build
 change): after a measured level, a load window of its own at the same c with the service's
