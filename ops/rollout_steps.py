@@ -214,6 +214,8 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     detail = f"{len(sec['levels'])} levels"
     if stage is not None:
         detail = f"f(c) of {stage}: " + (", ".join(shares) or "no such stage time in the profile")
+    if load.run_seconds > 0:
+        detail += f" (windows of about {load.run_seconds:g} s, after a pilot)"
     from ops.shadow import shadow_lines
 
     shadows = shadow_lines(sec)

@@ -227,6 +227,8 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     run = Path(doc["run_dir"])
     # load.run_seconds sizes the profile's window too (an uncounted pilot of load.requests,
     # then a window of about 0.4 s at its tokens/s), so f is taken over measure's kind of run
+    prof_detail = next(s["detail"] for s in doc["steps"] if s["name"] == "profile")
+    assert "(windows of about 0.4 s, after a pilot)" in prof_detail, prof_detail
     (plv,) = record(run / "01-profile")["profile"]["levels"]
     pil = plv["load"]["pilot"]
     assert pil["completed"] == 2 and pil["run_seconds"] == 0.4, pil
