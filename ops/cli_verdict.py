@@ -268,9 +268,10 @@ def profile(
         float,
         typer.Option(
             min=0.0,
-            max=3600.0,
+            max=1800.0,
             help="> 0: an uncounted pilot of --requests first, then each level's window (and "
-            "its shadow window) sized to last about this long at the pilot's tokens/s.",
+            "its shadow window) sized to last about this long at the pilot's tokens/s; 0: "
+            "every window is --requests.",
         ),
     ] = 0.0,
     _json: JsonOpt = False,

@@ -81,7 +81,7 @@ class Load(_Strict):
     # > 0: `measure` sizes each level's requests so one run lasts about this many seconds at
     # the tokens/s the profile measured there (short runs are noisy: the A/A pair says how much),
     # and the profile sizes its own windows so (after a pilot of `requests`: ops.profile)
-    run_seconds: float = Field(default=0.0, ge=0, le=3600)
+    run_seconds: float = Field(default=0.0, ge=0, le=1800)  # a run is one loadtest call (1 h)
     input_len: int = Field(default=32, ge=1)
     output_len: int = Field(default=32, ge=1)
     timeout: float = Field(default=120.0, gt=0)

@@ -29,16 +29,18 @@ window) is then sized to last about S seconds at the pilot's output tokens/s, as
 sizes its runs. f is then taken over the same kind of window as the gain the rollout measures
 (a window of 4 x c requests is mostly ramp: on the H200 at c=32 it was 5-10% idle where 6-s
 windows and measure's runs were 12-16%, and it read the tree build's f 1.2 points higher on the
-mean; benchmarks/NOTES-attention.md), and the shadow gets ten times the forwards.
+mean; benchmarks/NOTES-attention.md), and the shadow gets ten times the forwards. A pilot whose
+requests failed sizes nothing: the level is `incomplete`, with the pilot in the entry.
 
 Shadow (`--shadow COMPONENT=KIND`, the rollout's profile step for an attention or tree-build
 change): after a measured level, a load window of its own at the same c with the service's
 shadow armed (engine.shadow: the candidate timed beside the serving backend on the service's
 own forwards or steps, its output discarded), summarised by ops.shadow into s per kind (decode
 steps, prefill blocks). f comes from the level's own window, before the shadow runs, so the
-shadow's extra work is in no f. `ops report` projects with this s where it is for exactly the
-change, the bench's beside it. A service without /shadow (SGLang, a 404) is recorded as not
-offering it and not asked again.
+shadow's extra work is in no f; a shadow found still armed when the profile starts (an earlier
+ops killed inside its window) is disarmed first and recorded (`shadow_found_armed`). `ops
+report` projects with this s where it is for exactly the change, the bench's beside it. A
+service without /shadow (SGLang, a 404) is recorded as not offering it and not asked again.
 
 Derived (a service without them, like SGLang): f stays step-based. In steady state a step
 advances each of the c requests by the accept length a (accepted drafts + bonus), so the
@@ -79,7 +81,7 @@ from ops.errors import OpsError
 from ops.evidence import NESTED_STAGES
 from ops.loadtest import run_loadtest
 from ops.remote import Host
-from ops.shadow import shadow_level
+from ops.shadow import left_armed, shadow_level
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
 # B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.
@@ -142,7 +144,8 @@ class ProfileOptions(BaseModel):
     shadow_forwards: int = 5000
     # > 0: each level's measured window and shadow window sized to last about this long at the
     # output tokens/s of an uncounted pilot of `requests` first (as measure sizes its runs)
-    run_seconds: float = Field(default=0.0, ge=0, le=3600)
+    # (at most 30 minutes: a window runs as one checks.loadtest call of at most an hour)
+    run_seconds: float = Field(default=0.0, ge=0, le=1800)
 
 
 def sized(c: int, tok_s: float | None, seconds: float, output_len: int) -> int | None:
@@ -354,10 +357,23 @@ def run_profile(
         "levels": [],
         "incomplete": [],
     }
+    # a shadow left armed by an earlier ops that was killed would time the candidate inside this
+    # profile's windows, f included: disarmed first, and said
+    found = left_armed(host, first.get("server_info"))
+    if found is not None:
+        section["shadow_found_armed"] = found
     cwd: str | None = None
     shadow_offered = True  # until the service says it has no /shadow
     for c in opts.levels:
         first_run = pilot(host, c, opts) if opts.run_seconds > 0 else None
+        if first_run is not None and first_run["failed"]:
+            # no window sized from a pilot whose requests failed (the service is not serving)
+            section["failed_requests"] = section.get("failed_requests", 0) + first_run["failed"]
+            why = (f"the pilot's {first_run['failed']} of "
+                   f"{first_run['failed'] + first_run['completed']} requests failed")  # fmt: skip
+            section["incomplete"].append({"concurrency": c, "missing": [why], "pilot": first_run})
+            on_level(c)
+            continue
         requests = opts.requests if first_run is None else first_run["sized_requests"]
         rep = run_loadtest(
             host, [c], requests=requests, input_len=opts.input_len,
@@ -377,8 +393,6 @@ def run_profile(
         level["load"]["requests"] = requests
         if first_run is not None:
             level["load"]["pilot"] = first_run
-            if first_run["failed"]:
-                section["failed_requests"] = section.get("failed_requests", 0) + first_run["failed"]
         if opts.shadow and level["method"] == "measured" and shadow_offered:
             load = {"requests": requests, "input_len": opts.input_len,
                     "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip

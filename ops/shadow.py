@@ -18,12 +18,15 @@ prefill block took 13.5-16.5 ms against a median of 6.3 ms, and its first tree b
 against 0.11), which with the 10 prefill blocks of a c=1 window read s 1.28x for 1.53x.
 
 A service without /shadow (a real SGLang) is `offered: false`: the profile records it once and
-the report projects with the bench's s, as before.
+the report projects with the bench's s, as before. A service that stops answering during the
+window is `offered: null` with the reason. The disarm runs with Ctrl-C held off (`disarm`).
 """
 
 from __future__ import annotations
 
 import random
+import signal
+import threading
 from typing import Any
 
 from ops.dataplane import run_check
@@ -133,17 +136,54 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
         rep = run_loadtest(host, [c], counters=False, **load)
         snap = snapshot(host)
     finally:
-        off = ["--url", url, "--component", component, "--forwards", "0"]
-        run_check(host, "checks.shadow", off)
+        disarm(host, component)
     lt = rep.level_docs[0]
-    out = summarize((snap.get("server_info") or {}).get("shadow"))
+    info = snap.get("server_info")
+    if info is None:  # no answer: not the same as a service without /shadow
+        out = {"offered": None, "component": component, "candidate": kind,
+               "error": "the service did not answer after the shadow window "
+                        f"({snap.get('server_info_status')})"}  # fmt: skip
+    else:
+        out = summarize(info.get("shadow"))
     out["load"] = {k: lt[k] for k in ("completed", "failed", "duration_s")}
     return out
 
 
+def disarm(host: Host, component: str) -> dict[str, Any]:
+    """`checks.shadow --forwards 0`, with Ctrl-C held off while it runs (a second Ctrl-C
+    right after the first would otherwise leave the service timing the candidate for up to
+    20,000 more forwards); bounded by the check's own timeout."""
+    off = ["--url", host.target.service.url, "--component", component, "--forwards", "0"]
+    held = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if held else None
+    try:
+        return run_check(host, "checks.shadow", off).data
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, before)
+
+
+def left_armed(host: Host, info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A shadow the service still has armed (an earlier `ops` that was killed or interrupted
+    twice): disarmed, and what was found, for the record; None when there is none."""
+    doc = (info or {}).get("shadow")
+    if not isinstance(doc, dict) or not doc.get("left") or not doc.get("component"):
+        return None
+    res = disarm(host, str(doc["component"]))
+    return {"component": doc["component"], "candidate": doc.get("candidate"),
+            "left": doc["left"], "disarmed": bool(res.get("ok"))}  # fmt: skip
+
+
 def shadow_lines(sec: dict[str, Any]) -> list[str]:
-    """One line per level the shadow ran at: s per kind of forward, or why it did not run."""
+    """One line per level the shadow ran at: s per kind of forward, or why it did not run;
+    first, a shadow this profile found still armed and disarmed."""
     out = []
+    found = sec.get("shadow_found_armed")
+    if found:
+        state = "disarmed" if found.get("disarmed") else "NOT disarmed (checks.shadow failed)"
+        out.append(f"the service's shadow was still armed ({found['component']} "
+                   f"{found.get('candidate')}, {found['left']} forwards left, from an earlier "
+                   f"run): {state} before this profile")  # fmt: skip
     for lv in sec["levels"]:
         sh = lv.get("shadow")
         if not sh:

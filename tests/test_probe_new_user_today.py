@@ -176,6 +176,10 @@ def test_run_seconds_without_a_profile_step_is_a_playbook_error(tmp_path: Path) 
 def test_the_shipped_playbooks_take_run_seconds() -> None:
     for name in ("rollout", "rollout-attention"):
         assert load_playbook(name, ["load.run_seconds=20"]).load.run_seconds == 20
+        # a run (and a sized profile window) is one loadtest call, which may last an hour
+        with pytest.raises(PlaybookError) as info:
+            load_playbook(name, ["load.run_seconds=1801"])
+        assert info.value.field == "load.run_seconds", info.value
 
 
 def test_a_level_the_profile_could_not_size_runs_load_requests() -> None:

@@ -126,9 +126,19 @@ def test_run_seconds_sizes_each_window_from_an_uncounted_pilot(ops: Ops) -> None
     assert want <= lv["window"]["prefills"] <= want + 2  # the c warm-up ones may be in it
     # recorded as the profile's input, so the report and an audit see how f was taken
     assert record(doc)["inputs"]["run_seconds"] == 1.5
+    # a pilot whose requests fail sizes nothing: the level is incomplete, saying so, with the
+    # pilot in the record, and no window is sent to a service that is not serving
+    ops.stop()
+    code, doc = ops.json("profile", "local", "-c", "2", "--requests", "3", "--output-len", "8",
+                         "--run-seconds", "30")  # fmt: skip
+    assert code == 1 and doc["failed_requests"] == 3, doc
+    (inc,) = doc["incomplete"]
+    assert inc["missing"] == ["the pilot's 3 of 3 requests failed"], inc
+    assert inc["pilot"]["failed"] == 3 and not doc["levels"], doc
     # bad input is one line and exit 2, before anything runs
-    res = ops("profile", "local", "--run-seconds", "-1")
-    assert res.returncode == 2 and "Traceback" not in res.stderr
+    for bad in ("-1", "1801", "nan"):
+        res = ops("profile", "local", "--run-seconds", bad)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, (bad, res.stderr)
 
 
 def test_derived_without_stage_timings(ops: Ops) -> None:

@@ -194,6 +194,49 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
         "tree_build", "reference", "cpp", None)  # fmt: skip
     assert sh["prefill"] is None and sh["step"]["forwards"] + 1 == len(sh["pairs"]) >= 3
     assert sh["step"]["s"] > 0
+    # a shadow left armed (an earlier ops killed, or Ctrl-C'd twice, inside its window): the
+    # next profile, shadow or not, disarms it before its first window and says so
+    url = f"http://127.0.0.1:{ops.port}"
+    rc, armed = _checks_shadow(url, "--component", "attention", "--backend", "torch",
+                               "--forwards", "5000")  # fmt: skip
+    assert rc == 0 and armed["ok"], armed
+    code, doc = ops.json("profile", "local", "-c", "1", "--requests", "2", "--output-len", "4",
+                         "--input-len", "8")  # fmt: skip
+    assert code == 0, doc
+    found = _record(doc)["profile"]["shadow_found_armed"]
+    assert found == {"component": "attention", "candidate": "torch", "left": 5000,
+                     "disarmed": True}, found  # fmt: skip
+    with urllib.request.urlopen(f"{url}/get_server_info", timeout=10) as r:
+        left = json.loads(r.read())["shadow"]
+    assert left["left"] == 0 and left["sampled"] == 0, left  # no forward of f was shadowed
+    res = ops("profile", "local", "-c", "1", "--requests", "2", "--output-len", "4")
+    assert res.returncode == 0 and "still armed" not in res.stdout + res.stderr
+
+
+def test_the_disarm_holds_off_a_second_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While `disarm` runs its check, SIGINT is ignored (a Ctrl-C then cannot leave the
+    service armed), and the handler before is back after, whatever the check did."""
+    import signal
+
+    from ops import shadow
+    from ops.inventory import load_inventory
+
+    seen = []
+
+    def check(host, module, args, **kw):  # the check's host side is not what is tested here
+        seen.append((module, args, signal.getsignal(signal.SIGINT)))
+        raise RuntimeError("the check failed")
+
+    monkeypatch.setattr(shadow, "run_check", check)
+    before = signal.getsignal(signal.SIGINT)
+    inv = load_inventory(None)
+    from ops.local import LocalHost
+
+    with pytest.raises(RuntimeError):
+        shadow.disarm(LocalHost(inv.target("local")), "attention")
+    ((module, args, during),) = seen
+    assert module == "checks.shadow" and args[-2:] == ["--forwards", "0"]
+    assert during is signal.SIG_IGN and signal.getsignal(signal.SIGINT) is before
 
 
 def _checks_shadow(url: str, *args: str) -> tuple[int, dict]:
