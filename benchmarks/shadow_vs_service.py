@@ -23,11 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-
-def gain(parts: list[tuple[float, float]]) -> float:
-    """Amdahl over parts (f, s) of the window (ops.report.projected_gain's model)."""
-    rest = 1 - sum(f for f, _ in parts)
-    return 1 / (rest + sum(f / s for f, s in parts)) - 1
+from ops.amdahl import projected_gain_parts as gain  # the report's model, over parts (f, s)
 
 
 def record(run: Path, step: str) -> dict:

@@ -34,6 +34,7 @@ from ops.profile import ProfileOptions, run_profile, sized
 from ops.records import RunDir
 from ops.remote import Host
 from ops.report import Decision, Reason, decide
+from ops.shadow import shadow_lines
 
 Status = Literal["ok", "fail", "hold", "skip", "error", "interrupted"]
 VERDICT_STATUS: dict[str, Status] = {"GO": "ok", "NO-GO": "fail", "HOLD": "hold"}
@@ -216,8 +217,6 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         detail = f"f(c) of {stage}: " + (", ".join(shares) or "no such stage time in the profile")
     if load.run_seconds > 0:
         detail += f" (windows of about {load.run_seconds:g} s, after a pilot)"
-    from ops.shadow import shadow_lines
-
     shadows = shadow_lines(sec)
     if shadow_why:
         sec["shadow_not_armed"] = shadow_why
