@@ -84,10 +84,12 @@ def test_measured_stage_times_per_level(ops: Ops) -> None:
         assert (
             wall["attention"].value * win["duration_s"] > model.stage_ms["attention"].value / 1000
         )
-    # each level's own steps: the c=1 level ran only at batch 1; the c=4 level's numbers do not
-    # hold the c=1 level's steps (it ran mostly at batch 4)
+    # each level's own steps: the c=1 level ran only at batch 1; the c=4 level reached batch 4 and
+    # never went past it, and its numbers do not hold the c=1 level's steps. (Which batch size the
+    # c=4 level spends most steps at depends on how the requests' accept lengths fall: batch 3 led
+    # in one CI run, so that is not asserted.)
     assert set(one["steps_by_batch"]) == {"1"}
-    assert four["steps_by_batch"]["4"] >= max(four["steps_by_batch"].values())
+    assert max(int(b) for b in four["steps_by_batch"]) == 4
     assert four["steps_by_batch"].get("1", 0) < one["steps_by_batch"]["1"]
     # the derived formula, applied where both are known, gives the same order of magnitude
     for lv in doc["levels"]:
