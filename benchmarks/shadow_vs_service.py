@@ -9,7 +9,13 @@ For each rollout run directory:
   (the serving baseline and the candidate on the same blocks, the first pair of the level left
   out: the candidate's first call in a process is a cold start) against the service's own: the
   baseline's runs (A, A', A'') and the candidate's (after the switch), their prefill attention
-  seconds over their completed requests; and the baseline's cost in each of its runs, in order.
+  seconds over their completed requests; and the baseline's cost in each of its runs, in order;
+- on the measure's own baseline (every change): the window the measured gain divides by (the
+  baseline's runs A, A', A'' pooled, ms per output token) with the change's parts in it replaced
+  by the candidate's cost as the profile saw it (the profile window's parts per output token over
+  the report's s), and the gain that projects beside the report's projection: how much of a miss
+  was the baseline's host time moving between the profile and the measure, and how much is left
+  for the measure's own spread (its 90% interval).
 
 A diagnosis of committed runs, not a projection: nothing here feeds a verdict. No GPU; reads
 only the run directories it is given.
@@ -46,13 +52,48 @@ def shadow_per_prompt(pairs: list[list], input_rows: float) -> tuple[float, floa
             sum(p[4] + p[5] for p in ps) / rows * input_rows)  # fmt: skip
 
 
+# each change's parts: (the run's stage, the report row's s for it)
+CHANGE_PARTS = {
+    "tree_build": (("tree_build", "speed"),),
+    "attention": (("attention", "speed"), ("prefill_attention", "prefill_speed")),
+}
+
+
+def on_measure_baseline(lv: dict, row: dict, runs: list[dict], comp: str) -> str | None:
+    """The projection with the measure's own baseline window (module docstring), one line."""
+    c = lv["concurrency"]
+    base = [r for r in runs if r["concurrency"] == c and r["arm"] != "after"]
+    tokens = sum(r["output_tokens"] for r in base)
+    window = sum(r["duration_s"] for r in base) / tokens  # s per output token
+    prof_tokens = lv["tokens_per_s"]["value"] * lv["window"]["duration_s"]
+    ws, candidate, before = lv["wall_share"], 0.0, 0.0
+    for stage, speed in CHANGE_PARTS[comp]:
+        s = (row.get(speed) or {}).get("s")
+        share = ws[comp]["prefill"] if stage == "prefill_attention" else ws[comp]["value"]
+        if comp == "attention" and stage == "attention":
+            share -= ws[comp]["prefill"]  # the decode steps' part of the attention's share
+        if s is None:
+            return None
+        candidate += share * lv["window"]["duration_s"] / prof_tokens / s
+        before += sum(r["stages"][stage] for r in base) / tokens
+    g, m = window / (window - before + candidate) - 1, row["measured_gain"]
+    return (
+        f"        on the measure's baseline ({len(base)} runs, {window * 1e3:.4f} ms per output "
+        f"token, the change's parts {before * 1e3:.4f}) with the candidate at the profile's "
+        f"{candidate * 1e3:.4f}: {g:+.1%} (measured - this {100 * (m - g):+.1f} pp; the "
+        f"report's projection {row['gain']:+.1%}, {100 * (m - row['gain']):+.1f} pp; measured "
+        f"interval {row['measured_lo']:+.1%}..{row['measured_hi']:+.1%})"
+    )
+
+
 def replay(run: Path) -> list[str]:
     prof = record(run, "profile")["profile"]
     before = record(run, "baseline")["measure_before"]
     runs = before["runs"] + record(run, "measure")["measure"]["runs"]
     rep = json.loads((run / "report.json").read_text())
     comp = rep["change"]["component"]
-    measured = {int(r["concurrency"]): r.get("measured_gain") for r in rep["amdahl"]}
+    amdahl = {int(r["concurrency"]): r for r in rep["amdahl"]}
+    measured = {c: r.get("measured_gain") for c, r in amdahl.items()}
     out = [str(run)]
     for lv in prof["levels"]:
         c, sh = lv["concurrency"], lv.get("shadow") or {}
@@ -66,11 +107,11 @@ def replay(run: Path) -> list[str]:
             s = (sh.get("step") or {}).get("s")
             if s is None:
                 out.append(f"{head}: f profile {f_p:.3f}, A/A {f_aa:.3f} (no shadow s)")
-                continue
-            out.append(
-                f"{head}: f profile {f_p:.3f} -> {gain([(f_p, s)]):+.1%}, "
-                f"A/A {f_aa:.3f} -> {gain([(f_aa, s)]):+.1%} (shadow s {s:.2f}x)"
-            )
+            else:
+                out.append(
+                    f"{head}: f profile {f_p:.3f} -> {gain([(f_p, s)]):+.1%}, "
+                    f"A/A {f_aa:.3f} -> {gain([(f_aa, s)]):+.1%} (shadow s {s:.2f}x)"
+                )
         elif comp == "attention":
             ws = lv["wall_share"]["attention"]
             fp_p, fd_p = ws["prefill"], ws["value"] - ws["prefill"]
@@ -99,6 +140,8 @@ def replay(run: Path) -> list[str]:
                 if r["concurrency"] == c and r["arm"] != "after"
             ]
             out.append("        the baseline's per prompt, run by run: " + " ".join(seq))
+        if m is not None and (line := on_measure_baseline(lv, amdahl[c], runs, comp)):
+            out.append(line)
     return out
 
 

@@ -12,6 +12,13 @@ not speed up in the service as the bench said (its own row), or the rest of the 
 give (the window less their measured saving), beside the projection, and how far the rest of
 the window moved against the A/A noise. That is a diagnosis, not the measured gain: the verdict
 and the predicted-vs-measured table keep the gain the load measured.
+`baseline_lines` sets the projection on the measure's own baseline: the window the measured
+gain divides by, with only the change's own parts replaced by the candidate's cost as the
+profile saw it (f of the profile's window over its tokens/s, over s). Whatever else moved on the
+host between the profile and the measure (the other stages, the baseline component's own cost)
+then moves in both numbers alike, so what is left between it and the measured gain is the
+candidate's cost and the measure's own spread (benchmarks/NOTES-attention.md, "The projection
+on the measure's own baseline"). Also a diagnosis: the verdict keeps the profile's projection.
 `precision_lines` says how precisely the load measured it: the interval's half-width per
 concurrency, and about how many runs an arm would bring it to the report's threshold.
 """
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from ops.amdahl import GAIN_INTERVAL, baseline_runs, pooled_rate
+from ops.amdahl import GAIN_INTERVAL, AmdahlRow, baseline_runs, pooled_rate
 from ops.evidence import COMPONENT_STAGE, Evidence
 from ops.report import Decision
 
@@ -135,6 +142,58 @@ def audit_lines(d: Decision, ev: Evidence) -> list[str]:
     return out
 
 
+def _candidate_ms(row: AmdahlRow, tokens_per_s: float) -> float | None:
+    """The candidate's cost in ms per output token as the profile saw it: each part of f (a
+    share of the profile window's wall time) over the window's tokens/s, over its s."""
+    if row.f is None or row.f_basis != "wall" or row.speed is None or tokens_per_s <= 0:
+        return None
+    parts = [(row.f, row.speed.s)]
+    if row.f_prefill and row.prefill_speed is not None:
+        parts = [(row.f - row.f_prefill, row.speed.s), (row.f_prefill, row.prefill_speed.s)]
+    if not all(s > 0 for _, s in parts):
+        return None
+    return 1000 * sum(f / s for f, s in parts) / tokens_per_s
+
+
+def baseline_lines(d: Decision, ev: Evidence) -> list[str]:
+    """Per concurrency with an audit, a wall-share f and a measured gain: the projection on
+    the measure's own baseline window (see the module's doc), beside the measured gain and the
+    report's projection."""
+    if ev.measure is None or d.change is None or ev.profile is None:
+        return []
+    amdahl = {r.concurrency: r for r in d.amdahl}
+    tok_s = {lv.concurrency: lv.tokens_per_s for lv in ev.profile.levels}
+    comp = _component_parts(d.change.component)
+    out = []
+    for lv in ev.measure.levels:
+        row, rate = amdahl.get(lv.concurrency), tok_s.get(lv.concurrency)
+        if not lv.audit or "window" not in lv.audit or row is None or rate is None:
+            continue
+        if row.gain is None or row.measured_gain is None:
+            continue
+        cand = _candidate_ms(row, rate.value)
+        own = [lv.audit[p].before_ms for p in comp if p in lv.audit]
+        w0 = lv.audit["window"].before_ms
+        if cand is None or not own or w0 - sum(own) + cand <= 0:
+            continue
+        g = w0 / (w0 - sum(own) + cand) - 1
+        m = row.measured_gain
+        out.append(
+            f"c={lv.concurrency}: the baseline's window {w0:.4f} ms per output token, the "
+            f"change's parts {sum(own):.4f} of it; with them at the candidate's cost as the "
+            f"profile saw it ({cand:.4f}: f over the profile's {rate.value:.1f} tokens/s, over "
+            f"s) the projection is {g:+.2%}; the measured gain {m:+.2%} is {points_diff(m - g)} "
+            f"off it (off the report's projection, {row.gain:+.2%}: {points_diff(m - row.gain)})"
+        )
+    return out
+
+
+def points_diff(x: float) -> str:
+    """A gain difference (a fraction) as signed points: "+3.2 pp"."""
+    s = f"{100 * x:+.1f}"
+    return ("+0.0" if s == "-0.0" else s) + " pp"
+
+
 def drift_lines(d: Decision, ev: Evidence) -> list[str]:
     """Per concurrency with a recheck (arm A'': the release before the candidate, switched back
     after the measure): how far the unchanged service drifted between the A/A pair and A'', and
@@ -236,5 +295,6 @@ def audit_doc(d: Decision, ev: Evidence) -> dict[str, list]:
         "rows": audit_rows(d, ev),
         "own_parts": audit_lines(d, ev),
         "drift": drift_lines(d, ev),
+        "on_baseline": baseline_lines(d, ev),
         "precision": precision_lines(d, ev),
     }

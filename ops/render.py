@@ -18,7 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ops.amdahl import GAIN_INTERVAL, AmdahlRow
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
-from ops.gain_audit import audit_lines, audit_rows, drift_lines, precision_lines
+from ops.gain_audit import audit_lines, audit_rows, baseline_lines, drift_lines, precision_lines
 from ops.healthcheck import aa_runs_text
 from ops.report import Decision, times
 
@@ -515,6 +515,7 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
         "audit": audit_rows(decision, ev),
         "audit_lines": audit_lines(decision, ev),
         "drift_lines": drift_lines(decision, ev),
+        "baseline_lines": baseline_lines(decision, ev),
         "precision_lines": precision_lines(decision, ev),
         "gain_interval": GAIN_INTERVAL,
         "kernels": kernel_table(rows),

@@ -113,6 +113,42 @@ def test_the_report_sets_the_prediction_beside_the_audit(tmp_path) -> None:
     assert f"alone that is a gain of +4.17% (projected {g1:+.2%})" in line, line
     assert "moved -1.6000 ms per token (-16.00% of it; A/A noise" in line, line
     assert '<ul id="audit-lines">' in html
+    # the projection on the measure's own baseline: the window 10 ms per token with the change's
+    # parts (1 + 1) at the candidate's cost as the profile saw it: f 0.25 of it, 0.1 in prefill,
+    # over the profile's 150 tokens/s, over s (3x steps, 0.5x prefill) -> 1000 * (0.15 / 3 +
+    # 0.1 / 0.5) / 150 = 1.6667 ms per token; 10 / (10 - 2 + 1.6667) - 1 = +3.45%
+    assert (rows[1]["f"], rows[1]["f_prefill"], sp1, psp) == pytest.approx((0.25, 0.1, 3, 0.5))
+    m1 = rows[1]["measured_gain"]
+    line = next(x for x in md.splitlines() if x.startswith("- c=1: the baseline's window"))
+    assert (
+        "the baseline's window 10.0000 ms per output token, the change's parts 2.0000 of it; "
+        "with them at the candidate's cost as the profile saw it (1.6667: f over the profile's "
+        f"150.0 tokens/s, over s) the projection is +3.45%; the measured gain {m1:+.2%} is "
+        f"{100 * (m1 - 10 / 9.6667 + 1):+.1f} pp off it (off the report's projection, "
+        f"{g1:+.2%}: {100 * (m1 - g1):+.1f} pp)"
+    ) in line, line
+    assert '<ul id="baseline-lines">' in html
+    assert len(doc["gain_audit"]["on_baseline"]) == 3  # every level, in report.json too
+
+
+def test_no_projection_on_the_baseline_without_a_wall_share_f(tmp_path) -> None:
+    """f as a share of the step (a profile record from before the wall share) is not a share
+    of the window's time, so it gives no candidate cost per output token: no such line."""
+    meas = _load("measure_attn_noisy")
+    for lv in meas["measure"]["levels"]:
+        lv["audit"] = {k: {"before_ms": 1.0, "after_ms": 0.8} for k in AUDIT_PARTS}
+        lv["audit"]["window"] = {"before_ms": 11.0, "after_ms": 8.8}
+    recs = _attn_records(tmp_path, True)
+    prof = _load("profile_attn_wall")
+    for lv in prof["profile"]["levels"]:
+        lv.pop("wall_share")
+    recs[3] = _write(tmp_path, "profile_step", prof)
+    code, doc = ops_report(tmp_path, *recs, _write(tmp_path, "measure", meas), args=("-c", "32"))
+    assert code in (0, 1, 3), doc
+    assert {r["f_basis"] for r in doc["amdahl"]} == {"step"}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "The change's own parts alone" in md and "the baseline's window" not in md
+    assert doc["gain_audit"]["on_baseline"] == []
 
 
 @pytest.mark.parametrize(

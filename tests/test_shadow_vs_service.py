@@ -28,6 +28,14 @@ def test_the_pair_reads_as_the_notes_quote_it() -> None:
         " shadow), candidate 9956 (+0%) (s 1.78x)" in out  # fmt: skip
     # the tree at c=32: f over the profile's window against f over the A/A pair's runs
     assert "c=32 measured +19.1%: f profile 0.235 -> +26.6%, A/A 0.205 -> +22.5%" in out
+    # on the measure's own baseline window, with the candidate's parts at the profile's: the
+    # attention's c=32 miss shrinks from +12.4 to +3.2 pp, inside the measured interval
+    assert (
+        "on the measure's baseline (10 runs, 0.5257 ms per output token, the change's parts "
+        "0.4244) with the candidate at the profile's 0.2808: +37.6% (measured - this +3.2 pp; "
+        "the report's projection +28.4%, +12.4 pp; measured interval +35.5%..+46.2%)"
+    ) in out
+    assert out.count("on the measure's baseline (10 runs") == 6  # every level of both changes
 
 
 def test_no_argument_is_usage_and_exit_2() -> None:
