@@ -41,3 +41,27 @@ def test_the_pair_reads_as_the_notes_quote_it() -> None:
 def test_no_argument_is_usage_and_exit_2() -> None:
     res = _run()
     assert res.returncode == 2 and "Usage:" in res.stderr
+
+
+def test_on_baseline_all_tallies_the_pair_by_where_s_came_from(tmp_path: Path) -> None:
+    """benchmarks/on_baseline_all.py over a results folder holding only the e30be2b pair: every
+    level with both projections, and the shadow's tally as NOTES-attention.md quotes it."""
+    (tmp_path / PAIR.name).symlink_to(PAIR)
+    script = REPO / "benchmarks" / "on_baseline_all.py"
+    res = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert sum("[shadow s]" in x for x in lines) == 6
+    assert (
+        "attn c=32: measured +40.8% (+35.5..+46.2); the report's +28.4% (+12.4 pp); on the "
+        "baseline +37.6% (+3.2 pp) [shadow s]"
+    ) in res.stdout
+    assert (
+        "s from the shadow (6 levels): report: 3 inside, 3 within 3 pp, mean |miss| 5.3 pp; "
+        "on_baseline: 6 inside, 4 within 3 pp, mean |miss| 1.9 pp"
+    ) in res.stdout
+    assert "s from the bench, attn: no levels" in res.stdout
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2 and "Usage:" in res.stderr
