@@ -25,7 +25,7 @@ from ops.cli_common import (
     out,
     state,
 )
-from ops.errors import EXIT_FAIL, EXIT_OK
+from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
 from ops.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
 from ops.remote import Host
 
@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # imported by the healthcheck command (a fast `ops` start)
     from ops.healthcheck import HealthReport
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 @command

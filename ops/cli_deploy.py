@@ -27,7 +27,7 @@ from ops.cli_common import (
     recorded,
     state,
 )
-from ops.errors import EXIT_FAIL, EXIT_OK
+from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
 from ops.remote import Host, open_host
 
 if TYPE_CHECKING:  # each command imports ops.deploy when it runs (a fast `ops` start)
@@ -39,7 +39,6 @@ WaitOpt = Annotated[
 ]
 _print_lock = threading.Lock()
 MARK = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as for `ops loadtest`
 EVIDENCE_SHOWN = 12
 
 

@@ -30,7 +30,7 @@ from ops.cli_common import (
     state,
 )
 from ops.counters import STAGES
-from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
+from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.loadtest import parse_levels
 from ops.remote import Host
 
@@ -278,7 +278,7 @@ def profile(
     _inventory: InventoryOpt = None,
 ) -> int:
     """Where the service's step time goes, per concurrency: stage times, shares, tokens/s."""
-    from ops.profile import ProfileOptions, run_profile
+    from ops.profile import ProfileInterrupted, ProfileOptions, run_profile
 
     levels = parse_levels(concurrency)
     state(ctx).target(target)  # an unknown target is refused before the options are
@@ -305,10 +305,13 @@ def profile(
     )  # fmt: skip
 
     def go(host: Host) -> Done[dict[str, Any]]:
-        with err.status("profile", spinner="dots") as status:
-            sec = run_profile(
-                host, opts, lambda c: status.update(f"profile {host.name}: c={c} done")
-            )
+        try:
+            with err.status("profile", spinner="dots") as status:
+                sec = run_profile(
+                    host, opts, lambda c: status.update(f"profile {host.name}: c={c} done")
+                )
+        except ProfileInterrupted as stop:  # the finished levels go into the record
+            return Done(EXIT_INTERRUPTED, "interrupted", stop.section)
         if sec.get("failed_requests"):
             return Done(EXIT_FAIL, "fail", sec)
         if sec["incomplete"]:
@@ -322,8 +325,18 @@ def profile(
 
 def _profile_why(done: Done[dict[str, Any]]) -> None:
     """Why a profile is not a pass (HOLD: the numbers a level lacks; fail: failed requests)."""
+    from ops.profile import INTERRUPTED
+
     sec = done.section
+    if "interrupted" in sec:
+        err.print(
+            f"[yellow]interrupted:[/] c={', '.join(map(str, sec['interrupted']['levels_left']))} "
+            "not profiled (Ctrl-C); the levels that finished are in the record",
+            soft_wrap=True,
+        )
     for inc in sec["incomplete"]:
+        if inc["missing"] == [INTERRUPTED]:
+            continue
         err.print(
             f"[yellow]HOLD:[/] c={inc['concurrency']}: missing "
             + escape("; ".join(inc["missing"]) or "the step time"),

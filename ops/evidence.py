@@ -42,7 +42,8 @@ Models (extra fields are allowed and kept, so a producer may record more than is
   `ops profile` measured it has none: its f falls back to the share of the step at batch c
   (`f_of`).
 - `ProfileSection`: target, levels, service (model, backends, config as the service reports),
-  incomplete [{concurrency, missing}], failed_requests (the load's failures while profiling).
+  incomplete [{concurrency, missing}], failed_requests (the load's failures while profiling),
+  interrupted ({levels_left}: a Ctrl-C; the levels that finished are kept).
 - `MeasureLevel`: concurrency, aa: [A, A'] tokens/s samples of the unchanged service,
   before / after: tokens/s samples around the switch. `MeasureSection`: change, levels.
 - `Change`: component (tree_build | accept | topk | attention), baseline / candidate backend
@@ -307,6 +308,8 @@ class ProfileSection(_Open):
     service: dict[str, Any] = Field(default_factory=dict)
     incomplete: list[dict[str, Any]] = Field(default_factory=list)  # {concurrency, missing}
     failed_requests: int = 0  # requests of the load that failed while profiling
+    # Ctrl-C: {"levels_left": [c, ...]}, each also in `incomplete`; the levels that finished stay
+    interrupted: dict[str, Any] | None = None
 
     def level(self, c: int) -> ProfileLevel | None:
         return next((lv for lv in self.levels if lv.concurrency == c), None)

@@ -61,6 +61,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
@@ -340,13 +341,41 @@ def service_facts(snap: Counters) -> dict[str, Any]:
     return out
 
 
+INTERRUPTED = "interrupted (Ctrl-C) before this level finished"
+
+
+class ProfileInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a profile; `section` holds the levels that finished before it, the others
+    listed in `incomplete` as interrupted (what ran on the host is stopped already)."""
+
+    def __init__(self, section: dict[str, Any]) -> None:
+        left = section["interrupted"]["levels_left"]
+        super().__init__(f"interrupted with {len(left)} of the levels left: {left}")
+        self.section = section
+
+    @property
+    def partial_sections(self) -> dict[str, Any]:
+        """What an interrupted step's record keeps (ops.rollout)."""
+        return {"profile": self.section}
+
+
+@dataclass
+class _Sweep:
+    """What one level leaves for the next: the data-plane checkout (derived levels), whether
+    the service answers /shadow."""
+
+    cwd: str | None = None
+    shadow_offered: bool = True  # until the service says it has no /shadow
+
+
 def run_profile(
     host: Host, opts: ProfileOptions, on_level: Callable[[int], None] = lambda c: None
 ) -> dict[str, Any]:
     """Every level, measured where the service has stage timings, derived where it has not.
 
     `incomplete` lists the levels (and what they lack) that cannot serve a decision;
-    `failed_requests` counts the load's failures.
+    `failed_requests` counts the load's failures. Ctrl-C raises ProfileInterrupted, with the
+    levels that finished.
     """
     first = snapshot(host)
     section: dict[str, Any] = {
@@ -362,55 +391,67 @@ def run_profile(
     found = left_armed(host, first.get("server_info"))
     if found is not None:
         section["shadow_found_armed"] = found
-    cwd: str | None = None
-    shadow_offered = True  # until the service says it has no /shadow
-    for c in opts.levels:
-        first_run = pilot(host, c, opts) if opts.run_seconds > 0 else None
-        if first_run is not None and first_run["failed"]:
-            # no window sized from a pilot whose requests failed (the service is not serving)
-            section["failed_requests"] = section.get("failed_requests", 0) + first_run["failed"]
-            why = (f"the pilot's {first_run['failed']} of "
-                   f"{first_run['failed'] + first_run['completed']} requests failed")  # fmt: skip
-            section["incomplete"].append({"concurrency": c, "missing": [why], "pilot": first_run})
+    sweep, finished = _Sweep(), []
+    try:
+        for c in opts.levels:
+            _profile_level(host, opts, c, section, sweep)
+            finished.append(c)
             on_level(c)
-            continue
-        requests = opts.requests if first_run is None else first_run["sized_requests"]
-        rep = run_loadtest(
-            host, [c], requests=requests, input_len=opts.input_len,
-            output_len=opts.output_len, timeout=opts.timeout, counters=True,
-        )  # fmt: skip
-        lt = rep.level_docs[0]
-        window = window_counters(lt)
-        if window is not None:
-            level = measured_level(c, *window, lt)
-            level["method"] = "measured"
-        else:
-            cwd = cwd or data_plane_dir(host)
-            level = derived_level(host, cwd, c, lt, opts)
-            level["method"] = "derived"
-        level["load"] = {k: lt[k] for k in ("completed", "failed", "errors", "duration_s")}
-        level["load"]["tpot_p50_ms"] = (lt.get("tpot_ms") or {}).get("p50")
-        level["load"]["requests"] = requests
-        if first_run is not None:
-            level["load"]["pilot"] = first_run
-        if opts.shadow and level["method"] == "measured" and shadow_offered:
-            load = {"requests": requests, "input_len": opts.input_len,
-                    "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
-            level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
-            # only the service's own "no such endpoint" ends the asking (a timeout does not)
-            shadow_offered = level["shadow"]["offered"] is not False
-            if level["shadow"].get("error"):
-                section.setdefault("shadow_not_timed", []).append(
-                    {"concurrency": c, "why": level["shadow"]["error"]}
-                )
-            failed = (level["shadow"].get("load") or {}).get("failed", 0)
-            if failed:
-                section["failed_requests"] = section.get("failed_requests", 0) + failed
-        if "step_ms" in level:
-            section["levels"].append(level)
-        if level.get("missing") or "step_ms" not in level:
-            section["incomplete"].append({"concurrency": c, "missing": level.get("missing", [])})
-        if lt["failed"]:
-            section["failed_requests"] = section.get("failed_requests", 0) + lt["failed"]
-        on_level(c)
+    except KeyboardInterrupt as exc:
+        left = [c for c in opts.levels if c not in finished]
+        section["interrupted"] = {"levels_left": left}
+        section["incomplete"] += [{"concurrency": c, "missing": [INTERRUPTED]} for c in left]
+        raise ProfileInterrupted(section) from exc
     return section
+
+
+def _profile_level(
+    host: Host, opts: ProfileOptions, c: int, section: dict[str, Any], sweep: _Sweep
+) -> None:
+    """One level, into `section`: its entry in `levels` and/or `incomplete`, its failures."""
+    first_run = pilot(host, c, opts) if opts.run_seconds > 0 else None
+    if first_run is not None and first_run["failed"]:
+        # no window sized from a pilot whose requests failed (the service is not serving)
+        section["failed_requests"] = section.get("failed_requests", 0) + first_run["failed"]
+        why = (f"the pilot's {first_run['failed']} of "
+               f"{first_run['failed'] + first_run['completed']} requests failed")  # fmt: skip
+        section["incomplete"].append({"concurrency": c, "missing": [why], "pilot": first_run})
+        return
+    requests = opts.requests if first_run is None else first_run["sized_requests"]
+    rep = run_loadtest(
+        host, [c], requests=requests, input_len=opts.input_len,
+        output_len=opts.output_len, timeout=opts.timeout, counters=True,
+    )  # fmt: skip
+    lt = rep.level_docs[0]
+    window = window_counters(lt)
+    if window is not None:
+        level = measured_level(c, *window, lt)
+        level["method"] = "measured"
+    else:
+        sweep.cwd = sweep.cwd or data_plane_dir(host)
+        level = derived_level(host, sweep.cwd, c, lt, opts)
+        level["method"] = "derived"
+    level["load"] = {k: lt[k] for k in ("completed", "failed", "errors", "duration_s")}
+    level["load"]["tpot_p50_ms"] = (lt.get("tpot_ms") or {}).get("p50")
+    level["load"]["requests"] = requests
+    if first_run is not None:
+        level["load"]["pilot"] = first_run
+    if opts.shadow and level["method"] == "measured" and sweep.shadow_offered:
+        load = {"requests": requests, "input_len": opts.input_len,
+                "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
+        level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
+        # only the service's own "no such endpoint" ends the asking (a timeout does not)
+        sweep.shadow_offered = level["shadow"]["offered"] is not False
+        if level["shadow"].get("error"):
+            section.setdefault("shadow_not_timed", []).append(
+                {"concurrency": c, "why": level["shadow"]["error"]}
+            )
+        failed = (level["shadow"].get("load") or {}).get("failed", 0)
+        if failed:
+            section["failed_requests"] = section.get("failed_requests", 0) + failed
+    if "step_ms" in level:
+        section["levels"].append(level)
+    if level.get("missing") or "step_ms" not in level:
+        section["incomplete"].append({"concurrency": c, "missing": level.get("missing", [])})
+    if lt["failed"]:
+        section["failed_requests"] = section.get("failed_requests", 0) + lt["failed"]

@@ -236,11 +236,14 @@ class Runner:
             return "error", exc.message
         except BaseException as exc:  # Ctrl-C or a bug: the step's record still says so
             interrupted = isinstance(exc, KeyboardInterrupt)
+            # with what it finished, where the step keeps that (ops.profile.ProfileInterrupted)
+            partial = getattr(exc, "partial_sections", None) if interrupted else None
             sub.write_record(
                 inputs=inputs,
                 outcome="interrupted" if interrupted else "crashed",
                 exit_code=130 if interrupted else 1,
                 error={"error": type(exc).__name__, "message": str(exc)},
+                **(partial if isinstance(partial, dict) else {}),
                 **extra,
             )
             raise

@@ -160,6 +160,94 @@ def test_ctrl_c_stops_the_load_generator_over_ssh(
     _interrupt_loadtest(inv, tmp_path, "loop", hanging_service)
 
 
+def test_ctrl_c_keeps_the_profile_levels_that_finished(
+    tmp_path: Path, hanging_service: int
+) -> None:
+    """`ops profile -c 1,2` against a service whose second level hangs: SIGINT in that level
+    exits 130 with the record line and a complete record, the c=1 level kept (derived: the fake
+    service has no stage timings), c=2 listed as interrupted; the generator is gone."""
+    inv = tmp_path / "ops.toml"
+    url = f"http://127.0.0.1:{hanging_service}"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        f"[targets.local.service]\nurl = '{url}'\n"
+    )
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    argv = [sys.executable, "-m", "ops", "profile", "local", "-c", "1,2", "--requests", "2",
+            "--output-len", "4", "--input-len", "4", "--accept-length", "2", "--budget", "8",
+            "--json", "--inventory", str(inv)]  # fmt: skip
+    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
+    try:
+        (gen,) = wait_for(lambda: matching(*marker, at=1), 120, "the 2nd level's generator")
+        started = session_of(gen)
+        time.sleep(0.5)  # its requests are in flight and hang
+        os.kill(ops.pid, signal.SIGINT)
+        out, err = ops.communicate(timeout=60)
+    finally:
+        if ops.poll() is None:
+            ops.kill()
+            ops.wait()
+    assert ops.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted: c=2 not profiled (Ctrl-C)" in err, err
+    assert "HOLD" not in err  # the interrupted level is said once, as interrupted
+    doc = json.loads(out)  # --json: the section as the record has it, and its run directory
+    assert doc["ok"] is False and doc["interrupted"] == {"levels_left": [2]}
+    record = json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+    assert record["outcome"] == "interrupted" and record["exit_code"] == 130
+    prof = record["profile"]
+    assert [lv["concurrency"] for lv in prof["levels"]] == [1]
+    assert prof["levels"][0]["method"] == "derived" and prof["levels"][0]["load"]["completed"] == 2
+    assert prof["interrupted"] == {"levels_left": [2]}
+    assert prof["incomplete"] == [
+        {"concurrency": 2, "missing": ["interrupted (Ctrl-C) before this level finished"]}
+    ]
+    wait_for(lambda: not any(_running(p) for p in started), 10, f"{started} to end")
+    assert matching(*marker, at=1) == []
+
+
+def test_a_rollout_interrupted_in_its_profile_keeps_the_levels_that_finished(
+    tmp_path: Path, hanging_service: int
+) -> None:
+    """The same Ctrl-C inside `ops rollout`'s profile step: the rollout exits 130, and the
+    step's record (outcome interrupted) keeps the c=1 level, so `ops report` can still read it."""
+    inv = tmp_path / "ops.toml"
+    url = f"http://127.0.0.1:{hanging_service}"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        f"[targets.local.service]\nurl = '{url}'\n"
+    )
+    book = tmp_path / "profile-only.yaml"
+    book.write_text(
+        "name: profile-only\nchange: {component: tree_build, baseline: reference, "
+        "candidate: cuda}\nload: {concurrency: [1, 2], requests: 2, input_len: 4, "
+        "output_len: 4}\nsteps:\n  - step: profile\n    shadow: false\n    accept_length: 2\n"
+        "    budget: 8\n"
+    )
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    argv = [sys.executable, "-m", "ops", "rollout", "local", "--playbook", str(book),
+            "--inventory", str(inv)]  # fmt: skip
+    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
+    try:
+        wait_for(lambda: matching(*marker, at=1), 120, "the 2nd level's generator")
+        time.sleep(0.5)
+        os.kill(ops.pid, signal.SIGINT)
+        out, err = ops.communicate(timeout=60)
+    finally:
+        if ops.poll() is None:
+            ops.kill()
+            ops.wait()
+    assert ops.returncode == 130, out + err
+    assert "Traceback" not in out + err
+    (step,) = (tmp_path / "runs").glob("*-rollout-local/*-profile/record.json")
+    record = json.loads(step.read_text())
+    assert record["outcome"] == "interrupted" and record["exit_code"] == 130
+    assert [lv["concurrency"] for lv in record["profile"]["levels"]] == [1]
+    assert record["profile"]["interrupted"] == {"levels_left": [2]}
+
+
 def _sshd_ancestor(pid: int, listener: int) -> int:
     """The sshd process that serves the session `pid` runs in (not the listening daemon)."""
     p = pid
