@@ -195,10 +195,12 @@ class Runner:
             t0 = time.monotonic()
             try:
                 status, detail = self._one(ctx, st, sub)
-            except KeyboardInterrupt:  # the step's record says so; the rollout's lists it
+            except KeyboardInterrupt as exc:  # the step's record says so; the rollout's lists it
                 secs = time.monotonic() - t0
-                self._done(i, st, "interrupted", secs, "interrupted (Ctrl-C)", sub)
-                self.progress(f"{head}: interrupted ({secs:.1f} s)")
+                more = getattr(exc, "detail", "")  # e.g. the release the recheck left current
+                what = "interrupted (Ctrl-C)" + (f"; {more}" if more else "")
+                self._done(i, st, "interrupted", secs, what, sub)
+                self.progress(f"{head}: {what} ({secs:.1f} s)")
                 raise
             self._done(i, st, status, time.monotonic() - t0, detail, sub)
             self.progress(f"{head}: {status} ({time.monotonic() - t0:.1f} s) {detail}")

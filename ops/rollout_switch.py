@@ -143,12 +143,43 @@ def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | No
     return {k: {"before_ms": b[k], "after_ms": a[k]} for k in AUDIT_PARTS}
 
 
+class MeasureInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a measure: the runs that finished, for the step's record
+    (`measure_interrupted`), and, inside the recheck, the release the service was left on."""
+
+    def __init__(self, section: dict[str, Any]) -> None:
+        on = section.get("service_runs")
+        self.detail = f"the service runs {on} (the recheck's last switch)" if on else ""
+        runs = f"{len(section['runs'])} runs finished"
+        super().__init__(f"{runs}; {self.detail}" if on else runs)
+        self.section = section
+
+    @property
+    def partial_sections(self) -> dict[str, Any]:
+        """What an interrupted step's record keeps (ops.rollout)."""
+        return {"measure_interrupted": self.section}
+
+
 def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     """before: the A/A pair (the unchanged service, the load twice); after: the same load on
-    the switched service, as many runs as before. The report sets predicted beside measured."""
+    the switched service, as many runs as before. The report sets predicted beside measured.
+    Ctrl-C raises MeasureInterrupted with the runs that finished."""
     load, raw = ctx.playbook.load, []
     settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side",
                 "requests_per_level": ctx.requests_per_level or None}  # fmt: skip
+    ctx.recheck_current = None
+    try:
+        return _measure(ctx, st, raw, settings)
+    except KeyboardInterrupt as exc:
+        section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
+                   "runs": raw, "service_runs": ctx.recheck_current}  # fmt: skip
+        raise MeasureInterrupted(section) from exc
+
+
+def _measure(
+    ctx: Context, st: MeasureStep, raw: list[dict[str, Any]], settings: dict[str, Any]
+) -> Done:
+    load = ctx.playbook.load
     if st.phase == "before":
         a, a2 = _arm(ctx, st.repeats, "A", raw), _arm(ctx, st.repeats, "A'", raw)
         ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}
@@ -316,6 +347,7 @@ def recheck(
                     doc,
                 )
             return again, f"recheck: cycle {k} of {of} stopped: {what}", doc
+        ctx.recheck_current = dep.before
         ctx.say(f"recheck: {dep.before} is current again; the load once more")
         for c, xs in _arm(ctx, 2 * st.repeats, "A''", raw, cycle=k).items():
             again.setdefault(c, []).extend(xs)
@@ -333,6 +365,7 @@ def recheck(
                 ),
                 _precision_doc(st, k, widths),
             )
+        ctx.recheck_current = dep.release
         done = k >= last or (
             k >= st.cycles and bool(st.precision) and precision_met(widths.values(), st.precision)
         )

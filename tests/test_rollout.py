@@ -22,8 +22,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -441,3 +444,63 @@ def test_a_failed_golden_recording_is_not_called_recorded(tmp_path: Path) -> Non
     assert step["detail"].startswith("preflight, recording the golden set: failed "), step
     assert "golden recorded" not in err and "golden set recorded" not in err, err
     assert not (loc.root / "golden" / "golden.json").exists()
+
+
+def test_ctrl_c_in_the_recheck_keeps_its_runs_and_says_which_release_serves(
+    local_stopped: Local,
+) -> None:
+    """SIGINT while the recheck's A'' arm runs on the release before the candidate: the rollout
+    exits 130, the measure step's record keeps every run that finished (measure_interrupted)
+    and names the release the service was left on, the step's line says it, and that release
+    is what is current and serving."""
+    local = local_stopped
+    src, first = _bootstrap(local)
+    pb = local.tmp / "switch.yaml"
+    pb.write_text(
+        "change: {component: tree_build, baseline: reference, candidate: cpp}\n"
+        "load: {concurrency: [1], requests: 30, input_len: 8, output_len: 16}\n"
+        "steps:\n"
+        "  - {step: measure, name: baseline, phase: before}\n"
+        f"  - {{step: deploy, source: '{src}', max_tokens: 4, wait_s: 60}}\n"
+        "  - {step: measure, phase: after, when: deployed, recheck: true, cycles: 2}\n"
+        "  - {step: report}\n"
+    )
+    argv = [sys.executable, "-m", "ops", "rollout", "local", "--playbook", str(pb),
+            "--inventory", str(local.inventory)]  # fmt: skip
+    stdout = (local.tmp / "rollout.out").open("w")  # stderr is read below as it comes
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                            env=local.env)  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        end = time.monotonic() + 240
+        while not any("is current again; the load once more" in x for x in lines):
+            assert proc.poll() is None and time.monotonic() < end, "".join(lines)
+            time.sleep(0.1)
+        time.sleep(0.5)  # inside the A'' arm's first run (30 requests of 16 tokens)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stdout.close()
+    reader.join(10)
+    proc.stderr.close()
+    err, out = "".join(lines), (local.tmp / "rollout.out").read_text()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err
+    line = next(x for x in lines if x.startswith("[3/4] measure: interrupted (Ctrl-C)"))
+    assert f"the service runs {first} (the recheck's last switch)" in line, line
+    (step,) = Path(local.env["OPS_RUNS_DIR"]).glob("*-rollout-local/03-measure/record.json")
+    rec = json.loads(step.read_text())
+    assert rec["outcome"] == "interrupted" and rec["exit_code"] == 130
+    part = rec["measure_interrupted"]
+    assert part["phase"] == "after" and part["service_runs"] == first
+    arms = [r["arm"] for r in part["runs"]]
+    assert arms[:2] == ["after", "after"] and set(arms) <= {"after", "A''"}, arms
+    assert all(r["completed"] > 0 for r in part["runs"])
+    # the release before the candidate is current, and it serves (tree_build: reference)
+    assert os.readlink(local.root / "current").endswith(first)
+    assert local.backends()["tree_build"] == "reference"
