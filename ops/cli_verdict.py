@@ -312,7 +312,7 @@ def profile(
                 )
         except ProfileInterrupted as stop:  # the finished levels go into the record
             return Done(EXIT_INTERRUPTED, "interrupted", stop.section)
-        if sec.get("failed_requests"):
+        if sec.get("failed_requests") or sec.get("service_down"):
             return Done(EXIT_FAIL, "fail", sec)
         if sec["incomplete"]:
             return Done(EXIT_HOLD, "hold", sec)
@@ -328,6 +328,14 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
     from ops.profile import INTERRUPTED
 
     sec = done.section
+    if sec.get("service_down"):
+        err.print(
+            f"[bold red]fail:[/] the service at {escape(sec['url'])} did not answer "
+            f"({escape(sec['service_down'])}); no level was run. Is it running? "
+            f"`ops service status {escape(sec['target'])}`",
+            soft_wrap=True,
+        )
+        return
     if "interrupted" in sec:
         err.print(
             f"[yellow]interrupted:[/] c={', '.join(map(str, sec['interrupted']['levels_left']))} "

@@ -310,6 +310,8 @@ class ProfileSection(_Open):
     failed_requests: int = 0  # requests of the load that failed while profiling
     # Ctrl-C: {"levels_left": [c, ...]}, each also in `incomplete`; the levels that finished stay
     interrupted: dict[str, Any] | None = None
+    # no HTTP answer from the service at the start (e.g. "connection refused"): no level ran
+    service_down: str | None = None
 
     def level(self, c: int) -> ProfileLevel | None:
         return next((lv for lv in self.levels if lv.concurrency == c), None)

@@ -330,6 +330,15 @@ def derived_level(
     return level
 
 
+def not_answering(snap: Counters) -> str | None:
+    """Why the service gave no HTTP answer at all (connection refused, a timeout), from a
+    counters snapshot: None where either endpoint answered with any status."""
+    statuses = [snap.get("server_info_status"), snap.get("metrics_status")]
+    if any(isinstance(x, int) for x in statuses) or snap.get("server_info") is not None:
+        return None
+    return str(statuses[0] or statuses[1] or "no answer")
+
+
 def service_facts(snap: Counters) -> dict[str, Any]:
     info = snap.get("server_info") or {}
     keep = ("model", "mode", "preset", "device", "backends", "topk")
@@ -386,6 +395,14 @@ def run_profile(
         "levels": [],
         "incomplete": [],
     }
+    down = not_answering(first)
+    if down is not None:  # no level can run: said once, not as each level's missing numbers
+        section["service_down"] = down
+        section["incomplete"] = [
+            {"concurrency": c, "missing": [f"the service did not answer ({down})"]}
+            for c in opts.levels
+        ]
+        return section
     # a shadow left armed by an earlier ops that was killed would time the candidate inside this
     # profile's windows, f included: disarmed first, and said
     found = left_armed(host, first.get("server_info"))

@@ -225,7 +225,10 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         shadows.insert(0, shadow_why)
     if shadows:
         detail += "; " + "; ".join(shadows)
-    if sec.get("failed_requests"):
+    if sec.get("service_down"):
+        status, code, outcome = "fail", 1, "fail"
+        detail = f"the service did not answer ({sec['service_down']}): no level was run"
+    elif sec.get("failed_requests"):
         status, code, outcome = "fail", 1, "fail"
         detail += f"; {sec['failed_requests']} requests failed"
     elif sec["incomplete"]:

@@ -8,14 +8,29 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from helpers import FAKE_SERVICE
 from helpers.local import Ops
 
 from ops.evidence import ProfileSection
 
 STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
+
+
+def _wait_listening(port: int, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
 
 
 def record(doc: dict) -> dict:
@@ -129,10 +144,21 @@ def test_run_seconds_sizes_each_window_from_an_uncounted_pilot(ops: Ops) -> None
     # recorded as the profile's input, so the report and an audit see how f was taken
     assert record(doc)["inputs"]["run_seconds"] == 1.5
     # a pilot whose requests fail sizes nothing: the level is incomplete, saying so, with the
-    # pilot in the record, and no window is sent to a service that is not serving
+    # pilot in the record, and no window is sent to a service that is not serving (one that
+    # answers every request with a 500; one that does not answer at all runs no level:
+    # test_a_service_that_does_not_answer_is_said_once)
     ops.stop()
-    code, doc = ops.json("profile", "local", "-c", "2", "--requests", "3", "--output-len", "8",
-                         "--run-seconds", "30")  # fmt: skip
+    failing = subprocess.Popen(
+        [sys.executable, str(FAKE_SERVICE), "--port", str(ops.port), "--mode", "500"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_listening(ops.port)
+        code, doc = ops.json("profile", "local", "-c", "2", "--requests", "3", "--output-len",
+                             "8", "--run-seconds", "30")  # fmt: skip
+    finally:
+        failing.terminate()
+        failing.wait(10)
     assert code == 1 and doc["failed_requests"] == 3, doc
     (inc,) = doc["incomplete"]
     assert inc["missing"] == ["the pilot's 3 of 3 requests failed"], inc
@@ -184,3 +210,27 @@ def test_bad_input_is_exit_2(ops: Ops) -> None:
     for bad in (("-c", "0"), ("--component", "verify"), ("--baseline", "rust")):
         res = ops("profile", "local", *bad)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_service_that_does_not_answer_is_said_once(ops: Ops) -> None:
+    """Nothing serves on the service's port: one line that says so (and how to look), exit 1,
+    no level run, and a record whose profile lists every level as not run for that reason,
+    never as a missing accept length or tokens/s per level."""
+    ops.configure_service(None)  # not started
+    res = ops("profile", "local", "-c", "1,8", "--requests", "2")
+    assert res.returncode == 1, res.stderr
+    url = f"http://127.0.0.1:{ops.port}"
+    assert (
+        f"fail: the service at {url} did not answer (connection refused); no level was run. "
+        "Is it running? `ops service status local`"
+    ) in res.stderr, res.stderr
+    assert "accept length" not in res.stderr and "HOLD" not in res.stderr
+    assert "Traceback" not in res.stderr
+    code, doc = ops.json("profile", "local", "-c", "1,8", "--requests", "2")
+    assert code == 1
+    rec = record(doc)
+    assert rec["outcome"] == "fail"
+    prof = ProfileSection.model_validate(rec["profile"])
+    assert prof.service_down == "connection refused" and prof.levels == []
+    assert [i["concurrency"] for i in prof.incomplete] == [1, 8]
+    assert prof.incomplete[0]["missing"] == ["the service did not answer (connection refused)"]

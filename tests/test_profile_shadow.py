@@ -7,6 +7,7 @@ shadow: torch beside torch) and against a service without /shadow."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import urllib.request
@@ -171,8 +172,13 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
         assert sh["load"]["completed"] == 4 and sh["load"]["failed"] == 0
         for kind in ("step", "prefill"):
             k = sh[kind]
-            assert k["forwards"] >= 1 and 0.33 < k["s"] < 3, (kind, k)
+            # s is a ratio of totals, so one forward the shared CPU stalls moves it (3.1 once,
+            # over 4 prefill blocks, with the suite's other worker beside it): a gross bound on
+            # s, and "near 1" on the median pair, which one stall does not move
+            assert k["forwards"] >= 1 and 0.2 < k["s"] < 5, (kind, k)
             assert k["lo"] <= k["s"] <= k["hi"]
+            ratios = [(p[2] + p[3]) / (p[4] + p[5]) for p in sh["pairs"] if p[0] == kind][1:]
+            assert 0.5 < statistics.median(ratios) < 2, (kind, ratios)
         # every sampled forward is in the record; each kind's first one (the warm-up) is in no s
         paired = sum(sh[k]["forwards"] + sh[k]["warmup"] for k in ("step", "prefill"))
         assert len(sh["pairs"]) == sh["sampled"] == paired
