@@ -101,16 +101,20 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
+def _ctrl_c_in_the_second_level(
+    args: list[str], tmp: Path, port: int
+) -> tuple[int, str, str, list[int], tuple[str, ...]]:
+    """`ops ARGS` (its levels c = 1 and 2 against the hanging service) gets SIGINT while the
+    c=2 level's generator hangs: (exit code, stdout, stderr, the generator's session, the
+    generator's argv marker)."""
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-    argv = [sys.executable, "-m", "ops", "loadtest", target, "-c", "1,2", "--requests", "2"]
-    argv += ["--output-len", "4", "--input-len", "4", "--json", "--inventory", str(inv)]
+    argv = [sys.executable, "-m", "ops", *args]
     ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     url = f"http://127.0.0.1:{port}"
     # the checks run as `python -S -m checks.NAME` (stdlib only: ops.dataplane.run_check)
     marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
     try:
-        (gen,) = wait_for(lambda: matching(*marker, at=1), 90, "the 2nd level's generator")
+        (gen,) = wait_for(lambda: matching(*marker, at=1), 120, "the 2nd level's generator")
         started = session_of(gen)  # the generator and what runs it (timeout, bash)
         time.sleep(0.5)  # its requests are in flight and hang
         assert _running(gen)
@@ -120,8 +124,16 @@ def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
         if ops.poll() is None:
             ops.kill()
             ops.wait()
-    assert ops.returncode == 130, err
-    assert "Traceback" not in err
+    assert "Traceback" not in out + err
+    return ops.returncode, out, err, started, marker
+
+
+def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
+    args = ["loadtest", target, "-c", "1,2", "--requests", "2", "--output-len", "4",
+            "--input-len", "4", "--json", "--inventory", str(inv)]  # fmt: skip
+    code, out, err, started, marker = _ctrl_c_in_the_second_level(args, tmp, port)
+    url = f"http://127.0.0.1:{port}"
+    assert code == 130, err
     doc = json.loads(out)
     assert doc["ok"] is False and doc["interrupted"] is True
     assert [lv["concurrency"] for lv in doc["levels"]] == [1]
@@ -172,24 +184,11 @@ def test_ctrl_c_keeps_the_profile_levels_that_finished(
         f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
         f"[targets.local.service]\nurl = '{url}'\n"
     )
-    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
-    argv = [sys.executable, "-m", "ops", "profile", "local", "-c", "1,2", "--requests", "2",
-            "--output-len", "4", "--input-len", "4", "--accept-length", "2", "--budget", "8",
-            "--json", "--inventory", str(inv)]  # fmt: skip
-    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
-    try:
-        (gen,) = wait_for(lambda: matching(*marker, at=1), 120, "the 2nd level's generator")
-        started = session_of(gen)
-        time.sleep(0.5)  # its requests are in flight and hang
-        os.kill(ops.pid, signal.SIGINT)
-        out, err = ops.communicate(timeout=60)
-    finally:
-        if ops.poll() is None:
-            ops.kill()
-            ops.wait()
-    assert ops.returncode == 130, err
-    assert "Traceback" not in err
+    args = ["profile", "local", "-c", "1,2", "--requests", "2", "--output-len", "4",
+            "--input-len", "4", "--accept-length", "2", "--budget", "8", "--json",
+            "--inventory", str(inv)]  # fmt: skip
+    code, out, err, started, marker = _ctrl_c_in_the_second_level(args, tmp_path, hanging_service)
+    assert code == 130, err
     assert "interrupted: c=2 not profiled (Ctrl-C)" in err, err
     assert "HOLD" not in err  # the interrupted level is said once, as interrupted
     doc = json.loads(out)  # --json: the section as the record has it, and its run directory
@@ -225,22 +224,9 @@ def test_a_rollout_interrupted_in_its_profile_keeps_the_levels_that_finished(
         "output_len: 4}\nsteps:\n  - step: profile\n    shadow: false\n    accept_length: 2\n"
         "    budget: 8\n"
     )
-    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
-    argv = [sys.executable, "-m", "ops", "rollout", "local", "--playbook", str(book),
-            "--inventory", str(inv)]  # fmt: skip
-    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
-    try:
-        wait_for(lambda: matching(*marker, at=1), 120, "the 2nd level's generator")
-        time.sleep(0.5)
-        os.kill(ops.pid, signal.SIGINT)
-        out, err = ops.communicate(timeout=60)
-    finally:
-        if ops.poll() is None:
-            ops.kill()
-            ops.wait()
-    assert ops.returncode == 130, out + err
-    assert "Traceback" not in out + err
+    args = ["rollout", "local", "--playbook", str(book), "--inventory", str(inv)]
+    code, out, err, _, _ = _ctrl_c_in_the_second_level(args, tmp_path, hanging_service)
+    assert code == 130, out + err
     (step,) = (tmp_path / "runs").glob("*-rollout-local/*-profile/record.json")
     record = json.loads(step.read_text())
     assert record["outcome"] == "interrupted" and record["exit_code"] == 130
