@@ -260,12 +260,18 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
         )
     if not rows:
         why = " (its requests failed)" if ev.profile.failed_requests else ""
+        if ev.profile.service_down:
+            why = f" (the service did not answer: {ev.profile.service_down})"
+        elif ev.profile.interrupted:
+            why = " (interrupted: Ctrl-C)"
         t.hold("no_profile_level", f"the profile measured no level{why}: f(c) is unknown")
         return
     row = next((r for r in rows if r.concurrency == c), None)
     if row is None:
         have = [r.concurrency for r in rows]
-        t.hold("no_profile_level", f"concurrency {c} was not profiled (profiled: {have})")
+        left = (ev.profile.interrupted or {}).get("levels_left") or []
+        cut = "; the profile was interrupted (Ctrl-C) before it" if c in left else ""
+        t.hold("no_profile_level", f"concurrency {c} was not profiled (profiled: {have}){cut}")
         return
     if row.f is None:
         t.hold("no_component_time", f"c={c}: {row.note}")

@@ -199,6 +199,17 @@ def test_ctrl_c_keeps_the_profile_levels_that_finished(
     assert [lv["concurrency"] for lv in prof["levels"]] == [1]
     assert prof["levels"][0]["method"] == "derived" and prof["levels"][0]["load"]["completed"] == 2
     assert prof["interrupted"] == {"levels_left": [2]}
+    # a report from that record: c=2 (its target) was not profiled, and it says why
+    rep = subprocess.run(
+        [sys.executable, "-m", "ops", "report", doc["run_dir"], "--out", str(tmp_path / "rep"),
+         "--change", "tree_build:reference->cuda", "-c", "2", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    held = {h["code"]: h["message"] for h in json.loads(rep.stdout)["holds"]}
+    assert held["no_profile_level"] == (
+        "concurrency 2 was not profiled (profiled: [1]); the profile was interrupted (Ctrl-C) "
+        "before it"
+    ), rep.stdout
     assert prof["incomplete"] == [
         {"concurrency": 2, "missing": ["interrupted (Ctrl-C) before this level finished"]}
     ]

@@ -234,3 +234,11 @@ def test_a_service_that_does_not_answer_is_said_once(ops: Ops) -> None:
     assert prof.service_down == "connection refused" and prof.levels == []
     assert [i["concurrency"] for i in prof.incomplete] == [1, 8]
     assert prof.incomplete[0]["missing"] == ["the service did not answer (connection refused)"]
+    # the report built from it says why there is no f
+    code, rep = ops.json("report", doc["run_dir"], "--out", str(ops.tmp / "rep"),
+                         "--change", "tree_build:reference->cuda")  # fmt: skip
+    held = {h["code"]: h["message"] for h in rep["holds"]}
+    assert code == 3 and held["no_profile_level"] == (
+        "the profile measured no level (the service did not answer: connection refused): f(c) "
+        "is unknown"
+    ), rep
