@@ -288,9 +288,13 @@ def counters(url: str, timeout: float) -> Counters:
     """One snapshot: /get_server_info's JSON and /metrics' samples (buckets left out).
 
     /metrics is asked first, so that /get_server_info (with the engine's clock and stage
-    timings) is the last thing read before whatever the caller times next."""
+    timings) is the last thing read before whatever the caller times next. A /metrics that
+    timed out with no answer at all stands for both (the same service would hang again)."""
     metrics = get(url, "/metrics", timeout=timeout)
-    info = get(url, "/get_server_info", timeout=timeout)
+    if metrics.status is None and (metrics.error or "").startswith("timeout"):
+        info = metrics  # no answer in the whole timeout: a hung service, not asked twice
+    else:
+        info = get(url, "/get_server_info", timeout=timeout)
     samples: dict[str, float] = {}
     if metrics.ok:
         for line in metrics.body.splitlines():

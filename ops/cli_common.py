@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 import typer
 from pydantic import BaseModel
 
-from ops.errors import EXIT_OK, OpsError
+from ops.errors import EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.inventory import Inventory, Target, load_inventory
 from ops.records import RunDir
 from ops.remote import Host, open_host
@@ -239,8 +239,30 @@ def on_target(
         with open_host(t) as host:
             return act(host)
 
-    run, done = recorded(name, t, {"target": t.name, **inputs}, body, key=key)
+    try:
+        run, done = recorded(name, t, {"target": t.name, **inputs}, body, key=key)
+    except RecordedInterrupt as stop:
+        return interrupted(st, stop.run)
     return finish(st, run, done, show, doc=doc, always=always, record_line=record_line)
+
+
+class RecordedInterrupt(KeyboardInterrupt):
+    """Ctrl-C that the command did not turn into a result of its own: its record is written
+    (outcome interrupted); `run` is where."""
+
+    def __init__(self, run: RunDir) -> None:
+        super().__init__("interrupted")
+        self.run = run
+
+
+def interrupted(st: CliState, run: RunDir) -> int:
+    """A command that Ctrl-C stopped before it had a result: the same lines as any result (the
+    JSON document with --json, one line, where the record is), exit 130."""
+    if st.as_json:
+        emit_json({"ok": False, "outcome": "interrupted", "run_dir": str(run.path)})
+    err.print("[yellow]interrupted[/] (Ctrl-C) before a result")
+    err.print(f"[dim]record: {escape(str(run.path))}/record.json[/]", soft_wrap=True)
+    return EXIT_INTERRUPTED
 
 
 def recorded(
@@ -266,9 +288,11 @@ def recorded(
         run.write_record(
             inputs=inputs,
             outcome=outcome,
-            exit_code=130 if outcome == "interrupted" else 1,
+            exit_code=EXIT_INTERRUPTED if outcome == "interrupted" else 1,
             error={"error": type(exc).__name__, "message": str(exc)},
         )
+        if outcome == "interrupted":
+            raise RecordedInterrupt(run) from exc
         raise
     section = {key or command: done.section}
     run.write_record(inputs=inputs, outcome=done.outcome, exit_code=done.code, **section)

@@ -16,12 +16,14 @@ from ops.cli_common import (
     InventoryOpt,
     JsonOpt,
     MaxTokensOpt,
+    RecordedInterrupt,
     TargetArg,
     command,
     emit_json,
     err,
     escape,
     finish,
+    interrupted,
     on_target,
     out,
     recorded,
@@ -189,8 +191,11 @@ def deploy(
 
     inputs = {"target": target, **opts.model_dump(mode="json"), "wave_size": wave_size}
     anchor = targets[0] if not many else targets[0].model_copy(update={"name": target})
-    with term_as_interrupt():
-        run, done = recorded("deploy", anchor, inputs, act, key="results")
+    try:
+        with term_as_interrupt():
+            run, done = recorded("deploy", anchor, inputs, act, key="results")
+    except RecordedInterrupt as stop:  # before the deploy had a result of its own
+        return interrupted(st, stop.run)
     return finish(st, run, done, lambda rs: _summary(rs, "deploy"), doc=_doc)
 
 

@@ -329,17 +329,23 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
 
     sec = done.section
     if sec.get("service_down"):
+        down = sec["service_down"]
+        ask = "Is it hung?" if down.startswith("timeout") else "Is it running?"
         err.print(
             f"[bold red]fail:[/] the service at {escape(sec['url'])} did not answer "
-            f"({escape(sec['service_down'])}); no level was run. Is it running? "
-            f"`ops service status {escape(sec['target'])}`",
+            f"({escape(down)}); no level was run. {ask} `ops service status "
+            f"{escape(sec['target'])}`",
             soft_wrap=True,
         )
         return
     if "interrupted" in sec:
+        left = sec["interrupted"]["levels_left"]
         err.print(
-            f"[yellow]interrupted:[/] c={', '.join(map(str, sec['interrupted']['levels_left']))} "
-            "not profiled (Ctrl-C); the levels that finished are in the record",
+            f"[yellow]interrupted:[/] c={', '.join(map(str, left))} not profiled (Ctrl-C); the "
+            "levels that finished are in the record"
+            if left
+            else "[yellow]interrupted[/] (Ctrl-C) after the last level: every level is in the "
+            "record",
             soft_wrap=True,
         )
     for inc in sec["incomplete"]:

@@ -243,6 +243,16 @@ class ProfileLevel(_Open):
         _check_seconds("", v)
         return v
 
+    @field_validator("tokens_per_s")
+    @classmethod
+    def _rate(cls, v: Value | None) -> Value | None:
+        """A level's tokens/s is a finite number > 0 (a level that made no tokens has none)."""
+        for key in ("value", "p25", "p75"):
+            x = None if v is None else getattr(v, key)
+            if x is not None and not (math.isfinite(x) and x > 0):
+                raise ValueError(f"{key}: tokens/s is a finite number > 0, got {x!r}")
+        return v
+
     @field_validator("stage_ms")
     @classmethod
     def _stage_times(cls, v: dict[str, Value]) -> dict[str, Value]:
@@ -302,6 +312,19 @@ def _check_seconds(where: str, t: Value) -> None:
             raise ValueError(f"{where}{key}: a time is a number >= 0, got {x!r}")
 
 
+class ProfileInterruption(_Open):
+    """A profile Ctrl-C stopped: the levels it did not finish (each also in `incomplete`)."""
+
+    levels_left: list[int] = Field(default_factory=list)
+
+    @field_validator("levels_left")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v):
+            raise ValueError(f"concurrency levels are >= 1, got {v!r}")
+        return v
+
+
 class ProfileSection(_Open):
     target: str
     levels: list[ProfileLevel]
@@ -309,7 +332,7 @@ class ProfileSection(_Open):
     incomplete: list[dict[str, Any]] = Field(default_factory=list)  # {concurrency, missing}
     failed_requests: int = 0  # requests of the load that failed while profiling
     # Ctrl-C: {"levels_left": [c, ...]}, each also in `incomplete`; the levels that finished stay
-    interrupted: dict[str, Any] | None = None
+    interrupted: ProfileInterruption | None = None
     # no HTTP answer from the service at the start (e.g. "connection refused"): no level ran
     service_down: str | None = None
 

@@ -336,7 +336,8 @@ def not_answering(snap: Counters) -> str | None:
     statuses = [snap.get("server_info_status"), snap.get("metrics_status")]
     if any(isinstance(x, int) for x in statuses) or snap.get("server_info") is not None:
         return None
-    return str(statuses[0] or statuses[1] or "no answer")
+    why = str(statuses[0] or statuses[1] or "no answer")
+    return " ".join(why.split())[:160]  # its own words may hold the service's bytes: one line
 
 
 def service_facts(snap: Counters) -> dict[str, Any]:
@@ -386,36 +387,39 @@ def run_profile(
     `failed_requests` counts the load's failures. Ctrl-C raises ProfileInterrupted, with the
     levels that finished.
     """
-    first = snapshot(host)
     section: dict[str, Any] = {
         "target": host.name,
         "url": host.target.service.url,
-        "service": service_facts(first),
+        "service": {},
         "settings": opts.model_dump(),
         "levels": [],
         "incomplete": [],
     }
-    down = not_answering(first)
-    if down is not None:  # no level can run: said once, not as each level's missing numbers
-        section["service_down"] = down
-        section["incomplete"] = [
-            {"concurrency": c, "missing": [f"the service did not answer ({down})"]}
-            for c in opts.levels
-        ]
-        return section
-    # a shadow left armed by an earlier ops that was killed would time the candidate inside this
-    # profile's windows, f included: disarmed first, and said
-    found = left_armed(host, first.get("server_info"))
-    if found is not None:
-        section["shadow_found_armed"] = found
     sweep, finished = _Sweep(), []
     try:
+        first = snapshot(host)
+        section["service"] = service_facts(first)
+        down = not_answering(first)
+        if down is not None:  # no level can run: said once, not as each level's missing numbers
+            section["service_down"] = down
+            section["incomplete"] = [
+                {"concurrency": c, "missing": [f"the service did not answer ({down})"]}
+                for c in opts.levels
+            ]
+            return section
+        # a shadow left armed by an earlier ops that was killed would time the candidate inside
+        # this profile's windows, f included: disarmed first, and said
+        found = left_armed(host, first.get("server_info"))
+        if found is not None:
+            section["shadow_found_armed"] = found
         for c in opts.levels:
             _profile_level(host, opts, c, section, sweep)
             finished.append(c)
             on_level(c)
     except KeyboardInterrupt as exc:
-        left = [c for c in opts.levels if c not in finished]
+        # a level whose measured window finished is kept, its shadow window cut short or not
+        kept = {lv["concurrency"] for lv in section["levels"]}
+        left = [c for c in opts.levels if c not in finished and c not in kept]
         section["interrupted"] = {"levels_left": left}
         section["incomplete"] += [{"concurrency": c, "missing": [INTERRUPTED]} for c in left]
         raise ProfileInterrupted(section) from exc
@@ -456,7 +460,14 @@ def _profile_level(
     if opts.shadow and level["method"] == "measured" and sweep.shadow_offered:
         load = {"requests": requests, "input_len": opts.input_len,
                 "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
-        level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
+        try:
+            level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
+        except KeyboardInterrupt:  # f was measured: the level stays, without its s
+            section.setdefault("shadow_not_timed", []).append(
+                {"concurrency": c, "why": "interrupted (Ctrl-C) in its shadow window"}
+            )
+            _keep(section, c, level, lt)
+            raise
         # only the service's own "no such endpoint" ends the asking (a timeout does not)
         sweep.shadow_offered = level["shadow"]["offered"] is not False
         if level["shadow"].get("error"):
@@ -466,6 +477,12 @@ def _profile_level(
         failed = (level["shadow"].get("load") or {}).get("failed", 0)
         if failed:
             section["failed_requests"] = section.get("failed_requests", 0) + failed
+    _keep(section, c, level, lt)
+
+
+def _keep(section: dict[str, Any], c: int, level: dict[str, Any], lt: LevelDoc) -> None:
+    """Level c into the section: `levels` where it has a step time, `incomplete` where it
+    lacks anything, and its load's failures counted."""
     if "step_ms" in level:
         section["levels"].append(level)
     if level.get("missing") or "step_ms" not in level:

@@ -269,7 +269,7 @@ def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tal
     row = next((r for r in rows if r.concurrency == c), None)
     if row is None:
         have = [r.concurrency for r in rows]
-        left = (ev.profile.interrupted or {}).get("levels_left") or []
+        left = ev.profile.interrupted.levels_left if ev.profile.interrupted else []
         cut = "; the profile was interrupted (Ctrl-C) before it" if c in left else ""
         t.hold("no_profile_level", f"concurrency {c} was not profiled (profiled: {have}){cut}")
         return
@@ -337,7 +337,10 @@ def decide(ev: Evidence, threshold: float = 0.03, concurrency: int | None = None
     _bench(ev, change, t)
     rows = amdahl_rows(ev, change, threshold) if change else []
     if concurrency is None and ev.profile is not None and ev.profile.levels:
-        concurrency = max(lv.concurrency for lv in ev.profile.levels)
+        # the highest level asked for: one a Ctrl-C left unprofiled is still the target (a
+        # verdict at a lower level than the user asked about would read as the answer)
+        left = ev.profile.interrupted.levels_left if ev.profile.interrupted else []
+        concurrency = max([lv.concurrency for lv in ev.profile.levels] + left)
     if change is not None:
         _gain(ev, rows, concurrency, threshold, t)
     verdict: Verdict = "NO-GO" if t.failed else "HOLD" if t.holds else "GO"

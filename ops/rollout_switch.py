@@ -12,6 +12,7 @@ from typing import Any
 from ops.amdahl import gain_interval, rate_gain
 from ops.counters import STAGES, stage_seconds, window_stages
 from ops.deploy import Deployer, DeployOptions
+from ops.deploy_result import DeployInterrupted
 from ops.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change, precision_met
 from ops.gain_audit import cycles_text, points
 from ops.inventory import Target
@@ -148,9 +149,13 @@ class MeasureInterrupted(KeyboardInterrupt):
     (`measure_interrupted`), and, inside the recheck, the release the service was left on."""
 
     def __init__(self, section: dict[str, Any]) -> None:
-        on = section.get("service_runs")
-        self.detail = f"the service runs {on} (the recheck's last switch)" if on else ""
-        runs = f"{len(section['runs'])} runs finished"
+        on, where = section.get("service_runs"), section.get("service_runs_from")
+        self.detail = f"the service runs {on} ({where})" if on else ""
+        if not on and section.get("switch"):
+            self.detail = (f"a recheck switch was interrupted and the host could not say which "
+                           f"release is current (`ops releases {section['target']}`)")  # fmt: skip
+        n = len(section["runs"])
+        runs = f"{n} run{'s' * (n != 1)} finished"
         super().__init__(f"{runs}; {self.detail}" if on else runs)
         self.section = section
 
@@ -172,7 +177,14 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         return _measure(ctx, st, raw, settings)
     except KeyboardInterrupt as exc:
         section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
-                   "runs": raw, "service_runs": ctx.recheck_current}  # fmt: skip
+                   "runs": raw, "service_runs": ctx.recheck_current,
+                   "service_runs_from": "the recheck's last switch"}  # fmt: skip
+        if isinstance(exc, DeployInterrupted):  # inside a switch: the host says where it is
+            section["service_runs"] = exc.result.after
+            section["service_runs_from"] = "the host, after the interrupted switch"
+            section["switch"] = exc.result.message
+        if section["service_runs"] is None:
+            section["service_runs_from"] = None
         raise MeasureInterrupted(section) from exc
 
 

@@ -128,7 +128,11 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
 
     url = host.target.service.url
     args = ["--url", url, "--component", component, "--backend", kind, "--forwards", str(forwards)]
-    arm = run_check(host, "checks.shadow", args).data
+    try:
+        arm = run_check(host, "checks.shadow", args).data
+    except BaseException:  # the arm may have reached the service before its answer came back
+        _disarm_after_failure(host, component)
+        raise
     if not arm.get("ok"):
         return {"offered": arm.get("offered"), "component": component, "candidate": kind,
                 "error": arm.get("message") or "the service did not arm its shadow"}  # fmt: skip
@@ -150,17 +154,30 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
 
 
 def disarm(host: Host, component: str) -> dict[str, Any]:
-    """`checks.shadow --forwards 0`, with Ctrl-C held off while it runs (a second Ctrl-C
-    right after the first would otherwise leave the service timing the candidate for up to
-    20,000 more forwards); bounded by the check's own timeout."""
+    """`checks.shadow --forwards 0`, with Ctrl-C held off while it runs and raised once it is
+    done (a Ctrl-C in the middle would otherwise leave the service timing the candidate for up
+    to 20,000 more forwards; a dropped one would leave the user's Ctrl-C unanswered); bounded by
+    the check's own timeout."""
     off = ["--url", host.target.service.url, "--component", component, "--forwards", "0"]
     held = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if held else None
+    came: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda sig, frame: came.append(sig)) if held else None
     try:
         return run_check(host, "checks.shadow", off).data
     finally:
         if held:
             signal.signal(signal.SIGINT, before)
+            if came:
+                raise KeyboardInterrupt  # the Ctrl-C that came while the service was disarmed
+
+
+def _disarm_after_failure(host: Host, component: str) -> None:
+    """A disarm after the arm itself failed or was interrupted: its own failure is not
+    news (the arm's is what goes on)."""
+    try:
+        disarm(host, component)
+    except Exception:  # noqa: BLE001 - the arm's error is the one to report
+        pass
 
 
 def left_armed(host: Host, info: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ and the report sets the prediction beside them (ops.gain_audit). Fixed numbers t
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -172,6 +173,21 @@ def test_a_malformed_audit_is_bad_input_naming_the_file_and_field(tmp_path, bad,
     assert code == 2, doc
     text = str(doc)
     assert "measure" in text and "audit" in text and field in text, text
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -5.0, 1e309])
+def test_a_profile_tokens_per_s_that_is_no_rate_is_bad_input(tmp_path, bad) -> None:
+    """The projection on the measure's baseline divides by the profile's tokens/s: a record
+    whose tokens/s is not a finite number > 0 is exit 2 naming the file and the field, never a
+    line of nan or inf."""
+    recs = _attn_records(tmp_path, True)
+    prof = json.loads(Path(recs[3]).joinpath("record.json").read_text())
+    prof["profile"]["levels"][1]["tokens_per_s"]["value"] = bad
+    recs[3] = _write(tmp_path, "profile_bad_rate", prof)
+    code, doc = ops_report(tmp_path, *recs, args=("-c", "32"))
+    assert code == 2, doc
+    text = str(doc)
+    assert "profile" in text and "tokens_per_s" in text and "finite number > 0" in text, text
 
 
 def test_the_measured_gain_has_a_reproducible_bootstrap_interval(tmp_path) -> None:

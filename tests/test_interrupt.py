@@ -199,13 +199,16 @@ def test_ctrl_c_keeps_the_profile_levels_that_finished(
     assert [lv["concurrency"] for lv in prof["levels"]] == [1]
     assert prof["levels"][0]["method"] == "derived" and prof["levels"][0]["load"]["completed"] == 2
     assert prof["interrupted"] == {"levels_left": [2]}
-    # a report from that record: c=2 (its target) was not profiled, and it says why
+    # a report from that record: its target is still the highest level asked for (c=2, not
+    # the c=1 that finished), which was not profiled, and it says why
     rep = subprocess.run(
         [sys.executable, "-m", "ops", "report", doc["run_dir"], "--out", str(tmp_path / "rep"),
-         "--change", "tree_build:reference->cuda", "-c", "2", "--json"],
+         "--change", "tree_build:reference->cuda", "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    held = {h["code"]: h["message"] for h in json.loads(rep.stdout)["holds"]}
+    rdoc = json.loads(rep.stdout)
+    assert rdoc["target_concurrency"] == 2 and rdoc["verdict"] == "HOLD", rdoc
+    held = {h["code"]: h["message"] for h in rdoc["holds"]}
     assert held["no_profile_level"] == (
         "concurrency 2 was not profiled (profiled: [1]); the profile was interrupted (Ctrl-C) "
         "before it"
@@ -243,6 +246,60 @@ def test_a_rollout_interrupted_in_its_profile_keeps_the_levels_that_finished(
     assert record["outcome"] == "interrupted" and record["exit_code"] == 130
     assert [lv["concurrency"] for lv in record["profile"]["levels"]] == [1]
     assert record["profile"]["interrupted"] == {"levels_left": [2]}
+
+
+@pytest.fixture
+def mute_service() -> Iterator[int]:
+    """A port that accepts connections and never answers: every HTTP request to it hangs
+    until its own timeout."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(64)
+        yield srv.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["profile", "healthcheck"])
+def test_ctrl_c_before_any_result_says_so_and_where_the_record_is(
+    tmp_path: Path, mute_service: int, command: str
+) -> None:
+    """SIGINT while the command's first request to the service hangs: exit 130, one line that
+    it was interrupted, the record line, and with --json the JSON document; the profile's
+    record lists every level as not profiled."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        f"[targets.local.service]\nurl = 'http://127.0.0.1:{mute_service}'\n"
+    )
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    more = ["-c", "1,2"] if command == "profile" else []
+    argv = [sys.executable, "-m", "ops", command, "local", *more, "--json", "--inventory",
+            str(inv)]  # fmt: skip
+    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        url = f"http://127.0.0.1:{mute_service}"
+        wait_for(lambda: [p for p in _pids() if url in _argv(p) and "-S" in _argv(p)], 60,
+                 "the first check, on the mute port")  # fmt: skip
+        time.sleep(1.0)  # its request hangs on the mute port
+        os.kill(ops.pid, signal.SIGINT)
+        out, err = ops.communicate(timeout=60)
+    finally:
+        if ops.poll() is None:
+            ops.kill()
+            ops.wait()
+    assert ops.returncode == 130, err
+    assert "Traceback" not in err
+    doc = json.loads(out)
+    assert doc["ok"] is False, doc
+    assert "record: " in err and doc["run_dir"] in err.replace("\n", "")
+    record = json.loads((Path(doc["run_dir"]) / "record.json").read_text())
+    assert record["outcome"] == "interrupted" and record["exit_code"] == 130
+    if command == "profile":
+        assert "interrupted: c=1, 2 not profiled (Ctrl-C)" in err, err
+        assert record["profile"]["interrupted"] == {"levels_left": [1, 2]}
+        assert record["profile"]["levels"] == []
+    else:
+        assert "interrupted (Ctrl-C) before a result" in err, err
+        assert doc["outcome"] == "interrupted"
 
 
 def _sshd_ancestor(pid: int, listener: int) -> int:

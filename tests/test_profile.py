@@ -242,3 +242,23 @@ def test_a_service_that_does_not_answer_is_said_once(ops: Ops) -> None:
         "the profile measured no level (the service did not answer: connection refused): f(c) "
         "is unknown"
     ), rep
+
+
+def test_a_service_that_accepts_but_never_answers_is_said_once(tmp_path: Path) -> None:
+    """A port that accepts connections and never answers (a hung service): one wait of the
+    probe's 10 s, not one per endpoint, then one line that it did not answer and may be hung,
+    exit 1, no level run."""
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(64)
+        ops = Ops(tmp_path)
+        ops.port = mute.getsockname()[1]
+        ops.configure_service(None)
+        t0 = time.monotonic()
+        res = ops("profile", "local", "-c", "1,8", "--requests", "2")
+        took = time.monotonic() - t0
+    assert res.returncode == 1, res.stderr
+    assert "did not answer (timeout after 10s); no level was run. Is it hung?" in res.stderr, (
+        res.stderr
+    )
+    assert 10 <= took < 18, took  # one 10-s wait (and the start), not two

@@ -10,6 +10,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -219,30 +220,46 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     assert res.returncode == 0 and "still armed" not in res.stdout + res.stderr
 
 
-def test_the_disarm_holds_off_a_second_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
-    """While `disarm` runs its check, SIGINT is ignored (a Ctrl-C then cannot leave the
-    service armed), and the handler before is back after, whatever the check did."""
+def test_the_disarm_holds_off_a_ctrl_c_and_raises_it_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGINT while `disarm` runs its check does not stop the check (the service would stay
+    armed), and is not lost either: KeyboardInterrupt once the check is done, the handler
+    before back in place. Without one, the check's answer is returned; a failed check's error
+    goes on, with the handler back too."""
+    import os
     import signal
 
     from ops import shadow
     from ops.inventory import load_inventory
+    from ops.local import LocalHost
 
     seen = []
 
     def check(host, module, args, **kw):  # the check's host side is not what is tested here
-        seen.append((module, args, signal.getsignal(signal.SIGINT)))
-        raise RuntimeError("the check failed")
+        seen.append((module, args))
+        if mode == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)  # delivered now, to the handler the disarm set
+            time.sleep(0.05)
+        if mode == "fail":
+            raise RuntimeError("the check failed")
+        return type("R", (), {"data": {"ok": True, "left": 0}})()
 
     monkeypatch.setattr(shadow, "run_check", check)
     before = signal.getsignal(signal.SIGINT)
-    inv = load_inventory(None)
-    from ops.local import LocalHost
-
+    host = LocalHost(load_inventory(None).target("local"))
+    mode = "interrupt"
+    with pytest.raises(KeyboardInterrupt):
+        shadow.disarm(host, "attention")
+    assert len(seen) == 1  # the check ran to its end first
+    assert signal.getsignal(signal.SIGINT) is before
+    mode = "plain"
+    assert shadow.disarm(host, "attention") == {"ok": True, "left": 0}
+    mode = "fail"
     with pytest.raises(RuntimeError):
-        shadow.disarm(LocalHost(inv.target("local")), "attention")
-    ((module, args, during),) = seen
-    assert module == "checks.shadow" and args[-2:] == ["--forwards", "0"]
-    assert during is signal.SIG_IGN and signal.getsignal(signal.SIGINT) is before
+        shadow.disarm(host, "attention")
+    assert [a[-2:] for _, a in seen] == [["--forwards", "0"]] * 3
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def _checks_shadow(url: str, *args: str) -> tuple[int, dict]:
@@ -331,3 +348,26 @@ def test_a_rollout_arms_the_shadow_only_after_the_bench_passed(ops: Ops) -> None
     sec = json.loads(next(run.glob("*-profile/record.json")).read_text())["profile"]
     assert sec["shadow_not_armed"] == "shadow not armed: the bench did not pass (hold)"
     assert all("shadow" not in lv for lv in sec["levels"])
+
+
+def test_a_ctrl_c_while_arming_still_disarms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C after the arm reached the service but before its answer came back: the shadow
+    window disarms anyway (the service would otherwise time the candidate beside every forward
+    it serves), and the Ctrl-C goes on."""
+    from ops import shadow
+    from ops.inventory import load_inventory
+    from ops.local import LocalHost
+
+    calls = []
+
+    def check(host, module, args, **kw):
+        calls.append(args[args.index("--forwards") + 1])
+        if args[-1] != "0":  # the arm
+            raise KeyboardInterrupt
+        return type("R", (), {"data": {"ok": True, "left": 0}})()
+
+    monkeypatch.setattr(shadow, "run_check", check)
+    host = LocalHost(load_inventory(None).target("local"))
+    with pytest.raises(KeyboardInterrupt):
+        shadow.shadow_level(host, 1, "attention=torch", 5000, {"requests": 1})
+    assert calls == ["5000", "0"]  # armed, then disarmed

@@ -504,3 +504,44 @@ def test_ctrl_c_in_the_recheck_keeps_its_runs_and_says_which_release_serves(
     # the release before the candidate is current, and it serves (tree_build: reference)
     assert os.readlink(local.root / "current").endswith(first)
     assert local.backends()["tree_build"] == "reference"
+
+
+@pytest.mark.parametrize(
+    "after, want",
+    [
+        ("R-cand", "the service runs R-cand (the host, after the interrupted switch)"),
+        (None, "a recheck switch was interrupted and the host could not say which release is "
+               "current (`ops releases local`)"),
+    ],
+)  # fmt: skip
+def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
+    monkeypatch: pytest.MonkeyPatch, after: str | None, want: str
+) -> None:
+    """Ctrl-C inside one of the recheck's switches (a DeployInterrupted: ops.deploy asks the
+    host where it was left once its guard is done): the measure's interruption names that
+    release, not the last switch the recheck had finished (which a Ctrl-C after the switch's
+    post-flight, before it returned, would make wrong), or says it is not known."""
+    from types import SimpleNamespace
+
+    from ops import rollout_switch
+    from ops.deploy_result import DeployInterrupted, DeployResult
+    from ops.playbook import MeasureStep, Playbook
+
+    def measure(ctx, st, raw, settings):
+        raw.append({"arm": "after", "run": 0})
+        ctx.recheck_current = "R-before"  # the last switch the recheck had finished
+        raise DeployInterrupted(DeployResult(target="local", outcome="interrupted", after=after,
+                                             message="interrupted during postflight"))  # fmt: skip
+
+    monkeypatch.setattr(rollout_switch, "_measure", measure)
+    pb = Playbook.model_validate({"steps": [{"step": "report"}]})
+    ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
+                          requests_per_level={}, recheck_current=None)  # fmt: skip
+    st = MeasureStep(step="measure", phase="after", recheck=True)
+    with pytest.raises(rollout_switch.MeasureInterrupted) as got:
+        rollout_switch.step_measure(ctx, st, None)
+    assert got.value.detail == want
+    part = got.value.partial_sections["measure_interrupted"]
+    assert part["service_runs"] == after and part["switch"] == "interrupted during postflight"
+    assert str(got.value).startswith("1 run finished")
+    assert isinstance(got.value, KeyboardInterrupt)

@@ -3,6 +3,7 @@ reads the records alone and prints the numbers benchmarks/NOTES-attention.md quo
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,22 @@ def test_the_pair_reads_as_the_notes_quote_it() -> None:
 def test_no_argument_is_usage_and_exit_2() -> None:
     res = _run()
     assert res.returncode == 2 and "Usage:" in res.stderr
+    res = _run("--help")
+    assert res.returncode == 2 and "Usage:" in res.stderr and "Traceback" not in res.stderr
+    res = _run(str(REPO / "README.md"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "README.md: not a rollout run directory this reads" in res.stderr, res.stderr
+
+
+def test_an_older_rollout_is_read_where_it_can_be() -> None:
+    """A rollout from before the shadow (b3b9d70: the bench's s, a report.json with no measured
+    interval): its levels print what the record has, or say they are not read; no traceback."""
+    old = REPO / "benchmarks" / "results" / "2026-12-01-b3b9d70-h200-rollouts-audit"
+    (tree,) = old.glob("rollout-tree/runs/*-rollout-local")
+    res = _run(str(tree))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert res.stdout.count("on the measure's baseline") == 3, res.stdout
+    assert "measured interval" not in res.stdout
 
 
 def test_on_baseline_all_tallies_the_pair_by_where_s_came_from(tmp_path: Path) -> None:
@@ -62,6 +79,27 @@ def test_on_baseline_all_tallies_the_pair_by_where_s_came_from(tmp_path: Path) -
         "on_baseline: 6 inside, 4 within 3 pp, mean |miss| 1.9 pp"
     ) in res.stdout
     assert "s from the bench, attn: no levels" in res.stdout
+    assert "(-0.0 pp)" not in res.stdout and "(+0.0 pp)" in res.stdout  # e30be2b tree c=1
     res = subprocess.run([sys.executable, str(script), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode == 2 and "Usage:" in res.stderr
+
+
+def test_on_baseline_all_names_a_run_it_cannot_rebuild(tmp_path: Path) -> None:
+    """A rollout whose records `ops report` refuses (a profile's tokens/s made NaN by hand) is
+    named on stderr and left out, and the exit is 1: a tally never drops a run silently."""
+    import shutil
+
+    copy = tmp_path / PAIR.name
+    shutil.copytree(PAIR / "rollout-tree", copy / "rollout-tree")
+    (prof,) = copy.glob("rollout-tree/runs/*-rollout-local/*-profile/record.json")
+    doc = json.loads(prof.read_text())
+    doc["profile"]["levels"][0]["tokens_per_s"]["value"] = float("nan")
+    prof.write_text(json.dumps(doc))
+    script = REPO / "benchmarks" / "on_baseline_all.py"
+    res = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "left out: ops report exit 2" in res.stderr and "tokens_per_s" in res.stderr, res.stderr
+    assert "1 of 1 rollouts left out" in res.stderr
+    assert "s from the shadow: no levels" in res.stdout
