@@ -66,8 +66,9 @@ class Context:
     deploy_opts: Any = None  # the deploy step's DeployOptions (measure's recheck reuses them)
     # the release the service was left on when the recheck could not switch the candidate back
     recheck_left_on: str | None = None
-    # the release the recheck's last switch made current (None: it has not switched)
-    recheck_current: str | None = None
+    # while a measure runs: the release it knows is current, and how it knows ("the deploy's
+    # switch", "the recheck's last switch"); None before the candidate's deploy
+    measure_serving: tuple[str, str] | None = None
     deploy_record: str = ""
     before: dict[int, list[list[float]]] | None = None  # the A/A pair per level
     before_runs: list[dict[str, Any]] = field(default_factory=list)  # their raw runs

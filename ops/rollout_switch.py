@@ -156,7 +156,7 @@ class MeasureInterrupted(KeyboardInterrupt):
                            f"release is current (`ops releases {section['target']}`)")  # fmt: skip
         n = len(section["runs"])
         runs = f"{n} run{'s' * (n != 1)} finished"
-        super().__init__(f"{runs}; {self.detail}" if on else runs)
+        super().__init__(f"{runs}; {self.detail}" if self.detail else runs)
         self.section = section
 
     @property
@@ -172,19 +172,20 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     load, raw = ctx.playbook.load, []
     settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side",
                 "requests_per_level": ctx.requests_per_level or None}  # fmt: skip
-    ctx.recheck_current = None
+    dep = ctx.deploy
+    deployed = st.phase == "after" and dep is not None and dep.ok and dep.release
+    ctx.measure_serving = (dep.release, "the deploy's switch") if deployed else None
     try:
         return _measure(ctx, st, raw, settings)
     except KeyboardInterrupt as exc:
-        section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
-                   "runs": raw, "service_runs": ctx.recheck_current,
-                   "service_runs_from": "the recheck's last switch"}  # fmt: skip
+        on, where = ctx.measure_serving or (None, None)
         if isinstance(exc, DeployInterrupted):  # inside a switch: the host says where it is
-            section["service_runs"] = exc.result.after
-            section["service_runs_from"] = "the host, after the interrupted switch"
+            on, where = exc.result.after, "the host, after the interrupted switch"
+        section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
+                   "runs": raw, "service_runs": on,
+                   "service_runs_from": where if on else None}  # fmt: skip
+        if isinstance(exc, DeployInterrupted):
             section["switch"] = exc.result.message
-        if section["service_runs"] is None:
-            section["service_runs_from"] = None
         raise MeasureInterrupted(section) from exc
 
 
@@ -359,7 +360,7 @@ def recheck(
                     doc,
                 )
             return again, f"recheck: cycle {k} of {of} stopped: {what}", doc
-        ctx.recheck_current = dep.before
+        ctx.measure_serving = (dep.before, "the recheck's last switch")
         ctx.say(f"recheck: {dep.before} is current again; the load once more")
         for c, xs in _arm(ctx, 2 * st.repeats, "A''", raw, cycle=k).items():
             again.setdefault(c, []).extend(xs)
@@ -377,7 +378,7 @@ def recheck(
                 ),
                 _precision_doc(st, k, widths),
             )
-        ctx.recheck_current = dep.release
+        ctx.measure_serving = (dep.release, "the recheck's last switch")
         done = k >= last or (
             k >= st.cycles and bool(st.precision) and precision_met(widths.values(), st.precision)
         )

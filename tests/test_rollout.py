@@ -529,14 +529,14 @@ def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
 
     def measure(ctx, st, raw, settings):
         raw.append({"arm": "after", "run": 0})
-        ctx.recheck_current = "R-before"  # the last switch the recheck had finished
+        ctx.measure_serving = ("R-before", "the recheck's last switch")  # finished before
         raise DeployInterrupted(DeployResult(target="local", outcome="interrupted", after=after,
                                              message="interrupted during postflight"))  # fmt: skip
 
     monkeypatch.setattr(rollout_switch, "_measure", measure)
     pb = Playbook.model_validate({"steps": [{"step": "report"}]})
     ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
-                          requests_per_level={}, recheck_current=None)  # fmt: skip
+                          requests_per_level={}, deploy=None)  # fmt: skip
     st = MeasureStep(step="measure", phase="after", recheck=True)
     with pytest.raises(rollout_switch.MeasureInterrupted) as got:
         rollout_switch.step_measure(ctx, st, None)
@@ -545,3 +545,32 @@ def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
     assert part["service_runs"] == after and part["switch"] == "interrupted during postflight"
     assert str(got.value).startswith("1 run finished")
     assert isinstance(got.value, KeyboardInterrupt)
+
+
+def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C in the after arm before any recheck switch: the candidate the deploy step made
+    current is what serves, and the interruption says so; in the before phase nothing is
+    claimed."""
+    from types import SimpleNamespace
+
+    from ops import rollout_switch
+    from ops.deploy_result import DeployResult
+    from ops.playbook import MeasureStep, Playbook
+
+    def measure(ctx, st, raw, settings):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rollout_switch, "_measure", measure)
+    pb = Playbook.model_validate({"steps": [{"step": "report"}]})
+    dep = DeployResult(target="local", outcome="deployed", release="R-cand", before="R-before")
+    ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
+                          requests_per_level={}, deploy=dep)  # fmt: skip
+    with pytest.raises(rollout_switch.MeasureInterrupted) as got:
+        rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="after"), None)
+    assert got.value.detail == "the service runs R-cand (the deploy's switch)"
+    with pytest.raises(rollout_switch.MeasureInterrupted) as got:
+        rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="before"), None)
+    assert got.value.detail == "" and str(got.value) == "0 runs finished"
+    assert got.value.partial_sections["measure_interrupted"]["service_runs"] is None
