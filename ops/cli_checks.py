@@ -169,7 +169,13 @@ def loadtest(
     def doc(done: Done[LoadtestReport]) -> dict[str, Any]:
         return {"ok": done.result.ok, **done.section}
 
-    return on_target(ctx, "loadtest", target, inputs, sweep, _print_loadtest, doc=doc)
+    def json_why(done: Done[LoadtestReport]) -> None:  # the table's own line covers text mode
+        if state(ctx).as_json:
+            _loadtest_why(done.result)
+
+    return on_target(
+        ctx, "loadtest", target, inputs, sweep, _print_loadtest, doc=doc, always=json_why
+    )
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -224,6 +230,11 @@ def _print_loadtest(rep: LoadtestReport) -> None:
     for lv in rep.level_docs:
         for error, n in lv["errors"].items():
             err.print(f"[red]c={lv['concurrency']}: {n} x {escape(error)}[/]", soft_wrap=True)
+    _loadtest_why(rep)
+
+
+def _loadtest_why(rep: LoadtestReport) -> None:
+    """The line an interrupted sweep ends with, in both modes (with --json too, on stderr)."""
     if rep.interrupted:
         err.print(
             f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "

@@ -146,7 +146,8 @@ def _finite(ctx: typer.Context, kwargs: dict[str, Any]) -> None:
 
 def command(fn: Callable[..., int]) -> Callable[..., None]:
     """Run a command function (its first parameter `ctx`) and exit with the code it returns;
-    an OpsError becomes one line on stderr (and, with --json, a JSON document) and its code."""
+    an OpsError becomes one line on stderr (and, with --json, a JSON document) and its code; a
+    Ctrl-C the command did not answer itself, one line (and document) and 130."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> None:
@@ -162,6 +163,11 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
             if exc.hint:
                 err.print(f"[dim]hint: {escape(exc.hint)}[/]", soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:  # one the command did not answer itself (no record kept)
+            if as_json:
+                emit_json({"ok": False, "outcome": "interrupted"})
+            err.print("[yellow]interrupted[/] (Ctrl-C)")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         raise typer.Exit(code)
 
     return run

@@ -179,13 +179,17 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
         return _measure(ctx, st, raw, settings)
     except KeyboardInterrupt as exc:
         on, where = ctx.measure_serving or (None, None)
+        switch = None
         if isinstance(exc, DeployInterrupted):  # inside a switch: the host says where it is
             on, where = exc.result.after, "the host, after the interrupted switch"
+            switch = exc.result.message
+        elif deployed and ctx.measure_serving is None:  # a 2nd Ctrl-C cut the host's answer
+            switch = "a recheck switch was interrupted before the host said where it is"
         section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
                    "runs": raw, "service_runs": on,
                    "service_runs_from": where if on else None}  # fmt: skip
-        if isinstance(exc, DeployInterrupted):
-            section["switch"] = exc.result.message
+        if switch:
+            section["switch"] = switch
         raise MeasureInterrupted(section) from exc
 
 
@@ -346,6 +350,7 @@ def recheck(
     k = 0
     for k in range(1, last + 1):
         with open_host(ctx.target) as host:
+            ctx.measure_serving = None  # not known again until the switch has answered
             back = Deployer(host, opts, show).rollback(dep.before)
         if not back.ok:
             what = f"switching back to {dep.before} failed ({back.message})"
@@ -367,6 +372,7 @@ def recheck(
         if st.precision and ctx.before is not None and after is not None:
             widths = half_widths(ctx.before, again, after)
         with open_host(candidate_target(ctx.target, ctx.change)) as host:
+            ctx.measure_serving = None
             fwd = Deployer(host, opts, show).rollback(dep.release)
         if not fwd.ok:
             ctx.recheck_left_on = fwd.after or dep.before

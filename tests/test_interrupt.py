@@ -134,6 +134,7 @@ def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
     code, out, err, started, marker = _ctrl_c_in_the_second_level(args, tmp, port)
     url = f"http://127.0.0.1:{port}"
     assert code == 130, err
+    assert "interrupted: 1 of 2 levels finished" in err and "record: " in err, err  # --json too
     doc = json.loads(out)
     assert doc["ok"] is False and doc["interrupted"] is True
     assert [lv["concurrency"] for lv in doc["levels"]] == [1]
@@ -300,6 +301,44 @@ def test_ctrl_c_before_any_result_says_so_and_where_the_record_is(
     else:
         assert "interrupted (Ctrl-C) before a result" in err, err
         assert doc["outcome"] == "interrupted"
+
+
+def test_ctrl_c_in_a_command_without_a_record_still_says_so(tmp_path: Path) -> None:
+    """`ops report` reading a record that never comes (a named pipe no one writes): SIGINT
+    gives exit 130, one 'interrupted' line and, with --json, one JSON document (typer would
+    otherwise end it as a silent 130)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "record.json")
+    argv = [sys.executable, "-m", "ops", "report", str(run), "--out", str(tmp_path / "out"),
+            "--json"]  # fmt: skip
+    ops = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: matching("-m", "ops", "report", str(run), at=1), 30, "ops report")
+        time.sleep(1.5)  # past its imports, blocked on the pipe
+        os.kill(ops.pid, signal.SIGINT)
+        out, err = ops.communicate(timeout=30)
+    finally:
+        if ops.poll() is None:
+            ops.kill()
+            ops.wait()
+    assert ops.returncode == 130, err
+    assert "Traceback" not in err and "interrupted (Ctrl-C)" in err, err
+    assert json.loads(out) == {"ok": False, "outcome": "interrupted"}
+
+
+def test_ctrl_c_while_ops_starts_is_never_a_traceback() -> None:
+    """SIGINT at moments through `ops`'s start-up (the interpreter, the CLI's imports, the
+    command): never a Python traceback; 130 with one line, or (in the interpreter's first
+    instants, before Python handles SIGINT) the signal's own end."""
+    for delay in (0.05, 0.1, 0.15, 0.2, 0.3):
+        proc = subprocess.Popen([sys.executable, "-m", "ops", "hosts"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert "Traceback" not in err, (delay, err)
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, err)
 
 
 def _sshd_ancestor(pid: int, listener: int) -> int:

@@ -552,14 +552,19 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
 ) -> None:
     """Ctrl-C in the after arm before any recheck switch: the candidate the deploy step made
     current is what serves, and the interruption says so; in the before phase nothing is
-    claimed."""
+    claimed; inside a recheck switch whose own answer a second Ctrl-C cut short, the release
+    is said to be unknown (never the one before the switch)."""
     from types import SimpleNamespace
 
     from ops import rollout_switch
     from ops.deploy_result import DeployResult
     from ops.playbook import MeasureStep, Playbook
 
+    cut_switch = False
+
     def measure(ctx, st, raw, settings):
+        if cut_switch:  # inside a recheck switch, a 2nd Ctrl-C before the host was asked
+            ctx.measure_serving = None
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rollout_switch, "_measure", measure)
@@ -573,4 +578,9 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
     with pytest.raises(rollout_switch.MeasureInterrupted) as got:
         rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="before"), None)
     assert got.value.detail == "" and str(got.value) == "0 runs finished"
+    assert got.value.partial_sections["measure_interrupted"]["service_runs"] is None
+    cut_switch = True  # no claim from an earlier switch: the release is said to be unknown
+    with pytest.raises(rollout_switch.MeasureInterrupted) as got:
+        rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="after"), None)
+    assert got.value.detail.startswith("a recheck switch was interrupted and the host could not")
     assert got.value.partial_sections["measure_interrupted"]["service_runs"] is None
