@@ -134,6 +134,15 @@ def loadtest(
     as_json = state(ctx).as_json
 
     def sweep(host: Host) -> Done[LoadtestReport]:
+        from ops.profile import not_answering, snapshot
+
+        # a service that gives no HTTP answer at all: said once, before any level waits out
+        # its requests' timeouts (a hung one would hold each for --timeout seconds)
+        down = not_answering(snapshot(host))
+        if down is not None:
+            rep = LoadtestReport(target=host.name, url=host.target.service.url, settings=inputs,
+                                 levels=[], planned=levels, service_down=down)  # fmt: skip
+            return Done(EXIT_FAIL, "fail", rep)
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -198,6 +207,10 @@ def _print_loadtest(rep: LoadtestReport) -> None:
     """Two narrow tables (throughput, then latency per level) so 80 columns show every number."""
     from rich.table import Table
 
+    if not rep.levels:  # no level ran (the service did not answer, or a Ctrl-C at once)
+        _loadtest_why(rep)
+        return
+
     table = Table(title=f"loadtest {escape(rep.target)} ({escape(rep.url)})", title_justify="left")
     heads = ("c", "ok", "failed", "req/s", "out tok/s", "accept len", "time s")
     for col in heads:
@@ -234,7 +247,16 @@ def _print_loadtest(rep: LoadtestReport) -> None:
 
 
 def _loadtest_why(rep: LoadtestReport) -> None:
-    """The line an interrupted sweep ends with, in both modes (with --json too, on stderr)."""
+    """The line an interrupted sweep (or one whose service did not answer) ends with, in both
+    modes (with --json too, on stderr)."""
+    if rep.service_down:
+        ask = "Is it hung?" if rep.service_down.startswith("timeout") else "Is it running?"
+        err.print(
+            f"[bold red]fail:[/] the service at {escape(rep.url)} did not answer "
+            f"({escape(rep.service_down)}); no level was run. {ask} `ops service status "
+            f"{escape(rep.target)}`",
+            soft_wrap=True,
+        )
     if rep.interrupted:
         err.print(
             f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "

@@ -26,6 +26,8 @@ class LoadtestReport(BaseModel):
     levels: list[dict[str, Any]]  # checks.docs.LevelDoc (stdlib TypedDict: see `level_docs`)
     interrupted: bool = False  # Ctrl-C: `levels` are the ones that finished
     planned: list[int] = []
+    # no HTTP answer at all from the service before the first level (why): no level was run
+    service_down: str | None = None
 
     @property
     def level_docs(self) -> list[LevelDoc]:
@@ -34,7 +36,11 @@ class LoadtestReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and all(lv["failed"] == 0 for lv in self.level_docs)
+        return (
+            not self.interrupted
+            and not self.service_down
+            and all(lv["failed"] == 0 for lv in self.level_docs)
+        )
 
 
 class LoadtestInterrupted(KeyboardInterrupt):

@@ -60,3 +60,19 @@ def test_bad_levels_exit_2(ops: Ops) -> None:
     for bad in ("0", "1,x", ""):
         res = ops("loadtest", "local", "-c", bad)
         assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_a_service_that_does_not_answer_is_one_line_and_no_level(ops: Ops) -> None:
+    """Nothing serves on the port: one line that says so, exit 1, no level run (each would
+    otherwise wait out its requests), in text mode and with --json (the document says why)."""
+    ops.configure()  # not started
+    res = ops("loadtest", "local", "-c", "1,4", "--requests", "2")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "did not answer (connection refused); no level was run. Is it running?" in (
+        res.stderr
+    ), res.stderr
+    assert "out tok/s" not in res.stdout  # no empty tables
+    code, rep = ops.json("loadtest", "local", "-c", "1,4", "--requests", "2")
+    assert code == 1 and rep["ok"] is False
+    assert rep["service_down"] == "connection refused" and rep["levels"] == []
+    assert rep["planned"] == [1, 4]
