@@ -95,8 +95,7 @@ def _timers(side: str) -> list[dict]:
         raise TraceError(f"{side}: {exc}") from None
     keys = {"rows": int, "impl": str, "plan_host_us": (int, float), "calls_us": (int, float)}
     if not isinstance(doc, list) or not all(
-        isinstance(t, dict) and all(isinstance(t.get(k), ty) for k, ty in keys.items())
-        for t in doc
+        isinstance(t, dict) and all(isinstance(t.get(k), ty) for k, ty in keys.items()) for t in doc
     ):
         raise TraceError(f"{side}: not engine.trace's timers (a list of rows / impl / "
                          "plan_host_us / calls_us)")  # fmt: skip

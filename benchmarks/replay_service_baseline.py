@@ -66,8 +66,10 @@ def main(argv: list[str]) -> int:
         for r in replay(Path(d)):
             m, a, b = r["measured"], r["report"]["gain"], r["service_baseline"]["gain"]
             if r["shadow"] is not None:
-                print(f"  c={r['concurrency']:2} the report projected {r['shadow']:+.1%} with the "
-                      f"shadow's s (miss {100 * (m - r['shadow']):+.1f} pp); with the bench's:")
+                print(
+                    f"  c={r['concurrency']:2} the report projected {r['shadow']:+.1%} with the "
+                    f"shadow's s (miss {100 * (m - r['shadow']):+.1f} pp); with the bench's:"
+                )
             print(
                 f"  c={r['concurrency']:2} measured {m:+.1%}  report {a:+.1%} (miss "
                 f"{100 * (m - a):+.1f} pp)  service baseline {b:+.1%} "
