@@ -134,7 +134,7 @@ def loadtest(
     as_json = state(ctx).as_json
 
     def sweep(host: Host) -> Done[LoadtestReport]:
-        from ops.profile import not_answering, snapshot
+        from ops.counters import not_answering, snapshot
 
         # a service that gives no HTTP answer at all: said once, before any level waits out
         # its requests' timeouts (a hung one would hold each for --timeout seconds)

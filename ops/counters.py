@@ -7,18 +7,37 @@ attention inside them), both cumulative, and `clock_s`. The difference of two sn
 window's own work: `level_steps` per batch size, `wall_shares` each stage's share of the
 window's wall time (ops.profile's f), `stage_seconds` one stage's seconds in steps and prefill
 (the rollout's `measure`: the service's own s), `window_stages` every stage's (the measure's
-audit of where a gain came from).
+audit of where a gain came from). `snapshot` takes one; `not_answering` says why a snapshot got
+no HTTP answer at all (the service is down or hung).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from checks.docs import Counters, LevelDoc
+from checks.docs import Counters, CountersDoc, LevelDoc
+from ops.dataplane import run_check
+from ops.remote import Host
 
 BREAKDOWN = "step_time_breakdown"
 PREFILL = "prefill_time_breakdown"
 STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
+
+
+def snapshot(host: Host) -> CountersDoc:
+    """The service's counters now (`checks.probe --counters`, run on the host)."""
+    args = ["--url", host.target.service.url, "--counters"]
+    return cast(CountersDoc, run_check(host, "checks.probe", args).data)
+
+
+def not_answering(snap: Counters) -> str | None:
+    """Why the service gave no HTTP answer at all (connection refused, a timeout), from a
+    counters snapshot: None where either endpoint answered with any status."""
+    statuses = [snap.get("server_info_status"), snap.get("metrics_status")]
+    if any(isinstance(x, int) for x in statuses) or snap.get("server_info") is not None:
+        return None
+    why = str(statuses[0] or statuses[1] or "no answer")
+    return " ".join(why.split())[:160]  # its own words may hold the service's bytes: one line
 
 
 def value(v: float, source: str, note: str, **kw: Any) -> dict[str, Any]:

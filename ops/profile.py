@@ -62,22 +62,24 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from checks.docs import Counters, CountersDoc, LevelDoc
+from checks.docs import Counters, LevelDoc
 from ops.counters import (
     BREAKDOWN,
     STAGES,
     _delta,
     breakdown,
     level_steps,
+    not_answering,
+    snapshot,
     value,
     wall_shares,
     window_counters,
 )
-from ops.dataplane import data_plane_dir, run_check
+from ops.dataplane import data_plane_dir
 from ops.errors import OpsError
 from ops.evidence import NESTED_STAGES
 from ops.loadtest import run_loadtest
@@ -172,11 +174,6 @@ def pilot(host: Host, c: int, opts: ProfileOptions) -> dict[str, Any]:
         "output_tok_per_s": tok_s, "run_seconds": opts.run_seconds,
         "sized_requests": opts.requests if n is None else n,
     }  # fmt: skip
-
-
-def snapshot(host: Host) -> CountersDoc:
-    args = ["--url", host.target.service.url, "--counters"]
-    return cast(CountersDoc, run_check(host, "checks.probe", args).data)
 
 
 def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict[str, Any]:
@@ -328,16 +325,6 @@ def derived_level(
         if "step_ms" in level:
             level["share"] = {opts.component: base["median_ms"] / level["step_ms"]["value"]}
     return level
-
-
-def not_answering(snap: Counters) -> str | None:
-    """Why the service gave no HTTP answer at all (connection refused, a timeout), from a
-    counters snapshot: None where either endpoint answered with any status."""
-    statuses = [snap.get("server_info_status"), snap.get("metrics_status")]
-    if any(isinstance(x, int) for x in statuses) or snap.get("server_info") is not None:
-        return None
-    why = str(statuses[0] or statuses[1] or "no answer")
-    return " ".join(why.split())[:160]  # its own words may hold the service's bytes: one line
 
 
 def service_facts(snap: Counters) -> dict[str, Any]:

@@ -24,10 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ops.counters import snapshot
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.inventory import Target
 from ops.playbook import Playbook, PlaybookError
-from ops.profile import snapshot
 from ops.records import RunDir
 from ops.remote import Host, open_host
 from ops.rollout_steps import (

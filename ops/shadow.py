@@ -29,6 +29,7 @@ import signal
 import threading
 from typing import Any
 
+from ops.counters import snapshot
 from ops.dataplane import run_check
 from ops.loadtest import run_loadtest
 from ops.remote import Host
@@ -124,8 +125,6 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
     the module's doc). `load`: run_loadtest's keyword arguments (requests, input_len,
     output_len, timeout)."""
     component, _, kind = spec.partition("=")
-    from ops.profile import snapshot  # the counters' snapshot (its module imports this one)
-
     url = host.target.service.url
     args = ["--url", url, "--component", component, "--backend", kind, "--forwards", str(forwards)]
     try:
