@@ -23,6 +23,7 @@ from ops.cli_common import (
     escape,
     on_target,
     out,
+    say_service_down,
     state,
 )
 from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
@@ -250,13 +251,7 @@ def _loadtest_why(rep: LoadtestReport) -> None:
     """The line an interrupted sweep (or one whose service did not answer) ends with, in both
     modes (with --json too, on stderr)."""
     if rep.service_down:
-        ask = "Is it hung?" if rep.service_down.startswith("timeout") else "Is it running?"
-        err.print(
-            f"[bold red]fail:[/] the service at {escape(rep.url)} did not answer "
-            f"({escape(rep.service_down)}); no level was run. {ask} `ops service status "
-            f"{escape(rep.target)}`",
-            soft_wrap=True,
-        )
+        say_service_down(rep.url, rep.service_down, rep.target)
     if rep.interrupted:
         err.print(
             f"[yellow]interrupted[/]: {len(rep.levels)} of {len(rep.planned)} levels "

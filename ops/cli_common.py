@@ -252,6 +252,17 @@ def on_target(
     return finish(st, run, done, show, doc=doc, always=always, record_line=record_line)
 
 
+def say_service_down(url: str, why: str, target: str) -> None:
+    """The one line for a service that gave no HTTP answer at all (ops.counters.not_answering):
+    no level was run, and where to look."""
+    ask = "Is it hung?" if why.startswith("timeout") else "Is it running?"
+    err.print(
+        f"[bold red]fail:[/] the service at {escape(url)} did not answer ({escape(why)}); no "
+        f"level was run. {ask} `ops service status {escape(target)}`",
+        soft_wrap=True,
+    )
+
+
 class RecordedInterrupt(KeyboardInterrupt):
     """Ctrl-C that the command did not turn into a result of its own: its record is written
     (outcome interrupted); `run` is where."""

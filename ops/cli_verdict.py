@@ -27,6 +27,7 @@ from ops.cli_common import (
     escape,
     on_target,
     out,
+    say_service_down,
     state,
 )
 from ops.counters import STAGES
@@ -329,14 +330,7 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
 
     sec = done.section
     if sec.get("service_down"):
-        down = sec["service_down"]
-        ask = "Is it hung?" if down.startswith("timeout") else "Is it running?"
-        err.print(
-            f"[bold red]fail:[/] the service at {escape(sec['url'])} did not answer "
-            f"({escape(down)}); no level was run. {ask} `ops service status "
-            f"{escape(sec['target'])}`",
-            soft_wrap=True,
-        )
+        say_service_down(sec["url"], sec["service_down"], sec["target"])
         return
     if "interrupted" in sec:
         left = sec["interrupted"]["levels_left"]

@@ -382,7 +382,7 @@ def run_profile(
         "levels": [],
         "incomplete": [],
     }
-    sweep, finished = _Sweep(), []
+    sweep = _Sweep()
     try:
         first = snapshot(host)
         section["service"] = service_facts(first)
@@ -401,12 +401,12 @@ def run_profile(
             section["shadow_found_armed"] = found
         for c in opts.levels:
             _profile_level(host, opts, c, section, sweep)
-            finished.append(c)
             on_level(c)
     except KeyboardInterrupt as exc:
-        # a level whose measured window finished is kept, its shadow window cut short or not
-        kept = {lv["concurrency"] for lv in section["levels"]}
-        left = [c for c in opts.levels if c not in finished and c not in kept]
+        # a level is done once it is in the section (one whose measured window finished is
+        # kept, its shadow window cut short or not)
+        done = {x["concurrency"] for x in section["levels"] + section["incomplete"]}
+        left = [c for c in opts.levels if c not in done]
         section["interrupted"] = {"levels_left": left}
         section["incomplete"] += [{"concurrency": c, "missing": [INTERRUPTED]} for c in left]
         raise ProfileInterrupted(section) from exc

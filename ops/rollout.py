@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ops.counters import snapshot
-from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
+from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.inventory import Target
 from ops.playbook import Playbook, PlaybookError
 from ops.records import RunDir
@@ -149,7 +149,7 @@ class Runner:
         self.results: list[StepResult] = []
 
     def run(self, inputs: dict[str, Any]) -> RolloutResult:
-        outcome, code = "interrupted", 130
+        outcome, code = "interrupted", EXIT_INTERRUPTED
         try:
             with open_host(self.target) as host:
                 check_running(self.pb, host)
@@ -239,13 +239,13 @@ class Runner:
         except BaseException as exc:  # Ctrl-C or a bug: the step's record still says so
             interrupted = isinstance(exc, KeyboardInterrupt)
             # with what it finished, where the step keeps that (ops.profile.ProfileInterrupted)
-            partial = getattr(exc, "partial_sections", None) if interrupted else None
+            partial = getattr(exc, "partial_sections", {}) if interrupted else {}
             sub.write_record(
                 inputs=inputs,
                 outcome="interrupted" if interrupted else "crashed",
-                exit_code=130 if interrupted else 1,
+                exit_code=EXIT_INTERRUPTED if interrupted else 1,
                 error={"error": type(exc).__name__, "message": str(exc)},
-                **(partial if isinstance(partial, dict) else {}),
+                **partial,
                 **extra,
             )
             raise
