@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -247,10 +247,8 @@ class ProfileLevel(_Open):
     @classmethod
     def _rate(cls, v: Value | None) -> Value | None:
         """A level's tokens/s is a finite number > 0 (a level that made no tokens has none)."""
-        for key in ("value", "p25", "p75"):
-            x = None if v is None else getattr(v, key)
-            if x is not None and not (math.isfinite(x) and x > 0):
-                raise ValueError(f"{key}: tokens/s is a finite number > 0, got {x!r}")
+        if v is not None:
+            _check_value(v, lambda x: math.isfinite(x) and x > 0, "tokens/s is a finite number > 0")
         return v
 
     @field_validator("stage_ms")
@@ -304,12 +302,17 @@ class ProfileLevel(_Open):
         return f, "step"
 
 
-def _check_seconds(where: str, t: Value) -> None:
-    """A time is a finite number >= 0 (its spread too): a negative one would make f negative."""
+def _check_value(t: Value, ok: Callable[[float], bool], what: str, where: str = "") -> None:
+    """`t`'s value and its spread each pass `ok`, or a ValueError saying `what` it must be."""
     for key in ("value", "p25", "p75"):
         x = getattr(t, key)
-        if x is not None and not (math.isfinite(x) and x >= 0):
-            raise ValueError(f"{where}{key}: a time is a number >= 0, got {x!r}")
+        if x is not None and not ok(x):
+            raise ValueError(f"{where}{key}: {what}, got {x!r}")
+
+
+def _check_seconds(where: str, t: Value) -> None:
+    """A time is a finite number >= 0 (its spread too): a negative one would make f negative."""
+    _check_value(t, lambda x: math.isfinite(x) and x >= 0, "a time is a number >= 0", where)
 
 
 class ProfileInterruption(_Open):
