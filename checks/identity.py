@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +47,7 @@ from checks.module import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS, exit_json, parse
 SCHEMA = "ddtree-ops/golden/v1"
 PROMPTS = Path(__file__).parent / "data" / "golden_prompts.json"
 CONTEXT = 8  # tokens (or characters) of each continuation shown at a divergence
+MAX_FILE = 16 * 2**20  # bytes of a golden set or a prompt set read here (~100 KB in use)
 
 
 class RunError(Exception):
@@ -131,9 +133,45 @@ def parse_golden(text: str) -> dict[str, Any]:
     return doc
 
 
+def read_bounded(path: str, what: str, max_bytes: int = MAX_FILE) -> str:
+    """The UTF-8 text of `path` (`-`: stdin), at most `max_bytes`: ValueError for a path that
+    is not a regular file (a FIFO, /dev/zero, a directory) or is larger; OSError as reading
+    raises it. (checks/ is stdlib-only: ops.files's bounded read, in small, for the host.)"""
+    limit = f"more than {max_bytes // 2**20} MiB, the limit for this {what}"
+    if path == "-":
+        data = sys.stdin.buffer.read(max_bytes + 1)
+    else:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"not a regular file ({_kind(mode)})")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"not a regular file ({_kind(st.st_mode)})")
+            if st.st_size > max_bytes:
+                raise ValueError(limit)
+            data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(limit)
+    return data.decode("utf-8")
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
 def load_golden(path: str) -> dict[str, Any]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    return parse_golden(text)
+    return parse_golden(read_bounded(path, "golden file"))
 
 
 def keep_previous(path: Path) -> Path | None:
@@ -160,7 +198,18 @@ def keep_previous(path: Path) -> Path | None:
 
 
 def record(args: Any) -> None:
-    prompts = json.loads(Path(args.prompts).read_text(encoding="utf-8"))["prompts"]
+    try:
+        prompts = json.loads(read_bounded(args.prompts, "prompt set"))["prompts"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        exit_json(
+            {
+                "ok": False,
+                "module": "checks.identity",
+                "error": "bad_input",
+                "message": f"--prompts {args.prompts}: {exc}",
+            },
+            EXIT_BAD_INPUT,
+        )
     if args.limit:
         prompts = prompts[: args.limit]
     ident = service_identity(args.url, args.timeout)

@@ -7,6 +7,11 @@ client is asyncio on raw HTTP/1.1 keep-alive connections (stdlib only), so on tw
 stays far from being the bottleneck (README: measured capacity). Read-only: it calls no
 endpoint that changes the service's state (no cache flush, no profiler start).
 
+Before any prompt is made, the shape is checked against the service's context length
+(`max_model_len` of /v1/models, else /get_server_info's): input + output tokens over it is bad
+input (exit 2, one message naming the limit and where the service said it); where the service
+reports none, over `MAX_TOKENS_UNREPORTED` (2^20 tokens) is. No length asked for allocates more.
+
 Whatever a server answers (a bad status line, an SSE event that is not a JSON object, an
 oversized event, garbage), that request is counted as failed with the reason, and the module
 still prints its one JSON document (exit 1), never a traceback.
@@ -47,6 +52,9 @@ from checks.probe import counters
 MAX_EVENT = 2**20  # bytes of one SSE event (or of data without an event boundary)
 MAX_BODY = 64 * 2**20  # a non-streamed answer's Content-Length
 MAX_HEADERS = 100
+# prompt + output tokens of a request where the service reports no context length: no model
+# served today takes more, and a prompt this long is ~8 MB here, not gigabytes
+MAX_TOKENS_UNREPORTED = 2**20
 
 
 class ProtocolError(ValueError):
@@ -303,6 +311,46 @@ def accept_length(url: str) -> dict[str, Any]:
     return {"value": None, "source": "not reported by the service"}
 
 
+def _positive_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def context_length(url: str) -> tuple[int | None, str]:
+    """The service's context length in tokens and where it said so: `max_model_len` of
+    /v1/models (the reference engine, SGLang, vLLM), else `context_length` / `max_model_len`
+    of /get_server_info; (None, "") where it reports none."""
+    models = get(url, "/v1/models", timeout=5)
+    cards = models.json.get("data") if models.ok and isinstance(models.json, dict) else None
+    for card in cards if isinstance(cards, list) else []:
+        n = _positive_int(card.get("max_model_len")) if isinstance(card, dict) else None
+        if n:
+            return n, "max_model_len of /v1/models"
+    info = get(url, "/get_server_info", timeout=5)
+    if info.ok and isinstance(info.json, dict):
+        for key in ("context_length", "max_model_len"):
+            n = _positive_int(info.json.get(key))
+            if n:
+                return n, f"{key} of /get_server_info"
+    return None, ""
+
+
+def shape_problem(url: str, input_len: int, output_len: int) -> str | None:
+    """Why a request of `input_len` prompt and `output_len` generated tokens cannot run on the
+    service (its context length, or the hard cap where it reports none); None when it can.
+    Asked before any prompt is made, so a hostile length allocates nothing."""
+    total = input_len + output_len
+    shape = f"--input-len {input_len} + --output-len {output_len} = {total} tokens"
+    limit, source = context_length(url)
+    if limit is not None and total > limit:
+        return f"{shape}: over the service's context length of {limit} tokens ({source})"
+    if limit is None and total > MAX_TOKENS_UNREPORTED:
+        return (
+            f"{shape}: over {MAX_TOKENS_UNREPORTED} tokens, the cap where the service reports "
+            "no context length (max_model_len in /v1/models)"
+        )
+    return None
+
+
 def summarise(samples: list[Sample], wall: float, c: int) -> dict[str, Any]:
     good = [s for s in samples if s.ok]
     tokens = sum(s.tokens for s in good)
@@ -350,6 +398,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.concurrency < 1 or args.input_len < 1 or args.output_len < 1 or args.requests < 0:
         p.error("--concurrency, --input-len, --output-len must be >= 1; --requests >= 0")
+    problem = shape_problem(args.url, args.input_len, args.output_len)
+    if problem:
+        p.error(problem)
     n = args.requests or 4 * args.concurrency
     warmup = args.concurrency if args.warmup < 0 else args.warmup
     rng = random.Random(args.seed)

@@ -73,6 +73,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ops.errors import OpsError
+from ops.files import MIB, FileRefused, read_text_bounded
 from ops.healthcheck import HealthReport
 
 Source = Literal["measured", "derived"]
@@ -82,6 +83,7 @@ NESTED_STAGES = {"attention": "verify"}  # part of another stage's time, not add
 COMPONENT_STAGE = {c: c for c in ("tree_build", "accept", "topk", "attention")}
 M = TypeVar("M", bound=BaseModel)
 SECTIONS = ("healthcheck", "bench", "profile", "measure", "change")
+RECORD_MAX_BYTES = 64 * MIB  # a rollout's biggest record is a few MB
 
 
 class BadRecord(OpsError):
@@ -590,7 +592,9 @@ def _loc(err: dict[str, Any]) -> str:
 def load_record(path: Path) -> tuple[Record, dict[str, Any]]:
     """The record's envelope and its raw document; BadRecord names the file and the field."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, max_bytes=RECORD_MAX_BYTES, what="record")
+    except FileRefused as exc:
+        raise BadRecord(path, "record.json", exc.problem) from None
     except FileNotFoundError:
         raise BadRecord(path, "record.json", "no such file") from None
     except OSError as exc:

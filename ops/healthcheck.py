@@ -22,10 +22,12 @@ from checks.docs import GpusDoc, HealthDoc, IdentityDoc
 from checks.identity import keep_previous, parse_golden
 from ops.dataplane import run_check
 from ops.errors import OpsError
+from ops.files import MIB, read_bytes_bounded
 from ops.remote import Host, shell_path
 from ops.service import manager_for
 
 Status = Literal["pass", "fail", "skip"]
+GOLDEN_MAX_BYTES = 16 * MIB  # a golden set of ~40 prompts is ~100 KB
 
 
 class Check(BaseModel):
@@ -201,7 +203,7 @@ def _identity(
     stdin = None
     if golden:
         try:
-            stdin = golden.read_bytes()
+            stdin = read_bytes_bounded(golden, max_bytes=GOLDEN_MAX_BYTES, what="golden file")
         except OSError as exc:
             raise OpsError(f"cannot read golden file {golden}: {exc.strerror}") from None
         try:  # checked here too, so the message names the file, not the module's stdin

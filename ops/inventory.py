@@ -19,10 +19,12 @@ import tomllib
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ops.errors import InventoryError, UnknownTarget
+from ops.files import MIB, FileRefused, read_text_bounded
 from ops.numbers import NoBoolNumbers
 
 LOCAL = "local"
 DEFAULT_INVENTORY = "ops.toml"
+INVENTORY_MAX_BYTES = 4 * MIB  # an inventory of a thousand targets is ~200 KB
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 LOCAL_PORT = 30000
@@ -273,7 +275,11 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
     if path is None:
         return Inventory(targets={LOCAL: builtin_local()})
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(
+            read_text_bounded(path, max_bytes=INVENTORY_MAX_BYTES, what="inventory")
+        )
+    except FileRefused as exc:
+        raise InventoryError(f"{path}: cannot read inventory: {exc.problem}") from None
     except FileNotFoundError:
         raise InventoryError(f"{path}: inventory file not found") from None
     except (OSError, UnicodeDecodeError) as exc:

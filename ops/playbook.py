@@ -58,7 +58,8 @@ class PlaybookError(OpsError):
 
 
 class _Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid")
+    # no `.inf` / `.nan` in any number (YAML has both): the CLI's own options refuse them too
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _levels(v: Any) -> Any:

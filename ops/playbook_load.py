@@ -15,9 +15,11 @@ from typing import Any
 
 import yaml
 
+from ops.files import MIB, FileRefused, not_regular, read_text_bounded
 from ops.playbook import Playbook, PlaybookError, validate_playbook
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+PLAYBOOK_MAX_BYTES = 1 * MIB  # the shipped playbooks are ~2 KB each
 TOP_SET = ("name", "description", "change", "threshold", "target_concurrency", "load")
 
 
@@ -28,6 +30,8 @@ def resolve_path(name: str | None) -> Path:
         return p
     if p.is_dir():
         raise PlaybookError(str(p), "--playbook", "is a directory, not a playbook file")
+    if p.exists():  # a FIFO, /dev/zero, a socket: there, but not a file to read a playbook from
+        raise PlaybookError(str(p), "--playbook", not_regular(p) or "not a regular file")
     named = PLAYBOOKS / f"{name}.yaml"
     if name and "/" not in name and named.is_file():
         return named
@@ -90,7 +94,9 @@ def load_playbook(name: str | None = None, sets: list[str] | None = None) -> Pla
     where = f"playbook {path}"
     parsed_sets = parse_sets(sets or [])
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(read_text_bounded(path, max_bytes=PLAYBOOK_MAX_BYTES, what="playbook"))
+    except FileRefused as exc:
+        raise PlaybookError(where, "(file)", exc.problem) from None
     except OSError as exc:
         raise PlaybookError(where, "(file)", exc.strerror or str(exc)) from None
     except UnicodeDecodeError as exc:

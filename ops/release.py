@@ -4,7 +4,9 @@
 from a git checkout at a ref (or, with `allow_dirty`, the work tree as it is) into a local
 directory, adds the release's `site/` (from `integration/site/`), and describes it in a
 `ReleaseManifest`: git sha, the sha256 of every file, who made it from where. The id is
-`<utc>-<shortsha>` (`-dirty` when the work tree was taken as it is).
+`<utc>-<shortsha>` (`-dirty` when the work tree was taken as it is). A work-tree file reached
+through a symlinked directory, or resolving outside the source tree, is refused (one line): a
+release holds the source tree's own files, never what a link points at.
 """
 
 from __future__ import annotations
@@ -131,9 +133,12 @@ def stage_release(
         diff_sha = _sha256(
             _git(top, "diff", "HEAD", "--binary", binary=True) + dirty_files.encode()
         )
+        root = top.resolve()
         for rel in sorted(set(filter(None, listed.split("\0")))):
-            path = top / rel
-            if _keep(rel) and path.is_file() and not path.is_symlink():
+            if not _keep(rel):
+                continue
+            path = _inside(root, rel)
+            if path.is_file() and not path.is_symlink():
                 out = dest / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, out)
@@ -166,6 +171,26 @@ def stage_release(
         components=components,
         files=files,
     )
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """`root / rel`, refused when the file is not really under `root`: a directory on its way
+    that is a symlink (`checks -> /elsewhere`), or a path that resolves outside the source
+    tree. A release holds the source tree's own files, never what a link points at (a file that
+    is itself a symlink is left out, as `git archive` leaves it out)."""
+    here = root
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            raise OpsError(
+                f"{here}: a symlink to {here.resolve()} (a release takes no file through a "
+                f"symlinked directory: {rel})",
+                hint="put the directory itself there: a release takes only the tree's own files",
+            )
+    path = root / rel
+    if not path.is_symlink() and not path.resolve().is_relative_to(root):
+        raise OpsError(f"{path}: resolves outside the source tree {root}")
+    return path
 
 
 def _present(top: Path, sha: str) -> list[str]:

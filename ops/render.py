@@ -2,7 +2,8 @@
 
 Charts are plain SVG strings built here (no network, no JavaScript); every label in them is
 escaped, and every number a chart shows is also in a table beside it. Templates live in
-ops/templates (report.md.j2, report.html.j2); HTML is rendered with autoescape on.
+ops/templates (report.md.j2, report.html.j2); HTML is rendered with autoescape on, markdown
+with every printed value's `&` and `<` as entities (`md_text`), so no record text is raw HTML.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, Undefined
 
 from ops.amdahl import GAIN_INTERVAL, AmdahlRow
 from ops.evidence import NESTED_STAGES, STAGES, Evidence, KernelRow
@@ -531,10 +532,21 @@ def context(decision: Decision, ev: Evidence, sources: list[str]) -> dict[str, A
     }
 
 
+def md_text(value: Any) -> Any:
+    """A value as report.md prints it: `&` and `<` as entities, so no text from a record (a
+    check's detail, a path, a GPU name) becomes raw HTML (`<script>`, `<img onerror=...>`) or an
+    entity where the markdown is rendered; a reader sees the same characters. The md
+    template's `finalize`: every `{{ ... }}` passes through it."""
+    if isinstance(value, Undefined):
+        return value  # StrictUndefined still raises where it is printed
+    return str(value).replace("&", "&amp;").replace("<", "&lt;")
+
+
 def _env(autoescape: bool) -> Environment:
     env = Environment(
         loader=FileSystemLoader(TEMPLATES),
         autoescape=autoescape,
+        finalize=None if autoescape else md_text,
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

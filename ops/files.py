@@ -1,0 +1,77 @@
+"""Reading a file a user names, bounded: a regular file no larger than a limit, or one line.
+
+Every file ops reads because a user named it (an inventory, a playbook, a golden set, the
+records `ops report` reads) goes through `read_bytes_bounded` / `read_text_bounded`: a FIFO,
+`/dev/zero`, a directory or a socket is refused as "not a regular file" before it is opened
+(and the open is non-blocking, so a path swapped for a FIFO meanwhile cannot hang ops either),
+and a file over the limit is refused before it is read: no input makes ops read without end.
+The refusal is `FileRefused`, an `OpsError` (one `error:` line, exit 2) whose `problem` is
+the bare reason for callers that name the file their own way. A file that does not exist or
+cannot be opened raises the OSError as before (callers keep their own words for those).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from ops.errors import OpsError
+
+MIB = 2**20
+KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class FileRefused(OpsError):
+    """A user-named file that ops will not read: not a regular file, or over its size limit."""
+
+    def __init__(self, path: Path | str, what: str, problem: str) -> None:
+        super().__init__(f"{what} {path}: {problem}")
+        self.path, self.problem = str(path), problem
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in KINDS if test(mode)), "not a plain file")
+
+
+def _size(n: int) -> str:
+    return f"{round(n / MIB, 1):g} MiB" if n >= MIB else f"{n} bytes"
+
+
+def not_regular(path: Path | str) -> str | None:
+    """Why `path` (after symlinks) is not a regular file: "not a regular file (a FIFO)"; None
+    when it is one. OSError (no such file, no permission) as `os.stat` raises it."""
+    mode = os.stat(path).st_mode
+    return None if stat.S_ISREG(mode) else f"not a regular file ({_kind(mode)})"
+
+
+def read_bytes_bounded(path: Path | str, *, max_bytes: int, what: str) -> bytes:
+    """The bytes of the regular file `path`; FileRefused when it is not a regular file (after
+    symlinks) or is larger than `max_bytes`. `what` names the file in the message ("golden
+    file", "inventory")."""
+    why = not_regular(path)  # FileNotFoundError, PermissionError: the caller's to say
+    if why:
+        raise FileRefused(path, what, why)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())  # what was opened, should the path have changed meanwhile
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(path, what, f"not a regular file ({_kind(st.st_mode)})")
+        limit = f"over the {_size(max_bytes)} limit for this {what}"
+        if st.st_size > max_bytes:
+            raise FileRefused(path, what, f"{_size(st.st_size)}, {limit}")
+        data = f.read(max_bytes + 1)  # a file that grows after the stat is still bounded
+    if len(data) > max_bytes:
+        raise FileRefused(path, what, f"more than {_size(max_bytes)}, {limit}")
+    return data
+
+
+def read_text_bounded(path: Path | str, *, max_bytes: int, what: str) -> str:
+    """`read_bytes_bounded` decoded as UTF-8 (UnicodeDecodeError as `Path.read_text` raises)."""
+    return read_bytes_bounded(path, max_bytes=max_bytes, what=what).decode("utf-8")

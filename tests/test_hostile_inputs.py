@@ -1,0 +1,374 @@
+"""Hostile inputs to the real `ops` CLI (and the data-plane checks it runs on the host) are one
+`error:` line and exit 2, never a hang, an unbounded read or raw HTML passed on:
+
+- `deploy --allow-dirty` from a source whose `checks/` is a symlink to a directory outside it
+  is refused (dry run and real deploy), and nothing of the outside directory reaches the host;
+- a FIFO, `/dev/zero` or an oversized file given as the golden set (to `ops healthcheck` and to
+  `checks.identity` on the host), the inventory, a playbook or a record for `ops report` is
+  refused as "not a regular file" / over its size limit, before it is read (each run under a
+  1 GiB address-space limit, so an unbounded read fails the test instead of the machine);
+- a loadtest shape over the service's context length (the reference engine's 512 tokens) or,
+  where the service reports none, over the hard cap, is refused before a prompt is made;
+- a playbook number that is not finite (`timeout: .inf`, `--set load.timeout=.nan`) is refused
+  naming the field;
+- record text like `<script>` or `<img onerror=...>` reaches report.md escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import FAKE_SERVICE
+from helpers.cli import run_ops
+from helpers.deploy import git
+from helpers.local import Ops, end_services
+from helpers.sshd import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+RECORDS = REPO / "tests" / "fixtures" / "records"
+MEM = 2**30  # address space of each hostile run: far above what ops needs, far below a runaway
+SECRET = "SECRET: outside the repository, never to be shipped"
+SELFTEST = 'import json\nprint(json.dumps({"ok": True, "gpu": "skipped: stand-in", "ops": []}))\n'
+
+
+def limited(
+    *args: str, env: dict[str, str], timeout: float = 60, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """`args` run with at most MEM bytes of address space (children inherit the limit): a read
+    without end is a MemoryError there, not an OOM-killed test machine; `timeout` ends a hang."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEM, MEM))
+
+    return subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        preexec_fn=cap,
+    )
+
+
+def ops_limited(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`python -m ops ARGS` under `limited`."""
+    return limited(sys.executable, "-m", "ops", *args, env=env, timeout=timeout)
+
+
+def one_error(res: subprocess.CompletedProcess[str], *words: str) -> str:
+    """Exit 2 and one `error:` line holding every word (and no traceback); the line."""
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, res.stderr
+    for w in words:
+        assert w in errors[0], (w, errors[0])
+    return errors[0]
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)  # nobody ever writes to it: a blocking open of it never returns
+    return path
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "200"}
+    e.pop("OPS_INVENTORY", None)
+    return e
+
+
+# -- 1. --allow-dirty never ships a file from outside the source tree --------------------------
+
+
+def test_allow_dirty_refuses_a_package_dir_symlinked_outside_the_repo(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    src, root, outside = tmp_path / "src", tmp_path / "root", tmp_path / "outside"
+    for d in ("engine", "kernels", "checks"):
+        (src / d).mkdir(parents=True)
+    shutil.copy2(FAKE_SERVICE, src / "engine" / "svc.py")
+    (src / "engine" / "__main__.py").write_text("raise SystemExit('stand-in')\n")
+    (src / "kernels" / "__init__.py").write_text("")
+    (src / "kernels" / "selftest.py").write_text(SELFTEST)
+    (src / "checks" / "__init__.py").write_text("")
+    (src / "checks" / "health.py").write_text("OK = True\n")
+    git(src, "init", "-q", "-b", "main")
+    git(src, "add", "-A")
+    git(src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "first")
+    outside.mkdir()  # the same names as the tracked files, so git lists them through the link
+    for name in ("__init__.py", "health.py"):
+        (outside / name).write_text(f"# {SECRET}\n")
+    shutil.rmtree(src / "checks")
+    (src / "checks").symlink_to(outside, target_is_directory=True)
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        "[targets.local]\n"
+        f"remote_root = '{root}'\n"
+        "[targets.local.service]\n"
+        f"url = 'http://127.0.0.1:{free_port()}'\n"
+        "command = '{python} engine/svc.py --port {port}'\n"
+        "stop_timeout = 2\n"
+    )
+    try:
+        for extra in (("--dry-run",), ("--bootstrap",)):  # --bootstrap: no pre-flight first
+            res = run_ops(
+                "deploy",
+                "local",
+                "--source",
+                str(src),
+                "--allow-dirty",
+                "--max-tokens",
+                "3",
+                *extra,
+                inventory=inv,
+                env=env,
+                timeout=120,
+            )
+            line = one_error(res, str(src.resolve() / "checks"), "symlink")
+            assert str(outside.resolve()) in line  # says where the link points
+            shipped = [p for p in root.rglob("*") if p.is_file() and SECRET in _text(p)]
+            assert shipped == [], shipped
+    finally:
+        end_services(root)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+# -- 2. bounded reads: golden set, inventory, records --------------------------------------------
+
+
+@pytest.fixture
+def fake(tmp_path: Path):
+    o = Ops(tmp_path)
+    o.configure()
+    assert o.json("service", "start", "local")[0] == 0
+    yield o
+    o.stop()
+
+
+def test_golden_file_not_regular_or_too_big_is_refused_before_reading(
+    fake: Ops, fifo: Path
+) -> None:
+    big = fake.tmp / "big-golden.json"
+    with big.open("wb") as f:
+        f.truncate(17 * 2**20)  # sparse: 17 MiB of zeros, over the 16 MiB limit
+    cases = (
+        ("/dev/zero", "not a regular file (a character device)"),
+        (str(fifo), "not a regular file (a FIFO)"),
+        (str(fake.tmp), "not a regular file (a directory)"),
+        (str(big), "over the 16 MiB limit"),
+    )
+    for path, why in cases:
+        res = ops_limited(
+            "healthcheck",
+            "local",
+            "--golden",
+            path,
+            "--inventory",
+            str(fake.inventory),
+            env=fake.env,
+        )
+        one_error(res, f"golden file {path}", why)
+
+
+def test_identity_check_on_the_host_bounds_its_golden_file(tmp_path: Path, fifo: Path) -> None:
+    """checks.identity (stdlib only, run on the host) refuses a golden path that is not a
+    regular file before any request: its own bounded read."""
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: no request is made first
+    for path, why in (("/dev/zero", "a character device"), (str(fifo), "a FIFO")):
+        res = limited(
+            sys.executable,
+            "-m",
+            "checks.identity",
+            "--json",
+            "--url",
+            url,
+            "--golden",
+            path,
+            env=dict(os.environ),
+            timeout=30,
+        )
+        assert res.returncode == 2, (res.returncode, res.stdout[-500:], res.stderr[-1000:])
+        doc = json.loads(res.stdout)
+        assert doc["error"] == "bad_golden"
+        assert doc["message"] == f"{path}: not a regular file ({why})"
+
+
+def test_inventory_not_regular_or_too_big_is_refused(
+    tmp_path: Path, env: dict[str, str], fifo: Path
+) -> None:
+    big = tmp_path / "big.toml"
+    with big.open("wb") as f:
+        f.truncate(5 * 2**20)
+    cases = (
+        ("/dev/zero", "not a regular file (a character device)"),
+        (str(fifo), "not a regular file (a FIFO)"),
+        (str(big), "over the 4 MiB limit"),
+    )
+    for path, why in cases:
+        one_error(ops_limited("hosts", "--inventory", path, env=env), path, why)
+
+
+def test_report_record_not_regular_is_refused(
+    tmp_path: Path, env: dict[str, str], fifo: Path
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "record.json")
+    out = str(tmp_path / "out")
+    cases = (
+        ("/dev/zero", "/dev/zero", "a character device"),
+        (str(run), str(run / "record.json"), "a FIFO"),
+        (str(fifo), str(fifo), "a FIFO"),
+    )
+    for arg, named, kind in cases:
+        res = ops_limited("report", arg, "--out", out, env=env)
+        one_error(res, named, f"not a regular file ({kind})")
+
+
+# -- 2. loadtest shapes are checked against the service's context length ------------------------
+
+
+def test_loadtest_over_the_engines_context_length_is_refused(tmp_path: Path) -> None:
+    """The reference engine (tiny preset: 512 tokens) says its context length in /v1/models: a
+    shape over it is refused with that number, before a prompt is made (the old way: every
+    request a 400, or a 100M-token prompt built next to the service)."""
+    ops = Ops(tmp_path)
+    ops.configure_service(None)  # the built-in reference-engine command
+    try:
+        assert ops.json("service", "start", "local", "--wait", "120")[0] == 0
+        for n in ("600", "100000000"):
+            res = ops_limited(
+                "loadtest",
+                "local",
+                "-c",
+                "1",
+                "--requests",
+                "1",
+                "--input-len",
+                n,
+                "--output-len",
+                "8",
+                "--inventory",
+                str(ops.inventory),
+                env=ops.env,
+            )
+            one_error(res, f"--input-len {n}", "context length of 512 tokens", "/v1/models")
+        code, rep = ops.json(
+            "loadtest",
+            "local",
+            "-c",
+            "1",
+            "--requests",
+            "2",
+            "--input-len",
+            "500",
+            "--output-len",
+            "12",
+        )
+        assert code == 0 and rep["levels"][0]["completed"] == 2, rep  # 512 exactly still runs
+    finally:
+        ops.stop()
+
+
+def test_loadtest_where_the_service_reports_no_context_length_has_a_hard_cap(
+    fake: Ops,
+) -> None:
+    res = ops_limited(
+        "loadtest",
+        "local",
+        "-c",
+        "1",
+        "--requests",
+        "1",
+        "--input-len",
+        "100000000",
+        "--inventory",
+        str(fake.inventory),
+        env=fake.env,
+    )
+    one_error(res, "--input-len 100000000", "over 1048576 tokens", "reports no context length")
+
+
+# -- 3., 4. playbooks: not a regular file; numbers that are not finite --------------------------
+
+
+def local_inventory(tmp_path: Path) -> Path:
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        "[targets.local]\n"
+        f"remote_root = '{tmp_path / 'root'}'\n"
+        "[targets.local.service]\n"
+        f"url = 'http://127.0.0.1:{free_port()}'\n"
+    )
+    return inv
+
+
+def test_playbook_that_is_not_a_regular_file_says_so(
+    tmp_path: Path, env: dict[str, str], fifo: Path
+) -> None:
+    inv = str(local_inventory(tmp_path))
+    for path, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO")):
+        res = ops_limited("rollout", "local", "--playbook", path, "--inventory", inv, env=env)
+        line = one_error(res, path, "--playbook", f"not a regular file ({kind})")
+        assert "no such file" not in line
+
+
+def test_playbook_numbers_must_be_finite(tmp_path: Path, env: dict[str, str]) -> None:
+    inv = str(local_inventory(tmp_path))
+    pb = tmp_path / "inf.yaml"
+    pb.write_text(
+        "name: inf\n"
+        "steps:\n"
+        "  - {step: healthcheck, name: preflight, timeout: .inf}\n"
+        "  - {step: report}\n"
+    )
+    res = ops_limited("rollout", "local", "--playbook", str(pb), "--inventory", inv, env=env)
+    one_error(res, "step 1 'preflight'", "timeout:", "finite number", "inf")
+    res = ops_limited("rollout", "local", "--set", "load.timeout=.nan", "--inventory", inv, env=env)
+    one_error(res, "load.timeout:", "finite number", "nan", "(from --set)")
+
+
+# -- 5. report.md: record text is escaped -----------------------------------------------------
+
+
+def test_report_md_escapes_html_from_records(tmp_path: Path, env: dict[str, str]) -> None:
+    script, img = "<script>alert(1)</script>", "<img src=x onerror=alert(2)>"
+    recs = tmp_path / "records"
+    for name in ("preflight_ok", "bench_tree", "profile_tree", "rollout_tree"):
+        shutil.copytree(RECORDS / name, recs / name)
+    pre = recs / "preflight_ok" / "record.json"
+    doc = json.loads(pre.read_text())
+    doc["healthcheck"]["checks"][0]["detail"] = f"service ok {script}"
+    pre.write_text(json.dumps(doc))
+    bench = recs / "bench_tree" / "record.json"
+    doc = json.loads(bench.read_text())
+    doc["bench"]["environment"]["gpu"] = f"NVIDIA H200 {img}"
+    bench.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    res = run_ops("report", *(str(p) for p in sorted(recs.iterdir())), "--out", str(out), env=env)
+    assert res.returncode in (0, 1, 3), res.stderr
+    md = (out / "report.md").read_text()
+    assert "<script" not in md and "<img" not in md
+    assert "service ok &lt;script>alert(1)&lt;/script>" in md  # shown, as text
+    assert "gpu: NVIDIA H200 &lt;img src=x onerror=alert(2)>" in md
+    html = (out / "report.html").read_text()
+    assert "<script>alert" not in html and "<img src=x" not in html
