@@ -239,9 +239,13 @@ def releases(
             if r["previous"]
             else "[red]rejected[/]"
             if r.get("rejected")
+            else "[red]damaged[/]"
+            if r.get("damaged")
+            else "unproven"
+            if not r.get("proven")
             else ""
         )
-        test = {True: "pass", False: "FAIL", None: "-"}[r["selftest_ok"]]
+        test = {True: "pass", False: "FAIL", None: "-"}.get(r["selftest_ok"], "-")
         created = (r["created"] or "?").replace("T", " ")[:16] + "Z"
         table.add_row(
             mark,
@@ -253,6 +257,19 @@ def releases(
             f"{r['size_bytes'] / 2**20:.1f}",
         )
     out.print(table)
+    cur = doc.get("current_state") or {}
+    if cur.get("kind") not in (None, "release", "none"):
+        from ops.deploy import shown_state
+
+        err.print(
+            f"[yellow]warning:[/] current is {escape(shown_state(cur) or '?')}, not a release "
+            "ops installed; a deploy over it needs --force"
+        )
+    for r in doc["releases"]:
+        if r.get("damaged"):
+            err.print(f"[yellow]warning:[/] {r['id']} is damaged: {escape(r['damaged'])}")
+    if any(not r.get("proven") for r in doc["releases"]):
+        err.print("unproven: never passed a post-flight (prune removes these first)")
     if doc.get("pending"):
         err.print("[yellow]warning:[/] a deploy is pending (deploy.pending): one runs now")
     return EXIT_OK

@@ -11,6 +11,13 @@ the switch and a passed post-flight, a guard process on the host holds `deploy.p
 goes away (Ctrl-C, kill, lost connection) the guard switches `current` back and restarts the
 service, so the host is left on its previous release and serving. A failed post-flight is
 rolled back here, with the evidence of the checks before and after.
+
+The host may have been touched by hand. A `current` that is not a symlink into `releases/`
+(a hand-made hotfix copy, a link outside the root, a real directory) is named in the `current`
+step, and the deploy refuses it without --force; with --force, what `current` was is recorded
+as it is and any revert returns exactly there. The host always ends on a runnable release it
+was on, or on the new one: a first install that fails is unlinked only after its service is
+stopped, and a pending record that cannot be read whole leaves `current` as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from ops.deploy_result import (
 from ops.errors import OpsError
 from ops.healthcheck import HealthReport, golden_on_host, run_healthcheck
 from ops.release import ReleaseManifest, service_env, stage_release
-from ops.release_host import DEPLOY_HOST_SOURCE, host_releases, revert_guard
+from ops.release_host import DEPLOY_HOST_SOURCE, host_releases, interrupted_once, revert_guard
 from ops.remote import Host
 from ops.service import ProcessManager, SystemdManager, manager_for
 
@@ -55,6 +62,18 @@ BUILD_TIMEOUT_S = 1800
 SELFTEST_TIMEOUT_S = 600
 
 
+def shown_state(state: dict[str, Any] | None) -> str | None:
+    """What the host's `current` is, as results name it: a release id, else what is there."""
+    if not state or state.get("kind") in (None, "none"):
+        return None
+    if state["kind"] == "release":
+        return str(state["id"])
+    if state["kind"] == "foreign":
+        gone = "" if state.get("exists") else ", which does not exist"
+        return f"{state.get('link')} (a symlink ops did not make{gone})"
+    return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
+
+
 class Deployer:
     """One deploy to one host; `run()` never raises for a failed step, it reports it."""
 
@@ -67,8 +86,10 @@ class Deployer:
         self.steps: list[Step] = []
         self._running: str | None = None  # the step in progress (what an interrupt stopped)
         self._before: str | None = None  # current release before this deploy, once known
+        self._before_state: dict[str, Any] | None = None  # what `current` is, as it is
         self._switched: str | None = None  # the release switched to (pending until proven)
         self._committed: str | None = None  # the release switched to and proven
+        self._blocked: str | None = None  # the restart met a cause outside the release
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
@@ -102,7 +123,7 @@ class Deployer:
         now: str | None = None
         state = ""
         try:
-            now = host_releases(self.host, "list")["current"]
+            now = shown_state(host_releases(self.host, "list").get("current_state"))
             if self._switched and not self.opts.no_restart:
                 st = manager_for(self.host).status()
                 state = f"; service {st.state}" + (f" ({st.detail})" if st.detail else "")
@@ -118,7 +139,10 @@ class Deployer:
             what = f"current is still {self._switched} (switched, not proven)"
         else:
             what = f"nothing was switched: current is still {now or '(none)'}"
-            if any(s.name == "send" for s in self.steps):
+            if any(s.name == "finalize" and s.status == "ok" for s in self.steps):
+                rel = getattr(self, "_rid", None)
+                what += f"; release {rel} is in place, never switched to (prune removes it)"
+            elif any(s.name == "send" for s in self.steps):
                 what += "; the next deploy removes the half-sent release"
         st = Step(
             name="interrupted", status="fail", detail=f"interrupted during {during}: {what}{state}"
@@ -137,10 +161,11 @@ class Deployer:
     # -- the deploy ---------------------------------------------------------------------
     def run(self) -> DeployResult:
         """The deploy; raises DeployInterrupted (a KeyboardInterrupt) on Ctrl-C."""
-        try:
-            return self._run()
-        except KeyboardInterrupt:
-            raise DeployInterrupted(self._interrupted()) from None
+        with interrupted_once():
+            try:
+                return self._run()
+            except KeyboardInterrupt:
+                raise DeployInterrupted(self._interrupted()) from None
 
     def _run(self) -> DeployResult:
         with tempfile.TemporaryDirectory(prefix="ops-release-") as tmp:
@@ -150,6 +175,7 @@ class Deployer:
                 same = self._already_current(manifest)  # reads the host; a dry run too
                 if same is not None:
                     return same
+                self.step("current", self._current)
                 if self.opts.dry_run:
                     return self._plan(manifest)
                 # --bootstrap is for a first install: on a host that already has a current
@@ -192,7 +218,8 @@ class Deployer:
     def _already_current(self, m: ReleaseManifest) -> DeployResult | None:
         """The result for a release that is already current (same commit and configuration)."""
         listing = host_releases(self.host, "list")
-        self._before = listing["current"]
+        self._before_state = listing.get("current_state")
+        self._before = listing["current"] or shown_state(self._before_state)
         current = next((r for r in listing["releases"] if r["current"]), None)
         if (
             current is None
@@ -204,6 +231,19 @@ class Deployer:
         msg = f"release {current['id']} (git {m.git_sha[:12]}) is already current; nothing to do"
         cur = current["id"]
         return self.result("already-current", release=cur, before=cur, after=cur, message=msg)
+
+    def _current(self) -> tuple[Status, str, dict[str, Any]]:
+        """What `current` is on the host; one that ops did not put there is refused without
+        --force (and with it, recorded as it is, so a revert returns exactly there)."""
+        state = self._before_state or {"kind": "none"}
+        data = {"state": state}
+        if state["kind"] in ("release", "none"):
+            return "ok", f"current: {self._before or '(none)'}", data
+        what = f"current is {shown_state(state)}, not a release ops installed"
+        if self.opts.force:
+            data["forced"] = True
+            return "ok", f"{what}; deploying anyway (--force): a revert returns it exactly", data
+        return "fail", f"{what}; check it, then deploy with --force (a revert puts it back)", data
 
     def _plan(self, m: ReleaseManifest) -> DeployResult:
         t, rel = self.target, f"{self.root}/releases/{m.id}"
@@ -284,7 +324,12 @@ class Deployer:
         same = self._already_current(m)
         if same is not None:
             return same
-        before = host_releases(self.host, "list")["current"]
+        if (self._before_state or {}).get("kind") not in (
+            "release",
+            "none",
+        ) and not self.opts.force:
+            self.step("current", self._current)  # changed by hand since the first look
+        before = self._before
         staging = f".staging-{m.id}"
         staging_path = f"{self.root}/releases/{staging}"
 
@@ -305,14 +350,18 @@ class Deployer:
             raise
         rel = f"{self.root}/releases/{m.id}"
         doc = {"release_json": m.model_dump_json(indent=1), "service_env": service_env(rel, m)}
-        self.step(
-            "finalize",
-            lambda: (
-                "ok",
-                rel,
-                host_releases(self.host, "finalize", staging, m.id, stdin=json.dumps(doc).encode()),
-            ),
-        )
+
+        def finalize() -> tuple[Status, str, dict[str, Any]]:
+            try:
+                done = host_releases(
+                    self.host, "finalize", staging, m.id, stdin=json.dumps(doc).encode()
+                )
+            except OpsError as exc:  # a full disk: the staging directory goes, nothing else
+                self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
+                return "fail", f"finalize failed: {exc.message}", {}
+            return "ok", rel, done
+
+        self.step("finalize", finalize)
         return self._switch_and_prove(m.id, before)
 
     def _prepared(self, prep: dict[str, Any]) -> None:
@@ -324,7 +373,7 @@ class Deployer:
         detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
         if back:
             detail += "; " if detail else ""
-            detail += (
+            detail += back.get("note") or (
                 f"put back a switch no deploy settled: current {back.get('from') or '(none)'} "
                 f"-> {back.get('to') or '(none)'}"
             )
@@ -393,7 +442,15 @@ class Deployer:
         with revert_guard(self.host, restart):
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
-                doc = host_releases(self.host, "switch", rid, "pending")
+                try:
+                    doc = host_releases(self.host, "switch", rid, "pending")
+                except OpsError as exc:  # the host undid its half: current is where it was
+                    why = exc.message
+                    return (
+                        "fail",
+                        f"switch failed: {why}; current is still {before or '(none)'}",
+                        {},
+                    )
                 self._switched = rid
                 return "ok", f"current: {before or '(none)'} -> {rid}", doc
 
@@ -425,7 +482,7 @@ class Deployer:
                 self.step("postflight", lambda: self._postflight(record))
             except StepFailed as exc:
                 return self._rollback(mgr, rid, before, exc.step)
-            host_releases(self.host, "commit")
+            host_releases(self.host, "commit", rid)  # and mark it proven (prune keeps it)
             self._committed = rid
         if prune:
             self._prune()
@@ -439,6 +496,7 @@ class Deployer:
 
     def _restart(self, mgr: Any) -> tuple[Status, str, dict[str, Any]]:
         st = mgr.restart(self.opts.wait_s)
+        self._blocked = st.blocked_by  # not the release's fault: it is not rejected for it
         data = {
             "service": st.model_dump(),
             "evidence": since_last_start(st.evidence) if not st.active else [],
@@ -459,36 +517,60 @@ class Deployer:
         return "fail", f"post-flight failed: {', '.join(rep.failed)}", data
 
     def _rollback(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
+        # rejected first: a rollback that is itself killed still leaves the release marked;
+        # never for a cause outside the release (another program on the service's port)
+        why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
+        try:
+            if not self._blocked:
+                host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
+        except OpsError:
+            pass  # a mark that cannot be written (a full disk) must not stop the rollback
+        reverted: dict[str, Any] = {}
+
         def back() -> tuple[Status, str, dict[str, Any]]:
             # "settle": current goes back now, but deploy.pending stays until the service is
             # restarted on it, so the guard still restarts it if ops goes away meanwhile
-            doc = host_releases(self.host, "revert", "settle")
+            try:
+                doc = host_releases(self.host, "revert", "settle")
+            except OpsError as exc:  # deploy.pending stays: the guard tries again as ops leaves
+                return "fail", f"could not switch back: {exc.message}; current is {rid}", {}
+            reverted.update(doc)
+            if doc.get("first_install"):  # stop the service first, then no current at all
+                st = mgr.stop()
+                done = host_releases(self.host, "retire", rid)
+                detail = f"first install removed: current {done.get('current') or '(none)'}"
+                return ("ok" if not st.active else "fail"), f"{detail}; service {st.state}", {}
+            if not doc.get("reverted"):
+                return "fail", doc.get("note") or f"nothing to switch back to: current is {rid}", {}
             st = mgr.restart(self.opts.wait_s)
-            rep = self._health(False) if before else None
-            ok = st.active and (rep is None or rep.ok)
+            rep = self._health(False)
+            ok = st.active and rep.ok
             detail = f"current: {rid} -> {doc.get('current')}; service {st.state}"
-            if rep is not None:
-                detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
-            data = {
-                "service": st.model_dump(),
-                "report": rep.model_dump(mode="json") if rep else None,
-            }
+            detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
+            data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
             return ("ok" if ok else "fail"), detail, data
 
         try:
             self.step("rollback", back)
         except StepFailed:
             pass
-        host_releases(self.host, "commit")
-        why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
-        host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
+        if reverted.get("reverted"):
+            host_releases(self.host, "commit")
+        after = reverted.get("current") if reverted.get("reverted") else None
+        if reverted.get("first_install"):
+            where = "the first install was removed (no release is current)"
+        elif reverted.get("reverted"):
+            where = f"rolled back to {after}"
+        else:
+            where = f"could not roll back: the host is on {rid}"
+            after = rid
         return self.result(
             "rolled-back",
             release=rid,
             before=before,
-            after=before,
+            after=after,
             failed_step=failed.name,
-            message=f"{failed.name} failed ({failed.detail}); rolled back to {before}",
+            message=f"{failed.name} failed ({failed.detail}); {where}",
         )
 
     def _prune(self) -> None:
@@ -504,23 +586,36 @@ class Deployer:
     def rollback(self, to: str | None) -> DeployResult:
         """Switch to `to` (default: previous), restart, post-flight; undone if that fails.
         Prunes nothing. Raises DeployInterrupted on Ctrl-C."""
-        try:
-            return self._rollback_to(to)
-        except KeyboardInterrupt:
-            raise DeployInterrupted(self._interrupted()) from None
+        with interrupted_once():
+            try:
+                return self._rollback_to(to)
+            except KeyboardInterrupt:
+                raise DeployInterrupted(self._interrupted()) from None
 
     def _rollback_to(self, to: str | None) -> DeployResult:
         with self.host.lock(f"ops rollback {to or 'previous'}"):
             self._prepared(host_releases(self.host, "prepare", "240"))
             listing = host_releases(self.host, "list")
-            before = self._before = listing["current"]
+            self._before_state = listing.get("current_state")
+            before = self._before = listing["current"] or shown_state(self._before_state)
             want = to or listing["previous"]
             if not want:
-                raise OpsError(f"{self.target.name}: no previous release to roll back to")
+                other = shown_state(listing.get("previous_state"))
+                raise OpsError(
+                    f"{self.target.name}: no previous release to roll back to"
+                    + (f" (previous is {other}; switch to it by hand)" if other else ""),
+                    hint="ops releases TARGET lists the releases; ops rollback --to ID",
+                )
             rel = next((r for r in listing["releases"] if r["id"] == want), None)
             if rel is None:
                 known = ", ".join(r["id"] for r in listing["releases"]) or "none"
                 raise OpsError(f"{self.target.name}: no release {want!r} (releases: {known})")
+            if rel.get("damaged"):
+                raise OpsError(
+                    f"{self.target.name}: release {want} is damaged ({rel['damaged']}); "
+                    "it cannot be trusted to roll back to",
+                    hint="ops releases TARGET lists the others; ops rollback --to ID",
+                )
             if rel["selftest_ok"] is not True:
                 raise OpsError(f"{self.target.name}: release {want} never passed its self-test")
             bad = rel.get("rejected")

@@ -1,9 +1,17 @@
 """Host side of releases: list, put in place, switch, revert and prune, inside `remote_root` only.
 
 Sent to the host and run as `python -c <this file> ACTION ROOT ...` (stdlib only); prints one
-JSON document, exits 0, or 2 with {"error": ...} for a refused request. Every path it writes
-or deletes is checked to resolve inside ROOT, and release ids must look like ids, so no input
-can reach outside the root.
+JSON document, exits 0, or 2 with {"error": ...} for a refused request or a failed system call
+(a full or read-only disk is one line, never a traceback). Every path it writes or deletes is
+checked to resolve inside ROOT, and release ids must look like ids, so no input can reach
+outside the root.
+
+The host may have been touched by hand: `current` can be a symlink into `releases/` that ops
+made (kind "release"), any other symlink ("foreign": a hand-made hotfix copy, a path outside
+the root, a dangling link), a real directory or file, or absent ("none"). What it was before a
+switch is recorded as it is (deploy.pending), and a revert returns exactly there; nothing here
+ever leaves a host without the `current` it had, and a pending record that cannot be read whole
+is never taken for a first install.
 
     prepare ROOT [WAIT_S]        wait (up to WAIT_S, 300) for a dead deploy's guard to finish
                                  putting the host back (it holds deploy.guard); put back a switch
@@ -12,16 +20,26 @@ can reach outside the root.
     finalize ROOT STAGING ID     stdin {"release_json", "service_env"}: write them, then rename
                                  STAGING to releases/ID (a reader never sees half a release)
     switch ROOT ID [PENDING]     current -> releases/ID by one rename(2); previous -> the old one;
-                                 with PENDING, write deploy.pending so the guard can revert
-    commit ROOT                  the switch is final: remove deploy.pending
-    revert ROOT [settle]         if deploy.pending exists: switch back to its previous, remove it;
-                                 with settle, keep deploy.pending as "settled" (the guard still
-                                 restarts the service if ops goes away before `commit`)
-    list ROOT                    every release with its manifest summary, size, current/previous
+                                 with PENDING, write deploy.pending first (what current was, as
+                                 it was) so the guard can revert; a real directory at `current`
+                                 is moved aside to current.before-<utc> and comes back on revert
+    commit ROOT [ID]             the switch is final: remove deploy.pending; with ID, mark that
+                                 release proven (it passed its post-flight: proven.json)
+    revert ROOT [settle]         if deploy.pending exists: switch back to exactly what current
+                                 was, remove it; with settle, keep deploy.pending as "settled"
+                                 (the guard still restarts the service if ops goes away before
+                                 `commit`). A first install is not unlinked here (the service
+                                 may run from it): {"first_install": true}, then `retire`
+    retire ROOT ID               after the caller stopped the service: unlink a first install's
+                                 `current` (only if it is releases/ID and pending says so)
+    list ROOT                    every release with its manifest summary, size, current/previous,
+                                 proven, damaged (a release.json that is not whole), and what
+                                 `current` is (current_state)
     remove ROOT ID               delete one release (never current or previous)
     reject ROOT ID               stdin {"step", "detail", "at"}: the release failed its deploy after
                                  the switch and was rolled back (releases/ID/rejected.json)
-    prune ROOT KEEP              keep the newest KEEP releases (and always current and previous)
+    prune ROOT KEEP              keep KEEP releases, proven ones first (newest first), then the
+                                 newest unproven; always current, previous and the newest proven
 """
 
 from __future__ import annotations
@@ -36,6 +54,9 @@ import time
 
 ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{7,40}(-dirty)?$")
 STAGING_RE = re.compile(r"^\.staging-[A-Za-z0-9_.-]+$")
+PENDING_KEYS = ("previous", "new", "old_previous")  # a pending record without them is not whole
+KINDS = ("release", "foreign", "directory", "file", "none")
+MAX_JSON = 1 << 20  # release.json, rejected.json, deploy.pending: none is near a MiB
 
 
 class Refused(Exception):
@@ -56,22 +77,99 @@ def rid(value: str) -> str:
     return value
 
 
-def link_target(root: str, name: str) -> str | None:
+def read_json(path: str) -> object:
+    """A small JSON file, or None when it is absent, not a regular file, too big or not JSON."""
     try:
-        dest = os.readlink(os.path.join(root, name))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
-    base = os.path.basename(dest.rstrip("/"))
-    return base if ID_RE.match(base) else None
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > MAX_JSON:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_JSON + 1)
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
-def set_link(root: str, name: str, release: str) -> None:
-    """root/name -> releases/<release>, replaced by one rename(2) of a fresh symlink."""
+def write_json(path: str, doc: object) -> None:
+    """Write `doc` whole or not at all: a temporary file renamed over `path`; a failed write
+    (a full disk) leaves no temporary file behind."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def link_state(root: str, name: str) -> dict:
+    """What root/name is: a release ops switched to, or what else is there, as it is."""
+    path = os.path.join(root, name)
+    if not os.path.lexists(path):
+        return {"kind": "none"}
+    if os.path.islink(path):
+        raw = os.readlink(path)
+        base = os.path.basename(raw.rstrip("/"))
+        releases = os.path.realpath(os.path.join(root, "releases"))
+        real = os.path.realpath(path)
+        if (
+            ID_RE.match(base)
+            and real == os.path.join(releases, base)
+            and os.path.isdir(real)
+            and not os.path.islink(os.path.join(releases, base))
+        ):
+            return {"kind": "release", "id": base, "link": raw}
+        return {"kind": "foreign", "link": raw, "resolves": real, "exists": os.path.isdir(real)}
+    if os.path.isdir(path):
+        return {"kind": "directory", "path": path}
+    return {"kind": "file", "path": path}
+
+
+def describe(state: dict) -> str:
+    """One line for a link_state (what a person reads in a refusal)."""
+    kind = state.get("kind")
+    if kind == "release":
+        return f"releases/{state['id']}"
+    if kind == "foreign":
+        gone = "" if state.get("exists") else ", which does not exist"
+        return f"{state['link']} (a symlink ops did not make{gone})"
+    if kind in ("directory", "file"):
+        return f"{state['path']} (a real {kind}, not a symlink)"
+    return "(none)"
+
+
+def link_target(root: str, name: str) -> str | None:
+    state = link_state(root, name)
+    return state["id"] if state["kind"] == "release" else None
+
+
+def set_link(root: str, name: str, dest: str) -> None:
+    """root/name -> dest (a path as written in the link), by one rename(2) of a fresh symlink."""
     tmp = inside(root, os.path.join(root, f".{name}.new-{os.getpid()}"))
     if os.path.lexists(tmp):
         os.unlink(tmp)
-    os.symlink(os.path.join("releases", release), tmp)
-    os.replace(tmp, os.path.join(root, name))
+    os.symlink(dest, tmp)
+    try:
+        os.replace(tmp, os.path.join(root, name))
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def release_link(release: str) -> str:
+    return os.path.join("releases", release)
 
 
 def rmtree(root: str, path: str) -> None:
@@ -80,6 +178,17 @@ def rmtree(root: str, path: str) -> None:
         os.unlink(path)
     elif os.path.isdir(path):
         shutil.rmtree(path)
+
+
+def utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def shown(state: dict) -> str | None:
+    """A state as the results name it: a release's id, else what is there (None: nothing)."""
+    if state["kind"] == "release":
+        return state["id"]
+    return None if state["kind"] == "none" else describe(state)
 
 
 def wait_for_guard(root: str, wait_s: float) -> float:
@@ -109,12 +218,14 @@ def prepare(root: str, wait_s: float = 300.0) -> dict:
     waited = wait_for_guard(root, wait_s)
     rel = os.path.join(root, "releases")
     os.makedirs(rel, exist_ok=True)
-    before = link_target(root, "current")
+    before = shown(link_state(root, "current"))
     put_back = None
-    if os.path.exists(os.path.join(root, "deploy.pending")):  # its deploy and guard are gone
-        doc = revert(root)
+    if os.path.lexists(os.path.join(root, "deploy.pending")):  # its deploy and guard are gone
+        doc = revert(root, from_prepare=True)
         if doc.get("reverted"):
             put_back = {"from": before, "to": doc.get("current")}
+        elif doc.get("note"):
+            put_back = {"from": before, "to": doc.get("current"), "note": doc["note"]}
     removed = []
     for name in sorted(os.listdir(rel)):
         if name.startswith(".incoming.") or STAGING_RE.match(name):
@@ -143,64 +254,197 @@ def switch(root: str, release: str, pending: bool) -> dict:
     rid(release)
     if not os.path.isdir(inside(root, os.path.join(root, "releases", release))):
         raise Refused(f"no release {release}")
-    previous = link_target(root, "current")
+    cur, prev = link_state(root, "current"), link_state(root, "previous")
+    path, pending_path = os.path.join(root, "current"), os.path.join(root, "deploy.pending")
+    aside = None
+    if cur["kind"] in ("directory", "file"):
+        if not pending:
+            raise Refused(f"current is {describe(cur)}: only a deploy (with its revert) moves it")
+        aside = f"{path}.before-{utc_stamp()}"
     if pending:
-        before = {
-            "previous": previous,
-            "new": release,
-            "old_previous": link_target(root, "previous"),
-        }
-        with open(os.path.join(root, "deploy.pending"), "w") as f:
-            json.dump(before, f)
-    set_link(root, "current", release)
-    if previous and previous != release:
-        set_link(root, "previous", previous)
-    return {"previous": previous, "current": release}
+        write_json(
+            pending_path,
+            {
+                "version": 2,
+                "previous": cur.get("id"),
+                "new": release,
+                "old_previous": prev.get("id"),
+                "current_before": cur,
+                "previous_before": prev,
+                "aside": aside,
+            },
+        )
+    moved = False
+    try:
+        if aside:
+            os.rename(path, aside)  # a process running from it keeps running
+            moved = True
+        set_link(root, "current", release_link(release))
+    except BaseException:
+        if moved and not os.path.lexists(path):
+            os.rename(aside, path)
+        if pending:
+            os.unlink(pending_path)
+        raise
+    if prev["kind"] in ("none", "release", "foreign") and not (
+        cur["kind"] == "release" and cur["id"] == release
+    ):
+        if cur["kind"] == "release":
+            set_link(root, "previous", release_link(cur["id"]))
+        elif cur["kind"] == "foreign":
+            set_link(root, "previous", cur["link"])
+        elif aside:
+            set_link(root, "previous", aside)
+    out: dict = {"previous": cur.get("id"), "current": release}
+    if cur["kind"] not in ("release", "none"):
+        out["previous_state"] = cur
+    return out
 
 
-def commit(root: str) -> dict:
+def commit(root: str, release: str | None = None) -> dict:
     try:
         os.unlink(os.path.join(root, "deploy.pending"))
+        out: dict = {"pending": True}
     except FileNotFoundError:
-        return {"pending": False}
-    return {"pending": True}
+        out = {"pending": False}
+    if release:
+        rid(release)
+        try:  # a mark that could not be written costs prune a hint, never the deploy
+            marker = os.path.join(
+                inside(root, os.path.join(root, "releases", release)), "proven.json"
+            )
+            write_json(marker, {"at": utc_stamp()})
+            out["proven"] = True
+        except OSError as exc:
+            out["proven"] = False
+            out["proven_error"] = str(exc)
+    return out
 
 
-def revert(root: str, settle: bool = False) -> dict:
-    path = os.path.join(root, "deploy.pending")
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return {"reverted": False}
+def not_whole(doc: object) -> str | None:
+    """Why a deploy.pending cannot be trusted (None: it is whole)."""
     if not isinstance(doc, dict):
-        doc = {}
-    if doc.get("settled"):  # switched back already; the service still needs its restart
+        return "not a JSON object (unreadable, empty or not JSON)"
+    missing = [k for k in PENDING_KEYS if k not in doc]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not isinstance(doc["new"], str) or not ID_RE.match(doc["new"]):
+        return "its new release is not a release id"
+    for key in ("previous", "old_previous"):
+        if doc[key] is not None and not (isinstance(doc[key], str) and ID_RE.match(doc[key])):
+            return f"its {key} is not a release id"
+    for key in ("current_before", "previous_before"):
+        state = doc.get(key)
+        if state is None and doc.get("version") is None:
+            continue  # written by an ops before version 2: previous / old_previous say it
+        if not isinstance(state, dict) or state.get("kind") not in KINDS:
+            return f"its {key} is not a state"
+        if state["kind"] in ("release", "foreign") and not isinstance(state.get("link"), str):
+            return f"its {key} has no link"
+    before = doc.get("current_before") or {}
+    if before.get("kind") in ("directory", "file") and not isinstance(doc.get("aside"), str):
+        return "it names no place current was moved aside to"
+    return None
+
+
+def before_states(doc: dict) -> tuple[dict, dict]:
+    """What current and previous were before the switch (a version-1 record: ids only)."""
+
+    def of(rel: str | None) -> dict:
+        if rel:
+            return {"kind": "release", "id": rel, "link": release_link(rel)}
+        return {"kind": "none"}
+
+    cur = doc.get("current_before") or of(doc["previous"])
+    prev = doc.get("previous_before") or of(doc["old_previous"])
+    return cur, prev
+
+
+def put_current_back(root: str, before: dict, aside: str | None) -> bool:
+    """Make current exactly what it was; False when what it was is gone (then it stays)."""
+    path = os.path.join(root, "current")
+    if before["kind"] == "release":
+        if not os.path.isdir(os.path.join(root, "releases", before["id"])):
+            return False
+        set_link(root, "current", before["link"])
+    elif before["kind"] == "foreign":
+        set_link(root, "current", before["link"])  # as it was, even a dangling link
+    else:  # a real directory or file, moved aside by the switch
+        if not aside or not os.path.lexists(inside(root, aside)):
+            return False
+        if os.path.islink(path):
+            os.unlink(path)  # rename(2) cannot put a directory over a symlink
+        os.rename(aside, path)
+    return True
+
+
+def put_previous_back(root: str, before: dict) -> None:
+    path = os.path.join(root, "previous")
+    if before["kind"] in ("release", "foreign"):
+        set_link(root, "previous", before["link"])
+    elif before["kind"] == "none" and os.path.islink(path):
+        os.unlink(path)
+
+
+def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
+    path = os.path.join(root, "deploy.pending")
+    if not os.path.lexists(path):
+        return {"reverted": False}
+    doc = read_json(path)
+    if isinstance(doc, dict) and doc.get("settled"):
+        # switched back already; the service still needs its restart
         if not settle:
             os.unlink(path)
-        return {"reverted": True, "current": link_target(root, "current")}
-    previous, old_previous = doc.get("previous"), doc.get("old_previous")
-    if (
-        previous
-        and ID_RE.match(previous)
-        and os.path.isdir(os.path.join(root, "releases", previous))
-    ):
-        set_link(root, "current", previous)
-        if old_previous and ID_RE.match(old_previous):
-            set_link(root, "previous", old_previous)
-    elif previous is None:
-        try:
-            os.unlink(os.path.join(root, "current"))
-        except FileNotFoundError:
-            pass
+        return {"reverted": True, "current": shown(link_state(root, "current"))}
+    why = not_whole(doc)
+    now = shown(link_state(root, "current"))
+    if why:  # never read as a first install: current stays as it is, the record is kept aside
+        kept = f"{path}.unreadable-{utc_stamp()}"
+        os.replace(path, kept)
+        note = (
+            f"deploy.pending could not be read whole ({why}): current left as it is, "
+            f"the record kept as {os.path.basename(kept)}"
+        )
+        return {"reverted": False, "unreadable": why, "current": now, "note": note}
+    assert isinstance(doc, dict)
+    cur_before, prev_before = before_states(doc)
+    if cur_before["kind"] == "none":
+        # a first install: unlinking current under a running service would leave it down
+        if from_prepare:
+            os.unlink(path)
+            note = (
+                f"a first install ({doc['new']}) was never proven: current stays on it "
+                "(no release to go back to); check the service, or ops rollback / deploy"
+            )
+            return {"reverted": False, "first_install": True, "current": now, "note": note}
+        return {"reverted": False, "first_install": True, "new": doc["new"], "current": now}
+    if not put_current_back(root, cur_before, doc.get("aside")):
+        os.unlink(path)
+        note = f"what current was before ({describe(cur_before)}) is gone: current stays {now}"
+        return {"reverted": False, "gone": describe(cur_before), "current": now, "note": note}
+    if prev_before["kind"] != "directory" and prev_before["kind"] != "file":
+        put_previous_back(root, prev_before)
+    back = shown(cur_before)
     if settle:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump({"settled": True, "current": previous}, f)
-        os.replace(tmp, path)
+        write_json(path, {"settled": True, "current": back})
     else:
         os.unlink(path)
-    return {"reverted": True, "current": previous}
+    return {"reverted": True, "current": back}
+
+
+def retire(root: str, release: str) -> dict:
+    """A first install that failed, after its service was stopped: no current at all again."""
+    rid(release)
+    path = os.path.join(root, "deploy.pending")
+    doc = read_json(path)
+    if not_whole(doc) or not isinstance(doc, dict) or doc["new"] != release:
+        raise Refused(f"no pending first install of {release}")
+    if before_states(doc)[0]["kind"] != "none":
+        raise Refused(f"{release} was not a first install")
+    if link_target(root, "current") == release:
+        os.unlink(os.path.join(root, "current"))
+    os.unlink(path)
+    return {"retired": release, "current": shown(link_state(root, "current"))}
 
 
 def du(path: str) -> int:
@@ -214,40 +458,75 @@ def du(path: str) -> int:
     return total
 
 
+def manifest(path: str) -> tuple[dict, str | None]:
+    """The fields of a release.json the commands use, and why it is damaged (None: whole)."""
+    man = read_json(path)
+    if not isinstance(man, dict):
+        return {}, "release.json is missing or not a JSON object"
+    bad: list[str] = []
+    out: dict = {}
+    for key in ("git_sha", "created", "cuda_arch"):
+        value = man.get(key)
+        out[key] = value if value is None or isinstance(value, str) else None
+        if out[key] is None and key != "cuda_arch":
+            bad.append(key)
+    comps = man.get("components")
+    if isinstance(comps, dict) and all(isinstance(v, str) for v in comps.values()):
+        out["components"] = comps
+    else:
+        out["components"] = {}
+        bad.append("components")
+    selftest = man.get("selftest")
+    if not isinstance(selftest, dict) or selftest.get("ok") not in (True, False):
+        selftest = {}
+        bad.append("selftest")
+    out["selftest_ok"] = selftest.get("ok")
+    gpu = selftest.get("gpu")
+    out["selftest_gpu"] = gpu if gpu is None or isinstance(gpu, str) else str(gpu)[:200]
+    return out, (f"release.json: bad or missing {', '.join(bad)}" if bad else None)
+
+
 def listing(root: str) -> dict:
     rel = os.path.join(root, "releases")
-    current, previous = link_target(root, "current"), link_target(root, "previous")
+    cur_state, prev_state = link_state(root, "current"), link_state(root, "previous")
+    current, previous = cur_state.get("id"), prev_state.get("id")
     out = []
     names = sorted(n for n in os.listdir(rel) if ID_RE.match(n)) if os.path.isdir(rel) else []
     for name in names:
-        try:
-            with open(os.path.join(rel, name, "release.json")) as f:
-                man = json.load(f)
-        except (OSError, ValueError):
-            man = {}
-        selftest = man.get("selftest") or {}
-        try:
-            with open(os.path.join(rel, name, "rejected.json")) as f:
-                rejected = json.load(f)
-        except (OSError, ValueError):
-            rejected = None
+        if not os.path.isdir(os.path.join(rel, name)) or os.path.islink(os.path.join(rel, name)):
+            continue
+        fields, damaged = manifest(os.path.join(rel, name, "release.json"))
+        rejected = read_json(os.path.join(rel, name, "rejected.json"))
         out.append(
             {
                 "id": name,
-                "git_sha": man.get("git_sha"),
-                "created": man.get("created"),
-                "cuda_arch": man.get("cuda_arch"),
-                "components": man.get("components") or {},
-                "selftest_ok": selftest.get("ok"),
-                "selftest_gpu": selftest.get("gpu"),
+                "git_sha": fields.get("git_sha"),
+                "created": fields.get("created"),
+                "cuda_arch": fields.get("cuda_arch"),
+                "components": fields.get("components") or {},
+                "selftest_ok": fields.get("selftest_ok"),
+                "selftest_gpu": fields.get("selftest_gpu"),
                 "size_bytes": du(os.path.join(rel, name)),
                 "current": name == current,
                 "previous": name == previous,
-                "rejected": rejected if isinstance(rejected, dict) else None,
+                "rejected": (
+                    {k: str(rejected.get(k, ""))[:2000] for k in ("step", "detail", "at")}
+                    if isinstance(rejected, dict)
+                    else None
+                ),
+                "proven": os.path.isfile(os.path.join(rel, name, "proven.json")),
+                "damaged": damaged,
             }
         )
-    pending = os.path.exists(os.path.join(root, "deploy.pending"))
-    return {"releases": out, "current": current, "previous": previous, "pending": pending}
+    pending = os.path.lexists(os.path.join(root, "deploy.pending"))
+    return {
+        "releases": out,
+        "current": current,
+        "previous": previous,
+        "pending": pending,
+        "current_state": cur_state,
+        "previous_state": prev_state,
+    }
 
 
 def reject(root: str, release: str) -> dict:
@@ -257,8 +536,7 @@ def reject(root: str, release: str) -> dict:
         raise Refused(f"no release {release}")
     doc = json.loads(sys.stdin.read() or "{}")
     why = {k: str(doc.get(k, ""))[:2000] for k in ("step", "detail", "at")}
-    with open(os.path.join(path, "rejected.json"), "w") as f:
-        json.dump(why, f)
+    write_json(os.path.join(path, "rejected.json"), why)
     return {"rejected": release}
 
 
@@ -271,13 +549,19 @@ def remove(root: str, release: str) -> dict:
 
 
 def prune(root: str, keep: int) -> dict:
-    keep_ids = {link_target(root, "current"), link_target(root, "previous")}
-    names = [r["id"] for r in listing(root)["releases"]]
+    """Keep `keep` releases: proven ones first, newest first, then the newest unproven ones;
+    current, previous and the newest proven release are never removed."""
+    doc = listing(root)
+    rels = doc["releases"]  # oldest first (ids sort by time)
+    proven = [r["id"] for r in reversed(rels) if r["proven"] and not r["rejected"]]
+    others = [r["id"] for r in reversed(rels) if r["id"] not in proven]
+    kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"]}
+    kept |= set(proven[:1])
     removed = []
-    for name in names[: max(0, len(names) - keep)]:
-        if name not in keep_ids:
-            rmtree(root, os.path.join(root, "releases", name))
-            removed.append(name)
+    for r in rels:
+        if r["id"] not in kept:
+            rmtree(root, os.path.join(root, "releases", r["id"]))
+            removed.append(r["id"])
     return {"removed": removed}
 
 
@@ -292,9 +576,11 @@ def main(argv: list[str]) -> dict:
     if action == "switch":
         return switch(root, argv[2], len(argv) > 3 and argv[3] == "pending")
     if action == "commit":
-        return commit(root)
+        return commit(root, argv[2] if len(argv) > 2 else None)
     if action == "revert":
         return revert(root, len(argv) > 2 and argv[2] == "settle")
+    if action == "retire":
+        return retire(root, argv[2])
     if action == "list":
         return listing(root)
     if action == "remove":
@@ -311,4 +597,9 @@ if __name__ == "__main__":
         print(json.dumps(main(sys.argv[1:])))
     except Refused as exc:
         print(json.dumps({"error": str(exc)}))
+        sys.exit(2)
+    except OSError as exc:  # a full or read-only disk, a permission: one line, never a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        what = exc.strerror or str(exc)
+        print(json.dumps({"error": f"{sys.argv[1]}: {what}{where}", "os_error": exc.errno}))
         sys.exit(2)

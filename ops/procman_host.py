@@ -243,6 +243,7 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
             "started": False,
             "notes": notes,
             "reason": f"port {port_of(url)} is already in use by {who} ({holder['cmdline']})",
+            "blocked_by": "port",  # the host's, not the release's: nothing was started
         }
     current = os.path.join(root, "current")
     cwd = current if os.path.isdir(current) else root

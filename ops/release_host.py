@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +59,59 @@ def restart_script(target: Target) -> str:
 
 
 @contextmanager
+def interrupts_held() -> Iterator[None]:
+    """While the guard puts the host back, a further Ctrl-C (or SIGTERM) is ignored: it would
+    cut the wait for the guard, and the result would name a host half put back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, lambda *_: None)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def interrupted_once() -> Iterator[None]:
+    """The first Ctrl-C (or SIGTERM) interrupts as usual; every later one is ignored until the
+    process ends, so the interrupted deploy still puts the host back, asks where it was left
+    and writes its record (an impatient second Ctrl-C used to cost the record its steps).
+    Without an interrupt, the handlers before are restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    seen: list[int] = []
+
+    def ignore_from_now() -> None:  # SIG_IGN, not a Python handler: it outlives finalization
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def first_only(signum: int, _frame: object) -> None:
+        if not seen:
+            seen.append(signum)
+            ignore_from_now()
+            raise KeyboardInterrupt
+
+    for sig in old:
+        signal.signal(sig, first_only)
+    try:
+        yield
+    except KeyboardInterrupt:
+        seen.append(0)  # an interrupt from anywhere: from now on, none is taken
+        ignore_from_now()
+        raise
+    finally:
+        if not seen:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
+@contextmanager
 def revert_guard(host: Host, restart: bool) -> Iterator[None]:
     """A host process that, when ops goes away with `deploy.pending` still there, switches
     `current` back (and restarts the service): the host never stays on an unproven release."""
@@ -77,4 +132,5 @@ def revert_guard(host: Host, restart: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        proc.finish(host.target.service.stop_timeout + 120)
+        with interrupts_held():
+            proc.finish(host.target.service.stop_timeout + 120)

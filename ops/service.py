@@ -95,6 +95,9 @@ class ServiceStatus(BaseModel):
     evidence: list[str] = Field(default_factory=list)
     signals: list[dict] = Field(default_factory=list)
     actions: list[str] = Field(default_factory=list)
+    # set when the service could not start for a reason outside the release (another program
+    # holds its port): a deploy then rolls back without rejecting the release
+    blocked_by: str | None = None
 
     @property
     def active(self) -> bool:
@@ -326,6 +329,7 @@ class ProcessManager(ServiceManager):
                 healthy=False,
                 detail=f"not started: {doc.get('reason', 'unknown reason')}",
                 actions=notes,
+                blocked_by=doc.get("blocked_by"),
             )
         probe = up.get("wait") or {}
         st = self._status(up.get("status") or {})

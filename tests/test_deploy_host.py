@@ -56,10 +56,16 @@ def test_switch_commit_revert(root: Path) -> None:
     assert host("revert", r)[1] == {"reverted": False}  # nothing pending: nothing to do
 
 
-def test_first_install_reverted_leaves_no_current(root: Path) -> None:
+def test_first_install_is_retired_only_after_the_service_stopped(root: Path) -> None:
+    """A revert never unlinks a first install's `current` (its service may run from it): it
+    says first_install, the caller stops the service, then `retire` unlinks it."""
     host("switch", str(root), IDS[0], "pending")
-    host("revert", str(root))
-    assert links(root) == (None, None)
+    code, doc = host("revert", str(root))
+    assert code == 0 and doc["first_install"] is True and doc["reverted"] is False
+    assert links(root) == (IDS[0], None) and (root / "deploy.pending").exists()
+    assert host("retire", str(root), IDS[1])[0] == 2  # not the pending first install
+    assert host("retire", str(root), IDS[0])[1]["retired"] == IDS[0]
+    assert links(root) == (None, None) and not (root / "deploy.pending").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,380 @@
+"""Hosts ops does not fully own: a `current` switched by hand, a tampered `deploy.pending`, a
+damaged `release.json`, a `current` outside the root or a real directory, a full disk, a
+killed rollback, a port held by another program. The rule each test checks: the host always
+ends on a runnable release it was on, or on the new one, and every release command still works.
+
+Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service run from
+`current/` by ops's process manager (tests/test_deploy_hostile.py's `Ops`), a tmpfs for the
+full disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.deploy import commit_change
+from helpers.local import end_services
+from test_deploy_hostile import NOISY_CRASH, Ops, one_error_line, steps
+
+# the stand-in's post-flight answers never come
+HANG = ("engine/svc.py", 'default="ok"', 'default="hang"')
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    end_services(o.root)
+
+
+def relink(root: Path, dest: str) -> None:
+    """`current -> dest` switched by hand, as an operator would (ln -sfn)."""
+    tmp = root / ".current.hand"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(dest)
+    os.replace(tmp, root / "current")
+
+
+def no_traceback(text: str) -> bool:
+    """No traceback of ops's own (the service's, quoted as indented evidence, may be there)."""
+    return not any(line.startswith("Traceback") for line in text.splitlines())
+
+
+def healthy(ops: Ops) -> None:
+    """The service answers the golden set (token-identical) from where it runs now."""
+    res = ops("healthcheck", "local", "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_hand_pointed_current_survives_a_failed_deploy(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    assert r1
+    shutil.copytree(ops.root / "releases" / r1, ops.root / "releases" / "hotfix", symlinks=True)
+    relink(ops.root, "releases/hotfix")
+    assert ops("service", "restart", "local").returncode == 0
+    assert ops.serving() == "hotfix"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    # refused without --force, naming what it found; a dry run says the same
+    for extra in ((), ("--dry-run",)):
+        res = ops.deploy(*extra)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "current is releases/hotfix (a symlink ops did not make)" in res.stderr
+        assert "--force" in res.stderr and no_traceback(res.stderr)
+        assert os.readlink(ops.root / "current") == "releases/hotfix"
+    # with --force the failed release is rolled back to exactly the hand-made link
+    res = ops.deploy("--force", "--wait", "5")
+    assert res.returncode == 1 and no_traceback(res.stderr), res.stderr
+    result = ops.record("deploy")["results"][0]
+    assert result["failed_step"] == "restart" and steps(result)["rollback"] == "ok"
+    assert "rolled back to releases/hotfix" in result["message"]
+    assert os.readlink(ops.root / "current") == "releases/hotfix"
+    assert ops.serving() == "hotfix"
+    healthy(ops)
+
+
+def test_empty_pending_record_is_never_a_first_install(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    (ops.root / "deploy.pending").write_text("{}")
+    # `ops releases` still works and says a record is there
+    res = ops("releases", "local")
+    assert res.returncode == 0 and r1 in res.stdout, res.stderr
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    res = ops.deploy("--wait", "5")
+    assert res.returncode == 1 and no_traceback(res.stderr), res.stderr
+    result = ops.record("deploy")["results"][0]
+    (recover,) = [s for s in result["steps"] if s["name"] == "recover"]
+    assert (
+        "could not be read whole" in recover["detail"]
+        and "current left as it is" in (recover["detail"])
+    )
+    assert steps(result)["rollback"] == "ok" and result["after"] == r1
+    assert ops.current() == r1 and ops.serving() == r1
+    assert list(ops.root.glob("deploy.pending.unreadable-*"))  # kept for a person to read
+    assert not (ops.root / "deploy.pending").exists()
+    healthy(ops)
+
+
+def test_damaged_release_json_blocks_no_command(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    assert r1 and r2 and r1 != r2
+    old = ops.root / "releases" / ("20200101T000000Z-" + r1.split("-")[1])
+    shutil.copytree(ops.root / "releases" / r1, old, symlinks=True)
+    (old / "release.json").write_text("[]")
+    (ops.root / "releases" / r1 / "release.json").write_text('{"selftest": "yes"}')
+    code, doc = ops.json("releases", "local")
+    assert code == 0
+    damaged = {r["id"]: r["damaged"] for r in doc["releases"] if r["damaged"]}
+    assert set(damaged) == {old.name, r1}, doc
+    res = ops("releases", "local")
+    assert res.returncode == 0 and f"{r1} is damaged" in res.stderr
+    assert ops.deploy("--dry-run").returncode == 0
+    line = one_error_line(ops("rollback", "local"))  # previous is r1: damaged, refused
+    assert f"release {r1} is damaged" in line
+    # a new deploy works beside them, and the rollback to an intact release works
+    commit_change(ops.src, "engine/svc.py", '"""Release two. ', '"""Release three. ')
+    res = ops.deploy()
+    assert res.returncode == 0, res.stderr
+    res = ops("rollback", "local", "--to", r2)
+    assert res.returncode == 0 and ops.current() == r2, res.stderr
+    healthy(ops)
+
+
+def test_current_outside_the_root_is_not_an_ops_release(ops: Ops, tmp_path: Path) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    assert r1
+    outside = tmp_path / "elsewhere" / r1  # an id-shaped name, other code
+    shutil.copytree(ops.root / "releases" / r1, outside, symlinks=True)
+    relink(ops.root, str(outside))
+    code, doc = ops.json("releases", "local")
+    assert code == 0 and doc["current"] is None and not any(r["current"] for r in doc["releases"])
+    assert doc["current_state"]["kind"] == "foreign"
+    res = ops.deploy()  # the same commit: not "already current"
+    assert res.returncode == 1 and "already current" not in res.stdout + res.stderr
+    assert "not a release ops installed" in res.stderr
+    assert os.readlink(ops.root / "current") == str(outside)
+
+
+def test_current_as_a_real_directory_comes_back_whole(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    assert r1
+    ops.stop()
+    (ops.root / "current").unlink()
+    shutil.copytree(ops.root / "releases" / r1, ops.root / "current", symlinks=True)
+    assert ops("service", "start", "local").returncode == 0
+    assert ops.serving() == "current"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    res = ops.deploy()
+    assert res.returncode == 1 and "a real directory, not a symlink" in res.stderr, res.stderr
+    res = ops.deploy("--force", "--wait", "5")
+    assert res.returncode == 1 and no_traceback(res.stderr), res.stderr
+    assert steps(ops.record("deploy")["results"][0])["rollback"] == "ok"
+    cur = ops.root / "current"
+    assert cur.is_dir() and not cur.is_symlink() and not (ops.root / "deploy.pending").exists()
+    assert ops.serving() == "current"
+    healthy(ops)
+    res = ops("releases", "local")
+    assert res.returncode == 0 and "pending" not in res.stderr
+    # a good release goes over it with --force; the directory is kept as previous
+    commit_change(ops.src, "engine/svc.py", NOISY_CRASH, "def main() -> None:\n")
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy("--force")
+    assert res.returncode == 0, res.stderr
+    assert ops.current() and ops.serving() == ops.current()
+    assert os.readlink(ops.root / "previous").startswith(str(ops.root / "current.before-"))
+
+
+def test_prune_keeps_proven_releases_over_unproven_ones(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r0 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release one. ')
+    assert ops.deploy().returncode == 0
+    r1 = ops.current()
+    # two deploys stopped in their post-flight: switched back by the guard, never proven
+    commit_change(ops.src, *HANG)
+    unproven = []
+    for n in range(2):
+        commit_change(ops.src, "engine/svc.py", '"""', f'"""Try {n}. ')
+        code, _, err, _ = ops.interrupt_at("postflight ...", "local", sig=signal.SIGTERM)
+        assert code == 130 and ops.current() == r1, err
+        unproven.append(ops.record("deploy")["results"][0]["release"])
+    res = ops("releases", "local")
+    assert all(f"unproven {u}" in " ".join(res.stdout.split()) for u in unproven), res.stdout
+    commit_change(ops.src, HANG[0], HANG[2], HANG[1])
+    assert ops.deploy("--keep", "3").returncode == 0
+    r4 = ops.current()
+    left = sorted(p.name for p in (ops.root / "releases").iterdir())
+    assert left == sorted([r0, r1, r4]), left  # old code kept the unproven, pruned r0
+
+
+def test_finalized_release_interrupted_before_its_switch_is_named(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    commit_change(ops.src, "kernels/selftest.py", "DELAY = 0", "DELAY = 1")
+    holder: list[subprocess.Popen] = []
+
+    def hold_guard() -> None:  # the deploy's guard then waits for deploy.guard: after finalize
+        lock = str(ops.root / "deploy.guard")
+        holder.append(subprocess.Popen(["flock", lock, "sleep", "20"]))
+
+    proc = subprocess.Popen(
+        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+    )
+    try:
+        seen = ""
+        assert proc.stderr is not None
+        while "selftest ..." not in seen:
+            seen += proc.stderr.readline()
+        hold_guard()
+        while "finalize:" not in seen:
+            seen += proc.stderr.readline()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        for h in holder:
+            h.kill()
+            h.wait()
+    assert proc.returncode == 130, seen + err
+    rid = ops.record("deploy")["results"][0]["release"]
+    assert f"release {rid} is in place, never switched to" in seen + err
+    assert "half-sent" not in seen + err
+    assert ops.current() == r1
+
+
+def test_second_ctrl_c_during_restart_keeps_the_steps(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    slow = "def main() -> None:\n    time.sleep(4)\n"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow)
+
+    proc = subprocess.Popen(
+        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+    )
+    seen = ""
+    assert proc.stderr is not None
+    while "restart ..." not in seen:
+        seen += proc.stderr.readline()
+    time.sleep(0.3)
+    for _ in range(20):  # an impatient user: Ctrl-C again and again while ops puts things back
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        if proc.poll() is not None:
+            break
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    result = ops.record("deploy")["results"][0]
+    assert steps(result).get("switch") == "ok", result
+    assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_killed_rollback_still_marks_the_release_rejected(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    code, _, err, _ = ops.interrupt_at("rollback ...", "local", "--wait", "3", sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while ops.guard_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ops.current() == r1 and ops.serving() == r1
+    code, doc = ops.json("releases", "local")
+    rejected = [r["id"] for r in doc["releases"] if r["rejected"]]
+    assert len(rejected) == 1 and rejected[0] != r1, doc
+
+
+def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    ops.stop()
+    squatter = subprocess.Popen(  # another program on the service's port (answers 404s)
+        [sys.executable, "-m", "http.server", str(ops.port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
+                    break
+            time.sleep(0.1)
+        res = ops.deploy("--force", "--wait", "3")
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert res.returncode == 1, res.stdout + res.stderr
+    result = ops.record("deploy")["results"][0]
+    assert result["failed_step"] == "restart" and "already in use" in res.stderr
+    assert ops.current() == r1
+    code, doc = ops.json("releases", "local")
+    assert not any(r["rejected"] for r in doc["releases"]), doc
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 3 MiB tmpfs as the remote root's disk (skipped where mounting is not allowed)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> None:
+    ops = Ops(tmp_path / "o")
+    ops.root = small_disk / "root"
+    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
+    ops.inventory.write_text(text)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+        commit_change(ops.src, "kernels/selftest.py", "DELAY = 0", "DELAY = 1")
+        filled: list[Path] = []
+        proc = subprocess.Popen(
+            ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=ops.env,
+        )
+        seen = ""
+        assert proc.stderr is not None
+        while "selftest ..." not in seen:
+            seen += proc.stderr.readline()
+        filled.append(fill(small_disk))
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, seen + err
+        assert no_traceback(seen + err)
+        assert "finalize failed" in seen + err and "No space left" in seen + err
+        assert ops.current() == r1
+        left = [p.name for p in (ops.root / "releases").iterdir()]
+        assert left == [r1], left  # the staging directory went with the failure
+        assert not list(ops.root.glob("deploy.pending*"))
+        filled[0].unlink()
+        assert ops.serving() == r1
+        healthy(ops)
+    finally:
+        end_services(ops.root)
