@@ -378,3 +378,37 @@ def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> 
         healthy(ops)
     finally:
         end_services(ops.root)
+
+
+def test_full_disk_during_the_rollback_leaves_no_stray_file(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    ops = Ops(tmp_path / "o")
+    ops.root = small_disk / "root"
+    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
+    ops.inventory.write_text(text)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+        filled: list[Path] = []
+        code, _, err, _ = ops.interrupt_at(
+            "restart ...",
+            "local",
+            "--wait",
+            "3",
+            sig=0,
+            first=lambda: filled.append(fill(small_disk)),
+        )
+        assert code == 1 and no_traceback(err), err
+        deadline = time.monotonic() + 30
+        while ops.guard_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not list(ops.root.glob("deploy.pending.tmp*"))
+        assert ops.current() == r1  # the deploy, or its guard, put it back
+        filled[0].unlink()
+        assert ops("service", "restart", "local").returncode == 0
+        assert ops.serving() == r1
+        healthy(ops)
+    finally:
+        end_services(ops.root)
