@@ -6,12 +6,16 @@ target, run it inside a run record, render its typed result), wrapped by `cli_co
 Every command takes `--json` (one JSON document on stdout) and `--inventory PATH` (or
 `$OPS_INVENTORY`), before or after the command's name (both land on `ctx.obj`). A user
 mistake or an unreachable host is one line on stderr and exit 2, never a traceback.
-Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configuration, 3 HOLD.
+Exit codes: 0 pass/GO, 1 fail/NO-GO, 2 bad input or configuration, 3 HOLD, 4 an internal
+error (an exception nothing expected: a bug in ops, one line; OPS_DEBUG=1 adds the traceback),
+130 interrupted.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -19,6 +23,7 @@ import typer
 from ops.cli_checks import healthcheck, loadtest
 from ops.cli_common import (
     HELP_SETTINGS,
+    CliState,
     Done,
     InventoryOpt,
     JsonOpt,
@@ -37,7 +42,7 @@ from ops.cli_report import report
 from ops.cli_rollout import rollout
 from ops.cli_service import serve, service_app
 from ops.cli_verdict import bench, profile
-from ops.errors import EXIT_OK
+from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
 from ops.remote import Host
 
 if TYPE_CHECKING:  # imported by the facts command (a fast `ops` start)
@@ -178,16 +183,19 @@ def _print_facts(f: Facts) -> None:
 
 
 def main() -> None:
-    """Run the app; a bad flag or value is one line (and where to look) with exit 2."""
+    """Run the app; a bad flag or value is one line (and where to look) with exit 2; an
+    exception nothing expected (a bug in ops) is one line, exit 4 (`internal_error`)."""
+    st = CliState()  # the app's root context holds this one: --json is known after a failure
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, obj=st)
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
         # click's (or typer's vendored click's) usage errors: duck-typed, as typer may vendor
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
-            raise
+            internal_error(exc, st.as_json)
+            sys.exit(EXIT_INTERNAL)
         if type(exc).__name__ == "NoArgsIsHelpError":  # `ops` or a group alone: its help
             out.print(exc.format_message(), soft_wrap=True, markup=False, highlight=False)
             sys.exit(2)
@@ -196,6 +204,24 @@ def main() -> None:
         err.print(f"error: {escape(exc.format_message())}{where}", soft_wrap=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def internal_error(exc: BaseException, as_json: bool) -> None:
+    """An exception no part of ops expected: never exit 1 (a NO-GO or a failed check), but one
+    line, exit 4, and with --json a document saying so; the traceback only with OPS_DEBUG=1
+    (plain: typer's pretty one would show locals, which can hold secrets)."""
+    kind, message = type(exc).__name__, str(exc)
+    debug = os.environ.get("OPS_DEBUG", "") not in ("", "0")
+    if as_json:
+        emit_json({"ok": False, "error": kind, "message": message, "internal": True})
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    hint = "" if debug else "OPS_DEBUG=1 shows the traceback; "
+    err.print(
+        f"[bold red]internal error:[/] {escape(kind)}: {escape(message)} (a bug in ops; "
+        f"{hint}please report it)",
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 import typer
 from pydantic import BaseModel
 
-from ops.errors import EXIT_INTERRUPTED, EXIT_OK, OpsError
+from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.inventory import Inventory, Target, load_inventory
 from ops.records import RunDir
 from ops.remote import Host, open_host
@@ -209,17 +209,35 @@ def finish(
     always: Callable[[Done[R]], None] | None = None,
     record_line: bool = True,
 ) -> int:
-    """Render a recorded result: the JSON document (plus `run_dir`) or `show`; then `always`
-    (lines for both modes) and where the record is (in both modes when `always` is given)."""
+    """Render a recorded result: the JSON document (plus `run_dir`, and `record_error` where
+    the record could not be written) or `show`; then `always` (lines for both modes) and where
+    the record is (in both modes when `always` is given). A record that could not be written
+    is one warning line in both modes; the result and its exit code stand."""
     if st.as_json:
-        emit_json({**doc(done), "run_dir": str(run.path)})
+        emit_json({**doc(done), "run_dir": str(run.path), **record_error(run)})
     else:
         show(done.result)
     if always is not None:
         always(done)
-    if record_line and (always is not None or not st.as_json):
-        err.print(f"[dim]record: {escape(str(run.path))}/record.json[/]", soft_wrap=True)
+    say_record(run, record_line and (always is not None or not st.as_json))
     return done.code
+
+
+def record_error(run: RunDir) -> dict[str, str]:
+    """`{"record_error": PATH: WHY}` for a JSON document when the run's record is not on disk."""
+    return {"record_error": run.unwritten} if run.unwritten else {}
+
+
+def say_record(run: RunDir, where: bool = True) -> None:
+    """Where the run's record is (when `where`); or, whatever `where` says, the one warning line
+    for a record that could not be written (the path and the OS error)."""
+    if run.unwritten:
+        err.print(
+            f"[yellow]warning:[/] the run record was not written: {escape(run.unwritten)}",
+            soft_wrap=True,
+        )
+    elif where:
+        err.print(f"[dim]record: {escape(str(run.path))}/record.json[/]", soft_wrap=True)
 
 
 def on_target(
@@ -276,9 +294,10 @@ def interrupted(st: CliState, run: RunDir) -> int:
     """A command that Ctrl-C stopped before it had a result: the same lines as any result (the
     JSON document with --json, one line, where the record is), exit 130."""
     if st.as_json:
-        emit_json({"ok": False, "outcome": "interrupted", "run_dir": str(run.path)})
+        doc = {"ok": False, "outcome": "interrupted", "run_dir": str(run.path)}
+        emit_json({**doc, **record_error(run)})
     err.print("[yellow]interrupted[/] (Ctrl-C) before a result")
-    err.print(f"[dim]record: {escape(str(run.path))}/record.json[/]", soft_wrap=True)
+    say_record(run)
     return EXIT_INTERRUPTED
 
 
@@ -290,26 +309,30 @@ def recorded(
     *,
     key: str | None = None,
 ) -> tuple[RunDir, Done[R]]:
-    """Run `body` inside a new run directory; its record is written whatever happens, with
-    the result's section under `key` (default: the command's name)."""
-    run = RunDir.create(command, target.name)
+    """Run `body` inside a new run directory, whose record (outcome `running`) is there from
+    the start; the final record replaces it whatever happens, with the result's section under
+    `key` (default: the command's name). A record that cannot be written is `run.unwritten`
+    (`finish` says so); on an error it is said here, before the error's own line."""
+    run = RunDir.create(command, target.name, inputs=inputs)
     try:
         done = body(run)
     except OpsError as exc:
         run.write_record(
             inputs=inputs, outcome="error", exit_code=exc.exit_code, error=exc.to_dict()
         )
+        say_record(run, where=False)
         raise
     except BaseException as exc:  # a bug or Ctrl-C: still leave a complete record behind
         outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "crashed"
         run.write_record(
             inputs=inputs,
             outcome=outcome,
-            exit_code=EXIT_INTERRUPTED if outcome == "interrupted" else 1,
+            exit_code=EXIT_INTERRUPTED if outcome == "interrupted" else EXIT_INTERNAL,
             error={"error": type(exc).__name__, "message": str(exc)},
         )
         if outcome == "interrupted":
             raise RecordedInterrupt(run) from exc
+        say_record(run, where=False)
         raise
     section = {key or command: done.section}
     run.write_record(inputs=inputs, outcome=done.outcome, exit_code=done.code, **section)

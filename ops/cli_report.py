@@ -18,7 +18,18 @@ import typer
 from pydantic import ValidationError
 
 from checks.atomic import write_atomic
-from ops.cli_common import InventoryOpt, JsonOpt, command, emit_json, err, escape, out, state
+from ops.cli_common import (
+    InventoryOpt,
+    JsonOpt,
+    command,
+    emit_json,
+    err,
+    escape,
+    out,
+    record_error,
+    say_record,
+    state,
+)
 from ops.errors import OpsError
 from ops.records import RunDir
 
@@ -198,7 +209,7 @@ def report(
     _inventory: InventoryOpt = None,
 ) -> int:
     """GO / NO-GO / HOLD from records: Amdahl per concurrency, kernels, health, interference."""
-    from ops.evidence import record_files
+    from ops.evidence import record_files, unfinished_line
 
     if out is not None and not out.strip():
         raise OpsError("--out: an empty path; name a directory (--out . for this one)")
@@ -216,12 +227,18 @@ def report(
         "format": fmts,
     }
     if out_dir is None:
-        run = RunDir.create("report", ev.target or "unknown")
+        run = RunDir.create("report", ev.target or "unknown", inputs=inputs)
         dest = run.path
     else:
         run, dest = None, out_dir
         _ensure_dir(out_dir)
-    files = write_reports(dest, fmts, ev, d, sources)
+    try:
+        files = write_reports(dest, fmts, ev, d, sources)
+    except OpsError as exc:  # the report is this command's product: its own error (exit 2)
+        if run is not None:
+            run.write_record(inputs=inputs, outcome="error", exit_code=exc.exit_code,
+                             error=exc.to_dict())  # fmt: skip
+        raise
     if run is not None:
         run.write_record(
             inputs=inputs,
@@ -231,10 +248,15 @@ def report(
             files=files,
         )
     if state(ctx).as_json:
-        emit_json({**report_doc(d, ev, sources), "out_dir": str(dest), "files": files})
+        doc = {**report_doc(d, ev, sources), "out_dir": str(dest), "files": files}
+        emit_json({**doc, **(record_error(run) if run is not None else {})})
     else:
         _print(d)
         err.print(f"[dim]report: {', '.join(files)}[/]")
+    for rec in ev.unfinished:
+        err.print(f"[yellow]note:[/] {escape(unfinished_line(rec))}", soft_wrap=True)
+    if run is not None and run.unwritten:
+        say_record(run, where=False)
     return d.exit_code
 
 

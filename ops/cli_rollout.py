@@ -21,6 +21,8 @@ from ops.cli_common import (
     err,
     escape,
     out,
+    record_error,
+    say_record,
     state,
 )
 
@@ -82,11 +84,13 @@ def rollout(
         "sets": list(sets or []),
         "resolved": pb.model_dump(mode="json"),
     }
-    res = Runner(pb, t, lambda line: err.print(escape(line), soft_wrap=True)).run(inputs)
+    runner = Runner(pb, t, lambda line: err.print(escape(line), soft_wrap=True))
+    res = runner.run(inputs)
     if st.as_json:
-        emit_json(res.model_dump(mode="json"))
+        emit_json({**res.model_dump(mode="json"), **record_error(runner.run_dir)})
     else:
         _print(res)
+    say_record(runner.run_dir, where=not st.as_json)
     return res.exit_code
 
 
@@ -112,4 +116,3 @@ def _print(res: RolloutResult) -> None:
         out.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     for f in res.files:
         err.print(f"[dim]report: {f}[/]")
-    err.print(f"[dim]record: {res.run_dir}/record.json[/]")

@@ -12,6 +12,11 @@
     │   ├── ModuleOutputError     a data-plane module printed no JSON document
     │   └── LockHeld              the host lock is held by someone else (says who and since when)
 
+Exit codes: EXIT_OK 0 pass / GO, EXIT_FAIL 1 fail / NO-GO, EXIT_BAD_INPUT 2 bad input,
+configuration or an unreachable host, EXIT_HOLD 3 HOLD, EXIT_INTERNAL 4 an unexpected exception
+(a bug in ops, never a verdict: `ops.cli.main` says so in one line, the traceback only with
+OPS_DEBUG=1), EXIT_INTERRUPTED 130 Ctrl-C or SIGTERM.
+
 Foreign errors are translated into these at the boundary where they arise, chained with
 ``raise ... from exc``: paramiko and socket errors in `ops.ssh` (the SSH transport); a
 command's exit status, a timeout and a module's unparsable output in `ops.remote` (`Host.run`,
@@ -29,6 +34,7 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
 EXIT_HOLD = 3
+EXIT_INTERNAL = 4  # an exception ops did not expect: a bug, never a NO-GO
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 

@@ -75,6 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ops.errors import OpsError
 from ops.files import MIB, FileRefused, read_text_bounded
 from ops.healthcheck import HealthReport
+from ops.records import RUNNING
 
 Source = Literal["measured", "derived"]
 COMPONENTS = ("tree_build", "accept", "topk", "attention")
@@ -107,9 +108,9 @@ class KernelRow(_Open):
     kernel: str
     impl: str
     shape: dict[str, Any]
-    median_us: float = Field(ge=0)
-    p25_us: float | None = None
-    p75_us: float | None = None
+    median_us: float = Field(ge=0, allow_inf_nan=False)
+    p25_us: float | None = Field(default=None, allow_inf_nan=False)
+    p75_us: float | None = Field(default=None, allow_inf_nan=False)
     iqr_us: float | None = None
     reps: int | None = None
     mode: str | None = None
@@ -581,8 +582,29 @@ class Record(_Open):
     finished: str | None = None
     inputs: dict[str, Any] = Field(default_factory=dict)
     outcome: str
-    exit_code: int
+    exit_code: int | None = Field(...)  # None only in a record of a run that did not finish
     path: str = ""
+
+    @model_validator(mode="after")
+    def _finished_has_code(self) -> Record:
+        if self.exit_code is None and not self.unfinished:
+            raise ValueError(f"exit_code: null in a record whose outcome is {self.outcome!r} "
+                             f"(only a run that did not finish has none)")  # fmt: skip
+        return self
+
+    @property
+    def unfinished(self) -> bool:
+        """Written at its command's start and never replaced (ops.records): it runs still, or
+        was killed before its end."""
+        return self.outcome == RUNNING
+
+
+def unfinished_line(rec: Record) -> str:
+    """What the report says of a record whose run did not finish."""
+    pid = (rec.model_extra or {}).get("pid")
+    by = f" (pid {pid})" if isinstance(pid, int) else ""
+    return (f"{rec.path}: `ops {rec.command}` on {rec.target} started {rec.started}{by} and did "
+            "not finish (killed, or still running): it holds no result")  # fmt: skip
 
 
 def _loc(err: dict[str, Any]) -> str:
@@ -660,6 +682,7 @@ class Evidence(BaseModel):
     change: Change | None = None
     change_path: str = ""
     deployed: bool = False
+    unfinished: list[Record] = Field(default_factory=list)  # runs that did not finish
 
     def flights(self, role: str) -> list[HealthEntry]:
         return [h for h in self.health if h.role == role]
@@ -700,7 +723,10 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
     loaded = [load_record(f) for f in record_files(paths)]
     loaded = [(r, d) for r, d in loaded if r.command != "report"]
     loaded.sort(key=lambda rd: rd[0].started)
-    ev = Evidence(records=[r for r, _ in loaded], change=change)
+    ev = Evidence(change=change)
+    ev.unfinished = [r for r, _ in loaded if r.unfinished]  # evidence of nothing: said apart
+    loaded = [(r, d) for r, d in loaded if not r.unfinished]
+    ev.records = [r for r, _ in loaded]
     targets = sorted({r.target for r, _ in loaded})
     if len(targets) > 1:
         raise BadRecord(loaded[0][0].path, "target", f"records of several targets {targets}")
@@ -721,7 +747,9 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
                 entry.error = _error_text(doc)
             ev.health.append(entry)
         if "bench" in doc:
-            ev.bench.append((rec.path, validate(path, BenchSection, doc["bench"], "bench")))
+            bench = validate(path, BenchSection, doc["bench"], "bench")
+            check_speedups(path, bench)
+            ev.bench.append((rec.path, bench))
         elif rec.command == "bench":
             ev.bench_errors.append((rec.path, _error_text(doc)))
         if "profile" in doc:  # a later profile replaces the levels it measured again
@@ -744,6 +772,46 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
             if change is None:
                 ev.change, ev.change_path = ch, rec.path
     return ev
+
+
+MAX_SPEEDUP = 1e9  # a kernel a billion times faster than its baseline is a broken timing
+
+
+def check_speedups(path: Path | str, bench: BenchSection) -> None:
+    """Every speed-up the report takes from these rows (one row's median over another's, of the
+    same kernel and shape, and their IQR ends; a row's own `speedup`) is a finite number in
+    (0, MAX_SPEEDUP]: a time like 5e-324 us divides to inf (or near it), which no chart, table
+    or gain can hold. BadRecord names the row's field that makes it so."""
+    rows = bench.rows
+    for i, r in enumerate(rows):
+        for base, x in r.speedup.items():
+            if not (math.isfinite(x) and 0 < x <= MAX_SPEEDUP):
+                raise BadRecord(path, f"bench.rows.{i}.speedup.{base}",
+                                f"a speed-up is a finite number in (0, {MAX_SPEEDUP:g}], "
+                                f"got {x!r}")  # fmt: skip
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        key = r.kernel + json.dumps(r.shape, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    for idx in groups.values():
+        for i in idx:  # rows[i] as the candidate: each of its times under each other impl's
+            cand = rows[i]
+            times = {"median_us": cand.median_us, "p25_us": cand.p25_us, "p75_us": cand.p75_us}
+            for field, den in times.items():
+                if den is None or den <= 0:
+                    continue  # no time: the report takes no speed-up from it
+                for j in (j for j in idx if rows[j].impl != cand.impl):
+                    base = rows[j]
+                    s = max(base.median_us, base.hi_us) / den
+                    if not (math.isfinite(s) and s <= MAX_SPEEDUP):
+                        x = f"a {s:g}x" if math.isfinite(s) else "an infinite"
+                        raise BadRecord(
+                            path,
+                            f"bench.rows.{i}.{field}",
+                            f"{den!r} us is no measured time: it makes {x} speed-up "
+                            f"over {base.impl} (bench.rows.{j}, {base.median_us:g} us), above "
+                            f"{MAX_SPEEDUP:g}x",
+                        )
 
 
 def _error_text(doc: dict[str, Any]) -> str:

@@ -6,11 +6,18 @@ process, and it never does so on a pid's word alone:
 
 - `start` launches the command in a new session (so its pid is its session and process group
   id) with the release's `service.env`, and writes a pidfile holding the pid's identity: its
-  start time from /proc/PID/stat and the boot id. It refuses when the service already runs
-  (identity proven) or when another process holds the service's port.
-- A pid is the service only while its start time and boot id match the pidfile and it still
-  leads its own session. A pidfile naming any other process, a pid <= 1, or garbage is stale:
-  it is removed and nothing is signalled.
+  start time from /proc/PID/stat, the boot id, and whose service it is (the remote root and the
+  service's name, which the pidfile's own path `<root>/run/<name>.pid` also says). The same two
+  go into the service's environment (DDTREE_OPS_ROOT, DDTREE_OPS_SERVICE). It refuses when the
+  service already runs (identity proven) or when another process holds the service's port.
+- A pid is the service only while its start time and boot id match the pidfile, it still leads
+  its own session, and it is this pidfile's service: the root and name the pidfile records are
+  the ones its path says, and so are those in the process's environment (/proc/PID/environ,
+  where readable). A pidfile copied from another ops-managed service (another root, another
+  name) names a live process of ops, but not this one's. A pidfile from before the root and
+  name were recorded counts only when the process runs (and was started) under the root. A
+  pidfile naming any other process, a pid <= 1, or garbage is stale: it is removed and nothing
+  is signalled.
 - `wait` waits until /health answers AND the listening socket on the service's port belongs
   to the service's session (so a server someone else runs on that port never counts).
 - `up` is `start`, then (when it started the service) `wait`, then `status`, in one run on the
@@ -32,6 +39,7 @@ import urllib.parse
 import urllib.request
 
 FAST_POLL_S = 5.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
+ENV_ROOT, ENV_SERVICE = "DDTREE_OPS_ROOT", "DDTREE_OPS_SERVICE"  # whose service a process is
 
 
 def boot_id() -> str:
@@ -89,8 +97,69 @@ def read_pidfile(path: str) -> tuple[dict | None, str | None]:
     return None, f"not a pidfile of ops (content {word!r})"
 
 
-def verify(ident: dict) -> str | None:
-    """None when the pidfile's process is the service we started; otherwise why it is not."""
+def owner_of(pidfile: str) -> tuple[str, str]:
+    """(remote root, service name) whose pidfile this is, from its path `<root>/run/<name>.pid`
+    (ops.service.pidfile)."""
+    name = os.path.basename(pidfile)
+    return os.path.dirname(os.path.dirname(pidfile)), name[:-4] if name.endswith(".pid") else name
+
+
+def proc_environ(pid: int) -> dict[str, str] | None:
+    """The environment the process was started with (None where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def same_dir(a: object, b: str) -> bool:
+    return isinstance(a, str) and (a == b or os.path.realpath(a) == os.path.realpath(b))
+
+
+def under(path: str, root: str) -> bool:
+    if path.endswith(" (deleted)"):  # a pruned release the process still runs from
+        path = path[: -len(" (deleted)")]
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
+
+def not_owner(ident: dict, pidfile: str) -> str | None:
+    """None when the pidfile's process is the service of the root and name its path says;
+    otherwise why not (a pidfile copied from another service's root or name)."""
+    root, service = owner_of(pidfile)
+    pid = ident["pid"]
+    why = f"it is not this service's pidfile (service {service!r} under {root}): "
+    if "root" not in ident and "service" not in ident:  # written before they were recorded
+        try:
+            now = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            now = None
+        for where in (ident.get("cwd"), now):  # started under the root, and runs there still
+            if not isinstance(where, str) or not under(where, root):
+                return why + f"pid {pid} runs in {where}, not under {root}"
+        return None
+    got_root, got = ident.get("root"), ident.get("service")
+    if got != service or not same_dir(got_root, root):
+        return why + f"it names service {got!r} under {got_root}, pid {pid}"
+    env = proc_environ(pid)
+    if env is None:
+        return None  # not ours to read (another user's): the recorded identity stands
+    env_root, env_service = env.get(ENV_ROOT), env.get(ENV_SERVICE)
+    if env_service != service or not same_dir(env_root, root):
+        return why + f"pid {pid} is service {env_service!r} under {env_root} (its environment)"
+    return None
+
+
+def verify(ident: dict, pidfile: str | None = None) -> str | None:
+    """None when the pidfile's process is the service we started (and, given the pidfile's
+    path, the service of that root and name); otherwise why it is not."""
     pid = ident["pid"]
     st = proc_stat(pid)
     if st is None or st["state"] == "Z":
@@ -99,7 +168,7 @@ def verify(ident: dict) -> str | None:
         return f"pid {pid} is another process (cmdline {cmdline(pid)})"
     if st["session"] != pid:
         return f"pid {pid} no longer leads its session (cmdline {cmdline(pid)})"
-    return None
+    return not_owner(ident, pidfile) if pidfile is not None else None
 
 
 def remove(path: str) -> None:
@@ -217,7 +286,7 @@ def do_status(pidfile: str, url: str) -> dict:
     if ident is None:
         return {"state": "failed", "stale": True, "detail": f"stale pidfile: {problem}"}
     pid = ident["pid"]
-    why = verify(ident)
+    why = verify(ident, pidfile)
     if why:
         return {"state": "failed", "stale": True, "pid": pid, "detail": f"stale pidfile: {why}"}
     bad = health(url) or served_by(pid, url)
@@ -230,7 +299,7 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
     notes = []
     ident, problem = read_pidfile(pidfile)
     if ident is not None:
-        problem = verify(ident)
+        problem = verify(ident, pidfile)
         if problem is None:
             return {"started": False, "already": True, "pid": ident["pid"]}
     if problem:
@@ -253,6 +322,8 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
         # the release's code first, then whatever the service's own environment needs
         release_env["PYTHONPATH"] += os.pathsep + env["PYTHONPATH"]
     env.update(release_env)
+    owner_root, service = owner_of(pidfile)
+    env[ENV_ROOT], env[ENV_SERVICE] = owner_root, service  # whose it is (not_owner reads them)
     os.makedirs(os.path.dirname(pidfile), exist_ok=True)
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "ab") as out:
@@ -275,6 +346,8 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
         "boot": boot_id(),
         "started": time.time(),
         "cwd": cwd,
+        "root": owner_root,
+        "service": service,
     }
     tmp = f"{pidfile}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -290,7 +363,7 @@ def do_wait(pidfile: str, url: str, timeout: float) -> dict:
         return {"ok": False, "reason": problem or "no pidfile", "waited_s": 0.0}
     pid, last = ident["pid"], "no answer"
     while True:
-        why = verify(ident)
+        why = verify(ident, pidfile)
         if why:
             return {"ok": False, "reason": f"process {pid} exited", "waited_s": time.time() - t0}
         last = health(url) or served_by(pid, url)
@@ -318,7 +391,7 @@ def do_stop(pidfile: str, grace: float) -> dict:
     if ident is None and problem is None:
         return {"action": "not_running", "detail": "was not running (no pidfile)", "signals": []}
     if ident is not None:
-        problem = verify(ident)
+        problem = verify(ident, pidfile)
     if problem:
         remove(pidfile)
         detail = f"stale pidfile: {problem}; removed it, signalled nothing"

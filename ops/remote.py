@@ -339,36 +339,52 @@ class Host(ABC):
         tries = max(1, int(LOCK_NOTE_WAIT_S / 0.1))
         # Busy with no note yet: the holder took the flock but has not written its note (or
         # just removed it on its way out). Retry both for a moment before answering BUSY.
+        # The lock file and the note must be writable: a read-only root (EROFS, EACCES) is
+        # UNWRITABLE and the file and the error, not a lock that seems held by someone starting.
         script = (
             "command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 4; }; "
-            f'root={root}; mkdir -p "$root" || {{ echo NOROOT; exit 3; }}; '
-            'exec 9>>"$root/lock"; got=; note=; '
+            f'root={root}; why=$(mkdir -p "$root" 2>&1) || '
+            "{ echo NOROOT; printf '%s\\n' \"${why##*: }\"; exit 3; }; "
+            'if ! { exec 9>>"$root/lock"; } 2>/dev/null; then '
+            'why=$( { : >>"$root/lock"; } 2>&1 ); '
+            "echo UNWRITABLE; printf '%s\\n' \"$root/lock: ${why##*: }\"; exit 5; fi; "
+            "got=; note=; "
             f"for _ in $(seq {tries}); do "
             "if flock -n 9; then got=1; break; fi; "
             'note=$(cat "$root/lock.holder" 2>/dev/null); [ -n "$note" ] && break; sleep 0.1; '
             "done; "
             'if [ -n "$got" ]; then '
-            f"printf '%s\n' {shlex.quote(json.dumps(holder))} > \"$root/lock.holder.tmp\" && "
-            'mv -f "$root/lock.holder.tmp" "$root/lock.holder"; '
+            f"if ! why=$( {{ printf '%s\\n' {shlex.quote(json.dumps(holder))} "
+            '> "$root/lock.holder.tmp"; } 2>&1 ) || '
+            '! why=$(mv -f "$root/lock.holder.tmp" "$root/lock.holder" 2>&1); then '
+            'rm -f "$root/lock.holder.tmp" 2>/dev/null; '
+            "echo UNWRITABLE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; exit 5; fi; "
             'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
-            "fi; echo BUSY; printf '%s\n' \"$note\" | head -n 1; exit 75"
+            "fi; echo BUSY; printf '%s\\n' \"$note\" | head -n 1; exit 75"
         )
         proc = self._spawn(script)
         first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
         if first != "ACQUIRED":
-            other = proc.read_line(5.0) if first == "BUSY" else None
+            known = ("BUSY", "NOROOT", "UNWRITABLE")
+            other = proc.read_line(5.0) if first in known else None
             proc.finish(5.0)
             if first == "BUSY":
                 message, info = _held_by(other or "")
                 raise LockHeld(message, target=self.name, holder=info)
+            where, why = self.target.remote_root, other or "?"
             reasons = {
                 "NOFLOCK": "flock(1) is not installed",
-                "NOROOT": "cannot create remote_root",
+                "NOROOT": f"cannot create remote_root {where}: {why}",
+                "UNWRITABLE": f"remote root {where} is read-only (or not writable): {why}",
             }
             raise HostError(
                 reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
                 target=self.name,
                 step="lock",
+                hint="ops writes its lock, releases and pidfile under the remote root: make it "
+                "writable for the target's user, or point remote_root elsewhere"
+                if first in ("NOROOT", "UNWRITABLE")
+                else None,
             )
         try:
             yield holder

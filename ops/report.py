@@ -14,7 +14,9 @@ failed condition decides whatever else is missing).
     HOLD   no_change, no_preflight, no_postflight (deployed, not checked), no_identity,
            identity_nondeterministic, no_bench, bench_failed, bench_held (e.g. no GPU),
            no_probe, no_kernel_rows, no_profile, profile_failed_requests, no_profile_level,
-           no_component_time, gain_within_noise
+           no_component_time, gain_within_noise, unfinished_record (a run that did not finish:
+           its record, written at its start, was never replaced; a rollout's own record is
+           only its index, and its report step reads it while it runs: not a cause)
 
 Rendering is ops.render; the command line is ops.cli_report.
 """
@@ -39,7 +41,7 @@ from ops.amdahl import (  # re-exported: the report's formulas are named ops.rep
     step_reduction,
     times,
 )
-from ops.evidence import BenchSection, Change, Evidence, HealthEntry, Probe
+from ops.evidence import BenchSection, Change, Evidence, HealthEntry, Probe, unfinished_line
 from ops.healthcheck import aa_runs_text
 
 __all__ = [
@@ -333,6 +335,9 @@ def decide(ev: Evidence, threshold: float = 0.03, concurrency: int | None = None
     change = effective_change(ev, ev.change)
     if change is None:
         t.hold("no_change", "no change named (a rollout's `change` record, or --change)")
+    for rec in ev.unfinished:
+        if rec.command != "rollout":
+            t.hold("unfinished_record", unfinished_line(rec), record=rec.path)
     _flights(ev, t)
     _bench(ev, change, t)
     rows = amdahl_rows(ev, change, threshold) if change else []

@@ -25,10 +25,18 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ops.counters import snapshot
-from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
+from ops.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAIL,
+    EXIT_HOLD,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    OpsError,
+)
 from ops.inventory import Target
 from ops.playbook import Playbook, PlaybookError
-from ops.records import RunDir
+from ops.records import RUNNING, RunDir
 from ops.remote import Host, open_host
 from ops.rollout_steps import (
     Context,
@@ -128,8 +136,15 @@ def _gate(ctx: Context, when: str, stopped: str | None) -> str | None:
 
 
 def _step_dir(run: RunDir, i: int, name: str, kind: str) -> RunDir:
+    """The step's directory in the rollout's; one that cannot be made (a full or read-only
+    disk) is `unwritten`, as its record will be: the step runs all the same."""
     sub = RunDir(run.path / f"{i:02d}-{name}", kind, run.target, datetime.now(UTC).isoformat())
-    sub.path.mkdir()
+    try:
+        sub.path.mkdir()
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        sub.unwritten = f"{sub.path}: {exc.strerror or exc}"
     return sub
 
 
@@ -150,6 +165,8 @@ class Runner:
 
     def run(self, inputs: dict[str, Any]) -> RolloutResult:
         outcome, code = "interrupted", EXIT_INTERRUPTED
+        # its record from the start (ops.records): a rollout killed outright still says so
+        self.run_dir.write_record(inputs=inputs, outcome=RUNNING, exit_code=None)
         try:
             with open_host(self.target) as host:
                 check_running(self.pb, host)
@@ -243,7 +260,7 @@ class Runner:
             sub.write_record(
                 inputs=inputs,
                 outcome="interrupted" if interrupted else "crashed",
-                exit_code=EXIT_INTERRUPTED if interrupted else 1,
+                exit_code=EXIT_INTERRUPTED if interrupted else EXIT_INTERNAL,
                 error={"error": type(exc).__name__, "message": str(exc)},
                 **partial,
                 **extra,

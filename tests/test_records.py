@@ -29,7 +29,7 @@ def test_run_dirs_are_unique_and_files_whole(tmp_path: Path) -> None:
     ("exc", "outcome", "code"),
     [
         (Unreachable("no route", target="t", step="connect"), "error", 2),
-        (ZeroDivisionError("bug"), "crashed", 1),
+        (ZeroDivisionError("bug"), "crashed", 4),  # EXIT_INTERNAL: a bug, not a fail
         (KeyboardInterrupt(), "interrupted", 130),
     ],
 )

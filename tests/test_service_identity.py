@@ -1,8 +1,10 @@
 """The `process` manager signals only the process it started, proven by identity.
 
 Real processes throughout: an unrelated `sleep`, a process-group leader with children, a
-process that ignores TERM, pidfiles holding 0, 1, -1 and garbage, and a foreign server
-holding the service's port. Every case runs through the real `ops` CLI.
+process that ignores TERM, pidfiles holding 0, 1, -1 and garbage, a foreign server holding the
+service's port, and another ops-managed service whose pidfile is copied over this one's (its
+process is one ops started, but not this target's: another remote root or service name). Every
+case runs through the real `ops` CLI.
 """
 
 from __future__ import annotations
@@ -23,23 +25,31 @@ from helpers.sshd import free_port
 
 
 class Cli:
-    def __init__(self, tmp: Path, command: str | None = None, stop_timeout: float = 20) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        command: str | None = None,
+        stop_timeout: float = 20,
+        *,
+        root: Path | None = None,
+        name: str = "svc",
+    ) -> None:
         self.tmp = tmp
         self.port = free_port()
-        self.root = tmp / "root"
+        self.root = root or tmp / "root"
         self.inventory = tmp / "ops.toml"
         command = command or f"{{python}} {FAKE} --port {{port}}"
         self.inventory.write_text(
             "[targets.local]\n"
             f"remote_root = '{self.root}'\n"
             "[targets.local.service]\n"
-            "name = 'svc'\n"
+            f"name = '{name}'\n"
             f"url = 'http://127.0.0.1:{self.port}'\n"
             f'command = "{command}"\n'
             f"stop_timeout = {stop_timeout}\n"
         )
         self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-        self.pidfile = self.root / "run" / "svc.pid"
+        self.pidfile = self.root / "run" / f"{name}.pid"
 
     def __call__(self, *args: str) -> tuple[int, dict]:
         code, doc, _ = ops_json(*args, inventory=self.inventory, env=self.env, timeout=120)
@@ -259,3 +269,48 @@ def test_facts_does_not_call_a_forged_pidfile_active(tmp_path: Path, bystander) 
     assert code == 0 and facts["service"]["state"] == "failed", facts["service"]
     assert "stale pidfile" in facts["service"]["detail"]
     assert alive(bystander.pid)
+
+
+@pytest.mark.parametrize("case", ["other-root", "other-name", "forged-owner"])
+def test_a_pidfile_copied_from_another_service_stops_nothing(tmp_path: Path, case: str) -> None:
+    """Two `process` targets, A and B (two remote roots, or one root and two service names;
+    two ports). A's pidfile copied over B's names a live process that ops started, with the
+    right start time and session, but it is A's: `ops service stop B` signals nothing and says
+    the pidfile is not B's, A still answers, and B starts its own. A copy edited to claim B's
+    root and name is caught by the process's environment (DDTREE_OPS_ROOT / _SERVICE)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Cli(tmp_path / "a")
+    one_root = case == "other-name"  # B: A's root, another service name
+    b = Cli(tmp_path / "b", root=a.root if one_root else None, name="other" if one_root else "svc")
+    try:
+        code, st = a("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        pid = st["pid"]
+        text = a.pidfile.read_text()
+        if case == "forged-owner":
+            ident = json.loads(text)
+            ident.update(root=str(b.root), service="svc")
+            text = json.dumps(ident)
+        b.write_pidfile(text)
+        code, st = b("service", "status", "local")
+        assert code == 1 and st["state"] == "failed", st
+        assert "not this service's pidfile" in st["detail"], st
+        code, st = b("service", "stop", "local")
+        assert code == 0 and st["signals"] == [], st
+        assert "not this service's pidfile" in st["detail"], st
+        assert f"under {b.root}" in st["detail"] and "signalled nothing" in st["detail"], st
+        want = "(its environment)" if case == "forged-owner" else f"under {a.root}, pid {pid}"
+        assert want in st["detail"], st
+        assert last_record(b)["service"]["signals"] == []
+        assert alive(pid)
+        _wait_answering(a.port)  # A still serves
+        code, st = a("service", "status", "local")
+        assert code == 0 and st["state"] == "active" and st["pid"] == pid, st
+        code, st = b("service", "start", "local")  # B is not "already running" as A
+        assert code == 0 and st["state"] == "active" and st["pid"] != pid, st
+        code, st = b("service", "stop", "local")
+        assert code == 0 and st["signals"] and alive(pid), st
+    finally:
+        a("service", "stop", "local")
+        b("service", "stop", "local")
