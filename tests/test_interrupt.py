@@ -320,18 +320,17 @@ def test_ctrl_c_before_any_result_says_so_and_where_the_record_is(
 
 
 def test_ctrl_c_in_a_command_without_a_record_still_says_so(tmp_path: Path) -> None:
-    """`ops report` reading a record that never comes (a named pipe no one writes): SIGINT
-    gives exit 130, one 'interrupted' line and, with --json, one JSON document (typer would
-    otherwise end it as a silent 130)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    os.mkfifo(run / "record.json")
-    argv = [sys.executable, "-m", "ops", "report", str(run), "--out", str(tmp_path / "out"),
-            "--json"]  # fmt: skip
-    code, out, err = _sigint_when(
-        argv, lambda: matching("-m", "ops", "report", str(run), at=1), "ops report",
-        settle=1.5,  # past its imports, blocked on the pipe
-    )  # fmt: skip
+    """`ops releases` waiting on a host that never answers (its python a script that sleeps):
+    SIGINT gives exit 130, one 'interrupted' line and, with --json, one JSON document (typer
+    would otherwise end it as a silent 130). (It used to read a named pipe as a record; ops
+    now refuses a record that is not a regular file before reading it.)"""
+    slow = tmp_path / "slowpy"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    inv = tmp_path / "ops.toml"
+    inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\npython = '{slow}'\n")
+    argv = [sys.executable, "-m", "ops", "releases", "local", "--json", "--inventory", str(inv)]
+    code, out, err = _sigint_when(argv, lambda: matching("sleep", "60"), "ops releases", settle=0.5)
     assert code == 130, err
     assert "interrupted (Ctrl-C)" in err, err
     assert json.loads(out) == {"ok": False, "outcome": "interrupted"}
