@@ -2,12 +2,12 @@
 
 For each measured level of each rollout under benchmarks/results (its measure record and its
 report.json's projection), the gain two ways, over the same runs (after against every baseline
-run: ops.amdahl.baseline_runs):
+run: ops.verdict.amdahl.baseline_runs):
 
-- pooled: each arm's runs pooled, tokens over time (ops.amdahl.rate_gain, the report's
-  measured gain since abf5281), with its 90% bootstrap interval (ops.amdahl.gain_interval);
+- pooled: each arm's runs pooled, tokens over time (ops.verdict.amdahl.rate_gain, the report's
+  measured gain since abf5281), with its 90% bootstrap interval (ops.verdict.amdahl.gain_interval);
 - median: median after / median before - 1 (the measured gain before abf5281), with its
-  interval bootstrapped over the same draws (ops.amdahl.gain_interval with median_gain).
+  interval bootstrapped over the same draws (ops.verdict.amdahl.gain_interval with median_gain).
 
 Prints a table and a summary (mean interval width; how many levels each is narrower at; how
 many are within 3 pp of the projection), or one JSON document with --json.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ops.amdahl import GAIN_INTERVAL, gain_interval, median_gain, rate_gain
-from ops.evidence import MeasureLevel
+from ops.verdict.amdahl import GAIN_INTERVAL, gain_interval, median_gain, rate_gain
+from ops.verdict.evidence import MeasureLevel
 
 HERE = Path(__file__).resolve().parent
 WITHIN = 0.03  # issue #15: the prediction within 3 pp of the measured gain

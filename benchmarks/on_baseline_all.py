@@ -4,7 +4,8 @@ temporary directory), one line per level with a measured gain, and a tally per g
 
 Each level: the measured gain and its 90% interval, the report's projection and its miss
 (measured - projection, points), and the projection on the measure's own baseline
-(ops.gain_audit.baseline_lines: the baseline runs' window with only the change's parts at the
+(ops.verdict.gain_audit.baseline_lines: the baseline runs' window with only the change's parts at
+the
 candidate's cost as the profile saw it) and its miss. Tallies: levels inside the measured
 interval, within 3 points, and the mean absolute miss, for the shadow pairs (s from the
 engine's shadow) and for the older rollouts (s from the bench), the attention and the tree

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def gain(f: float, f_dec: float, s_dec: float, f_pre: float = 0.0, s_pre: float = 1.0) -> float:
-    """Amdahl with two parts of f, each at its own s (ops.report.projected_gain's model)."""
+    """Amdahl with two parts of f, each at its own s (ops.verdict.decide.projected_gain's model)."""
     return 1 / ((1 - f) + f_dec / s_dec + (f_pre / s_pre if f_pre else 0.0)) - 1
 
 

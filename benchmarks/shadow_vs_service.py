@@ -29,7 +29,7 @@ import json
 import sys
 from pathlib import Path
 
-from ops.amdahl import projected_gain_parts as gain  # the report's model, over parts (f, s)
+from ops.verdict.amdahl import projected_gain_parts as gain  # the report's model, over parts (f, s)
 
 
 def record(run: Path, step: str) -> dict:

@@ -8,8 +8,8 @@ the old file is left as it was.
 
 Standard library only: the checks run it on hosts, the SGLang integration hook imports it
 inside the service process (`integration.hook`), and the control plane's run records use it
-(`ops.records`). The host-side scripts sent as `python -c FILE` (`ops/deploy_host.py`,
-`ops/procman_host.py`) cannot import anything and keep their own few lines.
+(`ops.hosts.records`). The host-side scripts sent as `python -c FILE` (`ops/hostside/releases.py`,
+`ops/hostside/procman.py`) cannot import anything and keep their own few lines.
 """
 
 from __future__ import annotations

@@ -167,8 +167,8 @@ class LevelDoc(TypedDict):
     itl_ms: Dist
     e2e_ms: Dist
     accept_length: AcceptLength
-    requests: NotRequired[int]  # added by ops.loadtest: measured requests
-    warmup: NotRequired[int]  # added by ops.loadtest: uncounted requests first
+    requests: NotRequired[int]  # added by ops.measure.loadtest: measured requests
+    warmup: NotRequired[int]  # added by ops.measure.loadtest: uncounted requests first
     counters: NotRequired[WindowCounters]  # with --counters
 
 

@@ -308,7 +308,8 @@ def _main(argv: list[str] | None) -> int:
             pre[impl]["refcheck"] = all(same.values())
     results += _speedups(pre)
     doc["results"] = results
-    if args.device.startswith("cuda"):  # what the guard's estimate (ops.guard) stands for
+    # what the guard's estimate (ops.measure.gpu_guard) stands for
+    if args.device.startswith("cuda"):
         doc["peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     doc["refcheck"] = {str(b): s for b, s in same.items()} if len(decs) > 1 else None
     if len(decs) > 1 and not all(same.values()):

@@ -12,7 +12,7 @@ serving process, under the load the profile drives, so s is a paired ratio.
 How a sampled forward runs (engine.forward.Forward.run): both plans are built before the first
 piece, then in every layer both calls run between the same two graph pieces; which backend goes
 first alternates from one sampled forward of the same kind and size to the next, so each has
-half its samples in either place (`ops.shadow` reports s over each half apart: the order's
+half its samples in either place (`ops.measure.shadow` reports s over each half apart: the order's
 effect). The serving backend's output is the one the forward uses; the candidate's is discarded.
 Each backend has its own timer (its plan on the host clock, its calls with CUDA events, as the
 engine's stage timing), read after one sync at the end of the sampled forward.

@@ -22,7 +22,7 @@ pages, every row seeing its prefix, its ancestors and itself
 (`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows` its `cuda` backend
 (the tree-verify kernel with every row its own request, fp32 SIMT, KV splits of
 `kernels.row_attention.SPLIT_KEYS`). These rows give `ops report` its s(c) for the change
-`attention: torch -> cuda` (ops.evidence.BENCH_MAP; pin T and L with `change.shape`). Kernel
+`attention: torch -> cuda` (ops.verdict.evidence.BENCH_MAP; pin T and L with `change.shape`). Kernel
 `row_attention_prefill` is the same two calls over the engine's prefill of one prompt of `L`
 tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions 0 .. p, cut as
 `engine.decode.prefill` cuts them, into forwards of at most `--prefill-block` rows (the

@@ -11,7 +11,7 @@ on lp / ids as its topk backend hands them, boundary copies included:
 - `reference_stage_to_device`: `kernels.tree_stage.reference_stage_to_device`, the reference
   stage as the engine runs it when its accept is CUDA: `reference_stage`, then the trees'
   upload for the accept (one host-to-device copy, kept as `device_copy`). It is the baseline
-  of a tree-build rollout on a service whose accept runs on CUDA (`ops.amdahl`).
+  of a tree-build rollout on a service whose accept runs on CUDA (`ops.verdict.amdahl`).
 Shape: B = each `--batch`; H, K, budget = `--stage-shape` (the engine's `small` preset: draft_len
 7, K = 16, budget 16). Each sample is wall clock (perf_counter) with the device synchronised
 before and after, as the engine's `lap` times its stages; on CUDA the three stages' samples

@@ -18,8 +18,8 @@ configuration or an unreachable host, EXIT_HOLD 3 HOLD, EXIT_INTERNAL 4 an unexp
 OPS_DEBUG=1), EXIT_INTERRUPTED 130 Ctrl-C or SIGTERM.
 
 Foreign errors are translated into these at the boundary where they arise, chained with
-``raise ... from exc``: paramiko and socket errors in `ops.ssh` (the SSH transport); a
-command's exit status, a timeout and a module's unparsable output in `ops.remote` (`Host.run`,
+``raise ... from exc``: paramiko and socket errors in `ops.hosts.ssh` (the SSH transport); a
+command's exit status, a timeout and a module's unparsable output in `ops.hosts.remote` (`Host.run`,
 `Host.run_module`, the host lock), for both transports alike.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ops.remote import Result
+    from ops.hosts.remote import Result
 
 EXIT_OK = 0
 EXIT_FAIL = 1

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ops.evidence import KernelRow
+from ops.verdict.evidence import KernelRow
 
 SHAPE_KEYS = {"B", "L", "heads", "kv_dim", "dtype", "layers", "preset"}
 
@@ -124,7 +124,7 @@ def test_gpu_engine_attn_suite_rows() -> None:
     """`kernels.bench --suite engine_attn`: engine.attn_bench in a child, its rows (both impls,
     decode at each batch and the prefill, mode engine_stage) in kernels.bench's document, the
     batch in lockstep, the child's peak memory under the guard's estimate."""
-    from ops.guard import suite_bytes
+    from ops.measure.gpu_guard import suite_bytes
 
     p = subprocess.run(
         [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch",

@@ -24,8 +24,8 @@ import pytest
 from helpers.engine_server import EngineProcess, free_port, start_engine
 from helpers.local import Ops
 
-from ops.bench import conclude
-from ops.evidence import BenchSection
+from ops.measure.bench import conclude
+from ops.verdict.evidence import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi" / "bin"

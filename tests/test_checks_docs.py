@@ -92,7 +92,7 @@ def test_loadtest_document(url: str) -> None:
     rc, doc = run("checks.loadtest", "--url", url, "--concurrency", "2", "--requests", "4")
     assert rc == 0
     keys_match(doc, docs.LoadtestDoc, "checks.loadtest")
-    # `requests` and `warmup` are what ops.loadtest adds to a level, not the module
+    # `requests` and `warmup` are what ops.measure.loadtest adds to a level, not the module
     keys_match(doc["level"], docs.LevelDoc, "checks.loadtest level")
     assert "requests" not in doc["level"]
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):

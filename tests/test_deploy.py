@@ -118,6 +118,7 @@ def test_bootstrap_and_identity_guard_on_the_engine(one: Deploy) -> None:
     assert code == 0 and doc["results"][0]["outcome"] == "deployed", err
     assert steps(doc) == {
         "package": "ok",
+        "current": "ok",
         "lock": "ok",
         "send": "ok",
         "build": "skip",
@@ -162,8 +163,8 @@ def test_bootstrap_and_identity_guard_on_the_engine(one: Deploy) -> None:
 
 
 def test_second_deploy_is_refused_naming_the_holder(quick: Deploy) -> None:
-    from ops.inventory import load_inventory
-    from ops.remote import open_host
+    from ops.hosts.inventory import load_inventory
+    from ops.hosts.remote import open_host
 
     target = load_inventory(quick.inventory).target("loop")
     with open_host(target) as host, host.lock("deploy by someone else"):

@@ -1,4 +1,4 @@
-"""The host side of releases (ops/deploy_host.py) as it runs on a host: switch and revert keep
+"""The host side of releases (ops/hostside/releases.py) as it runs on a host: switch and revert keep
 `current` / `previous` right, and no input reaches outside the remote root."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.deploy import DEPLOY_HOST_SOURCE
+from ops.deploy.deploy import DEPLOY_HOST_SOURCE
 
 IDS = [f"20260101T00000{i}Z-aaaaaaa{i}" for i in range(1, 5)]
 

@@ -275,7 +275,7 @@ def test_gpu_shadow_changes_no_output_and_times_both_kinds(component: str, candi
     assert {p["kind"] for p in pairs} == kinds
     assert {p["first"] for p in pairs} == {"base", "cand"}
     assert all(p["base_calls_us"] > 0 and p["cand_calls_us"] > 0 for p in pairs)
-    from ops.shadow import summarize
+    from ops.measure.shadow import summarize
 
     sm = summarize(doc)
     for kind in sorted(kinds):

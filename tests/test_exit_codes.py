@@ -104,7 +104,7 @@ def test_a_speedup_recorded_as_infinity_is_a_bad_record(tmp_path: Path) -> None:
 def test_an_unexpected_exception_is_exit_4_and_one_line(tmp_path: Path, as_json: bool) -> None:
     flags = ("--json",) if as_json else ()
     res = with_bug(
-        tmp_path, "ops.cli_common", "load_inventory", "ZeroDivisionError('injected')", "hosts",
+        tmp_path, "ops.cli.common", "load_inventory", "ZeroDivisionError('injected')", "hosts",
         *flags,
     )  # fmt: skip
     assert res.returncode == 4, (res.returncode, res.stdout, res.stderr)
@@ -123,7 +123,7 @@ def test_an_unexpected_exception_is_exit_4_and_one_line(tmp_path: Path, as_json:
 
 def test_the_traceback_comes_with_ops_debug(tmp_path: Path) -> None:
     res = with_bug(
-        tmp_path, "ops.cli_common", "load_inventory", "KeyError('x')", "hosts", OPS_DEBUG="1"
+        tmp_path, "ops.cli.common", "load_inventory", "KeyError('x')", "hosts", OPS_DEBUG="1"
     )
     assert res.returncode == 4
     assert "Traceback (most recent call last)" in res.stderr and "in bug" in res.stderr
@@ -133,7 +133,13 @@ def test_the_traceback_comes_with_ops_debug(tmp_path: Path) -> None:
 
 def test_a_command_that_crashes_records_it_with_exit_4(tmp_path: Path) -> None:
     res = with_bug(
-        tmp_path, "ops.facts", "gather_facts", "RuntimeError('boom')", "facts", "local", "--json"
+        tmp_path,
+        "ops.hosts.facts",
+        "gather_facts",
+        "RuntimeError('boom')",
+        "facts",
+        "local",
+        "--json",
     )
     assert res.returncode == 4, res.stderr
     assert json.loads(res.stdout)["internal"] is True
@@ -144,7 +150,7 @@ def test_a_command_that_crashes_records_it_with_exit_4(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_and_user_errors_keep_their_codes(tmp_path: Path) -> None:
-    res = with_bug(tmp_path, "ops.cli_common", "load_inventory", "KeyboardInterrupt", "hosts")
+    res = with_bug(tmp_path, "ops.cli.common", "load_inventory", "KeyboardInterrupt", "hosts")
     assert res.returncode == 130 and "interrupted" in res.stderr, res.stderr
     assert "internal error" not in res.stderr
     missing = tmp_path / "nope.toml"

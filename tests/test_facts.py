@@ -14,9 +14,9 @@ from helpers import REPO
 from helpers.sshd import Sshd
 
 from checks.nvsmi import parse_apps, parse_gpus
-from ops.facts import gather_facts
-from ops.inventory import Target
-from ops.local import LocalHost
+from ops.hosts.facts import gather_facts
+from ops.hosts.inventory import Target
+from ops.hosts.local import LocalHost
 
 FIXTURE = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200x2-gpu1-busy"
 

@@ -1,6 +1,8 @@
 """Where a measured gain came from: the measure step splits each run's window into parts that
-add up to it (ops.rollout_switch.audit, from the service's counters: ops.counters.window_stages),
-and the report sets the prediction beside them (ops.gain_audit). Fixed numbers throughout."""
+add up to it (ops.rollout.switch.audit, from the service's counters:
+ops.measure.counters.window_stages),
+and the report sets the prediction beside them (ops.verdict.gain_audit). Fixed numbers
+throughout."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import pytest
 from test_report import ops_report
 from test_report_parts import _attn_records, _load, _write
 
-from ops.amdahl import gain_interval
-from ops.counters import window_stages
-from ops.rollout_switch import AUDIT_PARTS, _parts, audit
+from ops.measure.counters import window_stages
+from ops.rollout.switch import AUDIT_PARTS, _parts, audit
+from ops.verdict.amdahl import gain_interval
 
 
 def _pooled(runs: list[float]) -> float:

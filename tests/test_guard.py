@@ -17,8 +17,8 @@ import pytest
 from helpers.local import Ops
 from helpers.sshd import write_inventory
 
-from ops.evidence import BenchSection
-from ops.guard import CAP_ENV, evaluate, memory_needed_mib
+from ops.measure.gpu_guard import CAP_ENV, evaluate, memory_needed_mib
+from ops.verdict.evidence import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi" / "bin"
@@ -190,7 +190,7 @@ def test_decisions_on_the_recorded_host() -> None:
 def test_bench_argv_passes_the_decode_spread_to_the_attn_suite_only() -> None:
     """The decode rows' prefix spread reaches `kernels.bench` when the attn suite runs, and the
     guard's memory estimate counts it; other suites' command lines are as before."""
-    from ops.bench import BenchOptions, bench_argv
+    from ops.measure.bench import BenchOptions, bench_argv
 
     attn = BenchOptions(gpu=0, suites=["attn"], batches=[1, 32], decode_spread=16)
     assert bench_argv("py", attn)[-2:] == ["--decode-spread", "16"]

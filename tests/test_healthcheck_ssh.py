@@ -11,8 +11,8 @@ from helpers import FAKE_SERVICE, REPO
 from helpers.cli import ops_json
 from helpers.sshd import Sshd, free_port, write_inventory
 
-from ops.inventory import load_inventory
-from ops.remote import open_host
+from ops.hosts.inventory import load_inventory
+from ops.hosts.remote import open_host
 
 
 def run_ops(inv: Path, env: dict[str, str], *args: str) -> tuple[int, dict]:

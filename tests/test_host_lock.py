@@ -1,6 +1,6 @@
 """A remote root that cannot be written is said so, not taken for a lock someone holds.
 
-The host lock (`ops.remote.Host.lock`: flock on `<remote_root>/lock`, and the holder's note
+The host lock (`ops.hosts.remote.Host.lock`: flock on `<remote_root>/lock`, and the holder's note
 `lock.holder`) used to read a lock file it could not open as "host lock held by a holder that
 is still starting". On a read-only root (a real read-only bind mount, EROFS) every command that
 takes the lock is one line, exit 2: `remote root ROOT is read-only (or not writable):

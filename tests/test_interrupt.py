@@ -26,9 +26,9 @@ from helpers import FAKE_SERVICE, REPO
 from helpers.sshd import Sshd, free_port, write_inventory
 
 from ops.errors import HostError
-from ops.inventory import load_inventory
-from ops.local import kill_sessions
-from ops.remote import open_host, watched
+from ops.hosts.inventory import load_inventory
+from ops.hosts.local import kill_sessions
+from ops.hosts.remote import open_host, watched
 
 FAKE = FAKE_SERVICE
 
@@ -134,7 +134,7 @@ def _ctrl_c_in_the_second_level(
     generator's argv marker)."""
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
     url = f"http://127.0.0.1:{port}"
-    # the checks run as `python -S -m checks.NAME` (stdlib only: ops.dataplane.run_check)
+    # the checks run as `python -S -m checks.NAME` (stdlib only: ops.hosts.dataplane.run_check)
     marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
     started: list[int] = []
 

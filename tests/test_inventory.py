@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ops.errors import InventoryError, UnknownTarget
-from ops.inventory import LOCAL, load_inventory
+from ops.hosts.inventory import LOCAL, load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "playbooks" / "inventory.example.toml"
@@ -183,7 +183,7 @@ def test_components_are_validated(tmp_path: Path) -> None:
 
 def test_component_kinds_match_the_engine() -> None:
     from engine.backends import COMPONENTS
-    from ops.inventory import COMPONENT_KINDS
+    from ops.hosts.inventory import COMPONENT_KINDS
 
     assert COMPONENT_KINDS == COMPONENTS
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers.cli import run_ops
 
-from ops.playbook import DeployStep, HealthcheckStep, PlaybookError
-from ops.playbook_load import PLAYBOOKS, load_playbook
+from ops.rollout.playbook import DeployStep, HealthcheckStep, PlaybookError
+from ops.rollout.playbook_load import PLAYBOOKS, load_playbook
 
 BASE = """\
 change: {component: tree_build, baseline: reference, candidate: cuda}

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from test_report import RECORDS, ops_report
 
-from ops.counters import wall_shares
-from ops.playbook import PlaybookError
-from ops.playbook_load import load_playbook
-from ops.rollout_steps import sized_requests
-from ops.rollout_switch import run_plan
+from ops.measure.counters import wall_shares
+from ops.rollout.playbook import PlaybookError
+from ops.rollout.playbook_load import load_playbook
+from ops.rollout.steps import sized_requests
+from ops.rollout.switch import run_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

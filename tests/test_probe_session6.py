@@ -239,7 +239,7 @@ def test_an_odd_audit_renders_without_a_traceback(tmp_path, name, edit, windows)
 )  # fmt: skip
 def test_a_window_of_no_time_is_bad_input(tmp_path, name, edit) -> None:
     """A window of no (or negative) time predicted a window of -0.9562 ms; the record is now
-    refused as malformed (ops.evidence: a measured window takes time), one line, exit 2."""
+    refused as malformed (ops.verdict.evidence: a measured window takes time), one line, exit 2."""
     run = _edited(tmp_path, "tree", edit)
     p = _report(run)
     assert p.returncode == 2 and "Traceback" not in p.stderr, (name, p.stderr)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.scripts import load_benchmark
 
-from ops.evidence import KernelRow
+from ops.verdict.evidence import KernelRow
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--device", "cpu", "--preset", "tiny"]

@@ -21,8 +21,8 @@ from helpers import REPO
 from helpers.engine_server import EngineProcess, start_engine
 from helpers.scripts import load_benchmark, one_line
 
-from ops.playbook import PlaybookError
-from ops.playbook_load import load_playbook
+from ops.rollout.playbook import PlaybookError
+from ops.rollout.playbook_load import load_playbook
 
 HUGE = "99999999999999999999"
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from helpers import REPO
 
-from ops.playbook import PlaybookError
-from ops.playbook_load import load_playbook
+from ops.rollout.playbook import PlaybookError
+from ops.rollout.playbook_load import load_playbook
 
 # every container allocation starts a collection: one happens inside snapshot()'s lock
 SNAPSHOT_UNDER_COLLECTIONS = """

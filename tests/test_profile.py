@@ -18,7 +18,7 @@ import pytest
 from helpers import FAKE_SERVICE
 from helpers.local import Ops
 
-from ops.evidence import ProfileSection
+from ops.verdict.evidence import ProfileSection
 
 STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
 

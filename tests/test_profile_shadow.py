@@ -1,4 +1,5 @@
-"""The profile's shadow (ops.shadow over engine.shadow): its pairs summarised into s per kind of
+"""The profile's shadow (ops.measure.shadow over engine.shadow): its pairs summarised into s per
+kind of
 forward; `ops report` projecting with the service's own s where the profile has it for exactly
 the change (the bench's s kept beside), with the bench's otherwise; a malformed shadow is a bad
 record; and `ops profile --shadow` for real against the reference engine on this CPU (the A/A
@@ -19,9 +20,9 @@ from helpers.local import Ops
 from test_report_row_attention import ROW_CHANGE, ROWS_1024, write_runs
 from typer.testing import CliRunner
 
-from ops.amdahl import projected_gain_parts
 from ops.cli import app
-from ops.shadow import summarize
+from ops.measure.shadow import summarize
+from ops.verdict.amdahl import projected_gain_parts
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 REPO = Path(__file__).resolve().parents[1]
@@ -230,9 +231,9 @@ def test_the_disarm_holds_off_a_ctrl_c_and_raises_it_after(
     import os
     import signal
 
-    from ops import shadow
-    from ops.inventory import load_inventory
-    from ops.local import LocalHost
+    from ops.hosts.inventory import load_inventory
+    from ops.hosts.local import LocalHost
+    from ops.measure import shadow
 
     seen = []
 
@@ -304,16 +305,16 @@ def test_bad_shadow_option_is_exit_2(ops: Ops) -> None:
 
 def test_the_control_planes_list_of_shadowed_backends_is_the_engines() -> None:
     from engine.components import COMPONENTS
-    from ops.shadow import SHADOW_KINDS
+    from ops.measure.shadow import SHADOW_KINDS
 
     assert {c: COMPONENTS[c] for c in SHADOW_KINDS} == SHADOW_KINDS
 
 
 def test_a_tree_build_shadow_stands_in_for_the_benchs_s_of_that_change() -> None:
-    """ops.amdahl.shadow_speed for the seed's change (tree_build reference -> cuda): the
+    """ops.verdict.amdahl.shadow_speed for the seed's change (tree_build reference -> cuda): the
     shadow of that change at a level gives the decode steps' s, any other is ignored."""
-    from ops.amdahl import shadow_speed
-    from ops.evidence import Change, ProfileLevel
+    from ops.verdict.amdahl import shadow_speed
+    from ops.verdict.evidence import Change, ProfileLevel
 
     change = Change(component="tree_build", baseline="reference", candidate="cuda")
     step = {"value": 10.0, "source": "measured"}
@@ -354,9 +355,9 @@ def test_a_ctrl_c_while_arming_still_disarms(monkeypatch: pytest.MonkeyPatch) ->
     """Ctrl-C after the arm reached the service but before its answer came back: the shadow
     window disarms anyway (the service would otherwise time the candidate beside every forward
     it serves), and the Ctrl-C goes on."""
-    from ops import shadow
-    from ops.inventory import load_inventory
-    from ops.local import LocalHost
+    from ops.hosts.inventory import load_inventory
+    from ops.hosts.local import LocalHost
+    from ops.measure import shadow
 
     calls = []
 

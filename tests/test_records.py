@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ops.cli_common import recorded
+from ops.cli.common import recorded
 from ops.errors import Unreachable
-from ops.inventory import Target
-from ops.records import RunDir
+from ops.hosts.inventory import Target
+from ops.hosts.records import RunDir
 
 
 def test_run_dirs_are_unique_and_files_whole(tmp_path: Path) -> None:

@@ -32,9 +32,9 @@ from ops.errors import (
     ModuleOutputError,
     Unreachable,
 )
-from ops.inventory import Target, load_inventory
-from ops.local import LocalHost
-from ops.remote import Host, open_host
+from ops.hosts.inventory import Target, load_inventory
+from ops.hosts.local import LocalHost
+from ops.hosts.remote import Host, open_host
 
 NASTY = "a b 'c' \"d\" $(touch /tmp/ops-pwned) `id` ; rm -rf / \\ \n ünï"
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ops.cli import app
-from ops.report import ceiling, projected_gain, step_reduction
+from ops.verdict.decide import ceiling, projected_gain, step_reduction
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 SEED = ("preflight_ok", "bench_tree", "profile_tree", "rollout_tree")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_report import RECORDS, ops_report
 
-from ops.report import projected_gain, projected_gain_parts
+from ops.verdict.decide import projected_gain, projected_gain_parts
 
 
 def _load(name: str) -> dict:

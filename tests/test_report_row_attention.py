@@ -13,9 +13,9 @@ from fixtures.records.make_records import bench, envelope, krow
 from typer.testing import CliRunner
 
 from ops.cli import app
-from ops.evidence import Change
-from ops.playbook import PlaybookError
-from ops.playbook_load import load_playbook
+from ops.rollout.playbook import PlaybookError
+from ops.rollout.playbook_load import load_playbook
+from ops.verdict.evidence import Change
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 ROW_CHANGE = {"component": "attention", "baseline": "torch", "candidate": "cuda",

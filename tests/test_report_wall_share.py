@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_report import RECORDS, ops_report
 
-from ops.report import ceiling, projected_gain
+from ops.verdict.decide import ceiling, projected_gain
 
 RECS = ("preflight_ok", "bench_attn", "rollout_attn_change")
 

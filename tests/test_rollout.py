@@ -36,9 +36,9 @@ from helpers.deploy import make_source
 from helpers.local import end_services
 from helpers.sshd import free_port
 
-from ops.evidence import MeasureSection, gather
-from ops.rollout_steps import sized_requests
-from ops.rollout_switch import AUDIT_PARTS
+from ops.rollout.steps import sized_requests
+from ops.rollout.switch import AUDIT_PARTS
+from ops.verdict.evidence import MeasureSection, gather
 
 SMALL = [
     "--set", "load.concurrency=1,4", "--set", "load.requests=4", "--set", "load.input_len=16",
@@ -517,15 +517,15 @@ def test_ctrl_c_in_the_recheck_keeps_its_runs_and_says_which_release_serves(
 def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
     monkeypatch: pytest.MonkeyPatch, after: str | None, want: str
 ) -> None:
-    """Ctrl-C inside one of the recheck's switches (a DeployInterrupted: ops.deploy asks the
+    """Ctrl-C inside one of the recheck's switches (a DeployInterrupted: ops.deploy.deploy asks the
     host where it was left once its guard is done): the measure's interruption names that
     release, not the last switch the recheck had finished (which a Ctrl-C after the switch's
     post-flight, before it returned, would make wrong), or says it is not known."""
     from types import SimpleNamespace
 
-    from ops import rollout_switch
-    from ops.deploy_result import DeployInterrupted, DeployResult
-    from ops.playbook import MeasureStep, Playbook
+    from ops.deploy.result import DeployInterrupted, DeployResult
+    from ops.rollout import switch as rollout_switch
+    from ops.rollout.playbook import MeasureStep, Playbook
 
     def measure(ctx, st, raw, settings):
         raw.append({"arm": "after", "run": 0})
@@ -556,9 +556,9 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
     is said to be unknown (never the one before the switch)."""
     from types import SimpleNamespace
 
-    from ops import rollout_switch
-    from ops.deploy_result import DeployResult
-    from ops.playbook import MeasureStep, Playbook
+    from ops.deploy.result import DeployResult
+    from ops.rollout import switch as rollout_switch
+    from ops.rollout.playbook import MeasureStep, Playbook
 
     cut_switch = False
 

@@ -15,7 +15,7 @@ from helpers import REPO
 
 from checks.atomic import write_atomic
 from checks.identity import keep_previous
-from ops.records import RunDir
+from ops.hosts.records import RunDir
 
 
 def test_writes_whole_file_in_new_directory_mode_0600_no_temp_left(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ops.procman_host import read_pidfile, verify
+from ops.hostside.procman import read_pidfile, verify
 
 from . import FAKE_SERVICE
 from .cli import ops_json, run_ops
@@ -25,7 +25,7 @@ def end_services(root: Path) -> None:
     """A test's teardown: each service ops's `process` manager started under `root` (a pidfile
     in `root/run/`, on this machine, also for a target over the loopback sshd) is killed with
     its process group at once. The pidfile's identity is checked first as ops's own stop checks
-    it (`ops.procman_host.verify`: the same pid, start time and boot, still its session's
+    it (`ops.hostside.procman.verify`: the same pid, start time and boot, still its session's
     leader), so nothing else is ever signalled. Teardowns asserted nothing about the
     `ops service stop` they ran here (~1 s each: the CLI's start-up, a graceful stop)."""
     for pidfile in sorted((Path(root) / "run").glob("*.pid")):

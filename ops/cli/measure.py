@@ -1,0 +1,409 @@
+"""`ops bench` and `ops profile`: the measurements a verdict is made from.
+
+`ops bench` exits 0 pass, 1 NO-GO (interference: the bench was stopped) or fail (the bench
+failed, a kernel disagreed with its reference), 2 refused by the GPU guard or bad input,
+3 HOLD (no GPU on the target; or the service did not answer, so interference was not
+measured). `ops profile` exits 0 when every level is complete, 1 when requests failed,
+3 HOLD when a level lacks a number a decision needs. Both write a run record.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ops.cli.common import (
+    Done,
+    InputLenOpt,
+    InventoryOpt,
+    JsonOpt,
+    OutputLenOpt,
+    RequestsOpt,
+    RequestTimeoutOpt,
+    TargetArg,
+    command,
+    err,
+    escape,
+    on_target,
+    out,
+    say_service_down,
+    state,
+)
+from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
+from ops.hosts.remote import Host
+from ops.measure.counters import STAGES
+from ops.measure.loadtest import parse_levels
+
+SUITE_HELP = (
+    "Suites: topk,tree,accept,attn,engine_attn (engine_attn: the reference engine's own "
+    "attention stage, built as the service runs it; a diagnostic)."
+)
+
+if TYPE_CHECKING:  # each command imports its own module when it runs (a fast `ops` start)
+    from rich.table import Table
+
+    from ops.measure.bench import BenchOutcome
+
+
+@command
+def bench(
+    ctx: typer.Context,
+    target: TargetArg,
+    gpu: Annotated[
+        int | None, typer.Option("--gpu", min=0, help="GPU index (default: bench_gpu).")
+    ] = None,
+    suite: Annotated[str, typer.Option(help=SUITE_HELP)] = "topk,tree,accept",
+    batch: Annotated[str, typer.Option(help="Batch sizes, e.g. 1,8,64.")] = "1,8,64",
+    allow_shared: Annotated[
+        bool,
+        typer.Option("--allow-shared", help="Bench on a GPU in use, memory capped, probed."),
+    ] = False,
+    probe_threshold: Annotated[
+        float, typer.Option(min=0.0, help="Allowed rise of the service's p50 (0.10 = 10%).")
+    ] = 0.10,
+    probe_interval: Annotated[
+        float,
+        typer.Option(min=0.0, max=60.0, help="Seconds between the probe's requests."),
+    ] = 0.05,
+    max_mem_gib: Annotated[
+        float | None, typer.Option(min=0.1, help="Cap on the bench's GPU memory (GiB).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="The bench's time limit (s).")] = 1800.0,
+    decode_spread: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65536,
+            help="attn and engine_attn, a diagnostic: spread the decode step's requests' "
+            "prefixes over N tokens (0: all at one prefix, as a load of one prompt keeps them).",
+        ),
+    ] = 0,
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
+    """Benchmark the kernels on one GPU of TARGET: guarded, with the interference probe."""
+    from ops.measure.bench import BenchOptions, parse_batches, parse_suites, run_bench
+
+    t = state(ctx).target(target)
+    n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
+    opts = BenchOptions(
+        gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
+        allow_shared=allow_shared, threshold=probe_threshold, probe_interval=probe_interval,
+        max_mem_gib=max_mem_gib, timeout=timeout, decode_spread=decode_spread,
+    )  # fmt: skip
+
+    def go(host: Host) -> Done[BenchOutcome]:
+        with err.status("bench", spinner="dots") as status:
+            o = run_bench(host, opts, lambda s: status.update(f"bench {host.name}: {s}"))
+        return Done(o.code, o.outcome, o, o.section)
+
+    return on_target(
+        ctx, "bench", target, opts.model_dump(), go, _show_bench, doc=_bench_doc, always=_say
+    )
+
+
+def _bench_doc(done: Done[BenchOutcome]) -> dict[str, Any]:
+    o = done.result
+    doc = {"ok": o.section.get("ok", False), "outcome": o.outcome, **o.section}
+    if o.message:
+        doc.update(message=o.message, hint=o.hint)
+    return doc
+
+
+LABEL = {
+    "no-go": "[bold red]NO-GO:[/]",
+    "fail": "[bold red]fail:[/]",
+    "refused": "[bold red]error:[/]",
+    "hold": "[yellow]HOLD:[/]",
+}
+
+
+def _say(done: Done[BenchOutcome]) -> None:
+    """The one line that says why, on stderr (a refusal reads like every other exit-2 error)."""
+    o = done.result
+    if o.outcome == "pass":
+        return
+    err.print(f"{LABEL[o.outcome]} {escape(o.message)}", soft_wrap=True)
+    if o.hint:
+        err.print(f"[dim]hint: {escape(o.hint)}[/]", soft_wrap=True)
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 100:
+        return f"{v:.1f}"
+    return f"{v:.0f}" if v < 100_000 else f"{v / 1000:.0f}k"
+
+
+def _x(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
+
+
+def kernel_tables(table: list[dict[str, Any]]) -> list[Table]:
+    """One table per kernel that fits 80 columns: times in us, speedup = baseline / ours.
+
+    Columns no row of a kernel has (e.g. CPU baselines of top-k) are left out.
+    """
+    from rich import box
+    from rich.table import Table
+
+    by_kernel: dict[str, list[dict[str, Any]]] = {}
+    for g in table:
+        by_kernel.setdefault(f"{g['kernel']} ({g['suite']})", []).append(g)
+    cols: list[tuple[str, Any]] = [
+        ("size", lambda g: g["size"]),
+        ("ours", lambda g: _us(g.get("ours_us"))),
+        ("IQR", lambda g: _us(g.get("ours_iqr_us"))),
+        ("graph", lambda g: _us(g.get("graph_us"))),
+        ("python", lambda g: _us(g.get("cpu_python_us"))),
+        ("c++", lambda g: _us(g.get("cpu_cpp_us"))),
+        ("torch", lambda g: _us(g.get("torch_us"))),
+        ("x py", lambda g: _x(g["speedup"].get("cpu_python"))),
+        ("x c++", lambda g: _x(g["speedup"].get("cpu_cpp"))),
+        ("x torch", lambda g: _x(g["speedup"].get(g.get("torch_impl") or "torch"))),
+    ]
+    tables = []
+    for name, rows in by_kernel.items():
+        cells = [[fn(g) for _, fn in cols] for g in rows]
+        keep = [i for i in range(len(cols)) if i == 0 or any(c[i] != "-" for c in cells)]
+        t = Table(
+            title=name,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
+        for i in keep:
+            t.add_column(cols[i][0], justify="left" if i == 0 else "right", overflow="fold")
+        for c in cells:
+            t.add_row(*(c[i] for i in keep))
+        tables.append(t)
+    return tables
+
+
+def _show_bench(o: BenchOutcome) -> None:
+    _print_bench(o.section)
+
+
+def _print_bench(sec: dict[str, Any]) -> None:
+    g = sec.get("guard") or {}
+    env = sec.get("environment") or {}
+    gpu = "-" if sec["gpu"] is None else sec["gpu"]
+    out.print(f"[bold]bench {escape(sec['target'])}[/] GPU {gpu}")
+    for line in g.get("findings", []):
+        out.print(f"  guard: {escape(line)}", soft_wrap=False, overflow="fold")
+    if env.get("gpu_uuid"):
+        out.print(
+            f"  env: {escape(str(env.get('gpu_name')))} {env.get('gpu_uuid')} driver "
+            f"{env.get('driver')} SM {env.get('sm_clock_mhz')} MHz, "
+            f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')}, "
+            f"release {escape(str(env.get('release', '-')))}",
+            overflow="fold",
+        )
+    p = sec.get("probe")
+    if p:
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
+
+        out.print(
+            f"  probe: p50 before {ms(p['p50_before_ms'])} ms ({p['before']['n']}), during "
+            f"{ms(p['p50_during_ms'])} ms ({p['during']['n']}), after {ms(p['p50_after_ms'])} "
+            f"ms ({p['after']['n']}); limit +{p['threshold']:.0%}"
+            + (" [bold red]TRIPPED[/]" if p["tripped"] else ""),
+            overflow="fold",
+        )
+        for w in p.get("warnings", []):
+            out.print(f"  probe: [yellow]warning:[/] {escape(w)}", overflow="fold")
+    tables = kernel_tables(sec.get("table") or [])
+    if tables:
+        out.print(
+            "kernels: median us (ours: CUDA events per call, IQR of ours; graph: per launch in "
+            "a CUDA graph); x BASELINE = baseline / ours",
+            overflow="fold",
+        )
+    for t in tables:
+        out.print(t)
+    verdict = {True: "[green]PASS[/]", False: "[bold red]not passed[/]"}[bool(sec.get("ok"))]
+    out.print(f"bench {escape(sec['target'])}: {verdict}")
+
+
+@command
+def profile(
+    ctx: typer.Context,
+    target: TargetArg,
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,8,32.")
+    ] = "1,8,32",
+    requests: RequestsOpt = 0,
+    input_len: InputLenOpt = 32,
+    output_len: OutputLenOpt = 32,
+    timeout: RequestTimeoutOpt = 120.0,
+    accept_length: Annotated[
+        float | None,
+        typer.Option(min=1.0, help="Accept length, for a service that reports none."),
+    ] = None,
+    component: Annotated[
+        str, typer.Option(help="Derived path: the component to time (tree_build, accept).")
+    ] = "tree_build",
+    baseline: Annotated[
+        str, typer.Option(help="Derived path: the service's implementation (python, cpp).")
+    ] = "python",
+    budget: Annotated[int, typer.Option(min=1, help="Derived path: tree budget.")] = 64,
+    topk: Annotated[int, typer.Option(min=1, help="Derived path: K per position.")] = 8,
+    depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
+    shadow: Annotated[
+        str | None,
+        typer.Option(
+            help="COMPONENT=KIND (attention=cuda, tree_build=cuda): time that backend "
+            "beside the serving one on the service's own forwards, in a load window "
+            "of its own per level."
+        ),
+    ] = None,
+    run_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1800.0,
+            help="> 0: an uncounted pilot of --requests first, then each level's window (and "
+            "its shadow window) sized to last about this long at the pilot's tokens/s; 0: "
+            "every window is --requests.",
+        ),
+    ] = 0.0,
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
+    """Where the service's step time goes, per concurrency: stage times, shares, tokens/s."""
+    from ops.measure.profile import ProfileInterrupted, ProfileOptions, run_profile
+
+    levels = parse_levels(concurrency)
+    state(ctx).target(target)  # an unknown target is refused before the options are
+    if component not in ("tree_build", "accept") or baseline not in ("python", "cpp"):
+        raise OpsError(
+            f"--component takes tree_build or accept and --baseline python or cpp, got "
+            f"{component!r} / {baseline!r}"
+        )
+    if shadow is not None:
+        from ops.measure.shadow import SHADOW_KINDS
+
+        comp, _, kind = shadow.partition("=")
+        if kind not in SHADOW_KINDS.get(comp, ()):
+            raise OpsError(
+                f"--shadow takes COMPONENT=KIND, the component attention or tree_build and one "
+                f"of its backends (attention=torch|cuda, tree_build=reference|cpp|cuda), got "
+                f"{shadow!r}"
+            )
+    opts = ProfileOptions(
+        levels=levels, requests=requests, input_len=input_len, output_len=output_len,
+        timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
+        baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
+        shadow=shadow, run_seconds=run_seconds,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+    def go(host: Host) -> Done[dict[str, Any]]:
+        try:
+            with err.status("profile", spinner="dots") as status:
+                sec = run_profile(
+                    host, opts, lambda c: status.update(f"profile {host.name}: c={c} done")
+                )
+        except ProfileInterrupted as stop:  # the finished levels go into the record
+            return Done(EXIT_INTERRUPTED, "interrupted", stop.section)
+        if sec.get("failed_requests") or sec.get("service_down"):
+            return Done(EXIT_FAIL, "fail", sec)
+        if sec["incomplete"]:
+            return Done(EXIT_HOLD, "hold", sec)
+        return Done(EXIT_OK, "pass", sec)
+
+    return on_target(
+        ctx, "profile", target, opts.model_dump(), go, _print_profile, always=_profile_why
+    )
+
+
+def _profile_why(done: Done[dict[str, Any]]) -> None:
+    """Why a profile is not a pass (HOLD: the numbers a level lacks; fail: failed requests)."""
+    from ops.measure.profile import INTERRUPTED
+
+    sec = done.section
+    if sec.get("service_down"):
+        say_service_down(sec["url"], sec["service_down"], sec["target"])
+        return
+    if "interrupted" in sec:
+        left = sec["interrupted"]["levels_left"]
+        err.print(
+            f"[yellow]interrupted:[/] c={', '.join(map(str, left))} not profiled (Ctrl-C); the "
+            "levels that finished are in the record"
+            if left
+            else "[yellow]interrupted[/] (Ctrl-C) after the last level: every level is in the "
+            "record",
+            soft_wrap=True,
+        )
+    for inc in sec["incomplete"]:
+        if inc["missing"] == [INTERRUPTED]:
+            continue
+        err.print(
+            f"[yellow]HOLD:[/] c={inc['concurrency']}: missing "
+            + escape("; ".join(inc["missing"]) or "the step time"),
+            soft_wrap=True,
+        )
+    if sec.get("failed_requests"):
+        err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
+
+
+def _print_profile(sec: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    if not sec["levels"]:
+        return
+    t = Table(
+        title=f"profile {escape(sec['target'])}: ms per step, share of the step, f",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    heads = ("c", "batch", "step ms", "stage", "ms", "share", "f", "source", "tok/s")
+    for h in (*heads, "accept"):
+        left = h in ("stage", "source")
+        t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=left)
+    for lv in sec["levels"]:
+        stages = [s for s in STAGES if s in lv.get("stage_ms", {})] or ["-"]
+        for i, s in enumerate(stages):
+            v = lv.get("stage_ms", {}).get(s)
+            wall = lv.get("wall_share", {}).get(s)
+            first = i == 0
+            tok = lv.get("tokens_per_s")
+            acc = lv.get("accept_length")
+            t.add_row(
+                str(lv["concurrency"]) if first else "",
+                str(lv.get("batch", "")) if first else "",
+                f"{lv['step_ms']['value']:.2f}" if first else "",
+                s,
+                "-" if v is None else f"{v['value']:.3g}",
+                "-" if v is None else f"{v['value'] / lv['step_ms']['value']:.1%}",
+                "-" if wall is None else f"{wall['value']:.1%}",
+                "-" if v is None else v["source"],
+                f"{tok['value']:.1f}" if first and tok else "",
+                f"{acc['value']:.2f}" if first and acc else "",
+                end_section=i == len(stages) - 1,
+            )
+    out.print(t)
+    derived = [lv for lv in sec["levels"] if lv.get("method") == "derived"]
+    for lv in derived[:1]:
+        out.print(f"derived: {escape(lv['step_ms']['note'])}", overflow="fold")
+        out.print(f"derived: f is step-based: {escape(lv.get('f_basis', ''))}", overflow="fold")
+    if any(lv.get("wall_share") for lv in sec["levels"]):
+        out.print(
+            "f: the stage's share of the measured window's wall time (its seconds over all the "
+            "window's steps, any batch size, and prefills / the window's wall seconds); share: "
+            "of the step at the batch shown",
+            overflow="fold",
+        )
+    from ops.measure.shadow import shadow_lines
+
+    for line in shadow_lines(sec):
+        out.print(escape(line), overflow="fold")

@@ -1,0 +1,207 @@
+"""`ops serve` (reference engine, foreground) and `ops service start|stop|restart|status TARGET`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from ops.cli.common import (
+    Done,
+    InventoryOpt,
+    JsonOpt,
+    TargetArg,
+    command,
+    emit_json,
+    err,
+    escape,
+    on_target,
+    out,
+    state,
+)
+from ops.errors import EXIT_FAIL, EXIT_OK, OpsError
+from ops.hosts.remote import Host
+from ops.service.managers import ServiceStatus, manager_for
+
+service_app = typer.Typer(
+    help="Start, stop, restart or report the service of a target through its manager.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+WaitOpt = Annotated[
+    float, typer.Option("--wait", min=0, help="Seconds to wait for /health after a start.")
+]
+
+
+def _print_status(st: ServiceStatus) -> None:
+    colour = "green" if st.active else "red" if st.state == "failed" else "yellow"
+    out.print(
+        f"{escape(st.name)} ({st.manager}): [{colour}]{st.state}[/] {escape(st.detail)}",
+        soft_wrap=True,
+    )
+    if not st.active and st.evidence:
+        err.print("[dim]" + escape("\n".join(st.evidence[-20:])) + "[/]", soft_wrap=True)
+
+
+def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
+    def act(host: Host) -> Done[ServiceStatus]:
+        mgr = manager_for(host)
+        if verb == "status":
+            st = mgr.status()
+        else:
+            with host.lock(f"ops service {verb}"):
+                if verb == "stop":
+                    st = mgr.stop()
+                else:
+                    st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
+        good = st.active if verb != "stop" else st.state == "inactive"
+        return Done(EXIT_OK if good else EXIT_FAIL, "ok" if good else "fail", st)
+
+    name, inputs = f"service-{verb}", {"verb": verb}
+    return on_target(
+        ctx, name, target, inputs, act, _print_status, key="service", record_line=False
+    )
+
+
+@service_app.command()
+@command
+def start(
+    ctx: typer.Context,
+    target: TargetArg,
+    wait: WaitOpt = 120.0,
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
+    """Start the service (if it is not running) and wait for /health."""
+    return _service(ctx, "start", target, wait)
+
+
+@service_app.command()
+@command
+def stop(
+    ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
+) -> int:
+    """Stop the service (process manager: TERM, then KILL after a grace period)."""
+    return _service(ctx, "stop", target, 0)
+
+
+@service_app.command()
+@command
+def restart(
+    ctx: typer.Context,
+    target: TargetArg,
+    wait: WaitOpt = 120.0,
+    _json: JsonOpt = False,
+    _inventory: InventoryOpt = None,
+) -> int:
+    """Restart the service and wait for /health."""
+    return _service(ctx, "restart", target, wait)
+
+
+@service_app.command()
+@command
+def status(
+    ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
+) -> int:
+    """Report the service's state: active needs a live process and a healthy /health."""
+    return _service(ctx, "status", target, 0)
+
+
+def _engine_check(argv: list[str], port: int) -> dict[str, Any]:
+    """Run the engine's own argument, device and port checks (`python -m engine --check`) as
+    a subprocess (ops never imports the engine); its one-line refusal becomes an OpsError."""
+    try:
+        res = subprocess.run(
+            [*argv, "--check"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise OpsError("python -m engine --check did not answer within 300 s") from None
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    if res.returncode == 2 and lines:
+        message = lines[-1].removeprefix("error: ")
+        hint = None
+        if "in use" in message:
+            hint = f"see what holds it: ss -ltnp 'sport = :{port}'"
+        raise OpsError(message, hint=hint)
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        doc = None
+    if res.returncode != 0 or not isinstance(doc, dict):
+        tail = lines[-1] if lines else f"exit {res.returncode}, no output"
+        raise OpsError(
+            f"python -m engine --check failed: {tail}",
+            hint=f"the engine runs with {argv[0]}; it needs the data-plane packages (torch, ...)",
+        )
+    return doc
+
+
+@command
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 30000,
+    preset: Annotated[str, typer.Option(help="Model preset: tiny (CPU) or small (GPU).")] = "tiny",
+    mode: Annotated[str, typer.Option(help="Decoding: ar or ddtree.")] = "ddtree",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(help="COMPONENT=KIND, e.g. tree_build=cpp (repeatable)."),
+    ] = None,
+    cuda_graphs: Annotated[
+        bool,
+        typer.Option(
+            "--cuda-graphs/--no-cuda-graphs",
+            help="On a GPU, replay the forward's pieces as CUDA graphs (captured at start).",
+        ),
+    ] = True,
+    _json: JsonOpt = False,
+) -> int:
+    """Run the reference engine's OpenAI-compatible server in the foreground (Ctrl-C stops it).
+
+    The preset, mode, device, backends (flags and $DDTREE_ENGINE_BACKENDS) and the port are
+    checked first (`python -m engine --check`); then the engine process replaces `ops`
+    (exec), so signals reach it directly.
+    """
+    if mode not in ("ar", "ddtree"):
+        raise OpsError(f"--mode must be 'ar' or 'ddtree', got {mode!r}")
+    for b in backend or []:
+        if "=" not in b:
+            raise OpsError(f"--backend takes COMPONENT=KIND, got {b!r}")
+    argv = [
+        sys.executable,
+        "-m",
+        "engine",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--preset",
+        preset,
+        "--mode",
+        mode,
+        "--device",
+        device,
+    ]
+    for b in backend or []:
+        argv += ["--backend", b]
+    if not cuda_graphs:
+        argv.append("--no-cuda-graphs")
+    check = _engine_check(argv, port)  # every bad value is refused before "serving on"
+    if state(ctx).as_json:
+        emit_json({"argv": argv, "url": f"http://{host}:{port}", "check": check})
+    else:
+        err.print(f"[dim]serving on http://{host}:{port} ({preset}, {mode}, {device})[/]")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)  # the engine replaces ops: signals and exit code are its own
+    return EXIT_OK  # not reached

@@ -1,0 +1,654 @@
+"""`ops deploy`: put a self-tested release on a host atomically, switch to it, roll back by itself.
+
+Steps, each timed and recorded: package (locally) -> preflight -> lock -> send (into
+`releases/.staging-<id>`) -> build (nvcc for the target's arch, GPU targets) -> selftest (the
+GPU under the bench guard's CUDA_VISIBLE_DEVICES, or the CPU builds on a target without GPUs)
+-> finalize (release.json + service.env, one rename into `releases/<id>`) -> switch (`current`
+by one rename(2)) -> restart -> postflight (full healthcheck, token identity) -> prune.
+
+A failed build or self-test removes the staging directory and touches nothing else. Between
+the switch and a passed post-flight, a guard process on the host holds `deploy.pending`: if ops
+goes away (Ctrl-C, kill, lost connection) the guard switches `current` back and restarts the
+service, so the host is left on its previous release and serving. A failed post-flight is
+rolled back here, with the evidence of the checks before and after.
+
+The host may have been touched by hand. A `current` that is not a symlink into `releases/`
+(a hand-made hotfix copy, a link outside the root, a real directory) is named in the `current`
+step, and the deploy refuses it without --force; with --force, what `current` was is recorded
+as it is and any revert returns exactly there. The host always ends on a runnable release it
+was on, or on the new one: a first install that fails is unlinked only after its service is
+stopped, and a pending record that cannot be read whole leaves `current` as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ops.deploy.host_actions import (
+    DEPLOY_HOST_SOURCE,
+    host_releases,
+    interrupted_once,
+    revert_guard,
+)
+from ops.deploy.release import ReleaseManifest, service_env, stage_release
+from ops.deploy.result import (
+    DeployInterrupted,
+    DeployOptions,
+    DeployResult,
+    Outcome,
+    Status,
+    Step,
+    StepFailed,
+    since_last_start,
+    utc_now,
+)
+from ops.errors import OpsError
+from ops.hosts.remote import Host
+from ops.measure.healthcheck import HealthReport, golden_on_host, run_healthcheck
+from ops.service.managers import ProcessManager, SystemdManager, manager_for
+
+__all__ = [
+    "DEPLOY_HOST_SOURCE",
+    "DeployInterrupted",
+    "Deployer",
+    "DeployOptions",
+    "DeployResult",
+    "Step",
+    "StepFailed",
+    "host_releases",
+]
+
+BUILD_TIMEOUT_S = 1800
+SELFTEST_TIMEOUT_S = 600
+
+
+def shown_state(state: dict[str, Any] | None) -> str | None:
+    """What the host's `current` is, as results name it: a release id, else what is there."""
+    if not state or state.get("kind") in (None, "none"):
+        return None
+    if state["kind"] == "release":
+        return str(state["id"])
+    if state["kind"] == "foreign":
+        gone = "" if state.get("exists") else ", which does not exist"
+        return f"{state.get('link')} (a symlink ops did not make{gone})"
+    return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
+
+
+class Deployer:
+    """One deploy to one host; `run()` never raises for a failed step, it reports it."""
+
+    def __init__(
+        self, host: Host, opts: DeployOptions, progress: Callable[[str, Step | None], None]
+    ) -> None:
+        self.host, self.opts, self.progress = host, opts, progress
+        self.target = host.target
+        self.root = host.target.remote_root
+        self.steps: list[Step] = []
+        self._running: str | None = None  # the step in progress (what an interrupt stopped)
+        self._before: str | None = None  # current release before this deploy, once known
+        self._before_state: dict[str, Any] | None = None  # what `current` is, as it is
+        self._switched: str | None = None  # the release switched to (pending until proven)
+        self._committed: str | None = None  # the release switched to and proven
+        self._blocked: str | None = None  # the restart met a cause outside the release
+
+    # -- step bookkeeping --------------------------------------------------------------
+    def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
+        self._running = name  # before the progress line: a signal right after it names the step
+        self.progress(name, None)
+        t0 = time.monotonic()
+        status, detail, data = fn()
+        self._running = None
+        evidence = data.pop("evidence", [])
+        st = Step(
+            name=name,
+            status=status,
+            seconds=round(time.monotonic() - t0, 3),
+            detail=detail,
+            evidence=evidence,
+            data=data,
+        )
+        self.steps.append(st)
+        self.progress(name, st)
+        if status == "fail":
+            raise StepFailed(st)
+        return st
+
+    def result(self, outcome: Outcome, **kw: Any) -> DeployResult:
+        return DeployResult(target=self.target.name, outcome=outcome, steps=self.steps, **kw)
+
+    def _interrupted(self) -> DeployResult:
+        """The result of a deploy or rollback that Ctrl-C stopped: the guard has done its work
+        by now (the `with` blocks have exited), so ask the host where it was left."""
+        during = self._running or (f"after {self.steps[-1].name}" if self.steps else "start")
+        now: str | None = None
+        state = ""
+        try:
+            now = shown_state(host_releases(self.host, "list").get("current_state"))
+            if self._switched and not self.opts.no_restart:
+                st = manager_for(self.host).status()
+                state = f"; service {st.state}" + (f" ({st.detail})" if st.detail else "")
+        except OpsError as exc:
+            state = f"; could not ask the host where it is: {exc.message}"
+        if self._committed:
+            what = f"{self._committed} was proven and switched to before the interrupt"
+        elif self._switched and now != self._switched:
+            what = f"the host's guard switched current back to {now or '(none)'}" + (
+                " and restarted the service" if not self.opts.no_restart else ""
+            )
+        elif self._switched:
+            what = f"current is still {self._switched} (switched, not proven)"
+        else:
+            what = f"nothing was switched: current is still {now or '(none)'}"
+            if any(s.name == "finalize" and s.status == "ok" for s in self.steps):
+                rel = getattr(self, "_rid", None)
+                what += f"; release {rel} is in place, never switched to (prune removes it)"
+            elif any(s.name == "send" for s in self.steps):
+                what += "; the next deploy removes the half-sent release"
+        st = Step(
+            name="interrupted", status="fail", detail=f"interrupted during {during}: {what}{state}"
+        )
+        self.steps.append(st)
+        self.progress("interrupted", st)
+        return self.result(
+            "interrupted",
+            release=getattr(self, "_rid", None),
+            before=self._before,
+            after=now,
+            failed_step=self._running or "interrupted",
+            message=st.detail,
+        )
+
+    # -- the deploy ---------------------------------------------------------------------
+    def run(self) -> DeployResult:
+        """The deploy; raises DeployInterrupted (a KeyboardInterrupt) on Ctrl-C."""
+        with interrupted_once():
+            try:
+                return self._run()
+            except KeyboardInterrupt:
+                raise DeployInterrupted(self._interrupted()) from None
+
+    def _run(self) -> DeployResult:
+        with tempfile.TemporaryDirectory(prefix="ops-release-") as tmp:
+            stage = Path(tmp) / "release"
+            try:
+                manifest = self._package(stage)
+                same = self._already_current(manifest)  # reads the host; a dry run too
+                if same is not None:
+                    return same
+                self.step("current", self._current)
+                if self.opts.dry_run:
+                    return self._plan(manifest)
+                # --bootstrap is for a first install: on a host that already has a current
+                # release it is no way around the pre-flight (that is --force)
+                if not self.opts.bootstrap or self._before is not None:
+                    self.step("preflight", self._preflight)
+                with self.host.lock(f"ops deploy {manifest.id}"):
+                    return self._locked(manifest, stage)
+            except StepFailed as exc:  # before the switch: the host is where it was
+                return self.result(
+                    "failed",
+                    failed_step=exc.step.name,
+                    message=exc.step.detail,
+                    release=getattr(self, "_rid", None),
+                    before=self._before,
+                    after=self._before,
+                )
+
+    def _package(self, stage: Path) -> ReleaseManifest:
+        holder: dict[str, ReleaseManifest] = {}
+
+        def package() -> tuple[Status, str, dict[str, Any]]:
+            t = self.target
+            m = stage_release(
+                stage,
+                source=self.opts.source,
+                ref=self.opts.ref,
+                allow_dirty=self.opts.allow_dirty,
+                target=t.name,
+                cuda_arch=t.cuda_arch,
+                components=dict(t.service.components),
+            )
+            holder["m"] = m
+            self._rid = m.id
+            return "ok", f"{m.id} ({len(m.files)} files, git {m.git_sha[:12]})", {}
+
+        self.step("package", package)
+        return holder["m"]
+
+    def _already_current(self, m: ReleaseManifest) -> DeployResult | None:
+        """The result for a release that is already current (same commit and configuration)."""
+        listing = host_releases(self.host, "list")
+        self._before_state = listing.get("current_state")
+        self._before = listing["current"] or shown_state(self._before_state)
+        current = next((r for r in listing["releases"] if r["current"]), None)
+        if (
+            current is None
+            or m.dirty
+            or current["git_sha"] != m.git_sha
+            or current["components"] != m.components
+        ):
+            return None
+        msg = f"release {current['id']} (git {m.git_sha[:12]}) is already current; nothing to do"
+        cur = current["id"]
+        return self.result("already-current", release=cur, before=cur, after=cur, message=msg)
+
+    def _current(self) -> tuple[Status, str, dict[str, Any]]:
+        """What `current` is on the host; one that ops did not put there is refused without
+        --force (and with it, recorded as it is, so a revert returns exactly there)."""
+        state = self._before_state or {"kind": "none"}
+        data = {"state": state}
+        if state["kind"] in ("release", "none"):
+            return "ok", f"current: {self._before or '(none)'}", data
+        what = f"current is {shown_state(state)}, not a release ops installed"
+        if self.opts.force:
+            data["forced"] = True
+            return "ok", f"{what}; deploying anyway (--force): a revert returns it exactly", data
+        return "fail", f"{what}; check it, then deploy with --force (a revert puts it back)", data
+
+    def _plan(self, m: ReleaseManifest) -> DeployResult:
+        t, rel = self.target, f"{self.root}/releases/{m.id}"
+        first = self.opts.bootstrap and self._before is None
+        plan = [
+            (
+                "preflight",
+                "skipped (--bootstrap, no current release)" if first else "ops healthcheck",
+            ),
+            ("lock", f"flock {self.root}/lock"),
+            ("send", f"{len(m.files)} files -> {self.root}/releases/.staging-{m.id}"),
+            (
+                "build",
+                f"python -m kernels.build --arch {t.cuda_arch} --out {rel}/build"
+                if t.gpus
+                else "skipped (no GPU on target)",
+            ),
+            (
+                "selftest",
+                "python -m kernels.selftest"
+                + (f" on GPU {self._bench_gpu()}" if t.gpus else " (CPU builds only)"),
+            ),
+            ("finalize", f"release.json, service.env -> {rel}"),
+            ("switch", f"{self.root}/current: {self._before or '(none)'} -> releases/{m.id}"),
+            ("restart", "skipped (--no-restart)" if self.opts.no_restart else self._svc_desc()),
+            ("postflight", "ops healthcheck (token identity against the golden set)"),
+            ("prune", f"keep the newest {self.opts.keep} releases"),
+        ]
+        for name, what in plan:
+            self.steps.append(Step(name=name, status="skip", detail=f"plan: {what}"))
+        env = service_env(rel, m).strip().splitlines()[1:]
+        return self.result(
+            "dry-run",
+            release=m.id,
+            before=self._before,
+            after=m.id,
+            message="service.env: " + "; ".join(env),
+        )
+
+    def _svc_desc(self) -> str:
+        svc = self.target.service
+        if svc.manager == "systemd":
+            return f"sudo -n systemctl restart {svc.name}"
+        return f"process manager: {ProcessManager.render_command(self.target)} (from current/)"
+
+    def _bench_gpu(self) -> int:
+        return self.target.bench_gpu if self.target.bench_gpu is not None else 0
+
+    def _health(self, record: bool) -> HealthReport:
+        return run_healthcheck(
+            self.host, record_golden=record, timeout=60, max_tokens=self.opts.max_tokens
+        )
+
+    def _golden_exists(self) -> bool:
+        return self.host.run(["test", "-f", golden_on_host(self.host)], warn=True).ok
+
+    def _preflight(self) -> tuple[Status, str, dict[str, Any]]:
+        record = not self._golden_exists()
+        rep = self._health(record)
+        data = {"report": rep.model_dump(mode="json"), "recorded_golden": record}
+        if rep.ok:
+            return "ok", "healthy" + (" (golden recorded now)" if record else ""), data
+        failed = ", ".join(rep.failed)
+        if self.opts.bootstrap:
+            failed += f"; --bootstrap does not skip it: {self._before} is current"
+        if self.opts.force:
+            data["forced"] = True
+            data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
+            return "ok", f"UNHEALTHY ({failed}), deploying anyway (--force)", data
+        data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
+        return "fail", f"service unhealthy before the deploy ({failed}); use --force", data
+
+    def _locked(self, m: ReleaseManifest, stage: Path) -> DeployResult:
+        self.step("lock", lambda: ("ok", f"{self.root}/lock", {}))
+        if self.opts.bootstrap and self.target.service.manager == "systemd":
+            self.step("drop-in", self._dropin)
+        prep = host_releases(self.host, "prepare", "240")
+        same = self._already_current(m)
+        if same is not None:
+            return same
+        if (self._before_state or {}).get("kind") not in (
+            "release",
+            "none",
+        ) and not self.opts.force:
+            self.step("current", self._current)  # changed by hand since the first look
+        before = self._before
+        staging = f".staging-{m.id}"
+        staging_path = f"{self.root}/releases/{staging}"
+
+        def send() -> tuple[Status, str, dict[str, Any]]:
+            self.host.put_tree(stage, staging_path)
+            cleaned = prep["removed"]
+            note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
+            return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}
+
+        self._prepared(prep)
+
+        try:
+            self.step("send", send)
+            m.build = self.step("build", lambda: self._build(staging_path)).data.get("manifest")
+            m.selftest = self.step("selftest", lambda: self._selftest(staging_path)).data
+        except StepFailed:
+            self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
+            raise
+        rel = f"{self.root}/releases/{m.id}"
+        doc = {"release_json": m.model_dump_json(indent=1), "service_env": service_env(rel, m)}
+
+        def finalize() -> tuple[Status, str, dict[str, Any]]:
+            try:
+                done = host_releases(
+                    self.host, "finalize", staging, m.id, stdin=json.dumps(doc).encode()
+                )
+            except OpsError as exc:  # a full disk: the staging directory goes, nothing else
+                self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
+                return "fail", f"finalize failed: {exc.message}", {}
+            return "ok", rel, done
+
+        self.step("finalize", finalize)
+        return self._switch_and_prove(m.id, before)
+
+    def _prepared(self, prep: dict[str, Any]) -> None:
+        """Say what `prepare` found: a dead deploy's guard waited for, a switch put back."""
+        back = prep.get("put_back")
+        waited = prep.get("guard_waited_s") or 0
+        if not back and waited < 1:
+            return
+        detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
+        if back:
+            detail += "; " if detail else ""
+            detail += back.get("note") or (
+                f"put back a switch no deploy settled: current {back.get('from') or '(none)'} "
+                f"-> {back.get('to') or '(none)'}"
+            )
+        self.step("recover", lambda: ("ok", detail, dict(prep)))
+
+    def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
+        mgr = manager_for(self.host)
+        assert isinstance(mgr, SystemdManager)
+        path, body = mgr.install_dropin()
+        return "ok", f"{path}: {body.strip().splitlines()[-1]}", {"path": path, "content": body}
+
+    def _build(self, staging: str) -> tuple[Status, str, dict[str, Any]]:
+        t = self.target
+        if not t.gpus:
+            return "skip", "no GPU on the target (gpus = 0): CUDA build skipped", {}
+        if not t.cuda_arch:
+            return "fail", f"target {t.name} has gpus = {t.gpus} but no cuda_arch", {}
+        res = self.host.run_module(
+            "kernels.build",
+            ["--arch", t.cuda_arch, "--out", f"{staging}/build"],
+            cwd=staging,
+            timeout=BUILD_TIMEOUT_S,
+        )
+        if res.rc != 0:
+            tail = (res.data.get("compiler_tail") or "").splitlines()[-20:]
+            return "fail", f"build failed: {res.data.get('error')}", {"evidence": tail}
+        man = res.data.get("manifest", {})
+        detail = f"{', '.join(man.get('arch', []))} in {man.get('build_seconds', '?')} s"
+        return "ok", detail, {"manifest": man}
+
+    def _selftest(self, staging: str) -> tuple[Status, str, dict[str, Any]]:
+        t = self.target
+        args: list[str] = []
+        # the C++ baseline's build cache (content-keyed, so releases can share it): the
+        # self-test builds it where the service will look for it
+        # (and the library under test is the one named here, never one from the environment)
+        env = {"DDTREE_CACHE": f"{self.root}/cache", "DDTREE_KERNELS_LIB": ""}
+        if t.gpus:
+            args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
+            env.update(CUDA_VISIBLE_DEVICES=str(self._bench_gpu()), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        res = self.host.run_module(
+            "kernels.selftest", args, cwd=staging, env=env, timeout=SELFTEST_TIMEOUT_S
+        )
+        data = dict(res.data)
+        if res.rc != 0 or not data.get("ok"):
+            bad = [
+                f"{r.get('op')}: {r.get('mismatches')} mismatches; {r.get('first_mismatch')}"
+                for r in data.get("results", [])
+                if r.get("mismatches")
+            ]
+            why = data.get("error") or data.get("message") or "mismatches against the references"
+            return "fail", f"self-test failed: {why}", {**data, "evidence": bad}
+        results = data.get("results", [])
+        cases = sum(int(r.get("cases") or 0) for r in results)
+        gpu = data.get("gpu")
+        where = (
+            f"on {data.get('gpu_name')} {data.get('arch') or ''}".rstrip()
+            if gpu == "ran"
+            else f"CPU builds only; GPU {gpu}"
+        )
+        return "ok", f"passed {where}: {len(results)} op checks, {cases} cases", data
+
+    def _switch_and_prove(self, rid: str, before: str | None, prune: bool = True) -> DeployResult:
+        mgr = manager_for(self.host)
+        restart = not self.opts.no_restart
+        with revert_guard(self.host, restart):
+
+            def switch() -> tuple[Status, str, dict[str, Any]]:
+                try:
+                    doc = host_releases(self.host, "switch", rid, "pending")
+                except OpsError as exc:  # the host undid its half: current is where it was
+                    why = exc.message
+                    return (
+                        "fail",
+                        f"switch failed: {why}; current is still {before or '(none)'}",
+                        {},
+                    )
+                self._switched = rid
+                return "ok", f"current: {before or '(none)'} -> {rid}", doc
+
+            self.step("switch", switch)
+            if not restart:
+                host_releases(self.host, "commit")
+                self._committed = rid
+                self.step(
+                    "restart",
+                    lambda: (
+                        "skip",
+                        "--no-restart: the service still runs "
+                        f"{before or 'what it ran'} until restarted",
+                        {},
+                    ),
+                )
+                if prune:
+                    self._prune()
+                return self.result(
+                    "installed",
+                    release=rid,
+                    before=before,
+                    after=rid,
+                    message="installed; the service was not restarted",
+                )
+            try:
+                self.step("restart", lambda: self._restart(mgr))
+                record = self.opts.bootstrap and not self._golden_exists()
+                self.step("postflight", lambda: self._postflight(record))
+            except StepFailed as exc:
+                return self._rollback(mgr, rid, before, exc.step)
+            host_releases(self.host, "commit", rid)  # and mark it proven (prune keeps it)
+            self._committed = rid
+        if prune:
+            self._prune()
+        return self.result(
+            "deployed",
+            release=rid,
+            before=before,
+            after=rid,
+            message=f"{rid} is current and healthy",
+        )
+
+    def _restart(self, mgr: Any) -> tuple[Status, str, dict[str, Any]]:
+        st = mgr.restart(self.opts.wait_s)
+        self._blocked = st.blocked_by  # not the release's fault: it is not rejected for it
+        data = {
+            "service": st.model_dump(),
+            "evidence": since_last_start(st.evidence) if not st.active else [],
+        }
+        return ("ok" if st.active else "fail"), f"{st.state}: {st.detail}", data
+
+    def _postflight(self, record: bool) -> tuple[Status, str, dict[str, Any]]:
+        rep = self._health(record)
+        data: dict[str, Any] = {"report": rep.model_dump(mode="json")}
+        if rep.ok:
+            return "ok", "healthy, token-identical" + (" (golden recorded)" if record else ""), data
+        data["evidence"] = [
+            line
+            for c in rep.checks
+            if c.status == "fail"
+            for line in [f"{c.name}: {c.detail}", *c.evidence[:8]]
+        ]
+        return "fail", f"post-flight failed: {', '.join(rep.failed)}", data
+
+    def _rollback(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
+        # rejected first: a rollback that is itself killed still leaves the release marked;
+        # never for a cause outside the release (another program on the service's port)
+        why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
+        try:
+            if not self._blocked:
+                host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
+        except OpsError:
+            pass  # a mark that cannot be written (a full disk) must not stop the rollback
+        reverted: dict[str, Any] = {}
+
+        def back() -> tuple[Status, str, dict[str, Any]]:
+            # "settle": current goes back now, but deploy.pending stays until the service is
+            # restarted on it, so the guard still restarts it if ops goes away meanwhile
+            try:
+                doc = host_releases(self.host, "revert", "settle")
+            except OpsError as exc:  # deploy.pending stays: the guard tries again as ops leaves
+                return "fail", f"could not switch back: {exc.message}; current is {rid}", {}
+            reverted.update(doc)
+            if doc.get("first_install"):  # stop the service first, then no current at all
+                st = mgr.stop()
+                done = host_releases(self.host, "retire", rid)
+                detail = f"first install removed: current {done.get('current') or '(none)'}"
+                return ("ok" if not st.active else "fail"), f"{detail}; service {st.state}", {}
+            if not doc.get("reverted"):
+                return "fail", doc.get("note") or f"nothing to switch back to: current is {rid}", {}
+            st = mgr.restart(self.opts.wait_s)
+            rep = self._health(False)
+            ok = st.active and rep.ok
+            detail = f"current: {rid} -> {doc.get('current')}; service {st.state}"
+            detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
+            data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
+            return ("ok" if ok else "fail"), detail, data
+
+        try:
+            self.step("rollback", back)
+        except StepFailed:
+            pass
+        if reverted.get("reverted"):
+            host_releases(self.host, "commit")
+        after = reverted.get("current") if reverted.get("reverted") else None
+        if reverted.get("first_install"):
+            where = "the first install was removed (no release is current)"
+        elif reverted.get("reverted"):
+            where = f"rolled back to {after}"
+        else:
+            where = f"could not roll back: the host is on {rid}"
+            after = rid
+        return self.result(
+            "rolled-back",
+            release=rid,
+            before=before,
+            after=after,
+            failed_step=failed.name,
+            message=f"{failed.name} failed ({failed.detail}); {where}",
+        )
+
+    def _prune(self) -> None:
+        def prune() -> tuple[Status, str, dict[str, Any]]:
+            doc = host_releases(self.host, "prune", str(self.opts.keep))
+            gone = doc.get("removed") or []
+            detail = f"removed {', '.join(gone)}" if gone else "nothing to remove"
+            return "ok", f"{detail} (keep {self.opts.keep})", doc
+
+        self.step("prune", prune)
+
+    # -- rollback to an earlier release ----------------------------------------------------
+    def rollback(self, to: str | None) -> DeployResult:
+        """Switch to `to` (default: previous), restart, post-flight; undone if that fails.
+        Prunes nothing. Raises DeployInterrupted on Ctrl-C."""
+        with interrupted_once():
+            try:
+                return self._rollback_to(to)
+            except KeyboardInterrupt:
+                raise DeployInterrupted(self._interrupted()) from None
+
+    def _rollback_to(self, to: str | None) -> DeployResult:
+        with self.host.lock(f"ops rollback {to or 'previous'}"):
+            self._prepared(host_releases(self.host, "prepare", "240"))
+            listing = host_releases(self.host, "list")
+            self._before_state = listing.get("current_state")
+            before = self._before = listing["current"] or shown_state(self._before_state)
+            want = to or listing["previous"]
+            if not want:
+                other = shown_state(listing.get("previous_state"))
+                raise OpsError(
+                    f"{self.target.name}: no previous release to roll back to"
+                    + (f" (previous is {other}; switch to it by hand)" if other else ""),
+                    hint="ops releases TARGET lists the releases; ops rollback --to ID",
+                )
+            rel = next((r for r in listing["releases"] if r["id"] == want), None)
+            if rel is None:
+                known = ", ".join(r["id"] for r in listing["releases"]) or "none"
+                raise OpsError(f"{self.target.name}: no release {want!r} (releases: {known})")
+            if rel.get("damaged"):
+                raise OpsError(
+                    f"{self.target.name}: release {want} is damaged ({rel['damaged']}); "
+                    "it cannot be trusted to roll back to",
+                    hint="ops releases TARGET lists the others; ops rollback --to ID",
+                )
+            if rel["selftest_ok"] is not True:
+                raise OpsError(f"{self.target.name}: release {want} never passed its self-test")
+            bad = rel.get("rejected")
+            if bad and want != before:
+                raise OpsError(
+                    f"{self.target.name}: release {want} failed its {bad.get('step')} "
+                    f"({bad.get('at')}) and was rolled back: {bad.get('detail')}",
+                    hint="deploy a fixed commit instead (ops deploy --ref)",
+                )
+            if want == before:
+                return self.result(
+                    "already-current",
+                    release=want,
+                    before=before,
+                    after=before,
+                    message=f"release {want} is already current",
+                )
+            try:
+                res = self._switch_and_prove(want, before, prune=False)
+            except StepFailed as exc:
+                return self.result(
+                    "failed",
+                    failed_step=exc.step.name,
+                    message=exc.step.detail,
+                    before=before,
+                    after=before,
+                )
+            if res.outcome == "deployed":
+                res.outcome = "switched"
+                res.message = f"rolled back: {want} is current and healthy (was {before})"
+            return res

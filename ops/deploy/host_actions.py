@@ -1,0 +1,136 @@
+"""The control plane's side of a host's releases: run `ops.hostside.releases` actions there, and the
+revert guard that puts the host back when ops goes away between a switch and its proof."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ops.errors import HostError, OpsError
+from ops.hosts.inventory import Target
+from ops.hosts.remote import Host, shell_path
+from ops.hostside import source
+from ops.service.managers import PROCMAN_SOURCE, ProcessManager, logfile, pidfile
+
+DEPLOY_HOST_SOURCE = source("releases")
+
+
+def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
+    """Run one action of `ops.hostside.releases` on the host; a refusal is an OpsError."""
+    res = host.run(
+        # -S: the host side is stdlib only, so no site-packages scan at each call
+        [host.target.python, "-S", "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root]
+        + list(args),
+        stdin=stdin,
+        warn=True,
+        timeout=300,
+        step=f"releases {action}",
+    )
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise HostError(
+            f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
+            target=host.name,
+            step=f"releases {action}",
+        ) from None
+    if res.rc != 0:
+        raise OpsError(f"{host.name}: {action}: {doc.get('error', 'refused')}")
+    return doc
+
+
+def restart_script(target: Target) -> str:
+    """What the guard runs on the host to restart the service after reverting `current`."""
+    svc = target.service
+    if svc.manager == "systemd":
+        return f"sudo -n systemctl restart {shlex.quote(svc.name)}"
+    py, src = shlex.quote(target.python), shlex.quote(PROCMAN_SOURCE)
+    pf, log = shell_path(pidfile(target)), shell_path(logfile(target))
+    cmd = shlex.quote(ProcessManager.render_command(target))
+    return (
+        f"{py} -c {src} stop {pf} {svc.stop_timeout:g} >/dev/null; "
+        f"{py} -c {src} start {pf} {log} {shell_path(target.remote_root)} {cmd} "
+        f"{shlex.quote(svc.url)} >/dev/null"
+    )
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """While the guard puts the host back, a further Ctrl-C (or SIGTERM) is ignored: it would
+    cut the wait for the guard, and the result would name a host half put back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, lambda *_: None)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def interrupted_once() -> Iterator[None]:
+    """The first Ctrl-C (or SIGTERM) interrupts as usual; every later one is ignored until the
+    process ends, so the interrupted deploy still puts the host back, asks where it was left
+    and writes its record (an impatient second Ctrl-C used to cost the record its steps).
+    Without an interrupt, the handlers before are restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    seen: list[int] = []
+
+    def ignore_from_now() -> None:  # SIG_IGN, not a Python handler: it outlives finalization
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def first_only(signum: int, _frame: object) -> None:
+        if not seen:
+            seen.append(signum)
+            ignore_from_now()
+            raise KeyboardInterrupt
+
+    for sig in old:
+        signal.signal(sig, first_only)
+    try:
+        yield
+    except KeyboardInterrupt:
+        seen.append(0)  # an interrupt from anywhere: from now on, none is taken
+        ignore_from_now()
+        raise
+    finally:
+        if not seen:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
+@contextmanager
+def revert_guard(host: Host, restart: bool) -> Iterator[None]:
+    """A host process that, when ops goes away with `deploy.pending` still there, switches
+    `current` back (and restarts the service): the host never stays on an unproven release."""
+    t = host.target
+    revert = shlex.join([t.python, "-S", "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
+    again = restart_script(t) if restart else "true"
+    # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
+    # for it in `prepare`, so a guard still putting the host back is never raced
+    script = (
+        f"exec 8>>{shell_path(t.remote_root)}/deploy.guard && flock 8 || exit 1; "
+        "echo READY; cat >/dev/null; "
+        f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
+    )
+    proc = host._spawn(script)
+    if proc.read_line(30) != "READY":
+        proc.finish(5)
+        raise HostError("the revert guard did not start", target=host.name, step="guard")
+    try:
+        yield
+    finally:
+        with interrupts_held():
+            proc.finish(host.target.service.stop_timeout + 120)

@@ -1,0 +1,225 @@
+"""A release, made on the operator's machine: the data plane at one git commit, staged for sending.
+
+`stage_release` exports `kernels/`, `checks/`, `engine/`, `integration/` and `pyproject.toml`
+from a git checkout at a ref (or, with `allow_dirty`, the work tree as it is) into a local
+directory, adds the release's `site/` (from `integration/site/`), and describes it in a
+`ReleaseManifest`: git sha, the sha256 of every file, who made it from where. The id is
+`<utc>-<shortsha>` (`-dirty` when the work tree was taken as it is). A work-tree file reached
+through a symlinked directory, or resolving outside the source tree, is refused (one line): a
+release holds the source tree's own files, never what a link points at.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import io
+import shutil
+import socket
+import subprocess
+import tarfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ops.errors import OpsError
+
+DATA_PLANE = ("kernels", "checks", "engine", "integration", "pyproject.toml")
+SITE_SOURCE = "integration/site"
+SKIP_PARTS = {"__pycache__", "_build", ".pytest_cache"}
+
+
+class ReleaseManifest(BaseModel):
+    """`release.json`: what a release is and where it came from (build and self-test added on
+    the host before the release is moved into place)."""
+
+    id: str
+    git_sha: str
+    ref: str
+    dirty: bool = False
+    dirty_diff_sha256: str | None = None
+    created: str
+    deployed_by: str
+    source: str
+    target: str
+    cuda_arch: str | None = None
+    components: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+    build: dict[str, Any] | None = None
+    selftest: dict[str, Any] | None = None
+
+
+def default_source() -> Path:
+    """The checkout ops itself runs from."""
+    return Path(__file__).resolve().parents[2]
+
+
+class GitFailed(OpsError):
+    """A git command exited non-zero (its last line of stderr is the message)."""
+
+
+def _git(source: Path, *args: str, binary: bool = False) -> Any:
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(source), *args], capture_output=True, timeout=120, check=False
+        )
+    except FileNotFoundError:
+        raise OpsError("git is not installed (a release is made from a git checkout)") from None
+    if res.returncode != 0:
+        msg = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise GitFailed(f"git {' '.join(args[:2])} in {source}: {msg[-1] if msg else 'failed'}")
+    return res.stdout if binary else res.stdout.decode("utf-8", "replace")
+
+
+def _shown(value: str) -> str:
+    """A user's value as an error message shows it: quoted when odd, cut when long."""
+    text = value if value.isprintable() and not value.startswith("-") else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _keep(rel: str) -> bool:
+    parts = Path(rel).parts
+    if not parts or parts[0] not in DATA_PLANE:
+        return False
+    return not any(p in SKIP_PARTS or p.endswith((".pyc", ".so", ".egg-info")) for p in parts)
+
+
+def stage_release(
+    dest: Path,
+    *,
+    source: Path | None,
+    ref: str | None,
+    allow_dirty: bool,
+    target: str,
+    cuda_arch: str | None,
+    components: dict[str, str],
+) -> ReleaseManifest:
+    """Write the release's files under `dest` (which must not exist) and return its manifest."""
+    src = (source or default_source()).resolve()
+    if not src.is_dir():
+        raise OpsError(f"--source {src}: not a directory")
+    if ref is not None and (not ref or ref.startswith("-") or any(c.isspace() for c in ref)):
+        raise OpsError(f"--ref {_shown(ref)}: not a git revision")
+    try:
+        top = Path(_git(src, "rev-parse", "--show-toplevel").strip())
+    except GitFailed:
+        raise OpsError(
+            f"--source {src}: not a git checkout (a release is made from a git commit)"
+        ) from None
+    try:
+        sha = _git(top, "rev-parse", "--verify", "--quiet", f"{ref or 'HEAD'}^{{commit}}").strip()
+    except GitFailed:
+        what = f"--ref {_shown(ref)}: no such commit" if ref else "HEAD: no commit yet"
+        raise OpsError(f"{what} in {top}") from None
+    dirty_files = _git(top, "status", "--porcelain", "--untracked-files=all").strip()
+    dirty = ref is None and bool(dirty_files)
+    diff_sha = None
+    if dirty and not allow_dirty:
+        first = dirty_files.splitlines()[0].strip()
+        raise OpsError(
+            f"{top} has uncommitted changes ({first}, ...)",
+            hint="commit them, deploy a commit with --ref, or pass --allow-dirty",
+        )
+    dest.mkdir(parents=True)
+    files: dict[str, str] = {}
+    if dirty:
+        listed = _git(top, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+        diff_sha = _sha256(
+            _git(top, "diff", "HEAD", "--binary", binary=True) + dirty_files.encode()
+        )
+        root = top.resolve()
+        for rel in sorted(set(filter(None, listed.split("\0")))):
+            if not _keep(rel):
+                continue
+            path = _inside(root, rel)
+            if path.is_file() and not path.is_symlink():
+                out = dest / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, out)
+    else:
+        archive = _git(top, "archive", "--format=tar", sha, "--", *_present(top, sha), binary=True)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            members = [m for m in tar.getmembers() if m.isfile() and _keep(m.name)]
+            tar.extractall(dest, members=members, filter="data")
+    site = dest / SITE_SOURCE
+    if site.is_dir():
+        shutil.copytree(site, dest / "site")
+    for path in sorted(dest.rglob("*")):
+        if path.is_file():
+            files[path.relative_to(dest).as_posix()] = _sha256(path.read_bytes())
+    if "engine/__main__.py" not in files:
+        raise OpsError(f"{top} at {sha[:12]} has no data plane (engine/, kernels/, checks/)")
+    now = datetime.now(UTC)
+    rid = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{sha[:10]}" + ("-dirty" if dirty else "")
+    return ReleaseManifest(
+        id=rid,
+        git_sha=sha,
+        ref=ref or "HEAD",
+        dirty=dirty,
+        dirty_diff_sha256=diff_sha,
+        created=now.isoformat(timespec="seconds"),
+        deployed_by=f"{getpass.getuser()}@{socket.gethostname()}",
+        source=str(top),
+        target=target,
+        cuda_arch=cuda_arch,
+        components=components,
+        files=files,
+    )
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """`root / rel`, refused when the file is not really under `root`: a directory on its way
+    that is a symlink (`checks -> /elsewhere`), or a path that resolves outside the source
+    tree. A release holds the source tree's own files, never what a link points at (a file that
+    is itself a symlink is left out, as `git archive` leaves it out)."""
+    here = root
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            raise OpsError(
+                f"{here}: a symlink to {here.resolve()} (a release takes no file through a "
+                f"symlinked directory: {rel})",
+                hint="put the directory itself there: a release takes only the tree's own files",
+            )
+    path = root / rel
+    if not path.is_symlink() and not path.resolve().is_relative_to(root):
+        raise OpsError(f"{path}: resolves outside the source tree {root}")
+    return path
+
+
+def _present(top: Path, sha: str) -> list[str]:
+    """The data-plane paths that exist at `sha` (git archive fails on a missing pathspec)."""
+    names = _git(top, "ls-tree", "--name-only", sha).split()
+    return [n for n in DATA_PLANE if n in names]
+
+
+HOOK_KINDS = {"tree_build": ("reference", "cpp", "cuda"), "accept": ("reference", "cpp")}
+
+
+def hook_setting(components: dict[str, str]) -> str:
+    """`DDTREE_OPS_SGLANG` for the SGLang import hook: only what it can switch, else `off`."""
+    pairs = [f"{k}={v}" for k, v in sorted(components.items()) if v in HOOK_KINDS.get(k, ())]
+    return ",".join(pairs) or "off"
+
+
+def service_env(release_dir: str, manifest: ReleaseManifest) -> str:
+    """The service's environment for this release: code and configuration switch together."""
+    comps = manifest.components
+    lines = [
+        "# written by ops deploy: the service's environment for this release",
+        f"DDTREE_RELEASE_ID={manifest.id}",
+        f"DDTREE_ENGINE_BACKENDS={','.join(f'{k}={v}' for k, v in sorted(comps.items()))}",
+        f"DDTREE_OPS_SGLANG={hook_setting(comps)}",
+        f"DDTREE_OPS_HOOK_STATUS={release_dir}/run/hook-status.json",
+        f"DDTREE_CACHE={release_dir.rsplit('/releases/', 1)[0]}/cache",
+        f"PYTHONPATH={release_dir}/site:{release_dir}",
+    ]
+    if manifest.build and manifest.build.get("library"):
+        lines.append(f"DDTREE_KERNELS_LIB={release_dir}/build/libddtree_kernels.so")
+    return "\n".join(lines) + "\n"

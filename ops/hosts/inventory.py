@@ -1,0 +1,350 @@
+"""Targets and groups: the inventory file (`ops.toml`) validated with pydantic, plus `local`.
+
+Where the inventory comes from, first match wins: ``--inventory PATH``, ``$OPS_INVENTORY``,
+``./ops.toml``; with none of them, the inventory holds only the target ``local``. An invalid
+file raises `InventoryError` naming the file, the target and the field, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ops.errors import InventoryError, UnknownTarget
+from ops.files import MIB, FileRefused, read_text_bounded
+from ops.verdict.numbers import NoBoolNumbers
+
+LOCAL = "local"
+DEFAULT_INVENTORY = "ops.toml"
+INVENTORY_MAX_BYTES = 4 * MIB  # an inventory of a thousand targets is ~200 KB
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+LOCAL_PORT = 30000
+COMMAND_FIELDS = ("python", "host", "port")  # placeholders of a `process` service's command
+MAX_PATH = 4096
+# DDTree components and the backends a service can run them on (engine.backends.COMPONENTS,
+# restated here because the control plane never imports the engine; a test keeps them equal)
+COMPONENT_KINDS: dict[str, tuple[str, ...]] = {
+    "topk": ("reference", "cuda"),
+    "tree_build": ("reference", "cpp", "cuda"),
+    "accept": ("reference", "cpp", "cuda"),
+    "attention": ("torch", "cuda"),
+}
+
+
+def default_local_root() -> str:
+    """Where the `local` target keeps releases, golden sets, service state and its lock."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
+    return os.path.abspath(os.path.join(base, "ddtree-ops", "local"))
+
+
+class _Model(NoBoolNumbers):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Service(_Model):
+    """The inference service on a target and how it is managed."""
+
+    name: str = "ddtree-engine"
+    manager: Literal["systemd", "process"] = "process"
+    url: str = f"http://127.0.0.1:{LOCAL_PORT}"
+    model: str = "ddtree-reference"
+    # `process` manager only: the command ops starts detached, run from current/, with
+    # {python}, {host}, {port} substituted.
+    command: str | None = None
+    # seconds between TERM and KILL when the `process` manager stops the service
+    stop_timeout: float = Field(default=20.0, gt=0, le=600)
+    # which backend each DDTree component runs on (the release's service.env carries it):
+    # tree_build / accept = reference | cpp | cuda, topk = reference | cuda,
+    # attention = torch | cuda
+    components: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("components")
+    @classmethod
+    def _components(cls, v: dict[str, str]) -> dict[str, str]:
+        for comp, kind in v.items():
+            if comp not in COMPONENT_KINDS:
+                known = ", ".join(COMPONENT_KINDS)
+                raise ValueError(f"unknown component {comp!r} (known: {known})")
+            if kind not in COMPONENT_KINDS[comp]:
+                kinds = " | ".join(COMPONENT_KINDS[comp])
+                raise ValueError(f"{comp} = {kind!r}: must be one of {kinds}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _unit_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9@_.:-]+", v):
+            raise ValueError("must be a plain unit name (letters, digits, @ _ . : -)")
+        if v.startswith("-"):
+            raise ValueError("must not start with '-' (systemctl would take it for an option)")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v) or any(c.isspace() or ord(c) < 32 for c in v):
+            raise ValueError("must be an http(s):// URL")
+        try:
+            parts = urllib.parse.urlsplit(v)
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL ({exc})") from None
+        if not parts.hostname:
+            raise ValueError("must name a host (http://HOST:PORT)")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must hold no user or password (it would be written to records)")
+        if parts.query or parts.fragment:
+            raise ValueError("must have no query or fragment (paths are appended to it)")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError("port must be 1-65535")
+        return v.rstrip("/")
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, v: str | None) -> str | None:
+        """Only plain {python}, {host}, {port}: a format spec or attribute ('{port:>999999999}',
+        '{python.__class__}') would allocate, leak or mangle the command when it is filled in."""
+        allowed = "only plain {python}, {host}, {port} (write {{ and }} for a brace)"
+        try:
+            fields = [f[1:] for f in string.Formatter().parse(v or "") if f[1] is not None]
+        except ValueError as exc:
+            raise ValueError(f"{exc}: {allowed}") from None
+        for name, spec, conv in fields:
+            if name not in COMMAND_FIELDS or spec or conv:
+                shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+                shown = shown + "}" if len(shown) < 30 else shown[:26] + "...}"
+                raise ValueError(f"placeholder {shown}: {allowed}")
+        return v
+
+    @model_validator(mode="after")
+    def _process_needs_command(self) -> Service:
+        if self.manager == "systemd" and self.command is not None:
+            raise ValueError("command is only for manager = 'process' (systemd runs its own unit)")
+        return self
+
+
+def default_local_service() -> Service:
+    return Service(
+        command=("{python} -m engine --host {host} --port {port} --preset tiny --mode ddtree"),
+    )
+
+
+class Target(_Model):
+    """One host ops can act on: how to reach it and what runs there."""
+
+    name: str
+    address: str = "127.0.0.1"
+    user: str | None = None
+    port: int = Field(default=22, ge=1, le=65535)
+    ssh_key: str | None = None
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    python: str = "python3"
+    remote_root: str = "/opt/ddtree-ops"
+    gpus: int = Field(default=0, ge=0, le=64)
+    cuda_arch: str | None = None
+    bench_gpu: int | None = Field(default=None, ge=0)
+    service: Service = Field(default_factory=Service)
+
+    @property
+    def is_local(self) -> bool:
+        """`local` runs commands as subprocesses of ops; every other target goes over SSH."""
+        return self.name == LOCAL
+
+    @field_validator("cuda_arch")
+    @classmethod
+    def _arch(cls, v: str | None) -> str | None:
+        if v is not None and not ARCH_RE.match(v):
+            raise ValueError("must look like 'sm_90' or 'sm_120'")
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]+|\[[0-9A-Fa-f:.]+\]", v):
+            raise ValueError("must be a host name or an IP address")
+        return v
+
+    @field_validator("remote_root")
+    @classmethod
+    def _absolute_root(cls, v: str) -> str:
+        return check_remote_root(v)
+
+    @model_validator(mode="after")
+    def _bench_gpu_in_range(self) -> Target:
+        if self.bench_gpu is not None and self.gpus and self.bench_gpu >= self.gpus:
+            raise ValueError(f"bench_gpu {self.bench_gpu} is not below gpus = {self.gpus}")
+        return self
+
+
+def check_remote_root(v: str) -> str:
+    """A remote root is a normalised absolute path other than `/` (everything ops writes or
+    deletes on a host stays inside it, so `/`, `..`, `~user` and odd characters are refused)."""
+    if len(v) > MAX_PATH:
+        raise ValueError(f"is {len(v)} characters long (at most {MAX_PATH})")
+    if not v.startswith("/"):
+        raise ValueError("must be an absolute path (starting with '/')")
+    if any(ord(c) < 32 or c == "\x7f" for c in v):
+        raise ValueError("must not contain control characters")
+    parts = v.rstrip("/").split("/")[1:]
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError("must be normalised (no '//', '.' or '..' segments)")
+    if not parts:
+        raise ValueError("must not be '/' (ops writes and deletes under it)")
+    return "/" + "/".join(parts)
+
+
+def builtin_local() -> Target:
+    """The target that always exists: this machine, no SSH, the reference engine as its service."""
+    return Target(
+        name=LOCAL,
+        python=sys.executable,
+        remote_root=default_local_root(),
+        service=default_local_service(),
+    )
+
+
+class Inventory(_Model):
+    """All targets (always including `local`) and the groups over them."""
+
+    path: Path | None = None
+    targets: dict[str, Target]
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets and name in self.groups:
+            members = ", ".join(self.groups[name]) or "no targets"
+            raise UnknownTarget(
+                f"'{name}' is a group ({members}); this command takes one target",
+                hint=f"name one of its targets, e.g. {self.groups[name][0]}"
+                if self.groups[name]
+                else None,
+            )
+        try:
+            return self.targets[name]
+        except KeyError:
+            raise UnknownTarget(
+                f"unknown target {name!r}; known: {', '.join(sorted(self.targets))}",
+                hint=f"add [targets.{name}] to {self.path or DEFAULT_INVENTORY}"
+                if NAME_RE.match(name)
+                else None,
+            ) from None
+
+    def resolve(self, name: str) -> list[Target]:
+        """A target name gives that target; a group name gives its members in order."""
+        if name in self.groups:
+            return [self.targets[m] for m in self.groups[name]]
+        if name not in self.targets:
+            groups = f"; groups: {', '.join(sorted(self.groups))}" if self.groups else ""
+            raise UnknownTarget(
+                f"unknown target or group {name!r}; targets: "
+                f"{', '.join(sorted(self.targets))}{groups}",
+                hint=f"add [targets.{name}] to {self.path or DEFAULT_INVENTORY}"
+                if NAME_RE.match(name)
+                else None,
+            )
+        return [self.target(name)]
+
+
+def inventory_path(explicit: str | os.PathLike[str] | None) -> Path | None:
+    """The file to read: explicit path, then $OPS_INVENTORY, then ./ops.toml if it exists."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get("OPS_INVENTORY")
+    if env:
+        return Path(env).expanduser()
+    here = Path(DEFAULT_INVENTORY)
+    return here if here.is_file() else None
+
+
+def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
+    path = inventory_path(explicit)
+    if path is None:
+        return Inventory(targets={LOCAL: builtin_local()})
+    try:
+        raw = tomllib.loads(
+            read_text_bounded(path, max_bytes=INVENTORY_MAX_BYTES, what="inventory")
+        )
+    except FileRefused as exc:
+        raise InventoryError(f"{path}: cannot read inventory: {exc.problem}") from None
+    except FileNotFoundError:
+        raise InventoryError(f"{path}: inventory file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"{path}: cannot read inventory: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(f"{path}: invalid TOML: {exc}") from None
+    return parse_inventory(raw, path)
+
+
+def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
+    unknown = set(raw) - {"targets", "groups"}
+    if unknown:
+        raise InventoryError(
+            f"{path}: unknown top-level table {sorted(unknown)[0]!r} "
+            "(expected [targets.NAME] and [groups])"
+        )
+    targets_raw = raw.get("targets", {})
+    if not isinstance(targets_raw, dict):
+        raise InventoryError(f"{path}: 'targets' must be a table of [targets.NAME] tables")
+    targets: dict[str, Target] = {LOCAL: builtin_local()}
+    for name, fields in targets_raw.items():
+        if not NAME_RE.match(name):
+            raise InventoryError(
+                f"{path}: target {name!r}: name must be letters, digits, '_', '.', '-'"
+            )
+        if not isinstance(fields, dict):
+            raise InventoryError(f"{path}: target {name!r}: must be a table")
+        base = builtin_local().model_dump() if name == LOCAL else {}
+        if name == LOCAL and "address" in fields:
+            raise InventoryError(f"{path}: target 'local': address: 'local' is always this machine")
+        merged = {**base, **fields, "name": name}
+        if name == LOCAL and "service" in fields and isinstance(fields["service"], dict):
+            merged["service"] = {**base["service"], **fields["service"]}
+            if fields["service"].get("manager") == "systemd" and "command" not in fields["service"]:
+                merged["service"].pop("command", None)  # the built-in engine command is ours
+        try:
+            targets[name] = Target.model_validate(merged)
+        except ValidationError as exc:
+            raise InventoryError(_describe(path, f"target {name!r}", exc)) from None
+    groups_raw = raw.get("groups", {})
+    if not isinstance(groups_raw, dict):
+        raise InventoryError(f"{path}: [groups] must map a group name to a list of targets")
+    groups: dict[str, list[str]] = {}
+    for gname, members in groups_raw.items():
+        if not NAME_RE.match(gname) or gname in targets:
+            raise InventoryError(f"{path}: group {gname!r}: invalid name or same as a target")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise InventoryError(f"{path}: group {gname!r}: must be a list of target names")
+        missing = [m for m in members if m not in targets]
+        if missing:
+            raise InventoryError(f"{path}: group {gname!r}: unknown target {missing[0]!r}")
+        groups[gname] = list(members)
+    return Inventory(path=path, targets=targets, groups=groups)
+
+
+def _describe(path: Path, where: str, exc: ValidationError) -> str:
+    """One line: file, target, field, what is wrong (the first error; a count of the rest)."""
+    errors = exc.errors()
+    first = errors[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(table)"
+    msg = first["msg"].removeprefix("Value error, ")  # our validator's words, as written
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif "input" in first and not isinstance(first["input"], dict):
+        got = repr(first["input"])
+        msg = f"{msg} (got {got[:60] + '...' if len(got) > 64 else got})"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{path}: {where}: {field}: {msg}{more}"

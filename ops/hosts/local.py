@@ -1,0 +1,165 @@
+"""LocalHost: the two Host primitives as subprocesses of ops (the target `local`).
+
+`_exec` keeps the command's stdin open until it exits and closes it when giving up (deadline,
+Ctrl-C): the watcher that `Host.run` puts around every command then kills the command's whole
+session (`ops.hosts.remote`). Should the watcher itself not end within a few seconds (or a second
+Ctrl-C arrive meanwhile), ops kills what is left from here: the watcher's process group and
+every session one of its children leads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import selectors
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from ops.hosts.remote import TIMEOUT_RC, Host, Proc
+
+ABORT_WAIT_S = 5.0  # the watcher's own TERM-then-KILL sweep takes about 2 s
+CHUNK = 65536
+
+
+class _LocalProc(Proc):
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._p = popen
+        self._buf = b""
+
+    def read_line(self, timeout: float) -> str | None:
+        assert self._p.stdout is not None
+        fd = self._p.stdout.fileno()
+        end = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            self._buf += chunk
+        if not self._buf:
+            return None
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def finish(self, timeout: float) -> int:
+        if self._p.stdin:
+            with contextlib.suppress(OSError):
+                self._p.stdin.close()
+        try:
+            return self._p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._p.kill()
+            return self._p.wait()
+        finally:
+            if self._p.stdout:
+                self._p.stdout.close()
+
+
+def _stat(pid: str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def kill_sessions(root: int) -> None:
+    """KILL the process group of `root` and every session led by one of its children."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        pids = []
+    stats = {p: st for p in pids if (st := _stat(p)) is not None}  # before any parent dies
+    leaders = {p for p, st in stats.items() if st[1] == str(root) and st[3] == p}
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)
+    for p, st in stats.items():
+        if st[3] in leaders and st[0] != "Z":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(p), signal.SIGKILL)
+
+
+def _abort(proc: subprocess.Popen[bytes]) -> None:
+    """Close the command's stdin (its watcher kills it); kill from here if that is not enough."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(ABORT_WAIT_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        kill_sessions(proc.pid)
+        proc.wait()
+
+
+class LocalHost(Host):
+    """This machine: commands are bash subprocesses of ops."""
+
+    def _exec(
+        self, command: str, *, stdin: bytes | None, deadline_s: float
+    ) -> tuple[int, bytes, bytes]:
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdin and proc.stdout and proc.stderr
+        in_fd, out_fd, err_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+        data, sent = memoryview(stdin or b""), 0
+        end = time.monotonic() + deadline_s
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(out_fd, selectors.EVENT_READ)
+            sel.register(err_fd, selectors.EVENT_READ)
+            if data:
+                os.set_blocking(in_fd, False)
+                sel.register(in_fd, selectors.EVENT_WRITE)
+            reading = 2
+            while reading:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(command, deadline_s)
+                for key, _ in sel.select(min(left, 1.0)):
+                    if key.fd == in_fd:
+                        try:
+                            sent += os.write(in_fd, data[sent : sent + CHUNK])
+                        except BrokenPipeError:
+                            sent = len(data)
+                        if sent >= len(data):
+                            sel.unregister(in_fd)  # all sent; stdin stays open: our lifeline
+                    elif block := os.read(key.fd, CHUNK):
+                        chunks[key.fd].append(block)
+                    else:
+                        sel.unregister(key.fd)
+                        reading -= 1
+            rc = proc.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _abort(proc)
+            rc = TIMEOUT_RC
+        except BaseException:  # Ctrl-C or a bug: the command must not outlive us
+            _abort(proc)
+            raise
+        finally:
+            sel.close()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    f.close()
+        return rc, b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+
+    def _spawn(self, command: str) -> Proc:
+        popen = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return _LocalProc(popen)

@@ -1,0 +1,435 @@
+"""Host: run commands and data-plane modules on a target, send directory trees, hold the host lock.
+
+One interface for every target. `LocalHost` (`ops.hosts.local`, the target `local`) and `SshHost`
+(`ops.hosts.ssh`, every other target) differ only in two primitives: `_exec` (run a shell command
+line with optional stdin bytes and a deadline) and `_spawn` (start a long-lived command whose
+stdin we hold open).
+Everything else (quoting, timeouts, module JSON, tree transfer, locking) is written once here.
+
+Commands are argv lists joined with `shlex.join`, so no user input reaches a shell unquoted.
+Each command is wrapped in coreutils `timeout` on the host, so a timed-out command is killed
+there too, not only abandoned by us.
+
+Nothing outlives us on the host (Ctrl-C, a killed ops, a lost connection). `run` starts every
+command under a small bash watcher (`WATCH`): the command runs in a session of its own
+(`setsid`) and gets, as its stdin, exactly the first N bytes of the watcher's stdin (N = the
+length of the data we send, usually 0), then EOF. After that the watcher keeps reading its
+stdin, which we hold open until the command has exited. If that stdin reaches EOF first (we
+closed it on Ctrl-C or a deadline, ops died, or the SSH channel or connection went away:
+without a pty sshd sends no signal, but it does close the session's pipes), the watcher sends
+TERM to every process of the command's session, and KILL to what is left 2 s later. Processes
+that left the session on purpose (a service started detached with `setsid`) are not touched.
+Both primitives honour this: `_exec` sends the data, keeps stdin open, and closes it only
+when the command is done or when it gives up (deadline, KeyboardInterrupt, lost connection).
+The sweep reads `/proc`, so it works on Linux hosts (every target this project serves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import io
+import json
+import os
+import shlex
+import socket
+import tarfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ops.errors import CommandFailed, CommandTimedOut, HostError, LockHeld, ModuleOutputError
+from ops.hosts.inventory import Target
+
+TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
+KILL_GRACE_S = 5  # SIGTERM first, SIGKILL this much later
+TREE_EXCLUDE = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs", ".whl", ".gl"}
+LOCK_NOTE_WAIT_S = 2.0  # how long a second holder waits for the holder's note to appear
+
+# The watcher (see the module docstring). $1: bytes of our stdin that are the command's stdin;
+# $2: the command line. The sweep signals every live process whose session is the command's.
+WATCH = r"""n=$1
+exec 3<&0 5>&1 6>&2
+coproc OPSJOB { exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&-; }
+job=$OPSJOB_PID w=${OPSJOB[1]} r=${OPSJOB[0]}
+exec {r}<&- 5>&- 6>&- 2>/dev/null
+[ "$n" -gt 0 ] && head -c "$n" <&3 >&"$w"
+exec {w}>&-
+sweep() {
+  local p l m=0
+  for p in /proc/[0-9]*; do
+    { read -r l <"$p/stat"; } 2>/dev/null || continue
+    l=${l##*) }; set -- $l
+    [ "$4" = "$job" ] && [ "$1" != Z ] || continue
+    kill -s "$sig" "${p#/proc/}" 2>/dev/null && m=$((m + 1))
+  done
+  [ "$m" -gt 0 ]
+}
+{
+  while read -r -u 3 -N 65536 _; do :; done
+  trap '' TERM  # the sweep runs to its end even if the command dies (and we are told) first
+  sig=TERM; sweep || exit 0
+  sig=0; for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    sleep 0.1; sweep || exit 0
+  done
+  sig=KILL; sweep
+} >/dev/null 2>&1 &
+reader=$!
+exec 3<&-
+wait "$job"; rc=$?
+kill "$reader"
+exit "$rc"
+"""
+
+
+def watched(command: str, stdin_len: int = 0) -> str:
+    """`command` under the watcher: it dies on the host when its caller goes away."""
+    return f"bash -c {shlex.quote(WATCH)} ops-watch {int(stdin_len)} {shlex.quote(command)}"
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one command did: exit code, output, timing, and the host it ran on."""
+
+    host: str
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    start: str
+    duration_s: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def tail(self, stream: str = "stderr", n: int = 10) -> str:
+        text = self.stderr if stream == "stderr" else self.stdout
+        return "\n".join(text.rstrip("\n").splitlines()[-n:])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModuleResult:
+    """A data-plane module's JSON document and exit code (0 pass, 1 fail, 2 bad input)."""
+
+    module: str
+    rc: int
+    data: dict[str, Any]
+    result: Result = field(repr=False)
+
+
+def shell_path(path: str) -> str:
+    """A path as a shell word; a leading `~/` expands on the host, the rest stays quoted."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class Proc(ABC):
+    """A long-lived command on a host whose stdin we hold open (the lock holder)."""
+
+    @abstractmethod
+    def read_line(self, timeout: float) -> str | None:
+        """The next stdout line without its newline; None at EOF or after `timeout` seconds."""
+
+    @abstractmethod
+    def finish(self, timeout: float) -> int:
+        """Close stdin, wait for exit, return the exit code (killing it past `timeout`)."""
+
+
+class Host(ABC):
+    """A target ops can act on. Use as a context manager so connections are closed."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.name = target.name
+
+    # -- primitives: the only parts that differ between local and SSH --------------------
+    @abstractmethod
+    def _exec(
+        self, command: str, *, stdin: bytes | None, deadline_s: float
+    ) -> tuple[int, bytes, bytes]:
+        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline.
+
+        Send `stdin`, then keep the command's stdin open until it has exited; close it (which
+        makes a `watched` command die on the host) when giving up: past the deadline, on
+        KeyboardInterrupt or any other exception, or when the connection is lost.
+        """
+
+    @abstractmethod
+    def _spawn(self, command: str) -> Proc:
+        """Start `command` with bash on the host, stdin a pipe we hold, stdout readable."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; a no-op for hosts that hold none."""
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- everything else is written once ------------------------------------------------
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        warn: bool = False,
+        step: str = "run",
+    ) -> Result:
+        """Run argv on the host; raise CommandFailed/CommandTimedOut unless `warn`."""
+        if not argv:
+            raise ValueError("empty command")
+        inner = shlex.join(argv)
+        parts = []
+        if cwd:
+            parts.append(f"cd {shell_path(cwd)} &&")
+        if env:
+            parts.append("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
+        parts.append(f"timeout -k {KILL_GRACE_S} {max(1, int(timeout + 0.999))} {inner}")
+        command = " ".join(parts)
+        start, t0 = _now(), time.monotonic()
+        rc, out, err = self._exec(
+            watched(command, len(stdin or b"")),
+            stdin=stdin,
+            deadline_s=timeout + KILL_GRACE_S + 10,
+        )
+        duration = time.monotonic() - t0
+        timed_out = rc == TIMEOUT_RC and duration >= timeout * 0.98
+        result = Result(
+            host=self.name,
+            command=inner,
+            rc=rc,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            start=start,
+            duration_s=round(duration, 4),
+            timed_out=timed_out,
+        )
+        if timed_out and not warn:
+            raise CommandTimedOut(
+                f"{argv[0]} timed out after {timeout:g}s",
+                target=self.name,
+                step=step,
+                result=result,
+            )
+        if rc != 0 and not warn:
+            detail = result.tail() or result.tail("stdout")
+            raise CommandFailed(
+                f"{argv[0]} exited {rc}" + (f": {detail}" if detail else ""),
+                target=self.name,
+                step=step,
+                result=result,
+            )
+        return result
+
+    def run_script(
+        self, script: str, *, timeout: float = 60.0, warn: bool = True, step: str = "run"
+    ) -> Result:
+        """Run a fixed bash script of ours (never user input) on the host."""
+        return self.run(["bash", "-c", script], timeout=timeout, warn=warn, step=step)
+
+    def run_module(
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        *,
+        cwd: str,
+        python: str | None = None,
+        timeout: float = 300.0,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        stdlib_only: bool = False,
+    ) -> ModuleResult:
+        """Run `python -m module --json args...` in `cwd` on the host and parse its JSON.
+
+        `stdlib_only`: the module imports only the standard library and its own package, so it
+        runs as `python -S` (no site-packages scan and no .pth files at each start)."""
+        py = python or self.target.python
+        step = f"module {module}"
+        result = self.run(
+            [py, *(["-S"] if stdlib_only else []), "-m", module, "--json", *args],
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            warn=True,
+            step=step,
+        )
+        if result.timed_out:
+            raise CommandTimedOut(
+                f"timed out after {timeout:g}s", target=self.name, step=step, result=result
+            )
+        text = result.stdout.strip()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            evidence = result.tail() or result.tail("stdout") or "(no output)"
+            raise ModuleOutputError(
+                f"printed no JSON document (exit {result.rc}): {evidence}",
+                target=self.name,
+                step=step,
+            ) from None
+        if not isinstance(data, dict):
+            raise ModuleOutputError(
+                f"printed JSON that is not an object (exit {result.rc})",
+                target=self.name,
+                step=step,
+            )
+        return ModuleResult(module=module, rc=result.rc, data=data, result=result)
+
+    def put_tree(
+        self, local_dir: str | os.PathLike[str], remote_dir: str, *, timeout: float = 300.0
+    ) -> Result:
+        """Send a directory tree to `remote_dir`: all of it or nothing; never overwrites."""
+        src = Path(local_dir)
+        if not src.is_dir():
+            raise ValueError(f"not a directory: {src}")
+        payload = _tar_gz(src)
+        dest = shell_path(remote_dir)
+        script = (
+            f'set -e; dest={dest}; parent=$(dirname "$dest"); mkdir -p "$parent"; '
+            'if [ -e "$dest" ]; then echo "refusing to overwrite $dest" >&2; exit 17; fi; '
+            'tmp=$(mktemp -d "$parent/.incoming.XXXXXX"); trap \'rm -rf "$tmp"\' EXIT; '
+            'tar -xzf - -C "$tmp"; chmod 755 "$tmp"; mv -T "$tmp" "$dest"; trap - EXIT'
+        )
+        return self.run(["bash", "-c", script], stdin=payload, timeout=timeout, step="put tree")
+
+    @contextlib.contextmanager
+    def lock(self, purpose: str, *, timeout: float = 20.0) -> Iterator[dict[str, Any]]:
+        """Hold the host-wide lock (flock on `<remote_root>/lock`) for the `with` body.
+
+        A second holder, from this machine or any other, gets LockHeld with the holder's
+        user, operator host, pid, purpose and start time. The lock dies with its holder:
+        if ops or the connection goes away, the host process holding the flock exits.
+        """
+        holder = {
+            "user": getpass.getuser(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "purpose": purpose,
+            "since": _now(),
+        }
+        root = shell_path(self.target.remote_root)
+        tries = max(1, int(LOCK_NOTE_WAIT_S / 0.1))
+        # Busy with no note yet: the holder took the flock but has not written its note (or
+        # just removed it on its way out). Retry both for a moment before answering BUSY.
+        # The lock file and the note must be writable: a read-only root (EROFS, EACCES) is
+        # UNWRITABLE and the file and the error, not a lock that seems held by someone starting.
+        script = (
+            "command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 4; }; "
+            f'root={root}; why=$(mkdir -p "$root" 2>&1) || '
+            "{ echo NOROOT; printf '%s\\n' \"${why##*: }\"; exit 3; }; "
+            'if ! { exec 9>>"$root/lock"; } 2>/dev/null; then '
+            'why=$( { : >>"$root/lock"; } 2>&1 ); '
+            "echo UNWRITABLE; printf '%s\\n' \"$root/lock: ${why##*: }\"; exit 5; fi; "
+            "got=; note=; "
+            f"for _ in $(seq {tries}); do "
+            "if flock -n 9; then got=1; break; fi; "
+            'note=$(cat "$root/lock.holder" 2>/dev/null); [ -n "$note" ] && break; sleep 0.1; '
+            "done; "
+            'if [ -n "$got" ]; then '
+            f"if ! why=$( {{ printf '%s\\n' {shlex.quote(json.dumps(holder))} "
+            '> "$root/lock.holder.tmp"; } 2>&1 ) || '
+            '! why=$(mv -f "$root/lock.holder.tmp" "$root/lock.holder" 2>&1); then '
+            'rm -f "$root/lock.holder.tmp" 2>/dev/null; '
+            "echo UNWRITABLE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; exit 5; fi; "
+            'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
+            "fi; echo BUSY; printf '%s\\n' \"$note\" | head -n 1; exit 75"
+        )
+        proc = self._spawn(script)
+        first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
+        if first != "ACQUIRED":
+            known = ("BUSY", "NOROOT", "UNWRITABLE")
+            other = proc.read_line(5.0) if first in known else None
+            proc.finish(5.0)
+            if first == "BUSY":
+                message, info = _held_by(other or "")
+                raise LockHeld(message, target=self.name, holder=info)
+            where, why = self.target.remote_root, other or "?"
+            reasons = {
+                "NOFLOCK": "flock(1) is not installed",
+                "NOROOT": f"cannot create remote_root {where}: {why}",
+                "UNWRITABLE": f"remote root {where} is read-only (or not writable): {why}",
+            }
+            raise HostError(
+                reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
+                target=self.name,
+                step="lock",
+                hint="ops writes its lock, releases and pidfile under the remote root: make it "
+                "writable for the target's user, or point remote_root elsewhere"
+                if first in ("NOROOT", "UNWRITABLE")
+                else None,
+            )
+        try:
+            yield holder
+        finally:
+            proc.finish(timeout)
+
+
+def _held_by(note: str) -> tuple[str, dict[str, Any]]:
+    """The LockHeld message and holder dict for the holder's note (one JSON line, or none)."""
+    if not note.strip():
+        info: dict[str, Any] = {"starting": True}
+        return "host lock held by a holder that is still starting (no note from it yet)", info
+    try:
+        info = json.loads(note)
+    except json.JSONDecodeError:
+        info = {}
+    keys = ("user", "host", "pid", "purpose", "since")
+    if not isinstance(info, dict) or not all(info.get(k) not in (None, "") for k in keys):
+        return f"host lock held; the holder's note is unreadable: {note[:200]!r}", {"unknown": note}
+    who = f"{info['user']}@{info['host']} pid {info['pid']}"
+    return f"host lock held by {who} ({info['purpose']}) since {info['since']}", info
+
+
+def _tar_gz(src: Path) -> bytes:
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if any(p in TREE_EXCLUDE or p.endswith(".egg-info") for p in parts):
+            return None
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for child in sorted(src.iterdir()):
+            tar.add(child, arcname=child.name, filter=keep)
+    return buf.getvalue()
+
+
+def open_host(target: Target) -> Host:
+    """The Host for a target: `local` runs here, every other target over SSH."""
+    if target.is_local:
+        from ops.hosts.local import LocalHost  # ops.hosts.local imports this module
+
+        return LocalHost(target)
+    from ops.hosts.ssh import SshHost  # paramiko is only imported when a target needs it
+
+    return SshHost(target)

@@ -1,0 +1,240 @@
+"""SshHost: the two Host primitives over SSH (fabric's Connection, paramiko channels underneath).
+
+Host keys are checked strictly by default against the target's known_hosts file; the policy
+`accept-new` records an unknown key there (like OpenSSH's StrictHostKeyChecking=accept-new)
+but a changed key is always refused. Paramiko and socket errors are translated here into
+ops errors that name the target and the step.
+
+Without a pty, sshd sends no signal to a command when its channel closes or the connection
+drops; it only closes the command's pipes. So `_exec` never half-closes stdin: after the data
+(if any) it keeps the channel's write side open until the command has exited, and closes the
+channel when it gives up (deadline, Ctrl-C, lost connection). The watcher around every command
+(`ops.hosts.remote.WATCH`) sees its stdin end and kills the command's session on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import paramiko
+from fabric import Config, Connection
+
+from ops.errors import AuthenticationFailed, HostError, HostKeyError, Unreachable
+from ops.hosts.inventory import Target
+from ops.hosts.remote import TIMEOUT_RC, Host, Proc
+
+CHUNK = 32768
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(hostname)
+        self.hostname = hostname
+        self.key = key
+
+
+class _StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        raise _UnknownHostKey(hostname, key)
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Record an unknown host key in known_hosts and go on; changed keys never get here."""
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self.known_hosts.open("a", encoding="ascii") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class _SshProc(Proc):
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+        self._buf = b""
+
+    def read_line(self, timeout: float) -> str | None:
+        end = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            if time.monotonic() >= end:
+                return None
+            if self._chan.recv_ready():
+                chunk = self._chan.recv(CHUNK)
+                if not chunk:
+                    break
+                self._buf += chunk
+            elif self._chan.exit_status_ready() and not self._chan.recv_ready():
+                break
+            else:
+                time.sleep(0.005)
+        if not self._buf:
+            return None
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def finish(self, timeout: float) -> int:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            self._chan.shutdown_write()
+        end = time.monotonic() + timeout
+        while not self._chan.exit_status_ready() and time.monotonic() < end:
+            time.sleep(0.01)
+        rc = self._chan.recv_exit_status() if self._chan.exit_status_ready() else TIMEOUT_RC
+        self._chan.close()
+        return rc
+
+
+class SshHost(Host):
+    """A target reached over SSH; the connection opens on first use and is reused."""
+
+    def __init__(self, target: Target) -> None:
+        super().__init__(target)
+        self._conn: Connection | None = None
+
+    # -- connection ---------------------------------------------------------------------
+    def _connect(self) -> paramiko.Transport:
+        if self._conn is not None and self._conn.is_connected:
+            transport = self._conn.client.get_transport()
+            assert transport is not None
+            return transport
+        t = self.target
+        connect_kwargs: dict[str, object] = {
+            "banner_timeout": t.connect_timeout,
+            "auth_timeout": t.connect_timeout,
+            "channel_timeout": t.connect_timeout,
+        }
+        if t.ssh_key:
+            key = os.path.expanduser(t.ssh_key)
+            if not os.path.isfile(key):
+                raise HostError(
+                    f"ssh_key {t.ssh_key} does not exist", target=t.name, step="connect"
+                )
+            connect_kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
+        config = Config(lazy=True, overrides={"load_ssh_configs": False})
+        conn = Connection(
+            host=t.address.strip("[]"),
+            user=t.user,
+            port=t.port,
+            connect_timeout=max(1, int(t.connect_timeout)),
+            connect_kwargs=connect_kwargs,
+            config=config,
+        )
+        known = Path(os.path.expanduser(t.known_hosts))
+        with contextlib.suppress(FileNotFoundError):
+            conn.client.load_host_keys(str(known))
+        policy = _StrictPolicy() if t.host_key_policy == "strict" else _AcceptNewPolicy(known)
+        conn.client.set_missing_host_key_policy(policy)
+        where = f"{t.address}:{t.port}"
+        try:
+            conn.open()
+        except _UnknownHostKey as exc:
+            raise HostKeyError(
+                f"host key of {exc.hostname} ({_fingerprint(exc.key)}) is not in {known}",
+                target=t.name,
+                step="connect",
+                hint="verify the key out of band and add it to known_hosts "
+                f"(ssh-keyscan -p {t.port} {t.address}), or set host_key_policy = 'accept-new'",
+            ) from None
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"HOST KEY MISMATCH for {where}: got {_fingerprint(exc.key)}, "
+                f"{known} has {_fingerprint(exc.expected_key)}; refusing to connect",
+                target=t.name,
+                step="connect",
+                hint="if the host was legitimately re-keyed, remove its old line from known_hosts",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthenticationFailed(
+                f"{t.user or 'default user'}@{where} refused our key ({exc})",
+                target=t.name,
+                step="connect",
+            ) from None
+        except TimeoutError as exc:
+            raise Unreachable(
+                f"no answer from {where} within {t.connect_timeout:g}s",
+                target=t.name,
+                step="connect",
+            ) from exc
+        except paramiko.SSHException as exc:
+            raise Unreachable(
+                f"SSH handshake with {where} failed: {exc}", target=t.name, step="connect"
+            ) from exc
+        except (OSError, EOFError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise Unreachable(
+                f"cannot connect to {where}: {reason}", target=t.name, step="connect"
+            ) from exc
+        self._conn = conn
+        transport = conn.client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(15)
+        return transport
+
+    def _channel(self, command: str) -> paramiko.Channel:
+        transport = self._connect()
+        try:
+            chan = transport.open_session(timeout=self.target.connect_timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(
+                f"cannot start a command: {exc}", target=self.name, step="exec"
+            ) from exc
+        return chan
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- primitives -------------------------------------------------------------------
+    def _exec(
+        self, command: str, *, stdin: bytes | None, deadline_s: float
+    ) -> tuple[int, bytes, bytes]:
+        chan = self._channel(command)
+        data = memoryview(stdin or b"")
+        sent = 0
+        out: list[bytes] = []
+        err: list[bytes] = []
+        end = time.monotonic() + deadline_s
+        try:
+            while True:
+                busy = False
+                if sent < len(data) and chan.send_ready():
+                    sent += chan.send(data[sent : sent + CHUNK])  # then stdin stays open
+                    busy = True
+                if chan.recv_ready():
+                    out.append(chan.recv(CHUNK))
+                    busy = True
+                if chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(CHUNK))
+                    busy = True
+                drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+                if chan.exit_status_ready() and (chan.eof_received or chan.closed) and drained:
+                    break
+                if chan.closed and drained and not chan.exit_status_ready():
+                    raise EOFError("the channel closed before the command's exit status came")
+                if time.monotonic() > end:
+                    return TIMEOUT_RC, b"".join(out), b"".join(err)
+                if not busy:
+                    time.sleep(0.002)
+            return chan.recv_exit_status(), b"".join(out), b"".join(err)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise HostError(f"connection lost: {exc}", target=self.name, step="exec") from exc
+        finally:
+            chan.close()  # before the command ended: its watcher kills it on the host
+
+    def _spawn(self, command: str) -> Proc:
+        return _SshProc(self._channel(command))

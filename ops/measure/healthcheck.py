@@ -1,0 +1,252 @@
+"""`ops healthcheck`: the pre- and post-flight of a service, gathered from checks run on its host.
+
+In order: the service manager's state; `checks.health` (/health, /health_generate, models,
+a smoke completion, server info); `checks.identity` (greedy token identity against the golden
+set, or recording it); `checks.gpus` (nvidia-smi inventory and sanity). The data-plane checks
+run on the host next to the service (`python -m checks.<name> --json`), from the project
+checkout on `local` and from `<remote_root>/current` elsewhere. Every failure keeps its
+evidence: HTTP status and body excerpt, journal or log lines, the first divergent token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from pydantic import BaseModel, Field
+
+from checks.atomic import write_atomic
+from checks.docs import GpusDoc, HealthDoc, IdentityDoc
+from checks.identity import keep_previous, parse_golden
+from ops.errors import OpsError
+from ops.files import MIB, read_bytes_bounded
+from ops.hosts.dataplane import run_check
+from ops.hosts.remote import Host, shell_path
+from ops.service.managers import manager_for
+
+Status = Literal["pass", "fail", "skip"]
+GOLDEN_MAX_BYTES = 16 * MIB  # a golden set of ~40 prompts is ~100 KB
+
+
+class Check(BaseModel):
+    name: str
+    status: Status
+    detail: str = ""
+    evidence: list[str] = Field(default_factory=list)
+
+
+class HealthReport(BaseModel):
+    target: str
+    url: str
+    checks: list[Check]
+    golden: str | None = None
+    modules: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "fail"]
+
+
+def golden_on_host(host: Host) -> str:
+    """The golden set's default place on the host."""
+    return f"{host.target.remote_root}/golden/golden.json"
+
+
+def aa_runs_text(n: int) -> str:
+    """ "1 A/A run", "2 A/A runs": how the healthcheck and the report count A/A runs."""
+    return f"{n} A/A run{'' if n == 1 else 's'}"
+
+
+def identity_check(data: IdentityDoc, recorded: bool) -> Check:
+    if data.get("error") == "request_failed":
+        return Check(
+            name="identity",
+            status="fail",
+            detail="a golden prompt got no answer",
+            evidence=[data.get("evidence", "")],
+        )
+    if recorded:
+        detail = f"recorded {data['recorded']} prompts to {data['path']}"
+        if data.get("kept"):
+            detail += f"; the previous golden set is kept as {data['kept']}"
+        return Check(name="identity", status="pass", detail=detail)
+    rows = {r["id"]: r for r in data["prompts"]}
+    evidence = []
+    for pid in data["mismatched"]:
+        r = rows[pid]
+        unit = "token" if r["compared"] == "ids" else "character"
+        evidence.append(
+            f"{pid}: first divergence at {unit} {r['first_divergence']}: "
+            f"golden {r['golden_continuation']!r} got {r['got_continuation']!r}"
+        )
+    for pid in data["nondeterministic"]:
+        evidence.append(f"{pid}: the service disagrees with itself (A/A); not blamed on the change")
+    detail = (
+        f"{data['matched']}/{data['total']} prompts token-identical ({data['identity_pct']}%) "
+        f"at concurrency 1"
+    )
+    if data["aa_runs"]:
+        nondet = data["nondeterministic"]
+        detail += f"; {len(nondet)} nondeterministic in {aa_runs_text(data['aa_runs'])}"
+        if nondet:
+            more = f" (+{len(nondet) - 5} more)" if len(nondet) > 5 else ""
+            detail += ": " + ", ".join(nondet[:5]) + more
+    evidence += data.get("warnings", [])
+    return Check(
+        name="identity", status="pass" if data["ok"] else "fail", detail=detail, evidence=evidence
+    )
+
+
+def run_healthcheck(
+    host: Host,
+    *,
+    golden: Path | None = None,
+    record_golden: bool = False,
+    aa_runs: int = 0,
+    timeout: float = 30.0,
+    max_tokens: int = 32,
+    progress: Callable[[str], None] = lambda step: None,
+) -> HealthReport:
+    target = host.target
+    url = target.service.url
+    out: list[Check] = []
+    modules: dict[str, Any] = {}
+
+    progress("service state")
+    st = manager_for(host).status()
+    out.append(
+        Check(
+            name="service",
+            status="pass" if st.active else "fail",
+            detail=f"{st.manager}: {st.state}: {st.detail}",
+            evidence=st.evidence[-20:],
+        )
+    )
+
+    progress("health, smoke completion")
+    health = cast(
+        HealthDoc, run_check(host, "checks.health", ["--url", url, "--timeout", str(timeout)]).data
+    )
+    modules["health"] = health
+    for c in health["checks"]:
+        ev = [c["evidence"]] if c.get("evidence") else []
+        out.append(Check(name=c["name"], status=c["status"], detail=c["detail"], evidence=ev))
+    healthy = all(c["status"] != "fail" for c in health["checks"] if c["name"] == "health")
+
+    progress("token identity")
+    if healthy:
+        check, data = _identity(host, golden, record_golden, aa_runs, timeout, max_tokens)
+    else:
+        check, data = Check(name="identity", status="skip", detail="service not healthy"), None
+    out.append(check)
+    modules["identity"] = data
+
+    progress("GPUs")
+    gpu_args = ["--expect", str(target.gpus)] if target.gpus else []
+    gpus = cast(GpusDoc, run_check(host, "checks.gpus", gpu_args).data)
+    modules["gpus"] = gpus
+    if not gpus.get("available"):
+        out.append(Check(name="gpus", status="skip", detail=gpus.get("reason", "no nvidia-smi")))
+    else:
+        n = len(gpus.get("gpus", []))
+        out.append(
+            Check(
+                name="gpus",
+                status="pass" if gpus["ok"] else "fail",
+                detail=f"{n} GPUs" + ("" if gpus["ok"] else ": problems"),
+                evidence=gpus.get("problems", []),
+            )
+        )
+    progress("integration hook")
+    out.append(hook_check(host))
+    golden_label = str(golden) if golden else golden_on_host(host)
+    return HealthReport(
+        target=target.name, url=url, checks=out, golden=golden_label, modules=modules
+    )
+
+
+def _identity(
+    host: Host,
+    golden: Path | None,
+    record_golden: bool,
+    aa_runs: int,
+    timeout: float,
+    max_tokens: int,
+) -> tuple[Check, IdentityDoc | None]:
+    """Record the golden set (on the host, or into the local file `golden`) or compare with it."""
+    base = ["--url", host.target.service.url, "--timeout", str(timeout)]
+    on_host = golden_on_host(host)
+    if record_golden:
+        where = "-" if golden else on_host
+        res = run_check(
+            host,
+            "checks.identity",
+            [*base, "--record-golden", where, "--max-tokens", str(max_tokens)],
+        )
+        data = cast(IdentityDoc, res.data)
+        if golden and res.rc == 0:
+            doc = json.dumps(data["golden"], ensure_ascii=False, indent=1) + "\n"
+            try:
+                kept = keep_previous(golden)
+                write_atomic(golden, doc.encode())
+            except OSError as exc:
+                raise OpsError(f"cannot write golden file {golden}: {exc.strerror}") from None
+            data["path"] = str(golden)
+            data["kept"] = str(kept) if kept else None
+        return identity_check(data, recorded=res.rc == 0), data
+    stdin = None
+    if golden:
+        try:
+            stdin = read_bytes_bounded(golden, max_bytes=GOLDEN_MAX_BYTES, what="golden file")
+        except OSError as exc:
+            raise OpsError(f"cannot read golden file {golden}: {exc.strerror}") from None
+        try:  # checked here too, so the message names the file, not the module's stdin
+            parse_golden(stdin.decode("utf-8"))
+        except ValueError as exc:
+            raise OpsError(f"golden file {golden}: {exc}") from None
+        source = "-"
+    elif host.run_script(f"test -f {shell_path(on_host)}").ok:
+        source = on_host
+    else:
+        detail = f"no golden set at {on_host} (record one with --record-golden)"
+        return Check(name="identity", status="skip", detail=detail), None
+    args = [*base, "--golden", source, "--aa-runs", str(aa_runs)]
+    data = cast(IdentityDoc, run_check(host, "checks.identity", args, stdin).data)
+    return identity_check(data, recorded=False), data
+
+
+def hook_check(host: Host) -> Check:
+    """What the release's SGLang import hook replaced in the running service (informational).
+
+    Reads `<remote_root>/current/run/hook-status.json`, written by the hook at the service's
+    start (integration/hook.py): which functions it replaced, or why it left them alone.
+    """
+    root = host.target.remote_root
+    script = (
+        f"cur={shell_path(root + '/current')}; "
+        'readlink "$cur" 2>/dev/null | sed "s#.*/##"; echo; '
+        'cat "$cur/run/hook-status.json" 2>/dev/null'
+    )
+    res = host.run_script(script, step="hook status")
+    current, _, text = res.stdout.partition("\n")
+    if not text.strip():
+        return Check(name="hook", status="skip", detail="no hook status (no release, or not run)")
+    try:
+        st = json.loads(text)
+    except json.JSONDecodeError:
+        return Check(name="hook", status="skip", detail="unreadable hook status")
+    rel = st.get("release_id") or "?"
+    stale = "" if rel == current.strip() else f" (status of release {rel}: not restarted since?)"
+    if st.get("active"):
+        what = ", ".join(f"{k} ({v})" for k, v in (st.get("replaced") or {}).items())
+        return Check(name="hook", status="pass", detail=f"replaced {what} (release {rel}){stale}")
+    reason = st.get("reason") or "off"
+    detail = f"stock functions: {reason} (release {rel}){stale}"
+    off = reason.endswith("=off")
+    return Check(name="hook", status="pass" if off else "skip", detail=detail)

@@ -1,0 +1,219 @@
+"""The profile's shadow window: a candidate (attention, or the tree build) timed beside the
+serving one on the service's own forwards (engine.shadow), and its pairs made into s per kind.
+
+`shadow_level` arms the service's shadow (`checks.shadow` on the host), drives the same load
+at c once more (`ops.measure.loadtest`), reads the pairs from the counters' `/get_server_info`, and
+disarms it whatever happened. `summarize` turns the pairs into, per kind ("step": the decode
+steps, "prefill": the prompt blocks), the number of forwards, each backend's mean time per
+forward (its plan on the host clock and its calls on the GPU), s = the baseline's total / the
+candidate's total (so a forward counts by its time, as the wall share f counts it), s over the
+pairs where each backend went first (the order's effect, which alternation cancels), s with
+each backend timed only where it went first (`s_in_place`: where it runs in production; on the
+H200 the torch baseline cost more there, so this read the prefill nearer the service's than the
+paired s: benchmarks/NOTES-attention.md; a diagnosis, not the projection's s), and a 90%
+bootstrap interval of s over the forwards (fixed seed: the same pairs give the same interval).
+The window's first forward of each kind is left out of all of these (`warmup`, kept in
+`pairs`): the candidate's first call in a process is a cold start (on the H200 its first
+prefill block took 13.5-16.5 ms against a median of 6.3 ms, and its first tree build 1.1 ms
+against 0.11), which with the 10 prefill blocks of a c=1 window read s 1.28x for 1.53x.
+
+A service without /shadow (a real SGLang) is `offered: false`: the profile records it once and
+the report projects with the bench's s, as before. A service that stops answering during the
+window is `offered: null` with the reason. The disarm runs with Ctrl-C held off (`disarm`).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from typing import Any
+
+from ops.hosts.dataplane import run_check
+from ops.hosts.remote import Host
+from ops.measure.counters import snapshot
+from ops.measure.loadtest import run_loadtest
+
+KINDS = ("step", "prefill")
+WARMUP = 1  # forwards of each kind left out at the start of a window (the cold start)
+# what the engine can shadow, and each one's backends (engine.components; no engine import here)
+SHADOW_KINDS = {"attention": ("torch", "cuda"), "tree_build": ("reference", "cpp", "cuda")}
+INTERVAL = 0.90
+RESAMPLES = 1000
+
+
+def _ratio(pairs: list[dict[str, float]]) -> float | None:
+    cand = sum(p["cand_us"] for p in pairs)
+    return sum(p["base_us"] for p in pairs) / cand if cand > 0 else None
+
+
+def _kind(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not pairs:
+        return None
+    n = len(pairs)
+    s = _ratio(pairs)
+    if s is None:
+        return None
+    rng = random.Random(0)
+    boots = sorted(
+        r for r in (_ratio([pairs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
+        if r is not None
+    )  # fmt: skip
+    cut = int((1 - INTERVAL) / 2 * len(boots))
+    by_first = {
+        f: _ratio([p for p in pairs if p["first"] == f]) for f in ("base", "cand")
+    }  # fmt: skip
+    base_first = [p["base_us"] for p in pairs if p["first"] == "base"]
+    cand_first = [p["cand_us"] for p in pairs if p["first"] == "cand"]
+    # each backend where it runs in production (first after the graph piece, or first in the
+    # stage), from the forwards where it went first: a diagnosis beside s, not the projection's
+    in_place = (
+        (sum(base_first) / len(base_first)) / (sum(cand_first) / len(cand_first))
+        if base_first and cand_first and sum(cand_first) > 0
+        else None
+    )
+    return {
+        "forwards": n,
+        "s": s,
+        "lo": boots[cut] if boots else s,
+        "hi": boots[-1 - cut] if boots else s,
+        "base_us": sum(p["base_us"] for p in pairs) / n,
+        "cand_us": sum(p["cand_us"] for p in pairs) / n,
+        "base_host_us": sum(p["base_plan_us"] for p in pairs) / n,
+        "cand_host_us": sum(p["cand_plan_us"] for p in pairs) / n,
+        "rows_mean": sum(p["rows"] for p in pairs) / n,
+        "s_base_first": by_first["base"],
+        "s_cand_first": by_first["cand"],
+        "s_in_place": in_place,
+    }
+
+
+def summarize(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """The shadow doc of /get_server_info -> s per kind (see the module's docstring)."""
+    if not isinstance(doc, dict):
+        return {"offered": False, "error": "the service's /get_server_info has no shadow"}
+    fields = doc.get("pair_fields") or []
+    pairs = []
+    for raw in doc.get("pairs") or []:
+        p = dict(zip(fields, raw, strict=False))
+        try:
+            p["base_us"] = float(p["base_plan_us"]) + float(p["base_calls_us"])
+            p["cand_us"] = float(p["cand_plan_us"]) + float(p["cand_calls_us"])
+        except (KeyError, TypeError, ValueError):
+            return {"offered": True, "error": f"a shadow pair the profile cannot read: {raw!r}"}
+        pairs.append(p)
+    out: dict[str, Any] = {
+        "offered": True,
+        "component": doc.get("component"),
+        "baseline": doc.get("baseline"),
+        "candidate": doc.get("candidate"),
+        "armed_forwards": doc.get("armed_forwards"),
+        "sampled": doc.get("sampled"),
+        "error": doc.get("error"),
+    }
+    for kind in KINDS:
+        of_kind = [p for p in pairs if p.get("kind") == kind]
+        out[kind] = _kind(of_kind[WARMUP:])
+        if out[kind] is not None:
+            out[kind]["warmup"] = min(WARMUP, len(of_kind))
+    out["pair_fields"], out["pairs"] = fields, doc.get("pairs") or []
+    return out
+
+
+def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, Any]) -> dict:
+    """Arm (`spec`: COMPONENT=KIND), drive the load at c once more, read the pairs, disarm (see
+    the module's doc). `load`: run_loadtest's keyword arguments (requests, input_len,
+    output_len, timeout)."""
+    component, _, kind = spec.partition("=")
+    url = host.target.service.url
+    args = ["--url", url, "--component", component, "--backend", kind, "--forwards", str(forwards)]
+    try:
+        arm = run_check(host, "checks.shadow", args).data
+    except BaseException:  # the arm may have reached the service before its answer came back
+        _disarm_after_failure(host, component)
+        raise
+    if not arm.get("ok"):
+        return {"offered": arm.get("offered"), "component": component, "candidate": kind,
+                "error": arm.get("message") or "the service did not arm its shadow"}  # fmt: skip
+    try:
+        rep = run_loadtest(host, [c], counters=False, **load)
+        snap = snapshot(host)
+    finally:
+        disarm(host, component)
+    lt = rep.level_docs[0]
+    info = snap.get("server_info")
+    if info is None:  # no answer: not the same as a service without /shadow
+        out = {"offered": None, "component": component, "candidate": kind,
+               "error": "the service did not answer after the shadow window "
+                        f"({snap.get('server_info_status')})"}  # fmt: skip
+    else:
+        out = summarize(info.get("shadow"))
+    out["load"] = {k: lt[k] for k in ("completed", "failed", "duration_s")}
+    return out
+
+
+def disarm(host: Host, component: str) -> dict[str, Any]:
+    """`checks.shadow --forwards 0`, with Ctrl-C held off while it runs and raised once it is
+    done (a Ctrl-C in the middle would otherwise leave the service timing the candidate for up
+    to 20,000 more forwards; a dropped one would leave the user's Ctrl-C unanswered); bounded by
+    the check's own timeout."""
+    off = ["--url", host.target.service.url, "--component", component, "--forwards", "0"]
+    held = threading.current_thread() is threading.main_thread()
+    came: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda sig, frame: came.append(sig)) if held else None
+    try:
+        return run_check(host, "checks.shadow", off).data
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, before)
+            if came:
+                raise KeyboardInterrupt  # the Ctrl-C that came while the service was disarmed
+
+
+def _disarm_after_failure(host: Host, component: str) -> None:
+    """A disarm after the arm itself failed or was interrupted: its own failure is not
+    news (the arm's is what goes on)."""
+    try:
+        disarm(host, component)
+    except Exception:  # noqa: BLE001 - the arm's error is the one to report
+        pass
+
+
+def left_armed(host: Host, info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A shadow the service still has armed (an earlier `ops` that was killed or interrupted
+    twice): disarmed, and what was found, for the record; None when there is none."""
+    doc = (info or {}).get("shadow")
+    if not isinstance(doc, dict) or not doc.get("left") or not doc.get("component"):
+        return None
+    res = disarm(host, str(doc["component"]))
+    return {"component": doc["component"], "candidate": doc.get("candidate"),
+            "left": doc["left"], "disarmed": bool(res.get("ok"))}  # fmt: skip
+
+
+def shadow_lines(sec: dict[str, Any]) -> list[str]:
+    """One line per level the shadow ran at: s per kind of forward, or why it did not run;
+    first, a shadow this profile found still armed and disarmed."""
+    out = []
+    found = sec.get("shadow_found_armed")
+    if found:
+        state = "disarmed" if found.get("disarmed") else "NOT disarmed (checks.shadow failed)"
+        out.append(f"the service's shadow was still armed ({found['component']} "
+                   f"{found.get('candidate')}, {found['left']} forwards left, from an earlier "
+                   f"run): {state} before this profile")  # fmt: skip
+    for lv in sec["levels"]:
+        sh = lv.get("shadow")
+        if not sh:
+            continue
+        c = lv["concurrency"]
+        if sh.get("error") or not sh.get("offered"):
+            out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
+            continue
+        calls = "steps" if sh.get("component") == "tree_build" else "forwards"
+        parts = [
+            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} {calls})"
+            for kind in ("step", "prefill") if (k := sh.get(kind))
+        ]  # fmt: skip
+        out.append(f"shadow c={c}: {sh.get('component')} {sh['candidate']} against "
+                   f"{sh['baseline']} in the service's own {calls}: "
+                   f"{', '.join(parts) or 'nothing sampled'}")  # fmt: skip
+    return out

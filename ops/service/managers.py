@@ -1,0 +1,385 @@
+"""Service managers: start, stop, restart and report the inference service on a target.
+
+`systemd` (production): `sudo -n systemctl start|stop|restart UNIT` (sudo is used for nothing
+else), `systemctl is-active UNIT`, and `journalctl -u UNIT -n 100` as evidence.
+`process` (local, containers, CI): ops starts the configured command detached in its own
+session with a pidfile and a log under `<remote_root>`, stops it by pid (TERM to its process
+group, KILL after a grace period), and calls it active when the pid lives and `/health`
+answers. Both wait for `/health` after a start, probing from the host itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import urllib.parse
+from abc import ABC, abstractmethod
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ops.errors import HostError, InventoryError, OpsError
+from ops.hosts.inventory import Target
+from ops.hosts.remote import Host, shell_path
+from ops.hostside import source
+
+State = Literal["active", "activating", "inactive", "failed", "unknown"]
+EVIDENCE_LINES = 100
+MAX_WAIT_S = 86400.0  # a day: a huge model loads in minutes; `inf` overflowed the host timeout
+PROCMAN_SOURCE = source("procman")
+
+# Runs on the host with the target's python (stdlib only): wait until /health answers 2xx,
+# the process dies, or the time is up; with a timeout of 0 it probes exactly once.
+WAIT_HEALTH = r"""
+import json, os, sys, time, urllib.error, urllib.request
+url, timeout, pid = sys.argv[1].rstrip("/") + "/health", float(sys.argv[2]), int(sys.argv[3])
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+t0, last = time.time(), "no answer"
+while True:
+    if pid > 0 and not alive(pid):
+        gone = {"ok": False, "reason": f"process {pid} exited", "waited_s": time.time() - t0}
+        print(json.dumps(gone))
+        sys.exit(1)
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            print(json.dumps({"ok": True, "status": r.status, "waited_s": time.time() - t0}))
+            sys.exit(0)
+    except urllib.error.HTTPError as e:
+        last = f"HTTP {e.code}"
+    except Exception as e:
+        last = f"{type(e).__name__}: {e}"
+    if time.time() - t0 >= timeout:
+        print(json.dumps({"ok": False, "reason": f"/health: {last}", "waited_s": time.time() - t0}))
+        sys.exit(1)
+    time.sleep(0.25)
+"""
+
+
+def check_wait(wait_s: float) -> float:
+    """A --wait for /health is a finite number of seconds, 0 to a day (refused before the
+    service is touched)."""
+    if not math.isfinite(wait_s) or not 0 <= wait_s <= MAX_WAIT_S:
+        raise OpsError(f"--wait {wait_s:g}: must be 0 to {MAX_WAIT_S:g} seconds")
+    return wait_s
+
+
+def pidfile(target: Target) -> str:
+    """Where the `process` manager keeps the service's pid on the host."""
+    return f"{target.remote_root}/run/{target.service.name}.pid"
+
+
+def logfile(target: Target) -> str:
+    """Where the `process` manager appends the service's output on the host."""
+    return f"{target.remote_root}/logs/{target.service.name}.log"
+
+
+class ServiceStatus(BaseModel):
+    """What the manager says about the service, with evidence when it is not healthy.
+
+    `signals` names every signal a stop sent and to whom; `actions` what else was done on
+    the way (e.g. a stale pidfile removed).
+    """
+
+    name: str
+    manager: str
+    state: State
+    pid: int | None = None
+    healthy: bool | None = None
+    detail: str = ""
+    evidence: list[str] = Field(default_factory=list)
+    signals: list[dict] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list)
+    # set when the service could not start for a reason outside the release (another program
+    # holds its port): a deploy then rolls back without rejecting the release
+    blocked_by: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+
+class ServiceManager(ABC):
+    """One target's service, managed through the target's Host."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.target = host.target
+        self.service = host.target.service
+
+    @abstractmethod
+    def status(self) -> ServiceStatus: ...
+
+    @abstractmethod
+    def start(self, wait_s: float = 120.0) -> ServiceStatus:
+        """Start the service (unless it runs) and wait up to `wait_s` for /health."""
+
+    @abstractmethod
+    def stop(self) -> ServiceStatus: ...
+
+    @abstractmethod
+    def evidence(self) -> list[str]:
+        """The last lines of the service's log (journal or log file)."""
+
+    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
+        self.stop()
+        return self.start(wait_s)
+
+    def probe_health(self, pid: int | None, wait_s: float) -> dict:
+        res = self.host.run(
+            [self.target.python, "-c", WAIT_HEALTH, self.service.url, str(wait_s), str(pid or 0)],
+            timeout=wait_s + 30,
+            warn=True,
+            step="wait for /health",
+        )
+        try:
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            return {"ok": False, "reason": res.tail() or f"health probe exited {res.rc}"}
+
+    def _wait(self, pid: int | None, wait_s: float) -> ServiceStatus:
+        probe = self.probe_health(pid, wait_s)
+        st = self.status()
+        if probe.get("ok"):
+            return st
+        return st.model_copy(
+            update={
+                "state": "failed" if st.state in ("active", "activating") else st.state,
+                "healthy": False,
+                "detail": f"not healthy after start: {probe.get('reason')}",
+                "evidence": st.evidence or self.evidence(),
+            }
+        )
+
+
+class SystemdManager(ServiceManager):
+    def _systemctl(self, verb: str) -> None:
+        self.host.run(
+            ["sudo", "-n", "systemctl", verb, self.service.name],
+            timeout=180,
+            step=f"systemctl {verb}",
+        )
+
+    def status(self) -> ServiceStatus:
+        res = self.host.run(
+            ["systemctl", "is-active", self.service.name], warn=True, step="systemctl is-active"
+        )
+        word = (res.stdout.strip().splitlines() or ["unknown"])[-1]
+        state: State = word if word in ("active", "activating", "inactive", "failed") else "unknown"  # type: ignore[assignment]
+        st = ServiceStatus(name=self.service.name, manager="systemd", state=state, detail=word)
+        if state != "active":
+            st.evidence = self.evidence()
+        return st
+
+    def start(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
+        self._systemctl("start")
+        return self._wait(None, wait_s)
+
+    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
+        self._systemctl("restart")
+        return self._wait(None, wait_s)
+
+    def stop(self) -> ServiceStatus:
+        self._systemctl("stop")
+        return self.status()
+
+    def dropin(self) -> tuple[str, str]:
+        """The unit drop-in that makes the service read the current release's environment."""
+        path = f"/etc/systemd/system/{self.service.name}.d/ddtree-ops.conf"
+        body = (
+            "# installed by ops deploy --bootstrap: the release's environment\n"
+            "[Service]\n"
+            f"EnvironmentFile={self.target.remote_root}/current/service.env\n"
+        )
+        return path, body
+
+    def install_dropin(self) -> tuple[str, str]:
+        """Install the drop-in (sudo -n, the service manager's only files) and reload units."""
+        path, body = self.dropin()
+        parent = path.rsplit("/", 1)[0]
+        self.host.run(["sudo", "-n", "mkdir", "-p", parent], step="install drop-in")
+        self.host.run(["sudo", "-n", "tee", path], stdin=body.encode(), step="install drop-in")
+        self.host.run(["sudo", "-n", "systemctl", "daemon-reload"], step="systemctl daemon-reload")
+        return path, body
+
+    def evidence(self) -> list[str]:
+        res = self.host.run(
+            [
+                "sudo",
+                "-n",
+                "journalctl",
+                "-u",
+                self.service.name,
+                "-n",
+                str(EVIDENCE_LINES),
+                "--no-pager",
+            ],
+            warn=True,
+            step="journalctl",
+        )
+        return (res.stdout or res.stderr).splitlines()[-EVIDENCE_LINES:]
+
+
+class ProcessManager(ServiceManager):
+    """The service as a detached process of ops's own: pidfile with identity, log, TERM then KILL.
+
+    All process handling happens on the host in `ops.hostside.procman` (sent as `python -c`), which
+    signals only a pid proven to be the process it started.
+    """
+
+    def _paths(self) -> tuple[str, str, str]:
+        return self.target.remote_root, pidfile(self.target), logfile(self.target)
+
+    def _host_side(self, action: str, *args: str, timeout: float = 60.0) -> dict:
+        res = self.host.run(
+            # -S: the host side is stdlib only, so no site-packages scan at each call
+            [self.target.python, "-S", "-c", PROCMAN_SOURCE, action, *args],
+            timeout=timeout,
+            warn=True,
+            step=f"service {action}",
+        )
+        try:
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            raise HostError(
+                f"process manager printed no result (exit {res.rc}): "
+                + (res.tail() or res.tail("stdout") or "no output"),
+                target=self.host.name,
+                step=f"service {action}",
+            ) from None
+        if not isinstance(doc, dict):
+            raise HostError(
+                "process manager result is not an object",
+                target=self.host.name,
+                step=f"service {action}",
+            )
+        return doc
+
+    @staticmethod
+    def render_command(target: Target) -> str:
+        """The configured command with {python}, {host}, {port} filled in (quoted)."""
+        template = target.service.command
+        if not template:
+            raise InventoryError(
+                f"target {target.name!r}: service.command is required for manager = 'process'"
+            )
+        url = urllib.parse.urlsplit(target.service.url)
+        try:
+            return template.format(
+                python=shlex.quote(target.python),
+                host=shlex.quote(url.hostname or "127.0.0.1"),
+                port=int(url.port or 80),
+            )
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InventoryError(
+                f"target {target.name!r}: service.command: bad placeholder {exc}"
+                " (allowed: {python}, {host}, {port})"
+            ) from None
+
+    def command_line(self) -> str:
+        return self.render_command(self.target)
+
+    def _status(self, doc: dict) -> ServiceStatus:
+        st = ServiceStatus(
+            name=self.service.name,
+            manager="process",
+            state=doc.get("state", "unknown"),
+            pid=doc.get("pid"),
+            healthy=True if doc.get("state") == "active" else None,
+            detail=doc.get("detail", ""),
+        )
+        if st.state in ("failed", "activating"):
+            st.healthy = False
+        if st.state == "failed":
+            st.evidence = self.evidence()
+        return st
+
+    def status(self) -> ServiceStatus:
+        _, pf, _ = self._paths()
+        return self._status(self._host_side("status", pf, self.service.url))
+
+    def start(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
+        root, pf, log = self._paths()
+        # start, wait for /health and the status after it: one run of the host side
+        up = self._host_side(
+            "up", pf, log, root, self.command_line(), self.service.url, str(wait_s),
+            timeout=wait_s + 90,
+        )  # fmt: skip
+        doc = up.get("start") or {}
+        notes = doc.get("notes") or []
+        if doc.get("already"):
+            st = self._status(up.get("status") or {})
+            return st.model_copy(
+                update={"detail": f"already running, pid {doc['pid']}", "actions": notes}
+            )
+        if not doc.get("started"):
+            return ServiceStatus(
+                name=self.service.name,
+                manager="process",
+                state="failed",
+                healthy=False,
+                detail=f"not started: {doc.get('reason', 'unknown reason')}",
+                actions=notes,
+                blocked_by=doc.get("blocked_by"),
+            )
+        probe = up.get("wait") or {}
+        st = self._status(up.get("status") or {})
+        if probe.get("ok"):
+            return st.model_copy(
+                update={
+                    "detail": f"started pid {doc['pid']}; /health ok after "
+                    f"{probe['waited_s']:.1f} s",
+                    "actions": notes,
+                }
+            )
+        return st.model_copy(
+            update={
+                "state": "failed" if st.state in ("active", "activating") else st.state,
+                "healthy": False,
+                "detail": f"not healthy after start: {probe.get('reason')}",
+                "evidence": st.evidence or self.evidence(),
+                "actions": notes,
+            }
+        )
+
+    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        check_wait(wait_s)
+        self._stop()  # the status after the stop would be read by no one: not asked for
+        return self.start(wait_s)
+
+    def _stop(self) -> dict:
+        _, pf, _ = self._paths()
+        grace = self.service.stop_timeout
+        return self._host_side("stop", pf, str(grace), timeout=grace + 40)
+
+    def stop(self) -> ServiceStatus:
+        doc = self._stop()
+        st = self.status()
+        return st.model_copy(
+            update={
+                "detail": doc.get("detail", ""),
+                "signals": doc.get("signals") or [],
+            }
+        )
+
+    def evidence(self) -> list[str]:
+        _, _, log = self._paths()
+        res = self.host.run_script(
+            f"tail -n {EVIDENCE_LINES} {shell_path(log)} 2>/dev/null", step="service log"
+        )
+        return res.stdout.splitlines()
+
+
+def manager_for(host: Host) -> ServiceManager:
+    if host.target.service.manager == "systemd":
+        return SystemdManager(host)
+    return ProcessManager(host)
