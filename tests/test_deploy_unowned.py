@@ -353,22 +353,11 @@ def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> 
         commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
         commit_change(ops.src, "kernels/selftest.py", "DELAY = 0", "DELAY = 1")
         filled: list[Path] = []
-        proc = subprocess.Popen(
-            ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
-            stderr=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=ops.env,
+        code, _, err, _ = ops.interrupt_at(
+            "selftest ...", "local", sig=0, first=lambda: filled.append(fill(small_disk))
         )
-        seen = ""
-        assert proc.stderr is not None
-        while "selftest ..." not in seen:
-            seen += proc.stderr.readline()
-        filled.append(fill(small_disk))
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 1, seen + err
-        assert no_traceback(seen + err)
-        assert "finalize failed" in seen + err and "No space left" in seen + err
+        assert code == 1 and no_traceback(err), err
+        assert "finalize failed" in err and "No space left" in err
         assert ops.current() == r1
         left = [p.name for p in (ops.root / "releases").iterdir()]
         assert left == [r1], left  # the staging directory went with the failure
