@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers.deploy import commit_change
 from helpers.local import end_services
-from test_deploy_hostile import NOISY_CRASH, Ops, one_error_line, steps
+from test_deploy_hostile import NOISY_CRASH, REPO, Ops, one_error_line, steps
 
 # the stand-in's post-flight answers never come
 HANG = ("engine/svc.py", 'default="ok"', 'default="hang"')
@@ -401,3 +401,55 @@ def test_full_disk_during_the_rollback_leaves_no_stray_file(
         healthy(ops)
     finally:
         end_services(ops.root)
+
+
+# A Ctrl-C that lands the instant the host's command has been started (after the fork, before
+# `_exec` is inside the try that stops it): the driver sends SIGINT to ops itself right there.
+INTERRUPT_AT_START = """
+import os, signal, subprocess, sys
+import ops.hosts.local as local
+MARK = sys.argv.pop(1)
+real = subprocess.Popen
+class Popen(real):
+    def __init__(self, args, *a, **k):
+        super().__init__(args, *a, **k)
+        if MARK in " ".join(map(str, args)) and not os.environ.get("FIRED"):
+            os.environ["FIRED"] = "1"
+            os.kill(os.getpid(), signal.SIGINT)
+local.subprocess.Popen = Popen
+from ops.cli import main
+sys.argv = ["ops", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("verb", ["deploy", "rollback"])
+def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
+    ops: Ops, tmp_path: Path, verb: str
+) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    if verb == "rollback":
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+        assert ops.deploy().returncode == 0
+    before = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(INTERRUPT_AT_START)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    if verb == "rollback":
+        args = ["rollback", "local", "--max-tokens", "3"]
+    for _ in range(3):  # the race it closes was lost about 3 times in 5
+        res = subprocess.run(
+            [sys.executable, str(driver), f"' switch {ops.root}", *ops.argv(*args)[3:]],
+            capture_output=True,
+            text=True,
+            env=ops.env,
+            cwd=REPO,
+            timeout=120,
+        )
+        assert res.returncode == 130, res.stdout + res.stderr
+        time.sleep(1.0)  # a command that escaped would finish its switch meanwhile
+        assert not (ops.root / "deploy.pending").exists(), res.stderr
+        assert ops.current() == before, res.stderr
+        assert ops.serving() == before
+    healthy(ops)

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ops.hosts.remote import TIMEOUT_RC, Host, Proc
+from ops.hosts.remote import TIMEOUT_RC, Host, Proc, SignalsHeld
 
 ABORT_WAIT_S = 5.0  # the watcher's own TERM-then-KILL sweep takes about 2 s
 CHUNK = 65536
@@ -103,13 +103,18 @@ class LocalHost(Host):
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
     ) -> tuple[int, bytes, bytes]:
-        proc = subprocess.Popen(
-            ["bash", "-c", command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        held = SignalsHeld()  # a Ctrl-C now is delivered inside the try below
+        try:
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except BaseException:
+            held.release()
+            raise
         assert proc.stdin and proc.stdout and proc.stderr
         in_fd, out_fd, err_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
         chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
@@ -117,6 +122,7 @@ class LocalHost(Host):
         end = time.monotonic() + deadline_s
         sel = selectors.DefaultSelector()
         try:
+            held.release()
             sel.register(out_fd, selectors.EVENT_READ)
             sel.register(err_fd, selectors.EVENT_READ)
             if data:

@@ -32,8 +32,10 @@ import io
 import json
 import os
 import shlex
+import signal
 import socket
 import tarfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -144,6 +146,49 @@ def shell_path(path: str) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class SignalsHeld:
+    """Ctrl-C and SIGTERM held while a host command starts, delivered by `release()`.
+
+    Between the moment a command exists (the fork, the SSH channel's exec) and the moment its
+    caller is inside the `try` that closes its stdin on an interrupt, a Ctrl-C would leave the
+    command running unwatched: a `switch` could then finish after the revert guard had put the
+    host back. So the caller starts the command under `SignalsHeld()`, enters its `try`, and
+    calls `release()` there first: a signal that came meanwhile is delivered at that line, with
+    the handler that was in place. Only the main thread can hold signals; elsewhere (and for a
+    signal already ignored) this does nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._old: dict[int, Any] = {}
+        self._pending: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.SIGNALS:
+            handler = signal.getsignal(sig)
+            if handler in (signal.SIG_IGN, None):
+                continue
+            self._old[sig] = handler
+            signal.signal(sig, self._hold)
+
+    def _hold(self, signum: int, _frame: object) -> None:
+        self._pending.append(signum)
+
+    def release(self) -> None:
+        """Restore the handlers, then deliver what was held (once each, in arrival order)."""
+        old, self._old = self._old, {}
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        pending, self._pending = list(dict.fromkeys(self._pending)), []
+        for sig in pending:
+            handler = old[sig]
+            if callable(handler):
+                handler(sig, None)
+            else:
+                signal.raise_signal(sig)
 
 
 class Proc(ABC):

@@ -24,7 +24,7 @@ from fabric import Config, Connection
 
 from ops.errors import AuthenticationFailed, HostError, HostKeyError, Unreachable
 from ops.hosts.inventory import Target
-from ops.hosts.remote import TIMEOUT_RC, Host, Proc
+from ops.hosts.remote import TIMEOUT_RC, Host, Proc, SignalsHeld
 
 CHUNK = 32768
 
@@ -203,13 +203,19 @@ class SshHost(Host):
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
     ) -> tuple[int, bytes, bytes]:
-        chan = self._channel(command)
+        held = SignalsHeld()  # a Ctrl-C now is delivered inside the try below
+        try:
+            chan = self._channel(command)
+        except BaseException:
+            held.release()
+            raise
         data = memoryview(stdin or b"")
         sent = 0
         out: list[bytes] = []
         err: list[bytes] = []
         end = time.monotonic() + deadline_s
         try:
+            held.release()
             while True:
                 busy = False
                 if sent < len(data) and chan.send_ready():
