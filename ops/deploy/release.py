@@ -7,17 +7,23 @@ directory, adds the release's `site/` (from `integration/site/`), and describes 
 `<utc>-<shortsha>` (`-dirty` when the work tree was taken as it is). A work-tree file reached
 through a symlinked directory, or resolving outside the source tree, is refused (one line): a
 release holds the source tree's own files, never what a link points at.
+
+A release carries code, not weights or data: a data-plane file over `MAX_FILE_BYTES` (64 MiB),
+or a data plane over `MAX_TOTAL_BYTES` (256 MiB) in all, is refused (one line naming the
+file and its size) before it is read: from its size on disk (`--allow-dirty`) or from its tar
+header as `git archive` streams it (a commit). Nothing is held whole in memory here: the
+archive is read as a stream, every file is hashed in chunks.
 """
 
 from __future__ import annotations
 
 import getpass
 import hashlib
-import io
 import shutil
 import socket
 import subprocess
 import tarfile
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,10 @@ from ops.errors import OpsError
 DATA_PLANE = ("kernels", "checks", "engine", "integration", "pyproject.toml")
 SITE_SOURCE = "integration/site"
 SKIP_PARTS = {"__pycache__", "_build", ".pytest_cache"}
+MIB = 2**20
+MAX_FILE_BYTES = 64 * MIB  # one data-plane file (the largest source file in use is ~100 KB)
+MAX_TOTAL_BYTES = 256 * MIB  # the whole data plane (~2 MB in use)
+HASH_CHUNK = MIB
 
 
 class ReleaseManifest(BaseModel):
@@ -79,8 +89,44 @@ def _shown(value: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _sha256_file(path: Path) -> str:
+    """The sha256 of a file, read in chunks (memory stays flat whatever its size)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _size(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n} bytes"
+
+
+class _Budget:
+    """The release's size limits, checked file by file before each file is read."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how  # what the user can do about a file that is too big ({it}: it, them)
+        self.total = 0
+        self.largest: list[tuple[int, str]] = []
+
+    def add(self, rel: str, size: int) -> None:
+        why = "a release carries code, not weights or data"
+        if size > MAX_FILE_BYTES:
+            raise OpsError(
+                f"{rel} is {_size(size)}, over the {_size(MAX_FILE_BYTES)} a release file may "
+                f"be: {why}; {self.how.format(it='it')}"
+            )
+        self.total += size
+        self.largest = sorted([*self.largest, (size, rel)], reverse=True)[:3]
+        if self.total > MAX_TOTAL_BYTES:
+            big = ", ".join(f"{r} ({_size(n)})" for n, r in self.largest)
+            raise OpsError(
+                f"the data plane is over {_size(MAX_TOTAL_BYTES)}, the most a release may be "
+                f"(largest: {big}): {why}; {self.how.format(it='them')}"
+            )
 
 
 def _keep(rel: str) -> bool:
@@ -126,33 +172,34 @@ def stage_release(
             f"{top} has uncommitted changes ({first}, ...)",
             hint="commit them, deploy a commit with --ref, or pass --allow-dirty",
         )
-    dest.mkdir(parents=True)
     files: dict[str, str] = {}
     if dirty:
         listed = _git(top, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-        diff_sha = _sha256(
-            _git(top, "diff", "HEAD", "--binary", binary=True) + dirty_files.encode()
-        )
         root = top.resolve()
+        budget = _Budget("remove {it} from the work tree or git-ignore {it}")
+        taken: list[tuple[str, Path]] = []
         for rel in sorted(set(filter(None, listed.split("\0")))):
             if not _keep(rel):
                 continue
             path = _inside(root, rel)
             if path.is_file() and not path.is_symlink():
-                out = dest / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, out)
+                budget.add(rel, path.stat().st_size)  # refused before a byte of it is read
+                taken.append((rel, path))
+        diff_sha = _diff_sha256(top, dirty_files)
+        dest.mkdir(parents=True)
+        for rel, path in taken:
+            out = dest / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, out)
     else:
-        archive = _git(top, "archive", "--format=tar", sha, "--", *_present(top, sha), binary=True)
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and _keep(m.name)]
-            tar.extractall(dest, members=members, filter="data")
+        dest.mkdir(parents=True)
+        _extract_commit(top, sha, dest)
     site = dest / SITE_SOURCE
     if site.is_dir():
         shutil.copytree(site, dest / "site")
     for path in sorted(dest.rglob("*")):
         if path.is_file():
-            files[path.relative_to(dest).as_posix()] = _sha256(path.read_bytes())
+            files[path.relative_to(dest).as_posix()] = _sha256_file(path)
     if "engine/__main__.py" not in files:
         raise OpsError(f"{top} at {sha[:12]} has no data plane (engine/, kernels/, checks/)")
     now = datetime.now(UTC)
@@ -191,6 +238,70 @@ def _inside(root: Path, rel: str) -> Path:
     if not path.is_symlink() and not path.resolve().is_relative_to(root):
         raise OpsError(f"{path}: resolves outside the source tree {root}")
     return path
+
+
+def _diff_sha256(top: Path, dirty_files: str) -> str:
+    """The sha256 of the work tree's difference from HEAD (`git diff --binary`, then the
+    status lines), streamed from git: a large changed file is never held whole in memory."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryFile() as errs:
+        try:
+            proc = subprocess.Popen(
+                ["git", "-C", str(top), "diff", "HEAD", "--binary"],
+                stdout=subprocess.PIPE,
+                stderr=errs,
+            )
+        except FileNotFoundError:
+            raise OpsError("git is not installed (a release is made from a git checkout)") from None
+        assert proc.stdout is not None
+        with proc:
+            while chunk := proc.stdout.read(HASH_CHUNK):
+                digest.update(chunk)
+        _git_done(proc, errs, top, "diff HEAD")
+    digest.update(dirty_files.encode())
+    return digest.hexdigest()
+
+
+def _extract_commit(top: Path, sha: str, dest: Path) -> None:
+    """The commit's data-plane files into `dest`, read as `git archive` streams them: each
+    member's size (its tar header) is checked before its data is read, and what a release
+    leaves out (`_keep`) is skipped without being held."""
+    budget = _Budget("remove {it} from the commit")
+    argv = ["git", "-C", str(top), "archive", "--format=tar", sha, "--", *_present(top, sha)]
+    with tempfile.TemporaryFile() as errs:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errs)
+        assert proc.stdout is not None
+        unreadable: tarfile.TarError | None = None
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                for member in tar:
+                    if member.isfile() and _keep(member.name):
+                        budget.add(member.name, member.size)  # before its data is read
+                        tar.extract(member, dest, filter="data")
+        except tarfile.TarError as exc:  # git's own failure (below) says more, if it failed
+            unreadable = exc
+        except BaseException:  # refused (too big), interrupted: git goes at once
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            raise
+        proc.stdout.close()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        _git_done(proc, errs, top, "archive")
+        if unreadable is not None:
+            raise OpsError(f"git archive in {top}: unreadable output ({unreadable})")
+
+
+def _git_done(proc: subprocess.Popen[bytes], errs: Any, top: Path, what: str) -> None:
+    """A streamed git command's end: its exit status, its last line of stderr as the message."""
+    rc = proc.wait()
+    if rc != 0:
+        errs.seek(0)
+        msg = errs.read(65536).decode("utf-8", "replace").strip().splitlines()
+        raise GitFailed(f"git {what} in {top}: {msg[-1] if msg else 'failed'}")
 
 
 def _present(top: Path, sha: str) -> list[str]:
