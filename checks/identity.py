@@ -126,11 +126,63 @@ def compare_one(golden: dict, got: dict) -> dict[str, Any]:
 
 
 def parse_golden(text: str) -> dict[str, Any]:
-    """A golden set from its JSON text; ValueError saying what is wrong with it."""
-    doc = json.loads(text)
+    """A golden set from its JSON text; ValueError saying in one line what is wrong with it
+    (a truncated file, prompts that are not prompts, a max_tokens that is no count): whatever
+    `compare` reads is checked here, so a damaged set is never a traceback."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError; an integer too long to convert
+        raise ValueError(f"not JSON ({exc}): damaged or cut short") from None
+    except RecursionError:
+        raise ValueError("not a golden set (JSON nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not doc.get("prompts"):
         raise ValueError(f"not a golden set ({SCHEMA})")
+    prompts = doc["prompts"]
+    if not isinstance(prompts, list):
+        raise ValueError(f"prompts is {_json_kind(prompts)}, not a list")
+    seen: set[str] = set()
+    for i, p in enumerate(prompts):
+        where = f"prompts[{i}]"
+        if not isinstance(p, dict):
+            raise ValueError(f"{where} is {_json_kind(p)}, not a prompt object")
+        pid = p.get("id")
+        if not isinstance(pid, str) or not pid:
+            raise ValueError(f"{where} has no id (a string)")
+        shown = repr(pid) if len(pid) <= 40 else repr(pid[:37]) + "..."
+        if pid in seen:
+            raise ValueError(f"{where}: id {shown} is there twice")
+        seen.add(pid)
+        where = f"{where} ({shown})"
+        if not isinstance(p.get("prompt"), str):
+            raise ValueError(f"{where} has no prompt text")
+        ids = p.get("token_ids")
+        if ids is not None and not (
+            isinstance(ids, list) and all(type(t) is int for t in ids)  # not a bool
+        ):
+            raise ValueError(f"{where}: token_ids is not a list of token ids")
+        for key in ("text", "kind"):
+            if p.get(key) is not None and not isinstance(p[key], str):
+                raise ValueError(f"{where}: {key} is {_json_kind(p[key])}, not a string")
+    max_tokens = doc.get("max_tokens")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        shown = repr(max_tokens) if len(repr(max_tokens)) <= 40 else _json_kind(max_tokens)
+        raise ValueError(f"max_tokens {shown} is not a whole number >= 1")
     return doc
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words (for a message about a damaged golden set)."""
+    for kind, name in (
+        (bool, "a boolean"),
+        (int, "a number"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "a list"),
+        (dict, "a mapping"),
+    ):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
 
 
 def read_bounded(path: str, what: str, max_bytes: int = MAX_FILE) -> str:

@@ -6,11 +6,22 @@ set, or recording it); `checks.gpus` (nvidia-smi inventory and sanity). The data
 run on the host next to the service (`python -m checks.<name> --json`), from the project
 checkout on `local` and from `<remote_root>/current` elsewhere. Every failure keeps its
 evidence: HTTP status and body excerpt, journal or log lines, the first divergent token.
+
+A damaged golden set on the host (cut short, not a golden set, prompts that are not prompts,
+a max_tokens that is no count) is read and judged here before `checks.identity` runs, and
+is never an exception: it is a failed `identity` check saying what is wrong and how to
+re-record it (`ops healthcheck TARGET --record-golden`). Run by an ops that holds the host's
+lock (a deploy's post-flight, a rollback, a deploy's own rollback: the host is mid-change),
+it is a skip that says loudly that identity was NOT CHECKED: a golden set that cannot judge
+never undoes a change nor blocks an emergency rollback; a deploy's pre-flight (before the
+lock) fails on it, and `--force` passes it there.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -22,12 +33,13 @@ from checks.docs import GpusDoc, HealthDoc, IdentityDoc
 from checks.identity import keep_previous, parse_golden
 from ops.errors import OpsError
 from ops.files import MIB, read_bytes_bounded
-from ops.hosts.dataplane import run_check
+from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host, shell_path
 from ops.service.managers import manager_for
 
 Status = Literal["pass", "fail", "skip"]
 GOLDEN_MAX_BYTES = 16 * MIB  # a golden set of ~40 prompts is ~100 KB
+IDENTITY_TIMEOUT_S = 1800  # checks.identity as a whole (run_check's default)
 
 
 class Check(BaseModel):
@@ -61,6 +73,35 @@ def golden_on_host(host: Host) -> str:
 def aa_runs_text(n: int) -> str:
     """ "1 A/A run", "2 A/A runs": how the healthcheck and the report count A/A runs."""
     return f"{n} A/A run{'' if n == 1 else 's'}"
+
+
+def golden_damaged_check(
+    host: Host, path: str, why: str, status: Literal["fail", "skip"]
+) -> tuple[Check, IdentityDoc]:
+    """The identity check when the golden set at `path` cannot judge: one line, what is wrong
+    and how to fix it; the module's document as `checks.identity` gives it (bad_golden)."""
+    fix = (
+        f"re-record it from a release you trust: ops healthcheck {host.name} --record-golden "
+        f"(the damaged file is kept beside it as {Path(path).name}.N)"
+    )
+    doc = cast(
+        IdentityDoc,
+        {
+            "ok": False,
+            "module": "checks.identity",
+            "error": "bad_golden",
+            "message": f"{path}: {why}",
+        },
+    )
+    if status == "skip":
+        detail = (
+            f"NOT CHECKED: the golden set {path} is damaged ({why}), so token identity cannot "
+            f"be judged; the host is mid-change (this ops holds its lock), so this does not "
+            f"undo it; {fix}"
+        )
+    else:
+        detail = f"the golden set {path} is damaged: {why}; {fix}"
+    return Check(name="identity", status=status, detail=detail, evidence=[doc["message"]]), doc
 
 
 def identity_check(data: IdentityDoc, recorded: bool) -> Check:
@@ -112,7 +153,11 @@ def run_healthcheck(
     timeout: float = 30.0,
     max_tokens: int = 32,
     progress: Callable[[str], None] = lambda step: None,
+    damaged_golden: Literal["fail", "skip"] | None = None,
 ) -> HealthReport:
+    """The healthcheck. `damaged_golden`: how a golden set on the host that cannot be read as
+    one counts: "fail", "skip" (identity NOT CHECKED, said in its detail), or None: "skip"
+    when this ops holds the host's lock (a post-flight or rollback of its own), else "fail"."""
     target = host.target
     url = target.service.url
     out: list[Check] = []
@@ -141,7 +186,9 @@ def run_healthcheck(
 
     progress("token identity")
     if healthy:
-        check, data = _identity(host, golden, record_golden, aa_runs, timeout, max_tokens)
+        check, data = _identity(
+            host, golden, record_golden, aa_runs, timeout, max_tokens, damaged_golden
+        )
     else:
         check, data = Check(name="identity", status="skip", detail="service not healthy"), None
     out.append(check)
@@ -178,6 +225,7 @@ def _identity(
     aa_runs: int,
     timeout: float,
     max_tokens: int,
+    damaged: Literal["fail", "skip"] | None = None,
 ) -> tuple[Check, IdentityDoc | None]:
     """Record the golden set (on the host, or into the local file `golden`) or compare with it."""
     base = ["--url", host.target.service.url, "--timeout", str(timeout)]
@@ -210,15 +258,71 @@ def _identity(
             parse_golden(stdin.decode("utf-8"))
         except ValueError as exc:
             raise OpsError(f"golden file {golden}: {exc}") from None
-        source = "-"
-    elif host.run_script(f"test -f {shell_path(on_host)}").ok:
-        source = on_host
-    else:
+        args = [*base, "--golden", "-", "--aa-runs", str(aa_runs)]
+        data = cast(IdentityDoc, run_check(host, "checks.identity", args, stdin).data)
+        return identity_check(data, recorded=False), data
+    found, why, locked = _golden_on_host(host, on_host)
+    if not found:
         detail = f"no golden set at {on_host} (record one with --record-golden)"
         return Check(name="identity", status="skip", detail=detail), None
-    args = [*base, "--golden", source, "--aa-runs", str(aa_runs)]
-    data = cast(IdentityDoc, run_check(host, "checks.identity", args, stdin).data)
+    status = damaged or ("skip" if locked else "fail")
+    if why is not None:
+        return golden_damaged_check(host, on_host, why, status)
+    args = [*base, "--golden", on_host, "--aa-runs", str(aa_runs)]
+    res = host.run_module(
+        "checks.identity",
+        args,
+        cwd=data_plane_dir(host),
+        timeout=IDENTITY_TIMEOUT_S,
+        stdlib_only=True,
+    )
+    data = cast(IdentityDoc, res.data)
+    if res.rc == 2:  # what this side could not see (bytes that are not UTF-8), or its own bad input
+        message = str(data.get("message") or "bad input")
+        if data.get("error") != "bad_golden":
+            raise OpsError(f"{host.name}: checks.identity: {message}")
+        return golden_damaged_check(host, on_host, message.removeprefix(f"{on_host}: "), status)
     return identity_check(data, recorded=False), data
+
+
+def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool]:
+    """The host's golden set, read (at most GOLDEN_MAX_BYTES) and judged in one round trip:
+    (there is one, why it cannot judge or None, whether this ops holds the host's lock)."""
+    root = shell_path(host.target.remote_root)
+    script = (
+        f"root={root}; f={shell_path(path)}; "
+        'printf \'%s\\n\' "$(head -c 4096 "$root/lock.holder" 2>/dev/null | head -n 1)"; '
+        '[ -f "$f" ] || exit 3; n=$(wc -c < "$f") || exit 4; echo "$n"; '
+        f'[ "$n" -le {GOLDEN_MAX_BYTES} ] || exit 0; cat -- "$f"'
+    )
+    res = host.run_script(script, step="golden set")
+    holder, _, rest = res.stdout.partition("\n")
+    locked = _held_by_us(holder)
+    if res.rc == 3:
+        return False, None, locked
+    size, _, text = rest.partition("\n")
+    if res.rc != 0 or not size.strip().isdigit():
+        return True, f"cannot be read ({res.tail(n=1) or f'exit {res.rc}'})", locked
+    if int(size) > GOLDEN_MAX_BYTES or len(text) > GOLDEN_MAX_BYTES:
+        return True, f"more than {GOLDEN_MAX_BYTES // MIB} MiB, the limit for a golden set", locked
+    try:
+        parse_golden(text)
+    except ValueError as exc:
+        return True, str(exc), locked
+    return True, None, locked
+
+
+def _held_by_us(note: str) -> bool:
+    """Whether the host lock's note (`lock.holder`, see Host.lock) names this ops process."""
+    try:
+        info = json.loads(note)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return (
+        isinstance(info, dict)
+        and info.get("pid") == os.getpid()
+        and info.get("host") == socket.gethostname()
+    )
 
 
 def hook_check(host: Host) -> Check:

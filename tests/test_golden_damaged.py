@@ -1,0 +1,212 @@
+"""A damaged golden set on the host (probe37 P83) is a failed `identity` check that says what is
+wrong and how to re-record it, never a traceback: `ops healthcheck` fails on it (exit 1); a
+deploy's pre-flight fails on it and `--force` passes it; a deploy's post-flight and
+`ops rollback` (run while ops holds the host's lock: the host is mid-change) skip identity
+with a loud NOT CHECKED instead of undoing the change; `ops healthcheck --record-golden`
+repairs it, keeping the damaged file beside it. `checks.identity` itself refuses every such
+set before any request (exit 2, one JSON document); `--golden` with a JSON nested 200000
+deep is exit 2, not an internal error (P84).
+
+Real parts: the `ops` CLI as a subprocess, the stand-in service under ops's process manager
+(helpers/local.py's `Ops` for the healthchecks, tests/test_deploy_hostile.py's `Ops` for the
+deploys and the rollback, its releases from a real git source), `checks.identity` run as
+`python -m`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.deploy import commit_change
+from helpers.local import Ops as ServiceOps
+from helpers.local import end_services
+from helpers.sshd import free_port
+from test_deploy_hostile import REPO, one_error_line, steps
+from test_deploy_hostile import Ops as DeployOps
+
+SCHEMA = "ddtree-ops/golden/v1"
+FIX = "ops healthcheck local --record-golden"
+GOOD_PROMPT = {"id": "p0", "prompt": "2+2=", "token_ids": [1, 2, 3], "text": "abc"}
+
+
+def golden_doc(**changes: object) -> bytes:
+    doc = {"schema": SCHEMA, "max_tokens": 3, "model": "fake", "prompts": [GOOD_PROMPT]}
+    doc.update(changes)
+    return json.dumps(doc).encode()
+
+
+# (what the file holds, what the one line says is wrong)
+DAMAGES = {
+    "truncated": (None, "): damaged or cut short"),  # not JSON (the decoder's own words)
+    "numbers": (golden_doc(prompts=[1, 2]), "prompts[0] is a number, not a prompt object"),
+    "no_prompt": (golden_doc(prompts=[{"id": "p0", "token_ids": [1]}]), "has no prompt text"),
+    "max_tokens_x": (golden_doc(max_tokens="x"), "max_tokens 'x' is not a whole number >= 1"),
+    "max_tokens_huge": (
+        golden_doc().replace(b'"max_tokens": 3', b'"max_tokens": 1e400'),
+        "max_tokens inf is not a whole number >= 1",
+    ),
+    "mapping": (golden_doc(prompts={"p0": GOOD_PROMPT}), "prompts is a mapping, not a list"),
+    "token_ids": (
+        golden_doc(prompts=[{**GOOD_PROMPT, "token_ids": "123"}]),
+        "token_ids is not a list of token ids",
+    ),
+    "twice": (golden_doc(prompts=[GOOD_PROMPT, GOOD_PROMPT]), "id 'p0' is there twice"),
+    "deep": (b"[" * 200_000, "nested too deeply"),
+    # bytes that are not UTF-8: only the host's own read of the file can tell
+    "not_utf8": (golden_doc(prompts=[{**GOOD_PROMPT, "prompt": "2+2=\udcff"}]), "utf-8"),
+}
+
+
+def damage(golden: Path, kind: str) -> None:
+    content, _ = DAMAGES[kind]
+    if kind == "truncated":
+        content = golden.read_bytes()[:300]
+    elif kind == "not_utf8":
+        assert content is not None
+        content = content.replace(b"\\udcff", b"\xff")
+    assert content is not None
+    golden.write_bytes(content)
+
+
+def no_traceback(*texts: str) -> None:
+    for text in texts:
+        assert "Traceback" not in text and "internal error" not in text, text[-3000:]
+
+
+def identity(doc: dict) -> dict:
+    (check,) = [c for c in doc["checks"] if c["name"] == "identity"]
+    return check
+
+
+@pytest.fixture
+def svc(tmp_path: Path):
+    o = ServiceOps(tmp_path)
+    o.configure()
+    yield o
+    o.stop()
+
+
+def test_healthcheck_fails_a_damaged_golden_set_in_one_line(svc: ServiceOps) -> None:
+    assert svc.json("service", "start", "local")[0] == 0
+    assert svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")[0] == 0
+    golden = svc.tmp / "root" / "golden" / "golden.json"
+    recorded = golden.read_bytes()
+    for kind, (_, why) in DAMAGES.items():
+        golden.write_bytes(recorded)
+        damage(golden, kind)
+        res = svc("healthcheck", "local", "--json")
+        no_traceback(res.stdout, res.stderr)
+        assert res.returncode == 1, (kind, res.stdout[-2000:], res.stderr[-2000:])
+        doc = json.loads(res.stdout)
+        assert doc["failed"] == ["identity"], (kind, doc["failed"])
+        check = identity(doc)
+        assert check["status"] == "fail"
+        assert check["detail"].startswith(f"the golden set {golden} is damaged: "), check
+        assert why in check["detail"], (kind, check["detail"])
+        assert FIX in check["detail"] and "\n" not in check["detail"]
+        module = doc["modules"]["identity"]
+        assert module["ok"] is False and module["error"] == "bad_golden", module
+    res = svc("healthcheck", "local")  # the human view: the failed module, its one line
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 1 and "FAIL (identity)" in res.stdout, res.stdout
+    assert "damaged" in res.stdout
+    # the fix it names works, and keeps the damaged set beside the new one
+    damaged = golden.read_bytes()
+    code, rec = svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")
+    assert code == 0, rec
+    assert (golden.parent / "golden.json.1").read_bytes() == damaged
+    code, doc = svc.json("healthcheck", "local")
+    assert code == 0 and identity(doc)["status"] == "pass", doc["failed"]
+
+
+def test_local_golden_file_nested_deep_is_bad_input(svc: ServiceOps) -> None:
+    """P84: `ops healthcheck --golden FILE` of 200000 nested `[` is exit 2, one line naming the
+    file (the bounded read in ops/files.py, or parse_golden after it, says it is too deep)."""
+    assert svc.json("service", "start", "local")[0] == 0
+    deep = svc.tmp / "deep.json"
+    deep.write_bytes(b"[" * 200_000)
+    line = one_error_line(svc("healthcheck", "local", "--golden", str(deep)))
+    assert f"golden file {deep}: " in line and "nested" in line, line
+
+
+@pytest.mark.parametrize("kind", ["numbers", "no_prompt", "max_tokens_huge", "mapping", "deep"])
+def test_identity_module_refuses_a_damaged_golden_set_before_any_request(
+    tmp_path: Path, kind: str
+) -> None:
+    golden = tmp_path / "golden.json"
+    golden.write_bytes(golden_doc())
+    damage(golden, kind)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: no request is made first
+    res = subprocess.run(
+        [sys.executable, "-m", "checks.identity", "--json", "--url", url, "--golden", str(golden)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    no_traceback(res.stderr)
+    assert res.returncode == 2, (res.stdout, res.stderr[-2000:])
+    doc = json.loads(res.stdout)
+    assert doc["error"] == "bad_golden" and doc["message"].startswith(f"{golden}: ")
+    assert DAMAGES[kind][1] in doc["message"], doc["message"]
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = DeployOps(tmp_path)
+    yield o
+    end_services(o.root)
+
+
+def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: DeployOps) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    golden = ops.root / "golden" / "golden.json"
+    assert golden.is_file()
+    damage(golden, "numbers")
+    why = DAMAGES["numbers"][1]
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+
+    # the pre-flight fails on it, in one line with the fix, and nothing changes
+    res = ops.deploy()
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 1, res.stdout + res.stderr
+    result = ops.record("deploy")["results"][0]
+    assert result["failed_step"] == "preflight" and ops.current() == r1
+    (pre,) = [s for s in result["steps"] if s["name"] == "preflight"]
+    assert any(why in line and FIX in line for line in pre["evidence"]), pre
+
+    # --force passes it; the post-flight (under the lock) does not undo the deploy for it
+    res = ops.deploy("--force")
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = ops.record("deploy")["results"][0]
+    assert result["outcome"] == "deployed", result["message"]
+    assert steps(result)["postflight"] == "ok" and "rollback" not in steps(result)
+    r2 = ops.current()
+    assert r2 != r1 and ops.serving() == r2
+    (post,) = [s for s in result["steps"] if s["name"] == "postflight"]
+    check = identity(post["data"]["report"])
+    assert check["status"] == "skip" and check["detail"].startswith("NOT CHECKED: "), check
+    assert why in check["detail"] and FIX in check["detail"]
+
+    # an emergency rollback is not blocked: it switches, restarts, and stays
+    res = ops("rollback", "local")
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ops.current() == r1 and ops.serving() == r1
+    result = ops.record("rollback")["results"][0]
+    assert result["outcome"] == "switched", result
+    (post,) = [s for s in result["steps"] if s["name"] == "postflight"]
+    assert identity(post["data"]["report"])["detail"].startswith("NOT CHECKED: ")
+    assert not (ops.root / "deploy.pending").exists()
+
+    # outside a deploy, the same set still fails a healthcheck
+    code, doc = ops.json("healthcheck", "local", "--max-tokens", "3")
+    assert code == 1 and doc["failed"] == ["identity"], doc.get("failed")
+    assert os.path.exists(golden)
