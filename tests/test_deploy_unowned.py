@@ -11,13 +11,16 @@ full disk.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.deploy import commit_change
@@ -330,15 +333,30 @@ def small_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def fill(disk: Path) -> Path:
+def fill(disk: Path, hold_s: float = 0.0) -> Path:
+    """Fill the disk to its last byte (64 KiB writes, then 4 KiB, then single bytes); with
+    `hold_s`, keep taking whatever is freed for that long (a log that keeps growing)."""
     filler = disk / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+
+    def take(f: Any) -> None:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+
+    f = open(filler, "ab", buffering=0)  # noqa: SIM115 - closed by the thread below
+    take(f)
+
+    def keep() -> None:
+        end = time.monotonic() + hold_s
+        while time.monotonic() < end:
+            take(f)
+            time.sleep(0.001)
+        f.close()
+
+    threading.Thread(target=keep, daemon=True).start()
     return filler
 
 
@@ -453,3 +471,148 @@ def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
         assert ops.current() == before, res.stderr
         assert ops.serving() == before
     healthy(ops)
+
+
+def service_state(ops: Ops) -> tuple[dict, str | None]:
+    """`ops service status` as JSON, and the release the service's process runs from."""
+    _, st = ops.json("service", "status", "local")
+    try:
+        cwd = Path(os.readlink(f"/proc/{st['pid']}/cwd")).name
+    except (KeyError, OSError):
+        cwd = None
+    return st, cwd
+
+
+def port_owner(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_disk_full_at_restart_never_leaves_a_service_ops_cannot_see(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The disk fills as the restart begins (a log growing, say). Before: the new release's
+    service started, its pidfile could not be written, and it served unseen and unstoppable
+    while `current` said the old one. Now the restart stops nothing unless the new start has
+    its pidfile's room on disk, and a start that cannot record its process ends it."""
+    ops = Ops(tmp_path / "o")
+    ops.root = small_disk / "root"
+    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
+    ops.inventory.write_text(text)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+        filled: list[Path] = []
+        code, out, err, _ = ops.interrupt_at(
+            "switch: ok", "local", sig=0, first=lambda: filled.append(fill(small_disk, 4))
+        )
+        assert code in (0, 1) and no_traceback(err), err
+        deadline = time.monotonic() + 30
+        while ops.guard_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        st, runs_from = service_state(ops)
+        assert st.get("state") == "active", st  # seen by ops, on the disk still full
+        assert runs_from == ops.current(), (runs_from, ops.current(), err)
+        if code == 1:
+            assert runs_from == r1 and "No space left" in err, err
+        filled[0].unlink()
+        assert not list((ops.root / "run").glob("*.tmp*"))
+        healthy(ops)
+    finally:
+        end_services(ops.root)
+
+
+@pytest.fixture
+def ro_run(ops: Ops):
+    """After a bootstrap deploy: the root's run/ made read-only by a bind mount."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    run = ops.root / "run"
+    res = subprocess.run(["mount", "--bind", str(run), str(run)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {res.stderr.decode().strip()}")
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], check=True)
+    yield ops
+    subprocess.run(["umount", "-l", str(run)], capture_output=True)
+
+
+def test_read_only_run_dir_keeps_the_service_running(ro_run: Ops) -> None:
+    ops = ro_run
+    r1 = ops.current()
+    res = ops("service", "restart", "local")
+    assert res.returncode == 1 and no_traceback(res.stderr), res.stdout + res.stderr
+    assert "Read-only file system" in res.stdout + res.stderr
+    assert "not stopped" in res.stdout + res.stderr
+    assert service_state(ops)[1] == r1
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    res = ops.deploy()
+    assert res.returncode == 1 and no_traceback(res.stderr), res.stderr
+    assert ops.current() == r1
+    st, runs_from = service_state(ops)
+    assert st.get("state") == "active" and runs_from == r1, st
+    rejected = list((ops.root / "releases").glob("*/rejected.json"))
+    assert rejected == [], "a host's trouble is not the release's fault"
+    healthy(ops)
+
+
+def test_current_as_a_file_restart_stops_nothing(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    (ops.root / "current").unlink()
+    (ops.root / "current").write_text("not a release\n")
+    res = ops("service", "restart", "local")
+    assert res.returncode == 1 and no_traceback(res.stdout + res.stderr), res.stderr
+    assert "is not a directory" in res.stdout and "not stopped" in res.stdout, res.stdout
+    st, runs_from = service_state(ops)
+    assert st.get("state") == "active" and runs_from == r1, st
+    relink(ops.root, f"releases/{r1}")
+    dangling = ops.root / "releases" / "gone"
+    relink(ops.root, str(dangling))
+    res = ops("service", "restart", "local")
+    assert res.returncode == 1 and "does not exist" in res.stdout, res.stdout + res.stderr
+    assert service_state(ops)[0].get("state") == "active"
+
+
+def test_a_fifo_as_pidfile_never_hangs(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = next((ops.root / "run").glob("*.pid"))
+    text = pidfile.read_text()
+    pidfile.unlink()
+    os.mkfifo(pidfile)
+    try:
+        t0 = time.monotonic()
+        code, st = ops.json("service", "status", "local")
+        assert time.monotonic() - t0 < 20
+        assert code == 1 and "not a regular file" in st.get("detail", ""), st
+    finally:
+        pidfile.unlink()
+        pidfile.write_text(text)
+
+
+def test_ctrl_c_during_a_restart_says_where_the_service_is(ops: Ops) -> None:
+    slow = "def main() -> None:\n    time.sleep(3)\n"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow)
+    assert ops.deploy("--bootstrap", "--wait", "30").returncode == 0
+    proc = subprocess.Popen(
+        ops.argv("service", "restart", "local"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 30
+    while not port_owner(ops.port) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the old service serves ...
+    while port_owner(ops.port) and time.monotonic() < deadline:
+        time.sleep(0.05)  # ... until the restart's stop; then the new one sleeps 3 s
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    said = " ".join(err.split())
+    now = re.search(r"the service is now (\w+)", said)
+    assert now and now[1] in ("active", "activating", "inactive", "failed"), said
+    if now[1] != "active":
+        assert "ops service start local" in said, said
+    rec = ops.record("service-restart")
+    assert "the service is now" in rec["error"]["message"], rec

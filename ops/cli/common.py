@@ -266,7 +266,7 @@ def on_target(
     try:
         run, done = recorded(name, t, {"target": t.name, **inputs}, body, key=key)
     except RecordedInterrupt as stop:
-        return interrupted(st, stop.run)
+        return interrupted(st, stop.run, stop.where)
     return finish(st, run, done, show, doc=doc, always=always, record_line=record_line)
 
 
@@ -286,18 +286,22 @@ class RecordedInterrupt(KeyboardInterrupt):
     """Ctrl-C that the command did not turn into a result of its own: its record is written
     (outcome interrupted); `run` is where."""
 
-    def __init__(self, run: RunDir) -> None:
+    def __init__(self, run: RunDir, where: str = "") -> None:
         super().__init__("interrupted")
         self.run = run
+        self.where = where  # where the interrupt left the host, when the command could ask
 
 
-def interrupted(st: CliState, run: RunDir) -> int:
+def interrupted(st: CliState, run: RunDir, where: str = "") -> int:
     """A command that Ctrl-C stopped before it had a result: the same lines as any result (the
     JSON document with --json, one line, where the record is), exit 130."""
     if st.as_json:
         doc = {"ok": False, "outcome": "interrupted", "run_dir": str(run.path)}
         emit_json({**doc, **record_error(run)})
-    err.print("[yellow]interrupted[/] (Ctrl-C) before a result")
+    err.print(
+        "[yellow]interrupted[/] (Ctrl-C) " + (escape(where) if where else "before a result"),
+        soft_wrap=True,
+    )
     say_record(run)
     return EXIT_INTERRUPTED
 
@@ -332,7 +336,7 @@ def recorded(
             error={"error": type(exc).__name__, "message": str(exc)},
         )
         if outcome == "interrupted":
-            raise RecordedInterrupt(run) from exc
+            raise RecordedInterrupt(run, str(exc)) from exc
         say_record(run, where=False)
         raise
     section = {key or command: done.section}

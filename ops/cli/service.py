@@ -23,9 +23,10 @@ from ops.cli.common import (
     out,
     state,
 )
+from ops.deploy.host_actions import interrupts_held
 from ops.errors import EXIT_FAIL, EXIT_OK, OpsError
 from ops.hosts.remote import Host
-from ops.service.managers import ServiceStatus, manager_for
+from ops.service.managers import ServiceManager, ServiceStatus, manager_for
 
 service_app = typer.Typer(
     help="Start, stop, restart or report the service of a target through its manager.",
@@ -48,6 +49,20 @@ def _print_status(st: ServiceStatus) -> None:
         err.print("[dim]" + escape("\n".join(st.evidence[-20:])) + "[/]", soft_wrap=True)
 
 
+def _left(mgr: ServiceManager, verb: str, target: str) -> str:
+    """After a Ctrl-C in a start, stop or restart: the service's state, asked of the host with
+    further Ctrl-Cs held (a restart cut between its stop and its start leaves none running)."""
+    with interrupts_held():
+        try:
+            st = mgr.status()
+        except OpsError as exc:
+            return f"during service {verb}; could not ask the service's state: {exc.message}"
+    said = f"during service {verb}: the service is now {st.state}"
+    if not st.active and verb != "stop":
+        said += f"; to bring it back: ops service start {target}"
+    return said
+
+
 def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
     def act(host: Host) -> Done[ServiceStatus]:
         mgr = manager_for(host)
@@ -55,10 +70,13 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
             st = mgr.status()
         else:
             with host.lock(f"ops service {verb}"):
-                if verb == "stop":
-                    st = mgr.stop()
-                else:
-                    st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
+                try:
+                    if verb == "stop":
+                        st = mgr.stop()
+                    else:
+                        st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(_left(mgr, verb, target)) from None
         good = st.active if verb != "stop" else st.state == "inactive"
         return Done(EXIT_OK if good else EXIT_FAIL, "ok" if good else "fail", st)
 

@@ -47,7 +47,7 @@ from ops.deploy.result import (
     since_last_start,
     utc_now,
 )
-from ops.errors import OpsError
+from ops.errors import HostError, OpsError, Unreachable
 from ops.hosts.remote import Host
 from ops.measure.healthcheck import HealthReport, golden_on_host, run_healthcheck
 from ops.service.managers import ProcessManager, SystemdManager, manager_for
@@ -500,7 +500,11 @@ class Deployer:
         )
 
     def _restart(self, mgr: Any) -> tuple[Status, str, dict[str, Any]]:
-        st = mgr.restart(self.opts.wait_s)
+        try:
+            st = mgr.restart(self.opts.wait_s)
+        except HostError as exc:  # the host's trouble (a full disk, a lost link), not the release's
+            self._blocked = "host"
+            return "fail", f"restart failed on the host: {exc.message}", {}
         self._blocked = st.blocked_by  # not the release's fault: it is not rejected for it
         data = {
             "service": st.model_dump(),
@@ -509,7 +513,13 @@ class Deployer:
         return ("ok" if st.active else "fail"), f"{st.state}: {st.detail}", data
 
     def _postflight(self, record: bool) -> tuple[Status, str, dict[str, Any]]:
-        rep = self._health(record)
+        try:
+            rep = self._health(record)
+        except Unreachable as exc:
+            self._blocked = "host"
+            return "fail", f"post-flight could not reach the host: {exc.message}", {}
+        except HostError as exc:  # e.g. the release's own checks do not run: its fault
+            return "fail", f"post-flight could not run: {exc.message}", {}
         data: dict[str, Any] = {"report": rep.model_dump(mode="json")}
         if rep.ok:
             return "ok", "healthy, token-identical" + (" (golden recorded)" if record else ""), data
@@ -538,7 +548,7 @@ class Deployer:
             try:
                 doc = host_releases(self.host, "revert", "settle")
             except OpsError as exc:  # deploy.pending stays: the guard tries again as ops leaves
-                return "fail", f"could not switch back: {exc.message}; current is {rid}", {}
+                return "fail", f"could not switch back: {exc.message}; {self._where_now()}", {}
             reverted.update(doc)
             if doc.get("first_install"):  # stop the service first, then no current at all
                 st = mgr.stop()
@@ -547,8 +557,12 @@ class Deployer:
                 return ("ok" if not st.active else "fail"), f"{detail}; service {st.state}", {}
             if not doc.get("reverted"):
                 return "fail", doc.get("note") or f"nothing to switch back to: current is {rid}", {}
-            st = mgr.restart(self.opts.wait_s)
-            rep = self._health(False)
+            try:
+                st = mgr.restart(self.opts.wait_s)
+                rep = self._health(False)
+            except HostError as exc:
+                detail = f"current: {rid} -> {doc.get('current')}; then {exc.message}"
+                return "fail", detail, {}
             ok = st.active and rep.ok
             detail = f"current: {rid} -> {doc.get('current')}; service {st.state}"
             detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
@@ -560,15 +574,18 @@ class Deployer:
         except StepFailed:
             pass
         if reverted.get("reverted"):
-            host_releases(self.host, "commit")
+            try:
+                host_releases(self.host, "commit")
+            except OpsError:
+                pass  # deploy.pending stays: the guard, as ops leaves, restarts the same release
         after = reverted.get("current") if reverted.get("reverted") else None
         if reverted.get("first_install"):
             where = "the first install was removed (no release is current)"
         elif reverted.get("reverted"):
             where = f"rolled back to {after}"
-        else:
-            where = f"could not roll back: the host is on {rid}"
-            after = rid
+        else:  # say where the host is, as it says, not where this deploy last put it
+            after, asked = self._ask_current()
+            where = f"could not roll back: {asked}"
         return self.result(
             "rolled-back",
             release=rid,
@@ -577,6 +594,18 @@ class Deployer:
             failed_step=failed.name,
             message=f"{failed.name} failed ({failed.detail}); {where}",
         )
+
+    def _ask_current(self) -> tuple[str | None, str]:
+        """Where `current` is, asked of the host after a step that failed half way: (what it
+        shows, a phrase saying so)."""
+        try:
+            now = shown_state(host_releases(self.host, "list").get("current_state"))
+        except OpsError as exc:
+            return None, f"could not ask the host where current is: {exc.message}"
+        return now, f"current is {now or '(none)'}"
+
+    def _where_now(self) -> str:
+        return self._ask_current()[1]
 
     def _prune(self) -> None:
         def prune() -> tuple[Status, str, dict[str, Any]]:

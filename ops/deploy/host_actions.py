@@ -51,10 +51,10 @@ def restart_script(target: Target) -> str:
     py, src = shlex.quote(target.python), shlex.quote(PROCMAN_SOURCE)
     pf, log = shell_path(pidfile(target)), shell_path(logfile(target))
     cmd = shlex.quote(ProcessManager.render_command(target))
+    # restart, not stop then start: it stops nothing when the start could not happen
     return (
-        f"{py} -c {src} stop {pf} {svc.stop_timeout:g} >/dev/null; "
-        f"{py} -c {src} start {pf} {log} {shell_path(target.remote_root)} {cmd} "
-        f"{shlex.quote(svc.url)} >/dev/null"
+        f"{py} -S -c {src} restart {pf} {log} {shell_path(target.remote_root)} {cmd} "
+        f"{shlex.quote(svc.url)} 0 {svc.stop_timeout:g} >/dev/null"
     )
 
 

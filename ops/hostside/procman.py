@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -77,12 +78,19 @@ def alive(pid: int) -> bool:
 def read_pidfile(path: str) -> tuple[dict | None, str | None]:
     """(identity, None) for a well-formed pidfile; (None, why) for garbage; (None, None) if none."""
     try:
-        with open(path) as f:
-            text = f.read(4096)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there must not hang us
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         return None, f"unreadable pidfile ({exc.strerror})"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "not a regular file"
+        text = os.read(fd, 4096).decode("utf-8", "replace")
+    except OSError as exc:
+        return None, f"unreadable pidfile ({exc.strerror})"
+    finally:
+        os.close(fd)
     try:
         ident = json.loads(text)
         pid = ident["pid"]
@@ -173,11 +181,15 @@ def verify(ident: dict, pidfile: str | None = None) -> str | None:
     return not_owner(ident, pidfile) if pidfile is not None else None
 
 
-def remove(path: str) -> None:
+def remove(path: str) -> str | None:
+    """Unlink `path`; why it could not be (None when it is gone)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        return f"could not remove {path}: {exc.strerror}"
+    return None
 
 
 def listening_inodes(port: int) -> set[str] | None:
@@ -266,9 +278,11 @@ def read_env(path: str) -> dict[str, str]:
     env: dict[str, str] = {}
     try:
         with open(path) as f:
-            lines = f.read().splitlines()
+            lines = f.read(1 << 20).splitlines()
     except FileNotFoundError:
         return env
+    except OSError as exc:
+        raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
     for line in lines:
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
@@ -297,18 +311,79 @@ def do_status(pidfile: str, url: str) -> dict:
     return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok"}
 
 
-def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
+class NotStartable(Exception):
+    """The service cannot be started from here (nothing was started, nothing was stopped)."""
+
+
+PIDFILE_ROOM = 1024  # bytes reserved for the pidfile before the service starts
+
+
+def reserve(pidfile: str) -> str:
+    """A temporary pidfile with its room already written to disk: once the service runs, its
+    identity goes into blocks the disk has already given, so a disk that fills up meanwhile
+    cannot leave a running service without a pidfile. Its path; NotStartable if the run
+    directory cannot take it (full, read-only)."""
+    tmp = f"{pidfile}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(pidfile), exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(" " * PIDFILE_ROOM)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        remove(tmp)
+        where = os.path.dirname(pidfile)
+        raise NotStartable(f"cannot write the pidfile in {where}: {exc.strerror}") from None
+    return tmp
+
+
+def startable(root: str) -> str:
+    """The directory the service starts in; NotStartable when `current` cannot be run."""
+    current = os.path.join(root, "current")
+    if os.path.islink(current) and not os.path.exists(current):
+        raise NotStartable(f"current -> {os.readlink(current)} does not exist")
+    if os.path.lexists(current) and not os.path.isdir(current):
+        raise NotStartable(f"{current} is not a directory")
+    return current if os.path.isdir(current) else root
+
+
+def open_log(log: str, command: str, notes: list) -> int:
+    """The log's fd for the service's output; /dev/null (with a note) when it cannot be written:
+    a full or read-only log directory must not keep the service down."""
+    try:
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        notes.append(f"log not written ({log}: {exc.strerror})")
+        return os.open(os.devnull, os.O_WRONLY)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        os.write(fd, f"=== {stamp} ops start: {command}\n".encode())
+    except OSError as exc:
+        notes.append(f"log not written ({log}: {exc.strerror})")
+    return fd
+
+
+def do_start(
+    pidfile: str, log: str, root: str, command: str, url: str, reserved: str | None = None
+) -> dict:
     notes = []
     ident, problem = read_pidfile(pidfile)
     if ident is not None:
         problem = verify(ident, pidfile)
         if problem is None:
+            if reserved:
+                remove(reserved)
             return {"started": False, "already": True, "pid": ident["pid"]}
     if problem:
-        remove(pidfile)
         notes.append(f"removed stale pidfile: {problem}")
+        why = remove(pidfile)
+        if why:
+            notes.append(why)
     holder = port_holder(url)
     if holder is not None:
+        if reserved:
+            remove(reserved)
         who = f"pid {holder['pid']}" if holder["pid"] else "another user's process"
         return {
             "started": False,
@@ -316,22 +391,23 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
             "reason": f"port {port_of(url)} is already in use by {who} ({holder['cmdline']})",
             "blocked_by": "port",  # the host's, not the release's: nothing was started
         }
-    current = os.path.join(root, "current")
-    cwd = current if os.path.isdir(current) else root
+    try:
+        cwd = startable(root)
+        tmp = reserved or reserve(pidfile)
+        release_env = read_env(os.path.join(root, "current", "service.env"))
+    except NotStartable as exc:
+        if reserved:
+            remove(reserved)
+        return {"started": False, "notes": notes, "reason": str(exc), "blocked_by": "host"}
     env = dict(os.environ)
-    release_env = read_env(os.path.join(current, "service.env"))
     if release_env.get("PYTHONPATH") and env.get("PYTHONPATH"):
         # the release's code first, then whatever the service's own environment needs
         release_env["PYTHONPATH"] += os.pathsep + env["PYTHONPATH"]
     env.update(release_env)
     owner_root, service = owner_of(pidfile)
     env[ENV_ROOT], env[ENV_SERVICE] = owner_root, service  # whose it is (not_owner reads them)
-    os.makedirs(os.path.dirname(pidfile), exist_ok=True)
-    os.makedirs(os.path.dirname(log), exist_ok=True)
-    with open(log, "ab") as out:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        out.write(f"=== {stamp} ops start: {command}\n".encode())
-        out.flush()
+    out = open_log(log, command, notes)
+    try:
         proc = subprocess.Popen(
             ["bash", "-c", "exec " + command],
             cwd=cwd,
@@ -341,6 +417,11 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
             stderr=out,
             start_new_session=True,
         )
+    except OSError as exc:
+        remove(tmp)
+        return {"started": False, "notes": notes, "reason": f"cannot run the command: {exc}"}
+    finally:
+        os.close(out)
     st = proc_stat(proc.pid) or {}
     ident = {
         "pid": proc.pid,
@@ -351,10 +432,21 @@ def do_start(pidfile: str, log: str, root: str, command: str, url: str) -> dict:
         "root": owner_root,
         "service": service,
     }
-    tmp = f"{pidfile}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(ident, f)
-    os.replace(tmp, pidfile)
+    try:
+        text = json.dumps(ident)
+        with open(tmp, "r+") as f:  # into the room reserved: no new block is needed
+            f.write(text.ljust(PIDFILE_ROOM) if len(text) <= PIDFILE_ROOM else text)
+        os.replace(tmp, pidfile)
+    except OSError as exc:
+        # a service nobody can see or stop must not run: end it before saying why
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        remove(tmp)
+        reason = f"started pid {proc.pid}, then could not record it ({exc.strerror}); killed it"
+        return {"started": False, "notes": notes, "reason": reason, "blocked_by": "host"}
     return {"started": True, "pid": proc.pid, "cwd": cwd, "notes": notes}
 
 
@@ -395,8 +487,8 @@ def do_stop(pidfile: str, grace: float) -> dict:
     if ident is not None:
         problem = verify(ident, pidfile)
     if problem:
-        remove(pidfile)
-        detail = f"stale pidfile: {problem}; removed it, signalled nothing"
+        kept = remove(pidfile)
+        detail = f"stale pidfile: {problem}; {kept or 'removed it'}, signalled nothing"
         return {"action": "stale", "detail": detail, "signals": []}
     pid = ident["pid"]
     signals = []
@@ -426,25 +518,51 @@ def do_stop(pidfile: str, grace: float) -> dict:
             continue
         at = round(time.time() - t0, 3)
         signals.append({"signal": "SIGKILL", "to": f"pid {other}", "at_s": at})
-    remove(pidfile)
+    kept = remove(pidfile)  # the process is gone: a pidfile left behind is stale from now on
     took = time.time() - t0
     return {
         "action": "stopped",
         "pid": pid,
         "seconds": round(took, 3),
-        "detail": f"stopped pid {pid} after {took:.1f} s ({how})",
+        "detail": f"stopped pid {pid} after {took:.1f} s ({how})" + (f"; {kept}" if kept else ""),
         "signals": signals,
     }
 
 
-def do_up(pidfile: str, log: str, root: str, command: str, url: str, timeout: float) -> dict:
+def do_up(
+    pidfile: str,
+    log: str,
+    root: str,
+    command: str,
+    url: str,
+    timeout: float,
+    reserved: str | None = None,
+) -> dict:
     """start; then wait (when this call started it) and the status after either."""
-    started = do_start(pidfile, log, root, command, url)
+    started = do_start(pidfile, log, root, command, url, reserved)
     doc = {"start": started}
     if started.get("started"):
         doc["wait"] = do_wait(pidfile, url, timeout)
     if started.get("started") or started.get("already"):
         doc["status"] = do_status(pidfile, url)
+    return doc
+
+
+def do_restart(
+    pidfile: str, log: str, root: str, command: str, url: str, timeout: float, grace: float
+) -> dict:
+    """stop, then up; but first make sure the start can happen (current runnable, room for the
+    pidfile), so a restart that could not start the service never stops it."""
+    try:
+        startable(root)
+        read_env(os.path.join(root, "current", "service.env"))
+        tmp = reserve(pidfile)
+    except NotStartable as exc:
+        reason = f"{exc}; the service was not stopped"
+        return {"start": {"started": False, "reason": reason, "blocked_by": "host"}}
+    stopped = do_stop(pidfile, grace)
+    doc = do_up(pidfile, log, root, command, url, timeout, reserved=tmp)
+    doc["stop"] = stopped
     return doc
 
 
@@ -460,8 +578,15 @@ def main(argv: list[str]) -> dict:
         return do_up(args[0], args[1], args[2], args[3], args[4], float(args[5]))
     if action == "stop":
         return do_stop(args[0], float(args[1]))
+    if action == "restart":
+        return do_restart(*args[:5], float(args[5]), float(args[6]))
     raise SystemExit(f"unknown action {action!r}")
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1:])))
+    try:
+        result = main(sys.argv[1:])
+    except OSError as exc:  # the host's own trouble (a full or read-only disk): one line
+        where = f" ({exc.filename})" if exc.filename else ""
+        result = {"error": f"{exc.strerror or exc}{where}"}
+    print(json.dumps(result))

@@ -425,10 +425,16 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
     if prev_before["kind"] != "directory" and prev_before["kind"] != "file":
         put_previous_back(root, prev_before)
     back = shown(cur_before)
-    if settle:
-        write_json(path, {"settled": True, "current": back})
-    else:
+    if not settle:
         os.unlink(path)
+        return {"reverted": True, "current": back}
+    try:
+        write_json(path, {"settled": True, "current": back})
+    except OSError as exc:
+        # current is back; the record stays as it was, so a guard that runs later reverts again
+        # to the same place (a no-op) and restarts the service
+        note = f"current is back; deploy.pending not updated ({exc.strerror})"
+        return {"reverted": True, "current": back, "note": note}
     return {"reverted": True, "current": back}
 
 

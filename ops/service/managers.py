@@ -261,6 +261,10 @@ class ProcessManager(ServiceManager):
                 target=self.host.name,
                 step=f"service {action}",
             )
+        if "error" in doc:  # the host's own trouble, e.g. a full or read-only disk
+            raise HostError(
+                f"process manager: {doc['error']}", target=self.host.name, step=f"service {action}"
+            )
         return doc
 
     @staticmethod
@@ -314,6 +318,10 @@ class ProcessManager(ServiceManager):
             "up", pf, log, root, self.command_line(), self.service.url, str(wait_s),
             timeout=wait_s + 90,
         )  # fmt: skip
+        return self._after_up(up)
+
+    def _after_up(self, up: dict) -> ServiceStatus:
+        """The status an `up` (or a `restart`) document describes."""
         doc = up.get("start") or {}
         notes = doc.get("notes") or []
         if doc.get("already"):
@@ -352,9 +360,16 @@ class ProcessManager(ServiceManager):
         )
 
     def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+        """stop then start in one run of the host side, which first makes sure the start can
+        happen (current runnable, room for the pidfile): otherwise nothing is stopped."""
         check_wait(wait_s)
-        self._stop()  # the status after the stop would be read by no one: not asked for
-        return self.start(wait_s)
+        root, pf, log = self._paths()
+        grace = self.service.stop_timeout
+        up = self._host_side(
+            "restart", pf, log, root, self.command_line(), self.service.url, str(wait_s),
+            str(grace), timeout=wait_s + grace + 130,
+        )  # fmt: skip
+        return self._after_up(up)
 
     def _stop(self) -> dict:
         _, pf, _ = self._paths()
