@@ -3,7 +3,8 @@
 # lacks (the library's device/KINDS.md lists what it has: torch, numpy, typer, rich, jinja2,
 # requests, httpx, ...), each at the version installed here, for the device's Python 3.12 on
 # x86-64 Linux, into ./.whl (git-ignored). The device scripts (verify-all.sh, rollout-gpu.sh,
-# deploy-gpu.sh, service-vs-bench.sh) install ./.whl into /tmp/site when it is there.
+# deploy-gpu.sh) install ./.whl into /tmp/site when it is there (benchmarks/preamble.sh). It runs
+# here, not on the device, so it does not source the preamble.
 # fastapi 0.165 (the version installed here) needs opentelemetry-api; without it the engine's HTTP front end exits at import.
 # These versions and platform tags made the set that ran on the H200 device on 2026-12-02.
 # Usage, project root, on this machine (pip must reach an index): bash benchmarks/device-wheels.sh

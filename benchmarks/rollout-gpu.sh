@@ -19,27 +19,20 @@
 # probe's own load on the shared GPU stays out of the bench's timings.
 # Usage on the GPU host, project root:
 #   OUT=dir WHICH=tree|attn [ARCH=sm_90] [GPUS=1|2] [RECHECK=0|1] [CYCLES=N]
-#   bash benchmarks/rollout-gpu.sh
-set -u
-ARCH=${ARCH:-sm_90}; WHICH=${WHICH:-tree}; OUT=${OUT:-/tmp/rollout-gpu}; mkdir -p "$OUT"
-if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 9
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONUNBUFFERED=1 OPS_RUNS_DIR=$OUT/runs CUDA_DEVICE_ORDER=PCI_BUS_ID
+#   [SERVE_ARGS=...] [ROLLOUT_SETS=...] [ROLLOUT_TIMEOUT=s] bash benchmarks/rollout-gpu.sh
+. "$(dirname "$0")/preamble.sh" /tmp/rollout-gpu
+WHICH=${WHICH:-tree}
+export OPS_RUNS_DIR=$OUT/runs
 # what ran, to commit beside the results: this command line with every setting it read
-{ echo "WHICH=$WHICH ARCH=$ARCH GPUS=${GPUS:-1} RECHECK=${RECHECK:-1} CYCLES=${CYCLES:-1}" \
-    "PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda:0} SERVE_ARGS=\"${SERVE_ARGS---max-budget 0}\"" \
-    "ROLLOUT_TIMEOUT=${ROLLOUT_TIMEOUT:-420} ROLLOUT_SETS=\"${ROLLOUT_SETS:-}\"" \
-    "bash benchmarks/rollout-gpu.sh"
-  echo "commit: ${DDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"; } > "$OUT/command.txt"
-LOG=$OUT/log.txt; say() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
-src=/tmp/rollout-src; root=/tmp/rollout-root; rm -rf "$src" "$root"; mkdir -p "$src"
-cp -r kernels checks engine pyproject.toml "$src"/; [ -d integration ] && cp -r integration "$src"/
-find "$src" -name __pycache__ -prune -exec rm -rf {} + ; rm -rf "$src"/kernels/_build
-git -C "$src" init -q -b main && git -C "$src" add -A &&
-  git -C "$src" -c user.email=ops@gpu -c user.name=ops commit -q -m "release under test" || exit 8
+record "WHICH=$WHICH ARCH=$ARCH GPUS=${GPUS:-1} RECHECK=${RECHECK:-1} CYCLES=${CYCLES:-1}" \
+  "PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda:0} SERVE_ARGS=\"${SERVE_ARGS---max-budget 0}\"" \
+  "ROLLOUT_TIMEOUT=${ROLLOUT_TIMEOUT:-420} ROLLOUT_SETS=\"${ROLLOUT_SETS:-}\""
+LOG=$OUT/log.txt
+say() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
+src=/tmp/rollout-src
+root=/tmp/rollout-root
+rm -rf "$root"
+release_source "$src"
 inv=$OUT/ops.toml
 if [ "$WHICH" = attn ]; then
   comps='tree_build = "cuda", topk = "cuda", accept = "cuda", attention = "torch"'
@@ -50,7 +43,7 @@ else
 fi
 GPUS=${GPUS:-1}; BENCH_GPU=$([ "$GPUS" -ge 2 ] && echo 1 || echo 0)
 gpu_lines=$(printf 'gpus = %s\ncuda_arch = "%s"\nbench_gpu = %s' "$GPUS" "$ARCH" "$BENCH_GPU")
-[ "${DEVICE:-cuda:0}" = cpu ] && gpu_lines=""  # a CPU dry run of this script (no GPU there)
+if [ "${DEVICE:-cuda:0}" = cpu ]; then gpu_lines=""; fi  # a CPU dry run: no GPU there
 cat > "$inv" <<TOML
 [targets.local]
 python = "$(command -v python3)"
@@ -81,18 +74,19 @@ for st in raw["steps"]:
 yaml.safe_dump(raw, open(sys.argv[2], "w"), sort_keys=False)
 PY
 O="python3 -m ops"
-nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv >> "$LOG" 2>&1
+nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv >> "$LOG" 2>&1 || true
 say "deploy --bootstrap ($comps)"
-timeout 300 $O deploy local -i "$inv" --source "$src" --bootstrap --json > "$OUT/deploy.json" 2>> "$LOG"
-echo "deploy rc=$?" | tee -a "$LOG"
+attempt timeout 300 $O deploy local -i "$inv" --source "$src" --bootstrap --json \
+  > "$OUT/deploy.json" 2>> "$LOG"
+echo "deploy rc=$rc" | tee -a "$LOG"
 say "rollout ($WHICH)"
 # ROLLOUT_SETS: extra --set overrides, e.g. "--set load.requests=96 --set baseline.repeats=2"
 # shellcheck disable=SC2086
-timeout "${ROLLOUT_TIMEOUT:-420}" $O rollout local -i "$inv" --playbook "$pb" --json \
+attempt timeout "${ROLLOUT_TIMEOUT:-420}" $O rollout local -i "$inv" --playbook "$pb" --json \
   ${ROLLOUT_SETS:-} > "$OUT/rollout.json" 2>> "$LOG"
-echo "rollout rc=$?" | tee -a "$LOG"
+echo "rollout rc=$rc" | tee -a "$LOG"
 # the last service's own view (stage times, the garbage collector's pauses), before it stops
-curl -sf --max-time 10 http://127.0.0.1:30188/get_server_info > "$OUT/server-info.json"
-$O service stop local -i "$inv" >> "$LOG" 2>&1
-tail -n 30 "$root"/logs/*.log >> "$LOG" 2>&1
+curl -sf --max-time 10 http://127.0.0.1:30188/get_server_info > "$OUT/server-info.json" || true
+$O service stop local -i "$inv" >> "$LOG" 2>&1 || true
+tail -n 30 "$root"/logs/*.log >> "$LOG" 2>&1 || true
 say "done"

@@ -9,8 +9,8 @@ BOS; greedy, `--max-tokens`, EOS ignored) with `--concurrency` in flight, and re
 step (mean over the window's steps) the attention stage and the whole step, and the CUDA
 allocator's device allocations, frees and retries over the window. What it is for: the
 same numbers as `engine.attn_bench` and the kernel bench's stage rows, but measured inside the
-serving process (`benchmarks/service-vs-bench.sh` runs both in one call). Stdlib only, and
-`kernels.cli` for its flags.
+serving process (docs/performance.md, the HTTP front end). Stdlib only, and `kernels.cli` for
+its flags.
 """
 
 from __future__ import annotations
