@@ -194,6 +194,7 @@ def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: 
     check = identity(post["data"]["report"])
     assert check["status"] == "skip" and check["detail"].startswith("NOT CHECKED: "), check
     assert why in check["detail"] and FIX in check["detail"]
+    assert "healthy; token identity NOT CHECKED" in post["detail"], post  # said, not hidden
 
     # an emergency rollback is not blocked: it switches, restarts, and stays
     res = ops("rollback", "local")

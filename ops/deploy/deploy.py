@@ -522,6 +522,9 @@ class Deployer:
             return "fail", f"post-flight could not run: {exc.message}", {}
         data: dict[str, Any] = {"report": rep.model_dump(mode="json")}
         if rep.ok:
+            unchecked = [c.detail for c in rep.checks if "NOT CHECKED" in (c.detail or "")]
+            if unchecked:  # a damaged golden set cannot judge: said, never hidden in a pass
+                return "ok", f"healthy; token identity {unchecked[0]}", data
             return "ok", "healthy, token-identical" + (" (golden recorded)" if record else ""), data
         data["evidence"] = [
             line
