@@ -6,14 +6,21 @@ line and records "off". Otherwise (e.g. `tree_build=cpp,accept=cpp`; kinds `cpp`
 the tree build, `cpp` for the walk, `reference` = keep the stock function) a meta-path finder
 waits for `sglang.srt.speculative.dflash_ddtree_utils`; when the module is first imported, its
 code runs as usual and then, before the import returns to anyone, the named functions are
-replaced by the drop-ins of `integration.sglang_dropins`. A bad setting, a missing module, a
-missing function, a signature other than the contract's, or drop-ins that cannot load change
-nothing: one line on stderr says why, and the service starts as it would without the hook.
+replaced by the drop-ins of `integration.sglang_dropins`, each holding the function it
+replaced (its fallback for the inputs it does not take). A function is recognised by its
+signature (names, kinds, defaults): `CONTRACTS` holds one entry per known version of the fork
+(the 3-parameter builder of 6d9866b3, the one with `workspace=None` of 807ab0e4); a new version
+is one entry there. A bad setting, a missing module, a missing function, a signature of no
+entry, or drop-ins that cannot load change nothing: one line on stderr says why, and the
+service starts as it would without the hook.
 
 Every outcome logs one line (`ddtree-ops hook: ...`, with the release id from
 `DDTREE_RELEASE_ID`) and writes a status JSON (atomically, `checks.atomic`: the release's own
 `checks`, standard library only) to `$DDTREE_OPS_HOOK_STATUS`, default
-`<release>/run/hook-status.json` (<release> = the directory holding the `integration` package).
+`<release>/run/hook-status.json` (<release> = the directory holding the `integration` package):
+`active`, `replaced` {function: setting}, `contracts` {function: fork version}, `reason`, and
+in plain words `in_use` {function: "stock builder in use because <reason>" or "drop-in ... in
+use (...)"} and `summary` (those sentences joined) for the healthcheck to print as they are.
 `python -m integration.hook --json [--status PATH]` prints that status for the healthcheck.
 """
 
@@ -28,6 +35,7 @@ import inspect
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +45,43 @@ ENV_SPEC, ENV_STATUS = "DDTREE_OPS_SGLANG", "DDTREE_OPS_HOOK_STATUS"
 ENV_RELEASE = "DDTREE_RELEASE_ID"
 MODULE = "sglang.srt.speculative.dflash_ddtree_utils"
 KEEP = "reference"  # the stock function stays
-# component -> (function in MODULE, its parameters, the kinds we can put in its place)
-COMPONENTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "tree_build": ("build_ddtree_tree_from_topk", ("top_log_probs", "top_token_ids", "budget"),
-                   ("cpp", "cuda")),
-    "accept": ("follow_verified_tree", ("child_maps", "posterior"), ("cpp",)),
-}  # fmt: skip
+REQUIRED = "<required>"  # a parameter without a default, in a signature's description
+# component -> (function in MODULE, what it is in a sentence, the kinds we can put in its place)
+COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "tree_build": ("build_ddtree_tree_from_topk", "builder", ("cpp", "cuda")),
+    "accept": ("follow_verified_tree", "accept walk", ("cpp",)),
+}
 RELEASE_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Contract:
+    """One version of a function of MODULE that the drop-ins serve, known by its signature.
+
+    `params`: (name, kind, default) per parameter as `describe` gives them (kind as in
+    inspect.Parameter, default its repr or REQUIRED). `passive`: parameter -> the class in
+    MODULE whose instances (or the default) leave the answer unchanged; the drop-in accepts
+    and ignores them (integration.sglang_dropins says why for the workspace)."""
+
+    component: str
+    version: str
+    params: tuple[tuple[str, str, str], ...]
+    passive: tuple[tuple[str, str], ...] = ()
+
+
+def _p(name: str, default: str = REQUIRED) -> tuple[str, str, str]:
+    return (name, "POSITIONAL_OR_KEYWORD", default)
+
+
+# A new version of the fork's signature is one entry here.
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("tree_build", "fork 6d9866b3",
+             (_p("top_log_probs"), _p("top_token_ids"), _p("budget"))),
+    Contract("tree_build", "fork 807ab0e4",
+             (_p("top_log_probs"), _p("top_token_ids"), _p("budget"), _p("workspace", "None")),
+             passive=(("workspace", "DFlashDDTreeBuildWorkspace"),)),
+    Contract("accept", "fork 6d9866b3", (_p("child_maps"), _p("posterior"))),
+)  # fmt: skip
 
 
 class Refused(Exception):
@@ -104,36 +142,49 @@ class Hook(importlib.abc.MetaPathFinder):
 
             news = {}
             for comp, kind in self.chosen.items():
-                name, params, _ = COMPONENTS[comp]
+                name = COMPONENTS[comp][0]
                 stock = getattr(module, name, None)
                 if not callable(stock):
                     raise Refused(f"{MODULE} has no function {name}")
-                want, got = expected_signature(params), describe(stock)
-                if got != want:
-                    raise Refused(f"{MODULE}.{name}{render(got)} is not the expected "
-                                  f"{name}{render(want)}")  # fmt: skip
+                contract = match_contract(comp, stock)
+                passive = _passive(module, contract, stock)
                 try:
                     dropins.check_backend(comp, kind)
                 except Exception as exc:
                     raise Refused(f"{comp}={kind} cannot run here: {exc}") from exc
-                make = dropins.make_build if comp == "tree_build" else dropins.make_accept
-                news[name] = (stock, make(kind), f"{comp}={kind}")
+                if comp == "tree_build":
+                    new = dropins.make_build(kind, stock, passive)
+                else:
+                    new = dropins.make_accept(kind, stock)
+                if describe(new) != contract.params:  # our own bug: never serve a wrong shape
+                    raise Refused(f"drop-in {name}{render(describe(new))} is not {contract}")
+                news[name] = (stock, new, f"{comp}={kind}", contract.version)
         except Refused as exc:
             self.report(False, {}, str(exc))
             return
         except Exception as exc:  # our own bug or an unloadable drop-in: the service still starts
             self.report(False, {}, f"drop-ins not loaded: {type(exc).__name__}: {exc}")
             return
-        for name, (stock, new, _) in news.items():
+        for name, (stock, new, _, _) in news.items():
             self.stock[name] = stock
             setattr(module, name, new)
-        self.report(True, {name: what for name, (_, _, what) in news.items()}, None)
+        replaced = {name: what for name, (_, _, what, _) in news.items()}
+        self.report(True, replaced, None, {name: v for name, (_, _, _, v) in news.items()})
 
     # -- the outcome: one log line and the status file --------------------------------
-    def report(self, active: bool, replaced: dict[str, str], reason: str | None) -> None:
+    def report(
+        self,
+        active: bool,
+        replaced: dict[str, str],
+        reason: str | None,
+        contracts: dict[str, str] | None = None,
+    ) -> None:
+        in_use = in_use_lines(replaced, reason, contracts or {})
         self.status = {
             "active": active, "module": MODULE, "spec": self.spec_text, "replaced": replaced,
-            "reason": reason, "release_id": self.release_id, "pid": os.getpid(),
+            "contracts": contracts or {}, "reason": reason, "in_use": in_use,
+            "summary": "; ".join(in_use.values()), "release_id": self.release_id,
+            "pid": os.getpid(),
             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "hook": str(Path(__file__).resolve()),
         }  # fmt: skip
@@ -143,6 +194,45 @@ class Hook(importlib.abc.MetaPathFinder):
         else:
             line = f"nothing replaced: {reason}"
         log(f"release {self.release_id}: {line}{write_status(self.status_file, self.status)}")
+
+
+def in_use_lines(
+    replaced: dict[str, str], reason: str | None, contracts: dict[str, str]
+) -> dict[str, str]:
+    """Per function of MODULE, one plain sentence: which one serves the service, and why."""
+    out = {}
+    for comp, (name, what, _) in COMPONENTS.items():
+        if name in replaced:
+            out[name] = f"drop-in {what} in use ({replaced[name]}, {contracts.get(name)} contract)"
+        elif reason is None:
+            out[name] = f"stock {what} in use because {ENV_SPEC} keeps it ({comp} not replaced)"
+        else:
+            out[name] = f"stock {what} in use because {reason}"
+    return out
+
+
+def match_contract(component: str, stock: Any) -> Contract:
+    """The contract whose signature `stock` has (names, kinds, defaults), or Refused."""
+    got = describe(stock)
+    known = [c for c in CONTRACTS if c.component == component]
+    for contract in known:
+        if got == contract.params:
+            return contract
+    name = COMPONENTS[component][0]
+    alts = " or ".join(f"{name}{render(c.params)} ({c.version})" for c in known)
+    raise Refused(f"{MODULE}.{name}{render(got)} is not the expected {alts}")
+
+
+def _passive(module: Any, contract: Contract, stock: Any) -> tuple[tuple[str, Any, type], ...]:
+    """(parameter, its default in `stock`, the class of MODULE it names) per passive one."""
+    out = []
+    defaults = inspect.signature(stock).parameters
+    for param, cls_name in contract.passive:
+        cls = getattr(module, cls_name, None)
+        if not isinstance(cls, type):
+            raise Refused(f"{MODULE} has no class {cls_name} (the type of {param})")
+        out.append((param, defaults[param].default, cls))
+    return tuple(out)
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -162,29 +252,27 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-def describe(fn: Any) -> tuple[tuple[str, str, bool], ...] | str:
-    """A signature as (name, kind, has default) per parameter (annotations ignored)."""
+def describe(fn: Any) -> tuple[tuple[str, str, str], ...] | str:
+    """A signature as (name, kind, default's repr or REQUIRED) per parameter (no annotations)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return "(signature unreadable)"
-    return tuple((p.name, p.kind.name, p.default is not p.empty) for p in params)
+    return tuple(
+        (p.name, p.kind.name, REQUIRED if p.default is p.empty else repr(p.default)) for p in params
+    )
 
 
-def render(desc: tuple[tuple[str, str, bool], ...] | str) -> str:
-    """('a', 'POSITIONAL_OR_KEYWORD', False), ... -> '(a, *, b=...)'-like text for the log."""
+def render(desc: tuple[tuple[str, str, str], ...] | str) -> str:
+    """('a', 'POSITIONAL_OR_KEYWORD', 'None'), ... -> '(a=None, ...)'-like text for the log."""
     if isinstance(desc, str):
         return desc
     marks = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**", "KEYWORD_ONLY": "kw:"}
     parts = [
-        marks.get(kind, "") + name + ("=..." if default else "") for name, kind, default in desc
+        marks.get(kind, "") + name + ("" if default == REQUIRED else f"={default}")
+        for name, kind, default in desc
     ]
     return "(" + ", ".join(parts) + ")"
-
-
-def expected_signature(names: tuple[str, ...]) -> tuple[tuple[str, str, bool], ...]:
-    """The contract's parameters: plain positional-or-keyword, no defaults."""
-    return tuple((n, "POSITIONAL_OR_KEYWORD", False) for n in names)
 
 
 def log(msg: str) -> None:

@@ -1,38 +1,54 @@
 """Drop-ins for the SGLang fork's DDTree tree builder and accept walk, on our builders.
 
-The fork's `sglang.srt.speculative.dflash_ddtree_utils` (issue 18's contract):
+The fork's `sglang.srt.speculative.dflash_ddtree_utils` (SyJarvis/sglang; issue 18's contract,
+two versions of the builder's signature, see `integration.hook.CONTRACTS`):
 
-- `build_ddtree_tree_from_topk(top_log_probs [H, K], top_token_ids [H, K], budget)` -> the
-  7-tuple (node_token_ids long [n], node_depths long [n] 1-based, parents list of n+1 ints,
-  child_maps list of n+1 dicts {token: child}, visibility bool [n+1, n+1],
-  retrieve_next_token long [n+1], retrieve_next_sibling long [n+1]), all on the CPU. K is cut
-  to min(budget, K); budget <= 0, H == 0 (or K == 0) give the root-only tree.
+- `build_ddtree_tree_from_topk(top_log_probs [H, K], top_token_ids [H, K], budget)`, and since
+  807ab0e4 a fourth parameter `workspace: DFlashDDTreeBuildWorkspace | None = None` ->
+  the 7-tuple (node_token_ids long [n], node_depths long [n] 1-based, parents list of n+1
+  ints, child_maps list of n+1 dicts {token: child}, visibility bool [n+1, n+1],
+  retrieve_next_token long [n+1], retrieve_next_sibling long [n+1]), all on the CPU.
 - `follow_verified_tree(child_maps, posterior)` -> (accepted node indices from 0, next token).
 
-Backends: `cpp` (kernels.cpu, one request per call on the CPU), `cuda` (kernels.cuda; worth it
-only for a batch, see `build_ddtree_trees`) and `python` (plain heapq; the stock algorithm).
-Every backend gives the same answers, bit for bit, ties included: the compiled ones take
-float32 log-probs (bf16 / fp16 convert exactly); float64 inputs go to `python`.
+A drop-in made for the hook holds the function it replaces (`stock`). Its fast path takes the
+inputs the service hands over (float32 log-probs, bf16 / fp16 converted exactly, int64 ids, on
+the CPU or a GPU, 1 <= budget <= MAX_BUDGET); everything else goes to `stock` unchanged, so the
+answer or the exception is the fork's own: a float64 tensor (the fork rounds it to float32 its
+own way), K = 0 (the fork raises), a budget over MAX_BUDGET, a budget that is not an int, a
+tensor that requires grad or is a subclass, other dtypes, devices or layouts; for the walk, a
+posterior that is not a contiguous 1-D int64 CPU tensor, or child_maps that are not a plain
+list of plain dicts with int values in range.
 
-The returned tensors of one call are slices of one buffer (contiguous, no copies), and
-`child_maps` is a `ChildMaps`, a list subclass that also knows where the tree's arrays are, so
-the `cpp` accept walk needs no conversion; it pickles and copies as a plain list.
+Backends: `cpp` (the CPython extension of `integration.native`: kernels/csrc/cpu_tree_build.cpp's
+builder writing the fork's objects directly, one request per call), `cuda` (kernels.cuda, worth
+it only for a batch, see `build_ddtree_trees`) and `python` (`integration.fork_style`, the
+contract the fork's way in plain Python: the bench's reference, never installed by the hook).
+Every backend gives the same answers as the fork, bit for bit, ties included.
+
+The workspace (807ab0e4) is accepted and ignored: the drop-in returns fresh tensors with the
+values the fork would put in the workspace's buffers. Why not fill the buffers: the fork's
+own reason for them is to skip numpy allocations per call, which our C++ path never makes (its
+tensors cost the same fresh or reused); fresh outputs cannot be overwritten by the next call
+under a caller that keeps a tree (the fork's caller copies out first, and loses nothing); and
+the workspace's float32 / int64 input copies are not needed by a builder that reads the
+caller's tensors in place. An argument that is neither None nor the fork's workspace class
+goes to the stock function (which decides what it means).
 """
 
 from __future__ import annotations
 
-import heapq
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from kernels import cpu
+from integration import fork_style, native
 
 __all__ = [
     "ACCEPT_BACKENDS",
-    "ChildMaps",
+    "MAX_BUDGET",
     "TREE_BACKENDS",
     "build_ddtree_trees",
     "build_tree",
@@ -44,37 +60,180 @@ __all__ = [
 
 TREE_BACKENDS = ("cpp", "cuda", "python")
 ACCEPT_BACKENDS = ("cpp", "python")
-_EXACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_CPP_MAX_BUDGET = 4096  # beyond, padded outputs grow as budget^2: the Python loop instead
+MAX_BUDGET = 4096  # the compiled builders' limit: beyond, padded outputs grow as budget^2
 Tree7 = tuple[torch.Tensor, torch.Tensor, list, list, torch.Tensor, torch.Tensor, torch.Tensor]
+# (name, default, class): a parameter after `budget` that does not change the answer when it is
+# its default or an instance of the class (e.g. the fork's workspace)
+Passive = tuple[tuple[str, Any, type | None], ...]
 
-
-class ChildMaps(list):
-    """`child_maps` as a list of dicts, plus where the tree's arrays are (for the C++ walk)."""
-
-    __slots__ = ("arrays",)
-
-    def __reduce__(self) -> tuple:  # pickle / copy as the plain list the contract names
-        return (list, (list(self),))
+_Tensor, _F32, _I64, _STRIDED = torch.Tensor, torch.float32, torch.int64, torch.strided
+_EXACT = (torch.bfloat16, torch.float16)  # convert to float32 exactly, as the fork's .to() does
 
 
 # ----------------------------------------------------------------------------- build
 
 
-def _root_only() -> Tree7:
-    return (
-        torch.empty(0, dtype=torch.long),
-        torch.empty(0, dtype=torch.long),
-        [-1],
-        [{}],
-        torch.ones((1, 1), dtype=torch.bool),
-        torch.full((1,), -1, dtype=torch.long),
-        torch.full((1,), -1, dtype=torch.long),
-    )
+def _host_inputs(lp: Any, ids: Any, budget: Any) -> tuple | None:
+    """(lp float32, ids int64: contiguous CPU tensors, H, K) if the fast path takes the call.
+
+    None sends the call to the stock function. The cases taken give exactly the fork's tree:
+    the fork reads float32 values of the log-probs and int64 ids on the CPU; so do we."""
+    if type(lp) is not _Tensor or type(ids) is not _Tensor or type(budget) is not int:
+        return None
+    if lp.layout is not _STRIDED or ids.layout is not _STRIDED or lp.requires_grad:
+        return None  # the fork's .numpy() raises on a grad tensor: its error, not ours
+    if ids.dtype is not _I64 or lp.is_neg() or ids.is_neg() or lp.dim() != 2:
+        return None
+    h, k = lp.shape
+    if ids.shape != lp.shape or budget > MAX_BUDGET or (k == 0 and h and budget > 0):
+        return None
+    if lp.dtype is not _F32:
+        if lp.dtype not in _EXACT:
+            return None  # float64 above all: the fork rounds it to float32 first
+        lp = lp.float()
+    if not lp.is_cpu:
+        if not lp.is_cuda:
+            return None
+        lp = lp.cpu()
+    if not ids.is_cpu:
+        if not ids.is_cuda:
+            return None
+        ids = ids.cpu()
+    if not lp.is_contiguous():
+        lp = lp.contiguous()
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    return lp, ids, h, k
+
+
+def _cpp_build(lp: Any, ids: Any, budget: Any) -> Tree7 | None:
+    got = _host_inputs(lp, ids, budget)
+    if got is None:
+        return None
+    lp, ids, h, k = got
+    # rows deeper than the budget can hold no node: the tree is the same without them
+    return _ext().build(lp.data_ptr(), ids.data_ptr(), min(h, budget), k, budget)
+
+
+def _cuda_build(lp: Any, ids: Any, budget: Any) -> Tree7 | None:
+    got = _host_inputs(lp, ids, budget)
+    if got is None:
+        return None
+    lp, ids, h, k = got
+    if budget <= 0 or h == 0 or not _cuda_fits(h, min(k, budget), budget):
+        return _ext().build(lp.data_ptr(), ids.data_ptr(), min(h, budget), k, budget)
+    return _cuda(lp[None, :, :budget], ids[None, :, :budget], budget).request(0)
+
+
+_FAST: dict[str, Callable[[Any, Any, Any], Tree7 | None]] = {
+    "cpp": _cpp_build,
+    "cuda": _cuda_build,
+    "python": lambda lp, ids, budget: None,  # the reference: every call goes to the stock
+}
+
+
+def build_tree(top_log_probs: Any, top_token_ids: Any, budget: Any, *, backend: str,
+               stock: Callable | None = None) -> Tree7:  # fmt: skip
+    """One request's tree as the fork's 7-tuple by `backend`; inputs it does not take go to
+    `stock` (default: `integration.fork_style`, the fork's algorithm in plain Python)."""
+    out = _FAST[backend](top_log_probs, top_token_ids, budget)
+    if out is None:
+        return (stock or fork_style.build_ddtree_tree_from_topk)(
+            top_log_probs, top_token_ids, budget
+        )
+    return out
+
+
+def make_build(backend: str, stock: Callable | None = None, passive: Passive = ()) -> Callable:
+    """`build_ddtree_tree_from_topk` on `backend`, with the signature of the contract: the
+    fork's three parameters, then the `passive` ones (name, default, class) if any.
+
+    `stock` is the function it replaces (the hook passes it); calls the fast path does not
+    take go to it with the arguments as given. Without one (the bench, tests), to
+    `integration.fork_style`."""
+    if backend not in TREE_BACKENDS:
+        raise ValueError(f"tree_build: backend {backend!r} is not one of {TREE_BACKENDS}")
+    fast = _FAST[backend]
+    fallback = stock or fork_style.build_ddtree_tree_from_topk
+
+    if not passive:
+
+        def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):
+            out = fast(top_log_probs, top_token_ids, budget)
+            return fallback(top_log_probs, top_token_ids, budget) if out is None else out
+
+    else:
+
+        def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, *more, **named):
+            out = None
+            if not (more or named) or _ignorable(passive, more, named):
+                out = fast(top_log_probs, top_token_ids, budget)
+            if out is None:
+                return fallback(top_log_probs, top_token_ids, budget, *more, **named)
+            return out
+
+        build_ddtree_tree_from_topk.__signature__ = _signature(  # type: ignore[attr-defined]
+            ("top_log_probs", "top_token_ids", "budget"), passive
+        )
+
+    build_ddtree_tree_from_topk.ddtree_ops_backend = backend  # type: ignore[attr-defined]
+    build_ddtree_tree_from_topk.ddtree_ops_stock = fallback  # type: ignore[attr-defined]
+    return build_ddtree_tree_from_topk
+
+
+def _ignorable(passive: Passive, more: tuple, named: dict) -> bool:
+    """True when every extra argument is a passive parameter at its default or of its class."""
+    if len(more) > len(passive):
+        return False
+    values = {}
+    for (name, _, _), value in zip(passive, more, strict=False):
+        values[name] = value
+    for name, value in named.items():
+        if name in values:
+            return False  # given twice: the stock raises its TypeError
+        values[name] = value
+    known = {name: (default, cls) for name, default, cls in passive}
+    for name, value in values.items():
+        if name not in known:
+            return False
+        default, cls = known[name]
+        if value is not default and (cls is None or not isinstance(value, cls)):
+            return False
+    return True
+
+
+def _signature(names: tuple[str, ...], passive: Passive) -> inspect.Signature:
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind) for n in names]
+    params += [inspect.Parameter(n, kind, default=d) for n, d, _ in passive]
+    return inspect.Signature(params)
+
+
+def build_ddtree_trees(
+    top_log_probs: Any, top_token_ids: Any, budget: int, *, backend: str = "cuda"
+) -> list[Tree7]:
+    """A batch [B, H, K] (CPU or CUDA tensors) -> B 7-tuples, from one builder call (`cpp`,
+    `cuda`); `python` and inputs the compiled builders do not take: per request, the fork's
+    way (`integration.fork_style`)."""
+    if backend not in TREE_BACKENDS:
+        raise ValueError(f"backend: expected one of {TREE_BACKENDS}, got {backend!r}")
+    b = int(top_log_probs.shape[0])
+    per_request = backend == "python" or b == 0
+    if not per_request:
+        got = _host_inputs(top_log_probs[0], top_token_ids[0], budget)
+        per_request = got is None or budget <= 0 or got[2] == 0
+    if per_request:
+        build = fork_style.build_ddtree_tree_from_topk
+        return [build(top_log_probs[i], top_token_ids[i], budget) for i in range(b)]
+    if backend == "cuda" and _cuda_fits(got[2], min(got[3], budget), budget):
+        packed = _cuda(top_log_probs[..., :budget], top_token_ids[..., :budget], budget)
+    else:
+        packed = _cpp_batch(top_log_probs, top_token_ids, budget)
+    return [packed.request(i) for i in range(b)]
 
 
 class _Packed:
-    """B padded trees in one int64 numpy buffer, field after field (the C++ builder's layout):
+    """B padded trees in one int64 numpy buffer, field after field (the builders' layout):
     token_ids [B, budget], depths [B, budget], parents / first_child / next_sibling
     [B, budget+1], num_nodes [B]; and visibility bool [B, budget+1, budget+1]."""
 
@@ -92,155 +251,44 @@ class _Packed:
         ints = np.empty(2 * batch * budget + 3 * batch * s + batch, dtype=np.int64)
         return cls(batch, budget, ints, np.empty((batch, s, s), dtype=np.bool_))
 
-    def request(self, b: int, depth: int) -> Tree7:
-        """Request b as the fork's 7-tuple; its tensors share the buffers' memory (no copies)."""
-        s, o, arr = self.budget + 1, self.off, self.ints
-        n = int(arr[o["num"] + b])
-        t0, d0 = o["tok"] + b * self.budget, o["dep"] + b * self.budget
-        p0, f0, s0 = o["par"] + b * s, o["fc"] + b * s, o["ns"] + b * s
-        parents = arr[p0 : p0 + n + 1].tolist()
-        maps = ChildMaps([{} for _ in range(n + 1)])
-        for i, (p, tok) in enumerate(zip(parents[1:], arr[t0 : t0 + n].tolist(), strict=True), 1):
-            maps[p][tok] = i  # in pop order, as the stock loop assigns them
-        unique = sum(map(len, maps)) == n  # no two siblings share a token: the walks agree
-        base = self.base
-        arrays = (self, base + 8 * t0, base + 8 * f0, base + 8 * s0, depth, n)
-        maps.arrays = arrays if unique else None
-        vis = (
-            self.vis[b] if n == self.budget else np.ascontiguousarray(self.vis[b, : n + 1, : n + 1])
-        )
-        t = torch.from_numpy
-        return (t(arr[t0 : t0 + n]), t(arr[d0 : d0 + n]), parents, maps, t(vis),
-                t(arr[f0 : f0 + n + 1]), t(arr[s0 : s0 + n + 1]))  # fmt: skip
+    def addr(self, field: str, b: int) -> int:
+        width = self.budget if field in ("tok", "dep") else self.budget + 1
+        return self.base + 8 * (self.off[field] + b * width)
+
+    def request(self, b: int) -> Tree7:
+        """Request b as the fork's 7-tuple (copies: nothing shares these buffers)."""
+        s = self.budget + 1
+        n = int(self.ints[self.off["num"] + b])
+        vis = self.vis.ctypes.data + b * s * s
+        a = self.addr
+        return _ext().tree(a("tok", b), a("dep", b), a("par", b), vis, a("fc", b), a("ns", b),
+                           n, s)  # fmt: skip
 
 
-def _host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous():
-        return t
-    return t.detach().to("cpu", dtype).contiguous()
+def _cpp_batch(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
+    """kernels.cpu's compiled builder on [B, H, K], into a _Packed."""
+    from kernels import cpu
 
-
-def _cpp(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
-    """kernels.cpu's compiled builder on [B, H, K] or one request's [H, K], into a _Packed."""
-    lp, ids = _host(lp, torch.float32), _host(ids, torch.int64)
-    b, h, k = lp.shape if lp.dim() == 3 else (1, *lp.shape)
+    lp = lp.detach().to("cpu", torch.float32).contiguous()
+    ids = ids.detach().to("cpu", torch.int64).contiguous()
+    b, h, k = lp.shape
     out = _Packed.empty(b, budget)
-    base, o = out.base, out.off
+    a = out.addr
     rc = cpu._lib().ddtree_cpu_build_trees(
-        lp.data_ptr(), ids.data_ptr(), b, h, k, budget, base + 8 * o["tok"], base + 8 * o["dep"],
-        base + 8 * o["par"], out.vis.ctypes.data, base + 8 * o["fc"], base + 8 * o["ns"],
-        base + 8 * o["num"],
+        lp.data_ptr(), ids.data_ptr(), b, h, k, budget, a("tok", 0), a("dep", 0), a("par", 0),
+        out.vis.ctypes.data, a("fc", 0), a("ns", 0), out.base + 8 * out.off["num"],
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"ddtree_cpu_build_trees: error {rc}")
     return out
 
 
-def _python(lp: list[list[float]], ids: list[list[int]], budget: int) -> _Packed:
-    """The stock algorithm in plain Python (float64 sums of the values as given)."""
-    h, k = len(lp), len(lp[0])
-    heap = [(-lp[0][0], (0,), 0, 1, 0, lp[0][0])]
-    tokens: list[int] = []
-    depths: list[int] = []
-    parents = [-1]
-    while heap and len(tokens) < budget:
-        _, path, parent, depth, rank, score = heapq.heappop(heap)
-        tokens.append(ids[depth - 1][rank])
-        depths.append(depth)
-        parents.append(parent)
-        if rank + 1 < k:
-            w = score - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
-            heapq.heappush(heap, (-w, path[:-1] + (rank + 1,), parent, depth, rank + 1, w))
-        if depth < h:
-            w = score + lp[depth][0]
-            heapq.heappush(heap, (-w, path + (0,), len(tokens), depth + 1, 0, w))
-    n = len(tokens)
-    out = _Packed.empty(1, n)  # padded to n: exactly the tree
-    arr, o = out.ints, out.off
-    arr[:] = -1
-    arr[o["tok"] : o["tok"] + n], arr[o["dep"] : o["dep"] + n] = tokens, depths
-    arr[o["par"] : o["par"] + n + 1], arr[o["num"]] = parents, n
-    vis, last = out.vis[0], [-1] * (n + 1)
-    vis[...] = False
-    vis[0, 0] = True
-    for i in range(1, n + 1):
-        p = parents[i]
-        vis[i, :i] = vis[p, :i]
-        vis[i, i] = True
-        if last[p] < 0:
-            arr[o["fc"] + p] = i
-        else:
-            arr[o["ns"] + last[p]] = i
-        last[p] = i
-    return out
-
-
-def _inputs(top_log_probs: Any, top_token_ids: Any, budget: Any) -> tuple | None:
-    """(log-probs, ids, budget, H, K) as tensors, or None for the root-only tree."""
-    budget = int(budget)
-    lp = (
-        top_log_probs if isinstance(top_log_probs, torch.Tensor) else torch.as_tensor(top_log_probs)
-    )
-    ids = (
-        top_token_ids if isinstance(top_token_ids, torch.Tensor) else torch.as_tensor(top_token_ids)
-    )
-    h, k = int(lp.shape[-2]), int(lp.shape[-1])
-    if budget <= 0 or h == 0 or k == 0:
-        return None
-    return lp, ids, budget, h, k
-
-
-def _compiled(lp: torch.Tensor, budget: int) -> bool:
-    """Can a float32 builder reproduce the stock float64 sums exactly (and pad sanely)?"""
-    return lp.dtype in _EXACT_DTYPES and budget <= _CPP_MAX_BUDGET
-
-
-# The compiled builders get all K columns: cutting K to min(budget, K) cannot change the tree
-# (a rank-r sibling pops only after its r elder siblings, so no rank >= budget ever pops, and
-# the extra candidates pushed never reorder the others). The Python builder cuts, as the stock.
-
-
-def build_tree(top_log_probs: Any, top_token_ids: Any, budget: Any, *, backend: str) -> Tree7:
-    """One request's tree as the fork's 7-tuple, built by `backend`."""
-    got = _inputs(top_log_probs, top_token_ids, budget)
-    if got is None:
-        return _root_only()
-    lp, ids, budget, h, k = got
-    if backend == "python" or not _compiled(lp, budget):
-        kk = min(budget, k)
-        return _python(lp[:, :kk].tolist(), ids[:, :kk].tolist(), budget).request(0, h)
-    if backend == "cuda" and _cuda_fits(h, min(k, budget), budget):
-        return _cuda(lp[None, :, :budget], ids[None, :, :budget], budget).request(0, h)
-    return _cpp(lp, ids, budget).request(0, h)
-
-
-def build_ddtree_trees(
-    top_log_probs: Any, top_token_ids: Any, budget: int, *, backend: str = "cuda"
-) -> list[Tree7]:
-    """A batch [B, H, K] (CPU or CUDA tensors) -> B 7-tuples, from one builder call."""
-    if backend not in TREE_BACKENDS:
-        raise ValueError(f"backend: expected one of {TREE_BACKENDS}, got {backend!r}")
-    b = int(top_log_probs.shape[0])
-    got = _inputs(top_log_probs, top_token_ids, budget)
-    if got is None:
-        return [_root_only() for _ in range(b)]
-    lp, ids, budget, h, k = got
-    if backend == "python" or not _compiled(lp, budget):
-        kk = min(budget, k)
-        lists = zip(lp[..., :kk].tolist(), ids[..., :kk].tolist(), strict=True)
-        return [_python(x, y, budget).request(0, h) for x, y in lists]
-    if backend == "cuda" and _cuda_fits(h, min(k, budget), budget):
-        packed = _cuda(lp[..., :budget], ids[..., :budget], budget)
-    else:
-        packed = _cpp(lp, ids, budget)
-    return [packed.request(i, h) for i in range(b)]
-
-
 def _cuda_fits(h: int, k: int, budget: int) -> bool:
     """Within kernels.cuda's limits (else the C++ builder gives the same answer)."""
-    from kernels.cuda import MAX_BUDGET, MAX_DEPTH, MAX_K
+    from kernels.cuda import MAX_BUDGET as CUDA_BUDGET
+    from kernels.cuda import MAX_DEPTH, MAX_K
 
-    return h <= MAX_DEPTH and k <= MAX_K and budget <= MAX_BUDGET
+    return h <= MAX_DEPTH and k <= MAX_K and budget <= CUDA_BUDGET
 
 
 def _cuda(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
@@ -256,46 +304,63 @@ def _cuda(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
     return _Packed(int(lpt.shape[0]), budget, ints.cpu().numpy(), t.visibility.cpu().numpy())
 
 
+def _ext() -> Any:
+    return native.load()
+
+
 # ----------------------------------------------------------------------------- accept
 
 
-def _walk(child_maps: list, tokens: list) -> tuple[list[int], Any]:
-    accepted, node = [0], 0
-    nxt = tokens[0]
-    while nxt in child_maps[node]:
-        node = child_maps[node][nxt]
-        accepted.append(node)
-        nxt = tokens[node]
-    return accepted, nxt
-
-
-def follow_tree(child_maps: list, posterior: Any, *, backend: str) -> tuple[list[int], Any]:
-    """(accepted node indices from 0, next token); `cpp` walks our tree's arrays in C++."""
-    arrays = getattr(child_maps, "arrays", None)
+def _cpp_walk(child_maps: Any, posterior: Any) -> tuple | None:
+    """The fork's dict walk in C over the same dicts, or None where the stock must walk."""
+    p = posterior
     if (
-        backend == "cpp"
-        and arrays is not None
-        and isinstance(posterior, torch.Tensor)
-        and posterior.dtype == torch.int64
-        and posterior.device.type == "cpu"
-        and posterior.dim() == 1
-        and posterior.is_contiguous()
-        and posterior.shape[0] >= len(child_maps)
-        and len(child_maps) == arrays[5] + 1
+        type(p) is not _Tensor
+        or p.dtype is not _I64
+        or p.layout is not _STRIDED
+        or not p.is_cpu
+        or p.dim() != 1
+        or not p.is_contiguous()
+        or p.is_neg()
     ):
-        packed, tok, fc, ns, depth, _ = arrays
-        out = np.empty(depth + 3, dtype=np.int64)  # accepted [depth+1], length, next token
-        base = out.ctypes.data
-        rc = cpu._lib().ddtree_cpu_greedy_accept(
-            tok, fc, ns, posterior.data_ptr(), 1, packed.budget, depth, base,
-            base + 8 * (depth + 1), base + 8 * (depth + 2),
-        )  # fmt: skip
-        if rc == 0:
-            return out[: out[depth + 1]].tolist(), int(out[depth + 2])
-    return _walk(child_maps, posterior.tolist() if hasattr(posterior, "tolist") else posterior)
+        return None
+    return _ext().walk(child_maps, p.data_ptr(), p.shape[0])
 
 
-# ----------------------------------------------------------------------------- the functions
+_WALKS: dict[str, Callable[[Any, Any], tuple | None]] = {
+    "cpp": _cpp_walk,
+    "python": lambda child_maps, posterior: None,  # every call goes to the stock
+}
+
+
+def follow_tree(child_maps: Any, posterior: Any, *, backend: str,
+                stock: Callable | None = None) -> tuple[list[int], Any]:  # fmt: skip
+    """(accepted node indices from 0, next token) by `backend`, else by `stock` (default:
+    `integration.fork_style`)."""
+    out = _WALKS[backend](child_maps, posterior)
+    if out is None:
+        return (stock or fork_style.follow_verified_tree)(child_maps, posterior)
+    return out
+
+
+def make_accept(backend: str, stock: Callable | None = None) -> Callable:
+    """`follow_verified_tree` on `backend`, with the fork's exact signature; calls the fast
+    path does not take go to `stock` (the hook passes the function it replaces)."""
+    if backend not in ACCEPT_BACKENDS:
+        raise ValueError(f"accept: backend {backend!r} is not one of {ACCEPT_BACKENDS}")
+    fast = _WALKS[backend]
+    fallback = stock or fork_style.follow_verified_tree
+
+    def follow_verified_tree(child_maps, posterior):
+        out = fast(child_maps, posterior)
+        return fallback(child_maps, posterior) if out is None else out
+
+    follow_verified_tree.ddtree_ops_backend = backend  # type: ignore[attr-defined]
+    follow_verified_tree.ddtree_ops_stock = fallback  # type: ignore[attr-defined]
+    return follow_verified_tree
+
+
+# ----------------------------------------------------------------------------- checks
 
 
 def check_backend(component: str, backend: str) -> None:
@@ -303,33 +368,9 @@ def check_backend(component: str, backend: str) -> None:
     known = TREE_BACKENDS if component == "tree_build" else ACCEPT_BACKENDS
     if backend not in known:
         raise ValueError(f"{component}: backend {backend!r} is not one of {known}")
-    if backend == "cpp":  # compiles on first use (g++) and loads: fail now, not mid-request
-        cpu.build_trees_cpp(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1), np.int64), 1)
+    if backend in ("cpp", "cuda"):  # compiles on first use (g++) and loads: fail now
+        _ext()
     if backend == "cuda":
         from kernels import cuda_core
 
         cuda_core.library_path()  # $DDTREE_KERNELS_LIB must name a library; nothing loads yet
-
-
-def make_build(backend: str) -> Callable[[Any, Any, Any], Tree7]:
-    """`build_ddtree_tree_from_topk` on `backend`, with the fork's exact signature."""
-    if backend not in TREE_BACKENDS:
-        raise ValueError(f"tree_build: backend {backend!r} is not one of {TREE_BACKENDS}")
-
-    def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):
-        return build_tree(top_log_probs, top_token_ids, budget, backend=backend)
-
-    build_ddtree_tree_from_topk.ddtree_ops_backend = backend  # type: ignore[attr-defined]
-    return build_ddtree_tree_from_topk
-
-
-def make_accept(backend: str) -> Callable[[Any, Any], tuple[list[int], Any]]:
-    """`follow_verified_tree` on `backend`, with the fork's exact signature."""
-    if backend not in ACCEPT_BACKENDS:
-        raise ValueError(f"accept: backend {backend!r} is not one of {ACCEPT_BACKENDS}")
-
-    def follow_verified_tree(child_maps, posterior):
-        return follow_tree(child_maps, posterior, backend=backend)
-
-    follow_verified_tree.ddtree_ops_backend = backend  # type: ignore[attr-defined]
-    return follow_verified_tree

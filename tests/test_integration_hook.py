@@ -163,24 +163,29 @@ def test_dropins_agree_with_stock_on_every_cpu_backend(fresh, monkeypatch):
         assert_same(got, stock.build_ddtree_tree_from_topk(lp.values[b], lp.indices[b], 64), "")
 
 
-def test_child_maps_pickle_as_a_plain_list():
+def test_child_maps_are_a_plain_list_of_dicts():
     lp = torch.tensor([[-0.25, -0.5], [-0.25, -1.0]])
     maps = dropins.build_tree(lp, torch.tensor([[5, 6], [7, 8]]), 8, backend="cpp")[3]
     # pop order: 5 (-.25), 7 under 5 (-.5), 6 (-.5), 7 under 6 (-.75), 8 under 5, 8 under 6
-    assert isinstance(maps, dropins.ChildMaps)
+    assert type(maps) is list and all(type(m) is dict for m in maps)  # the fork's own types
     assert maps == [{5: 1, 6: 3}, {7: 2, 8: 5}, {}, {7: 4, 8: 6}, {}, {}, {}]
     back = pickle.loads(pickle.dumps(maps))
     assert type(back) is list and back == maps
     post = torch.tensor([6, 9, 9, 8, 9, 9, 42])
-    for m in (maps, back):  # the C++ walk on our arrays, the dict walk on the plain list
+    for m in (maps, back):  # the C walk reads the dicts themselves
         assert dropins.follow_tree(m, post, backend="cpp") == ([0, 3, 6], 42)
 
 
 def test_dropin_signatures_are_the_contract():
-    for comp, (_, params, kinds) in hook.COMPONENTS.items():
-        make = dropins.make_build if comp == "tree_build" else dropins.make_accept
-        for kind in kinds:
-            assert hook.describe(make(kind)) == hook.expected_signature(params)
+    for contract in hook.CONTRACTS:
+        comp = contract.component
+        for kind in hook.COMPONENTS[comp][2]:
+            if comp == "tree_build":
+                passive = tuple((n, None, object) for n, _ in contract.passive)
+                made = dropins.make_build(kind, None, passive)
+            else:
+                made = dropins.make_accept(kind)
+            assert hook.describe(made) == contract.params, (contract, kind)
 
 
 # ----------------------------------------------------------------------------- the hook refusing
@@ -249,7 +254,7 @@ def test_missing_module(fresh, monkeypatch, tmp_path, capsys):
     [
         ("def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):",
          "def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, max_depth=None):",
-         "build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, max_depth=...) is not"),
+         "(top_log_probs, top_token_ids, budget, max_depth=None) is not the expected"),
         ("def follow_verified_tree(child_maps, posterior):",
          "def follow_verified_tree(child_maps, posterior_ids):",
          "follow_verified_tree(child_maps, posterior_ids) is not the expected"),
