@@ -616,3 +616,26 @@ def test_ctrl_c_during_a_restart_says_where_the_service_is(ops: Ops) -> None:
         assert "ops service start local" in said, said
     rec = ops.record("service-restart")
     assert "the service is now" in rec["error"]["message"], rec
+
+
+def test_a_stray_previous_does_not_block_rollback_forever(ops: Ops) -> None:
+    """`previous` made a real directory by hand: a failed deploy puts it back as it was; a
+    good one keeps it aside and `previous` names the release it replaced, so a plain
+    `ops rollback` works again (before: "no previous release ... switch to it by hand")."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    stray = ops.root / "previous"
+    stray.mkdir()
+    (stray / "note.txt").write_text("made by hand\n")
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    assert ops.deploy().returncode == 1
+    assert stray.is_dir() and not stray.is_symlink() and ops.current() == r1
+    commit_change(ops.src, "engine/svc.py", NOISY_CRASH, "def main() -> None:\n")
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    assert r2 != r1 and os.readlink(ops.root / "previous").endswith(r1)
+    kept = list(ops.root.glob("previous.before-*"))
+    assert len(kept) == 1 and (kept[0] / "note.txt").read_text() == "made by hand\n"
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ops.current() == r1 and ops.serving() == r1

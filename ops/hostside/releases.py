@@ -256,11 +256,15 @@ def switch(root: str, release: str, pending: bool) -> dict:
         raise Refused(f"no release {release}")
     cur, prev = link_state(root, "current"), link_state(root, "previous")
     path, pending_path = os.path.join(root, "current"), os.path.join(root, "deploy.pending")
-    aside = None
+    aside = prev_aside = None
     if cur["kind"] in ("directory", "file"):
         if not pending:
             raise Refused(f"current is {describe(cur)}: only a deploy (with its revert) moves it")
         aside = f"{path}.before-{utc_stamp()}"
+    if pending and prev["kind"] in ("directory", "file") and cur["kind"] != "none":
+        # a stray `previous` (made by hand) would block every plain rollback from now on: it
+        # is kept aside (the revert puts it back) and `previous` names what current was
+        prev_aside = os.path.join(root, f"previous.before-{utc_stamp()}")
     if pending:
         write_json(
             pending_path,
@@ -272,6 +276,7 @@ def switch(root: str, release: str, pending: bool) -> dict:
                 "current_before": cur,
                 "previous_before": prev,
                 "aside": aside,
+                "previous_aside": prev_aside,
             },
         )
     moved = False
@@ -286,6 +291,9 @@ def switch(root: str, release: str, pending: bool) -> dict:
         if pending:
             os.unlink(pending_path)
         raise
+    if prev_aside:
+        os.rename(os.path.join(root, "previous"), prev_aside)
+        prev = {"kind": "none"}
     if prev["kind"] in ("none", "release", "foreign") and not (
         cur["kind"] == "release" and cur["id"] == release
     ):
@@ -422,8 +430,12 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         os.unlink(path)
         note = f"what current was before ({describe(cur_before)}) is gone: current stays {now}"
         return {"reverted": False, "gone": describe(cur_before), "current": now, "note": note}
-    if prev_before["kind"] != "directory" and prev_before["kind"] != "file":
+    if prev_before["kind"] not in ("directory", "file"):
         put_previous_back(root, prev_before)
+    elif doc.get("previous_aside") and os.path.lexists(inside(root, doc["previous_aside"])):
+        if os.path.islink(os.path.join(root, "previous")):
+            os.unlink(os.path.join(root, "previous"))
+        os.rename(doc["previous_aside"], os.path.join(root, "previous"))
     back = shown(cur_before)
     if not settle:
         os.unlink(path)
