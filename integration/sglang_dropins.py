@@ -176,6 +176,7 @@ def make_build(backend: str, stock: Callable | None = None, passive: Passive = (
             ("top_log_probs", "top_token_ids", "budget"), passive
         )
 
+    build_ddtree_tree_from_topk.__qualname__ = "build_ddtree_tree_from_topk"  # as in TypeErrors
     build_ddtree_tree_from_topk.ddtree_ops_backend = backend  # type: ignore[attr-defined]
     build_ddtree_tree_from_topk.ddtree_ops_stock = fallback  # type: ignore[attr-defined]
     return build_ddtree_tree_from_topk
@@ -355,6 +356,7 @@ def make_accept(backend: str, stock: Callable | None = None) -> Callable:
         out = fast(child_maps, posterior)
         return fallback(child_maps, posterior) if out is None else out
 
+    follow_verified_tree.__qualname__ = "follow_verified_tree"
     follow_verified_tree.ddtree_ops_backend = backend  # type: ignore[attr-defined]
     follow_verified_tree.ddtree_ops_stock = fallback  # type: ignore[attr-defined]
     return follow_verified_tree
