@@ -10,6 +10,7 @@ full disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -639,3 +640,59 @@ def test_a_stray_previous_does_not_block_rollback_forever(ops: Ops) -> None:
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, res.stdout + res.stderr
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def kill_guard_and_ops(ops: Ops, marker: str) -> None:
+    """A deploy whose ops AND revert guard die at `marker` (an OOM kill, a reboot of the
+    guard's shell): nobody is left to put the host back."""
+    proc = subprocess.Popen(
+        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith(marker):
+            break
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid), signal.SIGKILL)
+    proc.kill()
+    proc.communicate()
+
+
+def test_dead_guard_then_rollback_undoes_exactly_the_unproven_release(ops: Ops) -> None:
+    """Before: the recover step put `current` back without a restart (the service kept
+    running the unproven release), then the rollback went one release further back."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
+    kill_guard_and_ops(ops, "postflight ...")
+    r3 = ops.current()
+    assert r3 != r2 and (ops.root / "deploy.pending").exists() and ops.serving() == r3
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ops.current() == r2 and ops.serving() == r2  # one back, and running it
+    assert f"was {r3}, never proven" in " ".join(res.stdout.split()), res.stdout
+
+
+def test_dead_guard_then_failing_deploy_leaves_service_on_current(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    kill_guard_and_ops(ops, "postflight ...")
+    failing = 'print(json.dumps({"ok": False, "ops": []}))\nraise SystemExit(1)'
+    commit_change(ops.src, "kernels/selftest.py", "DELAY = 0", failing)
+    res = ops.deploy()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert ops.current() == r1 and ops.serving() == r1  # not the unproven one any more

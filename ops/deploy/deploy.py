@@ -369,20 +369,36 @@ class Deployer:
         self.step("finalize", finalize)
         return self._switch_and_prove(m.id, before)
 
-    def _prepared(self, prep: dict[str, Any]) -> None:
-        """Say what `prepare` found: a dead deploy's guard waited for, a switch put back."""
+    def _prepared(self, prep: dict[str, Any]) -> dict[str, Any] | None:
+        """Say what `prepare` found: a dead deploy's guard waited for, a switch put back. A
+        switch put back means the service may still run the never-proven release (its deploy
+        and guard both died): it is restarted on what `current` now says. Returns the put-back
+        switch ({from, to}), if there was one."""
         back = prep.get("put_back")
         waited = prep.get("guard_waited_s") or 0
         if not back and waited < 1:
-            return
-        detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
-        if back:
-            detail += "; " if detail else ""
-            detail += back.get("note") or (
-                f"put back a switch no deploy settled: current {back.get('from') or '(none)'} "
-                f"-> {back.get('to') or '(none)'}"
-            )
-        self.step("recover", lambda: ("ok", detail, dict(prep)))
+            return None
+        moved = bool(back) and not back.get("note") and back.get("from") != back.get("to")
+
+        def recover() -> tuple[Status, str, dict[str, Any]]:
+            detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
+            if back:
+                detail += "; " if detail else ""
+                detail += back.get("note") or (
+                    "put back a switch no deploy settled: current "
+                    f"{back.get('from') or '(none)'} -> {back.get('to') or '(none)'}"
+                )
+            if not moved or self.opts.no_restart:
+                return "ok", detail, dict(prep)
+            try:
+                st = manager_for(self.host).restart(self.opts.wait_s)
+            except HostError as exc:
+                return "fail", f"{detail}; the service could not be restarted: {exc.message}", {}
+            detail += f"; service restarted on it: {st.state}"
+            return ("ok" if st.active else "fail"), detail, {**prep, "service": st.model_dump()}
+
+        self.step("recover", recover)
+        return back if moved else None
 
     def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
         mgr = manager_for(self.host)
@@ -607,6 +623,24 @@ class Deployer:
             return None, f"could not ask the host where current is: {exc.message}"
         return now, f"current is {now or '(none)'}"
 
+    def _recovered(self, undone: dict[str, Any]) -> DeployResult:
+        """A plain rollback whose recover step already undid a never-proven switch: proven by
+        a post-flight, not taken one release further back."""
+        was, now = undone.get("from"), undone.get("to")
+        try:
+            self.step("postflight", lambda: self._postflight(False))
+        except StepFailed as exc:
+            return self.result(
+                "failed", failed_step="postflight", message=exc.step.detail, before=was, after=now
+            )
+        return self.result(
+            "switched",
+            release=now,
+            before=was,
+            after=now,
+            message=f"rolled back: {now} is current and healthy (was {was}, never proven)",
+        )
+
     def _where_now(self) -> str:
         return self._ask_current()[1]
 
@@ -631,7 +665,12 @@ class Deployer:
 
     def _rollback_to(self, to: str | None) -> DeployResult:
         with self.host.lock(f"ops rollback {to or 'previous'}"):
-            self._prepared(host_releases(self.host, "prepare", "240"))
+            try:
+                undone = self._prepared(host_releases(self.host, "prepare", "240"))
+            except StepFailed as exc:
+                return self.result("failed", failed_step="recover", message=exc.step.detail)
+            if undone and not to:  # the never-proven release was undone: that is the rollback
+                return self._recovered(undone)
             listing = host_releases(self.host, "list")
             self._before_state = listing.get("current_state")
             before = self._before = listing["current"] or shown_state(self._before_state)
