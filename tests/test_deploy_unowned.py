@@ -696,3 +696,13 @@ def test_dead_guard_then_failing_deploy_leaves_service_on_current(ops: Ops) -> N
     res = ops.deploy()
     assert res.returncode == 1, res.stdout + res.stderr
     assert ops.current() == r1 and ops.serving() == r1  # not the unproven one any more
+
+
+def test_rollback_to_an_empty_or_huge_id_is_one_short_line(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    res = ops("rollback", "local", "--to", "")
+    assert res.returncode == 2 and "--to needs a release id" in res.stderr, res.stderr
+    res = ops("rollback", "local", "--to", "A" * 100000)
+    assert res.returncode == 2 and len(res.stderr) < 2000, len(res.stderr)
+    assert ops.current() == r1

@@ -3,7 +3,7 @@
 The host lock (`ops.hosts.remote.Host.lock`: flock on `<remote_root>/lock`, and the holder's note
 `lock.holder`) used to read a lock file it could not open as "host lock held by a holder that
 is still starting". On a read-only root (a real read-only bind mount, EROFS) every command that
-takes the lock is one line, exit 2: `remote root ROOT is read-only (or not writable):
+takes the lock is one line, exit 2: `cannot write in remote root ROOT (full, read-only or not ours):
 ROOT/lock: Read-only file system`, with a hint, and no traceback; the root is left as it was.
 The mount needs root (this test runs as root in CI); it is skipped, saying why, where
 mount(8) is not allowed.
@@ -70,7 +70,10 @@ def test_a_read_only_root_is_one_line_not_a_lock_held(
     code, doc, err = ops_json("service", verb, "local", inventory=inv, env=env, timeout=60)
     assert code == 2, (code, doc, err)
     assert doc["error"] == "HostError" and doc["step"] == "lock", doc
-    want = f"remote root {ro_root} is read-only (or not writable): {ro_root}/lock: Read-only"
+    want = (
+        f"cannot write in remote root {ro_root} (full, read-only or not ours): "
+        f"{ro_root}/lock: Read-only"
+    )
     assert want in doc["message"], doc["message"]
     assert "still starting" not in doc["message"] and "held" not in doc["message"]
     assert "writable" in doc["hint"]

@@ -29,7 +29,7 @@ from ops.cli.common import (
     recorded,
     state,
 )
-from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
+from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host, open_host
 
 if TYPE_CHECKING:  # each command imports ops.deploy.deploy when it runs (a fast `ops` start)
@@ -271,7 +271,10 @@ def releases(
     if any(not r.get("proven") for r in doc["releases"]):
         err.print("unproven: never passed a post-flight (prune removes these first)")
     if doc.get("pending"):
-        err.print("[yellow]warning:[/] a deploy is pending (deploy.pending): one runs now")
+        err.print(
+            "[yellow]warning:[/] deploy.pending is there: a deploy runs now, or one died before "
+            "it was settled (the next deploy or rollback puts the host back)"
+        )
     return EXIT_OK
 
 
@@ -289,6 +292,9 @@ def rollback(
     from ops.deploy.deploy import Deployer, DeployInterrupted, DeployOptions
 
     show = _progress(False)
+
+    if to is not None and not to.strip():
+        raise OpsError("--to needs a release id (leave it out to roll back to previous)")
 
     def act(host: Host) -> Done[list[DeployResult]]:
         opts = DeployOptions(wait_s=wait, max_tokens=max_tokens)

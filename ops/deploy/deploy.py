@@ -685,7 +685,8 @@ class Deployer:
             rel = next((r for r in listing["releases"] if r["id"] == want), None)
             if rel is None:
                 known = ", ".join(r["id"] for r in listing["releases"]) or "none"
-                raise OpsError(f"{self.target.name}: no release {want!r} (releases: {known})")
+                shown = repr(want) if len(want) <= 80 else repr(want[:80]) + "..."
+                raise OpsError(f"{self.target.name}: no release {shown} (releases: {known})")
             if rel.get("damaged"):
                 raise OpsError(
                     f"{self.target.name}: release {want} is damaged ({rel['damaged']}); "

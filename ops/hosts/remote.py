@@ -420,7 +420,8 @@ class Host(ABC):
             reasons = {
                 "NOFLOCK": "flock(1) is not installed",
                 "NOROOT": f"cannot create remote_root {where}: {why}",
-                "UNWRITABLE": f"remote root {where} is read-only (or not writable): {why}",
+                "UNWRITABLE": f"cannot write in remote root {where} (full, read-only or not ours): "
+                f"{why}",
             }
             raise HostError(
                 reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
