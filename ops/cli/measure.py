@@ -34,6 +34,7 @@ from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host
 from ops.measure.counters import STAGES
 from ops.measure.loadtest import parse_levels
+from ops.verdict.evidence import NESTED_STAGES
 
 SUITE_HELP = (
     "Suites: topk,tree,accept,attn,engine_attn (engine_attn: the reference engine's own "
@@ -354,44 +355,56 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
         err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
 
 
+def _level_line(lv: dict[str, Any]) -> str:
+    """One level's own numbers, on the line above its stages: `name=value` items, so a narrow
+    terminal wraps between items, never inside one."""
+    parts = [f"c={lv['concurrency']}"]
+    if lv.get("batch") not in (None, ""):
+        parts.append(f"batch={lv['batch']}")
+    parts.append(f"step={lv['step_ms']['value']:.2f}ms")
+    if tok := lv.get("tokens_per_s"):
+        parts.append(f"tok/s={tok['value']:.1f}")
+    if acc := lv.get("accept_length"):
+        parts.append(f"accept={acc['value']:.2f}")
+    return "  ".join(parts)
+
+
 def _print_profile(sec: dict[str, Any]) -> None:
+    """Per level: a line with its own numbers, then its stages in a table of four short
+    columns (fits 40 columns); no cell ever wraps: a number split over two lines reads as two
+    numbers. A stage inside another (attention inside verify) is indented under it, and a
+    line says so. The source column appears only where a stage's number is not measured."""
     from rich import box
     from rich.table import Table
 
     if not sec["levels"]:
         return
-    t = Table(
-        title=f"profile {escape(sec['target'])}: ms per step, share of the step, f",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    heads = ("c", "batch", "step ms", "stage", "ms", "share", "f", "source", "tok/s")
-    for h in (*heads, "accept"):
-        left = h in ("stage", "source")
-        t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=left)
+    out.print(f"profile {escape(sec['target'])}: ms per step, share of the step, f")
     for lv in sec["levels"]:
-        stages = [s for s in STAGES if s in lv.get("stage_ms", {})] or ["-"]
-        for i, s in enumerate(stages):
-            v = lv.get("stage_ms", {}).get(s)
+        out.print(escape(_level_line(lv)))
+        stages = [s for s in STAGES if s in lv.get("stage_ms", {})]
+        if not stages:
+            continue
+        mixed = any(lv["stage_ms"][s]["source"] != "measured" for s in stages)
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+        for h in ("stage", "ms", "share", "f", *(("source",) if mixed else ())):
+            left = h in ("stage", "source")
+            t.add_column(h, justify="left" if left else "right", no_wrap=True)
+        for s in stages:
+            v = lv["stage_ms"][s]
             wall = lv.get("wall_share", {}).get(s)
-            first = i == 0
-            tok = lv.get("tokens_per_s")
-            acc = lv.get("accept_length")
+            inside = NESTED_STAGES.get(s)
             t.add_row(
-                str(lv["concurrency"]) if first else "",
-                str(lv.get("batch", "")) if first else "",
-                f"{lv['step_ms']['value']:.2f}" if first else "",
-                s,
-                "-" if v is None else f"{v['value']:.3g}",
-                "-" if v is None else f"{v['value'] / lv['step_ms']['value']:.1%}",
+                f"  {s}" if inside else s,
+                f"{v['value']:.3g}",
+                f"{v['value'] / lv['step_ms']['value']:.1%}",
                 "-" if wall is None else f"{wall['value']:.1%}",
-                "-" if v is None else v["source"],
-                f"{tok['value']:.1f}" if first and tok else "",
-                f"{acc['value']:.2f}" if first and acc else "",
-                end_section=i == len(stages) - 1,
+                *((v["source"],) if mixed else ()),
             )
-    out.print(t)
+        out.print(t)
+        for s in stages:
+            if inside := NESTED_STAGES.get(s):
+                out.print(f"{s} is part of {inside} (its share is inside {inside}'s)")
     derived = [lv for lv in sec["levels"] if lv.get("method") == "derived"]
     for lv in derived[:1]:
         out.print(f"derived: {escape(lv['step_ms']['note'])}", overflow="fold")

@@ -1,0 +1,59 @@
+"""`ops profile`'s table at any terminal width: no number is ever split over two lines, and a
+stage inside another (attention inside verify) is shown as part of it, not beside it (#39).
+
+The printer runs in a real `ops` process per width (COLUMNS), on committed profile records."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "records"
+PRINT = (
+    "import json, sys; from ops.cli.measure import _print_profile; "
+    "_print_profile(json.load(open(sys.argv[1]))['profile'])"
+)
+
+
+def render(record: Path, columns: int) -> str:
+    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "TERM": "dumb"}
+    res = subprocess.run(
+        [sys.executable, "-c", PRINT, str(record)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("columns", [40, 60, 80, 120])
+@pytest.mark.parametrize("name", ["profile_attn_wall", "profile_tree", "profile_attn_wide"])
+def test_no_number_is_split_at_any_width(name: str, columns: int) -> None:
+    record = FIXTURES / name / "record.json"
+    text = render(record, columns)
+    lines = text.splitlines()
+    for lv in json.loads(record.read_text())["profile"]["levels"]:
+        step = lv["step_ms"]["value"]
+        assert any(f"step={step:.2f}ms" in ln for ln in lines), text
+        for stage, v in lv["stage_ms"].items():
+            want = [f"{v['value']:.3g}", f"{v['value'] / step:.1%}"]
+            row = [ln for ln in lines if re.search(rf"(^|\s){stage}(\s|$)", ln)]
+            assert any(all(w in ln for w in want) for ln in row), (stage, want, text)
+    for ln in lines:  # no cell broken: a line never starts with a digit fragment or "%"
+        assert not re.match(r"^\s*%", ln), text
+
+
+def test_attention_is_shown_inside_verify() -> None:
+    text = render(FIXTURES / "profile_attn_wall" / "record.json", 80)
+    lines = text.splitlines()
+    verify = next(i for i, ln in enumerate(lines) if re.match(r"\s*verify\s", ln))
+    assert re.match(r"^\s{2,}attention\s", lines[verify + 1]), text  # indented under verify
+    assert "attention is part of verify" in text, text
