@@ -79,23 +79,33 @@ def _main(
     state(ctx)  # the shared options (also accepted after the command) live on ctx.obj
 
 
-app.add_typer(service_app, name="service")
-app.command()(serve)
-app.command()(healthcheck)
-app.command()(loadtest)
-app.command()(bench)
-app.command()(profile)
-app.command()(report)
-app.command()(rollout)
-app.command()(deploy)
-app.command()(releases)
-app.command()(rollback)
+# `ops --help` lists one line per command: whole summaries (click cuts a long docstring's
+# first sentence with "..." to fit the terminal); each fits 80 columns beside its name
+SUMMARY = {
+    "service": "Start, stop, restart or show a target's service.",
+    "serve": "Run the reference engine's server in the foreground.",
+    "healthcheck": "Pre/post-flight: up, answering, token-identical, GPUs.",
+    "loadtest": "Closed-loop load sweep: req/s, tok/s, TTFT, TPOT, E2E.",
+    "bench": "Benchmark the kernels on one GPU, guarded and probed.",
+    "profile": "Where the step time goes per concurrency: f per stage.",
+    "report": "GO / NO-GO / HOLD from run records (md, html, json).",
+    "rollout": "Run a playbook: bench, profile, decide, deploy, measure.",
+    "deploy": "Build, self-test, switch, restart, check; roll back.",
+    "releases": "List a target's releases: id, git sha, proven, current.",
+    "rollback": "Switch back to the previous release (or --to ID).",
+    "hosts": "List every target: address, service URL, remote root.",
+    "facts": "Report what a target has: OS, python, nvcc, GPUs, disk.",
+}
+app.add_typer(service_app, name="service", short_help=SUMMARY["service"])
+for _fn in (serve, healthcheck, loadtest, bench, profile, report, rollout, deploy, releases):
+    app.command(short_help=SUMMARY[_fn.__name__])(_fn)
+app.command(short_help=SUMMARY["rollback"])(rollback)
 
 
-@app.command()
+@app.command(short_help=SUMMARY["hosts"])
 @command
 def hosts(ctx: typer.Context, _json: JsonOpt = False, _inventory: InventoryOpt = None) -> int:
-    """List every target: address, GPUs, arch, service and its manager."""
+    """List every target: address, GPUs, its service's URL and its remote root."""
     st = state(ctx)
     inv = st.inventory()
     rows = [
@@ -110,6 +120,7 @@ def hosts(ctx: typer.Context, _json: JsonOpt = False, _inventory: InventoryOpt =
             "service": t.service.name,
             "manager": t.service.manager,
             "url": t.service.url,
+            "remote_root": t.remote_root,
         }
         for t in inv.targets.values()
     ]
@@ -122,27 +133,25 @@ def hosts(ctx: typer.Context, _json: JsonOpt = False, _inventory: InventoryOpt =
             }
         )
         return EXIT_OK
-    from rich.table import Table
-
-    table = Table(title=f"targets ({inv.path or 'built-in local only'})")
-    for col in ("name", "address", "gpus", "arch", "service", "manager"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
-            r["name"],
-            r["address"],
-            str(r["gpus"]),
-            r["cuda_arch"] or "-",
-            r["service"],
-            r["manager"],
+    # a block per target, never a table: a URL or a path cut to fit the terminal is useless
+    out.print(f"targets ({escape(str(inv.path or 'built-in: local only'))})")
+    for t in inv.targets.values():
+        where = (
+            "localhost" if t.is_local else f"{t.user + '@' if t.user else ''}{t.address}:{t.port}"
         )
-    out.print(table)
+        gpus = f"{t.gpus} GPU(s)" + (f", {t.cuda_arch}" if t.cuda_arch else "")
+        out.print(f"[bold]{escape(t.name)}[/]  {escape(where)}  {gpus}", soft_wrap=True)
+        svc = t.service
+        out.print(
+            f"  service  {escape(svc.name)} ({svc.manager}) {escape(svc.url)}", soft_wrap=True
+        )
+        out.print(f"  root     {escape(t.remote_root)}", soft_wrap=True)
     for g, members in inv.groups.items():
         out.print(f"group [bold]{g}[/]: {', '.join(members)}")
     return EXIT_OK
 
 
-@app.command()
+@app.command(short_help=SUMMARY["facts"])
 @command
 def facts(
     ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None

@@ -86,7 +86,7 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
     )
 
 
-@service_app.command()
+@service_app.command(short_help="Start the service and wait for /health.")
 @command
 def start(
     ctx: typer.Context,
@@ -99,7 +99,7 @@ def start(
     return _service(ctx, "start", target, wait)
 
 
-@service_app.command()
+@service_app.command(short_help="Stop the service: TERM, then KILL after its grace.")
 @command
 def stop(
     ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None
@@ -108,7 +108,7 @@ def stop(
     return _service(ctx, "stop", target, 0)
 
 
-@service_app.command()
+@service_app.command(short_help="Restart the service and wait for /health.")
 @command
 def restart(
     ctx: typer.Context,
@@ -121,7 +121,7 @@ def restart(
     return _service(ctx, "restart", target, wait)
 
 
-@service_app.command()
+@service_app.command(short_help="Show the service's state: a live process and /health.")
 @command
 def status(
     ctx: typer.Context, target: TargetArg, _json: JsonOpt = False, _inventory: InventoryOpt = None

@@ -1,0 +1,50 @@
+"""`ops --help` and `ops service --help` list one whole line per command at 80 columns (no
+summary cut with "..."), and `ops hosts` shows each target's service URL and remote root whole
+(#39: the first hour, items 2 and 9)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ops(*args: str, env: dict[str, str] | None = None) -> str:
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80", "OPS_RUNS_DIR": "/nonexistent", **(env or {})},
+        cwd=REPO,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("group", [(), ("service",)])
+def test_every_summary_is_whole_on_one_line(group: tuple[str, ...]) -> None:
+    text = ops(*group, "--help")
+    commands = text.split("Commands:", 1)[1].rstrip().splitlines()[1:]
+    assert len(commands) >= (13 if not group else 4), text
+    for line in commands:
+        assert not line.rstrip().endswith("..."), line
+        assert len(line) <= 78 and line.rstrip().endswith("."), line
+
+
+def test_hosts_shows_url_and_root_whole(tmp_path: Path) -> None:
+    root = tmp_path / "a-rather-long-directory-name-for-the-remote-root" / "of-this-target"
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        "[targets.local]\n"
+        f"remote_root = '{root}'\n"
+        "[targets.local.service]\n"
+        "url = 'http://127.0.0.1:31999'\n"
+    )
+    text = ops("hosts", "--inventory", str(inv))
+    assert "http://127.0.0.1:31999" in text and str(root) in text, text
