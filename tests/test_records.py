@@ -50,3 +50,16 @@ def test_record_written_when_the_body_fails(
         code,
         type(exc).__name__,
     )
+
+
+def test_looking_commands_keep_only_their_newest_records(tmp_path: Path) -> None:
+    """`service status` and `facts` change and measure nothing: their newest ten records per
+    target stay, older ones go; records of other commands and targets are never touched."""
+    from ops.hosts.records import KEEP_LOOKS
+
+    other = RunDir.create("deploy", "ct200", root=tmp_path, inputs={})
+    mine = [RunDir.create("service-status", "ct200", root=tmp_path, inputs={}) for _ in range(25)]
+    elsewhere = RunDir.create("service-status", "ct201", root=tmp_path, inputs={})
+    left = sorted(p.name for p in tmp_path.iterdir() if "-service-status-ct200" in p.name)
+    assert left == sorted(r.path.name for r in mine[-KEEP_LOOKS:])
+    assert other.path.is_dir() and elsewhere.path.is_dir()

@@ -1,4 +1,5 @@
-"""Run records: every command that touches a target leaves `runs/<utc>-<command>-<target>/`.
+"""Run records: every command that touches a target leaves `runs/<utc>-<command>-<target>/`
+(the commands that only look, `service status` and `facts`, keep their newest ten per target).
 
 A run directory is created exclusively (a name is never reused, nothing is overwritten) and
 every file in it is written atomically (`checks.atomic.write_atomic`: temp file in the same
@@ -40,10 +41,39 @@ def _slug(text: str) -> str:
 
 
 RUNNING = "running"  # the outcome of a record whose command has not finished (or was killed)
+# commands that only look (they change and measure nothing): their newest KEEP_LOOKS records
+# per target are kept, older ones go as a new one is made (a session of `ops service status`
+# used to leave dozens of run directories)
+LOOKS = frozenset({"service-status", "facts"})
+KEEP_LOOKS = 10
 
 
 def _why(exc: OSError) -> str:
     return f"{exc.strerror} (errno {exc.errno})" if exc.strerror else str(exc)
+
+
+def _prune_looks(root: Path, suffix: str, keep: Path) -> None:
+    """Remove all but the newest KEEP_LOOKS run directories named `<utc><suffix>` (their names
+    sort by time): only directories holding nothing but a record, never anything else."""
+    try:
+        names = sorted(
+            e.name
+            for e in os.scandir(root)
+            if e.is_dir(follow_symlinks=False)
+            and re.fullmatch(r"\d{8}T[\d.]+Z" + re.escape(suffix) + r"(\.\d+)?", e.name)
+        )
+    except OSError:
+        return
+    for name in names[: max(0, len(names) - KEEP_LOOKS)]:
+        path = root / name
+        if path == keep:
+            continue
+        try:
+            if {f.name for f in path.iterdir()} <= {"record.json"}:
+                (path / "record.json").unlink(missing_ok=True)
+                path.rmdir()
+        except OSError:
+            continue  # a record that cannot go stays: never a reason to fail a command
 
 
 @dataclass
@@ -87,6 +117,8 @@ class RunDir:
         except OSError as exc:
             run.unwritten = f"{run.path}: {_why(exc)}"
             return run
+        if command in LOOKS:
+            _prune_looks(root, f"-{_slug(command)}-{_slug(target)}", keep=run.path)
         if inputs is not None:
             run.write_record(inputs=inputs, outcome=RUNNING, exit_code=None)
         return run
