@@ -194,8 +194,8 @@ def _show_bench(o: BenchOutcome) -> None:
 def _print_bench(sec: dict[str, Any]) -> None:
     g = sec.get("guard") or {}
     env = sec.get("environment") or {}
-    gpu = "-" if sec["gpu"] is None else sec["gpu"]
-    out.print(f"[bold]bench {escape(sec['target'])}[/] GPU {gpu}")
+    gpu = "(no GPU)" if sec["gpu"] is None else f"GPU {sec['gpu']}"
+    out.print(f"[bold]bench {escape(sec['target'])}[/] {gpu}")
     for line in g.get("findings", []):
         out.print(f"  guard: {escape(line)}", soft_wrap=False, overflow="fold")
     if env.get("gpu_uuid"):
