@@ -80,12 +80,26 @@ def _host_inputs(lp: Any, ids: Any, budget: Any) -> tuple | None:
     the fork reads float32 values of the log-probs and int64 ids on the CPU; so do we."""
     if type(lp) is not _Tensor or type(ids) is not _Tensor or type(budget) is not int:
         return None
-    if lp.layout is not _STRIDED or ids.layout is not _STRIDED or lp.requires_grad:
+    if lp.dim() != 2 or lp.requires_grad or lp.is_neg() or ids.is_neg() or budget > MAX_BUDGET:
         return None  # the fork's .numpy() raises on a grad tensor: its error, not ours
-    if ids.dtype is not _I64 or lp.is_neg() or ids.is_neg() or lp.dim() != 2:
+    h, k = shape = lp.shape
+    if ids.shape != shape or (k == 0 and h and budget > 0):
         return None
-    h, k = lp.shape
-    if ids.shape != lp.shape or budget > MAX_BUDGET or (k == 0 and h and budget > 0):
+    if not (
+        lp.dtype is _F32
+        and ids.dtype is _I64
+        and lp.is_cpu
+        and ids.is_cpu
+        and lp.is_contiguous()
+        and ids.is_contiguous()
+    ):
+        return _normalised(lp, ids, h, k)
+    return lp, ids, h, k
+
+
+def _normalised(lp: torch.Tensor, ids: torch.Tensor, h: int, k: int) -> tuple | None:
+    """_host_inputs for the rarer inputs: bf16 / fp16, a GPU, not contiguous; None for the rest."""
+    if lp.layout is not _STRIDED or ids.layout is not _STRIDED or ids.dtype is not _I64:
         return None
     if lp.dtype is not _F32:
         if lp.dtype not in _EXACT:
@@ -99,11 +113,7 @@ def _host_inputs(lp: Any, ids: Any, budget: Any) -> tuple | None:
         if not ids.is_cuda:
             return None
         ids = ids.cpu()
-    if not lp.is_contiguous():
-        lp = lp.contiguous()
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
-    return lp, ids, h, k
+    return lp.contiguous(), ids.contiguous(), h, k
 
 
 def _cpp_build(lp: Any, ids: Any, budget: Any) -> Tree7 | None:
@@ -112,7 +122,14 @@ def _cpp_build(lp: Any, ids: Any, budget: Any) -> Tree7 | None:
         return None
     lp, ids, h, k = got
     # rows deeper than the budget can hold no node: the tree is the same without them
-    return _ext().build(lp.data_ptr(), ids.data_ptr(), min(h, budget), k, budget)
+    return _native_build(lp.data_ptr(), ids.data_ptr(), min(h, budget), k, budget)
+
+
+def _native_build(*args: int) -> Tree7:
+    """The extension's `build` (loaded, then bound in this name, on the first call)."""
+    global _native_build
+    _native_build = _ext().build
+    return _native_build(*args)
 
 
 def _cuda_build(lp: Any, ids: Any, budget: Any) -> Tree7 | None:

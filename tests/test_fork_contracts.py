@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 from helpers import fork_standin as fs
 
 from integration import fork_style, hook
@@ -218,3 +221,23 @@ def test_standins_and_the_fork_style_baseline_agree() -> None:
     for mod in (v1, v2, fork_style):
         with pytest.raises(IndexError, match="index 0 is out of bounds for axis 1 with size 0"):
             mod.build_ddtree_tree_from_topk(*no_column, 4)
+
+
+# ----------------------------------------------------------------------------- per-call cost
+
+
+def test_percall_measures_the_fork_style_builder_beside_the_dropin() -> None:
+    """integration.percall (what a bench suite calls): same answers, both timed, the targets
+    named; the speedups themselves are recorded runs, not asserted here (a shared CPU)."""
+    argv = [sys.executable, "-m", "integration.percall", "--budgets", "16,24", "--reps", "12"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = json.loads(proc.stdout)
+    kinds = [(r["kernel"], r["shape"]["budget"]) for r in doc["rows"]]
+    assert kinds == [(BUILD, 16), (ACCEPT, 16), (BUILD, 24), (ACCEPT, 24)]
+    for r in doc["rows"]:
+        assert r["refcheck"] is True and r["shape"]["H"] == r["shape"]["K"] == r["shape"]["budget"]
+        assert set(r["impls"]) >= {"fork_style", "dropin_cpp"} and r["speedup"] > 0
+        assert all(v["median_us"] > 0 for v in r["impls"].values())
+    assert [r["target"] for r in doc["rows"] if r["kernel"] == BUILD] == [4.0, 4.0]
+    assert doc["env"]["cores"] and "load_avg" in doc["env"]
