@@ -272,7 +272,7 @@ def _main(argv: list[str] | None) -> int:
         torch.set_num_threads(1)
     cmd = "python -m engine.attn_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     doc: dict[str, Any] = {"suite": "attn", "command": cmd, "config": vars(args)}
-    from kernels.bench import apply_memory_cap
+    from kernels.bench.memory import apply_memory_cap
 
     cap = apply_memory_cap()  # ops bench --allow-shared's cap, inherited through kernels.bench
     if cap is not None:

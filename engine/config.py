@@ -144,7 +144,7 @@ def tokens_reached(p: Preset, mode: str, prompt_len: int, steps: int) -> int:
     """The longest a sequence of `prompt_len` tokens can grow in `steps` decode steps (the
     worst case: every DDTree step commits draft_len + 1 tokens, an AR step one). A bench checks
     it against `p.model.max_seq_len` before anything runs (engine.attn_bench, and
-    kernels.bench_engine for the child it will start)."""
+    engine.bench_suite for the child it will start)."""
     per = p.engine.draft_len + 1 if mode == "ddtree" else 1
     return prompt_len + steps * per
 

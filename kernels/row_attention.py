@@ -2,7 +2,7 @@
 
 The engine-independent half of the reference engine's two attention backends
 (`engine.attention` wraps these; this module never imports `engine`), and what the kernel bench's
-`row_attention` rows time (`kernels.bench_attention`). A forward's rows each see an explicit list
+`row_attention` rows time (`kernels.bench.attn`). A forward's rows each see an explicit list
 of KV slots in position order (`table[i, :lens[i]]`: the prefix, then the row's tree ancestors,
 then itself). A *plan* is built once per forward (index tensors on the device); each call then
 runs one layer's attention of every row: q [R, heads, kv_dim], pool [slots, kv_dim] -> out

@@ -157,7 +157,7 @@ def test_planned_splits() -> None:
 
 
 def test_bench_size_rows_in_the_bench_schema() -> None:
-    from kernels.bench_attention import bench_size
+    from kernels.bench.attn import bench_size
 
     rows = bench_size(2, 256, 9, 8, reps=5, variants=("auto", "mma_sync_32"))
     impls = [r["impl"] for r in rows]

@@ -156,8 +156,8 @@ def test_engine_attn_suite_passes_the_service_config_and_the_childs_errors() -> 
     and its one line."""
     import torch
 
+    from engine.bench_suite import SuiteError, engine_argv, engine_attn_suite
     from kernels.bench import BenchConfig
-    from kernels.bench_engine import SuiteError, engine_argv, engine_attn_suite
 
     cfg = BenchConfig([1, 32], prefix_lens=[1024], engine_max_budget=0, matmul="fp32")
     argv = engine_argv(cfg, 1024)

@@ -1,7 +1,8 @@
 """The control plane stays light and the tree draws the architecture: importing every `ops`
 module (subpackages included) pulls in neither torch nor the engine; no module of the project
-imports another in a circle; `ops/` has no flat list of more than about 12 modules; every
-package says its job in a docstring; no product module imports the CLI layer."""
+imports another in a circle; the kernels import no other package of the project; `ops/` has no
+flat list of more than about 12 modules; every package says its job in a docstring; no product
+module imports the CLI layer."""
 
 from __future__ import annotations
 
@@ -104,6 +105,19 @@ def test_no_import_circle_anywhere() -> None:
         if m not in state:
             walk(m)
     assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_kernels_sit_below_the_engine_and_the_integration() -> None:
+    """No module of `kernels/` imports `engine`, `integration`, `checks` or `ops` when it is
+    imported: the bench's registry names the engine's and the integration's suites as text
+    (`kernels.bench.registry`), and they import `kernels.bench.config`."""
+    mods = _modules()
+    bad = {
+        m: sorted(d for d in _top_level_imports(p, m, set(mods)) if d.split(".")[0] != "kernels")
+        for m, p in mods.items()
+        if m.split(".")[0] == "kernels"
+    }
+    assert not {m: d for m, d in bad.items() if d}
 
 
 def test_no_product_module_imports_the_cli() -> None:

@@ -166,7 +166,7 @@ def test_decode_prefixes_spread_evenly_and_every_set_spans_the_range() -> None:
     """A served batch's requests stand at different points of their output: the decode rows'
     prefixes spread evenly over L .. L + spread - 1, each input set over the whole range, and
     with one request a step the sets take its prefixes in turn; spread 0 is every request at L."""
-    from kernels.bench_attention import decode_prefixes
+    from kernels.bench.attn import decode_prefixes
 
     assert decode_prefixes(1024, 0, 3, 2) == [[1024] * 3] * 2
     got = decode_prefixes(1024, 64, 32, 3)
@@ -215,7 +215,7 @@ def test_forward_sampler_counts_the_host_wait_inside_a_span_and_a_piece_covers_i
 @pytest.mark.gpu
 def test_row_attention_bench_rows() -> None:
     from kernels.bench import add_speedups
-    from kernels.bench_attention import row_attention_rows
+    from kernels.bench.attn import row_attention_rows
 
     rows = row_attention_rows(4, 17, 64, reps=5, layers=4, spread=32, piece_us=100)
     add_speedups(rows)
@@ -255,7 +255,7 @@ def test_prefill_blocks_cut_a_prompt_as_the_engine_runs_it() -> None:
     import inspect
 
     from engine.decode import Decoder
-    from kernels.bench_attention import row_prefill_rows
+    from kernels.bench.attn import row_prefill_rows
 
     slots = np.random.default_rng(0).permutation(2048)[:1023]
     for n, block, spans in ((1023, 576, [(0, 576), (576, 1023)]), (5, 576, [(0, 5)]),
@@ -329,7 +329,7 @@ def test_engine_prefill_tables_on_the_gpu_give_the_host_tables_results() -> None
 @pytest.mark.gpu
 def test_row_attention_prefill_rows() -> None:
     from kernels.bench import add_speedups
-    from kernels.bench_attention import row_prefill_rows
+    from kernels.bench.attn import row_prefill_rows
 
     rows = row_prefill_rows(300, reps=5, block=128)  # three forwards: 128 + 128 + 43 rows
     add_speedups(rows)

@@ -21,8 +21,9 @@ from test_report import RECORDS, ops_report
 from test_report_parts import _load, _row, _write
 
 from engine.backends import DEFAULTS, make_backends
-from kernels import bench_stage, cuda, reference, tree_stage
+from kernels import cuda, reference, tree_stage
 from kernels.bench import BenchConfig, add_speedups
+from kernels.bench import stage as bench_stage
 
 TREE_FIELDS = tuple(reference.BatchedTrees.__dataclass_fields__)
 TORCH_OF = {np.dtype(np.int64): torch.int64, np.dtype(np.bool_): torch.bool}

@@ -17,8 +17,9 @@ import torch
 
 from engine.backends import DEFAULTS, make_backends
 from engine.config import preset
-from kernels import bench_stage, reference, tree_stage
+from kernels import reference, tree_stage
 from kernels.bench import BenchConfig, add_speedups, main
+from kernels.bench import stage as bench_stage
 
 TIMING_KEYS = {"median_us", "p25_us", "p75_us", "iqr_us", "reps", "mode", "launches_per_sample"}
 TREE_FIELDS = reference.BatchedTrees.__dataclass_fields__.keys()

@@ -56,7 +56,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.bench import STAGE_PIECE_US, BenchConfig, Row, impl_name, row
+from kernels.bench.config import STAGE_PIECE_US, BenchConfig, Row, impl_name, row
 from kernels.timing import Timing, forward_sampler, interleave, summarize, time_cuda, time_graph
 
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3

@@ -1,13 +1,14 @@
 """The `engine_attn` suite: the reference engine's own attention stage, per backend, in a child.
 
 `python -m kernels.bench --suite engine_attn` runs `python -m engine.attn_bench` once per
-`--prefix-len` L, as a child process (kernels imports only the torch-free engine.config, to
-check the settings; the child's engines and their memory are gone when it exits), and returns
-its rows: `row_attention` (a decode step
-of each `--batch` requests) and `row_attention_prefill` (one prompt of L tokens), impls
-`torch_engine` and `cuda_engine`, mode `engine_stage`. Each is the time the engine's stage clock
-charges to attention inside the engine's real forward (its graph pieces, its KV pool, its plan),
-the same number a service's profile reads, benched in isolation on the bench GPU.
+`--prefix-len` L, as a child process (this module imports no torch: it checks the settings with
+the torch-free engine.config; the child's engines and their memory are gone when it exits),
+and returns its rows: `row_attention` (a decode step of each `--batch` requests) and
+`row_attention_prefill` (one prompt of L tokens), impls `torch_engine` and `cuda_engine`, mode
+`engine_stage`. Each is the time the engine's stage clock charges to attention inside the
+engine's real forward (its graph pieces, its KV pool, its plan), the same number a service's
+profile reads, benched in isolation on the bench GPU. The suite lives beside the engine it
+measures; `kernels.bench.registry` names it (`engine_attn_suite`, settings `check_settings`).
 
 What it showed (NOTES-attention.md, 0abddba): on the H200 the torch path costs 1-1.7 ms more
 in the service than in the attn suite's stage rows, and these rows, the engine's real forward
@@ -27,22 +28,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from kernels.bench import BenchConfig, Row
+from engine.config import MAX_BUDGET, PRESETS, tokens_reached
+from kernels.bench.config import BenchConfig, Row, SuiteError
+
+__all__ = ["SuiteError", "check_settings", "engine_argv", "engine_attn_suite", "prompt_lens"]
 
 ENGINE_STEPS = 24  # timed decode steps per batch (after 4 untimed)
 ENGINE_WARM = 4
 CHILD_TIMEOUT_S = 900.0
-
-
-class SuiteError(RuntimeError):
-    """The child bench failed: its exit status and the last line it wrote on stderr."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def engine_argv(cfg: BenchConfig, prompt_len: int) -> list[str]:
@@ -67,8 +62,6 @@ def prompt_lens(cfg: BenchConfig) -> tuple[list[int], list[str]]:
     one left out. ValueError (exit 2, before anything runs) for an unknown preset, a max budget
     past the engine's limit, a batch past the engine's, or no length that fits. engine.config
     is torch-free: checked here, on any host, not only once a child runs on a GPU."""
-    from engine.config import MAX_BUDGET, PRESETS, tokens_reached
-
     p = PRESETS.get(cfg.engine_preset)
     if p is None:
         raise ValueError(
@@ -100,6 +93,12 @@ def prompt_lens(cfg: BenchConfig) -> tuple[list[int], list[str]]:
     if not fit:
         raise ValueError(notes[0] + "; give a shorter --prefix-len")
     return fit, notes
+
+
+def check_settings(cfg: BenchConfig) -> list[str]:
+    """The suite's settings check (`kernels.bench.registry`): run by `python -m kernels.bench`
+    before any suite, on any host; the notes go into its document, a ValueError is exit 2."""
+    return prompt_lens(cfg)[1]
 
 
 def engine_attn_suite(cfg: BenchConfig) -> list[Row]:

@@ -17,8 +17,8 @@ Shape: B = each `--batch`; H, K, budget = `--stage-shape` (the engine's `small` 
 before and after, as the engine's `lap` times its stages; on CUDA the three stages' samples
 are taken in turn (`kernels.timing.interleave`, rows marked `interleaved`). Median and IQR as
 every row; the cuda_stage row carries the speedup over each of the other two
-(`kernels.bench.add_speedups`: {"reference_stage": x, "reference_stage_to_device": y}) and a
-refcheck against reference_stage's trees; the reference_stage_to_device row carries a refcheck
+(`kernels.bench.report.add_speedups`: {"reference_stage": x, "reference_stage_to_device": y})
+and a refcheck against reference_stage's trees; the reference_stage_to_device row carries a refcheck
 against cuda_stage (the same trees, and a `device_copy` equal to cuda_stage's field by field).
 `device="cpu"` times the reference stage alone on the reference topk's numpy arrays (what a CPU
 engine hands it): there is no CUDA side to time, so no CUDA row and no upload row.
@@ -35,7 +35,7 @@ import torch
 
 from kernels import reference as ref
 from kernels import tree_stage
-from kernels.bench import BenchConfig, Row, row
+from kernels.bench.config import BenchConfig, Row, row
 from kernels.timing import Timing, interleave, summarize
 
 N_SETS = 8  # input sets rotated over, as the engine's every step brings new ones

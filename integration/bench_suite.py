@@ -10,6 +10,9 @@ deepest node; and, for each batch size B > 1 of the config, `build_ddtree_trees`
 handed at once: one builder call, B 7-tuples back). Wall-clock host time per call (the service
 waits for all of it). Every row checks its answers against the stock-style builder's
 (`refcheck`). `python -m kernels.bench --json --suite integration`.
+
+It lives beside the drop-ins it measures; `kernels.bench.registry` names it. The service never
+imports it (the hook's path is stdlib and the kernels' C ABI): only the bench does, with torch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import torch
 
 from integration import sglang_dropins as dropins
-from kernels.bench import BenchConfig, Row, row
+from kernels.bench.config import BenchConfig, Row, row
 from kernels.timing import time_host
 
 SUITE = "integration"
