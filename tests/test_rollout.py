@@ -119,7 +119,8 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
         "report": "fail",
     }  # fmt: skip
     # progress on stderr as each step runs
-    assert "[1/9] preflight (healthcheck) ..." in err and "[9/9] report: fail" in err
+    assert "[1/9] preflight (healthcheck) ..." in err and "[9/9] report: NO-GO: " in err
+    assert "decide: fail" not in err and "report: fail" not in err  # a verdict, not a failure
     assert "[6/9] deploy: skip (gate go: decide said NO-GO)" in err
     # one run directory: a record per step, the report beside the rollout's own record
     run = Path(doc["run_dir"])
@@ -398,6 +399,14 @@ def test_on_fail_stop_skips_to_the_report(tmp_path: Path) -> None:
     assert "stopped at step 'preflight'" in doc["steps"][1]["detail"]
     assert "preflight_failed" in [r["code"] for r in doc["decision"]["failed"]]
     assert [Path(f).name for f in doc["files"]] == ["report.md", "report.json"]
+    res = subprocess.run(  # the table: the report step shows the verdict, not FAIL
+        [sys.executable, "-m", "ops", "rollout", "local", "--playbook", str(pb),
+         "--inventory", str(loc.inventory)],
+        capture_output=True, text=True, env={**loc.env, "COLUMNS": "100"}, timeout=120,
+    )  # fmt: skip
+    row = next(ln for ln in res.stdout.splitlines() if " report " in ln)
+    assert "NO-GO" in row and "FAIL" not in row, res.stdout
+    assert "HOLD" not in res.stdout.split("NO-GO:", 1)[1], res.stdout  # no HOLD line in a NO-GO
     # without a report step the exit code is the worst step's
     code, doc, _ = loc("rollout", "local", "--playbook", "healthcheck-only")
     assert code == 1 and doc["verdict"] is None and doc["steps"][0]["status"] == "fail"

@@ -101,18 +101,37 @@ def _print(res: RolloutResult) -> None:
     for col in ("#", "step", "status", "s", "detail"):
         table.add_column(col, overflow="fold", justify="right" if col in ("#", "s") else "left")
     for r in res.steps:
-        table.add_row(str(r.index), r.name, MARK[r.status], f"{r.seconds:.1f}", escape(r.detail))
+        table.add_row(
+            str(r.index),
+            r.name,
+            _mark(r.name, r.status, res.verdict),
+            f"{r.seconds:.1f}",
+            escape(r.detail),
+        )
     out.print(table)
     if res.verdict:
         out.print(f"[{STYLE[res.verdict]}]{res.verdict}[/]: {escape(res.change or '')}")
         d = res.decision or {}
-        for title, key in (("NO-GO", "failed"), ("HOLD", "holds")):
-            for r in d.get(key, []):
-                out.print(
-                    f"  [{STYLE[title]}]{title}[/] {r['code']}: {escape(r['message'])}",
-                    soft_wrap=True,
-                )
+        # the verdict's own reasons; a NO-GO is not also called HOLD (its open questions are
+        # in the report), a HOLD has no NO-GO reason by construction
+        key = {"NO-GO": "failed", "HOLD": "holds"}.get(res.verdict)
+        for r in d.get(key, []) if key else []:
+            out.print(
+                f"  [{STYLE[res.verdict]}]{res.verdict}[/] {r['code']}: {escape(r['message'])}",
+                soft_wrap=True,
+            )
+        if res.verdict == "NO-GO" and d.get("holds"):
+            n = len(d["holds"])
+            out.print(f"  [dim]and {n} open question(s) the report lists[/]", soft_wrap=True)
     for note in res.notes:
         out.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     for f in res.files:
-        err.print(f"[dim]report: {f}[/]")
+        err.print(f"[dim]report: {escape(str(f))}[/]", soft_wrap=True)  # whole: copyable
+
+
+def _mark(step: str, status: str, verdict: str | None) -> str:
+    """A step's status word. The steps that carry the decision (decide, report) show the
+    verdict, not FAIL: a NO-GO is the rollout working, not its report failing."""
+    if step in ("decide", "report") and verdict and status in ("fail", "hold", "ok"):
+        return f"[{STYLE[verdict]}]{verdict}[/]"
+    return MARK[status]

@@ -221,7 +221,11 @@ class Runner:
                 self.progress(f"{head}: {what} ({secs:.1f} s)")
                 raise
             self._done(i, st, status, time.monotonic() - t0, detail, sub)
-            self.progress(f"{head}: {status} ({time.monotonic() - t0:.1f} s) {detail}")
+            secs = time.monotonic() - t0
+            if st.step in ("decide", "report"):  # its detail starts with the verdict: a NO-GO
+                self.progress(f"{head}: {detail} ({secs:.1f} s)")  # is no step "fail"ing
+            else:
+                self.progress(f"{head}: {status} ({secs:.1f} s) {detail}")
             if status in ("fail", "error") and st.on_fail == "stop":
                 stopped = st.name
         verdict = ctx.report["verdict"] if ctx.report else None
