@@ -180,10 +180,12 @@ def make_build(backend: str, stock: Callable | None = None, passive: Passive = (
             return fallback(top_log_probs, top_token_ids, budget) if out is None else out
 
     else:
+        names = tuple(name for name, _, _ in passive)
+        known = {name: (default, cls) for name, default, cls in passive}
 
         def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, *more, **named):
             out = None
-            if not (more or named) or _ignorable(passive, more, named):
+            if not (more or named) or _ignorable(names, known, more, named):
                 out = fast(top_log_probs, top_token_ids, budget)
             if out is None:
                 return fallback(top_log_probs, top_token_ids, budget, *more, **named)
@@ -199,23 +201,17 @@ def make_build(backend: str, stock: Callable | None = None, passive: Passive = (
     return build_ddtree_tree_from_topk
 
 
-def _ignorable(passive: Passive, more: tuple, named: dict) -> bool:
+def _ignorable(names: tuple[str, ...], known: dict, more: tuple, named: dict) -> bool:
     """True when every extra argument is a passive parameter at its default or of its class."""
-    if len(more) > len(passive):
-        return False
-    values = {}
-    for (name, _, _), value in zip(passive, more, strict=False):
-        values[name] = value
-    for name, value in named.items():
-        if name in values:
-            return False  # given twice: the stock raises its TypeError
-        values[name] = value
-    known = {name: (default, cls) for name, default, cls in passive}
+    if more:
+        if len(more) > len(names) or any(name in named for name in names[: len(more)]):
+            return False  # too many, or given twice: the stock raises its TypeError
+        values = {**dict(zip(names, more, strict=False)), **named}
+    else:
+        values = named
     for name, value in values.items():
-        if name not in known:
-            return False
-        default, cls = known[name]
-        if value is not default and (cls is None or not isinstance(value, cls)):
+        spec = known.get(name)
+        if spec is None or (value is not spec[0] and not (spec[1] and isinstance(value, spec[1]))):
             return False
     return True
 
