@@ -706,3 +706,14 @@ def test_rollback_to_an_empty_or_huge_id_is_one_short_line(ops: Ops) -> None:
     res = ops("rollback", "local", "--to", "A" * 100000)
     assert res.returncode == 2 and len(res.stderr) < 2000, len(res.stderr)
     assert ops.current() == r1
+
+
+def test_deploying_an_older_commit_says_it_is_a_downgrade(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    assert ops.deploy().returncode == 0
+    res = ops.deploy("--ref", "HEAD~1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "a downgrade: git" in " ".join(res.stderr.split()), res.stderr
+    res = ops.deploy()  # forward again: no notice
+    assert res.returncode == 0 and "downgrade" not in res.stderr, res.stderr

@@ -23,6 +23,7 @@ stopped, and a pending record that cannot be read whole leaves `current` as it i
 from __future__ import annotations
 
 import json
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from ops.deploy.host_actions import (
     interrupted_once,
     revert_guard,
 )
-from ops.deploy.release import ReleaseManifest, service_env, stage_release
+from ops.deploy.release import ReleaseManifest, default_source, service_env, stage_release
 from ops.deploy.result import (
     DeployInterrupted,
     DeployOptions,
@@ -226,6 +227,7 @@ class Deployer:
         self._before_state = listing.get("current_state")
         self._before = listing["current"] or shown_state(self._before_state)
         current = next((r for r in listing["releases"] if r["current"]), None)
+        self._downgrade = self._older_than(m, current)
         if (
             current is None
             or m.dirty
@@ -237,13 +239,35 @@ class Deployer:
         cur = current["id"]
         return self.result("already-current", release=cur, before=cur, after=cur, message=msg)
 
+    def _older_than(self, m: ReleaseManifest, current: dict[str, Any] | None) -> str | None:
+        """A notice when the commit deployed is an ancestor of the current release's commit
+        (`--ref HEAD~1`, an old branch): a downgrade is allowed, but never silent."""
+        cur = (current or {}).get("git_sha")
+        if not cur or m.dirty or cur == m.git_sha:
+            return None
+        res = subprocess.run(
+            ["git", "-C", str(self.opts.source or default_source()), "merge-base",
+             "--is-ancestor", m.git_sha, cur],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        if res.returncode != 0:
+            return None  # newer, a side branch, or a commit this checkout does not have
+        return f"a downgrade: git {m.git_sha[:12]} is older than the current release's {cur[:12]}"
+
     def _current(self) -> tuple[Status, str, dict[str, Any]]:
         """What `current` is on the host; one that ops did not put there is refused without
         --force (and with it, recorded as it is, so a revert returns exactly there)."""
         state = self._before_state or {"kind": "none"}
         data = {"state": state}
         if state["kind"] in ("release", "none"):
-            return "ok", f"current: {self._before or '(none)'}", data
+            note = getattr(self, "_downgrade", None)
+            if note:
+                data["downgrade"] = note
+            return (
+                "ok",
+                f"current: {self._before or '(none)'}" + (f"; {note}" if note else ""),
+                data,
+            )
         what = f"current is {shown_state(state)}, not a release ops installed"
         if self.opts.force:
             data["forced"] = True
