@@ -137,7 +137,6 @@ def test_dead_service_is_failed_with_its_log(ops: Ops) -> None:
 
 def test_second_service_change_is_refused_while_locked(ops: Ops) -> None:
     from ops.hosts.inventory import load_inventory
-
     from ops.hosts.remote import open_host
 
     target = load_inventory(ops.inventory).target("local")
