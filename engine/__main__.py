@@ -58,9 +58,9 @@ def _number(kind: type, low: float, high: float = float("inf")) -> Any:
     return parse
 
 
-def parser() -> argparse.ArgumentParser:
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """Where it listens, what it runs and on which device, its component backends."""
     kinds = "; ".join(f"{c}={'|'.join(k)}" for c, k in COMPONENTS.items())
-    p = _Parser(prog="python -m engine", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_number(int, 1, 65535), default=30000)
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -74,6 +74,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="COMPONENT=KIND",
         help=f"swap one DDTree component (repeatable; overrides ${ENV_VAR}): {kinds}",
     )
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The weights and the engine's settings: batch, tree budgets, CUDA graphs, matmuls."""
     p.add_argument("--weights", help="safetensors file written by engine.weights.save_weights")
     p.add_argument(
         "--seed",
@@ -108,6 +112,10 @@ def parser() -> argparse.ArgumentParser:
         help="float32 matmuls on a GPU: tf32 tensor cores (default) or full fp32 "
         "($DDTREE_ENGINE_MATMUL); a CPU always computes fp32",
     )
+
+
+def _add_process_args(p: argparse.ArgumentParser) -> None:
+    """The served name, CPU threads, where HTTP is served, logging, the load delay."""
     p.add_argument("--model-name", default="ddtree-reference")
     p.add_argument(
         "--threads",
@@ -135,6 +143,10 @@ def parser() -> argparse.ArgumentParser:
         default=0.0,
         help="seconds to wait before loading (tests observe /health's 503)",
     )
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    """The bounded inputs (engine.limits), in a group of their own."""
     limits = p.add_argument_group("limits (bounded inputs)")
     limits.add_argument(
         "--max-body-bytes",
@@ -166,6 +178,14 @@ def parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds an idle keep-alive connection stays open",
     )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m engine", description=__doc__.splitlines()[0])
+    _add_model_args(p)
+    _add_engine_args(p)
+    _add_process_args(p)
+    _add_limit_args(p)
     p.add_argument(
         "--check",
         action="store_true",

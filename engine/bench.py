@@ -261,7 +261,7 @@ def _bad_input(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> OneLineParser:
     ap = OneLineParser(prog="python -m engine.bench")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--device", default="cuda")
@@ -302,25 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--identity-tokens", type=int, default=32)
     ap.add_argument("--time-budget", type=float, default=200.0)
     ap.add_argument("--json", required=True)
-    args = ap.parse_args(argv)
-    why = _bad_input(args)
-    if why:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
-    try:
-        open(args.json, "w").close()  # an unwritable --json fails now, not after a set has run
-    except OSError as exc:
-        print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    try:
-        check_device(args.device)
-    except DeviceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    start = time.monotonic()
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    result: dict[str, Any] = {
+    return ap
+
+
+def _header(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """The result document before any set has run: the run's settings and its command."""
+    return {
         "git_sha": os.environ.get("ENGINE_GIT_SHA"),
         "kernels_lib": os.environ.get("DDTREE_KERNELS_LIB"),
         "suite": "engine",
@@ -336,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "sets": {},
     }
+
+
+def _add_environment(result: dict[str, Any]) -> None:
+    """The host's environment (kernels.envinfo), and the git sha from it when none was given."""
     try:
         from kernels.envinfo import environment
 
@@ -343,23 +334,36 @@ def main(argv: list[str] | None = None) -> int:
         result["git_sha"] = result["git_sha"] or result["environment"].get("git_sha")
     except Exception as exc:  # the bench still runs without it
         result["environment"] = {"error": repr(exc), "torch": torch.__version__}
-    prompts = _prompts(args.prompt_len)
-    on_gpu = args.device.startswith("cuda")
+
+
+def _plan(args: argparse.Namespace, result: dict[str, Any]) -> tuple[list[str], list[bool]]:
+    """The backend sets to run and the graph modes of each (a CPU: eager, no `cuda` set)."""
     graph_modes = {"on": [True], "off": [False], "both": [True, False]}[args.graphs]
     sets = list(args.sets)
-    if not on_gpu:
+    if not args.device.startswith("cuda"):
         graph_modes = [False]
         # the `cuda` set needs a GPU; `cpu-kernels` is what a CPU host can run as named
         if "cuda" in sets:
             sets.remove("cuda")
             print("note: the cuda backend set needs --device cuda; skipped", file=sys.stderr)
             result["skipped_sets"] = {"cuda": "needs --device cuda"}
+    return sets, graph_modes
+
+
+def _run_sets(
+    args: argparse.Namespace, result: dict[str, Any], start: float
+) -> list[tuple[Any, ...]]:
+    """Each set in each graph mode (a set that fails records its error and the next runs),
+    the document saved after each; returns the table's rows."""
+    prompts = _prompts(args.prompt_len)
+    on_gpu = args.device.startswith("cuda")
+    sets, graph_modes = _plan(args, result)
 
     def save() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
 
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for name in sets:
         for graphs in graph_modes:
             label = name if graphs or not on_gpu else f"{name}:eager"
@@ -372,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 print(f"[{label}] failed: {entry['error']}", file=sys.stderr)
             save()
+    return rows
+
+
+def _print_summary(rows: list[tuple[Any, ...]], result: dict[str, Any]) -> None:
     print(f"{'set':18s} {'mode':7s} {'c':>3s} {'tok/s':>9s} {'accept':>7s} {'steady':>9s}")
     for label, mode, c, tps, acc, st in rows:
         if tps is None:  # a level the --time-budget left out
@@ -384,6 +392,37 @@ def main(argv: list[str] | None = None) -> int:
             f"{label}: ddtree_equals_ar={e.get('ddtree_equals_ar')} "
             f"under_load={e.get('identical_under_load')} error={e.get('error')}"
         )
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    """Bad input, an unwritable --json (now, not after a set has run) or an unusable device."""
+    why = _bad_input(args)
+    if why:
+        return why
+    try:
+        open(args.json, "w").close()
+    except OSError as exc:
+        return f"--json {args.json}: {exc.strerror or exc}"
+    try:
+        check_device(args.device)
+    except DeviceError as exc:
+        return str(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    why = _usage_error(args)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    result = _header(args, argv)
+    _add_environment(result)
+    rows = _run_sets(args, result, start)
+    _print_summary(rows, result)
     ok = all(
         e.get("ddtree_equals_ar") and e.get("identical_under_load") is not False
         for e in result["sets"].values()

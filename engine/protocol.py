@@ -86,19 +86,10 @@ def _prompts(prompt: Any, tok: ByteTokenizer) -> list[list[int]]:
     )
 
 
-def parse_completion(
-    body: Any,
-    *,
-    mode: str,
-    vocab: int,
-    max_seq_len: int,
-    max_new: int,
-    tok: ByteTokenizer,
-    max_prompts: int = 64,
-) -> Completion:
-    """Validate a /v1/completions body; BadRequest says what is wrong and with which field."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+def _checked_prompts(
+    body: dict, tok: ByteTokenizer, vocab: int, max_prompts: int
+) -> list[list[int]]:
+    """The request's prompts as token ids: present, at most `max_prompts`, ids in the vocab."""
     if "prompt" not in body or body["prompt"] is None:
         raise BadRequest("missing required field 'prompt'", "prompt", "missing_required_parameter")
     prompts = _prompts(body["prompt"], tok)
@@ -111,6 +102,10 @@ def parse_completion(
     for p in prompts:
         if any(not 0 <= t < vocab for t in p):
             raise BadRequest(f"token ids must lie in [0, {vocab})", "prompt")
+    return prompts
+
+
+def _max_tokens(body: dict, max_new: int) -> int:
     max_tokens = body.get("max_tokens", 16)
     if max_tokens is None:
         max_tokens = 16
@@ -119,6 +114,11 @@ def parse_completion(
             f"max_tokens must be an integer in [1, {max_new}], got {_short(max_tokens)}",
             "max_tokens",
         )
+    return max_tokens
+
+
+def _sampling(body: dict, mode: str) -> tuple[float, int | None]:
+    """temperature (0 in ddtree mode: greedy only) and seed."""
     temperature = body.get("temperature", 0.0)
     if temperature is None:
         temperature = 0.0
@@ -139,6 +139,11 @@ def parse_completion(
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
         raise BadRequest("seed must be a non-negative integer", "seed")
+    return float(temperature), seed
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """n > 1, echo and logprobs are not offered."""
     n = body.get("n", 1)
     if n not in (None, 1):
         raise BadRequest("only n = 1 is supported", "n")
@@ -146,6 +151,9 @@ def parse_completion(
         raise BadRequest("echo is not supported", "echo")
     if body.get("logprobs") not in (None, 0, False):
         raise BadRequest("logprobs are not supported", "logprobs")
+
+
+def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -157,17 +165,24 @@ def parse_completion(
         or any(not isinstance(s, str) or not s for s in stop)
     ):
         raise BadRequest("stop must be a non-empty string or a list of up to 16 of them", "stop")
+    return tuple(stop)
+
+
+def _streaming(body: dict, n_prompts: int) -> tuple[bool, bool]:
+    """stream (a single prompt only) and stream_options.include_usage."""
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", "stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
-    if stream and len(prompts) > 1:
+    if stream and n_prompts > 1:
         raise BadRequest("streaming takes a single prompt", "prompt")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise BadRequest("ignore_eos must be a boolean", "ignore_eos")
+    return stream, bool(opts.get("include_usage", False))
+
+
+def _check_context(prompts: list[list[int]], max_tokens: int, max_seq_len: int) -> None:
+    """Each prompt, and it with max_tokens more, fits the model's context."""
     for p in prompts:
         if len(p) >= max_seq_len:
             raise BadRequest(
@@ -183,15 +198,34 @@ def parse_completion(
                 "max_tokens",
                 "context_length_exceeded",
             )
+
+
+def parse_completion(
+    body: Any,
+    *,
+    mode: str,
+    vocab: int,
+    max_seq_len: int,
+    max_new: int,
+    tok: ByteTokenizer,
+    max_prompts: int = 64,
+) -> Completion:
+    """Validate a /v1/completions body; BadRequest says what is wrong and with which field
+    (the fields checked in this order: the first mistake is the one reported)."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    prompts = _checked_prompts(body, tok, vocab, max_prompts)
+    max_tokens = _max_tokens(body, max_new)
+    temperature, seed = _sampling(body, mode)
+    _refuse_unsupported(body)
+    stop = _stop(body)
+    stream, include_usage = _streaming(body, len(prompts))
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest("ignore_eos must be a boolean", "ignore_eos")
+    _check_context(prompts, max_tokens, max_seq_len)
     return Completion(
-        prompts,
-        max_tokens,
-        tuple(stop),
-        stream,
-        bool(opts.get("include_usage", False)),
-        ignore_eos,
-        float(temperature),
-        seed,
+        prompts, max_tokens, stop, stream, include_usage, ignore_eos, temperature, seed
     )
 
 

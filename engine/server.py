@@ -87,10 +87,8 @@ def build_server(app: FastAPI, host: str, port: int, log_level: str, limits: Lim
     return uvicorn.Server(config)
 
 
-def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
-    """The HTTP app over an engine handle `state`: an `engine.engine_state.EngineState` (the
-    scheduler in this process) or an `engine.engine_proc.EngineClient` (in another)."""
-    limits = limits or Limits()
+def _lifespan(state: Any) -> Any:
+    """Start the engine handle with the app's event loop; stop it when the app stops."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,9 +97,11 @@ def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
         yield
         state.stop()
 
-    app = FastAPI(title="ddtree reference engine", lifespan=lifespan)
-    app.state.engine = state
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """A validation error is a 400, anything unhandled a 500, both with a JSON error body."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,38 +112,52 @@ def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
         log.exception("unhandled error")
         return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
-    def submit(
-        prompt: list[int], max_tokens: int, c: Completion | None = None, group: str | None = None
-    ) -> tuple[GenRequest, asyncio.Queue[Update]]:
-        queue: asyncio.Queue[Update] = asyncio.Queue()
-        req = GenRequest(
-            prompt,
-            max_tokens,
-            queue.put_nowait,  # called on this loop's thread (the engine handle's dispatch)
-            group=group,
-        )
-        if c is None:  # /health_generate: one greedy token, EOS or not
-            req.ignore_eos = True
-        else:
-            req.stop, req.ignore_eos, req.temperature, req.seed = (
-                c.stop,
-                c.ignore_eos,
-                c.temperature,
-                c.seed,
-            )
-        state.submit(req)
-        return req, queue
 
-    async def collect(req: GenRequest, queue: asyncio.Queue[Update]) -> tuple[list[int], Update]:
-        ids: list[int] = []
-        try:
-            while True:
-                u = await queue.get()
-                ids += u.token_ids
-                if u.finished:
-                    return ids, u
-        finally:
-            state.cancel(req)  # no-op once finished; frees it if the client left
+def _submit(
+    state: Any,
+    prompt: list[int],
+    max_tokens: int,
+    c: Completion | None = None,
+    group: str | None = None,
+) -> tuple[GenRequest, asyncio.Queue[Update]]:
+    """Hand one prompt to the engine; its updates arrive on the returned queue."""
+    queue: asyncio.Queue[Update] = asyncio.Queue()
+    req = GenRequest(
+        prompt,
+        max_tokens,
+        queue.put_nowait,  # called on this loop's thread (the engine handle's dispatch)
+        group=group,
+    )
+    if c is None:  # /health_generate: one greedy token, EOS or not
+        req.ignore_eos = True
+    else:
+        req.stop, req.ignore_eos, req.temperature, req.seed = (
+            c.stop,
+            c.ignore_eos,
+            c.temperature,
+            c.seed,
+        )
+    state.submit(req)
+    return req, queue
+
+
+async def _collect(
+    state: Any, req: GenRequest, queue: asyncio.Queue[Update]
+) -> tuple[list[int], Update]:
+    """Every token of one request, and its last update."""
+    ids: list[int] = []
+    try:
+        while True:
+            u = await queue.get()
+            ids += u.token_ids
+            if u.finished:
+                return ids, u
+    finally:
+        state.cancel(req)  # no-op once finished; frees it if the client left
+
+
+def _add_status_routes(app: FastAPI, state: Any) -> None:
+    """/health, /health_generate, /v1/models, /get_server_info, /metrics, /shadow."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -158,9 +172,9 @@ def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
     async def health_generate() -> JSONResponse:
         if not state.ready.is_set():
             return _error(503, "engine is loading", "unavailable")
-        req, queue = submit([BOS_ID], 1)
+        req, queue = _submit(state, [BOS_ID], 1)
         try:
-            ids, u = await asyncio.wait_for(collect(req, queue), timeout=60)
+            ids, u = await asyncio.wait_for(_collect(state, req, queue), timeout=60)
         except TimeoutError:
             return _error(503, "no token within 60 s", "unavailable")
         if u.finish_reason == "error" or len(ids) != 1:
@@ -206,6 +220,10 @@ def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
                           "invalid_request_error")  # fmt: skip
         return JSONResponse(doc)
 
+
+def _add_completion_route(app: FastAPI, state: Any, limits: Limits) -> None:
+    """POST /v1/completions: validated, then streamed or answered once every prompt is done."""
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         raw = await request.body()  # at most limits.max_body_bytes (BodyLimit)
@@ -226,96 +244,126 @@ def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
             return _error(400, exc.message, param=exc.param, code=exc.code)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if c.stream:
-            return StreamingResponse(stream(rid, c), media_type="text/event-stream")
-        pending = [submit(p, c.max_tokens, c, group=rid) for p in c.prompts]
-        gathered = asyncio.ensure_future(asyncio.gather(*(collect(r, q) for r, q in pending)))
-        left = asyncio.ensure_future(_client_left(request))
-        await asyncio.wait({gathered, left}, return_when=asyncio.FIRST_COMPLETED)
-        left.cancel()
-        if not gathered.done():  # the client is gone: stop its generation, answer no one
-            for r, _ in pending:
-                state.cancel(r)
-            gathered.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gathered
-            return Response(status_code=499)
-        results = gathered.result()
-        choices, completion_tokens = [], 0
-        for i, (ids, u) in enumerate(results):
-            if u.finish_reason == "error":
-                return _error(500, u.error or "generation failed", "server_error")
-            text, _ = cut_at_stop(state.tok.decode(ids), c.stop)
-            completion_tokens += len(ids)
-            choices.append(
-                {
-                    "index": i,
-                    "text": text,
-                    "token_ids": ids,
-                    "logprobs": None,
-                    "finish_reason": u.finish_reason,
-                }
-            )
-        prompt_tokens = sum(len(p) for p in c.prompts)
-        return JSONResponse(
+            return StreamingResponse(_stream(state, rid, c), media_type="text/event-stream")
+        return await _complete(state, request, rid, c)
+
+
+async def _complete(state: Any, request: Request, rid: str, c: Completion) -> Response:
+    """Every prompt of `c` generated at once (one fairness group); a client that leaves stops
+    them all and gets no answer (499)."""
+    pending = [_submit(state, p, c.max_tokens, c, group=rid) for p in c.prompts]
+    gathered = asyncio.ensure_future(asyncio.gather(*(_collect(state, r, q) for r, q in pending)))
+    left = asyncio.ensure_future(_client_left(request))
+    await asyncio.wait({gathered, left}, return_when=asyncio.FIRST_COMPLETED)
+    left.cancel()
+    if not gathered.done():  # the client is gone: stop its generation, answer no one
+        for r, _ in pending:
+            state.cancel(r)
+        gathered.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gathered
+        return Response(status_code=499)
+    return _completion_body(state, rid, c, gathered.result())
+
+
+def _completion_body(
+    state: Any, rid: str, c: Completion, results: list[tuple[list[int], Update]]
+) -> JSONResponse:
+    """The text_completion answer: one choice per prompt, and the usage."""
+    choices, completion_tokens = [], 0
+    for i, (ids, u) in enumerate(results):
+        if u.finish_reason == "error":
+            return _error(500, u.error or "generation failed", "server_error")
+        text, _ = cut_at_stop(state.tok.decode(ids), c.stop)
+        completion_tokens += len(ids)
+        choices.append(
             {
-                "id": rid,
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": state.model_name,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "index": i,
+                "text": text,
+                "token_ids": ids,
+                "logprobs": None,
+                "finish_reason": u.finish_reason,
             }
         )
+    prompt_tokens = sum(len(p) for p in c.prompts)
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
 
-    async def stream(rid: str, c: Completion) -> AsyncIterator[str]:
-        req, queue = submit(c.prompts[0], c.max_tokens, c, group=rid)
-        dec = state.tok.stream_decoder()
-        hold = max((len(s) for s in c.stop), default=1) - 1
-        text, sent, n_ids = "", 0, 0
-        try:
-            while True:
-                u = await queue.get()
-                n_ids += len(u.token_ids)
-                text += dec.feed(u.token_ids)
-                if u.finished:
-                    text += dec.flush()
-                if u.finish_reason == "error":
-                    yield f"data: {json.dumps(error_body(u.error or 'error', 'server_error'))}\n\n"
-                    break
-                visible, cut = cut_at_stop(text, c.stop)
-                end = len(visible) if (u.finished or cut) else max(sent, len(visible) - hold)
-                choice = {
-                    "index": 0,
-                    "text": visible[sent:end],
-                    "token_ids": u.token_ids,
-                    "logprobs": None,
-                    "finish_reason": u.finish_reason if u.finished else None,
-                }
-                sent = end
-                yield _chunk(state, rid, choice)
-                if u.finished:
-                    break
-            if c.include_usage:
-                usage = {
-                    "prompt_tokens": len(c.prompts[0]),
-                    "completion_tokens": n_ids,
-                    "total_tokens": len(c.prompts[0]) + n_ids,
-                }
-                body = {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": int(time.time()),
-                    "model": state.model_name,
-                    "choices": [],
-                    "usage": usage,
-                }
-                yield f"data: {json.dumps(body)}\n\n"
-            yield "data: [DONE]\n\n"
-        finally:
-            state.cancel(req)
 
+async def _stream(state: Any, rid: str, c: Completion) -> AsyncIterator[str]:
+    """The SSE chunks of one prompt's generation: text held back while it may still become a
+    stop string, then the usage (when asked) and [DONE]."""
+    req, queue = _submit(state, c.prompts[0], c.max_tokens, c, group=rid)
+    dec = state.tok.stream_decoder()
+    hold = max((len(s) for s in c.stop), default=1) - 1
+    text, sent, n_ids = "", 0, 0
+    try:
+        while True:
+            u = await queue.get()
+            n_ids += len(u.token_ids)
+            text += dec.feed(u.token_ids)
+            if u.finished:
+                text += dec.flush()
+            if u.finish_reason == "error":
+                yield f"data: {json.dumps(error_body(u.error or 'error', 'server_error'))}\n\n"
+                break
+            visible, cut = cut_at_stop(text, c.stop)
+            end = len(visible) if (u.finished or cut) else max(sent, len(visible) - hold)
+            choice = {
+                "index": 0,
+                "text": visible[sent:end],
+                "token_ids": u.token_ids,
+                "logprobs": None,
+                "finish_reason": u.finish_reason if u.finished else None,
+            }
+            sent = end
+            yield _chunk(state, rid, choice)
+            if u.finished:
+                break
+        if c.include_usage:
+            yield _usage_chunk(state, rid, len(c.prompts[0]), n_ids)
+        yield "data: [DONE]\n\n"
+    finally:
+        state.cancel(req)
+
+
+def _usage_chunk(state: Any, rid: str, prompt_tokens: int, completion_tokens: int) -> str:
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    body = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": [],
+        "usage": usage,
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def create_app(state: Any, limits: Limits | None = None) -> FastAPI:
+    """The HTTP app over an engine handle `state`: an `engine.engine_state.EngineState` (the
+    scheduler in this process) or an `engine.engine_proc.EngineClient` (in another)."""
+    limits = limits or Limits()
+    app = FastAPI(title="ddtree reference engine", lifespan=_lifespan(state))
+    app.state.engine = state
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    _add_error_handlers(app)
+    _add_status_routes(app, state)
+    _add_completion_route(app, state, limits)
     return app
