@@ -57,3 +57,18 @@ def test_attention_is_shown_inside_verify() -> None:
     verify = next(i for i, ln in enumerate(lines) if re.match(r"\s*verify\s", ln))
     assert re.match(r"^\s{2,}attention\s", lines[verify + 1]), text  # indented under verify
     assert "attention is part of verify" in text, text
+
+
+def test_a_level_above_the_services_batch_cap_says_so(tmp_path: Path) -> None:
+    """`local`'s c=32 runs at batch 8 (the tiny preset's cap): the level line says it is capped,
+    a level at or below the cap says nothing (#39 item 6)."""
+    doc = json.loads((FIXTURES / "profile_tree" / "record.json").read_text())
+    doc["profile"]["service"]["engine"] = {"max_batch_size": 8}
+    for lv in doc["profile"]["levels"]:
+        lv["batch"] = min(lv["concurrency"], 8)
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(doc))
+    lines = render(record, 80).splitlines()
+    capped = [ln for ln in lines if ln.startswith("c=32 ")]
+    assert capped and "capped: the service batches at most 8" in capped[0], lines
+    assert not any("capped" in ln for ln in lines if ln.startswith(("c=1 ", "c=8 "))), lines

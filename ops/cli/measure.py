@@ -355,12 +355,21 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
         err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
 
 
-def _level_line(lv: dict[str, Any]) -> str:
+def batch_cap(sec: dict[str, Any]) -> int | None:
+    """The most requests the service batches in one step, where it says (the engine does)."""
+    cap = ((sec.get("service") or {}).get("engine") or {}).get("max_batch_size")
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
+def _level_line(lv: dict[str, Any], cap: int | None = None) -> str:
     """One level's own numbers, on the line above its stages: `name=value` items, so a narrow
-    terminal wraps between items, never inside one."""
+    terminal wraps between items, never inside one. A level above the service's batch cap
+    says so: c=32 on a service that batches 8 measures batch 8, not 32."""
     parts = [f"c={lv['concurrency']}"]
     if lv.get("batch") not in (None, ""):
         parts.append(f"batch={lv['batch']}")
+    if cap is not None and lv["concurrency"] > cap:
+        parts.append(f"(capped: the service batches at most {cap})")
     parts.append(f"step={lv['step_ms']['value']:.2f}ms")
     if tok := lv.get("tokens_per_s"):
         parts.append(f"tok/s={tok['value']:.1f}")
@@ -381,7 +390,7 @@ def _print_profile(sec: dict[str, Any]) -> None:
         return
     out.print(f"profile {escape(sec['target'])}: ms per step, share of the step, f")
     for lv in sec["levels"]:
-        out.print(escape(_level_line(lv)))
+        out.print(escape(_level_line(lv, batch_cap(sec))))
         stages = [s for s in STAGES if s in lv.get("stage_ms", {})]
         if not stages:
             continue
