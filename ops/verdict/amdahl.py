@@ -187,7 +187,8 @@ def _speed(rows: list[KernelRow], base_impl: str, cand_impl: str, batch: int) ->
     found: list[SpeedRow] = []
     for cand in (r for r in rows if r.batch == b and r.impl == cand_impl and r.median_us > 0):
         key = {k: v for k, v in cand.shape.items()}
-        for base in (r for r in rows if r.batch == b and r.impl == base_impl and r.shape == key):
+        for base in (r for r in rows if r.batch == b and r.impl == base_impl and r.shape == key
+                     and r.median_us > 0):  # fmt: skip
             s = base.median_us / cand.median_us
             lo = base.lo_us / cand.hi_us if cand.hi_us > 0 else s
             hi = base.hi_us / cand.lo_us if cand.lo_us > 0 else s

@@ -59,7 +59,11 @@ Models (extra fields are allowed and kept, so a producer may record more than is
   without it, attention's s(c) is the generic tree_verify_attention (bf16) against torch SDPA.
 
 `load_record(path)` reads and validates one record; a missing file, bad JSON or a bad field
-raises `BadRecord`, one line naming the file and the field (exit 2).
+raises `BadRecord`, one line naming the file and the field (exit 2). A number no run could
+have measured (a 5e-324 tokens/s run, a batch of -inf, NaN A/A runs) is such a bad field; a
+number ops does write for "not measured" (a 0 us quartile, a probe p50 of null) is read as
+absent. `gather` reads the records one at a time (`read_evidence`: each document is let go
+once its sections are models) and refuses records over REPORT_MAX_BYTES in all.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ import json
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -85,6 +89,7 @@ COMPONENT_STAGE = {c: c for c in ("tree_build", "accept", "topk", "attention")}
 M = TypeVar("M", bound=BaseModel)
 SECTIONS = ("healthcheck", "bench", "profile", "measure", "change")
 RECORD_MAX_BYTES = 64 * MIB  # a rollout's biggest record is a few MB
+REPORT_MAX_BYTES = 256 * MIB  # all the records one report reads (a rollout's: a few MB)
 
 
 class BadRecord(OpsError):
@@ -109,17 +114,32 @@ class KernelRow(_Open):
     impl: str
     shape: dict[str, Any]
     median_us: float = Field(ge=0, allow_inf_nan=False)
-    p25_us: float | None = Field(default=None, allow_inf_nan=False)
-    p75_us: float | None = Field(default=None, allow_inf_nan=False)
-    iqr_us: float | None = None
+    p25_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    p75_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    iqr_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     reps: int | None = None
     mode: str | None = None
     speedup: dict[str, float] = Field(default_factory=dict)
     refcheck: bool | None = None
     # a stage row's two parts (kernels.bench's attention stage rows): the plan on the host
     # clock and the calls on the GPU, each a median over the samples
-    host_us: float | None = Field(default=None, ge=0)
-    gpu_us: float | None = Field(default=None, ge=0)
+    host_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    gpu_us: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+    @field_validator("p25_us", "p75_us")
+    @classmethod
+    def _quartile(cls, v: float | None) -> float | None:
+        """A 0 us quartile (under the timer's resolution) is unmeasured: the median stands in."""
+        return v or None
+
+    @field_validator("shape")
+    @classmethod
+    def _batch(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in ("B", "batch"):
+            b = v.get(key)
+            if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+                raise ValueError(f"{key}: a batch size is an integer >= 1, got {b!r}")
+        return v
 
     @property
     def batch(self) -> int | None:
@@ -135,14 +155,19 @@ class KernelRow(_Open):
         return self.p75_us if self.p75_us is not None else self.median_us
 
 
+Ms = Field(ge=0, allow_inf_nan=False)  # a latency: a finite number of ms >= 0
+
+
 class Probe(_Open):
-    threshold: float = Field(default=0.10, ge=0)
-    before_ms: list[float] = Field(default_factory=list)
-    during_ms: list[float] = Field(default_factory=list)
-    after_ms: list[float] = Field(default_factory=list)
-    p50_before_ms: float | None = None
-    p50_during_ms: float | None = None
-    p50_after_ms: float | None = None
+    """None for a p50: the probe had no sample in that window (the report says unmeasured)."""
+
+    threshold: float = Field(default=0.10, ge=0, allow_inf_nan=False)
+    before_ms: list[Annotated[float, Ms]] = Field(default_factory=list)
+    during_ms: list[Annotated[float, Ms]] = Field(default_factory=list)
+    after_ms: list[Annotated[float, Ms]] = Field(default_factory=list)
+    p50_before_ms: Annotated[float, Ms] | None = None
+    p50_during_ms: Annotated[float, Ms] | None = None
+    p50_after_ms: Annotated[float, Ms] | None = None
     tripped: bool = False
     stopped_early: bool = False
 
@@ -478,11 +503,17 @@ def _check_audit(audit: dict[str, AuditPart]) -> dict[str, AuditPart]:
     return audit
 
 
+RATES = (1e-6, 1e9)  # the tokens/s of a run the report takes: outside it, a broken timing
+MAX_RUNS = 1000  # runs of one arm (each a loadtest call): the bootstrap resamples them 2000 times
+
+
 class MeasureLevel(_Open):
     concurrency: int = Field(ge=1)
-    aa: list[list[float]] = Field(default_factory=list, description="[A, A'] tokens/s samples")
-    before: list[float] = Field(min_length=1)
-    after: list[float] = Field(min_length=1)
+    aa: list[Annotated[list[float], Field(max_length=MAX_RUNS)]] = Field(
+        default_factory=list, max_length=MAX_RUNS, description="[A, A'] tokens/s samples"
+    )
+    before: list[float] = Field(min_length=1, max_length=MAX_RUNS)
+    after: list[float] = Field(min_length=1, max_length=MAX_RUNS)
     # the change's stage as the service saw it: seconds per output token before / after
     # ("total", "steps", "prefill"; ops.rollout.switch.service_speedup), where it reports them
     service_speedup: dict[str, float] | None = None
@@ -491,22 +522,28 @@ class MeasureLevel(_Open):
     audit: dict[str, AuditPart] | None = None
     # the recheck's arm A'': the same load on the release before the candidate, switched back
     # after the measure (ops.rollout.switch.recheck): did the unchanged service drift?
-    recheck: list[float] = Field(default_factory=list)
+    recheck: list[float] = Field(default_factory=list, max_length=MAX_RUNS)
 
     @field_validator("before", "after", "recheck")
     @classmethod
     def _rates(cls, v: list[float]) -> list[float]:
-        """A run's tokens/s: finite and > 0 (a run that made no tokens is not a sample)."""
+        """A run's tokens/s: finite and > 0 (a run that made no tokens is not a sample), within
+        RATES (a rate like 5e-324 is a broken timing: its reciprocal overflows)."""
+        lo, hi = RATES
         for i, x in enumerate(v):
-            if not (math.isfinite(x) and x > 0):
-                raise ValueError(f"run {i}: tokens/s must be a finite number > 0, got {x!r}")
+            if not (math.isfinite(x) and lo <= x <= hi):
+                raise ValueError(f"run {i}: tokens/s must be a finite number > 0 (in "
+                                 f"[{lo:g}, {hi:g}]), got {x!r}")  # fmt: skip
         return v
 
     @field_validator("aa")
     @classmethod
     def _aa_rates(cls, v: list[list[float]]) -> list[list[float]]:
-        for arm in v:
-            cls._rates(arm)
+        for i, arm in enumerate(v):
+            try:
+                cls._rates(arm)
+            except ValueError as exc:
+                raise ValueError(f"arm {i}: {exc}") from None
         return v
 
     @field_validator("audit")
@@ -574,7 +611,8 @@ class MeasureSection(_Open):
 
 
 class Record(_Open):
-    """One `record.json`: the envelope plus whichever sections it carries."""
+    """One `record.json`'s envelope, with the extras the report reads (ENVELOPE_EXTRAS); its
+    sections are read apart (`read_evidence`), so no record's bulk is kept."""
 
     schema_: str = Field(alias="schema")
     command: str
@@ -612,6 +650,9 @@ def _loc(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err["loc"]) or "(document)"
 
 
+ENVELOPE_EXTRAS = ("decision", "pid")  # a decide step's decision (its threshold); an unfinished pid
+
+
 def load_record(path: Path) -> tuple[Record, dict[str, Any]]:
     """The record's envelope and its raw document; BadRecord names the file and the field."""
     try:
@@ -632,7 +673,8 @@ def load_record(path: Path) -> tuple[Record, dict[str, Any]]:
         raise BadRecord(path, "(document)", "not a record: nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRecord(path, "(document)", "not a JSON object")
-    rec = validate(path, Record, doc)
+    keep = (*Record.model_fields, "schema", *ENVELOPE_EXTRAS)
+    rec = validate(path, Record, {k: v for k, v in doc.items() if k in keep})
     rec.path = str(path)
     return rec, doc
 
@@ -646,6 +688,18 @@ def validate(path: Path | str, model: type[M], data: Any, prefix: str = "") -> M
         field = ".".join(p for p in (prefix, _loc(e)) if p)
         msg = e["msg"].removeprefix("Value error, ")  # our own validator's words, as written
         raise BadRecord(path, field, msg[:1].lower() + msg[1:]) from None
+
+
+class Identity(_Open):
+    """The fields of a healthcheck's `modules.identity` (checks.identity) that the report reads."""
+
+    aa_runs: int = Field(default=0, ge=0, strict=True)
+    identity_pct: float = Field(default=0, ge=0, le=100, allow_inf_nan=False)
+    matched: int = Field(default=0, ge=0, strict=True)
+    total: int = Field(default=0, ge=0, strict=True)
+    concurrency: int = Field(default=1, ge=1, strict=True)
+    mismatched: list[str] = Field(default_factory=list)
+    nondeterministic: list[str] = Field(default_factory=list)
 
 
 class HealthEntry(BaseModel):
@@ -689,9 +743,18 @@ class Evidence(BaseModel):
         return [h for h in self.health if h.role == role]
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # load_record says what is wrong with it
+
+
 def record_files(paths: list[Path]) -> list[Path]:
-    """record.json files in the given run dirs (and their sub-dirs), or the files themselves."""
+    """record.json files in the given run dirs (and their sub-dirs), or the files themselves;
+    BadRecord when they hold more than REPORT_MAX_BYTES in all (naming the biggest run dir)."""
     found: list[Path] = []
+    sizes: dict[Path, int] = {}
     for p in paths:
         if not p.exists():
             where = p if p.suffix == ".json" else p / "record.json"
@@ -700,9 +763,17 @@ def record_files(paths: list[Path]) -> list[Path]:
             subs = sorted(p.rglob("record.json"))
             if not subs:
                 raise BadRecord(p / "record.json", "record.json", "no such file")
-            found += subs
         else:
-            found.append(p)
+            subs = [p]
+        sizes[p] = sum(_size(f) for f in subs if f not in found)
+        found += subs
+    total = sum(sizes.values())
+    if total > REPORT_MAX_BYTES:
+        big = max(sizes, key=lambda p: sizes[p])
+        of = f" (of {total / MIB:.0f} MiB in all)" if len(sizes) > 1 else ""
+        raise BadRecord(big, "record.json", f"too big to report on: its records hold "
+                        f"{sizes[big] / MIB:.0f} MiB{of}, over the {REPORT_MAX_BYTES // MIB} MiB "
+                        "one report reads")  # fmt: skip
     return list(dict.fromkeys(found))
 
 
@@ -719,53 +790,91 @@ def _role(rec: Record, path: Path) -> Literal["preflight", "postflight"] | None:
     return None
 
 
+class Read(BaseModel):
+    """What the report takes from one record: its envelope, its sections as models, and the
+    error it holds (a command that failed); the parsed document itself is not kept."""
+
+    rec: Record
+    health: HealthReport | None = None
+    bench: BenchSection | None = None
+    profile: ProfileSection | None = None
+    measure: MeasureSection | None = None
+    change: Change | None = None
+    has_health: bool = False
+    error: str = ""
+
+
+def read_evidence(f: Path) -> Read:
+    """One record read and its sections validated; BadRecord on any unusable part. A report's
+    own record and one of a run that did not finish are read for their envelope alone."""
+    rec, doc = load_record(f)
+    got = Read(rec=rec, has_health="healthcheck" in doc, error=_error_text(doc))
+    if rec.command == "report" or rec.unfinished:
+        return got
+    path = Path(rec.path)
+    if "healthcheck" in doc:
+        got.health = validate(path, HealthReport, doc["healthcheck"], "healthcheck")
+        ident = got.health.modules.get("identity")
+        if ident is not None:
+            validate(path, Identity, ident, "healthcheck.modules.identity")
+    if "bench" in doc:
+        got.bench = validate(path, BenchSection, doc["bench"], "bench")
+        check_speedups(path, got.bench)
+    if "profile" in doc:
+        got.profile = validate(path, ProfileSection, doc["profile"], "profile")
+    elif rec.command == "profile" and rec.exit_code == 0:  # a profile that passed has one
+        raise BadRecord(path, "profile", "missing: a profile that passed records its levels")
+    if "measure" in doc:
+        got.measure = validate(path, MeasureSection, doc["measure"], "measure")
+    if doc.get("change") is not None:
+        got.change = validate(path, Change, doc["change"], "change")
+    return got
+
+
 def gather(paths: list[Path], change: Change | None = None) -> Evidence:
-    """Read every record under `paths` into one Evidence; BadRecord on any unusable record."""
-    loaded = [load_record(f) for f in record_files(paths)]
-    loaded = [(r, d) for r, d in loaded if r.command != "report"]
-    loaded.sort(key=lambda rd: rd[0].started)
+    """Read every record under `paths` into one Evidence; BadRecord on any unusable record.
+    Each record's document is let go once its sections are models (`read_evidence`)."""
+    loaded = [read_evidence(f) for f in record_files(paths)]
+    loaded = [r for r in loaded if r.rec.command != "report"]
+    loaded.sort(key=lambda r: r.rec.started)
     ev = Evidence(change=change)
-    ev.unfinished = [r for r, _ in loaded if r.unfinished]  # evidence of nothing: said apart
-    loaded = [(r, d) for r, d in loaded if not r.unfinished]
-    ev.records = [r for r, _ in loaded]
-    targets = sorted({r.target for r, _ in loaded})
+    ev.unfinished = [r.rec for r in loaded if r.rec.unfinished]  # evidence of nothing
+    loaded = [r for r in loaded if not r.rec.unfinished]
+    ev.records = [r.rec for r in loaded]
+    targets = sorted({r.target for r in ev.records})
     if len(targets) > 1:
-        raise BadRecord(loaded[0][0].path, "target", f"records of several targets {targets}")
+        raise BadRecord(ev.records[0].path, "target", f"records of several targets {targets}")
     ev.target = targets[0] if targets else ""
-    for rec, doc in loaded:
+    for got in loaded:
+        rec = got.rec
         path = Path(rec.path)
         if rec.command == "deploy" and rec.exit_code == 0:
             ev.deployed = True
-        if "healthcheck" in doc or rec.command == "healthcheck":
+        if got.has_health or rec.command == "healthcheck":
             role = _role(rec, path) or ("postflight" if ev.deployed else "preflight")
             entry = HealthEntry(role=role, path=rec.path, outcome=rec.outcome)
             entry.golden_recorded = rec.inputs.get("record_golden") is True
             if isinstance(rec.inputs.get("by"), str):
                 entry.by = rec.inputs["by"]
-            if "healthcheck" in doc:
-                entry.report = validate(path, HealthReport, doc["healthcheck"], "healthcheck")
-            else:
-                entry.error = _error_text(doc)
+            entry.report = got.health
+            if not got.has_health:
+                entry.error = got.error
             ev.health.append(entry)
-        if "bench" in doc:
-            bench = validate(path, BenchSection, doc["bench"], "bench")
-            check_speedups(path, bench)
-            ev.bench.append((rec.path, bench))
+        if got.bench is not None:
+            ev.bench.append((rec.path, got.bench))
         elif rec.command == "bench":
-            ev.bench_errors.append((rec.path, _error_text(doc)))
-        if "profile" in doc:  # a later profile replaces the levels it measured again
-            prof = validate(path, ProfileSection, doc["profile"], "profile")
+            ev.bench_errors.append((rec.path, got.error))
+        if got.profile is not None:  # a later profile replaces the levels it measured again
+            prof = got.profile
             if ev.profile is not None:
                 keep = {lv.concurrency: lv for lv in ev.profile.levels}
                 keep.update({lv.concurrency: lv for lv in prof.levels})
                 prof.levels = [keep[c] for c in sorted(keep)]
             ev.profile, ev.profile_path = prof, rec.path
-        elif rec.command == "profile" and rec.exit_code == 0:  # a profile that passed has one
-            raise BadRecord(path, "profile", "missing: a profile that passed records its levels")
-        if "measure" in doc:
-            ev.measure = validate(path, MeasureSection, doc["measure"], "measure")
-        if "change" in doc and doc["change"] is not None:
-            ch = validate(path, Change, doc["change"], "change")
+        if got.measure is not None:
+            ev.measure = got.measure
+        if got.change is not None:
+            ch = got.change
             if change is None and ev.change is not None and ev.change.label != ch.label:
                 raise BadRecord(
                     path, "change", f"{ch.label} but {ev.change_path}: {ev.change.label}"

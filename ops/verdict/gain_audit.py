@@ -243,8 +243,9 @@ def cycles_text(n: int) -> str:
 def runs_for(n: int, half: float, target: float) -> int:
     """About how many runs an arm of `n` would take for an interval of half-width `half` to
     narrow to `target`: a bootstrap interval of a mean-like estimate narrows as one over the
-    root of the runs, so n * (half / target)^2, rounded up."""
-    return max(n, math.ceil(n * (half / target) ** 2))
+    root of the runs, so n * (half / target)^2, rounded up (the ratio capped at 1e6: a tiny
+    target would overflow it, and no measure makes n * 1e12 runs anyway)."""
+    return max(n, math.ceil(n * min(half / target, 1e6) ** 2))
 
 
 def precision_lines(d: Decision, ev: Evidence) -> list[str]:

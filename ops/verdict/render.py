@@ -43,6 +43,11 @@ def cell(x: Any) -> str:
     return " ".join(str(x).split()).replace("|", "\\|")
 
 
+def na(x: Any) -> Any:
+    """None (not measured: e.g. a probe with no sample in a window) as "n/a"."""
+    return "n/a" if x is None else x
+
+
 def num(x: float | None, fmt: str = ".3g") -> str:
     return "n/a" if x is None else format(x, fmt)
 
@@ -80,7 +85,7 @@ def speedup_series(rows: list[KernelRow]) -> dict[str, dict[str, dict[int, list[
             continue
         for base in rows:
             same = base.kernel == cand.kernel and base.shape == cand.shape
-            if same and not base.impl.startswith("cuda"):
+            if same and not base.impl.startswith("cuda") and base.median_us > 0:
                 key = f"{cand.kernel} {cand.impl}"
                 per = out.setdefault(key, {}).setdefault(base.impl, {})
                 per.setdefault(cand.batch, []).append(base.median_us / cand.median_us)
@@ -464,7 +469,7 @@ def identity_rows(ev: Evidence) -> list[dict[str, str]]:
             {
                 "role": h.role,
                 "aa_runs": str(i.get("aa_runs") or 0),
-                "aa_text": aa_runs_text(int(i.get("aa_runs") or 0)),
+                "aa_text": aa_runs_text(i.get("aa_runs") or 0),
                 "nondeterministic": ", ".join(map(str, i.get("nondeterministic") or [])) or "none",
                 "identity": f"{i['identity_pct']}% ({i.get('matched')}/{i.get('total')})",
                 "concurrency": str(i.get("concurrency", 1)),
@@ -484,6 +489,7 @@ def probes(ev: Evidence) -> list[dict[str, Any]]:
             "probe": p,
             "gpu": b.gpu,
             "cvd": b.cuda_visible_devices,
+            "rise": None,  # no p50 before (no sample): unmeasured
         }
         if p is not None and p.p50_before_ms:
             row["rise"] = pct((p.p50_during_ms or 0) / p.p50_before_ms - 1, 1)
@@ -558,7 +564,7 @@ def _env(autoescape: bool) -> Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(pct=pct, num=num, cell=cell)
+    env.filters.update(pct=pct, num=num, cell=cell, na=na)
     return env
 
 

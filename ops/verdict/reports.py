@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # imported where used: `ops` starts without the report's mode
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as f:  # streamed: a record is not held whole a second time
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 DEFAULT_THRESHOLD = 0.03
