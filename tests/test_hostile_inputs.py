@@ -10,7 +10,10 @@
 - a loadtest shape over the service's context length (the reference engine's 512 tokens) or,
   where the service reports none, over the hard cap, is refused before a prompt is made;
 - a playbook number that is not finite (`timeout: .inf`, `--set load.timeout=.nan`) is refused
-  naming the field;
+  naming the field, and a load shape over the loadtest's limits (`--set
+  load.input_len=100000000000`) is refused at load, before any step runs;
+- a golden set, an inventory or a `--set` value nested 200000 deep is "nested too deeply"
+  (exit 2), not a RecursionError (exit 4, "internal error");
 - record text like `<script>` or `<img onerror=...>` reaches report.md escaped.
 """
 
@@ -164,17 +167,20 @@ def fake(tmp_path: Path):
     o.stop()
 
 
-def test_golden_file_not_regular_or_too_big_is_refused_before_reading(
+def test_golden_file_not_regular_too_big_or_too_deep_is_refused_before_reading(
     fake: Ops, fifo: Path
 ) -> None:
     big = fake.tmp / "big-golden.json"
     with big.open("wb") as f:
         f.truncate(17 * 2**20)  # sparse: 17 MiB of zeros, over the 16 MiB limit
+    deep = fake.tmp / "deep-golden.json"
+    deep.write_text("[" * 200000)  # was exit 4: RecursionError in json
     cases = (
         ("/dev/zero", "not a regular file (a character device)"),
         (str(fifo), "not a regular file (a FIFO)"),
         (str(fake.tmp), "not a regular file (a directory)"),
         (str(big), "over the 16 MiB limit"),
+        (str(deep), "nested too deeply"),
     )
     for path, why in cases:
         res = ops_limited(
@@ -225,6 +231,26 @@ def test_inventory_not_regular_or_too_big_is_refused(
     )
     for path, why in cases:
         one_error(ops_limited("hosts", "--inventory", path, env=env), path, why)
+
+
+def test_inventory_nested_too_deeply_is_refused(tmp_path: Path, env: dict[str, str]) -> None:
+    """Deep TOML arrays and inline tables (tomllib recurses per level: was exit 4); brackets in
+    strings and comments are no nesting."""
+    cases = {
+        "arrays.toml": "x = " + "[" * 50000 + "]" * 50000 + "\n",
+        "tables.toml": "x = " + "{a = " * 20000 + "1" + "}" * 20000 + "\n",
+        "unclosed.toml": "[targets.local]\nx = " + "[" * 200000 + "\n",
+    }
+    for name, text in cases.items():
+        inv = tmp_path / name
+        inv.write_text(text)
+        one_error(ops_limited("hosts", "--inventory", str(inv), env=env), str(inv),
+                  "nested too deeply")  # fmt: skip
+    inv = local_inventory(tmp_path)
+    brackets = "[" * 300
+    inv.write_text(f"# {brackets}\n{inv.read_text()}model = '{brackets}'\n")  # the service's
+    res = ops_limited("hosts", "--inventory", str(inv), env=env)
+    assert res.returncode == 0, res.stderr
 
 
 def test_report_record_not_regular_is_refused(
@@ -345,6 +371,30 @@ def test_playbook_numbers_must_be_finite(tmp_path: Path, env: dict[str, str]) ->
     one_error(res, "step 1 'preflight'", "timeout:", "finite number", "inf")
     res = ops_limited("rollout", "local", "--set", "load.timeout=.nan", "--inventory", inv, env=env)
     one_error(res, "load.timeout:", "finite number", "nan", "(from --set)")
+
+
+def test_playbook_load_shape_over_the_loadtests_limits_is_refused_before_any_step(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The loadtest's caps (1 Mi tokens a request, concurrency 1..4096: ops.measure.loadtest,
+    the host's own cap beside it) hold at playbook load: was a HOLD (exit 3) after the
+    pre-flight and the bench had run."""
+    from checks.loadtest import MAX_TOKENS_UNREPORTED
+    from ops.measure.loadtest import MAX_TOKENS
+
+    assert MAX_TOKENS == MAX_TOKENS_UNREPORTED  # the host's cap and ops's are one limit
+    inv = str(local_inventory(tmp_path))
+    cases = (
+        ("load.input_len=100000000000", "load.input_len:", "1048576"),
+        ("load.input_len=1048570", "load:", "input_len + output_len = 1048602 tokens"),
+        ("load.output_len=2000000", "load.output_len:", "1048576"),
+        ("load.concurrency=1,5000", "load.concurrency.1:", "4096"),
+        ("load.concurrency=" + "[" * 100000, "--set", "nested too deeply"),
+    )
+    for item, *words in cases:
+        res = ops_limited("rollout", "local", "--set", item, "--inventory", inv, env=env)
+        one_error(res, *words)
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
 
 
 # -- 5. report.md: record text is escaped -----------------------------------------------------

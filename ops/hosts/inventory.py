@@ -286,6 +286,8 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
         raise InventoryError(f"{path}: cannot read inventory: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:  # nesting ops.files did not see as brackets
+        raise InventoryError(f"{path}: cannot read inventory: nested too deeply") from None
     return parse_inventory(raw, path)
 
 

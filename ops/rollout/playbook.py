@@ -38,6 +38,7 @@ from pydantic import (
 
 from ops.errors import OpsError
 from ops.hosts.inventory import COMPONENT_KINDS
+from ops.measure.loadtest import MAX_CONCURRENCY, MAX_TOKENS
 from ops.verdict.evidence import Change, check_bench_kernel
 from ops.verdict.numbers import NoBoolNumbers
 
@@ -75,7 +76,7 @@ def _levels(v: Any) -> Any:
 class Load(_Strict):
     """The load the profile and the measure steps drive the service with (the same for both)."""
 
-    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] = Field(
         default=[1, 8, 32], min_length=1
     )
     requests: int = Field(default=0, ge=0)  # measured requests per level (0: 4 x level)
@@ -83,11 +84,21 @@ class Load(_Strict):
     # the tokens/s the profile measured there (short runs are noisy: the A/A pair says how much),
     # and the profile sizes its own windows so (after a pilot of `requests`: ops.measure.profile)
     run_seconds: float = Field(default=0.0, ge=0, le=1800)  # a run is one loadtest call (1 h)
-    input_len: int = Field(default=32, ge=1)
-    output_len: int = Field(default=32, ge=1)
+    input_len: int = Field(default=32, ge=1, le=MAX_TOKENS)
+    output_len: int = Field(default=32, ge=1, le=MAX_TOKENS)
     timeout: float = Field(default=120.0, gt=0)
 
     _split = field_validator("concurrency", mode="before")(_levels)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Load:
+        """A request's prompt and output fit the loadtest's cap (checked here, before any step
+        runs, not by the host at the profile)."""
+        total = self.input_len + self.output_len
+        if total > MAX_TOKENS:
+            raise ValueError(f"input_len + output_len = {total} tokens: over {MAX_TOKENS}, the "
+                             "loadtest's cap")  # fmt: skip
+        return self
 
 
 class ChangeSpec(_Strict):

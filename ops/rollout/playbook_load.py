@@ -50,6 +50,8 @@ def parse_sets(items: list[str]) -> list[tuple[list[str], Any, str]]:
             parsed = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             parsed = value
+        except RecursionError:
+            raise PlaybookError("--set", key[:60], "the value is nested too deeply") from None
         out.append((path, parsed, item))
     return out
 
