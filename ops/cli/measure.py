@@ -35,6 +35,7 @@ from ops.hosts.remote import Host
 from ops.measure.counters import STAGES
 from ops.measure.loadtest import parse_levels
 from ops.verdict.evidence import NESTED_STAGES
+from ops.verdict.service_cost import cost_parts
 
 SUITE_HELP = (
     "Suites: topk,tree,accept,attn,engine_attn (engine_attn: the reference engine's own "
@@ -196,6 +197,10 @@ def _print_bench(sec: dict[str, Any]) -> None:
     env = sec.get("environment") or {}
     gpu = "(no GPU)" if sec["gpu"] is None else f"GPU {sec['gpu']}"
     out.print(f"[bold]bench {escape(sec['target'])}[/] {gpu}")
+    if sec.get("probe"):  # what the bench cost the service comes first
+        out.print("  cost to the service while it ran (probe request latency):")
+        for part in cost_parts(sec.get("service_cost")):
+            out.print(f"    {escape(part)}", soft_wrap=True)
     for line in g.get("findings", []):
         out.print(f"  guard: {escape(line)}", soft_wrap=False, overflow="fold")
     if env.get("gpu_uuid"):

@@ -26,9 +26,11 @@ from checks.docs import GpusDoc, ProbeDoc
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host
-from ops.measure.gpu_guard import SUITES, evaluate
+from ops.measure.gpu_guard import CAP_ENV, SUITES, evaluate
 from ops.service.managers import manager_for
+from ops.verdict.service_cost import service_cost
 
+OOM = "CUDA out of memory"  # torch's words for a failed allocation (torch.OutOfMemoryError)
 PROBE_MARGIN_S = 180  # the probe's own phases (before/after) on top of the bench's time
 
 # impl names of kernels.bench rows, by role in the table
@@ -227,6 +229,7 @@ def conclude(section: dict[str, Any], probe: ProbeDoc, cap: dict[str, str]) -> B
     doc = cmd.get("document") or {}
     rows = doc.get("results") or []
     section["probe"] = probe_section(probe)
+    section["service_cost"] = service_cost(probe["before"]["ms"], probe["during"]["ms"])
     section["rows"] = rows
     section["table"] = kernel_table(rows)
     section["refcheck_failed"] = doc.get("refcheck_failed") or []
@@ -260,7 +263,11 @@ def conclude(section: dict[str, Any], probe: ProbeDoc, cap: dict[str, str]) -> B
         reasons.append(f"the bench ran past {cmd['duration_s']:.0f} s and was killed")
     elif cmd["rc"] != 0:
         tail = (cmd.get("stderr_tail") or "").strip().splitlines()[-1:] or ["(no output)"]
-        reasons.append(f"the bench exited {cmd['rc']}: {tail[0]}")
+        if OOM in (cmd.get("stderr_tail") or ""):  # the bench's own process: never the service's
+            limit = f" (its cap {cap[CAP_ENV]} GiB)" if cap.get(CAP_ENV) else ""
+            reasons.append(f"the bench ran out of GPU memory{limit}: {tail[0][:300]}")
+        else:
+            reasons.append(f"the bench exited {cmd['rc']}: {tail[0]}")
     if section["refcheck_failed"]:
         reasons.append("a kernel's answer differs from the reference: " + "; ".join(
             section["refcheck_failed"][:5]))  # fmt: skip

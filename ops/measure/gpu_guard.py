@@ -9,7 +9,10 @@ decides before anything runs:
 - GPU N is in use (a compute process on it, the service's own or any other; or memory used
   that no listed process accounts for, as when nvidia-smi cannot see another container's
   processes): refused (exit 2) unless `--allow-shared`;
-- the chosen suites need more memory than GPU N has free, or than the cap: refused (exit 2).
+- the chosen suites need more memory than GPU N has free, or than the cap: refused (exit 2);
+  on a shared GPU, a cap or an estimate over half of what is free (SHARED_FRACTION) is refused;
+- the service runs on every GPU (tensor parallel, as on the production host): the refusal
+  says in one line that every bench there is shared and asks for `--allow-shared`.
 
 Refusals are exit 2: the request itself is unsafe, and changing it (another `--gpu`,
 `--allow-shared`, smaller `--batch`) is the fix the hint names. With `--allow-shared` the
@@ -33,6 +36,9 @@ from checks.docs import GpuProcess, GpusDoc
 
 CAP_ENV = "DDTREE_BENCH_MAX_MEM_GIB"
 SUITES = ("topk", "tree", "accept", "attn", "engine_attn")
+# a bench beside the service (--allow-shared) may take at most this share of the GPU's free
+# memory: the rest stays the service's headroom (its KV cache grows, its allocator caches)
+SHARED_FRACTION = 0.5
 UNLISTED_MIB = 1024  # memory in use beyond the listed processes that makes a GPU "in use"
 CONTEXT_BYTES = 1 << 30
 H, V, BUDGETS, KS = 15, 163840, (16, 64, 128), (8, 64)
@@ -232,6 +238,15 @@ def evaluate(
     if res.in_use and not allow_shared:
         who = "the service" if res.service_on_gpu else "another process"
         detail = "; ".join(lines) or f"{unlisted} MiB in use"
+        if res.service_on_gpu and _service_everywhere(rows):
+            return _refuse(
+                res,
+                f"GPU {gpu} on {target} is in use by the service ({detail}), and the service "
+                f"runs on every GPU of {target} ({len(rows)}; tensor parallel): a bench there "
+                f"always shares one with it, so pass --allow-shared to bench GPU {gpu} beside "
+                "the service (memory-capped, the interference probe watching it)",
+                "docs/performance.md says what a shared bench measured costing the service",
+            )
         return _refuse(
             res,
             f"GPU {gpu} on {target} is in use by {who} ({detail}): refusing to benchmark on it",
@@ -259,18 +274,26 @@ def evaluate(
                 f"warning: the cap {cap / 1024:g} GiB is below the estimate "
                 f"{need / 1024:.1f} GiB: the bench may run out of memory"
             )
-        if free is not None and cap > free:
+        room = None if free is None else free * SHARED_FRACTION
+        if room is not None and max(cap, need) > room:
+            what = "the cap" if cap >= need else "the suites' estimate"
             return _refuse(
                 res,
-                f"GPU {gpu} on {target} has {_gib(free)} free, less than the cap "
-                f"{cap / 1024:g} GiB",
-                "lower --max-mem-gib",
+                f"GPU {gpu} on {target} has {_gib(free)} free; a bench beside the service may "
+                f"take at most {SHARED_FRACTION:.0%} of it ({_gib(room)}), and {what} is "
+                f"{max(cap, need) / 1024:.1f} GiB",
+                "benchmark fewer or smaller sizes (--suite, --batch), or lower --max-mem-gib",
             )
     elif max_mem_gib is not None:
         res.memory_cap_mib = max_mem_gib * 1024
         res.cap_env = {CAP_ENV: f"{max_mem_gib:g}"}
         res.findings.append(f"the bench's memory is capped at {max_mem_gib:g} GiB ({CAP_ENV})")
     return res
+
+
+def _service_everywhere(rows: list[dict[str, Any]]) -> bool:
+    """Every GPU of the host has one of the service's processes on it (tensor parallel)."""
+    return bool(rows) and all(any(p.get("service") for p in g.get("processes") or []) for g in rows)
 
 
 def _gib(mib: float | None) -> str:

@@ -28,6 +28,7 @@ from ops.verdict.gain_audit import (
     drift_lines,
     precision_lines,
 )
+from ops.verdict.service_cost import cost_line, service_cost
 
 TEMPLATES = Path(__file__).parent / "templates"
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999")
@@ -493,6 +494,8 @@ def probes(ev: Evidence) -> list[dict[str, Any]]:
         }
         if p is not None and p.p50_before_ms:
             row["rise"] = pct((p.p50_during_ms or 0) / p.p50_before_ms - 1, 1)
+        if p is not None:  # the section leads with it: what the bench cost the service
+            row["cost"] = cost_line(service_cost(p.before_ms, p.during_ms))
         out.append(row)
     return out
 
