@@ -112,6 +112,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="float32 matmuls on a GPU: tf32 tensor cores (default) or full fp32 "
         "($DDTREE_ENGINE_MATMUL); a CPU always computes fp32",
     )
+    p.add_argument(
+        "--mem-fraction",
+        type=_number(float, 0.01, 0.95),
+        help="on a GPU, hold this fraction of its total memory from the start, as SGLang's "
+        "--mem-fraction-static reserves its KV cache (what a bench beside the service finds "
+        "free); default: only what the engine allocates",
+    )
 
 
 def _add_process_args(p: argparse.ArgumentParser) -> None:
@@ -298,6 +305,7 @@ def run(argv: list[str] | None) -> int:
         cuda_graphs=args.cuda_graphs,
         matmul=args.matmul,
         backend_sources=sources,
+        mem_fraction=args.mem_fraction,
     )
     state = EngineState(spec, args.model_name, args.load_delay, limits)
     log = logging.getLogger("engine")

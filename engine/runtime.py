@@ -38,6 +38,9 @@ class EngineSpec:
     matmul: str = "tf32"
     # where each component's backend came from ("default" | "env" | "cli"), for reports
     backend_sources: dict[str, str] = field(default_factory=dict)
+    # on a GPU: hold this fraction of its total memory from the start (None: only what the
+    # engine allocates), as SGLang reserves its KV cache up front (--mem-fraction-static)
+    mem_fraction: float | None = None
 
 
 def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
@@ -67,7 +70,21 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     names = parse_backends(list(spec.backends), spec.device)
     model = Model(p.model, weights, device, tf32=spec.matmul == "tf32")
     backends = make_backends(names, device)
-    return p, Decoder(model, p.engine, spec.mode, backends, graphs=spec.cuda_graphs)
+    decoder = Decoder(model, p.engine, spec.mode, backends, graphs=spec.cuda_graphs)
+    if spec.mem_fraction and device.type == "cuda":
+        decoder.held = hold_memory(device, spec.mem_fraction)
+    return p, decoder
+
+
+def hold_memory(device: torch.device, fraction: float) -> torch.Tensor | None:
+    """Allocate what brings this process's reserved memory on `device` up to `fraction` of the
+    GPU's total, and keep it: the GPU then shows as a serving stack's does (SGLang holds most
+    of it for its KV cache from the start). None when the process already holds that much."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    want = int(total * fraction) - torch.cuda.memory_reserved(device)
+    if want <= 0:
+        return None
+    return torch.empty(want, dtype=torch.uint8, device=device)
 
 
 def generate(

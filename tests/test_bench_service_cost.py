@@ -133,3 +133,19 @@ def test_an_out_of_memory_bench_is_one_line_and_the_service_is_untouched(tmp_pat
     finally:
         svc.kill()
         svc.wait()
+
+
+def test_the_engine_can_hold_a_serving_stacks_memory_share() -> None:
+    """`python -m engine --mem-fraction F` (the GPU-bound service of the device run holds most
+    of the GPU as SGLang does): a fraction outside 0.01..0.95 is one line, exit 2."""
+    for bad in ("0", "0.99", "x"):
+        res = subprocess.run(
+            [sys.executable, "-m", "engine", "--mem-fraction", bad, "--check"],
+            capture_output=True, text=True, cwd=REPO, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 2 and "--mem-fraction" in res.stdout + res.stderr, res
+    res = subprocess.run(
+        [sys.executable, "-m", "engine", "--mem-fraction", "0.8", "--check"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
