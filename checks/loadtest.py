@@ -51,6 +51,7 @@ from checks.probe import counters
 
 MAX_EVENT = 2**20  # bytes of one SSE event (or of data without an event boundary)
 MAX_BODY = 64 * 2**20  # a non-streamed answer's Content-Length
+ERROR_BODY = 4096  # bytes kept of an error answer's body (its reason is in the first few)
 MAX_HEADERS = 100
 # prompt + output tokens of a request where the service reports no context length: no model
 # served today takes more, and a prompt this long is ~8 MB here, not gigabytes
@@ -80,6 +81,7 @@ class Conn:
     """One keep-alive HTTP/1.1 connection that posts JSON and reads SSE or JSON answers."""
 
     def __init__(self, host: str, port: int) -> None:
+        self.error_body = b""  # the last error answer's body (at most ERROR_BODY bytes)
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -122,9 +124,13 @@ class Conn:
             k, _, v = line.decode("latin-1").partition(":")
             headers[k.strip().lower()] = v.strip()
         buf = b""
+        self.error_body = b""
 
         def feed(data: bytes) -> None:
             nonlocal buf
+            if status != 200:  # an error's body is the service's own words: kept, not parsed
+                self.error_body = (self.error_body + data)[:ERROR_BODY]
+                return
             buf = (buf + data).replace(b"\r\n", b"\n")
             while b"\n\n" in buf:
                 event, buf = buf.split(b"\n\n", 1)
@@ -217,7 +223,29 @@ async def one_request(conn: Conn, path: str, body: dict[str, Any], timeout: floa
     s.ok = status == 200 and s.tokens > 0
     if not s.ok:
         s.error = f"HTTP {status}" if status != 200 else "no tokens streamed"
+        said = error_text(conn.error_body) if status != 200 else None
+        if said:
+            s.error += f": {said}"
     return s
+
+
+def error_text(body: bytes) -> str | None:
+    """The service's own reason from an error body: OpenAI's {"error": {"message": ...}},
+    FastAPI's {"detail": ...}, or the body's first line; at most 200 characters."""
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text.splitlines()[0][:200]
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
+        msg = msg or doc.get("detail") or doc.get("message")
+        if isinstance(msg, str) and msg.strip():
+            return msg.strip()[:200]
+    return text[:200]
 
 
 async def sweep_level(

@@ -45,7 +45,11 @@ def test_failing_service_is_exit_1_with_errors(ops: Ops) -> None:
     ops("service", "start", "local", "--wait", "2")
     code, rep = ops.json("loadtest", "local", "-c", "2", "--requests", "4")
     assert code == 1
-    assert rep["levels"][0]["failed"] == 4 and rep["levels"][0]["errors"] == {"HTTP 500": 4}
+    # the service's own words ride along with the status (#39 item 4: a cause never lost)
+    assert rep["levels"][0]["failed"] == 4
+    assert rep["levels"][0]["errors"] == {"HTTP 500: internal error": 4}
+    res = ops("loadtest", "local", "-c", "2", "--requests", "4")
+    assert "c=2: 4 x HTTP 500: internal error" in " ".join(res.stderr.split()), res.stderr
 
 
 def test_hung_service_times_out(ops: Ops) -> None:

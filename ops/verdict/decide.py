@@ -256,7 +256,9 @@ def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
 
 def _gain(ev: Evidence, rows: list[AmdahlRow], c: int | None, th: float, t: _Tally) -> None:
     if ev.profile is None:
-        t.hold("no_profile", "no service profile record: f(c) is unknown")
+        failed = ev.profile_errors[-1][1] if ev.profile_errors else ""
+        why = f" (the profile failed: {failed})" if failed else ""  # the cause, not only a HOLD
+        t.hold("no_profile", f"no service profile record{why}: f(c) is unknown")
         return
     if ev.profile.failed_requests:
         t.hold(

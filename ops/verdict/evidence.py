@@ -731,6 +731,8 @@ class Evidence(BaseModel):
     health: list[HealthEntry] = Field(default_factory=list)
     bench: list[tuple[str, BenchSection]] = Field(default_factory=list)
     bench_errors: list[tuple[str, str]] = Field(default_factory=list)
+    # profiles that ended in an error: (record, the error's own words), for the HOLD's reason
+    profile_errors: list[tuple[str, str]] = Field(default_factory=list)
     profile: ProfileSection | None = None
     profile_path: str = ""
     measure: MeasureSection | None = None
@@ -864,6 +866,8 @@ def gather(paths: list[Path], change: Change | None = None) -> Evidence:
             ev.bench.append((rec.path, got.bench))
         elif rec.command == "bench":
             ev.bench_errors.append((rec.path, got.error))
+        if got.profile is None and rec.command == "profile" and got.error:
+            ev.profile_errors.append((rec.path, got.error))
         if got.profile is not None:  # a later profile replaces the levels it measured again
             prof = got.profile
             if ev.profile is not None:

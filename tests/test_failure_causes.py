@@ -1,0 +1,37 @@
+"""A failure keeps its cause (#39 item 4): the service's own error text rides from the load
+generator (tests/test_loadtest.py) to the verdict: a rollout whose profile step failed HOLDs
+with the profile's error in the reason, not only "no service profile record"."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RECORDS = REPO / "tests" / "fixtures" / "records"
+CAUSE = "prompt too long: 1025 tokens; this model's maximum context length is 512"
+
+
+def test_a_failed_profile_names_its_cause_in_the_hold(tmp_path: Path) -> None:
+    run = tmp_path / "rollout_attn"
+    shutil.copytree(RECORDS / "rollout_attn", run)
+    prof = run / "03-profile" / "record.json"
+    doc = json.loads(prof.read_text())
+    doc.pop("profile")
+    doc.update(outcome="error", exit_code=2, error={"error": "OpsError", "message": CAUSE})
+    prof.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "report", str(run), "--out", str(out), "--json"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 3, res.stdout + res.stderr
+    holds = {r["code"]: r["message"] for r in json.loads(res.stdout)["holds"]}
+    assert (
+        holds["no_profile"] == f"no service profile record (the profile failed: {CAUSE}): "
+        "f(c) is unknown"
+    ), holds
+    assert CAUSE in (out / "report.md").read_text()
