@@ -36,6 +36,7 @@ SOURCES: list[str] = [
     "greedy_accept.cu",
     "tree_verify_attention.cu",
     "kv_compact.cu",
+    "retrieve_accept.cu",
 ]
 HEADERS: list[str] = [
     "ddtree_kernels.h",
@@ -45,6 +46,7 @@ HEADERS: list[str] = [
     "tree_verify_attention_wgmma.cuh",
     "tree_build_heap.cuh",
     "tree_build_levels.cuh",
+    "ddtree_retrieve_accept.h",
 ]
 FLAGS: list[str] = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--threads", "0"]
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
