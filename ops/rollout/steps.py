@@ -34,7 +34,7 @@ from ops.rollout.playbook import (
     ReportStep,
 )
 from ops.verdict.decide import Decision, Reason, decide
-from ops.verdict.evidence import COMPONENT_STAGE, Change, gather
+from ops.verdict.evidence import COMPONENT_STAGE, CPU_BACKENDS, Change, gather
 from ops.verdict.reports import build, summary, write_reports
 
 Status = Literal["ok", "fail", "hold", "skip", "error", "interrupted"]
@@ -185,7 +185,12 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     # the references (a kernel that faults would take the service down with it)
     shadowable = ch is not None and ch.component in ("attention", "tree_build") and st.shadow
     shadow_why = None
-    if shadowable and ctx.bench_outcome != "pass":
+    # a host (CPU) candidate cannot fault the GPU, and no GPU bench times it: it is armed
+    # unless its bench ran and failed (a wrong answer)
+    on_cpu = ch is not None and ch.candidate in CPU_BACKENDS
+    if on_cpu and ctx.bench_outcome in (None, "pass", "hold", "skip"):
+        pass
+    elif shadowable and ctx.bench_outcome != "pass":
         shadow_why = f"shadow not armed: the bench did not pass ({ctx.bench_outcome or 'not run'})"
         shadowable = False
     opts = ProfileOptions(

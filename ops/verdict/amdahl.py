@@ -337,14 +337,18 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
             )
         row.ceiling = ceiling(row.f)
         row.speed = speedup_at(ev, change, lv.concurrency)
-        if row.speed is None:
+        shadow = shadow_speed(lv, change, "step")
+        if row.speed is None and shadow is not None and change.runs_on_cpu:
+            # a host candidate has no GPU bench: the shadow on the service's own traffic is its s
+            row.speed = shadow
+            notes.insert(0, "no bench rows: the candidate runs on the CPU, s is the shadow's")
+        elif row.speed is None:
             notes.insert(0, "no bench rows for this change")
         row.note = "; ".join(notes)
         if row.speed is None:
             out.append(row)
             continue
-        shadow = shadow_speed(lv, change, "step")
-        if shadow is not None:  # the service's own forwards: the bench's s stays beside it
+        if shadow is not None and row.speed is not shadow:  # the bench's s stays beside it
             row.bench_speed, row.speed = row.speed, shadow
         sp = row.speed
         pre = float((fv.model_extra or {}).get("prefill") or 0.0) if row.f_basis == "wall" else 0

@@ -13,7 +13,8 @@ failed condition decides whatever else is missing).
            kernel_not_exact, gain_below_threshold, ceiling_below_threshold (no s(c) needed:
            even an infinitely fast component cannot clear the threshold)
     HOLD   no_change, no_preflight, no_postflight (deployed, not checked), no_identity,
-           identity_nondeterministic, no_bench, bench_failed, bench_held (e.g. no GPU),
+           identity_nondeterministic, no_bench (not for a CPU candidate the shadow timed),
+           bench_failed, bench_held (e.g. no GPU),
            no_probe, no_kernel_rows, no_profile, profile_failed_requests, no_profile_level,
            no_component_time, gain_within_noise, unfinished_record (a run that did not finish:
            its record, written at its start, was never replaced; a rollout's own record is
@@ -42,6 +43,7 @@ from ops.verdict.amdahl import (
     effective_change,
     projected_gain,
     projected_gain_parts,
+    shadow_speed,
     speedup_at,
     step_reduction,
     times,
@@ -233,15 +235,30 @@ def _one_bench(path: str, b: BenchSection, t: _Tally) -> None:
             t.hold("bench_failed", f"the bench failed: {why}", record=path)
 
 
+def _shadowed(ev: Evidence, change: Change) -> bool:
+    """The profile ran the shadow of exactly this change at some level (and it gave an s)."""
+    levels = ev.profile.levels if ev.profile is not None else []
+    return any(shadow_speed(lv, change, "step") is not None for lv in levels)
+
+
 def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
+    # a host candidate: no GPU bench can time it; where the shadow did, on the service's own
+    # traffic, a bench that could not run (no GPU: held, no rows) says nothing against it
+    cpu = change is not None and change.runs_on_cpu and _shadowed(ev, change)
+    if cpu and change is not None:
+        t.ok("cpu_candidate", f"{change.candidate} runs on the CPU: its s is the shadow's, "
+             "measured on the service's own traffic (no GPU bench needed)")  # fmt: skip
     for path, msg in ev.bench_errors:
-        t.hold("bench_failed", f"the bench did not run: {msg}", record=path)
-    if not ev.bench and not ev.bench_errors:
+        if not cpu:
+            t.hold("bench_failed", f"the bench did not run: {msg}", record=path)
+    if not ev.bench and not ev.bench_errors and not cpu:
         t.hold("no_bench", "no GPU bench record")
     for path, b in ev.bench:
+        if cpu and not b.rows and not b.reasons and not b.refcheck_failed:
+            continue  # it could not run here: nothing it says counts against the shadow's s
         _one_bench(path, b, t)
-    if change is not None and ev.bench and not any(b.rows for _, b in ev.bench):
-        return  # held above: no rows at all
+    if cpu or (change is not None and ev.bench and not any(b.rows for _, b in ev.bench)):
+        return  # s comes from the shadow / held above: no rows at all
     if change is not None and ev.bench and speedup_at(ev, change, 1) is None:
         suite, kernel, base, cand = change.bench_map()
         have = sorted(bench_impls(ev, suite, kernel))

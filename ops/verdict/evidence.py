@@ -406,7 +406,14 @@ class Change(_Open):
     def label(self) -> str:
         return f"{self.component}: {self.baseline} -> {self.candidate}"
 
+    @property
+    def runs_on_cpu(self) -> bool:
+        """The candidate is a host (CPU) backend: no GPU bench times it; the shadow on the
+        service's own traffic gives its s (ops.verdict.amdahl, ops.verdict.decide)."""
+        return self.candidate in CPU_BACKENDS
 
+
+CPU_BACKENDS = ("reference", "cpp")  # backends that run on the host, not on a GPU
 BACKEND_IMPL = {
     "reference": "cpu_python",
     "cpp": "cpu_cpp",
