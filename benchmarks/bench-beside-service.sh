@@ -71,7 +71,7 @@ bench() {  # bench NAME ARGS...: one ops bench, its document, then a healthcheck
   echo "{\"name\": \"$name\", \"exit\": $rc, \"args\": \"$*\", \"doc\": $(cat "/tmp/bench-$name.json" 2>/dev/null || echo null)}" \
     > "/tmp/bench-$name.wrapped.json"
   benches+=("/tmp/bench-$name.wrapped.json")
-  attempt timeout 200 $O healthcheck local -i "$inv" --json > "/tmp/hc-$name.json" 2>> "$LOG"
+  attempt timeout 200 $O healthcheck local -i "$inv" --json --max-tokens 8 > "/tmp/hc-$name.json" 2>> "$LOG"
   echo "{\"after\": \"$name\", \"exit\": $rc, \"doc\": $(cat "/tmp/hc-$name.json" 2>/dev/null || echo null)}" \
     > "/tmp/hc-$name.wrapped.json"
   hcs+=("/tmp/hc-$name.wrapped.json")
