@@ -49,7 +49,7 @@ say "service start"
 attempt timeout 300 $O service start local -i "$inv" --wait 240 >> "$LOG" 2>&1
 if [ "$rc" -ne 0 ]; then say "the service did not start"; exit 1; fi
 say "golden set"
-attempt timeout 200 $O healthcheck local -i "$inv" --record-golden --json > "$OUT/hc-golden.json" 2>> "$LOG"
+attempt timeout 200 $O healthcheck local -i "$inv" --record-golden --max-tokens 8 --json > "$OUT/hc-golden.json" 2>> "$LOG"
 say "load: c=$LOAD_C, for the whole run"
 python3 -m checks.loadtest --json --url "$url" --concurrency "$LOAD_C" --requests 10000000 \
   --output-len 128 --input-len 128 > /tmp/bench-beside-load.json 2>> "$LOG" &
@@ -87,7 +87,7 @@ bench over-estimate --suite attn --batch 4096
 kill "$load_pid" 2>/dev/null || true
 wait "$load_pid" 2>/dev/null || true
 say "healthcheck without the load"
-attempt timeout 200 $O healthcheck local -i "$inv" --json > /tmp/hc-final.json 2>> "$LOG"
+attempt timeout 200 $O healthcheck local -i "$inv" --json --max-tokens 8 > /tmp/hc-final.json 2>> "$LOG"
 echo "{\"after\": \"final\", \"exit\": $rc, \"doc\": $(cat /tmp/hc-final.json 2>/dev/null || echo null)}" > /tmp/hc-final.wrapped.json
 hcs+=(/tmp/hc-final.wrapped.json)
 attempt timeout 120 $O service stop local -i "$inv" >> "$LOG" 2>&1
