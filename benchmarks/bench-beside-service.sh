@@ -13,8 +13,8 @@
 #   the memory refusals: --max-mem-gib over half of what is free, and a suite whose estimate is;
 # and `ops healthcheck` (token identity against the golden set recorded at the start) after each.
 # Files in $OUT: summary.json (one line per bench: outcome, cost to the service, trip and stop
-# times, guard message), benches.json and healthchecks.json (the raw documents), busy.csv,
-# log.txt, command.txt, commit.txt, gpu.txt.
+# times, guard message), benches.jsonl and healthchecks.jsonl (the raw documents, appended as
+# each finishes), busy.csv, log.txt, command.txt, commit.txt, gpu.txt.
 # Usage on the GPU host, project root:
 #   OUT=dir [ARCH=sm_90] [MEM_FRACTION=0.75] [LOAD_C=16] [HEAVY_BATCH=64,256] bash benchmarks/bench-beside-service.sh
 . "$(dirname "$0")/preamble.sh" /tmp/bench-beside
@@ -54,51 +54,55 @@ say "load: c=$LOAD_C, for the whole run"
 python3 -m checks.loadtest --json --url "$url" --concurrency "$LOAD_C" --requests 10000000 \
   --output-len 128 --input-len 128 > /tmp/bench-beside-load.json 2>> "$LOG" &
 load_pid=$!
-sleep 15
-say "GPU busy share (nvidia-smi, 10 s)"
+sleep 8
+say "GPU busy share (nvidia-smi, 6 s)"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -lms 200 \
   > "$OUT/busy.csv" 2>&1 &
 smi_pid=$!
-sleep 10
+sleep 6
 kill "$smi_pid" 2>/dev/null || true
-hcs=()
-benches=()
-bench() {  # bench NAME ARGS...: one ops bench, its document, then a healthcheck
+bench() {  # bench NAME ARGS...: one ops bench, its document, then a healthcheck; each appended
+  # at once to $OUT/benches.jsonl and $OUT/healthchecks.jsonl (a run cut short keeps what ran)
   local name=$1; shift
   say "bench $name: $*"
   attempt timeout 600 $O bench local -i "$inv" --gpu 0 --allow-shared --json "$@" \
     > "/tmp/bench-$name.json" 2>> "$LOG"
-  echo "{\"name\": \"$name\", \"exit\": $rc, \"args\": \"$*\", \"doc\": $(cat "/tmp/bench-$name.json" 2>/dev/null || echo null)}" \
-    > "/tmp/bench-$name.wrapped.json"
-  benches+=("/tmp/bench-$name.wrapped.json")
+  python3 - "$name" "$rc" "$*" "/tmp/bench-$name.json" >> "$OUT/benches.jsonl" <<'PY'
+import json, sys
+name, rc, args, path = sys.argv[1:]
+try:
+    doc = json.load(open(path))
+except (OSError, ValueError):
+    doc = None
+print(json.dumps({"name": name, "exit": int(rc), "args": args, "doc": doc}))
+PY
   attempt timeout 200 $O healthcheck local -i "$inv" --json --max-tokens 8 > "/tmp/hc-$name.json" 2>> "$LOG"
-  echo "{\"after\": \"$name\", \"exit\": $rc, \"doc\": $(cat "/tmp/hc-$name.json" 2>/dev/null || echo null)}" \
-    > "/tmp/hc-$name.wrapped.json"
-  hcs+=("/tmp/hc-$name.wrapped.json")
+  python3 - "$name" "$rc" "/tmp/hc-$name.json" >> "$OUT/healthchecks.jsonl" <<'PY'
+import json, sys
+name, rc, path = sys.argv[1:]
+try:
+    doc = json.load(open(path))
+except (OSError, ValueError):
+    doc = None
+print(json.dumps({"after": name, "exit": int(rc), "doc": doc}))
+PY
 }
 bench default
-bench topk --suite topk
-bench tree --suite tree
-bench accept --suite accept
 bench heavy --suite attn --batch "$HEAVY_BATCH" --probe-interval 0.05
 free_gib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0 | awk '{printf "%d", $1/1024*0.75}')
 bench over-cap --max-mem-gib "$free_gib"
 bench over-estimate --suite attn --batch 4096
+bench topk --suite topk
+bench tree --suite tree
+bench accept --suite accept
 kill "$load_pid" 2>/dev/null || true
 wait "$load_pid" 2>/dev/null || true
-say "healthcheck without the load"
-attempt timeout 200 $O healthcheck local -i "$inv" --json --max-tokens 8 > /tmp/hc-final.json 2>> "$LOG"
-echo "{\"after\": \"final\", \"exit\": $rc, \"doc\": $(cat /tmp/hc-final.json 2>/dev/null || echo null)}" > /tmp/hc-final.wrapped.json
-hcs+=(/tmp/hc-final.wrapped.json)
 attempt timeout 120 $O service stop local -i "$inv" >> "$LOG" 2>&1
-python3 - "$OUT" "${benches[@]}" -- "${hcs[@]}" <<'PY'
+python3 - "$OUT" <<'PY'
 import json, sys
-out, rest = sys.argv[1], sys.argv[2:]
-cut = rest.index("--")
-benches = [json.load(open(p)) for p in rest[:cut]]
-hcs = [json.load(open(p)) for p in rest[cut + 1:]]
-json.dump(benches, open(f"{out}/benches.json", "w"), indent=1)
-json.dump(hcs, open(f"{out}/healthchecks.json", "w"), indent=1)
+out = sys.argv[1]
+benches = [json.loads(x) for x in open(f"{out}/benches.jsonl")]
+hcs = [json.loads(x) for x in open(f"{out}/healthchecks.jsonl")]
 rows = []
 for b in benches:
     d = b["doc"] or {}
