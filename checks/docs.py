@@ -246,3 +246,52 @@ class CountersDoc(Counters):
 
     ok: bool
     module: str
+
+
+# -- checks.hook_counters --------------------------------------------------------------------
+class HookShadow(TypedDict):
+    """One function's shadow in one process (the candidate timed beside the stock)."""
+
+    every: int  # 1 call in `every` compared
+    compared: int
+    mismatched: int
+    stock_s: float  # over the compared calls
+    cand_s: float
+    cand_errors: int  # the candidate raised where the stock answered (each also a mismatch)
+    overhead_s: float  # the shadow's own time: candidate, copies, comparison
+    saved: int  # mismatching cases written for replay
+    pairs: int  # pairs written in all
+    ring: NotRequired[list[list[int]]]  # with --pairs: [index, stock_ns, cand_ns], oldest first
+
+
+class HookFunction(TypedDict):
+    calls: int
+    seconds: float  # in the function that serves (stock or drop-in), over all its calls
+    errors: int  # calls that raised
+    shadow: HookShadow | None
+
+
+class HookProcess(TypedDict):
+    file: str
+    pid: int
+    start_ticks: int
+    created: float  # unix time
+    components: dict[str, HookFunction]  # tree_build, accept
+
+
+class HookCountersDoc(TypedDict):
+    """`checks.hook_counters`: the import hook's counters of every live process of a service."""
+
+    ok: bool
+    module: str
+    run_dir: str
+    release: str
+    at: float  # unix time of the read
+    files: int
+    live: int
+    dead: int  # files of processes gone (or pids now another process's): skipped
+    unreadable: list[dict[str, str]]  # file, why
+    processes: list[HookProcess]
+    mismatched: int  # over the live processes
+    mismatch_files: list[str]  # saved cases in run_dir (hook-mismatch-<pid>-<component>-<n>.json)
+    status: dict[str, Any] | None  # the hook's hook-status.json

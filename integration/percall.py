@@ -9,7 +9,13 @@ same machine, and checks the answers are the same. Wall clock per call (perf_cou
 in the service: what the caller waits for. Also the accept walk on the path to the deepest
 node. One run, one JSON document:
 
-    python -m integration.percall [--budgets 16,64,128] [--reps 400]
+    python -m integration.percall [--budgets 16,64,128] [--reps 400] [--hook]
+
+`hook_costs()` (the document's `hook`; `--hook`: that alone) measures what the import hook's
+stage clock adds to a call (`integration.counters.timed`: a no-op function and the `cpp`
+drop-in, each bare and counted, in interleaved rounds; the target is under 1 us) and what a
+shadow adds to a sampled call (`integration.shadow.shadowed`: the fork-style builder serving,
+the `cpp` drop-in beside it, with its copies and the comparison).
 
 Each row has the medians and quartiles in us, the speedup (fork-style / drop-in) and the
 issue's target for it (>= 4x at budget < 64, >= 10x at 64 and above). A bench suite can call
@@ -25,8 +31,10 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -165,6 +173,84 @@ def _walk_row(trees: list, reps: int) -> dict:
             "speedup": round(speedup, 2), "accepted_depth": depth}  # fmt: skip
 
 
+COUNT_TARGET_NS = 1000  # the stage clock's cost per call, at most (issue 40)
+
+
+def _per_call_ns(fns: dict[str, Callable[[], Any]], calls: int, rounds: int) -> dict[str, float]:
+    """Median over `rounds` interleaved rounds of each fn's ns per call (`calls` calls a round)."""
+    got: dict[str, list[float]] = {name: [] for name in fns}
+    clock = time.perf_counter_ns
+    for r in range(rounds + 1):
+        for name, fn in fns.items():
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            if r:  # the first round warms up
+                got[name].append((clock() - t0) / calls)
+    return {name: statistics.median(v) for name, v in got.items()}
+
+
+def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...] = (16, 64),
+               shadow_reps: int = 200) -> dict[str, Any]:  # fmt: skip
+    """What the hook's counting adds per call, and a shadow per sampled call (module doc)."""
+    from integration import counters, shadow
+
+    with tempfile.TemporaryDirectory(prefix="ddtree-percall-") as tmp:
+        clock = counters.Counters(Path(tmp))
+
+        def noop(a: Any, b: Any, c: Any) -> Any:
+            return a
+
+        counted = counters.timed(noop, clock, "tree_build")
+        lp, ids = inputs(16, 7)
+        dropin = sglang_dropins.make_build("cpp", fork_style.build_ddtree_tree_from_topk)
+        dropin_counted = counters.timed(dropin, clock, "accept")
+        ns = _per_call_ns(
+            {"noop": lambda: noop(1, 2, 3), "noop_counted": lambda: counted(1, 2, 3)},
+            calls, rounds,
+        )  # fmt: skip
+        ns.update(_per_call_ns(
+            {"dropin": lambda: dropin(lp, ids, 16),
+             "dropin_counted": lambda: dropin_counted(lp, ids, 16)},
+            max(calls // 20, 50), rounds,
+        ))  # fmt: skip
+        count = {
+            "noop_ns": round(ns["noop"], 1),
+            "noop_counted_ns": round(ns["noop_counted"], 1),
+            "overhead_ns": round(ns["noop_counted"] - ns["noop"], 1),
+            "dropin_cpp_b16_us": round(ns["dropin"] / 1e3, 3),
+            "dropin_cpp_b16_counted_us": round(ns["dropin_counted"] / 1e3, 3),
+            "overhead_on_dropin_ns": round(ns["dropin_counted"] - ns["dropin"], 1),
+            "calls": calls, "rounds": rounds, "target_ns": COUNT_TARGET_NS,
+        }  # fmt: skip
+        count["meets_target"] = count["overhead_ns"] < COUNT_TARGET_NS
+        rows = []
+        stock = fork_style.build_ddtree_tree_from_topk
+        for budget in budgets:
+            data = [inputs(budget, 100 + i) for i in range(8)]
+            cand = sglang_dropins.make_build("cpp", stock)
+            shadowed = shadow.shadowed(stock, cand, clock, "tree_build", 1, lambda *a: None)
+            calls_ = {
+                "stock": lambda i, d=data, b=budget: stock(*d[i % 8], b),
+                "shadowed": lambda i, d=data, b=budget, f=shadowed: f(*d[i % 8], b),
+            }
+            st = {k: _stats(v) for k, v in _interleaved(calls_, shadow_reps, {}).items()}
+            rows.append({
+                "budget": budget, "stock_us": st["stock"]["median_us"],
+                "shadowed_us": st["shadowed"]["median_us"],
+                "added_us": round(st["shadowed"]["median_us"] - st["stock"]["median_us"], 2),
+                "candidate": "cpp", "stock": "fork_style", "every": 1,
+            })  # fmt: skip
+    return {
+        "what": "the import hook's stage clock: ns added per call by counting "
+        "(integration.counters.timed), and us added per sampled call by a shadow "
+        "(integration.shadow.shadowed: the candidate, its input copies, the comparison)",
+        "count": count,
+        "shadow": rows,
+        "ok": count["meets_target"],
+    }
+
+
 def _env(real: bool) -> dict[str, Any]:
     cpu = platform.processor()
     try:
@@ -184,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="16,64,128", help="comma-separated (default 16,64,128)")
     ap.add_argument("--reps", type=int, default=400, help="fork calls per budget (default 400)")
     ap.add_argument("--json", action="store_true", help="one JSON document (always)")
+    ap.add_argument("--hook", action="store_true", help="only the hook's counting and shadow")
     args = ap.parse_args(argv)
+    if args.hook:
+        doc = {**hook_costs(), "env": _env(False)}
+        print(json.dumps(doc))
+        return 0 if doc["ok"] else 1
     try:
         budgets = tuple(int(b) for b in args.budgets.split(","))
         if not budgets or min(budgets) < 1 or args.reps < 4:
@@ -193,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"ok": False, "error": f"bad --budgets {args.budgets!r} / --reps"}))
         return 2
     doc = measure(budgets, reps=args.reps)
+    doc["hook"] = hook_costs()
+    doc["ok"] = doc["ok"] and doc["hook"]["ok"]
     print(json.dumps(doc))
     return 0 if doc["ok"] else 1
 

@@ -218,7 +218,10 @@ def test_hook_off_does_nothing(fresh, monkeypatch, tmp_path, capsys):
     "spec,reason",
     [
         ("off", "DDTREE_OPS_SGLANG=off"),
-        ("tree_build=reference,accept=reference", "keeps every stock function"),
+        ("tree_build=cpp,shadow:tree_build=cpp", "tree_build is named twice"),
+        ("shadow:tree_build=cpp/0", "bad item 'shadow:tree_build=cpp/0'"),
+        ("shadow:accept=reference", "bad item 'shadow:accept=reference'"),
+        ("shadow:tree_build=not a path", "bad item"),
         ("tree_build=gpu", "bad item 'tree_build=gpu'"),
         ("tree_build=cpp,draft=cpp", "bad item 'draft=cpp'"),
         ("accept=cuda", "bad item 'accept=cuda'"),
