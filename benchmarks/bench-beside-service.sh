@@ -11,12 +11,14 @@
 #   ops bench --suite topk,tree,accept (the default), then topk, tree and accept alone;
 #   the heavy bench: --suite attn --batch HEAVY_BATCH (the largest attention shapes);
 #   the memory refusals: --max-mem-gib over half of what is free, and a suite whose estimate is;
+#   oom: a bench capped far below its need (--max-mem-gib 1): its CUDA out-of-memory is its own;
 # and `ops healthcheck` (token identity against the golden set recorded at the start) after each.
 # Files in $OUT: summary.json (one line per bench: outcome, cost to the service, trip and stop
 # times, guard message), benches.jsonl and healthchecks.jsonl (the raw documents, appended as
 # each finishes), busy.csv, log.txt, command.txt, commit.txt, gpu.txt.
 # Usage on the GPU host, project root:
-#   OUT=dir [ARCH=sm_90] [MEM_FRACTION=0.75] [LOAD_C=16] [HEAVY_BATCH=64,256] bash benchmarks/bench-beside-service.sh
+#   OUT=dir [ARCH=sm_90] [MEM_FRACTION=0.75] [LOAD_C=16] [HEAVY_BATCH=64,256] [BENCHES="default heavy
+#   over-cap over-estimate topk tree accept oom"] bash benchmarks/bench-beside-service.sh
 . "$(dirname "$0")/preamble.sh" /tmp/bench-beside
 MEM_FRACTION=${MEM_FRACTION:-0.75}
 LOAD_C=${LOAD_C:-16}
@@ -87,14 +89,18 @@ except (OSError, ValueError):
 print(json.dumps({"after": name, "exit": int(rc), "doc": doc}))
 PY
 }
-bench default
-bench heavy --suite attn --batch "$HEAVY_BATCH" --probe-interval 0.05
 free_gib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0 | awk '{printf "%d", $1/1024*0.75}')
-bench over-cap --max-mem-gib "$free_gib"
-bench over-estimate --suite attn --batch 4096
-bench topk --suite topk
-bench tree --suite tree
-bench accept --suite accept
+for b in ${BENCHES:-default heavy over-cap over-estimate topk tree accept oom}; do
+  case $b in
+    default) bench default ;;
+    heavy) bench heavy --suite attn --batch "$HEAVY_BATCH" --probe-interval 0.05 ;;
+    over-cap) bench over-cap --max-mem-gib "$free_gib" ;;
+    over-estimate) bench over-estimate --suite attn --batch 4096 ;;
+    topk|tree|accept) bench "$b" --suite "$b" ;;
+    # a bench whose cap is far below what it needs: its own CUDA out-of-memory, one line
+    oom) bench oom --suite topk --batch 64 --max-mem-gib 1 --probe-threshold 100 ;;
+  esac
+done
 kill "$load_pid" 2>/dev/null || true
 wait "$load_pid" 2>/dev/null || true
 attempt timeout 120 $O service stop local -i "$inv" >> "$LOG" 2>&1
