@@ -149,3 +149,33 @@ def test_the_engine_can_hold_a_serving_stacks_memory_share() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
+
+
+RUN = REPO / "benchmarks" / "results" / "2026-12-05-40a2804-h100-bench-beside-service"
+
+
+def recorded(name: str) -> dict:
+    for line in (RUN / "benches.jsonl").read_text().splitlines():
+        b = json.loads(line)
+        if b["name"] == name:
+            return b["doc"]
+    raise KeyError(name)
+
+
+def test_the_device_runs_record_reads_back_the_same_cost() -> None:
+    """The H100 run's documents (bench-beside-service.sh): the cost each bench recorded is what
+    service_cost makes of its probe samples again; a tripped bench (heavy) is NO-GO, a quiet one
+    (topk alone) passed, and the over-cap bench was refused with the half-of-free rule."""
+    summary = json.loads((RUN / "summary.json").read_text())
+    by = {r["bench"]: r for r in summary["benches"]}
+    for name in ("default", "heavy", "topk", "tree", "accept"):
+        doc = recorded(name)
+        p = doc["probe"]
+        assert service_cost(p["before_ms"], p["during_ms"]) == doc["service_cost"], name
+        assert by[name]["service_cost"] == doc["service_cost"]
+    heavy, topk = recorded("heavy"), recorded("topk")
+    assert heavy["outcome"] == "no-go" and heavy["probe"]["tripped"]
+    assert topk["outcome"] == "pass" and not topk["probe"]["tripped"]
+    over = recorded("over-cap")
+    assert over["outcome"] == "refused" and "may take at most 50% of it" in over["message"]
+    assert all(h["identity_pct"] == 100.0 for h in summary["healthchecks"])
