@@ -27,7 +27,6 @@ from typing import Any, NoReturn
 
 from engine.components import COMPONENTS, ENV_VAR, resolve_backends
 from engine.config import MATMUL, MAX_BUDGET, PRESETS, SEED_RANGE
-from engine.trace import settings as trace_settings
 
 # --max-batch-size, --threads and --load-delay are capped as well (1024, 1024, 3600 s): past
 # 2**63 the KV cache, torch.set_num_threads or the loader's sleep raised once the port was bound
@@ -243,10 +242,6 @@ def validate(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
         raise UsageError(f"$DDTREE_ENGINE_FRONTEND={args.frontend!r}: expected thread or process")
     if args.matmul not in MATMUL:  # argparse checks a flag's value, not an env default
         raise UsageError(f"$DDTREE_ENGINE_MATMUL={args.matmul!r}: expected tf32 or fp32")
-    try:  # the diagnosis traces' settings (engine.trace), if any
-        trace_settings(os.environ)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     check_device(args.device)
     return names, sources
 

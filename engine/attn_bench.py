@@ -16,17 +16,17 @@ different length buckets, as in a service whose requests arrived at different ti
 further as they decode. `--same-prompt --prefix-span 0` is the layout of a load of one prompt
 (checks.loadtest, and so the rollout's measure): every request the same prompt, so with greedy
 decoding and a batch-invariant engine they commit the same tokens at the same steps and the
-batch stays at one prefix (measured: NOTES-attention.md); `kernels.bench --suite engine_attn`
-runs it so. On a CPU (the torch path only), e.g. `--device cpu --preset tiny --prompt-len 64
---same-prompt --prefix-span 0` (the tiny preset's context is 512 tokens). The impls' work is
-interleaved (prefill by prefill, step by step), so a drift of the host falls on all of them
-alike. Rows follow kernels.bench's schema (`row_attention` / `row_attention_prefill`, impls
-`<impl>_engine`, mode `engine_stage`); one prefill row per impl pools every batch's prefills
-(each one prompt: shape B = 1, as the kernel bench's prefill rows). refcheck: whether every impl
-decoded the same tokens for the same prompts (recorded, not required: torch attention's bmm runs
-TF32 under `--matmul tf32` while the CUDA kernel computes fp32, so a near tie may break
-differently; exit 0 either way). One JSON document on stdout; exit 0 when it ran, 2 for bad
-input.
+batch stays at one prefix (measured: benchmarks/NOTES-attention.md at abb2881); `kernels.bench
+--suite engine_attn` runs it so. On a CPU (the torch path only), e.g. `--device cpu --preset
+tiny --prompt-len 64 --same-prompt --prefix-span 0` (the tiny preset's context is 512 tokens).
+The impls' work is interleaved (prefill by prefill, step by step), so a drift of the host falls
+on all of them alike. Rows follow kernels.bench's schema (`row_attention` /
+`row_attention_prefill`, impls `<impl>_engine`, mode `engine_stage`); one prefill row per impl
+pools every batch's prefills (each one prompt: shape B = 1, as the kernel bench's prefill rows).
+refcheck: whether every impl decoded the same tokens for the same prompts (recorded, not
+required: torch attention's bmm runs TF32 under `--matmul tf32` while the CUDA kernel computes
+fp32, so a near tie may break differently; exit 0 either way). One JSON document on stdout; exit
+0 when it ran, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from engine.device import DeviceError, check_device
 from engine.golden import GOLDEN_PROMPTS
 from engine.runtime import EngineSpec, build_decoder
 from engine.tokenizer import ByteTokenizer
-from engine.trace import settings as trace_settings
 
 IMPLS = ("torch", "cuda")
 
@@ -79,10 +78,6 @@ def _stats(us: list[float]) -> dict[str, Any]:
 
 def _check(args: argparse.Namespace) -> None:
     """UsageError for input that could only crash a run or time nothing."""
-    try:  # the diagnosis traces' settings (engine.trace), if any
-        trace_settings(os.environ)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     for flag, values, low in (
         ("--batch", args.batch, 1),
         ("--steps", [args.steps], 1),
@@ -112,9 +107,9 @@ def _check(args: argparse.Namespace) -> None:
     top = max(args.batch)
     if top > max(p.engine.max_batch_size, 64):
         raise UsageError(f"--batch {top}: at most {max(p.engine.max_batch_size, 64)} here")
-    # the guard of benchmarks/engine_steps.py, taken before anything runs and for the worst
-    # case (every step commits draft_len + 1 tokens): a step starts only while the longest
-    # sequence has room for one more, as the service does
+    # taken before anything runs and for the worst case (every step commits draft_len + 1
+    # tokens): a step starts only while the longest sequence has room for one more, as the
+    # service does
     longest = args.prompt_len + max(_offsets(top, args.prefix_span))
     need = tokens_reached(p, args.mode, longest, args.warm + args.steps)
     if need > p.model.max_seq_len:

@@ -35,24 +35,3 @@ def check_device(device: str) -> None:
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
         raise DeviceError(f"--device {device}: this host has {count} CUDA device(s)")
-
-
-# the CUDA caching allocator's counters that say whether a service's memory churns: device
-# allocations and frees (cudaMalloc / cudaFree, each of which can stall the host) and the
-# retries after freeing cached blocks, with the bytes it holds (torch.cuda.memory_stats keys)
-ALLOCATOR_KEYS = (
-    "num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms",
-    "reserved_bytes.all.current", "allocated_bytes.all.current", "reserved_bytes.all.peak",
-)  # fmt: skip
-
-
-def allocator_stats(device: str) -> dict[str, int] | None:
-    """The caching allocator's counters of a CUDA `device` (None on a CPU or before CUDA runs)."""
-    if not device.startswith("cuda"):
-        return None
-    import torch
-
-    if not torch.cuda.is_initialized():
-        return None
-    stats = torch.cuda.memory_stats(torch.device(device))
-    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_KEYS}

@@ -3,10 +3,10 @@
 `EngineState` builds the decoder in a background thread (what loading built is frozen out of
 later garbage collections), runs the continuous-batching scheduler, and answers the app's
 calls: `submit` / `cancel`, `info()` (`/get_server_info`: config, backends, limits, pid, the
-allocator's and the collector's counters, the step-time breakdown) and `metrics()` (Prometheus
-text). One scheduler iteration's updates reach the event loop through one
-`loop.call_soon_threadsafe`. With `--frontend process` the same object serves the front end's
-pipe instead (`engine.engine_proc.serve_engine`).
+collector's counters, the step-time breakdown) and `metrics()` (Prometheus text). One
+scheduler iteration's updates reach the event loop through one `loop.call_soon_threadsafe`.
+With `--frontend process` the same object serves the front end's pipe instead
+(`engine.engine_proc.serve_engine`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 from engine import metrics
 from engine.components import resolve_backends
 from engine.config import Preset, to_dict
-from engine.device import allocator_stats
 from engine.gc_pauses import GcPauses, freeze_loaded
 from engine.limits import Limits
 from engine.runtime import EngineSpec, build_decoder
@@ -178,10 +177,6 @@ class EngineState:
             if dec
             else None,
             "matmul": spec.matmul if spec.device.startswith("cuda") else "fp32",
-            # the CUDA caching allocator's churn (engine.device.allocator_stats), and how
-            # it was configured ($PYTORCH_CUDA_ALLOC_CONF)
-            "cuda_allocator": allocator_stats(spec.device) if dec else None,
-            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             # the garbage collector: runs and pauses per generation since start, and how
             # many objects loading left frozen (engine.gc_pauses)
             "gc": self.gc.snapshot(),

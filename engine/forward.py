@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine import trace
 from engine.attention import Attention
 from engine.model import Model
 from engine.shadow import Pair, Shadow, Taken
@@ -275,9 +274,6 @@ class Forward:
             return self.logits[:0]
         if n > self.max_rows:
             raise ValueError(f"a forward of {n} rows exceeds the {self.max_rows} rows planned")
-        tr = trace.tracer()  # DDTREE_ENGINE_TRACE: a diagnosis window (engine.trace), else None
-        if tr is not None:
-            tr.before(n, attention.name, self.model.device, timer)
         chunks = -(-n // self.chunk)
         end = chunks * self.chunk
         host = np.zeros((3, end), dtype=np.int64)
@@ -313,6 +309,4 @@ class Forward:
             self._piece(cfg.layers, chunks)
         if sampled is not None:
             sampled.finish(kind, n, timer)
-        if tr is not None:
-            tr.after(n, attention.name, self.model.device, timer)
         return self.logits[:n]

@@ -23,7 +23,6 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Hashable
 
-from engine import trace
 from engine.decode import Decoder
 from engine.requests import Dispatch, GenRequest, Sink, Update, deliver
 from engine.stats import StepStats
@@ -191,7 +190,6 @@ class Scheduler:
         for req in [*self._running, *waiting]:
             self._finish(req, Update([], True, "abort", "server shutting down"))
         self._flush()
-        trace.close()  # a diagnosis window still open (DDTREE_ENGINE_TRACE) is written now
 
     @property
     def alive(self) -> bool:

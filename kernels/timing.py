@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "Timing", "forward_sampler", "interleave", "stage_sampler", "summarize", "time_cuda",
-    "time_graph", "time_host",
+    "Timing", "forward_sampler", "interleave", "summarize", "time_cuda", "time_graph", "time_host",
 ]  # fmt: skip
 
 
@@ -90,53 +89,6 @@ def interleave(samplers: dict[str, Callable[[int], float]], reps: int) -> dict[s
     return out
 
 
-def stage_sampler(
-    prepare: Callable[[int], Any], run: Callable[[int, Any], Any], n_inputs: int = 1,
-    warmup: int = 3, parts: list[tuple[float, float]] | None = None,
-) -> Callable[[int], float]:  # fmt: skip
-    """A stage's sampler (warmed up and calibrated once, here): each call `prepare(i)` on the
-    host with the GPU idle (synchronised, wall clock), then `run(i, prepared)` enqueued behind a
-    GPU sleep longer than its host time, so its span is the GPU's time alone: a stage that
-    builds a plan on the host and then launches work inside a pipeline whose CPU runs ahead of
-    its GPU, where the launch overhead hides behind the work before it, e.g. the engine's
-    attention per forward (its plan, then one call per layer; benchmarks/stage_exposure.py's
-    `hidden` sampler: the bench's stage rows take `forward_sampler`). Returns host + GPU time (us);
-    with `parts`, each sample also appends its (host us, GPU us) there."""
-    import torch
-
-    for i in range(warmup):
-        run(i % n_inputs, prepare(i % n_inputs))
-    torch.cuda.synchronize()
-    host = []
-    for i in range(3):
-        p = prepare(i % n_inputs)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run(i % n_inputs, p)
-        host.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-    cycles = _sleep_cycles(4 * max(host) + 100e-6)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def sample(i: int) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        p = prepare(i % n_inputs)
-        torch.cuda.synchronize()
-        host_s = time.perf_counter() - t0
-        torch.cuda._sleep(cycles)
-        start.record()
-        run(i % n_inputs, p)
-        end.record()
-        end.synchronize()
-        host_us, gpu_us = host_s * 1e6, start.elapsed_time(end) * 1e3
-        if parts is not None:
-            parts.append((host_us, gpu_us))
-        return host_us + gpu_us
-
-    return sample
-
-
 def forward_sampler(
     forwards: Callable[[int], Sequence[tuple[Callable[[], Any], Callable[[Any, int], Any]]]],
     n_inputs: int = 1, layers: int = 4, piece_us: float = 0.0, warmup: int = 3,
@@ -150,8 +102,8 @@ def forward_sampler(
     between two CUDA events (`AttentionTimer.span`). A sample is the host time plus the spans'
     GPU time (us), as the engine's stage clock adds them: where the CPU is still launching a
     call when the GPU gets to it, the wait is inside the span, as it is in the forward; behind
-    `stage_sampler`'s long sleep it would be hidden. With `parts`, each sample also appends its
-    (host us, GPU us) there; the `warmup` samples are not kept."""
+    one long GPU sleep before the calls it would be hidden. With `parts`, each sample also appends
+    its (host us, GPU us) there; the `warmup` samples are not kept."""
     import torch
 
     cycles = 0

@@ -1,25 +1,19 @@
 """Session 8's new flags fed bad input as a new user would: each mistake is one `error:` line and
 exit 2 before anything heavy runs (a huge tree budget used to pass `python -m engine --check`
-and then overflow the KV cache's allocation once the port was bound; benchmarks/service_stages.py
-printed argparse's usage block, a worker thread's traceback with exit 0, or a traceback after
-the run for an unwritable --json); a playbook's measure.cycles refuses true/false and says when
-the step's phase cannot alternate."""
+and then overflow the KV cache's allocation once the port was bound); a playbook's measure.cycles
+refuses true/false and says when the step's phase cannot alternate."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from helpers import REPO
-from helpers.engine_server import EngineProcess, start_engine
-from helpers.scripts import load_benchmark, one_line
+from helpers.scripts import one_line
 
 from ops.rollout.playbook import PlaybookError
 from ops.rollout.playbook_load import load_playbook
@@ -110,70 +104,6 @@ def test_attn_bench_refuses_a_huge_max_budget(capsys: pytest.CaptureFixture[str]
     assert out == "" and "--max-budget must be <= 4096" in one_line(err)
     assert attn_bench.main([*argv[:-2], "--seed", HUGE]) == 2
     assert "--seed must be in" in one_line(capsys.readouterr().err)
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    eng = start_engine(tmp_path_factory.mktemp("engine"))
-    try:
-        yield eng
-    finally:
-        eng.stop()
-
-
-@pytest.fixture
-def not_an_engine(tmp_path: Path) -> Iterator[str]:
-    """A plain static file server whose /get_server_info is a text file, not JSON."""
-    (tmp_path / "get_server_info").write_text("hello\n")
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
-            super().__init__(*a, directory=str(tmp_path), **kw)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(5)
-
-
-def test_service_stages_bad_input_is_one_line(
-    engine: EngineProcess, not_an_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    stages = load_benchmark("service_stages")
-    small = ["--prompt-len", "8", "--max-tokens", "2", "--requests", "1", "--warm", "0"]
-
-    def fails(argv: list[str], code: int) -> str:
-        try:
-            got = stages.main(argv)
-        except SystemExit as exc:  # argparse's own errors
-            got = exc.code
-        out, err = capsys.readouterr()
-        assert got == code and out == "", (argv, out, err)
-        return one_line(err)
-
-    assert "--requests" in fails(["--url", engine.url, "--requests", "abc"], 2)
-    assert "--url" in fails(["--requests", "1"], 2)
-    port = engine.url.rsplit(":", 1)[1]
-    assert "not an http" in fails(["--url", f"127.0.0.1:{port}", *small], 2)
-    missing = str(tmp_path / "no" / "dir" / "x.json")
-    assert "--json" in fails(["--url", engine.url, *small, "--json", missing], 2)
-    # the engine refuses the prompt (past its context): the engine's reason, exit 2, no traceback
-    long = ["--prompt-len", "100000", "--max-tokens", "2", "--requests", "3", "--warm", "0"]
-    assert "context" in fails(["--url", engine.url, *long, "--concurrency", "2"], 2)
-    assert "501" in fails(["--url", not_an_engine, *small[:-2], "--warm", "1"], 1)
-    assert "not a reference engine" in fails(["--url", not_an_engine, *small], 1)
-    # a trailing slash and more threads than requests still measure
-    assert stages.main(["--url", engine.url + "/", *small, "--concurrency", "4"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["url"] == engine.url and doc["delta"]["prefills"] == 1
 
 
 def _measure(tmp: Path, after: str, before: str = "") -> PlaybookError:

@@ -178,20 +178,16 @@ def test_decode_prefixes_spread_evenly_and_every_set_spans_the_range() -> None:
     assert [s[0] for s in decode_prefixes(1024, 64, 1, 64)] == list(range(1024, 1088))
     assert decode_prefixes(64, 64, 8, 2) == [[64 + 8 * i for i in range(8)],
                                               [68 + 8 * i for i in range(8)]]  # fmt: skip
-    # lockstep: a set's requests at one prefix, the sets evenly over the range
-    assert decode_prefixes(1024, 64, 4, 8, lockstep=True) == [[1028 + 8 * s] * 4 for s in range(8)]
-    assert decode_prefixes(1024, 0, 2, 2, lockstep=True) == [[1024, 1024]] * 2
 
 
 @pytest.mark.gpu
 def test_forward_sampler_counts_the_host_wait_inside_a_span_and_a_piece_covers_it() -> None:
     """The stage rows' sampler, shaped as the engine's forward: a call whose launch comes 3 ms
     after its start event (a host-bound path) pays the wait inside its span, as the engine's
-    clock counts it, where stage_sampler's long sleep hides it; a piece far longer than the
-    wait gives the CPU that head start back."""
+    clock counts it; a piece far longer than the wait gives the CPU that head start back."""
     import time
 
-    from kernels.timing import forward_sampler, stage_sampler
+    from kernels.timing import forward_sampler
 
     x = torch.zeros(1024, device="cuda")
 
@@ -208,8 +204,6 @@ def test_forward_sampler_counts_the_host_wait_inside_a_span_and_a_piece_covers_i
     assert bare(0) > 2 * 2500 and len(parts) == 1 and parts[0][1] > 2 * 2500
     covered = forward_sampler(forwards, 1, layers=2, piece_us=30_000)
     assert min(covered(0) for _ in range(3)) < 2 * 1500
-    hidden = stage_sampler(lambda i: None, lambda i, p: [slow_call(p, j) for j in range(2)])
-    assert hidden(0) < 2 * 1500
 
 
 @pytest.mark.gpu

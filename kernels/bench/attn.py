@@ -15,40 +15,37 @@ Kernel `row_attention` is the reference engine's attention call as it runs (fp32
 preset's 8 heads over 576-wide KV rows, 512 latent): one decode step of `B` requests (the
 `--batch` list), each `T` = `--row-budget` + 1 rows (root + tree nodes, random trees) over a
 prefix of `L` keys (each of `--prefix-len`; with `--decode-spread N`, a diagnostic, the B
-requests' prefixes spread evenly over L .. L + N - 1, or with `--decode-lockstep` each input
-set's requests at one prefix, the sets over that range: shape key `spread`) in 64-slot
-pages, every row seeing its prefix, its ancestors and itself
-(`kernels.row_attention.step_rows`). `torch_rows` is the engine's `torch` backend
-(`TorchAttention` on a GPU: length bucket 64, 64 rows per call), `cuda_rows` its `cuda` backend
-(the tree-verify kernel with every row its own request, fp32 SIMT, KV splits of
-`kernels.row_attention.SPLIT_KEYS`). These rows give `ops report` its s(c) for the change
-`attention: torch -> cuda` (ops.verdict.evidence.BENCH_MAP; pin T and L with `change.shape`). Kernel
-`row_attention_prefill` is the same two calls over the engine's prefill of one prompt of `L`
-tokens (each of `--prefix-len`): its L - 1 rows, row p seeing positions 0 .. p, cut as
-`engine.decode.prefill` cuts them, into forwards of at most `--prefill-block` rows (the
-forward's row capacity; the `small` preset's 576), each block its own plan and calls (shape key
-`block`), the prefill part of the attention's time. Each impl is timed twice: one call per
-CUDA-event sample, its plan built beforehand (`torch_rows`, `cuda_rows`: the kernel-level
-comparison), and as the engine's attention STAGE (`torch_rows_stage`, `cuda_rows_stage`, shape
-key `layers`, `kernels.timing.forward_sampler`), shaped as engine.forward runs it: per forward,
-the GPU idle, the plan on the host clock, then per layer a GPU piece of `--stage-piece-us`
-(the stand-in for the graph piece before that layer's call) and the call between CUDA events,
-each layer over its own pool. So a path whose launches take longer on the CPU than the GPU's
-head start (the torch one: about 9 launches per 64-row group) pays that wait as the engine's
-clock does. (The rows before this sampler enqueued the layers behind one long GPU sleep; on the
-H200 both read the same s, and both read the torch path's s low against the service's: prefill
-about 1.5x against 1.63-1.65x, the decode step at B=32 1.11x against 1.17x. A batch spread
-over 64 tokens reads it far higher, 1.58x, where a load of one prompt keeps the service's
-requests together; NOTES-attention.md.) The two
-impls' stage samples are taken in turn (`kernels.timing.interleave`, rows marked
-`interleaved`), so a slow spell on a shared host or GPU weighs on both alike; each stage row
-also carries its two parts, `host_us` (the plans, host clock) and `gpu_us` (the layers' calls,
-GPU time), medians over the samples, and its `piece_us`. The stage rows are what `ops report`
-projects with (playbooks/rollout-attention.yaml): the torch plan's host work (grouping by
-length, one gather of every group's table) is part of what the switch removes. As in the
-engine, a decode step's plans and a prefill's start from a slot table already on the device
-(engine.decode builds both there). Without a CUDA
-device the suite prints a note and yields no rows.
+requests' prefixes spread evenly over L .. L + N - 1: shape key `spread`) in 64-slot pages,
+every row seeing its prefix, its ancestors and itself (`kernels.row_attention.step_rows`).
+`torch_rows` is the engine's `torch` backend (`TorchAttention` on a GPU: length bucket 64, 64
+rows per call), `cuda_rows` its `cuda` backend (the tree-verify kernel with every row its own
+request, fp32 SIMT, KV splits of `kernels.row_attention.SPLIT_KEYS`). These rows give `ops
+report` its s(c) for the change `attention: torch -> cuda` (ops.verdict.evidence.BENCH_MAP; pin
+T and L with `change.shape`). Kernel `row_attention_prefill` is the same two calls over the
+engine's prefill of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p
+seeing positions 0 .. p, cut as `engine.decode.prefill` cuts them, into forwards of at most
+`--prefill-block` rows (the forward's row capacity; the `small` preset's 576), each block its
+own plan and calls (shape key `block`), the prefill part of the attention's time. Each impl is
+timed twice: one call per CUDA-event sample, its plan built beforehand (`torch_rows`,
+`cuda_rows`: the kernel-level comparison), and as the engine's attention STAGE
+(`torch_rows_stage`, `cuda_rows_stage`, shape key `layers`, `kernels.timing.forward_sampler`),
+shaped as engine.forward runs it: per forward, the GPU idle, the plan on the host clock, then
+per layer a GPU piece of `--stage-piece-us` (the stand-in for the graph piece before that
+layer's call) and the call between CUDA events, each layer over its own pool. So a path whose
+launches take longer on the CPU than the GPU's head start (the torch one: about 9 launches per
+64-row group) pays that wait as the engine's clock does. (The rows before this sampler enqueued
+the layers behind one long GPU sleep; on the H200 both read the same s, and both read the torch
+path's s low against the service's: prefill about 1.5x against 1.63-1.65x, the decode step at
+B=32 1.11x against 1.17x. A batch spread over 64 tokens reads it far higher, 1.58x, where a load
+of one prompt keeps the service's requests together; docs/performance.md.) The two impls' stage
+samples are taken in turn (`kernels.timing.interleave`, rows marked `interleaved`), so a slow
+spell on a shared host or GPU weighs on both alike; each stage row also carries its two parts,
+`host_us` (the plans, host clock) and `gpu_us` (the layers' calls, GPU time), medians over the
+samples, and its `piece_us`. The stage rows are what `ops report` projects with
+(playbooks/rollout-attention.yaml): the torch plan's host work (grouping by length, one gather
+of every group's table) is part of what the switch removes. As in the engine, a decode step's
+plans and a prefill's start from a slot table already on the device (engine.decode builds both
+there). Without a CUDA device the suite prints a note and yields no rows.
 """
 
 from __future__ import annotations
@@ -220,24 +217,15 @@ def _input_sets(per_set: int) -> int:
     return max(2, min(64, -(-ROW_ROTATE // per_set)))
 
 
-def decode_prefixes(
-    prefix: int, spread: int, b: int, sets: int, lockstep: bool = False
-) -> list[list[int]]:
+def decode_prefixes(prefix: int, spread: int, b: int, sets: int) -> list[list[int]]:
     """Per input set, the prefix lengths of a decode step's `b` requests over prefix ..
-    prefix + spread - 1 (0: all `prefix`). Spread: evenly within every set, interleaved so
-    each set spans the range (a batch whose requests stand at different points of their
-    output). Lockstep: a set's requests all at one prefix, the sets evenly over the range (a
-    batch whose requests started together and advance together, as a load of equal requests
-    started at once drives the service)."""
-    if lockstep:
-        return [[prefix + (2 * s + 1) * spread // (2 * sets)] * b for s in range(sets)]
+    prefix + spread - 1 (0: all `prefix`): evenly within every set, interleaved so each set
+    spans the range (a batch whose requests stand at different points of their output)."""
     n = sets * b
     return [[prefix + (i * sets + s) * spread // n for i in range(b)] for s in range(sets)]
 
 
-def row_step_inputs(
-    b: int, t: int, prefix: int, sets: int, seed: int, spread: int = 0, lockstep: bool = False
-) -> tuple:
+def row_step_inputs(b: int, t: int, prefix: int, sets: int, seed: int, spread: int = 0) -> tuple:
     """One pool (fp32, on the GPU) for every input set, each set's B requests in pages of
     their own (shuffled over the pool), and per set the step's rows (table, lens) and q; the
     requests' prefixes per `decode_prefixes`."""
@@ -249,7 +237,7 @@ def row_step_inputs(
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pool = torch.randn(sets * b * per_req * ROW_PAGE, ROW_KV, device="cuda", generator=gen)
     steps = []
-    for s, prefixes in enumerate(decode_prefixes(prefix, spread, b, sets, lockstep)):
+    for s, prefixes in enumerate(decode_prefixes(prefix, spread, b, sets)):
         parents = [random_parents(rng, t) for _ in range(b)]
         table, lens = step_rows(prefixes, parents, order[s], ROW_PAGE)
         q = torch.randn(b * t, ROW_HEADS, ROW_KV, device="cuda", generator=gen)
@@ -257,13 +245,11 @@ def row_step_inputs(
     return pool, steps
 
 
-def row_step_blocks(
-    b: int, t: int, prefix: int, sets: int, spread: int = 0, lockstep: bool = False
-) -> tuple:
+def row_step_blocks(b: int, t: int, prefix: int, sets: int, spread: int = 0) -> tuple:
     """(pool, per input set: its one forward [(table, lens, q)]) of a decode step, as
     `_row_impls` takes them."""
     seed = b * 100_000 + prefix * 100 + t
-    pool, steps = row_step_inputs(b, t, prefix, sets, seed, spread, lockstep)
+    pool, steps = row_step_inputs(b, t, prefix, sets, seed, spread)
     # a decode step's slot table is built on the device (engine.decode: visible_rows_device),
     # outside the attention stage: its plans start from a device table
     return pool, [[(torch.from_numpy(tab).to(pool.device), lens, q)] for tab, lens, q in steps]
@@ -293,20 +279,16 @@ def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
 
 
 def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50, refcheck: bool = True,
-                       layers: int = 4, spread: int = 0, piece_us: float = STAGE_PIECE_US,
-                       lockstep: bool = False) -> list[Row]:  # fmt: skip
+                       layers: int = 4, spread: int = 0,
+                       piece_us: float = STAGE_PIECE_US) -> list[Row]:  # fmt: skip
     """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys
-    (the requests' prefixes over prefix .. prefix + spread - 1: `decode_prefixes`; lockstep
-    takes at least 8 input sets, so the sets' prefixes cover the range)."""
+    (the requests' prefixes over prefix .. prefix + spread - 1: `decode_prefixes`)."""
 
-    lockstep = lockstep and spread > 0
     per_set = b * -(-(prefix + max(spread - 1, 0) + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
-    sets = max(_input_sets(per_set), 8 if lockstep else 0)
-    pool, blocks = row_step_blocks(b, t, prefix, sets, spread, lockstep)
+    sets = _input_sets(per_set)
+    pool, blocks = row_step_blocks(b, t, prefix, sets, spread)
     shape = {"B": b, "T": t, "L": prefix, "spread": spread, "heads": ROW_HEADS, "kv_dim": ROW_KV,
              "dtype": "fp32"}  # fmt: skip
-    if lockstep:
-        shape["lockstep"] = True
     return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers,
                       piece_us)  # fmt: skip
 
@@ -426,7 +408,6 @@ def attn_suite(cfg: BenchConfig) -> list[Row]:
                 cfg.refcheck,
                 spread=cfg.decode_spread,
                 piece_us=cfg.stage_piece_us,
-                lockstep=cfg.decode_lockstep,
             )
             torch.cuda.empty_cache()  # the step's pool and plans are gone with the call
         rows += row_prefill_rows(

@@ -93,12 +93,6 @@ def _add_attn_args(ap: argparse.ArgumentParser) -> None:
         "every request the same prompt)",
     )
     ap.add_argument(
-        "--decode-lockstep",
-        action="store_true",
-        help="attn row_attention with --decode-spread: a step's requests all at one prefix, "
-        "the input sets over the range (requests started together, advancing together)",
-    )
-    ap.add_argument(
         "--stage-piece-us",
         type=float,
         default=STAGE_PIECE_US,
@@ -171,7 +165,6 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         row_budget=args.row_budget,
         prefill_block=args.prefill_block,
         decode_spread=args.decode_spread,
-        decode_lockstep=args.decode_lockstep,
         stage_piece_us=args.stage_piece_us,
         stage_shape=tuple(_ints(args.stage_shape, "--stage-shape")),  # type: ignore[arg-type]
         matmul=args.matmul,

@@ -53,8 +53,6 @@ class BenchConfig:
     # attn row_attention, a diagnostic: the decode step's requests' prefixes spread over
     # L .. L + spread - 1 (0: all at L, as a load of one prompt keeps a served batch)
     decode_spread: int = 0
-    # ... a set's requests all at one prefix, the sets over the range (requests in lockstep)
-    decode_lockstep: bool = False
     # attn stage rows: GPU time (us) of the piece before each layer's call
     stage_piece_us: float = STAGE_PIECE_US
     # tree tree_build_stage: (H, K, budget) of the engine's stage (engine `small`: 7, 16, 16)
@@ -88,10 +86,6 @@ class BenchConfig:
             raise ValueError(f"--prefill-block must be >= 1, got {self.prefill_block}")
         if not 0 <= self.decode_spread <= 65536:
             raise ValueError(f"--decode-spread takes 0 .. 65536 tokens, got {self.decode_spread}")
-        if self.decode_lockstep and not self.decode_spread:
-            raise ValueError(
-                "--decode-lockstep needs a --decode-spread N > 0 to spread the sets over"
-            )
         if self.engine_max_budget is not None and self.engine_max_budget < 0:
             raise ValueError(f"--engine-max-budget must be >= 0, got {self.engine_max_budget}")
         if not 0 <= self.stage_piece_us <= 100_000:  # NaN fails too
