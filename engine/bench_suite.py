@@ -10,12 +10,12 @@ engine's real forward (its graph pieces, its KV pool, its plan), the same number
 profile reads, benched in isolation on the bench GPU. The suite lives beside the engine it
 measures; `kernels.bench.registry` names it (`engine_attn_suite`, settings `check_settings`).
 
-What it showed (NOTES-attention.md, 0abddba): on the H200 the torch path costs 1-1.7 ms more
-in the service than in the attn suite's stage rows, and these rows, the engine's real forward
-benched in isolation, read it no closer: 1.97 / 1.33 / 1.08x at B = 1 / 8 / 32 and prefill
-1.50x, against the service's 2.07 / 1.43 / 1.17x and 1.54-1.58x (the stage rows of the same
-bench: 2.20 / 1.40 / 1.11x and 1.50x). What the service pays on top is in the serving process,
-not in the forward, so this is a diagnostic beside the stage rows, not the rollout's s.
+What it showed (benchmarks/NOTES-attention.md at abb2881, measured at 0abddba): on the H200 the
+torch path costs 1-1.7 ms more in the service than in the attn suite's stage rows, and these rows,
+the engine's real forward benched in isolation, read it no closer: 1.97 / 1.33 / 1.08x at B = 1 / 8
+/ 32 and prefill 1.50x, against the service's 2.07 / 1.43 / 1.17x and 1.54-1.58x (the stage rows of
+the same bench: 2.20 / 1.40 / 1.11x and 1.50x). What the service pays on top is in the serving
+process, not in the forward, so this is a diagnostic beside the stage rows, not the rollout's s.
 
 The engine is built as the service runs it: `--engine-preset`, `--engine-mode`,
 `--engine-max-budget`, `--engine-graphs` and `--matmul` (`ops bench` reads them from the

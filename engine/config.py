@@ -115,9 +115,9 @@ PRESETS: dict[str, Preset] = {
         ),
         # one chunk holds a full DDTree step at batch 32 (32 x 18 = 576 rows): on a GPU with
         # TF32 matmuls the padded rows cost little and a forward is layers + 1 graph launches
-        # (benchmarks/NOTES-engine.md, "One chunk, TF32"); trees of 32 nodes up to batch 17,
-        # then what fills the chunk (17 nodes at batch 32; NOTES-engine.md, "The tree budget
-        # by batch size")
+        # (benchmarks/NOTES-engine.md at abb2881, "One chunk, TF32"); trees of 32 nodes up to
+        # batch 17, then what fills the chunk (17 nodes at batch 32; docs/performance.md, "The
+        # reference engine": by batch against a fixed budget)
         EngineConfig(
             draft_len=7,
             budget=16,

@@ -63,7 +63,8 @@ def build_decoder(spec: EngineSpec) -> tuple[Preset, Decoder]:
     device = torch.device(spec.device)
     if device.type == "cuda" and device.index is None:
         # an indexed device: torch resolves a bare "cuda" to the current GPU on every stream,
-        # sync and copy call (about 10 us each, dozens a step: measured, engine_steps.py)
+        # sync and copy call (about 10 us each, dozens a step: measured with
+        # benchmarks/engine_steps.py at abb2881)
         device = torch.device("cuda", torch.cuda.current_device())
     if spec.matmul not in MATMUL:
         raise ValueError(f"matmul must be one of {MATMUL}, got {spec.matmul!r}")

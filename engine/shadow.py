@@ -3,8 +3,8 @@ on the service's own forwards, its output thrown away, so its speed-up is measur
 serving process.
 
 Why: the torch baseline's cost is its GPU work plus a host part (plans, launch gaps) of 10-45%
-of its stage, and that host part differs from process to process (benchmarks/NOTES-attention.md,
-"The kernel timeline": the same kernels' GPU time agreed to 0.3% between the service and a
+of its stage, and that host part differs from process to process (docs/performance.md, "Why s
+is timed inside the service": the same kernels' GPU time agreed to 0.3% between the service and a
 bench, the launch gaps differed by up to 2.3x in either direction). A bench in another process
 samples another host speed. The shadow times both backends on the same forwards, in the
 serving process, under the load the profile drives, so s is a paired ratio.

@@ -49,7 +49,7 @@ ATTN_SIZES = (
     (16, 1024, 33, 8),
     (1, 4096, 65, 8),
     (4, 8192, 65, 16),
-)  # fmt: skip  (kernels.bench_attention.SIZES)
+)  # fmt: skip  (kernels.bench.attn.SIZES)
 
 
 def _sets(nbytes: int) -> int:
@@ -70,8 +70,8 @@ def _row_attn_bytes(b: int, spread: int, layers: int = 4) -> int:
     """The attn suite's decode rows at batch b over the longest default prefix (1024 keys, 17
     rows a request, prefixes spread over `spread` more): every layer's pool of the rotated input
     sets, and the torch path's largest group (keys, their latent copy, scores). Mirrors
-    kernels.bench_attention's row_attention_rows and _input_sets (which this torch-free module
-    cannot import)."""
+    kernels.bench.attn's row_attention_rows and _input_sets (which this torch-free module cannot
+    import)."""
     width = math.ceil((1024 + spread + 17) / 64) * 64
     per_set = b * width * 576 * 4
     sets = max(2, min(64, math.ceil(200_000_000 / per_set)))

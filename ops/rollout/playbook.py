@@ -172,7 +172,7 @@ class BenchStep(StepBase):
     # attn decode rows: the requests' prefixes spread over this many tokens past L (0: all at
     # L). Not the load's output length: the load sends one prompt, so its requests advance
     # together, and a batch spread over 64 tokens costs the torch path 40-51% more
-    # (NOTES-attention.md)
+    # (benchmarks/NOTES-attention.md at abb2881)
     decode_spread: int = Field(default=0, ge=0, le=65536)
 
     _split = field_validator("batches", mode="before")(_levels)

@@ -240,7 +240,7 @@ def rate_gain(before: list[float], after: list[float]) -> float | None:
     a fast and a slow run, where the pooled rate weighs every run's time. Over the 60 measured
     levels committed under benchmarks/results before the switch, with the same bootstrap draws,
     its interval was narrower at 54 and as wide at 6 (two runs a side; mean width 13.7 against
-    17.9 pp: benchmarks/measure_estimators.py). It is also what the projection predicts:
+    17.9 pp: docs/performance.md, "Measurement noise"). It is also what the projection predicts:
     Amdahl's model is one of time, and the pooled rate is the arms' total time per token."""
     b, a = pooled_rate(before), pooled_rate(after)
     return None if b is None or a is None else a / b - 1
@@ -263,9 +263,9 @@ def gain_interval(
 ) -> tuple[float, float] | None:
     """The measured gain's GAIN_INTERVAL bootstrap interval: the runs before and after
     resampled with replacement (seeded by c, so a report rebuilt from the same records gives
-    the same interval), `gain` each time (rate_gain; benchmarks/measure_estimators.py passes
-    median_gain over the same draws), the interval's ends. None with fewer than two runs on
-    either side (nothing to resample) or a run without a positive rate."""
+    the same interval), `gain` each time (rate_gain; the comparison in docs/performance.md,
+    "Measurement noise", passed median_gain over the same draws), the interval's ends. None with
+    fewer than two runs on either side (nothing to resample) or a run without a positive rate."""
     if len(before) < 2 or len(after) < 2 or min(before) <= 0 or min(after) <= 0:
         return None
     rng = random.Random(c)
@@ -421,9 +421,10 @@ def _host_bound(row: AmdahlRow) -> str:
     """A note where the bench stage that s(c) rests on is mostly its plan's host time: that
     part varies with the process and the host's load (on the H200 leases one prefill plan took
     1.5 ms in one process and 10 ms in another, where the GPU parts held within 1.2%:
-    benchmarks/NOTES-attention.md), so the note gives the s of the calls alone beside it (their
-    CUDA events: the GPU's work and any launch gaps inside the calls, which the kernel timeline
-    showed are host time too: NOTES-attention.md, "The kernel timeline")."""
+    benchmarks/NOTES-attention.md at abb2881), so the note gives the s of the calls alone beside
+    it (their CUDA events: the GPU's work and any launch gaps inside the calls, which the kernel
+    timeline showed are host time too: docs/performance.md, "Why s is timed inside the
+    service")."""
     out = []
     for name, sp in (("decode steps", row.speed), ("prefill", row.prefill_speed)):
         if sp is None or sp.source == "shadow" or None in (sp.baseline_host_us,

@@ -17,8 +17,8 @@ gain divides by, with only the change's own parts replaced by the candidate's co
 profile saw it (f of the profile's window over its tokens/s, over s). Whatever else moved on the
 host between the profile and the measure (the other stages, the baseline component's own cost)
 then moves in both numbers alike, so what is left between it and the measured gain is the
-candidate's cost and the measure's own spread (benchmarks/NOTES-attention.md, "The projection
-on the measure's own baseline"). Also a diagnosis: the verdict keeps the profile's projection.
+candidate's cost and the measure's own spread (docs/performance.md, "Rollouts: predicted
+against measured"). Also a diagnosis: the verdict keeps the profile's projection.
 `precision_lines` says how precisely the load measured it: the interval's half-width per
 concurrency, and about how many runs an arm would bring it to the report's threshold.
 """
