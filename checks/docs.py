@@ -294,4 +294,5 @@ class HookCountersDoc(TypedDict):
     processes: list[HookProcess]
     mismatched: int  # over the live processes
     mismatch_files: list[str]  # saved cases in run_dir (hook-mismatch-<pid>-<component>-<n>.json)
+    mismatch_cases: list[dict[str, Any]]  # the first few: file, component, candidate, difference
     status: dict[str, Any] | None  # the hook's hook-status.json

@@ -26,8 +26,9 @@ stock_s, cand_s (over the compared calls), cand_errors, overhead_s (the shadow's
 candidate, copies, comparison), saved (cases written), pairs (written in all), and with
 --pairs the ring's pairs still held, [index, stock_ns, cand_ns] oldest first), mismatched (over
 the live processes), mismatch_files (the saved cases in run_dir,
-`hook-mismatch-<pid>-<component>-<n>.json`, every one whatever process wrote it), status
-(the hook's hook-status.json, or null).
+`hook-mismatch-<pid>-<component>-<n>.json`, every one whatever process wrote it),
+mismatch_cases (the first MAX_CASES of them read: file, component, candidate, difference),
+status (the hook's hook-status.json, or null).
 Exit 0; 1 when a file is unreadable or any mismatch was seen (counted, or a case saved);
 2 bad input.
 
@@ -67,6 +68,7 @@ SIZE = 8 * WORDS
 COUNTERS_DIR = "hook-counters"
 STATUS_FILE = "hook-status.json"
 MISMATCH_GLOB = "hook-mismatch-*.json"
+MAX_CASES = 5  # saved cases summarised in the document
 
 
 def field(component: str, name: str) -> int:
@@ -164,6 +166,7 @@ def read_run(run_dir: Path, pairs: bool = False) -> dict[str, Any]:
         "mismatch_files": sorted(p.name for p in run_dir.glob(MISMATCH_GLOB)),
         "status": _status(run_dir / STATUS_FILE),
     }  # fmt: skip
+    doc["mismatch_cases"] = [_case(run_dir, name) for name in doc["mismatch_files"][:MAX_CASES]]
     try:
         names = sorted(
             (n for n in os.listdir(cdir) if n.endswith(".bin") and n[:-4].isdigit()),
@@ -200,10 +203,17 @@ def read_run(run_dir: Path, pairs: bool = False) -> dict[str, Any]:
     return doc
 
 
-def _status(path: Path) -> dict[str, Any] | None:
+def _case(run_dir: Path, name: str) -> dict[str, Any]:
+    """A saved case in a few words: which function, which candidate, the first difference."""
+    case = _status(run_dir / name, 64 << 20) or {}
+    return {"file": name, "component": case.get("component"), "candidate": case.get("candidate"),
+            "difference": str(case.get("difference"))[:500]}  # fmt: skip
+
+
+def _status(path: Path, limit: int = 1 << 20) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as f:
-            st = json.loads(f.read(1 << 20))
+            st = json.loads(f.read(limit))
     except (OSError, ValueError, RecursionError):
         return None
     return st if isinstance(st, dict) else None

@@ -10,6 +10,11 @@ prefill
 (the rollout's `measure`: the service's own s), `window_stages` every stage's (the measure's
 audit of where a gain came from). `snapshot` takes one; `not_answering` says why a snapshot got
 no HTTP answer at all (the service is down or hung).
+
+The SGLang import hook's clock (a real SGLang has no stage timings of its own): `hook_snapshot`
+reads `checks.hook_counters` on the host, `hook_window` the hook's readings inside a level's
+window snapshots, `hook_level` makes the window's per-process calls and seconds into f per
+function (`source: hook`, combined over the processes by HOOK_COMBINE).
 """
 
 from __future__ import annotations
@@ -197,3 +202,118 @@ def _clock(snap: Counters) -> float | None:
 def _delta(before: Counters, after: Counters, name: str) -> float | None:
     b, a = metric(before, name), metric(after, name)
     return None if a is None or b is None else a - b
+
+
+# ----------------------------------------------------------------------------- the hook's clock
+# A service started with the release's SGLang import hook (integration.hook) keeps, per process,
+# each call count and the seconds spent in the fork's tree builder and accept walk
+# (`checks.hook_counters`: its document, and with `--loadtest` the same reading inside each of
+# checks.loadtest's window snapshots, key "hook").
+HOOK_COMPONENTS = ("tree_build", "accept")
+HOOK_FUNCTIONS = {"tree_build": "build_ddtree_tree_from_topk", "accept": "follow_verified_tree"}
+HOOK_COMBINE = (
+    "the largest share over the service's processes: every tensor-parallel rank runs the "
+    "builder and the walk on the same steps in lockstep, so the step waits for the slowest, and "
+    "a process that never calls them (the HTTP server) has a share of 0"
+)
+
+
+def hook_run_dir(host: Host) -> str:
+    """The running release's run/ on the host (its counters, status and saved cases)."""
+    return f"{host.target.remote_root}/current/run"
+
+
+def hook_snapshot(host: Host) -> dict[str, Any]:
+    """`checks.hook_counters` on the host now (the hook's reading of every live process)."""
+    return dict(run_check(host, "checks.hook_counters", ["--run", hook_run_dir(host)]).data)
+
+
+def hook_window(lt: LevelDoc) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The hook's readings bracketing the level's measured window, where it has them."""
+    w = lt.get("counters")
+    if not w:
+        return None
+    a, b = w["start"].get("hook"), w["end"].get("hook")  # type: ignore[typeddict-item]
+    if not isinstance(a, dict) or not isinstance(b, dict) or not b.get("processes"):
+        return None
+    return a, b
+
+
+def _zero_function() -> dict[str, Any]:
+    return {"calls": 0, "seconds": 0.0, "errors": 0, "shadow": None}
+
+
+def hook_deltas(start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per process alive at the end: its calls, seconds and shadow numbers in the window (a
+    process started inside the window counts from zero; one gone before its end is not there:
+    `hook_level` says how many)."""
+    before = {(p["pid"], p["start_ticks"]): p for p in start.get("processes") or []}
+    out = []
+    for p in end["processes"]:
+        q = before.get((p["pid"], p["start_ticks"]))
+        row: dict[str, Any] = {"pid": p["pid"], "new_in_window": q is None, "components": {}}
+        for comp in HOOK_COMPONENTS:
+            b = (q or {}).get("components", {}).get(comp) or _zero_function()
+            a = p["components"].get(comp) or _zero_function()
+            d = {
+                "calls": a["calls"] - b["calls"],
+                "seconds": max(a["seconds"] - b["seconds"], 0.0),
+                "errors": a["errors"] - b["errors"],
+                "shadow": None,
+            }
+            sa, sb = a.get("shadow"), b.get("shadow") or {}
+            if sa:
+                d["shadow"] = {k: sa[k] - sb.get(k, 0) for k in (
+                    "compared", "mismatched", "stock_s", "cand_s", "cand_errors", "overhead_s",
+                    "saved", "pairs")}  # fmt: skip
+                d["shadow"]["every"] = sa["every"]
+                first = sb.get("pairs", 0)
+                d["shadow"]["ring"] = [r for r in sa.get("ring") or [] if r[0] >= first]
+            row["components"][comp] = d
+        out.append(row)
+    return out
+
+
+def hook_level(start: dict[str, Any], end: dict[str, Any], duration: float) -> dict[str, Any]:
+    """The hook's numbers of a level: per process, each function's calls, seconds, mean per
+    call and share of the window's wall time; `wall_share` per function (f, `source: hook`),
+    combined over the processes by HOOK_COMBINE. A process's share is over the window's wall
+    time less the time its shadow spent (the candidate, its copies, the comparison: work the
+    service does only because the shadow is armed, on the same thread, before the step goes
+    on), so f is the function's share in the service as it runs without the shadow."""
+    rows = hook_deltas(start, end)
+    gone = len({(p["pid"], p["start_ticks"]) for p in start.get("processes") or []}
+               - {(p["pid"], p["start_ticks"]) for p in end["processes"]})  # fmt: skip
+    for row in rows:
+        shadow_s = sum(
+            (c["shadow"] or {}).get("overhead_s", 0.0) for c in row["components"].values()
+        )
+        row["shadow_overhead_s"] = shadow_s
+        wall = max(duration - shadow_s, 1e-9)
+        for c in row["components"].values():
+            c["share"] = min(c["seconds"] / wall, 1.0) if duration > 0 else None
+            c["per_call_us"] = 1e6 * c["seconds"] / c["calls"] if c["calls"] > 0 else None
+    shares: dict[str, dict[str, Any]] = {}
+    for comp in HOOK_COMPONENTS:
+        calling = [r for r in rows if r["components"][comp]["calls"] > 0]
+        if not calling or duration <= 0:
+            continue
+        top = max(calling, key=lambda r: r["components"][comp]["share"])
+        c = top["components"][comp]
+        each = ", ".join(f"pid {r['pid']} {r['components'][comp]['share']:.2%}" for r in calling)
+        less = (f" less its shadow's {top['shadow_overhead_s']:.4f} s"
+                if top["shadow_overhead_s"] > 0 else "")  # fmt: skip
+        note = (
+            f"measured by the service's import hook: seconds in {HOOK_FUNCTIONS[comp]} over the "
+            f"window's wall time, per process (Δ of run/hook-counters/<pid>.bin around the "
+            f"window); pid {top['pid']}: {c['seconds']:.4f} s in {c['calls']} calls / the "
+            f"window's wall time duration_s = {duration:.4f} s{less}; combined: {HOOK_COMBINE}; "
+            f"{len(calling)} of {len(rows)} live processes call it ({each})"
+        )
+        shares[comp] = value(c["share"], "hook", note, n=c["calls"], processes=len(calling))
+    return {
+        "processes": rows, "live": len(rows), "gone_in_window": gone,
+        "dead_skipped": end.get("dead", 0), "combine": HOOK_COMBINE, "wall_share": shares,
+        "status": {k: (end.get("status") or {}).get(k) for k in (
+            "spec", "active", "asked", "replaced", "shadowed", "summary")},
+    }  # fmt: skip

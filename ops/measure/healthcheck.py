@@ -326,11 +326,70 @@ def _held_by_us(note: str) -> bool:
 
 
 def hook_check(host: Host) -> Check:
-    """What the release's SGLang import hook replaced in the running service (informational).
+    """What the release's SGLang import hook did in the running service, and what its shadow
+    found (`checks.hook_counters` on `<remote_root>/current/run`: the hook's status, written at
+    the service's start by integration/hook.py, the live processes' counters, the shadow's
+    saved mismatching cases).
 
-    Reads `<remote_root>/current/run/hook-status.json`, written by the hook at the service's
-    start (integration/hook.py): which functions it replaced, or why it left them alone.
-    """
+    fail: the setting asked for a drop-in, a shadow or a measure and it is not in place ("stock
+    builder in use because ..."), or a shadow's candidate answered otherwise than the stock
+    (naming the saved cases); pass: `off`, or everything asked for is in place (its summary);
+    skip: no status (no release, or no process ran the hook), or a service without the fork's
+    module (nothing to replace: the reference engine)."""
+    run = f"{host.target.remote_root}/current/run"
+    try:
+        doc = dict(run_check(host, "checks.hook_counters", ["--run", run]).data)
+    except OpsError:  # a release from before the hook's clock: its status alone
+        doc = _hook_status_only(host)
+    st = doc.get("status")
+    if not isinstance(st, dict):
+        return Check(name="hook", status="skip", detail="no hook status (no release, or not run)")
+    rel = st.get("release_id") or "?"
+    current = doc.get("release") or ""
+    stale = "" if rel == current else f" (status of release {rel}: not restarted since?)"
+    evidence = [f"{k}: {v}" for k, v in (st.get("in_use") or {}).items()]
+    cases = doc.get("mismatch_cases") or []
+    files = doc.get("mismatch_files") or []
+    if files or doc.get("mismatched"):
+        named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        first = cases[0] if cases else {}
+        detail = (
+            f"the shadow's candidate answered otherwise than the stock: {doc.get('mismatched', 0)}"
+            f" mismatched calls in the live processes; saved cases in {run}: {named or 'none'}"
+            + (f"; first: {first.get('component')} {first.get('candidate')}: "
+               f"{first.get('difference')}" if first else "")
+            + f"; replay: python -m integration.shadow --replay {run}/<case> (release {rel})"
+        )  # fmt: skip
+        evidence += [f"{c.get('file')}: {c.get('difference')}" for c in cases]
+        return Check(name="hook", status="fail", detail=detail + stale, evidence=evidence)
+    reason = st.get("reason") or ""
+    if not st.get("active") and reason.endswith("=off"):
+        return Check(name="hook", status="pass",
+                     detail=f"stock functions: {reason} (release {rel}){stale}")  # fmt: skip
+    found = st.get("module_found", "not found:" not in reason)
+    if not st.get("active") and not found:
+        return Check(name="hook", status="skip", evidence=evidence,
+                     detail=f"the service has no fork module to act on: {reason} "
+                     f"(release {rel}){stale}")  # fmt: skip
+    if not st.get("active"):
+        return Check(name="hook", status="fail", evidence=evidence,
+                     detail=f"{st.get('summary') or 'stock functions in use because ' + reason}"
+                     f" ({_hook_setting(st)}, release {rel}){stale}")  # fmt: skip
+    replaced = st.get("replaced") or {}
+    counting = f"; calls counted in {doc['live']} live processes" if doc.get("live") else ""
+    what = ", ".join(f"{k} ({v})" for k, v in replaced.items())
+    head = f"replaced {what}; " if what else ""
+    return Check(name="hook", status="pass", evidence=evidence,
+                 detail=f"{head}{st.get('summary')}{counting} (release {rel}){stale}")  # fmt: skip
+
+
+def _hook_setting(st: dict[str, Any]) -> str:
+    return f"DDTREE_OPS_SGLANG={st.get('spec')!r}"
+
+
+def _hook_status_only(host: Host) -> dict[str, Any]:
+    """The hook's status without checks.hook_counters (an older release on the host): the
+    status file and the current release's id, as checks.hook_counters reports them."""
     root = host.target.remote_root
     script = (
         f"cur={shell_path(root + '/current')}; "
@@ -339,18 +398,8 @@ def hook_check(host: Host) -> Check:
     )
     res = host.run_script(script, step="hook status")
     current, _, text = res.stdout.partition("\n")
-    if not text.strip():
-        return Check(name="hook", status="skip", detail="no hook status (no release, or not run)")
     try:
-        st = json.loads(text)
+        st = json.loads(text) if text.strip() else None
     except json.JSONDecodeError:
-        return Check(name="hook", status="skip", detail="unreadable hook status")
-    rel = st.get("release_id") or "?"
-    stale = "" if rel == current.strip() else f" (status of release {rel}: not restarted since?)"
-    if st.get("active"):
-        what = ", ".join(f"{k} ({v})" for k, v in (st.get("replaced") or {}).items())
-        return Check(name="hook", status="pass", detail=f"replaced {what} (release {rel}){stale}")
-    reason = st.get("reason") or "off"
-    detail = f"stock functions: {reason} (release {rel}){stale}"
-    off = reason.endswith("=off")
-    return Check(name="hook", status="pass" if off else "skip", detail=detail)
+        st = None
+    return {"release": current.strip(), "status": st if isinstance(st, dict) else None}

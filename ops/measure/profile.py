@@ -44,9 +44,23 @@ ops killed inside its window) is disarmed first and recorded (`shadow_found_arme
 report` projects with this s where it is for exactly the change, the bench's beside it. A
 service without /shadow (SGLang, a 404) is recorded as not offering it and not asked again.
 
-Derived (a service without them, like SGLang): f stays step-based. In steady state a step
-advances each of the c requests by the accept length a (accepted drafts + bonus), so the
-service emits c * a tokens per step and
+Hook (a service started with the release's SGLang import hook, any `DDTREE_OPS_SGLANG` but
+`off`: `checks.hook_counters` finds live processes with counters before the first level): each
+level's window is run through `checks.hook_counters --loadtest`, so the same two snapshots
+also hold the hook's reading of every process (calls and seconds in the fork's tree builder
+and accept walk). f of `tree_build` and `accept` is then measured, `source: hook`: per
+process, the seconds in the function during the window over the window's wall seconds (less
+the time the process's shadow spent, when one is armed), combined as the largest share over
+the processes (ops.measure.counters.HOOK_COMBINE: tensor-parallel ranks each run the builder
+in lockstep, the step waits for the slowest). The step is derived as below (the service's
+accept length and tokens/s); the component's CPU baseline is not run where the hook measured
+it. A hook setting with `shadow:COMPONENT=KIND[/N]` gives the level's shadow from the same
+window (ops.measure.shadow.hook_shadow: s from the service's own calls, the calls compared and
+mismatched), with nothing armed or disarmed by the profile.
+
+Derived (a service without them, like SGLang without the hook): f stays step-based. In steady
+state a step advances each of the c requests by the accept length a (accepted drafts + bonus),
+so the service emits c * a tokens per step and
 
     step_ms = 1000 * c * a / tok_s          (tok_s: output tokens/s measured at concurrency c)
 
@@ -64,19 +78,24 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
 from checks.docs import Counters, LevelDoc
-from ops.errors import OpsError
-from ops.hosts.dataplane import data_plane_dir
+from ops.errors import HostError, OpsError
+from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host
 from ops.measure.counters import (
     BREAKDOWN,
+    HOOK_COMPONENTS,
     STAGES,
     _delta,
     breakdown,
+    hook_level,
+    hook_run_dir,
+    hook_snapshot,
+    hook_window,
     level_steps,
     not_answering,
     snapshot,
@@ -85,7 +104,7 @@ from ops.measure.counters import (
     window_counters,
 )
 from ops.measure.loadtest import run_loadtest
-from ops.measure.shadow import left_armed, shadow_level
+from ops.measure.shadow import hook_shadow, left_armed, shadow_level
 from ops.verdict.evidence import NESTED_STAGES
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
@@ -273,13 +292,30 @@ def cpu_baseline(host: Host, cwd: str, c: int, opts: ProfileOptions) -> dict[str
 
 
 def derived_level(
-    host: Host, cwd: str, c: int, lt: LevelDoc, opts: ProfileOptions
+    host: Host,
+    cwd: str | None,
+    c: int,
+    lt: LevelDoc,
+    opts: ProfileOptions,
+    hook: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Level c of a service without stage timings: the step derived from tokens/s and the
+    accept length; f measured by the service's import hook where it has one (`hook`:
+    ops.measure.counters.hook_level), else the component's CPU baseline over that step."""
     level: dict[str, Any] = {"concurrency": c, "batch": c, "missing": []}
     level["f_basis"] = (
         "step: f = the component's time / the derived step (the service reports no stage "
         "timings, so its share of the measured window's wall time cannot be measured)"
     )
+    measured = (hook or {}).get("wall_share") or {}
+    if measured:
+        level["f_basis"] = (
+            "wall: f = seconds in the function over the measured window's wall seconds, "
+            "per process, measured by the service's import hook (source hook); the step "
+            "is derived"
+        )
+        level["wall_share"] = measured
+        level["hook"] = hook
     level.update(throughput(lt))
     reported = lt["accept_length"]
     if reported["value"] is not None:
@@ -310,6 +346,11 @@ def derived_level(
             )
     elif not tok_s:
         level["missing"].append("tokens/s: no request completed at this level")
+    if measured:
+        _hook_stage_ms(level, measured)
+    if opts.component in measured:
+        return level
+    assert cwd is not None
     base = cpu_baseline(host, cwd, c, opts)
     level["cpu_baseline"] = base
     if "error" in base:
@@ -328,6 +369,23 @@ def derived_level(
         if "step_ms" in level:
             level["share"] = {opts.component: base["median_ms"] / level["step_ms"]["value"]}
     return level
+
+
+def _hook_stage_ms(level: dict[str, Any], measured: dict[str, dict[str, Any]]) -> None:
+    """Per step, each function the hook measured: its f times the derived step (for the
+    step-time chart and the share column; the verdict reads f itself)."""
+    step = (level.get("step_ms") or {}).get("value")
+    if not step:
+        return
+    level["stage_ms"] = {
+        comp: value(
+            f["value"] * step, "derived",
+            f"the import hook's f ({f['value']:.4f}, share of the window's wall time) x the "
+            f"derived step ({step:.3f} ms)",
+        )
+        for comp, f in measured.items()
+    }  # fmt: skip
+    level["share"] = {comp: f["value"] for comp, f in measured.items()}
 
 
 def service_facts(snap: Counters) -> dict[str, Any]:
@@ -366,6 +424,7 @@ class _Sweep:
 
     cwd: str | None = None
     shadow_offered: bool = True  # until the service says it has no /shadow
+    hook: bool = False  # the service has the import hook's counters: its levels read them
 
 
 def run_profile(
@@ -402,6 +461,10 @@ def run_profile(
         found = left_armed(host, first.get("server_info"))
         if found is not None:
             section["shadow_found_armed"] = found
+        hook = _hook_present(host)
+        if hook is not None:
+            section["service"]["hook"] = hook
+            sweep.hook = bool(hook.get("live"))
         for c in opts.levels:
             _profile_level(host, opts, c, section, sweep)
             on_level(c)
@@ -429,25 +492,35 @@ def _profile_level(
         section["incomplete"].append({"concurrency": c, "missing": [why], "pilot": first_run})
         return
     requests = opts.requests if first_run is None else first_run["sized_requests"]
-    rep = run_loadtest(
-        host, [c], requests=requests, input_len=opts.input_len,
-        output_len=opts.output_len, timeout=opts.timeout, counters=True,
-    )  # fmt: skip
-    lt = rep.level_docs[0]
+    if sweep.hook:  # the same window, with the hook's readings in its snapshots
+        lt = _hook_loadtest(host, c, requests, opts)
+    else:
+        rep = run_loadtest(
+            host, [c], requests=requests, input_len=opts.input_len,
+            output_len=opts.output_len, timeout=opts.timeout, counters=True,
+        )  # fmt: skip
+        lt = rep.level_docs[0]
     window = window_counters(lt)
+    hook_w = hook_window(lt)
+    hook = hook_level(*hook_w, lt["duration_s"]) if hook_w is not None else None
     if window is not None:
         level = measured_level(c, *window, lt)
         level["method"] = "measured"
+        if hook is not None:  # beside the engine's own clock (its f stays the engine's)
+            level["hook"] = hook
     else:
-        sweep.cwd = sweep.cwd or data_plane_dir(host)
-        level = derived_level(host, sweep.cwd, c, lt, opts)
-        level["method"] = "derived"
+        if opts.component not in ((hook or {}).get("wall_share") or {}):
+            sweep.cwd = sweep.cwd or data_plane_dir(host)
+        level = derived_level(host, sweep.cwd, c, lt, opts, hook)
+        level["method"] = "hook" if "hook" in level else "derived"
+    if hook is not None and hook_w is not None:
+        _hook_shadows(section, level, hook, hook_w[1], opts)
     level["load"] = {k: lt[k] for k in ("completed", "failed", "errors", "duration_s")}
     level["load"]["tpot_p50_ms"] = (lt.get("tpot_ms") or {}).get("p50")
     level["load"]["requests"] = requests
     if first_run is not None:
         level["load"]["pilot"] = first_run
-    if opts.shadow and level["method"] == "measured" and sweep.shadow_offered:
+    if opts.shadow and level["method"] == "measured" and sweep.shadow_offered and not hook:
         load = {"requests": requests, "input_len": opts.input_len,
                 "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
         try:
@@ -468,6 +541,84 @@ def _profile_level(
         if failed:
             section["failed_requests"] = section.get("failed_requests", 0) + failed
     _keep(section, c, level, lt)
+
+
+def _hook_present(host: Host) -> dict[str, Any] | None:
+    """The import hook's counters on the host before the first level: how many live processes
+    keep them, the hook's setting and summary; None where nothing could be read (a release
+    without checks.hook_counters); {"live": 0, ...} where no process of the service has them."""
+    try:
+        doc = hook_snapshot(host)
+    except OpsError as exc:
+        return {"live": 0, "error": f"the hook's counters could not be read: {exc}"}
+    st = doc.get("status") or {}
+    return {
+        "live": doc.get("live", 0), "dead_skipped": doc.get("dead", 0),
+        "run_dir": doc.get("run_dir"), "release": doc.get("release"), "setting": st.get("spec"),
+        "active": st.get("active"), "summary": st.get("summary"), "shadowed": st.get("shadowed"),
+        "mismatch_files": doc.get("mismatch_files", []),
+    }  # fmt: skip
+
+
+def _hook_loadtest(host: Host, c: int, requests: int, opts: ProfileOptions) -> LevelDoc:
+    """One level as `ops.measure.loadtest` runs it with `--counters`, through
+    `checks.hook_counters --loadtest`, so each window snapshot also holds the hook's reading."""
+    args = [
+        "--url", host.target.service.url, "--concurrency", str(c), "--requests", str(requests),
+        "--input-len", str(opts.input_len), "--output-len", str(opts.output_len),
+        "--timeout", str(opts.timeout), "--counters",
+    ]  # fmt: skip
+    argv = ["--run", hook_run_dir(host), "--loadtest", "--", *args]
+    doc = run_check(host, "checks.hook_counters", argv, timeout=3600).data
+    level = doc.get("level")
+    if not isinstance(level, dict):
+        raise HostError(
+            f"c={c}: {doc.get('message') or 'no level in its answer'}",
+            target=host.name,
+            step="module checks.hook_counters --loadtest",
+        )
+    return cast(LevelDoc, {**level, "requests": doc["requests"], "warmup": doc["warmup"]})
+
+
+def _hook_shadows(
+    section: dict[str, Any],
+    level: dict[str, Any],
+    hook: dict[str, Any],
+    end: dict[str, Any],
+    opts: ProfileOptions,
+) -> None:
+    """The hook's shadows in the level's window: every one in `level["hook"]["shadow"]`, and
+    the level's `shadow` (what the report projects with): the one --shadow asked for, else the
+    tree build's, else the walk's; on a service the engine's clock measures, the engine's own
+    shadow window keeps that place."""
+    asked_comp, _, asked_kind = (opts.shadow or "").partition("=")
+    hook["shadow"] = {
+        comp: sh
+        for comp in HOOK_COMPONENTS
+        if (sh := hook_shadow(hook, end, comp, asked_kind if comp == asked_comp else None))
+    }
+    if level["method"] == "measured":
+        return
+    if opts.shadow and asked_comp not in HOOK_COMPONENTS:
+        level["shadow"] = {"offered": False, "source": "hook", "component": asked_comp,
+                           "candidate": asked_kind, "error": "the import hook shadows only "
+                           f"{' and '.join(HOOK_COMPONENTS)}, not {asked_comp}"}  # fmt: skip
+    else:
+        order = [asked_comp] if opts.shadow else list(HOOK_COMPONENTS)
+        picked = next((hook["shadow"][x] for x in order if x in hook["shadow"]), None)
+        if picked is None:
+            return
+        level["shadow"] = picked
+    sh = level["shadow"]
+    if sh.get("error"):
+        section.setdefault("shadow_not_timed", []).append(
+            {"concurrency": level["concurrency"], "why": sh["error"]}
+        )
+    if sh.get("mismatched"):
+        section.setdefault("shadow_mismatched", []).append(
+            {"concurrency": level["concurrency"], "component": sh["component"],
+             "mismatched": sh["mismatched"], "compared": sh["compared"]}
+        )  # fmt: skip
 
 
 def _keep(section: dict[str, Any], c: int, level: dict[str, Any], lt: LevelDoc) -> None:

@@ -18,8 +18,14 @@ prefill block took 13.5-16.5 ms against a median of 6.3 ms, and its first tree b
 against 0.11), which with the 10 prefill blocks of a c=1 window read s 1.28x for 1.53x.
 
 A service without /shadow (a real SGLang) is `offered: false`: the profile records it once and
-the report projects with the bench's s, as before. A service that stops answering during the
-window is `offered: null` with the reason. The disarm runs with Ctrl-C held off (`disarm`).
+the report projects with the bench's s, as before. A service started with the release's import
+hook under `DDTREE_OPS_SGLANG=shadow:COMPONENT=KIND[/N]` shadows in every window on its own
+(integration.shadow: the stock serves, the candidate runs beside it on the same inputs, one
+call in N, alternating which goes first): `hook_shadow` makes the level's s from the hook's
+readings around the level's own window (`source: hook`, the calls compared and mismatched),
+with nothing to arm or disarm; asking it for a change it does not shadow says so. A service
+that stops answering during the window is `offered: null` with the reason. The disarm runs
+with Ctrl-C held off (`disarm`).
 """
 
 from __future__ import annotations
@@ -79,9 +85,9 @@ def _kind(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "hi": boots[-1 - cut] if boots else s,
         "base_us": sum(p["base_us"] for p in pairs) / n,
         "cand_us": sum(p["cand_us"] for p in pairs) / n,
-        "base_host_us": sum(p["base_plan_us"] for p in pairs) / n,
-        "cand_host_us": sum(p["cand_plan_us"] for p in pairs) / n,
-        "rows_mean": sum(p["rows"] for p in pairs) / n,
+        "base_host_us": sum(p.get("base_plan_us", 0.0) for p in pairs) / n,
+        "cand_host_us": sum(p.get("cand_plan_us", 0.0) for p in pairs) / n,
+        "rows_mean": sum(p.get("rows", 0) for p in pairs) / n,
         "s_base_first": by_first["base"],
         "s_cand_first": by_first["cand"],
         "s_in_place": in_place,
@@ -190,6 +196,74 @@ def left_armed(host: Host, info: dict[str, Any] | None) -> dict[str, Any] | None
             "left": doc["left"], "disarmed": bool(res.get("ok"))}  # fmt: skip
 
 
+def _setting_kind(item: str | None) -> tuple[str | None, int]:
+    """'shadow:tree_build=cpp/8' -> ('cpp', 8)."""
+    if not item:
+        return None, 1
+    kind = item.partition("=")[2]
+    head, sep, n = kind.rpartition("/")
+    return (head, int(n)) if sep and n.isdigit() else (kind, 1)
+
+
+def hook_shadow(
+    hook: dict[str, Any], end: dict[str, Any], component: str, asked: str | None
+) -> dict[str, Any] | None:
+    """The level's shadow from the hook's counters (ops.measure.counters.hook_level's
+    processes, the end reading's status): s over the window's compared calls (the stock's
+    seconds / the candidate's, pooled over the processes), its 90% bootstrap interval over the
+    pairs the ring still holds, the calls compared and mismatched; None when the hook shadows
+    no such component and nothing was asked. `asked`: the profile's --shadow KIND, checked
+    against the hook's setting."""
+    from ops.measure.counters import HOOK_FUNCTIONS
+
+    item = ((end.get("status") or {}).get("shadowed") or {}).get(HOOK_FUNCTIONS[component])
+    kind, every = _setting_kind(item)
+    rows = [r["components"][component]["shadow"] for r in hook["processes"]]
+    rows = [r for r in rows if r]
+    if not rows:
+        if asked is None:
+            return None
+        return {"offered": False, "source": "hook", "component": component, "candidate": asked,
+                "error": f"the service's import hook does not shadow {component} (its setting: "
+                f"{(end.get('status') or {}).get('spec')!r}); deploy it with "
+                f"DDTREE_OPS_SGLANG=shadow:{component}={asked} to time {asked} beside the "
+                "stock on the service's own calls"}  # fmt: skip
+    out: dict[str, Any] = {
+        "offered": True, "source": "hook", "component": component, "baseline": "reference",
+        "candidate": kind, "setting": item, "every": every, "processes": len(rows),
+        "compared": sum(r["compared"] for r in rows),
+        "mismatched": sum(r["mismatched"] for r in rows),
+        "cand_errors": sum(r["cand_errors"] for r in rows),
+        "overhead_s": sum(r["overhead_s"] for r in rows), "error": None, "prefill": None,
+    }  # fmt: skip
+    if asked is not None and asked != kind:
+        out["error"] = (f"the service's import hook shadows {component} with {kind}, not "
+                        f"{asked} ({item})")  # fmt: skip
+    pairs = [
+        {"base_us": s / 1e3, "cand_us": c / 1e3, "first": "cand" if i & 1 else "base"}
+        for r in rows for i, s, c in r["ring"]
+    ]  # fmt: skip
+    stock_s, cand_s = sum(r["stock_s"] for r in rows), sum(r["cand_s"] for r in rows)
+    timed = sum(r["pairs"] for r in rows)  # compared calls the candidate answered
+    if timed <= 0 or cand_s <= 0 or stock_s <= 0:
+        out["step"] = None
+        out["error"] = out["error"] or (
+            f"no call of {component} was compared in this window (1 call in {every} is)"
+        )
+        return out
+    k = _kind(pairs) if pairs else None
+    s = stock_s / cand_s
+    out["step"] = {
+        "forwards": timed, "s": s,
+        "lo": min(k["lo"], s) if k else s, "hi": max(k["hi"], s) if k else s,
+        "base_us": 1e6 * stock_s / timed, "cand_us": 1e6 * cand_s / timed, "warmup": 0,
+        "s_base_first": k["s_base_first"] if k else None,
+        "s_cand_first": k["s_cand_first"] if k else None,
+        "pairs_in_interval": len(pairs),
+    }  # fmt: skip
+    return out
+
+
 def shadow_lines(sec: dict[str, Any]) -> list[str]:
     """One line per level the shadow ran at: s per kind of forward, or why it did not run;
     first, a shadow this profile found still armed and disarmed."""
@@ -205,6 +279,9 @@ def shadow_lines(sec: dict[str, Any]) -> list[str]:
         if not sh:
             continue
         c = lv["concurrency"]
+        if sh.get("source") == "hook":
+            out.append(_hook_line(c, sh))
+            continue
         if sh.get("error") or not sh.get("offered"):
             out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
             continue
@@ -217,3 +294,17 @@ def shadow_lines(sec: dict[str, Any]) -> list[str]:
                    f"{sh['baseline']} in the service's own {calls}: "
                    f"{', '.join(parts) or 'nothing sampled'}")  # fmt: skip
     return out
+
+
+def _hook_line(c: int, sh: dict[str, Any]) -> str:
+    """One level's line for the hook's shadow (the service's own calls, its setting)."""
+    if not sh.get("offered"):
+        return f"shadow c={c}: not timed: {sh.get('error')}"
+    k = sh.get("step")
+    head = (f"shadow c={c}: {sh['component']} {sh.get('candidate')} against the stock in the "
+            f"service's own calls (the import hook's {sh.get('setting')})")  # fmt: skip
+    s = f"{k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} calls)" if k else "no s"
+    mis = sh["mismatched"]
+    said = f"{mis} MISMATCHED" if mis else "0 mismatched"
+    tail = f"; {sh['error']}" if sh.get("error") else ""
+    return f"{head}: {s}; {said} of {sh['compared']} compared{tail}"

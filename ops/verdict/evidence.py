@@ -12,7 +12,8 @@ record per step in sub-directories, e.g. `<rollout>/<nn>-<step>/record.json`):
                  any other a pre-flight. One run with `inputs.record_golden` compared nothing.
     bench        BenchSection: `ops bench`'s guard, interference probe, environment, KernelRows.
     profile      ProfileSection: `ops profile`, per concurrency: step time, stage times,
-                 tokens/s, accept length; every number says `source`: measured | derived.
+                 tokens/s, accept length; every number says `source`: measured | derived |
+                 hook (measured by the SGLang import hook's per-process stage clock).
     measure      MeasureSection: rollout's `measure`, tokens/s before/after the switch, with an
                  A/A pair (two runs of the unchanged service) first.
     change       Change: which component switches from which backend to which (rollout, or
@@ -32,7 +33,8 @@ Models (extra fields are allowed and kept, so a producer may record more than is
   refcheck_failed, hold_reasons (e.g. ["no GPU on local"]: why no GPU rows exist), ok,
   reasons (why not ok), interference (True: the probe tripped).
 - `Value`: one number with its spread and provenance: value (median), p25, p75, n, samples,
-  source ("measured" | "derived"), note (how it was derived).
+  source ("measured" | "derived" | "hook": measured inside the service by the release's
+  SGLang import hook, integration.hook), note (how it was derived).
 - `ProfileLevel`: concurrency, step_ms: Value, stage_ms {stage: Value} (stages of
   engine.stats.STAGES: draft, topk, tree_build, verify, accept, commit; plus "attention", the
   attention time inside verify, where the profile can tell it), tokens_per_s, accept_length,
@@ -81,7 +83,9 @@ from ops.files import MIB, FileRefused, read_text_bounded
 from ops.hosts.records import RUNNING
 from ops.measure.healthcheck import HealthReport
 
-Source = Literal["measured", "derived"]
+# hook: measured by the SGLang import hook's clock in the service's own processes (a measured
+# number: the verdict uses it as it uses "measured"; ops.measure.counters.hook_level)
+Source = Literal["measured", "derived", "hook"]
 COMPONENTS = ("tree_build", "accept", "topk", "attention")
 STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
 NESTED_STAGES = {"attention": "verify"}  # part of another stage's time, not added on top
