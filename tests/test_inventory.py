@@ -84,6 +84,9 @@ def test_env_var_and_local_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ("[targets.ct200]\naddress = 'a b; rm -rf /'\n", "target 'ct200': address: must be a host"),
         ("[targets.'bad name']\n", "target 'bad name': name must be"),
         ("[targets.local]\naddress = '10.0.0.1'\n", "target 'local': address:"),
+        # the SSH port is not the service's (#39 item 2): said where it is set, with the fix
+        ("[targets.local]\nport = 31400\n", "target 'local': port: an SSH setting"),
+        ("[targets.local]\nuser = 'me'\n", "[targets.local.service] url = 'http://127.0.0.1:PORT'"),
         ("[groups]\nfleet = ['ct9']\n", "group 'fleet': unknown target 'ct9'"),
         ("[target.ct200]\n", "unknown top-level table 'target'"),
         ("[targets.ct200\nport = 1\n", "invalid TOML"),

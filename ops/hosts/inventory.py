@@ -141,6 +141,9 @@ def default_local_service() -> Service:
     )
 
 
+SSH_FIELDS = ("port", "user", "ssh_key", "host_key_policy", "known_hosts")  # not for local
+
+
 class Target(_Model):
     """One host ops can act on: how to reach it and what runs there."""
 
@@ -312,6 +315,13 @@ def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
         base = builtin_local().model_dump() if name == LOCAL else {}
         if name == LOCAL and "address" in fields:
             raise InventoryError(f"{path}: target 'local': address: 'local' is always this machine")
+        ssh = [k for k in SSH_FIELDS if k in fields] if name == LOCAL else []
+        if ssh:  # `port` looks like the service's and is the SSH port: said, never ignored
+            raise InventoryError(
+                f"{path}: target 'local': {ssh[0]}: an SSH setting, and `local` runs its "
+                "commands on this machine with no SSH; to move local's service, set its URL: "
+                "[targets.local.service] url = 'http://127.0.0.1:PORT'"
+            )
         merged = {**base, **fields, "name": name}
         if name == LOCAL and "service" in fields and isinstance(fields["service"], dict):
             merged["service"] = {**base["service"], **fields["service"]}
