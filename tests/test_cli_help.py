@@ -48,3 +48,10 @@ def test_hosts_shows_url_and_root_whole(tmp_path: Path) -> None:
     )
     text = ops("hosts", "--inventory", str(inv))
     assert "http://127.0.0.1:31999" in text and str(root) in text, text
+
+
+def test_releases_on_an_empty_host_is_a_sentence(tmp_path: Path) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n")
+    text = ops("releases", "local", "--inventory", str(inv), env={"OPS_RUNS_DIR": str(tmp_path)})
+    assert "no releases on local" in text and "ops deploy local" in text, text

@@ -256,7 +256,11 @@ def releases(
             test,
             f"{r['size_bytes'] / 2**20:.1f}",
         )
-    out.print(table)
+    if doc["releases"]:
+        out.print(table)
+    else:
+        name = escape(t.name)
+        out.print(f"no releases on {name} ({escape(t.remote_root)}): `ops deploy {name}` makes one")
     cur = doc.get("current_state") or {}
     if cur.get("kind") not in (None, "release", "none"):
         from ops.deploy.deploy import shown_state

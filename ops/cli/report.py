@@ -174,7 +174,8 @@ def report(
         emit_json({**doc, **(record_error(run) if run is not None else {})})
     else:
         _print(d)
-        err.print(f"[dim]report: {', '.join(files)}[/]")
+        for f in files:  # one whole path a line: copyable at any width
+            err.print(f"[dim]report: {escape(str(f))}[/]", soft_wrap=True)
     for rec in ev.unfinished:
         err.print(f"[yellow]note:[/] {escape(unfinished_line(rec))}", soft_wrap=True)
     if run is not None and run.unwritten:

@@ -35,7 +35,7 @@ service_app = typer.Typer(
 )
 
 WaitOpt = Annotated[
-    float, typer.Option("--wait", min=0, help="Seconds to wait for /health after a start.")
+    float, typer.Option("--wait", min=0, help="Seconds to wait for /health once it starts.")
 ]
 
 

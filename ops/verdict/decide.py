@@ -9,7 +9,8 @@ or
 too-noisy piece of evidence a HOLD cause; GO only when there are none (NO-GO wins over HOLD: a
 failed condition decides whatever else is missing).
 
-    NO-GO  preflight_failed, postflight_failed, identity_mismatch, interference,
+    NO-GO  preflight_failed, postflight_failed, identity_mismatch, interference, deploy_failed
+           (added by a rollout's report step: the candidate's deploy failed),
            kernel_not_exact, gain_below_threshold, ceiling_below_threshold (no s(c) needed:
            even an infinitely fast component cannot clear the threshold)
     HOLD   no_change, no_preflight, no_postflight (deployed, not checked), no_identity,
