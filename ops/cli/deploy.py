@@ -260,7 +260,8 @@ def releases(
         out.print(table)
     else:
         name = escape(t.name)
-        out.print(f"no releases on {name} ({escape(t.remote_root)}): `ops deploy {name}` makes one")
+        said = f"no releases on {name} ({escape(t.remote_root)}): `ops deploy {name}` makes one"
+        out.print(said, soft_wrap=True)
     cur = doc.get("current_state") or {}
     if cur.get("kind") not in (None, "release", "none"):
         from ops.deploy.deploy import shown_state
