@@ -7,6 +7,7 @@ hold).
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +231,8 @@ def _measure(
             inputs=settings,
         )
     after = _arm(ctx, 2 * st.repeats, "after", raw)
-    again, recheck_note, precision = recheck(ctx, st, raw, after) if st.recheck else ({}, "", None)
+    rc = recheck(ctx, st, raw, after) if st.recheck else Recheck()
+    again, recheck_note, precision = rc.again, rc.note, rc.precision
     levels, gains, missing = [], [], []
     for c in load.concurrency:
         before = ctx.before[c][0] + ctx.before[c][1]
@@ -253,7 +255,7 @@ def _measure(
         "failed_requests": failed,
         "precision": precision,
     }
-    ok = not failed and not missing and not recheck_note.startswith("FAILED")
+    ok = not failed and not missing and not rc.failed
     detail = f"measured gain: {', '.join(gains) or 'none'}"
     detail += f"; {recheck_note}" if recheck_note else ""
     detail += _unsized(ctx)
@@ -322,12 +324,24 @@ def _precision_note(doc: dict[str, Any] | None) -> str:
     return f"; precision {target} NOT met in {ran} (max_cycles {doc['max_cycles']}; {widest})"
 
 
+@dataclass
+class Recheck:
+    """What the drift check came back with: the A'' tokens/s per level, a note for the step's
+    detail, the precision's outcome, and whether it left the service off the candidate (the
+    measure then fails: its after arm is not the candidate's any more)."""
+
+    again: dict[int, list[float]] = field(default_factory=dict)
+    note: str = ""
+    precision: dict[str, Any] | None = None
+    failed: bool = False
+
+
 def recheck(
     ctx: Context,
     st: MeasureStep,
     raw: list[dict[str, Any]],
     after: dict[int, list[float]] | None = None,
-) -> tuple[dict[int, list[float]], str, dict[str, Any] | None]:
+) -> Recheck:
     """The drift check after the switch, `st.cycles` times: back to the release that ran before
     the candidate (ops.deploy.deploy's rollback: switch, restart, post-flight), the load on it once
     more (arm A'', as many runs as the after arm), then the candidate's release back in, and,
@@ -335,13 +349,12 @@ def recheck(
     (| after | A'' ...) is balanced in time: ops.verdict.amdahl.baseline_runs. With `st.precision`,
     the cycles go on past `st.cycles` until the measured gain's interval is that narrow at
     every level (half_widths, checked after each A'' arm: the two arms then have as many
-    runs), `st.max_cycles` at the most. Returns the A'' tokens/s per level, a note, and the
-    precision's outcome (_precision_doc); the note starts with FAILED when the candidate
-    could not be switched back in (the service then runs the release the rollback left
-    current, and the note names it)."""
+    runs), `st.max_cycles` at the most. `Recheck.failed` when the candidate could not be
+    switched back in (the service then runs the release the rollback left current, and the
+    note names it)."""
     dep = ctx.deploy
     if dep is None or not dep.ok or not dep.before or not dep.release:
-        return {}, "no recheck: no deployed candidate with a release before it", None
+        return Recheck(note="no recheck: no deployed candidate with a release before it")
     opts = ctx.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
     show = _deploy_progress(ctx, "recheck ")
     assert ctx.change is not None  # a deployed candidate has one
@@ -357,16 +370,13 @@ def recheck(
         if not back.ok:
             what = f"switching back to {dep.before} failed ({back.message})"
             if k == 1:
-                return {}, f"no recheck: {what}", None
+                return Recheck(note=f"no recheck: {what}")
             doc = _precision_doc(st, k - 1, widths)
             if back.after and back.after != dep.release:  # not the candidate that ran before
                 ctx.recheck_left_on = back.after
-                return (
-                    again,
-                    f"FAILED: recheck cycle {k} of {of}: {what}; the service runs {back.after}",
-                    doc,
-                )
-            return again, f"recheck: cycle {k} of {of} stopped: {what}", doc
+                note = f"FAILED: recheck cycle {k} of {of}: {what}; the service runs {back.after}"
+                return Recheck(again, note, doc, failed=True)
+            return Recheck(again, f"recheck: cycle {k} of {of} stopped: {what}", doc)
         ctx.measure_serving = (dep.before, "the recheck's last switch")
         ctx.say(f"recheck: {dep.before} is current again; the load once more")
         for c, xs in _arm(ctx, 2 * st.repeats, "A''", raw, cycle=k).items():
@@ -378,14 +388,11 @@ def recheck(
             fwd = Deployer(host, opts, show).rollback(dep.release)
         if not fwd.ok:
             ctx.recheck_left_on = fwd.after or dep.before
-            return (
-                again,
-                (
-                    f"FAILED to switch the candidate {dep.release} back in after the recheck "
-                    f"({fwd.message}): the service runs {fwd.after or dep.before}"
-                ),
-                _precision_doc(st, k, widths),
+            note = (
+                f"FAILED to switch the candidate {dep.release} back in after the recheck "
+                f"({fwd.message}): the service runs {fwd.after or dep.before}"
             )
+            return Recheck(again, note, _precision_doc(st, k, widths), failed=True)
         ctx.measure_serving = (dep.release, "the recheck's last switch")
         done = k >= last or (
             k >= st.cycles and bool(st.precision) and precision_met(widths.values(), st.precision)
@@ -404,12 +411,8 @@ def recheck(
                 after.setdefault(c, []).extend(xs)
     doc = _precision_doc(st, k, widths)
     cycles = f" in {k} cycles" if k > 1 else ""
-    return (
-        again,
-        f"recheck: A'' on {dep.before}{cycles}, then {dep.release} current again"
-        + _precision_note(doc),
-        doc,
-    )
+    note = f"recheck: A'' on {dep.before}{cycles}, then {dep.release} current again"
+    return Recheck(again, note + _precision_note(doc), doc)
 
 
 def _unsized(ctx: Context) -> str:
