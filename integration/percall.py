@@ -190,7 +190,7 @@ def _per_call_ns(fns: dict[str, Callable[[], Any]], calls: int, rounds: int) -> 
     return {name: statistics.median(v) for name, v in got.items()}
 
 
-def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...] = (16, 64),
+def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...] = (16, 64, 128),
                shadow_reps: int = 200) -> dict[str, Any]:  # fmt: skip
     """What the hook's counting adds per call, and a shadow per sampled call (module doc)."""
     from integration import counters, shadow

@@ -181,14 +181,18 @@ def test_a_wrong_candidate_is_caught_and_the_answers_stay_the_stocks(fork: Fork)
         ("tree_build=cpp", fs.V2, "pass", "drop-in builder in use (tree_build=cpp, fork 807ab0e4"),
         ("tree_build=gpu", fs.V2, "fail", "stock builder in use because DDTREE_OPS_SGLANG="),
         ("tree_build=cpp", None, "fail", "stock builder in use because sglang.srt.speculative."),
+        ("tree_build=cpp", "empty", "skip", "the service has no fork module to act on"),
     ],
 )
 def test_the_healthcheck_says_which_builder_serves_and_fails_a_no_op(
-    fork: Fork, tmp_path: Path, spec: str, standin: Path | None, status: str, words: str
+    fork: Fork, tmp_path: Path, spec: str, standin: Path | str | None, status: str, words: str
 ) -> None:
     """The status a process of the release wrote at its start (the service itself not run:
     its other checks fail; the hook's row is what is looked at)."""
-    if standin is None:  # a fork version of no known contract: refused, the stock serves
+    if standin == "empty":  # no fork module at all (the reference engine's case)
+        standin = tmp_path / "nothing"
+        standin.mkdir()
+    elif standin is None:  # a fork version of no known contract: refused, the stock serves
         import shutil
 
         standin = tmp_path / "fork"
@@ -196,9 +200,8 @@ def test_the_healthcheck_says_which_builder_serves_and_fails_a_no_op(
         src = standin / fs.MODULE_FILE
         ws = "    workspace: DFlashDDTreeBuildWorkspace | None = None,\n"
         src.write_text(src.read_text().replace(ws, ws + "    chain_len: int = 0,\n"))
-    proc = fs.start(
-        fork.current, spec, standin, "import sglang.srt.speculative.dflash_ddtree_utils"
-    )
+    script = "pass" if status == "skip" else "import sglang.srt.speculative.dflash_ddtree_utils"
+    proc = fs.start(fork.current, spec, standin, script)
     assert proc.returncode == 0, proc.stderr
     _, _, row = fork.hook_row()
     assert row["status"] == status and words in row["detail"], row
