@@ -182,6 +182,7 @@ def test_a_wrong_candidate_is_caught_and_the_answers_stay_the_stocks(fork: Fork)
         ("tree_build=gpu", fs.V2, "fail", "stock builder in use because DDTREE_OPS_SGLANG="),
         ("tree_build=cpp", None, "fail", "stock builder in use because sglang.srt.speculative."),
         ("tree_build=cpp", "empty", "skip", "the service has no fork module to act on"),
+        ("measure", "unwritable", "fail", "but calls are NOT counted where ops can read them"),
     ],
 )
 def test_the_healthcheck_says_which_builder_serves_and_fails_a_no_op(
@@ -192,6 +193,10 @@ def test_the_healthcheck_says_which_builder_serves_and_fails_a_no_op(
     if standin == "empty":  # no fork module at all (the reference engine's case)
         standin = tmp_path / "nothing"
         standin.mkdir()
+    elif standin == "unwritable":  # the counters' directory cannot be made: counted in memory
+        (fork.current / "run").mkdir()
+        (fork.current / "run" / "hook-counters").write_text("a file, not a directory")
+        standin = fs.V1
     elif standin is None:  # a fork version of no known contract: refused, the stock serves
         import shutil
 

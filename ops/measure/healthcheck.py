@@ -332,8 +332,9 @@ def hook_check(host: Host) -> Check:
     saved mismatching cases).
 
     fail: the setting asked for a drop-in, a shadow or a measure and it is not in place ("stock
-    builder in use because ..."), or a shadow's candidate answered otherwise than the stock
-    (naming the saved cases); pass: `off`, or everything asked for is in place (its summary);
+    builder in use because ..."), the calls are not counted in a file (its directory could not
+    be written), or a shadow's candidate answered otherwise than the stock (naming the saved
+    cases); pass: `off`, or everything asked for is in place (its summary);
     skip: no status (no release, or no process ran the hook), or a service without the fork's
     module (nothing to replace: the reference engine)."""
     run = f"{host.target.remote_root}/current/run"
@@ -375,6 +376,11 @@ def hook_check(host: Host) -> Check:
         return Check(name="hook", status="fail", evidence=evidence,
                      detail=f"{st.get('summary') or 'stock functions in use because ' + reason}"
                      f" ({_hook_setting(st)}, release {rel}){stale}")  # fmt: skip
+    counters = st.get("counters")
+    if counters and not str(counters).endswith(".bin"):  # every setting but off asks to count
+        return Check(name="hook", status="fail", evidence=evidence,
+                     detail=f"{st.get('summary')}; but calls are NOT counted where ops can read "
+                     f"them: {counters} ({_hook_setting(st)}, release {rel}){stale}")  # fmt: skip
     replaced = st.get("replaced") or {}
     counting = f"; calls counted in {doc['live']} live processes" if doc.get("live") else ""
     what = ", ".join(f"{k} ({v})" for k, v in replaced.items())
