@@ -15,6 +15,8 @@ directory, and small loads.
   its worst step.
 - Against a stopped service (`on_fail: continue`) the later steps run and the report's reasons
   say what happened: identity not checked as the service was down, no profiled level.
+- A level the profile measured no tokens/s at (all its requests failed) is measured with
+  load.requests (`sized_requests`, `run_plan`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from helpers.deploy import make_source
 from helpers.local import end_services
 from helpers.sshd import free_port
 
-from ops.rollout.steps import sized_requests
-from ops.rollout.switch import AUDIT_PARTS
+from ops.rollout.steps import Arms, Found, sized_requests
+from ops.rollout.switch import AUDIT_PARTS, run_plan
 from ops.verdict.evidence import MeasureSection, gather
 
 SMALL = [
@@ -539,14 +541,14 @@ def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
 
     def measure(ctx, st, raw, settings):
         raw.append({"arm": "after", "run": 0})
-        ctx.measure_serving = ("R-before", "the recheck's last switch")  # finished before
+        ctx.arms.measure_serving = ("R-before", "the recheck's last switch")  # finished before
         raise DeployInterrupted(DeployResult(target="local", outcome="interrupted", after=after,
                                              message="interrupted during postflight"))  # fmt: skip
 
     monkeypatch.setattr(rollout_switch, "_measure", measure)
     pb = Playbook.model_validate({"steps": [{"step": "report"}]})
     ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
-                          requests_per_level={}, deploy=None)  # fmt: skip
+                          arms=Arms(), found=Found(deploy=None))  # fmt: skip
     st = MeasureStep(step="measure", phase="after", recheck=True)
     with pytest.raises(rollout_switch.MeasureInterrupted) as got:
         rollout_switch.step_measure(ctx, st, None)
@@ -574,14 +576,14 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
 
     def measure(ctx, st, raw, settings):
         if cut_switch:  # inside a recheck switch, a 2nd Ctrl-C before the host was asked
-            ctx.measure_serving = None
+            ctx.arms.measure_serving = None
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rollout_switch, "_measure", measure)
     pb = Playbook.model_validate({"steps": [{"step": "report"}]})
     dep = DeployResult(target="local", outcome="deployed", release="R-cand", before="R-before")
     ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
-                          requests_per_level={}, deploy=dep)  # fmt: skip
+                          arms=Arms(), found=Found(deploy=dep))  # fmt: skip
     with pytest.raises(rollout_switch.MeasureInterrupted) as got:
         rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="after"), None)
     assert got.value.detail == "the service runs R-cand (the deploy's switch)"
@@ -594,3 +596,17 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
         rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="after"), None)
     assert got.value.detail.startswith("a recheck switch was interrupted and the host could not")
     assert got.value.partial_sections["measure_interrupted"]["service_runs"] is None
+
+
+def test_a_level_the_profile_could_not_size_runs_load_requests() -> None:
+    # c=32's requests all failed in the profile: no tokens/s there, so nothing to size it by
+    levels = [
+        {"concurrency": 1, "tokens_per_s": {"value": 100.0}},
+        {"concurrency": 8, "tokens_per_s": {"value": 640.0}},
+        {"concurrency": 32},
+    ]
+    sized = sized_requests(levels, 10.0, 32)
+    assert sized == {1: 32, 8: 200}
+    assert run_plan([1, 8, 32], sized) == [([1], 32), ([8], 200), ([32], 0)]
+    assert run_plan([1, 8, 32], {}) == [([1, 8, 32], 0)]
+    assert sized_requests(levels, 0.0, 32) == {}

@@ -124,11 +124,11 @@ def _gate(ctx: Context, when: str, stopped: str | None) -> str | None:
     if stopped:
         return f"the rollout stopped at step {stopped!r} (on_fail: stop)"
     if when == "go":
-        d = ctx.decision
+        d = ctx.found.decision
         if d is None or d.verdict != "GO":
             return f"gate go: decide said {d.verdict if d else 'nothing (it did not run)'}"
     if when == "deployed":
-        res = ctx.deploy
+        res = ctx.found.deploy
         if res is None or res.outcome not in ("deployed", "already-current"):
             return "gate deployed: the candidate was " + (
                 f"not deployed ({res.outcome})" if res else "not deployed"
@@ -228,8 +228,8 @@ class Runner:
                 self.progress(f"{head}: {status} ({secs:.1f} s) {detail}")
             if status in ("fail", "error") and st.on_fail == "stop":
                 stopped = st.name
-        verdict = ctx.report["verdict"] if ctx.report else None
-        code = ctx.report["exit_code"] if ctx.report else _worst(self.results)[0]
+        verdict = ctx.found.report["verdict"] if ctx.found.report else None
+        code = ctx.found.report["exit_code"] if ctx.found.report else _worst(self.results)[0]
         return RolloutResult(
             target=self.target.name,
             playbook=self.pb.path,
@@ -238,8 +238,8 @@ class Runner:
             verdict=verdict,
             exit_code=code,
             steps=self.results,
-            decision=ctx.report,
-            files=ctx.files,
+            decision=ctx.found.report,
+            files=ctx.found.files,
             notes=_notes(ctx),
         )
 
@@ -310,16 +310,16 @@ def _worst(results: list[StepResult]) -> tuple[int, str]:
 
 def _notes(ctx: Context) -> list[str]:
     notes = []
-    res, ch = ctx.deploy, ctx.change
+    res, ch = ctx.found.deploy, ctx.change
     if ch is None:
         return notes
     name = ctx.target.name
     listed = ctx.target.service.components.get(ch.component)
-    if ctx.recheck_left_on is not None:
+    if ctx.arms.recheck_left_on is not None:
         notes.append(
             f"the measure's recheck could not switch the candidate back in: {name} runs release "
-            f"{ctx.recheck_left_on} ({ch.component} = {ch.baseline}); `ops rollback {name} --to "
-            f"{res.release if res else '?'}` puts the candidate back"
+            f"{ctx.arms.recheck_left_on} ({ch.component} = {ch.baseline}); "
+            f"`ops rollback {name} --to {res.release if res else '?'}` puts the candidate back"
         )
     elif res is not None and res.outcome == "deployed" and listed != ch.candidate:
         says = (

@@ -53,8 +53,38 @@ class Done(BaseModel):
 
 
 @dataclass
+class Found:
+    """What the steps so far found, for the gates and the later steps: the bench's outcome (the
+    shadow is armed only after a pass), the decision, the candidate's deploy (and its options,
+    which measure's recheck reuses), the report's summary and files."""
+
+    bench_outcome: str | None = None
+    decision: Decision | None = None
+    deploy: DeployResult | None = None
+    deploy_opts: Any = None
+    deploy_record: str = ""
+    report: dict[str, Any] | None = None
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Arms:
+    """The measure steps' state: the A/A pair per level and its raw runs, each level's sized
+    requests (load.run_seconds, from the profile), which release the service runs while a
+    measure does (and how that is known: "the deploy's switch", "the recheck's last switch";
+    None before the candidate's deploy), and where a failed recheck left the service."""
+
+    before: dict[int, list[list[float]]] | None = None
+    before_runs: list[dict[str, Any]] = field(default_factory=list)
+    requests_per_level: dict[int, int] = field(default_factory=dict)
+    measure_serving: tuple[str, str] | None = None
+    recheck_left_on: str | None = None
+
+
+@dataclass
 class Context:
-    """The rollout as it goes: what the steps so far found, for the gates and later steps."""
+    """The rollout as it goes: what it is (target, host, playbook, run, the change), what its
+    steps found (`found`) and the measure's arms (`arms`)."""
 
     target: Target
     host: Host
@@ -62,22 +92,8 @@ class Context:
     run: RunDir
     say: Callable[[str], None]
     change: Change | None = None
-    decision: Decision | None = None
-    deploy: DeployResult | None = None
-    deploy_opts: Any = None  # the deploy step's DeployOptions (measure's recheck reuses them)
-    # the release the service was left on when the recheck could not switch the candidate back
-    recheck_left_on: str | None = None
-    # while a measure runs: the release it knows is current, and how it knows ("the deploy's
-    # switch", "the recheck's last switch"); None before the candidate's deploy
-    measure_serving: tuple[str, str] | None = None
-    deploy_record: str = ""
-    before: dict[int, list[list[float]]] | None = None  # the A/A pair per level
-    before_runs: list[dict[str, Any]] = field(default_factory=list)  # their raw runs
-    # measure's requests per level, sized from the profile (load.run_seconds), else empty
-    requests_per_level: dict[int, int] = field(default_factory=dict)
-    report: dict[str, Any] | None = None
-    files: list[str] = field(default_factory=list)
-    bench_outcome: str | None = None  # the bench step's: the shadow is armed only after a pass
+    found: Found = field(default_factory=Found)
+    arms: Arms = field(default_factory=Arms)
 
 
 def _health(rep: HealthReport, what: str) -> tuple[Status, str]:
@@ -154,7 +170,7 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
         decode_spread=st.decode_spread,
     )
     o = run_bench(ctx.host, opts, ctx.say)
-    ctx.bench_outcome = o.outcome
+    ctx.found.bench_outcome = o.outcome
     detail = o.message or f"{len(o.section.get('rows') or [])} kernel rows, no interference"
     return Done(
         status=BENCH_STATUS[o.outcome],
@@ -188,10 +204,12 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     # a host (CPU) candidate cannot fault the GPU, and no GPU bench times it: it is armed
     # unless its bench ran and failed (a wrong answer)
     on_cpu = ch is not None and ch.candidate in CPU_BACKENDS
-    if on_cpu and ctx.bench_outcome in (None, "pass", "hold", "skip"):
+    if on_cpu and ctx.found.bench_outcome in (None, "pass", "hold", "skip"):
         pass
-    elif shadowable and ctx.bench_outcome != "pass":
-        shadow_why = f"shadow not armed: the bench did not pass ({ctx.bench_outcome or 'not run'})"
+    elif shadowable and ctx.found.bench_outcome != "pass":
+        shadow_why = (
+            f"shadow not armed: the bench did not pass ({ctx.found.bench_outcome or 'not run'})"
+        )
         shadowable = False
     opts = ProfileOptions(
         levels=load.concurrency,
@@ -210,7 +228,7 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         run_seconds=load.run_seconds,  # f over windows as long as measure's runs
     )  # fmt: skip
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
-    ctx.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)
+    ctx.arms.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)
     shares = []
     stage = COMPONENT_STAGE[ch.component] if ch is not None else None
     for lv in sec["levels"]:
@@ -261,7 +279,7 @@ def _reasons(d: Decision) -> str:
 def step_decide(ctx: Context, st: DecideStep, sub: RunDir) -> Done:
     pb = ctx.playbook
     d = decide(gather([ctx.run.path]), pb.threshold, pb.target_concurrency)
-    ctx.decision = d
+    ctx.found.decision = d
     return Done(
         status=VERDICT_STATUS[d.verdict],
         detail=_reasons(d),
@@ -278,24 +296,28 @@ def step_report(ctx: Context, st: ReportStep, sub: RunDir) -> Done:
         [ctx.run.path], threshold=pb.threshold, concurrency=pb.target_concurrency, change=None
     )
     amended = []
-    if ctx.deploy is not None and not ctx.deploy.ok:
+    if ctx.found.deploy is not None and not ctx.found.deploy.ok:
         d.failed.append(
             Reason(
                 code="deploy_failed",
-                message=f"the candidate's deploy failed at {ctx.deploy.failed_step}: "
-                f"{ctx.deploy.message}",
-                evidence={"record": ctx.deploy_record, "outcome": ctx.deploy.outcome},
+                message=f"the candidate's deploy failed at {ctx.found.deploy.failed_step}: "
+                f"{ctx.found.deploy.message}",
+                evidence={"record": ctx.found.deploy_record, "outcome": ctx.found.deploy.outcome},
             )
         )
         d.verdict, d.exit_code = "NO-GO", 1
         amended.append("deploy_failed")
-    ctx.files = write_reports(ctx.run.path, st.formats, ev, d, sources)
-    ctx.report = summary(d, sources)
+    ctx.found.files = write_reports(ctx.run.path, st.formats, ev, d, sources)
+    ctx.found.report = summary(d, sources)
     return Done(
         status=VERDICT_STATUS[d.verdict],
         detail=_reasons(d),
         outcome=d.verdict,
         exit_code=d.exit_code,
         inputs={"threshold": pb.threshold, "formats": st.formats},
-        sections={"decision": ctx.report, "files": ctx.files, "amended_by_rollout": amended},
+        sections={
+            "decision": ctx.found.report,
+            "files": ctx.found.files,
+            "amended_by_rollout": amended,
+        },
     )

@@ -35,7 +35,7 @@ def _arm(
     load = ctx.playbook.load
     out: dict[int, list[float]] = {c: [] for c in load.concurrency}
     stage = COMPONENT_STAGE[ctx.change.component] if ctx.change else None
-    plan = run_plan(load.concurrency, ctx.requests_per_level)
+    plan = run_plan(load.concurrency, ctx.arms.requests_per_level)
     for i in range(runs):
         levels = []
         for cs, n in plan:
@@ -174,19 +174,19 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     Ctrl-C raises MeasureInterrupted with the runs that finished."""
     load, raw = ctx.playbook.load, []
     settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side",
-                "requests_per_level": ctx.requests_per_level or None}  # fmt: skip
-    dep = ctx.deploy
+                "requests_per_level": ctx.arms.requests_per_level or None}  # fmt: skip
+    dep = ctx.found.deploy
     deployed = st.phase == "after" and dep is not None and dep.ok and dep.release
-    ctx.measure_serving = (dep.release, "the deploy's switch") if deployed else None
+    ctx.arms.measure_serving = (dep.release, "the deploy's switch") if deployed else None
     try:
         return _measure(ctx, st, raw, settings)
     except KeyboardInterrupt as exc:
-        on, where = ctx.measure_serving or (None, None)
+        on, where = ctx.arms.measure_serving or (None, None)
         switch = None
         if isinstance(exc, DeployInterrupted):  # inside a switch: the host says where it is
             on, where = exc.result.after, "the host, after the interrupted switch"
             switch = exc.result.message
-        elif deployed and ctx.measure_serving is None:  # a 2nd Ctrl-C cut the host's answer
+        elif deployed and ctx.arms.measure_serving is None:  # a 2nd Ctrl-C cut the host's answer
             switch = "a recheck switch was interrupted before the host said where it is"
         section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
                    "runs": raw, "service_runs": on,
@@ -202,10 +202,10 @@ def _measure(
     load = ctx.playbook.load
     if st.phase == "before":
         a, a2 = _arm(ctx, st.repeats, "A", raw), _arm(ctx, st.repeats, "A'", raw)
-        ctx.before = {c: [a[c], a2[c]] for c in load.concurrency}
-        ctx.before_runs = raw
+        ctx.arms.before = {c: [a[c], a2[c]] for c in load.concurrency}
+        ctx.arms.before_runs = raw
         levels = [
-            {"concurrency": c, "aa": ctx.before[c], "aa_noise": rate_gain(a[c], a2[c])}
+            {"concurrency": c, "aa": ctx.arms.before[c], "aa_noise": rate_gain(a[c], a2[c])}
             for c in load.concurrency
         ]
         section = {"target": ctx.target.name, "levels": levels, "settings": settings, "runs": raw}
@@ -222,7 +222,7 @@ def _measure(
             sections={"measure_before": section},
             inputs=settings,
         )
-    if ctx.before is None:
+    if ctx.arms.before is None:
         return Done(
             status="skip",
             detail="no A/A pair: the before phase did not run",
@@ -235,13 +235,14 @@ def _measure(
     again, recheck_note, precision = rc.again, rc.note, rc.precision
     levels, gains, missing = [], [], []
     for c in load.concurrency:
-        before = ctx.before[c][0] + ctx.before[c][1]
+        before = ctx.arms.before[c][0] + ctx.arms.before[c][1]
         if not before or not after[c]:
             missing.append(c)
             continue
-        levels.append({"concurrency": c, "aa": ctx.before[c], "before": before, "after": after[c],
-                       "service_speedup": service_speedup(ctx.before_runs + raw, c),
-                       "audit": audit(ctx.before_runs + raw, c),
+        aa = ctx.arms.before[c]
+        levels.append({"concurrency": c, "aa": aa, "before": before, "after": after[c],
+                       "service_speedup": service_speedup(ctx.arms.before_runs + raw, c),
+                       "audit": audit(ctx.arms.before_runs + raw, c),
                        "recheck": again.get(c, [])})  # fmt: skip
         gains.append(f"c={c} {_pct(rate_gain(before + again.get(c, []), after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
@@ -352,10 +353,10 @@ def recheck(
     runs), `st.max_cycles` at the most. `Recheck.failed` when the candidate could not be
     switched back in (the service then runs the release the rollback left current, and the
     note names it)."""
-    dep = ctx.deploy
+    dep = ctx.found.deploy
     if dep is None or not dep.ok or not dep.before or not dep.release:
         return Recheck(note="no recheck: no deployed candidate with a release before it")
-    opts = ctx.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
+    opts = ctx.found.deploy_opts or DeployOptions()  # the deploy step's waits and post-flight
     show = _deploy_progress(ctx, "recheck ")
     assert ctx.change is not None  # a deployed candidate has one
     again: dict[int, list[float]] = {}
@@ -365,7 +366,7 @@ def recheck(
     k = 0
     for k in range(1, last + 1):
         with open_host(ctx.target) as host:
-            ctx.measure_serving = None  # not known again until the switch has answered
+            ctx.arms.measure_serving = None  # not known again until the switch has answered
             back = Deployer(host, opts, show).rollback(dep.before)
         if not back.ok:
             what = f"switching back to {dep.before} failed ({back.message})"
@@ -373,27 +374,27 @@ def recheck(
                 return Recheck(note=f"no recheck: {what}")
             doc = _precision_doc(st, k - 1, widths)
             if back.after and back.after != dep.release:  # not the candidate that ran before
-                ctx.recheck_left_on = back.after
+                ctx.arms.recheck_left_on = back.after
                 note = f"FAILED: recheck cycle {k} of {of}: {what}; the service runs {back.after}"
                 return Recheck(again, note, doc, failed=True)
             return Recheck(again, f"recheck: cycle {k} of {of} stopped: {what}", doc)
-        ctx.measure_serving = (dep.before, "the recheck's last switch")
+        ctx.arms.measure_serving = (dep.before, "the recheck's last switch")
         ctx.say(f"recheck: {dep.before} is current again; the load once more")
         for c, xs in _arm(ctx, 2 * st.repeats, "A''", raw, cycle=k).items():
             again.setdefault(c, []).extend(xs)
-        if st.precision and ctx.before is not None and after is not None:
-            widths = half_widths(ctx.before, again, after)
+        if st.precision and ctx.arms.before is not None and after is not None:
+            widths = half_widths(ctx.arms.before, again, after)
         with open_host(candidate_target(ctx.target, ctx.change)) as host:
-            ctx.measure_serving = None
+            ctx.arms.measure_serving = None
             fwd = Deployer(host, opts, show).rollback(dep.release)
         if not fwd.ok:
-            ctx.recheck_left_on = fwd.after or dep.before
+            ctx.arms.recheck_left_on = fwd.after or dep.before
             note = (
                 f"FAILED to switch the candidate {dep.release} back in after the recheck "
                 f"({fwd.message}): the service runs {fwd.after or dep.before}"
             )
             return Recheck(again, note, _precision_doc(st, k, widths), failed=True)
-        ctx.measure_serving = (dep.release, "the recheck's last switch")
+        ctx.arms.measure_serving = (dep.release, "the recheck's last switch")
         done = k >= last or (
             k >= st.cycles and bool(st.precision) and precision_met(widths.values(), st.precision)
         )
@@ -418,7 +419,7 @@ def recheck(
 def _unsized(ctx: Context) -> str:
     """Where load.run_seconds asked for sized runs and a level got load.requests instead."""
     load = ctx.playbook.load
-    unsized = [c for c in load.concurrency if c not in ctx.requests_per_level]
+    unsized = [c for c in load.concurrency if c not in ctx.arms.requests_per_level]
     if load.run_seconds <= 0 or not unsized:
         return ""
     return (
@@ -452,8 +453,8 @@ def step_deploy(ctx: Context, st: DeployStep, sub: RunDir) -> Done:
     )
     with open_host(cand) as host:
         res = Deployer(host, opts, _deploy_progress(ctx)).run()
-    ctx.deploy, ctx.deploy_record = res, str(sub.path / "record.json")
-    ctx.deploy_opts = opts
+    ctx.found.deploy, ctx.found.deploy_record = res, str(sub.path / "record.json")
+    ctx.found.deploy_opts = opts
     for flight in ("preflight", "postflight"):  # the deploy's own checks, as the report reads them
         step = next((s for s in res.steps if s.name == flight and s.data.get("report")), None)
         if step is not None:
