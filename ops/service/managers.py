@@ -330,12 +330,19 @@ class ProcessManager(ServiceManager):
                 update={"detail": f"already running, pid {doc['pid']}", "actions": notes}
             )
         if not doc.get("started"):
+            detail = f"not started: {doc.get('reason', 'unknown reason')}"
+            if doc.get("blocked_by") == "port":  # e.g. another user's `local` on this machine
+                detail += (
+                    f"; to run beside it, give {self.target.name}'s service a free port: "
+                    f"[targets.{self.target.name}.service] url = 'http://127.0.0.1:PORT' "
+                    "(docs/inventory.md)"
+                )
             return ServiceStatus(
                 name=self.service.name,
                 manager="process",
                 state="failed",
                 healthy=False,
-                detail=f"not started: {doc.get('reason', 'unknown reason')}",
+                detail=detail,
                 actions=notes,
                 blocked_by=doc.get("blocked_by"),
             )
