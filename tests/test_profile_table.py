@@ -72,3 +72,25 @@ def test_a_level_above_the_services_batch_cap_says_so(tmp_path: Path) -> None:
     capped = [ln for ln in lines if ln.startswith("c=32 ")]
     assert capped and "capped: the service batches at most 8" in capped[0], lines
     assert not any("capped" in ln for ln in lines if ln.startswith(("c=1 ", "c=8 "))), lines
+
+
+def test_the_report_says_when_the_target_level_ran_at_the_batch_cap(tmp_path: Path) -> None:
+    """The verdict's target concurrency above the service's batch cap says which batch that
+    level really ran at (#39 item 6: `local` at c=32 runs batch 8)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "rollout_attn", run)
+    prof = run / "03-profile" / "record.json"
+    doc = json.loads(prof.read_text())
+    top = max(lv["concurrency"] for lv in doc["profile"]["levels"])
+    cap = max(1, top // 4)
+    doc["profile"].setdefault("service", {})["engine"] = {"max_batch_size": cap}
+    prof.write_text(json.dumps(doc))
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "report", str(run), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode in (0, 1, 3), res.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert f"the service batches at most {cap}: this level ran at batch {cap}" in md, md[:400]

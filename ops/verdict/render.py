@@ -503,7 +503,12 @@ def probes(ev: Evidence) -> list[dict[str, Any]]:
 def target_text(d: Decision, ev: Evidence) -> str:
     """The concurrency the verdict is for, or why there is none."""
     if d.target_concurrency is not None:
-        return str(d.target_concurrency)
+        c = d.target_concurrency
+        cap = (ev.profile.service.get("engine") or {}).get("max_batch_size") if ev.profile else None
+        if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < c:
+            # the service batches at most `cap`: a level of c requests ran at batch cap (#39)
+            return f"{c} (the service batches at most {cap}: this level ran at batch {cap})"
+        return str(c)
     if ev.profile is None:
         return "none (no profile record)"
     return "none (the profile measured no level)"
