@@ -1,16 +1,28 @@
-"""`python -m engine.attn_bench`: the engine's own attention stage as kernels.bench rows."""
+"""`python -m engine.attn_bench`: the engine's own attention stage as kernels.bench rows.
+
+Bad input (an empty, directory or unreachable `--json`, a prompt past the model's context, a
+max budget or seed past its range) is one `error:` line and exit 2 with nothing on stdout, and an
+earlier result at `--json` is left as it was; a batch size given twice runs once."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from helpers.cli import one_line
 
 from ops.verdict.evidence import KernelRow
 
+ROOT = Path(__file__).resolve().parent.parent
+
 SHAPE_KEYS = {"B", "L", "heads", "kv_dim", "dtype", "layers", "preset"}
+TINY = ["--device", "cpu", "--preset", "tiny"]
+HUGE = "99999999999999999999"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -213,3 +225,82 @@ def test_kernels_bench_leaves_out_prompt_lengths_past_the_engines_context() -> N
     assert notes[0].startswith("engine_attn: --prefix-len 1024 left out")
     assert "past the tiny engine's context (512)" in notes[0]
     assert not any("--prefix-len 64 " in n for n in notes)
+
+
+def _py(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+    )
+
+
+def _in_process(main, argv: list[str], capsys) -> subprocess.CompletedProcess:
+    """main(argv) in this process (no torch import per case): its exit code and output."""
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's error path
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+def _one_line_exit_2(p: subprocess.CompletedProcess, words: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--json", ""], "needs a file path"),  # was: silently not written, exit 0
+        (["--json", "{tmp}"], "is a directory"),
+        (["--json", "{tmp}/no/such/x.json"], "no such directory"),
+        (["--prompt-len", "512"], "--prompt-len 512: past this model's context (512)"),
+    ],
+)
+def test_attn_bench_bad_input(tmp_path, capsys, args: list[str], words: str) -> None:
+    from engine.attn_bench import main
+
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    p = _in_process(main, [*TINY, "--prompt-len", "8", "--batch", "1", *args], capsys)
+    _one_line_exit_2(p, words)
+    assert p.stdout == ""
+
+
+def test_attn_bench_repeated_batch_and_earlier_result_kept(tmp_path) -> None:
+    kept, out = tmp_path / "kept.json", tmp_path / "attn.json"
+    for path in (kept, out):
+        path.write_text('{"earlier": 1}\n')
+    # the two runs (each imports torch, ~3 s of one core) go together, each on its own file
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(_py, "-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps",
+                          "999", "--json", str(kept))  # fmt: skip
+        good = pool.submit(_py, "-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps",
+                           "1", "--warm", "0", "--prefix-span", "0", "--batch", "2", "2", "1",
+                           "--json", str(out))  # fmt: skip
+        p = bad.result()
+        # a bad run leaves an earlier result as it was (the up-front check truncated it)
+        _one_line_exit_2(p, "past this model's context")
+        assert json.loads(kept.read_text()) == {"earlier": 1}
+        p = good.result()
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert json.loads(out.read_text()) == doc
+    rows = [KernelRow.model_validate(r) for r in doc["results"]]
+    # one row per shape: `--batch 2 2 1` runs batch 2 once (two rows of one shape before)
+    assert [r.batch for r in rows if r.kernel == "row_attention"] == [2, 1]
+    assert doc["config"]["batch"] == [2, 1]
+    assert [r.reps for r in rows if r.kernel == "row_attention_prefill"] == [3]
+
+
+def test_attn_bench_refuses_a_huge_max_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    from engine import attn_bench
+
+    argv = ["--device", "cpu", "--preset", "tiny", "--prompt-len", "24", "--max-budget", HUGE]
+    assert attn_bench.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--max-budget must be <= 4096" in one_line(err)
+    assert attn_bench.main([*argv[:-2], "--seed", HUGE]) == 2
+    assert "--seed must be in" in one_line(capsys.readouterr().err)

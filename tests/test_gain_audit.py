@@ -2,15 +2,22 @@
 add up to it (ops.rollout.switch.audit, from the service's counters:
 ops.measure.counters.window_stages),
 and the report sets the prediction beside them (ops.verdict.gain_audit). Fixed numbers
-throughout."""
+throughout, and the committed H200 rollout records (ROLLOUTS) edited by hand: their audit renders
+as recorded; a missing, non-numeric or zero-time part is exit 2 naming the file and the field; an
+empty or partial audit renders without a traceback."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
+from helpers.cli import one_line
 from test_report import ops_report
 from test_report_parts import _attn_records, _load, _write
 
@@ -327,3 +334,103 @@ def test_html_shows_the_measured_table_without_a_projection(tmp_path) -> None:
     for r in measured:
         for x in (r["measured_gain"], r["measured_median"], r["measured_lo"], r["measured_hi"]):
             assert f"{100 * x:+.2f}%" in md and f"{100 * x:+.2f}%" in table, (x, r)
+
+
+ROLLOUTS = REPO / "benchmarks/results/2026-12-01-b3b9d70-h200-rollouts-audit"
+
+
+def _edited(tmp_path: Path, which: str, edit) -> Path:
+    src = next((ROLLOUTS / f"rollout-{which}" / "runs").glob("*rollout-local"))
+    dst = tmp_path / which / src.name
+    shutil.copytree(src, dst)
+    f = dst / "08-measure" / "record.json"
+    rec = json.loads(f.read_text())
+    edit(rec["measure"]["levels"])
+    f.write_text(json.dumps(rec))
+    return dst
+
+
+def _report(run: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ops", "report", str(run), "--out", str(run) + "-out", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _set(part: str, key: str, value):
+    def edit(levels):
+        levels[0]["audit"][part][key] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "field"),
+    [
+        ("missing", lambda L: L[0]["audit"]["window"].pop("after_ms"), "window.after_ms"),
+        ("string", _set("tree_build", "before_ms", "abc"), "tree_build.before_ms"),
+        ("nan", _set("window", "before_ms", float("nan")), "window.before_ms"),
+        ("a list", lambda L: L[0].__setitem__("audit", [1]), "levels.0.audit"),
+        ("part null", lambda L: L[0]["audit"].__setitem__("draft", None), "audit.draft"),
+    ],
+)
+def test_a_malformed_audit_is_exit_2_naming_the_file_and_field(tmp_path, name, edit, field):
+    run = _edited(tmp_path, "tree", edit)
+    p = _report(run)
+    assert p.returncode == 2, (name, p.stderr)
+    line = one_line(p.stderr)
+    assert str(run / "08-measure" / "record.json") in line and field in line, line
+
+
+def _table(md: str) -> list[str]:
+    return [x for x in md.splitlines() if x.startswith("| ") and "window (wall time)" in x]
+
+
+def test_the_committed_audit_renders_and_agrees_with_its_record(tmp_path) -> None:
+    run = _edited(tmp_path, "attn", lambda L: None)
+    p = _report(run)
+    assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr  # HOLD, as recorded
+    md = (Path(str(run) + "-out") / "report.md").read_text()
+    rec = json.loads((run / "08-measure" / "record.json").read_text())
+    for lv, line in zip(rec["measure"]["levels"], _table(md), strict=True):
+        w = lv["audit"]["window"]
+        assert line.startswith(
+            f"| {lv['concurrency']} | window (wall time) | {w['before_ms']:.4f} | "
+            f"{w['after_ms']:.4f} |"
+        ), line
+        parts = [v["before_ms"] for k, v in lv["audit"].items() if k != "window"]
+        assert sum(parts) == pytest.approx(w["before_ms"], rel=1e-9)
+    assert "| -0.0000 |" not in md and "attention (prefill) [the change]" in md
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "windows"),
+    [
+        ("empty dict", lambda L: L[0].__setitem__("audit", {}), 2),
+        ("one level only", lambda L: [lv.pop("audit") for lv in L[1:]], 1),
+    ],
+)
+def test_an_odd_audit_renders_without_a_traceback(tmp_path, name, edit, windows) -> None:
+    run = _edited(tmp_path, "tree", edit)
+    p = _report(run)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, (name, p.stderr)
+    md = (Path(str(run) + "-out") / "report.md").read_text()
+    rows = _table(md)
+    assert len(rows) == windows, rows
+
+
+@pytest.mark.parametrize(
+    ("name", "edit"),
+    [
+        ("negative window", _set("window", "before_ms", -1.0)),
+        ("zero window",
+         lambda L: L[0]["audit"].__setitem__("window", {"before_ms": 0.0, "after_ms": 0.0})),
+    ],
+)  # fmt: skip
+def test_a_window_of_no_time_is_bad_input(tmp_path, name, edit) -> None:
+    """A window of no (or negative) time predicted a window of -0.9562 ms; the record is now
+    refused as malformed (ops.verdict.evidence: a measured window takes time), one line, exit 2."""
+    run = _edited(tmp_path, "tree", edit)
+    p = _report(run)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, (name, p.stderr)
+    assert "audit" in p.stderr and "window" in p.stderr, p.stderr

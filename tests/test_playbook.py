@@ -1,5 +1,7 @@
 """Rollout playbooks: the shipped ones are valid; a bad playbook or `--set` is one line naming the
-step and the field (PlaybookError, exit 2 through the real CLI) before anything runs."""
+step and the field (PlaybookError, exit 2 through the real CLI) before anything runs: `true` is no
+number (measure.cycles and repeats, change.shape, bench.probe_interval), measure.cycles needs
+the after phase with recheck, and load.run_seconds a profile step before the measure."""
 
 from __future__ import annotations
 
@@ -265,3 +267,83 @@ def test_cli_refuses_before_anything_runs(tmp_path: Path) -> None:
     assert res.returncode == 2 and "change.baseline: 'reference'" in res.stderr
     assert "runs tree_build = 'cpp'" in res.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "root").exists()
+
+
+def _measure(tmp: Path, after: str, before: str = "") -> PlaybookError:
+    path = tmp / "pb.yaml"
+    path.write_text(
+        "change: {component: tree_build, baseline: reference, candidate: cuda}\nsteps:\n"
+        "  - step: profile\n"
+        f"  - step: measure\n    phase: before\n{before}"
+        "  - step: deploy\n"
+        f"  - step: measure\n    phase: after\n{after}"
+        "  - step: report\n"
+    )
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(path))
+    assert "\n" not in info.value.message
+    return info.value
+
+
+def test_measure_cycles_refuses_true_and_the_before_phase(tmp_path: Path) -> None:
+    e = _measure(tmp_path, "    recheck: true\n    cycles: true\n")
+    assert e.field == "cycles" and "not true/false" in e.message
+    e = _measure(tmp_path, "", before="    cycles: 2\n")
+    assert e.field == "cycles" and "phase 'after'" in e.message
+    e = _measure(tmp_path, "    cycles: 2\n")
+    assert e.field == "cycles" and "recheck: true" in e.message
+    e = _measure(tmp_path, "    repeats: false\n")
+    assert e.field == "repeats" and "not true/false" in e.message
+    with pytest.raises(PlaybookError) as info:
+        load_playbook("rollout", ["measure.recheck=true", "measure.cycles=true"])
+    assert "not true/false" in info.value.message and "(from --set)" in info.value.message
+    with pytest.raises(PlaybookError) as info:
+        load_playbook("rollout", ["bench.probe_interval=true"])
+    assert info.value.field == "probe_interval" and "not true/false" in info.value.message
+    good = load_playbook("rollout", ["measure.recheck=true", "measure.cycles=2"])
+    assert [s.cycles for s in good.steps if s.step == "measure"][-1] == 2
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_change_shape_refuses_true_false_from_set(value: str) -> None:
+    with pytest.raises(PlaybookError, match="shape.*takes a number, not true/false"):
+        load_playbook("rollout-attention", [f"change.shape.B={value}"])
+
+
+def test_change_shape_still_takes_numbers_and_strings() -> None:
+    pb = load_playbook("rollout-attention", ["change.shape.B=8", "change.shape.dtype=fp32"])
+    assert pb.change is not None
+    assert pb.change.shape == {"T": 17, "L": 1024, "B": 8, "dtype": "fp32"}
+
+
+def test_run_seconds_without_a_profile_step_is_a_playbook_error(tmp_path: Path) -> None:
+    path = tmp_path / "pb.yaml"
+    path.write_text(
+        "change: {component: tree_build, baseline: reference, candidate: cuda}\n"
+        "load: {run_seconds: 30}\n"
+        "steps:\n"
+        "  - {step: healthcheck, name: preflight}\n"
+        "  - {step: decide}\n"
+        "  - {step: measure, name: baseline, phase: before}\n"
+        "  - {step: report}\n"
+    )
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(path))
+    err = info.value
+    assert err.field == "load.run_seconds" and err.step == "baseline"
+    assert "no profile step comes before this one" in err.message
+    assert "\n" not in err.message
+    # the same playbook with a profile step first, or without run_seconds, is fine
+    load_playbook(str(path), ["load.run_seconds=0"])
+    text = path.read_text().replace("  - {step: decide}", "  - {step: profile}\n  - {step: decide}")
+    path.write_text(text)
+    assert load_playbook(str(path)).load.run_seconds == 30
+
+
+def test_the_shipped_playbooks_take_run_seconds() -> None:
+    for name in ("rollout", "rollout-attention"):
+        assert load_playbook(name, ["load.run_seconds=20"]).load.run_seconds == 20
+        # a run (and a sized profile window) is one loadtest call, which may last an hour
+        with pytest.raises(PlaybookError) as info:
+            load_playbook(name, ["load.run_seconds=1801"])
+        assert info.value.field == "load.run_seconds", info.value

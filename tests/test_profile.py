@@ -2,7 +2,9 @@
 timings, taken as the difference of the counters bracketing each level's measured window, and
 each stage's share of that window's wall time), derived against
 tests/helpers/fake_service.py (a service without stage timings, like SGLang): step time from
-tokens/s and accept length, the tree build's time from its CPU baseline timed on the host."""
+tokens/s and accept length, the tree build's time from its CPU baseline timed on the host. The
+wall shares on fixed counters (ops.measure.counters.wall_shares): a prefill part is never larger
+than its (capped) share."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 from helpers import FAKE_SERVICE
 from helpers.local import Ops
 
+from ops.measure.counters import wall_shares
 from ops.verdict.evidence import ProfileSection
 
 STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
@@ -262,3 +265,32 @@ def test_a_service_that_accepts_but_never_answers_is_said_once(tmp_path: Path) -
         res.stderr
     )
     assert 10 <= took < 18, took  # one 10-s wait (and the start), not two
+
+
+def _snap(clock: float, steps: int, attn_steps: float, prefills: int, attn_pre: float) -> dict:
+    state = {
+        "clock_s": clock,
+        "step_time_breakdown": {"1": {"steps": steps, "total_s": {"step": attn_steps * 2,
+                                                                  "attention": attn_steps}}},
+        "prefill_time_breakdown": {"prefills": prefills, "tokens": 0,
+                                   "total_s": {"prefill": attn_pre * 2, "attention": attn_pre}},
+    }  # fmt: skip
+    return {"server_info": {"internal_states": [state]}}
+
+
+def test_the_prefill_part_is_never_more_than_the_capped_share() -> None:
+    # the service's counters span more than the client's window (1.5 s of attention in 1 s):
+    # the share is capped at 1 and its prefill part with it, so the record stays readable
+    start, end = _snap(0.0, 0, 0.0, 0, 0.0), _snap(1.0, 10, 0.5, 2, 1.2)
+    lt = {"duration_s": 1.0, "counters": {"start_lead_s": 0.0, "end_lag_s": 0.0}}
+    steps = {1: {"steps": 10, "total_s": {"step": 1.0, "attention": 0.5}}}
+    shares, _ = wall_shares(steps, start, end, lt)  # type: ignore[arg-type]
+    att = shares["attention"]
+    assert att["value"] == 1.0
+    assert att["prefill"] == 1.0
+    # an ordinary window keeps the prefill part as it is
+    start, end = _snap(0.0, 0, 0.0, 0, 0.0), _snap(1.0, 10, 0.2, 2, 0.1)
+    steps = {1: {"steps": 10, "total_s": {"step": 0.4, "attention": 0.2}}}
+    shares, _ = wall_shares(steps, start, end, lt)  # type: ignore[arg-type]
+    assert shares["attention"]["value"] == pytest.approx(0.3)
+    assert shares["attention"]["prefill"] == pytest.approx(0.1)

@@ -1,5 +1,6 @@
 """`ops report` on fixed records (tests/fixtures/records): the seed's Amdahl case, every NO-GO
-reason and every HOLD cause from a record that has it, bad records, `--json`, the files."""
+reason and every HOLD cause from a record that has it (a `no_kernel_rows` HOLD names the impls
+the bench has), bad records, `--json`, the files."""
 
 from __future__ import annotations
 
@@ -457,3 +458,19 @@ def test_a_measure_precision_that_contradicts_itself_is_a_bad_record(
                 lambda doc: doc["measure"].update(precision=precision))  # fmt: skip
     code, doc = ops_report(tmp_path, "preflight_ok", "bench_attn", "profile_attn_small", rec)
     assert code == 2 and "measure.precision" in doc["message"] and want in doc["message"], doc
+
+
+def test_no_kernel_rows_names_the_impls_the_bench_has(tmp_path: Path) -> None:
+    code, doc = ops_report(tmp_path, "preflight_ok", "bench_topk_only", "profile_tree",
+                           "rollout_tree", args=("--threshold", "0.005"))  # fmt: skip
+    (hold,) = [h for h in doc["holds"] if h["code"] == "no_kernel_rows"]
+    assert "(its impls there:" not in hold["message"]  # it has no tree rows at all
+    change = json.loads((RECORDS / "rollout_attn_change" / "record.json").read_text())
+    change["change"]["baseline_impl"] = "nonsense_impl"
+    d = tmp_path / "recs" / "change"
+    d.mkdir(parents=True)
+    (d / "record.json").write_text(json.dumps(change))
+    code, doc = ops_report(tmp_path, "preflight_ok", "bench_attn", "profile_attn_wall", str(d))
+    (hold,) = [h for h in doc["holds"] if h["code"] == "no_kernel_rows"]
+    assert "rows of both nonsense_impl and cuda" in hold["message"], hold
+    assert "(its impls there: cuda, cuda_graph, torch_sdpa)" in hold["message"], hold

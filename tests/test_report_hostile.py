@@ -6,6 +6,10 @@
   the field; never exit 4 ("internal error", an ops bug) and never a traceback;
 - a compact one-leaf fuzz of those records (the prober's fuzzrep.py, deterministic) holds that
   for a few hundred mutations;
+- a record with a nonsense number (a wall share outside [0, 1], its prefill part larger than
+  the share or not a number, a negative stage time, a service speedup <= 0) is exit 2 naming
+  the file and the field, where it was a traceback or a nonsense f, ceiling or speedup; the
+  same records unmutated still make a report;
 - many large records do not add up in memory (each parsed document is let go once read), and
   records over 256 MiB in all are refused before they are read, naming the run dir.
 """
@@ -18,11 +22,13 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.cli import run_ops
+from test_report import RECORDS, ops_report
 
 REPO = Path(__file__).resolve().parent.parent
 ROLLOUT = REPO / "tests" / "fixtures" / "records" / "rollout_attn"
@@ -246,3 +252,89 @@ def test_records_over_the_reports_limit_are_refused_before_reading(tmp_path: Pat
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr
     assert str(run) in lines[0] and "300 MiB" in lines[0] and "256 MiB" in lines[0], lines[0]
+
+
+def _load(name: str) -> dict:
+    return json.loads((RECORDS / name / "record.json").read_text())
+
+
+def _records(tmp: Path, mutate: Callable[[dict[str, dict]], None]) -> list[str]:
+    """The attention rollout's records (change, bench, wall-share profile, measure with the
+    service's s), mutated, written under tmp; preflight from the fixtures."""
+    change = _load("rollout_attn_change")
+    prof = _load("profile_attn_wall")
+    for lv in prof["profile"]["levels"]:
+        lv["wall_share"]["attention"]["prefill"] = 0.1
+    meas = _load("rollout_attn/06-measure")
+    for lv in meas["measure"]["levels"]:
+        lv["service_speedup"] = {"total": 2.5, "steps": 2.8, "prefill": 1.9}
+    recs = {"change": change, "bench": _load("bench_attn"), "profile": prof, "measure": meas}
+    mutate(recs)
+    out = [str(RECORDS / "preflight_ok")]
+    for name, rec in recs.items():
+        d = tmp / "recs" / name
+        d.mkdir(parents=True)
+        (d / "record.json").write_text(json.dumps(rec))
+        out.append(str(d))
+    return out
+
+
+def _share(recs: dict[str, dict]) -> dict[str, Any]:
+    return recs["profile"]["profile"]["levels"][0]["wall_share"]["attention"]
+
+
+def _svc(recs: dict[str, dict], value: dict[str, Any]) -> None:
+    recs["measure"]["measure"]["levels"][0]["service_speedup"] = value
+
+
+CASES: list[tuple[str, Callable[[dict[str, dict]], None], str, str]] = [
+    ("share_negative", lambda r: _share(r).update(value=-0.2), "profile",
+     "profile.levels.0.wall_share: attention.value: a share of the wall time"),
+    ("share_over_one", lambda r: _share(r).update(value=1.5), "profile",
+     "attention.value: a share of the wall time is in [0, 1], got 1.5"),
+    ("share_p25_negative", lambda r: _share(r).update(p25=-0.5), "profile",
+     "attention.p25: a share of the wall time is in [0, 1], got -0.5"),
+    ("prefill_over_share", lambda r: _share(r).update(prefill=0.9), "profile",
+     "attention.prefill: the part in prefill is in [0, the share 0.25], got 0.9"),
+    ("prefill_negative", lambda r: _share(r).update(prefill=-0.1), "profile",
+     "attention.prefill: the part in prefill is in [0, the share 0.25], got -0.1"),
+    ("prefill_string", lambda r: _share(r).update(prefill="abc"), "profile",
+     "attention.prefill: must be a number, got 'abc'"),
+    ("prefill_list", lambda r: _share(r).update(prefill=[1]), "profile",
+     "attention.prefill: must be a number, got [1]"),
+    ("stage_negative",
+     lambda r: r["profile"]["profile"]["levels"][1]["stage_ms"]["attention"].update(value=-3),
+     "profile", "profile.levels.1.stage_ms: attention.value: a time is a number"),
+    ("service_total_negative", lambda r: _svc(r, {"total": -1}), "measure",
+     "measure.levels.0.service_speedup: total: a speedup is a number > 0"),
+    ("service_steps_zero", lambda r: _svc(r, {"steps": 0}), "measure",
+     "steps: a speedup is a number > 0, got 0.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "record", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_nonsense_number_in_a_record_is_exit_2_naming_file_and_field(
+    tmp_path: Path, mutate: Callable[[dict[str, dict]], None], record: str, words: str
+) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "report", *_records(tmp_path, mutate), "--json",
+         "--out", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    line = res.stderr.strip()
+    assert "\n" not in line, line
+    assert line.startswith(f"error: {tmp_path / 'recs' / record / 'record.json'}: "), line
+    assert words in line, line
+
+
+def test_the_unmutated_records_still_make_a_report(tmp_path: Path) -> None:
+    code, doc = ops_report(tmp_path, *_records(tmp_path, lambda r: None), args=("-c", "1"))
+    assert code in (0, 1, 3), doc
+    row = next(r for r in doc["amdahl"] if r["concurrency"] == 1)
+    assert row["f"] == pytest.approx(0.25)
+    assert row["service_speedup"] == {"total": 2.5, "steps": 2.8, "prefill": 1.9}

@@ -1,7 +1,8 @@
 """First use of `python -m engine` and `ops serve`: every bad value (preset, device, backend from
 a flag or DDTREE_ENGINE_BACKENDS, a busy port) is one line on stderr and exit 2, at once, before
 the port is bound and before `ops serve` says "serving on"; `--check` reports the effective
-backends and where each came from."""
+backends and where each came from, refuses a tree budget, seed, batch size, thread count or load
+delay past its cap, and prints its JSON document for an abbreviated `--chec` too."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from helpers.cli import one_line
 from helpers.engine_server import REPO, free_port
 
 NO_CUDA = not torch.cuda.is_available()
+HUGE = "99999999999999999999"
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -164,3 +167,37 @@ def test_cuda_graphs_switch_reaches_the_engine() -> None:
     assert json.loads(env_off.stdout)["cuda_graphs"] is False
     help_text = _run("-m", "ops", "serve", "-h").stdout
     assert "--no-cuda-graphs" in help_text
+
+
+def test_engine_check_abbreviated_still_prints_its_json_document() -> None:
+    proc = _run("-m", "engine", "--chec", "--port", "0")
+    assert proc.returncode == 2
+    assert "--port" in one_line(proc.stderr)
+    assert json.loads(proc.stdout) == {
+        "ok": False,
+        "error": "argument --port: must be in [1, 65535], got 0",
+    }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--budget", HUGE],
+        ["--max-budget", HUGE],
+        ["--max-budget", "4097"],
+        ["--budget", "-1"],
+        ["--seed", HUGE],
+        ["--max-batch-size", HUGE],
+        ["--threads", HUGE],
+        ["--load-delay", "1e20"],
+    ],
+)
+def test_engine_check_refuses_a_budget_past_the_cap(args: list[str]) -> None:
+    r = _run("-m", "engine", "--preset", "tiny", "--port", "1", *args, "--check")
+    assert r.returncode == 2
+    assert "--" in one_line(r.stderr) and json.loads(r.stdout)["ok"] is False
+
+
+def test_engine_check_takes_the_largest_budget() -> None:
+    r = _run("-m", "engine", "--preset", "tiny", "--port", "1", "--max-budget", "4096", "--check")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stderr

@@ -1,5 +1,6 @@
 """engine.stage_clock: a step's stage laps add up to the step, and each stage's time lands on the
-stage whose work it is (on a GPU: GPU work queued by a stage, without a sync at its lap)."""
+stage whose work it is (on a GPU: GPU work queued by a stage, without a sync at its lap). On a
+CPU engine, an AR or DDTree step's stages (attention inside verify) add up to its wall time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import time
 import pytest
 import torch
 
+from engine.runtime import EngineSpec, build_decoder
 from engine.stage_clock import StageClock
+from engine.tokenizer import ByteTokenizer
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(
@@ -83,3 +86,33 @@ def test_gpu_work_queued_by_a_stage_is_that_stages_time_without_a_sync() -> None
     assert stages["wait"] < 0.003, stages
     assert sum(stages.values()) <= wall + 1e-3
     assert sum(stages.values()) > 0.8 * wall - 0.002
+
+
+@pytest.mark.parametrize("mode", ["ar", "ddtree"])
+def test_a_cpu_steps_stages_add_up_to_its_wall_time(mode) -> None:
+    """engine.stage_clock on a CPU: host-clock laps, one per stage; `attention` is the part of
+    verify spent in attention (inside verify, not beside it), so the other stages add up to the
+    step's wall time less the step's own bookkeeping outside the clock."""
+    spec = EngineSpec("tiny", mode, "cpu", (), max_batch_size=2)
+    _, dec = build_decoder(spec)
+    tok = ByteTokenizer()
+    seqs = [dec.new_sequence(tok.encode(p)) for p in ("Hello there", "The tree of")]
+    for s in seqs:
+        dec.prefill(s)
+    dec.step(seqs)  # warm
+    walls, sums = [], []
+    for _ in range(8):
+        t0 = time.perf_counter()
+        st = dec.step(seqs).stages
+        walls.append(time.perf_counter() - t0)
+        assert all(v >= 0 for v in st.values()), st
+        assert st["attention"] <= st["verify"], st
+        sums.append(sum(v for k, v in st.items() if k != "attention"))
+        want = {"verify", "attention", "commit"}
+        if mode == "ddtree":
+            want |= {"draft", "topk", "tree_build", "accept"}
+        assert set(st) == want, st
+    for s in seqs:
+        s.blocks.free()
+    w, s = sorted(walls)[4], sorted(sums)[4]
+    assert s <= w and s >= 0.8 * w - 2e-4, (sums, walls)

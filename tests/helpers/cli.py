@@ -6,6 +6,10 @@
 `ops_json` appends `--inventory` (when given) and `--json`, and fails the test with the exit
 code, stdout and stderr when stdout is not one JSON document: a traceback or a stray print is
 a failure with its evidence, never a KeyError later.
+
+For any of the project's commands run in process (`engine.bench`, `kernels.bench`, ...):
+`exit_code(main, argv)` is main's exit status, whether it returns it or argparse exits with
+it, and `one_line(err)` asserts stderr is one `error: ...` line with no traceback and returns it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -55,3 +59,19 @@ def ops_json(
             f"no JSON document (exit {res.returncode}): {res.stdout[-2000:]}\n{res.stderr[-4000:]}"
         ) from None
     return res.returncode, doc, res.stderr
+
+
+def exit_code(main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """main(argv)'s exit status, whether it returns it or argparse's error exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)  # type: ignore[arg-type]
+
+
+def one_line(err: str) -> str:
+    """The one `error: ...` line a user mistake prints on stderr (no traceback, nothing else)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
