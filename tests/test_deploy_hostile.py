@@ -3,51 +3,24 @@ user mistakes are one line and exit 2; Ctrl-C (SIGINT) or SIGTERM at any step le
 on its previous release and serving, with a complete record; a release whose service does not
 start is rolled back with the service's own error as evidence; the tables fit 80 columns.
 
-The target is `local` with its own remote root and port. The releases come from a small git
-repository: `engine/svc.py` is tests/helpers/fake_service.py (the service, run from
-`current/`, so a commit can break it), `kernels/selftest.py` a stand-in that passes (the real
-self-test and the real engine are proven in test_deploy.py); each test commits the change it
-needs.
+The target is `local` with its own remote root and port, the releases the stand-in's
+(tests/helpers/deploy_ops.py: `engine/svc.py` is tests/helpers/fake_service.py, run from
+`current/`, so a commit can break it; `kernels/selftest.py` a stand-in that passes); each test
+commits the change it needs.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import FAKE_SERVICE
-from helpers.cli import ops_json, run_ops
-from helpers.deploy import commit_change, git
+from helpers.deploy import commit_change
+from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line, steps
 from helpers.local import end_services
-from helpers.sshd import free_port
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent  # the CLI runs from here: `python -m ops` is this checkout's ops
-SELFTEST = '''"""Stand-in self-test (tests/test_deploy_hostile.py)."""
-import json
-import time
-
-DELAY = 0
-time.sleep(DELAY)
-print(json.dumps({"ok": True, "gpu": "skipped: stand-in", "ops": []}))
-'''
-NOISY_CRASH = (
-    "def main() -> None:\n"
-    "    import sys\n"
-    "    for i in range(30):\n"
-    "        print(f'loading shard {i} of 30', file=sys.stderr, flush=True)\n"
-    "    exec('def broken(:')\n"
-)
 TERM_DEAF = (
     "def main() -> None:\n"
     "    import signal\n"
@@ -57,142 +30,11 @@ TERM_DEAF = (
 ID = r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{10}"
 
 
-def make_source(tmp: Path) -> Path:
-    src = tmp / "src"
-    (src / "engine").mkdir(parents=True)
-    (src / "kernels").mkdir()
-    shutil.copy2(FAKE_SERVICE, src / "engine" / "svc.py")
-    (src / "engine" / "__main__.py").write_text("raise SystemExit('stand-in: run engine/svc.py')\n")
-    (src / "kernels" / "__init__.py").write_text("")
-    (src / "kernels" / "selftest.py").write_text(SELFTEST)
-    git(src, "init", "-q", "-b", "main")
-    git(src, "add", "-A")
-    git(src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "first")
-    return src
-
-
-class Ops:
-    """The real `ops` CLI at 80 columns on `local` (own root, own port) and a group `fleet`."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.src = tmp, make_source(tmp)
-        self.root, self.port = tmp / "root", free_port()
-        self.inventory = tmp / "ops.toml"
-        self.inventory.write_text(
-            "[targets.local]\n"
-            f"remote_root = '{self.root}'\n"
-            "[targets.local.service]\n"
-            f"url = 'http://127.0.0.1:{self.port}'\n"
-            "command = '{python} engine/svc.py --port {port}'\n"
-            "stop_timeout = 2\n"
-            "[groups]\n"
-            "fleet = ['local']\n"
-        )
-        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs"), "COLUMNS": "80"}
-        self.env.pop("OPS_INVENTORY", None)
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory)]
-
-    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return run_ops(*args, inventory=self.inventory, env=self.env, timeout=timeout, cwd=REPO)
-
-    def json(self, *args: str) -> tuple[int, dict]:
-        inv, env = self.inventory, self.env
-        code, doc, _ = ops_json(*args, inventory=inv, env=env, timeout=120, cwd=REPO)
-        return code, doc
-
-    def deploy(self, *extra: str, target: str = "local") -> subprocess.CompletedProcess[str]:
-        return self("deploy", target, "--source", str(self.src), "--max-tokens", "3", *extra)
-
-    def interrupt_at(
-        self,
-        marker: str,
-        *extra: str,
-        sig: int = signal.SIGINT,
-        delay: float = 0.0,
-        first: Callable[[], None] | None = None,
-    ) -> tuple[int, str, str, float]:
-        """Start a deploy, send `sig` once `marker` shows on stderr: (exit, stdout, stderr, s)."""
-        proc = subprocess.Popen(
-            self.argv("deploy", *extra, "--source", str(self.src), "--max-tokens", "3"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=self.env,
-            cwd=REPO,
-        )
-        assert proc.stderr is not None
-        seen = ""
-        while marker not in seen:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen += line
-        assert marker in seen, seen
-        time.sleep(delay)
-        if first is not None:
-            first()
-        proc.send_signal(sig)
-        t0 = time.monotonic()
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        return proc.returncode, out, seen + err, time.monotonic() - t0
-
-    def current(self) -> str | None:
-        link = self.root / "current"
-        return os.readlink(link).split("/")[-1] if link.is_symlink() else None
-
-    def record(self, command: str) -> dict:
-        runs = sorted((self.tmp / "runs").glob(f"*-{command}-*"))
-        return json.loads((runs[-1] / "record.json").read_text())
-
-    def serving(self, seconds: float = 20) -> str:
-        """Wait until the service is active; the release its process runs from."""
-        deadline = time.monotonic() + seconds
-        while True:
-            code, st = self.json("service", "status", "local")
-            if st.get("state") == "active" or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-        assert st.get("state") == "active", st
-        return Path(os.readlink(f"/proc/{st['pid']}/cwd")).name
-
-    def stop(self) -> None:
-        self("service", "stop", "local")
-
-    def guard_alive(self) -> bool:
-        """A deploy's guard holds deploy.guard for as long as it lives."""
-        fd = os.open(self.root / "deploy.guard", os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
-
-
 @pytest.fixture
 def ops(tmp_path: Path):
     o = Ops(tmp_path)
     yield o
     end_services(o.root)
-
-
-def steps(result: dict) -> dict[str, str]:
-    return {s["name"]: s["status"] for s in result["steps"]}
-
-
-def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, res.stderr
-    return errors[0]
 
 
 def test_user_mistakes_are_one_line_and_exit_2(ops: Ops, tmp_path: Path) -> None:

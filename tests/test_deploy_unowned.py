@@ -4,7 +4,7 @@ killed rollback, a port held by another program. The rule each test checks: the 
 ends on a runnable release it was on, or on the new one, and every release command still works.
 
 Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service run from
-`current/` by ops's process manager (tests/test_deploy_hostile.py's `Ops`), a tmpfs for the
+`current/` by ops's process manager (tests/helpers/deploy_ops.py's `Ops`), a tmpfs for the
 full disk.
 """
 
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO
 from helpers.deploy import commit_change
+from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line, steps
 from helpers.local import end_services
-from test_deploy_hostile import NOISY_CRASH, REPO, Ops, one_error_line, steps
 
 # the stand-in's post-flight answers never come
 HANG = ("engine/svc.py", 'default="ok"', 'default="hang"')

@@ -8,7 +8,7 @@ set before any request (exit 2, one JSON document); `--golden` with a JSON neste
 deep is exit 2, not an internal error (P84).
 
 Real parts: the `ops` CLI as a subprocess, the stand-in service under ops's process manager
-(helpers/local.py's `Ops` for the healthchecks, tests/test_deploy_hostile.py's `Ops` for the
+(helpers/local.py's `Ops` for the healthchecks, tests/helpers/deploy_ops.py's `Ops` for the
 deploys and the rollback, its releases from a real git source), `checks.identity` run as
 `python -m`.
 """
@@ -22,12 +22,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops as DeployOps
+from helpers.deploy_ops import one_error_line, steps
 from helpers.local import Ops as ServiceOps
 from helpers.local import end_services
 from helpers.sshd import free_port
-from test_deploy_hostile import REPO, one_error_line, steps
-from test_deploy_hostile import Ops as DeployOps
 
 SCHEMA = "ddtree-ops/golden/v1"
 FIX = "ops healthcheck local --record-golden"

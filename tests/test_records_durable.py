@@ -10,7 +10,7 @@
   empty directory; `ops report` reads it and says the run did not finish (HOLD), no traceback.
 
 Real processes throughout: the `ops` CLI, the stand-in release's service (tests/helpers/
-standin.py), a real tmpfs (mounted as root; the test is skipped, saying so, where mount(8) is
+deploy_ops.py), a real tmpfs (mounted as root; the test is skipped, saying so, where mount(8) is
 not allowed).
 """
 
@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.cli import run_ops
+from helpers.cli import ops_json, run_ops
+from helpers.deploy_ops import Ops
 from helpers.local import end_services
-from helpers.standin import StandIn
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:
@@ -81,9 +81,9 @@ def _warnings(stderr: str) -> list[str]:
 
 
 def test_a_full_disk_does_not_turn_a_deploy_into_a_failure(tmp_path: Path, full_disk: Path) -> None:
-    ops = StandIn(tmp_path, runs=full_disk)
+    ops = Ops(tmp_path, runs=full_disk)
     try:
-        res = ops(*ops.deploy_args("--bootstrap"))
+        res = ops.deploy("--bootstrap")
         assert "Traceback" not in res.stderr, res.stderr
         assert res.returncode == 0, (res.stdout, res.stderr)
         release = ops.current()
@@ -95,7 +95,7 @@ def test_a_full_disk_does_not_turn_a_deploy_into_a_failure(tmp_path: Path, full_
         assert "record: " not in res.stderr  # no record line for a record that is not there
         assert _health(ops.port)  # the host serves the release the output names
         # --json: one document, the result, and what became of the record
-        code, doc, err = ops.json("facts", "local")
+        code, doc, err = ops_json("facts", "local", inventory=ops.inventory, env=ops.env)
         assert code == 0 and doc["target"] == "local", doc
         assert "No space left on device" in doc["record_error"], doc
         (warning,) = _warnings(err)
@@ -108,7 +108,7 @@ def test_a_full_disk_does_not_turn_a_deploy_into_a_failure(tmp_path: Path, full_
 
 
 def test_sigkill_in_the_selftest_leaves_a_record_that_says_so(tmp_path: Path) -> None:
-    ops = StandIn(tmp_path)
+    ops = Ops(tmp_path)
     ops.slow_selftest(30)
     proc = ops.popen(*ops.deploy_args("--bootstrap"))
     try:

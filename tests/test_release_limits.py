@@ -6,7 +6,7 @@ and its size, before it reads the file (ops's own memory stays flat: a 1 GiB fil
 chunks, the hashes in release.json still those of the files on the host.
 
 Real parts throughout: the `ops` CLI as a subprocess, a real git source, the `local` target
-with the stand-in service (tests/test_deploy_hostile.py's `Ops`). The large files are sparse
+with the stand-in service (tests/helpers/deploy_ops.py's `Ops`). The large files are sparse
 (`truncate`), so nothing here writes or reads a gigabyte.
 """
 
@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from helpers.deploy import git
+from helpers.deploy_ops import Ops, one_error_line
 from helpers.local import end_services
-from test_deploy_hostile import REPO, Ops, one_error_line
 
 MIB = 2**20
 # runs ARGV and reports the peak RSS of its process tree (the largest of them), in KiB

@@ -22,9 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import REPO
 from .sshd import free_port
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def health_status(url: str, timeout: float = 2.0) -> int | None:
