@@ -7,7 +7,8 @@
   body must arrive within `request_read_timeout` seconds, else the connection is dropped) and
   a connection cap: over `max_connections`, the oldest connection with no request in flight
   (idle keep-alive or a half-sent head) is closed to make room, so idle sockets cannot lock
-  out `/health`; if none is idle, uvicorn's own `limit_concurrency` answers 503.
+  out `/health`; if none is idle, uvicorn's own `limit_concurrency` answers 503. Every
+  connection it takes gets TCP_NODELAY (`no_delay`), so a streamed event leaves when written.
 - `quiet_accept_errors(loop)` and `BackoffSocket`: asyncio logs every failed accept (EMFILE
   ...) with a traceback and goes on trying, thousands a second once the fd limit is hit; with
   these one try fails per burst and one line is logged per interval.
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -160,6 +162,7 @@ def bounded_h11(limits: Limits) -> type[H11Protocol]:
     class BoundedH11Protocol(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self.lingering, self.dropped = False, 0
+            no_delay(transport)
             super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
             self.opened_at = time.monotonic()
             self.read_timer: asyncio.TimerHandle | None = None
@@ -237,6 +240,21 @@ ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY on a TCP connection's socket (nothing on any other kind).
+
+    asyncio sets it itself only where the socket's `proto` attribute is IPPROTO_TCP; a socket
+    made as `socket.socket(AF_INET, SOCK_STREAM)` has proto 0, and so has every connection it
+    accepts. Without it, Nagle holds each small write until the last is ACKed, and
+    a keep-alive client delays that ACK ~40 ms: a second streamed response on one connection
+    came as its head, then every SSE event in one burst ~40 ms later (issue #39)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):  # already closed: nothing to stream to
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class BackoffSocket(socket.socket):
     """A listening socket whose accept() stops the rest of a burst after one out-of-resources
     failure. asyncio's accept loop goes on after such a failure (up to `backlog` tries in one
@@ -247,7 +265,10 @@ class BackoffSocket(socket.socket):
 
     @classmethod
     def wrap(cls, sock: socket.socket) -> BackoffSocket:
-        return cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        """The same socket; its family, type and protocol as the kernel says (a TCP socket
+        made with proto 0 is IPPROTO_TCP here, so asyncio sets TCP_NODELAY on what it
+        accepts)."""
+        return cls(fileno=sock.detach())
 
     def _clear(self) -> None:
         self._failed = False
