@@ -35,3 +35,25 @@ def test_a_failed_profile_names_its_cause_in_the_hold(tmp_path: Path) -> None:
         "f(c) is unknown"
     ), holds
     assert CAUSE in (out / "report.md").read_text()
+
+
+def test_the_html_reports_health_sections_have_distinct_titles(tmp_path: Path) -> None:
+    """A rollout that deployed has its own pre/post-flight and the deploy's: each section is
+    titled by who ran it, never two called "preflight" (#39 item 8)."""
+    import re
+
+    out = tmp_path / "out"
+    run = next(
+        (REPO / "benchmarks" / "results").glob(
+            "2026-12-03-e30be2b-*/rollout-attn/runs/*-rollout-local"
+        )
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "report", str(run), "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode in (0, 1, 3), res.stderr
+    titles = re.findall(r"<h3>([^<]*)</h3>", (out / "report.html").read_text())
+    assert len(titles) == 4 and len(titles) == len(set(titles)), titles
+    md = (out / "report.md").read_text()
+    assert "### deploy's preflight" in md and "### preflight" in md
