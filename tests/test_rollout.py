@@ -123,6 +123,7 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     # progress on stderr as each step runs
     assert "[1/9] preflight (healthcheck) ..." in err and "[9/9] report: NO-GO: " in err
     assert "decide: fail" not in err and "report: fail" not in err  # a verdict, not a failure
+    assert "      bench: GPUs (nvidia-smi)" in err, err  # a step's progress names its step
     assert "[6/9] deploy: skip (gate go: decide said NO-GO)" in err
     # one run directory: a record per step, the report beside the rollout's own record
     run = Path(doc["run_dir"])

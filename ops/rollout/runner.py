@@ -190,7 +190,10 @@ class Runner:
                 self.progress(f"interrupted; record: {self.run_dir.path}/record.json")
 
     def _say(self, line: str) -> None:
-        self.progress(f"      {line}")
+        """A step's own progress, under its line and naming it (a bare "service pid" under the
+        bench's line read as an orphan)."""
+        step = getattr(self, "_current", None)
+        self.progress(f"      {step}: {line}" if step else f"      {line}")
 
     def _steps(self, ctx: Context) -> RolloutResult:
         steps = self.pb.step_list()
@@ -210,6 +213,7 @@ class Runner:
                 self.progress(f"{head}: skip ({why})")
                 continue
             self.progress(f"{head} ({st.step}) ...")
+            self._current = st.name
             t0 = time.monotonic()
             try:
                 status, detail = self._one(ctx, st, sub)
