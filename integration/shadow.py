@@ -8,7 +8,9 @@ does to them, the service's own inputs and answers are not touched; a workspace 
 never passed on), and its answer is compared with the stock's, every output element and
 structure (types, dtypes, shapes, values, list lengths, each dict's items in order). The two
 run in turn, the stock first on even-numbered pairs and the candidate first on odd ones, so
-the cache either one leaves warm favours neither. Both times go into the process's counters
+the cache either one leaves warm favours neither; the candidate's first call in a process (a
+cold start: its first allocations, a lazily loaded library; on a loaded two-core machine 10 ms
+against 40 us) is compared but not timed. Both times go into the process's counters
 (`integration.counters`, layout `checks.hook_counters`): calls compared, mismatched, the two
 sums (s = stock seconds / candidate seconds), a ring of the last pairs (its spread), and the
 shadow's own time (the candidate, the copies, the comparison: what the service pays for it).
@@ -129,6 +131,7 @@ def shadowed(
     core = core_args(component, stock)
     mv = counters.mv
     seen = 0
+    cold = True
 
     def plain(args: tuple, kwargs: dict) -> Any:
         t0 = clock()
@@ -153,7 +156,7 @@ def shadowed(
 
     @functools.wraps(stock)
     def shadow(*args: Any, **kwargs: Any) -> Any:
-        nonlocal seen
+        nonlocal seen, cold
         seen += 1
         if seen % every:
             return plain(args, kwargs)
@@ -186,6 +189,8 @@ def shadowed(
         mv[f["compared"]] += 1
         if exc:
             mv[f["cand_errors"]] += 1
+        elif cold:  # the candidate's first call in this process: compared, not timed
+            cold = False
         else:
             at = ring_index(component, k)
             mv[at], mv[at + 1] = s_ns, c_ns
@@ -205,8 +210,8 @@ def shadowed(
         return out
 
     def rebind(new: memoryview) -> None:
-        nonlocal mv, seen
-        mv, seen = new, 0
+        nonlocal mv, seen, cold
+        mv, seen, cold = new, 0, True
         new[field(component, "shadow_every")] = every
 
     counters.on_rebind(rebind)

@@ -279,16 +279,17 @@ def test_the_shadow_serves_the_stock_and_times_the_candidate_beside_it(current: 
             sh = comps[comp]["shadow"]
             assert sh["every"] == 1 and sh["compared"] == comps[comp]["calls"] == 30, (comp, sh)
             assert sh["mismatched"] == sh["cand_errors"] == sh["saved"] == 0
-            assert sh["pairs"] == 30 and len(sh["ring"]) == 30
-            assert [p[0] for p in sh["ring"]] == list(range(30))
+            # the candidate's first call is compared, not timed (a cold start)
+            assert sh["pairs"] == 29 and len(sh["ring"]) == 29
+            assert [p[0] for p in sh["ring"]] == list(range(29))
             assert all(s > 0 and c > 0 for _, s, c in sh["ring"])
             assert sh["stock_s"] == pytest.approx(sum(s for _, s, _ in sh["ring"]) / 1e9)
             assert sh["overhead_s"] > sh["cand_s"] > 0
         tb = comps["tree_build"]
         # the stand-in's Python heapq builder against the compiled drop-in at budget 64
         assert tb["shadow"]["stock_s"] / tb["shadow"]["cand_s"] > 2, tb
-        # f's numerator stays the stock's own time (the shadow's is apart from it)
-        assert tb["seconds"] == pytest.approx(tb["shadow"]["stock_s"], rel=1e-6)
+        # f's numerator stays the stock's own time, every call's (the shadow's is apart from it)
+        assert tb["seconds"] > tb["shadow"]["stock_s"] > 0
     finally:
         err = svc.end()
     st = _status(current)

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -247,6 +249,15 @@ def main() -> None:
     threading.Thread(target=Handler.sched.run, daemon=True, name="scheduler").start()
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
+
+    def stop(signum: int, frame: object) -> None:
+        # the port first: a many-threaded process dies thread by thread, and its listening
+        # socket would outlive the pid the process manager saw go (a restart then finds the
+        # port held by "another user's process")
+        server.socket.close()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     print(f"fork stand-in: serving {ddtree.__name__} ({Handler.sched.info()['serving']}) on "
           f"{args.host}:{args.port}", flush=True)  # fmt: skip
     server.serve_forever()
