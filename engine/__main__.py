@@ -305,12 +305,21 @@ def run(argv: list[str] | None) -> int:
     state = EngineState(spec, args.model_name, args.load_delay, limits)
     log = logging.getLogger("engine")
     if frontend is not None:  # its front end has been serving (/health 503) since its own line
-        log.info("engine pid %d loading; its front end (pid %d) serves http://%s:%d",
-                 os.getpid(), frontend[0].pid, args.host, args.port)  # fmt: skip
+        log.info(
+            "engine pid %d loading; its front end (pid %d) serves http://%s:%d",
+            os.getpid(),
+            frontend[0].pid,
+            args.host,
+            args.port,
+        )
         rc = serve_with_frontend_process(state, *frontend, stops)
     else:
-        log.info("engine listening on http://%s:%d (pid %d, front end: thread)",
-                 args.host, args.port, os.getpid())  # fmt: skip
+        log.info(
+            "engine listening on http://%s:%d (pid %d, front end: thread)",
+            args.host,
+            args.port,
+            os.getpid(),
+        )
         from engine.server import build_server, create_app
 
         # uvicorn takes the signals and raises a caught one again into these once it has stopped
@@ -345,11 +354,19 @@ def start_frontend_process(sock: socket.socket, args: argparse.Namespace, limits
     ours, theirs = ctx.Pipe(duplex=True)
     child = ctx.Process(
         target=frontend_main,
-        args=(theirs, sock, args.model_name, args.mode, limits, args.host, args.port,
-              args.log_level),
+        args=(
+            theirs,
+            sock,
+            args.model_name,
+            args.mode,
+            limits,
+            args.host,
+            args.port,
+            args.log_level,
+        ),
         name="engine-frontend",
         daemon=True,
-    )  # fmt: skip
+    )
     child.start()
     theirs.close()
     sock.close()

@@ -146,10 +146,16 @@ def _decoders(args: argparse.Namespace) -> dict[str, Decoder]:
     for impl in args.impls:
         others = [b for b in BACKEND_SETS["cuda"] if not b.startswith("attention=")]
         spec = EngineSpec(
-            args.preset, args.mode, args.device, (*(others if on_gpu else ()), f"attention={impl}"),
-            seed=args.seed, max_batch_size=top, cuda_graphs=on_gpu and args.graphs == "on",
-            matmul=args.matmul, max_budget=args.max_budget,
-        )  # fmt: skip
+            args.preset,
+            args.mode,
+            args.device,
+            (*(others if on_gpu else ()), f"attention={impl}"),
+            seed=args.seed,
+            max_batch_size=top,
+            cuda_graphs=on_gpu and args.graphs == "on",
+            matmul=args.matmul,
+            max_budget=args.max_budget,
+        )
         decs[impl] = build_decoder(spec)[1]
         warm = decs[impl].new_sequence(_prompt(0, args.prompt_len))
         decs[impl].prefill(warm)  # a first prefill's one-time costs are not timed
@@ -202,19 +208,30 @@ def _batch(args, decs: dict[str, Decoder], b: int, prefill: dict, out: dict) -> 
     rows = {}
     for impl in decs:
         rows[impl] = {
-            "suite": "attn", "kernel": "row_attention", "impl": f"{impl}_engine", "shape": shape,
-            **_stats(attn[impl]), "mode": "engine_stage", "samples_us": attn[impl],
-            "verify_median_us": float(np.median(verify[impl])), **extra,
-        }  # fmt: skip
+            "suite": "attn",
+            "kernel": "row_attention",
+            "impl": f"{impl}_engine",
+            "shape": shape,
+            **_stats(attn[impl]),
+            "mode": "engine_stage",
+            "samples_us": attn[impl],
+            "verify_median_us": float(np.median(verify[impl])),
+            **extra,
+        }
     return rows
 
 
 def _shape(args, dec: Decoder, b: int) -> dict[str, Any]:
     mc = dec.model.cfg
     return {
-        "B": b, "L": args.prompt_len, "heads": mc.heads, "kv_dim": mc.kv_dim, "dtype": "fp32",
-        "layers": mc.layers, "preset": args.preset,
-    }  # fmt: skip
+        "B": b,
+        "L": args.prompt_len,
+        "heads": mc.heads,
+        "kv_dim": mc.kv_dim,
+        "dtype": "fp32",
+        "layers": mc.layers,
+        "preset": args.preset,
+    }
 
 
 def _speedups(rows: dict[str, dict]) -> list[dict]:
@@ -288,17 +305,24 @@ def _main(argv: list[str] | None) -> int:
             for r in rows.values():
                 r["refcheck"] = same[b]
         results += _speedups(rows)
-        print(f"batch {b}: " + "  ".join(
-            f"{r['impl']} {r['median_us']:.1f} us" for r in rows.values()
-        ), file=sys.stderr)  # fmt: skip
+        print(
+            f"batch {b}: "
+            + "  ".join(f"{r['impl']} {r['median_us']:.1f} us" for r in rows.values()),
+            file=sys.stderr,
+        )
     dec = next(iter(decs.values()))
     pre = {}
     for impl in decs:
         pre[impl] = {
-            "suite": "attn", "kernel": "row_attention_prefill", "impl": f"{impl}_engine",
-            "shape": _shape(args, dec, 1), **_stats(prefill[impl]), "mode": "engine_stage",
-            "samples_us": prefill[impl], "prefill_block_rows": dec.forward.max_rows,
-        }  # fmt: skip
+            "suite": "attn",
+            "kernel": "row_attention_prefill",
+            "impl": f"{impl}_engine",
+            "shape": _shape(args, dec, 1),
+            **_stats(prefill[impl]),
+            "mode": "engine_stage",
+            "samples_us": prefill[impl],
+            "prefill_block_rows": dec.forward.max_rows,
+        }
         if len(decs) > 1:
             pre[impl]["refcheck"] = all(same.values())
     results += _speedups(pre)
@@ -308,8 +332,10 @@ def _main(argv: list[str] | None) -> int:
         doc["peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     doc["refcheck"] = {str(b): s for b, s in same.items()} if len(decs) > 1 else None
     if len(decs) > 1 and not all(same.values()):
-        print("note: the impls decoded different tokens (refcheck false; see the docstring)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "note: the impls decoded different tokens (refcheck false; see the docstring)",
+            file=sys.stderr,
+        )
     text = json.dumps(doc, indent=1)
     print(text)
     if args.json is not None:

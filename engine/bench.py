@@ -95,10 +95,14 @@ def _stage_means(breakdown: dict[str, dict]) -> dict[str, float]:
     """Each stage's mean milliseconds per step over every batch size of a run."""
     n = sum(r["steps"] for r in breakdown.values())
     stages = {k for r in breakdown.values() for k in r["total_s"]}
-    return {
-        k: 1000 * sum(r["total_s"].get(k, 0.0) for r in breakdown.values()) / n
-        for k in sorted(stages)
-    } if n else {}  # fmt: skip
+    return (
+        {
+            k: 1000 * sum(r["total_s"].get(k, 0.0) for r in breakdown.values()) / n
+            for k in sorted(stages)
+        }
+        if n
+        else {}
+    )
 
 
 def _summary(dec, runs: list[dict]) -> dict:
@@ -123,10 +127,10 @@ def _summary(dec, runs: list[dict]) -> dict:
                     "cpu_s",
                     "gc_collections",
                     "stage_mean_ms",
-                )  # fmt: skip
+                )
             }
             for r in runs
-        ],  # fmt: skip
+        ],
         "same_outputs_every_run": same,
         "cuda_graphs": dec.forward.graphs,
         "captured_graphs": dec.forward.captured_graphs,
@@ -252,8 +256,10 @@ def _bad_input(args: argparse.Namespace) -> str | None:
     longest = max(len(p) for p in _prompts(args.prompt_len))
     for flag, n in (("--max-tokens", args.max_tokens), ("--identity-tokens", args.identity_tokens)):
         if longest + n > ctx:
-            return (f"{flag} {n}: with the {longest}-token prompts past the {args.preset} "
-                    f"preset's context ({ctx} tokens)")  # fmt: skip
+            return (
+                f"{flag} {n}: with the {longest}-token prompts past the {args.preset} "
+                f"preset's context ({ctx} tokens)"
+            )
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
         return f"--time-budget must be a number of seconds >= 0, got {args.time_budget}"
     if not args.device.startswith("cuda") and set(args.sets) == {"cuda"}:
@@ -464,20 +470,32 @@ def _run_set(args, entry, backends, graphs, prompts, start, rows, label, save) -
             continue
         specs = {
             mode: EngineSpec(
-                args.preset, mode, args.device, backends,
-                max_batch_size=max(args.concurrency), cuda_graphs=graphs,
-                row_chunk=args.row_chunk, max_budget=args.max_budget, matmul=args.matmul,
+                args.preset,
+                mode,
+                args.device,
+                backends,
+                max_batch_size=max(args.concurrency),
+                cuda_graphs=graphs,
+                row_chunk=args.row_chunk,
+                max_budget=args.max_budget,
+                matmul=args.matmul,
             )
             for mode in ("ar", "ddtree")
-        }  # fmt: skip
+        }
         level = load_interleaved(specs, prompts, c, args.max_tokens, args.repeats, args.rounds)
         for mode, r in level.items():
             got[mode] = r.pop("outputs")
             entry["load"].append({"mode": mode, **r})
             rows.append(
-                (label, mode, c, r["tokens_per_s"], r["mean_accept_length"],
-                 r["steady_tokens_per_s"])
-            )  # fmt: skip
+                (
+                    label,
+                    mode,
+                    c,
+                    r["tokens_per_s"],
+                    r["mean_accept_length"],
+                    r["steady_tokens_per_s"],
+                )
+            )
         save()
         if len(got) == 2:
             repeat_same = all(r.get("same_outputs_every_run", True) for r in entry["load"][-2:])

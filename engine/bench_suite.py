@@ -43,12 +43,30 @@ CHILD_TIMEOUT_S = 900.0
 def engine_argv(cfg: BenchConfig, prompt_len: int) -> list[str]:
     """The child's command line for one prompt length (its JSON document goes to stdout)."""
     argv = [
-        sys.executable, "-m", "engine.attn_bench", "--device", "cuda",
-        "--preset", cfg.engine_preset, "--mode", cfg.engine_mode,
-        "--batch", *map(str, cfg.batches), "--prompt-len", str(prompt_len),
-        "--prefix-span", str(cfg.decode_spread), "--steps", str(ENGINE_STEPS),
-        "--warm", str(ENGINE_WARM), "--graphs", cfg.engine_graphs, "--matmul", cfg.matmul,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "engine.attn_bench",
+        "--device",
+        "cuda",
+        "--preset",
+        cfg.engine_preset,
+        "--mode",
+        cfg.engine_mode,
+        "--batch",
+        *map(str, cfg.batches),
+        "--prompt-len",
+        str(prompt_len),
+        "--prefix-span",
+        str(cfg.decode_spread),
+        "--steps",
+        str(ENGINE_STEPS),
+        "--warm",
+        str(ENGINE_WARM),
+        "--graphs",
+        cfg.engine_graphs,
+        "--matmul",
+        cfg.matmul,
+    ]
     if cfg.decode_spread == 0:
         argv.append("--same-prompt")
     if cfg.engine_max_budget is not None:

@@ -72,9 +72,13 @@ class Decoder:
             for b in range(1, cfg.max_batch_size + 1)
         )
         self.forward = Forward(
-            model, self.cache.pool, self.cache.trash_slot, max(max_rows, cfg.row_chunk),
-            cfg.row_chunk, graphs,
-        )  # fmt: skip
+            model,
+            self.cache.pool,
+            self.cache.trash_slot,
+            max(max_rows, cfg.row_chunk),
+            cfg.row_chunk,
+            graphs,
+        )
         self.forward.capture()
         # engine.shadow: off until the front end arms it (POST /shadow)
         self.shadow = Shadow(backends.names, self._shadow_backend, model.device.type)
@@ -183,8 +187,10 @@ class Decoder:
                 trees = self.backends.tree_build(lp, ids, budget)
             else:  # both stages on the same log-probs, each timed as the stage clock times one
                 sampled = ShadowedCalls(self.shadow, taken, self.model.device, stream)
-                trees = sampled.call(lambda: self.backends.tree_build(lp, ids, budget),
-                                     lambda _plan: taken.candidate(lp, ids, budget))  # fmt: skip
+                trees = sampled.call(
+                    lambda: self.backends.tree_build(lp, ids, budget),
+                    lambda _plan: taken.candidate(lp, ids, budget),
+                )
                 pair = sampled.finish("step", len(seqs), None)
                 if pair is not None:  # the stage's time is the serving one's alone
                     clock.exclude("tree_build", pair.cand_calls_us / 1e6)
@@ -201,8 +207,7 @@ class Decoder:
         elif len(place) == len(seqs) * (budget + 1):  # every tree full: in place
             target = argmax
         else:  # the target ids stay on the model's device: a CUDA accept reads them there
-            target = torch.zeros(len(seqs) * (budget + 1), dtype=torch.int64,
-                                 device=argmax.device)  # fmt: skip
+            target = torch.zeros(len(seqs) * (budget + 1), dtype=torch.int64, device=argmax.device)
             target[torch.from_numpy(place).to(argmax.device)] = argmax
         lap("verify")
 

@@ -159,8 +159,15 @@ class ShadowedCalls:
         pair = None
         if not self.failed:
             base, cand = self.base, self.cand
-            pair = Pair(kind, rows, base.host_s * 1e6, base.calls_seconds() * 1e6,
-                        cand.host_s * 1e6, cand.calls_seconds() * 1e6, self.first)  # fmt: skip
+            pair = Pair(
+                kind,
+                rows,
+                base.host_s * 1e6,
+                base.calls_seconds() * 1e6,
+                cand.host_s * 1e6,
+                cand.calls_seconds() * 1e6,
+                self.first,
+            )
             self.shadow.record(pair, self.window)
         if timer is not None:
             timer.merge(self.base)
@@ -169,9 +176,14 @@ class ShadowedCalls:
 
 class Forward:
     def __init__(
-        self, model: Model, pool: torch.Tensor, trash_slot: int, max_rows: int, chunk: int,
+        self,
+        model: Model,
+        pool: torch.Tensor,
+        trash_slot: int,
+        max_rows: int,
+        chunk: int,
         graphs: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         cfg, dev = model.cfg, model.device
         self.model, self.pool, self.trash, self.chunk = model, pool, trash_slot, chunk
         self.max_rows = -(-max_rows // chunk) * chunk
@@ -263,9 +275,12 @@ class Forward:
 
     # -- a forward -----------------------------------------------------------------------------
     def run(
-        self, rows: Rows, attention: Attention, timer: AttentionTimer | None = None,
+        self,
+        rows: Rows,
+        attention: Attention,
+        timer: AttentionTimer | None = None,
         kind: str = "step",
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Logits [R, V] (a view of the static buffer: use before the next run); with a timer,
         the attention calls are timed into it. `kind` ("step" | "prefill") labels the forward
         for the shadow, when it samples this one."""
@@ -288,8 +303,9 @@ class Forward:
         sampled = None
         if taken is not None:
             cand = taken.candidate
-            sampled = ShadowedCalls(self.shadow, taken, self.model.device,
-                                      timer.stream if timer else None)  # fmt: skip
+            sampled = ShadowedCalls(
+                self.shadow, taken, self.model.device, timer.stream if timer else None
+            )
             plan = sampled.plan(make_plan, lambda: make_plan(cand))
         else:
             plan = timer.host(make_plan) if timer else make_plan()

@@ -37,9 +37,12 @@ from engine.weights import Weights
 
 class Model:
     def __init__(
-        self, cfg: ModelConfig, weights: Weights, device: str | torch.device = "cpu",
+        self,
+        cfg: ModelConfig,
+        weights: Weights,
+        device: str | torch.device = "cpu",
         tf32: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         # float32 matmuls in TF32 on a GPU, inside `precision()` only (the flag is process-wide

@@ -217,6 +217,9 @@ class Scheduler:
             elif update.token_ids:
                 self._emit(req, update)
         self.stats.record_step(
-            len(batch), res.stages, [len(n) for n in res.new_tokens], delivered,
+            len(batch),
+            res.stages,
+            [len(n) for n in res.new_tokens],
+            delivered,
             max(lengths) - min(lengths),
-        )  # fmt: skip
+        )

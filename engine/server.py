@@ -216,8 +216,9 @@ def _add_status_routes(app: FastAPI, state: Any) -> None:
         doc = await state.shadow(body)
         if "status" in doc:  # a refusal: {"error": why, "status": code}
             status = doc["status"]
-            return _error(status, doc["error"], "unavailable" if status == 503 else
-                          "invalid_request_error")  # fmt: skip
+            return _error(
+                status, doc["error"], "unavailable" if status == 503 else "invalid_request_error"
+            )
         return JSONResponse(doc)
 
 

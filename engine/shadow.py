@@ -60,8 +60,15 @@ class Pair:
     first: str
 
     def row(self) -> list:
-        return [self.kind, self.rows, round(self.base_plan_us, 1), round(self.base_calls_us, 1),
-                round(self.cand_plan_us, 1), round(self.cand_calls_us, 1), self.first]  # fmt: skip
+        return [
+            self.kind,
+            self.rows,
+            round(self.base_plan_us, 1),
+            round(self.base_calls_us, 1),
+            round(self.cand_plan_us, 1),
+            round(self.cand_calls_us, 1),
+            self.first,
+        ]
 
 
 class Taken(NamedTuple):
@@ -73,8 +80,15 @@ class Taken(NamedTuple):
     window: int
 
 
-PAIR_FIELDS = ["kind", "rows", "base_plan_us", "base_calls_us", "cand_plan_us", "cand_calls_us",
-               "first"]  # fmt: skip
+PAIR_FIELDS = [
+    "kind",
+    "rows",
+    "base_plan_us",
+    "base_calls_us",
+    "cand_plan_us",
+    "cand_calls_us",
+    "first",
+]
 
 
 class Shadow:
@@ -105,14 +119,16 @@ class Shadow:
         from engine.components import COMPONENTS
 
         if not isinstance(body, dict):
-            raise ValueError('the body must be a JSON object, e.g. {"attention": "cuda", '
-                             '"forwards": 400}')  # fmt: skip
+            raise ValueError(
+                'the body must be a JSON object, e.g. {"attention": "cuda", "forwards": 400}'
+            )
         unknown = sorted(set(body) - {*SHADOWED, "forwards"})
         if unknown:
             comps = " or ".join(SHADOWED)
             field = _short(unknown[0])
-            raise ValueError(f"unknown field {field}: the engine shadows {comps} (fields: one of "
-                             "them, forwards)")  # fmt: skip
+            raise ValueError(
+                f"unknown field {field}: the engine shadows {comps} (fields: one of them, forwards)"
+            )
         n = body.get("forwards")
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_FORWARDS:
             raise ValueError(f"'forwards' must be an integer 0..{MAX_FORWARDS}, got {_short(n)}")
@@ -122,8 +138,9 @@ class Shadow:
             return self.doc()
         named = [c for c in SHADOWED if c in body]
         if len(named) != 1:
-            raise ValueError(f"name one component to shadow ({' or '.join(SHADOWED)}), got "
-                             f"{len(named)}")  # fmt: skip
+            raise ValueError(
+                f"name one component to shadow ({' or '.join(SHADOWED)}), got {len(named)}"
+            )
         comp = named[0]
         kind = body[comp]
         kinds = COMPONENTS[comp]

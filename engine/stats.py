@@ -76,9 +76,13 @@ class StepStats:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for throughput
 
     def record_step(
-        self, batch: int, stages: dict[str, float], accept_lens: list[int], delivered: int,
+        self,
+        batch: int,
+        stages: dict[str, float],
+        accept_lens: list[int],
+        delivered: int,
         spread: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """One step: its stage times, tokens committed per request, tokens handed to clients,
         and its sequences' length spread (longest - shortest, tokens, before the step)."""
         now = time.monotonic()

@@ -105,9 +105,20 @@ def build_trees_cpp(top_log_probs: Any, top_token_ids: Any, budget: int) -> Batc
     base = buf.ctypes.data
     addr = [base + 8 * o for o in offs[:-1]]
     rc = _lib().ddtree_cpu_build_trees(
-        lp.ctypes.data, ids.ctypes.data, b, h, k, budget, addr[0], addr[1], addr[2],
-        vis.ctypes.data, addr[3], addr[4], addr[5],
-    )  # fmt: skip
+        lp.ctypes.data,
+        ids.ctypes.data,
+        b,
+        h,
+        k,
+        budget,
+        addr[0],
+        addr[1],
+        addr[2],
+        vis.ctypes.data,
+        addr[3],
+        addr[4],
+        addr[5],
+    )
     _check(rc, "ddtree_cpu_build_trees")
     part = [buf[offs[i] : offs[i + 1]] for i in range(6)]
     return BatchedTrees(
@@ -167,9 +178,17 @@ def greedy_accept_cpp(
     accept_len = np.empty(b, dtype=np.int64)
     bonus = np.empty(b, dtype=np.int64)
     rc = _lib().ddtree_cpu_greedy_accept(
-        tok.ctypes.data, fc.ctypes.data, ns.ctypes.data, target.ctypes.data, b, budget,
-        int(max_depth), accepted.ctypes.data, accept_len.ctypes.data, bonus.ctypes.data,
-    )  # fmt: skip
+        tok.ctypes.data,
+        fc.ctypes.data,
+        ns.ctypes.data,
+        target.ctypes.data,
+        b,
+        budget,
+        int(max_depth),
+        accepted.ctypes.data,
+        accept_len.ctypes.data,
+        bonus.ctypes.data,
+    )
     if rc == 4:
         raise ValueError(f"max_depth: an accepted path is longer than {max_depth} nodes")
     _check(rc, "ddtree_cpu_greedy_accept")

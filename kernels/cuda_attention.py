@@ -76,9 +76,18 @@ def tree_verify_attention(
     The same as `prepare_tree_verify(...)` then `.run(q, kv_cache, out)`.
     """
     prepared = prepare_tree_verify(
-        q, kv_cache, block_table, prefix_lens, tree_lens, visibility, scale,
-        max_kv_len=max_kv_len, num_splits=num_splits, algo=algo, check=check,
-    )  # fmt: skip
+        q,
+        kv_cache,
+        block_table,
+        prefix_lens,
+        tree_lens,
+        visibility,
+        scale,
+        max_kv_len=max_kv_len,
+        num_splits=num_splits,
+        algo=algo,
+        check=check,
+    )
     return prepared.run(q, kv_cache, out=out)
 
 
@@ -123,10 +132,31 @@ class TreeVerifyLaunch:
         # the split partials: per launch from torch's caching allocator, not held by the
         # launch (at 544 rows x 17 splits they are ~150 MB; a bench keeps many plans alive)
         ws = torch.empty(max(self.ws_bytes, 1), dtype=torch.uint8, device=self.device)
-        launch(op, declare(*_ATTN),
-            ptr(q), ptr(kv_cache), ptr(bt), ptr(pl), ptr(qo), ptr(vis), ptr(out), ptr(ws),
-            self.ws_bytes, dtype, algo, batch, heads, total_q, t_max, page_size, max_pages,
-            max_kv_len, self.scale, self.splits, stream_of(q))  # fmt: skip
+        launch(
+            op,
+            declare(*_ATTN),
+            ptr(q),
+            ptr(kv_cache),
+            ptr(bt),
+            ptr(pl),
+            ptr(qo),
+            ptr(vis),
+            ptr(out),
+            ptr(ws),
+            self.ws_bytes,
+            dtype,
+            algo,
+            batch,
+            heads,
+            total_q,
+            t_max,
+            page_size,
+            max_pages,
+            max_kv_len,
+            self.scale,
+            self.splits,
+            stream_of(q),
+        )
         return out
 
 
@@ -167,8 +197,9 @@ def prepare_tree_verify(
     if batch == 0 or total_q == 0:
         return TreeVerifyLaunch(*shapes, (), 0, (), float(scale), 0)
     if check:
-        _check_attention(op, pl, tl, block_table, kv_cache.shape[0], total_q, t_max,
-                         max_pages * page_size)  # fmt: skip
+        _check_attention(
+            op, pl, tl, block_table, kv_cache.shape[0], total_q, t_max, max_pages * page_size
+        )
     if max_kv_len is None:
         max_kv_len = int((pl + tl).max().item())
     qo = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
@@ -184,8 +215,20 @@ def prepare_tree_verify(
 def _plan(op, dtype: int, algo: str, batch, heads, total_q, t_max, max_kv_len, num_splits):
     """(split count, workspace bytes) of a launch on the current device (the C planner)."""
     splits, ws_bytes = _I(0), _SZ(0)
-    launch(op, declare(*_PLAN), dtype, ALGOS[algo], batch, heads, total_q, t_max, max_kv_len,
-           num_splits, ctypes.byref(splits), ctypes.byref(ws_bytes))  # fmt: skip
+    launch(
+        op,
+        declare(*_PLAN),
+        dtype,
+        ALGOS[algo],
+        batch,
+        heads,
+        total_q,
+        t_max,
+        max_kv_len,
+        num_splits,
+        ctypes.byref(splits),
+        ctypes.byref(ws_bytes),
+    )
     return splits.value, ws_bytes.value
 
 
@@ -210,17 +253,24 @@ def planned_splits(
 
 
 def _check_attention(op, pl, tl, block_table, num_pages, total_q, t_max, capacity) -> None:
-    stats = torch.stack([
-        (tl < 1).sum(), tl.sum() - total_q, (tl > t_max).sum(), (pl < 0).sum(),
-        (pl + tl > capacity).sum(),
-        ((block_table < 0) | (block_table >= num_pages)).sum(),
-    ]).tolist()  # fmt: skip
+    stats = torch.stack(
+        [
+            (tl < 1).sum(),
+            tl.sum() - total_q,
+            (tl > t_max).sum(),
+            (pl < 0).sum(),
+            (pl + tl > capacity).sum(),
+            ((block_table < 0) | (block_table >= num_pages)).sum(),
+        ]
+    ).tolist()
     problems = [
-        "tree_lens must be >= 1", f"tree_lens must sum to q.shape[0] = {total_q}",
-        f"tree_lens must be <= T_max = {t_max}", "prefix_lens must be >= 0",
+        "tree_lens must be >= 1",
+        f"tree_lens must sum to q.shape[0] = {total_q}",
+        f"tree_lens must be <= T_max = {t_max}",
+        "prefix_lens must be >= 0",
         f"prefix_lens + tree_lens must be <= max_pages * page_size = {capacity}",
         f"block_table entries must lie in [0, {num_pages})",
-    ]  # fmt: skip
+    ]
     for bad, msg in zip(stats, problems, strict=True):
         if bad:
             raise ValueError(f"{op}: {msg}")
@@ -263,7 +313,18 @@ def compact_kv(
                 f"{op}: accepted rows must start with 0, strictly increase, be padded with -1"
                 " only at the end and stay within the block table"
             )
-    launch(op, declare(*_COMPACT),
-        ptr(kv_cache), ptr(block_table), ptr(pl), ptr(acc), batch, acc.shape[1],
-        kv_cache.shape[1], max_pages, kv_cache.element_size(), stream_of(kv_cache))  # fmt: skip
+    launch(
+        op,
+        declare(*_COMPACT),
+        ptr(kv_cache),
+        ptr(block_table),
+        ptr(pl),
+        ptr(acc),
+        batch,
+        acc.shape[1],
+        kv_cache.shape[1],
+        max_pages,
+        kv_cache.element_size(),
+        stream_of(kv_cache),
+    )
     return kv_cache

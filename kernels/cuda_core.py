@@ -113,9 +113,11 @@ def on_device(x: Any, device: torch.device | str, dtype: torch.dtype | None = No
     already (a CUDA stage's inputs usually are, and each skipped conversion is a dispatcher
     call in a host-bound decode step)."""
     if (
-        isinstance(x, torch.Tensor) and x.device == device
-        and (dtype is None or x.dtype == dtype) and x.is_contiguous()
-    ):  # fmt: skip
+        isinstance(x, torch.Tensor)
+        and x.device == device
+        and (dtype is None or x.dtype == dtype)
+        and x.is_contiguous()
+    ):
         return x
     return torch.as_tensor(x).to(device, dtype).contiguous()
 
@@ -143,13 +145,16 @@ def check_tensor(
     # decode step is host-bound: ~1 us a check instead of ~4); any miss takes the full checks
     # below, which name what is wrong
     if (
-        type(t) is torch.Tensor and t.is_cuda and t.dtype in dtypes
+        type(t) is torch.Tensor
+        and t.is_cuda
+        and t.dtype in dtypes
         and (
-            t.shape == shape if shape is not None and None not in shape
+            t.shape == shape
+            if shape is not None and None not in shape
             else shape is None and (ndim is None or t.dim() == ndim)
         )
         and t.is_contiguous()
-    ):  # fmt: skip
+    ):
         return t
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{op}: {name}: expected a torch.Tensor, got {type(t).__name__}")

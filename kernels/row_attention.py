@@ -61,9 +61,12 @@ class RowGroup:
 
 
 def torch_rows_plan(
-    table: np.ndarray, lens: np.ndarray, device: torch.device, bucket: int = 64,
+    table: np.ndarray,
+    lens: np.ndarray,
+    device: torch.device,
+    bucket: int = 64,
     rows_per_call: int = 16,
-) -> list[RowGroup]:  # fmt: skip
+) -> list[RowGroup]:
     """The groups of fixed shape (length bucket, rows_per_call) of the rows [R, W] / [R]."""
     lens = np.asarray(lens, dtype=np.int64)
     padded_len = -(-lens // bucket) * bucket
@@ -181,16 +184,29 @@ def cuda_rows(
     if run is None or (run.q_shape, run.kv_shape, run.scale) != (q.shape, kv.shape, scale):
         splits, max_kv_len = split_plan(plan.max_kv_len)
         run = plan.launch = prepare_tree_verify(
-            q, kv, plan.block_table, plan.prefix_lens, plan.tree_lens, plan.visibility, scale,
-            max_kv_len=max_kv_len, num_splits=splits, algo="simt", check=False,
-        )  # fmt: skip
+            q,
+            kv,
+            plan.block_table,
+            plan.prefix_lens,
+            plan.tree_lens,
+            plan.visibility,
+            scale,
+            max_kv_len=max_kv_len,
+            num_splits=splits,
+            algo="simt",
+            check=False,
+        )
     return run.run(q, kv)[..., :latent_dim]
 
 
 def reference_rows(
-    q: torch.Tensor, pool: torch.Tensor, table: np.ndarray, lens: np.ndarray, scale: float,
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    table: np.ndarray,
+    lens: np.ndarray,
+    scale: float,
     latent_dim: int,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Row by row over exactly the visible keys, in float64: the tests' yardstick."""
     outs = []
     for i, n in enumerate(lens):
@@ -257,9 +273,12 @@ def visible_rows(
 
 
 def visible_rows_device(
-    slots: np.ndarray, prefix_lens: np.ndarray, vis: np.ndarray, keep: np.ndarray,
+    slots: np.ndarray,
+    prefix_lens: np.ndarray,
+    vis: np.ndarray,
+    keep: np.ndarray,
     device: torch.device | str,
-) -> tuple[torch.Tensor, np.ndarray]:  # fmt: skip
+) -> tuple[torch.Tensor, np.ndarray]:
     """`visible_rows`' table [B * T, W] restricted to the rows `keep` (flat indices into B * T),
     built on `device`: one upload of the slots [B, W], each kept row's request and prefix length
     and its visible nodes in index order ([T] each), then gathers there, instead of building

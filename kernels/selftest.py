@@ -41,12 +41,31 @@ TREE_KINDS = ("ties_0.25", "ties_0.1", "tiny_ties", "drafter")
 # service: H = block_size - 1 = 15, K 8 / 64, budgets 16 / 64 / 128, the production vocabulary
 # for top-k, 8 heads a GPU (64 over TP 8), pages of 64. small: the same ops, seconds on a CPU.
 SHAPES: dict[str, dict[str, Any]] = {
-    "service": dict(batch=8, depth=15, ks=(8, 64), budgets=(16, 64, 128), vocab=163840,
-                    topk_rows=2, accept_vocab=32768, heads=8, prefixes=(0, 77, 1500),
-                    page_size=64),
-    "small": dict(batch=3, depth=15, ks=(8,), budgets=(16, 64), vocab=4096, topk_rows=1,
-                  accept_vocab=1000, heads=2, prefixes=(0, 37), page_size=16),
-}  # fmt: skip
+    "service": dict(
+        batch=8,
+        depth=15,
+        ks=(8, 64),
+        budgets=(16, 64, 128),
+        vocab=163840,
+        topk_rows=2,
+        accept_vocab=32768,
+        heads=8,
+        prefixes=(0, 77, 1500),
+        page_size=64,
+    ),
+    "small": dict(
+        batch=3,
+        depth=15,
+        ks=(8,),
+        budgets=(16, 64),
+        vocab=4096,
+        topk_rows=1,
+        accept_vocab=1000,
+        heads=2,
+        prefixes=(0, 37),
+        page_size=16,
+    ),
+}
 
 
 class BadInput(ValueError):
@@ -114,8 +133,13 @@ def first_difference(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any
         bad = np.argwhere(g != w)
         if bad.size:
             idx = tuple(int(i) for i in bad[0])
-            return {"field": name, "index": list(idx), "got": g[idx].item(),
-                    "want": w[idx].item(), "elements_differing": int(len(bad))}  # fmt: skip
+            return {
+                "field": name,
+                "index": list(idx),
+                "got": g[idx].item(),
+                "want": w[idx].item(),
+                "elements_differing": int(len(bad)),
+            }
     return None
 
 
@@ -143,9 +167,14 @@ class OpResult:
                 self.first_mismatch = {"case": case, **evidence}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "backend": self.backend, "cases": self.cases,
-                "mismatches": self.mismatches, "first_mismatch": self.first_mismatch,
-                "seconds": round(self.seconds, 3)}  # fmt: skip
+        return {
+            "op": self.op,
+            "backend": self.backend,
+            "cases": self.cases,
+            "mismatches": self.mismatches,
+            "first_mismatch": self.first_mismatch,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def _fields(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -205,11 +234,16 @@ def gpu_guard(shape: dict[str, Any], require: bool) -> tuple[str, dict[str, Any]
     else:
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
-        facts = {"gpu_name": props.name, "arch": f"sm_{props.major}{props.minor}",
-                 "compute_capability": f"{props.major}.{props.minor}",
-                 "gpu_uuid": str(getattr(props, "uuid", "")) or None,
-                 "cuda_visible_devices": cvd, "memory_free": free, "memory_total": total,
-                 "memory_needed": memory_needed(shape)}  # fmt: skip
+        facts = {
+            "gpu_name": props.name,
+            "arch": f"sm_{props.major}{props.minor}",
+            "compute_capability": f"{props.major}.{props.minor}",
+            "gpu_uuid": str(getattr(props, "uuid", "")) or None,
+            "cuda_visible_devices": cvd,
+            "memory_free": free,
+            "memory_total": total,
+            "memory_needed": memory_needed(shape),
+        }
         if free < facts["memory_needed"]:
             return f"failed: guard: {free} bytes free < {facts['memory_needed']} needed", facts
         return "ran", facts
@@ -237,8 +271,13 @@ def _topk_check(shape: dict[str, Any], seed: int, dev: Any) -> OpResult:
         if not bad.size:
             return None
         i = tuple(int(j) for j in bad[0])
-        return {"field": "log_probs", "index": list(i), "got": float(got[i]),
-                "want": float(rlp[i]), "tol": float(tol[i])}  # fmt: skip
+        return {
+            "field": "log_probs",
+            "index": list(i),
+            "got": float(got[i]),
+            "want": float(rlp[i]),
+            "tol": float(tol[i]),
+        }
 
     res = OpResult("topk_logprobs", "cuda")
     rows, v = shape["topk_rows"] * shape["depth"], shape["vocab"]
@@ -374,12 +413,24 @@ def _attention_checks(shape: dict[str, Any], seed: int, dev: Any) -> list[OpResu
         tg = follow_targets(_rng(seed, budget, 29), trees, shape["vocab"])
         accepted = ref.greedy_accept_batch(trees, tg, h)[0]
         want_kv = ra.compact_kv(kv, table, pl, accepted)
-        host = {"table": table.astype(np.int32), "pl": pl.astype(np.int32),
-                "tl": tl.astype(np.int32), "vis": trees.visibility, "acc": accepted}  # fmt: skip
+        host = {
+            "table": table.astype(np.int32),
+            "pl": pl.astype(np.int32),
+            "tl": tl.astype(np.int32),
+            "vis": trees.visibility,
+            "acc": accepted,
+        }
         g = {n: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for n, a in host.items()}
         for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float32, 1e-5)):
-            case = {"B": b, "heads": heads, "prefix_lens": pl.tolist(), "page_size": ps,
-                    "tree_lens": tl.tolist(), "dtype": _name(dtype), "seed": seed}  # fmt: skip
+            case = {
+                "B": b,
+                "heads": heads,
+                "prefix_lens": pl.tolist(),
+                "page_size": ps,
+                "tree_lens": tl.tolist(),
+                "dtype": _name(dtype),
+                "seed": seed,
+            }
             qd, kvd = q.to(dtype).to(dev), kv.to(dtype).to(dev)
             attn.check(case, run_attn, qd, kvd, g, want, tol)
             comp.check(case, run_compact, kvd, g, want_kv)
@@ -428,11 +479,14 @@ def lib_facts(path: Path) -> tuple[dict[str, Any], list[str]]:
         keys = ("arch", "sass", "ptx", "source_digest", "library_sha256", "nvcc_version")
         facts["manifest"] = {k: m.get(k) for k in (*keys, "built_at")}
         if m.get("library_sha256") != facts["sha256"]:
-            problems.append(f"library sha256 {facts['sha256']} != manifest's "
-                            f"{m.get('library_sha256')}")  # fmt: skip
+            problems.append(
+                f"library sha256 {facts['sha256']} != manifest's {m.get('library_sha256')}"
+            )
         if m.get("source_digest") != _build.source_digest():
-            problems.append("the library was built from other sources than these kernels "
-                            "(manifest source_digest differs)")  # fmt: skip
+            problems.append(
+                "the library was built from other sources than these kernels "
+                "(manifest source_digest differs)"
+            )
     return facts, problems
 
 
@@ -471,9 +525,17 @@ def run(lib: Path | None, shapes: str, seed: int, require_gpu: bool) -> tuple[di
         version, cuda = torch.__version__, torch.version.cuda
     else:  # the installed torch's version, without importing it
         version, cuda = _torch_version(), "not imported: " + no_gpu
-    doc: dict[str, Any] = {"ok": False, "module": "kernels.selftest", "shapes": shapes,
-                           "shape": shape, "seed": seed, "torch": version, "lib": None,
-                           "torch_cuda": cuda, "problems": []}  # fmt: skip
+    doc: dict[str, Any] = {
+        "ok": False,
+        "module": "kernels.selftest",
+        "shapes": shapes,
+        "shape": shape,
+        "seed": seed,
+        "torch": version,
+        "lib": None,
+        "torch_cuda": cuda,
+        "problems": [],
+    }
     if lib is not None:
         doc["lib"], doc["problems"] = lib_facts(lib)
         os.environ["DDTREE_KERNELS_LIB"] = str(lib)  # what kernels.cuda_core loads
@@ -512,15 +574,27 @@ def main(argv: list[str] | None = None) -> int:
         lib = resolve_lib(args.lib)
     except BadInput as exc:
         print(f"error: {exc}", file=sys.stderr)
-        print(json.dumps({"ok": False, "module": "kernels.selftest", "error": "bad_input",
-                          "message": str(exc)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "ok": False,
+                    "module": "kernels.selftest",
+                    "error": "bad_input",
+                    "message": str(exc),
+                }
+            )
+        )
         return EXIT_BAD_INPUT
     try:
         doc, rc = run(lib, args.shapes, args.seed, args.require_gpu)
     except Exception as exc:  # a bug of ours is a failed self-test with its evidence, not a crash
-        doc = {"ok": False, "module": "kernels.selftest", "error": "internal",
-               "message": f"{type(exc).__name__}: {exc}",
-               "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
+        doc = {
+            "ok": False,
+            "module": "kernels.selftest",
+            "error": "internal",
+            "message": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-4000:],
+        }
         rc = EXIT_FAIL
     print(json.dumps(doc, default=str))
     return rc

@@ -18,8 +18,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "Timing", "forward_sampler", "interleave", "summarize", "time_cuda", "time_graph", "time_host",
-]  # fmt: skip
+    "Timing",
+    "forward_sampler",
+    "interleave",
+    "summarize",
+    "time_cuda",
+    "time_graph",
+    "time_host",
+]
 
 
 @dataclass
@@ -91,9 +97,12 @@ def interleave(samplers: dict[str, Callable[[int], float]], reps: int) -> dict[s
 
 def forward_sampler(
     forwards: Callable[[int], Sequence[tuple[Callable[[], Any], Callable[[Any, int], Any]]]],
-    n_inputs: int = 1, layers: int = 4, piece_us: float = 0.0, warmup: int = 3,
+    n_inputs: int = 1,
+    layers: int = 4,
+    piece_us: float = 0.0,
+    warmup: int = 3,
     parts: list[tuple[float, float]] | None = None,
-) -> Callable[[int], float]:  # fmt: skip
+) -> Callable[[int], float]:
     """A stage's sampler shaped as the forwards that run it (engine.forward): `forwards(i)`
     gives input set i's forwards, each a (plan, call) pair. Per forward: the GPU idle (the
     forward's input upload waits for the stream), `plan()` on the host clock (the engine's
@@ -118,8 +127,10 @@ def forward_sampler(
             for layer in range(layers):
                 if cycles:
                     torch.cuda._sleep(cycles)
-                start, end = (torch.cuda.Event(enable_timing=True),
-                              torch.cuda.Event(enable_timing=True))  # fmt: skip
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 call(p, layer)
                 end.record()

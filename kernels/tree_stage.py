@@ -59,9 +59,14 @@ def build_trees_stage(lp: Any, ids: Any, budget: int, device: torch.device | str
 
 
 def _build_into(
-    lp: torch.Tensor, ids: torch.Tensor, budget: int, flat: torch.Tensor, layout: tuple,
-    trees: Any, out: Any,
-) -> BatchedTrees:  # fmt: skip
+    lp: torch.Tensor,
+    ids: torch.Tensor,
+    budget: int,
+    flat: torch.Tensor,
+    layout: tuple,
+    trees: Any,
+    out: Any,
+) -> BatchedTrees:
     """Build into `out` (CudaTrees `trees` over the byte buffer `flat`, or a TreeWorkspace over
     them), copy every field back in ONE device-to-host copy, and hand back numpy trees that keep
     the device trees as their `device_copy` (the CUDA accept reuses them: no re-upload)."""
@@ -87,9 +92,11 @@ class CudaTreeStage:
         dev = self.device
         lp, ids = on_device(lp, dev, torch.float32), on_device(ids, dev, torch.int64)
         if (
-            lp.dim() != 3 or lp.shape[1] > cuda.MAX_DEPTH
-            or type(budget) is not int or not 0 <= budget <= cuda.MAX_BUDGET
-        ):  # fmt: skip
+            lp.dim() != 3
+            or lp.shape[1] > cuda.MAX_DEPTH
+            or type(budget) is not int
+            or not 0 <= budget <= cuda.MAX_BUDGET
+        ):
             return build_trees_stage(lp, ids, budget, dev)  # its checks name what is wrong
         key = (lp.shape[0], lp.shape[1], budget)
         kept = self._kept.get(key)
@@ -113,9 +120,15 @@ def _layout(batch: int, budget: int) -> tuple[tuple[str, int, int, type, tuple[i
     upload): per field (name, start, end, numpy dtype, shape), the int64 fields first, then the
     bool visibility, so every offset is a multiple of 8."""
     n1 = budget + 1
-    shapes = {"token_ids": (batch, budget), "depths": (batch, budget), "parents": (batch, n1),
-              "first_child": (batch, n1), "next_sibling": (batch, n1), "num_nodes": (batch,),
-              "visibility": (batch, n1, n1)}  # fmt: skip
+    shapes = {
+        "token_ids": (batch, budget),
+        "depths": (batch, budget),
+        "parents": (batch, n1),
+        "first_child": (batch, n1),
+        "next_sibling": (batch, n1),
+        "num_nodes": (batch,),
+        "visibility": (batch, n1, n1),
+    }
     layout, off = [], 0
     for f, sh in shapes.items():
         dt = np.int64 if f in _INT64_FIELDS else np.bool_
@@ -129,10 +142,12 @@ def _views(flat: torch.Tensor, layout: tuple) -> Any:
     """kernels.cuda.CudaTrees whose fields are views of the byte buffer `flat` (`_layout`)."""
     from kernels import cuda
 
-    return cuda.CudaTrees(**{
-        f: flat[a:b].view(torch.int64 if dt is np.int64 else torch.bool).view(sh)
-        for f, a, b, dt, sh in layout
-    })  # fmt: skip
+    return cuda.CudaTrees(
+        **{
+            f: flat[a:b].view(torch.int64 if dt is np.int64 else torch.bool).view(sh)
+            for f, a, b, dt, sh in layout
+        }
+    )
 
 
 def to_device(trees: BatchedTrees, device: torch.device | str) -> BatchedTrees:

@@ -31,8 +31,18 @@ def compiled(
 
     def nvcc(job: tuple[str, str]) -> subprocess.CompletedProcess[str]:
         arch, src = job
-        cmd = ["nvcc", "-O3", "-std=c++17", "-c", f"-arch=sm_{arch}", "-Xptxas", "-v",
-               "-o", str(out / f"{arch}-{src}.o"), str(CSRC / src)]  # fmt: skip
+        cmd = [
+            "nvcc",
+            "-O3",
+            "-std=c++17",
+            "-c",
+            f"-arch=sm_{arch}",
+            "-Xptxas",
+            "-v",
+            "-o",
+            str(out / f"{arch}-{src}.o"),
+            str(CSRC / src),
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
     jobs = [(arch, src) for arch in ARCHS for src in SOURCES]

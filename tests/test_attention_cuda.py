@@ -78,14 +78,16 @@ ALL_ALGOS = [(torch.float32, "simt"), (torch.bfloat16, "simt"), *BF16_MMA]
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("dtype,algo", ALL_ALGOS)
 def test_ragged_batch_matches_reference(heads, page_size, dtype, algo) -> None:
-    case = make_case(heads * 100 + page_size, **RAGGED, heads=heads, page_size=page_size,
-                     dtype=dtype)  # fmt: skip
+    case = make_case(
+        heads * 100 + page_size, **RAGGED, heads=heads, page_size=page_size, dtype=dtype
+    )
     check(case, dtype, algo=algo)
 
 
 @pytest.mark.parametrize("splits", [1, 3, 7])
-@pytest.mark.parametrize("dtype,algo", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
-                                        *BF16_MMA])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,algo", [(torch.float32, "auto"), (torch.bfloat16, "auto"), *BF16_MMA]
+)
 def test_kv_splits_and_combine(splits, dtype, algo) -> None:
     case = make_case(splits, [700, 1500, 0], [33, 65, 2], heads=8, page_size=16, dtype=dtype)
     check(case, dtype, num_splits=splits, algo=algo)
@@ -108,8 +110,9 @@ def test_long_prefix_auto_split_bf16() -> None:
 @pytest.mark.parametrize("algo", ["wgmma_tma", "auto"])
 def test_long_prefix_wgmma(algo) -> None:
     # 520 M rows a request (9 CTAs, the last with 8 live rows), splits planned and forced.
-    case = make_case(13, [5000, 3071, 64], [65, 40, 65], heads=8, page_size=64,
-                     dtype=torch.bfloat16)  # fmt: skip
+    case = make_case(
+        13, [5000, 3071, 64], [65, 40, 65], heads=8, page_size=64, dtype=torch.bfloat16
+    )
     check(case, torch.bfloat16, algo=algo)
     check(case, torch.bfloat16, algo=algo, num_splits=1)
 
@@ -122,8 +125,9 @@ def test_wgmma_ignores_kv_slots_past_the_end(page_size, algo) -> None:
     # pages): a TMA box carries the rest of the last page into shared memory, and 0 x NaN in the
     # PV would poison O unless those rows are zeroed first.
     prefix_lens, tree_lens = [100, 0, 4000, 63], [65, 3, 30, 1]
-    case = make_case(23 + page_size, prefix_lens, tree_lens, heads=8, page_size=page_size,
-                     dtype=torch.bfloat16)  # fmt: skip
+    case = make_case(
+        23 + page_size, prefix_lens, tree_lens, heads=8, page_size=page_size, dtype=torch.bfloat16
+    )
     kv, table = case[1], case[2]
     for b, (p, t) in enumerate(zip(prefix_lens, tree_lens, strict=True)):
         n = p + t
@@ -140,8 +144,9 @@ def test_wgmma_tail_path(page_size, num_splits) -> None:
     # CTAs with <= 8 live rows take the swap-AB tail path, scheduled after the others. Rows a
     # request: 65 x 8 = 520 (tail of 8), 7 x 8 = 56 (one CTA of 56), 1 x 8 = 8 (the tail is
     # the whole request), 9 x 8 = 72 (tail of 8); prefix 0 included.
-    case = make_case(17, [4000, 0, 129, 63], [65, 7, 1, 9], heads=8, page_size=page_size,
-                     dtype=torch.bfloat16)  # fmt: skip
+    case = make_case(
+        17, [4000, 0, 129, 63], [65, 7, 1, 9], heads=8, page_size=page_size, dtype=torch.bfloat16
+    )
     check(case, torch.bfloat16, algo="wgmma_tma", num_splits=num_splits)
 
 
@@ -161,8 +166,13 @@ def test_bench_size_rows_in_the_bench_schema() -> None:
 
     rows = bench_size(2, 256, 9, 8, reps=5, variants=("auto", "mma_sync_32"))
     impls = [r["impl"] for r in rows]
-    assert impls == ["cuda", "cuda_graph", "cuda:mma_sync_32", "cuda_graph:mma_sync_32",
-                     "torch_sdpa"]  # fmt: skip
+    assert impls == [
+        "cuda",
+        "cuda_graph",
+        "cuda:mma_sync_32",
+        "cuda_graph:mma_sync_32",
+        "torch_sdpa",
+    ]
     for r in rows:
         assert r["suite"] == "attn" and r["kernel"] == "tree_verify_attention", r
         assert r["median_us"] > 0 and r["tflops"] > 0 and "samples_us" not in r, r
@@ -180,10 +190,14 @@ def test_scale_matters() -> None:
 def test_compact_kv_exact(page_size, dtype) -> None:
     from kernels.cuda_attention import compact_kv
 
-    q, kv, table, prefix, _, _ = make_case(page_size, [0, 33, 7, 64], [9, 9, 9, 12], heads=1,
-                                           page_size=page_size, dtype=dtype)  # fmt: skip
-    accepted = torch.tensor([[0, 2, 3, 7, -1], [0, -1, -1, -1, -1], [0, 1, 5, 6, 8],
-                             [0, 4, 9, 10, 11]], dtype=torch.int64, device="cuda")  # fmt: skip
+    q, kv, table, prefix, _, _ = make_case(
+        page_size, [0, 33, 7, 64], [9, 9, 9, 12], heads=1, page_size=page_size, dtype=dtype
+    )
+    accepted = torch.tensor(
+        [[0, 2, 3, 7, -1], [0, -1, -1, -1, -1], [0, 1, 5, 6, 8], [0, 4, 9, 10, 11]],
+        dtype=torch.int64,
+        device="cuda",
+    )
     want = ref.compact_kv(kv.float().cpu(), table.cpu(), prefix.cpu(), accepted.cpu())
     got = compact_kv(kv, table, prefix, accepted)
     torch.cuda.synchronize()

@@ -62,8 +62,9 @@ def plain_attention(q, kv, bt, prefix_lens, tree_lens, vis, scale):
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_ragged_batch_matches_plain_loops(page_size: int) -> None:
     rng = np.random.default_rng(page_size)
-    case = make_case(rng, prefix_lens=[0, 37, 5, 70], tree_lens=[6, 1, 9, 3], heads=3,
-                     page_size=page_size)  # fmt: skip
+    case = make_case(
+        rng, prefix_lens=[0, 37, 5, 70], tree_lens=[6, 1, 9, 3], heads=3, page_size=page_size
+    )
     got = tree_verify_attention(*case, scale=0.05)
     want = plain_attention(*case, scale=0.05)
     assert got.shape == (19, 3, 512)

@@ -40,8 +40,25 @@ def _rows(doc: dict) -> list[KernelRow]:
 
 def test_cpu_rows_validate_as_kernel_rows(tmp_path) -> None:
     out = tmp_path / "attn.json"
-    p = _run("--device", "cpu", "--preset", "tiny", "--impls", "torch", "--batch", "1", "2",
-             "--steps", "3", "--warm", "1", "--prompt-len", "24", "--json", str(out))  # fmt: skip
+    p = _run(
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--impls",
+        "torch",
+        "--batch",
+        "1",
+        "2",
+        "--steps",
+        "3",
+        "--warm",
+        "1",
+        "--prompt-len",
+        "24",
+        "--json",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)  # exactly one JSON document on stdout
     assert json.loads(out.read_text()) == doc
@@ -98,8 +115,23 @@ def test_bad_input_from_the_command_line_is_one_line_and_exit_2() -> None:
 def test_gpu_both_impls_carry_speedup_and_refcheck() -> None:
     # fp32 matmuls: torch's bmm then computes fp32 as the CUDA kernel does (under TF32 a near
     # tie may break differently between the backends; the bench records that, not fails)
-    p = _run("--device", "cuda", "--preset", "small", "--batch", "1", "8", "--steps", "4",
-             "--warm", "1", "--prompt-len", "256", "--matmul", "fp32")  # fmt: skip
+    p = _run(
+        "--device",
+        "cuda",
+        "--preset",
+        "small",
+        "--batch",
+        "1",
+        "8",
+        "--steps",
+        "4",
+        "--warm",
+        "1",
+        "--prompt-len",
+        "256",
+        "--matmul",
+        "fp32",
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     rows = _rows(doc)
@@ -117,16 +149,45 @@ def test_gpu_both_impls_carry_speedup_and_refcheck() -> None:
 def test_cpu_same_prompt_keeps_the_batch_at_one_prefix() -> None:
     """`--same-prompt --prefix-span 0` is a load of one prompt: every request commits the same
     tokens, so the batch starts and stays at one prefix (the rollout's layout)."""
-    p = _run("--device", "cpu", "--preset", "tiny", "--batch", "3", "--steps", "3", "--warm", "1",
-             "--prompt-len", "64", "--prefix-span", "0", "--same-prompt")  # fmt: skip
+    p = _run(
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--batch",
+        "3",
+        "--steps",
+        "3",
+        "--warm",
+        "1",
+        "--prompt-len",
+        "64",
+        "--prefix-span",
+        "0",
+        "--same-prompt",
+    )
     assert p.returncode == 0, p.stderr
     (step,) = [r for r in json.loads(p.stdout)["results"] if r["kernel"] == "row_attention"]
     assert step["shape"]["same_prompt"] is True and step["shape"]["prefix_span"] == 0
     first, last = step["kv_len_first"], step["kv_len_last"]
     assert first[0] == first[1] and last[0] == last[1] and last[0] > first[0]
     # golden prompts cycled instead: the requests accept different lengths and drift apart
-    p = _run("--device", "cpu", "--preset", "tiny", "--batch", "3", "--steps", "3", "--warm", "1",
-             "--prompt-len", "64", "--prefix-span", "0")  # fmt: skip
+    p = _run(
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--batch",
+        "3",
+        "--steps",
+        "3",
+        "--warm",
+        "1",
+        "--prompt-len",
+        "64",
+        "--prefix-span",
+        "0",
+    )
     (step,) = [r for r in json.loads(p.stdout)["results"] if r["kernel"] == "row_attention"]
     assert "same_prompt" not in step["shape"]
 
@@ -139,10 +200,24 @@ def test_gpu_engine_attn_suite_rows() -> None:
     from ops.measure.gpu_guard import suite_bytes
 
     p = subprocess.run(
-        [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch",
-         "1,8", "--prefix-len", "256", "--engine-max-budget", "0"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kernels.bench",
+            "--json",
+            "--suite",
+            "engine_attn",
+            "--batch",
+            "1,8",
+            "--prefix-len",
+            "256",
+            "--engine-max-budget",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads(p.stdout)
     rows = _rows(doc)
@@ -205,8 +280,10 @@ def test_kernels_bench_checks_the_engine_settings_on_any_host(args, message) -> 
     once a child runs on a GPU): one line, exit 2."""
     p = subprocess.run(
         [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn", *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [f"error: {p.stderr.strip()[7:]}"]
     assert message in p.stderr
@@ -216,10 +293,22 @@ def test_kernels_bench_leaves_out_prompt_lengths_past_the_engines_context() -> N
     """The tiny preset's 512-token context holds L=64 but not the default 1024: that length is
     left out with a note in the document; the rest would run (CPU: the suite needs CUDA)."""
     p = subprocess.run(
-        [sys.executable, "-m", "kernels.bench", "--json", "--suite", "engine_attn",
-         "--engine-preset", "tiny", "--batch", "1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kernels.bench",
+            "--json",
+            "--suite",
+            "engine_attn",
+            "--engine-preset",
+            "tiny",
+            "--batch",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     notes = json.loads(p.stdout)["notes"]
     assert notes[0].startswith("engine_attn: --prefix-len 1024 left out")
@@ -275,11 +364,38 @@ def test_attn_bench_repeated_batch_and_earlier_result_kept(tmp_path) -> None:
         path.write_text('{"earlier": 1}\n')
     # the two runs (each imports torch, ~3 s of one core) go together, each on its own file
     with ThreadPoolExecutor(2) as pool:
-        bad = pool.submit(_py, "-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps",
-                          "999", "--json", str(kept))  # fmt: skip
-        good = pool.submit(_py, "-m", "engine.attn_bench", *TINY, "--prompt-len", "8", "--steps",
-                           "1", "--warm", "0", "--prefix-span", "0", "--batch", "2", "2", "1",
-                           "--json", str(out))  # fmt: skip
+        bad = pool.submit(
+            _py,
+            "-m",
+            "engine.attn_bench",
+            *TINY,
+            "--prompt-len",
+            "8",
+            "--steps",
+            "999",
+            "--json",
+            str(kept),
+        )
+        good = pool.submit(
+            _py,
+            "-m",
+            "engine.attn_bench",
+            *TINY,
+            "--prompt-len",
+            "8",
+            "--steps",
+            "1",
+            "--warm",
+            "0",
+            "--prefix-span",
+            "0",
+            "--batch",
+            "2",
+            "2",
+            "1",
+            "--json",
+            str(out),
+        )
         p = bad.result()
         # a bad run leaves an earlier result as it was (the up-front check truncated it)
         _one_line_exit_2(p, "past this model's context")

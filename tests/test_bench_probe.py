@@ -56,8 +56,20 @@ def probe(url: str, *args: str, timeout: float = 120) -> tuple[int, dict]:
 
 
 def test_real_load_trips_the_probe_and_is_killed_at_once(engine: EngineProcess) -> None:
-    load = [sys.executable, "-m", "checks.loadtest", "--json", "--url", engine.url,
-            "--concurrency", "8", "--requests", "5000", "--output-len", "64"]  # fmt: skip
+    load = [
+        sys.executable,
+        "-m",
+        "checks.loadtest",
+        "--json",
+        "--url",
+        engine.url,
+        "--concurrency",
+        "8",
+        "--requests",
+        "5000",
+        "--output-len",
+        "64",
+    ]
     t0 = time.monotonic()
     code, doc = probe(engine.url, "--before", "10", "--after", "5", "--", *load)
     assert code == 1 and not doc["ok"]
@@ -84,10 +96,14 @@ def test_real_load_trips_the_probe_and_is_killed_at_once(engine: EngineProcess) 
 
 def test_idle_command_does_not_trip(engine: EngineProcess) -> None:
     # The threshold is generous: other jobs share this 2-core machine and move the latency.
-    idle = [sys.executable, "-c",
-            "import json, time; time.sleep(1.5); print(json.dumps({'results': []}))"]  # fmt: skip
-    code, doc = probe(engine.url, "--threshold", "2.0", "--before", "10", "--after", "3", "--",
-                      *idle)  # fmt: skip
+    idle = [
+        sys.executable,
+        "-c",
+        "import json, time; time.sleep(1.5); print(json.dumps({'results': []}))",
+    ]
+    code, doc = probe(
+        engine.url, "--threshold", "2.0", "--before", "10", "--after", "3", "--", *idle
+    )
     assert code == 0 and doc["ok"], doc.get("trip")
     assert not doc["tripped"] and not doc["cmd"]["killed"] and doc["cmd"]["rc"] == 0
     assert doc["cmd"]["document"] == {"results": []}
@@ -116,9 +132,21 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
     ops.env["PATH"] = f"{STANDIN}:{os.environ['PATH']}"
     assert ops.json("service", "start", "local")[0] == 0
     try:  # a huge threshold: the bench's own start (importing torch) loads these 2 cores too
-        code, doc = ops.json("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "tree",
-                             "--batch", "1", "--probe-threshold", "100",
-                             "--probe-interval", "0.02")  # fmt: skip
+        code, doc = ops.json(
+            "bench",
+            "local",
+            "--gpu",
+            "1",
+            "--allow-shared",
+            "--suite",
+            "tree",
+            "--batch",
+            "1",
+            "--probe-threshold",
+            "100",
+            "--probe-interval",
+            "0.02",
+        )
     finally:
         ops.stop()  # the service ends (helpers.local.end_services)
     g = doc["guard"]
@@ -129,7 +157,14 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
     assert env["DDTREE_BENCH_MAX_MEM_GIB"] == f"{g['memory_cap_mib'] / 1024:g}"
     assert doc["memory_cap"]["env"] == {"DDTREE_BENCH_MAX_MEM_GIB": env["DDTREE_BENCH_MAX_MEM_GIB"]}
     assert doc["bench_run"]["argv"][1:] == [
-        "-m", "kernels.bench", "--json", "--suite", "tree", "--batch", "1"]  # fmt: skip
+        "-m",
+        "kernels.bench",
+        "--json",
+        "--suite",
+        "tree",
+        "--batch",
+        "1",
+    ]
     assert doc["environment"]["release"].startswith("checkout ")
     p = doc["probe"]
     assert p["measured"] and len(p["before_ms"]) == 20 and p["p50_before_ms"] > 0
@@ -151,18 +186,41 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
     engine on CPU, started by ops with a fixed tree budget. A service that does not report an
     engine config (the fake one, as SGLang) cannot be mirrored: one line, exit 2, nothing run."""
     ops = Ops(tmp_path)
-    ops.configure_service("{python} -m engine --host {host} --port {port} --preset tiny "
-                          "--mode ddtree --device cpu --max-budget 0")  # fmt: skip
+    ops.configure_service(
+        "{python} -m engine --host {host} --port {port} --preset tiny "
+        "--mode ddtree --device cpu --max-budget 0"
+    )
     ops.env["PATH"] = f"{STANDIN}:{os.environ['PATH']}"
     assert ops.json("service", "start", "local")[0] == 0
     try:
-        code, doc = ops.json("bench", "local", "--gpu", "1", "--allow-shared", "--suite",
-                             "engine_attn", "--batch", "1", "--probe-threshold", "100")  # fmt: skip
+        code, doc = ops.json(
+            "bench",
+            "local",
+            "--gpu",
+            "1",
+            "--allow-shared",
+            "--suite",
+            "engine_attn",
+            "--batch",
+            "1",
+            "--probe-threshold",
+            "100",
+        )
     finally:
         ops.stop()
     # CPU: no CUDA graphs, fp32 matmuls
-    flags = ["--engine-preset", "tiny", "--engine-mode", "ddtree", "--engine-max-budget", "0",
-             "--engine-graphs", "off", "--matmul", "fp32"]  # fmt: skip
+    flags = [
+        "--engine-preset",
+        "tiny",
+        "--engine-mode",
+        "ddtree",
+        "--engine-max-budget",
+        "0",
+        "--engine-graphs",
+        "off",
+        "--matmul",
+        "fp32",
+    ]
     assert doc["engine_flags"] == flags
     argv = doc["bench_run"]["argv"]
     assert argv[1:8] == ["-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch", "1"]
@@ -181,16 +239,26 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
     ops2.env["PATH"] = ops.env["PATH"]
     assert ops2.json("service", "start", "local")[0] == 0
     try:
-        res = ops2("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "engine_attn",
-                   "--batch", "1")  # fmt: skip
+        res = ops2(
+            "bench",
+            "local",
+            "--gpu",
+            "1",
+            "--allow-shared",
+            "--suite",
+            "engine_attn",
+            "--batch",
+            "1",
+        )
     finally:
         ops2.stop()
     assert res.returncode == 2
     assert "--suite engine_attn benches the reference engine as its service runs it" in res.stderr
     assert "Traceback" not in res.stderr
     # the service down: said so, not taken for a service of another kind
-    res = ops2("bench", "local", "--gpu", "1", "--allow-shared", "--suite", "engine_attn",
-               "--batch", "1")  # fmt: skip
+    res = ops2(
+        "bench", "local", "--gpu", "1", "--allow-shared", "--suite", "engine_attn", "--batch", "1"
+    )
     assert res.returncode == 2 and "did not answer" in res.stderr, res.stderr
     assert "is the service up?" in res.stderr and "Traceback" not in res.stderr
 
@@ -218,10 +286,23 @@ def test_the_command_dies_with_the_probe(sig: signal.Signals) -> None:
     """Ctrl-C / a timeout (TERM) or a hard kill of the probe never leaves the bench running."""
     url = f"http://127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "checks.probe", "--json", "--url", url, "--before", "3", "--",
-         sys.executable, "-c", "import time; time.sleep(120)"],
-        cwd=REPO, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "checks.probe",
+            "--json",
+            "--url",
+            url,
+            "--before",
+            "3",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(120)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (kids := _children(proc.pid)) and time.monotonic() < deadline:
@@ -251,8 +332,18 @@ def test_bench_on_a_free_gpu(tmp_path: Path) -> None:
     ops.configure()
     assert ops.json("service", "start", "local")[0] == 0
     try:
-        code, doc = ops.json("bench", "local", "--gpu", "0", "--suite", "tree", "--batch", "1",
-                             "--probe-threshold", "100")  # fmt: skip
+        code, doc = ops.json(
+            "bench",
+            "local",
+            "--gpu",
+            "0",
+            "--suite",
+            "tree",
+            "--batch",
+            "1",
+            "--probe-threshold",
+            "100",
+        )
     finally:
         ops("service", "stop", "local")
     assert code == 0, doc.get("message")
@@ -267,8 +358,10 @@ def _engine_on_gpu(tmp: Path, device: str, n_gpus: int, bench_gpu: int) -> Ops:
     """`local` with the reference engine (preset small) serving on `device`, started, and an
     inventory that says the host has `n_gpus` GPUs and benches on `bench_gpu`."""
     ops = Ops(tmp)
-    ops.configure_service("{python} -m engine --host {host} --port {port} --preset small "
-                          f"--mode ddtree --device {device}")  # fmt: skip
+    ops.configure_service(
+        "{python} -m engine --host {host} --port {port} --preset small "
+        f"--mode ddtree --device {device}"
+    )
     ops.inventory.write_text(
         ops.inventory.read_text().replace(
             "[targets.local.service]",
@@ -301,8 +394,9 @@ def test_guard_and_probe_with_the_engine_serving_on_the_gpu(tmp_path: Path) -> N
         assert "in use by the service" in doc["message"], doc["message"]
         assert "--allow-shared" in doc["hint"], doc
         t0 = time.monotonic()
-        code, doc = ops.json("bench", "local", "--gpu", "0", "--allow-shared", "--suite", "attn",
-                             "--batch", "64")  # fmt: skip
+        code, doc = ops.json(
+            "bench", "local", "--gpu", "0", "--allow-shared", "--suite", "attn", "--batch", "64"
+        )
         took = time.monotonic() - t0
     finally:
         ops("service", "stop", "local")

@@ -61,10 +61,22 @@ def test_a_quiet_bench_costs_about_nothing() -> None:
 @pytest.mark.parametrize("fmt", ["md", "html"])
 def test_the_report_leads_its_bench_section_with_the_cost(tmp_path: Path, fmt: str) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "ops", "report", str(RECORDS / "bench_tripped"), "--out",
-         str(tmp_path), "--format", fmt],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "report",
+            str(RECORDS / "bench_tripped"),
+            "--out",
+            str(tmp_path),
+            "--format",
+            fmt,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode in (0, 1, 3), res.stderr
     text = (tmp_path / f"report.{fmt}").read_text()
     section = text.split("Interference", 1)[1]
@@ -107,17 +119,37 @@ def test_an_out_of_memory_bench_is_one_line_and_the_service_is_untouched(tmp_pat
     port = free_port()
     svc = subprocess.Popen(
         [sys.executable, str(FAKE_SERVICE), "--port", str(port), "--mode", "ok"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             probe = subprocess.run(
-                [sys.executable, "-m", "checks.probe", "--json", "--url", url, "--before", "5",
-                 "--after", "3", "--threshold", "5", "--", sys.executable, "-c", OOM_BENCH],
-                capture_output=True, text=True, cwd=REPO, timeout=120,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "checks.probe",
+                    "--json",
+                    "--url",
+                    url,
+                    "--before",
+                    "5",
+                    "--after",
+                    "3",
+                    "--threshold",
+                    "5",
+                    "--",
+                    sys.executable,
+                    "-c",
+                    OOM_BENCH,
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                timeout=120,
+            )
             doc = json.loads(probe.stdout)
             if doc["measured"]:
                 break
@@ -141,13 +173,19 @@ def test_the_engine_can_hold_a_serving_stacks_memory_share() -> None:
     for bad in ("0", "0.99", "x"):
         res = subprocess.run(
             [sys.executable, "-m", "engine", "--mem-fraction", bad, "--check"],
-            capture_output=True, text=True, cwd=REPO, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
         assert res.returncode == 2 and "--mem-fraction" in res.stdout + res.stderr, res
     res = subprocess.run(
         [sys.executable, "-m", "engine", "--mem-fraction", "0.8", "--check"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
 
 

@@ -24,16 +24,39 @@ H200 = json.loads((REPO / BENCH_JSON).read_text())
 
 def probe_doc(bench_doc: dict | None, **over: Any) -> dict:
     """A probe document with calm latencies around a bench that exited 0."""
-    calm = {"n": 10, "answered": 10, "failed": 0, "ms": [20.0] * 10, "p25_ms": 20.0,
-            "p50_ms": 20.0, "p75_ms": 20.0, "errors": []}  # fmt: skip
+    calm = {
+        "n": 10,
+        "answered": 10,
+        "failed": 0,
+        "ms": [20.0] * 10,
+        "p25_ms": 20.0,
+        "p50_ms": 20.0,
+        "p75_ms": 20.0,
+        "errors": [],
+    }
     doc = {
-        "measured": True, "unmeasured_reason": None, "threshold": 0.1, "limit_ms": 22.0,
-        "before": calm, "during": {**calm, "at_s": [0.1] * 10}, "after": calm,
-        "tripped": False, "stopped_early": False, "trip": None,
-        "cmd": {"argv": ["python", "-m", "kernels.bench"], "pid": 1, "rc": 0, "killed": False,
-                "timed_out": False, "duration_s": 30.0, "document": bench_doc,
-                "stdout_tail": "", "stderr_tail": ""},
-    }  # fmt: skip
+        "measured": True,
+        "unmeasured_reason": None,
+        "threshold": 0.1,
+        "limit_ms": 22.0,
+        "before": calm,
+        "during": {**calm, "at_s": [0.1] * 10},
+        "after": calm,
+        "tripped": False,
+        "stopped_early": False,
+        "trip": None,
+        "cmd": {
+            "argv": ["python", "-m", "kernels.bench"],
+            "pid": 1,
+            "rc": 0,
+            "killed": False,
+            "timed_out": False,
+            "duration_s": 30.0,
+            "document": bench_doc,
+            "stdout_tail": "",
+            "stderr_tail": "",
+        },
+    }
     doc.update(over)
     return doc
 
@@ -73,8 +96,18 @@ def test_pass_outcome_and_its_table_at_80_columns() -> None:
     lines = text.splitlines()
     assert max(len(ln) for ln in lines) <= 80 and "…" not in text
     row = next(ln for ln in lines if ln.strip().startswith("B64 K8 n64"))
-    assert row.split() == ["B64", "K8", "n64", "54.0", "2.91", "21.1", "6783", "240", "126x",
-                           "4.46x"]  # fmt: skip
+    assert row.split() == [
+        "B64",
+        "K8",
+        "n64",
+        "54.0",
+        "2.91",
+        "21.1",
+        "6783",
+        "240",
+        "126x",
+        "4.46x",
+    ]
     assert "PASS" in lines[-1]
 
 
@@ -90,14 +123,30 @@ def test_refcheck_failure_and_a_crash_fail() -> None:
     assert (out.code, out.outcome) == (1, "fail")
     assert out.message == "the bench exited 1: RuntimeError: CUDA error: out of memory"
     assert out.section["memory_cap"] == {
-        "env": {"DDTREE_BENCH_MAX_MEM_GIB": "4"}, "acknowledged_by_bench": False}  # fmt: skip
+        "env": {"DDTREE_BENCH_MAX_MEM_GIB": "4"},
+        "acknowledged_by_bench": False,
+    }
 
 
 def test_unmeasured_interference_is_hold() -> None:
-    empty = {"n": 0, "answered": 0, "failed": 0, "ms": [], "p25_ms": None, "p50_ms": None,
-             "p75_ms": None, "errors": []}  # fmt: skip
-    doc = probe_doc(H200, measured=False, unmeasured_reason="connection refused",
-                    limit_ms=None, during={**empty, "at_s": []}, after=empty)  # fmt: skip
+    empty = {
+        "n": 0,
+        "answered": 0,
+        "failed": 0,
+        "ms": [],
+        "p25_ms": None,
+        "p50_ms": None,
+        "p75_ms": None,
+        "errors": [],
+    }
+    doc = probe_doc(
+        H200,
+        measured=False,
+        unmeasured_reason="connection refused",
+        limit_ms=None,
+        during={**empty, "at_s": []},
+        after=empty,
+    )
     out = conclude(section(), doc, {})
     assert (out.code, out.outcome) == (3, "hold")
     assert out.section["hold_reasons"] == ["interference not measured: connection refused"]

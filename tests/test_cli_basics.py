@@ -60,9 +60,12 @@ def test_numbers_that_are_not_finite_are_refused(tmp_path, args: tuple[str, ...]
     """click reads `inf` / `nan` as floats; they pass a min= and would land in a record as
     JSON's non-standard Infinity / NaN: exit 2, one line, before anything runs."""
     res = subprocess.run(
-        [sys.executable, "-m", "ops", *args], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "ops", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "OPS_RUNS_DIR": str(tmp_path / "runs")},
-    )  # fmt: skip
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.count("\n") == 1 and says in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists()  # no record was started

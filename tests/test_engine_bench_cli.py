@@ -66,29 +66,49 @@ def test_engine_bench_cpu_run_records_matmul_and_repeats(tmp_path) -> None:
     argv = [*ENGINE_BENCH, "--repeats", "2", "--concurrency", "1", "2", "--matmul", "fp32"]
     proc = subprocess.run(
         [sys.executable, "-m", "engine.bench", *argv, "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert (doc["matmul"], doc["repeats"]) == ("fp32", 2)
     load = doc["sets"]["cpu-kernels"]["load"]
     assert [(r["mode"], r["concurrency"]) for r in load] == [
-        ("ar", 1), ("ddtree", 1), ("ar", 2), ("ddtree", 2)
-    ]  # fmt: skip
+        ("ar", 1),
+        ("ddtree", 1),
+        ("ar", 2),
+        ("ddtree", 2),
+    ]
     assert all(len(r["tokens_per_s_runs"]) == 2 for r in load)
 
 
 def test_engine_bench_interleaved_repeats_and_time_budget(tmp_path, capsys) -> None:
-    base = ["--device", "cpu", "--preset", "tiny", "--max-tokens", "6", "--identity-tokens",
-            "3", "--concurrency", "1", "2"]  # fmt: skip
+    base = [
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--max-tokens",
+        "6",
+        "--identity-tokens",
+        "3",
+        "--concurrency",
+        "1",
+        "2",
+    ]
     out = tmp_path / "b.json"
     assert engine_bench.main([*base, "--repeats", "3", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["repeats"] == 3
     load = doc["sets"]["cpu-kernels"]["load"]
     assert [(r["mode"], r["concurrency"]) for r in load] == [
-        ("ar", 1), ("ddtree", 1), ("ar", 2), ("ddtree", 2)
-    ]  # fmt: skip
+        ("ar", 1),
+        ("ddtree", 1),
+        ("ar", 2),
+        ("ddtree", 2),
+    ]
     for r in load:
         runs = r["tokens_per_s_runs"]
         assert len(runs) == 3 and r["tokens_per_s"] == sorted(runs)[1], r
@@ -100,8 +120,9 @@ def test_engine_bench_interleaved_repeats_and_time_budget(tmp_path, capsys) -> N
             assert d["stage_mean_ms"]["step"] > 0 and d["stage_mean_ms"]["verify"] > 0, d
         assert r["same_outputs_every_run"] and r["completed"]
     # a spent time budget skips every level for both modes, recorded
-    assert engine_bench.main([*base, "--repeats", "2", "--time-budget", "0", "--json",
-                              str(out)]) == 0  # fmt: skip
+    assert (
+        engine_bench.main([*base, "--repeats", "2", "--time-budget", "0", "--json", str(out)]) == 0
+    )
     load = json.loads(out.read_text())["sets"]["cpu-kernels"]["load"]
     assert load == [
         {"mode": m, "concurrency": c, "skipped": "time"} for c in (1, 2) for m in ("ar", "ddtree")

@@ -387,8 +387,12 @@ def test_forward_rows_are_batch_invariant() -> None:
 
     def run(idx: np.ndarray) -> torch.Tensor:
         pool.copy_(snapshot)
-        sub = Rows(*(getattr(rows, f)[idx] for f in ("tokens", "positions", "write_slots",
-                                                       "table", "lens")))  # fmt: skip
+        sub = Rows(
+            *(
+                getattr(rows, f)[idx]
+                for f in ("tokens", "positions", "write_slots", "table", "lens")
+            )
+        )
         return dec.forward.run(sub, dec.backends.attention, AttentionTimer(pool.device)).clone()
 
     everything = run(np.arange(n))

@@ -45,6 +45,11 @@ def test_a_bad_matmul_from_the_environment_is_one_line_and_exit_2() -> None:
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res
     assert "DDTREE_ENGINE_MATMUL='bf16'" in res.stderr and "Traceback" not in res.stderr
-    ok = subprocess.run([*cmd[:-1], str(free_port())], env={**env, "DDTREE_ENGINE_MATMUL": "fp32"},
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    ok = subprocess.run(
+        [*cmd[:-1], str(free_port())],
+        env={**env, "DDTREE_ENGINE_MATMUL": "fp32"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0 and '"matmul": "fp32"' in ok.stdout, ok

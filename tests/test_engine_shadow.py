@@ -78,7 +78,10 @@ def test_a_shadowed_tree_build_changes_no_output_and_pairs_every_sampled_step(
     plain, _ = generate(decoder, PROMPTS, 12)
     doc = decoder.shadow.arm({"tree_build": candidate, "forwards": 500})
     assert (doc["component"], doc["baseline"], doc["candidate"]) == (
-        "tree_build", "reference", candidate)  # fmt: skip
+        "tree_build",
+        "reference",
+        candidate,
+    )
     shadowed, _ = generate(decoder, PROMPTS, 12)
     decoder.shadow.arm({"forwards": 0})
     assert shadowed == plain
@@ -171,8 +174,12 @@ def test_served_engine_arms_times_and_refuses_over_http(tmp_path) -> None:
 
         def post(body, raw: bytes | None = None) -> httpx.Response:
             content = raw if raw is not None else json.dumps(body).encode()
-            return httpx.post(f"{url}/shadow", content=content, timeout=30,
-                              headers={"content-type": "application/json"})  # fmt: skip
+            return httpx.post(
+                f"{url}/shadow",
+                content=content,
+                timeout=30,
+                headers={"content-type": "application/json"},
+            )
 
         def info() -> dict:
             return httpx.get(f"{url}/get_server_info", timeout=30).json()["shadow"]
@@ -190,8 +197,11 @@ def test_served_engine_arms_times_and_refuses_over_http(tmp_path) -> None:
         r = post({"attention": "torch", "forwards": 200})
         assert r.status_code == 200 and r.json()["left"] == 200
         for prompt in GOLDEN_PROMPTS[:3]:
-            c = httpx.post(f"{url}/v1/completions", timeout=60,
-                           json={"prompt": prompt, "max_tokens": 6, "temperature": 0})  # fmt: skip
+            c = httpx.post(
+                f"{url}/v1/completions",
+                timeout=60,
+                json={"prompt": prompt, "max_tokens": 6, "temperature": 0},
+            )
             assert c.status_code == 200, c.text
         doc = info()
         pairs = _pairs(doc)
@@ -280,8 +290,11 @@ def test_gpu_shadow_changes_no_output_and_times_both_kinds(component: str, candi
     sm = summarize(doc)
     for kind in sorted(kinds):
         k = sm[kind]
-        orders = ", ".join(f"{o} first {k[f's_{o}_first']:.3f}" for o in ("base", "cand")
-                           if k[f"s_{o}_first"] is not None)  # fmt: skip
+        orders = ", ".join(
+            f"{o} first {k[f's_{o}_first']:.3f}"
+            for o in ("base", "cand")
+            if k[f"s_{o}_first"] is not None
+        )
         print(
             f"shadow {component}={candidate} {kind}: s {k['s']:.3f} ({k['lo']:.3f}.."
             f"{k['hi']:.3f}), {orders}, {k['forwards']} calls, rows {k['rows_mean']:.0f}"

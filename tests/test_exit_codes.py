@@ -104,9 +104,13 @@ def test_a_speedup_recorded_as_infinity_is_a_bad_record(tmp_path: Path) -> None:
 def test_an_unexpected_exception_is_exit_4_and_one_line(tmp_path: Path, as_json: bool) -> None:
     flags = ("--json",) if as_json else ()
     res = with_bug(
-        tmp_path, "ops.cli.common", "load_inventory", "ZeroDivisionError('injected')", "hosts",
+        tmp_path,
+        "ops.cli.common",
+        "load_inventory",
+        "ZeroDivisionError('injected')",
+        "hosts",
         *flags,
-    )  # fmt: skip
+    )
     assert res.returncode == 4, (res.returncode, res.stdout, res.stderr)
     assert "Traceback" not in res.stderr and "╭" not in res.stderr  # no (pretty) traceback
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -26,8 +26,11 @@ def test_a_failed_profile_names_its_cause_in_the_hold(tmp_path: Path) -> None:
     out = tmp_path / "out"
     res = subprocess.run(
         [sys.executable, "-m", "ops", "report", str(run), "--out", str(out), "--json"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode == 3, res.stdout + res.stderr
     holds = {r["code"]: r["message"] for r in json.loads(res.stdout)["holds"]}
     assert (
@@ -50,8 +53,11 @@ def test_the_html_reports_health_sections_have_distinct_titles(tmp_path: Path) -
     )
     res = subprocess.run(
         [sys.executable, "-m", "ops", "report", str(run), "--out", str(out)],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode in (0, 1, 3), res.stderr
     titles = re.findall(r"<h3>([^<]*)</h3>", (out / "report.html").read_text())
     assert len(titles) == 4 and len(titles) == len(set(titles)), titles

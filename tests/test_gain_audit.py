@@ -39,12 +39,19 @@ def _snap(steps: dict, prefill: dict | None) -> dict:
 
 
 def test_window_stages_are_the_windows_own_seconds_steps_and_prefill_apart() -> None:
-    t0 = {"1": {"steps": 10, "total_s": {"draft": 1.0, "verify": 5.0, "attention": 2.0,
-                                         "step": 7.0}}}  # fmt: skip
-    t1 = {"1": {"steps": 30, "total_s": {"draft": 2.0, "verify": 9.0, "attention": 3.5,
-                                         "step": 12.5}},
-          "8": {"steps": 5, "total_s": {"draft": 0.5, "verify": 1.0, "attention": 0.25,
-                                        "step": 1.75}}}  # fmt: skip
+    t0 = {
+        "1": {"steps": 10, "total_s": {"draft": 1.0, "verify": 5.0, "attention": 2.0, "step": 7.0}}
+    }
+    t1 = {
+        "1": {
+            "steps": 30,
+            "total_s": {"draft": 2.0, "verify": 9.0, "attention": 3.5, "step": 12.5},
+        },
+        "8": {
+            "steps": 5,
+            "total_s": {"draft": 0.5, "verify": 1.0, "attention": 0.25, "step": 1.75},
+        },
+    }
     p0 = {"prefills": 2, "total_s": {"prefill": 1.0, "attention": 0.5}}
     p1 = {"prefills": 6, "total_s": {"prefill": 3.0, "attention": 1.25}}
     got = window_stages(_snap(t0, p0), _snap(t1, p1))
@@ -57,16 +64,40 @@ def test_window_stages_are_the_windows_own_seconds_steps_and_prefill_apart() -> 
 
 
 def _run(arm: str, tokens: int, duration: float, **st: float) -> dict:
-    stages = {"draft": 0.0, "topk": 0.0, "tree_build": 0.0, "verify": 0.0, "attention": 0.0,
-              "accept": 0.0, "commit": 0.0, "steps": 0.0, "prefill": 0.0,
-              "prefill_attention": 0.0, **st}  # fmt: skip
-    return {"arm": arm, "concurrency": 1, "output_tokens": tokens, "duration_s": duration,
-            "stages": stages}  # fmt: skip
+    stages = {
+        "draft": 0.0,
+        "topk": 0.0,
+        "tree_build": 0.0,
+        "verify": 0.0,
+        "attention": 0.0,
+        "accept": 0.0,
+        "commit": 0.0,
+        "steps": 0.0,
+        "prefill": 0.0,
+        "prefill_attention": 0.0,
+        **st,
+    }
+    return {
+        "arm": arm,
+        "concurrency": 1,
+        "output_tokens": tokens,
+        "duration_s": duration,
+        "stages": stages,
+    }
 
 
 def test_the_parts_add_up_to_the_window_and_audit_means_them_per_output_token() -> None:
-    before = _run("A", 1000, 2.0, verify=1.0, attention=0.4, tree_build=0.3, steps=1.5,
-                  prefill=0.2, prefill_attention=0.05)  # fmt: skip
+    before = _run(
+        "A",
+        1000,
+        2.0,
+        verify=1.0,
+        attention=0.4,
+        tree_build=0.3,
+        steps=1.5,
+        prefill=0.2,
+        prefill_attention=0.05,
+    )
     p = _parts(before)
     assert p is not None
     assert p["verify"] == pytest.approx(0.6) and p["attention"] == pytest.approx(0.4)
@@ -76,9 +107,7 @@ def test_the_parts_add_up_to_the_window_and_audit_means_them_per_output_token() 
     runs = [
         before,
         _run("A'", 1000, 2.2, verify=1.0, attention=0.4, tree_build=0.5, steps=1.7, prefill=0.2),
-        _run(
-            "after", 1000, 1.8, verify=1.0, attention=0.4, tree_build=0.1, steps=1.3, prefill=0.2
-        ),  # fmt: skip
+        _run("after", 1000, 1.8, verify=1.0, attention=0.4, tree_build=0.1, steps=1.3, prefill=0.2),
         _run("after", 500, 0.5, verify=0.25, attention=0.1, tree_build=0.05, steps=0.4),
     ]
     a = audit(runs, 1)
@@ -171,7 +200,7 @@ def test_no_projection_on_the_baseline_without_a_wall_share_f(tmp_path) -> None:
         ({"before_ms": "1.5", "after_ms": 1.0}, "before_ms"),
         ({"before_ms": 1.0, "after_ms": 1e308}, "after_ms"),
         ({"before_ms": 0.0, "after_ms": 1.0}, "audit"),
-    ],  # fmt: skip
+    ],
 )
 def test_a_malformed_audit_is_bad_input_naming_the_file_and_field(tmp_path, bad, field) -> None:
     meas = _load("measure_attn_noisy")
@@ -211,9 +240,11 @@ def test_the_measured_gain_has_a_reproducible_bootstrap_interval(tmp_path) -> No
     # the report: the interval beside the measured gain, and whether the projection is in it
     meas = _load("measure_attn_noisy")
     code, doc = ops_report(
-        tmp_path, *_attn_records(tmp_path / "b", True), _write(tmp_path, "measure", meas),
+        tmp_path,
+        *_attn_records(tmp_path / "b", True),
+        _write(tmp_path, "measure", meas),
         args=("-c", "32"),
-    )  # fmt: skip
+    )
     rows = {r["concurrency"]: r for r in doc["amdahl"]}
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| measured interval | predicted inside |" in md
@@ -245,8 +276,7 @@ def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path
         lv["aa"], lv["before"] = [[100.0], [102.0]], [100.0, 102.0]
         lv["after"], lv["recheck"] = [140.0, 144.0], [112.0, 114.0]
     path = _write(tmp_path, "measure", meas)
-    code, doc = ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path,
-                           args=("-c", "32"))  # fmt: skip
+    code, doc = ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path, args=("-c", "32"))
     assert code in (0, 1, 3), doc
     every = [100.0, 102.0, 112.0, 114.0]
     for r in doc["amdahl"]:
@@ -274,8 +304,9 @@ def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path
     for lv in meas["measure"]["levels"]:
         lv["recheck"] = []
     path = _write(tmp_path / "c", "measure", meas)
-    code, doc = ops_report(tmp_path / "c", *_attn_records(tmp_path / "d", True), path,
-                           args=("-c", "32"))  # fmt: skip
+    code, doc = ops_report(
+        tmp_path / "c", *_attn_records(tmp_path / "d", True), path, args=("-c", "32")
+    )
     for r in doc["amdahl"]:
         assert r["measured_gain"] == pytest.approx(
             _pooled([140.0, 144.0]) / _pooled([100.0, 102.0]) - 1
@@ -291,15 +322,14 @@ def test_with_a_recheck_the_measured_gain_is_against_every_baseline_run(tmp_path
         ("after", [0.0]),
         ("before", [float("nan")]),
         ("recheck", [float("inf")]),
-    ],  # fmt: skip
+    ],
 )
 def test_a_run_of_no_tokens_or_a_non_number_is_bad_input(tmp_path, field, bad) -> None:
     # a recheck of zero-token runs once made the measured gain +184% against a median of 50
     meas = _load("measure_attn_noisy")
     meas["measure"]["levels"][0][field] = bad
     path = _write(tmp_path, "measure", meas)
-    code, doc = ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path,
-                           args=("-c", "32"))  # fmt: skip
+    code, doc = ops_report(tmp_path, *_attn_records(tmp_path / "b", True), path, args=("-c", "32"))
     assert code == 2, doc
     assert field in str(doc) and "tokens/s must be a finite number > 0" in str(doc), doc
 
@@ -353,8 +383,11 @@ def _edited(tmp_path: Path, which: str, edit) -> Path:
 def _report(run: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "ops", "report", str(run), "--out", str(run) + "-out", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _set(part: str, key: str, value):
@@ -423,10 +456,12 @@ def test_an_odd_audit_renders_without_a_traceback(tmp_path, name, edit, windows)
     ("name", "edit"),
     [
         ("negative window", _set("window", "before_ms", -1.0)),
-        ("zero window",
-         lambda L: L[0]["audit"].__setitem__("window", {"before_ms": 0.0, "after_ms": 0.0})),
+        (
+            "zero window",
+            lambda L: L[0]["audit"].__setitem__("window", {"before_ms": 0.0, "after_ms": 0.0}),
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_window_of_no_time_is_bad_input(tmp_path, name, edit) -> None:
     """A window of no (or negative) time predicted a window of -0.9562 ms; the record is now
     refused as malformed (ops.verdict.evidence: a measured window takes time), one line, exit 2."""

@@ -235,10 +235,18 @@ def _cuda_cases():
             for links in (torch.int32, torch.int64):
                 for rep in range(10):
                     seed += 1
-                    yield (budget, batch, links), random_rows(
-                        batch, budget + 1, seed=seed, links=links, high_bits=rep == 9,
-                        p_match=(0.6, 0.8, 0.95, 1.0)[rep % 4], p_tie=(0.3, 0.6)[rep % 2],
-                    )  # fmt: skip
+                    yield (
+                        (budget, batch, links),
+                        random_rows(
+                            batch,
+                            budget + 1,
+                            seed=seed,
+                            links=links,
+                            high_bits=rep == 9,
+                            p_match=(0.6, 0.8, 0.95, 1.0)[rep % 4],
+                            p_tie=(0.3, 0.6)[rep % 2],
+                        ),
+                    )
     for s in (1, 2, 17, 65, 129):
         for links in (torch.int32, torch.int64):
             seed += 1

@@ -39,8 +39,14 @@ def gpus_doc(*args: str) -> dict:
 
 
 def decide(doc: dict, gpu: int | None, **kw: object):
-    opts = {"target": "h200", "suites": ["topk", "tree", "accept"], "batches": [1, 8, 64],
-            "allow_shared": False, "max_mem_gib": None, "service_pid": None}  # fmt: skip
+    opts = {
+        "target": "h200",
+        "suites": ["topk", "tree", "accept"],
+        "batches": [1, 8, 64],
+        "allow_shared": False,
+        "max_mem_gib": None,
+        "service_pid": None,
+    }
     opts.update(kw)
     return evaluate(doc, gpu, **opts)  # type: ignore[arg-type]
 
@@ -140,8 +146,13 @@ def test_over_ssh_out_of_range_and_busy(tmp_path: Path, sshd) -> None:
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
 
     def ops(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ops", *args, "--inventory", str(inv)],
-                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "ops", *args, "--inventory", str(inv)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
 
     res = ops("bench", "loop", "--gpu", "5")
     assert res.returncode == 2, res.stderr
@@ -167,8 +178,11 @@ def test_decisions_on_the_recorded_host() -> None:
 
     # the attn suite's engine rows hold every layer's pool at each batch: more with the batch
     # and the prefixes' spread, above its fixed sizes only past them
-    attn = [memory_needed_mib(["attn"], [1, 8, b], spread) for b in (32, 256, 1024)
-            for spread in (0, 64)]  # fmt: skip
+    attn = [
+        memory_needed_mib(["attn"], [1, 8, b], spread)
+        for b in (32, 256, 1024)
+        for spread in (0, 64)
+    ]
     assert attn[0] == attn[1] < attn[2] < attn[3] < attn[4] < attn[5]
 
     g = decide(doc, 1, allow_shared=True, suites=["accept"], batches=[1024])
@@ -197,5 +211,12 @@ def test_bench_argv_passes_the_decode_spread_to_the_attn_suite_only() -> None:
     assert "--decode-spread" not in bench_argv("py", attn.model_copy(update={"decode_spread": 0}))
     tree = BenchOptions(gpu=0, suites=["tree"], batches=[1], decode_spread=16)
     assert bench_argv("py", tree) == [
-        "py", "-m", "kernels.bench", "--json", "--suite", "tree", "--batch", "1"
-    ]  # fmt: skip
+        "py",
+        "-m",
+        "kernels.bench",
+        "--json",
+        "--suite",
+        "tree",
+        "--batch",
+        "1",
+    ]

@@ -244,8 +244,9 @@ def test_inventory_nested_too_deeply_is_refused(tmp_path: Path, env: dict[str, s
     for name, text in cases.items():
         inv = tmp_path / name
         inv.write_text(text)
-        one_error(ops_limited("hosts", "--inventory", str(inv), env=env), str(inv),
-                  "nested too deeply")  # fmt: skip
+        one_error(
+            ops_limited("hosts", "--inventory", str(inv), env=env), str(inv), "nested too deeply"
+        )
     inv = local_inventory(tmp_path)
     brackets = "[" * 300
     inv.write_text(f"# {brackets}\n{inv.read_text()}model = '{brackets}'\n")  # the service's

@@ -111,8 +111,9 @@ def _sigint_when(
 ) -> tuple[int, str, str]:
     """Run `argv`, send it SIGINT `settle` s after `ready()` first holds: (exit code, stdout,
     stderr); never a traceback."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
     try:
         wait_for(ready, 60, what)
         time.sleep(settle)
@@ -145,16 +146,32 @@ def _ctrl_c_in_the_second_level(
         return gens
 
     code, out, err = _sigint_when(
-        [sys.executable, "-m", "ops", *args], generator, "the 2nd level's generator",
-        settle=0.5, env=env,  # its requests are in flight and hang
-    )  # fmt: skip
+        [sys.executable, "-m", "ops", *args],
+        generator,
+        "the 2nd level's generator",
+        settle=0.5,
+        env=env,  # its requests are in flight and hang
+    )
     assert "Traceback" not in out
     return code, out, err, started, marker
 
 
 def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
-    args = ["loadtest", target, "-c", "1,2", "--requests", "2", "--output-len", "4",
-            "--input-len", "4", "--json", "--inventory", str(inv)]  # fmt: skip
+    args = [
+        "loadtest",
+        target,
+        "-c",
+        "1,2",
+        "--requests",
+        "2",
+        "--output-len",
+        "4",
+        "--input-len",
+        "4",
+        "--json",
+        "--inventory",
+        str(inv),
+    ]
     code, out, err, started, marker = _ctrl_c_in_the_second_level(args, tmp, port)
     url = f"http://127.0.0.1:{port}"
     assert code == 130, err
@@ -209,9 +226,25 @@ def test_ctrl_c_keeps_the_profile_levels_that_finished(
         f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
         f"[targets.local.service]\nurl = '{url}'\n"
     )
-    args = ["profile", "local", "-c", "1,2", "--requests", "2", "--output-len", "4",
-            "--input-len", "4", "--accept-length", "2", "--budget", "8", "--json",
-            "--inventory", str(inv)]  # fmt: skip
+    args = [
+        "profile",
+        "local",
+        "-c",
+        "1,2",
+        "--requests",
+        "2",
+        "--output-len",
+        "4",
+        "--input-len",
+        "4",
+        "--accept-length",
+        "2",
+        "--budget",
+        "8",
+        "--json",
+        "--inventory",
+        str(inv),
+    ]
     code, out, err, started, marker = _ctrl_c_in_the_second_level(args, tmp_path, hanging_service)
     assert code == 130, err
     assert "interrupted: c=2 not profiled (Ctrl-C)" in err, err
@@ -227,10 +260,22 @@ def test_ctrl_c_keeps_the_profile_levels_that_finished(
     # a report from that record: its target is still the highest level asked for (c=2, not
     # the c=1 that finished), which was not profiled, and it says why
     rep = subprocess.run(
-        [sys.executable, "-m", "ops", "report", doc["run_dir"], "--out", str(tmp_path / "rep"),
-         "--change", "tree_build:reference->cuda", "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "report",
+            doc["run_dir"],
+            "--out",
+            str(tmp_path / "rep"),
+            "--change",
+            "tree_build:reference->cuda",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     rdoc = json.loads(rep.stdout)
     assert rdoc["target_concurrency"] == 2 and rdoc["verdict"] == "HOLD", rdoc
     held = {h["code"]: h["message"] for h in rdoc["holds"]}
@@ -297,13 +342,15 @@ def test_ctrl_c_before_any_result_says_so_and_where_the_record_is(
     )
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
     more = ["-c", "1,2"] if command == "profile" else []
-    argv = [sys.executable, "-m", "ops", command, "local", *more, "--json", "--inventory",
-            str(inv)]  # fmt: skip
+    argv = [sys.executable, "-m", "ops", command, "local", *more, "--json", "--inventory", str(inv)]
     url = f"http://127.0.0.1:{mute_service}"
     code, out, err = _sigint_when(
-        argv, lambda: [p for p in _pids() if url in _argv(p) and "-S" in _argv(p)],
-        "the first check, on the mute port", settle=1.0, env=env,
-    )  # fmt: skip
+        argv,
+        lambda: [p for p in _pids() if url in _argv(p) and "-S" in _argv(p)],
+        "the first check, on the mute port",
+        settle=1.0,
+        env=env,
+    )
     assert code == 130, err
     doc = json.loads(out)
     assert doc["ok"] is False, doc
@@ -340,11 +387,14 @@ def test_ctrl_c_while_ops_starts_is_never_a_traceback() -> None:
     """SIGINT at moments through `ops`'s start-up once Python itself is up (the interpreter's
     own start is CPython's: a signal there is not ours to word): the CLI's imports, the
     command. Never a traceback: 130 with one line, or the command's own end."""
-    boot = ("import runpy, sys; sys.argv = ['ops', 'hosts']; print('up', file=sys.stderr, "
-            "flush=True); runpy.run_module('ops', run_name='__main__')")  # fmt: skip
+    boot = (
+        "import runpy, sys; sys.argv = ['ops', 'hosts']; print('up', file=sys.stderr, "
+        "flush=True); runpy.run_module('ops', run_name='__main__')"
+    )
     for delay in (0.02, 0.05, 0.1, 0.2, 0.3):
-        proc = subprocess.Popen([sys.executable, "-c", boot], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", boot], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert proc.stderr is not None and proc.stderr.readline() == "up\n"
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)

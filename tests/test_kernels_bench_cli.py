@@ -57,10 +57,21 @@ def test_kernels_bench_matmul_recorded_on_cpu(capsys) -> None:
 )
 def test_bench_names_a_bad_stage_shape(value: str, words: str) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "kernels.bench", "--suite", "tree", "--stage-shape", value,
-         "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kernels.bench",
+            "--suite",
+            "tree",
+            "--stage-shape",
+            value,
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip() == f"error: {words}"
 
@@ -69,7 +80,10 @@ def test_bench_names_a_bad_stage_shape(value: str, words: str) -> None:
 def test_bench_refuses_a_batch_below_one(value: str) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "kernels.bench", "--suite", "tree", "--batch", value, "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().startswith("error: --batch takes batch sizes >= 1 like 1,8,64")

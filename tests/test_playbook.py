@@ -94,51 +94,117 @@ def test_set_overrides_values_of_the_playbook_and_of_steps() -> None:
 @pytest.mark.parametrize(
     ("steps", "step", "field", "words"),
     [
-        ("  - {step: healthcheck, name: preflight}\n  - {step: benchh}\n",
-         "benchh", "step", "step 2 'benchh': step: unknown step 'benchh'"),
+        (
+            "  - {step: healthcheck, name: preflight}\n  - {step: benchh}\n",
+            "benchh",
+            "step",
+            "step 2 'benchh': step: unknown step 'benchh'",
+        ),
         ("  - {name: x}\n", "x", "step", "step 1 'x': step: missing"),
-        ("  - {step: decide}\n  - {step: deploy, when: sometimes}\n",
-         "deploy", "when", "step 2 'deploy': when: Input should be 'always', 'go' or 'deployed'"),
-        ("  - {step: deploy, when: go}\n",
-         "deploy", "when", "'go' needs a decide step before this one"),
-        ("  - {step: healthcheck, name: postflight, when: deployed}\n",
-         "postflight", "when", "'deployed' needs a deploy step"),
+        (
+            "  - {step: decide}\n  - {step: deploy, when: sometimes}\n",
+            "deploy",
+            "when",
+            "step 2 'deploy': when: Input should be 'always', 'go' or 'deployed'",
+        ),
+        (
+            "  - {step: deploy, when: go}\n",
+            "deploy",
+            "when",
+            "'go' needs a decide step before this one",
+        ),
+        (
+            "  - {step: healthcheck, name: postflight, when: deployed}\n",
+            "postflight",
+            "when",
+            "'deployed' needs a deploy step",
+        ),
         ("  - {step: bench, gpu: -1}\n", "bench", "gpu", "greater than or equal to 0 (got -1)"),
         ("  - {step: bench, suites: [tree, warp]}\n", "bench", "suites.1", "(got 'warp')"),
         ("  - {step: measure}\n", "measure", "phase", "step 1 'measure': phase: Field required"),
         ("  - {step: measure, phase: after}\n", "measure", "phase", "'before' earlier"),
-        ("  - {step: measure, phase: before, recheck: true}\n", "measure", "recheck",
-         "only a measure step of phase 'after' can recheck"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "cycles: 3}\n", "m2", "cycles", "it needs recheck: true"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, cycles: 11}\n", "m2", "cycles", "less than or equal to 10"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "precision: 0.03, max_cycles: 4}\n", "m2", "precision", "it needs recheck: true"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, precision: 0.03}\n", "m2", "max_cycles", "precision needs max_cycles"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, max_cycles: 4}\n", "m2", "max_cycles", "set precision"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, cycles: 3, precision: 0.03, max_cycles: 2}\n", "m2", "max_cycles",
-         "2 is below cycles (3)"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, precision: 1, max_cycles: 4}\n", "m2", "precision", "less than 1"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, precision: .nan, max_cycles: 4}\n", "m2", "precision",
-         "a finite number"),
-        ("  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
-         "recheck: true, precision: 0.03, max_cycles: 51}\n", "m2", "max_cycles",
-         "less than or equal to 50"),
+        (
+            "  - {step: measure, phase: before, recheck: true}\n",
+            "measure",
+            "recheck",
+            "only a measure step of phase 'after' can recheck",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "cycles: 3}\n",
+            "m2",
+            "cycles",
+            "it needs recheck: true",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, cycles: 11}\n",
+            "m2",
+            "cycles",
+            "less than or equal to 10",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "precision: 0.03, max_cycles: 4}\n",
+            "m2",
+            "precision",
+            "it needs recheck: true",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, precision: 0.03}\n",
+            "m2",
+            "max_cycles",
+            "precision needs max_cycles",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, max_cycles: 4}\n",
+            "m2",
+            "max_cycles",
+            "set precision",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, cycles: 3, precision: 0.03, max_cycles: 2}\n",
+            "m2",
+            "max_cycles",
+            "2 is below cycles (3)",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, precision: 1, max_cycles: 4}\n",
+            "m2",
+            "precision",
+            "less than 1",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, precision: .nan, max_cycles: 4}\n",
+            "m2",
+            "precision",
+            "a finite number",
+        ),
+        (
+            "  - {step: measure, phase: before}\n  - {step: measure, name: m2, phase: after, "
+            "recheck: true, precision: 0.03, max_cycles: 51}\n",
+            "m2",
+            "max_cycles",
+            "less than or equal to 50",
+        ),
         ("  - {step: report}\n  - {step: bench}\n", "report", "step", "must be the last step"),
         ("  - {step: bench}\n  - {step: bench}\n", "bench", "name", "used by step 1"),
-        ("  - {step: healthcheck, name: check1}\n", "check1", "role",
-         "step 1 'check1': role: a healthcheck step needs role: preflight | postflight, "
-         "or a name containing 'preflight' or 'postflight'"),
+        (
+            "  - {step: healthcheck, name: check1}\n",
+            "check1",
+            "role",
+            "step 1 'check1': role: a healthcheck step needs role: preflight | postflight, "
+            "or a name containing 'preflight' or 'postflight'",
+        ),
         ("  - {step: deploy, colour: red}\n", "deploy", "colour", "unknown field"),
         ("  - {step: profile, budget: many}\n", "profile", "budget", "valid integer"),
     ],
-)  # fmt: skip
+)
 def test_bad_steps_name_the_step_and_the_field(
     tmp_path: Path, steps: str, step: str, field: str, words: str
 ) -> None:
@@ -153,21 +219,37 @@ PRE = "steps:\n  - {step: healthcheck, name: preflight}\n"
 @pytest.mark.parametrize(
     ("doc", "field", "words"),
     [
-        ("change: {component: tree_build, baseline: reference, candidate: cuda}\n"
-         "threshold: 3\n" + PRE, "threshold", "less than 1 (got 3)"),
-        ("change: {component: attention, baseline: reference, candidate: cuda}\n" + PRE,
-         "change", "attention has no backend 'reference' (torch | cuda)"),
-        ("change: {component: accept, baseline: cpp, candidate: cpp}\n" + PRE,
-         "change", "the same as the baseline"),
-        ("change: {component: warp, baseline: cpp, candidate: cuda}\n" + PRE,
-         "change.component", "(got 'warp')"),
+        (
+            "change: {component: tree_build, baseline: reference, candidate: cuda}\n"
+            "threshold: 3\n" + PRE,
+            "threshold",
+            "less than 1 (got 3)",
+        ),
+        (
+            "change: {component: attention, baseline: reference, candidate: cuda}\n" + PRE,
+            "change",
+            "attention has no backend 'reference' (torch | cuda)",
+        ),
+        (
+            "change: {component: accept, baseline: cpp, candidate: cpp}\n" + PRE,
+            "change",
+            "the same as the baseline",
+        ),
+        (
+            "change: {component: warp, baseline: cpp, candidate: cuda}\n" + PRE,
+            "change.component",
+            "(got 'warp')",
+        ),
         ("load: {concurrency: [0]}\n" + PRE, "load.concurrency.0", "greater than or equal to 1"),
-        ("load: {concurrency: [1, 8]}\ntarget_concurrency: 4\n" + PRE, "target_concurrency",
-         "4 is not one of load.concurrency (1, 8): only those are profiled"),
+        (
+            "load: {concurrency: [1, 8]}\ntarget_concurrency: 4\n" + PRE,
+            "target_concurrency",
+            "4 is not one of load.concurrency (1, 8): only those are profiled",
+        ),
         ("steps:\n  - {step: deploy}\n", "change", "needs the playbook's `change`"),
         ("steps: []\n", "steps", "at least 1 item"),
     ],
-)  # fmt: skip
+)
 def test_bad_playbook_values(tmp_path: Path, doc: str, field: str, words: str) -> None:
     e = fails(write(tmp_path, "", doc))
     assert e.field == field and words in e.message

@@ -50,8 +50,18 @@ def ops(tmp_path: Path):
 def test_measured_stage_times_per_level(ops: Ops) -> None:
     ops.configure_service(None)  # the reference engine (tiny, ddtree, CPU)
     assert ops.json("service", "start", "local")[0] == 0
-    code, doc = ops.json("profile", "local", "-c", "1,4", "--requests", "8",
-                         "--output-len", "16", "--input-len", "16")  # fmt: skip
+    code, doc = ops.json(
+        "profile",
+        "local",
+        "-c",
+        "1,4",
+        "--requests",
+        "8",
+        "--output-len",
+        "16",
+        "--input-len",
+        "16",
+    )
     assert code == 0, doc
     prof = ProfileSection.model_validate(record(doc)["profile"])
     assert [lv.concurrency for lv in prof.levels] == [1, 4]
@@ -134,8 +144,20 @@ def test_run_seconds_sizes_each_window_from_an_uncounted_pilot(ops: Ops) -> None
     sized requests' prefills, not the pilot's."""
     ops.configure_service(None)
     assert ops.json("service", "start", "local")[0] == 0
-    code, doc = ops.json("profile", "local", "-c", "2", "--requests", "2", "--output-len", "8",
-                         "--input-len", "8", "--run-seconds", "1.5")  # fmt: skip
+    code, doc = ops.json(
+        "profile",
+        "local",
+        "-c",
+        "2",
+        "--requests",
+        "2",
+        "--output-len",
+        "8",
+        "--input-len",
+        "8",
+        "--run-seconds",
+        "1.5",
+    )
     assert code == 0, doc
     (lv,) = doc["levels"]
     pil, load = lv["load"]["pilot"], lv["load"]
@@ -153,12 +175,23 @@ def test_run_seconds_sizes_each_window_from_an_uncounted_pilot(ops: Ops) -> None
     ops.stop()
     failing = subprocess.Popen(
         [sys.executable, str(FAKE_SERVICE), "--port", str(ops.port), "--mode", "500"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_listening(ops.port)
-        code, doc = ops.json("profile", "local", "-c", "2", "--requests", "3", "--output-len",
-                             "8", "--run-seconds", "30")  # fmt: skip
+        code, doc = ops.json(
+            "profile",
+            "local",
+            "-c",
+            "2",
+            "--requests",
+            "3",
+            "--output-len",
+            "8",
+            "--run-seconds",
+            "30",
+        )
     finally:
         failing.terminate()
         failing.wait(10)
@@ -175,8 +208,20 @@ def test_run_seconds_sizes_each_window_from_an_uncounted_pilot(ops: Ops) -> None
 def test_derived_without_stage_timings(ops: Ops) -> None:
     ops.configure()  # no /get_server_info, no /metrics, no accept length
     assert ops.json("service", "start", "local")[0] == 0
-    args = ("profile", "local", "-c", "1,3", "--requests", "6", "--output-len", "8",
-            "--budget", "16", "--topk", "4")  # fmt: skip
+    args = (
+        "profile",
+        "local",
+        "-c",
+        "1,3",
+        "--requests",
+        "6",
+        "--output-len",
+        "8",
+        "--budget",
+        "16",
+        "--topk",
+        "4",
+    )
     code, doc = ops.json(*args, "--accept-length", "2.5")
     assert code == 0, doc
     prof = ProfileSection.model_validate(record(doc)["profile"])
@@ -238,8 +283,14 @@ def test_a_service_that_does_not_answer_is_said_once(ops: Ops) -> None:
     assert [i["concurrency"] for i in prof.incomplete] == [1, 8]
     assert prof.incomplete[0]["missing"] == ["the service did not answer (connection refused)"]
     # the report built from it says why there is no f
-    code, rep = ops.json("report", doc["run_dir"], "--out", str(ops.tmp / "rep"),
-                         "--change", "tree_build:reference->cuda")  # fmt: skip
+    code, rep = ops.json(
+        "report",
+        doc["run_dir"],
+        "--out",
+        str(ops.tmp / "rep"),
+        "--change",
+        "tree_build:reference->cuda",
+    )
     held = {h["code"]: h["message"] for h in rep["holds"]}
     assert code == 3 and held["no_profile_level"] == (
         "the profile measured no level (the service did not answer: connection refused): f(c) "
@@ -270,11 +321,15 @@ def test_a_service_that_accepts_but_never_answers_is_said_once(tmp_path: Path) -
 def _snap(clock: float, steps: int, attn_steps: float, prefills: int, attn_pre: float) -> dict:
     state = {
         "clock_s": clock,
-        "step_time_breakdown": {"1": {"steps": steps, "total_s": {"step": attn_steps * 2,
-                                                                  "attention": attn_steps}}},
-        "prefill_time_breakdown": {"prefills": prefills, "tokens": 0,
-                                   "total_s": {"prefill": attn_pre * 2, "attention": attn_pre}},
-    }  # fmt: skip
+        "step_time_breakdown": {
+            "1": {"steps": steps, "total_s": {"step": attn_steps * 2, "attention": attn_steps}}
+        },
+        "prefill_time_breakdown": {
+            "prefills": prefills,
+            "tokens": 0,
+            "total_s": {"prefill": attn_pre * 2, "attention": attn_pre},
+        },
+    }
     return {"server_info": {"internal_states": [state]}}
 
 

@@ -26,14 +26,20 @@ from ops.verdict.amdahl import projected_gain_parts
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 REPO = Path(__file__).resolve().parents[1]
-FIELDS = ["kind", "rows", "base_plan_us", "base_calls_us", "cand_plan_us", "cand_calls_us",
-          "first"]  # fmt: skip
+FIELDS = ["kind", "rows", "base_plan_us", "base_calls_us", "cand_plan_us", "cand_calls_us", "first"]
 
 
 def _doc(pairs: list[list]) -> dict:
-    return {"component": "attention", "baseline": "torch", "candidate": "cuda",
-            "armed_forwards": 100, "sampled": len(pairs), "error": None,
-            "pair_fields": FIELDS, "pairs": pairs}  # fmt: skip
+    return {
+        "component": "attention",
+        "baseline": "torch",
+        "candidate": "cuda",
+        "armed_forwards": 100,
+        "sampled": len(pairs),
+        "error": None,
+        "pair_fields": FIELDS,
+        "pairs": pairs,
+    }
 
 
 def test_summarize_weighs_forwards_by_their_time_and_splits_by_kind_and_order() -> None:
@@ -49,7 +55,11 @@ def test_summarize_weighs_forwards_by_their_time_and_splits_by_kind_and_order() 
     out = summarize(_doc(pairs))
     step, pre = out["step"], out["prefill"]
     assert (out["offered"], out["candidate"], out["baseline"], out["error"]) == (
-        True, "cuda", "torch", None)  # fmt: skip
+        True,
+        "cuda",
+        "torch",
+        None,
+    )
     assert step["forwards"] == 2 and step["s"] == pytest.approx(3000 / 1000)  # not mean(2, 4)
     assert step["warmup"] == pre["warmup"] == 1 and len(out["pairs"]) == 6  # kept in the record
     assert (step["s_base_first"], step["s_cand_first"]) == (2.0, 4.0)
@@ -81,19 +91,37 @@ def _shadowed_runs(tmp: Path, shadow_at: dict[int, dict], change: dict = ROW_CHA
 
 
 def _kind(s: float, n: int = 40) -> dict:
-    return {"forwards": n, "s": s, "lo": s * 0.95, "hi": s * 1.05, "base_us": 1000.0 * s,
-            "cand_us": 1000.0, "base_host_us": 100.0, "cand_host_us": 50.0}  # fmt: skip
+    return {
+        "forwards": n,
+        "s": s,
+        "lo": s * 0.95,
+        "hi": s * 1.05,
+        "base_us": 1000.0 * s,
+        "cand_us": 1000.0,
+        "base_host_us": 100.0,
+        "cand_host_us": 50.0,
+    }
 
 
 def _shadow(step: float | None, prefill: float | None, **kw) -> dict:
-    return {"offered": True, "component": "attention", "baseline": "torch", "candidate": "cuda",
-            "error": None, "step": _kind(step) if step else None,
-            "prefill": _kind(prefill) if prefill else None, **kw}  # fmt: skip
+    return {
+        "offered": True,
+        "component": "attention",
+        "baseline": "torch",
+        "candidate": "cuda",
+        "error": None,
+        "step": _kind(step) if step else None,
+        "prefill": _kind(prefill) if prefill else None,
+        **kw,
+    }
 
 
 def _report(tmp: Path, runs: list[str]) -> tuple[int, dict]:
-    res = CliRunner().invoke(app, ["report", *runs, "--out", str(tmp / "out"), "--json"],
-                             env={"OPS_RUNS_DIR": str(tmp / "runs")})  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        ["report", *runs, "--out", str(tmp / "out"), "--json"],
+        env={"OPS_RUNS_DIR": str(tmp / "runs")},
+    )
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     return res.exit_code, json.loads(res.stdout)
 
@@ -134,9 +162,12 @@ def test_a_shadow_of_another_change_is_not_used(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("patch", "field"),
-    [({"s": -1.0}, "shadow.step.s"), ({"forwards": 0}, "shadow.step.forwards"),
-     ({"cand_us": float("nan")}, "shadow.step.cand_us")],
-)  # fmt: skip
+    [
+        ({"s": -1.0}, "shadow.step.s"),
+        ({"forwards": 0}, "shadow.step.forwards"),
+        ({"cand_us": float("nan")}, "shadow.step.cand_us"),
+    ],
+)
 def test_a_malformed_shadow_is_a_bad_record_naming_the_field(tmp_path: Path, patch, field) -> None:
     sh = _shadow(2.0, None)
     sh["step"].update(patch)
@@ -164,13 +195,29 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     recorded as refused, with the engine's reason, and the profile still passes."""
     ops.configure_service(None)
     assert ops.json("service", "start", "local")[0] == 0
-    code, doc = ops.json("profile", "local", "-c", "1,2", "--requests", "4", "--output-len", "8",
-                         "--input-len", "16", "--shadow", "attention=torch")  # fmt: skip
+    code, doc = ops.json(
+        "profile",
+        "local",
+        "-c",
+        "1,2",
+        "--requests",
+        "4",
+        "--output-len",
+        "8",
+        "--input-len",
+        "16",
+        "--shadow",
+        "attention=torch",
+    )
     assert code == 0, doc
     for lv in _record(doc)["profile"]["levels"]:
         sh = lv["shadow"]
         assert (sh["offered"], sh["error"], sh["candidate"], sh["baseline"]) == (
-            True, None, "torch", "torch")  # fmt: skip
+            True,
+            None,
+            "torch",
+            "torch",
+        )
         assert sh["load"]["completed"] == 4 and sh["load"]["failed"] == 0
         for kind in ("step", "prefill"):
             k = sh[kind]
@@ -187,33 +234,67 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     url = f"http://127.0.0.1:{ops.port}/get_server_info"
     with urllib.request.urlopen(url, timeout=10) as r:
         assert json.loads(r.read())["shadow"]["left"] == 0  # disarmed after the last window
-    code, doc = ops.json("profile", "local", "-c", "1", "--requests", "2", "--output-len", "4",
-                         "--input-len", "8", "--shadow", "attention=cuda")  # fmt: skip
+    code, doc = ops.json(
+        "profile",
+        "local",
+        "-c",
+        "1",
+        "--requests",
+        "2",
+        "--output-len",
+        "4",
+        "--input-len",
+        "8",
+        "--shadow",
+        "attention=cuda",
+    )
     assert code == 0, doc
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
     assert sh["offered"] is True and "needs the engine on a GPU" in sh["error"]
     assert doc["shadow_not_timed"] == [{"concurrency": 1, "why": sh["error"]}]
     # the tree build's shadow: the compiled C++ builder beside the serving Python reference
-    code, doc = ops.json("profile", "local", "-c", "2", "--requests", "4", "--output-len", "8",
-                         "--input-len", "16", "--shadow", "tree_build=cpp")  # fmt: skip
+    code, doc = ops.json(
+        "profile",
+        "local",
+        "-c",
+        "2",
+        "--requests",
+        "4",
+        "--output-len",
+        "8",
+        "--input-len",
+        "16",
+        "--shadow",
+        "tree_build=cpp",
+    )
     assert code == 0, doc
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
     assert (sh["component"], sh["baseline"], sh["candidate"], sh["error"]) == (
-        "tree_build", "reference", "cpp", None)  # fmt: skip
+        "tree_build",
+        "reference",
+        "cpp",
+        None,
+    )
     assert sh["prefill"] is None and sh["step"]["forwards"] + 1 == len(sh["pairs"]) >= 3
     assert sh["step"]["s"] > 0
     # a shadow left armed (an earlier ops killed, or Ctrl-C'd twice, inside its window): the
     # next profile, shadow or not, disarms it before its first window and says so
     url = f"http://127.0.0.1:{ops.port}"
-    rc, armed = _checks_shadow(url, "--component", "attention", "--backend", "torch",
-                               "--forwards", "5000")  # fmt: skip
+    rc, armed = _checks_shadow(
+        url, "--component", "attention", "--backend", "torch", "--forwards", "5000"
+    )
     assert rc == 0 and armed["ok"], armed
-    code, doc = ops.json("profile", "local", "-c", "1", "--requests", "2", "--output-len", "4",
-                         "--input-len", "8")  # fmt: skip
+    code, doc = ops.json(
+        "profile", "local", "-c", "1", "--requests", "2", "--output-len", "4", "--input-len", "8"
+    )
     assert code == 0, doc
     found = _record(doc)["profile"]["shadow_found_armed"]
-    assert found == {"component": "attention", "candidate": "torch", "left": 5000,
-                     "disarmed": True}, found  # fmt: skip
+    assert found == {
+        "component": "attention",
+        "candidate": "torch",
+        "left": 5000,
+        "disarmed": True,
+    }, found
     with urllib.request.urlopen(f"{url}/get_server_info", timeout=10) as r:
         left = json.loads(r.read())["shadow"]
     assert left["left"] == 0 and left["sampled"] == 0, left  # no forward of f was shadowed
@@ -287,10 +368,14 @@ def test_a_service_without_shadow_is_not_offered(ops: Ops) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--forwards", "5"], ["--backend", "cuda", "--forwards", "-1"],
-     ["--backend", "cuda", "--forwards", "20001"], ["--forwards", "0", "--timeout", "0"],
-     ["--component", "accept", "--backend", "cuda", "--forwards", "1"]],
-)  # fmt: skip
+    [
+        ["--forwards", "5"],
+        ["--backend", "cuda", "--forwards", "-1"],
+        ["--backend", "cuda", "--forwards", "20001"],
+        ["--forwards", "0", "--timeout", "0"],
+        ["--component", "accept", "--backend", "cuda", "--forwards", "1"],
+    ],
+)
 def test_checks_shadow_bad_input_is_exit_2(args) -> None:
     rc, doc = _checks_shadow("http://127.0.0.1:9", *args)
     assert rc == 2 and doc["error"] == "bad_input"
@@ -320,8 +405,14 @@ def test_a_tree_build_shadow_stands_in_for_the_benchs_s_of_that_change() -> None
     step = {"value": 10.0, "source": "measured"}
 
     def level(**sh) -> ProfileLevel:
-        doc = {"offered": True, "component": "tree_build", "baseline": "reference",
-               "candidate": "cuda", "step": _kind(3.0, n=55), **sh}  # fmt: skip
+        doc = {
+            "offered": True,
+            "component": "tree_build",
+            "baseline": "reference",
+            "candidate": "cuda",
+            "step": _kind(3.0, n=55),
+            **sh,
+        }
         return ProfileLevel.model_validate({"concurrency": 8, "step_ms": step, "shadow": doc})
 
     sp = shadow_speed(level(), change, "step")
@@ -339,9 +430,17 @@ def test_a_rollout_arms_the_shadow_only_after_the_bench_passed(ops: Ops) -> None
     ops.configure_service(None)
     assert ops.json("service", "start", "local")[0] == 0
     code, doc = ops.json(
-        "rollout", "local", "--playbook", str(REPO / "playbooks" / "rollout-attention.yaml"),
-        "--set", "load.input_len=16", "--set", "load.output_len=8", "--set", "load.concurrency=1",
-    )  # fmt: skip
+        "rollout",
+        "local",
+        "--playbook",
+        str(REPO / "playbooks" / "rollout-attention.yaml"),
+        "--set",
+        "load.input_len=16",
+        "--set",
+        "load.output_len=8",
+        "--set",
+        "load.concurrency=1",
+    )
     assert code == 3, doc  # HOLD: no GPU bench
     prof = next(s for s in doc["steps"] if s["name"] == "profile")
     assert "shadow not armed: the bench did not pass (hold)" in prof["detail"]

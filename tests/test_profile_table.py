@@ -89,8 +89,10 @@ def test_the_report_says_when_the_target_level_ran_at_the_batch_cap(tmp_path: Pa
     prof.write_text(json.dumps(doc))
     res = subprocess.run(
         [sys.executable, "-m", "ops", "report", str(run), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode in (0, 1, 3), res.stderr
     md = (tmp_path / "out" / "report.md").read_text()
     assert f"the service batches at most {cap}: this level ran at batch {cap}" in md, md[:400]

@@ -421,9 +421,10 @@ def test_the_threshold_comes_from_the_records_unless_given(tmp_path: Path) -> No
 
 def test_an_empty_out_is_exit_2_not_the_current_directory(tmp_path: Path) -> None:
     res = CliRunner().invoke(
-        app, ["report", *(str(RECORDS / n) for n in SEED), "--out", "", "--json"],
+        app,
+        ["report", *(str(RECORDS / n) for n in SEED), "--out", "", "--json"],
         env={"OPS_RUNS_DIR": str(tmp_path / "runs")},
-    )  # fmt: skip
+    )
     assert res.exit_code == 2 and "--out: an empty path" in json.loads(res.stdout)["message"]
     assert not Path("report.md").exists() or Path("report.md").stat().st_mtime < 0
 
@@ -439,30 +440,60 @@ def test_a_passed_profile_without_its_levels_is_a_bad_record(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("precision", "want"),
     [
-        ({"target": 0.03, "cycles_run": 3, "met": True, "half_width": {"1": 0.05}},
-         "met is True, but its half-widths against its target 0.03 say False"),
-        ({"target": 0.03, "cycles_run": 9, "max_cycles": 3, "met": False,
-          "half_width": {"1": 0.05}}, "cycles_run 9 is above max_cycles 3"),
-        ({"target": 0.03, "cycles": 2, "cycles_run": 1, "max_cycles": 1, "met": False,
-          "half_width": {"1": 0.05}}, "max_cycles 1 is below cycles 2"),
-        ({"target": 0.03, "cycles_run": 1, "met": False, "half_width": {"abc": 0.05}},
-         "a level is a concurrency"),
-        ({"target": 0.03, "cycles_run": 1, "met": False, "half_width": {"1": -0.5}},
-         "a half-width is a finite number >= 0"),
+        (
+            {"target": 0.03, "cycles_run": 3, "met": True, "half_width": {"1": 0.05}},
+            "met is True, but its half-widths against its target 0.03 say False",
+        ),
+        (
+            {
+                "target": 0.03,
+                "cycles_run": 9,
+                "max_cycles": 3,
+                "met": False,
+                "half_width": {"1": 0.05},
+            },
+            "cycles_run 9 is above max_cycles 3",
+        ),
+        (
+            {
+                "target": 0.03,
+                "cycles": 2,
+                "cycles_run": 1,
+                "max_cycles": 1,
+                "met": False,
+                "half_width": {"1": 0.05},
+            },
+            "max_cycles 1 is below cycles 2",
+        ),
+        (
+            {"target": 0.03, "cycles_run": 1, "met": False, "half_width": {"abc": 0.05}},
+            "a level is a concurrency",
+        ),
+        (
+            {"target": 0.03, "cycles_run": 1, "met": False, "half_width": {"1": -0.5}},
+            "a half-width is a finite number >= 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_measure_precision_that_contradicts_itself_is_a_bad_record(
     tmp_path: Path, precision: dict, want: str
 ) -> None:
-    rec = _with(tmp_path, "measure_attn_noisy", "m",
-                lambda doc: doc["measure"].update(precision=precision))  # fmt: skip
+    rec = _with(
+        tmp_path, "measure_attn_noisy", "m", lambda doc: doc["measure"].update(precision=precision)
+    )
     code, doc = ops_report(tmp_path, "preflight_ok", "bench_attn", "profile_attn_small", rec)
     assert code == 2 and "measure.precision" in doc["message"] and want in doc["message"], doc
 
 
 def test_no_kernel_rows_names_the_impls_the_bench_has(tmp_path: Path) -> None:
-    code, doc = ops_report(tmp_path, "preflight_ok", "bench_topk_only", "profile_tree",
-                           "rollout_tree", args=("--threshold", "0.005"))  # fmt: skip
+    code, doc = ops_report(
+        tmp_path,
+        "preflight_ok",
+        "bench_topk_only",
+        "profile_tree",
+        "rollout_tree",
+        args=("--threshold", "0.005"),
+    )
     (hold,) = [h for h in doc["holds"] if h["code"] == "no_kernel_rows"]
     assert "(its impls there:" not in hold["message"]  # it has no tree rows at all
     change = json.loads((RECORDS / "rollout_attn_change" / "record.json").read_text())

@@ -74,9 +74,13 @@ NONSENSE = [
     (BENCH, "bench.rows.0.shape.batch", [], "bench.rows.0.shape"),
     (BENCH, "bench.rows.0.shape.batch", "str", "bench.rows.0.shape"),
     (PRE, "healthcheck.modules.identity.aa_runs", float("nan"), "modules.identity.aa_runs"),
-    ("05-postflight/record.json", "healthcheck.modules.identity.aa_runs", float("nan"),
-     "modules.identity.aa_runs"),
-]  # fmt: skip
+    (
+        "05-postflight/record.json",
+        "healthcheck.modules.identity.aa_runs",
+        float("nan"),
+        "modules.identity.aa_runs",
+    ),
+]
 
 
 @pytest.mark.parametrize(("rel", "path", "value", "field"), NONSENSE)
@@ -126,8 +130,24 @@ def test_a_probe_with_no_sample_before_is_unmeasured(tmp_path: Path) -> None:
 
 # -- the prober's one-leaf fuzz, compact --------------------------------------------------------
 
-VALUES = [5e-324, -5e-324, 1e-300, 1e308, -1, 0, float("nan"), float("inf"), float("-inf"),
-          "str", None, [], {}, 10**400, True, 2**63]  # fmt: skip
+VALUES = [
+    5e-324,
+    -5e-324,
+    1e-300,
+    1e308,
+    -1,
+    0,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    "str",
+    None,
+    [],
+    {},
+    10**400,
+    True,
+    2**63,
+]
 FUZZ = 200  # mutations: about 50 ms each in one process
 
 # One process runs every mutation through `ops`'s own entry point (what `python -m ops` runs),
@@ -218,10 +238,19 @@ def _peak_rss_mib(tmp: Path, run: Path) -> tuple[int, subprocess.CompletedProces
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
         "sys.exit(r.returncode)\n"
     )
-    argv = [sys.executable, "-c", wrapper, sys.executable, "-m", "ops", "report", str(run),
-            "--out", str(tmp / f"out-{run.name}")]  # fmt: skip
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env=_env(tmp))  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        wrapper,
+        sys.executable,
+        "-m",
+        "ops",
+        "report",
+        str(run),
+        "--out",
+        str(tmp / f"out-{run.name}"),
+    ]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO, env=_env(tmp))
     return int(res.stdout.split()[-1]), res
 
 
@@ -288,28 +317,67 @@ def _svc(recs: dict[str, dict], value: dict[str, Any]) -> None:
 
 
 CASES: list[tuple[str, Callable[[dict[str, dict]], None], str, str]] = [
-    ("share_negative", lambda r: _share(r).update(value=-0.2), "profile",
-     "profile.levels.0.wall_share: attention.value: a share of the wall time"),
-    ("share_over_one", lambda r: _share(r).update(value=1.5), "profile",
-     "attention.value: a share of the wall time is in [0, 1], got 1.5"),
-    ("share_p25_negative", lambda r: _share(r).update(p25=-0.5), "profile",
-     "attention.p25: a share of the wall time is in [0, 1], got -0.5"),
-    ("prefill_over_share", lambda r: _share(r).update(prefill=0.9), "profile",
-     "attention.prefill: the part in prefill is in [0, the share 0.25], got 0.9"),
-    ("prefill_negative", lambda r: _share(r).update(prefill=-0.1), "profile",
-     "attention.prefill: the part in prefill is in [0, the share 0.25], got -0.1"),
-    ("prefill_string", lambda r: _share(r).update(prefill="abc"), "profile",
-     "attention.prefill: must be a number, got 'abc'"),
-    ("prefill_list", lambda r: _share(r).update(prefill=[1]), "profile",
-     "attention.prefill: must be a number, got [1]"),
-    ("stage_negative",
-     lambda r: r["profile"]["profile"]["levels"][1]["stage_ms"]["attention"].update(value=-3),
-     "profile", "profile.levels.1.stage_ms: attention.value: a time is a number"),
-    ("service_total_negative", lambda r: _svc(r, {"total": -1}), "measure",
-     "measure.levels.0.service_speedup: total: a speedup is a number > 0"),
-    ("service_steps_zero", lambda r: _svc(r, {"steps": 0}), "measure",
-     "steps: a speedup is a number > 0, got 0.0"),
-]  # fmt: skip
+    (
+        "share_negative",
+        lambda r: _share(r).update(value=-0.2),
+        "profile",
+        "profile.levels.0.wall_share: attention.value: a share of the wall time",
+    ),
+    (
+        "share_over_one",
+        lambda r: _share(r).update(value=1.5),
+        "profile",
+        "attention.value: a share of the wall time is in [0, 1], got 1.5",
+    ),
+    (
+        "share_p25_negative",
+        lambda r: _share(r).update(p25=-0.5),
+        "profile",
+        "attention.p25: a share of the wall time is in [0, 1], got -0.5",
+    ),
+    (
+        "prefill_over_share",
+        lambda r: _share(r).update(prefill=0.9),
+        "profile",
+        "attention.prefill: the part in prefill is in [0, the share 0.25], got 0.9",
+    ),
+    (
+        "prefill_negative",
+        lambda r: _share(r).update(prefill=-0.1),
+        "profile",
+        "attention.prefill: the part in prefill is in [0, the share 0.25], got -0.1",
+    ),
+    (
+        "prefill_string",
+        lambda r: _share(r).update(prefill="abc"),
+        "profile",
+        "attention.prefill: must be a number, got 'abc'",
+    ),
+    (
+        "prefill_list",
+        lambda r: _share(r).update(prefill=[1]),
+        "profile",
+        "attention.prefill: must be a number, got [1]",
+    ),
+    (
+        "stage_negative",
+        lambda r: r["profile"]["profile"]["levels"][1]["stage_ms"]["attention"].update(value=-3),
+        "profile",
+        "profile.levels.1.stage_ms: attention.value: a time is a number",
+    ),
+    (
+        "service_total_negative",
+        lambda r: _svc(r, {"total": -1}),
+        "measure",
+        "measure.levels.0.service_speedup: total: a speedup is a number > 0",
+    ),
+    (
+        "service_steps_zero",
+        lambda r: _svc(r, {"steps": 0}),
+        "measure",
+        "steps: a speedup is a number > 0, got 0.0",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -319,11 +387,22 @@ def test_a_nonsense_number_in_a_record_is_exit_2_naming_file_and_field(
     tmp_path: Path, mutate: Callable[[dict[str, dict]], None], record: str, words: str
 ) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "ops", "report", *_records(tmp_path, mutate), "--json",
-         "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "report",
+            *_records(tmp_path, mutate),
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")},
-    )  # fmt: skip
+    )
     assert res.returncode == 2, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
     line = res.stderr.strip()

@@ -29,10 +29,20 @@ def _write(tmp: Path, name: str, rec: dict) -> str:
 
 
 def _row(kernel: str, impl: str, shape: dict, us: float) -> dict:
-    return {"suite": "attn" if "attention" in kernel else "tree", "kernel": kernel,
-            "impl": impl, "shape": shape, "median_us": us, "p25_us": us * 0.98,
-            "p75_us": us * 1.02, "iqr_us": us * 0.04, "reps": 50, "mode": "events",
-            "launches_per_sample": 1, "refcheck": True}  # fmt: skip
+    return {
+        "suite": "attn" if "attention" in kernel else "tree",
+        "kernel": kernel,
+        "impl": impl,
+        "shape": shape,
+        "median_us": us,
+        "p25_us": us * 0.98,
+        "p75_us": us * 1.02,
+        "iqr_us": us * 0.04,
+        "reps": 50,
+        "mode": "events",
+        "launches_per_sample": 1,
+        "refcheck": True,
+    }
 
 
 def _attn_records(tmp: Path, prefill_rows: bool, parts: dict | None = None) -> list[str]:
@@ -44,13 +54,17 @@ def _attn_records(tmp: Path, prefill_rows: bool, parts: dict | None = None) -> l
     rows = []
     for b, (t_us, c_us) in {1: (300.0, 100.0), 8: (900.0, 300.0), 32: (3000.0, 600.0)}.items():
         shape = {"B": b, "T": 17, "L": 1024, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
-        rows += [_row("row_attention", "torch_rows", shape, t_us),
-                 _row("row_attention", "cuda_rows", shape, c_us)]  # fmt: skip
+        rows += [
+            _row("row_attention", "torch_rows", shape, t_us),
+            _row("row_attention", "cuda_rows", shape, c_us),
+        ]
     if prefill_rows:
         for length, (t_us, c_us) in {1024: (4000.0, 8000.0), 64: (100.0, 50.0)}.items():
             shape = {"B": 1, "L": length, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
-            rows += [_row("row_attention_prefill", "torch_rows", shape, t_us),
-                     _row("row_attention_prefill", "cuda_rows", shape, c_us)]  # fmt: skip
+            rows += [
+                _row("row_attention_prefill", "torch_rows", shape, t_us),
+                _row("row_attention_prefill", "cuda_rows", shape, c_us),
+            ]
             for r in rows[-2:]:
                 host_gpu = (parts or {}).get((length, r["impl"]))
                 if host_gpu:
@@ -90,12 +104,15 @@ def test_a_prefill_s_resting_on_host_time_is_named_with_the_gpu_parts_s(tmp_path
     whose host part is small, or that carry no parts (the decode rows here), get no such note."""
     parts = {(1024, "torch_rows"): (2000.0, 2000.0), (1024, "cuda_rows"): (7000.0, 1000.0)}
     code, doc = ops_report(tmp_path, *_attn_records(tmp_path, True, parts), args=("-c", "32"))
-    base_code, base = ops_report(tmp_path / "b", *_attn_records(tmp_path / "b", True),
-                                 args=("-c", "32"))  # fmt: skip
+    base_code, base = ops_report(
+        tmp_path / "b", *_attn_records(tmp_path / "b", True), args=("-c", "32")
+    )
     assert code == base_code
-    want = ("prefill: 0.5x rests on host time (the plans: 50% of the baseline's stage, 88% of "
-            "the candidate's), which varies with the process and the host's load; the calls "
-            "alone (their CUDA events, launch gaps included) give 2x")  # fmt: skip
+    want = (
+        "prefill: 0.5x rests on host time (the plans: 50% of the baseline's stage, 88% of "
+        "the candidate's), which varies with the process and the host's load; the calls "
+        "alone (their CUDA events, launch gaps included) give 2x"
+    )
     for row, plain in zip(doc["amdahl"], base["amdahl"], strict=True):
         assert want in row["note"], row["note"]
         assert "decode steps:" not in row["note"]
@@ -105,8 +122,9 @@ def test_a_prefill_s_resting_on_host_time_is_named_with_the_gpu_parts_s(tmp_path
     md = (tmp_path / "out" / "report.md").read_text()
     assert want in md
     small = {(1024, "torch_rows"): (800.0, 3200.0), (1024, "cuda_rows"): (1600.0, 6400.0)}
-    _, doc = ops_report(tmp_path / "s", *_attn_records(tmp_path / "s", True, small),
-                        args=("-c", "32"))  # fmt: skip
+    _, doc = ops_report(
+        tmp_path / "s", *_attn_records(tmp_path / "s", True, small), args=("-c", "32")
+    )
     assert all("rests on host time" not in r["note"] for r in doc["amdahl"])
 
 
@@ -167,9 +185,11 @@ def test_tree_build_without_stage_rows_takes_the_kernel_rows(tmp_path: Path) -> 
 def test_the_service_s_beside_the_bench_s_and_a_note_where_they_differ(tmp_path: Path) -> None:
     recs = _attn_records(tmp_path, True)
     meas = _load("measure_attn_noisy")
-    service = {1: {"total": 2.9, "steps": 3.1, "prefill": 0.5},  # as the bench: no note
-               8: {"total": 1.5, "steps": 1.6, "prefill": 1.2},  # both parts off
-               32: {"total": 5.0, "steps": 5.2}}  # fmt: skip
+    service = {
+        1: {"total": 2.9, "steps": 3.1, "prefill": 0.5},  # as the bench: no note
+        8: {"total": 1.5, "steps": 1.6, "prefill": 1.2},  # both parts off
+        32: {"total": 5.0, "steps": 5.2},
+    }
     for lv in meas["measure"]["levels"]:
         lv["service_speedup"] = service[lv["concurrency"]]
     code, doc = ops_report(tmp_path, *recs, _write(tmp_path, "measure", meas), args=("-c", "32"))

@@ -18,8 +18,13 @@ from ops.rollout.playbook_load import load_playbook
 from ops.verdict.evidence import Change
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
-ROW_CHANGE = {"component": "attention", "baseline": "torch", "candidate": "cuda",
-              "bench_kernel": "row_attention", "shape": {"T": 17, "L": 1024}}  # fmt: skip
+ROW_CHANGE = {
+    "component": "attention",
+    "baseline": "torch",
+    "candidate": "cuda",
+    "bench_kernel": "row_attention",
+    "shape": {"T": 17, "L": 1024},
+}
 # batch -> (torch_rows us, cuda_rows us) at L = 1024; L = 64 and the generic rows differ
 ROWS_1024 = {1: (300.0, 100.0), 8: (900.0, 450.0), 32: (3000.0, 2400.0)}
 
@@ -32,9 +37,16 @@ def bench_rows() -> list[dict]:
             cand = c_us * scale * (0.5 if L == 64 else 1.0)  # s doubles at L = 64
             rows += [
                 krow("attn", "row_attention", "torch_rows", shape, t_us * scale, refcheck=True),
-                krow("attn", "row_attention", "cuda_rows", shape, cand, refcheck=True,
-                     speedup={"torch_rows": round(t_us * scale / cand, 2)}),
-            ]  # fmt: skip
+                krow(
+                    "attn",
+                    "row_attention",
+                    "cuda_rows",
+                    shape,
+                    cand,
+                    refcheck=True,
+                    speedup={"torch_rows": round(t_us * scale / cand, 2)},
+                ),
+            ]
         shape = {"batch": b, "prefix": 4096, "tree_rows": 65, "heads": 8, "page_size": 64}
         rows += [
             krow("attn", "tree_verify_attention", "cuda", shape, 10.0),
@@ -50,8 +62,12 @@ def write_runs(tmp: Path, change: dict) -> list[str]:
     }.items():
         (tmp / name).mkdir()
         (tmp / name / "record.json").write_text(json.dumps(doc))
-    return [str(RECORDS / "preflight_ok"), str(RECORDS / "profile_attn"),
-            str(tmp / "bench_rows"), str(tmp / "rollout")]  # fmt: skip
+    return [
+        str(RECORDS / "preflight_ok"),
+        str(RECORDS / "profile_attn"),
+        str(tmp / "bench_rows"),
+        str(tmp / "rollout"),
+    ]
 
 
 def report(tmp: Path, change: dict) -> tuple[int, dict]:
@@ -95,8 +111,12 @@ def test_without_bench_kernel_attention_is_the_generic_kernel(tmp_path: Path) ->
 
 
 def test_a_bench_kernel_of_another_component_is_bad_input(tmp_path: Path) -> None:
-    bad = {"component": "tree_build", "baseline": "reference", "candidate": "cuda",
-           "bench_kernel": "row_attention"}  # fmt: skip
+    bad = {
+        "component": "tree_build",
+        "baseline": "reference",
+        "candidate": "cuda",
+        "bench_kernel": "row_attention",
+    }
     code, doc = report(tmp_path, bad)
     assert code == 2 and "rollout/record.json: change" in json.dumps(doc)
     assert "not a bench kernel of tree_build" in json.dumps(doc)
@@ -115,8 +135,15 @@ def test_the_rollout_attention_playbook() -> None:
     assert ch.shape == {"T": 17, "L": 1024}
     assert (pb.load.input_len, pb.load.output_len) == (1024, 64)
     assert [s.step for s in pb.step_list()] == [
-        "healthcheck", "bench", "profile", "decide", "measure", "deploy", "healthcheck",
-        "measure", "report",
-    ]  # fmt: skip
+        "healthcheck",
+        "bench",
+        "profile",
+        "decide",
+        "measure",
+        "deploy",
+        "healthcheck",
+        "measure",
+        "report",
+    ]
     pb = load_playbook("rollout-attention", ["change.shape.L=64", "load.input_len=64"])
     assert pb.change is not None and pb.change.shape == {"T": 17, "L": 64}

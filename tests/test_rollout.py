@@ -43,14 +43,30 @@ from ops.rollout.switch import AUDIT_PARTS, run_plan
 from ops.verdict.evidence import MeasureSection, gather
 
 SMALL = [
-    "--set", "load.concurrency=1,4", "--set", "load.requests=4", "--set", "load.input_len=16",
-    "--set", "load.output_len=8", "--set", "preflight.max_tokens=4",
-    "--set", "preflight.aa_runs=0",
-]  # fmt: skip
+    "--set",
+    "load.concurrency=1,4",
+    "--set",
+    "load.requests=4",
+    "--set",
+    "load.input_len=16",
+    "--set",
+    "load.output_len=8",
+    "--set",
+    "preflight.max_tokens=4",
+    "--set",
+    "preflight.aa_runs=0",
+]
 STEPS = [
-    "01-preflight", "02-bench", "03-profile", "04-decide", "05-baseline", "06-deploy",
-    "07-postflight", "08-measure", "09-report",
-]  # fmt: skip
+    "01-preflight",
+    "02-bench",
+    "03-profile",
+    "04-decide",
+    "05-baseline",
+    "06-deploy",
+    "07-postflight",
+    "08-measure",
+    "09-report",
+]
 
 
 class Local:
@@ -116,10 +132,16 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     assert "no GPU on local" in held["bench_held"]
     status = {s["name"]: s["status"] for s in doc["steps"]}
     assert status == {
-        "preflight": "ok", "bench": "hold", "profile": "ok", "decide": "fail",
-        "baseline": "skip", "deploy": "skip", "postflight": "skip", "measure": "skip",
+        "preflight": "ok",
+        "bench": "hold",
+        "profile": "ok",
+        "decide": "fail",
+        "baseline": "skip",
+        "deploy": "skip",
+        "postflight": "skip",
+        "measure": "skip",
         "report": "fail",
-    }  # fmt: skip
+    }
     # progress on stderr as each step runs
     assert "[1/9] preflight (healthcheck) ..." in err and "[9/9] report: NO-GO: " in err
     assert "decide: fail" not in err and "report: fail" not in err  # a verdict, not a failure
@@ -221,8 +243,12 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     verdict = doc["verdict"]
     want_code, report = {"GO": (0, "ok"), "NO-GO": (1, "fail")}[verdict]
     assert status == {
-        "profile": "ok", "baseline": "ok", "deploy": "ok", "measure": "ok", "report": report,
-    }, err  # fmt: skip
+        "profile": "ok",
+        "baseline": "ok",
+        "deploy": "ok",
+        "measure": "ok",
+        "report": report,
+    }, err
     # the candidate is what the service runs now, from a release of its own
     assert local.backends()["tree_build"] == "cpp"
     current = os.readlink(local.root / "current")
@@ -342,9 +368,11 @@ def test_measure_precision_adds_cycles_until_the_interval_is_narrow_enough(
 
     # +/-99 points: met at the first check, after `cycles` (1): after | A'', nothing more
     pb = _precision_playbook(
-        local, src, "{component: tree_build, baseline: reference, candidate: cpp}",
+        local,
+        src,
+        "{component: tree_build, baseline: reference, candidate: cpp}",
         "precision: 0.99, max_cycles: 3",
-    )  # fmt: skip
+    )
     code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
     assert code in (1, 3), err  # no GPU bench: NO-GO or HOLD, never GO
     run = Path(doc["run_dir"])
@@ -369,9 +397,11 @@ def test_measure_precision_adds_cycles_until_the_interval_is_narrow_enough(
 
     # +/-0.0001 points: never met, so max_cycles (2) cycles, and the report says so
     pb = _precision_playbook(
-        local, src, "{component: tree_build, baseline: cpp, candidate: reference}",
+        local,
+        src,
+        "{component: tree_build, baseline: cpp, candidate: reference}",
         "precision: 0.000001, max_cycles: 2",
-    )  # fmt: skip
+    )
     code, doc, err = local("rollout", "local", "--playbook", str(pb), timeout=300)
     assert code in (1, 3), err
     run = Path(doc["run_dir"])
@@ -404,10 +434,22 @@ def test_on_fail_stop_skips_to_the_report(tmp_path: Path) -> None:
     assert "preflight_failed" in [r["code"] for r in doc["decision"]["failed"]]
     assert [Path(f).name for f in doc["files"]] == ["report.md", "report.json"]
     res = subprocess.run(  # the table: the report step shows the verdict, not FAIL
-        [sys.executable, "-m", "ops", "rollout", "local", "--playbook", str(pb),
-         "--inventory", str(loc.inventory)],
-        capture_output=True, text=True, env={**loc.env, "COLUMNS": "100"}, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "rollout",
+            "local",
+            "--playbook",
+            str(pb),
+            "--inventory",
+            str(loc.inventory),
+        ],
+        capture_output=True,
+        text=True,
+        env={**loc.env, "COLUMNS": "100"},
+        timeout=120,
+    )
     row = next(ln for ln in res.stdout.splitlines() if " report " in ln)
     assert "NO-GO" in row and "FAIL" not in row, res.stdout
     assert "HOLD" not in res.stdout.split("NO-GO:", 1)[1], res.stdout  # no HOLD line in a NO-GO
@@ -449,8 +491,9 @@ def test_a_failed_golden_recording_is_not_called_recorded(tmp_path: Path) -> Non
     """No golden set and nothing serving: the pre-flight tries to record one and fails; its
     line says it was recording, never that the golden set was recorded."""
     loc = Local(tmp_path)  # nothing serves on its port, and there is no golden set
-    code, doc, err = loc("rollout", "local", "--playbook", "healthcheck-only",
-                         "--set", "preflight.timeout=2")  # fmt: skip
+    code, doc, err = loc(
+        "rollout", "local", "--playbook", "healthcheck-only", "--set", "preflight.timeout=2"
+    )
     assert code != 0, err
     (step,) = [s for s in doc["steps"] if s["name"] == "preflight"]
     assert step["status"] == "fail", step
@@ -478,11 +521,19 @@ def test_ctrl_c_in_the_recheck_keeps_its_runs_and_says_which_release_serves(
         "  - {step: measure, phase: after, when: deployed, recheck: true, cycles: 2}\n"
         "  - {step: report}\n"
     )
-    argv = [sys.executable, "-m", "ops", "rollout", "local", "--playbook", str(pb),
-            "--inventory", str(local.inventory)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "ops",
+        "rollout",
+        "local",
+        "--playbook",
+        str(pb),
+        "--inventory",
+        str(local.inventory),
+    ]
     stdout = (local.tmp / "rollout.out").open("w")  # stderr is read below as it comes
-    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True,
-                            env=local.env)  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=local.env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -523,10 +574,13 @@ def test_ctrl_c_in_the_recheck_keeps_its_runs_and_says_which_release_serves(
     "after, want",
     [
         ("R-cand", "the service runs R-cand (the host, after the interrupted switch)"),
-        (None, "a recheck switch was interrupted and the host could not say which release is "
-               "current (`ops releases local`)"),
+        (
+            None,
+            "a recheck switch was interrupted and the host could not say which release is "
+            "current (`ops releases local`)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
     monkeypatch: pytest.MonkeyPatch, after: str | None, want: str
 ) -> None:
@@ -543,13 +597,20 @@ def test_a_switch_interrupted_in_the_recheck_names_what_the_host_says(
     def measure(ctx, st, raw, settings):
         raw.append({"arm": "after", "run": 0})
         ctx.arms.measure_serving = ("R-before", "the recheck's last switch")  # finished before
-        raise DeployInterrupted(DeployResult(target="local", outcome="interrupted", after=after,
-                                             message="interrupted during postflight"))  # fmt: skip
+        raise DeployInterrupted(
+            DeployResult(
+                target="local",
+                outcome="interrupted",
+                after=after,
+                message="interrupted during postflight",
+            )
+        )
 
     monkeypatch.setattr(rollout_switch, "_measure", measure)
     pb = Playbook.model_validate({"steps": [{"step": "report"}]})
-    ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
-                          arms=Arms(), found=Found(deploy=None))  # fmt: skip
+    ctx = SimpleNamespace(
+        playbook=pb, target=SimpleNamespace(name="local"), arms=Arms(), found=Found(deploy=None)
+    )
     st = MeasureStep(step="measure", phase="after", recheck=True)
     with pytest.raises(rollout_switch.MeasureInterrupted) as got:
         rollout_switch.step_measure(ctx, st, None)
@@ -583,8 +644,9 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
     monkeypatch.setattr(rollout_switch, "_measure", measure)
     pb = Playbook.model_validate({"steps": [{"step": "report"}]})
     dep = DeployResult(target="local", outcome="deployed", release="R-cand", before="R-before")
-    ctx = SimpleNamespace(playbook=pb, target=SimpleNamespace(name="local"),
-                          arms=Arms(), found=Found(deploy=dep))  # fmt: skip
+    ctx = SimpleNamespace(
+        playbook=pb, target=SimpleNamespace(name="local"), arms=Arms(), found=Found(deploy=dep)
+    )
     with pytest.raises(rollout_switch.MeasureInterrupted) as got:
         rollout_switch.step_measure(ctx, MeasureStep(step="measure", phase="after"), None)
     assert got.value.detail == "the service runs R-cand (the deploy's switch)"

@@ -18,8 +18,16 @@ from kernels import row_attention as ra
 SCALE = 128**-0.5  # the small preset's softmax scale
 
 
-def step_case(b: int, t: int, prefix_lens: list[int], page_size: int, seed: int, heads: int = 8,
-              kv_dim: int = 576, device: str = "cpu") -> tuple:  # fmt: skip
+def step_case(
+    b: int,
+    t: int,
+    prefix_lens: list[int],
+    page_size: int,
+    seed: int,
+    heads: int = 8,
+    kv_dim: int = 576,
+    device: str = "cpu",
+) -> tuple:
     """Pool, rows (table, lens) and q of one decode step over shuffled pages."""
     rng = np.random.default_rng(seed)
     per_req = max(-(-(n + t) // page_size) for n in prefix_lens)
@@ -76,8 +84,15 @@ def test_rowwise_plan_gives_the_row_reference_through_the_kernels_reference() ->
     pool, table, lens, q = step_case(2, 4, [7, 30], page_size=8, seed=3, heads=2)
     pool, q = pool.double(), q.double()
     plan = ra.rowwise_plan(table, lens, q.device)
-    got = tree_verify_attention(q, pool.view(-1, 1, 576), plan.block_table, plan.prefix_lens,
-                                plan.tree_lens, plan.visibility, SCALE)  # fmt: skip
+    got = tree_verify_attention(
+        q,
+        pool.view(-1, 1, 576),
+        plan.block_table,
+        plan.prefix_lens,
+        plan.tree_lens,
+        plan.visibility,
+        SCALE,
+    )
     want = ra.reference_rows(q, pool, table, lens, SCALE, 512)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-12, atol=1e-12)
 
@@ -116,8 +131,9 @@ def test_attn_suite_without_cuda_is_a_note_and_no_rows(capsys) -> None:
 
 @pytest.mark.gpu
 def test_cuda_rows_equal_torch_rows() -> None:
-    pool, table, lens, q = step_case(8, 17, [64, 1024, 5, 300, 1, 64, 1023, 129], page_size=64,
-                                     seed=4, device="cuda")  # fmt: skip
+    pool, table, lens, q = step_case(
+        8, 17, [64, 1024, 5, 300, 1, 64, 1023, 129], page_size=64, seed=4, device="cuda"
+    )
     want = ra.reference_rows(q, pool, table, lens, SCALE, 512)
     tplan = ra.torch_rows_plan(table, lens, q.device, bucket=64, rows_per_call=64)
     torch_out = ra.torch_rows(q, pool, tplan, SCALE, 512)
@@ -146,19 +162,26 @@ def test_split_plan_cuts_every_row_at_the_same_keys_whatever_the_batch() -> None
 def test_cuda_rows_are_batch_invariant() -> None:
     """Bit-identical rows alone, in any subset (so another split count: the longest row sets
     it) and in any order, with rows shorter and longer than one split."""
-    pool, table, lens, q = step_case(6, 9, [10, 63, 64, 65, 700, 3], page_size=16, seed=5,
-                                     device="cuda")  # fmt: skip
+    pool, table, lens, q = step_case(
+        6, 9, [10, 63, 64, 65, 700, 3], page_size=16, seed=5, device="cuda"
+    )
     full = ra.cuda_rows(q, pool, ra.rowwise_plan(table, lens, q.device), SCALE, 512)
     rng = np.random.default_rng(6)
     n = len(lens)
     for trial in range(8):
         pick = rng.permutation(n)[: rng.integers(1, n)]
-        part = ra.cuda_rows(q[pick], pool, ra.rowwise_plan(table[pick], lens[pick], q.device),
-                            SCALE, 512)  # fmt: skip
+        part = ra.cuda_rows(
+            q[pick], pool, ra.rowwise_plan(table[pick], lens[pick], q.device), SCALE, 512
+        )
         assert torch.equal(part, full[pick]), trial
     for i in (0, int(np.argmax(lens))):
-        one = ra.cuda_rows(q[i : i + 1], pool, ra.rowwise_plan(table[i : i + 1], lens[i : i + 1],
-                           q.device), SCALE, 512)  # fmt: skip
+        one = ra.cuda_rows(
+            q[i : i + 1],
+            pool,
+            ra.rowwise_plan(table[i : i + 1], lens[i : i + 1], q.device),
+            SCALE,
+            512,
+        )
         assert torch.equal(one, full[i : i + 1]), i
 
 
@@ -176,8 +199,10 @@ def test_decode_prefixes_spread_evenly_and_every_set_spans_the_range() -> None:
     for s in got:  # each set spans the range, low to high
         assert s == sorted(s) and s[0] - 1024 < 3 and s[-1] - 1024 > 60, s
     assert [s[0] for s in decode_prefixes(1024, 64, 1, 64)] == list(range(1024, 1088))
-    assert decode_prefixes(64, 64, 8, 2) == [[64 + 8 * i for i in range(8)],
-                                              [68 + 8 * i for i in range(8)]]  # fmt: skip
+    assert decode_prefixes(64, 64, 8, 2) == [
+        [64 + 8 * i for i in range(8)],
+        [68 + 8 * i for i in range(8)],
+    ]
 
 
 @pytest.mark.gpu
@@ -213,8 +238,12 @@ def test_row_attention_bench_rows() -> None:
 
     rows = row_attention_rows(4, 17, 64, reps=5, layers=4, spread=32, piece_us=100)
     add_speedups(rows)
-    assert [r["impl"] for r in rows] == ["torch_rows", "torch_rows_stage", "cuda_rows",
-                                         "cuda_rows_stage"]  # fmt: skip
+    assert [r["impl"] for r in rows] == [
+        "torch_rows",
+        "torch_rows_stage",
+        "cuda_rows",
+        "cuda_rows_stage",
+    ]
     shape = {"B": 4, "T": 17, "L": 64, "spread": 32, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
     for r in rows:
         assert r["suite"] == "attn" and r["kernel"] == "row_attention", r
@@ -252,8 +281,11 @@ def test_prefill_blocks_cut_a_prompt_as_the_engine_runs_it() -> None:
     from kernels.bench.attn import row_prefill_rows
 
     slots = np.random.default_rng(0).permutation(2048)[:1023]
-    for n, block, spans in ((1023, 576, [(0, 576), (576, 1023)]), (5, 576, [(0, 5)]),
-                            (7, 3, [(0, 3), (3, 6), (6, 7)])):  # fmt: skip
+    for n, block, spans in (
+        (1023, 576, [(0, 576), (576, 1023)]),
+        (5, 576, [(0, 5)]),
+        (7, 3, [(0, 3), (3, 6), (6, 7)]),
+    ):
         blocks = ra.prefill_blocks(slots, n, block)
         assert [(a, b) for a, b, _, _ in blocks] == spans
         for a, b, table, lens in blocks:
@@ -284,18 +316,23 @@ def test_prefill_blocks_built_on_a_device_are_the_host_tables_as_views() -> None
     pool, slots, q = prefill_case(n, block)
     host = ra.prefill_blocks(slots, n, block)
     dev = ra.prefill_blocks(slots, n, block, torch.device("cpu"))
-    assert [(a, b) for a, b, _, _ in dev] == [(a, b) for a, b, _, _ in host] == [
-        (0, 128), (128, 256), (256, 300)]  # fmt: skip
+    assert (
+        [(a, b) for a, b, _, _ in dev]
+        == [(a, b) for a, b, _, _ in host]
+        == [(0, 128), (128, 256), (256, 300)]
+    )
     base = dev[0][2].untyped_storage().data_ptr()
     for (a, b, t_h, l_h), (_, _, t_d, l_d) in zip(host, dev, strict=True):
         assert isinstance(t_d, torch.Tensor) and t_d.dtype == torch.int64
         assert t_d.shape == (b - a, b) and t_d.stride(0) == 0  # a view: one row, broadcast
         assert t_d.untyped_storage().data_ptr() == base  # every block over the one upload
         assert np.array_equal(t_d.numpy(), t_h) and np.array_equal(l_d, l_h)
-        got = ra.torch_rows(q[a:b], pool, ra.torch_rows_plan(t_d, l_d, q.device, 64, 16),
-                            SCALE, 512)  # fmt: skip
-        want = ra.torch_rows(q[a:b], pool, ra.torch_rows_plan(t_h, l_h, q.device, 64, 16),
-                             SCALE, 512)  # fmt: skip
+        got = ra.torch_rows(
+            q[a:b], pool, ra.torch_rows_plan(t_d, l_d, q.device, 64, 16), SCALE, 512
+        )
+        want = ra.torch_rows(
+            q[a:b], pool, ra.torch_rows_plan(t_h, l_h, q.device, 64, 16), SCALE, 512
+        )
         assert torch.equal(got, want), (a, b)
         p_d, p_h = ra.rowwise_plan(t_d, l_d, q.device), ra.rowwise_plan(t_h, l_h, q.device)
         assert torch.equal(p_d.block_table, p_h.block_table) and p_d.block_table.is_contiguous()
@@ -327,8 +364,12 @@ def test_row_attention_prefill_rows() -> None:
 
     rows = row_prefill_rows(300, reps=5, block=128)  # three forwards: 128 + 128 + 43 rows
     add_speedups(rows)
-    assert [r["impl"] for r in rows] == ["torch_rows", "torch_rows_stage", "cuda_rows",
-                                         "cuda_rows_stage"]  # fmt: skip
+    assert [r["impl"] for r in rows] == [
+        "torch_rows",
+        "torch_rows_stage",
+        "cuda_rows",
+        "cuda_rows_stage",
+    ]
     shape = {"B": 1, "L": 300, "block": 128, "heads": 8, "kv_dim": 576, "dtype": "fp32"}
     for r in rows:
         assert r["kernel"] == "row_attention_prefill" and r["rows"] == 299, r

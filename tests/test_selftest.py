@@ -63,8 +63,14 @@ def test_a_host_without_nvidia_devices_checks_the_cpu_builds_without_importing_t
         "print(json.dumps({'rc': rc, 'doc': doc, 'torch_imported': 'torch' in sys.modules}))"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     got = json.loads(out.stdout)
     doc = got["doc"]
     assert got["rc"] == 0 and doc["ok"] and not got["torch_imported"], doc
@@ -176,8 +182,14 @@ def test_full_selftest_of_a_fresh_build(tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["gpu"] == "ran" and doc["arch"] == f"sm_{major}{minor}"
     assert doc["lib"]["sha256"] == doc["lib"]["manifest"]["library_sha256"]
-    want = {"topk_logprobs", "build_trees", "greedy_accept", "greedy_accept_from_logits",
-            "tree_verify_attention", "compact_kv"}  # fmt: skip
+    want = {
+        "topk_logprobs",
+        "build_trees",
+        "greedy_accept",
+        "greedy_accept_from_logits",
+        "tree_verify_attention",
+        "compact_kv",
+    }
     cuda_ops = {o["op"] for o in doc["results"] if o["backend"] == "cuda"}
     assert cuda_ops == want
     assert all(o["cases"] > 0 and o["mismatches"] == 0 for o in doc["results"])

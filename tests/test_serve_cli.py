@@ -161,8 +161,9 @@ def test_cuda_graphs_switch_reaches_the_engine() -> None:
     port = str(free_port())
     on = json.loads(_run("-m", "engine", "--check", "--port", port).stdout)
     off = json.loads(_run("-m", "engine", "--check", "--port", port, "--no-cuda-graphs").stdout)
-    env_off = _run("-m", "engine", "--check", "--port", port,
-                   env={"DDTREE_ENGINE_CUDA_GRAPHS": "0"})  # fmt: skip
+    env_off = _run(
+        "-m", "engine", "--check", "--port", port, env={"DDTREE_ENGINE_CUDA_GRAPHS": "0"}
+    )
     assert on["cuda_graphs"] is True and off["cuda_graphs"] is False
     assert json.loads(env_off.stdout)["cuda_graphs"] is False
     help_text = _run("-m", "ops", "serve", "-h").stdout

@@ -89,9 +89,12 @@ def test_cuda_stage_speedups_name_each_baseline() -> None:
     shape = {"B": 8, "H": 7, "K": 16, "budget": 16, "scale": 2.5, "inputs": "cuda"}
     rows = [
         {"kernel": "tree_build_stage", "impl": i, "shape": shape, "median_us": us, "mode": "host"}
-        for i, us in (("reference_stage", 1000.0), ("cuda_stage", 250.0),
-                      ("reference_stage_to_device", 1250.0))
-    ]  # fmt: skip
+        for i, us in (
+            ("reference_stage", 1000.0),
+            ("cuda_stage", 250.0),
+            ("reference_stage_to_device", 1250.0),
+        )
+    ]
     add_speedups(rows)
     assert rows[1]["speedup"] == {"reference_stage": 4.0, "reference_stage_to_device": 5.0}
     assert "speedup" not in rows[0] and "speedup" not in rows[2]
@@ -110,9 +113,10 @@ def test_upload_stage_on_cuda_matches_the_cuda_stage_and_has_its_row(scale: floa
         assert a.is_cuda and a.dtype == b.dtype and torch.equal(a, b), f
     rows = bench_stage.tree_stage_rows(BenchConfig(batches=[1, 8], quick=True, reps=5), "cuda")
     assert [(r["impl"], r["shape"]["B"]) for r in rows] == [
-        (i, b) for b in (1, 8) for i in ("reference_stage", "cuda_stage",
-                                         "reference_stage_to_device")
-    ]  # fmt: skip
+        (i, b)
+        for b in (1, 8)
+        for i in ("reference_stage", "cuda_stage", "reference_stage_to_device")
+    ]
     assert all(r["refcheck"] is True for r in rows if r["impl"] != "reference_stage")
 
 
@@ -169,8 +173,9 @@ def test_on_a_cuda_accept_s_is_against_the_reference_stage_with_its_upload(
     )
 
 
-@pytest.mark.parametrize(("accept", "upload_rows"), [("reference", True), (None, True),
-                                                     ("cuda", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("accept", "upload_rows"), [("reference", True), (None, True), ("cuda", False)]
+)
 def test_otherwise_s_is_against_the_reference_stage_as_before(
     tmp_path: Path, accept: str | None, upload_rows: bool
 ) -> None:

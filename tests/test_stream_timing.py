@@ -64,9 +64,14 @@ def test_engine_streams_every_response_of_a_keep_alive_connection(engine: Engine
     """Two streamed requests on one connection: the second's events come spread over its
     generation (first well before last), not in one burst after the head."""
     body = json.dumps(
-        {"prompt": [65] * 16, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-         "stream": True}
-    ).encode()  # fmt: skip
+        {
+            "prompt": [65] * 16,
+            "max_tokens": 24,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
     with socket.create_connection(("127.0.0.1", engine.port), timeout=30) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         spans = []
@@ -145,10 +150,27 @@ def test_loadtest_times_a_slow_stream_at_each_event(slow_server: ThreadingHTTPSe
     the events' spacing (~50 ms), for every request on the one keep-alive connection."""
     url = f"http://127.0.0.1:{slow_server.server_address[1]}"
     res = subprocess.run(
-        [sys.executable, "-m", "checks.loadtest", "--json", "--url", url,
-         "--concurrency", "1", "--requests", "4", "--warmup", "1", "--output-len", "5"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "checks.loadtest",
+            "--json",
+            "--url",
+            url,
+            "--concurrency",
+            "1",
+            "--requests",
+            "4",
+            "--warmup",
+            "1",
+            "--output-len",
+            "5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     level = json.loads(res.stdout)["level"]
     assert (level["completed"], level["failed"], level["output_tokens"]) == (4, 0, 20)

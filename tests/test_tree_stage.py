@@ -188,8 +188,20 @@ def test_cuda_stage_builds_the_reference_stages_trees(b: int, scale: float) -> N
 def test_tree_suite_carries_the_three_stage_rows_with_speedups(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["--suite", "tree", "--batch", "1,32", "--budget", "16", "--k", "8", "--reps", "10",
-            "--quick", "--json"]  # fmt: skip
+    argv = [
+        "--suite",
+        "tree",
+        "--batch",
+        "1,32",
+        "--budget",
+        "16",
+        "--k",
+        "8",
+        "--reps",
+        "10",
+        "--quick",
+        "--json",
+    ]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = [r for r in doc["results"] if r["kernel"] == "tree_build_stage"]

@@ -103,9 +103,19 @@ def _ours(d: dict, length: int, algo: str, num_splits: int = 0):
 
     def fn(i: int):
         x = d[i] if isinstance(d, list) else d
-        return tree_verify_attention(x["q"], x["kv"], x["table"], x["prefix"], x["tree"],
-                                     x["vis"], SCALE, max_kv_len=length, num_splits=num_splits,
-                                     algo=algo, check=False)  # fmt: skip
+        return tree_verify_attention(
+            x["q"],
+            x["kv"],
+            x["table"],
+            x["prefix"],
+            x["tree"],
+            x["vis"],
+            SCALE,
+            max_kv_len=length,
+            num_splits=num_splits,
+            algo=algo,
+            check=False,
+        )
 
     return fn
 
@@ -118,12 +128,23 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 def _rates(t: Timing, flops: float, io_bytes: float) -> dict:
     sec = t.median_us / 1e6
     tflops, tbs = flops / sec / 1e12, io_bytes / sec / 1e12
-    return {"tflops": tflops, "tb_per_s": tbs, "frac_peak_flops": tflops / PEAK_TFLOPS,
-            "frac_peak_bw": tbs / PEAK_TBS}  # fmt: skip
+    return {
+        "tflops": tflops,
+        "tb_per_s": tbs,
+        "frac_peak_flops": tflops / PEAK_TFLOPS,
+        "frac_peak_bw": tbs / PEAK_TBS,
+    }
 
 
-def bench_size(batch: int, prefix: int, t: int, heads: int, page_size: int = 64,
-               reps: int = 30, variants: tuple[str, ...] = ("auto",)) -> list[Row]:  # fmt: skip
+def bench_size(
+    batch: int,
+    prefix: int,
+    t: int,
+    heads: int,
+    page_size: int = 64,
+    reps: int = 30,
+    variants: tuple[str, ...] = ("auto",),
+) -> list[Row]:
     """The rows of one size: `cuda` and `cuda_graph` per variant, and `torch_sdpa`."""
     from kernels.cuda_attention import planned_splits
 
@@ -137,20 +158,42 @@ def bench_size(batch: int, prefix: int, t: int, heads: int, page_size: int = 64,
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q, k, v, m = prepared[0]
     want = sdpa(q.float(), k.float(), v.float(), attn_mask=m, scale=SCALE)
-    shape = {"batch": batch, "prefix": prefix, "tree_rows": t, "heads": heads,
-             "page_size": page_size}  # fmt: skip
+    shape = {
+        "batch": batch,
+        "prefix": prefix,
+        "tree_rows": t,
+        "heads": heads,
+        "page_size": page_size,
+    }
     rows: list[Row] = []
 
     def add(impl: str, timer, rel: float, **extra) -> None:
         try:
             timing = timer()
         except torch.OutOfMemoryError as exc:  # recorded, not hidden: the baseline's limit
-            rows.append({"suite": "attn", "kernel": "tree_verify_attention", "impl": impl,
-                         "shape": shape, "error": f"out of memory: {exc}"})  # fmt: skip
+            rows.append(
+                {
+                    "suite": "attn",
+                    "kernel": "tree_verify_attention",
+                    "impl": impl,
+                    "shape": shape,
+                    "error": f"out of memory: {exc}",
+                }
+            )
             return
         rates = _rates(timing, flops, io_bytes)
-        rows.append(row("attn", "tree_verify_attention", impl, shape, timing, **rates,
-                        rel_err_vs_sdpa_fp32=rel, **extra))  # fmt: skip
+        rows.append(
+            row(
+                "attn",
+                "tree_verify_attention",
+                impl,
+                shape,
+                timing,
+                **rates,
+                rel_err_vs_sdpa_fp32=rel,
+                **extra,
+            )
+        )
         torch.cuda.empty_cache()
 
     launches = max(sets, 8)  # the graph's calls a replay
@@ -158,18 +201,31 @@ def bench_size(batch: int, prefix: int, t: int, heads: int, page_size: int = 64,
         ours = _ours(inputs, length, algo)
         rel = _rel_err(ours(0), want)
         splits = planned_splits(batch, heads, t, length, algo=algo)
-        add(impl_name("cuda", algo), lambda fn=ours: time_cuda(fn, sets, reps=reps), rel,
-            num_splits=splits, input_sets=sets)  # fmt: skip
-        add(impl_name("cuda_graph", algo),
-            lambda fn=ours: time_graph(fn, sets, launches=launches, reps=max(reps // 3, 5)), rel,
-            num_splits=splits, input_sets=sets)  # fmt: skip
+        add(
+            impl_name("cuda", algo),
+            lambda fn=ours: time_cuda(fn, sets, reps=reps),
+            rel,
+            num_splits=splits,
+            input_sets=sets,
+        )
+        add(
+            impl_name("cuda_graph", algo),
+            lambda fn=ours: time_graph(fn, sets, launches=launches, reps=max(reps // 3, 5)),
+            rel,
+            num_splits=splits,
+            input_sets=sets,
+        )
 
     def baseline(i: int):
         q, k, v, m = prepared[i]
         return sdpa(q, k, v, attn_mask=m, scale=SCALE)
 
-    add("torch_sdpa", lambda: time_cuda(baseline, sets, reps=reps), _rel_err(baseline(0), want),
-        input_sets=sets)  # fmt: skip
+    add(
+        "torch_sdpa",
+        lambda: time_cuda(baseline, sets, reps=reps),
+        _rel_err(baseline(0), want),
+        input_sets=sets,
+    )
     return rows
 
 
@@ -192,12 +248,27 @@ def sweep_rows(variants: tuple[str, ...], reps: int = 20) -> list[Row]:
                 fn = _ours(d, length, algo, splits)
                 rel = _rel_err(fn(0), want)
                 timing = time_cuda(fn, 1, warmup=3, reps=reps)
-                shape = {"batch": batch, "prefix": prefix, "tree_rows": t, "heads": heads,
-                         "page_size": 64, "num_splits": splits}  # fmt: skip
+                shape = {
+                    "batch": batch,
+                    "prefix": prefix,
+                    "tree_rows": t,
+                    "heads": heads,
+                    "page_size": 64,
+                    "num_splits": splits,
+                }
                 run = planned_splits(batch, heads, t, length, algo=algo, num_splits=splits)
-                rows.append(row("attn", "tree_verify_attention_splits", impl_name("cuda", algo),
-                                shape, timing, **_rates(timing, flops, io_bytes),
-                                splits_run=run, rel_err_vs_sdpa_fp32=rel))  # fmt: skip
+                rows.append(
+                    row(
+                        "attn",
+                        "tree_verify_attention_splits",
+                        impl_name("cuda", algo),
+                        shape,
+                        timing,
+                        **_rates(timing, flops, io_bytes),
+                        splits_run=run,
+                        rel_err_vs_sdpa_fp32=rel,
+                    )
+                )
         torch.cuda.empty_cache()
     return rows
 
@@ -271,32 +342,57 @@ def row_prefill_blocks(prompt: int, sets: int, block: int) -> tuple:
     blocks = []
     for s in range(sets):
         slots = ra.paged_slots(order[s], n, ROW_PAGE)[0]
-        blocks.append([
-            (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
-            for a, b, table, lens in ra.prefill_blocks(slots, n, block, pool.device)
-        ])  # fmt: skip
+        blocks.append(
+            [
+                (table, lens, torch.randn(b - a, ROW_HEADS, ROW_KV, device="cuda", generator=gen))
+                for a, b, table, lens in ra.prefill_blocks(slots, n, block, pool.device)
+            ]
+        )
     return pool, blocks
 
 
-def row_attention_rows(b: int, t: int, prefix: int, reps: int = 50, refcheck: bool = True,
-                       layers: int = 4, spread: int = 0,
-                       piece_us: float = STAGE_PIECE_US) -> list[Row]:  # fmt: skip
+def row_attention_rows(
+    b: int,
+    t: int,
+    prefix: int,
+    reps: int = 50,
+    refcheck: bool = True,
+    layers: int = 4,
+    spread: int = 0,
+    piece_us: float = STAGE_PIECE_US,
+) -> list[Row]:
     """`torch_rows` and `cuda_rows` for one decode step of b requests x t rows over prefix keys
     (the requests' prefixes over prefix .. prefix + spread - 1: `decode_prefixes`)."""
 
     per_set = b * -(-(prefix + max(spread - 1, 0) + t) // ROW_PAGE) * ROW_PAGE * ROW_KV * 4
     sets = _input_sets(per_set)
     pool, blocks = row_step_blocks(b, t, prefix, sets, spread)
-    shape = {"B": b, "T": t, "L": prefix, "spread": spread, "heads": ROW_HEADS, "kv_dim": ROW_KV,
-             "dtype": "fp32"}  # fmt: skip
-    return _row_impls("row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers,
-                      piece_us)  # fmt: skip
+    shape = {
+        "B": b,
+        "T": t,
+        "L": prefix,
+        "spread": spread,
+        "heads": ROW_HEADS,
+        "kv_dim": ROW_KV,
+        "dtype": "fp32",
+    }
+    return _row_impls(
+        "row_attention", shape, pool, blocks, b * t, sets, reps, refcheck, layers, piece_us
+    )
 
 
 def _row_impls(
-    kernel: str, shape: dict, pool: torch.Tensor, blocks: list[list[tuple]], n_rows: int,
-    sets: int, reps: int, refcheck: bool, layers: int, piece_us: float,
-) -> list[Row]:  # fmt: skip
+    kernel: str,
+    shape: dict,
+    pool: torch.Tensor,
+    blocks: list[list[tuple]],
+    n_rows: int,
+    sets: int,
+    reps: int,
+    refcheck: bool,
+    layers: int,
+    piece_us: float,
+) -> list[Row]:
     """Per impl: one call per block (plans built beforehand) per CUDA-event sample (`torch_rows`,
     `cuda_rows`), and the forward's whole attention stage (`*_stage`: per block its plan on the
     host, then `layers` calls, each over its own layer's pool, after a `piece_us` GPU piece:
@@ -307,10 +403,11 @@ def _row_impls(
 
     dev = pool.device
     plan_one = {
-        "torch_rows": lambda tab, lens: ra.torch_rows_plan(tab, lens, dev, ROW_BUCKET,
-                                                           ROW_PER_CALL),
+        "torch_rows": lambda tab, lens: ra.torch_rows_plan(
+            tab, lens, dev, ROW_BUCKET, ROW_PER_CALL
+        ),
         "cuda_rows": lambda tab, lens: ra.rowwise_plan(tab, lens, dev),
-    }  # fmt: skip
+    }
     call_of = {"torch_rows": ra.torch_rows, "cuda_rows": ra.cuda_rows}
     extra = {
         "torch_rows": {"bucket": ROW_BUCKET, "rows_per_call": ROW_PER_CALL},
@@ -320,15 +417,22 @@ def _row_impls(
     # `pool`, the others copies of its shape, so a layer's call never finds the last one's
     # keys in L2
     gen = torch.Generator(device=dev).manual_seed(n_rows)
-    pools = [pool] + [torch.randn(pool.shape, device=dev, generator=gen)
-                      for _ in range(layers - 1)]  # fmt: skip
+    pools = [pool] + [torch.randn(pool.shape, device=dev, generator=gen) for _ in range(layers - 1)]
     want = None
     if refcheck:
-        want = torch.cat([
-            ra.reference_rows(q, pool, tab.cpu().numpy() if isinstance(tab, torch.Tensor) else tab,
-                              lens, ROW_SCALE, ROW_LATENT)
-            for tab, lens, q in blocks[0]
-        ])  # fmt: skip
+        want = torch.cat(
+            [
+                ra.reference_rows(
+                    q,
+                    pool,
+                    tab.cpu().numpy() if isinstance(tab, torch.Tensor) else tab,
+                    lens,
+                    ROW_SCALE,
+                    ROW_LATENT,
+                )
+                for tab, lens, q in blocks[0]
+            ]
+        )
     by_impl: dict[str, list[Row]] = {}
     samplers, common_of, parts_of = {}, {}, {}
     for impl in ("torch_rows", "cuda_rows"):
@@ -336,13 +440,19 @@ def _row_impls(
         plans = [[plan(tab, lens) for tab, lens, _ in blocks[i]] for i in range(sets)]
 
         def fn(i: int, call=call, plans=plans) -> list[torch.Tensor]:
-            return [call(q, pool, p, ROW_SCALE, ROW_LATENT)
-                    for (_, _, q), p in zip(blocks[i], plans[i], strict=True)]  # fmt: skip
+            return [
+                call(q, pool, p, ROW_SCALE, ROW_LATENT)
+                for (_, _, q), p in zip(blocks[i], plans[i], strict=True)
+            ]
 
         def forwards(i: int, plan=plan, call=call) -> list[tuple]:
-            return [(lambda tab=tab, lens=lens: plan(tab, lens),
-                     lambda p, layer, q=q: call(q, pools[layer], p, ROW_SCALE, ROW_LATENT))
-                    for tab, lens, q in blocks[i]]  # fmt: skip
+            return [
+                (
+                    lambda tab=tab, lens=lens: plan(tab, lens),
+                    lambda p, layer, q=q: call(q, pools[layer], p, ROW_SCALE, ROW_LATENT),
+                )
+                for tab, lens, q in blocks[i]
+            ]
 
         check: dict = {}
         if want is not None:
@@ -365,14 +475,31 @@ def _row_impls(
         # (the part a busy host stretches) and the layers' calls on the GPU's
         host_us, gpu_us = (float(np.median(p)) for p in zip(*parts_of[impl], strict=True))
         rows += by_impl[impl]
-        rows.append(row("attn", kernel, impl + "_stage", {**shape, "layers": layers}, timing,
-                        interleaved=True, host_us=host_us, gpu_us=gpu_us, piece_us=piece_us,
-                        **common_of[impl]))  # fmt: skip
+        rows.append(
+            row(
+                "attn",
+                kernel,
+                impl + "_stage",
+                {**shape, "layers": layers},
+                timing,
+                interleaved=True,
+                host_us=host_us,
+                gpu_us=gpu_us,
+                piece_us=piece_us,
+                **common_of[impl],
+            )
+        )
     return rows
 
 
-def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True, layers: int = 4,
-                     block: int = 576, piece_us: float = STAGE_PIECE_US) -> list[Row]:  # fmt: skip
+def row_prefill_rows(
+    prompt: int,
+    reps: int = 50,
+    refcheck: bool = True,
+    layers: int = 4,
+    block: int = 576,
+    piece_us: float = STAGE_PIECE_US,
+) -> list[Row]:
     """`torch_rows` and `cuda_rows` over the engine's prefill of one prompt of `prompt` tokens:
     rows 0 .. prompt - 2, row p seeing slots 0 .. p of the request's pages, in forwards of at
     most `block` rows (engine.decode's `prefill`: rows a .. b - 1 over the table of slots
@@ -380,10 +507,17 @@ def row_prefill_rows(prompt: int, reps: int = 50, refcheck: bool = True, layers:
     n = max(prompt - 1, 1)
     sets = _input_sets(-(-n // ROW_PAGE) * ROW_PAGE * ROW_KV * 4)
     pool, blocks = row_prefill_blocks(prompt, sets, block)
-    shape = {"B": 1, "L": prompt, "block": block, "heads": ROW_HEADS, "kv_dim": ROW_KV,
-             "dtype": "fp32"}  # fmt: skip
-    return _row_impls("row_attention_prefill", shape, pool, blocks, n, sets, reps, refcheck,
-                      layers, piece_us)  # fmt: skip
+    shape = {
+        "B": 1,
+        "L": prompt,
+        "block": block,
+        "heads": ROW_HEADS,
+        "kv_dim": ROW_KV,
+        "dtype": "fp32",
+    }
+    return _row_impls(
+        "row_attention_prefill", shape, pool, blocks, n, sets, reps, refcheck, layers, piece_us
+    )
 
 
 def attn_suite(cfg: BenchConfig) -> list[Row]:

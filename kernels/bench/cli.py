@@ -121,8 +121,12 @@ def _add_engine_args(ap: argparse.ArgumentParser) -> None:
         default="small",
         help="engine_attn: the reference engine's preset (small, tiny), as the service runs it",
     )
-    ap.add_argument("--engine-mode", choices=("ddtree", "ar"), default="ddtree",
-                    help="engine_attn: the engine's decoding mode")  # fmt: skip
+    ap.add_argument(
+        "--engine-mode",
+        choices=("ddtree", "ar"),
+        default="ddtree",
+        help="engine_attn: the engine's decoding mode",
+    )
     ap.add_argument(
         "--engine-max-budget",
         type=int,
@@ -130,8 +134,12 @@ def _add_engine_args(ap: argparse.ArgumentParser) -> None:
         help="engine_attn: the engine's --max-budget (0: every step at the preset's budget; "
         "default: the preset's)",
     )
-    ap.add_argument("--engine-graphs", choices=("on", "off"), default="on",
-                    help="engine_attn: the engine's CUDA graphs")  # fmt: skip
+    ap.add_argument(
+        "--engine-graphs",
+        choices=("on", "off"),
+        default="on",
+        help="engine_attn: the engine's CUDA graphs",
+    )
 
 
 def build_parser() -> OneLineParser:
@@ -201,8 +209,10 @@ def run_suites(
     rows: list[Row] = []
     for name in names:
         if name in CUDA_SUITES and not torch.cuda.is_available():
-            notes.append(f"{name} suite: no CUDA device, no rows (it times CUDA kernels; the "
-                         "CPU baselines alone: python -m kernels.cpu)")  # fmt: skip
+            notes.append(
+                f"{name} suite: no CUDA device, no rows (it times CUDA kernels; the "
+                "CPU baselines alone: python -m kernels.cpu)"
+            )
             print(f"note: {notes[-1]}", file=sys.stderr)
             continue
         rows += table[name](cfg)

@@ -82,10 +82,18 @@ def compare(base: list[dict], new: list[dict]) -> list[Row]:
 
     b, n = medians(base), medians(new)
     return [
-        {"suite": k[0], "kernel": k[1], "impl": k[2], "shape": json.loads(k[3]),
-         "base_us": b[k], "new_us": n[k], "ratio": round(n[k] / b[k], 4) if b[k] else None}
-        for k in b if k in n
-    ]  # fmt: skip
+        {
+            "suite": k[0],
+            "kernel": k[1],
+            "impl": k[2],
+            "shape": json.loads(k[3]),
+            "base_us": b[k],
+            "new_us": n[k],
+            "ratio": round(n[k] / b[k], 4) if b[k] else None,
+        }
+        for k in b
+        if k in n
+    ]
 
 
 def compare_main(base: str, new: str) -> int:
@@ -101,6 +109,8 @@ def compare_main(base: str, new: str) -> int:
         return 2
     for r in rows:
         shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
-        print(f"{r['suite']:<6} {r['kernel']:<28} {r['impl']:<22} {shape:<48} "
-              f"{r['base_us']:10.1f} {r['new_us']:10.1f} {r['ratio']}")  # fmt: skip
+        print(
+            f"{r['suite']:<6} {r['kernel']:<28} {r['impl']:<22} {shape:<48} "
+            f"{r['base_us']:10.1f} {r['new_us']:10.1f} {r['ratio']}"
+        )
     return 0

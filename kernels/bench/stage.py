@@ -87,9 +87,16 @@ def stage_inputs(b: int, h: int, k: int, scale: float, device: str, seed: int) -
 def _same_trees(a: ref.BatchedTrees, b: ref.BatchedTrees) -> bool:
     return all(
         np.array_equal(getattr(a, f), getattr(b, f)) and getattr(a, f).dtype == getattr(b, f).dtype
-        for f in ("token_ids", "depths", "parents", "visibility", "first_child", "next_sibling",
-                  "num_nodes")
-    )  # fmt: skip
+        for f in (
+            "token_ids",
+            "depths",
+            "parents",
+            "visibility",
+            "first_child",
+            "next_sibling",
+            "num_nodes",
+        )
+    )
 
 
 def _same_device_copy(a: ref.BatchedTrees, b: ref.BatchedTrees) -> bool:
@@ -109,8 +116,14 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
     h, k, budget = cfg.stage_shape
     rows: list[Row] = []
     for b in cfg.batches:
-        shape = {"B": b, "H": h, "K": k, "budget": budget, "scale": cfg.tree_scale,
-                 "inputs": "cuda" if device.startswith("cuda") else "numpy"}  # fmt: skip
+        shape = {
+            "B": b,
+            "H": h,
+            "K": k,
+            "budget": budget,
+            "scale": cfg.tree_scale,
+            "inputs": "cuda" if device.startswith("cuda") else "numpy",
+        }
         sets = [stage_inputs(b, h, k, cfg.tree_scale, device, 1000 * b + i) for i in range(N_SETS)]
 
         def ref_fn(i: int, sets=sets) -> ref.BatchedTrees:
@@ -119,8 +132,9 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
         ref_reps = 5 if cfg.quick else 20
         if not device.startswith("cuda"):
             t = time_stage(ref_fn, N_SETS, device, warmup=1, reps=ref_reps)
-            rows.append(row("tree", "tree_build_stage", "reference_stage", shape, t,
-                            note=STAGE_NOTE))  # fmt: skip
+            rows.append(
+                row("tree", "tree_build_stage", "reference_stage", shape, t, note=STAGE_NOTE)
+            )
             continue
 
         stage = tree_stage.CudaTreeStage(device)  # as the engine binds it: buffers kept
@@ -150,7 +164,15 @@ def tree_stage_rows(cfg: BenchConfig, device: str = "cuda") -> list[Row]:
         for name in fns:
             extra = {} if name == "reference_stage" else {"refcheck": checks.get(name)}
             rows.append(
-                row("tree", "tree_build_stage", name, shape, summarize(laps[name], "host"),
-                    note=STAGE_NOTE, interleaved=True, **extra)
-            )  # fmt: skip
+                row(
+                    "tree",
+                    "tree_build_stage",
+                    name,
+                    shape,
+                    summarize(laps[name], "host"),
+                    note=STAGE_NOTE,
+                    interleaved=True,
+                    **extra,
+                )
+            )
     return rows

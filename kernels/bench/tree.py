@@ -50,7 +50,7 @@ def tree_suite(cfg: BenchConfig) -> list[Row]:
                             shape,
                             graph,
                             refcheck=check,
-                        )  # fmt: skip
+                        )
                     )
                     events = time_cuda(fn, len(sets), reps=cfg.reps)
                     rows.append(

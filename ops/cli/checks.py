@@ -141,8 +141,14 @@ def loadtest(
         # its requests' timeouts (a hung one would hold each for --timeout seconds)
         down = not_answering(snapshot(host))
         if down is not None:
-            rep = LoadtestReport(target=host.name, url=host.target.service.url, settings=inputs,
-                                 levels=[], planned=levels, service_down=down)  # fmt: skip
+            rep = LoadtestReport(
+                target=host.name,
+                url=host.target.service.url,
+                settings=inputs,
+                levels=[],
+                planned=levels,
+                service_down=down,
+            )
             return Done(EXIT_FAIL, "fail", rep)
         from rich.progress import (
             BarColumn,

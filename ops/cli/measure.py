@@ -90,10 +90,16 @@ def bench(
     t = state(ctx).target(target)
     n = gpu if gpu is not None else t.bench_gpu  # None: the guard asks (or HOLDs)
     opts = BenchOptions(
-        gpu=n, suites=parse_suites(suite), batches=parse_batches(batch),
-        allow_shared=allow_shared, threshold=probe_threshold, probe_interval=probe_interval,
-        max_mem_gib=max_mem_gib, timeout=timeout, decode_spread=decode_spread,
-    )  # fmt: skip
+        gpu=n,
+        suites=parse_suites(suite),
+        batches=parse_batches(batch),
+        allow_shared=allow_shared,
+        threshold=probe_threshold,
+        probe_interval=probe_interval,
+        max_mem_gib=max_mem_gib,
+        timeout=timeout,
+        decode_spread=decode_spread,
+    )
 
     def go(host: Host) -> Done[BenchOutcome]:
         with err.status("bench", spinner="dots") as status:
@@ -305,11 +311,20 @@ def profile(
                 f"{shadow!r}"
             )
     opts = ProfileOptions(
-        levels=levels, requests=requests, input_len=input_len, output_len=output_len,
-        timeout=timeout, accept_length=accept_length, component=component,  # type: ignore[arg-type]
-        baseline=baseline, budget=budget, topk=topk, depth=depth,  # type: ignore[arg-type]
-        shadow=shadow, run_seconds=run_seconds,  # type: ignore[arg-type]
-    )  # fmt: skip
+        levels=levels,
+        requests=requests,
+        input_len=input_len,
+        output_len=output_len,
+        timeout=timeout,
+        accept_length=accept_length,
+        component=component,  # type: ignore[arg-type]
+        baseline=baseline,
+        budget=budget,
+        topk=topk,
+        depth=depth,  # type: ignore[arg-type]
+        shadow=shadow,
+        run_seconds=run_seconds,  # type: ignore[arg-type]
+    )
 
     def go(host: Host) -> Done[dict[str, Any]]:
         try:

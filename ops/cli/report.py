@@ -158,8 +158,9 @@ def report(
         files = write_reports(dest, fmts, ev, d, sources)
     except OpsError as exc:  # the report is this command's product: its own error (exit 2)
         if run is not None:
-            run.write_record(inputs=inputs, outcome="error", exit_code=exc.exit_code,
-                             error=exc.to_dict())  # fmt: skip
+            run.write_record(
+                inputs=inputs, outcome="error", exit_code=exc.exit_code, error=exc.to_dict()
+            )
         raise
     if run is not None:
         run.write_record(

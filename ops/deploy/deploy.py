@@ -246,10 +246,19 @@ class Deployer:
         if not cur or m.dirty or cur == m.git_sha:
             return None
         res = subprocess.run(
-            ["git", "-C", str(self.opts.source or default_source()), "merge-base",
-             "--is-ancestor", m.git_sha, cur],
-            capture_output=True, timeout=60, check=False,
-        )  # fmt: skip
+            [
+                "git",
+                "-C",
+                str(self.opts.source or default_source()),
+                "merge-base",
+                "--is-ancestor",
+                m.git_sha,
+                cur,
+            ],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         if res.returncode != 0:
             return None  # newer, a side branch, or a commit this checkout does not have
         return f"a downgrade: git {m.git_sha[:12]} is older than the current release's {cur[:12]}"

@@ -38,9 +38,15 @@ OURS = ("cuda_events", "cuda", "cuda_rows", "cuda_stage", "cuda_engine")
 GRAPH = ("cuda_graph",)
 TORCH = ("torch", "torch_sdpa", "torch_argmax", "torch_rows", "torch_engine")
 SIZE_KEYS = {
-    "B": "B", "batch": "B", "budget": "n", "K": "K", "prefix": "L", "L": "L", "tree_rows": "T",
+    "B": "B",
+    "batch": "B",
+    "budget": "n",
+    "K": "K",
+    "prefix": "L",
+    "L": "L",
+    "tree_rows": "T",
     "T": "T",
-}  # fmt: skip
+}
 
 
 class BenchOptions(BaseModel):
@@ -119,8 +125,16 @@ def release_id(host: Host, cwd: str) -> str:
 
 
 def bench_argv(python: str, opts: BenchOptions, engine: list[str] | None = None) -> list[str]:
-    argv = [python, "-m", "kernels.bench", "--json", "--suite", ",".join(opts.suites),
-            "--batch", ",".join(map(str, opts.batches))]  # fmt: skip
+    argv = [
+        python,
+        "-m",
+        "kernels.bench",
+        "--json",
+        "--suite",
+        ",".join(opts.suites),
+        "--batch",
+        ",".join(map(str, opts.batches)),
+    ]
     if {"attn", "engine_attn"} & set(opts.suites) and opts.decode_spread:
         argv += ["--decode-spread", str(opts.decode_spread)]
     if "engine_attn" in opts.suites and engine:
@@ -154,11 +168,17 @@ def engine_flags(host: Host) -> list[str]:
         )
     graphs = (info.get("cuda_graphs") or {}).get("enabled", True)
     return [
-        "--engine-preset", info["preset"], "--engine-mode", str(info.get("mode") or "ddtree"),
-        "--engine-max-budget", str(engine["max_budget"]),
-        "--engine-graphs", "on" if graphs else "off",
-        "--matmul", "fp32" if info.get("matmul") == "fp32" else "tf32",
-    ]  # fmt: skip
+        "--engine-preset",
+        info["preset"],
+        "--engine-mode",
+        str(info.get("mode") or "ddtree"),
+        "--engine-max-budget",
+        str(engine["max_budget"]),
+        "--engine-graphs",
+        "on" if graphs else "off",
+        "--matmul",
+        "fp32" if info.get("matmul") == "fp32" else "tf32",
+    ]
 
 
 def run_bench(
@@ -180,10 +200,17 @@ def run_bench(
     args = ["--service-pid", str(pid)] if pid else []
     gpus = cast(GpusDoc, run_check(host, "checks.gpus", args).data)
     guard = evaluate(
-        gpus, opts.gpu, target=t.name, suites=opts.suites, batches=opts.batches,
-        allow_shared=opts.allow_shared, max_mem_gib=opts.max_mem_gib, service_pid=pid,
-        inventory_gpus=t.gpus, spread=opts.decode_spread,
-    )  # fmt: skip
+        gpus,
+        opts.gpu,
+        target=t.name,
+        suites=opts.suites,
+        batches=opts.batches,
+        allow_shared=opts.allow_shared,
+        max_mem_gib=opts.max_mem_gib,
+        service_pid=pid,
+        inventory_gpus=t.gpus,
+        spread=opts.decode_spread,
+    )
     section["guard"] = guard.model_dump()
     section["environment"] = environment(gpus, guard.gpu_info, opts.gpu, guard.processes)
     if guard.verdict == "hold":
@@ -211,9 +238,18 @@ def run_bench(
         engine = None
     cmd = bench_argv(t.python, opts, engine)
     section["command"] = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)
-    probe_args = ["--url", t.service.url, "--threshold", str(opts.threshold),
-                  "--interval", str(opts.probe_interval), "--max-seconds", str(opts.timeout),
-                  "--", *cmd]  # fmt: skip
+    probe_args = [
+        "--url",
+        t.service.url,
+        "--threshold",
+        str(opts.threshold),
+        "--interval",
+        str(opts.probe_interval),
+        "--max-seconds",
+        str(opts.timeout),
+        "--",
+        *cmd,
+    ]
     progress(f"kernels.bench on GPU {opts.gpu}, probing the service")
     res = host.run_module(
         "checks.probe", probe_args, cwd=cwd, env=env, timeout=opts.timeout + PROBE_MARGIN_S
@@ -269,8 +305,10 @@ def conclude(section: dict[str, Any], probe: ProbeDoc, cap: dict[str, str]) -> B
         else:
             reasons.append(f"the bench exited {cmd['rc']}: {tail[0]}")
     if section["refcheck_failed"]:
-        reasons.append("a kernel's answer differs from the reference: " + "; ".join(
-            section["refcheck_failed"][:5]))  # fmt: skip
+        reasons.append(
+            "a kernel's answer differs from the reference: "
+            + "; ".join(section["refcheck_failed"][:5])
+        )
     if reasons:
         section.update(ok=False, reasons=reasons)
         return BenchOutcome(code=EXIT_FAIL, outcome="fail", message=reasons[0], section=section)
@@ -337,9 +375,14 @@ def kernel_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (r["suite"], r["kernel"], json.dumps(r["shape"], sort_keys=True))
         g = groups.setdefault(
             key,
-            {"suite": r["suite"], "kernel": r["kernel"], "shape": r["shape"],
-             "size": size_label(r["shape"]), "speedup": {}},
-        )  # fmt: skip
+            {
+                "suite": r["suite"],
+                "kernel": r["kernel"],
+                "shape": r["shape"],
+                "size": size_label(r["shape"]),
+                "speedup": {},
+            },
+        )
         impl, med = r["impl"], r.get("median_us")
         if impl in OURS:
             g["ours_us"], g["ours_iqr_us"] = med, r.get("iqr_us")

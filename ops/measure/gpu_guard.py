@@ -49,7 +49,7 @@ ATTN_SIZES = (
     (16, 1024, 33, 8),
     (1, 4096, 65, 8),
     (4, 8192, 65, 16),
-)  # fmt: skip  (kernels.bench.attn.SIZES)
+)  # kernels.bench.attn.SIZES
 
 
 def _sets(nbytes: int) -> int:
@@ -176,9 +176,13 @@ def evaluate(
         for g in rows
     ]
     res = GuardResult(
-        verdict="ok", ok=True, gpu=gpu, gpus=brief, service_pid=service_pid,
+        verdict="ok",
+        ok=True,
+        gpu=gpu,
+        gpus=brief,
+        service_pid=service_pid,
         allow_shared=allow_shared,
-    )  # fmt: skip
+    )
     if not gpus_doc.get("available") or gpus_doc.get("error") or not rows:
         why = gpus_doc.get("reason") or gpus_doc.get("error") or "nvidia-smi lists no GPU"
         if gpu is not None and inventory_gpus and gpu >= inventory_gpus:

@@ -96,8 +96,9 @@ class Load(_Strict):
         runs, not by the host at the profile)."""
         total = self.input_len + self.output_len
         if total > MAX_TOKENS:
-            raise ValueError(f"input_len + output_len = {total} tokens: over {MAX_TOKENS}, the "
-                             "loadtest's cap")  # fmt: skip
+            raise ValueError(
+                f"input_len + output_len = {total} tokens: over {MAX_TOKENS}, the loadtest's cap"
+            )
         return self
 
 
@@ -232,16 +233,19 @@ class MeasureStep(StepBase):
         if v > 1 and info.data.get("phase") != "after":
             raise ValueError("only a measure step of phase 'after' alternates cycles")
         if v > 1 and not info.data.get("recheck"):
-            raise ValueError("cycles > 1 alternates the releases after the switch: it needs "
-                             "recheck: true")  # fmt: skip
+            raise ValueError(
+                "cycles > 1 alternates the releases after the switch: it needs recheck: true"
+            )
         return v
 
     @field_validator("precision")
     @classmethod
     def _precision_recheck(cls, v: float, info: ValidationInfo) -> float:
         if v > 0 and not info.data.get("recheck"):
-            raise ValueError("precision adds cycles of the releases alternating after the "
-                             "switch: it needs recheck: true (and phase: after)")  # fmt: skip
+            raise ValueError(
+                "precision adds cycles of the releases alternating after the "
+                "switch: it needs recheck: true (and phase: after)"
+            )
         return v
 
     @field_validator("max_cycles")
@@ -252,8 +256,9 @@ class MeasureStep(StepBase):
                 raise ValueError("precision needs max_cycles: the most cycles to run for it")
             return v
         if not info.data.get("precision"):
-            raise ValueError("max_cycles bounds the cycles that precision adds: set precision "
-                             "(e.g. 0.03) too")  # fmt: skip
+            raise ValueError(
+                "max_cycles bounds the cycles that precision adds: set precision (e.g. 0.03) too"
+            )
         cycles = info.data.get("cycles") or 1
         if v < cycles:
             raise ValueError(f"{v} is below cycles ({cycles}): the measure runs cycles first")

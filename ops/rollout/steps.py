@@ -226,7 +226,7 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         shadow=f"{ch.component}={ch.candidate}" if shadowable and ch is not None else None,
         shadow_forwards=st.shadow_forwards,
         run_seconds=load.run_seconds,  # f over windows as long as measure's runs
-    )  # fmt: skip
+    )
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
     ctx.arms.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)
     shares = []

@@ -57,8 +57,9 @@ def _arm(
                 stages = window_stages(window["start"], window["end"])
                 if stage:
                     comp = stage_seconds(window["start"], window["end"], stage)
-            raw.append({"arm": label, "run": i, "cycle": cycle, **lv, "component": comp,
-                        "stages": stages})  # fmt: skip
+            raw.append(
+                {"arm": label, "run": i, "cycle": cycle, **lv, "component": comp, "stages": stages}
+            )
             if lv.get("output_tok_per_s"):
                 out[lv["concurrency"]].append(float(lv["output_tok_per_s"]))
         ctx.say(f"{label} run {i + 1}/{runs} done" + (f" (cycle {cycle})" if cycle else ""))
@@ -94,10 +95,11 @@ def service_speedup(raw: list[dict[str, Any]], c: int) -> dict[str, float] | Non
     def per_token(arms: tuple[str, ...], part: str) -> float | None:
         runs = [r for r in _level_runs(raw, arms, c) if r.get("component")]
         seconds = sum(
-            r["component"]["steps_s"] + r["component"]["prefill_s"] if part == "total"
+            r["component"]["steps_s"] + r["component"]["prefill_s"]
+            if part == "total"
             else r["component"][part]
             for r in runs
-        )  # fmt: skip
+        )
         return seconds / sum(r["output_tokens"] for r in runs) if runs else None
 
     out = {}
@@ -134,9 +136,10 @@ def audit(raw: list[dict[str, Any]], c: int) -> dict[str, dict[str, float]] | No
 
     def per_token(arms: tuple[str, ...]) -> dict[str, float] | None:
         runs = [
-            (p, r["output_tokens"]) for r in _level_runs(raw, arms, c)
+            (p, r["output_tokens"])
+            for r in _level_runs(raw, arms, c)
             if (p := _parts(r)) is not None
-        ]  # fmt: skip
+        ]
         if not runs:
             return None
         return {k: statistics.fmean(1000 * p[k] / n for p, n in runs) for k in AUDIT_PARTS}
@@ -155,8 +158,10 @@ class MeasureInterrupted(KeyboardInterrupt):
         on, where = section.get("service_runs"), section.get("service_runs_from")
         self.detail = f"the service runs {on} ({where})" if on else ""
         if not on and section.get("switch"):
-            self.detail = (f"a recheck switch was interrupted and the host could not say which "
-                           f"release is current (`ops releases {section['target']}`)")  # fmt: skip
+            self.detail = (
+                f"a recheck switch was interrupted and the host could not say which "
+                f"release is current (`ops releases {section['target']}`)"
+            )
         n = len(section["runs"])
         runs = f"{n} run{'s' * (n != 1)} finished"
         super().__init__(f"{runs}; {self.detail}" if self.detail else runs)
@@ -173,8 +178,12 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
     the switched service, as many runs as before. The report sets predicted beside measured.
     Ctrl-C raises MeasureInterrupted with the runs that finished."""
     load, raw = ctx.playbook.load, []
-    settings = {**load.model_dump(), "repeats": st.repeats, "tokens_per_s": "output, client side",
-                "requests_per_level": ctx.arms.requests_per_level or None}  # fmt: skip
+    settings = {
+        **load.model_dump(),
+        "repeats": st.repeats,
+        "tokens_per_s": "output, client side",
+        "requests_per_level": ctx.arms.requests_per_level or None,
+    }
     dep = ctx.found.deploy
     deployed = st.phase == "after" and dep is not None and dep.ok and dep.release
     ctx.arms.measure_serving = (dep.release, "the deploy's switch") if deployed else None
@@ -188,9 +197,14 @@ def step_measure(ctx: Context, st: MeasureStep, sub: RunDir) -> Done:
             switch = exc.result.message
         elif deployed and ctx.arms.measure_serving is None:  # a 2nd Ctrl-C cut the host's answer
             switch = "a recheck switch was interrupted before the host said where it is"
-        section = {"target": ctx.target.name, "phase": st.phase, "settings": settings,
-                   "runs": raw, "service_runs": on,
-                   "service_runs_from": where if on else None}  # fmt: skip
+        section = {
+            "target": ctx.target.name,
+            "phase": st.phase,
+            "settings": settings,
+            "runs": raw,
+            "service_runs": on,
+            "service_runs_from": where if on else None,
+        }
         if switch:
             section["switch"] = switch
         raise MeasureInterrupted(section) from exc
@@ -240,10 +254,17 @@ def _measure(
             missing.append(c)
             continue
         aa = ctx.arms.before[c]
-        levels.append({"concurrency": c, "aa": aa, "before": before, "after": after[c],
-                       "service_speedup": service_speedup(ctx.arms.before_runs + raw, c),
-                       "audit": audit(ctx.arms.before_runs + raw, c),
-                       "recheck": again.get(c, [])})  # fmt: skip
+        levels.append(
+            {
+                "concurrency": c,
+                "aa": aa,
+                "before": before,
+                "after": after[c],
+                "service_speedup": service_speedup(ctx.arms.before_runs + raw, c),
+                "audit": audit(ctx.arms.before_runs + raw, c),
+                "recheck": again.get(c, []),
+            }
+        )
         gains.append(f"c={c} {_pct(rate_gain(before + again.get(c, []), after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
     section = {
@@ -402,8 +423,10 @@ def recheck(
             shown = ", ".join(
                 f"c={c} " + ("n/a" if h is None else points(h)) for c, h in widths.items()
             )
-            ctx.say(f"recheck: after cycle {k}, the measured gain's interval: {shown} points "
-                    f"(precision {points(st.precision)})")  # fmt: skip
+            ctx.say(
+                f"recheck: after cycle {k}, the measured gain's interval: {shown} points "
+                f"(precision {points(st.precision)})"
+            )
         if done:
             break
         if after is not None:

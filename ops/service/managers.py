@@ -315,9 +315,15 @@ class ProcessManager(ServiceManager):
         root, pf, log = self._paths()
         # start, wait for /health and the status after it: one run of the host side
         up = self._host_side(
-            "up", pf, log, root, self.command_line(), self.service.url, str(wait_s),
+            "up",
+            pf,
+            log,
+            root,
+            self.command_line(),
+            self.service.url,
+            str(wait_s),
             timeout=wait_s + 90,
-        )  # fmt: skip
+        )
         return self._after_up(up)
 
     def _after_up(self, up: dict) -> ServiceStatus:
@@ -373,9 +379,16 @@ class ProcessManager(ServiceManager):
         root, pf, log = self._paths()
         grace = self.service.stop_timeout
         up = self._host_side(
-            "restart", pf, log, root, self.command_line(), self.service.url, str(wait_s),
-            str(grace), timeout=wait_s + grace + 130,
-        )  # fmt: skip
+            "restart",
+            pf,
+            log,
+            root,
+            self.command_line(),
+            self.service.url,
+            str(wait_s),
+            str(grace),
+            timeout=wait_s + grace + 130,
+        )
         return self._after_up(up)
 
     def _stop(self) -> dict:

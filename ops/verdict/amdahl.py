@@ -165,11 +165,17 @@ def shadow_speed(lv: ProfileLevel, change: Change, kind: str) -> SpeedRow | None
     if change.component == "tree_build":
         what = "decode steps' tree builds"
     return SpeedRow(
-        batch=lv.batch, s=k.s, lo=min(k.lo, k.s), hi=max(k.hi, k.s), baseline_us=k.base_us,
-        candidate_us=k.cand_us, baseline_host_us=k.base_host_us, candidate_host_us=k.cand_host_us,
+        batch=lv.batch,
+        s=k.s,
+        lo=min(k.lo, k.s),
+        hi=max(k.hi, k.s),
+        baseline_us=k.base_us,
+        candidate_us=k.cand_us,
+        baseline_host_us=k.base_host_us,
+        candidate_host_us=k.cand_host_us,
         source="shadow",
         note=f"the service's own {k.forwards} {what} in the load at c={lv.concurrency} (shadow)",
-    )  # fmt: skip
+    )
 
 
 def speedup_at(ev: Evidence, change: Change, batch: int) -> SpeedRow | None:
@@ -187,8 +193,11 @@ def _speed(rows: list[KernelRow], base_impl: str, cand_impl: str, batch: int) ->
     found: list[SpeedRow] = []
     for cand in (r for r in rows if r.batch == b and r.impl == cand_impl and r.median_us > 0):
         key = {k: v for k, v in cand.shape.items()}
-        for base in (r for r in rows if r.batch == b and r.impl == base_impl and r.shape == key
-                     and r.median_us > 0):  # fmt: skip
+        for base in (
+            r
+            for r in rows
+            if r.batch == b and r.impl == base_impl and r.shape == key and r.median_us > 0
+        ):
             s = base.median_us / cand.median_us
             lo = base.lo_us / cand.hi_us if cand.hi_us > 0 else s
             hi = base.hi_us / cand.lo_us if cand.lo_us > 0 else s
@@ -372,19 +381,30 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
             ]
             row.gain = gain(row.f, sp.s, pre_sp.s)
             where = (
-                "the service's own prefill blocks, shadow" if pre_sp.source == "shadow"
+                "the service's own prefill blocks, shadow"
+                if pre_sp.source == "shadow"
                 else "bench rows of the prefill at this prompt length"
-            )  # fmt: skip
+            )
             row.note = "; ".join(
-                x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at its own "
-                            f"s = {pre_sp.s:.3g}x ({where})") if x
-            )  # fmt: skip
+                x
+                for x in (
+                    row.note,
+                    f"of f, {pre:.3%} is in prefill, projected at its own "
+                    f"s = {pre_sp.s:.3g}x ({where})",
+                )
+                if x
+            )
         else:
             if pre > 0:
                 row.note = "; ".join(
-                    x for x in (row.note, f"of f, {pre:.3%} is in prefill, projected at the "
-                                "decode step's s (the bench has no prefill rows for it)") if x
-                )  # fmt: skip
+                    x
+                    for x in (
+                        row.note,
+                        f"of f, {pre:.3%} is in prefill, projected at the "
+                        "decode step's s (the bench has no prefill rows for it)",
+                    )
+                    if x
+                )
             corners = [projected_gain(f, s) for f in (row.f_lo, row.f_hi) for s in (sp.lo, sp.hi)]
             row.gain = projected_gain(row.f, sp.s)
         row.gain_lo, row.gain_hi = _spread(corners + [row.gain])
@@ -402,8 +422,10 @@ def amdahl_rows(ev: Evidence, change: Change, threshold: float) -> list[AmdahlRo
 def _shadow_note(row: AmdahlRow) -> str:
     """Where s came from the shadow: that, and the bench's s it stands in for."""
     used, bench = [], []
-    for name, sp, b in (("decode steps", row.speed, row.bench_speed),
-                        ("prefill", row.prefill_speed, row.bench_prefill_speed)):  # fmt: skip
+    for name, sp, b in (
+        ("decode steps", row.speed, row.bench_speed),
+        ("prefill", row.prefill_speed, row.bench_prefill_speed),
+    ):
         if sp is not None and sp.source == "shadow":
             used.append(f"{name} {times(sp.s)}")
             bench.append(f"{name} {times(b.s)}" if b is not None else f"{name}: no bench row")
@@ -427,11 +449,16 @@ def _host_bound(row: AmdahlRow) -> str:
     service")."""
     out = []
     for name, sp in (("decode steps", row.speed), ("prefill", row.prefill_speed)):
-        if sp is None or sp.source == "shadow" or None in (sp.baseline_host_us,
-                                                           sp.candidate_host_us):  # fmt: skip
+        if (
+            sp is None
+            or sp.source == "shadow"
+            or None in (sp.baseline_host_us, sp.candidate_host_us)
+        ):
             continue
-        shares = (sp.baseline_host_us / sp.baseline_us if sp.baseline_us else 0.0,
-                  sp.candidate_host_us / sp.candidate_us if sp.candidate_us else 0.0)  # fmt: skip
+        shares = (
+            sp.baseline_host_us / sp.baseline_us if sp.baseline_us else 0.0,
+            sp.candidate_host_us / sp.candidate_us if sp.candidate_us else 0.0,
+        )
         if max(shares) < HOST_SHARE:
             continue
         gpu = ""

@@ -52,10 +52,22 @@ from ops.verdict.amdahl import (
 from ops.verdict.evidence import BenchSection, Change, Evidence, HealthEntry, Probe, unfinished_line
 
 __all__ = [
-    "EXIT_OF", "AmdahlRow", "Decision", "Reason", "SpeedRow", "Verdict", "amdahl_rows",
-    "ceiling", "decide", "effective_change", "projected_gain", "projected_gain_parts",
-    "speedup_at", "step_reduction", "times",
-]  # fmt: skip
+    "EXIT_OF",
+    "AmdahlRow",
+    "Decision",
+    "Reason",
+    "SpeedRow",
+    "Verdict",
+    "amdahl_rows",
+    "ceiling",
+    "decide",
+    "effective_change",
+    "projected_gain",
+    "projected_gain_parts",
+    "speedup_at",
+    "step_reduction",
+    "times",
+]
 
 Verdict = Literal["GO", "NO-GO", "HOLD"]
 EXIT_OF = {"GO": 0, "NO-GO": 1, "HOLD": 3}
@@ -247,8 +259,11 @@ def _bench(ev: Evidence, change: Change | None, t: _Tally) -> None:
     # traffic, a bench that could not run (no GPU: held, no rows) says nothing against it
     cpu = change is not None and change.runs_on_cpu and _shadowed(ev, change)
     if cpu and change is not None:
-        t.ok("cpu_candidate", f"{change.candidate} runs on the CPU: its s is the shadow's, "
-             "measured on the service's own traffic (no GPU bench needed)")  # fmt: skip
+        t.ok(
+            "cpu_candidate",
+            f"{change.candidate} runs on the CPU: its s is the shadow's, "
+            "measured on the service's own traffic (no GPU bench needed)",
+        )
     for path, msg in ev.bench_errors:
         if not cpu:
             t.hold("bench_failed", f"the bench did not run: {msg}", record=path)

@@ -216,9 +216,10 @@ def drift_lines(d: Decision, ev: Evidence) -> list[str]:
         proj = "" if row is None or row.gain is None else f", projected {row.gain:+.2%}"
         pair = "the A/A pair" if lv.aa else "the runs before the switch"
         odd = (
-            "" if len(lv.recheck) == len(lv.after)
+            ""
+            if len(lv.recheck) == len(lv.after)
             else f" (not balanced: {len(lv.recheck)} A'' runs against {len(lv.after)} after)"
-        )  # fmt: skip
+        )
         out.append(
             f"c={lv.concurrency}: A'' {again:.1f} tokens/s against {b:.1f} in {pair} "
             f"(drift {again / b - 1:+.2%}); after the switch {a:.1f}: {a / b - 1:+.2%} against "

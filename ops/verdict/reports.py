@@ -44,8 +44,9 @@ def recorded_threshold(records: list[Record]) -> float | None:
             seen.setdefault(round(float(value), 9), rec.path)
     if len(seen) > 1:
         each = ", ".join(f"{v:g} in {where}" for v, where in sorted(seen.items()))
-        raise OpsError(f"the records were decided at different thresholds ({each}): pass "
-                       "--threshold")  # fmt: skip
+        raise OpsError(
+            f"the records were decided at different thresholds ({each}): pass --threshold"
+        )
     return next(iter(seen), None)
 
 

@@ -73,8 +73,20 @@ def start_engine(
     """Start `python -m engine` on a free port; wait for /health 200 unless told not to."""
     port = free_port()
     log_path = Path(tmp_path) / f"engine-{mode}-{port}.log"
-    cmd = [sys.executable, "-m", "engine", "--host", "127.0.0.1", "--port", str(port),
-           "--preset", preset, "--mode", mode, *extra_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--preset",
+        preset,
+        "--mode",
+        mode,
+        *extra_args,
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     with open(log_path, "wb") as log:

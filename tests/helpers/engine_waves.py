@@ -15,9 +15,12 @@ from engine.scheduler import GenRequest, Scheduler, Update
 
 
 def run_waves(
-    decoder: Decoder, prompts: list[list[int]], max_tokens: int, waves: list[int],
+    decoder: Decoder,
+    prompts: list[list[int]],
+    max_tokens: int,
+    waves: list[int],
     timeout: float = 300.0,
-) -> tuple[list[list[int]], set[int]]:  # fmt: skip
+) -> tuple[list[list[int]], set[int]]:
     assert sum(waves) == len(prompts)
     sched = Scheduler(decoder)
     outs: list[list[int]] = [[] for _ in prompts]
