@@ -718,3 +718,36 @@ def test_deploying_an_older_commit_says_it_is_a_downgrade(ops: Ops) -> None:
     assert "a downgrade: git" in " ".join(res.stderr.split()), res.stderr
     res = ops.deploy()  # forward again: no notice
     assert res.returncode == 0 and "downgrade" not in res.stderr, res.stderr
+
+
+def test_ctrl_c_in_the_recover_step_never_loses_the_restart(ops: Ops) -> None:
+    """After a dead deploy and a dead guard, a rollback Ctrl-C'd in its recover step: the
+    switch put back stays recorded until its restart is done, so the host either runs what
+    current says, or the next command restarts it (before: current named one release, the
+    never-proven one served, and nothing on the host would fix it)."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
+    kill_guard_and_ops(ops, "postflight ...")
+    assert ops.serving() != r2
+    proc = subprocess.Popen(
+        ops.argv("rollback", "local", "--max-tokens", "3"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ops.env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen = ""
+    while "recover ..." not in seen:
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    if ops.serving() == ops.current():  # the held Ctrl-C let the restart finish
+        assert ops.current() == r2 and not (ops.root / "deploy.pending").exists()
+        return
+    assert (ops.root / "deploy.pending").exists()  # recorded: the next command restarts it
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ops.current() == r2 and ops.serving() == r2

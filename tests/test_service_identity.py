@@ -316,3 +316,34 @@ def test_a_pidfile_copied_from_another_service_stops_nothing(tmp_path: Path, cas
     finally:
         a("service", "stop", "local")
         b("service", "stop", "local")
+
+
+ZOMBIE_LEADER = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(30,)).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process goes on
+"""
+
+
+def test_a_process_whose_main_thread_ended_still_counts_as_running() -> None:
+    """A service's leader thread that exited is a zombie while its other threads still run
+    (and hold its port): the stop waits for them, not for the leader alone (a restart then
+    found its port "in use by another user's process" and left the service down)."""
+    from ops.hostside.procman import alive
+
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        assert alive(proc.pid)  # its leader is a zombie; a thread of it still runs
+        proc.kill()
+        proc.wait()
+        assert not alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -49,7 +49,7 @@ from ops.deploy.result import (
     utc_now,
 )
 from ops.errors import HostError, OpsError, Unreachable
-from ops.hosts.remote import Host
+from ops.hosts.remote import Host, SignalsHeld
 from ops.measure.healthcheck import HealthReport, golden_on_host, run_healthcheck
 from ops.service.managers import ProcessManager, SystemdManager, manager_for
 
@@ -358,7 +358,7 @@ class Deployer:
         self.step("lock", lambda: ("ok", f"{self.root}/lock", {}))
         if self.opts.bootstrap and self.target.service.manager == "systemd":
             self.step("drop-in", self._dropin)
-        prep = host_releases(self.host, "prepare", "240")
+        prep = host_releases(self.host, *self._prepare_args())
         same = self._already_current(m)
         if same is not None:
             return same
@@ -402,6 +402,11 @@ class Deployer:
         self.step("finalize", finalize)
         return self._switch_and_prove(m.id, before)
 
+    def _prepare_args(self) -> tuple[str, ...]:
+        """`prepare` waits up to 240 s for a dead deploy's guard; where this run restarts the
+        service, a switch it puts back stays recorded (settled) until that restart is done."""
+        return ("prepare", "240") if self.opts.no_restart else ("prepare", "240", "settle")
+
     def _prepared(self, prep: dict[str, Any]) -> dict[str, Any] | None:
         """Say what `prepare` found: a dead deploy's guard waited for, a switch put back. A
         switch put back means the service may still run the never-proven release (its deploy
@@ -411,7 +416,7 @@ class Deployer:
         waited = prep.get("guard_waited_s") or 0
         if not back and waited < 1:
             return None
-        moved = bool(back) and not back.get("note") and back.get("from") != back.get("to")
+        moved = bool(back) and not back.get("note") and bool(back.get("restart"))
 
         def recover() -> tuple[Status, str, dict[str, Any]]:
             detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
@@ -423,10 +428,15 @@ class Deployer:
                 )
             if not moved or self.opts.no_restart:
                 return "ok", detail, dict(prep)
+            held = SignalsHeld()  # the switch is back: a Ctrl-C waits for its restart
             try:
                 st = manager_for(self.host).restart(self.opts.wait_s)
-            except HostError as exc:
+                if st.active:  # done: the record the next prepare would redo goes
+                    host_releases(self.host, "commit")
+            except (HostError, OpsError) as exc:
+                held.release()
                 return "fail", f"{detail}; the service could not be restarted: {exc.message}", {}
+            held.release()
             detail += f"; service restarted on it: {st.state}"
             return ("ok" if st.active else "fail"), detail, {**prep, "service": st.model_dump()}
 
@@ -699,7 +709,7 @@ class Deployer:
     def _rollback_to(self, to: str | None) -> DeployResult:
         with self.host.lock(f"ops rollback {to or 'previous'}"):
             try:
-                undone = self._prepared(host_releases(self.host, "prepare", "240"))
+                undone = self._prepared(host_releases(self.host, *self._prepare_args()))
             except StepFailed as exc:
                 return self.result("failed", failed_step="recover", message=exc.step.detail)
             if undone and not to:  # the never-proven release was undone: that is the rollback

@@ -71,8 +71,25 @@ def cmdline(pid: int) -> str:
 
 
 def alive(pid: int) -> bool:
+    """The process still runs: its leader, or any of its threads (a leader thread that exited
+    is a zombie while the other threads still serve, holding the port)."""
     st = proc_stat(pid)
-    return st is not None and st["state"] != "Z"
+    if st is None:
+        return False
+    if st["state"] != "Z":
+        return True
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def read_pidfile(path: str) -> tuple[dict | None, str | None]:
@@ -311,6 +328,13 @@ def do_status(pidfile: str, url: str) -> dict:
     return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok"}
 
 
+CRITICAL = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def unblock_in_child() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, CRITICAL)
+
+
 class NotStartable(Exception):
     """The service cannot be started from here (nothing was started, nothing was stopped)."""
 
@@ -407,6 +431,9 @@ def do_start(
     owner_root, service = owner_of(pidfile)
     env[ENV_ROOT], env[ENV_SERVICE] = owner_root, service  # whose it is (not_owner reads them)
     out = open_log(log, command, notes)
+    # from the fork to the pidfile, a TERM or Ctrl-C (ops interrupted: its watcher TERMs this
+    # process) would leave a service no pidfile names: they wait until it is written
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, CRITICAL)
     try:
         proc = subprocess.Popen(
             ["bash", "-c", "exec " + command],
@@ -416,8 +443,10 @@ def do_start(
             stdout=out,
             stderr=out,
             start_new_session=True,
+            preexec_fn=unblock_in_child,  # the service itself takes TERM as usual
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         remove(tmp)
         return {"started": False, "notes": notes, "reason": f"cannot run the command: {exc}"}
     finally:
@@ -447,6 +476,8 @@ def do_start(
         remove(tmp)
         reason = f"started pid {proc.pid}, then could not record it ({exc.strerror}); killed it"
         return {"started": False, "notes": notes, "reason": reason, "blocked_by": "host"}
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a TERM that came is taken now
     return {"started": True, "pid": proc.pid, "cwd": cwd, "notes": notes}
 
 

@@ -13,7 +13,7 @@ switch is recorded as it is (deploy.pending), and a revert returns exactly there
 ever leaves a host without the `current` it had, and a pending record that cannot be read whole
 is never taken for a first install.
 
-    prepare ROOT [WAIT_S]        wait (up to WAIT_S, 300) for a dead deploy's guard to finish
+    prepare ROOT [WAIT_S] [settle]  wait (up to WAIT_S, 300) for a dead deploy's guard to finish
                                  putting the host back (it holds deploy.guard); put back a switch
                                  that neither a deploy nor its guard settled (deploy.pending);
                                  remove what dead deploys left (.incoming.*, .staging-*)
@@ -214,16 +214,19 @@ def wait_for_guard(root: str, wait_s: float) -> float:
     return round(time.time() - t0, 3)
 
 
-def prepare(root: str, wait_s: float = 300.0) -> dict:
+def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
+    """With `settle`, a switch put back keeps deploy.pending (marked settled) until the caller
+    has restarted the service on it and commits: ops killed in between leaves the record, so
+    the next prepare restarts it again instead of forgetting it."""
     waited = wait_for_guard(root, wait_s)
     rel = os.path.join(root, "releases")
     os.makedirs(rel, exist_ok=True)
     before = shown(link_state(root, "current"))
     put_back = None
     if os.path.lexists(os.path.join(root, "deploy.pending")):  # its deploy and guard are gone
-        doc = revert(root, from_prepare=True)
-        if doc.get("reverted"):
-            put_back = {"from": before, "to": doc.get("current")}
+        doc = revert(root, settle=settle, from_prepare=True)
+        if doc.get("reverted"):  # the service may still run what was switched away from
+            put_back = {"from": before, "to": doc.get("current"), "restart": True}
         elif doc.get("note"):
             put_back = {"from": before, "to": doc.get("current"), "note": doc["note"]}
     removed = []
@@ -588,7 +591,7 @@ def main(argv: list[str]) -> dict:
     if not os.path.isabs(root) or os.path.realpath(root) == "/":
         raise Refused(f"remote root {root!r} must be absolute and not /")
     if action == "prepare":
-        return prepare(root, float(argv[2]) if len(argv) > 2 else 300.0)
+        return prepare(root, float(argv[2]) if len(argv) > 2 else 300.0, "settle" in argv[3:])
     if action == "finalize":
         return finalize(root, argv[2], argv[3])
     if action == "switch":
