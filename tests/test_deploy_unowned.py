@@ -751,3 +751,24 @@ def test_ctrl_c_in_the_recover_step_never_loses_the_restart(ops: Ops) -> None:
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, res.stdout + res.stderr
     assert ops.current() == r2 and ops.serving() == r2
+
+
+@pytest.mark.parametrize("junk", [b"A=1\x00B=2\n", b"A=\xff\xfe\n", "fifo"])
+def test_a_damaged_service_env_stops_nothing(ops: Ops, junk: bytes | str) -> None:
+    """current/service.env with a NUL byte, bytes that are not UTF-8, or a FIFO: the restart
+    says why in one line and the running service is left running (before: a host-side
+    traceback after the stop, the service down; a FIFO hung the restart for minutes)."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    env = ops.root / "releases" / r1 / "service.env"
+    env.unlink()
+    if junk == "fifo":
+        os.mkfifo(env)
+    else:
+        env.write_bytes(junk)
+    t0 = time.monotonic()
+    res = ops("service", "restart", "local")
+    assert time.monotonic() - t0 < 30
+    out = res.stdout + res.stderr
+    assert res.returncode == 1 and no_traceback(out) and "not stopped" in out, out
+    assert ops.serving() == r1

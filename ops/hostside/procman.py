@@ -294,12 +294,25 @@ def read_env(path: str) -> dict[str, str]:
     """KEY=VALUE lines (systemd EnvironmentFile style: # comments, optional quotes)."""
     env: dict[str, str] = {}
     try:
-        with open(path) as f:
-            lines = f.read(1 << 20).splitlines()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there must not hang a restart
     except FileNotFoundError:
         return env
     except OSError as exc:
         raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotStartable(f"{path} is not a regular file")
+        raw = os.read(fd, 1 << 20)
+    except OSError as exc:
+        raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if b"\0" in raw:
+        raise NotStartable(f"{path} holds a NUL byte: no environment can carry it")
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise NotStartable(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     for line in lines:
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
