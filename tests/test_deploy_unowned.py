@@ -772,3 +772,41 @@ def test_a_damaged_service_env_stops_nothing(ops: Ops, junk: bytes | str) -> Non
     out = res.stdout + res.stderr
     assert res.returncode == 1 and no_traceback(out) and "not stopped" in out, out
     assert ops.serving() == r1
+
+
+def test_a_rollback_whose_restart_cannot_happen_says_what_serves(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """probe37b B11: the disk fills as the deploy's own rollback starts; its restart cannot
+    reserve the pidfile's room, so it stops nothing and the failed release keeps serving. The
+    result says so, never "rolled back to <old>" while the failed release answers."""
+    ops = Ops(tmp_path / "o")
+    ops.root = small_disk / "root"
+    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
+    ops.inventory.write_text(text)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        salt = ("engine/svc.py", 'default=""', 'default="other"')
+        commit_change(ops.src, *salt)  # its answers differ: the post-flight fails
+        filled: list[Path] = []
+        code, out, err, _ = ops.interrupt_at(
+            "rollback ...", "local", sig=0, first=lambda: filled.append(fill(small_disk, 10))
+        )
+        said = " ".join((out + err).split())
+        runs = service_state(ops)[1]  # at once, the disk still full: the guard cannot restart
+        assert code == 1 and no_traceback(err), err
+        if runs != r1:
+            assert f"still runs {runs}" in said, said
+        else:
+            assert f"rolled back to {r1}" in said, said
+        deadline = time.monotonic() + 30
+        while ops.guard_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(10)  # the filler's hold ends (it keeps taking freed space until then)
+        filled[0].unlink()
+        res = ops("service", "restart", "local")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert ops.serving() == ops.current() == r1
+    finally:
+        end_services(ops.root)

@@ -128,19 +128,23 @@ class Deployer:
         during = self._running or (f"after {self.steps[-1].name}" if self.steps else "start")
         now: str | None = None
         state = ""
+        serving: str | None = None
         try:
             now = shown_state(host_releases(self.host, "list").get("current_state"))
             if self._switched and not self.opts.no_restart:
                 st = manager_for(self.host).status()
                 state = f"; service {st.state}" + (f" ({st.detail})" if st.detail else "")
+                serving = self._release_of(st.runs_from)
         except OpsError as exc:
             state = f"; could not ask the host where it is: {exc.message}"
         if self._committed:
             what = f"{self._committed} was proven and switched to before the interrupt"
         elif self._switched and now != self._switched:
-            what = f"the host's guard switched current back to {now or '(none)'}" + (
-                " and restarted the service" if not self.opts.no_restart else ""
-            )
+            what = f"the host's guard switched current back to {now or '(none)'}"
+            if serving is not None and serving != now:  # its restart did not take (a full disk)
+                what += f", but the service still runs {serving}"
+            elif not self.opts.no_restart:
+                what += " and restarted the service"
         elif self._switched:
             what = f"current is still {self._switched} (switched, not proven)"
         else:
@@ -625,8 +629,17 @@ class Deployer:
             except HostError as exc:
                 detail = f"current: {rid} -> {doc.get('current')}; then {exc.message}"
                 return "fail", detail, {}
+            if "was not stopped" in st.detail:  # the restart could not happen: who serves?
+                try:
+                    serving = self._release_of(mgr.status().runs_from)
+                except HostError:
+                    serving = None
+                if serving is not None and serving != doc.get("current"):
+                    reverted["still_serving"] = serving
             ok = st.active and rep.ok
             detail = f"current: {rid} -> {doc.get('current')}; service {st.state}"
+            if reverted.get("still_serving"):
+                detail += f" (it still runs {reverted['still_serving']}: {st.detail})"
             detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
             data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
             return ("ok" if ok else "fail"), detail, data
@@ -643,6 +656,11 @@ class Deployer:
         after = reverted.get("current") if reverted.get("reverted") else None
         if reverted.get("first_install"):
             where = "the first install was removed (no release is current)"
+        elif reverted.get("still_serving"):
+            where = (
+                f"current is back on {after}, but the service still runs "
+                f"{reverted['still_serving']}: its restart could not happen (see the rollback step)"
+            )
         elif reverted.get("reverted"):
             where = f"rolled back to {after}"
         else:  # say where the host is, as it says, not where this deploy last put it
@@ -656,6 +674,13 @@ class Deployer:
             failed_step=failed.name,
             message=f"{failed.name} failed ({failed.detail}); {where}",
         )
+
+    def _release_of(self, cwd: str | None) -> str | None:
+        """The release id a service's working directory is (None: not a release of this root)."""
+        if not cwd:
+            return None
+        parent, _, name = cwd.rstrip("/").rpartition("/")
+        return name if parent.endswith("/releases") else None
 
     def _ask_current(self) -> tuple[str | None, str]:
         """Where `current` is, asked of the host after a step that failed half way: (what it

@@ -335,10 +335,15 @@ def do_status(pidfile: str, url: str) -> dict:
     why = verify(ident, pidfile)
     if why:
         return {"state": "failed", "stale": True, "pid": pid, "detail": f"stale pidfile: {why}"}
+    try:
+        cwd = os.path.realpath(f"/proc/{pid}/cwd")  # which release it runs, whatever current says
+    except OSError:
+        cwd = None
     bad = health(url) or served_by(pid, url)
     if bad:
-        return {"state": "activating", "pid": pid, "detail": f"pid {pid} lives but {bad}"}
-    return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok"}
+        detail = f"pid {pid} lives but {bad}"
+        return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd}
+    return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd}
 
 
 CRITICAL = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}

@@ -98,6 +98,9 @@ class ServiceStatus(BaseModel):
     # set when the service could not start for a reason outside the release (another program
     # holds its port): a deploy then rolls back without rejecting the release
     blocked_by: str | None = None
+    # the directory the service's process runs from (process manager: /proc/PID/cwd), so a
+    # caller can tell which release serves whatever `current` says
+    runs_from: str | None = None
 
     @property
     def active(self) -> bool:
@@ -299,6 +302,7 @@ class ProcessManager(ServiceManager):
             pid=doc.get("pid"),
             healthy=True if doc.get("state") == "active" else None,
             detail=doc.get("detail", ""),
+            runs_from=doc.get("cwd"),
         )
         if st.state in ("failed", "activating"):
             st.healthy = False
