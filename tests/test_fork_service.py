@@ -114,7 +114,9 @@ def test_profile_and_rollout_read_f_and_s_from_the_hook(fork: Fork) -> None:
             "hook", "tree_build", "reference", "cpp")  # fmt: skip
         assert sh["every"] == 2 and sh["compared"] > 0 and sh["mismatched"] == 0, sh
         assert sh["error"] is None and sh["step"]["lo"] <= sh["step"]["s"] <= sh["step"]["hi"]
-        assert sh["step"]["s"] > 1  # the compiled drop-in against the stand-in's Python builder
+        # a measured, positive s (which of the two is faster on a loaded 2-core runner is no
+        # test's business: numbers live in `python -m integration.percall`, not in asserts)
+        assert sh["step"]["s"] > 0 and sh["step"]["base_us"] > 0 and sh["step"]["cand_us"] > 0
     # the records read back as evidence: the hook's f is a measured f like any other
     ev = gather([Path(doc["run_dir"])])
     assert ev.profile is not None
