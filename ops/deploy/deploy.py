@@ -217,6 +217,7 @@ class Deployer:
                 target=t.name,
                 cuda_arch=t.cuda_arch,
                 components=dict(t.service.components),
+                hook=t.service.hook,
             )
             holder["m"] = m
             self._rid = m.id
@@ -237,6 +238,7 @@ class Deployer:
             or m.dirty
             or current["git_sha"] != m.git_sha
             or current["components"] != m.components
+            or current.get("hook") != m.hook
         ):
             return None
         msg = f"release {current['id']} (git {m.git_sha[:12]}) is already current; nothing to do"

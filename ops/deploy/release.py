@@ -56,6 +56,7 @@ class ReleaseManifest(BaseModel):
     target: str
     cuda_arch: str | None = None
     components: dict[str, str] = Field(default_factory=dict)
+    hook: str | None = None  # the inventory's hook setting (None: from the components)
     files: dict[str, str] = Field(default_factory=dict)
     build: dict[str, Any] | None = None
     selftest: dict[str, Any] | None = None
@@ -145,6 +146,7 @@ def stage_release(
     target: str,
     cuda_arch: str | None,
     components: dict[str, str],
+    hook: str | None = None,
 ) -> ReleaseManifest:
     """Write the release's files under `dest` (which must not exist) and return its manifest."""
     src = (source or default_source()).resolve()
@@ -216,6 +218,7 @@ def stage_release(
         target=target,
         cuda_arch=cuda_arch,
         components=components,
+        hook=hook,
         files=files,
     )
 
@@ -326,7 +329,7 @@ def service_env(release_dir: str, manifest: ReleaseManifest) -> str:
         "# written by ops deploy: the service's environment for this release",
         f"DDTREE_RELEASE_ID={manifest.id}",
         f"DDTREE_ENGINE_BACKENDS={','.join(f'{k}={v}' for k, v in sorted(comps.items()))}",
-        f"DDTREE_OPS_SGLANG={hook_setting(comps)}",
+        f"DDTREE_OPS_SGLANG={manifest.hook or hook_setting(comps)}",
         f"DDTREE_OPS_HOOK_STATUS={release_dir}/run/hook-status.json",
         f"DDTREE_CACHE={release_dir.rsplit('/releases/', 1)[0]}/cache",
         f"PYTHONPATH={release_dir}/site:{release_dir}",

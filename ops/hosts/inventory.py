@@ -66,6 +66,20 @@ class Service(_Model):
     # tree_build / accept = reference | cpp | cuda, topk = reference | cuda,
     # attention = torch | cuda
     components: dict[str, str] = Field(default_factory=dict)
+    # the SGLang import hook's setting for the release (DDTREE_OPS_SGLANG; docs/real-service.md):
+    # `measure` (count and time the fork's functions), `shadow:COMPONENT=KIND[/N]` (the
+    # candidate beside the stock on one call in N), `off`; default: from `components`
+    hook: str | None = None
+
+    @field_validator("hook")
+    @classmethod
+    def _hook(cls, v: str | None) -> str | None:
+        if v is not None and not HOOK_RE.fullmatch(v):
+            raise ValueError(
+                f"{v!r}: one of off, measure, shadow:COMPONENT=KIND[/N] "
+                "(e.g. shadow:tree_build=cpp/8), or COMPONENT=KIND[,COMPONENT=KIND]"
+            )
+        return v
 
     @field_validator("components")
     @classmethod
@@ -141,6 +155,10 @@ def default_local_service() -> Service:
     )
 
 
+HOOK_RE = re.compile(
+    r"off|measure|shadow:[a-z_]+=[A-Za-z0-9_.:]+(/[1-9][0-9]{0,5})?"
+    r"|[a-z_]+=[A-Za-z0-9_]+(,[a-z_]+=[A-Za-z0-9_]+)*"
+)
 SSH_FIELDS = ("port", "user", "ssh_key", "host_key_policy", "known_hosts")  # not for local
 
 

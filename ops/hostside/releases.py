@@ -497,6 +497,8 @@ def manifest(path: str) -> tuple[dict, str | None]:
     else:
         out["components"] = {}
         bad.append("components")
+    hook = man.get("hook")
+    out["hook"] = hook if isinstance(hook, str) else None
     selftest = man.get("selftest")
     if not isinstance(selftest, dict) or selftest.get("ok") not in (True, False):
         selftest = {}
@@ -525,6 +527,7 @@ def listing(root: str) -> dict:
                 "created": fields.get("created"),
                 "cuda_arch": fields.get("cuda_arch"),
                 "components": fields.get("components") or {},
+                "hook": fields.get("hook"),
                 "selftest_ok": fields.get("selftest_ok"),
                 "selftest_gpu": fields.get("selftest_gpu"),
                 "size_bytes": du(os.path.join(rel, name)),
