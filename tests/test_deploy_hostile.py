@@ -157,3 +157,16 @@ def test_broken_release_rolls_back_and_interrupted_rollback_still_serves(ops: Op
     code, out, err, took = ops.interrupt_at("rollback ...", "local", "--wait", "2", delay=0.5)
     assert code == 130, err
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_an_ops_toml_beside_the_data_plane_does_not_block_a_deploy(ops: Ops) -> None:
+    """docs/inventory.md puts ops.toml where `ops` runs, the checkout: an untracked file a
+    release does not carry (ops.toml, notes) is no uncommitted change of the release; one in
+    the data plane still is."""
+    (ops.src / "ops.toml").write_text("# my inventory\n")
+    (ops.src / "notes.txt").write_text("todo\n")
+    res = ops.deploy("--dry-run")
+    assert res.returncode == 0, res.stdout + res.stderr
+    (ops.src / "engine" / "scratch.py").write_text("x = 1\n")
+    res = ops.deploy("--dry-run")
+    assert res.returncode == 2 and "uncommitted changes (?? engine/scratch.py" in res.stderr

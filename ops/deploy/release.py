@@ -165,7 +165,9 @@ def stage_release(
     except GitFailed:
         what = f"--ref {_shown(ref)}: no such commit" if ref else "HEAD: no commit yet"
         raise OpsError(f"{what} in {top}") from None
-    dirty_files = _git(top, "status", "--porcelain", "--untracked-files=all").strip()
+    # only what a release carries counts: an ops.toml or notes beside the data plane do not
+    status = _git(top, "status", "--porcelain", "--untracked-files=all", "--", *DATA_PLANE)
+    dirty_files = status.strip()
     dirty = ref is None and bool(dirty_files)
     diff_sha = None
     if dirty and not allow_dirty:
