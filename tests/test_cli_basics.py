@@ -87,3 +87,20 @@ def test_shared_options_before_or_after_the_command(tmp_path) -> None:
         res = ops(*args)
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
         assert "missing.toml" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_inventory_on_the_command_line_wins_over_the_environment(tmp_path) -> None:
+    """`-i` before the command beats $OPS_INVENTORY (the subcommand's copy of the option, filled
+    from the environment, used to replace it silently: new-user pass, #39)."""
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text("[targets.aa]\naddress = '10.0.0.1'\n")
+    b.write_text("[targets.bb]\naddress = '10.0.0.2'\n")
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin", "OPS_INVENTORY": str(a)}
+    for args in (("-i", str(b), "hosts", "--json"), ("hosts", "-i", str(b), "--json")):
+        res = subprocess.run([sys.executable, "-m", "ops", *args], capture_output=True,
+                             text=True, timeout=60, env=env)  # fmt: skip
+        names = [t["name"] for t in json.loads(res.stdout)["targets"]]
+        assert "bb" in names and "aa" not in names, (args, names)
+    res = subprocess.run([sys.executable, "-m", "ops", "hosts", "--json"], capture_output=True,
+                         text=True, timeout=60, env=env)  # fmt: skip
+    assert "aa" in [t["name"] for t in json.loads(res.stdout)["targets"]]

@@ -67,6 +67,7 @@ class CliState:
 
     as_json: bool = False
     inventory_path: str | None = None
+    inventory_from_cli: bool = False  # -i was given (it wins over $OPS_INVENTORY)
 
     def inventory(self) -> Inventory:
         return load_inventory(self.inventory_path)
@@ -84,9 +85,18 @@ def _set_json(ctx: typer.Context, value: bool) -> None:
         state(ctx).as_json = True
 
 
-def _set_inventory(ctx: typer.Context, value: str | None) -> None:
-    if value is not None:
-        state(ctx).inventory_path = value
+def _set_inventory(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> None:
+    """`-i` given anywhere on the command line wins over $OPS_INVENTORY: the subcommand's copy
+    of the option, filled from the environment, never replaces one given before the command."""
+    if value is None:
+        return
+    st = state(ctx)
+    source = ctx.get_parameter_source(param.name or "")
+    from_env = getattr(source, "name", None) == "ENVIRONMENT"
+    if from_env and st.inventory_from_cli:
+        return
+    st.inventory_path = value
+    st.inventory_from_cli = not from_env
 
 
 # Given before or after the command name; they land on ctx.obj (expose_value=False), so a
