@@ -55,3 +55,15 @@ def test_releases_on_an_empty_host_is_a_sentence(tmp_path: Path) -> None:
     inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n")
     text = ops("releases", "local", "--inventory", str(inv), env={"OPS_RUNS_DIR": str(tmp_path)})
     assert "no releases on local" in text and "ops deploy local" in text, text
+
+
+def test_a_decide_step_shows_its_own_verdict() -> None:
+    """The rollout table's decide row shows what decide said (GO), though the report after a
+    noisy measure says HOLD (new-user pass: "decide | HOLD | GO" contradicted itself)."""
+    from ops.cli.rollout import _mark
+
+    assert "GO[/]" in _mark("decide", "ok", "HOLD", "GO") and "HOLD" not in _mark(
+        "decide", "ok", "HOLD", "GO"
+    )
+    assert "NO-GO" in _mark("report", "fail", "NO-GO", "NO-GO: ceiling_below_threshold")
+    assert "FAIL" in _mark("bench", "fail", "NO-GO", "the bench failed")

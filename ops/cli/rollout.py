@@ -104,7 +104,7 @@ def _print(res: RolloutResult) -> None:
         table.add_row(
             str(r.index),
             r.name,
-            _mark(r.name, r.status, res.verdict),
+            _mark(r.name, r.status, res.verdict, r.detail),
             f"{r.seconds:.1f}",
             escape(r.detail),
         )
@@ -129,9 +129,13 @@ def _print(res: RolloutResult) -> None:
         err.print(f"[dim]report: {escape(str(f))}[/]", soft_wrap=True)  # whole: copyable
 
 
-def _mark(step: str, status: str, verdict: str | None) -> str:
-    """A step's status word. The steps that carry the decision (decide, report) show the
-    verdict, not FAIL: a NO-GO is the rollout working, not its report failing."""
-    if step in ("decide", "report") and verdict and status in ("fail", "hold", "ok"):
-        return f"[{STYLE[verdict]}]{verdict}[/]"
+def _mark(step: str, status: str, verdict: str | None, detail: str = "") -> str:
+    """A step's status word. The steps that carry a decision (decide, report) show their own
+    verdict (its detail starts with it), not FAIL: a NO-GO is the rollout working, not its
+    report failing; and decide's GO stays GO though a later measure made the report HOLD."""
+    own = detail.split(":", 1)[0].strip()
+    if step in ("decide", "report") and status in ("fail", "hold", "ok"):
+        said = own if own in STYLE else verdict
+        if said:
+            return f"[{STYLE[said]}]{said}[/]"
     return MARK[status]
