@@ -70,7 +70,8 @@ def parse_change(text: str | None, shape: str | None) -> Change | None:
         e = exc.errors()[0]
         raise OpsError(
             f"--change {text!r}: {e['loc'][0]}: {e['msg']}",
-            hint="COMPONENT:FROM->TO, e.g. tree_build:reference->cuda or attention:torch->cuda",
+            hint="COMPONENT:FROM->TO, quoted for the shell (its > redirects): "
+            "--change 'tree_build:reference->cuda', or tree_build:reference:cuda",
         ) from None
 
 
@@ -122,7 +123,10 @@ def report(
     ] = None,
     change: Annotated[
         str | None,
-        typer.Option(help="The change, e.g. tree_build:reference->cuda (default: from records)."),
+        typer.Option(
+            help="The change, e.g. 'tree_build:reference->cuda' (quoted: a shell reads > "
+            "as a redirect) or tree_build:reference:cuda (default: from records)."
+        ),
     ] = None,
     shape: Annotated[
         str | None, typer.Option(help="Pin bench shape keys for s(c), e.g. budget=16,K=8.")
