@@ -254,9 +254,12 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     current = os.readlink(local.root / "current")
     env = (local.root / current / "service.env").read_text()
     assert "DDTREE_ENGINE_BACKENDS=tree_build=cpp" in env
-    assert 'tree_build = "cpp" so the next deploy keeps it' in doc["notes"][0]
-    # what the inventory says, as it says it (this one names no components)
-    assert "the inventory names no tree_build" in doc["notes"][0], doc["notes"]
+    if verdict == "GO":  # kept: the inventory should say so
+        assert 'tree_build = "cpp" so the next deploy keeps it' in doc["notes"][0]
+        assert "the inventory names no tree_build" in doc["notes"][0], doc["notes"]
+    else:  # not confirmed: the candidate still serves, and the way back is named
+        assert "local still runs the candidate tree_build = cpp" in doc["notes"][0]
+        assert "`ops rollback local` returns to" in doc["notes"][0], doc["notes"]
     run = Path(doc["run_dir"])
     # load.run_seconds sizes the profile's window too (an uncounted pilot of load.requests,
     # then a window of about 0.4 s at its tokens/s), so f is taken over measure's kind of run

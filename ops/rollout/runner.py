@@ -313,7 +313,8 @@ def _worst(results: list[StepResult]) -> tuple[int, str]:
 
 
 def _notes(ctx: Context) -> list[str]:
-    notes = []
+    notes: list[str] = []
+    verdict = ctx.found.report["verdict"] if ctx.found.report else None
     res, ch = ctx.found.deploy, ctx.change
     if ch is None:
         return notes
@@ -324,6 +325,13 @@ def _notes(ctx: Context) -> list[str]:
             f"the measure's recheck could not switch the candidate back in: {name} runs release "
             f"{ctx.arms.recheck_left_on} ({ch.component} = {ch.baseline}); "
             f"`ops rollback {name} --to {res.release if res else '?'}` puts the candidate back"
+        )
+    elif res is not None and res.outcome == "deployed" and verdict != "GO":
+        # deployed on decide's GO, then the measure did not confirm it: say it is live
+        notes.append(
+            f"{name} still runs the candidate {ch.component} = {ch.candidate} (release "
+            f"{res.after}), though the verdict is {verdict or 'none'}: `ops rollback {name}` "
+            f"returns to {res.before}"
         )
     elif res is not None and res.outcome == "deployed" and listed != ch.candidate:
         says = (
