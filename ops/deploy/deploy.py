@@ -280,7 +280,8 @@ class Deployer:
                 data["downgrade"] = note
             return (
                 "ok",
-                f"current: {self._before or '(none)'}" + (f"; {note}" if note else ""),
+                (self._before or "(none)")
+                + (f"; {note}" if note else ""),  # no "current: current:"
                 data,
             )
         what = f"current is {shown_state(state)}, not a release ops installed"
