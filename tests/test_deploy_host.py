@@ -155,5 +155,5 @@ def test_prepare_waits_for_a_guard_and_puts_back_an_unsettled_switch(root: Path)
     finally:
         holder.wait()
     assert code == 0 and doc["guard_waited_s"] >= 0.5
-    assert doc["put_back"] == {"from": IDS[1], "to": IDS[0]}
+    assert doc["put_back"] == {"from": IDS[1], "to": IDS[0], "restart": True}
     assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
