@@ -95,7 +95,8 @@ def check_server_info(base: str, timeout: float) -> dict:
     accept = None
     if isinstance(states, list) and states and isinstance(states[0], dict):
         accept = states[0].get("avg_spec_accept_length")
-    detail = f"avg_spec_accept_length={accept}" if accept is not None else "answered"
+    shown = f"{accept:.2f}" if isinstance(accept, (int, float)) else accept  # not 16 decimals
+    detail = f"avg_spec_accept_length={shown}" if accept is not None else "answered"
     return check("server_info", "pass", detail, res, avg_spec_accept_length=accept)
 
 
