@@ -63,3 +63,17 @@ def test_the_html_reports_health_sections_have_distinct_titles(tmp_path: Path) -
     assert len(titles) == 4 and len(titles) == len(set(titles)), titles
     md = (out / "report.md").read_text()
     assert "### deploy's preflight" in md and "### preflight" in md
+
+
+def test_a_level_with_no_decode_step_names_the_services_error() -> None:
+    """The profile's "no decode step" carries the load's own errors (a too-long prompt's 400
+    and its text), not only that nothing ran (#39 item 4)."""
+    import pytest
+
+    from ops.errors import OpsError
+    from ops.measure.profile import measured_level
+
+    lt = {"errors": {f"HTTP 400: {CAUSE}": 4}}
+    with pytest.raises(OpsError) as got:
+        measured_level(1, {}, {}, lt)  # type: ignore[arg-type]
+    assert f"its requests failed: 4 x HTTP 400: {CAUSE}" in got.value.message

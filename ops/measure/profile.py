@@ -202,7 +202,13 @@ def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict
     """Level c from the counters bracketing its measured window (`lt["counters"]`)."""
     steps = level_steps(breakdown(start) or {}, breakdown(end) or {})
     if not steps:
-        raise OpsError(f"concurrency {c}: the service ran no decode step during the level")
+        errors = lt.get("errors") or {}  # the service's own words, when its requests failed
+        why = (
+            "; its requests failed: " + "; ".join(f"{n} x {e}" for e, n in list(errors.items())[:3])
+            if errors
+            else ""
+        )
+        raise OpsError(f"concurrency {c}: the service ran no decode step during the level{why}")
     batch = c if c in steps else max(steps, key=lambda b: steps[b]["steps"])
     row = steps[batch]
     n = row["steps"]
