@@ -67,3 +67,43 @@ def test_a_decide_step_shows_its_own_verdict() -> None:
     )
     assert "NO-GO" in _mark("report", "fail", "NO-GO", "NO-GO: ceiling_below_threshold")
     assert "FAIL" in _mark("bench", "fail", "NO-GO", "the bench failed")
+
+
+def test_bench_without_a_gpu_and_report_paths_read_whole(tmp_path: Path) -> None:
+    """`ops bench` on a host with no GPU says "(no GPU)", not a "GPU -" header; `ops report`
+    prints one whole report path a line, copyable at 80 columns (#39 item 9)."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        "[targets.local.service]\nurl = 'http://127.0.0.1:9'\n"
+    )
+    env = {
+        **os.environ,
+        "COLUMNS": "80",
+        "OPS_RUNS_DIR": str(tmp_path / "runs"),
+        "PATH": "/usr/bin:/bin",
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "bench", "local", "-i", str(inv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert res.returncode == 3 and "bench local (no GPU)" in res.stdout, res.stdout + res.stderr
+    assert "GPU -" not in res.stdout
+    out = tmp_path / ("a-rather-long-directory-name-" * 3) / "out"
+    records = REPO / "tests" / "fixtures" / "records" / "rollout_attn"
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "report", str(records), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("report: ")]
+    assert [ln.removeprefix("report: ") for ln in lines] == [
+        str(out / f"report.{f}") for f in ("md", "html", "json")
+    ], res.stderr
