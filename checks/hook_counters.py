@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
+from checks.vocabulary import HOOK_BACKENDS
 
 MAGIC = 0x4B4F4F48_45455254  # "TREEHOOK" as a little-endian word
 VERSION = 1
-COMPONENTS = ("tree_build", "accept")
+COMPONENTS = tuple(HOOK_BACKENDS)  # what the hook counts (checks.vocabulary)
 FUNCTIONS = {"tree_build": "build_ddtree_tree_from_topk", "accept": "follow_verified_tree"}
 HEADER = ("magic", "version", "pid", "start_ticks", "created_ns", "components", "ring", "block")
 HEADER_WORDS = 8

@@ -9,18 +9,9 @@ implementations.
 
 from __future__ import annotations
 
-COMPONENTS: dict[str, tuple[str, ...]] = {
-    "topk": ("reference", "cuda"),
-    "tree_build": ("reference", "cpp", "cuda"),
-    "accept": ("reference", "cpp", "cuda"),
-    "attention": ("torch", "cuda"),
-}
-DEFAULTS = {
-    "topk": "reference",
-    "tree_build": "reference",
-    "accept": "reference",
-    "attention": "torch",
-}
+from checks.vocabulary import COMPONENTS, DEFAULT_BACKENDS
+
+DEFAULTS = DEFAULT_BACKENDS
 
 
 def parse_backends(specs: list[str], device: str, what: str = "--backend") -> dict[str, str]:

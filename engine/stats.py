@@ -6,7 +6,8 @@ import threading
 import time
 from collections import defaultdict, deque
 
-STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
+from checks.vocabulary import STAGES
+
 # stages measured inside another (attention inside the forward of verify): not added on top
 NESTED_STAGES = {"attention": "verify"}
 STAGE_BUCKETS = (

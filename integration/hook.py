@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.atomic import write_atomic
+from checks.vocabulary import HOOK_BACKENDS
 
 ENV_SPEC, ENV_STATUS = "DDTREE_OPS_SGLANG", "DDTREE_OPS_HOOK_STATUS"
 ENV_RELEASE = "DDTREE_RELEASE_ID"
@@ -65,10 +66,17 @@ KEEP = "reference"  # the stock function stays
 SHADOW = "shadow:"  # an item's prefix: the stock serves, the kind runs beside it
 MAX_EVERY = 1_000_000
 REQUIRED = "<required>"  # a parameter without a default, in a signature's description
+
+
+def _swaps(component: str) -> tuple[str, ...]:
+    """The kinds that replace the fork's function (checks.vocabulary; `reference` keeps it)."""
+    return tuple(k for k in HOOK_BACKENDS[component] if k != KEEP)
+
+
 # component -> (function in MODULE, what it is in a sentence, the kinds we can put in its place)
 COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "tree_build": ("build_ddtree_tree_from_topk", "builder", ("cpp", "cuda")),
-    "accept": ("follow_verified_tree", "accept walk", ("cpp",)),
+    "tree_build": ("build_ddtree_tree_from_topk", "builder", _swaps("tree_build")),
+    "accept": ("follow_verified_tree", "accept walk", _swaps("accept")),
 }
 RELEASE_ROOT = Path(__file__).resolve().parent.parent
 

@@ -184,13 +184,6 @@ def test_components_are_validated(tmp_path: Path) -> None:
         load_inventory(inv)
 
 
-def test_component_kinds_match_the_engine() -> None:
-    from engine.backends import COMPONENTS
-    from ops.hosts.inventory import COMPONENT_KINDS
-
-    assert COMPONENT_KINDS == COMPONENTS
-
-
 @pytest.mark.parametrize(
     ("field", "value", "why"),
     [

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from checks.vocabulary import NESTED_STAGES
 from ops.cli.common import (
     Done,
     InputLenOpt,
@@ -34,7 +35,6 @@ from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host
 from ops.measure.counters import STAGES
 from ops.measure.loadtest import parse_levels
-from ops.verdict.evidence import NESTED_STAGES
 from ops.verdict.service_cost import cost_parts
 
 SUITE_HELP = (

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from checks.vocabulary import HOOK_BACKENDS
 from ops.errors import OpsError
 
 DATA_PLANE = ("kernels", "checks", "engine", "integration", "pyproject.toml")
@@ -315,7 +316,7 @@ def _present(top: Path, sha: str) -> list[str]:
     return [n for n in DATA_PLANE if n in names]
 
 
-HOOK_KINDS = {"tree_build": ("reference", "cpp", "cuda"), "accept": ("reference", "cpp")}
+HOOK_KINDS = HOOK_BACKENDS  # what the SGLang hook can swap (checks.vocabulary)
 
 
 def hook_setting(components: dict[str, str]) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import tomllib
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from checks.vocabulary import COMPONENTS
 from ops.errors import InventoryError, UnknownTarget
 from ops.files import MIB, FileRefused, read_text_bounded
 from ops.verdict.numbers import NoBoolNumbers
@@ -30,14 +31,7 @@ ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 LOCAL_PORT = 30000
 COMMAND_FIELDS = ("python", "host", "port")  # placeholders of a `process` service's command
 MAX_PATH = 4096
-# DDTree components and the backends a service can run them on (engine.backends.COMPONENTS,
-# restated here because the control plane never imports the engine; a test keeps them equal)
-COMPONENT_KINDS: dict[str, tuple[str, ...]] = {
-    "topk": ("reference", "cuda"),
-    "tree_build": ("reference", "cpp", "cuda"),
-    "accept": ("reference", "cpp", "cuda"),
-    "attention": ("torch", "cuda"),
-}
+COMPONENT_KINDS = COMPONENTS  # DDTree components and their backends (checks.vocabulary)
 
 
 def default_local_root() -> str:

@@ -22,12 +22,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 from checks.docs import Counters, CountersDoc, LevelDoc
+from checks.vocabulary import STAGES as ALL_STAGES
 from ops.hosts.dataplane import run_check
 from ops.hosts.remote import Host
 
 BREAKDOWN = "step_time_breakdown"
 PREFILL = "prefill_time_breakdown"
-STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")
+STAGES = ALL_STAGES  # as the engine's stage clock counts them (checks.vocabulary)
 
 
 def snapshot(host: Host) -> CountersDoc:

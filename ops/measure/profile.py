@@ -83,6 +83,7 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field
 
 from checks.docs import Counters, LevelDoc
+from checks.vocabulary import NESTED_STAGES
 from ops.errors import HostError, OpsError
 from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host
@@ -105,7 +106,6 @@ from ops.measure.counters import (
 )
 from ops.measure.loadtest import run_loadtest
 from ops.measure.shadow import hook_shadow, left_armed, shadow_level
-from ops.verdict.evidence import NESTED_STAGES
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
 # B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from checks.vocabulary import COMPONENT_STAGE, HOST_BACKENDS
 from ops.deploy.deploy import DeployResult
 from ops.hosts.inventory import Target
 from ops.hosts.records import RunDir
@@ -34,7 +35,7 @@ from ops.rollout.playbook import (
     ReportStep,
 )
 from ops.verdict.decide import Decision, Reason, decide
-from ops.verdict.evidence import COMPONENT_STAGE, CPU_BACKENDS, Change, gather
+from ops.verdict.evidence import Change, gather
 from ops.verdict.reports import build, summary, write_reports
 
 Status = Literal["ok", "fail", "hold", "skip", "error", "interrupted"]
@@ -203,7 +204,7 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
     shadow_why = None
     # a host (CPU) candidate cannot fault the GPU, and no GPU bench times it: it is armed
     # unless its bench ran and failed (a wrong answer)
-    on_cpu = ch is not None and ch.candidate in CPU_BACKENDS
+    on_cpu = ch is not None and ch.candidate in HOST_BACKENDS
     if on_cpu and ctx.found.bench_outcome in (None, "pass", "hold", "skip"):
         pass
     elif shadowable and ctx.found.bench_outcome != "pass":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checks.vocabulary import COMPONENT_STAGE
 from ops.deploy.deploy import Deployer, DeployOptions
 from ops.deploy.result import DeployInterrupted
 from ops.hosts.inventory import Target
@@ -21,7 +22,7 @@ from ops.measure.loadtest import run_loadtest
 from ops.rollout.playbook import DeployStep, MeasureStep
 from ops.rollout.steps import Context, Done
 from ops.verdict.amdahl import gain_interval, rate_gain
-from ops.verdict.evidence import AUDIT_PARTS, COMPONENT_STAGE, Change, precision_met
+from ops.verdict.evidence import AUDIT_PARTS, Change, precision_met
 from ops.verdict.gain_audit import cycles_text, points
 
 

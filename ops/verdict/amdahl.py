@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from checks.vocabulary import COMPONENT_STAGE
 from ops.verdict.evidence import (
-    COMPONENT_STAGE,
     CUDA_ACCEPT_IMPLS,
     PREFILL_KERNELS,
     STAGE_KERNELS,

@@ -78,6 +78,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from checks.vocabulary import COMPONENTS as VOCAB_COMPONENTS
+from checks.vocabulary import HOST_BACKENDS, STEP_STAGES
 from ops.errors import OpsError
 from ops.files import MIB, FileRefused, read_text_bounded
 from ops.hosts.records import RUNNING
@@ -86,10 +88,8 @@ from ops.measure.healthcheck import HealthReport
 # hook: measured by the SGLang import hook's clock in the service's own processes (a measured
 # number: the verdict uses it as it uses "measured"; ops.measure.counters.hook_level)
 Source = Literal["measured", "derived", "hook"]
-COMPONENTS = ("tree_build", "accept", "topk", "attention")
-STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
-NESTED_STAGES = {"attention": "verify"}  # part of another stage's time, not added on top
-COMPONENT_STAGE = {c: c for c in ("tree_build", "accept", "topk", "attention")}
+COMPONENTS = tuple(VOCAB_COMPONENTS)  # checks.vocabulary says them once
+STAGES = STEP_STAGES  # the stages that add up to a step (attention is inside verify)
 M = TypeVar("M", bound=BaseModel)
 SECTIONS = ("healthcheck", "bench", "profile", "measure", "change")
 RECORD_MAX_BYTES = 64 * MIB  # a rollout's biggest record is a few MB
@@ -414,10 +414,9 @@ class Change(_Open):
     def runs_on_cpu(self) -> bool:
         """The candidate is a host (CPU) backend: no GPU bench times it; the shadow on the
         service's own traffic gives its s (ops.verdict.amdahl, ops.verdict.decide)."""
-        return self.candidate in CPU_BACKENDS
+        return self.candidate in HOST_BACKENDS
 
 
-CPU_BACKENDS = ("reference", "cpp")  # backends that run on the host, not on a GPU
 BACKEND_IMPL = {
     "reference": "cpu_python",
     "cpp": "cpu_cpp",

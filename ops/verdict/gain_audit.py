@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 
+from checks.vocabulary import COMPONENT_STAGE
 from ops.verdict.amdahl import GAIN_INTERVAL, AmdahlRow, baseline_runs, pooled_rate
 from ops.verdict.decide import Decision
-from ops.verdict.evidence import COMPONENT_STAGE, Evidence
+from ops.verdict.evidence import Evidence
 
 LABELS = {
     "draft": "draft",
