@@ -322,6 +322,8 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     assert row["service_speedup"] == sp
     md = (run / "report.md").read_text()
     assert "Drift check" in md and "- c=1: A'' " in md, md
+    # s came from the shadow: the report does not also say that nothing is projected
+    assert "nothing is projected" not in md and "s(c) is the shadow's" in md
     assert "against every baseline run (A, A', A''; the measured gain)" in md
     # the report reads all of it: the deploy and its post-flight, predicted beside measured
     ev = gather([run])
