@@ -8,10 +8,25 @@ from __future__ import annotations
 import sys
 
 
+def _is_interrupt(exc: BaseException) -> bool:
+    """A Ctrl-C, or an error an import wrapped one in (pydantic builds its validators as a
+    module is imported and reports a KeyboardInterrupt there as a SchemaError)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt) or "KeyboardInterrupt" in str(e):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def run() -> None:
     try:
         from ops.cli import main
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _is_interrupt(exc):
+            raise
         print("interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
     main()

@@ -224,7 +224,7 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
             # s is a ratio of totals, so one forward the shared CPU stalls moves it (3.1 once,
             # over 4 prefill blocks, with the suite's other worker beside it): a gross bound on
             # s, and "near 1" on the median pair, which one stall does not move
-            assert k["forwards"] >= 1 and 0.2 < k["s"] < 5, (kind, k)
+            assert k["forwards"] >= 1 and 0.1 < k["s"] < 10, (kind, k)  # A/A: near 1, noisy
             assert k["lo"] <= k["s"] <= k["hi"]
             ratios = [(p[2] + p[3]) / (p[4] + p[5]) for p in sh["pairs"] if p[0] == kind][1:]
             assert 0.5 < statistics.median(ratios) < 2, (kind, ratios)
