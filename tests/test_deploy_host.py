@@ -16,14 +16,32 @@ from ops.deploy.deploy import DEPLOY_HOST_SOURCE
 IDS = [f"20260101T00000{i}Z-aaaaaaa{i}" for i in range(1, 5)]
 
 
-def host(*args: str, stdin: str = "") -> tuple[int, dict]:
-    res = subprocess.run(
-        [sys.executable, "-c", DEPLOY_HOST_SOURCE, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+def host(*args: str, stdin: str = "", guard: bool = True) -> tuple[int, dict]:
+    """The host side run as ops runs it; a pending switch with a live revert guard beside it
+    (a process holding deploy.guard, as the deploy's guard does), unless `guard` is False."""
+    holder = None
+    if guard and args[0] == "switch" and "pending" in args:
+        lock = Path(args[1]) / "deploy.guard"
+        hold = (
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)"
+        )  # one process (a killed flock(1) would leave its sleeping child holding the lock)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", DEPLOY_HOST_SOURCE, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.communicate()
     return res.returncode, json.loads(res.stdout)
 
 
@@ -157,3 +175,16 @@ def test_prepare_waits_for_a_guard_and_puts_back_an_unsettled_switch(root: Path)
     assert code == 0 and doc["guard_waited_s"] >= 0.5
     assert doc["put_back"] == {"from": IDS[1], "to": IDS[0], "restart": True}
     assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
+
+
+def test_a_pending_switch_needs_a_live_guard(root: Path) -> None:
+    """probe37b B13: a deploy's switch that reaches the host after its guard has gone (ops's
+    SSH connection dropped: the guard reverted nothing and exited) switches nothing, so no
+    release is left current with no one to revert it; with the guard alive it switches."""
+    r = str(root)
+    host("switch", r, IDS[0])
+    code, doc = host("switch", r, IDS[1], "pending", guard=False)
+    assert code == 2 and "no revert guard" in doc["error"], doc
+    assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
+    code, doc = host("switch", r, IDS[1], "pending")
+    assert code == 0 and links(root)[0] == IDS[1] and (root / "deploy.pending").exists()

@@ -120,9 +120,14 @@ def revert_guard(host: Host, restart: bool) -> Iterator[None]:
     again = restart_script(t) if restart else "true"
     # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
     # for it in `prepare`, so a guard still putting the host back is never raced
+    # and, once ops is gone, it takes deploy.switch (kept until it exits) before it reverts:
+    # a pending switch still on its way checks for a live guard under that lock, so it either
+    # lands first (and is reverted here) or finds no guard and switches nothing
+    root = shell_path(t.remote_root)
     script = (
-        f"exec 8>>{shell_path(t.remote_root)}/deploy.guard && flock 8 || exit 1; "
+        f"exec 8>>{root}/deploy.guard && flock 8 || exit 1; "
         "echo READY; cat >/dev/null; "
+        f"exec 9>>{root}/deploy.switch && flock 9; "
         f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
     )
     proc = host._spawn(script)

@@ -253,10 +253,42 @@ def finalize(root: str, staging: str, release: str) -> dict:
     return {"release": release}
 
 
+def guard_alive(root: str) -> bool:
+    """A deploy's revert guard holds deploy.guard for its whole life."""
+    fd = os.open(os.path.join(root, "deploy.guard"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing it drops a lock taken just now
+    return False
+
+
 def switch(root: str, release: str, pending: bool) -> dict:
     rid(release)
     if not os.path.isdir(inside(root, os.path.join(root, "releases", release))):
         raise Refused(f"no release {release}")
+    if not pending:
+        return _switch(root, release, pending)
+    # A pending switch (a deploy's or a rollback's) happens only while its guard lives, checked
+    # under deploy.switch, which the guard takes before it reverts and keeps until it exits: a
+    # guard that has already put the host back (its ops went away: a Ctrl-C, a dropped SSH
+    # connection) can never be followed by this switch landing with no one left to revert it.
+    fd = os.open(os.path.join(root, "deploy.switch"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not guard_alive(root):
+            raise Refused(
+                "no revert guard holds deploy.guard (the deploy that asked for this switch "
+                "has gone): nothing was switched"
+            )
+        return _switch(root, release, pending)
+    finally:
+        os.close(fd)
+
+
+def _switch(root: str, release: str, pending: bool) -> dict:
     cur, prev = link_state(root, "current"), link_state(root, "previous")
     path, pending_path = os.path.join(root, "current"), os.path.join(root, "deploy.pending")
     aside = prev_aside = None
