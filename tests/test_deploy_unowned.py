@@ -335,6 +335,15 @@ def small_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def ops_on(disk: Path, tmp_path: Path) -> Ops:
+    """`Ops` whose remote root is on `disk` (the small tmpfs)."""
+    ops = Ops(tmp_path / "o")
+    ops.root = disk / "root"
+    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
+    ops.inventory.write_text(text)
+    return ops
+
+
 def fill(disk: Path, hold_s: float = 0.0) -> Path:
     """Fill the disk to its last byte (64 KiB writes, then 4 KiB, then single bytes); with
     `hold_s`, keep taking whatever is freed for that long (a log that keeps growing)."""
@@ -363,10 +372,7 @@ def fill(disk: Path, hold_s: float = 0.0) -> Path:
 
 
 def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> None:
-    ops = Ops(tmp_path / "o")
-    ops.root = small_disk / "root"
-    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
-    ops.inventory.write_text(text)
+    ops = ops_on(small_disk, tmp_path)
     try:
         assert ops.deploy("--bootstrap").returncode == 0
         r1 = ops.current()
@@ -392,10 +398,7 @@ def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> 
 def test_full_disk_during_the_rollback_leaves_no_stray_file(
     small_disk: Path, tmp_path: Path
 ) -> None:
-    ops = Ops(tmp_path / "o")
-    ops.root = small_disk / "root"
-    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
-    ops.inventory.write_text(text)
+    ops = ops_on(small_disk, tmp_path)
     try:
         assert ops.deploy("--bootstrap").returncode == 0
         r1 = ops.current()
@@ -497,10 +500,7 @@ def test_disk_full_at_restart_never_leaves_a_service_ops_cannot_see(
     service started, its pidfile could not be written, and it served unseen and unstoppable
     while `current` said the old one. Now the restart stops nothing unless the new start has
     its pidfile's room on disk, and a start that cannot record its process ends it."""
-    ops = Ops(tmp_path / "o")
-    ops.root = small_disk / "root"
-    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
-    ops.inventory.write_text(text)
+    ops = ops_on(small_disk, tmp_path)
     try:
         assert ops.deploy("--bootstrap").returncode == 0
         r1 = ops.current()
@@ -780,10 +780,7 @@ def test_a_rollback_whose_restart_cannot_happen_says_what_serves(
     """probe37b B11: the disk fills as the deploy's own rollback starts; its restart cannot
     reserve the pidfile's room, so it stops nothing and the failed release keeps serving. The
     result says so, never "rolled back to <old>" while the failed release answers."""
-    ops = Ops(tmp_path / "o")
-    ops.root = small_disk / "root"
-    text = ops.inventory.read_text().replace(str(tmp_path / "o" / "root"), str(ops.root))
-    ops.inventory.write_text(text)
+    ops = ops_on(small_disk, tmp_path)
     try:
         assert ops.deploy("--bootstrap").returncode == 0
         r1 = ops.current()
