@@ -221,3 +221,41 @@ def test_service_url_with_a_path_and_the_default_port_is_kept(tmp_path: Path) ->
     inv = tmp_path / "ops.toml"
     inv.write_text("[targets.h.service]\nurl = 'https://llm.internal/v/'\n")
     assert load_inventory(inv).target("h").service.url == "https://llm.internal/v"
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "value", "command"),
+    [
+        ("", "python", "/usr/bin/python3\u0000", "status"),
+        ("", "python", "/usr/bin/python3\u001b[2J", "status"),
+        (".service", "command", "{python} engine/svc.py --port {port} \u0000", "restart"),
+        (".service", "command", "{python} engine/svc.py\nrm -rf /", "start"),
+        (".service", "model", "m\u0000", "status"),
+    ],
+    ids=["python-nul", "python-esc", "command-nul", "command-newline", "model-nul"],
+)
+def test_control_characters_in_what_runs_are_refused_at_load(
+    tmp_path: Path, table: str, field: str, value: str, command: str
+) -> None:
+    """probe37b B3: a NUL in `python` or `service.command` was 'internal error ... embedded
+    null byte', exit 4, once a command ran it. Now the inventory is refused as it is read: exit
+    2, one line naming the field, nothing run (no remote root made)."""
+    root = tmp_path / "root"
+    inv = tmp_path / "ops.toml"
+    line = f"{field} = {json.dumps(value)}\n"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{root}'\n"
+        + (f"[targets.local{table}]\n{line}" if table else line)
+    )
+    res = ops("service", command, "local", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    where = f"target 'local': {'service.' if table else ''}{field}: "
+    assert where + "must not contain control characters" in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert not root.exists()
+
+
+def test_a_tab_in_the_command_is_plain_whitespace(tmp_path: Path) -> None:
+    inv = tmp_path / "ops.toml"
+    inv.write_text("[targets.h.service]\ncommand = '{python}\t-m engine --port {port}'\n")
+    assert load_inventory(inv).target("h").service.command == "{python}\t-m engine --port {port}"

@@ -119,11 +119,20 @@ class Service(_Model):
             raise ValueError("port must be 1-65535")
         return v.rstrip("/")
 
+    @field_validator("model")
+    @classmethod
+    def _plain_model(cls, v: str) -> str:
+        return no_control_characters(v)
+
     @field_validator("command")
     @classmethod
     def _placeholders(cls, v: str | None) -> str | None:
         """Only plain {python}, {host}, {port}: a format spec or attribute ('{port:>999999999}',
-        '{python.__class__}') would allocate, leak or mangle the command when it is filled in."""
+        '{python.__class__}') would allocate, leak or mangle the command when it is filled in.
+        No control characters: a NUL cannot be passed to a process at all, and a newline would
+        end the `exec` line the process manager runs it as (a tab is plain shell whitespace)."""
+        if v is not None:
+            no_control_characters(v, allow="\t")
         allowed = "only plain {python}, {host}, {port} (write {{ and }} for a brace)"
         try:
             fields = [f[1:] for f in string.Formatter().parse(v or "") if f[1] is not None]
@@ -198,11 +207,27 @@ class Target(_Model):
     def _absolute_root(cls, v: str) -> str:
         return check_remote_root(v)
 
+    @field_validator("python", "user", "ssh_key", "known_hosts")
+    @classmethod
+    def _no_control(cls, v: str | None) -> str | None:
+        """Each is passed as an argument (ssh's, the host's shell's): a NUL cannot be, and other
+        control characters are never meant (probe37b B3: a NUL was an internal error)."""
+        return v if v is None else no_control_characters(v)
+
     @model_validator(mode="after")
     def _bench_gpu_in_range(self) -> Target:
         if self.bench_gpu is not None and self.gpus and self.bench_gpu >= self.gpus:
             raise ValueError(f"bench_gpu {self.bench_gpu} is not below gpus = {self.gpus}")
         return self
+
+
+def no_control_characters(v: str, allow: str = "") -> str:
+    """`v` unless it holds a control character (other than those in `allow`): refused, naming
+    the first one and where it is."""
+    for i, c in enumerate(v):
+        if (ord(c) < 32 or c == "\x7f") and c not in allow:
+            raise ValueError(f"must not contain control characters ({c!r} at offset {i})")
+    return v
 
 
 def check_remote_root(v: str) -> str:
@@ -212,8 +237,7 @@ def check_remote_root(v: str) -> str:
         raise ValueError(f"is {len(v)} characters long (at most {MAX_PATH})")
     if not v.startswith("/"):
         raise ValueError("must be an absolute path (starting with '/')")
-    if any(ord(c) < 32 or c == "\x7f" for c in v):
-        raise ValueError("must not contain control characters")
+    no_control_characters(v)
     parts = v.rstrip("/").split("/")[1:]
     if any(p in ("", ".", "..") for p in parts):
         raise ValueError("must be normalised (no '//', '.' or '..' segments)")
