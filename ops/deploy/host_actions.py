@@ -75,40 +75,58 @@ def interrupts_held() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+_taking: list[list[int]] = []  # the signals the outermost interrupted_once took, while it lives
+
+
 @contextmanager
-def interrupted_once() -> Iterator[None]:
+def interrupted_once() -> Iterator[list[int]]:
     """The first Ctrl-C (or SIGTERM) interrupts as usual; every later one is ignored until the
     process ends, so the interrupted deploy still puts the host back, asks where it was left
     and writes its record (an impatient second Ctrl-C used to cost the record its steps).
-    Without an interrupt, the handlers before are restored."""
+    Without an interrupt, the handlers before are restored. Yields the list of the signals
+    taken (empty: none yet). Nested (a fleet's rollout around a host's rollback), the outer
+    one keeps taking the signals and the inner yields its list: one Ctrl-C for the whole."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield []
+        return
+    if _taking:
+        outer = _taking[0]
+        try:
+            yield outer
+        except KeyboardInterrupt:
+            outer.append(0)
+            _ignore_interrupts()
+            raise
         return
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     seen: list[int] = []
 
-    def ignore_from_now() -> None:  # SIG_IGN, not a Python handler: it outlives finalization
-        for sig in old:
-            signal.signal(sig, signal.SIG_IGN)
-
     def first_only(signum: int, _frame: object) -> None:
         if not seen:
             seen.append(signum)
-            ignore_from_now()
+            _ignore_interrupts()
             raise KeyboardInterrupt
 
     for sig in old:
         signal.signal(sig, first_only)
+    _taking.append(seen)
     try:
-        yield
+        yield seen
     except KeyboardInterrupt:
         seen.append(0)  # an interrupt from anywhere: from now on, none is taken
-        ignore_from_now()
+        _ignore_interrupts()
         raise
     finally:
+        _taking.remove(seen)
         if not seen:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+
+def _ignore_interrupts() -> None:
+    """SIG_IGN, not a Python handler: it outlives the interpreter's finalization."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 @contextmanager
