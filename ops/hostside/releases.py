@@ -16,7 +16,8 @@ is never taken for a first install.
     prepare ROOT [WAIT_S] [settle]  wait (up to WAIT_S, 300) for a dead deploy's guard to finish
                                  putting the host back (it holds deploy.guard); put back a switch
                                  that neither a deploy nor its guard settled (deploy.pending);
-                                 remove what dead deploys left (.incoming.*, .staging-*)
+                                 remove what dead deploys left (.incoming.*, .staging-*; a
+                                 symlink of that name is unlinked, never followed)
     finalize ROOT STAGING ID     stdin {"release_json", "service_env"}: write them, then rename
                                  STAGING to releases/ID (a reader never sees half a release)
     switch ROOT ID [PENDING]     current -> releases/ID by one rename(2); previous -> the old one;
@@ -232,7 +233,12 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
     removed = []
     for name in sorted(os.listdir(rel)):
         if name.startswith(".incoming.") or STAGING_RE.match(name):
-            rmtree(root, os.path.join(rel, name))
+            path = os.path.join(rel, name)
+            if os.path.islink(path):  # a stray link (made by hand): unlinked, never followed
+                inside(root, os.path.join(rel, "."))
+                os.unlink(path)
+            else:
+                rmtree(root, path)
             removed.append(name)
     return {"removed": removed, "guard_waited_s": waited, "put_back": put_back}
 
