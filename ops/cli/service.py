@@ -37,6 +37,15 @@ service_app = typer.Typer(
 WaitOpt = Annotated[
     float, typer.Option("--wait", min=0, help="Seconds to wait for /health once it starts.")
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Start even when current is not a release (a directory holding release.json "
+        "under the remote root) or a dead deploy left its switch pending (never proven); "
+        "without it both are refused and nothing is stopped.",
+    ),
+]
 
 
 def _print_status(st: ServiceStatus) -> None:
@@ -47,6 +56,8 @@ def _print_status(st: ServiceStatus) -> None:
     )
     if not st.active and st.evidence:
         err.print("[dim]" + escape("\n".join(st.evidence[-20:])) + "[/]", soft_wrap=True)
+    for warning in st.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
 def _left(mgr: ServiceManager, verb: str, target: str) -> str:
@@ -63,7 +74,7 @@ def _left(mgr: ServiceManager, verb: str, target: str) -> str:
     return said
 
 
-def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
+def _service(ctx: typer.Context, verb: str, target: str, wait: float, force: bool = False) -> int:
     def act(host: Host) -> Done[ServiceStatus]:
         mgr = manager_for(host)
         if verb == "status":
@@ -74,7 +85,8 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float) -> int:
                     if verb == "stop":
                         st = mgr.stop()
                     else:
-                        st = mgr.start(wait) if verb == "start" else mgr.restart(wait)
+                        run = mgr.start if verb == "start" else mgr.restart
+                        st = run(wait, operator=True, force=force)
                 except KeyboardInterrupt:
                     raise KeyboardInterrupt(_left(mgr, verb, target)) from None
         good = st.active if verb != "stop" else st.state == "inactive"
@@ -92,11 +104,16 @@ def start(
     ctx: typer.Context,
     target: TargetArg,
     wait: WaitOpt = 120.0,
+    force: ForceOpt = False,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
-    """Start the service (if it is not running) and wait for /health."""
-    return _service(ctx, "start", target, wait)
+    """Start the service (if it is not running) and wait for /health.
+
+    Refused, with nothing started, when `current` is not a release or a deploy that died
+    left its switch pending (`ops rollback TARGET` puts the host back), unless --force.
+    With no release deployed at all, the command runs from the remote root."""
+    return _service(ctx, "start", target, wait, force)
 
 
 @service_app.command(short_help="Stop the service: TERM, then KILL after its grace.")
@@ -114,11 +131,17 @@ def restart(
     ctx: typer.Context,
     target: TargetArg,
     wait: WaitOpt = 120.0,
+    force: ForceOpt = False,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
-    """Restart the service and wait for /health."""
-    return _service(ctx, "restart", target, wait)
+    """Restart the service and wait for /health.
+
+    Refused before anything is stopped when the start could not happen or should not: a
+    `current` that is not a release, a deploy that died with its switch pending (`ops
+    rollback TARGET` puts the host back), a damaged service.env, no room for the pidfile.
+    --force lets the first two through."""
+    return _service(ctx, "restart", target, wait, force)
 
 
 @service_app.command(short_help="Show the service's state: a live process and /health.")

@@ -24,6 +24,16 @@ process, and it never does so on a pid's word alone:
   host: what `ops service start` needs, without starting Python on the host three times.
 - `stop` sends TERM to the service's process group, KILL after the grace period, then KILL to
   any process left in its session; every signal sent is reported.
+- `up` and `restart` take a last MODE word: "operator" (an operator's `ops service start` or
+  `restart`, not a deploy's) also refuses, before anything is stopped, a `current` that is not
+  a release (the root itself, `releases/`, a directory in a release, a path outside the root:
+  it must resolve to a directory under the root holding a release.json) and a deploy.pending
+  left by a dead deploy whose guard is gone (current was never proven); "operator-force" only
+  warns of them. A live guard (it is putting the host back) is never raced. A deploy's and a
+  guard's own restarts (no MODE) check only that current is runnable.
+- Each run removes `<name>.pid.tmpPID` files (the room `reserve` writes) whose PID is gone, or
+  is a process started after the file was last written (a reused pid): what an interrupted or
+  failed start left. One a live run of this script is using is never removed.
 """
 
 from __future__ import annotations
@@ -290,6 +300,9 @@ def served_by(pid: int, url: str) -> str | None:
     return f"{where} ({holder['cmdline']}), not pid {pid}"
 
 
+MAX_ENV = 1 << 20  # a service.env is a few lines; more than a MiB is not one
+
+
 def read_env(path: str) -> dict[str, str]:
     """KEY=VALUE lines (systemd EnvironmentFile style: # comments, optional quotes)."""
     env: dict[str, str] = {}
@@ -300,9 +313,12 @@ def read_env(path: str) -> dict[str, str]:
     except OSError as exc:
         raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotStartable(f"{path} is not a regular file")
-        raw = os.read(fd, 1 << 20)
+        if info.st_size > MAX_ENV:
+            raise NotStartable(f"{path} is {info.st_size} bytes (at most {MAX_ENV} are read)")
+        raw = os.read(fd, MAX_ENV + 1)
     except OSError as exc:
         raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
     finally:
@@ -326,6 +342,15 @@ def read_env(path: str) -> dict[str, str]:
 
 
 def do_status(pidfile: str, url: str) -> dict:
+    sweep_tmp(pidfile)
+    doc = status_of(pidfile, url)
+    pending = pending_state(owner_of(pidfile)[0])
+    if pending is not None and not pending["guard"]:  # a live guard: a deploy runs now
+        doc["warnings"] = [pending_note(pending)]
+    return doc
+
+
+def status_of(pidfile: str, url: str) -> dict:
     ident, problem = read_pidfile(pidfile)
     if ident is None and problem is None:
         return {"state": "inactive", "detail": "not running (no pidfile)"}
@@ -389,6 +414,181 @@ def startable(root: str) -> str:
     return current if os.path.isdir(current) else root
 
 
+def pid_alive(pid: int) -> bool:
+    """Some process has this pid (another user's too: kill(0) is refused, not unknown)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    st = proc_stat(pid)
+    return st is None or st["state"] != "Z"
+
+
+def started_at(pid: int) -> float | None:
+    """When the process started (epoch seconds), from /proc; None where it cannot be read."""
+    st = proc_stat(pid)
+    try:
+        with open("/proc/stat") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+        return btime + int(st["start"]) / os.sysconf("SC_CLK_TCK") if st else None
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
+def sweep_tmp(pidfile: str) -> list[str]:
+    """Remove `<pidfile>.tmpPID` files left by runs that are gone (an interrupted or failed
+    start): PID is dead, or is a process that started after the file was last written (the
+    pid was reused). One that a live run may still be using is kept. The names removed."""
+    run, base = os.path.dirname(pidfile), os.path.basename(pidfile) + ".tmp"
+    try:
+        names = os.listdir(run)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        digits = name[len(base) :]
+        if not name.startswith(base) or not digits.isdigit() or int(digits) == os.getpid():
+            continue
+        path, pid = os.path.join(run, name), int(digits)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue  # not what reserve() writes: someone else's, left alone
+        if pid_alive(pid):
+            began = started_at(pid)
+            if began is None or began <= info.st_mtime + 2.0:  # 2 s: btime is whole seconds
+                continue  # it may be the run that wrote it
+        if remove(path) is None:
+            removed.append(name)
+    return removed
+
+
+def current_problem(root: str) -> str | None:
+    """Why `current` is not a release an operator's start may run (None: it is one, or there
+    is no `current` at all: the command then runs from the root, as before any deploy). A
+    release is a directory under the root holding a release.json: releases/ID as ops makes
+    it, a hand-made copy beside it, or a real directory `current` copied from one."""
+    path = os.path.join(root, "current")
+    if not os.path.lexists(path):
+        return None
+    said = f"current -> {os.readlink(path)}" if os.path.islink(path) else f"current ({path})"
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if not os.path.isdir(real):
+        return None  # dangling or a file: startable() says so
+    if real == top:
+        why = "the remote root itself"
+    elif not real.startswith(top.rstrip("/") + "/"):
+        why = f"{real}, outside the remote root {top}"
+    elif real == os.path.join(top, "releases"):
+        why = "the releases/ directory, not one release"
+    elif not os.path.isfile(os.path.join(real, "release.json")):
+        why = f"{real}, a directory with no release.json (not a release)"
+    else:
+        return None
+    return f"{said} resolves to {why}"
+
+
+def read_small_json(path: str) -> object:
+    """A small regular JSON file, never opened blocking (None: absent, not regular, not JSON)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENV:
+            return None
+        return json.loads(os.read(fd, MAX_ENV + 1).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def guard_alive(root: str) -> bool:
+    """A deploy's revert guard holds deploy.guard (flock) for its whole life. Read from
+    /proc/locks, never by taking the lock: a probe holding it even for a moment could make
+    a pending switch see a guard that is not there."""
+    try:
+        info = os.stat(os.path.join(root, "deploy.guard"))
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False  # no guard was ever started here
+    want = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    for line in lines:
+        cols = line.split()
+        if "->" in cols:  # a waiter, not a holder
+            continue
+        if len(cols) > 5 and cols[1] == "FLOCK" and cols[5] == want:
+            return True
+    return False
+
+
+def pending_state(root: str) -> dict | None:
+    """What deploy.pending says, where one is there (None: no deploy left one). `guard`: a
+    guard is alive (a deploy runs, or its guard is putting the host back now); `settled`:
+    current is already back, only the restart onto it was due; `new`: the never-proven id."""
+    path = os.path.join(root, "deploy.pending")
+    if not os.path.lexists(path):
+        return None
+    doc = read_small_json(path)
+    doc = doc if isinstance(doc, dict) else {}
+    new = doc.get("new") if isinstance(doc.get("new"), str) else None
+    return {"guard": guard_alive(root), "settled": doc.get("settled") is True, "new": new}
+
+
+def pending_note(pending: dict) -> str:
+    """One line for a deploy.pending a start or restart found."""
+    if pending["guard"]:
+        return (
+            "deploy.pending is there and a deploy's revert guard holds deploy.guard: the guard "
+            "of a deploy that went away is putting the host back now"
+        )
+    if pending["settled"]:
+        return (
+            "deploy.pending (settled) is there: a deploy or rollback put current back and died "
+            "before restarting the service on it"
+        )
+    what = f"release {pending['new']}" if pending["new"] else "its release"
+    return (
+        f"deploy.pending is there: a deploy died before {what} passed its post-flight and its "
+        "revert guard is gone, so current was never proven"
+    )
+
+
+def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
+    """An operator's start or restart (mode "operator", or "operator-force"): (why it is
+    refused, with what blocks it; warnings; the deploy.pending state). A deploy's own start
+    or restart (mode "") is never refused here."""
+    if not mode.startswith("operator"):
+        return None, [], None
+    force = mode == "operator-force"
+    warnings: list[str] = []
+    pending = pending_state(root)
+    if pending is not None:
+        note = pending_note(pending)
+        if pending["guard"]:
+            refusal = {"reason": f"{note}; try again when it is done", "blocked_by": "guard"}
+            return refusal, [], pending
+        if pending["settled"]:
+            warnings.append(note + "; the next deploy or rollback clears it")
+        elif force:
+            warnings.append(note + "; started it anyway (--force)")
+        else:
+            return {"reason": note, "blocked_by": "pending"}, [], pending
+    bad = current_problem(root)
+    if bad and force:
+        warnings.append(f"{bad}; ran it anyway (--force)")
+    elif bad:
+        return {"reason": bad, "blocked_by": "current"}, warnings, pending
+    return None, warnings, pending
+
+
 def open_log(log: str, command: str, notes: list) -> int:
     """The log's fd for the service's output; /dev/null (with a note) when it cannot be written:
     a full or read-only log directory must not keep the service down."""
@@ -407,16 +607,31 @@ def open_log(log: str, command: str, notes: list) -> int:
 
 
 def do_start(
-    pidfile: str, log: str, root: str, command: str, url: str, reserved: str | None = None
+    pidfile: str,
+    log: str,
+    root: str,
+    command: str,
+    url: str,
+    reserved: str | None = None,
+    mode: str = "",
 ) -> dict:
-    notes = []
+    notes: list[str] = []
+    swept = sweep_tmp(pidfile)
+    if swept:
+        notes.append(f"removed {len(swept)} pidfile temporary file(s) left by runs that are gone")
+    refused, warnings, _ = vet(root, mode)
     ident, problem = read_pidfile(pidfile)
     if ident is not None:
         problem = verify(ident, pidfile)
         if problem is None:
             if reserved:
                 remove(reserved)
-            return {"started": False, "already": True, "pid": ident["pid"]}
+            doc = {"started": False, "already": True, "pid": ident["pid"], "notes": notes}
+            return {**doc, "warnings": warnings + ([refused["reason"]] if refused else [])}
+    if refused:
+        if reserved:
+            remove(reserved)
+        return {"started": False, "notes": notes, "warnings": warnings, **refused}
     if problem:
         notes.append(f"removed stale pidfile: {problem}")
         why = remove(pidfile)
@@ -430,6 +645,7 @@ def do_start(
         return {
             "started": False,
             "notes": notes,
+            "warnings": warnings,
             "reason": f"port {port_of(url)} is already in use by {who} ({holder['cmdline']})",
             "blocked_by": "port",  # the host's, not the release's: nothing was started
         }
@@ -440,7 +656,8 @@ def do_start(
     except NotStartable as exc:
         if reserved:
             remove(reserved)
-        return {"started": False, "notes": notes, "reason": str(exc), "blocked_by": "host"}
+        doc = {"started": False, "notes": notes, "warnings": warnings, "reason": str(exc)}
+        return {**doc, "blocked_by": "host"}
     env = dict(os.environ)
     if release_env.get("PYTHONPATH") and env.get("PYTHONPATH"):
         # the release's code first, then whatever the service's own environment needs
@@ -496,7 +713,10 @@ def do_start(
         return {"started": False, "notes": notes, "reason": reason, "blocked_by": "host"}
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a TERM that came is taken now
-    return {"started": True, "pid": proc.pid, "cwd": cwd, "notes": notes}
+    doc = {"started": True, "pid": proc.pid, "cwd": cwd, "notes": notes, "warnings": warnings}
+    if not os.path.lexists(os.path.join(root, "current")):
+        doc["no_release"] = True  # nothing deployed: the command ran from the root
+    return doc
 
 
 def do_wait(pidfile: str, url: str, timeout: float) -> dict:
@@ -530,6 +750,7 @@ def session_members(sid: int) -> list[int]:
 
 
 def do_stop(pidfile: str, grace: float) -> dict:
+    sweep_tmp(pidfile)
     ident, problem = read_pidfile(pidfile)
     if ident is None and problem is None:
         return {"action": "not_running", "detail": "was not running (no pidfile)", "signals": []}
@@ -586,9 +807,10 @@ def do_up(
     url: str,
     timeout: float,
     reserved: str | None = None,
+    mode: str = "",
 ) -> dict:
     """start; then wait (when this call started it) and the status after either."""
-    started = do_start(pidfile, log, root, command, url, reserved)
+    started = do_start(pidfile, log, root, command, url, reserved, mode)
     doc = {"start": started}
     if started.get("started"):
         doc["wait"] = do_wait(pidfile, url, timeout)
@@ -598,10 +820,24 @@ def do_up(
 
 
 def do_restart(
-    pidfile: str, log: str, root: str, command: str, url: str, timeout: float, grace: float
+    pidfile: str,
+    log: str,
+    root: str,
+    command: str,
+    url: str,
+    timeout: float,
+    grace: float,
+    mode: str = "",
 ) -> dict:
     """stop, then up; but first make sure the start can happen (current runnable, room for the
-    pidfile), so a restart that could not start the service never stops it."""
+    pidfile; for an operator's restart, current a release and no dead deploy's switch pending),
+    so a restart that could not start the service never stops it."""
+    sweep_tmp(pidfile)
+    refused, warnings, _ = vet(root, mode)
+    if refused:
+        reason = f"{refused['reason']}; the service was not stopped"
+        start = {"started": False, "reason": reason, "blocked_by": refused["blocked_by"]}
+        return {"start": {**start, "warnings": warnings}}
     try:
         startable(root)
         read_env(os.path.join(root, "current", "service.env"))
@@ -610,7 +846,9 @@ def do_restart(
         reason = f"{exc}; the service was not stopped"
         return {"start": {"started": False, "reason": reason, "blocked_by": "host"}}
     stopped = do_stop(pidfile, grace)
+    # vetted above, before the stop: the start after it is never refused for what was let by
     doc = do_up(pidfile, log, root, command, url, timeout, reserved=tmp)
+    doc["start"]["warnings"] = warnings + doc["start"].get("warnings", [])
     doc["stop"] = stopped
     return doc
 
@@ -624,11 +862,16 @@ def main(argv: list[str]) -> dict:
     if action == "wait":
         return do_wait(args[0], args[1], float(args[2]))
     if action == "up":
-        return do_up(args[0], args[1], args[2], args[3], args[4], float(args[5]))
+        mode = args[6] if len(args) > 6 else ""
+        return do_up(args[0], args[1], args[2], args[3], args[4], float(args[5]), mode=mode)
     if action == "stop":
         return do_stop(args[0], float(args[1]))
+    if action == "vet":  # ROOT MODE: what an operator's start or restart would be refused for
+        refused, warnings, _ = vet(args[0], args[1])
+        return {**(refused or {}), "warnings": warnings}
     if action == "restart":
-        return do_restart(*args[:5], float(args[5]), float(args[6]))
+        mode = args[7] if len(args) > 7 else ""
+        return do_restart(*args[:5], float(args[5]), float(args[6]), mode)
     raise SystemExit(f"unknown action {action!r}")
 
 

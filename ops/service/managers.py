@@ -101,6 +101,9 @@ class ServiceStatus(BaseModel):
     # the directory the service's process runs from (process manager: /proc/PID/cwd), so a
     # caller can tell which release serves whatever `current` says
     runs_from: str | None = None
+    # what an operator should know that did not stop the command: a deploy.pending left by a
+    # dead deploy (the release current names was never proven), a start --force let through
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -114,13 +117,19 @@ class ServiceManager(ABC):
         self.host = host
         self.target = host.target
         self.service = host.target.service
+        self._warnings: list[str] = []  # what `vet` let through with a warning
 
     @abstractmethod
     def status(self) -> ServiceStatus: ...
 
     @abstractmethod
-    def start(self, wait_s: float = 120.0) -> ServiceStatus:
-        """Start the service (unless it runs) and wait up to `wait_s` for /health."""
+    def start(
+        self, wait_s: float = 120.0, *, operator: bool = False, force: bool = False
+    ) -> ServiceStatus:
+        """Start the service (unless it runs) and wait up to `wait_s` for /health.
+
+        `operator` (an operator's `ops service start`, not a deploy's) also refuses a `current`
+        that is not a release and a switch a dead deploy left pending (`vet`), unless `force`."""
 
     @abstractmethod
     def stop(self) -> ServiceStatus: ...
@@ -129,10 +138,76 @@ class ServiceManager(ABC):
     def evidence(self) -> list[str]:
         """The last lines of the service's log (journal or log file)."""
 
-    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+    def restart(
+        self, wait_s: float = 120.0, *, operator: bool = False, force: bool = False
+    ) -> ServiceStatus:
         check_wait(wait_s)
+        refused = self.vet(operator, force)
+        if refused is not None:
+            return refused
         self.stop()
         return self.start(wait_s)
+
+    def vet(self, operator: bool, force: bool) -> ServiceStatus | None:
+        """For an operator's start or restart: the refusal, before anything is touched, of a
+        `current` that is not a release or of a switch a dead deploy left pending (None: go
+        on). The process manager does this in its own host-side run; others ask the host."""
+        if not operator:
+            return None
+        mode = "operator-force" if force else "operator"
+        res = self.host.run(
+            [self.target.python, "-S", "-c", PROCMAN_SOURCE, "vet", self.target.remote_root, mode],
+            warn=True,
+            step="service vet",
+        )
+        try:
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            raise HostError(
+                f"process manager printed no result (exit {res.rc}): "
+                + (res.tail() or res.tail("stdout") or "no output"),
+                target=self.host.name,
+                step="service vet",
+            ) from None
+        if not isinstance(doc, dict):
+            raise HostError("vet: result is not an object", target=self.host.name, step="vet")
+        if doc.get("reason"):
+            return self.refused(doc)
+        self._warnings = list(doc.get("warnings") or [])
+        return None
+
+    def refused(self, doc: dict) -> ServiceStatus:
+        """The status of a start or restart refused before it touched anything."""
+        return ServiceStatus(
+            name=self.service.name,
+            manager=self.service.manager,
+            state="failed",
+            healthy=False,
+            detail=f"not started: {doc.get('reason')}{self.hint(doc.get('blocked_by'))}",
+            actions=doc.get("notes") or [],
+            blocked_by=doc.get("blocked_by"),
+            warnings=doc.get("warnings") or [],
+        )
+
+    def hint(self, blocked_by: str | None) -> str:
+        """What to do about a refusal, said with the target's name."""
+        name = self.target.name
+        if blocked_by == "current":
+            return (
+                f"; put a release back: ops rollback {name} (or --to ID; ops releases {name} "
+                "lists them), or --force to run it as it is"
+            )
+        if blocked_by == "pending":
+            return (
+                f"; ops rollback {name} puts the host back on its release before and proves "
+                "it (--force starts the unproven one as it is)"
+            )
+        if blocked_by == "port":  # e.g. another user's `local` on this machine
+            return (
+                f"; to run beside it, give {name}'s service a free port: "
+                f"[targets.{name}.service] url = 'http://127.0.0.1:PORT' (docs/inventory.md)"
+            )
+        return ""
 
     def probe_health(self, pid: int | None, wait_s: float) -> dict:
         res = self.host.run(
@@ -180,15 +255,28 @@ class SystemdManager(ServiceManager):
             st.evidence = self.evidence()
         return st
 
-    def start(self, wait_s: float = 120.0) -> ServiceStatus:
+    def start(
+        self, wait_s: float = 120.0, *, operator: bool = False, force: bool = False
+    ) -> ServiceStatus:
         check_wait(wait_s)
+        refused = self.vet(operator, force)
+        if refused is not None:
+            return refused
         self._systemctl("start")
-        return self._wait(None, wait_s)
+        return self._warned(self._wait(None, wait_s))
 
-    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+    def restart(
+        self, wait_s: float = 120.0, *, operator: bool = False, force: bool = False
+    ) -> ServiceStatus:
         check_wait(wait_s)
+        refused = self.vet(operator, force)
+        if refused is not None:
+            return refused
         self._systemctl("restart")
-        return self._wait(None, wait_s)
+        return self._warned(self._wait(None, wait_s))
+
+    def _warned(self, st: ServiceStatus) -> ServiceStatus:
+        return st.model_copy(update={"warnings": self._warnings}) if self._warnings else st
 
     def stop(self) -> ServiceStatus:
         self._systemctl("stop")
@@ -303,6 +391,7 @@ class ProcessManager(ServiceManager):
             healthy=True if doc.get("state") == "active" else None,
             detail=doc.get("detail", ""),
             runs_from=doc.get("cwd"),
+            warnings=doc.get("warnings") or [],
         )
         if st.state in ("failed", "activating"):
             st.healthy = False
@@ -314,7 +403,9 @@ class ProcessManager(ServiceManager):
         _, pf, _ = self._paths()
         return self._status(self._host_side("status", pf, self.service.url))
 
-    def start(self, wait_s: float = 120.0) -> ServiceStatus:
+    def start(
+        self, wait_s: float = 120.0, *, operator: bool = False, force: bool = False
+    ) -> ServiceStatus:
         check_wait(wait_s)
         root, pf, log = self._paths()
         # start, wait for /health and the status after it: one run of the host side
@@ -326,6 +417,7 @@ class ProcessManager(ServiceManager):
             self.command_line(),
             self.service.url,
             str(wait_s),
+            mode(operator, force),
             timeout=wait_s + 90,
         )
         return self._after_up(up)
@@ -334,28 +426,19 @@ class ProcessManager(ServiceManager):
         """The status an `up` (or a `restart`) document describes."""
         doc = up.get("start") or {}
         notes = doc.get("notes") or []
+        warned = list(doc.get("warnings") or [])
+        warned += [w for w in (up.get("status") or {}).get("warnings") or [] if w not in warned]
         if doc.get("already"):
             st = self._status(up.get("status") or {})
             return st.model_copy(
-                update={"detail": f"already running, pid {doc['pid']}", "actions": notes}
+                update={
+                    "detail": f"already running, pid {doc['pid']}",
+                    "actions": notes,
+                    "warnings": warned,
+                }
             )
         if not doc.get("started"):
-            detail = f"not started: {doc.get('reason', 'unknown reason')}"
-            if doc.get("blocked_by") == "port":  # e.g. another user's `local` on this machine
-                detail += (
-                    f"; to run beside it, give {self.target.name}'s service a free port: "
-                    f"[targets.{self.target.name}.service] url = 'http://127.0.0.1:PORT' "
-                    "(docs/inventory.md)"
-                )
-            return ServiceStatus(
-                name=self.service.name,
-                manager="process",
-                state="failed",
-                healthy=False,
-                detail=detail,
-                actions=notes,
-                blocked_by=doc.get("blocked_by"),
-            )
+            return self.refused({**doc, "reason": doc.get("reason", "unknown reason")})
         probe = up.get("wait") or {}
         st = self._status(up.get("status") or {})
         if probe.get("ok"):
@@ -364,21 +447,33 @@ class ProcessManager(ServiceManager):
                     "detail": f"started pid {doc['pid']}; /health ok after "
                     f"{probe['waited_s']:.1f} s",
                     "actions": notes,
+                    "warnings": warned,
                 }
+            )
+        reason = f"not healthy after start: {probe.get('reason')}"
+        if doc.get("no_release"):  # nothing deployed: the command ran from the root
+            name = self.target.name
+            reason += (
+                f"; no release is current on {name} (the command ran from "
+                f"{self.target.remote_root}): deploy one: ops deploy {name} --bootstrap"
             )
         return st.model_copy(
             update={
                 "state": "failed" if st.state in ("active", "activating") else st.state,
                 "healthy": False,
-                "detail": f"not healthy after start: {probe.get('reason')}",
+                "detail": reason,
                 "evidence": st.evidence or self.evidence(),
                 "actions": notes,
+                "warnings": warned,
             }
         )
 
-    def restart(self, wait_s: float = 120.0) -> ServiceStatus:
+    def restart(
+        self, wait_s: float = 120.0, *, operator: bool = False, force: bool = False
+    ) -> ServiceStatus:
         """stop then start in one run of the host side, which first makes sure the start can
-        happen (current runnable, room for the pidfile): otherwise nothing is stopped."""
+        happen (current runnable, room for the pidfile; for an operator, `vet`): otherwise
+        nothing is stopped."""
         check_wait(wait_s)
         root, pf, log = self._paths()
         grace = self.service.stop_timeout
@@ -391,6 +486,7 @@ class ProcessManager(ServiceManager):
             self.service.url,
             str(wait_s),
             str(grace),
+            mode(operator, force),
             timeout=wait_s + grace + 130,
         )
         return self._after_up(up)
@@ -416,6 +512,11 @@ class ProcessManager(ServiceManager):
             f"tail -n {EVIDENCE_LINES} {shell_path(log)} 2>/dev/null", step="service log"
         )
         return res.stdout.splitlines()
+
+
+def mode(operator: bool, force: bool) -> str:
+    """The host side's MODE word (ops.hostside.procman `vet`)."""
+    return ("operator-force" if force else "operator") if operator else ""
 
 
 def manager_for(host: Host) -> ServiceManager:

@@ -1,0 +1,331 @@
+"""The host side's leftovers from the second hostile pass (probe37b B4, B5, B9).
+
+- B5: `ops service restart` (and `start`) with `current` pointing at a directory that is no
+  release (the root itself, `releases/`, a directory inside a release, a path outside the
+  root) is refused in one line before anything is stopped; --force lets it through.
+- B4: `ops service start` with nothing deployed and a command that needs a release says no
+  release is current and how to deploy one.
+- B9: a FIFO or an oversized `service.env` is refused by a start at once; the pidfile's
+  temporary files that dead runs left are removed, one a live process may be using never;
+  a `deploy.pending` left by a dead deploy and a dead guard makes a restart refuse (naming
+  `ops rollback`), and --force restarts with a warning on stderr and in --json; a live guard
+  is never raced; a stray `releases/.staging-*` symlink is unlinked, never followed, and the
+  deploy goes on.
+
+Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service run
+from `current/` by ops's process manager (tests/helpers/deploy_ops.py's `Ops`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops
+from helpers.local import end_services
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    end_services(o.root)
+
+
+def relink(root: Path, dest: str) -> None:
+    """`current -> dest` switched by hand, as an operator would (ln -sfn)."""
+    tmp = root / ".current.hand"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(dest)
+    os.replace(tmp, root / "current")
+
+
+def said(res: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+    return " ".join((res.stdout + res.stderr).split())
+
+
+def status(ops: Ops) -> dict:
+    return ops.json("service", "status", "local")[1]
+
+
+def kill_guard_and_ops(ops: Ops, marker: str) -> None:
+    """A deploy whose ops AND revert guard die at `marker`: nobody is left to put the host
+    back (deploy.pending stays, current names the never-proven release)."""
+    proc = subprocess.Popen(
+        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith(marker):
+            break
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid), signal.SIGKILL)
+    proc.kill()
+    proc.communicate()
+
+
+@pytest.mark.parametrize("where", [".", "releases", "releases/{r1}/engine", "outside"])
+def test_current_that_is_no_release_stops_nothing(ops: Ops, tmp_path: Path, where: str) -> None:
+    """B5: before, the restart stopped the healthy service, then the command failed from the
+    wrong directory and the host was left down."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    assert r1
+    pid = status(ops)["pid"]
+    if where == "outside":
+        dest = tmp_path / "elsewhere" / r1  # a whole release, but not under the root
+        shutil.copytree(ops.root / "releases" / r1, dest, symlinks=True)
+        where = str(dest)
+    where = where.format(r1=r1)
+    relink(ops.root, where)
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 1, text
+    assert f"current -> {where} resolves to" in text and "not stopped" in text, text
+    assert "ops rollback local" in text, text
+    st = status(ops)
+    assert st["state"] == "active" and st["pid"] == pid, st  # the same process serves
+    # a start of a stopped service is refused the same way, and starts nothing
+    ops.stop()
+    res = ops("service", "start", "local")
+    text = said(res)
+    assert res.returncode == 1 and f"current -> {where} resolves to" in text, text
+    assert status(ops)["state"] == "inactive"
+    if where.startswith("/"):  # outside the root, but a whole release: --force runs it
+        code, doc = ops.json("service", "start", "local", "--force")
+        assert code == 0 and doc["state"] == "active", doc
+        assert any("--force" in w and "outside the remote root" in w for w in doc["warnings"])
+        assert ops.serving() == r1 and os.readlink(f"/proc/{doc['pid']}/cwd") == where
+    # what the refusal names puts it right
+    relink(ops.root, f"releases/{r1}")
+    assert ops("service", "restart", "local").returncode == 0
+    assert ops.serving() == r1
+
+
+def test_start_with_nothing_deployed_says_so(ops: Ops) -> None:
+    """B4: the command (it needs a release: engine/svc.py) ran from the remote root and failed
+    with only "process N exited"."""
+    code, doc = ops.json("service", "start", "local", "--wait", "10")
+    assert code == 1 and doc["state"] != "active", doc
+    assert "no release is current on local" in doc["detail"], doc
+    assert "ops deploy local --bootstrap" in doc["detail"], doc
+    res = ops("service", "start", "local", "--wait", "10")
+    text = said(res)
+    assert res.returncode == 1 and "ops deploy local --bootstrap" in text, text
+
+
+@pytest.mark.parametrize("junk", ["fifo", "huge"])
+def test_a_fifo_or_huge_service_env_refuses_a_start_at_once(ops: Ops, junk: str) -> None:
+    """B9: a FIFO service.env is refused by a start at once, as by a restart (read
+    non-blocking since 1c267e5: this keeps it so for the start); a service.env over a MiB was
+    cut at a MiB without a word."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    ops.stop()
+    env = ops.root / "releases" / str(r1) / "service.env"
+    env.unlink()
+    if junk == "fifo":
+        os.mkfifo(env)
+    else:
+        env.write_text("A=1\n" + "# padding\n" * 120_000)
+    t0 = time.monotonic()
+    res = ops("service", "start", "local", "--wait", "5")
+    assert time.monotonic() - t0 < 60
+    text = said(res)
+    assert res.returncode == 1, text
+    why = "is not a regular file" if junk == "fifo" else "bytes (at most 1048576 are read)"
+    assert why in text, text
+    assert status(ops)["state"] == "inactive"
+
+
+def test_stale_pidfile_temporaries_are_removed_live_ones_kept(ops: Ops) -> None:
+    """B9: `run/<name>.pid.tmpPID` files that interrupted or failed starts left piled up.
+    A dead PID's, or one whose PID is a process started after the file was written (a reused
+    pid), goes at the next status, start or stop; one whose PID may be its writer stays."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = next((ops.root / "run").glob("*.pid"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "120"])
+    reused = subprocess.Popen(["sleep", "120"])
+    try:
+        time.sleep(0.1)
+        tmp = {k: Path(f"{pidfile}.tmp{p.pid}") for k, p in (("dead", dead), ("live", live))}
+        tmp["reused"] = Path(f"{pidfile}.tmp{reused.pid}")
+        for path in tmp.values():
+            path.write_text(" " * 1024)
+        hour_ago = time.time() - 3600  # written long before its pid's process started
+        os.utime(tmp["reused"], (hour_ago, hour_ago))
+        other = pidfile.parent / "notes.tmp1"  # not a pidfile's temporary: never touched
+        other.write_text("x")
+        assert status(ops)["state"] == "active"
+        assert not tmp["dead"].exists() and not tmp["reused"].exists()
+        assert tmp["live"].exists() and other.exists() and pidfile.exists()
+        live.kill()
+        live.wait()
+        res = ops("service", "restart", "local")  # the restart's own stays until it is renamed
+        assert res.returncode == 0, said(res)
+        assert not tmp["live"].exists()
+        assert sorted(p.name for p in pidfile.parent.iterdir()) == sorted(
+            [pidfile.name, other.name]
+        )
+    finally:
+        for p in (live, reused):
+            p.kill()
+            p.wait()
+
+
+def test_a_dead_deploys_pending_switch_is_not_restarted_silently(ops: Ops) -> None:
+    """B9: with deploy.pending left by a dead deploy and a dead guard, `ops service restart`
+    restarted the never-proven release without a word. Now it refuses and names the rollback
+    (which puts the host back and proves it); --force restarts it with a warning."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    kill_guard_and_ops(ops, "postflight ...")
+    r2 = ops.current()
+    assert r2 != r1 and (ops.root / "deploy.pending").exists()
+    pid = status(ops)["pid"]
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 1 and "deploy.pending is there" in text, text
+    assert f"release {r2}" in text and "ops rollback local" in text, text
+    assert "not stopped" in text and status(ops)["pid"] == pid
+    # status says so too (stderr, and --json)
+    res = ops("service", "status", "local")
+    assert "warning: deploy.pending is there" in said(res), said(res)
+    assert any("never proven" in w for w in status(ops)["warnings"])
+    # --force: restarted, and said on stderr and in --json
+    res = ops("service", "restart", "local", "--force")
+    assert res.returncode == 0, said(res)
+    assert "warning:" in res.stderr and "anyway (--force)" in said(res), res.stderr
+    code, doc = ops.json("service", "restart", "local", "--force")
+    assert code == 0 and any("anyway (--force)" in w for w in doc["warnings"]), doc
+    assert status(ops)["pid"] != pid and ops.serving() == r2
+    # the rollback the refusal names puts the host back; then nothing is said any more
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and not (ops.root / "deploy.pending").exists()
+    code, doc = ops.json("service", "restart", "local")
+    assert code == 0 and doc["warnings"] == [], doc
+    assert ops.serving() == r1
+
+
+def test_a_live_guard_is_never_raced_even_with_force(ops: Ops) -> None:
+    """deploy.pending while a guard holds deploy.guard (it is putting the host back now): a
+    restart would race it, so it is refused, --force or not, and nothing is stopped."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    pid = status(ops)["pid"]
+    (ops.root / "deploy.pending").write_text("{}")
+    fd = os.open(ops.root / "deploy.guard", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for extra in ((), ("--force",)):
+            res = ops("service", "restart", "local", *extra)
+            text = said(res)
+            assert res.returncode == 1 and "putting the host back now" in text, text
+            assert status(ops)["pid"] == pid
+        # status does not warn while a guard lives (a running deploy holds one too)
+        assert status(ops)["warnings"] == []
+    finally:
+        os.close(fd)
+    (ops.root / "deploy.pending").unlink()
+    assert ops("service", "restart", "local").returncode == 0
+
+
+def test_a_stray_staging_symlink_is_unlinked_not_followed(ops: Ops, tmp_path: Path) -> None:
+    """B9: a hand-made `releases/.staging-<id>` pointing outside the root blocked every deploy
+    ("... is not inside ..."). The link goes (what it points at stays) and the deploy goes on."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine\n")
+    link = ops.root / "releases" / ".staging-20261205T000000Z-abcdef1234"
+    link.symlink_to(outside)
+    dangling = ops.root / "releases" / ".incoming.x"
+    dangling.symlink_to(tmp_path / "nowhere")
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    res = ops.deploy()
+    assert res.returncode == 0, said(res)
+    assert not os.path.lexists(link) and not os.path.lexists(dangling)
+    assert (outside / "keep.txt").read_text() == "mine\n"
+    assert ops.serving() == ops.current()
+
+
+STUB_SYSTEMCTL = """#!/bin/bash
+# stand-in sudo / systemctl / journalctl: records each call; the unit is always active
+echo "$(basename "$0") $*" >> "$STUB_CALLS"
+if [ "$(basename "$0")" = sudo ]; then shift; exec "$@"; fi
+[ "$1" = is-active ] && echo active
+exit 0
+"""
+
+
+def test_systemd_start_and_restart_are_vetted_on_the_host_first(tmp_path: Path) -> None:
+    """The same refusals for a systemd unit: asked of the host (the process manager's host
+    side, `vet`) before any systemctl call."""
+    stub, root = tmp_path / "bin", tmp_path / "root"
+    stub.mkdir()
+    for name in ("sudo", "systemctl", "journalctl"):
+        (stub / name).write_text(STUB_SYSTEMCTL)
+        (stub / name).chmod(0o755)
+    (root / "releases" / "r").mkdir(parents=True)
+    (root / "releases" / "r" / "release.json").write_text("{}")
+    relink(root, ".")
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{root}'\n[targets.local.service]\n"
+        "name = 'unit'\nmanager = 'systemd'\nurl = 'http://127.0.0.1:9'\n"
+    )
+    calls = tmp_path / "calls"
+    env = {
+        **os.environ,
+        "PATH": f"{stub}:{os.environ['PATH']}",
+        "STUB_CALLS": str(calls),
+        "OPS_RUNS_DIR": str(tmp_path / "runs"),
+    }
+    env.pop("OPS_INVENTORY", None)
+
+    def ops(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "ops", *args, "--inventory", str(inv)]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+
+    def systemctl_verbs() -> list[str]:
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        return [ln.split()[3] for ln in lines if ln.startswith("sudo -n systemctl")]
+
+    for verb in ("start", "restart"):
+        res = ops("service", verb, "local", "--wait", "0")
+        text = said(res)
+        assert res.returncode == 1 and "current -> . resolves to the remote root" in text, text
+    assert systemctl_verbs() == []
+    relink(root, "releases/r")
+    (root / "deploy.pending").write_text('{"new": "20261205T000000Z-abcdef1234"}')
+    res = ops("service", "restart", "local", "--wait", "0")
+    text = said(res)
+    assert res.returncode == 1 and "deploy.pending is there" in text, text
+    assert "ops rollback local" in text and systemctl_verbs() == []
+    res = ops("service", "restart", "local", "--wait", "0", "--force")
+    assert "anyway (--force)" in said(res) and systemctl_verbs() == ["restart"], said(res)
