@@ -3,9 +3,9 @@
 Every process of a service started with the release's import hook (`integration.hook`, any
 `DDTREE_OPS_SGLANG` but `off`) keeps one small counters file, `<run>/hook-counters/<pid>.bin`
 (<run>: the release's `run/`, the directory of its hook-status.json), memory-mapped and updated
-in place on every call of the fork's tree builder and accept walk: no I/O on the call path
-(`integration.counters` writes it). This module is the file's one definition (the writer
-imports LAYOUT from here) and its reader. Standard library only.
+in place on every call of the fork's tree builder, accept walk and GPU accept walk (FUNCTIONS):
+no I/O on the call path (`integration.counters` writes it). This module is the file's one
+definition (the writer imports LAYOUT from here) and its reader. Standard library only.
 
 The file: int64 words in the host's byte order. A header of HEADER_WORDS (magic, version,
 pid, the process's start time in clock ticks after boot (/proc/<pid>/stat field 22: a pid
@@ -52,9 +52,13 @@ from checks.module import EXIT_FAIL, EXIT_PASS, exit_json, parser
 from checks.vocabulary import HOOK_BACKENDS
 
 MAGIC = 0x4B4F4F48_45455254  # "TREEHOOK" as a little-endian word
-VERSION = 1
+VERSION = 2  # 2: a third block, the GPU accept walk (gpu_accept)
 COMPONENTS = tuple(HOOK_BACKENDS)  # what the hook counts (checks.vocabulary)
-FUNCTIONS = {"tree_build": "build_ddtree_tree_from_topk", "accept": "follow_verified_tree"}
+FUNCTIONS = {
+    "tree_build": "build_ddtree_tree_from_topk",
+    "accept": "follow_verified_tree",
+    "gpu_accept": "_compute_ddtree_accept_triton_unchecked",
+}
 HEADER = ("magic", "version", "pid", "start_ticks", "created_ns", "components", "ring", "block")
 HEADER_WORDS = 8
 FIELDS = (

@@ -5,7 +5,7 @@ clock counts them (one of which is inside another).
 
 Standard library only, and shipped in every release (`checks/` is part of the data plane): the
 engine (`engine.components`, `engine.stats`), the control plane (`ops.hosts.inventory`,
-`ops.verdict.evidence`, `ops.measure.counters`, `ops.deploy.release`), the checks
+`ops.sections`, `ops.measure.counters`, `ops.deploy.release`), the checks
 (`checks.hook_counters`) and the hook (`integration.hook`) all import these names from here.
 """
 
@@ -30,6 +30,8 @@ HOST_BACKENDS = ("reference", "cpp")  # run on the CPU: no GPU bench times them
 HOOK_BACKENDS: dict[str, tuple[str, ...]] = {
     "tree_build": ("reference", "cpp", "cuda"),
     "accept": ("reference", "cpp"),
+    # the newer fork's GPU accept walk (its Triton kernel), on the project's CUDA kernel
+    "gpu_accept": ("reference", "cuda"),
 }
 # a decode step's stages, in order, as the engine's stage clock counts them
 STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit")

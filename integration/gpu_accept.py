@@ -53,6 +53,7 @@ __all__ = [
     "MAX_STRIDE",
     "check_backend",
     "launch_cuda",
+    "make",
     "make_gpu_accept",
     "reference",
     "reference_into",
@@ -246,3 +247,13 @@ def make_gpu_accept(kind: str, stock: Callable | None = None) -> Callable:
     fn.ddtree_ops_backend = kind  # type: ignore[attr-defined]
     fn.ddtree_ops_stock = fallback  # type: ignore[attr-defined]
     return fn
+
+
+def make(component: str, kind: str, stock: Callable, passive: tuple = ()) -> Callable:
+    """The hook's maker (`integration.hook.COMPONENTS["gpu_accept"]`): `check_backend`, then
+    `make_gpu_accept(kind, stock)`; raises where `kind` cannot run here (no CUDA device, no
+    kernels' library). `passive` is unused (the contract has no passive parameter)."""
+    if component != "gpu_accept":
+        raise ValueError(f"integration.gpu_accept makes gpu_accept, not {component}")
+    check_backend(kind)
+    return make_gpu_accept(kind, stock)

@@ -1,44 +1,66 @@
-"""Import hook: swap the SGLang fork's DDTree tree builder / accept walk for ours at import time,
-and count and time every call of them (the service's stage clock).
+"""Import hook: swap the SGLang fork's DDTree functions (the tree builder, the accept walk, the
+GPU accept walk) for ours at import time, and count and time every call of them (the service's
+stage clock).
 
 A release's `site/sitecustomize.py` calls `install()` at interpreter start. With
 `DDTREE_OPS_SGLANG` unset (or empty) nothing happens at all. `DDTREE_OPS_SGLANG=off` logs one
 line and records "off". Otherwise the setting is comma-separated items (`parse_setting`):
 
-- `COMPONENT=KIND`: serve that component by a drop-in (kinds `cpp`, `cuda` for the tree build,
-  `cpp` for the walk; `reference` = keep the stock function), e.g. `tree_build=cpp,accept=cpp`;
+- `COMPONENT=KIND`: serve that component by a drop-in (`reference` = keep the stock function),
+  e.g. `tree_build=cpp,accept=cpp` or `gpu_accept=cuda`;
 - `shadow:COMPONENT=KIND[/N]`: keep the stock function serving and run KIND beside it on the
   same inputs, one call in N (default every call), comparing the answers and timing both
   (`integration.shadow`; KIND a drop-in kind or `module.path:function`);
 - `measure`: nothing replaced (the same as an empty list of replacements).
 
-A meta-path finder waits for `sglang.srt.speculative.dflash_ddtree_utils`; when the module is
-first imported, its code runs as usual and then, before the import returns to anyone, the
-named functions are replaced by the drop-ins of `integration.sglang_dropins`, each holding the
-function it replaced (its fallback for the inputs it does not take). A function is recognised
-by its signature (names, kinds, defaults): `CONTRACTS` holds one entry per known version of the
-fork (the 3-parameter builder of 6d9866b3, the one with `workspace=None` of 807ab0e4); a new
-version is one entry there. A bad setting, a missing module, a missing function, a signature of
-no entry, or drop-ins (or a shadow's candidate) that cannot load change nothing of what serves:
-one line on stderr says why, and the service starts as it would without the hook.
+The hook's table, one entry per component (`COMPONENTS`; the kinds from checks.vocabulary's
+HOOK_BACKENDS) and one per known version of a function's signature (`CONTRACTS`):
 
-Whatever the setting (but `off`), once the module is imported both functions, the stock ones or
-the drop-ins that serve, are counted and timed per process in a memory-mapped counters file,
-`<run>/hook-counters/<pid>.bin` (`integration.counters`; read by `python -m
-checks.hook_counters`), with no I/O on the call path; <run> is the directory of the status file.
+- `tree_build`: `build_ddtree_tree_from_topk` of `dflash_ddtree_utils`; kinds `cpp`, `cuda`;
+  versions 6d9866b3 (three parameters) and 807ab0e4 (with `workspace=None`);
+- `accept`: `follow_verified_tree` of `dflash_ddtree_utils` (imported by name in
+  `dflash_ddtree_info`); kind `cpp`; version 6d9866b3;
+- `gpu_accept`: `_compute_ddtree_accept_triton_unchecked` of `triton_ops.ddtree` (imported by
+  name in `dflash_ddtree_info`), the newer fork's Triton walk of the verified trees, outputs
+  written in place; kind `cuda` (`integration.gpu_accept`: the project's CUDA kernel, the stock
+  function its fallback); version 4b08d3cc;
 
-Every outcome logs one line (`ddtree-ops hook: ...`, with the release id from
+(modules under `sglang.srt.speculative`; drop-ins made by `integration.sglang_dropins.make`
+and `integration.gpu_accept.make`). A new version of a signature is one CONTRACTS entry; a new
+function is one COMPONENTS entry and its contract.
+
+A meta-path finder waits for the modules of the table. When one is first imported, its code
+runs as usual and then, before the import returns to anyone, the functions it defines that the
+setting names are replaced by drop-ins, each holding the function it replaced (its fallback
+for the inputs it does not take), all of that module's or none; a module that imports one of
+them by name (`from ... import f`, as `dflash_ddtree_info` does) gets the replacement when it
+imports it after the defining module was patched, and is patched itself where it holds the
+stock function. A function is recognised by its signature (names, kinds, defaults). A bad
+setting, a missing module, a missing function, a signature of no entry, or a drop-in (or a
+shadow's candidate) that cannot load (`gpu_accept=cuda` where torch sees no CUDA device)
+change nothing of what serves: one line on stderr says why, and the service runs the stock
+function.
+
+Whatever the setting (but `off`), once a module is imported the functions of the table it
+defines, the stock ones or the drop-ins that serve, are counted and timed per process in a
+memory-mapped counters file, `<run>/hook-counters/<pid>.bin` (`integration.counters`; read by
+`python -m checks.hook_counters`), with no I/O on the call path; <run> is the directory of the
+status file. The clock reads the host's time around the call: for the GPU accept walk that is
+its launch (and whatever the function waits for), not the kernel's time on the GPU.
+
+Every outcome logs one line per module (`ddtree-ops hook: ...`, with the release id from
 `DDTREE_RELEASE_ID`) and writes a status JSON (atomically, `checks.atomic`: the release's own
 `checks`, standard library only) to `$DDTREE_OPS_HOOK_STATUS`, default
 `<release>/run/hook-status.json` (<release> = the directory holding the `integration` package):
 `active` (everything the setting asked for is in place), `asked` {function: item}, `replaced`
 {function: setting}, `shadowed` {function: item}, `contracts` {function: fork version},
-`reason`, `module_found` (false: this service has no fork module, nothing to act on),
-`counters` (the file, or why none), and in plain words `in_use` {function: "stock builder in
-use because <reason>" or "drop-in ... in use (...)"} and `summary` (those sentences joined) for
-the healthcheck to print as they are. `python -m integration.hook --json [--status PATH]`
-prints that status for the healthcheck. Until the fork's module is imported, this module and
-what it imports are the standard library only.
+`modules` {function: the module it was patched in}, `reason`, `module_found` (false: this
+service has no fork module, nothing to act on), `counters` (the file, or why none), and in
+plain words `in_use` {function: "stock builder in use because <reason>" or "drop-in ... in use
+(...)"}, for every function whose module is loaded or that the setting names, and `summary`
+(those sentences joined) for the healthcheck to print as they are. `python -m integration.hook
+--json [--status PATH]` prints that status for the healthcheck. Until a module of the table is
+imported, this module and what it imports are the standard library only.
 """
 
 from __future__ import annotations
@@ -54,14 +76,17 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from checks.atomic import write_atomic
 from checks.vocabulary import HOOK_BACKENDS
 
 ENV_SPEC, ENV_STATUS = "DDTREE_OPS_SGLANG", "DDTREE_OPS_HOOK_STATUS"
 ENV_RELEASE = "DDTREE_RELEASE_ID"
-MODULE = "sglang.srt.speculative.dflash_ddtree_utils"
+PACKAGE = "sglang.srt.speculative"
+MODULE = f"{PACKAGE}.dflash_ddtree_utils"  # the fork's builder and walk (its main module)
+GPU_MODULE = f"{PACKAGE}.triton_ops.ddtree"  # the newer fork's GPU accept walk
+INFO_MODULE = f"{PACKAGE}.dflash_ddtree_info"  # its verify step: imports both walks by name
 KEEP = "reference"  # the stock function stays
 SHADOW = "shadow:"  # an item's prefix: the stock serves, the kind runs beside it
 MAX_EVERY = 1_000_000
@@ -73,34 +98,71 @@ def _swaps(component: str) -> tuple[str, ...]:
     return tuple(k for k in HOOK_BACKENDS[component] if k != KEEP)
 
 
-# component -> (function in MODULE, what it is in a sentence, the kinds we can put in its place)
-COMPONENTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "tree_build": ("build_ddtree_tree_from_topk", "builder", _swaps("tree_build")),
-    "accept": ("follow_verified_tree", "accept walk", _swaps("accept")),
+class Component(NamedTuple):
+    """One function of the fork the hook can count, replace or shadow.
+
+    `function` is defined in `module`; `callers` import it by name. `factory` is
+    "module:function" of the drop-ins' maker, `(component, kind, stock, passive) -> drop-in`,
+    which raises when the kind cannot run here. `outputs`: the parameters the function writes
+    in place (its answer, with what it returns, for the shadow's comparison)."""
+
+    function: str
+    what: str  # in a sentence
+    kinds: tuple[str, ...]  # what can take its place
+    module: str
+    callers: tuple[str, ...] = ()
+    factory: str = "integration.sglang_dropins:make"
+    outputs: tuple[str, ...] = ()
+
+
+# The hook's component table: a new function of the fork is one entry here (and its contract).
+COMPONENTS: dict[str, Component] = {
+    "tree_build": Component("build_ddtree_tree_from_topk", "builder", _swaps("tree_build"), MODULE),
+    "accept": Component(
+        "follow_verified_tree", "accept walk", _swaps("accept"), MODULE, (INFO_MODULE,)
+    ),
+    "gpu_accept": Component(
+        "_compute_ddtree_accept_triton_unchecked",
+        "GPU accept walk",
+        _swaps("gpu_accept"),
+        GPU_MODULE,
+        (INFO_MODULE,),
+        factory="integration.gpu_accept:make",
+        outputs=("next_token_ids_out", "commit_lens_out", "accept_index_out"),
+    ),
 }
+# every module the finder waits for: where the functions are defined, then their callers
+WATCHED = tuple(dict.fromkeys([c.module for c in COMPONENTS.values()]
+                              + [m for c in COMPONENTS.values() for m in c.callers]))  # fmt: skip
 RELEASE_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
 class Contract:
-    """One version of a function of MODULE that the drop-ins serve, known by its signature.
+    """One version of a function of the fork that the drop-ins serve, known by its signature.
 
     `params`: (name, kind, default) per parameter as `describe` gives them (kind as in
-    inspect.Parameter, default its repr or REQUIRED). `passive`: parameter -> the class in
-    MODULE whose instances (or the default) leave the answer unchanged; the drop-in accepts
-    and ignores them (integration.sglang_dropins says why for the workspace)."""
+    inspect.Parameter, default its repr or REQUIRED). `passive`: parameter -> the class in the
+    function's module whose instances (or the default) leave the answer unchanged; the drop-in
+    accepts and ignores them (integration.sglang_dropins says why for the workspace)."""
 
     component: str
     version: str
     params: tuple[tuple[str, str, str], ...]
     passive: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def core(self) -> tuple[str, ...]:
+        """The parameters that make the answer (the shadow's inputs): all but the passive."""
+        skip = {name for name, _ in self.passive}
+        return tuple(p[0] for p in self.params if p[0] not in skip)
+
 
 def _p(name: str, default: str = REQUIRED) -> tuple[str, str, str]:
     return (name, "POSITIONAL_OR_KEYWORD", default)
 
 
-# A new version of the fork's signature is one entry here.
+# A new version of a fork's signature is one entry here.
 CONTRACTS: tuple[Contract, ...] = (
     Contract("tree_build", "fork 6d9866b3",
              (_p("top_log_probs"), _p("top_token_ids"), _p("budget"))),
@@ -108,6 +170,10 @@ CONTRACTS: tuple[Contract, ...] = (
              (_p("top_log_probs"), _p("top_token_ids"), _p("budget"), _p("workspace", "None")),
              passive=(("workspace", "DFlashDDTreeBuildWorkspace"),)),
     Contract("accept", "fork 6d9866b3", (_p("child_maps"), _p("posterior"))),
+    Contract("gpu_accept", "fork 4b08d3cc",
+             tuple(_p(n) for n in ("candidates", "target_top1", "retrieve_next_token",
+                                   "retrieve_next_sibling", "next_token_ids_out",
+                                   "commit_lens_out", "accept_index_out"))),
 )  # fmt: skip
 
 
@@ -123,11 +189,14 @@ class Setting:
     shadow: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def asked(self) -> dict[str, str]:
-        """Per function of MODULE, the item that asked for something to change."""
-        out = {COMPONENTS[c][0]: f"{c}={k}" for c, k in self.replace.items()}
+        """Per function of the fork, the item that asked for something to change."""
+        out = {COMPONENTS[c].function: f"{c}={k}" for c, k in self.replace.items()}
         for c, (kind, every) in self.shadow.items():
-            out[COMPONENTS[c][0]] = shadow_item(c, kind, every)
+            out[COMPONENTS[c].function] = shadow_item(c, kind, every)
         return out
+
+    def components(self) -> set[str]:
+        return set(self.replace) | set(self.shadow)
 
 
 def shadow_item(component: str, kind: str, every: int) -> str:
@@ -135,9 +204,11 @@ def shadow_item(component: str, kind: str, every: int) -> str:
 
 
 def _known() -> str:
-    kinds = "; ".join(f"{c}={'|'.join((KEEP, *v[2]))}" for c, v in COMPONENTS.items())
-    return (f"known: {kinds}; shadow:COMPONENT=KIND[/N] with KIND a drop-in kind or "
-            "module.path:function; measure")  # fmt: skip
+    kinds = "; ".join(f"{c}={'|'.join((KEEP, *v.kinds))}" for c, v in COMPONENTS.items())
+    return (
+        f"known: {kinds}; shadow:COMPONENT=KIND[/N] with KIND a drop-in kind or "
+        "module.path:function; measure"
+    )
 
 
 def parse_setting(text: str) -> Setting:
@@ -154,9 +225,9 @@ def parse_setting(text: str) -> Setting:
             every = int(n) if n.isdigit() and 0 < int(n) <= MAX_EVERY else 0
         ok = sep and comp in COMPONENTS and every > 0
         if ok and shadow:
-            ok = kind in COMPONENTS[comp][2] or _import_path(kind)
+            ok = kind in COMPONENTS[comp].kinds or _import_path(kind)
         elif ok:
-            ok = kind in (KEEP, *COMPONENTS[comp][2])
+            ok = kind in (KEEP, *COMPONENTS[comp].kinds)
         if not ok:
             raise Refused(f"{ENV_SPEC}={text!r}: bad item {item!r} ({_known()})")
         if comp in out.replace or comp in out.shadow:
@@ -178,12 +249,19 @@ def _import_path(kind: str) -> bool:
     return bool(sep) and all(p.isidentifier() for p in mod.split(".")) and fn.isidentifier()
 
 
+def load_factory(component: str) -> Any:
+    """The drop-ins' maker of `component` (COMPONENTS' `factory`), imported."""
+    mod, _, name = COMPONENTS[component].factory.partition(":")
+    return getattr(importlib.import_module(mod), name)
+
+
 def status_path(environ: dict[str, str] | os._Environ = os.environ) -> Path:
     return Path(environ.get(ENV_STATUS) or RELEASE_ROOT / "run" / "hook-status.json")
 
 
 class Hook(importlib.abc.MetaPathFinder):
-    """Waits for MODULE on sys.meta_path; patches it once its own code has run."""
+    """Waits for the modules of the table on sys.meta_path; patches each once its own code has
+    run. What it did so far (over every module patched) is in its status."""
 
     def __init__(self, spec: str, setting: Setting | None = None, environ: Any = os.environ):
         self.spec_text, self.setting = spec, setting or Setting()
@@ -191,8 +269,15 @@ class Hook(importlib.abc.MetaPathFinder):
         self.status_file = status_path(environ)
         self.run_dir = self.status_file.parent  # the counters and a shadow's saved cases
         self.stock: dict[str, Any] = {}  # the functions the hook wrapped or replaced, by name
-        self.counters: Any = None  # integration.counters.Counters, once the module is patched
+        self.serving: dict[str, Any] = {}  # by name: what the hook put in the stock's place
+        self.counters: Any = None  # integration.counters.Counters, once a module is patched
         self.counters_error: str | None = None
+        self.replaced: dict[str, str] = {}
+        self.shadowed: dict[str, str] = {}
+        self.contracts: dict[str, str] = {}
+        self.modules: dict[str, str] = {}  # function -> the module it was patched in
+        self.loaded: set[str] = set()  # the modules of the table imported so far
+        self.reasons: dict[str, str] = {}  # component -> why it is not in place
         self.status: dict[str, Any] = {}
 
     @property
@@ -202,7 +287,7 @@ class Hook(importlib.abc.MetaPathFinder):
 
     # -- the finder and its loader ---------------------------------------------------
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != MODULE:
+        if fullname not in WATCHED:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -213,48 +298,76 @@ class Hook(importlib.abc.MetaPathFinder):
         else:
             return None  # the import fails as it would without us
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            self.report(False, {}, f"{MODULE}: its loader cannot be wrapped; nothing replaced")
+            for comp, c in COMPONENTS.items():
+                if c.module == fullname:
+                    self.reasons.setdefault(comp, f"{fullname}: its loader cannot be wrapped")
+            self.report(fullname, "its loader cannot be wrapped; nothing replaced")
             return spec
         spec.loader = _PatchingLoader(spec.loader, self)
         return spec
 
     def patch(self, module: Any) -> None:
-        """Replace the chosen functions (all or none), arm the shadows, count every call of
-        both functions; never raises."""
+        """Patch `module` (a module of the table): replace the chosen functions it defines
+        (all or none), arm the shadows, count every call of its functions, hand the
+        replacements to a caller that holds the stock; never raises."""
+        name = module.__name__
+        self.loaded.add(name)
+        here = [c for c, v in COMPONENTS.items() if v.module == name]
         reason, news, shadows = None, {}, {}
         try:
-            news, shadows = self._dropins(module)
+            news, shadows = self._dropins(module, here)
         except Refused as exc:
             reason = str(exc)
         except Exception as exc:  # our own bug or an unloadable drop-in: the service still starts
             reason = f"drop-ins not loaded: {type(exc).__name__}: {exc}"
         if reason is not None:
             news, shadows = {}, {}
-        counted = self._count(module, news, shadows)
-        for name, (stock, new, _, _) in news.items():
-            self.stock[name] = stock
-            setattr(module, name, counted.get(name, new))
-        replaced = {name: what for name, (_, _, what, _) in news.items()}
-        contracts = {name: v for name, (_, _, _, v) in news.items()}
-        contracts.update({name: v for name, (_, _, v) in shadows.items()})
-        shadowed = {name: item for name, (_, item, _) in shadows.items()}
-        self.report(reason is None, replaced, reason, contracts, shadowed)
+            for comp in here:
+                if comp in self.setting.components():
+                    self.reasons[comp] = reason
+        counted = self._count(module, here, news, shadows)
+        for fn, (stock, new, _, _) in news.items():
+            self.stock[fn] = stock
+            self.serving[fn] = counted.get(fn, new)
+            setattr(module, fn, self.serving[fn])
+        for fn, (_, _, what, version) in news.items():
+            self.replaced[fn], self.contracts[fn], self.modules[fn] = what, version, name
+        for fn, (_, item, version) in shadows.items():
+            self.shadowed[fn], self.contracts[fn], self.modules[fn] = item, version, name
+        for fn in counted:
+            self.modules.setdefault(fn, name)
+        handed = self._callers(module)
+        if here:
+            self.report(name, reason=reason, news=news, shadows=shadows)
+        elif handed:
+            self.report(name, handed=handed)
+        else:
+            self._write(None)
 
-    def _dropins(self, module: Any) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    def _callers(self, module: Any) -> list[str]:
+        """Where `module` imported a function of the table by name and holds the stock one,
+        the function that serves in its place; returns the names set."""
+        out = []
+        for c in COMPONENTS.values():
+            if module.__name__ not in c.callers or c.function not in self.serving:
+                continue
+            if getattr(module, c.function, None) is self.stock.get(c.function):
+                setattr(module, c.function, self.serving[c.function])
+                out.append(c.function)
+        return out
+
+    def _dropins(self, module: Any, here: list[str]) -> tuple[dict[str, tuple], dict[str, tuple]]:
         """The drop-ins {name: (stock, new, setting, version)} and shadow candidates {name:
-        (candidate, item, version)} the setting asks for; Refused when any cannot be made."""
+        (candidate, item, version)} the setting asks for among the components `module`
+        defines; Refused when any cannot be made."""
         news, shadows = {}, {}
-        wanted = [(c, k, 0) for c, k in self.setting.replace.items()]
-        wanted += [(c, k, n) for c, (k, n) in self.setting.shadow.items()]
-        if not wanted:
-            return news, shadows
-        from integration import sglang_dropins as dropins
-
+        wanted = [(c, k, 0) for c, k in self.setting.replace.items() if c in here]
+        wanted += [(c, k, n) for c, (k, n) in self.setting.shadow.items() if c in here]
         for comp, kind, every in wanted:
-            name = COMPONENTS[comp][0]
+            name = COMPONENTS[comp].function
             stock = getattr(module, name, None)
             if not callable(stock):
-                raise Refused(f"{MODULE} has no function {name}")
+                raise Refused(f"{module.__name__} has no function {name}")
             contract = match_contract(comp, stock)
             passive = _passive(module, contract, stock)
             if every:  # a shadow's candidate: made as it would serve, never serving here
@@ -267,28 +380,26 @@ class Hook(importlib.abc.MetaPathFinder):
                 shadows[name] = (cand, shadow_item(comp, kind, every), contract.version)
                 continue
             try:
-                dropins.check_backend(comp, kind)
+                new = load_factory(comp)(comp, kind, stock, passive)
             except Exception as exc:
                 raise Refused(f"{comp}={kind} cannot run here: {exc}") from exc
-            if comp == "tree_build":
-                new = dropins.make_build(kind, stock, passive)
-            else:
-                new = dropins.make_accept(kind, stock)
             if describe(new) != contract.params:  # our own bug: never serve a wrong shape
                 raise Refused(f"drop-in {name}{render(describe(new))} is not {contract}")
             news[name] = (stock, new, f"{comp}={kind}", contract.version)
         return news, shadows
 
-    def _count(self, module: Any, news: dict, shadows: dict) -> dict[str, Any]:
-        """Both functions of MODULE that exist, counted and timed (the drop-in where one
-        serves, else the stock, with its shadow where one is armed); set on the module for
+    def _count(self, module: Any, here: list[str], news: dict, shadows: dict) -> dict[str, Any]:
+        """The functions of the table `module` defines, counted and timed (the drop-in where
+        one serves, else the stock, with its shadow where one is armed); set on the module for
         the stock ones, returned by name. Nothing when the counters cannot be made."""
         out: dict[str, Any] = {}
         try:
             from integration import counters as hc
 
-            self.counters = hc.Counters(self.run_dir)
-            for comp, (name, _, _) in COMPONENTS.items():
+            if self.counters is None:
+                self.counters = hc.Counters(self.run_dir)
+            for comp in here:
+                name = COMPONENTS[comp].function
                 stock = getattr(module, name, None)
                 if not callable(stock):
                     continue
@@ -296,8 +407,7 @@ class Hook(importlib.abc.MetaPathFinder):
                     from integration import shadow
 
                     cand, item, _ = shadows[name]
-                    every = self.setting.shadow[comp][1]
-                    kind = self.setting.shadow[comp][0]
+                    kind, every = self.setting.shadow[comp]
                     save = shadow.saver(self.run_dir, comp, kind, self.release_id)
                     out[name] = shadow.shadowed(stock, cand, self.counters, comp, every, save)
                 else:
@@ -306,6 +416,7 @@ class Hook(importlib.abc.MetaPathFinder):
             for name, fn in out.items():
                 if name not in news:
                     self.stock[name] = getattr(module, name)
+                    self.serving[name] = fn
                     setattr(module, name, fn)
         except Exception as exc:  # the clock is never worth the service: it serves uncounted
             self.counters = None
@@ -316,38 +427,77 @@ class Hook(importlib.abc.MetaPathFinder):
     # -- the outcome: one log line and the status file --------------------------------
     def report(
         self,
-        active: bool,
-        replaced: dict[str, str],
-        reason: str | None,
-        contracts: dict[str, str] | None = None,
-        shadowed: dict[str, str] | None = None,
-        module_found: bool = True,
+        module: str,
+        reason: str | None = None,
+        news: dict | None = None,
+        shadows: dict | None = None,
+        handed: list[str] | None = None,
     ) -> None:
-        shadowed = shadowed or {}
-        in_use = in_use_lines(replaced, reason, contracts or {}, shadowed)
-        c = self.counters
-        counters = self.counters_error if c is None else str(c.path) if c.path else c.error
-        self.status = {
-            "active": active, "module": MODULE, "spec": self.spec_text,
-            "asked": self.setting.asked(), "replaced": replaced, "shadowed": shadowed,
-            "contracts": contracts or {}, "reason": reason, "module_found": module_found,
-            "in_use": in_use, "summary": "; ".join(in_use.values()), "counters": counters,
-            "release_id": self.release_id, "pid": os.getpid(),
-            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "hook": str(Path(__file__).resolve()),
-        }  # fmt: skip
-        if active and (replaced or shadowed):
+        """One log line about `module`, and the status (everything so far) written."""
+        replaced = {n: what for n, (_, _, what, _) in (news or {}).items()}
+        shadowed = {n: item for n, (_, item, _) in (shadows or {}).items()}
+        if handed:
+            line = f"handed {', '.join(handed)} to {module} (it imported the stock by name)"
+        elif reason is not None:
+            line = f"nothing replaced: {reason}"
+        elif replaced or shadowed:
             parts = [
                 f"{verb} " + ", ".join(f"{n} ({w})" for n, w in done.items())
                 for verb, done in (("replaced", replaced), ("shadowed", shadowed))
                 if done
             ]
-            line = f"{'; '.join(parts)} in {MODULE}"
-        elif active:
-            line = f"nothing replaced, calls counted in {MODULE} ({self.spec_text})"
+            line = f"{'; '.join(parts)} in {module}"
         else:
-            line = f"nothing replaced: {reason}"
-        log(f"release {self.release_id}: {line}{write_status(self.status_file, self.status)}")
+            line = f"nothing replaced, calls counted in {module} ({self.spec_text})"
+        self._write(line)
+
+    def refuse(self, reason: str, module_found: bool = True) -> None:
+        """Nothing installed: the status says why (one log line)."""
+        for comp in self.setting.components() or COMPONENTS:
+            self.reasons.setdefault(comp, reason)
+        self.loaded = {MODULE}  # the sentences speak of the fork's main module
+        self._write(f"nothing replaced: {reason}", reason, module_found)
+
+    def _write(
+        self, line: str | None, reason: str | None = None, module_found: bool = True
+    ) -> None:
+        asked = self.setting.components()
+        reasons = dict.fromkeys(r for c, r in self.reasons.items() if c in asked or not asked)
+        reason = reason or ("; ".join(reasons) if reasons else None)
+        missing = [
+            c for c in asked
+            if COMPONENTS[c].function not in self.replaced | self.shadowed
+        ]  # fmt: skip
+        active = reason is None and not missing and module_found
+        why = dict(self.reasons)
+        for comp in missing:
+            module = COMPONENTS[comp].module
+            if comp not in why and module not in self.loaded:
+                why[comp] = f"{module} is not imported (yet)"
+        in_use = in_use_lines(
+            self.replaced, reason, self.contracts, self.shadowed, self._shown(), why
+        )
+        c = self.counters
+        counters = self.counters_error if c is None else str(c.path) if c.path else c.error
+        self.status = {
+            "active": active, "module": MODULE, "spec": self.spec_text,
+            "asked": self.setting.asked(), "replaced": dict(self.replaced),
+            "shadowed": dict(self.shadowed), "contracts": dict(self.contracts),
+            "modules": dict(self.modules), "reason": reason, "module_found": module_found,
+            "in_use": in_use, "summary": "; ".join(in_use.values()), "counters": counters,
+            "release_id": self.release_id, "pid": os.getpid(),
+            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "hook": str(Path(__file__).resolve()),
+        }  # fmt: skip
+        written = write_status(self.status_file, self.status)
+        if line is not None:
+            log(f"release {self.release_id}: {line}{written}")
+
+    def _shown(self) -> list[str]:
+        """The components the sentences speak of: those whose module is loaded or that the
+        setting names."""
+        asked = self.setting.components()
+        return [c for c, v in COMPONENTS.items() if v.module in self.loaded or c in asked]
 
 
 def in_use_lines(
@@ -355,19 +505,27 @@ def in_use_lines(
     reason: str | None,
     contracts: dict[str, str],
     shadowed: dict[str, str] | None = None,
+    shown: list[str] | None = None,
+    reasons: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Per function of MODULE, one plain sentence: which one serves the service, and why."""
+    """Per function of the fork (of the components `shown`, default the fork's main module's),
+    one plain sentence: which one serves the service, and why."""
     out = {}
-    for comp, (name, what, _) in COMPONENTS.items():
+    shadowed, reasons = shadowed or {}, reasons or {}
+    if shown is None:
+        shown = [c for c, v in COMPONENTS.items() if v.module == MODULE]
+    for comp in shown:
+        name, what = COMPONENTS[comp].function, COMPONENTS[comp].what
         if name in replaced:
             out[name] = f"drop-in {what} in use ({replaced[name]}, {contracts.get(name)} contract)"
-        elif shadowed and name in shadowed:
-            out[name] = (f"stock {what} in use, shadowed ({shadowed[name]}: compared, never "
-                         "serving)")  # fmt: skip
-        elif reason is None:
-            out[name] = f"stock {what} in use because {ENV_SPEC} keeps it ({comp} not replaced)"
-        else:
+        elif name in shadowed:
+            out[name] = f"stock {what} in use, shadowed ({shadowed[name]}: compared, never serving)"
+        elif comp in reasons:
+            out[name] = f"stock {what} in use because {reasons[comp]}"
+        elif reason is not None:
             out[name] = f"stock {what} in use because {reason}"
+        else:
+            out[name] = f"stock {what} in use because {ENV_SPEC} keeps it ({comp} not replaced)"
     return out
 
 
@@ -380,17 +538,17 @@ def match_contract(component: str, stock: Any) -> Contract:
             return contract
     name = COMPONENTS[component][0]
     alts = " or ".join(f"{name}{render(c.params)} ({c.version})" for c in known)
-    raise Refused(f"{MODULE}.{name}{render(got)} is not the expected {alts}")
+    raise Refused(f"{COMPONENTS[component].module}.{name}{render(got)} is not the expected {alts}")
 
 
 def _passive(module: Any, contract: Contract, stock: Any) -> tuple[tuple[str, Any, type], ...]:
-    """(parameter, its default in `stock`, the class of MODULE it names) per passive one."""
+    """(parameter, its default in `stock`, the class of `module` it names) per passive one."""
     out = []
     defaults = inspect.signature(stock).parameters
     for param, cls_name in contract.passive:
         cls = getattr(module, cls_name, None)
         if not isinstance(cls, type):
-            raise Refused(f"{MODULE} has no class {cls_name} (the type of {param})")
+            raise Refused(f"{module.__name__} has no class {cls_name} (the type of {param})")
         out.append((param, defaults[param].default, cls))
     return tuple(out)
 
@@ -487,17 +645,23 @@ def install(environ: Any = None) -> Hook | None:
         if text.lower() == "off":
             raise Refused(f"{ENV_SPEC}=off")
         hook.setting = parse_setting(text)
-        if MODULE in sys.modules:
-            raise Refused(f"{MODULE} was imported before the hook could be installed")
+        early = [m for m in WATCHED if m in sys.modules]
+        if early:
+            raise Refused(f"{early[0]} was imported before the hook could be installed")
         missing = _module_location(MODULE)
         if missing:
-            hook.report(False, {}, f"{MODULE} not found: {missing}", module_found=False)
+            hook.refuse(f"{MODULE} not found: {missing}", module_found=False)
             return None
+        for comp in hook.setting.components():  # asked for a function this fork does not have
+            module = COMPONENTS[comp].module
+            gone = module != MODULE and _module_location(module)
+            if gone:
+                hook.reasons[comp] = f"{module} not found: {gone}"
     except Refused as exc:
-        hook.report(False, {}, str(exc))
+        hook.refuse(str(exc))
         return None
     except Exception as exc:
-        hook.report(False, {}, f"hook not installed: {type(exc).__name__}: {exc}")
+        hook.refuse(f"hook not installed: {type(exc).__name__}: {exc}")
         return None
     sys.meta_path.insert(0, hook)
     return hook

@@ -54,6 +54,7 @@ __all__ = [
     "build_tree",
     "check_backend",
     "follow_tree",
+    "make",
     "make_accept",
     "make_build",
 ]
@@ -389,3 +390,13 @@ def check_backend(component: str, backend: str) -> None:
         from kernels import cuda_core
 
         cuda_core.library_path()  # $DDTREE_KERNELS_LIB must name a library; nothing loads yet
+
+
+def make(component: str, backend: str, stock: Callable, passive: Passive = ()) -> Callable:
+    """The hook's maker (`integration.hook.COMPONENTS`): the drop-in of `component`
+    (`tree_build` or `accept`) on `backend`, `stock` its fallback; raises when `backend` cannot
+    run here."""
+    check_backend(component, backend)
+    if component == "tree_build":
+        return make_build(backend, stock, passive)
+    return make_accept(backend, stock)

@@ -15,6 +15,13 @@ against 40 us) is compared but not timed. Both times go into the process's count
 sums (s = stock seconds / candidate seconds), a ring of the last pairs (its spread), and the
 shadow's own time (the candidate, the copies, the comparison: what the service pays for it).
 
+A function that writes its answer into output arguments (the GPU accept walk:
+`integration.hook.COMPONENTS`' `outputs`) is compared on those: the stock writes the service's
+own outputs, the candidate copies of them (taken before either ran), and the answer compared
+is (what it returned, *its outputs). On a sampled call whose tensors are on a GPU, the device
+is synchronised before and after each of the two calls, so each time is the work's, not its
+launch's (a cost the service pays on sampled calls only, counted in the shadow's own time).
+
 A candidate that raises where the stock answered is a mismatch (counted in cand_errors too); a
 stock call that raises is the service's own error, raised as it came, with nothing compared.
 The first mismatching cases of each process (MAX_SAVED per function) are written for replay
@@ -47,13 +54,13 @@ import torch
 from checks.atomic import write_atomic
 from checks.hook_counters import FUNCTIONS, field, ring_index
 from integration.counters import Counters
+from integration.hook import COMPONENTS, CONTRACTS, load_factory
 
 MAX_SAVED = 3  # mismatching cases written per function and process
 SCHEMA = "ddtree-ops/hook-mismatch/v1"
-CORE = {
-    "tree_build": ("top_log_probs", "top_token_ids", "budget"),
-    "accept": ("child_maps", "posterior"),
-}
+# the parameters that make each component's answer (its first contract's; a later version
+# adds only passive ones)
+CORE = {c.component: c.core for c in reversed(CONTRACTS)}
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -73,12 +80,7 @@ def make_candidate(component: str, kind: str, stock: Callable, passive: tuple = 
         if not callable(fn):
             raise ValueError(f"{kind}: no function {name} in {mod}")
         return fn
-    from integration import sglang_dropins as dropins
-
-    dropins.check_backend(component, kind)
-    if component == "tree_build":
-        return dropins.make_build(kind, stock, passive)
-    return dropins.make_accept(kind, stock)
+    return load_factory(component)(component, kind, stock, passive)
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -93,9 +95,12 @@ def _copy(x: Any) -> Any:
     return x
 
 
-def core_args(component: str, stock: Callable) -> Callable[[tuple, dict], tuple]:
+def core_args(
+    component: str, stock: Callable, copy: bool = True
+) -> Callable[[tuple, dict], tuple]:
     """(args, kwargs) of a call of `stock` -> copies of the contract's core arguments, in order
-    (the fork's worker passes them positionally; anything else is bound by the signature)."""
+    (the fork's worker passes them positionally; anything else is bound by the signature);
+    with copy=False, the arguments themselves."""
     names = CORE[component]
     sig = inspect.signature(stock)
     n = len(names)
@@ -106,9 +111,30 @@ def core_args(component: str, stock: Callable) -> Callable[[tuple, dict], tuple]
         else:
             bound = sig.bind(*args, **kwargs)
             got = tuple(bound.arguments[k] for k in names)
-        return tuple(_copy(x) for x in got)
+        return tuple(_copy(x) for x in got) if copy else got
 
     return core
+
+
+def output_positions(component: str) -> tuple[int, ...]:
+    """Where the parameters the function writes in place sit among its core arguments."""
+    return tuple(CORE[component].index(o) for o in COMPONENTS[component].outputs)
+
+
+def answer(ret: Any, args: tuple, outs: tuple[int, ...]) -> Any:
+    """What a call answered: its return value, and with outputs written in place (the GPU
+    accept walk), the tuple (return value, *those outputs)."""
+    return (ret, *(args[i] for i in outs)) if outs else ret
+
+
+def _sync_for(args: tuple) -> Callable[[], None] | None:
+    """torch.cuda.synchronize for a call whose tensors are on a GPU (the shadow then times the
+    work, not its launch), else None."""
+    for x in args:
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            dev = x.device
+            return lambda: torch.cuda.synchronize(dev)
+    return None
 
 
 def shadowed(
@@ -129,6 +155,8 @@ def shadowed(
     counters.set(component, "shadow_every", every)
     clock = time.perf_counter_ns
     core = core_args(component, stock)
+    real = core_args(component, stock, copy=False)
+    outs = output_positions(component)
     mv = counters.mv
     seen = 0
     cold = True
@@ -146,10 +174,14 @@ def shadowed(
         mv[calls] += 1
         return out
 
-    def run_candidate(cargs: tuple) -> tuple[Any, str | None, int]:
+    def run_candidate(cargs: tuple, sync: Callable | None) -> tuple[Any, str | None, int]:
+        if sync:
+            sync()
         c0 = clock()
         try:
-            got = candidate(*cargs)
+            got = answer(candidate(*cargs), cargs, outs)
+            if sync:
+                sync()
         except Exception as exc:  # the candidate's failure is a finding, never the service's
             return None, f"{type(exc).__name__}: {exc}", clock() - c0
         return got, None, clock() - c0
@@ -165,13 +197,19 @@ def shadowed(
             cargs = core(args, kwargs)
         except Exception:  # a call the stock will refuse (its TypeError): nothing to compare
             return plain(args, kwargs)
+        before = tuple(_copy(cargs[i]) for i in outs)  # outputs as they came, for a saved case
+        sync = _sync_for(cargs)
         k = mv[pairs]
         cand = (None, None, 0)
         if k & 1:
-            cand = run_candidate(cargs)
+            cand = run_candidate(cargs, sync)
+        if sync:
+            sync()
         t0 = clock()
         try:
             out = stock(*args, **kwargs)
+            if sync:
+                sync()
         except BaseException:
             s_ns = clock() - t0
             mv[total] += s_ns
@@ -183,9 +221,10 @@ def shadowed(
         mv[total] += s_ns
         mv[calls] += 1
         if not k & 1:
-            cand = run_candidate(cargs)
+            cand = run_candidate(cargs, sync)
         got, exc, c_ns = cand
-        diff = f"the candidate raised {exc}" if exc else difference(out, got)
+        served = answer(out, real(args, kwargs), outs) if outs else out
+        diff = f"the candidate raised {exc}" if exc else difference(served, got)
         mv[f["compared"]] += 1
         if exc:
             mv[f["cand_errors"]] += 1
@@ -203,7 +242,10 @@ def shadowed(
             if n < MAX_SAVED:
                 mv[f["saved"]] = n + 1
                 try:
-                    save(n + 1, core(args, kwargs), out, got if exc is None else exc, diff)
+                    inputs = list(core(args, kwargs))
+                    for i, x in zip(outs, before, strict=True):
+                        inputs[i] = x
+                    save(n + 1, tuple(inputs), served, got if exc is None else exc, diff)
                 except Exception:  # noqa: BLE001 - a case not written is never the service's
                     pass
         mv[f["overhead_ns"]] += clock() - t_in - s_ns
@@ -380,17 +422,18 @@ def replay(path: Path, candidate: str | None = None) -> dict[str, Any]:
     if case.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a saved case ({SCHEMA})")
     comp = case["component"]
-    from integration.hook import MODULE
-
-    mod = importlib.import_module(MODULE)
+    mod = importlib.import_module(COMPONENTS[comp].module)
     stock = inspect.unwrap(getattr(mod, FUNCTIONS[comp]))
     stock = getattr(stock, "ddtree_ops_stock", stock)
     kind = candidate or case["candidate"]
     cand = make_candidate(comp, kind, stock)
-    args = [decode(case["inputs"][k]) for k in CORE[comp]]
-    want = stock(*args)
+    args = tuple(decode(case["inputs"][k]) for k in CORE[comp])
+    outs = output_positions(comp)
+    mine = tuple(_copy(a) for a in args)
+    want = answer(stock(*mine), mine, outs)
     try:
-        got = cand(*[_copy(a) for a in args])
+        theirs = tuple(_copy(a) for a in args)
+        got = answer(cand(*theirs), theirs, outs)
         diff = difference(want, got)
     except Exception as exc:  # noqa: BLE001 - the candidate's failure is the finding
         diff = f"the candidate raised {type(exc).__name__}: {exc}"

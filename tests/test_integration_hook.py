@@ -177,15 +177,23 @@ def test_child_maps_are_a_plain_list_of_dicts():
 
 
 def test_dropin_signatures_are_the_contract():
+    from integration import gpu_accept
+
+    makers = {
+        "tree_build": lambda kind, passive: dropins.make_build(kind, None, passive),
+        "accept": lambda kind, passive: dropins.make_accept(kind),
+        "gpu_accept": lambda kind, passive: gpu_accept.make_gpu_accept(kind),  # no GPU needed
+    }
+    assert set(makers) == set(hook.COMPONENTS)
+    made_for = set()
     for contract in hook.CONTRACTS:
         comp = contract.component
-        for kind in hook.COMPONENTS[comp][2]:
-            if comp == "tree_build":
-                passive = tuple((n, None, object) for n, _ in contract.passive)
-                made = dropins.make_build(kind, None, passive)
-            else:
-                made = dropins.make_accept(kind)
+        for kind in hook.COMPONENTS[comp].kinds:
+            passive = tuple((n, None, object) for n, _ in contract.passive)
+            made = makers[comp](kind, passive)
             assert hook.describe(made) == contract.params, (contract, kind)
+            made_for.add(comp)
+    assert made_for == set(hook.COMPONENTS)  # every component has a contract
 
 
 # ----------------------------------------------------------------------------- the hook refusing

@@ -6,7 +6,9 @@
   another one where they do (bf16-rounded log-probs tie often);
 - `raises`: a builder that always raises;
 - `follow_first_child`: an accept walk that always takes the first child (wrong whenever the
-  target's token is another child's).
+  target's token is another child's);
+- `gpu_walk_last_tie`: the GPU accept walk's contract (outputs in place), but where several
+  siblings carry the target's token the LAST in link order is taken (the contract: the first).
 """
 
 from __future__ import annotations
@@ -81,3 +83,36 @@ def follow_first_child(child_maps, posterior):
         node = next(iter(child_maps[node].values()))
         path.append(node)
     return path, int(tokens[node])
+
+
+def gpu_walk_last_tie(
+    candidates, target_top1, retrieve_next_token, retrieve_next_sibling,
+    next_token_ids_out, commit_lens_out, accept_index_out,
+):  # fmt: skip
+    """The GPU walk with ties across siblings broken the other way (see the module's doc)."""
+    b, s = candidates.shape
+    rows = [x.tolist() for x in (candidates, target_top1, retrieve_next_token,
+                                 retrieve_next_sibling)]  # fmt: skip
+    ids = torch.zeros((b, s), dtype=torch.int64)
+    acc = torch.full((b, s), -1, dtype=torch.int64)
+    lens = torch.zeros(b, dtype=torch.int32)
+    for r in range(b):
+        cand, tgt, first, after = (x[r] for x in rows)
+        path, cur = [0], 0
+        while len(path) < s:
+            kids, child = [], first[cur]
+            while 0 <= child < s and len(kids) < s:
+                kids.append(child)
+                child = after[child]
+            hits = [k for k in kids if cand[k] == tgt[cur]]
+            if not hits:
+                break
+            ids[r, len(path) - 1] = tgt[cur]
+            cur = hits[-1]
+            path.append(cur)
+        ids[r, len(path) - 1] = tgt[cur]
+        acc[r, : len(path)] = torch.tensor(path) + r * s
+        lens[r] = len(path)
+    next_token_ids_out[:, :s].copy_(ids)
+    accept_index_out[:, :s].copy_(acc)
+    commit_lens_out.copy_(lens)
