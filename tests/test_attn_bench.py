@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers.cli import one_line
 
-from ops.verdict.evidence import KernelRow
+from ops.sections.bench import KernelRow
 
 ROOT = Path(__file__).resolve().parent.parent
 

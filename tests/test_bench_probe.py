@@ -25,7 +25,7 @@ from helpers.engine_server import EngineProcess, free_port, start_engine
 from helpers.local import Ops
 
 from ops.measure.bench import conclude
-from ops.verdict.evidence import BenchSection
+from ops.sections.bench import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi" / "bin"

@@ -15,7 +15,7 @@ from rich.console import Console
 
 import ops.cli.measure as cli_verdict
 from ops.measure.bench import conclude, kernel_table
-from ops.verdict.evidence import BenchSection
+from ops.sections.bench import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_JSON = "benchmarks/results/2026-11-29-fb6cd56-h200-final/h200-final-2026-11-29-bench.json"

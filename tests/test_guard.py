@@ -18,7 +18,7 @@ from helpers.local import Ops
 from helpers.sshd import write_inventory
 
 from ops.measure.gpu_guard import CAP_ENV, evaluate, memory_needed_mib
-from ops.verdict.evidence import BenchSection
+from ops.sections.bench import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi" / "bin"

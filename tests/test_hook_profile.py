@@ -10,7 +10,7 @@ import pytest
 
 from ops.measure.counters import hook_level
 from ops.measure.shadow import hook_shadow
-from ops.verdict.evidence import ProfileLevel
+from ops.sections.profile import ProfileLevel
 
 
 def fn(calls: int, seconds: float, shadow: dict | None = None) -> dict:

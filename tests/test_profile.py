@@ -21,7 +21,7 @@ from helpers import FAKE_SERVICE
 from helpers.local import Ops
 
 from ops.measure.counters import wall_shares
-from ops.verdict.evidence import ProfileSection
+from ops.sections.profile import ProfileSection
 
 STAGES = ("draft", "topk", "tree_build", "verify", "accept", "commit")
 

@@ -398,8 +398,9 @@ def test_the_control_planes_list_of_shadowed_backends_is_the_engines() -> None:
 def test_a_tree_build_shadow_stands_in_for_the_benchs_s_of_that_change() -> None:
     """ops.verdict.amdahl.shadow_speed for the seed's change (tree_build reference -> cuda): the
     shadow of that change at a level gives the decode steps' s, any other is ignored."""
+    from ops.sections.change import Change
+    from ops.sections.profile import ProfileLevel
     from ops.verdict.amdahl import shadow_speed
-    from ops.verdict.evidence import Change, ProfileLevel
 
     change = Change(component="tree_build", baseline="reference", candidate="cuda")
     step = {"value": 10.0, "source": "measured"}

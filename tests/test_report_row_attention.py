@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from ops.cli import app
 from ops.rollout.playbook import PlaybookError
 from ops.rollout.playbook_load import load_playbook
-from ops.verdict.evidence import Change
+from ops.sections.change import Change
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 ROW_CHANGE = {

@@ -40,7 +40,8 @@ from helpers.sshd import free_port
 
 from ops.rollout.steps import Arms, Found, sized_requests
 from ops.rollout.switch import AUDIT_PARTS, run_plan
-from ops.verdict.evidence import MeasureSection, gather
+from ops.sections.measure import MeasureSection
+from ops.verdict.evidence import gather
 
 SMALL = [
     "--set",

@@ -31,7 +31,7 @@ from ops.hosts.remote import Host
 from ops.measure.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
 
 if TYPE_CHECKING:  # imported by the healthcheck command (a fast `ops` start)
-    from ops.measure.healthcheck import HealthReport
+    from ops.sections.health import HealthReport
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 

@@ -37,8 +37,8 @@ from ops.verdict.reports import (
 )
 
 if TYPE_CHECKING:  # imported where used: `ops` starts without the report's models
+    from ops.sections.change import Change
     from ops.verdict.decide import Decision
-    from ops.verdict.evidence import Change
 
 FORMATS = ("md", "html")
 STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
@@ -46,7 +46,7 @@ STYLE = {"GO": "bold green", "NO-GO": "bold red", "HOLD": "bold yellow"}
 
 def parse_change(text: str | None, shape: str | None) -> Change | None:
     """`tree_build:reference->cuda` (or `tree_build:reference:cuda`) and `budget=16,K=8`."""
-    from ops.verdict.evidence import Change
+    from ops.sections.change import Change
 
     if text is None:
         if shape:

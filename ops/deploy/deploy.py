@@ -50,7 +50,8 @@ from ops.deploy.result import (
 )
 from ops.errors import HostError, OpsError, Unreachable
 from ops.hosts.remote import Host, SignalsHeld
-from ops.measure.healthcheck import HealthReport, golden_on_host, run_healthcheck
+from ops.measure.healthcheck import golden_on_host, run_healthcheck
+from ops.sections.health import HealthReport
 from ops.service.managers import ProcessManager, SystemdManager, manager_for
 
 __all__ = [

@@ -26,8 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel, Field
-
 from checks.atomic import write_atomic
 from checks.docs import GpusDoc, HealthDoc, IdentityDoc
 from checks.identity import keep_previous, parse_golden
@@ -35,34 +33,11 @@ from ops.errors import OpsError
 from ops.files import MIB, read_bytes_bounded
 from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host, shell_path
+from ops.sections.health import Check, HealthReport
 from ops.service.managers import manager_for
 
-Status = Literal["pass", "fail", "skip"]
 GOLDEN_MAX_BYTES = 16 * MIB  # a golden set of ~40 prompts is ~100 KB
 IDENTITY_TIMEOUT_S = 1800  # checks.identity as a whole (run_check's default)
-
-
-class Check(BaseModel):
-    name: str
-    status: Status
-    detail: str = ""
-    evidence: list[str] = Field(default_factory=list)
-
-
-class HealthReport(BaseModel):
-    target: str
-    url: str
-    checks: list[Check]
-    golden: str | None = None
-    modules: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    @property
-    def failed(self) -> list[str]:
-        return [c.name for c in self.checks if c.status == "fail"]
 
 
 def golden_on_host(host: Host) -> str:

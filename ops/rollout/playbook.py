@@ -39,7 +39,7 @@ from pydantic import (
 from ops.errors import OpsError
 from ops.hosts.inventory import COMPONENT_KINDS
 from ops.measure.loadtest import MAX_CONCURRENCY, MAX_TOKENS
-from ops.verdict.evidence import Change, check_bench_kernel
+from ops.sections.change import Change, check_bench_kernel
 from ops.verdict.numbers import NoBoolNumbers
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")

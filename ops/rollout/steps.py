@@ -23,7 +23,7 @@ from ops.hosts.inventory import Target
 from ops.hosts.records import RunDir
 from ops.hosts.remote import Host
 from ops.measure.bench import BenchOptions, run_bench
-from ops.measure.healthcheck import HealthReport, golden_on_host, run_healthcheck
+from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.measure.profile import ProfileOptions, run_profile, sized
 from ops.measure.shadow import shadow_lines
 from ops.rollout.playbook import (
@@ -34,8 +34,10 @@ from ops.rollout.playbook import (
     ProfileStep,
     ReportStep,
 )
+from ops.sections.change import Change
+from ops.sections.health import HealthReport
 from ops.verdict.decide import Decision, Reason, decide
-from ops.verdict.evidence import Change, gather
+from ops.verdict.evidence import gather
 from ops.verdict.reports import build, summary, write_reports
 
 Status = Literal["ok", "fail", "hold", "skip", "error", "interrupted"]

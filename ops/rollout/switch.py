@@ -21,8 +21,9 @@ from ops.measure.counters import STAGES, stage_seconds, window_stages
 from ops.measure.loadtest import run_loadtest
 from ops.rollout.playbook import DeployStep, MeasureStep
 from ops.rollout.steps import Context, Done
+from ops.sections.change import Change
+from ops.sections.measure import AUDIT_PARTS, precision_met
 from ops.verdict.amdahl import gain_interval, rate_gain
-from ops.verdict.evidence import AUDIT_PARTS, Change, precision_met
 from ops.verdict.gain_audit import cycles_text, points
 
 

@@ -21,16 +21,11 @@ from typing import Literal
 from pydantic import BaseModel
 
 from checks.vocabulary import COMPONENT_STAGE
-from ops.verdict.evidence import (
-    CUDA_ACCEPT_IMPLS,
-    PREFILL_KERNELS,
-    STAGE_KERNELS,
-    Change,
-    Evidence,
-    KernelRow,
-    MeasureLevel,
-    ProfileLevel,
-)
+from ops.sections.bench import KernelRow
+from ops.sections.change import CUDA_ACCEPT_IMPLS, PREFILL_KERNELS, STAGE_KERNELS, Change
+from ops.sections.measure import MeasureLevel
+from ops.sections.profile import ProfileLevel
+from ops.verdict.evidence import Evidence
 
 F_BASIS = {
     "wall": "share of the measured window's wall time",

@@ -32,6 +32,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ops.measure.healthcheck import aa_runs_text
+from ops.sections.bench import BenchSection, Probe
+from ops.sections.change import Change
 
 # re-exported: the report's formulas are named ops.verdict.decide.*
 from ops.verdict.amdahl import (
@@ -49,7 +51,7 @@ from ops.verdict.amdahl import (
     step_reduction,
     times,
 )
-from ops.verdict.evidence import BenchSection, Change, Evidence, HealthEntry, Probe, unfinished_line
+from ops.verdict.evidence import Evidence, HealthEntry, unfinished_line
 
 __all__ = [
     "EXIT_OF",

@@ -19,9 +19,11 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, Undefined
 
 from checks.vocabulary import NESTED_STAGES
 from ops.measure.healthcheck import aa_runs_text
+from ops.sections.bench import KernelRow
+from ops.sections.common import STAGES
 from ops.verdict.amdahl import GAIN_INTERVAL, AmdahlRow
 from ops.verdict.decide import Decision, times
-from ops.verdict.evidence import STAGES, Evidence, KernelRow
+from ops.verdict.evidence import Evidence
 from ops.verdict.gain_audit import (
     audit_lines,
     audit_rows,

@@ -17,8 +17,9 @@ from checks.atomic import write_atomic
 from ops.errors import OpsError
 
 if TYPE_CHECKING:  # imported where used: `ops` starts without the report's models
+    from ops.sections.change import Change
     from ops.verdict.decide import Decision
-    from ops.verdict.evidence import Change, Evidence, Record
+    from ops.verdict.evidence import Evidence, Record
 
 
 def _sha256(path: Path) -> str:
