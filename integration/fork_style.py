@@ -26,8 +26,15 @@ def root_only() -> tuple:
     vis = torch.zeros((1, 1), dtype=torch.bool)
     vis[0, 0] = True
     minus = torch.full((1,), -1, dtype=torch.long)
-    return (torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), [-1], [{}], vis,
-            minus, minus.clone())  # fmt: skip
+    return (
+        torch.empty(0, dtype=torch.long),
+        torch.empty(0, dtype=torch.long),
+        [-1],
+        [{}],
+        vis,
+        minus,
+        minus.clone(),
+    )
 
 
 def build_ddtree_tree_from_topk(top_log_probs: Any, top_token_ids: Any, budget: Any) -> tuple:

@@ -136,9 +136,14 @@ def reference(
 
 
 def reference_into(
-    candidates, target_top1, retrieve_next_token, retrieve_next_sibling,
-    next_token_ids_out, commit_lens_out, accept_index_out,
-) -> None:  # fmt: skip
+    candidates,
+    target_top1,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    next_token_ids_out,
+    commit_lens_out,
+    accept_index_out,
+) -> None:
     """The contract's in-place form on `reference` (outputs on any device; the first S
     columns of each output row are written, as the fork writes them)."""
     ids, lens, acc = reference(candidates, target_top1, retrieve_next_token, retrieve_next_sibling)
@@ -177,11 +182,21 @@ def launch_cuda(c, t, nt, ns, ids, lens, acc) -> bool:  # noqa: ANN001 (hot path
     """Run the walk on the GPU if the fast path takes these arguments (see the module's
     docstring); False (nothing launched, nothing written) otherwise."""
     if not (
-        type(c) is _T and type(t) is _T and type(nt) is _T and type(ns) is _T
-        and type(ids) is _T and type(lens) is _T and type(acc) is _T
-        and c.dtype is _I64 and t.dtype is _I64 and ids.dtype is _I64 and acc.dtype is _I64
-        and lens.dtype is _I32 and ns.dtype is nt.dtype and c.is_cuda
-    ):  # fmt: skip
+        type(c) is _T
+        and type(t) is _T
+        and type(nt) is _T
+        and type(ns) is _T
+        and type(ids) is _T
+        and type(lens) is _T
+        and type(acc) is _T
+        and c.dtype is _I64
+        and t.dtype is _I64
+        and ids.dtype is _I64
+        and acc.dtype is _I64
+        and lens.dtype is _I32
+        and ns.dtype is nt.dtype
+        and c.is_cuda
+    ):
         return False
     link = _LINK_CODE.get(nt.dtype)
     shape = c.shape
@@ -189,21 +204,36 @@ def launch_cuda(c, t, nt, ns, ids, lens, acc) -> bool:  # noqa: ANN001 (hot path
         return False
     b, s = shape
     if not (
-        0 < b and 0 < s <= MAX_STRIDE
-        and t.shape == shape and nt.shape == shape and ns.shape == shape
-        and ids.shape == shape and acc.shape == shape and lens.shape == (b,)
-        and c.is_contiguous() and t.is_contiguous() and nt.is_contiguous()
-        and ns.is_contiguous() and ids.is_contiguous() and lens.is_contiguous()
+        0 < b
+        and 0 < s <= MAX_STRIDE
+        and t.shape == shape
+        and nt.shape == shape
+        and ns.shape == shape
+        and ids.shape == shape
+        and acc.shape == shape
+        and lens.shape == (b,)
+        and c.is_contiguous()
+        and t.is_contiguous()
+        and nt.is_contiguous()
+        and ns.is_contiguous()
+        and ids.is_contiguous()
+        and lens.is_contiguous()
         and acc.is_contiguous()
-    ):  # fmt: skip
+    ):
         return False
     dev = c.device
     index = dev.index
     if not (
-        t.device == dev and nt.device == dev and ns.device == dev and ids.device == dev
-        and lens.device == dev and acc.device == dev and index == torch.cuda.current_device()
-    ):  # fmt: skip
+        t.device == dev
+        and nt.device == dev
+        and ns.device == dev
+        and ids.device == dev
+        and lens.device == dev
+        and acc.device == dev
+        and index == torch.cuda.current_device()
+    ):
         return False
+    # the C function's arguments as it groups them: inputs, link type, shape; outputs, stream
     rc = _launcher()(
         c.data_ptr(), t.data_ptr(), nt.data_ptr(), ns.data_ptr(), link, b, s,
         ids.data_ptr(), lens.data_ptr(), acc.data_ptr(), _stream(index),
@@ -230,18 +260,33 @@ def make_gpu_accept(kind: str, stock: Callable | None = None) -> Callable:
     fast = launch_cuda
 
     def _compute_ddtree_accept_triton_unchecked(
-        candidates, target_top1, retrieve_next_token, retrieve_next_sibling,
-        next_token_ids_out, commit_lens_out, accept_index_out,
-    ):  # fmt: skip
+        candidates,
+        target_top1,
+        retrieve_next_token,
+        retrieve_next_sibling,
+        next_token_ids_out,
+        commit_lens_out,
+        accept_index_out,
+    ):
         if fast(
-            candidates, target_top1, retrieve_next_token, retrieve_next_sibling,
-            next_token_ids_out, commit_lens_out, accept_index_out,
-        ):  # fmt: skip
+            candidates,
+            target_top1,
+            retrieve_next_token,
+            retrieve_next_sibling,
+            next_token_ids_out,
+            commit_lens_out,
+            accept_index_out,
+        ):
             return None
         return fallback(
-            candidates, target_top1, retrieve_next_token, retrieve_next_sibling,
-            next_token_ids_out, commit_lens_out, accept_index_out,
-        )  # fmt: skip
+            candidates,
+            target_top1,
+            retrieve_next_token,
+            retrieve_next_sibling,
+            next_token_ids_out,
+            commit_lens_out,
+            accept_index_out,
+        )
 
     fn = _compute_ddtree_accept_triton_unchecked
     fn.ddtree_ops_backend = kind  # type: ignore[attr-defined]

@@ -132,8 +132,12 @@ COMPONENTS: dict[str, Component] = {
     ),
 }
 # every module the finder waits for: where the functions are defined, then their callers
-WATCHED = tuple(dict.fromkeys([c.module for c in COMPONENTS.values()]
-                              + [m for c in COMPONENTS.values() for m in c.callers]))  # fmt: skip
+WATCHED = tuple(
+    dict.fromkeys(
+        [c.module for c in COMPONENTS.values()]
+        + [m for c in COMPONENTS.values() for m in c.callers]
+    )
+)
 RELEASE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -162,7 +166,7 @@ def _p(name: str, default: str = REQUIRED) -> tuple[str, str, str]:
     return (name, "POSITIONAL_OR_KEYWORD", default)
 
 
-# A new version of a fork's signature is one entry here.
+# A new version of a fork's signature is one entry here (kept as a table: one entry a version).
 CONTRACTS: tuple[Contract, ...] = (
     Contract("tree_build", "fork 6d9866b3",
              (_p("top_log_probs"), _p("top_token_ids"), _p("budget"))),
@@ -171,9 +175,9 @@ CONTRACTS: tuple[Contract, ...] = (
              passive=(("workspace", "DFlashDDTreeBuildWorkspace"),)),
     Contract("accept", "fork 6d9866b3", (_p("child_maps"), _p("posterior"))),
     Contract("gpu_accept", "fork 4b08d3cc",
-             tuple(_p(n) for n in ("candidates", "target_top1", "retrieve_next_token",
-                                   "retrieve_next_sibling", "next_token_ids_out",
-                                   "commit_lens_out", "accept_index_out"))),
+             (_p("candidates"), _p("target_top1"), _p("retrieve_next_token"),
+              _p("retrieve_next_sibling"), _p("next_token_ids_out"), _p("commit_lens_out"),
+              _p("accept_index_out"))),
 )  # fmt: skip
 
 
@@ -464,10 +468,7 @@ class Hook(importlib.abc.MetaPathFinder):
         asked = self.setting.components()
         reasons = dict.fromkeys(r for c, r in self.reasons.items() if c in asked or not asked)
         reason = reason or ("; ".join(reasons) if reasons else None)
-        missing = [
-            c for c in asked
-            if COMPONENTS[c].function not in self.replaced | self.shadowed
-        ]  # fmt: skip
+        missing = [c for c in asked if COMPONENTS[c].function not in self.replaced | self.shadowed]
         active = reason is None and not missing and module_found
         why = dict(self.reasons)
         for comp in missing:
@@ -480,15 +481,24 @@ class Hook(importlib.abc.MetaPathFinder):
         c = self.counters
         counters = self.counters_error if c is None else str(c.path) if c.path else c.error
         self.status = {
-            "active": active, "module": MODULE, "spec": self.spec_text,
-            "asked": self.setting.asked(), "replaced": dict(self.replaced),
-            "shadowed": dict(self.shadowed), "contracts": dict(self.contracts),
-            "modules": dict(self.modules), "reason": reason, "module_found": module_found,
-            "in_use": in_use, "summary": "; ".join(in_use.values()), "counters": counters,
-            "release_id": self.release_id, "pid": os.getpid(),
+            "active": active,
+            "module": MODULE,
+            "spec": self.spec_text,
+            "asked": self.setting.asked(),
+            "replaced": dict(self.replaced),
+            "shadowed": dict(self.shadowed),
+            "contracts": dict(self.contracts),
+            "modules": dict(self.modules),
+            "reason": reason,
+            "module_found": module_found,
+            "in_use": in_use,
+            "summary": "; ".join(in_use.values()),
+            "counters": counters,
+            "release_id": self.release_id,
+            "pid": os.getpid(),
             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "hook": str(Path(__file__).resolve()),
-        }  # fmt: skip
+        }
         written = write_status(self.status_file, self.status)
         if line is not None:
             log(f"release {self.release_id}: {line}{written}")
@@ -677,8 +687,11 @@ def main(argv: list[str] | None = None) -> int:
     desc = "Print the import hook's status (what it replaced, for the healthcheck)."
     ap = argparse.ArgumentParser(prog="python -m integration.hook", description=desc)
     ap.add_argument("--json", action="store_true", help="print one JSON document (always on)")
-    ap.add_argument("--status", type=Path, help=f"status file (default: ${ENV_STATUS} or "
-                    "<release>/run/hook-status.json)")  # fmt: skip
+    ap.add_argument(
+        "--status",
+        type=Path,
+        help=f"status file (default: ${ENV_STATUS} or <release>/run/hook-status.json)",
+    )
     args = ap.parse_args(argv)
     path = args.status or status_path()
     doc: dict[str, Any] = {"ok": True, "path": str(path), "present": path.is_file(), "status": None}

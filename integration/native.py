@@ -49,8 +49,15 @@ def _includes() -> list[str]:
 def library_path() -> Path:
     """The compiled extension for the current sources and interpreter (built if missing)."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    key = b"\0".join([SOURCE.read_bytes(), INCLUDED.read_bytes(), " ".join(CXXFLAGS).encode(),
-                      suffix.encode(), np.__version__.encode()])  # fmt: skip
+    key = b"\0".join(
+        [
+            SOURCE.read_bytes(),
+            INCLUDED.read_bytes(),
+            " ".join(CXXFLAGS).encode(),
+            suffix.encode(),
+            np.__version__.encode(),
+        ]
+    )
     lib = cache_dir() / f"ddtree_dropin-{hashlib.sha256(key).hexdigest()[:16]}{suffix}"
     return cached(lib, lambda: _compile(lib))
 

@@ -93,8 +93,12 @@ def _interleaved(fns: dict[str, Callable[[int], Any]], reps: int, inner: dict[st
 
 def _stats(xs: list[float]) -> dict[str, float]:
     q = statistics.quantiles(xs, n=4)
-    return {"median_us": round(statistics.median(xs) * 1e6, 2), "p25_us": round(q[0] * 1e6, 2),
-            "p75_us": round(q[2] * 1e6, 2), "calls": len(xs)}  # fmt: skip
+    return {
+        "median_us": round(statistics.median(xs) * 1e6, 2),
+        "p25_us": round(q[0] * 1e6, 2),
+        "p75_us": round(q[2] * 1e6, 2),
+        "calls": len(xs),
+    }
 
 
 def _deepest(tree: tuple) -> torch.Tensor:
@@ -149,9 +153,14 @@ def _build_row(data: list, budget: int, reps: int, real: Callable | None) -> tup
     calls = {name: (lambda i, fn=fn: fn(*data[i % n], budget)) for name, fn in builders.items()}
     stats = {k: _stats(v) for k, v in _interleaved(calls, reps, {"dropin_cpp": 4}).items()}
     speedup = stats["fork_style"]["median_us"] / stats["dropin_cpp"]["median_us"]
-    row = {"kernel": "build_ddtree_tree_from_topk", "refcheck": check, "impls": stats,
-           "speedup": round(speedup, 2), "target": target(budget),
-           "meets_target": bool(check and speedup >= target(budget))}  # fmt: skip
+    row = {
+        "kernel": "build_ddtree_tree_from_topk",
+        "refcheck": check,
+        "impls": stats,
+        "speedup": round(speedup, 2),
+        "target": target(budget),
+        "meets_target": bool(check and speedup >= target(budget)),
+    }
     return row, want
 
 
@@ -169,8 +178,13 @@ def _walk_row(trees: list, reps: int) -> dict:
     stats = {k: _stats(v) for k, v in _interleaved(calls, reps, {}).items()}
     depth = max(len(fork(t[3], p)[0]) - 1 for t, p in zip(trees, posts, strict=True))
     speedup = stats["fork_style"]["median_us"] / stats["dropin_cpp"]["median_us"]
-    return {"kernel": "follow_verified_tree", "refcheck": check, "impls": stats,
-            "speedup": round(speedup, 2), "accepted_depth": depth}  # fmt: skip
+    return {
+        "kernel": "follow_verified_tree",
+        "refcheck": check,
+        "impls": stats,
+        "speedup": round(speedup, 2),
+        "accepted_depth": depth,
+    }
 
 
 COUNT_TARGET_NS = 1000  # the stage clock's cost per call, at most (issue 40)
@@ -190,8 +204,13 @@ def _per_call_ns(fns: dict[str, Callable[[], Any]], calls: int, rounds: int) -> 
     return {name: statistics.median(v) for name, v in got.items()}
 
 
-def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...] = (16, 64, 128),
-               shadow_reps: int = 200) -> dict[str, Any]:  # fmt: skip
+def hook_costs(
+    *,
+    calls: int = 20000,
+    rounds: int = 15,
+    budgets: tuple[int, ...] = (16, 64, 128),
+    shadow_reps: int = 200,
+) -> dict[str, Any]:
     """What the hook's counting adds per call, and a shadow per sampled call (module doc)."""
     from integration import counters, shadow
 
@@ -207,13 +226,19 @@ def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...]
         dropin_counted = counters.timed(dropin, clock, "accept")
         ns = _per_call_ns(
             {"noop": lambda: noop(1, 2, 3), "noop_counted": lambda: counted(1, 2, 3)},
-            calls, rounds,
-        )  # fmt: skip
-        ns.update(_per_call_ns(
-            {"dropin": lambda: dropin(lp, ids, 16),
-             "dropin_counted": lambda: dropin_counted(lp, ids, 16)},
-            max(calls // 20, 50), rounds,
-        ))  # fmt: skip
+            calls,
+            rounds,
+        )
+        ns.update(
+            _per_call_ns(
+                {
+                    "dropin": lambda: dropin(lp, ids, 16),
+                    "dropin_counted": lambda: dropin_counted(lp, ids, 16),
+                },
+                max(calls // 20, 50),
+                rounds,
+            )
+        )
         count = {
             "noop_ns": round(ns["noop"], 1),
             "noop_counted_ns": round(ns["noop_counted"], 1),
@@ -221,8 +246,10 @@ def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...]
             "dropin_cpp_b16_us": round(ns["dropin"] / 1e3, 3),
             "dropin_cpp_b16_counted_us": round(ns["dropin_counted"] / 1e3, 3),
             "overhead_on_dropin_ns": round(ns["dropin_counted"] - ns["dropin"], 1),
-            "calls": calls, "rounds": rounds, "target_ns": COUNT_TARGET_NS,
-        }  # fmt: skip
+            "calls": calls,
+            "rounds": rounds,
+            "target_ns": COUNT_TARGET_NS,
+        }
         count["meets_target"] = count["overhead_ns"] < COUNT_TARGET_NS
         rows = []
         stock = fork_style.build_ddtree_tree_from_topk
@@ -235,12 +262,17 @@ def hook_costs(*, calls: int = 20000, rounds: int = 15, budgets: tuple[int, ...]
                 "shadowed": lambda i, d=data, b=budget, f=shadowed: f(*d[i % 8], b),
             }
             st = {k: _stats(v) for k, v in _interleaved(calls_, shadow_reps, {}).items()}
-            rows.append({
-                "budget": budget, "stock_us": st["stock"]["median_us"],
-                "shadowed_us": st["shadowed"]["median_us"],
-                "added_us": round(st["shadowed"]["median_us"] - st["stock"]["median_us"], 2),
-                "candidate": "cpp", "stock": "fork_style", "every": 1,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "budget": budget,
+                    "stock_us": st["stock"]["median_us"],
+                    "shadowed_us": st["shadowed"]["median_us"],
+                    "added_us": round(st["shadowed"]["median_us"] - st["stock"]["median_us"], 2),
+                    "candidate": "cpp",
+                    "stock": "fork_style",
+                    "every": 1,
+                }
+            )
     return {
         "what": "the import hook's stage clock: ns added per call by counting "
         "(integration.counters.timed), and us added per sampled call by a shadow "
@@ -260,9 +292,15 @@ def _env(real: bool) -> dict[str, Any]:
             )
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "torch": torch.__version__,
-            "gc": gc.isenabled(), "real_fork_timed": real}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gc": gc.isenabled(),
+        "real_fork_timed": real,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,8 +150,14 @@ _FAST: dict[str, Callable[[Any, Any, Any], Tree7 | None]] = {
 }
 
 
-def build_tree(top_log_probs: Any, top_token_ids: Any, budget: Any, *, backend: str,
-               stock: Callable | None = None) -> Tree7:  # fmt: skip
+def build_tree(
+    top_log_probs: Any,
+    top_token_ids: Any,
+    budget: Any,
+    *,
+    backend: str,
+    stock: Callable | None = None,
+) -> Tree7:
     """One request's tree as the fork's 7-tuple by `backend`; inputs it does not take go to
     `stock` (default: `integration.fork_style`, the fork's algorithm in plain Python)."""
     out = _FAST[backend](top_log_probs, top_token_ids, budget)
@@ -276,8 +282,7 @@ class _Packed:
         n = int(self.ints[self.off["num"] + b])
         vis = self.vis.ctypes.data + b * s * s
         a = self.addr
-        return _ext().tree(a("tok", b), a("dep", b), a("par", b), vis, a("fc", b), a("ns", b),
-                           n, s)  # fmt: skip
+        return _ext().tree(a("tok", b), a("dep", b), a("par", b), vis, a("fc", b), a("ns", b), n, s)
 
 
 def _cpp_batch(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
@@ -290,9 +295,20 @@ def _cpp_batch(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
     out = _Packed.empty(b, budget)
     a = out.addr
     rc = cpu._lib().ddtree_cpu_build_trees(
-        lp.data_ptr(), ids.data_ptr(), b, h, k, budget, a("tok", 0), a("dep", 0), a("par", 0),
-        out.vis.ctypes.data, a("fc", 0), a("ns", 0), out.base + 8 * out.off["num"],
-    )  # fmt: skip
+        lp.data_ptr(),
+        ids.data_ptr(),
+        b,
+        h,
+        k,
+        budget,
+        a("tok", 0),
+        a("dep", 0),
+        a("par", 0),
+        out.vis.ctypes.data,
+        a("fc", 0),
+        a("ns", 0),
+        out.base + 8 * out.off["num"],
+    )
     if rc != 0:
         raise RuntimeError(f"ddtree_cpu_build_trees: error {rc}")
     return out
@@ -314,8 +330,16 @@ def _cuda(lp: torch.Tensor, ids: torch.Tensor, budget: int) -> _Packed:
     lpt = lp.detach().to(dev, torch.float32).contiguous()
     idt = ids.detach().to(dev, torch.int64).contiguous()
     t = kc.build_trees(lpt, idt, budget)
-    ints = torch.cat([t.token_ids.view(-1), t.depths.view(-1), t.parents.view(-1),
-                      t.first_child.view(-1), t.next_sibling.view(-1), t.num_nodes])  # fmt: skip
+    ints = torch.cat(
+        [
+            t.token_ids.view(-1),
+            t.depths.view(-1),
+            t.parents.view(-1),
+            t.first_child.view(-1),
+            t.next_sibling.view(-1),
+            t.num_nodes,
+        ]
+    )
     return _Packed(int(lpt.shape[0]), budget, ints.cpu().numpy(), t.visibility.cpu().numpy())
 
 
@@ -348,8 +372,9 @@ _WALKS: dict[str, Callable[[Any, Any], tuple | None]] = {
 }
 
 
-def follow_tree(child_maps: Any, posterior: Any, *, backend: str,
-                stock: Callable | None = None) -> tuple[list[int], Any]:  # fmt: skip
+def follow_tree(
+    child_maps: Any, posterior: Any, *, backend: str, stock: Callable | None = None
+) -> tuple[list[int], Any]:
     """(accepted node indices from 0, next token) by `backend`, else by `stock` (default:
     `integration.fork_style`)."""
     out = _WALKS[backend](child_maps, posterior)

@@ -95,9 +95,7 @@ def _copy(x: Any) -> Any:
     return x
 
 
-def core_args(
-    component: str, stock: Callable, copy: bool = True
-) -> Callable[[tuple, dict], tuple]:
+def core_args(component: str, stock: Callable, copy: bool = True) -> Callable[[tuple, dict], tuple]:
     """(args, kwargs) of a call of `stock` -> copies of the contract's core arguments, in order
     (the fork's worker passes them positionally; anything else is bound by the signature);
     with copy=False, the arguments themselves."""
@@ -148,8 +146,19 @@ def shadowed(
     """`stock`, counted as `integration.counters.timed` counts it, with `candidate` run beside
     it on one call in `every` (see the module's doc). `save(n, inputs, stock_out, cand_out,
     difference)` writes a mismatching case."""
-    names = ("calls", "ns", "errors", "compared", "mismatched", "stock_ns", "cand_ns",
-             "cand_errors", "overhead_ns", "saved", "pairs")  # fmt: skip
+    names = (
+        "calls",
+        "ns",
+        "errors",
+        "compared",
+        "mismatched",
+        "stock_ns",
+        "cand_ns",
+        "cand_errors",
+        "overhead_ns",
+        "saved",
+        "pairs",
+    )
     f = {name: field(component, name) for name in names}
     calls, total, errors, pairs = f["calls"], f["ns"], f["errors"], f["pairs"]
     counters.set(component, "shadow_every", every)
@@ -276,8 +285,12 @@ def same(want: Any, got: Any) -> bool:
     if tw is not type(got):
         return False
     if tw is _Tensor:
-        return (want.dtype == got.dtype and want.shape == got.shape
-                and want.device == got.device and torch.equal(want, got))  # fmt: skip
+        return (
+            want.dtype == got.dtype
+            and want.shape == got.shape
+            and want.device == got.device
+            and torch.equal(want, got)
+        )
     if tw is list or tw is tuple:
         if len(want) != len(got):
             return False
@@ -338,15 +351,18 @@ def difference(want: Any, got: Any, where: str = "answer") -> str | None:
         if type(got) is not type(want):
             return f"{where}: stock a {type(want).__name__}, candidate {type(got).__name__}"
         a, b = list(want.items()), list(got.items())
-        if a == b and all(type(x[1]) is type(y[1]) and type(x[0]) is type(y[0])
-                          for x, y in zip(a, b, strict=True)):  # fmt: skip
+        if a == b and all(
+            type(x[1]) is type(y[1]) and type(x[0]) is type(y[0]) for x, y in zip(a, b, strict=True)
+        ):
             return None
         return f"{where}: stock {_short(a)}, candidate {_short(b)} (items in order)"
     if type(got) is not type(want) or got != want:
         if isinstance(want, float) and isinstance(got, float) and math.isnan(want) and got != got:
             return None
-        return (f"{where}: stock {want!r} ({type(want).__name__}), candidate {got!r} "
-                f"({type(got).__name__})")  # fmt: skip
+        return (
+            f"{where}: stock {want!r} ({type(want).__name__}), candidate {got!r} "
+            f"({type(got).__name__})"
+        )
     return None
 
 
@@ -363,8 +379,14 @@ def encode(x: Any) -> Any:
     """JSON for an input or an answer: tensors with dtype, shape and values; dicts as [k, v]."""
     if isinstance(x, torch.Tensor):
         t = x.detach().cpu()
-        return {"tensor": {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                           "device": str(x.device), "data": t.reshape(-1).tolist()}}  # fmt: skip
+        return {
+            "tensor": {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "device": str(x.device),
+                "data": t.reshape(-1).tolist(),
+            }
+        }
     if isinstance(x, dict):
         return {"dict": [[encode(k), encode(v)] for k, v in x.items()]}
     if isinstance(x, tuple):
@@ -402,14 +424,20 @@ def saver(run_dir: Path, component: str, kind: str, release: str) -> Callable:
         pid = os.getpid()
         path = run_dir / f"hook-mismatch-{pid}-{component}-{n}.json"
         doc = {
-            "schema": SCHEMA, "component": component, "function": FUNCTIONS[component],
-            "candidate": kind, "release_id": release, "pid": pid, "case": n,
+            "schema": SCHEMA,
+            "component": component,
+            "function": FUNCTIONS[component],
+            "candidate": kind,
+            "release_id": release,
+            "pid": pid,
+            "case": n,
             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "difference": diff,
             "inputs": dict(zip(CORE[component], (encode(a) for a in inputs), strict=True)),
-            "stock": encode(stock_out), "candidate_answer": encode(cand_out),
+            "stock": encode(stock_out),
+            "candidate_answer": encode(cand_out),
             "replay": f"python -m integration.shadow --replay {path}",
-        }  # fmt: skip
+        }
         write_atomic(path, (json.dumps(doc) + "\n").encode())
 
     return save
@@ -438,9 +466,15 @@ def replay(path: Path, candidate: str | None = None) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the candidate's failure is the finding
         diff = f"the candidate raised {type(exc).__name__}: {exc}"
     saved_stock_same = difference(decode(case["stock"]), want) is None
-    return {"ok": diff is None, "case": str(path), "component": comp, "candidate": kind,
-            "same": diff is None, "difference": diff,
-            "stock_as_saved": saved_stock_same}  # fmt: skip
+    return {
+        "ok": diff is None,
+        "case": str(path),
+        "component": comp,
+        "candidate": kind,
+        "same": diff is None,
+        "difference": diff,
+        "stock_as_saved": saved_stock_same,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

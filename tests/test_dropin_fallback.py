@@ -172,8 +172,12 @@ def fork_version(mod) -> str:
 def test_calls_of_the_wrong_shape_raise_the_same_type_error(fork) -> None:
     mod, build, _, _, _ = fork
     lp, ids = _topk(torch.Generator().manual_seed(3), 5, 4)
-    calls = [((lp, ids), {}), ((lp, ids, 8, None, None), {}), ((lp, ids, 8), {"scratch": None}),
-             ((lp, ids), {"top_log_probs": lp})]  # fmt: skip
+    calls = [
+        ((lp, ids), {}),
+        ((lp, ids, 8, None, None), {}),
+        ((lp, ids, 8), {"scratch": None}),
+        ((lp, ids), {"top_log_probs": lp}),
+    ]
     for args, kwargs in calls:
         got = _raised(build, *args, **kwargs)
         want = _raised(mod.build_ddtree_tree_from_topk, *args, **kwargs)

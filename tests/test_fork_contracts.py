@@ -175,13 +175,20 @@ def test_a_third_signature_is_refused_and_the_stock_kept(
 
 def test_workspace_class_missing_is_refused(current: Path, tmp_path: Path) -> None:
     fork = _variant(tmp_path, ("class DFlashDDTreeBuildWorkspace:", "class BuildWorkspace:"))
-    proc = fs.start(current, "tree_build=cpp", fork, "import sglang.srt.speculative."
-                    "dflash_ddtree_utils as m; print(hasattr(m.build_ddtree_tree_from_topk, "
-                    "'ddtree_ops_backend'))")  # fmt: skip
+    proc = fs.start(
+        current,
+        "tree_build=cpp",
+        fork,
+        "import sglang.srt.speculative."
+        "dflash_ddtree_utils as m; print(hasattr(m.build_ddtree_tree_from_topk, "
+        "'ddtree_ops_backend'))",
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.endswith(f"nothing replaced: {hook.MODULE} has no class "
-                         "DFlashDDTreeBuildWorkspace (the type of workspace)")  # fmt: skip
+    assert line.endswith(
+        f"nothing replaced: {hook.MODULE} has no class "
+        "DFlashDDTreeBuildWorkspace (the type of workspace)"
+    )
     st = json.loads(fs.status_file(current).read_text())
     assert st["summary"].startswith("stock builder in use because ") and not st["active"]
 

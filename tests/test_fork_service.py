@@ -111,7 +111,11 @@ def test_profile_and_rollout_read_f_and_s_from_the_hook(fork: Fork) -> None:
             assert f["value"] == pytest.approx(c["seconds"] / wall, rel=1e-6)
         sh = lv["shadow"]
         assert (sh["source"], sh["component"], sh["baseline"], sh["candidate"]) == (
-            "hook", "tree_build", "reference", "cpp")  # fmt: skip
+            "hook",
+            "tree_build",
+            "reference",
+            "cpp",
+        )
         assert sh["every"] == 2 and sh["compared"] > 0 and sh["mismatched"] == 0, sh
         assert sh["error"] is None and sh["step"]["lo"] <= sh["step"]["s"] <= sh["step"]["hi"]
         # a measured, positive s (which of the two is faster on a loaded 2-core runner is no

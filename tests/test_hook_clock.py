@@ -124,10 +124,20 @@ def read_counters(current: Path, *extra: str) -> tuple[int, dict]:
     """`python -m checks.hook_counters` from the ops checkout (as on `local`), on the release's
     run/."""
     res = subprocess.run(
-        [sys.executable, "-m", "checks.hook_counters", "--json", "--run", str(current / "run"),
-         *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "checks.hook_counters",
+            "--json",
+            "--run",
+            str(current / "run"),
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return res.returncode, json.loads(res.stdout)
 
 
@@ -178,8 +188,9 @@ def test_every_call_is_counted_and_timed_per_process(
     finally:
         err = svc.end()
     st = _status(current)
-    assert st["active"] and st["counters"] == str(current.resolve() / "run" / "hook-counters" /
-                                                  f"{svc.out['pid']}.bin")  # fmt: skip
+    assert st["active"] and st["counters"] == str(
+        current.resolve() / "run" / "hook-counters" / f"{svc.out['pid']}.bin"
+    )
     if backend is None:
         assert st["asked"] == {} and st["replaced"] == {}
         assert err.strip().splitlines() == [
@@ -340,8 +351,14 @@ def test_a_builder_that_breaks_ties_the_other_way_is_caught(current: Path) -> No
     env.pop("DDTREE_OPS_SGLANG", None)
     for cand, rc_want in ((None, 1), ("cpp", 0)):
         argv = ["--replay", str(case), *(["--candidate", cand] if cand else [])]
-        res = subprocess.run([sys.executable, "-m", "integration.shadow", *argv], cwd=REPO,
-                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-m", "integration.shadow", *argv],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         got = json.loads(res.stdout)
         assert res.returncode == rc_want and got["stock_as_saved"], (res.stderr, got)
         if cand is None:

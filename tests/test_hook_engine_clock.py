@@ -41,18 +41,24 @@ def _run(current: Path, spec: str, standin: Path, **args) -> tuple[dict, dict, l
     env = fs.service_env(current, spec, standin, REPO)
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, json.dumps({"requests": 10, "max_tokens": 20, **args})],
-        cwd=current, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=current,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line, proc.communicate(timeout=60)[1]
         out = json.loads(line)
         res = subprocess.run(
-            [sys.executable, "-m", "checks.hook_counters", "--json", "--run",
-             str(current / "run")],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [sys.executable, "-m", "checks.hook_counters", "--json", "--run", str(current / "run")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         doc = json.loads(res.stdout)
     finally:
         _, err = proc.communicate("\n", timeout=60)
@@ -78,5 +84,7 @@ def test_the_hooks_clock_agrees_with_the_engines_stage_clock(
         assert 0 < h["seconds"] <= stage, (comp, h, stage)
         gap = stage - h["seconds"]
         assert gap <= GAP_PER_CALL * h["calls"], (comp, gap, h, stage)
-        print(f"{spec} {comp}: {h['calls']} calls, hook {h['seconds'] * 1e3:.2f} ms, "
-              f"stage {stage * 1e3:.2f} ms, gap {gap / h['calls'] * 1e6:.1f} us/call")  # fmt: skip
+        print(
+            f"{spec} {comp}: {h['calls']} calls, hook {h['seconds'] * 1e3:.2f} ms, "
+            f"stage {stage * 1e3:.2f} ms, gap {gap / h['calls'] * 1e6:.1f} us/call"
+        )

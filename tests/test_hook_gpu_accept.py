@@ -93,18 +93,28 @@ class Live:
         self.current = current
         args = {"budgets": [16, 64], "batches": [1, 3, 8], "reps": 4, **args, "tests": str(TESTS)}
         stock = str(standin / GPU_FILE)
-        self.proc = fs.popen(current, spec, (standin, fs.CANDIDATES), SERVICE, json.dumps(args),
-                             stock)  # fmt: skip
+        self.proc = fs.popen(
+            current, spec, (standin, fs.CANDIDATES), SERVICE, json.dumps(args), stock
+        )
         line = self.proc.stdout.readline()
         assert line, self.proc.communicate(timeout=60)[1]
         self.out = json.loads(line)
 
     def counters(self) -> dict:
         res = subprocess.run(
-            [sys.executable, "-m", "checks.hook_counters", "--json", "--run",
-             str(self.current / "run")],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "checks.hook_counters",
+                "--json",
+                "--run",
+                str(self.current / "run"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         doc = json.loads(res.stdout)
         (proc,) = [p for p in doc["processes"] if p["pid"] == self.out["pid"]]
         return {"rc": res.returncode, "doc": doc, **proc["components"]}
@@ -242,8 +252,12 @@ def test_the_shadow_catches_a_walk_that_breaks_sibling_ties_the_other_way(curren
     del env[hook.ENV_SPEC]
     res = subprocess.run(
         [sys.executable, "-m", "integration.shadow", "--replay", str(cases[0])],
-        cwd=current, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=current,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     doc = json.loads(res.stdout)
     assert res.returncode == 1 and not doc["same"] and doc["stock_as_saved"], doc
     assert doc["difference"] == case["difference"]
@@ -270,8 +284,12 @@ def test_the_cuda_dropin_serves_bit_exact_with_the_stock_walk(current: Path) -> 
     thousands of rows (batch 1-64, budget 16-128, int32 and int64 links, ties across siblings,
     tokens that agree in their low 32 bits) equal to the stand-in's stock walk, CPU tensors
     going to the stock, every call counted."""
-    args = {"budgets": [16, 32, 64, 128], "batches": [1, 2, 8, 17, 32, 64], "reps": 8,
-            "device": "cuda"}  # fmt: skip
+    args = {
+        "budgets": [16, 32, 64, 128],
+        "batches": [1, 2, 8, 17, 32, 64],
+        "reps": 8,
+        "device": "cuda",
+    }
     svc = Live(current, "gpu_accept=cuda", **args)
     try:
         out = svc.out

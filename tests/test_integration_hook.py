@@ -263,16 +263,23 @@ def test_missing_module(fresh, monkeypatch, tmp_path, capsys):
 @pytest.mark.parametrize(
     "old,new,reason",
     [
-        ("def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):",
-         "def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, max_depth=None):",
-         "(top_log_probs, top_token_ids, budget, max_depth=None) is not the expected"),
-        ("def follow_verified_tree(child_maps, posterior):",
-         "def follow_verified_tree(child_maps, posterior_ids):",
-         "follow_verified_tree(child_maps, posterior_ids) is not the expected"),
-        ("def follow_verified_tree(child_maps, posterior):",
-         "def walk_verified_tree(child_maps, posterior):", "has no function follow_verified_tree"),
+        (
+            "def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):",
+            "def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, depth=None):",
+            "(top_log_probs, top_token_ids, budget, depth=None) is not the expected",
+        ),
+        (
+            "def follow_verified_tree(child_maps, posterior):",
+            "def follow_verified_tree(child_maps, posterior_ids):",
+            "follow_verified_tree(child_maps, posterior_ids) is not the expected",
+        ),
+        (
+            "def follow_verified_tree(child_maps, posterior):",
+            "def walk_verified_tree(child_maps, posterior):",
+            "has no function follow_verified_tree",
+        ),
     ],
-)  # fmt: skip
+)
 def test_changed_signature_leaves_module_untouched(
     fresh, monkeypatch, tmp_path, capsys, old, new, reason
 ):
@@ -361,8 +368,14 @@ def _start_service(current: Path, spec: str) -> tuple[subprocess.CompletedProces
         key, _, value = line.partition("=")
         env[key] = value
     stock = STUB / "sglang" / "srt" / "speculative" / "dflash_ddtree_utils.py"
-    proc = subprocess.run([sys.executable, "-c", SERVICE, str(stock)], cwd=current, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVICE, str(stock)],
+        cwd=current,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return proc, rel / "run" / "hook-status.json"
 
 
@@ -423,9 +436,12 @@ def test_integration_bench_suite_on_the_cpu():
     cfg = bench.BenchConfig(batches=[1, 4], budgets=[16], ks=[8], quick=True)
     rows = bench.suites()["integration"](cfg)
     got = {(r["kernel"], r["impl"], r["shape"]["B"]) for r in rows}
-    assert {("build_ddtree_tree_from_topk", "cpu_python", 1), ("build_ddtree_tree_from_topk",
-            "cpu_cpp", 1), ("follow_verified_tree", "cpu_cpp", 1),
-            ("build_ddtree_trees", "cpu_cpp", 4)} <= got  # fmt: skip
+    assert {
+        ("build_ddtree_tree_from_topk", "cpu_python", 1),
+        ("build_ddtree_tree_from_topk", "cpu_cpp", 1),
+        ("follow_verified_tree", "cpu_cpp", 1),
+        ("build_ddtree_trees", "cpu_cpp", 4),
+    } <= got
     for r in rows:
         assert r["suite"] == "integration" and r["refcheck"] is True, r
         assert r["median_us"] > 0 and r["reps"] >= 3 and "samples_us" not in r

@@ -123,8 +123,13 @@ def main() -> None:
         rows += int(b) * row["steps"]
         for s in stage:
             stage[s] += row["total_s"][s]
-    doc = {"pid": os.getpid(), "steps": steps, "rows": rows, "stage_s": stage,
-           "tokens": len(tokens)}  # fmt: skip
+    doc = {
+        "pid": os.getpid(),
+        "steps": steps,
+        "rows": rows,
+        "stage_s": stage,
+        "tokens": len(tokens),
+    }
     print(json.dumps(doc), flush=True)
     sys.stdin.readline()
 

@@ -157,12 +157,16 @@ class Scheduler:
             for name, fn in (("build", self.build), ("follow", self.follow))
         }
         return {
-            "model": MODEL, "budget": self.budget, "max_batch": self.max_batch,
-            "internal_states": [{"avg_spec_accept_length": avg, "steps": steps,
-                                 "request_steps": rsteps}],
-            "ddtree_module": ddtree.__file__, "serving": serving,
+            "model": MODEL,
+            "budget": self.budget,
+            "max_batch": self.max_batch,
+            "internal_states": [
+                {"avg_spec_accept_length": avg, "steps": steps, "request_steps": rsteps}
+            ],
+            "ddtree_module": ddtree.__file__,
+            "serving": serving,
             "workspace": self.workspace is not None,
-        }  # fmt: skip
+        }
 
 
 def prompt_ids(prompt: Any) -> list[int]:
@@ -212,19 +216,28 @@ class Handler(BaseHTTPRequestHandler):
             out: list[int] = []
             while (new := r.out.get()) is not None:
                 out += new
-            choice = {"index": 0, "text": "".join(chr(32 + t % 95) for t in out),
-                      "token_ids": out, "finish_reason": "length"}  # fmt: skip
+            choice = {
+                "index": 0,
+                "text": "".join(chr(32 + t % 95) for t in out),
+                "token_ids": out,
+                "finish_reason": "length",
+            }
             usage = {"prompt_tokens": len(ids), "completion_tokens": len(out)}
-            return self._json(200, {"object": "text_completion", "model": MODEL,
-                                    "choices": [choice], "usage": usage})  # fmt: skip
+            return self._json(
+                200,
+                {"object": "text_completion", "model": MODEL, "choices": [choice], "usage": usage},
+            )
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         while (new := r.out.get()) is not None:
             text = "".join(chr(32 + t % 95) for t in new)
-            chunk = {"object": "text_completion", "model": MODEL,
-                     "choices": [{"index": 0, "text": text, "token_ids": new}]}  # fmt: skip
+            chunk = {
+                "object": "text_completion",
+                "model": MODEL,
+                "choices": [{"index": 0, "text": text, "token_ids": new}],
+            }
             self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
@@ -258,8 +271,11 @@ def main() -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
-    print(f"fork stand-in: serving {ddtree.__name__} ({Handler.sched.info()['serving']}) on "
-          f"{args.host}:{args.port}", flush=True)  # fmt: skip
+    print(
+        f"fork stand-in: serving {ddtree.__name__} ({Handler.sched.info()['serving']}) on "
+        f"{args.host}:{args.port}",
+        flush=True,
+    )
     server.serve_forever()
 
 

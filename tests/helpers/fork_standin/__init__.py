@@ -76,16 +76,28 @@ def start(
 ) -> subprocess.CompletedProcess:
     """Write `service.env` for `spec` and run `python -c script args` as the service would be."""
     env = service_env(current, spec, standin)
-    return subprocess.run([sys.executable, "-c", script, *args], cwd=current, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=current,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def popen(current: Path, spec: str, paths: tuple[Path, ...], script: str, *args: str):
     """`start`, left running: stdin, stdout and stderr are pipes (text)."""
     env = service_env(current, spec, *paths)
-    return subprocess.Popen([sys.executable, "-c", script, *args], cwd=current, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=current,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def status_file(current: Path) -> Path:

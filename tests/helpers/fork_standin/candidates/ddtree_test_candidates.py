@@ -68,8 +68,15 @@ def tie_flipped(top_log_probs, top_token_ids, budget):
             nxt[last[p]] = i
         last[p] = i
     t = torch.from_numpy
-    return (torch.tensor(tokens, dtype=torch.long), torch.tensor(depths, dtype=torch.long),
-            parents, maps, t(vis), t(first), t(nxt))  # fmt: skip
+    return (
+        torch.tensor(tokens, dtype=torch.long),
+        torch.tensor(depths, dtype=torch.long),
+        parents,
+        maps,
+        t(vis),
+        t(first),
+        t(nxt),
+    )
 
 
 def raises(top_log_probs, top_token_ids, budget):
@@ -86,13 +93,19 @@ def follow_first_child(child_maps, posterior):
 
 
 def gpu_walk_last_tie(
-    candidates, target_top1, retrieve_next_token, retrieve_next_sibling,
-    next_token_ids_out, commit_lens_out, accept_index_out,
-):  # fmt: skip
+    candidates,
+    target_top1,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    next_token_ids_out,
+    commit_lens_out,
+    accept_index_out,
+):
     """The GPU walk with ties across siblings broken the other way (see the module's doc)."""
     b, s = candidates.shape
-    rows = [x.tolist() for x in (candidates, target_top1, retrieve_next_token,
-                                 retrieve_next_sibling)]  # fmt: skip
+    rows = [
+        x.tolist() for x in (candidates, target_top1, retrieve_next_token, retrieve_next_sibling)
+    ]
     ids = torch.zeros((b, s), dtype=torch.int64)
     acc = torch.full((b, s), -1, dtype=torch.int64)
     lens = torch.zeros(b, dtype=torch.int32)

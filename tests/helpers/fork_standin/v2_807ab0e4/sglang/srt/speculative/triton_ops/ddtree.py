@@ -83,8 +83,9 @@ def _compute_ddtree_accept_triton_unchecked(
             raise ValueError(f"stand-in DDTree accept: {name} must be a contiguous 2-D tensor")
     if not commit_lens_out.is_contiguous():
         raise ValueError("stand-in DDTree accept: commit_lens_out must be contiguous")
-    rows = [x.tolist() for x in (candidates, target_top1, retrieve_next_token,
-                                 retrieve_next_sibling)]  # fmt: skip
+    rows = [
+        x.tolist() for x in (candidates, target_top1, retrieve_next_token, retrieve_next_sibling)
+    ]
     ids = torch.zeros((batch, stride), dtype=torch.int64)
     acc = torch.full((batch, stride), -1, dtype=torch.int64)
     lens = torch.zeros(batch, dtype=torch.int64)
