@@ -85,9 +85,9 @@ def test_real_load_trips_the_probe_and_is_killed_at_once(engine: EngineProcess) 
     assert doc["before"]["answered"] == 10 and doc["after"]["n"] == 5
     assert doc["during"]["n"] >= 3 and "command killed" in doc["trip"]["reason"]
     # what `ops bench` makes of such a probe document: NO-GO for interference, in the record's shape
-    out = conclude({"target": "local", "gpu": 1, "environment": {}}, doc, {})
+    out = conclude(BenchSection(target="local", gpu=1), doc, {})
     assert (out.code, out.outcome) == (1, "no-go") and out.message.startswith("interference: ")
-    section = BenchSection.model_validate(out.section)
+    section = BenchSection.model_validate(out.section.model_dump(mode="json"))
     assert section.probe.tripped and section.probe.stopped_early and not section.ok
     # the trip is on the recent window (asserted above), not on the whole run's p50, which
     # other work on this machine can leave below the before-p50: only its presence is checked

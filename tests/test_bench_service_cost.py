@@ -23,6 +23,7 @@ from helpers.sshd import free_port
 from test_guard import decide, gpus_doc
 
 from ops.measure.bench import conclude
+from ops.sections.bench import BenchSection
 from ops.verdict.service_cost import cost_line, percentile, service_cost
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,11 +157,11 @@ def test_an_out_of_memory_bench_is_one_line_and_the_service_is_untouched(tmp_pat
             time.sleep(0.5)
         assert doc["cmd"]["rc"] == 1 and not doc["tripped"], doc
         cap = {"DDTREE_BENCH_MAX_MEM_GIB": "12"}
-        out = conclude({"target": "local", "gpu": 0, "environment": {}}, doc, cap)
+        out = conclude(BenchSection(target="local", gpu=0), doc, cap)
         assert (out.code, out.outcome) == (1, "fail")
         assert out.message.startswith("the bench ran out of GPU memory (its cap 12 GiB): ")
         assert "\n" not in out.message and "CUDA out of memory" in out.message
-        assert out.section["service_cost"] is not None  # the probe still says what it cost
+        assert out.section.service_cost is not None  # the probe still says what it cost
         assert svc.poll() is None  # the service runs on: the bench's OOM was its own
     finally:
         svc.kill()

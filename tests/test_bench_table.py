@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 
 import ops.cli.measure as cli_verdict
-from ops.measure.bench import conclude, kernel_table
+from ops.measure.bench import conclude, kernel_rows, kernel_table
 from ops.sections.bench import BenchSection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,11 +61,11 @@ def probe_doc(bench_doc: dict | None, **over: Any) -> dict:
     return doc
 
 
-def section() -> dict:
-    return {"target": "h200", "gpu": 1, "environment": {"bench_env": {}}}
+def section() -> BenchSection:
+    return BenchSection(target="h200", gpu=1, environment={"bench_env": {}})
 
 
-def render(sec: dict) -> str:
+def render(sec: BenchSection) -> str:
     buf = io.StringIO()
     saved = cli_verdict.out
     cli_verdict.out = Console(file=buf, width=80, highlight=False)
@@ -77,21 +77,21 @@ def render(sec: dict) -> str:
 
 
 def test_kernel_table_of_the_h200_record() -> None:
-    rows = {(g["kernel"], g["size"]): g for g in kernel_table(H200["results"])}
+    rows = {(g.kernel, g.size): g for g in kernel_table(kernel_rows(H200["results"])[0])}
     tree = rows[("build_trees", "B64 K8 n64")]
-    assert round(tree["ours_us"], 1) == 54.0 and round(tree["graph_us"], 1) == 21.1
-    assert round(tree["cpu_python_us"]) == 6783 and round(tree["cpu_cpp_us"]) == 240
-    assert tree["speedup"] == {"cpu_python": 125.73, "cpu_cpp": 4.46}
+    assert round(tree.ours_us, 1) == 54.0 and round(tree.graph_us, 1) == 21.1
+    assert round(tree.cpu_python_us) == 6783 and round(tree.cpu_cpp_us) == 240
+    assert tree.speedup == {"cpu_python": 125.73, "cpu_cpp": 4.46}
     attn = rows[("tree_verify_attention", "B8 L32768 T65")]
-    assert attn["torch_impl"] == "torch_sdpa" and attn["speedup"]["torch_sdpa"] == 5.44
+    assert attn.torch_impl == "torch_sdpa" and attn.speedup["torch_sdpa"] == 5.44
 
 
 def test_pass_outcome_and_its_table_at_80_columns() -> None:
     out = conclude(section(), probe_doc(H200), {})
     assert (out.code, out.outcome) == (0, "pass")
-    sec = BenchSection.model_validate(out.section)
+    sec = BenchSection.model_validate(out.section.model_dump(mode="json"))  # its record too
     assert len(sec.rows) == len(H200["results"]) and not sec.probe.tripped
-    assert out.section["environment"]["bench"]["git_sha"] == H200["env"]["git_sha"]
+    assert out.section.environment["bench"]["git_sha"] == H200["env"]["git_sha"]
     text = render(out.section)
     lines = text.splitlines()
     assert max(len(ln) for ln in lines) <= 80 and "…" not in text
@@ -122,7 +122,7 @@ def test_refcheck_failure_and_a_crash_fail() -> None:
     out = conclude(section(), crashed, {"DDTREE_BENCH_MAX_MEM_GIB": "4"})
     assert (out.code, out.outcome) == (1, "fail")
     assert out.message == "the bench exited 1: RuntimeError: CUDA error: out of memory"
-    assert out.section["memory_cap"] == {
+    assert out.section.memory_cap == {
         "env": {"DDTREE_BENCH_MAX_MEM_GIB": "4"},
         "acknowledged_by_bench": False,
     }
@@ -149,5 +149,20 @@ def test_unmeasured_interference_is_hold() -> None:
     )
     out = conclude(section(), doc, {})
     assert (out.code, out.outcome) == (3, "hold")
-    assert out.section["hold_reasons"] == ["interference not measured: connection refused"]
-    assert BenchSection.model_validate(out.section).probe.p50_during_ms is None
+    assert out.section.hold_reasons == ["interference not measured: connection refused"]
+    assert BenchSection.model_validate(out.section.model_dump()).probe.p50_during_ms is None
+
+
+def test_a_row_that_is_no_kernel_row_fails_the_bench_named() -> None:
+    """The section is built as the record's model: a row the report could not read (a NaN time,
+    a batch of 0) fails the run here, named, instead of being written and refused later."""
+    bad = copy.deepcopy(H200)
+    bad["results"][3]["median_us"] = float("nan")
+    bad["results"][5]["shape"]["B"] = 0
+    out = conclude(section(), probe_doc(bad), {})
+    assert (out.code, out.outcome) == (1, "fail")
+    assert out.message.startswith("the bench printed 2 row(s) that are no kernel row: row 3 (")
+    assert "median_us" in out.message
+    assert len(out.section.rows) == len(H200["results"]) - 2
+    # the record it writes reads back whole
+    BenchSection.model_validate(out.section.model_dump(mode="json"))

@@ -9,6 +9,7 @@ measured). `ops profile` exits 0 when every level is complete, 1 when requests f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # each command imports its own module when it runs (a fast `o
     from rich.table import Table
 
     from ops.measure.bench import BenchOutcome
+    from ops.sections.bench import BenchSection, ProbeWindow, TableLine
 
 
 @command
@@ -104,7 +106,7 @@ def bench(
     def go(host: Host) -> Done[BenchOutcome]:
         with err.status("bench", spinner="dots") as status:
             o = run_bench(host, opts, lambda s: status.update(f"bench {host.name}: {s}"))
-        return Done(o.code, o.outcome, o, o.section)
+        return Done(o.code, o.outcome, o, o.section.model_dump(mode="json"))
 
     return on_target(
         ctx, "bench", target, opts.model_dump(), go, _show_bench, doc=_bench_doc, always=_say
@@ -113,7 +115,7 @@ def bench(
 
 def _bench_doc(done: Done[BenchOutcome]) -> dict[str, Any]:
     o = done.result
-    doc = {"ok": o.section.get("ok", False), "outcome": o.outcome, **o.section}
+    doc = {"ok": o.section.ok, "outcome": o.outcome, **done.section}
     if o.message:
         doc.update(message=o.message, hint=o.hint)
     return doc
@@ -153,7 +155,7 @@ def _x(v: float | None) -> str:
     return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
 
 
-def kernel_tables(table: list[dict[str, Any]]) -> list[Table]:
+def kernel_tables(table: list[TableLine]) -> list[Table]:
     """One table per kernel that fits 80 columns: times in us, speedup = baseline / ours.
 
     Columns no row of a kernel has (e.g. CPU baselines of top-k) are left out.
@@ -161,20 +163,20 @@ def kernel_tables(table: list[dict[str, Any]]) -> list[Table]:
     from rich import box
     from rich.table import Table
 
-    by_kernel: dict[str, list[dict[str, Any]]] = {}
+    by_kernel: dict[str, list[TableLine]] = {}
     for g in table:
-        by_kernel.setdefault(f"{g['kernel']} ({g['suite']})", []).append(g)
-    cols: list[tuple[str, Any]] = [
-        ("size", lambda g: g["size"]),
-        ("ours", lambda g: _us(g.get("ours_us"))),
-        ("IQR", lambda g: _us(g.get("ours_iqr_us"))),
-        ("graph", lambda g: _us(g.get("graph_us"))),
-        ("python", lambda g: _us(g.get("cpu_python_us"))),
-        ("c++", lambda g: _us(g.get("cpu_cpp_us"))),
-        ("torch", lambda g: _us(g.get("torch_us"))),
-        ("x py", lambda g: _x(g["speedup"].get("cpu_python"))),
-        ("x c++", lambda g: _x(g["speedup"].get("cpu_cpp"))),
-        ("x torch", lambda g: _x(g["speedup"].get(g.get("torch_impl") or "torch"))),
+        by_kernel.setdefault(f"{g.kernel} ({g.suite})", []).append(g)
+    cols: list[tuple[str, Callable[[TableLine], str]]] = [
+        ("size", lambda g: g.size),
+        ("ours", lambda g: _us(g.ours_us)),
+        ("IQR", lambda g: _us(g.ours_iqr_us)),
+        ("graph", lambda g: _us(g.graph_us)),
+        ("python", lambda g: _us(g.cpu_python_us)),
+        ("c++", lambda g: _us(g.cpu_cpp_us)),
+        ("torch", lambda g: _us(g.torch_us)),
+        ("x py", lambda g: _x(g.speedup.get("cpu_python"))),
+        ("x c++", lambda g: _x(g.speedup.get("cpu_cpp"))),
+        ("x torch", lambda g: _x(g.speedup.get(g.torch_impl or "torch"))),
     ]
     tables = []
     for name, rows in by_kernel.items():
@@ -198,16 +200,16 @@ def _show_bench(o: BenchOutcome) -> None:
     _print_bench(o.section)
 
 
-def _print_bench(sec: dict[str, Any]) -> None:
-    g = sec.get("guard") or {}
-    env = sec.get("environment") or {}
-    gpu = "(no GPU)" if sec["gpu"] is None else f"GPU {sec['gpu']}"
-    out.print(f"[bold]bench {escape(sec['target'])}[/] {gpu}")
-    if sec.get("probe"):  # what the bench cost the service comes first
+def _print_bench(sec: BenchSection) -> None:
+    env = sec.environment
+    gpu = "(no GPU)" if sec.gpu is None else f"GPU {sec.gpu}"
+    out.print(f"[bold]bench {escape(sec.target)}[/] {gpu}")
+    p = sec.probe
+    if p is not None:  # what the bench cost the service comes first
         out.print("  cost to the service while it ran (probe request latency):")
-        for part in cost_parts(sec.get("service_cost")):
+        for part in cost_parts(sec.service_cost):
             out.print(f"    {escape(part)}", soft_wrap=True)
-    for line in g.get("findings", []):
+    for line in sec.guard.findings if sec.guard else []:
         out.print(f"  guard: {escape(line)}", soft_wrap=False, overflow="fold")
     if env.get("gpu_uuid"):
         out.print(
@@ -217,22 +219,24 @@ def _print_bench(sec: dict[str, Any]) -> None:
             f"release {escape(str(env.get('release', '-')))}",
             overflow="fold",
         )
-    p = sec.get("probe")
-    if p:
+    if p is not None:
 
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}"
 
+        def n(w: ProbeWindow | None, samples: list[float]) -> int:
+            return w.n if w is not None else len(samples)
+
         out.print(
-            f"  probe: p50 before {ms(p['p50_before_ms'])} ms ({p['before']['n']}), during "
-            f"{ms(p['p50_during_ms'])} ms ({p['during']['n']}), after {ms(p['p50_after_ms'])} "
-            f"ms ({p['after']['n']}); limit +{p['threshold']:.0%}"
-            + (" [bold red]TRIPPED[/]" if p["tripped"] else ""),
+            f"  probe: p50 before {ms(p.p50_before_ms)} ms ({n(p.before, p.before_ms)}), during "
+            f"{ms(p.p50_during_ms)} ms ({n(p.during, p.during_ms)}), after "
+            f"{ms(p.p50_after_ms)} ms ({n(p.after, p.after_ms)}); limit +{p.threshold:.0%}"
+            + (" [bold red]TRIPPED[/]" if p.tripped else ""),
             overflow="fold",
         )
-        for w in p.get("warnings", []):
+        for w in p.warnings:
             out.print(f"  probe: [yellow]warning:[/] {escape(w)}", overflow="fold")
-    tables = kernel_tables(sec.get("table") or [])
+    tables = kernel_tables(sec.table)
     if tables:
         out.print(
             "kernels: median us (ours: CUDA events per call, IQR of ours; graph: per launch in "
@@ -241,8 +245,8 @@ def _print_bench(sec: dict[str, Any]) -> None:
         )
     for t in tables:
         out.print(t)
-    verdict = {True: "[green]PASS[/]", False: "[bold red]not passed[/]"}[bool(sec.get("ok"))]
-    out.print(f"bench {escape(sec['target'])}: {verdict}")
+    verdict = {True: "[green]PASS[/]", False: "[bold red]not passed[/]"}[sec.ok]
+    out.print(f"bench {escape(sec.target)}: {verdict}")
 
 
 @command

@@ -10,8 +10,9 @@ past the threshold kills the bench at once and the run is NO-GO (exit 1).
 
 Outcomes: pass (0); no-go (1, interference); fail (1, the bench failed or a kernel's answer
 differs from the reference); refused (2); hold (3: no GPU, or the service did not answer the
-probe, so interference could not be measured). The section written to the record is the
-shape `ops.verdict.evidence.BenchSection` reads.
+probe, so interference could not be measured). The section is built as the record's model,
+`ops.sections.bench.BenchSection`, and dumped from it; rows the bench printed that are not
+kernel rows (a NaN time, a batch of 0) fail the run, named, instead of reaching the record.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import json
 from collections.abc import Callable
 from typing import Any, cast
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from checks.docs import GpusDoc, ProbeDoc
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HOLD, EXIT_OK, OpsError
 from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host
 from ops.measure.gpu_guard import CAP_ENV, SUITES, evaluate
+from ops.sections.bench import BenchRun, BenchSection, KernelRow, Probe, TableLine
 from ops.service.managers import manager_for
 from ops.verdict.service_cost import service_cost
 
@@ -71,7 +73,7 @@ class BenchOutcome(BaseModel):
     outcome: str
     message: str = ""
     hint: str | None = None
-    section: dict[str, Any] = Field(default_factory=dict)
+    section: BenchSection
 
 
 def parse_list(text: str, flag: str, allowed: tuple[str, ...] | None = None) -> list[str]:
@@ -185,15 +187,15 @@ def run_bench(
     host: Host, opts: BenchOptions, progress: Callable[[str], None] = lambda s: None
 ) -> BenchOutcome:
     t = host.target
-    section: dict[str, Any] = {
-        "target": t.name,
-        "gpu": opts.gpu,
-        "cuda_visible_devices": None if opts.gpu is None else str(opts.gpu),
-        "suites": opts.suites,
-        "batches": opts.batches,
-        "threshold": opts.threshold,
-        "decode_spread": opts.decode_spread,
-    }
+    section = BenchSection(
+        target=t.name,
+        gpu=opts.gpu,
+        cuda_visible_devices=None if opts.gpu is None else str(opts.gpu),
+        suites=opts.suites,
+        batches=opts.batches,
+        threshold=opts.threshold,
+        decode_spread=opts.decode_spread,
+    )
     progress("service pid")
     pid = service_pid(host)
     progress("GPUs (nvidia-smi)")
@@ -211,13 +213,13 @@ def run_bench(
         inventory_gpus=t.gpus,
         spread=opts.decode_spread,
     )
-    section["guard"] = guard.model_dump()
-    section["environment"] = environment(gpus, guard.gpu_info, opts.gpu, guard.processes)
+    section.guard = guard
+    section.environment = environment(gpus, guard.gpu_info, opts.gpu, guard.processes)
     if guard.verdict == "hold":
-        section.update(ok=False, hold_reasons=[guard.message])
+        section.ok, section.hold_reasons = False, [guard.message]
         return BenchOutcome(code=EXIT_HOLD, outcome="hold", message=guard.message, section=section)
     if guard.verdict == "refused":
-        section.update(ok=False)
+        section.ok = False
         return BenchOutcome(
             code=EXIT_BAD_INPUT,
             outcome="refused",
@@ -226,18 +228,18 @@ def run_bench(
             section=section,
         )
     cwd = data_plane_dir(host)
-    section["environment"]["release"] = release_id(host, cwd)
+    section.environment["release"] = release_id(host, cwd)
     env = {"CUDA_VISIBLE_DEVICES": str(opts.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env.update(guard.cap_env)
-    section["environment"]["bench_env"] = env
+    section.environment["bench_env"] = env
     if "engine_attn" in opts.suites:
         progress("the service's engine config (engine_attn)")
         engine = engine_flags(host)
-        section["engine_flags"] = engine
+        section.engine_flags = engine
     else:
         engine = None
     cmd = bench_argv(t.python, opts, engine)
-    section["command"] = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)
+    section.command = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)
     probe_args = [
         "--url",
         t.service.url,
@@ -259,87 +261,119 @@ def run_bench(
     return conclude(section, cast(ProbeDoc, res.data), guard.cap_env)
 
 
-def conclude(section: dict[str, Any], probe: ProbeDoc, cap: dict[str, str]) -> BenchOutcome:
+def conclude(section: BenchSection, probe: ProbeDoc, cap: dict[str, str]) -> BenchOutcome:
     """Turn the probe's document (with the bench's inside) into the section and the outcome."""
     cmd = probe["cmd"]
     doc = cmd.get("document") or {}
-    rows = doc.get("results") or []
-    section["probe"] = probe_section(probe)
-    section["service_cost"] = service_cost(probe["before"]["ms"], probe["during"]["ms"])
-    section["rows"] = rows
-    section["table"] = kernel_table(rows)
-    section["refcheck_failed"] = doc.get("refcheck_failed") or []
-    section["environment"]["bench"] = doc.get("env")
-    section["bench_run"] = {
-        "argv": cmd["argv"],
-        "rc": cmd["rc"],
-        "killed": cmd["killed"],
-        "timed_out": cmd["timed_out"],
-        "duration_s": cmd["duration_s"],
-    }
-    section["bench_run"]["stderr_tail"] = cmd.get("stderr_tail", "")[-2000:]
-    section["bench_run"]["stdout_tail"] = cmd.get("stdout_tail", "")[-2000:]
+    rows, unread = kernel_rows(doc.get("results") or [])
+    section.probe = probe_section(probe)
+    section.service_cost = service_cost(probe["before"]["ms"], probe["during"]["ms"])
+    section.rows = rows
+    section.table = kernel_table(rows)
+    section.refcheck_failed = [str(x) for x in doc.get("refcheck_failed") or []]
+    section.environment["bench"] = doc.get("env")
+    section.bench_run = BenchRun(
+        argv=cmd["argv"],
+        rc=cmd["rc"],
+        killed=cmd["killed"],
+        timed_out=cmd["timed_out"],
+        duration_s=cmd["duration_s"],
+        stderr_tail=(cmd.get("stderr_tail") or "")[-2000:],
+        stdout_tail=(cmd.get("stdout_tail") or "")[-2000:],
+    )
     if cap:
         # kernels.bench acknowledges a cap it enforced with a `memory_cap` key in its document
-        section["memory_cap"] = {"env": cap, "acknowledged_by_bench": "memory_cap" in doc}
-    reasons: list[str] = []
+        section.memory_cap = {"env": cap, "acknowledged_by_bench": "memory_cap" in doc}
     if probe["tripped"]:
         trip = probe.get("trip") or {}
-        reasons.append(
-            "interference: "
-            + (
-                trip.get("reason")
-                or f"p50 during {probe['during']['p50_ms']:.2f} ms > {probe['limit_ms']:.2f} ms"
-            )
+        why = trip.get("reason") or (
+            f"p50 during {probe['during']['p50_ms']:.2f} ms > {probe['limit_ms']:.2f} ms"
         )
-        section.update(ok=False, interference=True, reasons=reasons)
-        return BenchOutcome(code=EXIT_FAIL, outcome="no-go", message=reasons[0], section=section)
-    section["interference"] = False if probe["measured"] else None
+        return _ends(section, EXIT_FAIL, "no-go", [f"interference: {why}"], interference=True)
+    section.interference = False if probe["measured"] else None
+    reasons = _failures(cmd, cap, section.refcheck_failed, unread)
+    if reasons:
+        return _ends(section, EXIT_FAIL, "fail", reasons)
+    if not rows:  # e.g. no CUDA device where it ran: nothing measured is no evidence
+        notes = "; ".join(doc.get("notes") or []) or "no suite produced a row"
+        return _ends(section, EXIT_HOLD, "hold", [f"the bench gave no rows: {notes}"])
+    if not probe["measured"]:
+        why = probe.get("unmeasured_reason") or "the service did not answer the probe"
+        return _ends(section, EXIT_HOLD, "hold", [f"interference not measured: {why}"])
+    section.ok, section.reasons = True, []
+    return BenchOutcome(code=EXIT_OK, outcome="pass", section=section)
+
+
+def _failures(
+    cmd: dict[str, Any], cap: dict[str, str], refcheck_failed: list[str], unread: list[str]
+) -> list[str]:
+    """Why the bench itself failed: killed on time, its exit, a wrong answer, a row unread."""
+    reasons: list[str] = []
+    stderr = cmd.get("stderr_tail") or ""
     if cmd["timed_out"]:
         reasons.append(f"the bench ran past {cmd['duration_s']:.0f} s and was killed")
     elif cmd["rc"] != 0:
-        tail = (cmd.get("stderr_tail") or "").strip().splitlines()[-1:] or ["(no output)"]
-        if OOM in (cmd.get("stderr_tail") or ""):  # the bench's own process: never the service's
+        tail = stderr.strip().splitlines()[-1:] or ["(no output)"]
+        if OOM in stderr:  # the bench's own process: never the service's
             limit = f" (its cap {cap[CAP_ENV]} GiB)" if cap.get(CAP_ENV) else ""
             reasons.append(f"the bench ran out of GPU memory{limit}: {tail[0][:300]}")
         else:
             reasons.append(f"the bench exited {cmd['rc']}: {tail[0]}")
-    if section["refcheck_failed"]:
+    if refcheck_failed:
         reasons.append(
-            "a kernel's answer differs from the reference: "
-            + "; ".join(section["refcheck_failed"][:5])
+            "a kernel's answer differs from the reference: " + "; ".join(refcheck_failed[:5])
         )
-    if reasons:
-        section.update(ok=False, reasons=reasons)
-        return BenchOutcome(code=EXIT_FAIL, outcome="fail", message=reasons[0], section=section)
-    if not rows:  # e.g. no CUDA device where it ran: nothing measured is no evidence
-        notes = "; ".join(doc.get("notes") or []) or "no suite produced a row"
-        section.update(ok=False, hold_reasons=[f"the bench gave no rows: {notes}"])
-        return BenchOutcome(
-            code=EXIT_HOLD, outcome="hold", message=section["hold_reasons"][0], section=section
+    if unread:
+        reasons.append(
+            f"the bench printed {len(unread)} row(s) that are no kernel row: {unread[0]}"
         )
-    if not probe["measured"]:
-        why = probe.get("unmeasured_reason") or "the service did not answer the probe"
-        section.update(ok=False, hold_reasons=[f"interference not measured: {why}"])
-        return BenchOutcome(
-            code=EXIT_HOLD, outcome="hold", message=section["hold_reasons"][0], section=section
-        )
-    section.update(ok=True, reasons=[])
-    return BenchOutcome(code=EXIT_OK, outcome="pass", section=section)
+    return reasons
 
 
-def probe_section(probe: ProbeDoc) -> dict[str, Any]:
-    """The probe in `ops.verdict.evidence.Probe`'s shape, everything else kept beside it."""
+def _ends(
+    section: BenchSection, code: int, outcome: str, reasons: list[str], interference: bool = False
+) -> BenchOutcome:
+    """The outcome of a bench that did not pass: a HOLD's reasons are its hold_reasons."""
+    section.ok = False
+    if interference:
+        section.interference = True
+    if code == EXIT_HOLD:
+        section.hold_reasons = reasons
+    else:
+        section.reasons = reasons
+    return BenchOutcome(code=code, outcome=outcome, message=reasons[0], section=section)
+
+
+def kernel_rows(results: list[Any]) -> tuple[list[KernelRow], list[str]]:
+    """The bench's rows as the record's model, and one line for each row that is not one."""
+    rows: list[KernelRow] = []
+    unread: list[str] = []
+    for i, r in enumerate(results):
+        try:
+            rows.append(KernelRow.model_validate(r))
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            where = ".".join(str(x) for x in e["loc"]) or "(row)"
+            name = f"{r.get('kernel')}/{r.get('impl')}" if isinstance(r, dict) else f"#{i}"
+            unread.append(f"row {i} ({name}): {where}: {e['msg']}")
+    return rows, unread
+
+
+def probe_section(probe: ProbeDoc) -> Probe:
+    """The probe as the record's model: its three windows' samples and p50s lifted out, the rest
+    of checks.probe's document kept beside them."""
     b, d, a = probe["before"], probe["during"], probe["after"]
-    return {
-        **{k: v for k, v in probe.items() if k not in ("cmd", "ok", "module")},
-        "before_ms": b["ms"],
-        "during_ms": d["ms"],
-        "after_ms": a["ms"],
-        "p50_before_ms": b["p50_ms"],
-        "p50_during_ms": d["p50_ms"],
-        "p50_after_ms": a["p50_ms"],
-    }
+    return Probe.model_validate(
+        {
+            **{k: v for k, v in probe.items() if k not in ("cmd", "ok", "module")},
+            "before_ms": b["ms"],
+            "during_ms": d["ms"],
+            "after_ms": a["ms"],
+            "p50_before_ms": b["p50_ms"],
+            "p50_during_ms": d["p50_ms"],
+            "p50_after_ms": a["p50_ms"],
+        }
+    )
 
 
 def environment(
@@ -368,31 +402,24 @@ def size_label(shape: dict[str, Any]) -> str:
     return " ".join(f"{SIZE_KEYS[k]}{v}" for k, v in shape.items() if k in SIZE_KEYS)
 
 
-def kernel_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def kernel_table(rows: list[KernelRow]) -> list[TableLine]:
     """One line per (kernel, shape): ours (median, IQR), graph, both CPU baselines, torch."""
-    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str, str], TableLine] = {}
     for r in rows:
-        key = (r["suite"], r["kernel"], json.dumps(r["shape"], sort_keys=True))
+        key = (r.suite, r.kernel, json.dumps(r.shape, sort_keys=True))
         g = groups.setdefault(
-            key,
-            {
-                "suite": r["suite"],
-                "kernel": r["kernel"],
-                "shape": r["shape"],
-                "size": size_label(r["shape"]),
-                "speedup": {},
-            },
+            key, TableLine(suite=r.suite, kernel=r.kernel, shape=r.shape, size=size_label(r.shape))
         )
-        impl, med = r["impl"], r.get("median_us")
+        impl, med = r.impl, r.median_us
         if impl in OURS:
-            g["ours_us"], g["ours_iqr_us"] = med, r.get("iqr_us")
-            g["speedup"] = dict(r.get("speedup") or {})
+            g.ours_us, g.ours_iqr_us = med, r.iqr_us
+            g.speedup = dict(r.speedup)
         elif impl in GRAPH:
-            g["graph_us"] = med
+            g.graph_us = med
         elif impl in ("cpu_python", "reference_stage"):  # the stage's baseline: the Python one
-            g["cpu_python_us"] = med
+            g.cpu_python_us = med
         elif impl == "cpu_cpp":
-            g["cpu_cpp_us"] = med
+            g.cpu_cpp_us = med
         elif impl in TORCH:
-            g["torch_us"], g["torch_impl"] = med, impl
+            g.torch_us, g.torch_impl = med, impl
     return list(groups.values())

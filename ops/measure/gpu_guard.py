@@ -28,11 +28,10 @@ builds (the `small` preset's KV pool each, plus a workspace).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from checks.docs import GpuProcess, GpusDoc
+from ops.sections.bench import Guard
 
 CAP_ENV = "DDTREE_BENCH_MAX_MEM_GIB"
 SUITES = ("topk", "tree", "accept", "attn", "engine_attn")
@@ -118,28 +117,6 @@ def memory_needed_mib(suites: list[str], batches: list[int], spread: int = 0) ->
     return round((peak + contexts * CONTEXT_BYTES) / 2**20, 1)
 
 
-class GuardResult(BaseModel):
-    """The guard's findings, in the shape `ops.verdict.evidence.Guard` reads (extra fields kept)."""
-
-    verdict: Literal["ok", "refused", "hold"]
-    ok: bool
-    gpu: int | None
-    gpus: list[dict[str, Any]] = Field(default_factory=list)
-    gpu_info: dict[str, Any] | None = None
-    processes: list[dict[str, Any]] = Field(default_factory=list)
-    service_pid: int | None = None
-    service_on_gpu: bool | None = None
-    in_use: bool = False
-    allow_shared: bool = False
-    memory_free_mib: float | None = None
-    memory_needed_mib: float | None = None
-    memory_cap_mib: float | None = None
-    cap_env: dict[str, str] = Field(default_factory=dict)
-    findings: list[str] = Field(default_factory=list)
-    message: str = ""
-    hint: str | None = None
-
-
 def _proc_line(p: GpuProcess, service_pid: int | None) -> str:
     if service_pid is None:
         who = "service pid unknown"
@@ -166,7 +143,7 @@ def evaluate(
     service_pid: int | None,
     inventory_gpus: int = 0,
     spread: int = 0,
-) -> GuardResult:
+) -> Guard:
     """Decide from the host's `checks.gpus` document whether GPU `gpu` may be benchmarked.
     Where nvidia-smi cannot list the GPUs, the inventory's `gpus` (when set) still tells a GPU
     that is not there (refused, exit 2) from a host it cannot see into (HOLD)."""
@@ -175,7 +152,7 @@ def evaluate(
         {k: g.get(k) for k in ("index", "name", "uuid", "pci_bus_id", "memory_free_mib")}
         for g in rows
     ]
-    res = GuardResult(
+    res = Guard(
         verdict="ok",
         ok=True,
         gpu=gpu,
@@ -304,13 +281,13 @@ def _gib(mib: float | None) -> str:
     return "? GiB" if mib is None else f"{mib / 1024:.1f} GiB"
 
 
-def _refuse(res: GuardResult, message: str, hint: str) -> GuardResult:
+def _refuse(res: Guard, message: str, hint: str) -> Guard:
     res.verdict, res.ok, res.message, res.hint = "refused", False, message, hint
     res.findings.append(f"refused: {message}")
     return res
 
 
-def _hold(res: GuardResult, message: str) -> GuardResult:
+def _hold(res: Guard, message: str) -> Guard:
     res.verdict, res.ok, res.message = "hold", False, message
     res.findings.append(f"HOLD: {message}")
     return res

@@ -174,13 +174,13 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
     )
     o = run_bench(ctx.host, opts, ctx.say)
     ctx.found.bench_outcome = o.outcome
-    detail = o.message or f"{len(o.section.get('rows') or [])} kernel rows, no interference"
+    detail = o.message or f"{len(o.section.rows)} kernel rows, no interference"
     return Done(
         status=BENCH_STATUS[o.outcome],
         detail=f"{o.outcome}: {detail}",
         outcome=o.outcome,
         exit_code=o.code,
-        sections={"bench": o.section},
+        sections={"bench": o.section.model_dump(mode="json")},
         inputs=opts.model_dump(),
     )
 

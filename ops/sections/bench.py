@@ -71,6 +71,14 @@ class KernelRow(OpenModel):
         return self.p75_us if self.p75_us is not None else self.median_us
 
 
+class ProbeWindow(OpenModel):
+    """One of the probe's three windows (before, during, after the bench)."""
+
+    ms: list[Annotated[float, Ms]] = Field(default_factory=list)
+    p50_ms: Annotated[float, Ms] | None = None
+    n: int = Field(default=0, ge=0)
+
+
 class Probe(OpenModel):
     """None for a p50: the probe had no sample in that window (the report says unmeasured)."""
 
@@ -83,21 +91,64 @@ class Probe(OpenModel):
     p50_after_ms: Annotated[float, Ms] | None = None
     tripped: bool = False
     stopped_early: bool = False
+    # checks.probe's own document beside the lists above (a record older than them lacks them)
+    before: ProbeWindow | None = None
+    during: ProbeWindow | None = None
+    after: ProbeWindow | None = None
+    measured: bool | None = None
+    limit_ms: float | None = None
+    warnings: list[str] = Field(default_factory=list)
 
 
 class Guard(OpenModel):
+    """The GPU guard's findings (ops.measure.gpu_guard.evaluate builds it)."""
+
     ok: bool = True
     verdict: str | None = None  # "ok" | "refused" | "hold"
     message: str = ""  # why it refused or held
+    hint: str | None = None
     gpu: int | None = None
     gpus: list[dict[str, Any]] = Field(default_factory=list)
+    gpu_info: dict[str, Any] | None = None
     processes: list[dict[str, Any]] = Field(default_factory=list)
+    service_pid: int | None = None
     service_on_gpu: bool | None = None
+    in_use: bool = False
     allow_shared: bool = False
     memory_free_mib: float | None = None
     memory_needed_mib: float | None = None
     memory_cap_mib: float | None = None
+    cap_env: dict[str, str] = Field(default_factory=dict)  # the bench's memory cap, as env
     findings: list[str] = Field(default_factory=list)
+
+
+class TableLine(OpenModel):
+    """One line of the bench's console table: a (kernel, shape) with ours and each baseline."""
+
+    suite: str
+    kernel: str
+    shape: dict[str, Any]
+    size: str = ""
+    speedup: dict[str, float] = Field(default_factory=dict)
+    ours_us: float | None = None
+    ours_iqr_us: float | None = None
+    graph_us: float | None = None
+    cpu_python_us: float | None = None
+    cpu_cpp_us: float | None = None
+    torch_us: float | None = None
+    torch_impl: str | None = None
+
+
+class BenchRun(OpenModel):
+    """How `kernels.bench` ended under the probe (checks.probe's `cmd`), its output's tails."""
+
+    argv: list[str] = Field(default_factory=list)
+    rc: int | None = None
+    killed: bool = False
+    timed_out: bool = False
+    duration_s: float | None = None
+    stderr_tail: str = ""
+    stdout_tail: str = ""
 
 
 class BenchSection(OpenModel):
@@ -113,3 +164,14 @@ class BenchSection(OpenModel):
     reasons: list[str] = Field(default_factory=list)  # why ok is False (e.g. the bench crashed)
     interference: bool | None = None  # True: the probe tripped; None: not measured
     ok: bool = True
+    # how it was asked and run (the report reads none of these; the console and --json do)
+    suites: list[str] = Field(default_factory=list)
+    batches: list[int] = Field(default_factory=list)
+    threshold: float | None = None
+    decode_spread: int = 0
+    engine_flags: dict[str, Any] | None = None
+    command: str | None = None
+    service_cost: dict[str, Any] | None = None  # ops.verdict.service_cost (None: no samples)
+    table: list[TableLine] = Field(default_factory=list)
+    bench_run: BenchRun | None = None
+    memory_cap: dict[str, Any] | None = None  # {env, acknowledged_by_bench}
