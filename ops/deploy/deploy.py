@@ -196,13 +196,14 @@ class Deployer:
                 with self.host.lock(f"ops deploy {manifest.id}"):
                     return self._locked(manifest, stage)
             except StepFailed as exc:  # before the switch: the host is where it was
+                after, message = self._unswitched(exc.step)
                 return self.result(
                     "failed",
                     failed_step=exc.step.name,
-                    message=exc.step.detail,
+                    message=message,
                     release=getattr(self, "_rid", None),
                     before=self._before,
-                    after=self._before,
+                    after=after,
                 )
 
     def _package(self, stage: Path) -> ReleaseManifest:
@@ -242,9 +243,41 @@ class Deployer:
             or current.get("hook") != m.hook
         ):
             return None
-        msg = f"release {current['id']} (git {m.git_sha[:12]}) is already current; nothing to do"
         cur = current["id"]
-        return self.result("already-current", release=cur, before=cur, after=cur, message=msg)
+        msg = f"release {cur} (git {m.git_sha[:12]}) is already current"
+        down = None if self.opts.no_restart else self._not_serving()
+        if down is not None:  # said, and not exit 0; started only by the operator (see below)
+            return self.result(
+                "failed",
+                failed_step="service",
+                release=cur,
+                before=cur,
+                after=cur,
+                message=f"{msg}, but {down}",
+            )
+        return self.result(
+            "already-current", release=cur, before=cur, after=cur, message=f"{msg}; nothing to do"
+        )
+
+    def _not_serving(self) -> str | None:
+        """Why the service of a release that is already current does not serve (None: it
+        does). A deploy that has nothing to install does not start it: it may have been stopped
+        on purpose (`ops service stop` for maintenance), and a deploy with nothing to do must
+        not undo that; but it does not exit 0 either, which says "current and serving" for
+        every other deploy (probe37b: exit 0 "already current" over a stopped service)."""
+        try:
+            st = manager_for(self.host).status()
+        except HostError as exc:
+            return f"its service's state is unknown: the host did not answer ({exc.message})"
+        if st.active:
+            return None
+        name = self.target.name
+        what = f"its service is {st.state}" + (f" ({st.detail})" if st.detail else "")
+        how = "start" if st.state == "inactive" else "restart"
+        return (
+            f"{what}: nothing was installed or started; `ops service {how} {name}` starts it "
+            f"(`ops healthcheck {name}` then checks it)"
+        )
 
     def _older_than(self, m: ReleaseManifest, current: dict[str, Any] | None) -> str | None:
         """A notice when the commit deployed is an ancestor of the current release's commit
@@ -516,6 +549,8 @@ class Deployer:
             def switch() -> tuple[Status, str, dict[str, Any]]:
                 try:
                     doc = host_releases(self.host, "switch", rid, "pending")
+                except HostError as exc:  # its result lost: the host is asked, after the guard
+                    return "fail", f"switch failed: {exc.message}", {"lost": True}
                 except OpsError as exc:  # the host undid its half: current is where it was
                     why = exc.message
                     return (
@@ -626,13 +661,18 @@ class Deployer:
                 detail = f"first install removed: current {done.get('current') or '(none)'}"
                 return ("ok" if not st.active else "fail"), f"{detail}; service {st.state}", {}
             if not doc.get("reverted"):
-                return "fail", doc.get("note") or f"nothing to switch back to: current is {rid}", {}
+                if doc.get("note"):
+                    return "fail", doc["note"], {}
+                # no switch was pending: the guard put it back already (ops's connection to it
+                # was lost), or something else moved current; the host says which, not a guess
+                return self._nothing_pending(mgr, rid, before, reverted)
             try:
                 st = mgr.restart(self.opts.wait_s)
                 rep = self._health(False)
             except HostError as exc:
                 detail = f"current: {rid} -> {doc.get('current')}; then {exc.message}"
                 return "fail", detail, {}
+            kept = False  # the restart could not happen, and need not: the old one still serves
             if "was not stopped" in st.detail:  # the restart could not happen: who serves?
                 try:
                     serving = self._release_of(mgr.status().runs_from)
@@ -640,11 +680,21 @@ class Deployer:
                     serving = None
                 if serving is not None and serving != doc.get("current"):
                     reverted["still_serving"] = serving
-            ok = st.active and rep.ok
-            detail = f"current: {rid} -> {doc.get('current')}; service {st.state}"
-            if reverted.get("still_serving"):
-                detail += f" (it still runs {reverted['still_serving']}: {st.detail})"
-            detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
+                kept = serving is not None and serving == doc.get("current")
+            ok = (st.active or kept) and rep.ok
+            detail = f"current: {rid} -> {doc.get('current')}; "
+            if kept and rep.ok:  # a full disk refused the new release's restart: never stopped
+                detail += (
+                    f"restored: its service was never stopped, it still runs {serving} and is "
+                    "healthy (no restart needed; none could happen)"
+                )
+            else:
+                detail += f"service {st.state}"
+                if reverted.get("still_serving"):
+                    detail += f" (it still runs {reverted['still_serving']}: {st.detail})"
+                elif kept:
+                    detail += f" (it still runs {serving}: {st.detail})"
+                detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
             data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
             return ("ok" if ok else "fail"), detail, data
 
@@ -658,7 +708,10 @@ class Deployer:
             except OpsError:
                 pass  # deploy.pending stays: the guard, as ops leaves, restarts the same release
         after = reverted.get("current") if reverted.get("reverted") else None
-        if reverted.get("first_install"):
+        if reverted.get("by_guard"):
+            after = reverted["by_guard"]
+            where = f"rolled back to {after} (by the host's guard)"
+        elif reverted.get("first_install"):
             where = "the first install was removed (no release is current)"
         elif reverted.get("still_serving"):
             where = (
@@ -679,6 +732,47 @@ class Deployer:
             message=f"{failed.name} failed ({failed.detail}); {where}",
         )
 
+    def _nothing_pending(
+        self, mgr: Any, rid: str, before: str | None, reverted: dict[str, Any]
+    ) -> tuple[Status, str, dict[str, Any]]:
+        """The rollback found no switch pending: the step before lost its result (the link to
+        the host broke) and the host's guard, left alone, put the host back. Asked of the host:
+        where current is and, once the guard is done, whether the service serves."""
+        now, asked = self._ask_current()
+        if now is None and asked.startswith("current unknown"):
+            return "fail", f"no switch pending to undo; {asked}", {}
+        if now != before or before is None:
+            what = "still the release that failed" if now == rid else "neither"
+            return "fail", f"no switch pending to undo; {asked} ({what})", {}
+        why = "the host's guard put it back (ops's link to it was lost)"
+        try:
+            self._guard_done()
+            st = mgr.status()
+            rep = self._health(False)
+        except HostError as exc:
+            detail = f"current is {now}: {why}; service unknown: the host did not answer ({exc})"
+            return "fail", detail, {}
+        reverted["by_guard"] = now
+        serving = self._release_of(st.runs_from)
+        ok = st.active and rep.ok and serving in (None, now)
+        detail = f"current is {now}: {why}; service {st.state}"
+        if serving is not None and serving != now:
+            detail += f" (it still runs {serving})"
+        detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
+        data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
+        return ("ok" if ok else "fail"), detail, data
+
+    def _guard_done(self) -> None:
+        """Wait until no guard holds `deploy.guard` (one putting the host back restarts the
+        service, then exits); bounded by its own bound (the service's stop, then a start)."""
+        limit = int(self.target.service.stop_timeout + self.opts.wait_s + 30)
+        self.host.run(
+            ["flock", "-w", str(limit), f"{self.root}/deploy.guard", "true"],
+            warn=True,
+            timeout=limit + 30,
+            step="wait for the guard",
+        )
+
     def _release_of(self, cwd: str | None) -> str | None:
         """The release id a service's working directory is (None: not a release of this root)."""
         if not cwd:
@@ -692,7 +786,7 @@ class Deployer:
         try:
             now = shown_state(host_releases(self.host, "list").get("current_state"))
         except OpsError as exc:
-            return None, f"could not ask the host where current is: {exc.message}"
+            return None, f"current unknown: the host did not answer ({exc.message})"
         return now, f"current is {now or '(none)'}"
 
     def _recovered(self, undone: dict[str, Any]) -> DeployResult:
@@ -713,6 +807,15 @@ class Deployer:
             message=f"rolled back: {now} is current and healthy (was {was}, never proven)",
         )
 
+    def _unswitched(self, failed: Step) -> tuple[str | None, str]:
+        """A step failed before a switch was made: (where current is, the result's message).
+        Where the switch's own result was lost (the link to the host broke), the host is asked,
+        now that the guard is done, instead of assuming it never switched."""
+        if not failed.data.get("lost"):
+            return self._before, failed.detail
+        now, asked = self._ask_current()
+        return now, f"{failed.detail}; {asked} (asked of the host once its guard was done)"
+
     def _where_now(self) -> str:
         return self._ask_current()[1]
 
@@ -726,17 +829,19 @@ class Deployer:
         self.step("prune", prune)
 
     # -- rollback to an earlier release ----------------------------------------------------
-    def rollback(self, to: str | None) -> DeployResult:
+    def rollback(self, to: str | None, holder: str | None = None) -> DeployResult:
         """Switch to `to` (default: previous), restart, post-flight; undone if that fails.
-        Prunes nothing. Raises DeployInterrupted on Ctrl-C."""
+        Prunes nothing. Raises DeployInterrupted on Ctrl-C. `holder`: what the host lock names
+        as its holder to anyone refused meanwhile (default: `ops rollback <to>`; a rollout's
+        measure switching releases says so)."""
         with interrupted_once():
             try:
-                return self._rollback_to(to)
+                return self._rollback_to(to, holder or f"ops rollback {to or 'previous'}")
             except KeyboardInterrupt:
                 raise DeployInterrupted(self._interrupted()) from None
 
-    def _rollback_to(self, to: str | None) -> DeployResult:
-        with self.host.lock(f"ops rollback {to or 'previous'}"):
+    def _rollback_to(self, to: str | None, holder: str) -> DeployResult:
+        with self.host.lock(holder):
             try:
                 undone = self._prepared(host_releases(self.host, *self._prepare_args()))
             except StepFailed as exc:
@@ -785,12 +890,13 @@ class Deployer:
             try:
                 res = self._switch_and_prove(want, before, prune=False)
             except StepFailed as exc:
+                after, message = self._unswitched(exc.step)
                 return self.result(
                     "failed",
                     failed_step=exc.step.name,
-                    message=exc.step.detail,
+                    message=message,
                     before=before,
-                    after=before,
+                    after=after,
                 )
             if res.outcome == "deployed":
                 res.outcome = "switched"

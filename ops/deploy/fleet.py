@@ -43,7 +43,7 @@ def undo(target: Target, result: DeployResult, opts: DeployOptions, progress: Pr
     try:
         with open_host(target) as host:
             back = Deployer(host, opts, lambda n, s: progress(target.name, n, s)).rollback(
-                result.before
+                result.before, f"ops deploy (a failing wave: back to {result.before})"
             )
     except DeployInterrupted as exc:
         back = exc.result

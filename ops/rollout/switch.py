@@ -360,6 +360,11 @@ class Recheck:
     failed: bool = False
 
 
+def _holder(release: str) -> str:
+    """The host lock's holder while the recheck switches (probe37b: not 'ops rollback')."""
+    return f"ops rollout measure (switch to {release})"
+
+
 def recheck(
     ctx: Context,
     st: MeasureStep,
@@ -390,7 +395,7 @@ def recheck(
     for k in range(1, last + 1):
         with open_host(ctx.target) as host:
             ctx.arms.measure_serving = None  # not known again until the switch has answered
-            back = Deployer(host, opts, show).rollback(dep.before)
+            back = Deployer(host, opts, show).rollback(dep.before, _holder(dep.before))
         if not back.ok:
             what = f"switching back to {dep.before} failed ({back.message})"
             if k == 1:
@@ -409,7 +414,7 @@ def recheck(
             widths = half_widths(ctx.arms.before, again, after)
         with open_host(candidate_target(ctx.target, ctx.change)) as host:
             ctx.arms.measure_serving = None
-            fwd = Deployer(host, opts, show).rollback(dep.release)
+            fwd = Deployer(host, opts, show).rollback(dep.release, _holder(dep.release))
         if not fwd.ok:
             ctx.arms.recheck_left_on = fwd.after or dep.before
             note = (

@@ -1,0 +1,215 @@
+"""probe37b B9/B13 leftovers: what a deploy says must be what the host is.
+
+- A full disk at the restart: the new release's restart cannot happen and stops nothing, the
+  rollback switches current back over the old service that never stopped: its step is ok
+  ("restored"), not "FAIL ... service failed; checks pass again".
+- A deploy of the release already current over a stopped service says the service does not
+  serve and how to start it, and does not exit 0.
+- The host lock held by a switch that is not `ops rollback` names its holder for what it is.
+- A restart whose result is lost while the host's guard, left alone, put the host back: the
+  rollback asks the host where current is instead of saying "nothing to switch back to:
+  current is <the new release>". (The probe cut the SSH connection; here, deterministically on
+  `local`, the guard is cut off from ops by ending its `cat`, the read of ops's end of the
+  link, and then the host-side process of the restart is killed, so its result is lost.)
+
+Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service of
+tests/helpers/deploy_ops.py, a tmpfs for the full disk.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops, steps
+from helpers.local import end_services
+from test_deploy_unowned import fill, ops_on, small_disk  # noqa: F401 - small_disk: a fixture
+
+SLOW_START = ("engine/svc.py", "def main() -> None:\n", "def main() -> None:\n    time.sleep(4)\n")
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    end_services(o.root)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def status(ops: Ops) -> dict:
+    return ops.json("service", "status", "local")[1]
+
+
+def test_full_disk_at_restart_the_rollback_step_says_restored(
+    small_disk: Path,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    ops = ops_on(small_disk, tmp_path)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1, pid = ops.current(), status(ops)["pid"]
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+        filled: list[Path] = []
+        code, out, err, _ = ops.interrupt_at(
+            "switch: ok", "local", sig=0, first=lambda: filled.append(fill(small_disk, 3))
+        )
+        said = flat(out + err)
+        result = ops.record("deploy")["results"][0]
+        if steps(result).get("restart") == "ok":
+            pytest.skip("the restart found room on the disk this time: nothing to check")
+        assert code == 1 and "Traceback" not in said, said
+        rollback = next(s for s in result["steps"] if s["name"] == "rollback")
+        assert rollback["status"] == "ok", rollback
+        assert "restored: its service was never stopped" in rollback["detail"], rollback
+        assert f"it still runs {r1} and is healthy" in rollback["detail"], rollback
+        assert "rollback: ok" in said and "rollback: FAIL" not in said, said
+        assert result["outcome"] == "rolled-back" and f"rolled back to {r1}" in said, said
+        assert ops.current() == r1
+        st = status(ops)
+        assert st["state"] == "active" and st["pid"] == pid, st  # never stopped
+    finally:
+        end_services(ops.root)
+
+
+def test_already_current_over_a_stopped_service_says_so(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    ops.stop()
+    res = ops.deploy()
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "Traceback" not in said, said
+    assert f"release {r1}" in said and "is already current, but its service is inactive" in said
+    assert "nothing was installed or started; `ops service start local` starts it" in said, said
+    assert status(ops)["state"] == "inactive"  # not started behind the operator's back
+    result = ops.record("deploy")["results"][0]
+    assert (result["outcome"], result["failed_step"]) == ("failed", "service"), result
+    # --no-restart: the service is left alone by design, so nothing is wrong
+    res = ops.deploy("--no-restart")
+    assert res.returncode == 0 and "already current; nothing to do" in flat(res.stdout), res
+    # serving again: the plain no-op it always was
+    assert ops("service", "start", "local").returncode == 0
+    res = ops.deploy()
+    assert res.returncode == 0 and "already current; nothing to do" in flat(res.stdout), res
+
+
+# The Deployer's rollback as the rollout's measure runs it for its recheck (ops.rollout.switch),
+# with the holder it names; the restart of the release it switches to takes 4 s.
+RECHECK_SWITCH = """
+import sys
+from ops.deploy.deploy import Deployer, DeployOptions
+from ops.hosts.inventory import load_inventory
+from ops.hosts.remote import open_host
+from ops.rollout.switch import _holder
+inv, to = sys.argv[1], sys.argv[2]
+with open_host(load_inventory(inv).target("local")) as host:
+    res = Deployer(host, DeployOptions(max_tokens=3), lambda n, s: print(n, flush=True)).rollback(
+        to, _holder(to)
+    )
+print(res.outcome, flush=True)
+"""
+
+
+def test_a_deploy_refused_during_a_measure_switch_names_the_measure(
+    ops: Ops, tmp_path: Path
+) -> None:
+    commit_change(ops.src, *SLOW_START)  # each release's restart takes 4 s
+    assert ops.deploy("--bootstrap", "--wait", "30").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy("--wait", "30").returncode == 0
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    driver = tmp_path / "switch.py"
+    driver.write_text(RECHECK_SWITCH)
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(ops.inventory), r1],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        while "restart" not in seen:  # the lock is held from before the switch to the end
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        res = ops.deploy("--force")
+    finally:
+        out, _ = proc.communicate(timeout=120)
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 2 and "host lock held by" in said, said
+    assert f"ops rollout measure (switch to {r1})" in said, said
+    assert "ops rollback" not in said, said
+    assert out.strip().endswith("switched"), seen + out
+
+
+def _procs() -> list[tuple[int, int, list[str]]]:
+    """(pid, parent pid, argv) of every live process."""
+    found = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if stat[0] != "Z":
+            found.append((int(p), int(stat[1]), argv[:-1]))
+    return found
+
+
+def _wait(cond, seconds: float, what: str):  # noqa: ANN001, ANN202
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if value := cond():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_restart_whose_result_is_lost_asks_where_the_guard_left_the_host(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, *SLOW_START)  # the new release's restart waits 4 s for /health
+    guard_mark = f"{ops.root}/deploy.guard"
+
+    pidfile = f"{ops.root}/run/ddtree-engine.pid"
+
+    def cut_off() -> None:
+        def restarts() -> list[int]:  # the process manager's restart: the deploy's own
+            return [
+                p
+                for p, _, argv in _procs()
+                if argv[1:3] == ["-S", "-c"] and "restart" in argv and pidfile in argv
+            ]
+
+        (restart,) = _wait(restarts, 30, "the deploy's restart on the host")
+        procs = _procs()
+        guards = {p for p, _, argv in procs if any(guard_mark in a for a in argv)}
+        (cat,) = [p for p, parent, argv in procs if argv == ["cat"] and parent in guards]
+        os.kill(cat, signal.SIGKILL)  # the guard takes ops for gone: it puts the host back
+        _wait(lambda: ops.current() == r1, 30, "the guard's revert")
+        os.kill(restart, signal.SIGKILL)  # the deploy's own restart dies: its result is lost
+
+    code, out, err, _ = ops.interrupt_at("restart ...", "local", sig=0, first=cut_off)
+    said = flat(out + err)
+    assert code == 1 and "Traceback" not in said, said
+    assert "nothing to switch back to" not in said, said
+    result = ops.record("deploy")["results"][0]
+    rollback = next(s for s in result["steps"] if s["name"] == "rollback")
+    assert f"current is {r1}: the host's guard put it back" in rollback["detail"], rollback
+    assert rollback["status"] == "ok" and "service active" in rollback["detail"], rollback
+    assert result["after"] == r1 and f"rolled back to {r1} (by the host's guard)" in said, said
+    assert ops.current() == r1 and ops.serving() == r1
