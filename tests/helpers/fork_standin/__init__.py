@@ -19,6 +19,7 @@ way, one that raises, a wrong walk).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,16 @@ def release(root: Path) -> Path:
     for pkg in ("integration", "kernels", "checks"):
         shutil.copytree(REPO / pkg, rel / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "integration" / "site", rel / "site")
+    manifest = {  # a release says what it is (ops service start refuses a `current` without one)
+        "id": rel.name,
+        "git_sha": "f0rk5ta" + "0" * 33,
+        "ref": "stand-in",
+        "created": "2027-01-01T00:00:00Z",
+        "deployed_by": "tests",
+        "source": str(REPO),
+        "target": "local",
+    }
+    (rel / "release.json").write_text(json.dumps(manifest))
     (root / "current").symlink_to(rel)
     return root / "current"
 
