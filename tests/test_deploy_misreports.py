@@ -213,3 +213,47 @@ def test_a_restart_whose_result_is_lost_asks_where_the_guard_left_the_host(ops: 
     assert rollback["status"] == "ok" and "service active" in rollback["detail"], rollback
     assert result["after"] == r1 and f"rolled back to {r1} (by the host's guard)" in said, said
     assert ops.current() == r1 and ops.serving() == r1
+
+
+# The host-side switch's result lost: its process is killed the instant it starts (as a dropped
+# SSH connection would end it), inside the real `ops` process (the driver wraps subprocess.Popen
+# for the one command whose arguments carry MARK; everything else runs as it is).
+KILL_AT_START = """
+import subprocess, sys
+import ops.hosts.local as local
+MARK = sys.argv.pop(1)
+real = subprocess.Popen
+class Popen(real):
+    def __init__(self, args, *a, **k):
+        super().__init__(args, *a, **k)
+        if MARK in " ".join(map(str, args)):
+            self.kill()
+local.subprocess.Popen = Popen
+from ops.cli import main
+sys.argv = ["ops", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_switch_whose_result_is_lost_asks_where_current_is(ops: Ops, tmp_path: Path) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILL_AT_START)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    res = subprocess.run(
+        [sys.executable, str(driver), f"' switch {ops.root}", *ops.argv(*args)[3:]],
+        capture_output=True,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+        timeout=120,
+    )
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "Traceback" not in said, said
+    result = ops.record("deploy")["results"][0]
+    assert result["failed_step"] == "switch" and result["after"] == r1, result
+    assert f"current is {r1} (asked of the host once its guard was done)" in said, said
+    assert "current is still" not in said, said
+    assert ops.current() == r1 and ops.serving() == r1
