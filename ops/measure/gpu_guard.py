@@ -226,7 +226,8 @@ def evaluate(
                 f"runs on every GPU of {target} ({len(rows)}; tensor parallel): a bench there "
                 f"always shares one with it, so pass --allow-shared to bench GPU {gpu} beside "
                 "the service (memory-capped, the interference probe watching it)",
-                "docs/performance.md says what a shared bench measured costing the service",
+                f"pass --allow-shared to bench GPU {gpu} beside the service; docs/performance.md "
+                "says what a shared bench measured costing the service",
             )
         return _refuse(
             res,
