@@ -284,7 +284,11 @@ def test_ctrl_c_keeps_the_profile_levels_that_finished(
         "before it"
     ), rep.stdout
     assert prof["incomplete"] == [
-        {"concurrency": 2, "missing": ["interrupted (Ctrl-C) before this level finished"]}
+        {
+            "concurrency": 2,
+            "missing": ["interrupted (Ctrl-C) before this level finished"],
+            "pilot": None,
+        }
     ]
     wait_for(lambda: not any(_running(p) for p in started), 10, f"{started} to end")
     assert matching(*marker, at=1) == []

@@ -280,8 +280,8 @@ def test_a_service_that_does_not_answer_is_said_once(ops: Ops) -> None:
     assert rec["outcome"] == "fail"
     prof = ProfileSection.model_validate(rec["profile"])
     assert prof.service_down == "connection refused" and prof.levels == []
-    assert [i["concurrency"] for i in prof.incomplete] == [1, 8]
-    assert prof.incomplete[0]["missing"] == ["the service did not answer (connection refused)"]
+    assert [i.concurrency for i in prof.incomplete] == [1, 8]
+    assert prof.incomplete[0].missing == ["the service did not answer (connection refused)"]
     # the report built from it says why there is no f
     code, rep = ops.json(
         "report",

@@ -212,7 +212,7 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     assert code == 0, doc
     for lv in _record(doc)["profile"]["levels"]:
         sh = lv["shadow"]
-        assert (sh["offered"], sh["error"], sh["candidate"], sh["baseline"]) == (
+        assert (sh["offered"], sh.get("error"), sh["candidate"], sh["baseline"]) == (
             True,
             None,
             "torch",
@@ -250,8 +250,8 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     )
     assert code == 0, doc
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
-    assert sh["offered"] is True and "needs the engine on a GPU" in sh["error"]
-    assert doc["shadow_not_timed"] == [{"concurrency": 1, "why": sh["error"]}]
+    assert sh["offered"] is True and "needs the engine on a GPU" in sh.get("error")
+    assert doc["shadow_not_timed"] == [{"concurrency": 1, "why": sh.get("error")}]
     # the tree build's shadow: the compiled C++ builder beside the serving Python reference
     code, doc = ops.json(
         "profile",
@@ -269,7 +269,7 @@ def test_profile_times_the_aa_shadow_on_the_reference_engine(ops: Ops) -> None:
     )
     assert code == 0, doc
     sh = _record(doc)["profile"]["levels"][0]["shadow"]
-    assert (sh["component"], sh["baseline"], sh["candidate"], sh["error"]) == (
+    assert (sh["component"], sh["baseline"], sh["candidate"], sh.get("error")) == (
         "tree_build",
         "reference",
         "cpp",
@@ -448,7 +448,7 @@ def test_a_rollout_arms_the_shadow_only_after_the_bench_passed(ops: Ops) -> None
     run = Path(doc["run_dir"])
     sec = json.loads(next(run.glob("*-profile/record.json")).read_text())["profile"]
     assert sec["shadow_not_armed"] == "shadow not armed: the bench did not pass (hold)"
-    assert all("shadow" not in lv for lv in sec["levels"])
+    assert all(lv["shadow"] is None for lv in sec["levels"])  # none armed, none timed
 
 
 def test_a_ctrl_c_while_arming_still_disarms(monkeypatch: pytest.MonkeyPatch) -> None:

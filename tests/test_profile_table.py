@@ -17,7 +17,8 @@ import pytest
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "records"
 PRINT = (
     "import json, sys; from ops.cli.measure import _print_profile; "
-    "_print_profile(json.load(open(sys.argv[1]))['profile'])"
+    "from ops.sections.profile import ProfileSection as P; "
+    "_print_profile(P.model_validate(json.load(open(sys.argv[1]))['profile']))"
 )
 
 

@@ -40,7 +40,9 @@ from helpers.sshd import free_port
 
 from ops.rollout.steps import Arms, Found, sized_requests
 from ops.rollout.switch import AUDIT_PARTS, run_plan
+from ops.sections.common import Value
 from ops.sections.measure import MeasureSection
+from ops.sections.profile import ProfileLevel
 from ops.verdict.evidence import gather
 
 SMALL = [
@@ -318,7 +320,7 @@ def test_a_deploying_playbook_switches_the_component_and_measures_it(local_stopp
     # tokens/s (sized_requests), the same before and after the switch
     sized = record(run / "04-measure")["measure"]["settings"]["requests_per_level"]
     prof = record(run / "01-profile")["profile"]["levels"][0]
-    assert sized == {"1": sized_requests([prof], 0.4, 8)[1]} and sized["1"] > 2, sized
+    assert sized == {"1": sized_requests([ProfileLevel(**prof)], 0.4, 8)[1]} and sized["1"] > 2
     assert {r["completed"] for r in raw} | {r["completed"] for r in before_runs} == {sized["1"]}
     assert row["service_speedup"] == sp
     md = (run / "report.md").read_text()
@@ -669,10 +671,11 @@ def test_a_ctrl_c_in_the_after_arm_names_the_deployed_candidate(
 
 def test_a_level_the_profile_could_not_size_runs_load_requests() -> None:
     # c=32's requests all failed in the profile: no tokens/s there, so nothing to size it by
+    step = Value(value=10.0)
     levels = [
-        {"concurrency": 1, "tokens_per_s": {"value": 100.0}},
-        {"concurrency": 8, "tokens_per_s": {"value": 640.0}},
-        {"concurrency": 32},
+        ProfileLevel(concurrency=1, step_ms=step, tokens_per_s=Value(value=100.0)),
+        ProfileLevel(concurrency=8, step_ms=step, tokens_per_s=Value(value=640.0)),
+        ProfileLevel(concurrency=32, step_ms=step),
     ]
     sized = sized_requests(levels, 10.0, 32)
     assert sized == {1: 32, 8: 200}

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # each command imports its own module when it runs (a fast `o
 
     from ops.measure.bench import BenchOutcome
     from ops.sections.bench import BenchSection, ProbeWindow, TableLine
+    from ops.sections.profile import ProfileLevel, ProfileSection
 
 
 @command
@@ -106,7 +107,7 @@ def bench(
     def go(host: Host) -> Done[BenchOutcome]:
         with err.status("bench", spinner="dots") as status:
             o = run_bench(host, opts, lambda s: status.update(f"bench {host.name}: {s}"))
-        return Done(o.code, o.outcome, o, o.section.model_dump(mode="json"))
+        return Done(o.code, o.outcome, o, o.section.record())
 
     return on_target(
         ctx, "bench", target, opts.model_dump(), go, _show_bench, doc=_bench_doc, always=_say
@@ -330,35 +331,35 @@ def profile(
         run_seconds=run_seconds,  # type: ignore[arg-type]
     )
 
-    def go(host: Host) -> Done[dict[str, Any]]:
+    def go(host: Host) -> Done[ProfileSection]:
         try:
             with err.status("profile", spinner="dots") as status:
                 sec = run_profile(
                     host, opts, lambda c: status.update(f"profile {host.name}: c={c} done")
                 )
         except ProfileInterrupted as stop:  # the finished levels go into the record
-            return Done(EXIT_INTERRUPTED, "interrupted", stop.section)
-        if sec.get("failed_requests") or sec.get("service_down"):
-            return Done(EXIT_FAIL, "fail", sec)
-        if sec["incomplete"]:
-            return Done(EXIT_HOLD, "hold", sec)
-        return Done(EXIT_OK, "pass", sec)
+            return Done(EXIT_INTERRUPTED, "interrupted", stop.section, stop.section.record())
+        if sec.failed_requests or sec.service_down:
+            return Done(EXIT_FAIL, "fail", sec, sec.record())
+        if sec.incomplete:
+            return Done(EXIT_HOLD, "hold", sec, sec.record())
+        return Done(EXIT_OK, "pass", sec, sec.record())
 
     return on_target(
         ctx, "profile", target, opts.model_dump(), go, _print_profile, always=_profile_why
     )
 
 
-def _profile_why(done: Done[dict[str, Any]]) -> None:
+def _profile_why(done: Done[ProfileSection]) -> None:
     """Why a profile is not a pass (HOLD: the numbers a level lacks; fail: failed requests)."""
     from ops.measure.profile import INTERRUPTED
 
-    sec = done.section
-    if sec.get("service_down"):
-        say_service_down(sec["url"], sec["service_down"], sec["target"])
+    sec = done.result
+    if sec.service_down:
+        say_service_down(sec.url or "", sec.service_down, sec.target)
         return
-    if "interrupted" in sec:
-        left = sec["interrupted"]["levels_left"]
+    if sec.interrupted is not None:
+        left = sec.interrupted.levels_left
         err.print(
             f"[yellow]interrupted:[/] c={', '.join(map(str, left))} not profiled (Ctrl-C); the "
             "levels that finished are in the record"
@@ -367,42 +368,40 @@ def _profile_why(done: Done[dict[str, Any]]) -> None:
             "record",
             soft_wrap=True,
         )
-    for inc in sec["incomplete"]:
-        if inc["missing"] == [INTERRUPTED]:
+    for inc in sec.incomplete:
+        if inc.missing == [INTERRUPTED]:
             continue
         err.print(
-            f"[yellow]HOLD:[/] c={inc['concurrency']}: missing "
-            + escape("; ".join(inc["missing"]) or "the step time"),
+            f"[yellow]HOLD:[/] c={inc.concurrency}: missing "
+            + escape("; ".join(inc.missing) or "the step time"),
             soft_wrap=True,
         )
-    if sec.get("failed_requests"):
-        err.print(f"[bold red]fail:[/] {sec['failed_requests']} requests failed")
+    if sec.failed_requests:
+        err.print(f"[bold red]fail:[/] {sec.failed_requests} requests failed")
 
 
-def batch_cap(sec: dict[str, Any]) -> int | None:
+def batch_cap(sec: ProfileSection) -> int | None:
     """The most requests the service batches in one step, where it says (the engine does)."""
-    cap = ((sec.get("service") or {}).get("engine") or {}).get("max_batch_size")
+    cap = (sec.service.get("engine") or {}).get("max_batch_size")
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
-def _level_line(lv: dict[str, Any], cap: int | None = None) -> str:
+def _level_line(lv: ProfileLevel, cap: int | None = None) -> str:
     """One level's own numbers, on the line above its stages: `name=value` items, so a narrow
     terminal wraps between items, never inside one. A level above the service's batch cap
     says so: c=32 on a service that batches 8 measures batch 8, not 32."""
-    parts = [f"c={lv['concurrency']}"]
-    if lv.get("batch") not in (None, ""):
-        parts.append(f"batch={lv['batch']}")
-    if cap is not None and lv["concurrency"] > cap:
+    parts = [f"c={lv.concurrency}", f"batch={lv.batch}"]
+    if cap is not None and lv.concurrency > cap:
         parts.append(f"(capped: the service batches at most {cap})")
-    parts.append(f"step={lv['step_ms']['value']:.2f}ms")
-    if tok := lv.get("tokens_per_s"):
-        parts.append(f"tok/s={tok['value']:.1f}")
-    if acc := lv.get("accept_length"):
-        parts.append(f"accept={acc['value']:.2f}")
+    parts.append(f"step={lv.step_ms.value:.2f}ms")
+    if tok := lv.tokens_per_s:
+        parts.append(f"tok/s={tok.value:.1f}")
+    if acc := lv.accept_length:
+        parts.append(f"accept={acc.value:.2f}")
     return "  ".join(parts)
 
 
-def _print_profile(sec: dict[str, Any]) -> None:
+def _print_profile(sec: ProfileSection) -> None:
     """Per level: a line with its own numbers, then its stages in a table of four short
     columns (fits 40 columns); no cell ever wraps: a number split over two lines reads as two
     numbers. A stage inside another (attention inside verify) is indented under it, and a
@@ -410,39 +409,39 @@ def _print_profile(sec: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    if not sec["levels"]:
+    if not sec.levels:
         return
-    out.print(f"profile {escape(sec['target'])}: ms per step, share of the step, f")
-    for lv in sec["levels"]:
+    out.print(f"profile {escape(sec.target)}: ms per step, share of the step, f")
+    for lv in sec.levels:
         out.print(escape(_level_line(lv, batch_cap(sec))))
-        stages = [s for s in STAGES if s in lv.get("stage_ms", {})]
+        stages = [s for s in STAGES if s in lv.stage_ms]
         if not stages:
             continue
-        mixed = any(lv["stage_ms"][s]["source"] != "measured" for s in stages)
+        mixed = any(lv.stage_ms[s].source != "measured" for s in stages)
         t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
         for h in ("stage", "ms", "share", "f", *(("source",) if mixed else ())):
             left = h in ("stage", "source")
             t.add_column(h, justify="left" if left else "right", no_wrap=True)
         for s in stages:
-            v = lv["stage_ms"][s]
-            wall = lv.get("wall_share", {}).get(s)
+            v = lv.stage_ms[s]
+            wall = lv.wall_share.get(s)
             inside = NESTED_STAGES.get(s)
             t.add_row(
                 f"  {s}" if inside else s,
-                f"{v['value']:.3g}",
-                f"{v['value'] / lv['step_ms']['value']:.1%}",
-                "-" if wall is None else f"{wall['value']:.1%}",
-                *((v["source"],) if mixed else ()),
+                f"{v.value:.3g}",
+                f"{v.value / lv.step_ms.value:.1%}",
+                "-" if wall is None else f"{wall.value:.1%}",
+                *((v.source,) if mixed else ()),
             )
         out.print(t)
         for s in stages:
             if inside := NESTED_STAGES.get(s):
                 out.print(f"{s} is part of {inside} (its share is inside {inside}'s)")
-    derived = [lv for lv in sec["levels"] if lv.get("method") == "derived"]
+    derived = [lv for lv in sec.levels if lv.method == "derived"]
     for lv in derived[:1]:
-        out.print(f"derived: {escape(lv['step_ms']['note'])}", overflow="fold")
-        out.print(f"derived: f is step-based: {escape(lv.get('f_basis', ''))}", overflow="fold")
-    if any(lv.get("wall_share") for lv in sec["levels"]):
+        out.print(f"derived: {escape(lv.step_ms.note)}", overflow="fold")
+        out.print(f"derived: f is step-based: {escape(lv.f_basis or '')}", overflow="fold")
+    if any(lv.wall_share for lv in sec.levels):
         out.print(
             "f: the stage's share of the measured window's wall time (its seconds over all the "
             "window's steps, any batch size, and prefills / the window's wall seconds); share: "

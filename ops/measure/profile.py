@@ -80,7 +80,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from checks.docs import Counters, LevelDoc
 from checks.vocabulary import NESTED_STAGES
@@ -106,6 +106,14 @@ from ops.measure.counters import (
 )
 from ops.measure.loadtest import run_loadtest
 from ops.measure.shadow import hook_shadow, left_armed, shadow_level
+from ops.sections.profile import (
+    Incomplete,
+    ProfileInterruption,
+    ProfileLevel,
+    ProfileSection,
+    ShadowMismatched,
+    ShadowNotTimed,
+)
 
 # Runs on the host with the target's python from the data-plane dir: one CPU baseline at batch
 # B, timed until `seconds` pass (at least `min_reps` calls). One JSON line on stdout.
@@ -412,15 +420,15 @@ class ProfileInterrupted(KeyboardInterrupt):
     """Ctrl-C during a profile; `section` holds the levels that finished before it, the others
     listed in `incomplete` as interrupted (what ran on the host is stopped already)."""
 
-    def __init__(self, section: dict[str, Any]) -> None:
-        left = section["interrupted"]["levels_left"]
+    def __init__(self, section: ProfileSection) -> None:
+        left = section.interrupted.levels_left if section.interrupted else []
         super().__init__(f"interrupted with {len(left)} of the levels left: {left}")
         self.section = section
 
     @property
     def partial_sections(self) -> dict[str, Any]:
         """What an interrupted step's record keeps (ops.rollout.runner)."""
-        return {"profile": self.section}
+        return {"profile": self.section.record()}
 
 
 @dataclass
@@ -435,30 +443,25 @@ class _Sweep:
 
 def run_profile(
     host: Host, opts: ProfileOptions, on_level: Callable[[int], None] = lambda c: None
-) -> dict[str, Any]:
+) -> ProfileSection:
     """Every level, measured where the service has stage timings, derived where it has not.
 
     `incomplete` lists the levels (and what they lack) that cannot serve a decision;
     `failed_requests` counts the load's failures. Ctrl-C raises ProfileInterrupted, with the
     levels that finished.
     """
-    section: dict[str, Any] = {
-        "target": host.name,
-        "url": host.target.service.url,
-        "service": {},
-        "settings": opts.model_dump(),
-        "levels": [],
-        "incomplete": [],
-    }
+    section = ProfileSection(
+        target=host.name, url=host.target.service.url, settings=opts.model_dump(), levels=[]
+    )
     sweep = _Sweep()
     try:
         first = snapshot(host)
-        section["service"] = service_facts(first)
+        section.service = service_facts(first)
         down = not_answering(first)
         if down is not None:  # no level can run: said once, not as each level's missing numbers
-            section["service_down"] = down
-            section["incomplete"] = [
-                {"concurrency": c, "missing": [f"the service did not answer ({down})"]}
+            section.service_down = down
+            section.incomplete = [
+                Incomplete(concurrency=c, missing=[f"the service did not answer ({down})"])
                 for c in opts.levels
             ]
             return section
@@ -466,10 +469,10 @@ def run_profile(
         # this profile's windows, f included: disarmed first, and said
         found = left_armed(host, first.get("server_info"))
         if found is not None:
-            section["shadow_found_armed"] = found
+            section.shadow_found_armed = found
         hook = _hook_present(host)
         if hook is not None:
-            section["service"]["hook"] = hook
+            section.service["hook"] = hook
             sweep.hook = bool(hook.get("live"))
         for c in opts.levels:
             _profile_level(host, opts, c, section, sweep)
@@ -477,25 +480,25 @@ def run_profile(
     except KeyboardInterrupt as exc:
         # a level is done once it is in the section (one whose measured window finished is
         # kept, its shadow window cut short or not)
-        done = {x["concurrency"] for x in section["levels"] + section["incomplete"]}
+        done = {x.concurrency for x in [*section.levels, *section.incomplete]}
         left = [c for c in opts.levels if c not in done]
-        section["interrupted"] = {"levels_left": left}
-        section["incomplete"] += [{"concurrency": c, "missing": [INTERRUPTED]} for c in left]
+        section.interrupted = ProfileInterruption(levels_left=left)
+        section.incomplete += [Incomplete(concurrency=c, missing=[INTERRUPTED]) for c in left]
         raise ProfileInterrupted(section) from exc
     return section
 
 
 def _profile_level(
-    host: Host, opts: ProfileOptions, c: int, section: dict[str, Any], sweep: _Sweep
+    host: Host, opts: ProfileOptions, c: int, section: ProfileSection, sweep: _Sweep
 ) -> None:
     """One level, into `section`: its entry in `levels` and/or `incomplete`, its failures."""
     first_run = pilot(host, c, opts) if opts.run_seconds > 0 else None
     if first_run is not None and first_run["failed"]:
         # no window sized from a pilot whose requests failed (the service is not serving)
-        section["failed_requests"] = section.get("failed_requests", 0) + first_run["failed"]
-        why = (f"the pilot's {first_run['failed']} of "
-               f"{first_run['failed'] + first_run['completed']} requests failed")  # fmt: skip
-        section["incomplete"].append({"concurrency": c, "missing": [why], "pilot": first_run})
+        section.failed_requests += first_run["failed"]
+        total = first_run["failed"] + first_run["completed"]
+        why = f"the pilot's {first_run['failed']} of {total} requests failed"
+        section.incomplete.append(Incomplete(concurrency=c, missing=[why], pilot=first_run))
         return
     requests = opts.requests if first_run is None else first_run["sized_requests"]
     if sweep.hook:  # the same window, with the hook's readings in its snapshots
@@ -532,20 +535,16 @@ def _profile_level(
         try:
             level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
         except KeyboardInterrupt:  # f was measured: the level stays, without its s
-            section.setdefault("shadow_not_timed", []).append(
-                {"concurrency": c, "why": "interrupted (Ctrl-C) in its shadow window"}
-            )
+            why = "interrupted (Ctrl-C) in its shadow window"
+            section.shadow_not_timed.append(ShadowNotTimed(concurrency=c, why=why))
             _keep(section, c, level, lt)
             raise
         # only the service's own "no such endpoint" ends the asking (a timeout does not)
         sweep.shadow_offered = level["shadow"]["offered"] is not False
         if level["shadow"].get("error"):
-            section.setdefault("shadow_not_timed", []).append(
-                {"concurrency": c, "why": level["shadow"]["error"]}
-            )
-        failed = (level["shadow"].get("load") or {}).get("failed", 0)
-        if failed:
-            section["failed_requests"] = section.get("failed_requests", 0) + failed
+            why = level["shadow"]["error"]
+            section.shadow_not_timed.append(ShadowNotTimed(concurrency=c, why=why))
+        section.failed_requests += (level["shadow"].get("load") or {}).get("failed", 0)
     _keep(section, c, level, lt)
 
 
@@ -587,7 +586,7 @@ def _hook_loadtest(host: Host, c: int, requests: int, opts: ProfileOptions) -> L
 
 
 def _hook_shadows(
-    section: dict[str, Any],
+    section: ProfileSection,
     level: dict[str, Any],
     hook: dict[str, Any],
     end: dict[str, Any],
@@ -616,23 +615,33 @@ def _hook_shadows(
             return
         level["shadow"] = picked
     sh = level["shadow"]
+    c = level["concurrency"]
     if sh.get("error"):
-        section.setdefault("shadow_not_timed", []).append(
-            {"concurrency": level["concurrency"], "why": sh["error"]}
-        )
+        section.shadow_not_timed.append(ShadowNotTimed(concurrency=c, why=sh["error"]))
     if sh.get("mismatched"):
-        section.setdefault("shadow_mismatched", []).append(
-            {"concurrency": level["concurrency"], "component": sh["component"],
-             "mismatched": sh["mismatched"], "compared": sh["compared"]}
-        )  # fmt: skip
+        section.shadow_mismatched.append(
+            ShadowMismatched(
+                concurrency=c,
+                component=sh["component"],
+                mismatched=sh["mismatched"],
+                compared=sh["compared"],
+            )
+        )
 
 
-def _keep(section: dict[str, Any], c: int, level: dict[str, Any], lt: LevelDoc) -> None:
-    """Level c into the section: `levels` where it has a step time, `incomplete` where it
-    lacks anything, and its load's failures counted."""
+def _keep(section: ProfileSection, c: int, level: dict[str, Any], lt: LevelDoc) -> None:
+    """Level c into the section, as the record's model: `levels` where it has a step time,
+    `incomplete` where it lacks anything, and its load's failures counted. Numbers that are no
+    measurement (a negative time: the service restarted inside the window) make it incomplete,
+    said, instead of reaching the record."""
+    missing = list(level.get("missing", []))
     if "step_ms" in level:
-        section["levels"].append(level)
-    if level.get("missing") or "step_ms" not in level:
-        section["incomplete"].append({"concurrency": c, "missing": level.get("missing", [])})
-    if lt["failed"]:
-        section["failed_requests"] = section.get("failed_requests", 0) + lt["failed"]
+        try:
+            section.levels.append(ProfileLevel.model_validate(level))
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            where = ".".join(str(x) for x in e["loc"])
+            missing.append(f"its numbers are no measurement: {where}: {e['msg']}")
+    if missing or "step_ms" not in level:
+        section.incomplete.append(Incomplete(concurrency=c, missing=missing))
+    section.failed_requests += lt["failed"]

@@ -39,6 +39,7 @@ from ops.hosts.dataplane import run_check
 from ops.hosts.remote import Host
 from ops.measure.counters import snapshot
 from ops.measure.loadtest import run_loadtest
+from ops.sections.profile import ProfileSection, Shadow
 
 KINDS = ("step", "prefill")
 WARMUP = 1  # forwards of each kind left out at the start of a window (the cold start)
@@ -264,47 +265,52 @@ def hook_shadow(
     return out
 
 
-def shadow_lines(sec: dict[str, Any]) -> list[str]:
+def shadow_lines(sec: ProfileSection) -> list[str]:
     """One line per level the shadow ran at: s per kind of forward, or why it did not run;
     first, a shadow this profile found still armed and disarmed."""
     out = []
-    found = sec.get("shadow_found_armed")
+    found = sec.shadow_found_armed
     if found:
         state = "disarmed" if found.get("disarmed") else "NOT disarmed (checks.shadow failed)"
-        out.append(f"the service's shadow was still armed ({found['component']} "
-                   f"{found.get('candidate')}, {found['left']} forwards left, from an earlier "
-                   f"run): {state} before this profile")  # fmt: skip
-    for lv in sec["levels"]:
-        sh = lv.get("shadow")
-        if not sh:
+        out.append(
+            f"the service's shadow was still armed ({found['component']} "
+            f"{found.get('candidate')}, {found['left']} forwards left, from an earlier run): "
+            f"{state} before this profile"
+        )
+    for lv in sec.levels:
+        sh = lv.shadow
+        if sh is None:
             continue
-        c = lv["concurrency"]
-        if sh.get("source") == "hook":
+        c = lv.concurrency
+        if sh.source == "hook":
             out.append(_hook_line(c, sh))
             continue
-        if sh.get("error") or not sh.get("offered"):
-            out.append(f"shadow c={c}: not timed: {sh.get('error') or 'not offered'}")
+        if sh.error or not sh.offered:
+            out.append(f"shadow c={c}: not timed: {sh.error or 'not offered'}")
             continue
-        calls = "steps" if sh.get("component") == "tree_build" else "forwards"
+        calls = "steps" if sh.component == "tree_build" else "forwards"
         parts = [
-            f"{kind} {k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} {calls})"
-            for kind in ("step", "prefill") if (k := sh.get(kind))
-        ]  # fmt: skip
-        out.append(f"shadow c={c}: {sh.get('component')} {sh['candidate']} against "
-                   f"{sh['baseline']} in the service's own {calls}: "
-                   f"{', '.join(parts) or 'nothing sampled'}")  # fmt: skip
+            f"{kind} {k.s:.3g}x ({k.lo:.3g}..{k.hi:.3g}, {k.forwards} {calls})"
+            for kind, k in (("step", sh.step), ("prefill", sh.prefill))
+            if k is not None
+        ]
+        out.append(
+            f"shadow c={c}: {sh.component} {sh.candidate} against {sh.baseline} in the "
+            f"service's own {calls}: {', '.join(parts) or 'nothing sampled'}"
+        )
     return out
 
 
-def _hook_line(c: int, sh: dict[str, Any]) -> str:
+def _hook_line(c: int, sh: Shadow) -> str:
     """One level's line for the hook's shadow (the service's own calls, its setting)."""
-    if not sh.get("offered"):
-        return f"shadow c={c}: not timed: {sh.get('error')}"
-    k = sh.get("step")
-    head = (f"shadow c={c}: {sh['component']} {sh.get('candidate')} against the stock in the "
-            f"service's own calls (the import hook's {sh.get('setting')})")  # fmt: skip
-    s = f"{k['s']:.3g}x ({k['lo']:.3g}..{k['hi']:.3g}, {k['forwards']} calls)" if k else "no s"
-    mis = sh["mismatched"]
-    said = f"{mis} MISMATCHED" if mis else "0 mismatched"
-    tail = f"; {sh['error']}" if sh.get("error") else ""
-    return f"{head}: {s}; {said} of {sh['compared']} compared{tail}"
+    if not sh.offered:
+        return f"shadow c={c}: not timed: {sh.error}"
+    k = sh.step
+    head = (
+        f"shadow c={c}: {sh.component} {sh.candidate} against the stock in the service's own "
+        f"calls (the import hook's {sh.setting})"
+    )
+    s = f"{k.s:.3g}x ({k.lo:.3g}..{k.hi:.3g}, {k.forwards} calls)" if k else "no s"
+    said = f"{sh.mismatched} MISMATCHED" if sh.mismatched else "0 mismatched"
+    tail = f"; {sh.error}" if sh.error else ""
+    return f"{head}: {s}; {said} of {sh.compared} compared{tail}"

@@ -36,6 +36,7 @@ from ops.rollout.playbook import (
 )
 from ops.sections.change import Change
 from ops.sections.health import HealthReport
+from ops.sections.profile import ProfileLevel
 from ops.verdict.decide import Decision, Reason, decide
 from ops.verdict.evidence import gather
 from ops.verdict.reports import build, summary, write_reports
@@ -180,18 +181,18 @@ def step_bench(ctx: Context, st: BenchStep, sub: RunDir) -> Done:
         detail=f"{o.outcome}: {detail}",
         outcome=o.outcome,
         exit_code=o.code,
-        sections={"bench": o.section.model_dump(mode="json")},
+        sections={"bench": o.section.record()},
         inputs=opts.model_dump(),
     )
 
 
-def sized_requests(levels: list[dict[str, Any]], seconds: float, output_len: int) -> dict[int, int]:
+def sized_requests(levels: list[ProfileLevel], seconds: float, output_len: int) -> dict[int, int]:
     """Requests per level so one run lasts about `seconds` at the profiled output tokens/s
     (at least the level's concurrency); empty when `seconds` is 0 or nothing was measured."""
     out = {}
     for lv in levels:
-        c = int(lv["concurrency"])
-        n = sized(c, (lv.get("tokens_per_s") or {}).get("value"), seconds, output_len)
+        c = lv.concurrency
+        n = sized(c, lv.tokens_per_s.value if lv.tokens_per_s else None, seconds, output_len)
         if n is not None:
             out[c] = n
     return out
@@ -231,37 +232,37 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         run_seconds=load.run_seconds,  # f over windows as long as measure's runs
     )
     sec = run_profile(ctx.host, opts, lambda c: ctx.say(f"c={c} done"))
-    ctx.arms.requests_per_level = sized_requests(sec["levels"], load.run_seconds, load.output_len)
+    ctx.arms.requests_per_level = sized_requests(sec.levels, load.run_seconds, load.output_len)
     shares = []
     stage = COMPONENT_STAGE[ch.component] if ch is not None else None
-    for lv in sec["levels"]:
-        wall = (lv.get("wall_share") or {}).get(stage or "")
-        v = (lv.get("stage_ms") or {}).get(stage or "")
+    for lv in sec.levels:
+        wall = lv.wall_share.get(stage or "")
+        v = lv.stage_ms.get(stage or "")
         if wall is not None:
-            shares.append(f"c={lv['concurrency']} {wall['value']:.2%} of the wall time")
-        elif v is not None and lv["step_ms"]["value"] > 0:
-            f = v["value"] / lv["step_ms"]["value"]
-            shares.append(f"c={lv['concurrency']} {f:.2%} of {lv['step_ms']['value']:.1f} ms")
-    detail = f"{len(sec['levels'])} levels"
+            shares.append(f"c={lv.concurrency} {wall.value:.2%} of the wall time")
+        elif v is not None and lv.step_ms.value > 0:
+            f = v.value / lv.step_ms.value
+            shares.append(f"c={lv.concurrency} {f:.2%} of {lv.step_ms.value:.1f} ms")
+    detail = f"{len(sec.levels)} levels"
     if stage is not None:
         detail = f"f(c) of {stage}: " + (", ".join(shares) or "no such stage time in the profile")
     if load.run_seconds > 0:
         detail += f" (windows of about {load.run_seconds:g} s, after a pilot)"
     shadows = shadow_lines(sec)
     if shadow_why:
-        sec["shadow_not_armed"] = shadow_why
+        sec.shadow_not_armed = shadow_why
         shadows.insert(0, shadow_why)
     if shadows:
         detail += "; " + "; ".join(shadows)
-    if sec.get("service_down"):
+    if sec.service_down:
         status, code, outcome = "fail", 1, "fail"
-        detail = f"the service did not answer ({sec['service_down']}): no level was run"
-    elif sec.get("failed_requests"):
+        detail = f"the service did not answer ({sec.service_down}): no level was run"
+    elif sec.failed_requests:
         status, code, outcome = "fail", 1, "fail"
-        detail += f"; {sec['failed_requests']} requests failed"
-    elif sec["incomplete"]:
+        detail += f"; {sec.failed_requests} requests failed"
+    elif sec.incomplete:
         status, code, outcome = "hold", 3, "hold"
-        detail += f"; incomplete at c={[i['concurrency'] for i in sec['incomplete']]}"
+        detail += f"; incomplete at c={[i.concurrency for i in sec.incomplete]}"
     else:
         status, code, outcome = "ok", 0, "pass"
     return Done(
@@ -269,7 +270,7 @@ def step_profile(ctx: Context, st: ProfileStep, sub: RunDir) -> Done:
         detail=detail,
         outcome=outcome,
         exit_code=code,  # type: ignore[arg-type]
-        sections={"profile": sec},
+        sections={"profile": sec.record()},
         inputs=opts.model_dump(),
     )
 

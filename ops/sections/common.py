@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +27,11 @@ STAGES = STEP_STAGES  # the stages that add up to a step (attention is inside ve
 
 class OpenModel(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    def record(self) -> dict[str, Any]:
+        """The section as its run record keeps it: every field of the model (None included),
+        in JSON types, and the extras its producer added."""
+        return self.model_dump(mode="json")
 
 
 Ms = Field(ge=0, allow_inf_nan=False)  # a latency: a finite number of ms >= 0

@@ -52,11 +52,24 @@ class Shadow(OpenModel):
     error: str | None = None
     step: ShadowKind | None = None
     prefill: ShadowKind | None = None
+    # the SGLang import hook's shadow (ops.measure.shadow.hook_shadow): "hook", its setting
+    # (e.g. "shadow:tree_build=cpp/8"), and the calls it compared and found different
+    source: str | None = None
+    setting: str | None = None
+    compared: int | None = None
+    mismatched: int | None = None
 
 
 class ProfileLevel(OpenModel):
     concurrency: int = Field(ge=1)
     shadow: Shadow | None = None
+    # how its numbers were had: "measured" (the service's stage clock), "hook" (f from the
+    # SGLang import hook, the step derived), "derived" (f from a CPU baseline over the step)
+    method: str | None = None
+    missing: list[str] = Field(default_factory=list)  # what it lacks for a decision
+    f_basis: str | None = None  # what f is a share of, in words (a derived level)
+    hook: dict[str, Any] | None = None  # the import hook's reading (ops.measure.counters)
+    load: dict[str, Any] | None = None  # the load of its measured window (checks.loadtest)
     step_ms: Value
     stage_ms: dict[str, Value] = Field(default_factory=dict)
     tokens_per_s: Value | None = None
@@ -150,16 +163,47 @@ class ProfileInterruption(OpenModel):
         return v
 
 
+class Incomplete(OpenModel):
+    """A level that cannot serve a decision, and what it lacks (in words)."""
+
+    concurrency: int = Field(ge=1)
+    missing: list[str] = Field(default_factory=list)
+    pilot: dict[str, Any] | None = None  # the uncounted run that sized its window, if it failed
+
+
+class ShadowNotTimed(OpenModel):
+    """A level whose shadow gave no s, and why."""
+
+    concurrency: int = Field(ge=1)
+    why: str
+
+
+class ShadowMismatched(OpenModel):
+    """A level whose hook shadow saw the candidate answer otherwise than the stock."""
+
+    concurrency: int = Field(ge=1)
+    component: str
+    mismatched: int = Field(ge=0)
+    compared: int = Field(ge=0)
+
+
 class ProfileSection(OpenModel):
     target: str
+    url: str | None = None
     levels: list[ProfileLevel]
     service: dict[str, Any] = Field(default_factory=dict)
-    incomplete: list[dict[str, Any]] = Field(default_factory=list)  # {concurrency, missing}
+    settings: dict[str, Any] = Field(default_factory=dict)  # ops.measure.profile.ProfileOptions
+    incomplete: list[Incomplete] = Field(default_factory=list)
     failed_requests: int = 0  # requests of the load that failed while profiling
     # Ctrl-C: {"levels_left": [c, ...]}, each also in `incomplete`; the levels that finished stay
     interrupted: ProfileInterruption | None = None
     # no HTTP answer from the service at the start (e.g. "connection refused"): no level ran
     service_down: str | None = None
+    # a shadow an earlier, killed ops left armed, disarmed before this profile (engine.shadow)
+    shadow_found_armed: dict[str, Any] | None = None
+    shadow_not_timed: list[ShadowNotTimed] = Field(default_factory=list)
+    shadow_mismatched: list[ShadowMismatched] = Field(default_factory=list)
+    shadow_not_armed: str | None = None  # a rollout's profile: why its shadow was not asked
 
     def level(self, c: int) -> ProfileLevel | None:
         return next((lv for lv in self.levels if lv.concurrency == c), None)
