@@ -417,3 +417,28 @@ def test_the_unmutated_records_still_make_a_report(tmp_path: Path) -> None:
     row = next(r for r in doc["amdahl"] if r["concurrency"] == 1)
     assert row["f"] == pytest.approx(0.25)
     assert row["service_speedup"] == {"total": 2.5, "steps": 2.8, "prefill": 1.9}
+
+
+def test_a_directory_that_is_no_run_dir_is_one_line_exit_2(tmp_path: Path) -> None:
+    """probe37b B8: /proc (directories that cannot be listed or that vanish as they are read)
+    and a whole disk were exit 4 tracebacks of the scan; now the scan passes over what it cannot
+    list and stops, one line and exit 2, past SCAN_MAX_DIRS directories."""
+    res = report(tmp_path, Path("/proc"))
+    assert res.returncode == 2, res.stderr
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_scan_over_too_many_directories_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ops.verdict import evidence
+
+    monkeypatch.setattr(evidence, "SCAN_MAX_DIRS", 6)  # runs/ and six below it: seven
+    for i in range(6):
+        (tmp_path / "runs" / f"d{i}").mkdir(parents=True)
+    with pytest.raises(evidence.BadRecord, match="over 6 directories under it"):
+        evidence.record_files([tmp_path / "runs"])
+    shutil.rmtree(tmp_path / "runs" / "d5")
+    (tmp_path / "runs" / "d4" / "record.json").write_text("{}")
+    assert evidence.record_files([tmp_path / "runs"]) == [tmp_path / "runs" / "d4" / "record.json"]

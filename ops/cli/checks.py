@@ -52,7 +52,8 @@ def healthcheck(
         ),
     ] = None,
     aa_runs: Annotated[
-        int, typer.Option("--aa-runs", min=0, help="Runs of the service against itself first.")
+        int,
+        typer.Option("--aa-runs", min=0, max=100, help="Runs of the service against itself first."),
     ] = 0,
     timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 30.0,
     max_tokens: MaxTokensOpt = 32,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -207,7 +208,7 @@ def record_files(paths: list[Path]) -> list[Path]:
             where = p if p.suffix == ".json" else p / "record.json"
             raise BadRecord(where, "record.json", "no such file or directory")
         if p.is_dir():
-            subs = sorted(p.rglob("record.json"))
+            subs = _records_under(p)
             if not subs:
                 raise BadRecord(p / "record.json", "record.json", "no such file")
         else:
@@ -222,6 +223,26 @@ def record_files(paths: list[Path]) -> list[Path]:
                         f"{sizes[big] / MIB:.0f} MiB{of}, over the {REPORT_MAX_BYTES // MIB} MiB "
                         "one report reads")  # fmt: skip
     return list(dict.fromkeys(found))
+
+
+SCAN_MAX_DIRS = 20_000  # a rollout's run directory holds tens; a whole disk is not a run dir
+
+
+def _records_under(root: Path) -> list[Path]:
+    """Every record.json under `root`, sorted; a directory that cannot be listed or that goes
+    away while it is read is passed over (a records directory being pruned, /proc); BadRecord
+    past SCAN_MAX_DIRS directories (`ops report /`: name the run directories instead)."""
+    found: list[Path] = []
+    for n, (here, _dirs, files) in enumerate(os.walk(root, onerror=lambda e: None), start=1):
+        if n > SCAN_MAX_DIRS:
+            raise BadRecord(
+                root,
+                "(directory)",
+                f"over {SCAN_MAX_DIRS} directories under it: name the run directories to report on",
+            )
+        if "record.json" in files:
+            found.append(Path(here) / "record.json")
+    return sorted(found)
 
 
 def _role(rec: Record, path: Path) -> Literal["preflight", "postflight"] | None:
