@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from checks.vocabulary import COMPONENT_STAGE
 from ops.deploy.deploy import Deployer, DeployOptions
 from ops.deploy.result import DeployInterrupted
@@ -22,7 +24,13 @@ from ops.measure.loadtest import run_loadtest
 from ops.rollout.playbook import DeployStep, MeasureStep
 from ops.rollout.steps import Context, Done
 from ops.sections.change import Change
-from ops.sections.measure import AUDIT_PARTS, precision_met
+from ops.sections.measure import (
+    AUDIT_PARTS,
+    MeasureLevel,
+    MeasurePrecision,
+    MeasureSection,
+    precision_met,
+)
 from ops.verdict.amdahl import gain_interval, rate_gain
 from ops.verdict.gain_audit import cycles_text, points
 
@@ -249,48 +257,57 @@ def _measure(
     after = _arm(ctx, 2 * st.repeats, "after", raw)
     rc = recheck(ctx, st, raw, after) if st.recheck else Recheck()
     again, recheck_note, precision = rc.again, rc.note, rc.precision
-    levels, gains, missing = [], [], []
+    levels: list[MeasureLevel] = []
+    gains: list[str] = []
+    missing: list[int] = []
+    unread: list[str] = []
     for c in load.concurrency:
         before = ctx.arms.before[c][0] + ctx.arms.before[c][1]
         if not before or not after[c]:
             missing.append(c)
             continue
-        aa = ctx.arms.before[c]
-        levels.append(
-            {
-                "concurrency": c,
-                "aa": aa,
-                "before": before,
-                "after": after[c],
-                "service_speedup": service_speedup(ctx.arms.before_runs + raw, c),
-                "audit": audit(ctx.arms.before_runs + raw, c),
-                "recheck": again.get(c, []),
-            }
-        )
+        try:
+            levels.append(
+                MeasureLevel(
+                    concurrency=c,
+                    aa=ctx.arms.before[c],
+                    before=before,
+                    after=after[c],
+                    service_speedup=service_speedup(ctx.arms.before_runs + raw, c),
+                    audit=audit(ctx.arms.before_runs + raw, c),  # type: ignore[arg-type]
+                    recheck=again.get(c, []),
+                )
+            )
+        except ValidationError as exc:  # a run no measurement gives (a broken timing)
+            missing.append(c)
+            e = exc.errors()[0]
+            unread.append(f"c={c}: {'.'.join(map(str, e['loc']))}: {e['msg']}")
+            continue
         gains.append(f"c={c} {_pct(rate_gain(before + again.get(c, []), after[c]))}")
     failed = sum(r.get("failed", 0) for r in raw)
-    section = {
-        "target": ctx.target.name,
-        "levels": levels,
-        "settings": settings,
-        "runs": raw,
-        "change": ctx.change.model_dump(mode="json") if ctx.change else None,
-        "incomplete": missing,
-        "failed_requests": failed,
-        "precision": precision,
-    }
+    section = MeasureSection(
+        target=ctx.target.name,
+        levels=levels,
+        settings=settings,
+        runs=raw,
+        change=ctx.change,
+        incomplete=missing,
+        failed_requests=failed,
+        precision=precision,
+    )
     ok = not failed and not missing and not rc.failed
     detail = f"measured gain: {', '.join(gains) or 'none'}"
     detail += f"; {recheck_note}" if recheck_note else ""
     detail += _unsized(ctx)
     detail += f"; {failed} requests failed" if failed else ""
     detail += f"; no samples at c={missing}" if missing else ""
+    detail += f"; runs that are no measurement: {'; '.join(unread)}" if unread else ""
     return Done(
         status="ok" if ok else "fail",
         detail=detail,
         outcome="pass" if ok else "fail",
         exit_code=0 if ok else 1,
-        sections={"measure": section} if levels else {"measure_incomplete": section},
+        sections={"measure" if levels else "measure_incomplete": section.record()},
         inputs=settings,
     )
 
@@ -322,30 +339,30 @@ def half_widths(
 
 def _precision_doc(
     st: MeasureStep, ran: int, widths: dict[int, float | None]
-) -> dict[str, Any] | None:
+) -> MeasurePrecision | None:
     """What the measure's `precision` asked and what it got (None when it asked nothing)."""
     if not st.precision:
         return None
-    return {
-        "target": st.precision,
-        "cycles": st.cycles,
-        "max_cycles": st.max_cycles,
-        "cycles_run": ran,
-        "met": precision_met(widths.values(), st.precision),
-        "half_width": {str(c): h for c, h in widths.items()},
-    }
+    return MeasurePrecision(
+        target=st.precision,
+        cycles=st.cycles,
+        max_cycles=st.max_cycles,
+        cycles_run=ran,
+        met=precision_met(widths.values(), st.precision),
+        half_width={str(c): h for c, h in widths.items()},
+    )
 
 
-def _precision_note(doc: dict[str, Any] | None) -> str:
+def _precision_note(doc: MeasurePrecision | None) -> str:
     if doc is None:
         return ""
-    known = [(h, c) for c, h in doc["half_width"].items() if h is not None]
+    known = [(h, c) for c, h in doc.half_width.items() if h is not None]
     widest = f"widest {points(max(known)[0])} at c={max(known)[1]}" if known else "no interval"
-    target = f"{points(doc['target'])} points"
-    ran = cycles_text(doc["cycles_run"])
-    if doc["met"]:
+    target = f"{points(doc.target)} points"
+    ran = cycles_text(doc.cycles_run)
+    if doc.met:
         return f"; precision {target} met after {ran} ({widest})"
-    return f"; precision {target} NOT met in {ran} (max_cycles {doc['max_cycles']}; {widest})"
+    return f"; precision {target} NOT met in {ran} (max_cycles {doc.max_cycles}; {widest})"
 
 
 @dataclass
@@ -356,7 +373,7 @@ class Recheck:
 
     again: dict[int, list[float]] = field(default_factory=dict)
     note: str = ""
-    precision: dict[str, Any] | None = None
+    precision: MeasurePrecision | None = None
     failed: bool = False
 
 

@@ -165,3 +165,9 @@ class MeasureSection(OpenModel):
     change: Change | None = None
     levels: list[MeasureLevel]
     precision: MeasurePrecision | None = None
+    # how it ran (ops.rollout.switch): its settings, every loadtest run of every arm, the levels
+    # with no samples on a side, and the requests that failed
+    settings: dict[str, Any] = Field(default_factory=dict)
+    runs: list[dict[str, Any]] = Field(default_factory=list)
+    incomplete: list[int] = Field(default_factory=list)
+    failed_requests: int = Field(default=0, ge=0)
