@@ -62,9 +62,19 @@ FUNCTIONS = {
 HEADER = ("magic", "version", "pid", "start_ticks", "created_ns", "components", "ring", "block")
 HEADER_WORDS = 8
 FIELDS = (
-    "calls", "ns", "errors", "shadow_every", "compared", "mismatched", "stock_ns", "cand_ns",
-    "cand_errors", "overhead_ns", "saved", "pairs",
-)  # fmt: skip
+    "calls",
+    "ns",
+    "errors",
+    "shadow_every",
+    "compared",
+    "mismatched",
+    "stock_ns",
+    "cand_ns",
+    "cand_errors",
+    "overhead_ns",
+    "saved",
+    "pairs",
+)
 FIELD_WORDS = 16  # FIELDS, then spare words
 RING = 1024
 BLOCK_WORDS = FIELD_WORDS + 2 * RING
@@ -142,11 +152,16 @@ def parse(data: bytes, pairs: bool = False) -> dict[str, Any]:
         row["shadow"] = None
         if v["shadow_every"] > 0:
             sh: dict[str, Any] = {
-                "every": v["shadow_every"], "compared": v["compared"],
-                "mismatched": v["mismatched"], "stock_s": v["stock_ns"] / 1e9,
-                "cand_s": v["cand_ns"] / 1e9, "cand_errors": v["cand_errors"],
-                "overhead_s": v["overhead_ns"] / 1e9, "saved": v["saved"], "pairs": v["pairs"],
-            }  # fmt: skip
+                "every": v["shadow_every"],
+                "compared": v["compared"],
+                "mismatched": v["mismatched"],
+                "stock_s": v["stock_ns"] / 1e9,
+                "cand_s": v["cand_ns"] / 1e9,
+                "cand_errors": v["cand_errors"],
+                "overhead_s": v["overhead_ns"] / 1e9,
+                "saved": v["saved"],
+                "pairs": v["pairs"],
+            }
             if pairs:
                 first = max(0, v["pairs"] - RING)
                 sh["ring"] = [
@@ -156,9 +171,11 @@ def parse(data: bytes, pairs: bool = False) -> dict[str, Any]:
             row["shadow"] = sh
         comps[comp] = row
     return {
-        "pid": head["pid"], "start_ticks": head["start_ticks"],
-        "created": head["created_ns"] / 1e9, "components": comps,
-    }  # fmt: skip
+        "pid": head["pid"],
+        "start_ticks": head["start_ticks"],
+        "created": head["created_ns"] / 1e9,
+        "components": comps,
+    }
 
 
 def read_run(run_dir: Path, pairs: bool = False) -> dict[str, Any]:
@@ -166,11 +183,18 @@ def read_run(run_dir: Path, pairs: bool = False) -> dict[str, Any]:
     mismatch cases and the hook's status: the document's fields but ok and module."""
     cdir = run_dir / COUNTERS_DIR
     doc: dict[str, Any] = {
-        "run_dir": str(run_dir), "release": run_dir.resolve().parent.name, "at": time.time(),
-        "files": 0, "live": 0, "dead": 0, "unreadable": [], "processes": [], "mismatched": 0,
+        "run_dir": str(run_dir),
+        "release": run_dir.resolve().parent.name,
+        "at": time.time(),
+        "files": 0,
+        "live": 0,
+        "dead": 0,
+        "unreadable": [],
+        "processes": [],
+        "mismatched": 0,
         "mismatch_files": sorted(p.name for p in run_dir.glob(MISMATCH_GLOB)),
         "status": _status(run_dir / STATUS_FILE),
-    }  # fmt: skip
+    }
     doc["mismatch_cases"] = [_case(run_dir, name) for name in doc["mismatch_files"][:MAX_CASES]]
     try:
         names = sorted(
@@ -211,8 +235,12 @@ def read_run(run_dir: Path, pairs: bool = False) -> dict[str, Any]:
 def _case(run_dir: Path, name: str) -> dict[str, Any]:
     """A saved case in a few words: which function, which candidate, the first difference."""
     case = _status(run_dir / name, 64 << 20) or {}
-    return {"file": name, "component": case.get("component"), "candidate": case.get("candidate"),
-            "difference": str(case.get("difference"))[:500]}  # fmt: skip
+    return {
+        "file": name,
+        "component": case.get("component"),
+        "candidate": case.get("candidate"),
+        "difference": str(case.get("difference"))[:500],
+    }
 
 
 def _status(path: Path, limit: int = 1 << 20) -> dict[str, Any] | None:

@@ -97,10 +97,20 @@ def test_inventory_on_the_command_line_wins_over_the_environment(tmp_path) -> No
     b.write_text("[targets.bb]\naddress = '10.0.0.2'\n")
     env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin", "OPS_INVENTORY": str(a)}
     for args in (("-i", str(b), "hosts", "--json"), ("hosts", "-i", str(b), "--json")):
-        res = subprocess.run([sys.executable, "-m", "ops", *args], capture_output=True,
-                             text=True, timeout=60, env=env)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-m", "ops", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         names = [t["name"] for t in json.loads(res.stdout)["targets"]]
         assert "bb" in names and "aa" not in names, (args, names)
-    res = subprocess.run([sys.executable, "-m", "ops", "hosts", "--json"], capture_output=True,
-                         text=True, timeout=60, env=env)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "ops", "hosts", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert "aa" in [t["name"] for t in json.loads(res.stdout)["targets"]]

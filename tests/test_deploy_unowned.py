@@ -734,8 +734,12 @@ def test_ctrl_c_in_the_recover_step_never_loses_the_restart(ops: Ops) -> None:
     assert ops.serving() != r2
     proc = subprocess.Popen(
         ops.argv("rollback", "local", "--max-tokens", "3"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ops.env, cwd=REPO,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+    )
     assert proc.stderr is not None
     seen = ""
     while "recover ..." not in seen:

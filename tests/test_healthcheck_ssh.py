@@ -3,6 +3,7 @@ on the host from `<remote_root>/current`, exactly as they do on a real target.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -37,6 +38,8 @@ def test_healthcheck_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
     release = tmp_path / "release"
     release.mkdir()
     subprocess.run(["cp", "-r", str(REPO / "checks"), str(release)], check=True)
+    # a release says what it is: `ops service start` refuses a current without a release.json
+    (release / "release.json").write_text(json.dumps({"id": "hand-made", "git_sha": "0" * 40}))
     target = load_inventory(inv).target("loop")
     with open_host(target) as host:
         host.put_tree(release, f"{target.remote_root}/current")

@@ -17,20 +17,37 @@ def fn(calls: int, seconds: float, shadow: dict | None = None) -> dict:
     return {"calls": calls, "seconds": seconds, "errors": 0, "shadow": shadow}
 
 
-def sh(compared: int, stock_s: float, cand_s: float, overhead_s: float, ring: list,
-       mismatched: int = 0) -> dict:  # fmt: skip
-    return {"every": 2, "compared": compared, "mismatched": mismatched, "stock_s": stock_s,
-            "cand_s": cand_s, "cand_errors": 0, "overhead_s": overhead_s, "saved": 0,
-            "pairs": compared, "ring": ring}  # fmt: skip
+def sh(
+    compared: int, stock_s: float, cand_s: float, overhead_s: float, ring: list, mismatched: int = 0
+) -> dict:
+    return {
+        "every": 2,
+        "compared": compared,
+        "mismatched": mismatched,
+        "stock_s": stock_s,
+        "cand_s": cand_s,
+        "cand_errors": 0,
+        "overhead_s": overhead_s,
+        "saved": 0,
+        "pairs": compared,
+        "ring": ring,
+    }
 
 
 def proc(pid: int, tb: dict, ac: dict) -> dict:
-    return {"pid": pid, "start_ticks": 100 + pid, "file": f"{pid}.bin", "created": 0.0,
-            "components": {"tree_build": tb, "accept": ac}}  # fmt: skip
+    return {
+        "pid": pid,
+        "start_ticks": 100 + pid,
+        "file": f"{pid}.bin",
+        "created": 0.0,
+        "components": {"tree_build": tb, "accept": ac},
+    }
 
 
-STATUS = {"spec": "shadow:tree_build=cpp/2", "shadowed": {
-    "build_ddtree_tree_from_topk": "shadow:tree_build=cpp/2"}}  # fmt: skip
+STATUS = {
+    "spec": "shadow:tree_build=cpp/2",
+    "shadowed": {"build_ddtree_tree_from_topk": "shadow:tree_build=cpp/2"},
+}
 
 
 def ring(n: int) -> list:
@@ -38,18 +55,26 @@ def ring(n: int) -> list:
 
 
 def readings() -> tuple[dict, dict]:
-    start = {"processes": [
-        proc(1, fn(10, 0.5, sh(5, 0.25, 0.05, 0.1, ring(5))), fn(10, 0.01)),
-        proc(2, fn(10, 0.4), fn(10, 0.01)),
-        proc(3, fn(0, 0.0), fn(0, 0.0)),  # gone before the window's end
-    ], "status": STATUS, "dead": 0}  # fmt: skip
-    end = {"processes": [
-        # pid 1: 1.0 s more in the builder, its shadow spent 0.5 s of the window
-        proc(1, fn(30, 1.5, sh(15, 0.75, 0.15, 0.6, ring(15))), fn(30, 0.05)),
-        proc(2, fn(30, 1.6), fn(30, 0.03)),  # 1.2 s more, no shadow
-        proc(4, fn(5, 0.2), fn(0, 0.0)),  # started inside the window
-        proc(5, fn(0, 0.0), fn(0, 0.0)),  # never calls them (the HTTP server)
-    ], "status": STATUS, "dead": 1}  # fmt: skip
+    start = {
+        "processes": [
+            proc(1, fn(10, 0.5, sh(5, 0.25, 0.05, 0.1, ring(5))), fn(10, 0.01)),
+            proc(2, fn(10, 0.4), fn(10, 0.01)),
+            proc(3, fn(0, 0.0), fn(0, 0.0)),  # gone before the window's end
+        ],
+        "status": STATUS,
+        "dead": 0,
+    }
+    end = {
+        "processes": [
+            # pid 1: 1.0 s more in the builder, its shadow spent 0.5 s of the window
+            proc(1, fn(30, 1.5, sh(15, 0.75, 0.15, 0.6, ring(15))), fn(30, 0.05)),
+            proc(2, fn(30, 1.6), fn(30, 0.03)),  # 1.2 s more, no shadow
+            proc(4, fn(5, 0.2), fn(0, 0.0)),  # started inside the window
+            proc(5, fn(0, 0.0), fn(0, 0.0)),  # never calls them (the HTTP server)
+        ],
+        "status": STATUS,
+        "dead": 1,
+    }
     return start, end
 
 
@@ -68,10 +93,13 @@ def test_f_is_the_largest_share_over_the_processes_less_the_shadows_time() -> No
     assert "the largest share over the service's processes" in f["note"]
     assert h["wall_share"]["accept"]["value"] == pytest.approx(0.04 / 9.5)
     # a level's record with it reads back as evidence: f_of gives the hook's number
-    lv = ProfileLevel.model_validate({
-        "concurrency": 4, "step_ms": {"value": 5.0, "source": "derived"},
-        "wall_share": h["wall_share"],
-    })  # fmt: skip
+    lv = ProfileLevel.model_validate(
+        {
+            "concurrency": 4,
+            "step_ms": {"value": 5.0, "source": "derived"},
+            "wall_share": h["wall_share"],
+        }
+    )
     got, basis = lv.f_of("tree_build")
     assert got.source == "hook" and basis == "wall" and got.value == pytest.approx(0.12)
 

@@ -142,11 +142,14 @@ def wall_shares(
         )
         share = min((in_steps + in_prefill) / duration, 1.0)
         shares[s] = value(
-            share, "measured", note, n=n,
+            share,
+            "measured",
+            note,
+            n=n,
             # the part in prefill (ops.verdict.decide: its own s), never more than the share it is
             # part of (the share is capped at 1; ops.verdict.evidence refuses a larger part)
             prefill=min(max(in_prefill, 0.0) / duration, share),
-        )  # fmt: skip
+        )
     return shares, window
 
 
@@ -264,9 +267,19 @@ def hook_deltas(start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, An
             }
             sa, sb = a.get("shadow"), b.get("shadow") or {}
             if sa:
-                d["shadow"] = {k: sa[k] - sb.get(k, 0) for k in (
-                    "compared", "mismatched", "stock_s", "cand_s", "cand_errors", "overhead_s",
-                    "saved", "pairs")}  # fmt: skip
+                d["shadow"] = {
+                    k: sa[k] - sb.get(k, 0)
+                    for k in (
+                        "compared",
+                        "mismatched",
+                        "stock_s",
+                        "cand_s",
+                        "cand_errors",
+                        "overhead_s",
+                        "saved",
+                        "pairs",
+                    )
+                }
                 d["shadow"]["every"] = sa["every"]
                 first = sb.get("pairs", 0)
                 d["shadow"]["ring"] = [r for r in sa.get("ring") or [] if r[0] >= first]
@@ -283,8 +296,10 @@ def hook_level(start: dict[str, Any], end: dict[str, Any], duration: float) -> d
     service does only because the shadow is armed, on the same thread, before the step goes
     on), so f is the function's share in the service as it runs without the shadow."""
     rows = hook_deltas(start, end)
-    gone = len({(p["pid"], p["start_ticks"]) for p in start.get("processes") or []}
-               - {(p["pid"], p["start_ticks"]) for p in end["processes"]})  # fmt: skip
+    gone = len(
+        {(p["pid"], p["start_ticks"]) for p in start.get("processes") or []}
+        - {(p["pid"], p["start_ticks"]) for p in end["processes"]}
+    )
     for row in rows:
         shadow_s = sum(
             (c["shadow"] or {}).get("overhead_s", 0.0) for c in row["components"].values()
@@ -302,8 +317,11 @@ def hook_level(start: dict[str, Any], end: dict[str, Any], duration: float) -> d
         top = max(calling, key=lambda r: r["components"][comp]["share"])
         c = top["components"][comp]
         each = ", ".join(f"pid {r['pid']} {r['components'][comp]['share']:.2%}" for r in calling)
-        less = (f" less its shadow's {top['shadow_overhead_s']:.4f} s"
-                if top["shadow_overhead_s"] > 0 else "")  # fmt: skip
+        less = (
+            f" less its shadow's {top['shadow_overhead_s']:.4f} s"
+            if top["shadow_overhead_s"] > 0
+            else ""
+        )
         note = (
             f"measured by the service's import hook: seconds in {HOOK_FUNCTIONS[comp]} over the "
             f"window's wall time, per process (Δ of run/hook-counters/<pid>.bin around the "
@@ -313,8 +331,14 @@ def hook_level(start: dict[str, Any], end: dict[str, Any], duration: float) -> d
         )
         shares[comp] = value(c["share"], "hook", note, n=c["calls"], processes=len(calling))
     return {
-        "processes": rows, "live": len(rows), "gone_in_window": gone,
-        "dead_skipped": end.get("dead", 0), "combine": HOOK_COMBINE, "wall_share": shares,
-        "status": {k: (end.get("status") or {}).get(k) for k in (
-            "spec", "active", "asked", "replaced", "shadowed", "summary")},
-    }  # fmt: skip
+        "processes": rows,
+        "live": len(rows),
+        "gone_in_window": gone,
+        "dead_skipped": end.get("dead", 0),
+        "combine": HOOK_COMBINE,
+        "wall_share": shares,
+        "status": {
+            k: (end.get("status") or {}).get(k)
+            for k in ("spec", "active", "asked", "replaced", "shadowed", "summary")
+        },
+    }

@@ -332,36 +332,56 @@ def hook_check(host: Host) -> Check:
         detail = (
             f"the shadow's candidate answered otherwise than the stock: {doc.get('mismatched', 0)}"
             f" mismatched calls in the live processes; saved cases in {run}: {named or 'none'}"
-            + (f"; first: {first.get('component')} {first.get('candidate')}: "
-               f"{first.get('difference')}" if first else "")
+            + (
+                f"; first: {first.get('component')} {first.get('candidate')}: "
+                f"{first.get('difference')}"
+                if first
+                else ""
+            )
             + f"; replay: python -m integration.shadow --replay {run}/<case> (release {rel})"
-        )  # fmt: skip
+        )
         evidence += [f"{c.get('file')}: {c.get('difference')}" for c in cases]
         return Check(name="hook", status="fail", detail=detail + stale, evidence=evidence)
     reason = st.get("reason") or ""
     if not st.get("active") and reason.endswith("=off"):
-        return Check(name="hook", status="pass",
-                     detail=f"stock functions: {reason} (release {rel}){stale}")  # fmt: skip
+        return Check(
+            name="hook", status="pass", detail=f"stock functions: {reason} (release {rel}){stale}"
+        )
     found = st.get("module_found", "not found:" not in reason)
     if not st.get("active") and not found:
-        return Check(name="hook", status="skip", evidence=evidence,
-                     detail=f"the service has no fork module to act on: {reason} "
-                     f"(release {rel}){stale}")  # fmt: skip
+        return Check(
+            name="hook",
+            status="skip",
+            evidence=evidence,
+            detail=f"the service has no fork module to act on: {reason} (release {rel}){stale}",
+        )
     if not st.get("active"):
-        return Check(name="hook", status="fail", evidence=evidence,
-                     detail=f"{st.get('summary') or 'stock functions in use because ' + reason}"
-                     f" ({_hook_setting(st)}, release {rel}){stale}")  # fmt: skip
+        return Check(
+            name="hook",
+            status="fail",
+            evidence=evidence,
+            detail=f"{st.get('summary') or 'stock functions in use because ' + reason}"
+            f" ({_hook_setting(st)}, release {rel}){stale}",
+        )
     counters = st.get("counters")
     if counters and not str(counters).endswith(".bin"):  # every setting but off asks to count
-        return Check(name="hook", status="fail", evidence=evidence,
-                     detail=f"{st.get('summary')}; but calls are NOT counted where ops can read "
-                     f"them: {counters} ({_hook_setting(st)}, release {rel}){stale}")  # fmt: skip
+        return Check(
+            name="hook",
+            status="fail",
+            evidence=evidence,
+            detail=f"{st.get('summary')}; but calls are NOT counted where ops can read "
+            f"them: {counters} ({_hook_setting(st)}, release {rel}){stale}",
+        )
     replaced = st.get("replaced") or {}
     counting = f"; calls counted in {doc['live']} live processes" if doc.get("live") else ""
     what = ", ".join(f"{k} ({v})" for k, v in replaced.items())
     head = f"replaced {what}; " if what else ""
-    return Check(name="hook", status="pass", evidence=evidence,
-                 detail=f"{head}{st.get('summary')}{counting} (release {rel}){stale}")  # fmt: skip
+    return Check(
+        name="hook",
+        status="pass",
+        evidence=evidence,
+        detail=f"{head}{st.get('summary')}{counting} (release {rel}){stale}",
+    )
 
 
 def _hook_setting(st: dict[str, Any]) -> str:

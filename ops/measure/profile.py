@@ -193,17 +193,24 @@ def pilot(host: Host, c: int, opts: ProfileOptions) -> dict[str, Any]:
     """An uncounted run of `opts.requests` at c, for its tokens/s: `sized_requests` is the
     measured window's size (`opts.requests` where the pilot measured no tokens/s)."""
     rep = run_loadtest(
-        host, [c], requests=opts.requests, input_len=opts.input_len,
-        output_len=opts.output_len, timeout=opts.timeout,
-    )  # fmt: skip
+        host,
+        [c],
+        requests=opts.requests,
+        input_len=opts.input_len,
+        output_len=opts.output_len,
+        timeout=opts.timeout,
+    )
     lt = rep.level_docs[0]
     tok_s = lt.get("output_tok_per_s")
     n = sized(c, tok_s, opts.run_seconds, opts.output_len)
     return {
-        "completed": lt["completed"], "failed": lt["failed"], "duration_s": lt["duration_s"],
-        "output_tok_per_s": tok_s, "run_seconds": opts.run_seconds,
+        "completed": lt["completed"],
+        "failed": lt["failed"],
+        "duration_s": lt["duration_s"],
+        "output_tok_per_s": tok_s,
+        "run_seconds": opts.run_seconds,
         "sized_requests": opts.requests if n is None else n,
-    }  # fmt: skip
+    }
 
 
 def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict[str, Any]:
@@ -242,25 +249,30 @@ def measured_level(c: int, start: Counters, end: Counters, lt: LevelDoc) -> dict
     }
     if "spread_sum" in row:  # how far apart the step's sequences stood (longest - shortest)
         level["batch_spread"] = value(
-            row["spread_sum"] / n, "measured",
+            row["spread_sum"] / n,
+            "measured",
             f"mean over the measured window's {n} steps at batch {batch} of the batch's length "
-            f"spread, longest sequence - shortest, tokens (Δ {BREAKDOWN}.spread_sum)", n=n,
-        )  # fmt: skip
+            f"spread, longest sequence - shortest, tokens (Δ {BREAKDOWN}.spread_sum)",
+            n=n,
+        )
     level.update(throughput(lt))
     d_sum = _delta(start, end, "ddtree:accept_length_sum")
     d_cnt = _delta(start, end, "ddtree:accept_length_count")
     if d_sum is not None and d_cnt:
         level["accept_length"] = value(
-            d_sum / d_cnt, "measured",
+            d_sum / d_cnt,
+            "measured",
             "tokens committed per request per step in this level "
-            "(Δ ddtree:accept_length_sum / Δ _count of /metrics)", n=int(d_cnt),
-        )  # fmt: skip
+            "(Δ ddtree:accept_length_sum / Δ _count of /metrics)",
+            n=int(d_cnt),
+        )
     elif lt["accept_length"]["value"] is not None:
         level["accept_length"] = value(
-            lt["accept_length"]["value"], "measured",
+            lt["accept_length"]["value"],
+            "measured",
             f"the service's running average ({lt['accept_length']['source']}), not this "
             "level's alone",
-        )  # fmt: skip
+        )
     a = (level.get("accept_length") or {}).get("value")
     tok_s = lt.get("output_tok_per_s")
     if a and tok_s:
@@ -286,10 +298,17 @@ def throughput(lt: LevelDoc) -> dict[str, Any]:
 
 def cpu_baseline(host: Host, cwd: str, c: int, opts: ProfileOptions) -> dict[str, Any]:
     params = {
-        "batch": c, "depth": opts.depth, "topk": opts.topk, "budget": opts.budget,
-        "component": opts.component, "baseline": opts.baseline, "scale": opts.scale,
-        "seed": c, "seconds": opts.seconds, "min_reps": 5,
-    }  # fmt: skip
+        "batch": c,
+        "depth": opts.depth,
+        "topk": opts.topk,
+        "budget": opts.budget,
+        "component": opts.component,
+        "baseline": opts.baseline,
+        "scale": opts.scale,
+        "seed": c,
+        "seconds": opts.seconds,
+        "min_reps": 5,
+    }
     res = host.run(
         [host.target.python, "-c", CPU_BASELINE, json.dumps(params)],
         cwd=cwd,
@@ -349,10 +368,11 @@ def derived_level(
     if a is not None and tok_s:
         step = 1000 * c * a / tok_s
         level["step_ms"] = value(
-            step, "derived",
+            step,
+            "derived",
             f"step_ms = 1000 * c * a / tok_s = 1000 * {c} * {a:.3f} / {tok_s:.2f} "
             "(c requests each advance a tokens a step; prefill and gaps count as step time)",
-        )  # fmt: skip
+        )
         tpot = (lt.get("tpot_ms") or {}).get("p50")
         if tpot is not None:
             level["step_ms_from_tpot"] = value(
@@ -373,13 +393,17 @@ def derived_level(
         impl = "Python/heapq reference" if opts.baseline == "python" else "compiled C++ baseline"
         level["stage_ms"] = {
             opts.component: value(
-                base["median_ms"], "derived",
+                base["median_ms"],
+                "derived",
                 f"the {impl} {opts.component} at batch {c} (budget {opts.budget}, K "
                 f"{opts.topk}, H {opts.depth}) timed on the host's CPU, median of {base['n']}: "
                 "stands in for the service's own stage time",
-                p25=base["p25_ms"], p75=base["p75_ms"], n=base["n"], samples=base["samples_ms"],
+                p25=base["p25_ms"],
+                p75=base["p75_ms"],
+                n=base["n"],
+                samples=base["samples_ms"],
             )
-        }  # fmt: skip
+        }
         if "step_ms" in level:
             level["share"] = {opts.component: base["median_ms"] / level["step_ms"]["value"]}
     return level
@@ -393,12 +417,13 @@ def _hook_stage_ms(level: dict[str, Any], measured: dict[str, dict[str, Any]]) -
         return
     level["stage_ms"] = {
         comp: value(
-            f["value"] * step, "derived",
+            f["value"] * step,
+            "derived",
             f"the import hook's f ({f['value']:.4f}, share of the window's wall time) x the "
             f"derived step ({step:.3f} ms)",
         )
         for comp, f in measured.items()
-    }  # fmt: skip
+    }
     level["share"] = {comp: f["value"] for comp, f in measured.items()}
 
 
@@ -505,9 +530,14 @@ def _profile_level(
         lt = _hook_loadtest(host, c, requests, opts)
     else:
         rep = run_loadtest(
-            host, [c], requests=requests, input_len=opts.input_len,
-            output_len=opts.output_len, timeout=opts.timeout, counters=True,
-        )  # fmt: skip
+            host,
+            [c],
+            requests=requests,
+            input_len=opts.input_len,
+            output_len=opts.output_len,
+            timeout=opts.timeout,
+            counters=True,
+        )
         lt = rep.level_docs[0]
     window = window_counters(lt)
     hook_w = hook_window(lt)
@@ -530,8 +560,12 @@ def _profile_level(
     if first_run is not None:
         level["load"]["pilot"] = first_run
     if opts.shadow and level["method"] == "measured" and sweep.shadow_offered and not hook:
-        load = {"requests": requests, "input_len": opts.input_len,
-                "output_len": opts.output_len, "timeout": opts.timeout}  # fmt: skip
+        load = {
+            "requests": requests,
+            "input_len": opts.input_len,
+            "output_len": opts.output_len,
+            "timeout": opts.timeout,
+        }
         try:
             level["shadow"] = shadow_level(host, c, opts.shadow, opts.shadow_forwards, load)
         except KeyboardInterrupt:  # f was measured: the level stays, without its s
@@ -558,21 +592,36 @@ def _hook_present(host: Host) -> dict[str, Any] | None:
         return {"live": 0, "error": f"the hook's counters could not be read: {exc}"}
     st = doc.get("status") or {}
     return {
-        "live": doc.get("live", 0), "dead_skipped": doc.get("dead", 0),
-        "run_dir": doc.get("run_dir"), "release": doc.get("release"), "setting": st.get("spec"),
-        "active": st.get("active"), "summary": st.get("summary"), "shadowed": st.get("shadowed"),
+        "live": doc.get("live", 0),
+        "dead_skipped": doc.get("dead", 0),
+        "run_dir": doc.get("run_dir"),
+        "release": doc.get("release"),
+        "setting": st.get("spec"),
+        "active": st.get("active"),
+        "summary": st.get("summary"),
+        "shadowed": st.get("shadowed"),
         "mismatch_files": doc.get("mismatch_files", []),
-    }  # fmt: skip
+    }
 
 
 def _hook_loadtest(host: Host, c: int, requests: int, opts: ProfileOptions) -> LevelDoc:
     """One level as `ops.measure.loadtest` runs it with `--counters`, through
     `checks.hook_counters --loadtest`, so each window snapshot also holds the hook's reading."""
     args = [
-        "--url", host.target.service.url, "--concurrency", str(c), "--requests", str(requests),
-        "--input-len", str(opts.input_len), "--output-len", str(opts.output_len),
-        "--timeout", str(opts.timeout), "--counters",
-    ]  # fmt: skip
+        "--url",
+        host.target.service.url,
+        "--concurrency",
+        str(c),
+        "--requests",
+        str(requests),
+        "--input-len",
+        str(opts.input_len),
+        "--output-len",
+        str(opts.output_len),
+        "--timeout",
+        str(opts.timeout),
+        "--counters",
+    ]
     argv = ["--run", hook_run_dir(host), "--loadtest", "--", *args]
     doc = run_check(host, "checks.hook_counters", argv, timeout=3600).data
     level = doc.get("level")
@@ -605,9 +654,14 @@ def _hook_shadows(
     if level["method"] == "measured":
         return
     if opts.shadow and asked_comp not in HOOK_COMPONENTS:
-        level["shadow"] = {"offered": False, "source": "hook", "component": asked_comp,
-                           "candidate": asked_kind, "error": "the import hook shadows only "
-                           f"{' and '.join(HOOK_COMPONENTS)}, not {asked_comp}"}  # fmt: skip
+        level["shadow"] = {
+            "offered": False,
+            "source": "hook",
+            "component": asked_comp,
+            "candidate": asked_kind,
+            "error": "the import hook shadows only "
+            f"{' and '.join(HOOK_COMPONENTS)}, not {asked_comp}",
+        }
     else:
         order = [asked_comp] if opts.shadow else list(HOOK_COMPONENTS)
         picked = next((hook["shadow"][x] for x in order if x in hook["shadow"]), None)

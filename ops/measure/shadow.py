@@ -63,13 +63,12 @@ def _kind(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     rng = random.Random(0)
     boots = sorted(
-        r for r in (_ratio([pairs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
+        r
+        for r in (_ratio([pairs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
         if r is not None
-    )  # fmt: skip
+    )
     cut = int((1 - INTERVAL) / 2 * len(boots))
-    by_first = {
-        f: _ratio([p for p in pairs if p["first"] == f]) for f in ("base", "cand")
-    }  # fmt: skip
+    by_first = {f: _ratio([p for p in pairs if p["first"] == f]) for f in ("base", "cand")}
     base_first = [p["base_us"] for p in pairs if p["first"] == "base"]
     cand_first = [p["cand_us"] for p in pairs if p["first"] == "cand"]
     # each backend where it runs in production (first after the graph piece, or first in the
@@ -140,8 +139,12 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
         _disarm_after_failure(host, component)
         raise
     if not arm.get("ok"):
-        return {"offered": arm.get("offered"), "component": component, "candidate": kind,
-                "error": arm.get("message") or "the service did not arm its shadow"}  # fmt: skip
+        return {
+            "offered": arm.get("offered"),
+            "component": component,
+            "candidate": kind,
+            "error": arm.get("message") or "the service did not arm its shadow",
+        }
     try:
         rep = run_loadtest(host, [c], counters=False, **load)
         snap = snapshot(host)
@@ -150,9 +153,13 @@ def shadow_level(host: Host, c: int, spec: str, forwards: int, load: dict[str, A
     lt = rep.level_docs[0]
     info = snap.get("server_info")
     if info is None:  # no answer: not the same as a service without /shadow
-        out = {"offered": None, "component": component, "candidate": kind,
-               "error": "the service did not answer after the shadow window "
-                        f"({snap.get('server_info_status')})"}  # fmt: skip
+        out = {
+            "offered": None,
+            "component": component,
+            "candidate": kind,
+            "error": "the service did not answer after the shadow window "
+            f"({snap.get('server_info_status')})",
+        }
     else:
         out = summarize(info.get("shadow"))
     out["load"] = {k: lt[k] for k in ("completed", "failed", "duration_s")}
@@ -193,8 +200,12 @@ def left_armed(host: Host, info: dict[str, Any] | None) -> dict[str, Any] | None
     if not isinstance(doc, dict) or not doc.get("left") or not doc.get("component"):
         return None
     res = disarm(host, str(doc["component"]))
-    return {"component": doc["component"], "candidate": doc.get("candidate"),
-            "left": doc["left"], "disarmed": bool(res.get("ok"))}  # fmt: skip
+    return {
+        "component": doc["component"],
+        "candidate": doc.get("candidate"),
+        "left": doc["left"],
+        "disarmed": bool(res.get("ok")),
+    }
 
 
 def _setting_kind(item: str | None) -> tuple[str | None, int]:
@@ -224,26 +235,41 @@ def hook_shadow(
     if not rows:
         if asked is None:
             return None
-        return {"offered": False, "source": "hook", "component": component, "candidate": asked,
-                "error": f"the service's import hook does not shadow {component} (its setting: "
-                f"{(end.get('status') or {}).get('spec')!r}); deploy it with "
-                f"DDTREE_OPS_SGLANG=shadow:{component}={asked} to time {asked} beside the "
-                "stock on the service's own calls"}  # fmt: skip
+        return {
+            "offered": False,
+            "source": "hook",
+            "component": component,
+            "candidate": asked,
+            "error": f"the service's import hook does not shadow {component} (its setting: "
+            f"{(end.get('status') or {}).get('spec')!r}); deploy it with "
+            f"DDTREE_OPS_SGLANG=shadow:{component}={asked} to time {asked} beside the "
+            "stock on the service's own calls",
+        }
     out: dict[str, Any] = {
-        "offered": True, "source": "hook", "component": component, "baseline": "reference",
-        "candidate": kind, "setting": item, "every": every, "processes": len(rows),
+        "offered": True,
+        "source": "hook",
+        "component": component,
+        "baseline": "reference",
+        "candidate": kind,
+        "setting": item,
+        "every": every,
+        "processes": len(rows),
         "compared": sum(r["compared"] for r in rows),
         "mismatched": sum(r["mismatched"] for r in rows),
         "cand_errors": sum(r["cand_errors"] for r in rows),
-        "overhead_s": sum(r["overhead_s"] for r in rows), "error": None, "prefill": None,
-    }  # fmt: skip
+        "overhead_s": sum(r["overhead_s"] for r in rows),
+        "error": None,
+        "prefill": None,
+    }
     if asked is not None and asked != kind:
-        out["error"] = (f"the service's import hook shadows {component} with {kind}, not "
-                        f"{asked} ({item})")  # fmt: skip
+        out["error"] = (
+            f"the service's import hook shadows {component} with {kind}, not {asked} ({item})"
+        )
     pairs = [
         {"base_us": s / 1e3, "cand_us": c / 1e3, "first": "cand" if i & 1 else "base"}
-        for r in rows for i, s, c in r["ring"]
-    ]  # fmt: skip
+        for r in rows
+        for i, s, c in r["ring"]
+    ]
     stock_s, cand_s = sum(r["stock_s"] for r in rows), sum(r["cand_s"] for r in rows)
     timed = sum(r["pairs"] for r in rows)  # compared calls the candidate answered
     if timed <= 0 or cand_s <= 0 or stock_s <= 0:
@@ -255,13 +281,17 @@ def hook_shadow(
     k = _kind(pairs) if pairs else None
     s = stock_s / cand_s
     out["step"] = {
-        "forwards": timed, "s": s,
-        "lo": min(k["lo"], s) if k else s, "hi": max(k["hi"], s) if k else s,
-        "base_us": 1e6 * stock_s / timed, "cand_us": 1e6 * cand_s / timed, "warmup": 0,
+        "forwards": timed,
+        "s": s,
+        "lo": min(k["lo"], s) if k else s,
+        "hi": max(k["hi"], s) if k else s,
+        "base_us": 1e6 * stock_s / timed,
+        "cand_us": 1e6 * cand_s / timed,
+        "warmup": 0,
         "s_base_first": k["s_base_first"] if k else None,
         "s_cand_first": k["s_cand_first"] if k else None,
         "pairs_in_interval": len(pairs),
-    }  # fmt: skip
+    }
     return out
 
 

@@ -20,8 +20,20 @@ from ops.sections.common import OpenModel
 
 # the parts of a measured window that add up to it (ms per output token each;
 # ops.rollout.switch.audit makes them, ops.verdict.gain_audit shows them)
-AUDIT_PARTS = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commit",
-               "step_other", "prefill_attention", "prefill_other", "idle", "window")  # fmt: skip
+AUDIT_PARTS = (
+    "draft",
+    "topk",
+    "tree_build",
+    "verify",
+    "attention",
+    "accept",
+    "commit",
+    "step_other",
+    "prefill_attention",
+    "prefill_other",
+    "idle",
+    "window",
+)
 AUDIT_MAX_MS = 1e6  # no part of a window is anywhere near 1000 s per output token
 
 
@@ -89,8 +101,10 @@ class MeasureLevel(OpenModel):
         lo, hi = RATES
         for i, x in enumerate(v):
             if not (math.isfinite(x) and lo <= x <= hi):
-                raise ValueError(f"run {i}: tokens/s must be a finite number > 0 (in "
-                                 f"[{lo:g}, {hi:g}]), got {x!r}")  # fmt: skip
+                raise ValueError(
+                    f"run {i}: tokens/s must be a finite number > 0 (in "
+                    f"[{lo:g}, {hi:g}]), got {x!r}"
+                )
         return v
 
     @field_validator("aa")

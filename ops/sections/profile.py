@@ -114,16 +114,19 @@ class ProfileLevel(OpenModel):
             for key in ("value", "p25", "p75"):
                 x = getattr(share, key)
                 if x is not None and not 0 <= x <= 1:
-                    raise ValueError(f"{stage}.{key}: a share of the wall time is in [0, 1], "
-                                     f"got {x!r}")  # fmt: skip
+                    raise ValueError(
+                        f"{stage}.{key}: a share of the wall time is in [0, 1], got {x!r}"
+                    )
             pre = (share.model_extra or {}).get("prefill")
             if pre is None:
                 continue
             if isinstance(pre, bool) or not isinstance(pre, int | float):
                 raise ValueError(f"{stage}.prefill: must be a number, got {pre!r}")
             if not 0 <= pre <= share.value:
-                raise ValueError(f"{stage}.prefill: the part in prefill is in [0, the share "
-                                 f"{share.value!r}], got {pre!r}")  # fmt: skip
+                raise ValueError(
+                    f"{stage}.prefill: the part in prefill is in [0, the share "
+                    f"{share.value!r}], got {pre!r}"
+                )
         return v
 
     @property

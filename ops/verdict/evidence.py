@@ -85,8 +85,10 @@ class Record(OpenModel):
     @model_validator(mode="after")
     def _finished_has_code(self) -> Record:
         if self.exit_code is None and not self.unfinished:
-            raise ValueError(f"exit_code: null in a record whose outcome is {self.outcome!r} "
-                             f"(only a run that did not finish has none)")  # fmt: skip
+            raise ValueError(
+                f"exit_code: null in a record whose outcome is {self.outcome!r} "
+                f"(only a run that did not finish has none)"
+            )
         return self
 
     @property
@@ -100,8 +102,10 @@ def unfinished_line(rec: Record) -> str:
     """What the report says of a record whose run did not finish."""
     pid = (rec.model_extra or {}).get("pid")
     by = f" (pid {pid})" if isinstance(pid, int) else ""
-    return (f"{rec.path}: `ops {rec.command}` on {rec.target} started {rec.started}{by} and did "
-            "not finish (killed, or still running): it holds no result")  # fmt: skip
+    return (
+        f"{rec.path}: `ops {rec.command}` on {rec.target} started {rec.started}{by} and did "
+        "not finish (killed, or still running): it holds no result"
+    )
 
 
 def _loc(err: dict[str, Any]) -> str:
@@ -219,9 +223,13 @@ def record_files(paths: list[Path]) -> list[Path]:
     if total > REPORT_MAX_BYTES:
         big = max(sizes, key=lambda p: sizes[p])
         of = f" (of {total / MIB:.0f} MiB in all)" if len(sizes) > 1 else ""
-        raise BadRecord(big, "record.json", f"too big to report on: its records hold "
-                        f"{sizes[big] / MIB:.0f} MiB{of}, over the {REPORT_MAX_BYTES // MIB} MiB "
-                        "one report reads")  # fmt: skip
+        raise BadRecord(
+            big,
+            "record.json",
+            f"too big to report on: its records hold "
+            f"{sizes[big] / MIB:.0f} MiB{of}, over the {REPORT_MAX_BYTES // MIB} MiB "
+            "one report reads",
+        )
     return list(dict.fromkeys(found))
 
 
@@ -366,9 +374,11 @@ def check_speedups(path: Path | str, bench: BenchSection) -> None:
     for i, r in enumerate(rows):
         for base, x in r.speedup.items():
             if not (math.isfinite(x) and 0 < x <= MAX_SPEEDUP):
-                raise BadRecord(path, f"bench.rows.{i}.speedup.{base}",
-                                f"a speed-up is a finite number in (0, {MAX_SPEEDUP:g}], "
-                                f"got {x!r}")  # fmt: skip
+                raise BadRecord(
+                    path,
+                    f"bench.rows.{i}.speedup.{base}",
+                    f"a speed-up is a finite number in (0, {MAX_SPEEDUP:g}], got {x!r}",
+                )
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         key = r.kernel + json.dumps(r.shape, sort_keys=True, default=str)
