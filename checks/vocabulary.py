@@ -25,6 +25,9 @@ DEFAULT_BACKENDS: dict[str, str] = {
     "accept": "reference",
     "attention": "torch",
 }
+# the components a service can time a candidate of beside the serving backend, on its own
+# forwards (engine.shadow; ops profile --shadow)
+SHADOWED = ("attention", "tree_build")
 HOST_BACKENDS = ("reference", "cpp")  # run on the CPU: no GPU bench times them
 # what the SGLang import hook can put in the fork's place (`reference`: the fork's own function)
 HOOK_BACKENDS: dict[str, tuple[str, ...]] = {

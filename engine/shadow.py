@@ -40,10 +40,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from checks.vocabulary import SHADOWED  # the components the engine can shadow
 from engine.protocol import _short  # a refused value, cut for the message (bodies may be MBs)
 
 MAX_FORWARDS = 20_000  # the most a window may sample (and the pairs it keeps)
-SHADOWED = ("attention", "tree_build")  # the components the engine can shadow
 
 
 @dataclass

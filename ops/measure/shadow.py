@@ -35,6 +35,7 @@ import signal
 import threading
 from typing import Any
 
+from checks.vocabulary import COMPONENTS, SHADOWED
 from ops.hosts.dataplane import run_check
 from ops.hosts.remote import Host
 from ops.measure.counters import snapshot
@@ -44,7 +45,7 @@ from ops.sections.profile import ProfileSection, Shadow
 KINDS = ("step", "prefill")
 WARMUP = 1  # forwards of each kind left out at the start of a window (the cold start)
 # what the engine can shadow, and each one's backends (engine.components; no engine import here)
-SHADOW_KINDS = {"attention": ("torch", "cuda"), "tree_build": ("reference", "cpp", "cuda")}
+SHADOW_KINDS = {c: COMPONENTS[c] for c in SHADOWED}  # component -> the backends it can time
 INTERVAL = 0.90
 RESAMPLES = 1000
 

@@ -105,7 +105,7 @@ class Load(_Strict):
 class ChangeSpec(_Strict):
     """Which component switches from which backend to which (inventory backend names)."""
 
-    component: Literal["tree_build", "accept", "topk", "attention"]
+    component: str  # one of checks.vocabulary.COMPONENTS
     baseline: str
     candidate: str
     shape: dict[str, int | str] = Field(default_factory=dict)  # pins bench shape keys for s(c)
@@ -114,6 +114,13 @@ class ChangeSpec(_Strict):
     )
     baseline_impl: str | None = None  # the bench impls giving s(c), where not the kernel's map
     candidate_impl: str | None = None
+
+    @field_validator("component")
+    @classmethod
+    def _component(cls, v: str) -> str:
+        if v not in COMPONENT_KINDS:
+            raise ValueError(f"unknown component {v!r}; known: {' | '.join(COMPONENT_KINDS)}")
+        return v
 
     @model_validator(mode="after")
     def _kinds(self) -> ChangeSpec:
