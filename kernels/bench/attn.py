@@ -20,7 +20,7 @@ every row seeing its prefix, its ancestors and itself (`kernels.row_attention.st
 `torch_rows` is the engine's `torch` backend (`TorchAttention` on a GPU: length bucket 64, 64
 rows per call), `cuda_rows` its `cuda` backend (the tree-verify kernel with every row its own
 request, fp32 SIMT, KV splits of `kernels.row_attention.SPLIT_KEYS`). These rows give `ops
-report` its s(c) for the change `attention: torch -> cuda` (ops.verdict.evidence.BENCH_MAP; pin
+report` its s(c) for the change `attention: torch -> cuda` (ops.sections.change.BENCH_MAP; pin
 T and L with `change.shape`). Kernel `row_attention_prefill` is the same two calls over the
 engine's prefill of one prompt of `L` tokens (each of `--prefix-len`): its L - 1 rows, row p
 seeing positions 0 .. p, cut as `engine.decode.prefill` cuts them, into forwards of at most

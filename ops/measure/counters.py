@@ -48,7 +48,7 @@ def not_answering(snap: Counters) -> str | None:
 
 
 def value(v: float, source: str, note: str, **kw: Any) -> dict[str, Any]:
-    """An `ops.verdict.evidence.Value`: one number, its spread where known, its provenance."""
+    """An `ops.sections.common.Value`: one number, its spread where known, its provenance."""
     return {"value": v, "source": source, "note": note, **kw}
 
 

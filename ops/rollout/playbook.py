@@ -110,7 +110,7 @@ class ChangeSpec(_Strict):
     candidate: str
     shape: dict[str, int | str] = Field(default_factory=dict)  # pins bench shape keys for s(c)
     bench_kernel: str | None = (
-        None  # the bench kernel giving s(c) (ops.verdict.evidence.BENCH_KERNELS)
+        None  # the bench kernel giving s(c) (ops.sections.change.BENCH_KERNELS)
     )
     baseline_impl: str | None = None  # the bench impls giving s(c), where not the kernel's map
     candidate_impl: str | None = None
