@@ -14,6 +14,7 @@ error (an exception nothing expected: a bug in ops, one line; OPS_DEBUG=1 adds t
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from typing import TYPE_CHECKING, Annotated
@@ -36,6 +37,7 @@ from ops.cli.common import (
     out,
     package_version,
     state,
+    unbreakable_console,
 )
 from ops.cli.deploy import deploy, releases, rollback
 from ops.cli.measure import bench, profile
@@ -195,6 +197,10 @@ def main() -> None:
     """Run the app; a bad flag or value is one line (and where to look) with exit 2; an
     exception nothing expected (a bug in ops) is one line, exit 4 (`internal_error`)."""
     st = CliState()  # the app's root context holds this one: --json is known after a failure
+    unbreakable_console()  # a reader gone (`| head`, a dropped terminal) never stops the work
+    for sig in (signal.SIGHUP, signal.SIGQUIT):  # a dropped session: as Ctrl-C, not a silent
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # death (nohup's ignore stays)
+            signal.signal(sig, _as_interrupt)
     try:
         code = app(standalone_mode=False, obj=st)
     except (KeyboardInterrupt, typer.Abort):
@@ -213,6 +219,12 @@ def main() -> None:
         err.print(f"error: {escape(exc.format_message())}{where}", soft_wrap=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _as_interrupt(signum: int, _frame: object) -> None:
+    """SIGHUP, SIGQUIT: the way Ctrl-C and a deploy's SIGTERM stop ops (probe37c C5): the step
+    in progress stops, the guard puts the host back, the record is finished, exit 130."""
+    raise KeyboardInterrupt
 
 
 def internal_error(exc: BaseException, as_json: bool) -> None:

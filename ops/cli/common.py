@@ -5,9 +5,11 @@ and the one way a command runs: `command` (errors become one line and an exit co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,52 @@ HELP_SETTINGS = {"help_option_names": ["-h", "--help"]}
 R = TypeVar("R")
 
 
+class Unbreakable:
+    """A console stream (sys.stdout, sys.stderr) whose reader may be gone: the first write or
+    flush that fails (EPIPE: `ops deploy 2>&1 | head` after head exits; EIO: the terminal of a
+    dropped session) points the stream's fd at /dev/null and every later write is dropped
+    silently. ops's own output must never abort the work it reports on (probe37c C4): a deploy
+    goes on, its guard and record do their part, and the exit code stays the command's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.lost = False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return int(self._stream.write(text))
+            except OSError:
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except OSError:
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        # what the stream still buffers is flushed at exit: to /dev/null, not a second error
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def unbreakable_console() -> None:
+    """sys.stdout and sys.stderr as `Unbreakable` streams (once; `ops.cli.main` calls it)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, Unbreakable):
+            setattr(sys, name, Unbreakable(stream))
+
+
 class LazyConsole:
     """A rich Console made on first use. rich costs ~60 ms of every `ops` start-up (its
     console, markup, tables and progress bars), and a `--json` call that prints nothing for
@@ -43,7 +91,11 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self._kwargs)
+            class _Console(Console):
+                def on_broken_pipe(self) -> None:  # rich's own: SystemExit(1) mid-deploy
+                    self.quiet = True
+
+            self._console = _Console(**self._kwargs)
         return self._console
 
     def __getattr__(self, name: str) -> Any:

@@ -38,6 +38,7 @@ from ops.deploy.host_actions import (
 )
 from ops.deploy.release import ReleaseManifest, default_source, service_env, stage_release
 from ops.deploy.result import (
+    DETAIL_SHOWN,
     DeployInterrupted,
     DeployOptions,
     DeployResult,
@@ -45,6 +46,8 @@ from ops.deploy.result import (
     Status,
     Step,
     StepFailed,
+    clip_line,
+    clip_lines,
     since_last_start,
     utc_now,
 )
@@ -105,12 +108,15 @@ class Deployer:
         t0 = time.monotonic()
         status, detail, data = fn()
         self._running = None
-        evidence = data.pop("evidence", [])
+        evidence = clip_lines(data.pop("evidence", []))
+        svc = data.get("service")
+        if isinstance(svc, dict) and isinstance(svc.get("evidence"), list):
+            data["service"] = {**svc, "evidence": clip_lines(svc["evidence"])}
         st = Step(
             name=name,
             status=status,
             seconds=round(time.monotonic() - t0, 3),
-            detail=detail,
+            detail=clip_line(detail, DETAIL_SHOWN),
             evidence=evidence,
             data=data,
         )

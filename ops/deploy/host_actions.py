@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from ops.errors import HostError, OpsError
 from ops.hosts.inventory import Target
-from ops.hosts.remote import Host, shell_path
+from ops.hosts.remote import INTERRUPT_SIGNALS, Host, shell_path
 from ops.hostside import source
 from ops.service.managers import PROCMAN_SOURCE, ProcessManager, logfile, pidfile
 
@@ -60,12 +60,13 @@ def restart_script(target: Target) -> str:
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """While the guard puts the host back, a further Ctrl-C (or SIGTERM) is ignored: it would
-    cut the wait for the guard, and the result would name a host half put back."""
+    """While the guard puts the host back, a further Ctrl-C (or SIGTERM, SIGHUP, SIGQUIT) is
+    ignored: it would cut the wait for the guard, and the result would name a host half put
+    back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
     for sig in old:
         signal.signal(sig, lambda *_: None)
     try:
@@ -98,7 +99,7 @@ def interrupted_once() -> Iterator[list[int]]:
             _ignore_interrupts()
             raise
         return
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
     seen: list[int] = []
 
     def first_only(signum: int, _frame: object) -> None:
@@ -125,7 +126,7 @@ def interrupted_once() -> Iterator[list[int]]:
 
 def _ignore_interrupts() -> None:
     """SIG_IGN, not a Python handler: it outlives the interpreter's finalization."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in INTERRUPT_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 

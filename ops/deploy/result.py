@@ -91,3 +91,19 @@ def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
     if starts:
         return [lines[0], *lines[len(lines) - keep + 1 :]]
     return lines[-keep:]
+
+
+LINE_SHOWN = 500  # characters of one evidence line kept (a log line can be a GiB: probe37c C1)
+DETAIL_SHOWN = 4000  # characters of a step's detail kept
+
+
+def clip_line(line: str, width: int = LINE_SHOWN) -> str:
+    """`line` at most `width` characters; a longer one says how much was cut."""
+    if len(line) <= width:
+        return line
+    return f"{line[:width]}... ({len(line) - width} more characters cut)"
+
+
+def clip_lines(lines: list[str], keep: int = 40) -> list[str]:
+    """At most the last `keep` lines, each at most LINE_SHOWN characters."""
+    return [clip_line(str(line)) for line in list(lines)[-keep:]]

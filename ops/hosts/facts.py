@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from checks.nvsmi import GPU_FIELDS, GPU_FIELDS_SHORT, Gpu, parse_gpus
 from ops.hosts.inventory import Target
-from ops.hosts.remote import Host, shell_path
+from ops.hosts.remote import HOST_PYTHON_MIN, Host, python_version, shell_path, too_old
 from ops.service.managers import PROCMAN_SOURCE, pidfile
 
 MARK = "@@ops-facts"
@@ -199,4 +199,10 @@ def compare_with_inventory(target: Target, facts: Facts) -> list[str]:
         warnings.append(f"inventory says cuda_arch = {target.cuda_arch}, GPUs are {sorted(archs)}")
     if not facts.python.found:
         warnings.append(f"python {target.python} not found on the host")
+    elif too_old(python_version(facts.python.version or "")):
+        need = ".".join(map(str, HOST_PYTHON_MIN))
+        warnings.append(
+            f"python {target.python} is {facts.python.version}: ops's data plane needs "
+            f"Python {need}+ (set `python` in the inventory)"
+        )
     return warnings

@@ -18,7 +18,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from ops.hosts.remote import TIMEOUT_RC, Host, Proc, SignalsHeld
+from ops.hosts.remote import (
+    LINE_MAX,
+    STDERR_MAX,
+    STDOUT_MAX,
+    TIMEOUT_RC,
+    Capped,
+    Host,
+    Proc,
+    SignalsHeld,
+    split_line,
+)
 
 ABORT_WAIT_S = 5.0  # the watcher's own TERM-then-KILL sweep takes about 2 s
 CHUNK = 65536
@@ -33,7 +43,7 @@ class _LocalProc(Proc):
         assert self._p.stdout is not None
         fd = self._p.stdout.fileno()
         end = time.monotonic() + timeout
-        while b"\n" not in self._buf:
+        while b"\n" not in self._buf and len(self._buf) < LINE_MAX:
             left = end - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return None
@@ -43,8 +53,8 @@ class _LocalProc(Proc):
             self._buf += chunk
         if not self._buf:
             return None
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode("utf-8", "replace")
+        line, self._buf = split_line(self._buf)
+        return line
 
     def finish(self, timeout: float) -> int:
         if self._p.stdin:
@@ -102,7 +112,7 @@ class LocalHost(Host):
 
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
-    ) -> tuple[int, bytes, bytes]:
+    ) -> tuple[int, Capped, Capped]:
         held = SignalsHeld()  # a Ctrl-C now is delivered inside the try below
         try:
             proc = subprocess.Popen(
@@ -117,7 +127,7 @@ class LocalHost(Host):
             raise
         assert proc.stdin and proc.stdout and proc.stderr
         in_fd, out_fd, err_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
-        chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+        chunks = {out_fd: Capped(STDOUT_MAX), err_fd: Capped(STDERR_MAX)}
         data, sent = memoryview(stdin or b""), 0
         end = time.monotonic() + deadline_s
         sel = selectors.DefaultSelector()
@@ -142,7 +152,7 @@ class LocalHost(Host):
                         if sent >= len(data):
                             sel.unregister(in_fd)  # all sent; stdin stays open: our lifeline
                     elif block := os.read(key.fd, CHUNK):
-                        chunks[key.fd].append(block)
+                        chunks[key.fd].add(block)
                     else:
                         sel.unregister(key.fd)
                         reading -= 1
@@ -158,7 +168,7 @@ class LocalHost(Host):
             for f in (proc.stdin, proc.stdout, proc.stderr):
                 with contextlib.suppress(OSError):
                     f.close()
-        return rc, b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+        return rc, chunks[out_fd], chunks[err_fd]
 
     def _spawn(self, command: str) -> Proc:
         popen = subprocess.Popen(

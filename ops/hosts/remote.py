@@ -31,6 +31,7 @@ import getpass
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -50,7 +51,23 @@ from ops.hosts.inventory import Target
 TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
 KILL_GRACE_S = 5  # SIGTERM first, SIGKILL this much later
 TREE_EXCLUDE = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs", ".whl", ".gl"}
+# The signals ops takes as Ctrl-C: SIGTERM (a CI timeout, `kill`), SIGHUP (the operator's
+# terminal or SSH session dropped) and SIGQUIT too (probe37c C5), so a deploy's record is
+# finished and its guard's work waited for whichever of them stops it.
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The oldest host Python the data plane (checks.*, ops.hostside) runs on (docs/inventory.md);
+# ops itself, on the operator's machine, needs pyproject's requires-python.
+HOST_PYTHON_MIN = (3, 10)
+# Parsed and run alike by Python 2.6+ and 3.x: a host python too old for the data plane still
+# says what it is (probe37c C6).
+PY_VERSION = "import sys; sys.stdout.write('%d.%d.%d' % tuple(sys.version_info[:3]))"
 LOCK_NOTE_WAIT_S = 2.0  # how long a second holder waits for the holder's note to appear
+# What ops keeps of one host command's output (probe37c C1: a service log line of a GiB read
+# whole made ops grow to 23 GB). The largest real stdout is a data-plane JSON document of a few
+# MB; past the bound the head and the tail are kept around a line that says how much was cut.
+STDOUT_MAX = 64 << 20
+STDERR_MAX = 1 << 20
+LINE_MAX = 1 << 20  # one line read from a long-lived command (the lock's, the guard's)
 
 # The watcher (see the module docstring). $1: bytes of our stdin that are the command's stdin;
 # $2: the command line. The sweep signals every live process whose session is the command's.
@@ -88,6 +105,61 @@ exit "$rc"
 """
 
 
+class Capped:
+    """A stream's bytes up to `limit`: past it, the first and the last `limit // 2` bytes are
+    kept and the rest counted (`cut`), never held."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, block: bytes) -> None:
+        self.total += len(block)
+        half = self.limit // 2
+        if len(self.head) < half:
+            room = half - len(self.head)
+            self.head += block[:room]
+            block = block[room:]
+        if block:
+            self.tail += block
+            if len(self.tail) > 2 * half:  # trim now and then, not at every block
+                del self.tail[: len(self.tail) - half]
+
+    @property
+    def cut(self) -> int:
+        """Bytes dropped (0: all of it is kept)."""
+        return 0 if self.total <= self.limit else self.total - len(self.head) - self._kept_tail
+
+    @property
+    def _kept_tail(self) -> int:
+        return min(len(self.tail), self.limit // 2)
+
+    def value(self) -> bytes:
+        if self.total <= self.limit:
+            return bytes(self.head + self.tail)
+        note = f"\n[... ops cut {self.cut} bytes of {self.total} here ...]\n".encode()
+        return bytes(self.head) + note + bytes(self.tail[-self._kept_tail :])
+
+
+def python_version(text: str) -> tuple[int, ...] | None:
+    """(3, 8, 18) from `3.8.18` or `Python 3.8.18`; None when it is no version."""
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None
+
+
+def too_old(version: tuple[int, ...] | None) -> bool:
+    return version is not None and version[:2] < HOST_PYTHON_MIN
+
+
+def split_line(buf: bytes) -> tuple[str, bytes]:
+    """The first line of `buf` (at most LINE_MAX bytes: a longer one is cut there) and the rest."""
+    end = buf.find(b"\n", 0, LINE_MAX)
+    line, rest = (buf[:LINE_MAX], buf[LINE_MAX:]) if end < 0 else (buf[:end], buf[end + 1 :])
+    return line.decode("utf-8", "replace"), rest
+
+
 def watched(command: str, stdin_len: int = 0) -> str:
     """`command` under the watcher: it dies on the host when its caller goes away."""
     return f"bash -c {shlex.quote(WATCH)} ops-watch {int(stdin_len)} {shlex.quote(command)}"
@@ -105,6 +177,8 @@ class Result:
     start: str
     duration_s: float
     timed_out: bool = False
+    stdout_cut: int = 0  # bytes of the output ops dropped (past STDOUT_MAX / STDERR_MAX)
+    stderr_cut: int = 0
 
     @property
     def ok(self) -> bool:
@@ -149,7 +223,8 @@ def _now() -> str:
 
 
 class SignalsHeld:
-    """Ctrl-C and SIGTERM held while a host command starts, delivered by `release()`.
+    """Ctrl-C and SIGTERM (SIGHUP, SIGQUIT: INTERRUPT_SIGNALS) held while a host command
+    starts, delivered by `release()`.
 
     Between the moment a command exists (the fork, the SSH channel's exec) and the moment its
     caller is inside the `try` that closes its stdin on an interrupt, a Ctrl-C would leave the
@@ -160,7 +235,7 @@ class SignalsHeld:
     signal already ignored) this does nothing.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = INTERRUPT_SIGNALS
 
     def __init__(self) -> None:
         self._old: dict[int, Any] = {}
@@ -209,13 +284,15 @@ class Host(ABC):
     def __init__(self, target: Target) -> None:
         self.target = target
         self.name = target.name
+        self._pythons: dict[str, str | None] = {}  # python -> why it cannot run the data plane
 
     # -- primitives: the only parts that differ between local and SSH --------------------
     @abstractmethod
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
-    ) -> tuple[int, bytes, bytes]:
-        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline.
+    ) -> tuple[int, Capped, Capped]:
+        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline;
+        the output is kept as `Capped` (STDOUT_MAX, STDERR_MAX): never more than that in ops.
 
         Send `stdin`, then keep the command's stdin open until it has exited; close it (which
         makes a `watched` command die on the host) when giving up: past the deadline, on
@@ -270,12 +347,16 @@ class Host(ABC):
             host=self.name,
             command=inner,
             rc=rc,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
+            stdout=out.value().decode("utf-8", "replace"),
+            stderr=err.value().decode("utf-8", "replace"),
             start=start,
             duration_s=round(duration, 4),
             timed_out=timed_out,
+            stdout_cut=out.cut,
+            stderr_cut=err.cut,
         )
+        if rc != 0 and not timed_out and self._is_python(argv[0]):
+            self.check_python(argv[0], step)
         if timed_out and not warn:
             raise CommandTimedOut(
                 f"{argv[0]} timed out after {timeout:g}s",
@@ -292,6 +373,34 @@ class Host(ABC):
                 result=result,
             )
         return result
+
+    def _is_python(self, program: str) -> bool:
+        return program == self.target.python or os.path.basename(program).startswith("python")
+
+    def check_python(self, python: str, step: str = "python") -> None:
+        """Raise one line (HostError, exit 2) when `python` on the host is older than the data
+        plane needs: a command of ours it ran failed, and its traceback or SyntaxError would
+        say nothing of why. Asked once per python and host, with a line any Python parses."""
+        if python not in self._pythons:
+            self._pythons[python] = None  # asked now: the question itself is not checked again
+            res = self.run([python, "-c", PY_VERSION], warn=True, timeout=30, step=step)
+            version = python_version(res.stdout) if res.rc == 0 else None
+            if too_old(version):
+                need = ".".join(map(str, HOST_PYTHON_MIN))
+                self._pythons[python] = (
+                    f"the host's python {python} is Python {res.stdout.strip()}; ops's data "
+                    f"plane needs Python {need} or newer"
+                )
+        why = self._pythons[python]
+        if why:
+            need = ".".join(map(str, HOST_PYTHON_MIN))
+            raise HostError(
+                why,
+                target=self.name,
+                step=step,
+                hint=f"set `python` under [targets.{self.name}] in the inventory to a "
+                f"Python {need}+ on the host",
+            )
 
     def run_script(
         self, script: str, *, timeout: float = 60.0, warn: bool = True, step: str = "run"
@@ -329,6 +438,13 @@ class Host(ABC):
         if result.timed_out:
             raise CommandTimedOut(
                 f"timed out after {timeout:g}s", target=self.name, step=step, result=result
+            )
+        if result.stdout_cut:
+            raise ModuleOutputError(
+                f"printed {result.stdout_cut + STDOUT_MAX} bytes or more (exit {result.rc}), "
+                f"over the {STDOUT_MAX >> 20} MiB ops reads of a module's output; refused",
+                target=self.name,
+                step=step,
             )
         text = result.stdout.strip()
         try:

@@ -24,7 +24,17 @@ from fabric import Config, Connection
 
 from ops.errors import AuthenticationFailed, HostError, HostKeyError, Unreachable
 from ops.hosts.inventory import Target
-from ops.hosts.remote import TIMEOUT_RC, Host, Proc, SignalsHeld
+from ops.hosts.remote import (
+    LINE_MAX,
+    STDERR_MAX,
+    STDOUT_MAX,
+    TIMEOUT_RC,
+    Capped,
+    Host,
+    Proc,
+    SignalsHeld,
+    split_line,
+)
 
 CHUNK = 32768
 
@@ -69,7 +79,7 @@ class _SshProc(Proc):
 
     def read_line(self, timeout: float) -> str | None:
         end = time.monotonic() + timeout
-        while b"\n" not in self._buf:
+        while b"\n" not in self._buf and len(self._buf) < LINE_MAX:
             if time.monotonic() >= end:
                 return None
             if self._chan.recv_ready():
@@ -83,8 +93,8 @@ class _SshProc(Proc):
                 time.sleep(0.005)
         if not self._buf:
             return None
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode("utf-8", "replace")
+        line, self._buf = split_line(self._buf)
+        return line
 
     def finish(self, timeout: float) -> int:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
@@ -202,7 +212,7 @@ class SshHost(Host):
     # -- primitives -------------------------------------------------------------------
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
-    ) -> tuple[int, bytes, bytes]:
+    ) -> tuple[int, Capped, Capped]:
         held = SignalsHeld()  # a Ctrl-C now is delivered inside the try below
         try:
             chan = self._channel(command)
@@ -211,8 +221,7 @@ class SshHost(Host):
             raise
         data = memoryview(stdin or b"")
         sent = 0
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out, err = Capped(STDOUT_MAX), Capped(STDERR_MAX)
         end = time.monotonic() + deadline_s
         try:
             held.release()
@@ -222,10 +231,10 @@ class SshHost(Host):
                     sent += chan.send(data[sent : sent + CHUNK])  # then stdin stays open
                     busy = True
                 if chan.recv_ready():
-                    out.append(chan.recv(CHUNK))
+                    out.add(chan.recv(CHUNK))
                     busy = True
                 if chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(CHUNK))
+                    err.add(chan.recv_stderr(CHUNK))
                     busy = True
                 drained = not chan.recv_ready() and not chan.recv_stderr_ready()
                 if chan.exit_status_ready() and (chan.eof_received or chan.closed) and drained:
@@ -233,10 +242,10 @@ class SshHost(Host):
                 if chan.closed and drained and not chan.exit_status_ready():
                     raise EOFError("the channel closed before the command's exit status came")
                 if time.monotonic() > end:
-                    return TIMEOUT_RC, b"".join(out), b"".join(err)
+                    return TIMEOUT_RC, out, err
                 if not busy:
                     time.sleep(0.002)
-            return chan.recv_exit_status(), b"".join(out), b"".join(err)
+            return chan.recv_exit_status(), out, err
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostError(f"connection lost: {exc}", target=self.name, step="exec") from exc
         finally:
