@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,8 +25,8 @@ from ops.cli.common import (
     state,
 )
 from ops.deploy.host_actions import interrupts_held
-from ops.errors import EXIT_FAIL, EXIT_OK, OpsError
-from ops.hosts.remote import Host
+from ops.errors import EXIT_FAIL, EXIT_OK, HostError, LockHeld, OpsError
+from ops.hosts.remote import Host, _held_by, shell_path
 from ops.service.managers import ServiceManager, ServiceStatus, manager_for
 
 service_app = typer.Typer(
@@ -74,13 +75,51 @@ def _left(mgr: ServiceManager, verb: str, target: str) -> str:
     return said
 
 
+READ_ONLY = "Read-only file system"
+
+
+def _lock(host: Host, verb: str) -> tuple[contextlib.AbstractContextManager, str | None]:
+    """The host lock for a start, stop or restart. A stop on a read-only remote root (the lock
+    cannot be written there, so nobody can take it) goes on without it once a read-only probe
+    of the lock file finds no holder: stopping writes nothing (probe37c C7). The warning then."""
+    cm = host.lock(f"ops service {verb}")
+    try:
+        cm.__enter__()
+    except HostError as exc:
+        if verb != "stop" or exc.step != "lock" or READ_ONLY not in exc.message:
+            raise
+        lock = shell_path(f"{host.target.remote_root}/lock")
+        probe = host.run_script(
+            f"exec 9<{lock} 2>/dev/null || exit 0; flock -n 9 && exit 0; "
+            f"echo BUSY; head -n 1 {shell_path(host.target.remote_root + '/lock.holder')}",
+            step="lock",
+        )
+        if "BUSY" in probe.stdout:
+            message, info = _held_by("\n".join(probe.stdout.splitlines()[1:2]))
+            raise LockHeld(message, target=host.name, holder=info) from None
+        said = exc.message.split(": ", 1)[-1] if ": " in exc.message else exc.message
+        return contextlib.nullcontext(), f"stopped without the host lock ({said})"
+    return _Held(cm), None
+
+
+class _Held(contextlib.AbstractContextManager):
+    """A lock already entered: its exit on leaving the `with`."""
+
+    def __init__(self, cm: contextlib.AbstractContextManager) -> None:
+        self.cm = cm
+
+    def __exit__(self, *exc: object) -> bool | None:
+        return self.cm.__exit__(*exc)
+
+
 def _service(ctx: typer.Context, verb: str, target: str, wait: float, force: bool = False) -> int:
     def act(host: Host) -> Done[ServiceStatus]:
         mgr = manager_for(host)
         if verb == "status":
             st = mgr.status()
         else:
-            with host.lock(f"ops service {verb}"):
+            held, unlocked = _lock(host, verb)
+            with held:
                 try:
                     if verb == "stop":
                         st = mgr.stop()
@@ -89,6 +128,8 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float, force: boo
                         st = run(wait, operator=True, force=force)
                 except KeyboardInterrupt:
                     raise KeyboardInterrupt(_left(mgr, verb, target)) from None
+            if unlocked:
+                st = st.model_copy(update={"warnings": [*st.warnings, unlocked]})
         good = st.active if verb != "stop" else st.state == "inactive"
         return Done(EXIT_OK if good else EXIT_FAIL, "ok" if good else "fail", st)
 

@@ -30,7 +30,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 LOCAL_PORT = 30000
 COMMAND_FIELDS = ("python", "host", "port")  # placeholders of a `process` service's command
-MAX_PATH = 4096
+MAX_REMOTE_ROOT = 1024  # bytes: every path ops makes under it (releases/ID/..., the pidfile) fits
+MAX_SERVICE_NAME = 128  # its pidfile and log (`run/NAME.pid.tmpPID`) are file names of <= 255 bytes
 COMPONENT_KINDS = COMPONENTS  # DDTree components and their backends (checks.vocabulary)
 
 
@@ -90,6 +91,8 @@ class Service(_Model):
     @field_validator("name")
     @classmethod
     def _unit_name(cls, v: str) -> str:
+        if len(v) > MAX_SERVICE_NAME:
+            raise ValueError(f"is {len(v)} characters long (at most {MAX_SERVICE_NAME})")
         if not re.fullmatch(r"[A-Za-z0-9@_.:-]+", v):
             raise ValueError("must be a plain unit name (letters, digits, @ _ . : -)")
         if v.startswith("-"):
@@ -233,8 +236,9 @@ def no_control_characters(v: str, allow: str = "") -> str:
 def check_remote_root(v: str) -> str:
     """A remote root is a normalised absolute path other than `/` (everything ops writes or
     deletes on a host stays inside it, so `/`, `..`, `~user` and odd characters are refused)."""
-    if len(v) > MAX_PATH:
-        raise ValueError(f"is {len(v)} characters long (at most {MAX_PATH})")
+    size = len(v.encode("utf-8", "surrogatepass"))
+    if size > MAX_REMOTE_ROOT:
+        raise ValueError(f"is {size} bytes long (at most {MAX_REMOTE_ROOT})")
     if not v.startswith("/"):
         raise ValueError("must be an absolute path (starting with '/')")
     no_control_characters(v)

@@ -62,13 +62,20 @@ def boot_id() -> str:
 
 
 def proc_stat(pid: int) -> dict | None:
-    """state, pgrp, session and starttime of a live pid (None if there is no such process)."""
+    """state, parent, pgrp, session and starttime of a live pid (None if there is no such
+    process)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             rest = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return {"state": rest[0], "pgrp": int(rest[2]), "session": int(rest[3]), "start": rest[19]}
+    return {
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "pgrp": int(rest[2]),
+        "session": int(rest[3]),
+        "start": rest[19],
+    }
 
 
 def cmdline(pid: int) -> str:
@@ -102,6 +109,9 @@ def alive(pid: int) -> bool:
     return False
 
 
+MAX_PIDFILE = 64 << 10  # what ops writes is well under this (reserve() makes room for it)
+
+
 def read_pidfile(path: str) -> tuple[dict | None, str | None]:
     """(identity, None) for a well-formed pidfile; (None, why) for garbage; (None, None) if none."""
     try:
@@ -111,9 +121,19 @@ def read_pidfile(path: str) -> tuple[dict | None, str | None]:
     except OSError as exc:
         return None, f"unreadable pidfile ({exc.strerror})"
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return None, "not a regular file"
-        text = os.read(fd, 4096).decode("utf-8", "replace")
+        if info.st_size > MAX_PIDFILE:
+            return None, f"not a pidfile of ops ({info.st_size} bytes, at most {MAX_PIDFILE})"
+        chunks, size = [], 0
+        while size <= MAX_PIDFILE:  # whole: a pidfile read cut off was taken for garbage
+            chunk = os.read(fd, MAX_PIDFILE + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        text = b"".join(chunks).decode("utf-8", "replace")
     except OSError as exc:
         return None, f"unreadable pidfile ({exc.strerror})"
     finally:
@@ -300,6 +320,134 @@ def served_by(pid: int, url: str) -> str | None:
     return f"{where} ({holder['cmdline']}), not pid {pid}"
 
 
+def ancestors() -> set[int]:
+    """This process and those above it (they may carry a service's environment: an `ops` run
+    from inside the service's session must not stop itself)."""
+    seen, pid = set(), os.getpid()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        st = proc_stat(pid)
+        pid = st["ppid"] if st else 0
+    return seen
+
+
+def release_of(env: dict[str, str], cwd: str | None, root: str) -> str:
+    """Which release a process of the service runs: DDTREE_RELEASE_ID (service.env), else the
+    release directory it runs in, else '?'."""
+    if env.get("DDTREE_RELEASE_ID"):
+        return env["DDTREE_RELEASE_ID"][:200]
+    releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    if cwd and cwd.startswith(releases):
+        return cwd[len(releases) :].split("/", 1)[0]
+    return "?"
+
+
+def strays(pidfile: str, managed: int | None = None) -> list[dict]:
+    """Live processes that are provably this service of this root, outside the session
+    `managed` (the pidfile's proven process): their environment (/proc/PID/environ, set by
+    `start`) holds DDTREE_OPS_ROOT and DDTREE_OPS_SERVICE naming this root and service. A
+    service that daemonized (double fork, setsid) or left a child in a session of its own is
+    found here; a process whose environment cannot be read (another user's) never is. Each:
+    pid, start, release, cwd, cmdline."""
+    root, service = owner_of(pidfile)
+    skip, found = ancestors(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        pid = int(entry)
+        st = proc_stat(pid)
+        if st is None or st["state"] == "Z" or (managed and st["session"] == managed):
+            continue
+        env = proc_environ(pid)
+        if not env or env.get(ENV_SERVICE) != service or not same_dir(env.get(ENV_ROOT), root):
+            continue
+        try:
+            cwd = os.path.realpath(f"/proc/{pid}/cwd")
+        except OSError:
+            cwd = None
+        found.append(
+            {
+                "pid": pid,
+                "start": st["start"],
+                "release": release_of(env, cwd, root),
+                "cwd": cwd,
+                "cmdline": cmdline(pid),
+            }
+        )
+    return found
+
+
+def still(proc: dict) -> bool:
+    """The stray `proc` is still that process (same pid and start time, not a zombie)."""
+    st = proc_stat(proc["pid"])
+    return st is not None and st["state"] != "Z" and st["start"] == proc["start"]
+
+
+def named(found: list[dict]) -> str:
+    shown = ", ".join(f"pid {p['pid']} (release {p['release']})" for p in found[:5])
+    return shown + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+
+
+def stop_strays(pidfile: str, grace: float, signals: list, t0: float) -> list[dict]:
+    """TERM every stray of this service (`strays`), KILL those left after `grace`; each pid is
+    signalled only while it is still the process found (same start time). The strays found."""
+    found: list[dict] = []
+    for _ in range(3):  # one found during the grace (a child forked meanwhile) is taken too
+        fresh = [p for p in strays(pidfile) if p["pid"] not in {f["pid"] for f in found}]
+        if not fresh:
+            break
+        found += fresh
+
+        def send(proc: dict, sig: signal.Signals) -> None:
+            if not still(proc):
+                return
+            try:
+                os.kill(proc["pid"], sig)
+            except ProcessLookupError:
+                return
+            at = round(time.time() - t0, 3)
+            signals.append({"signal": sig.name, "to": f"pid {proc['pid']}", "at_s": at})
+
+        for proc in fresh:
+            send(proc, signal.SIGTERM)
+        end = time.time() + grace
+        while any(still(p) for p in fresh) and time.time() < end:
+            time.sleep(0.05)
+        for proc in fresh:
+            send(proc, signal.SIGKILL)
+        end = time.time() + 10
+        while any(still(p) for p in fresh) and time.time() < end:
+            time.sleep(0.05)
+    return found
+
+
+def unmanaged_doc(found: list[dict], url: str, why: str) -> dict:
+    """The status of a service whose processes run but no pidfile of ops names (`strays`):
+    active (unmanaged) when one of them answers on the port and /health is ok."""
+    first = found[0]
+    holder = port_holder(url)
+    pids = {p["pid"] for p in found}
+    if holder is None:
+        bad = f"nothing listens on port {port_of(url)}"
+    elif holder["pid"] not in pids:
+        who = f"pid {holder['pid']}" if holder["pid"] else "another user's process"
+        bad = f"port {port_of(url)} is answered by {who} ({holder['cmdline']})"
+    else:
+        bad = health(url)
+    serving = holder is not None and holder["pid"] in pids
+    detail = (
+        f"unmanaged: {named(found)} run as this service, but no pidfile of ops names them "
+        f"({why}; did it daemonize?); ops service stop stops them"
+    )
+    return {
+        "state": "failed" if bad else "active",
+        "pid": (holder["pid"] if serving else first["pid"]),
+        "cwd": first["cwd"],
+        "unmanaged": found,
+        "detail": detail + (f"; {bad}" if bad else "; /health ok"),
+    }
+
+
 MAX_ENV = 1 << 20  # a service.env is a few lines; more than a MiB is not one
 
 
@@ -346,11 +494,28 @@ def do_status(pidfile: str, url: str) -> dict:
     doc = status_of(pidfile, url)
     pending = pending_state(owner_of(pidfile)[0])
     if pending is not None and not pending["guard"]:  # a live guard: a deploy runs now
-        doc["warnings"] = [pending_note(pending)]
+        doc["warnings"] = [*doc.get("warnings", []), pending_note(pending)]
     return doc
 
 
 def status_of(pidfile: str, url: str) -> dict:
+    doc = managed_status(pidfile, url)
+    managed = doc.get("pid") if doc["state"] in ("active", "activating") else None
+    found = strays(pidfile, managed)
+    if not found:
+        return doc
+    if managed is None:  # no pidfile, or a stale one: the service runs all the same
+        why = "no pidfile" if doc["state"] == "inactive" else doc["detail"]
+        return {**unmanaged_doc(found, url, why), **({"stale": True} if doc.get("stale") else {})}
+    note = (
+        f"{named(found)} run as this service outside pid {managed}'s session (unmanaged: a "
+        "child that left it); ops service stop stops them too"
+    )
+    return {**doc, "unmanaged": found, "warnings": [note]}
+
+
+def managed_status(pidfile: str, url: str) -> dict:
+    """The status of the pidfile's process (not looking for unmanaged ones)."""
     ident, problem = read_pidfile(pidfile)
     if ident is None and problem is None:
         return {"state": "inactive", "detail": "not running (no pidfile)"}
@@ -382,7 +547,13 @@ class NotStartable(Exception):
     """The service cannot be started from here (nothing was started, nothing was stopped)."""
 
 
-PIDFILE_ROOM = 1024  # bytes reserved for the pidfile before the service starts
+PIDFILE_ROOM = 1024  # bytes reserved for the pidfile before the service starts, beyond its paths
+
+
+def pidfile_room(pidfile: str) -> int:
+    """The room reserved for the pidfile: its identity records the root and the directory the
+    service started in (each about as long as the pidfile's path, JSON-escaped)."""
+    return PIDFILE_ROOM + 3 * len(json.dumps(pidfile))
 
 
 def reserve(pidfile: str) -> str:
@@ -394,7 +565,7 @@ def reserve(pidfile: str) -> str:
     try:
         os.makedirs(os.path.dirname(pidfile), exist_ok=True)
         with open(tmp, "w") as f:
-            f.write(" " * PIDFILE_ROOM)
+            f.write(" " * pidfile_room(pidfile))
             f.flush()
             os.fsync(f.fileno())
     except OSError as exc:
@@ -614,6 +785,7 @@ def do_start(
     url: str,
     reserved: str | None = None,
     mode: str = "",
+    grace: float = 10.0,
 ) -> dict:
     notes: list[str] = []
     swept = sweep_tmp(pidfile)
@@ -638,6 +810,27 @@ def do_start(
         if why:
             notes.append(why)
     holder = port_holder(url)
+    ours = [p for p in strays(pidfile)] if holder is not None and holder["pid"] else []
+    if holder is not None and holder["pid"] in {p["pid"] for p in ours}:
+        # this service's own process, that no pidfile names (it daemonized, or its pidfile
+        # was lost): stopped as a restart stops the service, once the start is sure to happen
+        try:
+            startable(root)
+            read_env(os.path.join(root, "current", "service.env"))
+            reserved = reserved or reserve(pidfile)
+        except NotStartable as exc:
+            if reserved:
+                remove(reserved)
+            reason = (
+                f"{exc}; port {port_of(url)} is held by {named(ours)}, this service's own "
+                "process that no pidfile names: not stopped"
+            )
+            doc = {"started": False, "notes": notes, "warnings": warnings, "reason": reason}
+            return {**doc, "blocked_by": "host"}
+        signals: list = []
+        gone = stop_strays(pidfile, grace, signals, time.time())
+        notes.append(f"stopped {named(gone)}: this service, unmanaged (no pidfile named it)")
+        holder = port_holder(url)
     if holder is not None:
         if reserved:
             remove(reserved)
@@ -699,7 +892,8 @@ def do_start(
     try:
         text = json.dumps(ident)
         with open(tmp, "r+") as f:  # into the room reserved: no new block is needed
-            f.write(text.ljust(PIDFILE_ROOM) if len(text) <= PIDFILE_ROOM else text)
+            room = pidfile_room(pidfile)
+            f.write(text.ljust(room) if len(text) <= room else text)
         os.replace(tmp, pidfile)
     except OSError as exc:
         # a service nobody can see or stop must not run: end it before saying why
@@ -750,19 +944,39 @@ def session_members(sid: int) -> list[int]:
 
 
 def do_stop(pidfile: str, grace: float) -> dict:
+    """Stop the pidfile's proven process (its process group, then its session), then every
+    process left whose environment says it is this service of this root (`strays`: one that
+    daemonized, or whose pidfile is gone). Nothing is written but the pidfile's removal: on a
+    read-only root the service is stopped all the same, and `left_pidfile` says why the
+    pidfile stays."""
     sweep_tmp(pidfile)
+    t0 = time.time()
+    signals: list = []
     ident, problem = read_pidfile(pidfile)
-    if ident is None and problem is None:
-        return {"action": "not_running", "detail": "was not running (no pidfile)", "signals": []}
     if ident is not None:
         problem = verify(ident, pidfile)
-    if problem:
+    if ident is None and problem is None:
+        doc = {"action": "not_running", "detail": "was not running (no pidfile)"}
+    elif problem:
         kept = remove(pidfile)
         detail = f"stale pidfile: {problem}; {kept or 'removed it'}, signalled nothing"
-        return {"action": "stale", "detail": detail, "signals": []}
-    pid = ident["pid"]
-    signals = []
-    t0 = time.time()
+        doc = {"action": "stale", "detail": detail, **({"left_pidfile": kept} if kept else {})}
+    else:
+        doc = stop_managed(pidfile, ident["pid"], grace, signals, t0)
+    gone = stop_strays(pidfile, grace, signals, t0)
+    if gone:
+        said = f"stopped {named(gone)}: this service, unmanaged (no pidfile named it)"
+        if doc["action"] == "stopped":
+            doc["detail"] += f"; {said}"
+        else:
+            doc["detail"] = said + ("" if doc["action"] == "not_running" else f"; {doc['detail']}")
+            doc["action"] = "stopped"
+        doc["unmanaged"] = gone
+    return {**doc, "signals": signals}
+
+
+def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float) -> dict:
+    """TERM to the proven pid's process group, KILL after `grace`, KILL to its session."""
 
     def send(sig: signal.Signals, to_group: bool) -> None:
         try:
@@ -790,13 +1004,13 @@ def do_stop(pidfile: str, grace: float) -> dict:
         signals.append({"signal": "SIGKILL", "to": f"pid {other}", "at_s": at})
     kept = remove(pidfile)  # the process is gone: a pidfile left behind is stale from now on
     took = time.time() - t0
-    return {
+    doc = {
         "action": "stopped",
         "pid": pid,
         "seconds": round(took, 3),
         "detail": f"stopped pid {pid} after {took:.1f} s ({how})" + (f"; {kept}" if kept else ""),
-        "signals": signals,
     }
+    return {**doc, "left_pidfile": kept} if kept else doc
 
 
 def do_up(
@@ -808,12 +1022,24 @@ def do_up(
     timeout: float,
     reserved: str | None = None,
     mode: str = "",
+    grace: float = 10.0,
 ) -> dict:
-    """start; then wait (when this call started it) and the status after either."""
-    started = do_start(pidfile, log, root, command, url, reserved, mode)
+    """start; then wait (when this call started it) and the status after either. A start
+    whose process exited but left this service's processes running outside its session (it
+    daemonized) stops them: a service no pidfile names must not keep serving."""
+    started = do_start(pidfile, log, root, command, url, reserved, mode, grace)
     doc = {"start": started}
     if started.get("started"):
-        doc["wait"] = do_wait(pidfile, url, timeout)
+        doc["wait"] = wait = do_wait(pidfile, url, timeout)
+        if not wait.get("ok") and str(wait.get("reason", "")).endswith(" exited"):
+            signals: list = []
+            left = stop_strays(pidfile, grace, signals, time.time())
+            if left:
+                wait["reason"] += (
+                    f", leaving {named(left)} running outside its session (it daemonized: the "
+                    "process manager needs the command to stay in the foreground); stopped them"
+                )
+                wait["signals"] = signals
     if started.get("started") or started.get("already"):
         doc["status"] = do_status(pidfile, url)
     return doc
@@ -847,7 +1073,7 @@ def do_restart(
         return {"start": {"started": False, "reason": reason, "blocked_by": "host"}}
     stopped = do_stop(pidfile, grace)
     # vetted above, before the stop: the start after it is never refused for what was let by
-    doc = do_up(pidfile, log, root, command, url, timeout, reserved=tmp)
+    doc = do_up(pidfile, log, root, command, url, timeout, reserved=tmp, grace=grace)
     doc["start"]["warnings"] = warnings + doc["start"].get("warnings", [])
     doc["stop"] = stopped
     return doc
@@ -863,7 +1089,8 @@ def main(argv: list[str]) -> dict:
         return do_wait(args[0], args[1], float(args[2]))
     if action == "up":
         mode = args[6] if len(args) > 6 else ""
-        return do_up(args[0], args[1], args[2], args[3], args[4], float(args[5]), mode=mode)
+        grace = float(args[7]) if len(args) > 7 else 10.0
+        return do_up(*args[:5], float(args[5]), mode=mode, grace=grace)
     if action == "stop":
         return do_stop(args[0], float(args[1]))
     if action == "vet":  # ROOT MODE: what an operator's start or restart would be refused for

@@ -104,6 +104,9 @@ class ServiceStatus(BaseModel):
     # what an operator should know that did not stop the command: a deploy.pending left by a
     # dead deploy (the release current names was never proven), a start --force let through
     warnings: list[str] = Field(default_factory=list)
+    # processes of this service (their environment names its root and name) that no pidfile
+    # names: one that daemonized, or whose pidfile is lost; each: pid, release, cwd, cmdline
+    unmanaged: list[dict] = Field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -392,6 +395,7 @@ class ProcessManager(ServiceManager):
             detail=doc.get("detail", ""),
             runs_from=doc.get("cwd"),
             warnings=doc.get("warnings") or [],
+            unmanaged=doc.get("unmanaged") or [],
         )
         if st.state in ("failed", "activating"):
             st.healthy = False
@@ -418,7 +422,8 @@ class ProcessManager(ServiceManager):
             self.service.url,
             str(wait_s),
             mode(operator, force),
-            timeout=wait_s + 90,
+            str(self.service.stop_timeout),  # for this service's unmanaged processes it stops
+            timeout=wait_s + 2 * self.service.stop_timeout + 130,
         )
         return self._after_up(up)
 
@@ -487,24 +492,30 @@ class ProcessManager(ServiceManager):
             str(wait_s),
             str(grace),
             mode(operator, force),
-            timeout=wait_s + grace + 130,
+            timeout=wait_s + 3 * grace + 170,
         )
         return self._after_up(up)
 
     def _stop(self) -> dict:
         _, pf, _ = self._paths()
         grace = self.service.stop_timeout
-        return self._host_side("stop", pf, str(grace), timeout=grace + 40)
+        # the pidfile's process, then this service's unmanaged ones: each TERM, grace, KILL
+        return self._host_side("stop", pf, str(grace), timeout=2 * grace + 70)
 
     def stop(self) -> ServiceStatus:
         doc = self._stop()
         st = self.status()
-        return st.model_copy(
-            update={
-                "detail": doc.get("detail", ""),
-                "signals": doc.get("signals") or [],
-            }
-        )
+        update: dict = {"detail": doc.get("detail", ""), "signals": doc.get("signals") or []}
+        left = doc.get("left_pidfile")
+        if left and st.state == "failed" and not st.unmanaged:
+            # e.g. a read-only root: the process is stopped, only its pidfile could not go
+            update["state"], update["healthy"], update["evidence"] = "inactive", None, []
+            update["warnings"] = [
+                *st.warnings,
+                f"{left}: the service is stopped; the pidfile left names no live process "
+                "(the next start removes it)",
+            ]
+        return st.model_copy(update=update)
 
     def evidence(self) -> list[str]:
         _, _, log = self._paths()

@@ -1,0 +1,286 @@
+"""Processes of the service that no pidfile names (probe37c C2, C3, C7).
+
+- C2: a release whose service daemonizes (double fork + setsid) left its daemon serving after
+  the deploy failed, the old release could not start ("port in use"), and `ops service
+  status` said inactive. The process manager now finds the service's processes by their
+  environment (DDTREE_OPS_ROOT and DDTREE_OPS_SERVICE, which its start sets): a stop stops
+  them, a start finds the port held by one and stops it, a start whose process exited and
+  left one running stops it and says so, and status reports one (unmanaged, its pid and
+  release). A process whose environment does not name both this root and this service is
+  never signalled.
+- C3: a pidfile over 4 KiB (a long remote root) is read whole.
+- C7: `ops service stop` on a read-only remote root stops the service (the lock cannot be
+  written there, so nobody holds it), saying what it could not do.
+
+Real processes throughout: the `ops` CLI, the host side, tests/helpers/fake_service.py; the
+daemonizing stand-in is a small script written here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FAKE_SERVICE as FAKE
+from helpers.cli import ops_json
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops
+from helpers.local import end_services
+from helpers.sshd import free_port
+
+DAEMON = f"""
+import os, runpy, sys
+if os.fork() > 0:
+    os._exit(0)
+os.setsid()
+if os.fork() > 0:
+    os._exit(0)
+sys.argv = [{str(FAKE)!r}, "--port", sys.argv[1]]
+runpy.run_path({str(FAKE)!r}, run_name="__main__")
+"""
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    return dict(
+        item.decode("utf-8", "replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def of_root(root: Path) -> list[int]:
+    """Live processes whose environment says they are a service of `root` (any name)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            if environ(int(entry)).get("DDTREE_OPS_ROOT") == str(root):
+                found.append(int(entry))
+    return found
+
+
+def end_all(root: Path) -> None:
+    """Teardown: the services under `root` (pidfiles), then any process whose environment
+    names `root`, a directory of this test's own."""
+    end_services(root)
+    for pid in of_root(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Svc:
+    """`local` with its own root and port; `command` run by ops's process manager."""
+
+    def __init__(self, tmp: Path, command: str | None = None, name: str = "svc") -> None:
+        self.tmp, self.port, self.root = tmp, free_port(), tmp / "root"
+        self.inventory = tmp / "ops.toml"
+        command = command or f"{{python}} {FAKE} --port {{port}}"
+        self.inventory.write_text(
+            "[targets.local]\n"
+            f"remote_root = '{self.root}'\n"
+            "[targets.local.service]\n"
+            f"name = '{name}'\n"
+            f"url = 'http://127.0.0.1:{self.port}'\n"
+            f'command = "{command}"\n'
+            "stop_timeout = 2\n"
+        )
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+        self.pidfile = self.root / "run" / f"{name}.pid"
+
+    def __call__(self, *args: str) -> tuple[int, dict]:
+        code, doc, err = ops_json(*args, inventory=self.inventory, env=self.env, timeout=120)
+        assert "Traceback" not in err, err
+        return code, doc
+
+
+@pytest.fixture
+def svc(tmp_path: Path):
+    s = Svc(tmp_path)
+    yield s
+    end_all(s.root)
+
+
+def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: Svc) -> None:
+    code, st = svc("service", "start", "local")
+    assert code == 0 and st["state"] == "active", st
+    first = st["pid"]
+    svc.pidfile.unlink()  # the pidfile lost: the service runs on, named by no pidfile
+    code, st = svc("service", "status", "local")
+    assert st["state"] == "active" and st["pid"] == first, st
+    assert "unmanaged" in st["detail"] and f"pid {first}" in st["detail"], st
+    assert [p["pid"] for p in st["unmanaged"]] == [first]
+    # a start finds the port held by this service's own process: stops it, starts anew
+    code, st = svc("service", "start", "local")
+    assert code == 0 and st["state"] == "active", st
+    second = st["pid"]
+    assert second != first and not alive(first)
+    assert any(f"stopped pid {first}" in a for a in st["actions"]), st
+    svc.pidfile.unlink()
+    code, st = svc("service", "stop", "local")
+    assert code == 0 and st["state"] == "inactive", st
+    assert f"stopped pid {second}" in st["detail"] and "unmanaged" in st["detail"], st
+    assert {"signal": "SIGTERM", "to": f"pid {second}"}.items() <= st["signals"][0].items()
+    assert not alive(second) and of_root(svc.root) == []
+
+
+def test_only_processes_proven_this_service_are_signalled(svc: Svc) -> None:
+    """Both variables must name this root and this service; anything else lives on."""
+    other_root = str(svc.tmp / "other")
+    envs = [
+        {"DDTREE_OPS_ROOT": str(svc.root), "DDTREE_OPS_SERVICE": "other"},
+        {"DDTREE_OPS_ROOT": other_root, "DDTREE_OPS_SERVICE": "svc"},
+        {"DDTREE_OPS_SERVICE": "svc"},
+        {"DDTREE_OPS_ROOT": str(svc.root)},
+    ]
+    bystanders = [
+        subprocess.Popen(["sleep", "300"], env={**os.environ, **e}, start_new_session=True)
+        for e in envs
+    ]
+    try:
+        code, st = svc("service", "status", "local")
+        assert st["state"] == "inactive" and not st.get("unmanaged"), st
+        code, st = svc("service", "start", "local")
+        assert code == 0, st
+        pid = st["pid"]
+        svc.pidfile.unlink()
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and f"stopped pid {pid}" in st["detail"], st
+        assert not alive(pid)
+        assert all(alive(b.pid) for b in bystanders)
+        assert all(s["to"] == f"pid {pid}" for s in st["signals"]), st["signals"]
+    finally:
+        for b in bystanders:
+            b.kill()
+            b.wait()
+
+
+def test_a_daemonizing_service_that_fails_its_start_leaves_nothing_running(tmp_path: Path) -> None:
+    (tmp_path / "daemon.py").write_text(DAEMON)
+    svc = Svc(tmp_path, command=f"{{python}} {tmp_path / 'daemon.py'} {{port}}")
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 1 and st["state"] != "active", st
+        assert "exited, leaving pid" in st["detail"] and "daemonized" in st["detail"], st
+        assert "stopped them" in st["detail"]
+        assert of_root(svc.root) == []
+        code, st = svc("service", "status", "local")
+        assert st["state"] != "active" and not st.get("unmanaged"), st
+    finally:
+        end_all(svc.root)
+
+
+DAEMONIZE = (
+    "def main() -> None:\n"
+    "    import os\n"
+    "    if os.fork() > 0:\n"
+    "        os._exit(0)\n"
+    "    os.setsid()\n"
+    "    if os.fork() > 0:\n"
+    "        os._exit(0)\n"
+)
+
+
+def test_deploy_of_a_daemonizing_release_leaves_the_old_release_serving(tmp_path: Path) -> None:
+    """probe37c C2's repro: the rejected release's daemon must not keep serving."""
+    ops = Ops(tmp_path)
+    try:
+        res = ops.deploy("--bootstrap")
+        assert res.returncode == 0, res.stdout + res.stderr
+        good = ops.current()
+        assert ops.serving() == good
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", DAEMONIZE)
+        res = ops.deploy()
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert ops.current() == good
+        assert ops.serving() == good  # the old release serves: its start was not refused
+        left = {environ(p).get("DDTREE_RELEASE_ID") for p in of_root(ops.root)}
+        assert left == {good}, left
+    finally:
+        end_all(ops.root)
+
+
+def test_a_pidfile_over_4_kib_is_read_whole(svc: Svc) -> None:
+    """probe37c C3: a long root made the pidfile longer than the 4 KiB read."""
+    code, st = svc("service", "start", "local")
+    assert code == 0, st
+    pid = st["pid"]
+    ident = json.loads(svc.pidfile.read_text())
+    ident["note"] = "x" * 6000  # what a ~2,000-byte root's cwd and root fields made it
+    svc.pidfile.write_text(json.dumps(ident))
+    code, st = svc("service", "status", "local")
+    assert code == 0 and st["state"] == "active" and st["pid"] == pid, st
+    assert not st.get("unmanaged"), st
+    code, st = svc("service", "stop", "local")
+    assert code == 0 and st["detail"].startswith(f"stopped pid {pid} "), st
+    assert not alive(pid)
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """`path` bind-mounted read-only over itself (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to bind-mount a read-only remote root")
+    if subprocess.run(["mount", "--bind", str(path), str(path)]).returncode != 0:
+        pytest.skip("mount --bind is not permitted here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_stop_on_a_read_only_root_stops_the_service(svc: Svc) -> None:
+    """probe37c C7: the stop writes nothing; the lock and the pidfile it cannot touch."""
+    code, st = svc("service", "start", "local")
+    assert code == 0, st
+    pid = st["pid"]
+    with read_only(svc.root):
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and st["state"] == "inactive", st
+        assert st["detail"].startswith(f"stopped pid {pid} "), st
+        said = " ".join(st["warnings"])
+        assert "Read-only file system" in said and "without the host lock" in said, said
+        assert not alive(pid)
+        code, st = svc("service", "restart", "local")  # a change is still refused
+        assert code != 0 and "Read-only file system" in json.dumps(st), st
+    code, st = svc("service", "status", "local")
+    assert st["state"] != "active", st
+
+
+def test_a_stop_racing_a_lock_holder_on_a_read_only_root_is_refused(svc: Svc) -> None:
+    """A read-only root whose lock someone already holds (taken before it went read-only):
+    the stop is refused naming the holder, as it is on a writable root."""
+    code, st = svc("service", "start", "local")
+    assert code == 0, st
+    holder = subprocess.Popen(
+        ["flock", str(svc.root / "lock"), "sleep", "300"], start_new_session=True
+    )
+    try:
+        for _ in range(100):
+            probe = subprocess.run(["flock", "-n", str(svc.root / "lock"), "true"])
+            if probe.returncode != 0:
+                break
+            time.sleep(0.05)
+        with read_only(svc.root):
+            code, st = svc("service", "stop", "local")
+            assert code != 0 and "LockHeld" in json.dumps(st), st
+            assert alive(st.get("pid") or 0) or of_root(svc.root)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
