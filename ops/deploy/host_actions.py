@@ -9,6 +9,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ops.errors import HostError, OpsError
 from ops.hosts.inventory import Target
@@ -66,7 +67,7 @@ def interrupts_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
+    old = _handlers()
     for sig in old:
         signal.signal(sig, lambda *_: None)
     try:
@@ -99,7 +100,7 @@ def interrupted_once() -> Iterator[list[int]]:
             _ignore_interrupts()
             raise
         return
-    old = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
+    old = _handlers()
     seen: list[int] = []
 
     def first_only(signum: int, _frame: object) -> None:
@@ -122,6 +123,17 @@ def interrupted_once() -> Iterator[list[int]]:
         if not seen:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+
+def _handlers() -> dict[int, Any]:
+    """The handlers of the interrupt signals to replace: a SIGHUP or SIGQUIT ignored (`nohup`)
+    stays ignored."""
+    old = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
+    return {
+        sig: h
+        for sig, h in old.items()
+        if sig in (signal.SIGINT, signal.SIGTERM) or h is not signal.SIG_IGN
+    }
 
 
 def _ignore_interrupts() -> None:
