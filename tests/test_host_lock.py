@@ -61,7 +61,8 @@ def _inventory(tmp: Path, root: Path) -> Path:
     return inv
 
 
-@pytest.mark.parametrize("verb", ["start", "stop", "restart"])
+# `stop` goes on without the lock on a read-only root (probe37c C7: tests/test_service_orphans.py)
+@pytest.mark.parametrize("verb", ["start", "restart"])
 def test_a_read_only_root_is_one_line_not_a_lock_held(
     tmp_path: Path, ro_root: Path, verb: str
 ) -> None:

@@ -150,7 +150,7 @@ def test_cli_unknown_target_exit_2(tmp_path: Path) -> None:
         ("~/x", "must be an absolute path"),
         ("relative/x", "must be an absolute path"),
         ("/opt/x\nrm", "control characters"),
-        ("/" + "a" * 200_000, "characters long"),
+        ("/" + "a" * 200_000, "bytes long"),
     ],
     ids=lambda v: v[:20] if isinstance(v, str) else v,
 )
@@ -161,6 +161,29 @@ def test_hostile_remote_roots_are_one_line_errors(tmp_path: Path, root: str, why
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "target 'h': remote_root:" in res.stderr and why in res.stderr
     assert len(res.stderr) < 600  # one line, the value is not echoed whole
+
+
+def test_remote_root_and_service_name_limits(tmp_path: Path) -> None:
+    """probe37c C3: a ~2,000-byte root overflowed the pidfile ops reads back; a 300-character
+    name was refused only when the pidfile was written, after a deploy's switch. Both are
+    refused at load, one line, exit 2, naming the field; the limits themselves load."""
+    inv = tmp_path / "ops.toml"
+    fits = "/" + "r" * 1023
+    inv.write_text(
+        f"[targets.h]\nremote_root = '{fits}'\n[targets.h.service]\nname = '{'n' * 128}'\n"
+    )
+    target = load_inventory(inv).target("h")
+    assert target.remote_root == fits and target.service.name == "n" * 128
+    for table, line, field, limit in [
+        ("targets.h", "remote_root = '/" + "r" * 1024 + "'", "remote_root", "(at most 1024 bytes)"),
+        ("targets.h", "remote_root = '/" + "ü" * 512 + "'", "remote_root", "(at most 1024 bytes)"),
+        ("targets.h.service", "name = '" + "n" * 300 + "'", "service.name", "(at most 128)"),
+    ]:
+        inv.write_text(f"[{table}]\n{line}\n")
+        res = ops("hosts", "--inventory", str(inv))
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.count("\n") == 1 and len(res.stderr) < 600, res.stderr
+        assert f"target 'h': {field}: is " in res.stderr and limit in res.stderr, res.stderr
 
 
 def test_remote_root_is_kept_normalised(tmp_path: Path) -> None:

@@ -139,6 +139,20 @@ def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: Svc) 
     assert not alive(second) and of_root(svc.root) == []
 
 
+def test_a_stale_pidfile_beside_an_unmanaged_service_says_both(svc: Svc) -> None:
+    code, st = svc("service", "start", "local")
+    assert code == 0, st
+    pid = st["pid"]
+    svc.pidfile.write_text("garbage")
+    code, st = svc("service", "status", "local")
+    assert code == 1 and st["state"] == "failed", st
+    assert "stale pidfile" in st["detail"] and f"pid {pid}" in st["detail"], st
+    assert st["pid"] == pid and [p["pid"] for p in st["unmanaged"]] == [pid], st
+    code, st = svc("service", "stop", "local")
+    assert code == 0 and st["state"] == "inactive" and not alive(pid), st
+    assert not svc.pidfile.exists()
+
+
 def test_only_processes_proven_this_service_are_signalled(svc: Svc) -> None:
     """Both variables must name this root and this service; anything else lives on."""
     other_root = str(svc.tmp / "other")
@@ -261,6 +275,16 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: Svc) -> None:
         assert code != 0 and "Read-only file system" in json.dumps(st), st
     code, st = svc("service", "status", "local")
     assert st["state"] != "active", st
+
+
+def test_stop_on_a_read_only_root_with_nothing_running(svc: Svc) -> None:
+    (svc.root / "run").mkdir(parents=True)
+    (svc.root / "lock").touch()
+    with read_only(svc.root):
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and st["state"] == "inactive", st
+        assert st["detail"] == "was not running (no pidfile)", st
+        assert any("without the host lock" in w for w in st["warnings"]), st
 
 
 def test_a_stop_racing_a_lock_holder_on_a_read_only_root_is_refused(svc: Svc) -> None:

@@ -238,7 +238,7 @@ def check_remote_root(v: str) -> str:
     deletes on a host stays inside it, so `/`, `..`, `~user` and odd characters are refused)."""
     size = len(v.encode("utf-8", "surrogatepass"))
     if size > MAX_REMOTE_ROOT:
-        raise ValueError(f"is {size} bytes long (at most {MAX_REMOTE_ROOT})")
+        raise ValueError(f"is {size} bytes long (at most {MAX_REMOTE_ROOT} bytes)")
     if not v.startswith("/"):
         raise ValueError("must be an absolute path (starting with '/')")
     no_control_characters(v)

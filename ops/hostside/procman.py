@@ -504,9 +504,12 @@ def status_of(pidfile: str, url: str) -> dict:
     found = strays(pidfile, managed)
     if not found:
         return doc
-    if managed is None:  # no pidfile, or a stale one: the service runs all the same
-        why = "no pidfile" if doc["state"] == "inactive" else doc["detail"]
-        return {**unmanaged_doc(found, url, why), **({"stale": True} if doc.get("stale") else {})}
+    if managed is None and doc["state"] == "inactive":  # no pidfile: it runs all the same
+        return unmanaged_doc(found, url, "no pidfile")
+    if managed is None:  # a stale pidfile: failed as it was, and what runs said
+        said = unmanaged_doc(found, url, "the pidfile names none of them")
+        detail = f"{doc['detail']}; {said['detail']}"
+        return {**doc, "pid": said["pid"], "cwd": said["cwd"], "unmanaged": found, "detail": detail}
     note = (
         f"{named(found)} run as this service outside pid {managed}'s session (unmanaged: a "
         "child that left it); ops service stop stops them too"
