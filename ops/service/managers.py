@@ -26,6 +26,7 @@ from ops.hostside import source
 
 State = Literal["active", "activating", "inactive", "failed", "unknown"]
 EVIDENCE_LINES = 100
+EVIDENCE_BYTES = 65536  # the log tail read for them, at most (a line may be a GiB)
 MAX_WAIT_S = 86400.0  # a day: a huge model loads in minutes; `inf` overflowed the host timeout
 PROCMAN_SOURCE = source("procman")
 
@@ -519,8 +520,11 @@ class ProcessManager(ServiceManager):
 
     def evidence(self) -> list[str]:
         _, _, log = self._paths()
+        # bounded in bytes on the host: a log "line" of a GiB (a binary blob, a \r progress bar)
+        # never crosses the wire (probe37c C1)
         res = self.host.run_script(
-            f"tail -n {EVIDENCE_LINES} {shell_path(log)} 2>/dev/null", step="service log"
+            f"tail -c {EVIDENCE_BYTES} {shell_path(log)} 2>/dev/null | tail -n {EVIDENCE_LINES}",
+            step="service log",
         )
         return res.stdout.splitlines()
 
