@@ -23,7 +23,12 @@ process, and it never does so on a pid's word alone:
 - `up` is `start`, then (when it started the service) `wait`, then `status`, in one run on the
   host: what `ops service start` needs, without starting Python on the host three times.
 - `stop` sends TERM to the service's process group, KILL after the grace period, then KILL to
-  any process left in its session; every signal sent is reported.
+  any process left in its session; then the same to every process outside it whose
+  environment names this root AND this service (DDTREE_OPS_ROOT, DDTREE_OPS_SERVICE): a
+  service that daemonized, or a worker that left its session, each signalled by pid only while
+  its start time is unchanged. A process whose environment cannot be read is never one of
+  them. Every signal sent is reported. `start` stops such a process holding the port (the
+  service's own, unmanaged) before it starts, and `status` reports it as active, unmanaged.
 - `up` and `restart` take a last MODE word: "operator" (an operator's `ops service start` or
   `restart`, not a deploy's) also refuses, before anything is stopped, a `current` that is not
   a release (the root itself, `releases/`, a directory in a release, a path outside the root:
