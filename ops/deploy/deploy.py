@@ -706,8 +706,9 @@ class Deployer:
 
         try:
             self.step("rollback", back)
-        except StepFailed:
-            pass
+            back_failed: Step | None = None
+        except StepFailed as exc:
+            back_failed = exc.step
         if reverted.get("reverted"):
             try:
                 host_releases(self.host, "commit")
@@ -716,6 +717,8 @@ class Deployer:
         after = reverted.get("current") if reverted.get("reverted") else None
         if reverted.get("by_guard"):
             after = reverted["by_guard"]
+            if back_failed is not None:  # the guard switched back; its service does not serve
+                return self._down_after_rollback(rid, before, after, failed, back_failed)
             where = f"rolled back to {after} (by the host's guard)"
         elif reverted.get("first_install"):
             where = "the first install was removed (no release is current)"
@@ -724,8 +727,10 @@ class Deployer:
                 f"current is back on {after}, but the service still runs "
                 f"{reverted['still_serving']}: its restart could not happen (see the rollback step)"
             )
-        elif reverted.get("reverted"):
+        elif reverted.get("reverted") and back_failed is None:
             where = f"rolled back to {after}"
+        elif reverted.get("reverted"):  # switched back, but its service does not serve
+            return self._down_after_rollback(rid, before, after, failed, back_failed)
         else:  # say where the host is, as it says, not where this deploy last put it
             after, asked = self._ask_current()
             where = f"could not roll back: {asked}"
@@ -736,6 +741,27 @@ class Deployer:
             after=after,
             failed_step=failed.name,
             message=f"{failed.name} failed ({failed.detail}); {where}",
+        )
+
+    def _down_after_rollback(
+        self, rid: str, before: str | None, after: str | None, failed: Step, back: Step
+    ) -> DeployResult:
+        """The rollback switched `current` back to `after`, but the restart or the checks on it
+        failed: the host is on `after` and does not serve (probe37d F1: never "rolled back")."""
+        name = self.target.name
+        why = back.detail.split("; ", 1)[1] if back.detail.startswith("current: ") else back.detail
+        return self.result(
+            "failed",
+            release=rid,
+            before=before,
+            after=after,
+            failed_step=failed.name,  # what failed first; the rollback step says its own
+            message=(
+                f"{failed.name} failed ({failed.detail}); current is back on {after}, but its "
+                f"service does not serve (rollback failed: {why}); once the cause is fixed, "
+                f"`ops service start {name}` starts it, or `ops rollback {name}` switches to "
+                "another release"
+            ),
         )
 
     def _nothing_pending(

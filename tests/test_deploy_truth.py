@@ -1,0 +1,90 @@
+"""probe37d F1-F4: what a deploy, a rollback and `ops releases` say is what the host is.
+
+- F1: a rollback that switched `current` back but whose restart of the old release failed is
+  not "rolled back to X": the result says current is back on X, its service does not serve,
+  why, and the next command (`ops deploy` and `ops rollback --to` alike).
+- F2: "already current; nothing to do" is never said while the service runs another release.
+- F3: an "already current" deploy settles a junk deploy.pending (its recover step) as any
+  deploy does, so a later restart is not refused over it.
+- F4: a release whose release.json names another id than its directory is listed damaged.
+
+Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service of
+tests/helpers/deploy_ops.py on its own root and port. The old release is made to fail its
+restart deterministically: its service refuses to start while a marker file exists (created
+after it started), so nothing but ops's own services runs, and the teardown ends those.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops, steps
+from helpers.local import end_services
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    end_services(o.root)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def refuse_with_marker(ops: Ops) -> Path:
+    """From the next commit on, the service exits at start while `marker` exists."""
+    marker = ops.tmp / "refuse-start"
+    commit_change(
+        ops.src,
+        "engine/svc.py",
+        "def main() -> None:\n",
+        "def main() -> None:\n"
+        f"    if __import__('os').path.exists({str(marker)!r}):\n"
+        "        raise SystemExit('refusing to start: marker file')\n",
+    )
+    return marker
+
+
+def new_commit(ops: Ops, n: int) -> None:
+    commit_change(ops.src, "engine/svc.py", '"""', f'"""Release {n}. ')
+
+
+def assert_down_said(ops: Ops, res, result: dict, back_on: str) -> None:
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "Traceback" not in said, said
+    assert steps(result).get("rollback") == "fail", result["steps"]
+    assert result["outcome"] != "rolled-back", result
+    assert f"rolled back to {back_on}" not in said, said
+    msg = flat(result["message"])
+    assert f"current is back on {back_on}, but its service does not serve" in msg, msg
+    assert "refusing to start" in msg or "service failed" in msg or "still failing" in msg, msg
+    assert "ops service start local" in msg and "ops rollback local" in msg, msg
+    assert ops.current() == back_on
+
+
+def test_deploy_whose_rollback_restart_fails_is_not_rolled_back(ops: Ops) -> None:
+    marker = refuse_with_marker(ops)
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    marker.write_text("")  # r1 keeps serving; neither it nor the next release can start now
+    new_commit(ops, 2)
+    res = ops.deploy()
+    result = ops.record("deploy")["results"][0]
+    assert_down_said(ops, res, result, r1)
+
+
+def test_rollback_to_whose_undo_restart_fails_is_not_rolled_back(ops: Ops) -> None:
+    marker = refuse_with_marker(ops)
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    new_commit(ops, 2)
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    marker.write_text("")
+    res = ops("rollback", "local", "--to", r1)
+    result = ops.record("rollback")["results"][0]
+    assert_down_said(ops, res, result, r2)
