@@ -88,3 +88,40 @@ def test_rollback_to_whose_undo_restart_fails_is_not_rolled_back(ops: Ops) -> No
     res = ops("rollback", "local", "--to", r1)
     result = ops.record("rollback")["results"][0]
     assert_down_said(ops, res, result, r2)
+
+
+def test_already_current_while_the_service_runs_an_older_release_is_not_nothing_to_do(
+    ops: Ops,
+) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    new_commit(ops, 2)
+    assert ops.deploy("--no-restart").returncode == 0
+    r2 = ops.current()
+    assert r2 != r1 and ops.serving() == r1
+    res = ops.deploy()
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "Traceback" not in said, said
+    assert "nothing to do" not in said, said
+    result = ops.record("deploy")["results"][0]
+    msg = flat(result["message"])
+    assert f"its service runs {r1}, not {r2}" in msg, msg
+    assert f"{r2} never passed a post-flight" in msg, msg
+    assert "ops service restart local" in msg, msg
+    assert ops.serving() == r1  # said, not done: nothing was restarted
+
+
+def test_already_current_settles_a_junk_pending_record(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    (ops.root / "deploy.pending").write_text("{}")
+    res = ops.deploy()
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0 and "already current" in said, said
+    result = ops.record("deploy")["results"][0]
+    assert steps(result).get("recover") == "ok", result["steps"]
+    assert not (ops.root / "deploy.pending").exists()
+    assert list(ops.root.glob("deploy.pending.unreadable-*"))
+    res = ops("service", "restart", "local")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ops.current() == r1 and ops.serving() == r1

@@ -100,6 +100,7 @@ class Deployer:
         self._switched: str | None = None  # the release switched to (pending until proven)
         self._committed: str | None = None  # the release switched to and proven
         self._blocked: str | None = None  # the restart met a cause outside the release
+        self._settle_first = False  # already current, but a deploy.pending to settle first
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
@@ -190,6 +191,10 @@ class Deployer:
             try:
                 manifest = self._package(stage)
                 same = self._already_current(manifest)  # reads the host; a dry run too
+                if same is None and self._settle_first and not self.opts.dry_run:
+                    with self.host.lock(f"ops deploy {manifest.id}"):
+                        self._prepared(host_releases(self.host, *self._prepare_args()))
+                        same = self._already_current(manifest, settled=True)
                 if same is not None:
                     return same
                 self.step("current", self._current)
@@ -234,8 +239,10 @@ class Deployer:
         self.step("package", package)
         return holder["m"]
 
-    def _already_current(self, m: ReleaseManifest) -> DeployResult | None:
-        """The result for a release that is already current (same commit and configuration)."""
+    def _already_current(self, m: ReleaseManifest, settled: bool = False) -> DeployResult | None:
+        """The result for a release that is already current (same commit and configuration).
+        A deploy.pending on the host is settled first (the recover step, under the lock, as
+        every deploy does): None then, with `_settle_first` set, unless `settled`."""
         listing = host_releases(self.host, "list")
         self._before_state = listing.get("current_state")
         self._before = listing["current"] or shown_state(self._before_state)
@@ -250,8 +257,11 @@ class Deployer:
         ):
             return None
         cur = current["id"]
+        if listing.get("pending") and not settled:  # the recover step first (probe37d F3)
+            self._settle_first = True
+            return None
         msg = f"release {cur} (git {m.git_sha[:12]}) is already current"
-        down = None if self.opts.no_restart else self._not_serving()
+        down = None if self.opts.no_restart else self._not_serving(cur, current.get("proven"))
         if down is not None:  # said, and not exit 0; started only by the operator (see below)
             return self.result(
                 "failed",
@@ -265,7 +275,7 @@ class Deployer:
             "already-current", release=cur, before=cur, after=cur, message=f"{msg}; nothing to do"
         )
 
-    def _not_serving(self) -> str | None:
+    def _not_serving(self, cur: str, proven: bool | None) -> str | None:
         """Why the service of a release that is already current does not serve (None: it
         does). A deploy that has nothing to install does not start it: it may have been stopped
         on purpose (`ops service stop` for maintenance), and a deploy with nothing to do must
@@ -275,9 +285,17 @@ class Deployer:
             st = manager_for(self.host).status()
         except HostError as exc:
             return f"its service's state is unknown: the host did not answer ({exc.message})"
-        if st.active:
-            return None
         name = self.target.name
+        if st.active:  # and from current? (`--no-restart`, another inventory on this root)
+            runs = self._release_of(st.runs_from)
+            if runs is None or runs == cur:
+                return None
+            never = "" if proven else f"; {cur} never passed a post-flight"
+            return (
+                f"its service runs {runs}, not {cur}{never}: nothing was installed or "
+                f"restarted; `ops service restart {name}` restarts it on {cur} "
+                f"(`ops healthcheck {name}` then checks it)"
+            )
         what = f"its service is {st.state}" + (f" ({st.detail})" if st.detail else "")
         how = "start" if st.state == "inactive" else "restart"
         return (
@@ -406,7 +424,8 @@ class Deployer:
         if self.opts.bootstrap and self.target.service.manager == "systemd":
             self.step("drop-in", self._dropin)
         prep = host_releases(self.host, *self._prepare_args())
-        same = self._already_current(m)
+        self._prepared(prep)  # said before an "already current" too (probe37d F3)
+        same = self._already_current(m, settled=True)
         if same is not None:
             return same
         if (self._before_state or {}).get("kind") not in (
@@ -423,8 +442,6 @@ class Deployer:
             cleaned = prep["removed"]
             note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
             return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}
-
-        self._prepared(prep)
 
         try:
             self.step("send", send)
