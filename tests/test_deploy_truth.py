@@ -16,6 +16,7 @@ after it started), so nothing but ops's own services runs, and the teardown ends
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,21 @@ def test_already_current_settles_a_junk_pending_record(ops: Ops) -> None:
     res = ops("service", "restart", "local")
     assert res.returncode == 0, res.stdout + res.stderr
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_release_whose_manifest_names_another_id_is_damaged(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    new_commit(ops, 2)
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    # r2's directory replaced by a copy of r1 (as the probe did by hand): its id is r1's
+    rel2 = ops.root / "releases" / r2
+    man1 = json.loads((ops.root / "releases" / r1 / "release.json").read_text())
+    (rel2 / "release.json").write_text(json.dumps(man1))
+    code, doc = ops.json("releases", "local")
+    cur = next(r for r in doc["releases"] if r["id"] == r2)
+    assert cur["current"] and cur["damaged"] and r1 in cur["damaged"], cur
+    res = ops("releases", "local")
+    assert "damaged" in res.stdout, res.stdout  # in the table's mark, beside "current"
+    assert f"{r2} is damaged" in flat(res.stderr), res.stderr

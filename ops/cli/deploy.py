@@ -233,7 +233,9 @@ def releases(
         table.add_column(col, overflow="fold", justify="right" if col == "MiB" else "left")
     for r in doc["releases"]:
         mark = (
-            "current"
+            "current [red]damaged[/]"
+            if r["current"] and r.get("damaged")
+            else "current"
             if r["current"]
             else "previous"
             if r["previous"]

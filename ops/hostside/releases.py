@@ -34,8 +34,9 @@ is never taken for a first install.
     retire ROOT ID               after the caller stopped the service: unlink a first install's
                                  `current` (only if it is releases/ID and pending says so)
     list ROOT                    every release with its manifest summary, size, current/previous,
-                                 proven, damaged (a release.json that is not whole), and what
-                                 `current` is (current_state)
+                                 proven, damaged (a release.json that is not whole, or that
+                                 names another release's id), and what `current` is
+                                 (current_state)
     remove ROOT ID               delete one release (never current or previous)
     reject ROOT ID               stdin {"step", "detail", "at"}: the release failed its deploy after
                                  the switch and was rolled back (releases/ID/rejected.json)
@@ -537,6 +538,8 @@ def manifest(path: str) -> tuple[dict, str | None]:
         bad.append("components")
     hook = man.get("hook")
     out["hook"] = hook if isinstance(hook, str) else None
+    named = man.get("id")
+    out["id"] = named if isinstance(named, str) else None
     selftest = man.get("selftest")
     if not isinstance(selftest, dict) or selftest.get("ok") not in (True, False):
         selftest = {}
@@ -557,6 +560,8 @@ def listing(root: str) -> dict:
         if not os.path.isdir(os.path.join(rel, name)) or os.path.islink(os.path.join(rel, name)):
             continue
         fields, damaged = manifest(os.path.join(rel, name, "release.json"))
+        if damaged is None and fields.get("id") not in (None, name):  # copied over by hand
+            damaged = f"release.json is release {str(fields['id'])[:200]}'s, not {name}'s"
         rejected = read_json(os.path.join(rel, name, "rejected.json"))
         out.append(
             {
