@@ -329,3 +329,16 @@ def test_systemd_start_and_restart_are_vetted_on_the_host_first(tmp_path: Path) 
     assert "ops rollback local" in text and systemctl_verbs() == []
     res = ops("service", "restart", "local", "--wait", "0", "--force")
     assert "anyway (--force)" in said(res) and systemctl_verbs() == ["restart"], said(res)
+
+
+def test_an_unreadable_pending_record_is_not_called_a_never_proven_release(ops: Ops) -> None:
+    """probe37d F3: a deploy.pending that names no release ({}) made a restart say 'current was
+    never proven', which nothing on the host says. It is refused as what it is: unreadable."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    (ops.root / "deploy.pending").write_text("{}")
+    pid = status(ops)["pid"]
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 1 and "cannot be read" in text, text
+    assert "never proven" not in text and "ops rollback" in text, text
+    assert status(ops)["pid"] == pid  # nothing stopped

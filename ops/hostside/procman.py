@@ -716,9 +716,15 @@ def pending_state(root: str) -> dict | None:
     if not os.path.lexists(path):
         return None
     doc = read_small_json(path)
+    readable = isinstance(doc, dict) and isinstance(doc.get("new"), str)
     doc = doc if isinstance(doc, dict) else {}
     new = doc.get("new") if isinstance(doc.get("new"), str) else None
-    return {"guard": guard_alive(root), "settled": doc.get("settled") is True, "new": new}
+    return {
+        "guard": guard_alive(root),
+        "settled": doc.get("settled") is True,
+        "new": new,
+        "readable": readable or doc.get("settled") is True,
+    }
 
 
 def pending_note(pending: dict) -> str:
@@ -732,6 +738,11 @@ def pending_note(pending: dict) -> str:
         return (
             "deploy.pending (settled) is there: a deploy or rollback put current back and died "
             "before restarting the service on it"
+        )
+    if not pending.get("readable", True):
+        return (
+            "deploy.pending is there but cannot be read (it names no release): whether current "
+            "was proven cannot be told from it; ops rollback TARGET, or the next deploy, clears it"
         )
     what = f"release {pending['new']}" if pending["new"] else "its release"
     return (
