@@ -342,3 +342,28 @@ def test_an_unreadable_pending_record_is_not_called_a_never_proven_release(ops: 
     assert res.returncode == 1 and "cannot be read" in text, text
     assert "never proven" not in text and "ops rollback" in text, text
     assert status(ops)["pid"] == pid  # nothing stopped
+
+
+@pytest.mark.parametrize("junk", ["fifo", "symlink"])
+def test_a_log_that_is_no_regular_file_never_keeps_the_service_down(
+    ops: Ops, tmp_path: Path, junk: str
+) -> None:
+    """probe37e E1, E6: a FIFO as the service's log hung the start with the service already
+    stopped (a restart, a deploy and its rollback: minutes down); a symlink as the log sent the
+    service's output into whatever file it named. Now the start writes no log, says so, and the
+    service runs."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    log = ops.root / "logs" / "ddtree-engine.log"
+    log.unlink()
+    elsewhere = tmp_path / "not-the-log.txt"
+    elsewhere.write_text("mine\n")
+    if junk == "fifo":
+        os.mkfifo(log)
+    else:
+        log.symlink_to(elsewhere)
+    t0 = time.monotonic()
+    code, doc = ops.json("service", "restart", "local")
+    assert time.monotonic() - t0 < 60  # no wait on a reader that never comes
+    assert code == 0 and doc["state"] == "active", doc
+    assert any("log not written" in a for a in doc["actions"]), doc
+    assert elsewhere.read_text() == "mine\n"  # the linked file got nothing

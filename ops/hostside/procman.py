@@ -782,12 +782,20 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
 def open_log(log: str, command: str, notes: list) -> int:
     """The log's fd for the service's output; /dev/null (with a note) when it cannot be written:
     a full or read-only log directory must not keep the service down."""
+    # never blocks (a FIFO there would hang the start with the service already stopped) and
+    # never follows a link (the service's output would go to whatever file it names)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
     try:
         os.makedirs(os.path.dirname(log), exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(log, flags, 0o644)
     except OSError as exc:
         notes.append(f"log not written ({log}: {exc.strerror})")
         return os.open(os.devnull, os.O_WRONLY)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        notes.append(f"log not written ({log}: not a regular file)")
+        return os.open(os.devnull, os.O_WRONLY)
+    os.set_blocking(fd, True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         os.write(fd, f"=== {stamp} ops start: {command}\n".encode())

@@ -522,11 +522,18 @@ class ProcessManager(ServiceManager):
         _, _, log = self._paths()
         # bounded in bytes on the host: a log "line" of a GiB (a binary blob, a \r progress bar)
         # never crosses the wire (probe37c C1)
+        # only a regular file, never through a link: a FIFO there would block the read
+        path = shell_path(log)
         res = self.host.run_script(
-            f"tail -c {EVIDENCE_BYTES} {shell_path(log)} 2>/dev/null | tail -n {EVIDENCE_LINES}",
+            f"if [ -f {path} ] && [ ! -h {path} ]; then "
+            f"tail -c {EVIDENCE_BYTES} {path} 2>/dev/null | tail -n {EVIDENCE_LINES}; fi",
             step="service log",
         )
-        return res.stdout.splitlines()
+        # the service's bytes, shown to an operator's terminal: no control characters
+        return [
+            "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in line)
+            for line in res.stdout.splitlines()
+        ]
 
 
 def mode(operator: bool, force: bool) -> str:
