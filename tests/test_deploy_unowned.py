@@ -10,7 +10,6 @@ full disk.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
-from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line, steps
+from helpers.deploy_ops import NOISY_CRASH, Ops, kill_guard_and_ops, one_error_line, steps
 from helpers.local import end_services
 
 # the stand-in's post-flight answers never come
@@ -641,33 +640,6 @@ def test_a_stray_previous_does_not_block_rollback_forever(ops: Ops) -> None:
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, res.stdout + res.stderr
     assert ops.current() == r1 and ops.serving() == r1
-
-
-def kill_guard_and_ops(ops: Ops, marker: str) -> None:
-    """A deploy whose ops AND revert guard die at `marker` (an OOM kill, a reboot of the
-    guard's shell): nobody is left to put the host back."""
-    proc = subprocess.Popen(
-        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ops.env,
-        cwd=REPO,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith(marker):
-            break
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), signal.SIGKILL)
-    proc.kill()
-    proc.communicate()
 
 
 def test_dead_guard_then_rollback_undoes_exactly_the_unproven_release(ops: Ops) -> None:

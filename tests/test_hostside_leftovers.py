@@ -18,11 +18,9 @@ from `current/` by ops's process manager (tests/helpers/deploy_ops.py's `Ops`).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +29,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
-from helpers.deploy_ops import Ops
+from helpers.deploy_ops import Ops, kill_guard_and_ops
 from helpers.local import end_services
 
 
@@ -57,33 +55,6 @@ def said(res: subprocess.CompletedProcess[str]) -> str:
 
 def status(ops: Ops) -> dict:
     return ops.json("service", "status", "local")[1]
-
-
-def kill_guard_and_ops(ops: Ops, marker: str) -> None:
-    """A deploy whose ops AND revert guard die at `marker`: nobody is left to put the host
-    back (deploy.pending stays, current names the never-proven release)."""
-    proc = subprocess.Popen(
-        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ops.env,
-        cwd=REPO,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith(marker):
-            break
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), signal.SIGKILL)
-    proc.kill()
-    proc.communicate()
 
 
 @pytest.mark.parametrize("where", [".", "releases", "releases/{r1}/engine", "outside"])

@@ -20,52 +20,8 @@ from pathlib import Path
 
 import pytest
 from helpers import FAKE_SERVICE as FAKE
-from helpers.cli import ops_json, run_ops
-from helpers.sshd import free_port
-
-
-class Cli:
-    def __init__(
-        self,
-        tmp: Path,
-        command: str | None = None,
-        stop_timeout: float = 20,
-        *,
-        root: Path | None = None,
-        name: str = "svc",
-    ) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.root = root or tmp / "root"
-        self.inventory = tmp / "ops.toml"
-        command = command or f"{{python}} {FAKE} --port {{port}}"
-        self.inventory.write_text(
-            "[targets.local]\n"
-            f"remote_root = '{self.root}'\n"
-            "[targets.local.service]\n"
-            f"name = '{name}'\n"
-            f"url = 'http://127.0.0.1:{self.port}'\n"
-            f'command = "{command}"\n'
-            f"stop_timeout = {stop_timeout}\n"
-        )
-        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-        self.pidfile = self.root / "run" / f"{name}.pid"
-
-    def __call__(self, *args: str) -> tuple[int, dict]:
-        code, doc, _ = ops_json(*args, inventory=self.inventory, env=self.env, timeout=120)
-        return code, doc
-
-    def write_pidfile(self, text: str) -> None:
-        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
-        self.pidfile.write_text(text)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from helpers.cli import run_ops
+from helpers.local import ServiceCli, alive
 
 
 @pytest.fixture
@@ -77,7 +33,7 @@ def bystander():
     proc.wait()
 
 
-def last_record(cli: Cli) -> dict:
+def last_record(cli: ServiceCli) -> dict:
     runs = sorted((cli.tmp / "runs").iterdir())
     return json.loads((runs[-1] / "record.json").read_text())
 
@@ -86,7 +42,7 @@ def last_record(cli: Cli) -> dict:
 def test_pidfile_naming_an_unrelated_process_is_never_signalled(
     tmp_path: Path, bystander: subprocess.Popen, legacy: bool
 ) -> None:
-    cli = Cli(tmp_path)
+    cli = ServiceCli(tmp_path)
     pid = bystander.pid
     forged = json.dumps({"pid": pid, "start": "1", "boot": "x"})
     cli.write_pidfile(f"{pid}\n" if legacy else forged)
@@ -106,7 +62,7 @@ def test_pidfile_naming_an_unrelated_process_is_never_signalled(
 
 @pytest.mark.parametrize("text", ["0", "1", "-1", "-0", "garbage", "", "99999999999999999999"])
 def test_nonsense_pidfiles_signal_nothing(tmp_path: Path, text: str) -> None:
-    cli = Cli(tmp_path)
+    cli = ServiceCli(tmp_path)
     cli.write_pidfile(text)
     t0 = time.monotonic()
     code, st = cli("service", "stop", "local")  # `kill -- -1` would have killed us too
@@ -119,7 +75,7 @@ def test_nonsense_pidfiles_signal_nothing(tmp_path: Path, text: str) -> None:
 
 
 def test_stop_says_what_it_did_and_records_every_signal(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)
+    cli = ServiceCli(tmp_path)
     code, st = cli("service", "start", "local")
     assert code == 0 and st["state"] == "active", st
     pid = st["pid"]
@@ -153,7 +109,9 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_foreve
 
 def test_term_ignoring_service_and_its_group_are_killed(tmp_path: Path) -> None:
     (tmp_path / "stubborn.py").write_text(STUBBORN)
-    cli = Cli(tmp_path, command=f"{{python}} {tmp_path / 'stubborn.py'} {{port}}", stop_timeout=1)
+    cli = ServiceCli(
+        tmp_path, command=f"{{python}} {tmp_path / 'stubborn.py'} {{port}}", stop_timeout=1
+    )
     code, st = cli("service", "start", "local")
     assert code == 0, st
     pid = st["pid"]
@@ -175,7 +133,7 @@ def _pgrp(pid: int) -> int | None:
 
 
 def test_port_held_by_another_server_is_not_our_health(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)
+    cli = ServiceCli(tmp_path)
     other = subprocess.Popen(
         [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
     )
@@ -216,7 +174,7 @@ def _wait_answering(port: int) -> None:
 
 def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path: Path) -> None:
     """The service starts, but the port is answered by another process: not active."""
-    cli = Cli(tmp_path, command="sleep 300")
+    cli = ServiceCli(tmp_path, command="sleep 300")
     other = subprocess.Popen(
         [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
     )
@@ -247,7 +205,7 @@ def test_health_from_a_foreign_listener_does_not_make_a_service_active(tmp_path:
 def test_unbounded_wait_is_one_line_exit_2(tmp_path: Path, wait: str) -> None:
     """`--wait inf` was an OverflowError traceback after the service had been stopped; it is
     refused before anything is touched, as is a wait of 30,000 years."""
-    cli = Cli(tmp_path)
+    cli = ServiceCli(tmp_path)
     for verb in ("start", "restart"):
         res = run_ops(
             "service",
@@ -265,7 +223,7 @@ def test_unbounded_wait_is_one_line_exit_2(tmp_path: Path, wait: str) -> None:
 
 
 def test_facts_does_not_call_a_forged_pidfile_active(tmp_path: Path, bystander) -> None:
-    cli = Cli(tmp_path)
+    cli = ServiceCli(tmp_path)
     cli.write_pidfile(f"{bystander.pid}\n")
     code, facts = cli("facts", "local")
     assert code == 0 and facts["service"]["state"] == "failed", facts["service"]
@@ -282,9 +240,11 @@ def test_a_pidfile_copied_from_another_service_stops_nothing(tmp_path: Path, cas
     root and name is caught by the process's environment (DDTREE_OPS_ROOT / _SERVICE)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = Cli(tmp_path / "a")
+    a = ServiceCli(tmp_path / "a")
     one_root = case == "other-name"  # B: A's root, another service name
-    b = Cli(tmp_path / "b", root=a.root if one_root else None, name="other" if one_root else "svc")
+    b = ServiceCli(
+        tmp_path / "b", root=a.root if one_root else None, name="other" if one_root else "svc"
+    )
     try:
         code, st = a("service", "start", "local")
         assert code == 0 and st["state"] == "active", st

@@ -28,11 +28,9 @@ from pathlib import Path
 
 import pytest
 from helpers import FAKE_SERVICE as FAKE
-from helpers.cli import ops_json
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops
-from helpers.local import end_services
-from helpers.sshd import free_port
+from helpers.local import ServiceCli, alive, end_services
 
 DAEMON = f"""
 import os, runpy, sys
@@ -57,14 +55,6 @@ def environ(pid: int) -> dict[str, str]:
     )
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def of_root(root: Path) -> list[int]:
     """Live processes whose environment says they are a service of `root` (any name)."""
     found = []
@@ -84,39 +74,14 @@ def end_all(root: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-class Svc:
-    """`local` with its own root and port; `command` run by ops's process manager."""
-
-    def __init__(self, tmp: Path, command: str | None = None, name: str = "svc") -> None:
-        self.tmp, self.port, self.root = tmp, free_port(), tmp / "root"
-        self.inventory = tmp / "ops.toml"
-        command = command or f"{{python}} {FAKE} --port {{port}}"
-        self.inventory.write_text(
-            "[targets.local]\n"
-            f"remote_root = '{self.root}'\n"
-            "[targets.local.service]\n"
-            f"name = '{name}'\n"
-            f"url = 'http://127.0.0.1:{self.port}'\n"
-            f'command = "{command}"\n'
-            "stop_timeout = 2\n"
-        )
-        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
-        self.pidfile = self.root / "run" / f"{name}.pid"
-
-    def __call__(self, *args: str) -> tuple[int, dict]:
-        code, doc, err = ops_json(*args, inventory=self.inventory, env=self.env, timeout=120)
-        assert "Traceback" not in err, err
-        return code, doc
-
-
 @pytest.fixture
 def svc(tmp_path: Path):
-    s = Svc(tmp_path)
+    s = ServiceCli(tmp_path, stop_timeout=2)
     yield s
     end_all(s.root)
 
 
-def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: Svc) -> None:
+def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: ServiceCli) -> None:
     code, st = svc("service", "start", "local")
     assert code == 0 and st["state"] == "active", st
     first = st["pid"]
@@ -139,7 +104,7 @@ def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: Svc) 
     assert not alive(second) and of_root(svc.root) == []
 
 
-def test_a_stale_pidfile_beside_an_unmanaged_service_says_both(svc: Svc) -> None:
+def test_a_stale_pidfile_beside_an_unmanaged_service_says_both(svc: ServiceCli) -> None:
     code, st = svc("service", "start", "local")
     assert code == 0, st
     pid = st["pid"]
@@ -153,7 +118,7 @@ def test_a_stale_pidfile_beside_an_unmanaged_service_says_both(svc: Svc) -> None
     assert not svc.pidfile.exists()
 
 
-def test_only_processes_proven_this_service_are_signalled(svc: Svc) -> None:
+def test_only_processes_proven_this_service_are_signalled(svc: ServiceCli) -> None:
     """Both variables must name this root and this service; anything else lives on."""
     other_root = str(svc.tmp / "other")
     envs = [
@@ -186,7 +151,9 @@ def test_only_processes_proven_this_service_are_signalled(svc: Svc) -> None:
 
 def test_a_daemonizing_service_that_fails_its_start_leaves_nothing_running(tmp_path: Path) -> None:
     (tmp_path / "daemon.py").write_text(DAEMON)
-    svc = Svc(tmp_path, command=f"{{python}} {tmp_path / 'daemon.py'} {{port}}")
+    svc = ServiceCli(
+        tmp_path, stop_timeout=2, command=f"{{python}} {tmp_path / 'daemon.py'} {{port}}"
+    )
     try:
         code, st = svc("service", "start", "local")
         assert code == 1 and st["state"] != "active", st
@@ -229,7 +196,7 @@ def test_deploy_of_a_daemonizing_release_leaves_the_old_release_serving(tmp_path
         end_all(ops.root)
 
 
-def test_a_pidfile_over_4_kib_is_read_whole(svc: Svc) -> None:
+def test_a_pidfile_over_4_kib_is_read_whole(svc: ServiceCli) -> None:
     """probe37c C3: a long root made the pidfile longer than the 4 KiB read."""
     code, st = svc("service", "start", "local")
     assert code == 0, st
@@ -259,7 +226,7 @@ def read_only(path: Path):
         subprocess.run(["umount", str(path)], check=True)
 
 
-def test_stop_on_a_read_only_root_stops_the_service(svc: Svc) -> None:
+def test_stop_on_a_read_only_root_stops_the_service(svc: ServiceCli) -> None:
     """probe37c C7: the stop writes nothing; the lock and the pidfile it cannot touch."""
     code, st = svc("service", "start", "local")
     assert code == 0, st
@@ -277,7 +244,7 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: Svc) -> None:
     assert st["state"] != "active", st
 
 
-def test_stop_on_a_read_only_root_with_nothing_running(svc: Svc) -> None:
+def test_stop_on_a_read_only_root_with_nothing_running(svc: ServiceCli) -> None:
     (svc.root / "run").mkdir(parents=True)
     (svc.root / "lock").touch()
     with read_only(svc.root):
@@ -287,7 +254,7 @@ def test_stop_on_a_read_only_root_with_nothing_running(svc: Svc) -> None:
         assert any("without the host lock" in w for w in st["warnings"]), st
 
 
-def test_a_stop_racing_a_lock_holder_on_a_read_only_root_is_refused(svc: Svc) -> None:
+def test_a_stop_racing_a_lock_holder_on_a_read_only_root_is_refused(svc: ServiceCli) -> None:
     """A read-only root whose lock someone already holds (taken before it went read-only):
     the stop is refused naming the holder, as it is on a writable root."""
     code, st = svc("service", "start", "local")

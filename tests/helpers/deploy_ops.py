@@ -17,6 +17,7 @@ then dies of a SyntaxError.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -204,3 +205,30 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, res.stderr
     return errors[0]
+
+
+def kill_guard_and_ops(ops: Ops, marker: str) -> None:
+    """A deploy whose ops AND revert guard die at `marker` (an OOM kill, a reboot of the
+    guard's shell): nobody is left to put the host back."""
+    proc = subprocess.Popen(
+        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith(marker):
+            break
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid), signal.SIGKILL)
+    proc.kill()
+    proc.communicate()

@@ -73,3 +73,52 @@ class Ops:
     def json(self, *args: str) -> tuple[int, dict]:
         code, doc, _ = ops_json(*args, inventory=self.inventory, env=self.env)
         return code, doc
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, exited but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class ServiceCli:
+    """`local` with its own root and port, `command` (default: the fake service) run by ops's
+    process manager; calling it runs `ops ARGS --json` and asserts no traceback."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        command: str | None = None,
+        stop_timeout: float = 20,
+        *,
+        root: Path | None = None,
+        name: str = "svc",
+    ) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.root = root or tmp / "root"
+        self.inventory = tmp / "ops.toml"
+        command = command or f"{{python}} {FAKE_SERVICE} --port {{port}}"
+        self.inventory.write_text(
+            "[targets.local]\n"
+            f"remote_root = '{self.root}'\n"
+            "[targets.local.service]\n"
+            f"name = '{name}'\n"
+            f"url = 'http://127.0.0.1:{self.port}'\n"
+            f'command = "{command}"\n'
+            f"stop_timeout = {stop_timeout}\n"
+        )
+        self.env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
+        self.pidfile = self.root / "run" / f"{name}.pid"
+
+    def __call__(self, *args: str) -> tuple[int, dict]:
+        code, doc, err = ops_json(*args, inventory=self.inventory, env=self.env, timeout=120)
+        assert "Traceback" not in err, err
+        return code, doc
+
+    def write_pidfile(self, text: str) -> None:
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        self.pidfile.write_text(text)
