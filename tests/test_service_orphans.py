@@ -104,6 +104,43 @@ def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: Servi
     assert not alive(second) and of_root(svc.root) == []
 
 
+ZOMBIE_LEADER = f"""
+import ctypes, runpy, sys, threading
+sys.argv = [{str(FAKE)!r}, "--port", sys.argv[1]]
+threading.Thread(target=runpy.run_path, args=({str(FAKE)!r},), kwargs={{"run_name": "__main__"}}).start()
+ctypes.CDLL(None).pthread_exit(None)  # the leader thread ends; the service thread serves on
+"""
+
+
+def test_a_service_whose_leader_thread_exited_is_seen_and_stopped(tmp_path: Path) -> None:
+    """A process whose leader thread exited (a zombie in /proc/PID/stat) while another thread
+    serves is a running service: the pidfile's process is proven alive, the port's holder is
+    named through its threads, and a start and a stop stop it before going on (the CI flake of
+    e7be20e: a stray taken for gone while its last thread still held the port)."""
+    (tmp_path / "zl.py").write_text(ZOMBIE_LEADER)
+    svc = ServiceCli(tmp_path, stop_timeout=2, command=f"{{python}} {tmp_path / 'zl.py'} {{port}}")
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        first = st["pid"]
+        with open(f"/proc/{first}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "Z"  # the case under test
+        svc.pidfile.unlink()
+        code, st = svc("service", "status", "local")
+        assert st["state"] == "active" and st["pid"] == first, st
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        second = st["pid"]
+        assert second != first and not alive(first)
+        svc.pidfile.unlink()
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and st["state"] == "inactive", st
+        assert f"stopped pid {second}" in st["detail"], st
+        assert not alive(second) and of_root(svc.root) == []
+    finally:
+        end_all(svc.root)
+
+
 def test_a_stale_pidfile_beside_an_unmanaged_service_says_both(svc: ServiceCli) -> None:
     code, st = svc("service", "start", "local")
     assert code == 0, st

@@ -92,26 +92,45 @@ def cmdline(pid: int) -> str:
     return text[:200] or "?"
 
 
-def alive(pid: int) -> bool:
-    """The process still runs: its leader, or any of its threads (a leader thread that exited
-    is a zombie while the other threads still serve, holding the port)."""
+def proc_dir(pid: int) -> str | None:
+    """The /proc directory of pid's live part: /proc/PID, or, when its leader thread exited while
+    other threads run on (the leader is then a zombie, with no environment, cwd or open files to
+    read), /proc/PID/task/TID of a live thread; None when nothing of it runs."""
     st = proc_stat(pid)
     if st is None:
-        return False
+        return None
     if st["state"] != "Z":
-        return True
+        return f"/proc/{pid}"
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return False
+        return None
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    return True
+                    return f"/proc/{pid}/task/{tid}"
         except (OSError, IndexError):
             continue
-    return False
+    return None
+
+
+def proc_cwd(pid: int, resolve: bool = True) -> str | None:
+    """The directory pid runs in (None where it cannot be read)."""
+    where = proc_dir(pid)
+    if where is None:
+        return None
+    try:
+        link = os.readlink(f"{where}/cwd")
+    except OSError:
+        return None
+    return os.path.realpath(f"{where}/cwd") if resolve else link
+
+
+def alive(pid: int) -> bool:
+    """The process still runs: its leader, or any of its threads (a leader thread that exited
+    is a zombie while the other threads still serve, holding the port)."""
+    return proc_dir(pid) is not None
 
 
 MAX_PIDFILE = 64 << 10  # what ops writes is well under this (reserve() makes room for it)
@@ -166,10 +185,11 @@ def owner_of(pidfile: str) -> tuple[str, str]:
 
 def proc_environ(pid: int) -> dict[str, str] | None:
     """The environment the process was started with (None where it cannot be read)."""
+    where = proc_dir(pid)
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"{where}/environ", "rb") as f:
             raw = f.read()
-    except OSError:
+    except (OSError, TypeError):
         return None
     env = {}
     for item in raw.split(b"\0"):
@@ -197,10 +217,7 @@ def not_owner(ident: dict, pidfile: str) -> str | None:
     pid = ident["pid"]
     why = f"it is not this service's pidfile (service {service!r} under {root}): "
     if "root" not in ident and "service" not in ident:  # written before they were recorded
-        try:
-            now = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            now = None
+        now = proc_cwd(pid, resolve=False)
         for where in (ident.get("cwd"), now):  # started under the root, and runs there still
             if not isinstance(where, str) or not under(where, root):
                 return why + f"pid {pid} runs in {where}, not under {root}"
@@ -224,7 +241,7 @@ def verify(ident: dict, pidfile: str | None = None) -> str | None:
     path, the service of that root and name); otherwise why it is not."""
     pid = ident["pid"]
     st = proc_stat(pid)
-    if st is None or st["state"] == "Z":
+    if st is None or not alive(pid):
         return f"pid {pid} is gone"
     if st["start"] != str(ident.get("start")) or ident.get("boot") != boot_id():
         return f"pid {pid} is another process (cmdline {cmdline(pid)})"
@@ -269,18 +286,24 @@ def socket_owners(inodes: set[str]) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        where = proc_dir(int(entry))
+        if where is not None and want & fd_targets(f"{where}/fd"):
+            owners.append(int(entry))
+    return owners
+
+
+def fd_targets(fd_dir: str) -> set[str]:
+    found = set()
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return found
+    for fd in fds:
         try:
-            fds = os.listdir(f"/proc/{entry}/fd")
+            found.add(os.readlink(f"{fd_dir}/{fd}"))
         except OSError:
             continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{entry}/fd/{fd}") in want:
-                    owners.append(int(entry))
-                    break
-            except OSError:
-                continue
-    return owners
+    return found
 
 
 def port_of(url: str) -> int:
@@ -361,15 +384,12 @@ def strays(pidfile: str, managed: int | None = None) -> list[dict]:
             continue
         pid = int(entry)
         st = proc_stat(pid)
-        if st is None or st["state"] == "Z" or (managed and st["session"] == managed):
+        if st is None or (managed and st["session"] == managed) or not alive(pid):
             continue
         env = proc_environ(pid)
         if not env or env.get(ENV_SERVICE) != service or not same_dir(env.get(ENV_ROOT), root):
             continue
-        try:
-            cwd = os.path.realpath(f"/proc/{pid}/cwd")
-        except OSError:
-            cwd = None
+        cwd = proc_cwd(pid)
         found.append(
             {
                 "pid": pid,
@@ -385,7 +405,7 @@ def strays(pidfile: str, managed: int | None = None) -> list[dict]:
 def still(proc: dict) -> bool:
     """The stray `proc` is still that process (same pid and start time, not a zombie)."""
     st = proc_stat(proc["pid"])
-    return st is not None and st["state"] != "Z" and st["start"] == proc["start"]
+    return st is not None and st["start"] == proc["start"] and alive(proc["pid"])
 
 
 def named(found: list[dict]) -> str:
@@ -533,10 +553,7 @@ def managed_status(pidfile: str, url: str) -> dict:
     why = verify(ident, pidfile)
     if why:
         return {"state": "failed", "stale": True, "pid": pid, "detail": f"stale pidfile: {why}"}
-    try:
-        cwd = os.path.realpath(f"/proc/{pid}/cwd")  # which release it runs, whatever current says
-    except OSError:
-        cwd = None
+    cwd = proc_cwd(pid)  # which release it runs, whatever current says
     bad = health(url) or served_by(pid, url)
     if bad:
         detail = f"pid {pid} lives but {bad}"
@@ -965,7 +982,7 @@ def session_members(sid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             st = proc_stat(int(entry))
-            if st is not None and st["session"] == sid and st["state"] != "Z":
+            if st is not None and st["session"] == sid and alive(int(entry)):
                 pids.append(int(entry))
     return pids
 
