@@ -107,7 +107,8 @@ def test_unmanaged_service_is_reported_then_stopped_by_start_and_stop(svc: Servi
 ZOMBIE_LEADER = f"""
 import ctypes, runpy, sys, threading
 sys.argv = [{str(FAKE)!r}, "--port", sys.argv[1]]
-threading.Thread(target=runpy.run_path, args=({str(FAKE)!r},), kwargs={{"run_name": "__main__"}}).start()
+serve = lambda: runpy.run_path({str(FAKE)!r}, run_name="__main__")
+threading.Thread(target=serve).start()
 ctypes.CDLL(None).pthread_exit(None)  # the leader thread ends; the service thread serves on
 """
 
