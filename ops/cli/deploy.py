@@ -295,7 +295,10 @@ def rollback(
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
-    """Switch TARGET back to its previous release (or --to ID), restart, post-flight."""
+    """Switch TARGET back to its previous release (or --to ID), restart, post-flight.
+
+    Where `previous` names no release (its release was deleted, or there is no link), the
+    newest other release that passed a post-flight is taken, and the result says so."""
     from ops.deploy.deploy import Deployer, DeployInterrupted, DeployOptions
 
     show = _progress(False)

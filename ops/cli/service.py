@@ -180,7 +180,8 @@ def restart(
 
     Refused before anything is stopped when the start could not happen or should not: a
     `current` that is not a release, a deploy that died with its switch pending (`ops
-    rollback TARGET` puts the host back), a damaged service.env, no room for the pidfile.
+    rollback TARGET` puts the host back), a damaged or missing service.env, no room for
+    the pidfile.
     --force lets the first two through."""
     return _service(ctx, "restart", target, wait, force)
 

@@ -79,9 +79,27 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
     if state["kind"] == "release":
         return str(state["id"])
     if state["kind"] == "foreign":
-        gone = "" if state.get("exists") else ", which does not exist"
-        return f"{state.get('link')} (a symlink ops did not make{gone})"
+        if state.get("exists"):
+            return f"{state.get('link')} (a symlink ops did not make)"
+        if state.get("release"):
+            return f"{state.get('link')} (release {state['release']}, whose directory is gone)"
+        return f"{state.get('link')} (a symlink to nothing: {state.get('resolves')} does not exist)"
     return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
+
+
+def newest_proven(listing: dict[str, Any]) -> str | None:
+    """The newest release other than current that passed a post-flight and may be switched to
+    (whole, self-tested, never rolled back): where a lost `previous` leaves a rollback to go."""
+    for rel in reversed(listing.get("releases") or []):
+        if (
+            rel.get("proven")
+            and not rel.get("current")
+            and not rel.get("damaged")
+            and not rel.get("rejected")
+            and rel.get("selftest_ok") is True
+        ):
+            return str(rel["id"])
+    return None
 
 
 class Deployer:
@@ -101,6 +119,8 @@ class Deployer:
         self._committed: str | None = None  # the release switched to and proven
         self._blocked: str | None = None  # the restart met a cause outside the release
         self._settle_first = False  # already current, but a deploy.pending to settle first
+        self._fallback: str | None = None  # the newest proven release other than current
+        self._instead: str | None = None  # why a rollback took it instead of `previous`
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
@@ -246,6 +266,7 @@ class Deployer:
         listing = host_releases(self.host, "list")
         self._before_state = listing.get("current_state")
         self._before = listing["current"] or shown_state(self._before_state)
+        self._fallback = newest_proven(listing)
         current = next((r for r in listing["releases"] if r["current"]), None)
         self._downgrade = self._older_than(m, current)
         if (
@@ -343,6 +364,15 @@ class Deployer:
                 data,
             )
         what = f"current is {shown_state(state)}, not a release ops installed"
+        if state["kind"] == "foreign" and not state.get("exists"):
+            # a revert could only return to nothing: the deploy is refused, --force or not
+            back = self._fallback
+            fix = (
+                f"ops rollback {self.target.name} puts back the newest proven release ({back})"
+                if back
+                else f"remove the link ({self.root}/current) to deploy as a first install"
+            )
+            return "fail", f"{what}; a failed deploy could only revert to it: {fix}", data
         if self.opts.force:
             data["forced"] = True
             return "ok", f"{what}; deploying anyway (--force): a revert returns it exactly", data
@@ -478,12 +508,15 @@ class Deployer:
         switch ({from, to}), if there was one."""
         back = prep.get("put_back")
         waited = prep.get("guard_waited_s") or 0
-        if not back and waited < 1:
+        mended = prep.get("mended") or []
+        if not back and waited < 1 and not mended:
             return None
         moved = bool(back) and not back.get("note") and bool(back.get("restart"))
 
         def recover() -> tuple[Status, str, dict[str, Any]]:
             detail = f"waited {waited:g} s for an earlier deploy's guard" if waited >= 1 else ""
+            if mended:
+                detail += ("; " if detail else "") + "; ".join(mended)
             if back:
                 detail += "; " if detail else ""
                 detail += back.get("note") or (
@@ -889,6 +922,26 @@ class Deployer:
             except KeyboardInterrupt:
                 raise DeployInterrupted(self._interrupted()) from None
 
+    def _no_previous(self, listing: dict[str, Any]) -> str:
+        """Where a plain rollback goes when `previous` names no release: a `previous` that is
+        gone (a deleted release, no link at all) gives way to the newest proven release, said
+        in the result; one that exists but is no release of ops's (a hand-made directory) is
+        the operator's to switch to, and the refusal names the proven release there is."""
+        prev = listing.get("previous_state") or {}
+        other = shown_state(prev)
+        back = newest_proven(listing)
+        if back and (prev.get("kind") in (None, "none") or not prev.get("exists", True)):
+            self._instead = f"previous is {other}" if other else "no previous link"
+            return back
+        hint = "ops releases TARGET lists the releases; ops rollback --to ID"
+        if back:
+            hint = f"the newest proven release is {back}: ops rollback TARGET --to {back}"
+        raise OpsError(
+            f"{self.target.name}: no previous release to roll back to"
+            + (f" (previous is {other}, not a release ops installed)" if other else ""),
+            hint=hint,
+        )
+
     def _rollback_to(self, to: str | None, holder: str) -> DeployResult:
         with self.host.lock(holder):
             try:
@@ -902,12 +955,7 @@ class Deployer:
             before = self._before = listing["current"] or shown_state(self._before_state)
             want = to or listing["previous"]
             if not want:
-                other = shown_state(listing.get("previous_state"))
-                raise OpsError(
-                    f"{self.target.name}: no previous release to roll back to"
-                    + (f" (previous is {other}; switch to it by hand)" if other else ""),
-                    hint="ops releases TARGET lists the releases; ops rollback --to ID",
-                )
+                want = self._no_previous(listing)
             rel = next((r for r in listing["releases"] if r["id"] == want), None)
             if rel is None:
                 known = ", ".join(r["id"] for r in listing["releases"]) or "none"
@@ -950,4 +998,6 @@ class Deployer:
             if res.outcome == "deployed":
                 res.outcome = "switched"
                 res.message = f"rolled back: {want} is current and healthy (was {before})"
+                if self._instead:
+                    res.message += f"; {self._instead}, so the newest proven release was taken"
             return res

@@ -506,6 +506,9 @@ class Host(ABC):
             "command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 4; }; "
             f'root={root}; why=$(mkdir -p "$root" 2>&1) || '
             "{ echo NOROOT; printf '%s\\n' \"${why##*: }\"; exit 3; }; "
+            # a FIFO there would hang the open below, a directory fail it, a symlink redirect it
+            'if [ -L "$root/lock" ] || { [ -e "$root/lock" ] && [ ! -f "$root/lock" ]; }; then '
+            'echo NOTFILE; ls -ld "$root/lock" 2>&1 | head -c 300; echo; exit 6; fi; '
             'if ! { exec 9>>"$root/lock"; } 2>/dev/null; then '
             'why=$( { : >>"$root/lock"; } 2>&1 ); '
             "echo UNWRITABLE; printf '%s\\n' \"$root/lock: ${why##*: }\"; exit 5; fi; "
@@ -526,7 +529,7 @@ class Host(ABC):
         proc = self._spawn(script)
         first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
         if first != "ACQUIRED":
-            known = ("BUSY", "NOROOT", "UNWRITABLE")
+            known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE")
             other = proc.read_line(5.0) if first in known else None
             proc.finish(5.0)
             if first == "BUSY":
@@ -538,6 +541,7 @@ class Host(ABC):
                 "NOROOT": f"cannot create remote_root {where}: {why}",
                 "UNWRITABLE": f"cannot write in remote root {where} (full, read-only or not ours): "
                 f"{why}",
+                "NOTFILE": f"{where}/lock is not a regular file, so it cannot be locked: {why}",
             }
             raise HostError(
                 reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
@@ -546,6 +550,8 @@ class Host(ABC):
                 hint="ops writes its lock, releases and pidfile under the remote root: make it "
                 "writable for the target's user, or point remote_root elsewhere"
                 if first in ("NOROOT", "UNWRITABLE")
+                else f"remove it (rm -r {shlex.quote(where + '/lock')}): it holds no state"
+                if first == "NOTFILE"
                 else None,
             )
         try:

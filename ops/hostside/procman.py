@@ -514,6 +514,20 @@ def read_env(path: str) -> dict[str, str]:
     return env
 
 
+def current_env(root: str) -> dict[str, str]:
+    """The environment of the release `current` names (its service.env). A release (one with a
+    release.json) without its service.env is not started: its code would run without its
+    configuration (its kernels, its backends) under its name."""
+    current = os.path.join(root, "current")
+    path = os.path.join(current, "service.env")
+    if not os.path.lexists(path) and os.path.lexists(os.path.join(current, "release.json")):
+        raise NotStartable(
+            f"{path} is missing: the release would run without its configuration; "
+            "ops rollback --to a whole release, or deploy again"
+        )
+    return read_env(path)
+
+
 def do_status(pidfile: str, url: str) -> dict:
     sweep_tmp(pidfile)
     doc = status_of(pidfile, url)
@@ -860,7 +874,7 @@ def do_start(
         # was lost): stopped as a restart stops the service, once the start is sure to happen
         try:
             startable(root)
-            read_env(os.path.join(root, "current", "service.env"))
+            current_env(root)
             reserved = reserved or reserve(pidfile)
         except NotStartable as exc:
             if reserved:
@@ -889,7 +903,7 @@ def do_start(
     try:
         cwd = startable(root)
         tmp = reserved or reserve(pidfile)
-        release_env = read_env(os.path.join(root, "current", "service.env"))
+        release_env = current_env(root)
     except NotStartable as exc:
         if reserved:
             remove(reserved)
@@ -1110,7 +1124,7 @@ def do_restart(
         return {"start": {**start, "warnings": warnings}}
     try:
         startable(root)
-        read_env(os.path.join(root, "current", "service.env"))
+        current_env(root)
         tmp = reserve(pidfile)
     except NotStartable as exc:
         reason = f"{exc}; the service was not stopped"

@@ -51,6 +51,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 
@@ -133,7 +134,10 @@ def link_state(root: str, name: str) -> dict:
             and not os.path.islink(os.path.join(releases, base))
         ):
             return {"kind": "release", "id": base, "link": raw}
-        return {"kind": "foreign", "link": raw, "resolves": real, "exists": os.path.isdir(real)}
+        doc = {"kind": "foreign", "link": raw, "resolves": real, "exists": os.path.isdir(real)}
+        if ID_RE.match(base) and real == os.path.join(releases, base) and not doc["exists"]:
+            doc["release"] = base  # a link ops made, to a release deleted since
+        return doc
     if os.path.isdir(path):
         return {"kind": "directory", "path": path}
     return {"kind": "file", "path": path}
@@ -145,8 +149,11 @@ def describe(state: dict) -> str:
     if kind == "release":
         return f"releases/{state['id']}"
     if kind == "foreign":
-        gone = "" if state.get("exists") else ", which does not exist"
-        return f"{state['link']} (a symlink ops did not make{gone})"
+        if state.get("exists"):
+            return f"{state['link']} (a symlink ops did not make)"
+        if state.get("release"):
+            return f"{state['link']} (release {state['release']}, whose directory is gone)"
+        return f"{state['link']} (a symlink to nothing: {state['resolves']} does not exist)"
     if kind in ("directory", "file"):
         return f"{state['path']} (a real {kind}, not a symlink)"
     return "(none)"
@@ -193,11 +200,48 @@ def shown(state: dict) -> str | None:
     return None if state["kind"] == "none" else describe(state)
 
 
+CONTROL_FILES = ("deploy.guard", "deploy.switch")  # flocked by deploys and their guards
+
+
+def mend_control_file(root: str, name: str) -> str | None:
+    """root/name must be a regular file to be flocked: anything else there (a directory, a FIFO,
+    a symlink, a device: put there by hand) would block every deploy and rollback, so it is
+    moved aside to NAME.unusable-<utc> (a fresh file is made when it is next taken). What was
+    done, or None when nothing needed doing."""
+    path = os.path.join(root, name)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        return None
+    what = "a symlink" if stat.S_ISLNK(info.st_mode) else "a directory"
+    if stat.S_ISFIFO(info.st_mode):
+        what = "a FIFO"
+    elif not (stat.S_ISLNK(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        what = "not a regular file"
+    kept = f"{path}.unusable-{utc_stamp()}"
+    os.rename(path, kept)
+    return f"{name} was {what}: moved aside as {os.path.basename(kept)}"
+
+
+def open_control_file(root: str, name: str) -> int:
+    """An fd of root/name to flock, never through a link and never blocking on a FIFO."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(os.path.join(root, name), flags, 0o644)
+    except OSError as exc:
+        raise Refused(
+            f"{os.path.join(root, name)} cannot be opened to lock ({exc.strerror}); "
+            "`ops rollback` or a deploy moves it aside when it is not a regular file"
+        ) from None
+
+
 def wait_for_guard(root: str, wait_s: float) -> float:
     """Wait until no guard holds deploy.guard (a guard holds it for its whole life, so one
     whose deploy died is done putting the host back once it is free); the seconds waited."""
     os.makedirs(root, exist_ok=True)
-    fd = os.open(os.path.join(root, "deploy.guard"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_control_file(root, "deploy.guard")
     t0 = time.time()
     try:
         while True:
@@ -220,6 +264,8 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
     """With `settle`, a switch put back keeps deploy.pending (marked settled) until the caller
     has restarted the service on it and commits: ops killed in between leaves the record, so
     the next prepare restarts it again instead of forgetting it."""
+    os.makedirs(root, exist_ok=True)
+    mended = [note for name in CONTROL_FILES if (note := mend_control_file(root, name))]
     waited = wait_for_guard(root, wait_s)
     rel = os.path.join(root, "releases")
     os.makedirs(rel, exist_ok=True)
@@ -241,7 +287,8 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
             else:
                 rmtree(root, path)
             removed.append(name)
-    return {"removed": removed, "guard_waited_s": waited, "put_back": put_back}
+    doc = {"removed": removed, "guard_waited_s": waited, "put_back": put_back}
+    return {**doc, "mended": mended} if mended else doc
 
 
 def finalize(root: str, staging: str, release: str) -> dict:
@@ -262,7 +309,7 @@ def finalize(root: str, staging: str, release: str) -> dict:
 
 def guard_alive(root: str) -> bool:
     """A deploy's revert guard holds deploy.guard for its whole life."""
-    fd = os.open(os.path.join(root, "deploy.guard"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_control_file(root, "deploy.guard")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -282,7 +329,7 @@ def switch(root: str, release: str, pending: bool) -> dict:
     # under deploy.switch, which the guard takes before it reverts and keeps until it exits: a
     # guard that has already put the host back (its ops went away: a Ctrl-C, a dropped SSH
     # connection) can never be followed by this switch landing with no one left to revert it.
-    fd = os.open(os.path.join(root, "deploy.switch"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_control_file(root, "deploy.switch")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if not guard_alive(root):
@@ -518,6 +565,13 @@ def du(path: str) -> int:
     return total
 
 
+def regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def manifest(path: str) -> tuple[dict, str | None]:
     """The fields of a release.json the commands use, and why it is damaged (None: whole)."""
     man = read_json(path)
@@ -562,6 +616,8 @@ def listing(root: str) -> dict:
         fields, damaged = manifest(os.path.join(rel, name, "release.json"))
         if damaged is None and fields.get("id") not in (None, name):  # copied over by hand
             damaged = f"release.json is release {str(fields['id'])[:200]}'s, not {name}'s"
+        if damaged is None and not regular(os.path.join(rel, name, "service.env")):
+            damaged = "service.env is missing (the release's configuration: its kernels, backends)"
         rejected = read_json(os.path.join(rel, name, "rejected.json"))
         out.append(
             {
@@ -668,5 +724,5 @@ if __name__ == "__main__":
     except OSError as exc:  # a full or read-only disk, a permission: one line, never a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         what = exc.strerror or str(exc)
-        print(json.dumps({"error": f"{sys.argv[1]}: {what}{where}", "os_error": exc.errno}))
+        print(json.dumps({"error": f"{what}{where}", "os_error": exc.errno}))
         sys.exit(2)

@@ -1,0 +1,150 @@
+"""Files on the host that ops keeps, damaged by hand (probe37e E2-E5).
+
+- E2: a release whose service.env is gone is damaged: listed so, refused by a rollback (plain
+  or --to), and never started by `ops service start` (its code would run without its
+  configuration under its name).
+- E3: a `current` whose release directory was deleted (the service still serving from it) is
+  never deployed over, --force or not: a failed deploy could only revert to nothing. The
+  refusal names `ops rollback` and the proven release it would take.
+- E4: a FIFO or directory at `lock` is refused in one line naming it (before: 27 s, then "no
+  answer"); a directory or FIFO at deploy.guard or deploy.switch is moved aside by the next
+  deploy or rollback, which then works.
+- E5: a `previous` whose release is gone, or no `previous` at all, gives way to the newest
+  proven release in a plain `ops rollback`, which says so; a `previous` that is a real
+  directory made by hand is refused with that release named in the hint.
+
+Real processes throughout: the `ops` CLI on target `local`, the host side, the stand-in
+service of tests/helpers/deploy_ops.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.deploy import commit_change
+from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line
+from helpers.local import end_services
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    o = Ops(tmp_path)
+    yield o
+    end_services(o.root)
+
+
+def two_releases(ops: Ops) -> tuple[str, str]:
+    """r1 then r2 deployed and proven; r2 current, r1 previous."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    res = ops.deploy()
+    assert res.returncode == 0, res.stdout + res.stderr
+    r2 = ops.current()
+    assert r1 and r2 and r1 != r2
+    return r1, r2
+
+
+def said(res) -> str:
+    return " ".join((res.stdout + res.stderr).split())
+
+
+def test_a_release_without_its_service_env_is_damaged_and_never_run(ops: Ops) -> None:
+    r1, r2 = two_releases(ops)
+    env = ops.root / "releases" / r1 / "service.env"
+    env.unlink()
+    code, doc = ops.json("releases", "local")
+    listed = {r["id"]: r for r in doc["releases"]}
+    assert "service.env is missing" in (listed[r1]["damaged"] or ""), listed[r1]
+    assert listed[r2]["damaged"] is None
+    line = one_error_line(ops("rollback", "local", "--max-tokens", "3"))
+    assert f"release {r1} is damaged" in line and "service.env" in line, line
+    line = one_error_line(ops("rollback", "local", "--to", r1, "--max-tokens", "3"))
+    assert "service.env" in line, line
+    assert ops.current() == r2 and ops.serving() == r2
+    # the current release's own service.env gone: a start refuses, before stopping anything
+    (ops.root / "releases" / r2 / "service.env").unlink()
+    code, st = ops.json("service", "restart", "local")
+    assert code != 0 and "service.env is missing" in st["detail"], st
+    assert ops.serving() == r2  # the running service was not stopped
+
+
+def test_no_deploy_over_a_current_whose_release_was_deleted(ops: Ops) -> None:
+    r1, r2 = two_releases(ops)
+    shutil.rmtree(ops.root / "releases" / r2)  # the service serves on from the deleted cwd
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    for extra in ((), ("--force",)):
+        res = ops.deploy(*extra)
+        text = said(res)
+        assert res.returncode == 1, text
+        assert f"release {r2}, whose directory is gone" in text, text
+        assert f"ops rollback local puts back the newest proven release ({r1})" in text, text
+    assert os.readlink(ops.root / "current") == f"releases/{r2}"
+    code, st = ops.json("service", "status", "local")
+    assert st["state"] == "active", st  # the serving host was never stopped
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_a_fifo_or_directory_at_lock_is_one_line_naming_it(ops: Ops) -> None:
+    r1, r2 = two_releases(ops)
+    lock = ops.root / "lock"
+    for make in (os.mkfifo, os.mkdir):
+        lock.unlink() if not lock.is_dir() else lock.rmdir()
+        make(lock)
+        for args in (("rollback", "local", "--max-tokens", "3"), ("service", "stop", "local")):
+            res = ops(*args, timeout=20)  # before: 27 s, then "could not take the lock"
+            line = one_error_line(res)
+            assert f"{lock} is not a regular file" in line, line
+            assert "rm -r" in res.stderr, res.stderr
+    assert ops.current() == r2 and ops.serving() == r2
+
+
+@pytest.mark.parametrize("name", ["deploy.guard", "deploy.switch"])
+def test_junk_at_a_deploy_control_file_is_moved_aside(ops: Ops, name: str) -> None:
+    r1, r2 = two_releases(ops)
+    junk = ops.root / name
+    junk.unlink()
+    junk.mkdir()
+    (junk / "x").write_text("made by hand\n")
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and ops.serving() == r1
+    assert f"{name} was a directory: moved aside as {name}.unusable-" in said(res), said(res)
+    kept = list(ops.root.glob(f"{name}.unusable-*"))
+    assert len(kept) == 1 and (kept[0] / "x").read_text() == "made by hand\n"
+    os.unlink(ops.root / name)
+    os.mkfifo(ops.root / name)
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3", timeout=60)
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r2 and f"{name} was a FIFO" in said(res)
+
+
+def test_a_lost_previous_gives_way_to_the_newest_proven_release(ops: Ops) -> None:
+    r1, r2 = two_releases(ops)
+    prev = ops.root / "previous"
+    gone = "releases/20991231T000000Z-abcdef0123"
+    prev.unlink()
+    prev.symlink_to(gone)  # a previous whose release was deleted
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 0, text
+    assert ops.current() == r1 and ops.serving() == r1
+    assert "so the newest proven release was taken" in text and "whose directory is gone" in text
+    # no previous link at all: the same
+    prev.unlink()
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r2 and "no previous link" in said(res)
+    # a real directory made by hand: the operator's, refused, the proven release named
+    prev.unlink()
+    prev.mkdir()
+    res = ops("rollback", "local", "--max-tokens", "3")
+    line = one_error_line(res)
+    assert "no previous release to roll back to" in line, line
+    assert f"--to {r1}" in res.stderr, res.stderr
+    assert ops.current() == r2 and prev.is_dir()
