@@ -212,3 +212,23 @@ def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: 
     code, doc = ops.json("healthcheck", "local", "--max-tokens", "3")
     assert code == 1 and doc["failed"] == ["identity"], doc.get("failed")
     assert os.path.exists(golden)
+
+
+def test_a_golden_set_that_is_no_regular_file_is_damaged_not_absent(svc: ServiceOps) -> None:
+    """A FIFO at the golden set's path was read as "no golden set" and the healthcheck passed
+    with identity skipped (probe37e E8): it is a damaged golden set, and the fix it names
+    (recording anew) works without hanging on the FIFO."""
+    assert svc.json("service", "start", "local")[0] == 0
+    golden = svc.tmp / "root" / "golden" / "golden.json"
+    golden.parent.mkdir(parents=True)
+    os.mkfifo(golden)
+    res = svc("healthcheck", "local", "--json")
+    no_traceback(res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and doc["failed"] == ["identity"], doc["failed"]
+    assert "not a regular file" in identity(doc)["detail"], identity(doc)
+    code, rec = svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")
+    assert code == 0, rec
+    assert golden.is_file() and not golden.is_symlink()
+    code, doc = svc.json("healthcheck", "local")
+    assert code == 0 and identity(doc)["status"] == "pass", doc["failed"]

@@ -515,12 +515,15 @@ def read_env(path: str) -> dict[str, str]:
 
 
 def current_env(root: str) -> dict[str, str]:
-    """The environment of the release `current` names (its service.env). A release (one with a
-    release.json) without its service.env is not started: its code would run without its
-    configuration (its kernels, its backends) under its name."""
+    """The environment of the release `current` names (its service.env). A release ops installed
+    (releases/ID) without its service.env is not started: its code would run without its
+    configuration (its kernels, its backends) under its name. A directory made by hand may
+    have none."""
     current = os.path.join(root, "current")
     path = os.path.join(current, "service.env")
-    if not os.path.lexists(path) and os.path.lexists(os.path.join(current, "release.json")):
+    releases = os.path.join(os.path.realpath(root), "releases")
+    ours = os.path.dirname(os.path.realpath(current)) == releases
+    if ours and not os.path.lexists(path):
         raise NotStartable(
             f"{path} is missing: the release would run without its configuration; "
             "ops rollback --to a whole release, or deploy again"

@@ -267,7 +267,8 @@ def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool]:
     script = (
         f"root={root}; f={shell_path(path)}; "
         'printf \'%s\\n\' "$(head -c 4096 "$root/lock.holder" 2>/dev/null | head -n 1)"; '
-        '[ -f "$f" ] || exit 3; n=$(wc -c < "$f") || exit 4; echo "$n"; '
+        '{ [ -e "$f" ] || [ -L "$f" ]; } || exit 3; [ -f "$f" ] || exit 5; '
+        'n=$(wc -c < "$f") || exit 4; echo "$n"; '
         f'[ "$n" -le {GOLDEN_MAX_BYTES} ] || exit 0; cat -- "$f"'
     )
     res = host.run_script(script, step="golden set")
@@ -275,6 +276,8 @@ def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool]:
     locked = _held_by_us(holder)
     if res.rc == 3:
         return False, None, locked
+    if res.rc == 5:  # a FIFO, a directory, a device, a dangling link: never read
+        return True, "not a regular file (a FIFO, a directory, a device or a dangling link)", locked
     size, _, text = rest.partition("\n")
     if res.rc != 0 or not size.strip().isdigit():
         return True, f"cannot be read ({res.tail(n=1) or f'exit {res.rc}'})", locked
