@@ -43,6 +43,7 @@ from typing import Any
 from checks.atomic import write_atomic
 from checks.http import completion_ids, get, post
 from checks.module import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS, exit_json, parser
+from checks.vocabulary import MAX_TOKENS
 
 SCHEMA = "ddtree-ops/golden/v1"
 PROMPTS = Path(__file__).parent / "data" / "golden_prompts.json"
@@ -164,9 +165,11 @@ def parse_golden(text: str) -> dict[str, Any]:
             if p.get(key) is not None and not isinstance(p[key], str):
                 raise ValueError(f"{where}: {key} is {_json_kind(p[key])}, not a string")
     max_tokens = doc.get("max_tokens")
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+    if max_tokens is not None and (
+        type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS
+    ):
         shown = repr(max_tokens) if len(repr(max_tokens)) <= 40 else _json_kind(max_tokens)
-        raise ValueError(f"max_tokens {shown} is not a whole number >= 1")
+        raise ValueError(f"max_tokens {shown} is not a whole number from 1 to {MAX_TOKENS}")
     return doc
 
 
@@ -350,8 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--aa-runs", type=int, default=0, help="extra runs to measure self-noise")
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
-    if args.max_tokens < 1 or args.aa_runs < 0 or args.limit < 0:
-        p.error("--max-tokens must be >= 1, --aa-runs and --limit >= 0")
+    if not 1 <= args.max_tokens <= MAX_TOKENS or args.aa_runs < 0 or args.limit < 0:
+        p.error(f"--max-tokens must be 1 to {MAX_TOKENS}, --aa-runs and --limit >= 0")
     try:
         if args.record_golden:
             record(args)

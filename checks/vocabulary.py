@@ -41,3 +41,4 @@ STAGES = ("draft", "topk", "tree_build", "verify", "attention", "accept", "commi
 NESTED_STAGES = {"attention": "verify"}  # part of another stage's time, not added on top
 STEP_STAGES = tuple(s for s in STAGES if s not in NESTED_STAGES)  # these add up to the step
 COMPONENT_STAGE = {c: c for c in COMPONENTS}  # whose time a component's change shrinks
+MAX_TOKENS = 4096  # greedy tokens per golden prompt: identity needs dozens, never a context

@@ -148,3 +148,23 @@ def test_a_lost_previous_gives_way_to_the_newest_proven_release(ops: Ops) -> Non
     assert "no previous release to roll back to" in line, line
     assert f"--to {r1}" in res.stderr, res.stderr
     assert ops.current() == r2 and prev.is_dir()
+
+
+def test_many_junk_releases_are_summed_up_not_listed_line_by_line(ops: Ops) -> None:
+    """50 id-shaped directories made by hand: `ops releases` warns of 10 and counts the rest
+    (--json has them all), and the prune line names 5 and counts the rest (probe37e E8:
+    20,000 of them printed 3.5 MB of warnings)."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    for i in range(50):
+        (ops.root / "releases" / f"20000101T0000{i:02d}Z-{i:07x}").mkdir()
+    res = ops("releases", "local")
+    warned = [ln for ln in res.stderr.splitlines() if "is damaged" in ln]
+    assert len(warned) == 10 and "and 40 more damaged releases" in res.stderr, res.stderr
+    code, doc = ops.json("releases", "local")
+    assert sum(1 for r in doc["releases"] if r["damaged"]) == 50
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    res = ops.deploy("--keep", "2")
+    assert res.returncode == 0, said(res)
+    prune = next(s for s in ops.record("deploy")["results"][0]["steps"] if s["name"] == "prune")
+    assert prune["detail"].endswith("and 45 more (keep 2)"), prune["detail"]
+    assert len(prune["data"]["removed"]) == 50

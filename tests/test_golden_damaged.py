@@ -46,11 +46,12 @@ DAMAGES = {
     "truncated": (None, "): damaged or cut short"),  # not JSON (the decoder's own words)
     "numbers": (golden_doc(prompts=[1, 2]), "prompts[0] is a number, not a prompt object"),
     "no_prompt": (golden_doc(prompts=[{"id": "p0", "token_ids": [1]}]), "has no prompt text"),
-    "max_tokens_x": (golden_doc(max_tokens="x"), "max_tokens 'x' is not a whole number >= 1"),
+    "max_tokens_x": (golden_doc(max_tokens="x"), "max_tokens 'x' is not a whole number from 1"),
     "max_tokens_huge": (
         golden_doc().replace(b'"max_tokens": 3', b'"max_tokens": 1e400'),
-        "max_tokens inf is not a whole number >= 1",
+        "max_tokens inf is not a whole number from 1",
     ),
+    "max_tokens_many": (golden_doc(max_tokens=10**9), "not a whole number from 1 to 4096"),
     "mapping": (golden_doc(prompts={"p0": GOOD_PROMPT}), "prompts is a mapping, not a list"),
     "token_ids": (
         golden_doc(prompts=[{**GOOD_PROMPT, "token_ids": "123"}]),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 import typer
 from pydantic import BaseModel
 
+from checks.vocabulary import MAX_TOKENS
 from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.inventory import Inventory, Target, load_inventory
 from ops.hosts.records import RunDir
@@ -174,7 +175,9 @@ InventoryOpt = Annotated[
 TargetArg = Annotated[str, typer.Argument(help="Target name from the inventory, or `local`.")]
 # the options of the commands that check the service or load it (healthcheck, deploy,
 # rollback; loadtest, profile)
-MaxTokensOpt = Annotated[int, typer.Option(min=1, help="Greedy tokens per golden prompt.")]
+MaxTokensOpt = Annotated[
+    int, typer.Option(min=1, max=MAX_TOKENS, help="Greedy tokens per golden prompt.")
+]
 RequestsOpt = Annotated[
     int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
 ]

@@ -42,6 +42,7 @@ WaitOpt = Annotated[
 _print_lock = threading.Lock()
 MARK = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}
 EVIDENCE_SHOWN = 12
+SHOWN_DAMAGED = 10  # warnings on the console; --json carries every release's damage
 
 
 @contextmanager
@@ -151,7 +152,7 @@ def deploy(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")
     ] = False,
-    keep: Annotated[int, typer.Option(min=2, help="Releases to keep on the host.")] = 5,
+    keep: Annotated[int, typer.Option(min=2, max=1000, help="Releases to keep on the host.")] = 5,
     wave_size: Annotated[int, typer.Option(min=1, help="Hosts per wave after the canary.")] = 1,
     wait: WaitOpt = 180.0,
     max_tokens: MaxTokensOpt = 32,
@@ -268,13 +269,22 @@ def releases(
     if cur.get("kind") not in (None, "release", "none"):
         from ops.deploy.deploy import shown_state
 
+        nothing = cur.get("kind") == "foreign" and not cur.get("exists")
         err.print(
             f"[yellow]warning:[/] current is {escape(shown_state(cur) or '?')}, not a release "
-            "ops installed; a deploy over it needs --force"
+            "ops installed; "
+            + (
+                f"no deploy goes over it: `ops rollback {escape(t.name)}` puts back a proven one"
+                if nothing
+                else "a deploy over it needs --force"
+            )
         )
-    for r in doc["releases"]:
-        if r.get("damaged"):
-            err.print(f"[yellow]warning:[/] {r['id']} is damaged: {escape(r['damaged'])}")
+    damaged = [r for r in doc["releases"] if r.get("damaged")]
+    for r in damaged[:SHOWN_DAMAGED]:
+        err.print(f"[yellow]warning:[/] {r['id']} is damaged: {escape(r['damaged'])}")
+    if len(damaged) > SHOWN_DAMAGED:
+        more = len(damaged) - SHOWN_DAMAGED
+        err.print(f"[yellow]warning:[/] and {more} more damaged releases (--json lists them all)")
     if any(not r.get("proven") for r in doc["releases"]):
         err.print("unproven: never passed a post-flight (prune removes these first)")
     if doc.get("pending"):

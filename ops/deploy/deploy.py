@@ -905,7 +905,8 @@ class Deployer:
         def prune() -> tuple[Status, str, dict[str, Any]]:
             doc = host_releases(self.host, "prune", str(self.opts.keep))
             gone = doc.get("removed") or []
-            detail = f"removed {', '.join(gone)}" if gone else "nothing to remove"
+            shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+            detail = f"removed {shown}" if gone else "nothing to remove"
             return "ok", f"{detail} (keep {self.opts.keep})", doc
 
         self.step("prune", prune)
