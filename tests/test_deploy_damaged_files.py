@@ -168,3 +168,19 @@ def test_many_junk_releases_are_summed_up_not_listed_line_by_line(ops: Ops) -> N
     prune = next(s for s in ops.record("deploy")["results"][0]["steps"] if s["name"] == "prune")
     assert prune["detail"].endswith("and 45 more (keep 2)"), prune["detail"]
     assert len(prune["data"]["removed"]) == 50
+
+
+def test_status_says_when_the_service_runs_another_release_than_current(ops: Ops) -> None:
+    r1, r2 = two_releases(ops)
+    code, st = ops.json("service", "status", "local")
+    assert st["state"] == "active" and not st.get("warnings"), st
+    tmp = ops.root / "current.tmp"
+    tmp.symlink_to(f"releases/{r1}")
+    tmp.rename(ops.root / "current")  # switched by hand, not restarted
+    code, st = ops.json("service", "status", "local")
+    assert f"runs release {r2}, not current ({r1})" in " ".join(st.get("warnings", [])), st
+    shutil.rmtree(ops.root / "releases" / r2)
+    code, st = ops.json("service", "status", "local")
+    assert f"runs release {r2}, whose directory was deleted" in " ".join(st["warnings"]), st
+    res = ops("service", "status", "local")
+    assert "whose directory was deleted" in said(res), said(res)

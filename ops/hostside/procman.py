@@ -534,10 +534,36 @@ def current_env(root: str) -> dict[str, str]:
 def do_status(pidfile: str, url: str) -> dict:
     sweep_tmp(pidfile)
     doc = status_of(pidfile, url)
-    pending = pending_state(owner_of(pidfile)[0])
+    root = owner_of(pidfile)[0]
+    pending = pending_state(root)
     if pending is not None and not pending["guard"]:  # a live guard: a deploy runs now
         doc["warnings"] = [*doc.get("warnings", []), pending_note(pending)]
+    note = runs_other(root, doc.get("cwd")) if doc["state"] == "active" else None
+    if note:
+        doc["warnings"] = [*doc.get("warnings", []), note]
     return doc
+
+
+def runs_other(root: str, cwd: str | None) -> str | None:
+    """Why the release the service runs from (its cwd) is not what `current` names: a release
+    deleted under it, or another release (a switch without a restart); None when it is."""
+    if not cwd:
+        return None
+    releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    deleted = cwd.endswith(" (deleted)")
+    cwd = cwd.removesuffix(" (deleted)")
+    if not cwd.startswith(releases):
+        return None  # not run from a release (the remote root, a hand-made current)
+    running = cwd[len(releases) :].split("/", 1)[0]
+    if deleted:
+        return f"the service runs release {running}, whose directory was deleted under it"
+    current = os.path.realpath(os.path.join(root, "current"))
+    if os.path.dirname(current) + "/" == releases and os.path.basename(current) != running:
+        return (
+            f"the service runs release {running}, not current ({os.path.basename(current)}): "
+            "ops service restart runs current"
+        )
+    return None
 
 
 def status_of(pidfile: str, url: str) -> dict:
