@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,27 @@ def test_run_dirs_are_unique_and_files_whole(tmp_path: Path) -> None:
     doc = json.loads((run.path / "record.json").read_text())
     assert doc["inputs"] == {"a": 2} and doc["schema"] == "ddtree-ops/record/v1"
     assert sorted(p.name for p in run.path.iterdir()) == ["record.json"]  # no temp files
+
+
+def test_a_thousand_taken_names_still_give_a_run_dir(tmp_path: Path, monkeypatch) -> None:
+    """Every name of the run's microsecond made by hand (probe37e E8): a fresh one, not a
+    crash. The clock is held still so that the names can be taken beforehand."""
+    import ops.hosts.records as records
+
+    still = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206
+            return still
+
+    monkeypatch.setattr(records, "datetime", Frozen)
+    base = "20260102T030405.000006Z-deploy-local"
+    for n in range(1000):
+        (tmp_path / (base if n == 0 else f"{base}.{n}")).mkdir()
+    run = RunDir.create("deploy", "local", root=tmp_path)
+    assert run.unwritten is None and run.path.is_dir() and run.path.name.startswith(base + ".")
+    assert len(list(tmp_path.iterdir())) == 1001
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,8 +113,8 @@ class RunDir:
                 except FileExistsError:
                     continue
                 break
-            else:
-                raise RuntimeError(f"cannot create a run directory under {root}")
+            else:  # a thousand taken (made by hand): a fresh name that cannot be taken
+                run.path = Path(tempfile.mkdtemp(prefix=f"{base}.", dir=root))
         except OSError as exc:
             run.unwritten = f"{run.path}: {_why(exc)}"
             return run
