@@ -184,3 +184,18 @@ def test_status_says_when_the_service_runs_another_release_than_current(ops: Ops
     assert f"runs release {r2}, whose directory was deleted" in " ".join(st["warnings"]), st
     res = ops("service", "status", "local")
     assert "whose directory was deleted" in said(res), said(res)
+
+
+def test_fifos_at_the_lock_notes_hang_nothing(ops: Ops) -> None:
+    """lock.holder and lock.holder.tmp made FIFOs: the healthcheck (which reads the note), a
+    rollback (which writes it) and a stop all finish; before, each blocked on the FIFO."""
+    r1, r2 = two_releases(ops)
+    os.mkfifo(ops.root / "lock.holder")
+    os.mkfifo(ops.root / "lock.holder.tmp")
+    res = ops("healthcheck", "local", "--max-tokens", "3", timeout=60)
+    assert res.returncode == 0, said(res)
+    os.unlink(ops.root / "lock.holder.tmp")
+    os.mkfifo(ops.root / "lock.holder.tmp")
+    res = ops("rollback", "local", "--max-tokens", "3", timeout=90)
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and ops.serving() == r1

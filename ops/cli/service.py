@@ -91,7 +91,8 @@ def _lock(host: Host, verb: str) -> tuple[contextlib.AbstractContextManager, str
         lock = shell_path(f"{host.target.remote_root}/lock")
         probe = host.run_script(
             f"exec 9<{lock} 2>/dev/null || exit 0; flock -n 9 && exit 0; "
-            f"echo BUSY; head -n 1 {shell_path(host.target.remote_root + '/lock.holder')}",
+            f"echo BUSY; h={shell_path(host.target.remote_root + '/lock.holder')}; "
+            '[ -f "$h" ] && head -c 4096 "$h" | head -n 1',
             step="lock",
         )
         if "BUSY" in probe.stdout:

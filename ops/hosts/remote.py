@@ -515,12 +515,15 @@ class Host(ABC):
             "got=; note=; "
             f"for _ in $(seq {tries}); do "
             "if flock -n 9; then got=1; break; fi; "
-            'note=$(cat "$root/lock.holder" 2>/dev/null); [ -n "$note" ] && break; sleep 0.1; '
+            # the note read only from a regular file, and only its first 4 KiB
+            'note=$([ -f "$root/lock.holder" ] && head -c 4096 "$root/lock.holder" 2>/dev/null '
+            '| head -n 1); [ -n "$note" ] && break; sleep 0.1; '
             "done; "
             'if [ -n "$got" ]; then '
+            'rm -f "$root/lock.holder.tmp" 2>/dev/null; '  # a FIFO there would hang the write
             f"if ! why=$( {{ printf '%s\\n' {shlex.quote(json.dumps(holder))} "
             '> "$root/lock.holder.tmp"; } 2>&1 ) || '
-            '! why=$(mv -f "$root/lock.holder.tmp" "$root/lock.holder" 2>&1); then '
+            '! why=$(mv -fT "$root/lock.holder.tmp" "$root/lock.holder" 2>&1); then '
             'rm -f "$root/lock.holder.tmp" 2>/dev/null; '
             "echo UNWRITABLE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; exit 5; fi; "
             'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '

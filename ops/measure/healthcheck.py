@@ -266,7 +266,8 @@ def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool]:
     root = shell_path(host.target.remote_root)
     script = (
         f"root={root}; f={shell_path(path)}; "
-        'printf \'%s\\n\' "$(head -c 4096 "$root/lock.holder" 2>/dev/null | head -n 1)"; '
+        'h="$root/lock.holder"; '
+        'printf \'%s\\n\' "$([ -f "$h" ] && head -c 4096 "$h" 2>/dev/null | head -n 1)"; '
         '{ [ -e "$f" ] || [ -L "$f" ]; } || exit 3; [ -f "$f" ] || exit 5; '
         'n=$(wc -c < "$f") || exit 4; echo "$n"; '
         f'[ "$n" -le {GOLDEN_MAX_BYTES} ] || exit 0; cat -- "$f"'
