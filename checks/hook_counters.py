@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -209,7 +210,7 @@ def read_run(run_dir: Path, pairs: bool = False) -> dict[str, Any]:
     for name in names:
         path = cdir / name
         try:
-            data = path.read_bytes()
+            data = read_regular(path, SIZE)  # the layout is SIZE bytes: no more is read
         except FileNotFoundError:
             continue  # its process's successor removed it (dead) between the listing and now
         except OSError as exc:
@@ -243,10 +244,20 @@ def _case(run_dir: Path, name: str) -> dict[str, Any]:
     }
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file; OSError for anything else (a FIFO there is
+    never waited on, a device never read without end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        return f.read(limit)
+
+
 def _status(path: Path, limit: int = 1 << 20) -> dict[str, Any] | None:
+    """A JSON object from a regular file, at most `limit` bytes of it; None for anything else."""
     try:
-        with open(path, "rb") as f:
-            st = json.loads(f.read(limit))
+        st = json.loads(read_regular(path, limit))
     except (OSError, ValueError, RecursionError):
         return None
     return st if isinstance(st, dict) else None

@@ -440,3 +440,17 @@ def test_the_counters_layout_is_read_as_written(tmp_path: Path) -> None:
     (tmp_path / hc.COUNTERS_DIR / "12.bin").write_bytes(b"short")
     doc = hc.read_run(tmp_path)
     assert doc["unreadable"] == [{"file": "12.bin", "why": f"5 bytes, not {hc.SIZE}"}]
+
+
+def test_fifos_in_run_hang_no_reading_of_the_counters(tmp_path: Path) -> None:
+    """A FIFO at the hook's status file, at a counters file and at a saved case (made by hand)
+    is never waited on: each is unreadable, named, and the reading ends (before: it blocked)."""
+    run = tmp_path / "current" / "run"
+    (run / "hook-counters").mkdir(parents=True)
+    os.mkfifo(run / "hook-status.json")
+    os.mkfifo(run / "hook-counters" / "123.bin")
+    os.mkfifo(run / "hook-mismatch-1.json")
+    code, doc = read_counters(tmp_path / "current")
+    assert code == 1 and doc["status"] is None, doc
+    assert doc["unreadable"] == [{"file": "123.bin", "why": "123.bin is not a regular file"}]
+    assert doc["mismatch_cases"][0]["component"] is None

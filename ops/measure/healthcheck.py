@@ -399,7 +399,8 @@ def _hook_status_only(host: Host) -> dict[str, Any]:
     script = (
         f"cur={shell_path(root + '/current')}; "
         'readlink "$cur" 2>/dev/null | sed "s#.*/##"; echo; '
-        'cat "$cur/run/hook-status.json" 2>/dev/null'
+        # a regular file only (a FIFO would hang the read), at most 1 MiB
+        'f="$cur/run/hook-status.json"; [ -f "$f" ] && head -c 1048576 "$f" 2>/dev/null'
     )
     res = host.run_script(script, step="hook status")
     current, _, text = res.stdout.partition("\n")
