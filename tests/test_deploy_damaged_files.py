@@ -81,13 +81,43 @@ def test_no_deploy_over_a_current_whose_release_was_deleted(ops: Ops) -> None:
         text = said(res)
         assert res.returncode == 1, text
         assert f"release {r2}, whose directory is gone" in text, text
-        assert f"ops rollback local puts back the newest proven release ({r1})" in text, text
+        assert f"ops rollback local --to {r1} puts back the newest proven release" in text, text
     assert os.readlink(ops.root / "current") == f"releases/{r2}"
     code, st = ops.json("service", "status", "local")
     assert st["state"] == "active", st  # the serving host was never stopped
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, said(res)
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_no_deploy_over_a_current_that_could_not_be_started_again(ops: Ops) -> None:
+    """current's service.env gone (or over a MiB): a failed deploy's revert could not restart
+    it, so the host that served would end down (probe37f F1, high). The deploy is refused at
+    its `current` step, --force or not, naming the cause and the exact rollback."""
+    r1, r2 = two_releases(ops)
+    env = ops.root / "releases" / r2 / "service.env"
+    kept = env.read_bytes()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    for damage, cause in ((Path.unlink, "service.env is missing"), (big, "bytes (at most")):
+        damage(env)
+        for extra in ((), ("--force",)):
+            res = ops.deploy(*extra)
+            text = said(res)
+            assert res.returncode == 1 and "current: FAIL" in text, text
+            assert "could not be started again" in text and cause in text, text
+            assert f"ops rollback local --to {r1} puts back" in text, text
+            assert ops.current() == r2
+            code, st = ops.json("service", "status", "local")
+            assert st["state"] == "active", st  # never stopped
+        env.write_bytes(kept)
+    res = ops.deploy()  # mended: the broken release is tried, and undone
+    assert res.returncode == 1 and ops.current() == r2 and ops.serving() == r2, said(res)
+
+
+def big(env: Path) -> None:
+    env.unlink()
+    with open(env, "wb") as f:
+        f.truncate(2 << 20)
 
 
 def test_a_fifo_or_directory_at_lock_is_one_line_naming_it(ops: Ops) -> None:
@@ -199,3 +229,21 @@ def test_fifos_at_the_lock_notes_hang_nothing(ops: Ops) -> None:
     res = ops("rollback", "local", "--max-tokens", "3", timeout=90)
     assert res.returncode == 0, said(res)
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_the_refusal_names_the_exact_rollback_that_restores_the_newest_release(ops: Ops) -> None:
+    """current pointed at nothing while r2 (newest, proven) served and previous is r1: the fix
+    named is `ops rollback --to r2`, and it restores r2 (probe37f F2: it said "ops rollback",
+    which takes previous, an older release)."""
+    r1, r2 = two_releases(ops)
+    tmp = ops.root / "current.tmp"
+    tmp.symlink_to("nowhere")
+    tmp.rename(ops.root / "current")
+    res = ops.deploy()
+    assert res.returncode == 1, said(res)
+    assert f"ops rollback local --to {r2} puts back the newest proven release" in said(res)
+    res = ops("releases", "local")
+    assert f"ops rollback local --to {r2}` puts back the newest proven release" in said(res)
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r2 and ops.serving() == r2

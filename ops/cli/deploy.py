@@ -267,14 +267,18 @@ def releases(
         out.print(said, soft_wrap=True)
     cur = doc.get("current_state") or {}
     if cur.get("kind") not in (None, "release", "none"):
-        from ops.deploy.deploy import shown_state
+        from ops.deploy.deploy import newest_proven, shown_state
 
         nothing = cur.get("kind") == "foreign" and not cur.get("exists")
+        back = newest_proven(doc)
         err.print(
             f"[yellow]warning:[/] current is {escape(shown_state(cur) or '?')}, not a release "
             "ops installed; "
             + (
-                f"no deploy goes over it: `ops rollback {escape(t.name)}` puts back a proven one"
+                f"no deploy goes over it: `ops rollback {escape(t.name)} --to {back}` puts back "
+                "the newest proven release"
+                if nothing and back
+                else "no deploy goes over it"
                 if nothing
                 else "a deploy over it needs --force"
             )

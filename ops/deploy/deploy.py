@@ -32,6 +32,7 @@ from typing import Any
 
 from ops.deploy.host_actions import (
     DEPLOY_HOST_SOURCE,
+    current_unstartable,
     host_releases,
     interrupted_once,
     revert_guard,
@@ -350,9 +351,20 @@ class Deployer:
 
     def _current(self) -> tuple[Status, str, dict[str, Any]]:
         """What `current` is on the host; one that ops did not put there is refused without
-        --force (and with it, recorded as it is, so a revert returns exactly there)."""
+        --force (and with it, recorded as it is, so a revert returns exactly there). One that a
+        revert could not bring back serving (it points at nothing, or its release could not be
+        started again: no service.env) is refused, --force or not."""
         state = self._before_state or {"kind": "none"}
         data = {"state": state}
+        if state["kind"] == "foreign" and not state.get("exists"):
+            gone = f"remove {self.root}/current to deploy as a first install"
+            return "fail", f"current is {shown_state(state)}; {self._no_revert(gone)}", data
+        if state["kind"] != "none":
+            why = current_unstartable(self.host)
+            if why:
+                data["unstartable"] = why
+                said = f"current ({shown_state(state)}) could not be started again: {why}"
+                return "fail", f"{said}; {self._no_revert('mend it, then deploy')}", data
         if state["kind"] in ("release", "none"):
             note = getattr(self, "_downgrade", None)
             if note:
@@ -364,19 +376,20 @@ class Deployer:
                 data,
             )
         what = f"current is {shown_state(state)}, not a release ops installed"
-        if state["kind"] == "foreign" and not state.get("exists"):
-            # a revert could only return to nothing: the deploy is refused, --force or not
-            back = self._fallback
-            fix = (
-                f"ops rollback {self.target.name} puts back the newest proven release ({back})"
-                if back
-                else f"remove the link ({self.root}/current) to deploy as a first install"
-            )
-            return "fail", f"{what}; a failed deploy could only revert to it: {fix}", data
         if self.opts.force:
             data["forced"] = True
             return "ok", f"{what}; deploying anyway (--force): a revert returns it exactly", data
         return "fail", f"{what}; check it, then deploy with --force (a revert puts it back)", data
+
+    def _no_revert(self, otherwise: str) -> str:
+        """Why a deploy over a `current` that could not serve again is refused, and the fix: the
+        exact rollback to the newest proven release (a plain one may take `previous`), else
+        `otherwise`."""
+        name, back = self.target.name, self._fallback
+        fix = otherwise
+        if back:
+            fix = f"ops rollback {name} --to {back} puts back the newest proven release"
+        return f"a failed deploy could only revert to it: {fix}"
 
     def _plan(self, m: ReleaseManifest) -> DeployResult:
         t, rel = self.target, f"{self.root}/releases/{m.id}"

@@ -44,6 +44,28 @@ def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = Non
     return doc
 
 
+def current_unstartable(host: Host) -> str | None:
+    """Why the release `current` names could not be started again (its service.env missing,
+    not a regular file, too big: what the process manager refuses), None when it could: a
+    deploy over it could only revert to a service that does not start."""
+    t = host.target
+    res = host.run(
+        [t.python, "-S", "-c", PROCMAN_SOURCE, "startable", t.remote_root],
+        warn=True,
+        step="current",
+    )
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise HostError(
+            f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
+            target=host.name,
+            step="current",
+        ) from None
+    reason = doc.get("reason") if isinstance(doc, dict) else "no result"
+    return str(reason) if reason else None
+
+
 def restart_script(target: Target) -> str:
     """What the guard runs on the host to restart the service after reverting `current`."""
     svc = target.service

@@ -1180,6 +1180,13 @@ def main(argv: list[str]) -> dict:
         return do_up(*args[:5], float(args[5]), mode=mode, grace=grace)
     if action == "stop":
         return do_stop(args[0], float(args[1]))
+    if action == "startable":  # ROOT: why `current` could not be started again (None: it can)
+        try:
+            startable(args[0])
+            current_env(args[0])
+        except NotStartable as exc:
+            return {"reason": str(exc)}
+        return {"reason": None}
     if action == "vet":  # ROOT MODE: what an operator's start or restart would be refused for
         refused, warnings, _ = vet(args[0], args[1])
         return {**(refused or {}), "warnings": warnings}
