@@ -282,6 +282,36 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: ServiceCli) -> None:
     assert st["state"] != "active", st
 
 
+def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
+    """probe37f F4: on a full remote root (a runaway log) the lock's note cannot be written;
+    a stop holds the lock without it and stops the service, saying so. A start is still
+    refused for the full disk."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)])
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    svc = ServiceCli(tmp_path, stop_timeout=2, root=disk / "root")
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 0, st
+        pid = st["pid"]
+        (svc.root / "lock.holder").unlink(missing_ok=True)
+        fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # the disk full to its last block
+            while True:
+                os.write(fd, b"x" * 4096)
+        os.close(fd)
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and st["state"] == "inactive", st
+        said = " ".join(st["warnings"])
+        assert "note was not written" in said and "No space left" in said, said
+        assert not alive(pid)
+    finally:
+        end_all(svc.root)
+        subprocess.run(["umount", "-l", str(disk)])
+
+
 def test_stop_on_a_read_only_root_with_nothing_running(svc: ServiceCli) -> None:
     (svc.root / "run").mkdir(parents=True)
     (svc.root / "lock").touch()

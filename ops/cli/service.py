@@ -81,10 +81,13 @@ READ_ONLY = "Read-only file system"
 def _lock(host: Host, verb: str) -> tuple[contextlib.AbstractContextManager, str | None]:
     """The host lock for a start, stop or restart. A stop on a read-only remote root (the lock
     cannot be written there, so nobody can take it) goes on without it once a read-only probe
-    of the lock file finds no holder: stopping writes nothing (probe37c C7). The warning then."""
-    cm = host.lock(f"ops service {verb}")
+    of the lock file finds no holder: stopping writes nothing (probe37c C7); on a full one it
+    holds the lock without writing the holder's note (probe37f F4). The warning then."""
+    cm = host.lock(f"ops service {verb}", note_optional=verb == "stop")
     try:
-        cm.__enter__()
+        holder = cm.__enter__()
+        if holder.get("note_unwritten"):  # a full disk: the lock is held, its note not written
+            return _Held(cm), f"the host lock's note was not written ({holder['note_unwritten']})"
     except HostError as exc:
         if verb != "stop" or exc.step != "lock" or READ_ONLY not in exc.message:
             raise

@@ -482,12 +482,17 @@ class Host(ABC):
         return self.run(["bash", "-c", script], stdin=payload, timeout=timeout, step="put tree")
 
     @contextlib.contextmanager
-    def lock(self, purpose: str, *, timeout: float = 20.0) -> Iterator[dict[str, Any]]:
+    def lock(
+        self, purpose: str, *, timeout: float = 20.0, note_optional: bool = False
+    ) -> Iterator[dict[str, Any]]:
         """Hold the host-wide lock (flock on `<remote_root>/lock`) for the `with` body.
 
         A second holder, from this machine or any other, gets LockHeld with the holder's
         user, operator host, pid, purpose and start time. The lock dies with its holder:
         if ops or the connection goes away, the host process holding the flock exits.
+        Where the holder's note cannot be written (a full disk) the lock is refused as
+        UNWRITABLE; with `note_optional` (a stop, which writes nothing) it is held all the
+        same, and the holder dict's `note_unwritten` says why there is no note.
         """
         holder = {
             "user": getpass.getuser(),
@@ -525,12 +530,21 @@ class Host(ABC):
             '> "$root/lock.holder.tmp"; } 2>&1 ) || '
             '! why=$(mv -fT "$root/lock.holder.tmp" "$root/lock.holder" 2>&1); then '
             'rm -f "$root/lock.holder.tmp" 2>/dev/null; '
-            "echo UNWRITABLE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; exit 5; fi; "
-            'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
+            + (  # the flock is held: a stop goes on without the note
+                "echo NONOTE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; "
+                "cat >/dev/null; exit 0; fi; "
+                if note_optional
+                else "echo UNWRITABLE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; "
+                "exit 5; fi; "
+            )
+            + 'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
             "fi; echo BUSY; printf '%s\\n' \"$note\" | head -n 1; exit 75"
         )
         proc = self._spawn(script)
         first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
+        if first == "NONOTE":  # held, without its note (only with note_optional)
+            holder["note_unwritten"] = proc.read_line(5.0) or "?"
+            first = "ACQUIRED"
         if first != "ACQUIRED":
             known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE")
             other = proc.read_line(5.0) if first in known else None
