@@ -176,7 +176,7 @@ def test_a_lost_previous_gives_way_to_the_newest_proven_release(ops: Ops) -> Non
     res = ops("rollback", "local", "--max-tokens", "3")
     line = one_error_line(res)
     assert "no previous release to roll back to" in line, line
-    assert f"--to {r1}" in res.stderr, res.stderr
+    assert f"ops rollback local --to {r1}" in res.stderr, res.stderr  # the name, not TARGET
     assert ops.current() == r2 and prev.is_dir()
 
 
@@ -247,3 +247,30 @@ def test_the_refusal_names_the_exact_rollback_that_restores_the_newest_release(o
     res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
     assert res.returncode == 0, said(res)
     assert ops.current() == r2 and ops.serving() == r2
+    # `previous` is never made a link to nothing (probe37f F7): it still names r1
+    assert os.readlink(ops.root / "previous") == f"releases/{r1}"
+
+
+def test_a_current_that_could_not_restart_is_said_while_it_serves(ops: Ops) -> None:
+    """probe37f F9: status warns, while the service still serves, of what the next restart
+    would refuse (current pointing at nothing; a FIFO service.env), and that refusal names
+    the fix, a whole release put back."""
+    r1, r2 = two_releases(ops)
+    env = ops.root / "releases" / r2 / "service.env"
+    env.unlink()
+    os.mkfifo(env)
+    code, st = ops.json("service", "status", "local")
+    said_st = " ".join(st.get("warnings", []))
+    assert st["state"] == "active" and "a restart would be refused" in said_st, st
+    assert "not a regular file" in said_st, st
+    code, st = ops.json("service", "restart", "local")
+    assert code != 0 and "not a regular file" in st["detail"], st
+    assert "ops rollback local --to ID" in st["detail"], st
+    assert ops.serving() == r2  # never stopped
+    tmp = ops.root / "current.tmp"
+    tmp.symlink_to("nowhere")
+    tmp.rename(ops.root / "current")
+    code, st = ops.json("service", "status", "local")
+    assert "a restart would be refused: current -> nowhere does not exist" in " ".join(
+        st.get("warnings", [])
+    ), st

@@ -80,6 +80,8 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
     if state["kind"] == "release":
         return str(state["id"])
     if state["kind"] == "foreign":
+        if state.get("aside"):
+            return f"{state.get('link')} (the hand-made current that a deploy moved aside)"
         if state.get("exists"):
             return f"{state.get('link')} (a symlink ops did not make)"
         if state.get("release"):
@@ -676,7 +678,8 @@ class Deployer:
         except HostError as exc:  # the host's trouble (a full disk, a lost link), not the release's
             self._blocked = "host"
             return "fail", f"restart failed on the host: {exc.message}", {}
-        self._blocked = st.blocked_by  # not the release's fault: it is not rejected for it
+        # the host's trouble (a port held, a full disk) is not the release's: not rejected for it
+        self._blocked = st.blocked_by if st.blocked_by != "release" else None
         data = {
             "service": st.model_dump(),
             "evidence": since_last_start(st.evidence) if not st.active else [],
@@ -947,9 +950,10 @@ class Deployer:
         if back and (prev.get("kind") in (None, "none") or not prev.get("exists", True)):
             self._instead = f"previous is {other}" if other else "no previous link"
             return back
-        hint = "ops releases TARGET lists the releases; ops rollback --to ID"
+        name = self.target.name
+        hint = f"ops releases {name} lists the releases; ops rollback {name} --to ID"
         if back:
-            hint = f"the newest proven release is {back}: ops rollback TARGET --to {back}"
+            hint = f"the newest proven release is {back}: ops rollback {name} --to {back}"
         raise OpsError(
             f"{self.target.name}: no previous release to roll back to"
             + (f" (previous is {other}, not a release ops installed)" if other else ""),
@@ -979,7 +983,8 @@ class Deployer:
                 raise OpsError(
                     f"{self.target.name}: release {want} is damaged ({rel['damaged']}); "
                     "it cannot be trusted to roll back to",
-                    hint="ops releases TARGET lists the others; ops rollback --to ID",
+                    hint=f"ops releases {self.target.name} lists the others; "
+                    f"ops rollback {self.target.name} --to ID",
                 )
             if rel["selftest_ok"] is not True:
                 raise OpsError(f"{self.target.name}: release {want} never passed its self-test")

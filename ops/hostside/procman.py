@@ -484,24 +484,24 @@ def read_env(path: str) -> dict[str, str]:
     except FileNotFoundError:
         return env
     except OSError as exc:
-        raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
+        raise NotARelease(f"cannot read {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotStartable(f"{path} is not a regular file")
+            raise NotARelease(f"{path} is not a regular file")
         if info.st_size > MAX_ENV:
-            raise NotStartable(f"{path} is {info.st_size} bytes (at most {MAX_ENV} are read)")
+            raise NotARelease(f"{path} is {info.st_size} bytes (at most {MAX_ENV} are read)")
         raw = os.read(fd, MAX_ENV + 1)
     except OSError as exc:
-        raise NotStartable(f"cannot read {path}: {exc.strerror}") from None
+        raise NotARelease(f"cannot read {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
     if b"\0" in raw:
-        raise NotStartable(f"{path} holds a NUL byte: no environment can carry it")
+        raise NotARelease(f"{path} holds a NUL byte: no environment can carry it")
     try:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise NotStartable(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise NotARelease(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     for line in lines:
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
@@ -524,7 +524,7 @@ def current_env(root: str) -> dict[str, str]:
     releases = os.path.join(os.path.realpath(root), "releases")
     ours = os.path.dirname(os.path.realpath(current)) == releases
     if ours and not os.path.lexists(path):
-        raise NotStartable(
+        raise NotARelease(
             f"{path} is missing: the release would run without its configuration; "
             "ops rollback --to a whole release, or deploy again"
         )
@@ -538,9 +538,15 @@ def do_status(pidfile: str, url: str) -> dict:
     pending = pending_state(root)
     if pending is not None and not pending["guard"]:  # a live guard: a deploy runs now
         doc["warnings"] = [*doc.get("warnings", []), pending_note(pending)]
-    note = runs_other(root, doc.get("cwd")) if doc["state"] == "active" else None
-    if note:
-        doc["warnings"] = [*doc.get("warnings", []), note]
+    if doc["state"] == "active":
+        notes = [runs_other(root, doc.get("cwd"))]
+        try:  # what the next restart would refuse, said while the service still serves
+            startable(root)
+            current_env(root)
+        except NotStartable as exc:
+            notes.append(f"a restart would be refused: {exc}")
+        if any(notes):
+            doc["warnings"] = [*doc.get("warnings", []), *(n for n in notes if n)]
     return doc
 
 
@@ -614,6 +620,15 @@ def unblock_in_child() -> None:
 class NotStartable(Exception):
     """The service cannot be started from here (nothing was started, nothing was stopped)."""
 
+    blocked_by = "host"
+
+
+class NotARelease(NotStartable):
+    """What `current` names cannot be run as a release: it points at nothing, or its
+    service.env cannot be read whole (a rollback to a whole release is the fix)."""
+
+    blocked_by = "release"
+
 
 PIDFILE_ROOM = 1024  # bytes reserved for the pidfile before the service starts, beyond its paths
 
@@ -647,9 +662,9 @@ def startable(root: str) -> str:
     """The directory the service starts in; NotStartable when `current` cannot be run."""
     current = os.path.join(root, "current")
     if os.path.islink(current) and not os.path.exists(current):
-        raise NotStartable(f"current -> {os.readlink(current)} does not exist")
+        raise NotARelease(f"current -> {os.readlink(current)} does not exist")
     if os.path.lexists(current) and not os.path.isdir(current):
-        raise NotStartable(f"{current} is not a directory")
+        raise NotARelease(f"{current} is not a directory")
     return current if os.path.isdir(current) else root
 
 
@@ -913,7 +928,7 @@ def do_start(
                 "process that no pidfile names: not stopped"
             )
             doc = {"started": False, "notes": notes, "warnings": warnings, "reason": reason}
-            return {**doc, "blocked_by": "host"}
+            return {**doc, "blocked_by": exc.blocked_by}
         signals: list = []
         gone = stop_strays(pidfile, grace, signals, time.time())
         notes.append(f"stopped {named(gone)}: this service, unmanaged (no pidfile named it)")
@@ -937,7 +952,7 @@ def do_start(
         if reserved:
             remove(reserved)
         doc = {"started": False, "notes": notes, "warnings": warnings, "reason": str(exc)}
-        return {**doc, "blocked_by": "host"}
+        return {**doc, "blocked_by": exc.blocked_by}
     env = dict(os.environ)
     if release_env.get("PYTHONPATH") and env.get("PYTHONPATH"):
         # the release's code first, then whatever the service's own environment needs
@@ -1157,7 +1172,7 @@ def do_restart(
         tmp = reserve(pidfile)
     except NotStartable as exc:
         reason = f"{exc}; the service was not stopped"
-        return {"start": {"started": False, "reason": reason, "blocked_by": "host"}}
+        return {"start": {"started": False, "reason": reason, "blocked_by": exc.blocked_by}}
     stopped = do_stop(pidfile, grace)
     # vetted above, before the stop: the start after it is never refused for what was let by
     doc = do_up(pidfile, log, root, command, url, timeout, reserved=tmp, grace=grace)

@@ -137,6 +137,8 @@ def link_state(root: str, name: str) -> dict:
         doc = {"kind": "foreign", "link": raw, "resolves": real, "exists": os.path.isdir(real)}
         if ID_RE.match(base) and real == os.path.join(releases, base) and not doc["exists"]:
             doc["release"] = base  # a link ops made, to a release deleted since
+        if base.startswith("current.before-") and os.path.dirname(real) == os.path.realpath(root):
+            doc["aside"] = True  # a hand-made current that a switch moved aside (ops's link)
         return doc
     if os.path.isdir(path):
         return {"kind": "directory", "path": path}
@@ -149,6 +151,8 @@ def describe(state: dict) -> str:
     if kind == "release":
         return f"releases/{state['id']}"
     if kind == "foreign":
+        if state.get("aside"):
+            return f"{state['link']} (the hand-made current that a deploy moved aside)"
         if state.get("exists"):
             return f"{state['link']} (a symlink ops did not make)"
         if state.get("release"):
@@ -388,7 +392,7 @@ def _switch(root: str, release: str, pending: bool) -> dict:
     ):
         if cur["kind"] == "release":
             set_link(root, "previous", release_link(cur["id"]))
-        elif cur["kind"] == "foreign":
+        elif cur["kind"] == "foreign" and cur.get("exists"):  # never a link to nothing
             set_link(root, "previous", cur["link"])
         elif aside:
             set_link(root, "previous", aside)

@@ -201,6 +201,11 @@ class ServiceManager(ABC):
                 f"; put a release back: ops rollback {name} (or --to ID; ops releases {name} "
                 "lists them), or --force to run it as it is"
             )
+        if blocked_by == "release":
+            return (
+                f"; put a whole release back: ops rollback {name} --to ID (ops releases {name} "
+                "lists them)"
+            )
         if blocked_by == "pending":
             return (
                 f"; ops rollback {name} puts the host back on its release before and proves "
