@@ -370,6 +370,29 @@ def fill(disk: Path, hold_s: float = 0.0) -> Path:
     return filler
 
 
+def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) -> None:
+    """probe37f F8: a send that fails on a full disk was a bare `error:` (exit 2, no step,
+    a record without steps); it is the `send` step failing, exit 1, nothing switched."""
+    ops = ops_on(small_disk, tmp_path)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+        filler = fill(small_disk)
+        os.truncate(filler, filler.stat().st_size - 8192)  # room for the lock's note only
+        res = ops.deploy()
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 1 and no_traceback(res.stderr), text
+        assert "send: FAIL" in text and "No space left" in text, text
+        steps_seen = [s["name"] for s in ops.record("deploy")["results"][0]["steps"]]
+        assert steps_seen[-1] == "send", steps_seen
+        filler.unlink()
+        assert ops.current() == r1 and ops.serving() == r1
+        assert [p.name for p in (ops.root / "releases").iterdir()] == [r1]
+    finally:
+        end_services(ops.root)
+
+
 def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> None:
     ops = ops_on(small_disk, tmp_path)
     try:

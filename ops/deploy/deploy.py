@@ -52,7 +52,7 @@ from ops.deploy.result import (
     since_last_start,
     utc_now,
 )
-from ops.errors import HostError, OpsError, Unreachable
+from ops.errors import CommandTimedOut, HostError, OpsError, Unreachable
 from ops.hosts.remote import Host, SignalsHeld
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
@@ -483,7 +483,12 @@ class Deployer:
         staging_path = f"{self.root}/releases/{staging}"
 
         def send() -> tuple[Status, str, dict[str, Any]]:
-            self.host.put_tree(stage, staging_path)
+            try:
+                self.host.put_tree(stage, staging_path)
+            except (Unreachable, CommandTimedOut):
+                raise  # the link's trouble: the deploy says where the host was left
+            except HostError as exc:  # the host's (a full disk): a failed step, nothing switched
+                return "fail", f"could not send the release: {exc.message}", {}
             cleaned = prep["removed"]
             note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
             return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}
