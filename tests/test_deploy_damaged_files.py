@@ -24,6 +24,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import REPO
+from helpers.cli import run_ops
 from helpers.deploy import commit_change
 from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line
 from helpers.local import end_services
@@ -274,3 +276,18 @@ def test_a_current_that_could_not_restart_is_said_while_it_serves(ops: Ops) -> N
     assert "a restart would be refused: current -> nowhere does not exist" in " ".join(
         st.get("warnings", [])
     ), st
+
+
+@pytest.mark.parametrize("inside", ["current", "releases", "current/sub"])
+def test_a_remote_root_inside_another_roots_releases_is_refused(ops: Ops, inside: str) -> None:
+    """probe37f F10 (low): a target whose remote_root is another root's current (or its
+    releases/) had its lock, guard and releases/ written into a live release."""
+    r1, r2 = two_releases(ops)
+    before = sorted(p.name for p in (ops.root / "releases" / r2).iterdir())
+    inv = ops.tmp / "nested.toml"
+    inv.write_text(ops.inventory.read_text().replace(str(ops.root), str(ops.root / inside)))
+    res = run_ops("service", "stop", "local", inventory=inv, env=ops.env, timeout=60, cwd=REPO)
+    line = one_error_line(res)
+    assert f"is inside the releases of the remote root {ops.root}" in line, line
+    assert sorted(p.name for p in (ops.root / "releases" / r2).iterdir()) == before
+    assert ops.serving() == r2

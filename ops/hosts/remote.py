@@ -509,7 +509,13 @@ class Host(ABC):
         # UNWRITABLE and the file and the error, not a lock that seems held by someone starting.
         script = (
             "command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 4; }; "
-            f'root={root}; why=$(mkdir -p "$root" 2>&1) || '
+            f"root={root}; "
+            # a root inside another root's releases/ (say .../current) would write into a release
+            'real=$(readlink -m "$root"); case "$real/" in */releases/*) '
+            'r="$real/"; top=${r%%/releases/*}; '
+            'if [ -L "$top/current" ] || [ -d "$top/current" ]; then '
+            "echo NESTED; printf '%s\\n' \"$top\"; exit 7; fi;; esac; "
+            'why=$(mkdir -p "$root" 2>&1) || '
             "{ echo NOROOT; printf '%s\\n' \"${why##*: }\"; exit 3; }; "
             # a FIFO there would hang the open below, a directory fail it, a symlink redirect it
             'if [ -L "$root/lock" ] || { [ -e "$root/lock" ] && [ ! -f "$root/lock" ]; }; then '
@@ -546,7 +552,7 @@ class Host(ABC):
             holder["note_unwritten"] = proc.read_line(5.0) or "?"
             first = "ACQUIRED"
         if first != "ACQUIRED":
-            known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE")
+            known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE", "NESTED")
             other = proc.read_line(5.0) if first in known else None
             proc.finish(5.0)
             if first == "BUSY":
@@ -559,6 +565,8 @@ class Host(ABC):
                 "UNWRITABLE": f"cannot write in remote root {where} (full, read-only or not ours): "
                 f"{why}",
                 "NOTFILE": f"{where}/lock is not a regular file, so it cannot be locked: {why}",
+                "NESTED": f"remote_root {where} is inside the releases of the remote root {why}: "
+                "ops would write into a release there; give this target a directory of its own",
             }
             raise HostError(
                 reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
