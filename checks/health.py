@@ -24,6 +24,7 @@ Prints (`checks.docs.HealthDoc`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from checks.http import HttpResult, completion_ids, get, post
@@ -101,19 +102,36 @@ def check_server_info(base: str, timeout: float) -> dict:
 
 
 def run_checks(base: str, *, timeout: float, max_tokens: int) -> list[dict]:
-    health = check_endpoint(base, "/health", "health", timeout, optional=False)
-    if health["http"]["status"] is None:  # nothing answers: the rest would only wait as long
-        why = f"not tried: /health got no answer ({health['http']['error']})"
-        rest = ("health_generate", "models", "smoke", "server_info")
-        return [health, *(check(name, "skip", why) for name in rest)]
-    results = [
-        health,
-        check_endpoint(base, "/health_generate", "health_generate", timeout, optional=True),
+    """The checks in order; once a request gets no answer at all (it timed out, the connection
+    was refused), the rest are not tried: each would only wait as long, and a service that
+    leaves a request unanswered is already known not to serve."""
+    model: list[str | None] = [None]
+
+    def models() -> dict:
+        doc, model[0] = check_models(base, timeout)
+        return doc
+
+    steps: list[tuple[str, Callable[[], dict]]] = [
+        ("health", lambda: check_endpoint(base, "/health", "health", timeout, optional=False)),
+        (
+            "health_generate",
+            lambda: check_endpoint(
+                base, "/health_generate", "health_generate", timeout, optional=True
+            ),
+        ),
+        ("models", models),
+        ("smoke", lambda: check_smoke(base, model[0], timeout, max_tokens)),
+        ("server_info", lambda: check_server_info(base, timeout)),
     ]
-    models, model = check_models(base, timeout)
-    results.append(models)
-    results.append(check_smoke(base, model, timeout, max_tokens))
-    results.append(check_server_info(base, timeout))
+    results: list[dict] = []
+    for i, (_, run) in enumerate(steps):
+        doc = run()
+        results.append(doc)
+        if doc.get("http", {}).get("status") is None:  # no answer: the rest would only wait
+            path = doc["http"]["url"].split("://", 1)[-1].split("/", 1)[-1]
+            why = f"not tried: /{path} got no answer ({doc['http']['error']})"
+            results += [check(name, "skip", why) for name, _ in steps[i + 1 :]]
+            break
     return results
 
 

@@ -109,6 +109,12 @@ def test_misbehaving_service_fails_with_evidence(ops: Ops, mode: str, check: str
     code, rep = ops.json("healthcheck", "local", "--timeout", "1")
     assert code == 1 and check in rep["failed"]
     assert evidence in " ".join(failed_check(rep, check)["evidence"])
+    if mode == "hang":  # probe37g G3: nothing more is asked of a service that left one unanswered
+        checks = {c["name"]: c for c in rep["checks"]}
+        said = "not tried: /v1/completions got no answer (timeout after 1s)"
+        assert checks["server_info"] == {**checks["server_info"], "status": "skip", "detail": said}
+        assert checks["identity"]["status"] == "skip", checks["identity"]
+        assert checks["identity"]["detail"].startswith("not tried: smoke got no answer")
 
 
 def test_bad_golden_file_is_exit_2(ops: Ops) -> None:

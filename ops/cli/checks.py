@@ -60,7 +60,10 @@ def healthcheck(
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,
 ) -> int:
-    """Pre/post-flight: service active, answering, token-identical to the golden set, GPUs sane."""
+    """Pre/post-flight: service active, answering, token-identical to the golden set, GPUs sane.
+
+    Once a request gets no answer within --timeout, no further request is sent (each would
+    only wait as long): the checks after it, token identity included, say "not tried"."""
     from ops.measure.healthcheck import run_healthcheck
 
     inputs = {

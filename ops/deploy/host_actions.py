@@ -20,16 +20,18 @@ from ops.service.managers import PROCMAN_SOURCE, ProcessManager, logfile, pidfil
 DEPLOY_HOST_SOURCE = source("releases")
 
 
-def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
-    """Run one action of `ops.hostside.releases` on the host; a refusal is an OpsError."""
+def host_json(
+    host: Host, src: str, args: list[str], step: str, stdin: bytes | None = None
+) -> tuple[dict, int]:
+    """Run a stdlib-only host-side module (`src`, its source text) with `args`; its result
+    (the last line of stdout, one JSON document) and exit status."""
     res = host.run(
         # -S: the host side is stdlib only, so no site-packages scan at each call
-        [host.target.python, "-S", "-c", DEPLOY_HOST_SOURCE, action, host.target.remote_root]
-        + list(args),
+        [host.target.python, "-S", "-c", src, *args],
         stdin=stdin,
         warn=True,
         timeout=300,
-        step=f"releases {action}",
+        step=step,
     )
     try:
         doc = json.loads(res.stdout.strip().splitlines()[-1])
@@ -37,9 +39,16 @@ def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = Non
         raise HostError(
             f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
             target=host.name,
-            step=f"releases {action}",
+            step=step,
         ) from None
-    if res.rc != 0:
+    return (doc if isinstance(doc, dict) else {"error": "the result is not an object"}), res.rc
+
+
+def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
+    """Run one action of `ops.hostside.releases` on the host; a refusal is an OpsError."""
+    argv = [action, host.target.remote_root, *args]
+    doc, rc = host_json(host, DEPLOY_HOST_SOURCE, argv, f"releases {action}", stdin)
+    if rc != 0:
         raise OpsError(f"{host.name}: {action}: {doc.get('error', 'refused')}")
     return doc
 
@@ -48,21 +57,8 @@ def current_unstartable(host: Host) -> str | None:
     """Why the release `current` names could not be started again (its service.env missing,
     not a regular file, too big: what the process manager refuses), None when it could: a
     deploy over it could only revert to a service that does not start."""
-    t = host.target
-    res = host.run(
-        [t.python, "-S", "-c", PROCMAN_SOURCE, "startable", t.remote_root],
-        warn=True,
-        step="current",
-    )
-    try:
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        raise HostError(
-            f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
-            target=host.name,
-            step="current",
-        ) from None
-    reason = doc.get("reason") if isinstance(doc, dict) else "no result"
+    doc, _ = host_json(host, PROCMAN_SOURCE, ["startable", host.target.remote_root], "current")
+    reason = doc.get("reason", doc.get("error"))
     return str(reason) if reason else None
 
 
