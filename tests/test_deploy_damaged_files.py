@@ -291,3 +291,31 @@ def test_a_remote_root_inside_another_roots_releases_is_refused(ops: Ops, inside
     assert f"is inside the releases of the remote root {ops.root}" in line, line
     assert sorted(p.name for p in (ops.root / "releases" / r2).iterdir()) == before
     assert ops.serving() == r2
+
+
+def test_a_rollback_from_a_current_pointing_at_nothing_leaves_a_usable_previous(ops: Ops) -> None:
+    """probe37g G1: after a rollback away from a current that pointed at nothing, previous
+    named the new current itself, so the next plain rollback said "already current" and did
+    nothing (exit 0). Now no previous is left naming current, and a plain rollback, here or on
+    a host already in that state, takes the newest other proven release."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r0 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    assert ops.deploy().returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    shutil.rmtree(ops.root / "releases" / r2)  # current points at nothing; previous is r1
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, said(res)
+    assert not (ops.root / "previous").is_symlink()  # not a link to current itself
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == r0 and ops.serving() == r0, said(res)
+    # a host left with previous == current (by an older ops, or by hand): the same
+    prev = ops.root / "previous"
+    prev.unlink()
+    prev.symlink_to(f"releases/{r0}")
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == r1, said(res)
+    assert "previous names current itself" in said(res), said(res)

@@ -946,24 +946,31 @@ class Deployer:
 
     def _no_previous(self, listing: dict[str, Any]) -> str:
         """Where a plain rollback goes when `previous` names no release: a `previous` that is
-        gone (a deleted release, no link at all) gives way to the newest proven release, said
-        in the result; one that exists but is no release of ops's (a hand-made directory) is
-        the operator's to switch to, and the refusal names the proven release there is."""
+        gone (a deleted release, no link at all) or names current itself gives way to the
+        newest proven release, said in the result; one that exists but is no release of ops's
+        (a hand-made directory) is the operator's to switch to, and the refusal names the
+        proven release there is."""
         prev = listing.get("previous_state") or {}
         other = shown_state(prev)
         back = newest_proven(listing)
-        if back and (prev.get("kind") in (None, "none") or not prev.get("exists", True)):
-            self._instead = f"previous is {other}" if other else "no previous link"
+        same = prev.get("kind") == "release" and prev.get("id") == listing.get("current")
+        if back and (same or prev.get("kind") in (None, "none") or not prev.get("exists", True)):
+            self._instead = (
+                "previous names current itself"
+                if same
+                else f"previous is {other}"
+                if other
+                else "no previous link"
+            )
             return back
         name = self.target.name
         hint = f"ops releases {name} lists the releases; ops rollback {name} --to ID"
         if back:
             hint = f"the newest proven release is {back}: ops rollback {name} --to {back}"
-        raise OpsError(
-            f"{self.target.name}: no previous release to roll back to"
-            + (f" (previous is {other}, not a release ops installed)" if other else ""),
-            hint=hint,
-        )
+        why = f" (previous is {other}, not a release ops installed)" if other else ""
+        if same:
+            why = f" (previous names {other}, the current release itself)"
+        raise OpsError(f"{name}: no previous release to roll back to{why}", hint=hint)
 
     def _rollback_to(self, to: str | None, holder: str) -> DeployResult:
         with self.host.lock(holder):
@@ -977,6 +984,8 @@ class Deployer:
             self._before_state = listing.get("current_state")
             before = self._before = listing["current"] or shown_state(self._before_state)
             want = to or listing["previous"]
+            if not to and want and want == listing["current"]:
+                want = None  # previous names current itself: it names no release to go back to
             if not want:
                 want = self._no_previous(listing)
             rel = next((r for r in listing["releases"] if r["id"] == want), None)

@@ -394,6 +394,8 @@ def _switch(root: str, release: str, pending: bool) -> dict:
             set_link(root, "previous", release_link(cur["id"]))
         elif cur["kind"] == "foreign" and cur.get("exists"):  # never a link to nothing
             set_link(root, "previous", cur["link"])
+        elif prev.get("id") == release:  # kept, it would name current: no previous instead
+            os.unlink(os.path.join(root, "previous"))
         elif aside:
             set_link(root, "previous", aside)
     out: dict = {"previous": cur.get("id"), "current": release}
