@@ -16,7 +16,10 @@ after it started), so nothing but ops's own services runs, and the teardown ends
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +147,89 @@ def test_release_whose_manifest_names_another_id_is_damaged(ops: Ops) -> None:
     res = ops("releases", "local")
     assert "damaged" in res.stdout, res.stdout  # in the table's mark, beside "current"
     assert f"{r2} is damaged" in flat(res.stderr), res.stderr
+
+
+def descendants(top: int) -> list[int]:
+    """Every process below `top` (its children, theirs, ...)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], {top}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier}
+        found += sorted(frontier)
+    return found
+
+
+def cmdline_of(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace")
+    return ""
+
+
+def test_a_link_lost_after_the_switch_is_never_called_rolled_back(tmp_path: Path) -> None:
+    """probe37g G2: the SSH server gone right after the switch (the restart and the rollback
+    cannot reach the host): the outcome was `rolled-back` with `-> (none)`, though the rollback
+    step failed and where `current` is was unknown. Now `failed`, `after` says unknown; the
+    host's guard puts it back on the old release, serving."""
+    import shutil
+    import signal
+    import sys
+
+    from helpers import REPO
+    from helpers.deploy import git
+    from helpers.sshd import free_port, start_sshd
+
+    server = start_sshd(tmp_path / "sshd")
+    ops = Ops(tmp_path / "o")
+    root, port = tmp_path / "loop-root", free_port()
+    ops.inventory.write_text(
+        ops.inventory.read_text().split("[groups]")[0] + "[targets.loop]\n"
+        f"address = '127.0.0.1'\nport = {server.port}\nuser = '{server.user}'\n"
+        f"ssh_key = '{server.user_key}'\nknown_hosts = '{server.known_hosts}'\n"
+        f"python = '{sys.executable}'\nremote_root = '{root}'\n"
+        "[targets.loop.service]\n"
+        f"url = 'http://127.0.0.1:{port}'\n"
+        "command = '{python} engine/svc.py --port {port}'\n"
+        "stop_timeout = 2\n"
+    )
+    # over SSH the checks run from the release: it carries them, as a real one does
+    shutil.copytree(REPO / "checks", ops.src / "checks", ignore=shutil.ignore_patterns("__py*"))
+    git(ops.src, "add", "-A")
+    git(ops.src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "checks")
+    try:
+        res = ops.deploy("--bootstrap", target="loop")
+        assert res.returncode == 0, res.stdout + res.stderr
+        r1 = (root / "current").readlink().name
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+        proc = ops.popen("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
+        assert proc.stderr is not None
+        seen = ""
+        while "switch: ok" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        sessions = [  # the connection's sshd processes, not the commands they run
+            pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid)
+        ]
+        server.proc.send_signal(signal.SIGKILL)  # the listener: no new connection
+        for pid in sessions:  # its sessions: ops's connection is cut
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        said = flat(out + seen + err)
+        assert proc.returncode == 1, said
+        result = ops.record("deploy")["results"][0]
+        assert result["outcome"] == "failed", result
+        assert result["after"] == "unknown (the host did not answer)", result
+        assert "rolled-back" not in out and "-> (none)" not in flat(out), out
+        deadline = time.monotonic() + 60  # the guard, left alone, puts the host back
+        while (root / "current").readlink().name != r1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (root / "current").readlink().name == r1
+    finally:
+        server.proc.kill()
+        end_services(root)
+        end_services(ops.root)

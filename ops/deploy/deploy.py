@@ -805,6 +805,17 @@ class Deployer:
         else:  # say where the host is, as it says, not where this deploy last put it
             after, asked = self._ask_current()
             where = f"could not roll back: {asked}"
+            if back_failed is not None:  # never "rolled back" where the rollback failed
+                if after is None and asked.startswith("current unknown"):
+                    after = "unknown (the host did not answer)"
+                return self.result(
+                    "failed",
+                    release=rid,
+                    before=before,
+                    after=after,
+                    failed_step=failed.name,
+                    message=f"{failed.name} failed ({failed.detail}); {where}",
+                )
         return self.result(
             "rolled-back",
             release=rid,

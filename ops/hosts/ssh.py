@@ -199,8 +199,13 @@ class SshHost(Host):
             chan = transport.open_session(timeout=self.target.connect_timeout)
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            why = str(exc) or type(exc).__name__  # an EOFError of a dropped link says nothing
             raise HostError(
-                f"cannot start a command: {exc}", target=self.name, step="exec"
+                f"cannot start a command: {why} (the SSH connection was lost)"
+                if isinstance(exc, EOFError) or not transport.is_active()
+                else f"cannot start a command: {why}",
+                target=self.name,
+                step="exec",
             ) from exc
         return chan
 
