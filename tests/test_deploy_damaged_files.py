@@ -319,3 +319,20 @@ def test_a_rollback_from_a_current_pointing_at_nothing_leaves_a_usable_previous(
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0 and ops.current() == r1, said(res)
     assert "previous names current itself" in said(res), said(res)
+
+
+def test_a_run_that_is_no_directory_is_named_with_its_fix(ops: Ops) -> None:
+    """probe37g G4: run/ replaced by a regular file: status said 'unreadable pidfile (Not a
+    directory)', a restart 'cannot write the pidfile ...: File exists'. Both now name run/
+    and the fix; the service is never stopped for it."""
+    r1, r2 = two_releases(ops)
+    run = ops.root / "run"
+    shutil.rmtree(run)
+    run.write_text("x\n")
+    code, st = ops.json("service", "status", "local")
+    assert f"{run} is not a directory (made by hand?)" in st["detail"], st
+    code, st = ops.json("service", "restart", "local")
+    assert code != 0 and f"{run} is not a directory (made by hand?)" in st["detail"], st
+    assert "remove it" in st["detail"]
+    run.unlink()
+    assert ops.serving() == r2  # never stopped for it

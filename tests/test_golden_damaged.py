@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,9 @@ def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: 
     assert result["failed_step"] == "preflight" and ops.current() == r1
     (pre,) = [s for s in result["steps"] if s["name"] == "preflight"]
     assert any(why in line and FIX in line for line in pre["evidence"]), pre
+    # the line blames the golden set and names its fix, not the service and --force (G6)
+    assert pre["detail"].startswith("the golden set on the host is damaged"), pre["detail"]
+    assert FIX in pre["detail"] and "--force" not in pre["detail"], pre["detail"]
 
     # --force passes it; the post-flight (under the lock) does not undo the deploy for it
     res = ops.deploy("--force")
@@ -233,3 +237,21 @@ def test_a_golden_set_that_is_no_regular_file_is_damaged_not_absent(svc: Service
     assert golden.is_file() and not golden.is_symlink()
     code, doc = svc.json("healthcheck", "local")
     assert code == 0 and identity(doc)["status"] == "pass", doc["failed"]
+
+
+def test_a_deploy_never_records_over_a_golden_set_that_is_no_regular_file(ops: DeployOps) -> None:
+    """probe37g G6: the pre-flight took a FIFO at the golden set's path for no golden set and
+    recorded a fresh one over it, unsaid. It is a damaged golden set: refused, named, kept."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    golden = ops.root / "golden" / "golden.json"
+    golden.unlink()
+    os.mkfifo(golden)
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    res = ops.deploy()
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 1 and ops.current() == r1, res.stdout + res.stderr
+    (pre,) = [s for s in ops.record("deploy")["results"][0]["steps"] if s["name"] == "preflight"]
+    assert pre["detail"].startswith("the golden set on the host is damaged"), pre
+    assert any("not a regular file" in line for line in pre["evidence"]), pre
+    assert stat.S_ISFIFO(golden.lstat().st_mode)  # kept as it was

@@ -23,6 +23,7 @@ stopped, and a pending record that cannot be read whole leaves `current` as it i
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import tempfile
 import time
@@ -446,7 +447,10 @@ class Deployer:
         )
 
     def _golden_exists(self) -> bool:
-        return self.host.run(["test", "-f", golden_on_host(self.host)], warn=True).ok
+        """Anything at the golden set's path (a FIFO or a directory too: the healthcheck calls
+        it damaged, never replaced unsaid by a fresh recording)."""
+        path = shlex.quote(golden_on_host(self.host))
+        return self.host.run_script(f"[ -e {path} ] || [ -L {path} ]", step="golden set").ok
 
     def _preflight(self) -> tuple[Status, str, dict[str, Any]]:
         record = not self._golden_exists()
@@ -462,6 +466,15 @@ class Deployer:
             data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
             return "ok", f"UNHEALTHY ({failed}), deploying anyway (--force)", data
         data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
+        damaged = [c for c in rep.checks if c.status == "fail" and "is damaged" in c.detail]
+        if rep.failed == ["identity"] and damaged:  # the golden set's fault, not the service's
+            return (
+                "fail",
+                "the golden set on the host is damaged, so token identity cannot be checked: "
+                f"re-record it on the unchanged service (ops healthcheck {self.target.name} "
+                "--record-golden), then deploy",
+                data,
+            )
         return "fail", f"service unhealthy before the deploy ({failed}); use --force", data
 
     def _locked(self, m: ReleaseManifest, stage: Path) -> DeployResult:

@@ -142,6 +142,8 @@ def read_pidfile(path: str) -> tuple[dict | None, str | None]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there must not hang us
     except FileNotFoundError:
         return None, None
+    except NotADirectoryError:
+        return None, not_a_dir(os.path.dirname(path))
     except OSError as exc:
         return None, f"unreadable pidfile ({exc.strerror})"
     try:
@@ -654,8 +656,14 @@ def reserve(pidfile: str) -> str:
     except OSError as exc:
         remove(tmp)
         where = os.path.dirname(pidfile)
+        if os.path.lexists(where) and not os.path.isdir(where):
+            raise NotStartable(not_a_dir(where)) from None
         raise NotStartable(f"cannot write the pidfile in {where}: {exc.strerror}") from None
     return tmp
+
+
+def not_a_dir(run: str) -> str:
+    return f"{run} is not a directory (made by hand?): ops keeps the pidfile there; remove it"
 
 
 def startable(root: str) -> str:
