@@ -228,10 +228,12 @@ def not_owner(ident: dict, pidfile: str) -> str | None:
     if got != service or not same_dir(got_root, root):
         return why + f"it names service {got!r} under {got_root}, pid {pid}"
     env = proc_environ(pid)
-    if not env or (ENV_ROOT not in env and ENV_SERVICE not in env):
+    if not env:
         # not ours to read (another user's), or read while the process was in execve (the
         # kernel shows an empty environment then): the recorded identity stands
         return None
+    if ENV_ROOT not in env and ENV_SERVICE not in env:  # every process ops starts has both
+        return why + f"pid {pid}'s environment names no service of ops (not started by ops)"
     env_root, env_service = env.get(ENV_ROOT), env.get(ENV_SERVICE)
     if env_service != service or not same_dir(env_root, root):
         return why + f"pid {pid} is service {env_service!r} under {env_root} (its environment)"
