@@ -19,8 +19,11 @@ service of tests/helpers/deploy_ops.py.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +339,27 @@ def test_a_run_that_is_no_directory_is_named_with_its_fix(ops: Ops) -> None:
     assert "remove it" in st["detail"]
     run.unlink()
     assert ops.serving() == r2  # never stopped for it
+
+
+def test_a_held_lock_whose_note_is_no_file_says_so(ops: Ops) -> None:
+    """probe37g G7: the lock held, lock.holder a FIFO: the refusal said 'a holder that is
+    still starting (no note from it yet)'; it says the note is not a regular file."""
+    r1, r2 = two_releases(ops)
+    os.mkfifo(ops.root / "lock.holder")
+    holder = subprocess.Popen(["flock", str(ops.root / "lock"), "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the flock is taken
+            with open(ops.root / "lock") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    break
+            time.sleep(0.05)
+        line = one_error_line(ops("rollback", "local", "--max-tokens", "3", timeout=60))
+        assert "its holder's note (lock.holder) is not a regular file" in line, line
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ops.current() == r2

@@ -544,7 +544,10 @@ class Host(ABC):
                 "exit 5; fi; "
             )
             + 'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
-            "fi; echo BUSY; printf '%s\\n' \"$note\" | head -n 1; exit 75"
+            'fi; h="$root/lock.holder"; '
+            'if [ -z "$note" ] && { [ -L "$h" ] || { [ -e "$h" ] && [ ! -f "$h" ]; }; }; then '
+            "note='!not-regular'; fi; "
+            "echo BUSY; printf '%s\\n' \"$note\" | head -n 1; exit 75"
         )
         proc = self._spawn(script)
         first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
@@ -587,8 +590,14 @@ class Host(ABC):
 
 def _held_by(note: str) -> tuple[str, dict[str, Any]]:
     """The LockHeld message and holder dict for the holder's note (one JSON line, or none)."""
+    if note.strip() == "!not-regular":  # a FIFO, a directory, a link: made by hand
+        info: dict[str, Any] = {"unknown": "lock.holder is not a regular file"}
+        return (
+            "host lock held; its holder's note (lock.holder) is not a regular file, so who "
+            "holds it cannot be told (lslocks or fuser on the lock file names the process)"
+        ), info
     if not note.strip():
-        info: dict[str, Any] = {"starting": True}
+        info = {"starting": True}
         return "host lock held by a holder that is still starting (no note from it yet)", info
     try:
         info = json.loads(note)
