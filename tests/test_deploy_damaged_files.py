@@ -363,3 +363,21 @@ def test_a_held_lock_whose_note_is_no_file_says_so(ops: Ops) -> None:
         holder.kill()
         holder.wait()
     assert ops.current() == r2
+
+
+def test_what_is_kept_aside_is_trimmed_and_damage_is_worded(ops: Ops) -> None:
+    """probe37g G8 (low): deploy.pending.unreadable-* piled up one per recovery; a release.json
+    over a MiB was 'missing or not a JSON object'; a damaged release's created column '?Z'."""
+    r1, r2 = two_releases(ops)
+    for i in range(8):
+        (ops.root / f"deploy.pending.unreadable-20260101T00000{i}Z").write_text("{")
+    big = ops.root / "releases" / r1 / "release.json"
+    with open(big, "r+b") as f:
+        f.truncate(2 << 20)
+    res = ops("releases", "local")
+    assert f"{r1} is damaged: release.json is {2 << 20} bytes" in said(res), said(res)
+    row = next(ln for ln in res.stdout.splitlines() if r1 in ln)
+    assert "?Z" not in row, row
+    res = ops("rollback", "local", "--max-tokens", "3")  # refused (damaged), but prepared
+    kept = sorted(p.name for p in ops.root.glob("deploy.pending.unreadable-*"))
+    assert kept == [f"deploy.pending.unreadable-20260101T00000{i}Z" for i in range(3, 8)], kept

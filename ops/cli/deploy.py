@@ -249,7 +249,7 @@ def releases(
             else ""
         )
         test = {True: "pass", False: "FAIL", None: "-"}.get(r["selftest_ok"], "-")
-        created = (r["created"] or "?").replace("T", " ")[:16] + "Z"
+        created = r["created"].replace("T", " ")[:16] + "Z" if r["created"] else "?"
         table.add_row(
             mark,
             r["id"],

@@ -157,7 +157,13 @@ class Deployer:
     def _interrupted(self) -> DeployResult:
         """The result of a deploy or rollback that Ctrl-C stopped: the guard has done its work
         by now (the `with` blocks have exited), so ask the host where it was left."""
-        during = self._running or (f"after {self.steps[-1].name}" if self.steps else "start")
+        during = (
+            f"during {self._running}"
+            if self._running
+            else f"after {self.steps[-1].name}"
+            if self.steps
+            else "at the start"
+        )
         now: str | None = None
         state = ""
         serving: str | None = None
@@ -186,9 +192,7 @@ class Deployer:
                 what += f"; release {rel} is in place, never switched to (prune removes it)"
             elif any(s.name == "send" for s in self.steps):
                 what += "; the next deploy removes the half-sent release"
-        st = Step(
-            name="interrupted", status="fail", detail=f"interrupted during {during}: {what}{state}"
-        )
+        st = Step(name="interrupted", status="fail", detail=f"interrupted {during}: {what}{state}")
         self.steps.append(st)
         self.progress("interrupted", st)
         return self.result(

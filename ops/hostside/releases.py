@@ -82,19 +82,28 @@ def rid(value: str) -> str:
 
 def read_json(path: str) -> object:
     """A small JSON file, or None when it is absent, not a regular file, too big or not JSON."""
+    return _read_json(path)[0]
+
+
+def _read_json(path: str) -> tuple[object, str | None]:
+    """(the document, None), or (None, why not: missing, not a regular file, too big...)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        return None, "a symlink" if os.path.islink(path) else f"unreadable ({exc.strerror})"
     try:
         st = os.fstat(fd)
-        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > MAX_JSON:
-            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_size > MAX_JSON:
+            return None, f"{st.st_size} bytes (at most {MAX_JSON} are read)"
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_JSON + 1)
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8")), None
     except (OSError, ValueError):
-        return None
+        return None, "not JSON"
     finally:
         os.close(fd)
 
@@ -291,8 +300,28 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
             else:
                 rmtree(root, path)
             removed.append(name)
+    for prefix in KEPT_ASIDE:
+        removed += trim_kept(root, prefix)
     doc = {"removed": removed, "guard_waited_s": waited, "put_back": put_back}
     return {**doc, "mended": mended} if mended else doc
+
+
+KEPT_ASIDE = ("deploy.pending.unreadable-", "deploy.guard.unusable-", "deploy.switch.unusable-")
+KEEP_ASIDE = 5  # of each: the newest, for a person to look at; the rest would only pile up
+
+
+def trim_kept(root: str, prefix: str) -> list[str]:
+    """Remove all but the newest KEEP_ASIDE of root/<prefix><utc> that are no directories (a
+    directory moved aside may hold a person's files: it stays). The names removed."""
+    names = sorted(n for n in os.listdir(root) if n.startswith(prefix))
+    gone = []
+    for name in names[:-KEEP_ASIDE]:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            continue
+        os.unlink(path)
+        gone.append(name)
+    return gone
 
 
 def finalize(root: str, staging: str, release: str) -> dict:
@@ -580,9 +609,9 @@ def regular(path: str) -> bool:
 
 def manifest(path: str) -> tuple[dict, str | None]:
     """The fields of a release.json the commands use, and why it is damaged (None: whole)."""
-    man = read_json(path)
+    man, problem = _read_json(path)
     if not isinstance(man, dict):
-        return {}, "release.json is missing or not a JSON object"
+        return {}, f"release.json is {problem or 'not a JSON object'}"
     bad: list[str] = []
     out: dict = {}
     for key in ("git_sha", "created", "cuda_arch"):
@@ -622,8 +651,10 @@ def listing(root: str) -> dict:
         fields, damaged = manifest(os.path.join(rel, name, "release.json"))
         if damaged is None and fields.get("id") not in (None, name):  # copied over by hand
             damaged = f"release.json is release {str(fields['id'])[:200]}'s, not {name}'s"
-        if damaged is None and not regular(os.path.join(rel, name, "service.env")):
-            damaged = "service.env is missing (the release's configuration: its kernels, backends)"
+        env = os.path.join(rel, name, "service.env")
+        if damaged is None and not regular(env):
+            what = "missing" if not os.path.lexists(env) else "not a regular file"
+            damaged = f"service.env is {what} (the release's configuration: kernels, backends)"
         rejected = read_json(os.path.join(rel, name, "rejected.json"))
         out.append(
             {
