@@ -169,13 +169,11 @@ def cmdline_of(pid: int) -> str:
     return ""
 
 
-def test_a_link_lost_after_the_switch_is_never_called_rolled_back(tmp_path: Path) -> None:
-    """probe37g G2: the SSH server gone right after the switch (the restart and the rollback
-    cannot reach the host): the outcome was `rolled-back` with `-> (none)`, though the rollback
-    step failed and where `current` is was unknown. Now `failed`, `after` says unknown; the
-    host's guard puts it back on the old release, serving."""
+@pytest.fixture
+def loop(tmp_path: Path):
+    """`Ops` with a target `loop` over a loopback sshd of this test's own (to be cut), its own
+    root and port; yields (ops, server, root)."""
     import shutil
-    import signal
     import sys
 
     from helpers import REPO
@@ -200,36 +198,68 @@ def test_a_link_lost_after_the_switch_is_never_called_rolled_back(tmp_path: Path
     git(ops.src, "add", "-A")
     git(ops.src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "checks")
     try:
-        res = ops.deploy("--bootstrap", target="loop")
-        assert res.returncode == 0, res.stdout + res.stderr
-        r1 = (root / "current").readlink().name
-        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
-        proc = ops.popen("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
-        assert proc.stderr is not None
-        seen = ""
-        while "switch: ok" not in seen:
-            line = proc.stderr.readline()
-            assert line, seen
-            seen += line
-        sessions = [  # the connection's sshd processes, not the commands they run
-            pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid)
-        ]
-        server.proc.send_signal(signal.SIGKILL)  # the listener: no new connection
-        for pid in sessions:  # its sessions: ops's connection is cut
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)
-        said = flat(out + seen + err)
-        assert proc.returncode == 1, said
-        result = ops.record("deploy")["results"][0]
-        assert result["outcome"] == "failed", result
-        assert result["after"] == "unknown (the host did not answer)", result
-        assert "rolled-back" not in out and "-> (none)" not in flat(out), out
-        deadline = time.monotonic() + 60  # the guard, left alone, puts the host back
-        while (root / "current").readlink().name != r1 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert (root / "current").readlink().name == r1
+        yield ops, server, root
     finally:
         server.proc.kill()
         end_services(root)
         end_services(ops.root)
+
+
+def cut_at(ops: Ops, server, marker: str, delay: float = 0.0) -> tuple[int, str, str]:
+    """A deploy to `loop`; `delay` s after `marker` shows on stderr, the sshd and its sessions
+    are killed (no new connection, ops's own cut): (exit, stdout, stderr)."""
+    import signal
+
+    proc = ops.popen("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
+    assert proc.stderr is not None
+    seen = ""
+    while marker not in seen:
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    time.sleep(delay)
+    sessions = [  # the connection's sshd processes, not the commands they run
+        pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid)
+    ]
+    server.proc.send_signal(signal.SIGKILL)  # the listener: no new connection
+    for pid in sessions:  # its sessions: ops's connection is cut
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, seen + err
+
+
+def test_a_link_lost_after_the_switch_is_never_called_rolled_back(loop) -> None:
+    """probe37g G2: the SSH server gone right after the switch (the restart and the rollback
+    cannot reach the host): the outcome was `rolled-back` with `-> (none)`, though the rollback
+    step failed and where `current` is was unknown. Now `failed`, `after` says unknown; the
+    host's guard puts it back on the old release, serving."""
+    ops, server, root = loop
+    res = ops.deploy("--bootstrap", target="loop")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r1 = (root / "current").readlink().name
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    code, out, err = cut_at(ops, server, "switch: ok")
+    assert code == 1, flat(out + err)
+    result = ops.record("deploy")["results"][0]
+    assert result["outcome"] == "failed", result
+    assert result["after"] == "unknown (the host did not answer)", result
+    assert "rolled-back" not in out and "-> (none)" not in flat(out), out
+    deadline = time.monotonic() + 60  # the guard, left alone, puts the host back
+    while (root / "current").readlink().name != r1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (root / "current").readlink().name == r1
+
+
+def test_a_link_lost_during_the_selftest_says_so(loop) -> None:
+    """probe37g G8: the SSH server gone while the self-test ran: the error said only 'printed
+    no JSON document (exit -1): (no output)'; it says the connection was lost. Nothing was
+    switched."""
+    ops, server, root = loop
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    r1 = (root / "current").readlink().name
+    ops.slow_selftest(5)
+    code, out, err = cut_at(ops, server, "selftest ...", delay=2.0)  # the 5 s self-test runs
+    said = flat(out + err)
+    assert code != 0 and "the connection to the host was lost" in said, said
+    assert (root / "current").readlink().name == r1

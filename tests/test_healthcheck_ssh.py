@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from helpers import FAKE_SERVICE, REPO
@@ -53,3 +54,46 @@ def test_healthcheck_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
     finally:
         code, st = run_ops(inv, env, "service", "stop", "loop")
     assert code == 0 and st["state"] == "inactive"
+
+
+def test_a_host_that_drops_the_handshake_is_one_line(sshd: Sshd, tmp_path: Path) -> None:
+    """A port that accepts and closes at once (a dying sshd): paramiko's transport thread
+    printed its own traceback on stderr before ops's one line (probe37h, seen with the
+    loopback sshd killed mid-deploy)."""
+    import socket
+    import struct
+    import threading
+    import time
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+
+    def drop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            time.sleep(0.2)  # the client's transport thread is reading the banner by now
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # a reset, before any banner
+
+    threading.Thread(target=drop, daemon=True).start()
+    inv = write_inventory(tmp_path / "ops.toml", sshd, tmp_path / "roots")
+    inv.write_text(inv.read_text().replace(f"port = {sshd.port}", f"port = {srv.getsockname()[1]}"))
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "ops", "releases", "loop", "--inventory", str(inv)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=60,
+        )
+    finally:
+        srv.close()
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "Exception (client)" not in res.stderr, res.stderr
+    assert res.stderr.count("error:") == 1, res.stderr

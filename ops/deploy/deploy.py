@@ -22,6 +22,7 @@ stopped, and a pending record that cannot be read whole leaves `current` as it i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import subprocess
@@ -53,7 +54,7 @@ from ops.deploy.result import (
     since_last_start,
     utc_now,
 )
-from ops.errors import CommandTimedOut, HostError, OpsError, Unreachable
+from ops.errors import CommandTimedOut, HostError, ModuleOutputError, OpsError, Unreachable
 from ops.hosts.remote import Host, SignalsHeld
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
@@ -515,7 +516,8 @@ class Deployer:
             m.build = self.step("build", lambda: self._build(staging_path)).data.get("manifest")
             m.selftest = self.step("selftest", lambda: self._selftest(staging_path)).data
         except StepFailed:
-            self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
+            with contextlib.suppress(HostError):  # a lost link: the next deploy's prepare does it
+                self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
             raise
         rel = f"{self.root}/releases/{m.id}"
         doc = {"release_json": m.model_dump_json(indent=1), "service_env": service_env(rel, m)}
@@ -612,9 +614,12 @@ class Deployer:
         if t.gpus:
             args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
             env.update(CUDA_VISIBLE_DEVICES=str(self._bench_gpu()), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        res = self.host.run_module(
-            "kernels.selftest", args, cwd=staging, env=env, timeout=SELFTEST_TIMEOUT_S
-        )
+        try:
+            res = self.host.run_module(
+                "kernels.selftest", args, cwd=staging, env=env, timeout=SELFTEST_TIMEOUT_S
+            )
+        except ModuleOutputError as exc:  # no result (the link lost while it ran, a crash)
+            return "fail", f"self-test gave no result: {exc.message}", {}
         data = dict(res.data)
         if res.rc != 0 or not data.get("ok"):
             bad = [

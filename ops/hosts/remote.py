@@ -355,7 +355,7 @@ class Host(ABC):
             stdout_cut=out.cut,
             stderr_cut=err.cut,
         )
-        if rc != 0 and not timed_out and self._is_python(argv[0]):
+        if rc not in (0, -1) and not timed_out and self._is_python(argv[0]):  # -1: link lost
             self.check_python(argv[0], step)
         if timed_out and not warn:
             raise CommandTimedOut(
@@ -451,6 +451,8 @@ class Host(ABC):
             data = json.loads(text)
         except json.JSONDecodeError:
             evidence = result.tail() or result.tail("stdout") or "(no output)"
+            if result.rc == -1:  # SSH's word for a channel closed with no exit status
+                evidence += "; no exit status came back: the connection to the host was lost"
             raise ModuleOutputError(
                 f"printed no JSON document (exit {result.rc}): {evidence}",
                 target=self.name,

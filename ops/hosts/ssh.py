@@ -15,6 +15,7 @@ channel when it gives up (deadline, Ctrl-C, lost connection). The watcher around
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -37,6 +38,10 @@ from ops.hosts.remote import (
 )
 
 CHUNK = 32768
+# paramiko's transport thread logs a failed handshake with its traceback; with no handler
+# Python prints it on stderr. The HostError raised for it says the cause in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 class _UnknownHostKey(paramiko.SSHException):
