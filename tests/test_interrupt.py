@@ -495,3 +495,30 @@ def test_data_on_stdin_still_arrives_whole(inventory_file: Path) -> None:
             res = host.run(["bash", "-c", "cat >/dev/null; echo read all"], stdin=data)
             assert res.stdout == "read all\n"
             assert host.run(["bash", "-c", "wc -c"]).stdout.strip() == "0"
+
+
+def test_a_command_that_ends_at_once_keeps_its_exit_status() -> None:
+    """probe37h M1: the watcher read the coprocess's pid and pipe after `coproc` had started it;
+    bash unsets them once the coprocess has ended, so a command that ended first came back
+    as a failure (`r: ambiguous redirect`, `wait: '': not a pid`) after it had run: about 1 in
+    10 of these runs, 8 at a time, before. The coprocess now waits for the watcher's word."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> tuple[int, int, bytes] | None:
+        proc = subprocess.Popen(  # stdin held open, as ops holds it: its end means "go away"
+            ["bash", "-c", watched(f"exit {i % 3}", 2)],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(b"ab")
+        proc.stdin.flush()
+        rc = proc.wait(30)
+        proc.stdin.close()
+        err = proc.stderr.read()
+        proc.stderr.close()
+        return None if rc == i % 3 and not err else (i, rc, err[-200:])
+
+    with ThreadPoolExecutor(8) as pool:
+        failed = [f for f in pool.map(one, range(400)) if f]
+    assert not failed, failed[:5]

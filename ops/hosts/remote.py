@@ -71,11 +71,14 @@ LINE_MAX = 1 << 20  # one line read from a long-lived command (the lock's, the g
 
 # The watcher (see the module docstring). $1: bytes of our stdin that are the command's stdin;
 # $2: the command line. The sweep signals every live process whose session is the command's.
+# The coprocess waits for one byte ("g") before it runs the command: bash unsets OPSJOB_PID and
+# OPSJOB once the coprocess has ended, so one that could end first would lose them (probe37h M1).
 WATCH = r"""n=$1
 exec 3<&0 5>&1 6>&2
-coproc OPSJOB { exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&-; }
+coproc OPSJOB { IFS= read -r -N 1 _; exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&-; }
 job=$OPSJOB_PID w=${OPSJOB[1]} r=${OPSJOB[0]}
 exec {r}<&- 5>&- 6>&- 2>/dev/null
+printf g >&"$w"
 [ "$n" -gt 0 ] && head -c "$n" <&3 >&"$w"
 exec {w}>&-
 sweep() {
