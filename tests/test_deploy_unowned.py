@@ -393,6 +393,37 @@ def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) ->
         end_services(ops.root)
 
 
+def test_disk_full_after_a_failed_restart_still_brings_the_old_release_back(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """probe37h H1 (high): the new release's restart failed, then the disk filled; the
+    rollback's restart of the old release needed one new block for its pidfile and was refused,
+    leaving the host down. A stopped or dead service's pidfile is kept as room (`.room`) that
+    the next start takes by a rename: the old release serves again, the disk still full."""
+    ops = ops_on(small_disk, tmp_path)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+        proc = ops.popen("deploy", "local", "--source", str(ops.src), "--max-tokens", "3")
+        assert proc.stderr is not None
+        seen = ""
+        while "restart: FAIL" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        filler = fill(small_disk)  # before the rollback's restart
+        out, err = proc.communicate(timeout=120)
+        said = " ".join((out + seen + err).split())
+        assert proc.returncode == 1 and no_traceback(err), said
+        result = ops.record("deploy")["results"][0]
+        assert result["outcome"] == "rolled-back", said
+        assert ops.current() == r1 and ops.serving() == r1  # the disk still full
+        filler.unlink()
+    finally:
+        end_services(ops.root)
+
+
 def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> None:
     ops = ops_on(small_disk, tmp_path)
     try:

@@ -793,6 +793,8 @@ class Deployer:
                     detail += f" (it still runs {reverted['still_serving']}: {st.detail})"
                 elif kept:
                     detail += f" (it still runs {serving}: {st.detail})"
+                elif not st.active and st.detail:  # why it did not start, said here
+                    detail += f" ({st.detail[:300]})"
                 detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
             data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
             return ("ok" if ok else "fail"), detail, data

@@ -649,6 +649,13 @@ def reserve(pidfile: str) -> str:
     cannot leave a running service without a pidfile. Its path; NotStartable if the run
     directory cannot take it (full, read-only)."""
     tmp = f"{pidfile}.tmp{os.getpid()}"
+    room = pidfile + ROOM
+    try:  # the blocks of a pidfile stopped before: a full disk cannot refuse them
+        if stat.S_ISREG(os.lstat(room).st_mode) and os.lstat(room).st_size >= pidfile_room(pidfile):
+            os.replace(room, tmp)
+            return tmp
+    except OSError:
+        pass
     try:
         os.makedirs(os.path.dirname(pidfile), exist_ok=True)
         with open(tmp, "w") as f:
@@ -662,6 +669,23 @@ def reserve(pidfile: str) -> str:
             raise NotStartable(not_a_dir(where)) from None
         raise NotStartable(f"cannot write the pidfile in {where}: {exc.strerror}") from None
     return tmp
+
+
+ROOM = ".room"  # a stopped service's pidfile, kept for its blocks (see `retire`)
+
+
+def retire(pidfile: str) -> str | None:
+    """The pidfile of a service that is gone: kept as <pidfile>.room, whose disk blocks the next
+    start takes by a rename (`reserve`), so a start after a stop never needs new room on a disk
+    that filled up meanwhile (probe37h H1: a failed deploy's rollback could not restart the old
+    release for want of one block). Why it could not be removed, as `remove` says; None."""
+    try:
+        if stat.S_ISREG(os.lstat(pidfile).st_mode):
+            os.replace(pidfile, pidfile + ROOM)
+            return None
+    except OSError:
+        pass
+    return remove(pidfile)
 
 
 def not_a_dir(run: str) -> str:
@@ -1114,7 +1138,7 @@ def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float)
             continue
         at = round(time.time() - t0, 3)
         signals.append({"signal": "SIGKILL", "to": f"pid {other}", "at_s": at})
-    kept = remove(pidfile)  # the process is gone: a pidfile left behind is stale from now on
+    kept = retire(pidfile)  # the process is gone: a pidfile left behind is stale from now on
     took = time.time() - t0
     doc = {
         "action": "stopped",
@@ -1176,12 +1200,17 @@ def do_restart(
         reason = f"{refused['reason']}; the service was not stopped"
         start = {"started": False, "reason": reason, "blocked_by": refused["blocked_by"]}
         return {"start": {**start, "warnings": warnings}}
+    ident, _ = read_pidfile(pidfile)
+    live = ident is not None and verify(ident, pidfile) is None
+    if ident is not None and not live:
+        retire(pidfile)  # its process is gone: its blocks go to this start (`reserve`)
     try:
         startable(root)
         current_env(root)
         tmp = reserve(pidfile)
     except NotStartable as exc:
-        reason = f"{exc}; the service was not stopped"
+        was = "was not stopped" if live or strays(pidfile) else "was not running"
+        reason = f"{exc}; the service {was}"
         return {"start": {"started": False, "reason": reason, "blocked_by": exc.blocked_by}}
     stopped = do_stop(pidfile, grace)
     # vetted above, before the stop: the start after it is never refused for what was let by
