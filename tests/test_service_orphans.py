@@ -148,7 +148,8 @@ def test_a_stale_pidfile_beside_an_unmanaged_service_says_both(svc: ServiceCli) 
     pid = st["pid"]
     svc.pidfile.write_text("garbage")
     code, st = svc("service", "status", "local")
-    assert code == 1 and st["state"] == "failed", st
+    # serving, as with no pidfile at all (probe37h M2: it said failed, exit 1, and named stop)
+    assert code == 0 and st["state"] == "active", st
     assert "stale pidfile" in st["detail"] and f"pid {pid}" in st["detail"], st
     assert st["pid"] == pid and [p["pid"] for p in st["unmanaged"]] == [pid], st
     code, st = svc("service", "stop", "local")

@@ -584,10 +584,9 @@ def status_of(pidfile: str, url: str) -> dict:
         return doc
     if managed is None and doc["state"] == "inactive":  # no pidfile: it runs all the same
         return unmanaged_doc(found, url, "no pidfile")
-    if managed is None:  # a stale pidfile: failed as it was, and what runs said
+    if managed is None:  # a stale pidfile: what runs is the state, the pidfile is said too
         said = unmanaged_doc(found, url, "the pidfile names none of them")
-        detail = f"{doc['detail']}; {said['detail']}"
-        return {**doc, "pid": said["pid"], "cwd": said["cwd"], "unmanaged": found, "detail": detail}
+        return {**said, "stale": True, "detail": f"{doc['detail']}; {said['detail']}"}
     note = (
         f"{named(found)} run as this service outside pid {managed}'s session (unmanaged: a "
         "child that left it); ops service stop stops them too"
