@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -145,3 +146,41 @@ def test_hashes_in_chunks_are_the_files_hashes(ops: Ops) -> None:
     status = git(ops.src, "status", "--porcelain", "--untracked-files=all").strip()
     want = hashlib.sha256(diff + status.encode()).hexdigest()
     assert manifest["dirty_diff_sha256"] == want
+
+
+def test_a_whole_archive_is_never_read_as_a_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe37h L1: ops stopped reading `git archive` at the tar's end marker and closed the
+    pipe while git could still be writing its last block; git died of SIGPIPE and a deploy
+    failed at package ('git archive ... failed'), about 1 in 70 under load (when the end
+    marker starts in the next-to-last record). A stand-in `git` makes that certain: after the
+    archive, a pause, then one more record of zeros (padding a tar reader never needs). ops
+    reads to the end now."""
+    import shutil
+
+    from helpers.deploy_ops import make_source
+
+    from ops.deploy.release import _extract_commit
+
+    real = shutil.which("git")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(
+        "#!/bin/bash\n"
+        'if [ "$3" = archive ]; then\n'
+        f'  t=$(mktemp); {real} "$@" >"$t" || exit $?\n'
+        '  cat "$t"; sleep 0.3\n'
+        "  head -c 10240 /dev/zero || exit 141\n"
+        "  exit 0\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    (bin_dir / "git").chmod(0o755)
+    src = make_source(tmp_path)
+    sha = git(src, "rev-parse", "HEAD").strip()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    dest = tmp_path / "x"
+    dest.mkdir()
+    _extract_commit(src, sha, dest)
+    assert (dest / "engine" / "svc.py").is_file()

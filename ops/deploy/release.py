@@ -284,6 +284,10 @@ def _extract_commit(top: Path, sha: str, dest: Path) -> None:
                     if member.isfile() and _keep(member.name):
                         budget.add(member.name, member.size)  # before its data is read
                         tar.extract(member, dest, filter="data")
+            # the tar ends before git's last write (its padding blocks): read to the end, or
+            # git dies of SIGPIPE and a whole archive reads as a failed one (probe37h L1)
+            while proc.stdout.read(65536):
+                pass
         except tarfile.TarError as exc:  # git's own failure (below) says more, if it failed
             unreadable = exc
         except BaseException:  # refused (too big), interrupted: git goes at once
