@@ -230,12 +230,19 @@ def load_golden(path: str) -> dict[str, Any]:
 
 
 def keep_previous(path: Path) -> Path | None:
-    """Before a golden set at `path` is replaced, keep it as `path`.N (one above the highest N)."""
-    if not path.is_file():
+    """Before a golden set at `path` is replaced, keep it as `path`.N (one above the highest N);
+    what is there and is no regular file (a FIFO, a directory, a link) is moved there."""
+    if not os.path.lexists(path):
         return None
     pattern = re.compile(re.escape(path.name) + r"\.(\d+)")
     taken = [int(m.group(1)) for f in path.parent.iterdir() if (m := pattern.fullmatch(f.name))]
     n = max(taken, default=0) + 1
+    while not path.is_file() or path.is_symlink():  # kept as it is, never opened
+        dest = path.with_name(f"{path.name}.{n}")
+        if not os.path.lexists(dest):
+            os.rename(path, dest)
+            return dest
+        n += 1
     while True:
         dest = path.with_name(f"{path.name}.{n}")
         try:

@@ -235,6 +235,8 @@ def test_a_golden_set_that_is_no_regular_file_is_damaged_not_absent(svc: Service
     code, rec = svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")
     assert code == 0, rec
     assert golden.is_file() and not golden.is_symlink()
+    # kept beside it as the message says (probe37h L2: a FIFO was replaced, not kept)
+    assert stat.S_ISFIFO((golden.parent / "golden.json.1").lstat().st_mode)
     code, doc = svc.json("healthcheck", "local")
     assert code == 0 and identity(doc)["status"] == "pass", doc["failed"]
 
