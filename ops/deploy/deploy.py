@@ -810,6 +810,7 @@ class Deployer:
             except OpsError:
                 pass  # deploy.pending stays: the guard, as ops leaves, restarts the same release
         after = reverted.get("current") if reverted.get("reverted") else None
+        outcome: Outcome = "rolled-back"
         if reverted.get("by_guard"):
             after = reverted["by_guard"]
             if back_failed is not None:  # the guard switched back; its service does not serve
@@ -830,18 +831,11 @@ class Deployer:
             after, asked = self._ask_current()
             where = f"could not roll back: {asked}"
             if back_failed is not None:  # never "rolled back" where the rollback failed
+                outcome = "failed"
                 if after is None and asked.startswith("current unknown"):
                     after = "unknown (the host did not answer)"
-                return self.result(
-                    "failed",
-                    release=rid,
-                    before=before,
-                    after=after,
-                    failed_step=failed.name,
-                    message=f"{failed.name} failed ({failed.detail}); {where}",
-                )
         return self.result(
-            "rolled-back",
+            outcome,
             release=rid,
             before=before,
             after=after,
