@@ -412,13 +412,19 @@ def test_disk_full_after_a_failed_restart_still_brings_the_old_release_back(
             line = proc.stderr.readline()
             assert line, seen
             seen += line
-        filler = fill(small_disk)  # before the rollback's restart
+        filler, held_until = fill(small_disk, hold_s=10), time.monotonic() + 10  # before the
+        # rollback; every block freed meanwhile is taken too
         out, err = proc.communicate(timeout=120)
         said = " ".join((out + seen + err).split())
         assert proc.returncode == 1 and no_traceback(err), said
         result = ops.record("deploy")["results"][0]
         assert result["outcome"] == "rolled-back", said
         assert ops.current() == r1 and ops.serving() == r1  # the disk still full
+        # its rejection could not be written either: said (probe37i I1), not left unsaid
+        r2 = result["release"]
+        assert not (ops.root / "releases" / r2 / "rejected.json").exists()
+        assert f"{r2} could not be marked rejected" in result["message"], result["message"]
+        time.sleep(max(0.0, held_until - time.monotonic()))  # the filler lets go
         filler.unlink()
     finally:
         end_services(ops.root)

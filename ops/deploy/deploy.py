@@ -738,12 +738,28 @@ class Deployer:
     def _rollback(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
         # rejected first: a rollback that is itself killed still leaves the release marked;
         # never for a cause outside the release (another program on the service's port)
+        unmarked = self._reject(rid, failed)  # a mark not written must not stop the rollback
+        res = self._roll_back(mgr, rid, before, failed)
+        if unmarked and self._reject(rid, failed):  # tried again once the host is put back
+            res.message += (
+                f"; {rid} could not be marked rejected ({unmarked}): `ops releases` shows it "
+                "unproven, and `ops rollback --to` would take it"
+            )
+        return res
+
+    def _reject(self, rid: str, failed: Step) -> str | None:
+        """Mark `rid` rejected for `failed` (not for a cause outside the release); why it could
+        not be marked (a full disk), or None."""
+        if self._blocked:
+            return None
         why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
         try:
-            if not self._blocked:
-                host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
-        except OpsError:
-            pass  # a mark that cannot be written (a full disk) must not stop the rollback
+            host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
+        except OpsError as exc:
+            return exc.message
+        return None
+
+    def _roll_back(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
         reverted: dict[str, Any] = {}
 
         def back() -> tuple[Status, str, dict[str, Any]]:
