@@ -263,3 +263,25 @@ def test_a_link_lost_during_the_selftest_says_so(loop) -> None:
     said = flat(out + err)
     assert code != 0 and "the connection to the host was lost" in said, said
     assert (root / "current").readlink().name == r1
+
+
+def test_a_link_lost_during_the_rollbacks_restart_is_unknown_not_down(loop) -> None:
+    """probe37j J1: the SSH link cut while the rollback restarted the old release: the result
+    said its service 'does not serve' and named ops service start / ops rollback, while the
+    host's guard had it serving again within seconds. What came back was no answer at all:
+    the result says current is back and whether it serves is unknown."""
+    ops, server, root = loop
+    slow = "def main() -> None:\n    time.sleep(2)\n"  # the old release: 2 s to start
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow)
+    assert ops.deploy("--bootstrap", "--wait", "30", target="loop").returncode == 0
+    r1 = (root / "current").readlink().name
+    broken = "def main() -> None:\n    raise SystemExit('boom')\n"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", broken)
+    code, out, err = cut_at(ops, server, "rollback ...", delay=1.0)  # in the old one's start
+    said = flat(out + err)
+    assert code == 1, said
+    result = ops.record("deploy")["results"][0]
+    assert result["outcome"] == "failed", result
+    assert "whether its service serves is unknown" in result["message"], result["message"]
+    assert "does not serve" not in result["message"], result["message"]
+    assert (root / "current").readlink().name == r1

@@ -785,6 +785,8 @@ class Deployer:
                 st = mgr.restart(self.opts.wait_s)
                 rep = self._health(False)
             except HostError as exc:
+                if isinstance(exc, Unreachable):  # switched back; whether it serves is unknown
+                    reverted["lost"] = exc.message
                 detail = f"current: {rid} -> {doc.get('current')}; then {exc.message}"
                 return "fail", detail, {}
             kept = False  # the restart could not happen, and need not: the old one still serves
@@ -841,6 +843,13 @@ class Deployer:
             )
         elif reverted.get("reverted") and back_failed is None:
             where = f"rolled back to {after}"
+        elif reverted.get("lost"):  # switched back; the link went before its restart's answer
+            outcome = "failed"
+            where = (
+                f"current is back on {after}; whether its service serves is unknown: "
+                f"{reverted['lost']} (the host's guard restarts it once ops is gone; "
+                f"ops service status {self.target.name} tells)"
+            )
         elif reverted.get("reverted"):  # switched back, but its service does not serve
             return self._down_after_rollback(rid, before, after, failed, back_failed)
         else:  # say where the host is, as it says, not where this deploy last put it

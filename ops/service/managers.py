@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ops.errors import HostError, InventoryError, OpsError
+from ops.errors import HostError, InventoryError, OpsError, Unreachable
 from ops.hosts.inventory import Target
 from ops.hosts.remote import Host, shell_path
 from ops.hostside import source
@@ -167,6 +167,13 @@ class ServiceManager(ABC):
         try:
             doc = json.loads(res.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
+            if res.rc == -1:  # SSH's word for a command whose exit status never came back
+                raise Unreachable(
+                    "the connection to the host was lost while the process manager ran: "
+                    "what it did is unknown",
+                    target=self.host.name,
+                    step="service vet",
+                ) from None
             raise HostError(
                 f"process manager printed no result (exit {res.rc}): "
                 + (res.tail() or res.tail("stdout") or "no output"),
@@ -349,6 +356,13 @@ class ProcessManager(ServiceManager):
         try:
             doc = json.loads(res.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
+            if res.rc == -1:  # SSH's word for a command whose exit status never came back
+                raise Unreachable(
+                    "the connection to the host was lost while the process manager ran: "
+                    "what it did is unknown",
+                    target=self.host.name,
+                    step=f"service {action}",
+                ) from None
             raise HostError(
                 f"process manager printed no result (exit {res.rc}): "
                 + (res.tail() or res.tail("stdout") or "no output"),
