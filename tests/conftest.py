@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 from helpers.deploy import build_cpp_cache
+from helpers.deploy_ops import Ops
+from helpers.local import end_services
 from helpers.sshd import Sshd, start_sshd, write_inventory
 
 PACKAGES = ("ops", "checks", "engine", "kernels", "integration")
@@ -69,3 +71,12 @@ def inventory_file(tmp_path: Path, sshd: Sshd) -> Path:
 def cpp_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C++ CPU baseline compiled once for the session, for `Deploy(cache=...)`."""
     return build_cpp_cache(tmp_path_factory.mktemp("cpp-cache"))
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    """The deploy tests' `Ops` (tests/helpers/deploy_ops.py) on its own root and port, its
+    services ended after the test. A module that means another `ops` defines its own."""
+    o = Ops(tmp_path)
+    yield o
+    end_services(o.root)

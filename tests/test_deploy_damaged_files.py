@@ -31,14 +31,6 @@ from helpers import REPO
 from helpers.cli import run_ops
 from helpers.deploy import commit_change
 from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line
-from helpers.local import end_services
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def two_releases(ops: Ops) -> tuple[str, str]:

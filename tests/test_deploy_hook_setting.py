@@ -6,18 +6,8 @@ from a real git source to `local`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from helpers.deploy_ops import Ops
-from helpers.local import end_services
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def set_hook(ops: Ops, value: str) -> None:

@@ -16,10 +16,8 @@ import re
 import signal
 from pathlib import Path
 
-import pytest
 from helpers.deploy import commit_change
 from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line, steps
-from helpers.local import end_services
 
 TERM_DEAF = (
     "def main() -> None:\n"
@@ -28,13 +26,6 @@ TERM_DEAF = (
     "    time.sleep(3600)\n"
 )
 ID = r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{10}"
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def test_user_mistakes_are_one_line_and_exit_2(ops: Ops, tmp_path: Path) -> None:

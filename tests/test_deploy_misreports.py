@@ -35,13 +35,6 @@ from test_deploy_unowned import fill, ops_on, small_disk  # noqa: F401 - small_d
 SLOW_START = ("engine/svc.py", "def main() -> None:\n", "def main() -> None:\n    time.sleep(4)\n")
 
 
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
-
-
 def flat(text: str) -> str:
     return " ".join(text.split())
 

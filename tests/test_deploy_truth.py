@@ -28,13 +28,6 @@ from helpers.deploy_ops import Ops, steps
 from helpers.local import end_services
 
 
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
-
-
 def flat(text: str) -> str:
     return " ".join(text.split())
 

@@ -32,13 +32,6 @@ from helpers.local import end_services
 HANG = ("engine/svc.py", 'default="ok"', 'default="hang"')
 
 
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
-
-
 def relink(root: Path, dest: str) -> None:
     """`current -> dest` switched by hand, as an operator would (ln -sfn)."""
     tmp = root / ".current.hand"

@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from helpers import REPO
 from helpers.deploy import commit_change, git
 from helpers.deploy_ops import Ops, steps
@@ -26,13 +25,6 @@ from helpers.sshd import Sshd, free_port
 
 # the stand-in's post-flight answers never come (health still answers)
 HANG = ("engine/svc.py", 'default="ok"', 'default="hang"')
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def impatient(ops: Ops, marker: str, *args: str) -> tuple[int, str, str]:

@@ -28,7 +28,6 @@ from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops as DeployOps
 from helpers.deploy_ops import one_error_line, steps
 from helpers.local import Ops as ServiceOps
-from helpers.local import end_services
 from helpers.sshd import free_port
 
 SCHEMA = "ddtree-ops/golden/v1"
@@ -157,13 +156,6 @@ def test_identity_module_refuses_a_damaged_golden_set_before_any_request(
     doc = json.loads(res.stdout)
     assert doc["error"] == "bad_golden" and doc["message"].startswith(f"{golden}: ")
     assert DAMAGES[kind][1] in doc["message"], doc["message"]
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = DeployOps(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: DeployOps) -> None:

@@ -30,14 +30,6 @@ import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, kill_guard_and_ops
-from helpers.local import end_services
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def relink(root: Path, dest: str) -> None:

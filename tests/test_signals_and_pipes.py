@@ -12,20 +12,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, steps
-from helpers.local import end_services
-
-
-@pytest.fixture
-def ops(tmp_path: Path):
-    o = Ops(tmp_path)
-    yield o
-    end_services(o.root)
 
 
 def _closed_pipe() -> int:
@@ -35,24 +26,29 @@ def _closed_pipe() -> int:
     return w
 
 
-def test_a_deploy_whose_reader_is_gone_finishes_with_its_true_exit_code(ops: Ops) -> None:
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "kernels/selftest.py", "DELAY = 0", "DELAY = 0  # r2")
+def deploy_with_no_reader(ops: Ops, *extra: str) -> int:
+    """`ops deploy` with stdout and stderr a pipe whose reader is gone: its exit code."""
     w = _closed_pipe()
     try:
-        proc = subprocess.run(
-            ops.argv(*ops.deploy_args()),
+        return subprocess.run(
+            ops.argv(*ops.deploy_args(*extra)),
             stdout=w,
             stderr=w,
             env=ops.env,
             cwd=REPO,
             timeout=180,
-        )
+        ).returncode
     finally:
         os.close(w)
+
+
+def test_a_deploy_whose_reader_is_gone_finishes_with_its_true_exit_code(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "kernels/selftest.py", "DELAY = 0", "DELAY = 0  # r2")
+    code = deploy_with_no_reader(ops)
     rec = ops.record("deploy")
-    assert proc.returncode == 0, rec
+    assert code == 0, rec
     assert rec["outcome"] == "ok" and rec["exit_code"] == 0, rec
     r2 = ops.current()
     assert r2 != r1 and ops.serving() == r2
@@ -60,20 +56,9 @@ def test_a_deploy_whose_reader_is_gone_finishes_with_its_true_exit_code(ops: Ops
 
     # a failing deploy with no reader: its rollback runs, exit 1 (NO-GO), the record says so
     commit_change(ops.src, "engine/svc.py", 'default="ok"', 'default="hang"')
-    w = _closed_pipe()
-    try:
-        proc = subprocess.run(
-            ops.argv(*ops.deploy_args("--wait", "5")),
-            stdout=w,
-            stderr=w,
-            env=ops.env,
-            cwd=REPO,
-            timeout=180,
-        )
-    finally:
-        os.close(w)
+    code = deploy_with_no_reader(ops, "--wait", "5")
     rec = ops.record("deploy")
-    assert proc.returncode == 1 and rec["exit_code"] == 1, rec
+    assert code == 1 and rec["exit_code"] == 1, rec
     res = rec["results"][0]
     assert steps(res)["rollback"] == "ok" and ops.current() == r2 and ops.serving() == r2
 
