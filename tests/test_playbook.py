@@ -257,6 +257,10 @@ def test_bad_playbook_values(tmp_path: Path, doc: str, field: str, words: str) -
 
 def test_bad_documents(tmp_path: Path) -> None:
     assert "not YAML at line" in fails(write(tmp_path, "  - [unclosed\n")).message
+    undefined = fails(write(tmp_path, "", "a1: [*a0, *a0]\n")).message
+    assert undefined.endswith("not YAML at line 1: found undefined alias 'a0'")
+    tag = fails(write(tmp_path, "", "!!python/object/apply:os.system [true]\n")).message
+    assert "a YAML tag a playbook may not use at line 1" in tag and "python/object" in tag
     assert "mapping with `steps`" in fails(write(tmp_path, "", "- 1\n")).message
     assert "steps: Field required" in fails(write(tmp_path, "", "name: x\n")).message
     e = fails(str(tmp_path / "missing.yaml"))

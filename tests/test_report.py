@@ -316,6 +316,18 @@ def test_bad_records_exit_2_naming_file_and_field(tmp_path: Path, case: str) -> 
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
+def test_a_record_that_is_no_file_is_named_as_such(tmp_path: Path) -> None:
+    """A run directory whose record.json is a directory or a FIFO: it is there, and said to be
+    no regular file (not "no such file")."""
+    for kind, make in (("a directory", os.mkdir), ("a FIFO", os.mkfifo)):
+        run = tmp_path / kind.split()[1]
+        run.mkdir()
+        make(run / "record.json")
+        code, doc = ops_report(tmp_path, str(run))
+        assert code == 2 and doc["error"] == "BadRecord"
+        assert f"record.json: not a regular file ({kind})" in doc["message"], doc["message"]
+
+
 @pytest.mark.parametrize(
     ("args", "want"),
     [

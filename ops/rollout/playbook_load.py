@@ -106,10 +106,19 @@ def load_playbook(name: str | None = None, sets: list[str] | None = None) -> Pla
     except RecursionError:
         raise PlaybookError(where, "(document)", "nested too deeply") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise PlaybookError(where, "(document)", f"not YAML{at}") from None
+        raise PlaybookError(where, "(document)", _yaml_problem(exc)) from None
     if not isinstance(raw, dict):
         raise PlaybookError(where, "(document)", "must be a mapping with `steps`")
     touched = apply_sets(raw, parsed_sets)
     return validate_playbook({**raw, "path": str(path)}, where, touched)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line for a YAML error: where, and what the parser found (an undefined alias, a
+    `!!python/...` tag, which is never constructed)."""
+    mark = getattr(exc, "problem_mark", None)
+    at = f" at line {mark.line + 1}" if mark else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or "").split())[:160]
+    if isinstance(exc, yaml.constructor.ConstructorError):
+        return f"a YAML tag a playbook may not use{at}: {problem}"
+    return f"not YAML{at}: {problem}" if problem else f"not YAML{at}"

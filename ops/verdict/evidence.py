@@ -41,7 +41,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ops.errors import OpsError
-from ops.files import MIB, FileRefused, read_text_bounded
+from ops.files import MIB, FileRefused, not_regular, read_text_bounded
 from ops.hosts.records import RUNNING
 from ops.sections.bench import BenchSection
 from ops.sections.change import Change
@@ -214,7 +214,7 @@ def record_files(paths: list[Path]) -> list[Path]:
         if p.is_dir():
             subs = _records_under(p)
             if not subs:
-                raise BadRecord(p / "record.json", "record.json", "no such file")
+                raise BadRecord(p / "record.json", "record.json", _missing_why(p / "record.json"))
         else:
             subs = [p]
         sizes[p] = sum(_size(f) for f in subs if f not in found)
@@ -231,6 +231,14 @@ def record_files(paths: list[Path]) -> list[Path]:
             "one report reads",
         )
     return list(dict.fromkeys(found))
+
+
+def _missing_why(path: Path) -> str:
+    """Why a run directory gave no record: its record.json is absent, or no regular file."""
+    try:
+        return not_regular(path) or "no such file"
+    except OSError:
+        return "no such file"
 
 
 SCAN_MAX_DIRS = 20_000  # a rollout's run directory holds tens; a whole disk is not a run dir
