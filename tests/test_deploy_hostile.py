@@ -64,7 +64,7 @@ def test_new_user_story_at_80_columns(ops: Ops) -> None:
     assert "service.env: DDTREE_RELEASE_ID=" in res.stdout and ops.current() == r1
     ops.stop()
     res = ops.deploy("--bootstrap")
-    assert res.returncode == 1 and "use --force" in res.stdout
+    assert res.returncode == 1 and "(ops service start local) and deploy again" in res.stdout
     assert ops.record("deploy")["results"][0]["before"] == r1
     res = ops.deploy("--force")
     assert res.returncode == 0, res.stderr

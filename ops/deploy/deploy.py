@@ -480,7 +480,13 @@ class Deployer:
                 "--record-golden), then deploy",
                 data,
             )
-        return "fail", f"service unhealthy before the deploy ({failed}); use --force", data
+        name = self.target.name
+        fix = (
+            f"start it (ops service start {name}) and deploy again"
+            if "service" in rep.failed
+            else f"ops healthcheck {name} says why"
+        )
+        return "fail", f"service unhealthy before the deploy ({failed}): {fix}, or --force", data
 
     def _locked(self, m: ReleaseManifest, stage: Path) -> DeployResult:
         self.step("lock", lambda: ("ok", f"{self.root}/lock", {}))

@@ -850,7 +850,8 @@ def pending_note(pending: dict) -> str:
     if not pending.get("readable", True):
         return (
             "deploy.pending is there but cannot be read (it names no release): whether current "
-            "was proven cannot be told from it; ops rollback TARGET, or the next deploy, clears it"
+            "was proven cannot be told from it; a rollback of this target, or the next deploy, "
+            "clears it"
         )
     what = f"release {pending['new']}" if pending["new"] else "its release"
     return (
