@@ -377,6 +377,7 @@ def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) ->
         text = " ".join((res.stdout + res.stderr).split())
         assert res.returncode == 1 and no_traceback(res.stderr), text
         assert "send: FAIL" in text and "No space left" in text, text
+        assert f"(free space under {ops.root}" in text, text  # probe37i I4: the fix named
         steps_seen = [s["name"] for s in ops.record("deploy")["results"][0]["steps"]]
         assert steps_seen[-1] == "send", steps_seen
         filler.unlink()
@@ -436,6 +437,7 @@ def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> 
         )
         assert code == 1 and no_traceback(err), err
         assert "finalize failed" in err and "No space left" in err
+        assert f"(free space under {ops.root}" in " ".join(err.split()), err
         assert ops.current() == r1
         left = [p.name for p in (ops.root / "releases").iterdir()]
         assert left == [r1], left  # the staging directory went with the failure

@@ -35,6 +35,7 @@ from typing import Any
 from ops.deploy.host_actions import (
     DEPLOY_HOST_SOURCE,
     current_unstartable,
+    disk_fix,
     host_releases,
     interrupted_once,
     revert_guard,
@@ -512,7 +513,8 @@ class Deployer:
             except (Unreachable, CommandTimedOut):
                 raise  # the link's trouble: the deploy says where the host was left
             except HostError as exc:  # the host's (a full disk): a failed step, nothing switched
-                return "fail", f"could not send the release: {exc.message}", {}
+                fix = disk_fix(exc.message, self.root)
+                return "fail", f"could not send the release: {exc.message}{fix}", {}
             cleaned = prep["removed"]
             note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
             return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}

@@ -49,8 +49,23 @@ def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = Non
     argv = [action, host.target.remote_root, *args]
     doc, rc = host_json(host, DEPLOY_HOST_SOURCE, argv, f"releases {action}", stdin)
     if rc != 0:
-        raise OpsError(f"{host.name}: {action}: {doc.get('error', 'refused')}")
+        why = str(doc.get("error", "refused"))
+        raise OpsError(f"{host.name}: {action}: {why}{disk_fix(why, host.target.remote_root)}")
     return doc
+
+
+DISK_FIXES = {
+    "No space left on device": "free space under {root} (ops releases lists what it keeps)",
+    "Disk quota exceeded": "free space under {root} or raise the quota",
+    "Read-only file system": "make {root} writable again, or point remote_root elsewhere",
+}
+
+
+def disk_fix(why: str, root: str) -> str:
+    """The fix for a host step failed by its disk (full, over quota, read-only), said after its
+    reason; "" for any other failure."""
+    fix = next((f for err, f in DISK_FIXES.items() if err in why), None)
+    return f" ({fix.format(root=root)})" if fix else ""
 
 
 def current_unstartable(host: Host) -> str | None:
