@@ -276,13 +276,17 @@ def test_a_current_that_could_not_restart_is_said_while_it_serves(ops: Ops) -> N
 @pytest.mark.parametrize("inside", ["current", "releases", "current/sub"])
 def test_a_remote_root_inside_another_roots_releases_is_refused(ops: Ops, inside: str) -> None:
     """probe37f F10 (low): a target whose remote_root is another root's current (or its
-    releases/) had its lock, guard and releases/ written into a live release."""
+    releases/) had its lock, guard and releases/ written into a live release. probe37i I3
+    (low): a deploy's --dry-run approved such a root; it is refused as the lock refuses it."""
     r1, r2 = two_releases(ops)
     before = sorted(p.name for p in (ops.root / "releases" / r2).iterdir())
     inv = ops.tmp / "nested.toml"
     inv.write_text(ops.inventory.read_text().replace(str(ops.root), str(ops.root / inside)))
     res = run_ops("service", "stop", "local", inventory=inv, env=ops.env, timeout=60, cwd=REPO)
     line = one_error_line(res)
+    assert f"is inside the releases of the remote root {ops.root}" in line, line
+    dry = ("deploy", "local", "--source", str(ops.src), "--dry-run")
+    line = one_error_line(run_ops(*dry, inventory=inv, env=ops.env, timeout=60, cwd=REPO))
     assert f"is inside the releases of the remote root {ops.root}" in line, line
     assert sorted(p.name for p in (ops.root / "releases" / r2).iterdir()) == before
     assert ops.serving() == r2
@@ -373,3 +377,21 @@ def test_what_is_kept_aside_is_trimmed_and_damage_is_worded(ops: Ops) -> None:
     res = ops("rollback", "local", "--max-tokens", "3")  # refused (damaged), but prepared
     kept = sorted(p.name for p in ops.root.glob("deploy.pending.unreadable-*"))
     assert kept == [f"deploy.pending.unreadable-20260101T00000{i}Z" for i in range(3, 8)], kept
+
+
+def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_they_take(
+    ops: Ops,
+) -> None:
+    """probe37i I5 (low): a FIFO at a release's rejected.json left it listed as a good release
+    (and named as the newest proven one a rollback --to could take); a sparse proven.json made
+    it look 5 GiB. An unreadable rejection mark is damage, and sizes are what the disk holds."""
+    r1, r2 = two_releases(ops)
+    os.mkfifo(ops.root / "releases" / r1 / "rejected.json")
+    os.truncate(ops.root / "releases" / r2 / "proven.json", 1 << 30)
+    code, doc = ops.json("releases", "local")
+    listed = {r["id"]: r for r in doc["releases"]}
+    assert code == 0 and "rejected.json is not a regular file" in (listed[r1]["damaged"] or "")
+    assert listed[r2]["size_bytes"] < 64 << 20, listed[r2]["size_bytes"]
+    line = one_error_line(ops("rollback", "local", "--max-tokens", "3"))
+    assert f"release {r1} is damaged (rejected.json" in line, line
+    assert ops.current() == r2 and ops.serving() == r2

@@ -56,7 +56,7 @@ from ops.deploy.result import (
     utc_now,
 )
 from ops.errors import CommandTimedOut, HostError, ModuleOutputError, OpsError, Unreachable
-from ops.hosts.remote import Host, SignalsHeld
+from ops.hosts.remote import Host, SignalsHeld, nested_root
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
 from ops.service.managers import ProcessManager, SystemdManager, manager_for
@@ -274,6 +274,9 @@ class Deployer:
         A deploy.pending on the host is settled first (the recover step, under the lock, as
         every deploy does): None then, with `_settle_first` set, unless `settled`."""
         listing = host_releases(self.host, "list")
+        if listing.get("nested"):  # as the lock refuses it; said by a --dry-run too
+            top = listing["nested"]
+            raise HostError(nested_root(self.root, top), target=self.target.name, step="lock")
         self._before_state = listing.get("current_state")
         self._before = listing["current"] or shown_state(self._before_state)
         self._fallback = newest_proven(listing)

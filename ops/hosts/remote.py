@@ -573,8 +573,7 @@ class Host(ABC):
                 "UNWRITABLE": f"cannot write in remote root {where} (full, read-only or not ours): "
                 f"{why}",
                 "NOTFILE": f"{where}/lock is not a regular file, so it cannot be locked: {why}",
-                "NESTED": f"remote_root {where} is inside the releases of the remote root {why}: "
-                "ops would write into a release there; give this target a directory of its own",
+                "NESTED": nested_root(where, why),
             }
             raise HostError(
                 reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
@@ -591,6 +590,14 @@ class Host(ABC):
             yield holder
         finally:
             proc.finish(timeout)
+
+
+def nested_root(root: str, top: str) -> str:
+    """Why a remote_root inside another root's releases (`top`'s) is refused."""
+    return (
+        f"remote_root {root} is inside the releases of the remote root {top}: ops would write "
+        "into a release there; give this target a directory of its own"
+    )
 
 
 def _held_by(note: str) -> tuple[str, dict[str, Any]]:

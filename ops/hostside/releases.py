@@ -590,11 +590,13 @@ def retire(root: str, release: str) -> dict:
 
 
 def du(path: str) -> int:
+    """The bytes the files under `path` take (a sparse file counts its allocated blocks)."""
     total = 0
     for dirpath, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(os.path.join(dirpath, name))
+                total += min(st.st_size, st.st_blocks * 512)  # a sparse file: what it takes
             except OSError:
                 pass
     return total
@@ -655,7 +657,9 @@ def listing(root: str) -> dict:
         if damaged is None and not regular(env):
             what = "missing" if not os.path.lexists(env) else "not a regular file"
             damaged = f"service.env is {what} (the release's configuration: kernels, backends)"
-        rejected = read_json(os.path.join(rel, name, "rejected.json"))
+        rejected, why = _read_json(os.path.join(rel, name, "rejected.json"))
+        if damaged is None and why != "missing" and not isinstance(rejected, dict):
+            damaged = f"rejected.json is {why or 'not an object'} (a rejection, unreadable)"
         out.append(
             {
                 "id": name,
@@ -680,6 +684,7 @@ def listing(root: str) -> dict:
         )
     pending = os.path.lexists(os.path.join(root, "deploy.pending"))
     return {
+        "nested": nested_in(root),
         "releases": out,
         "current": current,
         "previous": previous,
@@ -687,6 +692,17 @@ def listing(root: str) -> dict:
         "current_state": cur_state,
         "previous_state": prev_state,
     }
+
+
+def nested_in(root: str) -> str | None:
+    """The remote root whose releases/ holds `root` (its current a link or a directory), as
+    the lock refuses it; None for a root of its own."""
+    real = os.path.realpath(root) + "/"
+    if "/releases/" not in real:
+        return None
+    top = real.split("/releases/", 1)[0] or "/"
+    cur = os.path.join(top, "current")
+    return top if os.path.islink(cur) or os.path.isdir(cur) else None
 
 
 def reject(root: str, release: str) -> dict:
