@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -293,6 +294,33 @@ def test_systemd_start_and_restart_are_vetted_on_the_host_first(tmp_path: Path) 
     assert "ops rollback local" in text and systemctl_verbs() == []
     res = ops("service", "restart", "local", "--wait", "0", "--force")
     assert "anyway (--force)" in said(res) and systemctl_verbs() == ["restart"], said(res)
+
+
+def test_a_stopped_guard_is_named_at_once_not_waited_for(ops: Ops) -> None:
+    """probe37h L3 (low): a deploy's guard stopped (SIGSTOP) after its ops was killed made
+    every rollback wait 240 s in silence, then say the guard 'is still putting the host back',
+    naming no process. It is refused at once, naming the stopped process and kill -CONT; once
+    continued, the guard puts the host back and the rollback finds nothing to undo."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    groups = kill_guard_and_ops(ops, "switch: ok", guard_sig=signal.SIGSTOP)
+    assert groups and ops.guard_alive()
+    try:
+        t0 = time.monotonic()
+        res = ops("rollback", "local", "--max-tokens", "3")
+        text = said(res)
+        assert res.returncode == 2 and time.monotonic() - t0 < 60, text
+        assert "is stopped, so it cannot put the host back: kill -CONT " in text, text
+        assert str(groups[0]) in text, text
+    finally:
+        for pgid in groups:
+            os.killpg(pgid, signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    while ops.guard_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ops.current() == r1 and ops.serving() == r1
+    assert not (ops.root / "deploy.pending").exists()
 
 
 def test_an_unreadable_pending_record_is_not_called_a_never_proven_release(ops: Ops) -> None:

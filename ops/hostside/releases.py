@@ -250,21 +250,72 @@ def open_control_file(root: str, name: str) -> int:
         ) from None
 
 
+def fd_holders(fd: int) -> dict[int, str]:
+    """The processes of this user with the file open at `fd` open too (a guard's shell and the
+    commands it runs hold deploy.guard through their fd 8; /proc/locks names only the flock(1)
+    that took it, long gone), each with its state letter (S, R, T: stopped...); {} where the
+    host does not say (not Linux)."""
+    st = os.fstat(fd)
+    me, held = os.getuid(), {}
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        base = f"/proc/{pid}/fd"
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != me:
+                continue
+            for name in os.listdir(base):
+                other = os.stat(f"{base}/{name}")
+                if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                    held[pid] = proc_state(pid)
+                    break
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return held
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of process `pid` ("?" where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read(4096).rsplit(b")", 1)[1].split()[0].decode("ascii", "replace")
+    except (OSError, IndexError):
+        return "?"
+
+
 def wait_for_guard(root: str, wait_s: float) -> float:
     """Wait until no guard holds deploy.guard (a guard holds it for its whole life, so one
-    whose deploy died is done putting the host back once it is free); the seconds waited."""
+    whose deploy died is done putting the host back once it is free); the seconds waited. A
+    guard that is stopped (SIGSTOP, a debugger) would never finish: refused at once, naming it
+    and the fix."""
     os.makedirs(root, exist_ok=True)
     fd = open_control_file(root, "deploy.guard")
-    t0 = time.time()
+    t0 = next_look = time.time()
+    holders: dict[int, str] = {}
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.time() - t0 >= wait_s:
+                if time.time() >= next_look:  # who holds it: a stopped guard never lets go
+                    holders, next_look = fd_holders(fd), time.time() + 5
+                pids = " ".join(str(p) for p in sorted(holders))
+                stopped = sorted(p for p, state in holders.items() if state in ("T", "t"))
+                if stopped:
                     raise Refused(
-                        "the guard of an earlier deploy is still putting the host back "
+                        f"the guard of an earlier deploy (pid {pids}) holds deploy.guard but is "
+                        f"stopped, so it cannot put the host back: kill -CONT "
+                        f"{' '.join(map(str, stopped))} lets it finish; then try again"
+                    ) from None
+                if time.time() - t0 >= wait_s:
+                    who = f" (pid {pids})" if pids else ""
+                    raise Refused(
+                        f"the guard of an earlier deploy{who} is still putting the host back "
                         f"(deploy.guard held for {wait_s:g} s); try again when it is done"
                     ) from None
                 time.sleep(0.1)

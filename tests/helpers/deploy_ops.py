@@ -207,9 +207,11 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
-def kill_guard_and_ops(ops: Ops, marker: str) -> None:
+def kill_guard_and_ops(ops: Ops, marker: str, guard_sig: int = signal.SIGKILL) -> list[int]:
     """A deploy whose ops AND revert guard die at `marker` (an OOM kill, a reboot of the
-    guard's shell): nobody is left to put the host back."""
+    guard's shell): nobody is left to put the host back. With `guard_sig` SIGSTOP, the guard
+    is stopped instead (a debugger, a job-control slip). The guard's process groups."""
+    groups: list[int] = []
     proc = subprocess.Popen(
         ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
         stdout=subprocess.DEVNULL,
@@ -229,6 +231,8 @@ def kill_guard_and_ops(ops: Ops, marker: str) -> None:
             continue
         if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), signal.SIGKILL)
+                os.killpg(int(pid), guard_sig)
+                groups.append(int(pid))
     proc.kill()
     proc.communicate()
+    return groups
