@@ -87,6 +87,30 @@ def test_rollback_to_whose_undo_restart_fails_is_not_rolled_back(ops: Ops) -> No
     assert_down_said(ops, res, result, r2)
 
 
+def test_an_undone_rollback_does_not_say_rolled_back(ops: Ops) -> None:
+    """A rollback --to whose release fails its restart is undone: the host is back where it
+    started. Its result said "rolled back to <the release it started on>", which reads as the
+    rollback done; it says the rollback was undone, and where the host is."""
+    marker = refuse_with_marker(ops)
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    guard = (
+        f"    if __import__('os').path.exists({str(marker)!r}):\n"
+        "        raise SystemExit('refusing to start: marker file')\n"
+    )
+    commit_change(ops.src, "engine/svc.py", guard, "")  # r2 starts, marker or not
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    marker.write_text("")
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    result = ops.record("rollback")["results"][0]
+    assert res.returncode == 1 and result["outcome"] == "rolled-back", said
+    assert f"the rollback to {r1} was undone: {r2}, where it started, is current again" in said
+    assert "rolled back to" not in said, said
+    assert ops.current() == r2 and ops.serving() == r2
+
+
 def test_already_current_while_the_service_runs_an_older_release_is_not_nothing_to_do(
     ops: Ops,
 ) -> None:

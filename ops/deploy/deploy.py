@@ -127,6 +127,7 @@ class Deployer:
         self._settle_first = False  # already current, but a deploy.pending to settle first
         self._fallback: str | None = None  # the newest proven release other than current
         self._instead: str | None = None  # why a rollback took it instead of `previous`
+        self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
@@ -392,6 +393,13 @@ class Deployer:
             data["forced"] = True
             return "ok", f"{what}; deploying anyway (--force): a revert returns it exactly", data
         return "fail", f"{what}; check it, then deploy with --force (a revert puts it back)", data
+
+    def _back_on(self, rid: str, after: str | None) -> str:
+        """Where a failed switch to `rid` left the host, put back on `after`: a deploy "rolled
+        back"; an `ops rollback` was undone (it did not roll back: it is where it started)."""
+        if self._rolling_back:
+            return f"the rollback to {rid} was undone: {after}, where it started, is current again"
+        return f"rolled back to {after}"
 
     def _no_revert(self, otherwise: str) -> str:
         """Why a deploy over a `current` that could not serve again is refused, and the fix: the
@@ -844,7 +852,7 @@ class Deployer:
             after = reverted["by_guard"]
             if back_failed is not None:  # the guard switched back; its service does not serve
                 return self._down_after_rollback(rid, before, after, failed, back_failed)
-            where = f"rolled back to {after} (by the host's guard)"
+            where = self._back_on(rid, after) + " (by the host's guard)"
         elif reverted.get("first_install"):
             where = "the first install was removed (no release is current)"
         elif reverted.get("still_serving"):
@@ -853,7 +861,7 @@ class Deployer:
                 f"{reverted['still_serving']}: its restart could not happen (see the rollback step)"
             )
         elif reverted.get("reverted") and back_failed is None:
-            where = f"rolled back to {after}"
+            where = self._back_on(rid, after)
         elif reverted.get("lost"):  # switched back; the link went before its restart's answer
             outcome = "failed"
             where = (
@@ -1082,6 +1090,7 @@ class Deployer:
                     after=before,
                     message=f"release {want} is already current",
                 )
+            self._rolling_back = True
             try:
                 res = self._switch_and_prove(want, before, prune=False)
             except StepFailed as exc:
