@@ -699,6 +699,26 @@ def test_a_stray_previous_does_not_block_rollback_forever(ops: Ops) -> None:
     assert ops.current() == r1 and ops.serving() == r1
 
 
+def test_a_hand_made_current_kept_as_previous_is_named_as_what_it_is(ops: Ops) -> None:
+    """probe37i I2 (low): a rollback away from a hand-made current keeps it as `previous`
+    (the operator's, for --to or by hand); the next plain rollback's refusal called that link
+    "a symlink ops did not make", though ops made it. It says what it is, and the fix."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    shutil.copytree(ops.root / "releases" / r2, ops.root / "releases" / "hotfix", symlinks=True)
+    relink(ops.root, "releases/hotfix")
+    assert ops("rollback", "local", "--max-tokens", "3").returncode == 0
+    assert ops.current() == r1 and os.readlink(ops.root / "previous") == "releases/hotfix"
+    res = ops("rollback", "local", "--max-tokens", "3")
+    line = one_error_line(res)
+    assert "(previous is releases/hotfix: a hand-made current, or a link made by hand)" in line
+    assert "did not make" not in line and f"ops rollback local --to {r2}" in res.stderr, line
+    assert ops.current() == r1 and ops.serving() == r1
+
+
 def test_dead_guard_then_rollback_undoes_exactly_the_unproven_release(ops: Ops) -> None:
     """Before: the recover step put `current` back without a restart (the service kept
     running the unproven release), then the rollback went one release further back."""

@@ -1041,6 +1041,9 @@ class Deployer:
         if back:
             hint = f"the newest proven release is {back}: ops rollback {name} --to {back}"
         why = f" (previous is {other}, not a release ops installed)" if other else ""
+        if prev.get("kind") == "foreign" and prev.get("exists") and not prev.get("aside"):
+            # a switch away from a hand-made current keeps it as previous: ops made that link
+            why = f" (previous is {prev.get('link')}: a hand-made current, or a link made by hand)"
         if same:
             why = f" (previous names {other}, the current release itself)"
         raise OpsError(f"{name}: no previous release to roll back to{why}", hint=hint)
