@@ -267,6 +267,10 @@ def test_killed_deploy_leaves_the_previous_release_serving(on_r1: Shared) -> Non
         time.sleep(0.3)
     assert st["state"] == "active"
     assert identity_of(d, "loop")["status"] == "pass"
+    # what the guard did is on the host for the operator who finds it put back
+    said = (root / "logs" / "guard.log").read_text()
+    assert "ops went away before its switch was proven: current was switched back" in said
+    assert '"started": true' in said, said
     # a half-sent release (a dead deploy's staging dir) is removed by the next deploy
     (root / "releases" / ".staging-20990101T000000Z-abcdef0123").mkdir()
     code, doc, err = d.deploy("loop")

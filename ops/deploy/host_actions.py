@@ -88,8 +88,13 @@ def restart_script(target: Target) -> str:
     # restart, not stop then start: it stops nothing when the start could not happen
     return (
         f"{py} -S -c {src} restart {pf} {log} {shell_path(target.remote_root)} {cmd} "
-        f"{shlex.quote(svc.url)} 0 {svc.stop_timeout:g} >/dev/null"
+        f"{shlex.quote(svc.url)} 0 {svc.stop_timeout:g}"
     )
+
+
+def guard_log(target: Target) -> str:
+    """Where the guard says what it did once ops was gone (the revert, the restart's result)."""
+    return f"{target.remote_root}/logs/guard.log"
 
 
 @contextmanager
@@ -192,7 +197,13 @@ def revert_guard(host: Host, restart: bool) -> Iterator[None]:
         f"exec 8>>{root}/deploy.guard && flock 8 || exit 1; "
         "echo READY; cat >/dev/null; "
         f"exec 9>>{root}/deploy.switch && flock 9; "
-        f"if {revert} | grep -q '\"reverted\": true'; then {again}; echo REVERTED; fi"
+        f"if {revert} | grep -q '\"reverted\": true'; then "
+        # what it did, for the operator who finds the host put back: appended to guard.log by
+        # tee, which passes the output on (to nowhere) even where the log cannot be written, so
+        # a full or read-only logs/ never keeps the restart from running
+        f"{{ date -u '+%Y-%m-%dT%H:%M:%SZ ops went away before its switch was proven: current was "
+        f"switched back; the restart said:'; {again}; }} 2>&1 "
+        f"| tee -a {shell_path(guard_log(t))} >/dev/null 2>&1; echo REVERTED; fi"
     )
     proc = host._spawn(script)
     if proc.read_line(30) != "READY":
