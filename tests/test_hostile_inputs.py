@@ -374,6 +374,40 @@ def test_playbook_numbers_must_be_finite(tmp_path: Path, env: dict[str, str]) ->
     one_error(res, "load.timeout:", "finite number", "nan", "(from --set)")
 
 
+def test_timeouts_and_request_counts_are_bounded(tmp_path: Path, env: dict[str, str]) -> None:
+    """probe37k K5, K6: `--timeout 1e12` reached the host's checks and came back as their
+    traceback (OverflowError in settimeout), exit 2 with Python's words; `--requests 10**12`
+    was accepted and grew the host's loadtest without bound. Both are refused before anything
+    runs, on the command line and in a playbook (a step's timeout 1e308 passed as finite)."""
+    inv = str(local_inventory(tmp_path))
+    for cmd in (
+        ("healthcheck", "local", "--timeout", "1e12"),
+        ("loadtest", "local", "--timeout", "9999999999"),
+        ("profile", "local", "--timeout", "1e308"),
+        ("bench", "local", "--timeout", "1e308"),
+        ("loadtest", "local", "--requests", "1000000000000"),
+    ):
+        res = ops_limited(*cmd, "--inventory", inv, env=env)
+        one_error(res, f"Invalid value for '{cmd[2]}'", "less than or equal to")
+    steps = (
+        "{step: healthcheck, name: preflight, timeout: 1e308}",
+        "{step: bench, timeout: 1e308}",
+        "{step: deploy, max_tokens: 100000000}",
+        "{step: deploy, keep: 100000000}",
+        "{step: deploy, wait_s: 1e308}",
+    )
+    for n, step in enumerate(steps):
+        pb = tmp_path / f"big{n}.yaml"
+        change = "{component: tree_build, baseline: reference, candidate: cuda}"
+        pb.write_text(f"name: big\nchange: {change}\nsteps:\n  - {step}\n")
+        res = ops_limited("rollout", "local", "--playbook", str(pb), "--inventory", inv, env=env)
+        one_error(res, "less than or equal to")
+    for item in ("load.timeout=1e12", "load.requests=1000000000000"):
+        res = ops_limited("rollout", "local", "--set", item, "--inventory", inv, env=env)
+        one_error(res, item.split("=")[0] + ":", "less than or equal to")
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+
+
 def test_playbook_load_shape_over_the_loadtests_limits_is_refused_before_any_step(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

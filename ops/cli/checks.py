@@ -55,7 +55,7 @@ def healthcheck(
         int,
         typer.Option("--aa-runs", min=0, max=100, help="Runs of the service against itself first."),
     ] = 0,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")] = 30.0,
+    timeout: RequestTimeoutOpt = 30.0,
     max_tokens: MaxTokensOpt = 32,
     _json: JsonOpt = False,
     _inventory: InventoryOpt = None,

@@ -23,6 +23,7 @@ from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.inventory import Inventory, Target, load_inventory
 from ops.hosts.records import RunDir
 from ops.hosts.remote import Host, open_host
+from ops.measure.loadtest import MAX_REQUEST_TIMEOUT_S, MAX_REQUESTS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -179,11 +180,14 @@ MaxTokensOpt = Annotated[
     int, typer.Option(min=1, max=MAX_TOKENS, help="Greedy tokens per golden prompt.")
 ]
 RequestsOpt = Annotated[
-    int, typer.Option(min=0, help="Measured requests per level (default 4 x level).")
+    int,
+    typer.Option(min=0, max=MAX_REQUESTS, help="Measured requests per level (default 4 x level)."),
 ]
 InputLenOpt = Annotated[int, typer.Option(min=1, help="Prompt tokens.")]
 OutputLenOpt = Annotated[int, typer.Option(min=1, help="Generated tokens (ignore_eos).")]
-RequestTimeoutOpt = Annotated[float, typer.Option(min=0.1, help="Per-request timeout (s).")]
+RequestTimeoutOpt = Annotated[
+    float, typer.Option(min=0.1, max=MAX_REQUEST_TIMEOUT_S, help="Per-request timeout (s).")
+]
 
 
 def package_version() -> str:

@@ -29,6 +29,7 @@ from ops.cli.common import (
     recorded,
     state,
 )
+from ops.deploy.result import MAX_KEEP
 from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host, open_host
 
@@ -152,7 +153,9 @@ def deploy(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")
     ] = False,
-    keep: Annotated[int, typer.Option(min=2, max=1000, help="Releases to keep on the host.")] = 5,
+    keep: Annotated[
+        int, typer.Option(min=2, max=MAX_KEEP, help="Releases to keep on the host.")
+    ] = 5,
     wave_size: Annotated[int, typer.Option(min=1, help="Hosts per wave after the canary.")] = 1,
     wait: WaitOpt = 180.0,
     max_tokens: MaxTokensOpt = 32,

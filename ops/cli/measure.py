@@ -34,6 +34,7 @@ from ops.cli.common import (
 )
 from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host
+from ops.measure.bench import MAX_BENCH_S
 from ops.measure.counters import STAGES
 from ops.measure.loadtest import parse_levels
 from ops.verdict.service_cost import cost_parts
@@ -74,7 +75,9 @@ def bench(
     max_mem_gib: Annotated[
         float | None, typer.Option(min=0.1, help="Cap on the bench's GPU memory (GiB).")
     ] = None,
-    timeout: Annotated[float, typer.Option(min=1.0, help="The bench's time limit (s).")] = 1800.0,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, max=MAX_BENCH_S, help="The bench's time limit (s).")
+    ] = 1800.0,
     decode_spread: Annotated[
         int,
         typer.Option(

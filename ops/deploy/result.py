@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 Status = Literal["ok", "fail", "skip"]
+MAX_KEEP = 1000  # releases kept on a host: past that, prune's listing is the cost
 Outcome = Literal[
     "deployed",
     "installed",
@@ -39,7 +40,7 @@ class DeployOptions(BaseModel):
     force: bool = False
     no_restart: bool = False
     dry_run: bool = False
-    keep: int = Field(default=5, ge=2)
+    keep: int = Field(default=5, ge=2, le=MAX_KEEP)
     wait_s: float = 180.0
     max_tokens: int = Field(default=32, ge=1)
 

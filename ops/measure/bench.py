@@ -51,6 +51,9 @@ SIZE_KEYS = {
 }
 
 
+MAX_BENCH_S = 86_400.0  # a bench's time limit: a day is past any suite
+
+
 class BenchOptions(BaseModel):
     gpu: int | None  # None: the target has no bench_gpu; the guard asks for --gpu
     suites: list[str]
@@ -62,7 +65,7 @@ class BenchOptions(BaseModel):
     # the probe's own load out of the bench's timings
     probe_interval: float = Field(default=0.05, ge=0)
     max_mem_gib: float | None = None
-    timeout: float = 1800.0
+    timeout: float = Field(default=1800.0, gt=0, le=MAX_BENCH_S)
     # attn: the decode rows' requests' prefixes spread over this many tokens past L
     # (`kernels.bench --decode-spread`; a playbook's bench.decode_spread); 0: every request at L
     decode_spread: int = Field(default=0, ge=0, le=65536)

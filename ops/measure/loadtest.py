@@ -20,6 +20,9 @@ from ops.hosts.remote import Host
 
 # the shape of a load, wherever one is asked for (`ops loadtest`, a playbook's `load`)
 MAX_CONCURRENCY = 4096
+MAX_REQUESTS = 100_000  # measured requests per level: its records stay in the host's memory
+# one request's timeout: past an hour nothing answers, and the run itself is killed at one
+MAX_REQUEST_TIMEOUT_S = 3600.0
 # prompt + generated tokens of one request: checks.loadtest.MAX_TOKENS_UNREPORTED, the host's
 # cap where the service reports no context length (a test holds the two equal; not imported
 # from there: it would load asyncio into every `ops` command)

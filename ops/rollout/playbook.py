@@ -36,10 +36,19 @@ from pydantic import (
     model_validator,
 )
 
+from checks.vocabulary import MAX_TOKENS as MAX_TOKENS_GOLDEN
+from ops.deploy.result import MAX_KEEP
 from ops.errors import OpsError
 from ops.hosts.inventory import COMPONENT_KINDS
-from ops.measure.loadtest import MAX_CONCURRENCY, MAX_TOKENS
+from ops.measure.bench import MAX_BENCH_S
+from ops.measure.loadtest import (
+    MAX_CONCURRENCY,
+    MAX_REQUEST_TIMEOUT_S,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+)
 from ops.sections.change import Change, check_bench_kernel
+from ops.service.managers import MAX_WAIT_S
 from ops.verdict.numbers import NoBoolNumbers
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
@@ -79,14 +88,14 @@ class Load(_Strict):
     concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] = Field(
         default=[1, 8, 32], min_length=1
     )
-    requests: int = Field(default=0, ge=0)  # measured requests per level (0: 4 x level)
+    requests: int = Field(default=0, ge=0, le=MAX_REQUESTS)  # per level (0: 4 x level)
     # > 0: `measure` sizes each level's requests so one run lasts about this many seconds at
     # the tokens/s the profile measured there (short runs are noisy: the A/A pair says how much),
     # and the profile sizes its own windows so (after a pilot of `requests`: ops.measure.profile)
     run_seconds: float = Field(default=0.0, ge=0, le=1800)  # a run is one loadtest call (1 h)
     input_len: int = Field(default=32, ge=1, le=MAX_TOKENS)
     output_len: int = Field(default=32, ge=1, le=MAX_TOKENS)
-    timeout: float = Field(default=120.0, gt=0)
+    timeout: float = Field(default=120.0, gt=0, le=MAX_REQUEST_TIMEOUT_S)
 
     _split = field_validator("concurrency", mode="before")(_levels)
 
@@ -162,8 +171,8 @@ class HealthcheckStep(StepBase):
     role: Literal["preflight", "postflight"] | None = None  # default: from the step's name
     golden: Literal["auto", "compare", "record"] = "auto"  # auto: record first where none is
     aa_runs: int = Field(default=0, ge=0, le=10)
-    max_tokens: int = Field(default=32, ge=1)
-    timeout: float = Field(default=30.0, gt=0)
+    max_tokens: int = Field(default=32, ge=1, le=MAX_TOKENS_GOLDEN)
+    timeout: float = Field(default=30.0, gt=0, le=MAX_REQUEST_TIMEOUT_S)
 
 
 class BenchStep(StepBase):
@@ -176,7 +185,7 @@ class BenchStep(StepBase):
     probe_threshold: float = Field(default=0.10, ge=0)
     probe_interval: float = Field(default=0.05, ge=0, le=60)  # s between probe requests
     max_mem_gib: float | None = Field(default=None, gt=0)
-    timeout: float = Field(default=1800.0, gt=0)
+    timeout: float = Field(default=1800.0, gt=0, le=MAX_BENCH_S)
     # attn decode rows: the requests' prefixes spread over this many tokens past L (0: all at
     # L). Not the load's output length: the load sends one prompt, so its requests advance
     # together, and a batch spread over 64 tokens costs the torch path 40-51% more
@@ -278,9 +287,9 @@ class DeployStep(StepBase):
     ref: str | None = None
     allow_dirty: bool = False
     force: bool = False
-    keep: int = Field(default=5, ge=2)
-    wait_s: float = Field(default=180.0, gt=0)
-    max_tokens: int = Field(default=32, ge=1)
+    keep: int = Field(default=5, ge=2, le=MAX_KEEP)
+    wait_s: float = Field(default=180.0, gt=0, le=MAX_WAIT_S)
+    max_tokens: int = Field(default=32, ge=1, le=MAX_TOKENS_GOLDEN)
 
 
 class ReportStep(StepBase):
