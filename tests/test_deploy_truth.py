@@ -268,6 +268,37 @@ def test_a_link_lost_after_the_switch_is_never_called_rolled_back(loop) -> None:
     assert (root / "current").readlink().name == r1
 
 
+def test_a_link_lost_once_the_post_flight_passed_says_where_the_host_may_be(loop) -> None:
+    """probe37k K1: the SSH link cut right after `postflight: ok` (the commit, the prune):
+    exit 2, one bare line (`releases commit: no result`, `prune: refused`), a record with no
+    steps and no word of where the host was, though the guard had put the old release back or
+    the new one stood. The result is one of: deployed (the commit landed; a prune that could
+    not run is skipped), or failed with `after` unknown, naming both possibilities."""
+    ops, server, root = loop
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    r1 = (root / "current").readlink().name
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    code, out, err = cut_at(ops, server, "postflight: ok")
+    said = flat(out + err)
+    assert "Traceback" not in said and "error:" not in said, said
+    result = ops.record("deploy")["results"][0]
+    r2 = result["release"]
+    assert result["steps"] and result["outcome"] in ("deployed", "failed"), result
+    if result["outcome"] == "failed":
+        assert code == 1 and result["failed_step"] == "commit", result
+        assert result["after"] == "unknown (the host did not answer)", result
+        assert f"the host's guard put {r1} back" in flat(result["message"]), result["message"]
+    else:
+        assert code == 0 and result["after"] == r2, result
+    deadline = time.monotonic() + 60  # the guard, left alone, settles the host
+    while (root / "deploy.pending").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    now = (root / "current").readlink().name
+    assert now in (r1, r2) and not (root / "deploy.pending").exists()
+    if result["outcome"] == "deployed":
+        assert now == r2
+
+
 def test_a_link_lost_during_the_selftest_says_so(loop) -> None:
     """probe37g G8: the SSH server gone while the self-test ran: the error said only 'printed
     no JSON document (exit -1): (no output)'; it says the connection was lost. Nothing was

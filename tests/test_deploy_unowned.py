@@ -532,6 +532,82 @@ def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
     healthy(ops)
 
 
+# The remote root made read-only (a bind mount) the instant the host command whose arguments
+# carry MARK is started, inside the real `ops` process (the driver wraps subprocess.Popen).
+READ_ONLY_AT_START = """
+import subprocess, sys
+import ops.hosts.local as local
+MARK, ROOT = sys.argv.pop(1), sys.argv.pop(1)
+real = subprocess.Popen
+class Popen(real):
+    def __init__(self, args, *a, **k):
+        if MARK in " ".join(map(str, args)) and not getattr(Popen, "done", False):
+            Popen.done = True
+            subprocess.run(["mount", "--bind", ROOT, ROOT], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", ROOT], check=True)
+        super().__init__(args, *a, **k)
+local.subprocess.Popen = Popen
+from ops.cli import main
+sys.argv = ["ops", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("step", ["commit", "prune"])
+def test_a_root_made_read_only_after_the_post_flight_is_a_result_not_an_error(
+    ops: Ops, tmp_path: Path, step: str
+) -> None:
+    """probe37k K1: the remote root read-only (or the link lost) once the release had passed
+    its post-flight: the commit or the prune raised, exit 2 with one bare line, a record with
+    no steps and no word of where the host was. A prune that cannot run is skipped (the release
+    stands, exit 0); a commit that cannot is a failed step whose result says the release is
+    current and serving, and what a later deploy does; the next deploy, on a mended host, ends
+    proven on it."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release one. ')
+    assert ops.deploy().returncode == 0  # three releases with this one: --keep 2 prunes one
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    driver = tmp_path / "driver.py"
+    driver.write_text(READ_ONLY_AT_START)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3", "--keep", "2"]
+    argv = [sys.executable, str(driver), f"' {step} {ops.root}", str(ops.root)]
+    if subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    subprocess.run(["umount", "-l", str(tmp_path)], check=True)
+    try:
+        res = subprocess.run(
+            [*argv, *ops.argv(*args)[3:]],
+            capture_output=True,
+            text=True,
+            env=ops.env,
+            cwd=REPO,
+            timeout=180,
+        )
+        said = " ".join((res.stdout + res.stderr).split())
+        assert no_traceback(res.stderr) and "error:" not in said, said
+        result = ops.record("deploy")["results"][0]
+        r2 = result["release"]
+        assert r2 != r1 and ops.current() == r2 and ops.serving() == r2, said
+        if step == "prune":
+            assert res.returncode == 0 and result["outcome"] == "deployed", said
+            assert steps(result)["prune"] == "skip" and "Read-only file system" in said, said
+            assert "the next deploy prunes" in said, said
+            return
+        assert res.returncode == 1 and result["outcome"] == "failed", said
+        assert result["failed_step"] == "commit" and result["after"] == r2, result
+        assert f"{r2} passed its post-flight, but it could not be made final" in said, said
+        assert f"(make {ops.root} writable again" in said, said
+        assert f"{r2} is current, but deploy.pending stays" in said, said
+    finally:
+        subprocess.run(["umount", "-l", str(ops.root)], capture_output=True)
+    res = ops.deploy()  # the same commit, a release of its own
+    assert res.returncode == 0, res.stdout + res.stderr
+    r3 = ops.current()
+    assert r3.split("-")[1] == r2.split("-")[1] and ops.serving() == r3
+    assert (ops.root / "releases" / r3 / "proven.json").exists()
+
+
 def service_state(ops: Ops) -> tuple[dict, str | None]:
     """`ops service status` as JSON, and the release the service's process runs from."""
     _, st = ops.json("service", "status", "local")

@@ -661,6 +661,7 @@ class Deployer:
     def _switch_and_prove(self, rid: str, before: str | None, prune: bool = True) -> DeployResult:
         mgr = manager_for(self.host)
         restart = not self.opts.no_restart
+        unfinal: Step | None = None  # the commit that failed: the switch not made final
         with revert_guard(self.host, restart):
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
@@ -679,35 +680,44 @@ class Deployer:
                 return "ok", f"current: {before or '(none)'} -> {rid}", doc
 
             self.step("switch", switch)
-            if not restart:
-                host_releases(self.host, "commit")
-                self._committed = rid
-                self.step(
-                    "restart",
-                    lambda: (
-                        "skip",
-                        "--no-restart: the service still runs "
-                        f"{before or 'what it ran'} until restarted",
-                        {},
-                    ),
-                )
-                if prune:
-                    self._prune()
-                return self.result(
-                    "installed",
-                    release=rid,
-                    before=before,
-                    after=rid,
-                    message="installed; the service was not restarted",
-                )
+            if restart:
+                try:
+                    self.step("restart", lambda: self._restart(mgr))
+                    record = self.opts.bootstrap and not self._golden_exists()
+                    self.step("postflight", lambda: self._postflight(record))
+                except StepFailed as exc:
+                    return self._rollback(mgr, rid, before, exc.step)
+            # proven (prune keeps it) where it passed a post-flight; a step of its own only
+            # where it failed (every deploy commits)
+            done = self._commit(rid, proven=restart)
             try:
-                self.step("restart", lambda: self._restart(mgr))
-                record = self.opts.bootstrap and not self._golden_exists()
-                self.step("postflight", lambda: self._postflight(record))
+                if done[0] == "fail":
+                    self.step("commit", lambda: done)
             except StepFailed as exc:
-                return self._rollback(mgr, rid, before, exc.step)
-            host_releases(self.host, "commit", rid)  # and mark it proven (prune keeps it)
-            self._committed = rid
+                unfinal = exc.step
+        if unfinal is not None:  # the guard is done: the host is asked where it is
+            res = self._not_final(rid, before, unfinal)
+            if res is not None:
+                return res
+        if not restart:
+            self.step(
+                "restart",
+                lambda: (
+                    "skip",
+                    f"--no-restart: the service still runs {before or 'what it ran'} until "
+                    "restarted",
+                    {},
+                ),
+            )
+            if prune:
+                self._prune()
+            return self.result(
+                "installed",
+                release=rid,
+                before=before,
+                after=rid,
+                message="installed; the service was not restarted",
+            )
         if prune:
             self._prune()
         return self.result(
@@ -716,6 +726,62 @@ class Deployer:
             before=before,
             after=rid,
             message=f"{rid} is current and healthy",
+        )
+
+    def _commit(self, rid: str, proven: bool) -> tuple[Status, str, dict[str, Any]]:
+        """The switch made final (deploy.pending removed); `proven`: the release passed its
+        post-flight, and is marked so."""
+        args = ("commit", rid) if proven else ("commit",)
+        what = f"{rid} passed its post-flight, but" if proven else "the switch was made, but"
+        try:
+            doc = host_releases(self.host, *args)
+        except HostError as exc:  # the link lost: whether it landed is the host's to say
+            lost = f"{what} the answer of making it final was lost: {exc.message}"
+            return "fail", lost, {"lost": True}
+        except OpsError as exc:  # refused on the host (a read-only root): deploy.pending stays
+            return "fail", f"{what} it could not be made final: {exc.message}", {}
+        self._committed = rid
+        detail = "deploy.pending removed" + (f"; {rid} marked proven" if proven else "")
+        if proven and doc.get("proven") is False:
+            why = doc.get("proven_error")
+            detail = f"deploy.pending removed; {rid} could not be marked proven ({why})"
+        return "ok", detail, doc
+
+    def _not_final(self, rid: str, before: str | None, failed: Step) -> DeployResult | None:
+        """The result where the switch to `rid` could not be made final (its commit failed or
+        its answer was lost), asked of the host once the guard is done: the guard puts
+        `before` back where deploy.pending stayed and it could. None where the host says the
+        commit landed after all (its answer was lost, not its work)."""
+        name, old = self.target.name, before or "the old current"
+        try:
+            listing = host_releases(self.host, "list")
+        except OpsError as exc:
+            after: str | None = "unknown (the host did not answer)"
+            where = (
+                f"current unknown: the host did not answer ({exc.message}); where the commit "
+                f"did not land, the host's guard put {old} back; ops service status {name} "
+                f"and ops releases {name} tell"
+            )
+        else:
+            after = shown_state(listing.get("current_state"))
+            if after == rid and not listing.get("pending"):
+                self._committed = rid
+                return None
+            if after == rid:
+                where = (
+                    f"{rid} is current, but deploy.pending stays: the next deploy or rollback "
+                    f"takes it for never proven and puts {old} back; once the host is mended, "
+                    f"ops deploy {name} of this commit proves it again"
+                )
+            else:
+                where = f"current is {after or '(none)'}: the host's guard put it back"
+        return self.result(
+            "failed",
+            release=rid,
+            before=before,
+            after=after,
+            failed_step="commit",
+            message=f"{failed.detail}; {where}",
         )
 
     def _restart(self, mgr: Any) -> tuple[Status, str, dict[str, Any]]:
@@ -997,7 +1063,10 @@ class Deployer:
 
     def _prune(self) -> None:
         def prune() -> tuple[Status, str, dict[str, Any]]:
-            doc = host_releases(self.host, "prune", str(self.opts.keep))
+            try:
+                doc = host_releases(self.host, "prune", str(self.opts.keep))
+            except OpsError as exc:  # a lost link, a read-only root: the release stands
+                return "skip", f"not done ({exc.message}); the next deploy prunes", {}
             gone = doc.get("removed") or []
             shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
             detail = f"removed {shown}" if gone else "nothing to remove"
