@@ -307,8 +307,9 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: ServiceCli) -> None:
 
 def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
     """probe37f F4: on a full remote root (a runaway log) the lock's note cannot be written;
-    a stop holds the lock without it and stops the service, saying so. A start is still
-    refused for the full disk."""
+    a stop holds the lock without it and stops the service, saying so. probe37k K8: the start
+    after it was refused at the lock, the disk still full, so the service stayed down; it
+    holds the lock the same way and starts in the room the stop kept."""
     disk = tmp_path / "disk"
     disk.mkdir()
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)])
@@ -330,6 +331,13 @@ def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
         said = " ".join(st["warnings"])
         assert "note was not written" in said and "No space left" in said, said
         assert not alive(pid)
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        assert "note was not written" in " ".join(st["warnings"]), st
+        pid = st["pid"]
+        code, st = svc("service", "restart", "local")  # no room for a second pidfile: refused
+        assert code == 1 and "the service was not stopped" in st["detail"], st
+        assert alive(pid)
     finally:
         end_all(svc.root)
         subprocess.run(["umount", "-l", str(disk)])

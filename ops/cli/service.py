@@ -82,8 +82,10 @@ def _lock(host: Host, verb: str) -> tuple[contextlib.AbstractContextManager, str
     """The host lock for a start, stop or restart. A stop on a read-only remote root (the lock
     cannot be written there, so nobody can take it) goes on without it once a read-only probe
     of the lock file finds no holder: stopping writes nothing (probe37c C7); on a full one it
-    holds the lock without writing the holder's note (probe37f F4). The warning then."""
-    cm = host.lock(f"ops service {verb}", note_optional=verb == "stop")
+    holds the lock without writing the holder's note (probe37f F4), and so does a start or a
+    restart (probe37k K8: a start after a stop needs no new room; a restart stops nothing
+    unless the start has its room). The warning then."""
+    cm = host.lock(f"ops service {verb}", note_optional=True)
     try:
         holder = cm.__enter__()
         if holder.get("note_unwritten"):  # a full disk: the lock is held, its note not written
