@@ -69,7 +69,7 @@ def test_switch_commit_revert(root: Path) -> None:
     assert links(root) == (IDS[1], IDS[0])
     host("switch", r, IDS[2], "pending")
     assert links(root) == (IDS[2], IDS[1]) and (root / "deploy.pending").exists()
-    assert host("revert", r)[1] == {"reverted": True, "current": IDS[1]}
+    assert host("revert", r)[1] == {"reverted": True, "current": IDS[1], "by": "deploy"}
     assert links(root) == (IDS[1], IDS[0]) and not (root / "deploy.pending").exists()
     assert host("revert", r)[1] == {"reverted": False}  # nothing pending: nothing to do
 
@@ -143,11 +143,11 @@ def test_revert_settle_keeps_the_guard_restarting(root: Path) -> None:
     r = str(root)
     host("switch", r, IDS[0])
     host("switch", r, IDS[1], "pending")
-    assert host("revert", r, "settle")[1] == {"reverted": True, "current": IDS[0]}
+    assert host("revert", r, "settle")[1] == {"reverted": True, "current": IDS[0], "by": "deploy"}
     assert links(root)[0] == IDS[0] and (root / "deploy.pending").exists()
     assert host("list", r)[1]["pending"] is True
     # the guard's revert: nothing left to switch, but it says reverted (so it restarts)
-    assert host("revert", r)[1] == {"reverted": True, "current": IDS[0]}
+    assert host("revert", r)[1] == {"reverted": True, "current": IDS[0], "by": "deploy"}
     assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
     # or the rollback finishes and commits
     host("switch", r, IDS[1], "pending")
@@ -173,7 +173,7 @@ def test_prepare_waits_for_a_guard_and_puts_back_an_unsettled_switch(root: Path)
     finally:
         holder.wait()
     assert code == 0 and doc["guard_waited_s"] >= 0.5
-    assert doc["put_back"] == {"from": IDS[1], "to": IDS[0], "restart": True}
+    assert doc["put_back"] == {"from": IDS[1], "to": IDS[0], "restart": True, "by": "deploy"}
     assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
 
 

@@ -323,6 +323,34 @@ def test_a_stopped_guard_is_named_at_once_not_waited_for(ops: Ops) -> None:
     assert not (ops.root / "deploy.pending").exists()
 
 
+def test_a_dead_rollback_is_said_as_one_and_finished_by_the_next(ops: Ops) -> None:
+    """probe37k K7: ops rollback and its guard both killed in the rollback's restart: the
+    pending record was called 'a deploy died ... never proven' (the rollback's target had
+    passed post-flights before), and the next plain `ops rollback` undid the dead rollback,
+    putting back the release the operator was leaving. The record says a rollback died; the
+    next rollback undoes the half-done switch, makes it again and proves it."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    kill_guard_and_ops(ops, "restart ...", verb="rollback")
+    assert ops.current() == r1 and (ops.root / "deploy.pending").exists()
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(st.get("warnings", []))
+    assert f"a rollback to release {r1} died before it passed its post-flight" in warned, st
+    assert "a deploy died" not in warned and "passed a post-flight before" in warned, st
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 1 and "ops rollback local finishes it" in text, text
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 0, text
+    assert f"put back a switch no rollback settled: current {r1} -> {r2}" in text, text
+    assert ops.current() == r1 and ops.serving() == r1  # where the operator was going
+    assert not (ops.root / "deploy.pending").exists()
+
+
 def test_an_unreadable_pending_record_is_not_called_a_never_proven_release(ops: Ops) -> None:
     """probe37d F3: a deploy.pending that names no release ({}) made a restart say 'current was
     never proven', which nothing on the host says. It is refused as what it is: unreadable."""
@@ -335,6 +363,13 @@ def test_an_unreadable_pending_record_is_not_called_a_never_proven_release(ops: 
     assert "never proven" not in text and "ops rollback local" in text, text
     assert "TARGET" not in text  # probe37i I6: the fix named with the target, once
     assert status(ops)["pid"] == pid  # nothing stopped
+    # probe37k K2: current was proven; the refusal says so and calls nothing unproven, and
+    # names the way that keeps it (--force; a deploy sets the record aside, current kept)
+    assert "current's release passed a post-flight before" in text, text
+    assert "unproven" not in text and "--force starts current as it is" in text, text
+    assert "the next deploy sets the record aside without moving current" in text, text
+    res = ops("service", "restart", "local", "--force")
+    assert res.returncode == 0, said(res)
 
 
 @pytest.mark.parametrize("junk", ["fifo", "symlink"])

@@ -577,8 +577,9 @@ class Deployer:
                 detail += ("; " if detail else "") + "; ".join(mended)
             if back:
                 detail += "; " if detail else ""
+                who = "rollback" if back.get("by") == "rollback" else "deploy"
                 detail += back.get("note") or (
-                    "put back a switch no deploy settled: current "
+                    f"put back a switch no {who} settled: current "
                     f"{back.get('from') or '(none)'} -> {back.get('to') or '(none)'}"
                 )
             if not moved or self.opts.no_restart:
@@ -666,7 +667,8 @@ class Deployer:
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
                 try:
-                    doc = host_releases(self.host, "switch", rid, "pending")
+                    by = "rollback" if self._rolling_back else "deploy"
+                    doc = host_releases(self.host, "switch", rid, "pending", by)
                 except HostError as exc:  # its result lost: the host is asked, after the guard
                     return "fail", f"switch failed: {exc.message}", {"lost": True}
                 except OpsError as exc:  # the host undid its half: current is where it was
@@ -1123,7 +1125,9 @@ class Deployer:
                 undone = self._prepared(host_releases(self.host, *self._prepare_args()))
             except StepFailed as exc:
                 return self.result("failed", failed_step="recover", message=exc.step.detail)
-            if undone and not to:  # the never-proven release was undone: that is the rollback
+            # a dead deploy's never-proven release undone: that is the rollback. A dead
+            # rollback's undone is where it started: it is made again (to previous, as it was)
+            if undone and not to and undone.get("by") != "rollback":
                 return self._recovered(undone)
             listing = host_releases(self.host, "list")
             self._before_state = listing.get("current_state")

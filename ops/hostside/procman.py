@@ -827,11 +827,15 @@ def pending_state(root: str) -> dict | None:
     readable = isinstance(doc, dict) and isinstance(doc.get("new"), str)
     doc = doc if isinstance(doc, dict) else {}
     new = doc.get("new") if isinstance(doc.get("new"), str) else None
+    cur = os.path.join(root, "current")
+    proven = os.path.isfile(os.path.join(cur, "proven.json")) if os.path.isdir(cur) else False
     return {
         "guard": guard_alive(root),
         "settled": doc.get("settled") is True,
         "new": new,
         "readable": readable or doc.get("settled") is True,
+        "by": "rollback" if doc.get("by") == "rollback" else "deploy",
+        "current_proven": proven,  # current's release passed a post-flight, some time
     }
 
 
@@ -847,13 +851,21 @@ def pending_note(pending: dict) -> str:
             "deploy.pending (settled) is there: a deploy or rollback put current back and died "
             "before restarting the service on it"
         )
+    was = " (its release passed a post-flight before: proven.json)"
     if not pending.get("readable", True):
+        said = "current's release passed a post-flight before (proven.json)"
         return (
-            "deploy.pending is there but cannot be read (it names no release): whether current "
-            "was proven cannot be told from it; a rollback of this target, or the next deploy, "
-            "clears it"
+            "deploy.pending is there but cannot be read (it names no release), so whether this "
+            "switch was proven cannot be told from it"
+            + (f"; {said}" if pending.get("current_proven") else "")
         )
     what = f"release {pending['new']}" if pending["new"] else "its release"
+    if pending.get("by") == "rollback":
+        return (
+            f"deploy.pending is there: a rollback to {what} died before it passed its "
+            "post-flight and its revert guard is gone, so this switch to current was never "
+            "proven" + (was if pending.get("current_proven") else "")
+        )
     return (
         f"deploy.pending is there: a deploy died before {what} passed its post-flight and its "
         "revert guard is gone, so current was never proven"
@@ -879,7 +891,10 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
         elif force:
             warnings.append(note + "; started it anyway (--force)")
         else:
-            return {"reason": note, "blocked_by": "pending"}, [], pending
+            kind = "pending" if pending.get("readable", True) else "pending-unreadable"
+            if pending.get("readable", True) and pending.get("by") == "rollback":
+                kind = "pending-rollback"
+            return {"reason": note, "blocked_by": kind}, [], pending
     bad = current_problem(root)
     if bad and force:
         warnings.append(f"{bad}; ran it anyway (--force)")

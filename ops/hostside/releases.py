@@ -339,6 +339,7 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
         doc = revert(root, settle=settle, from_prepare=True)
         if doc.get("reverted"):  # the service may still run what was switched away from
             put_back = {"from": before, "to": doc.get("current"), "restart": True}
+            put_back["by"] = doc.get("by", "deploy")
         elif doc.get("note"):
             put_back = {"from": before, "to": doc.get("current"), "note": doc["note"]}
     removed = []
@@ -403,12 +404,12 @@ def guard_alive(root: str) -> bool:
     return False
 
 
-def switch(root: str, release: str, pending: bool) -> dict:
+def switch(root: str, release: str, pending: bool, by: str = "deploy") -> dict:
     rid(release)
     if not os.path.isdir(inside(root, os.path.join(root, "releases", release))):
         raise Refused(f"no release {release}")
     if not pending:
-        return _switch(root, release, pending)
+        return _switch(root, release, pending, by)
     # A pending switch (a deploy's or a rollback's) happens only while its guard lives, checked
     # under deploy.switch, which the guard takes before it reverts and keeps until it exits: a
     # guard that has already put the host back (its ops went away: a Ctrl-C, a dropped SSH
@@ -418,15 +419,15 @@ def switch(root: str, release: str, pending: bool) -> dict:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if not guard_alive(root):
             raise Refused(
-                "no revert guard holds deploy.guard (the deploy that asked for this switch "
-                "has gone): nothing was switched"
+                "no revert guard holds deploy.guard (the guard, or the deploy that asked for "
+                "this switch, has gone): nothing was switched"
             )
-        return _switch(root, release, pending)
+        return _switch(root, release, pending, by)
     finally:
         os.close(fd)
 
 
-def _switch(root: str, release: str, pending: bool) -> dict:
+def _switch(root: str, release: str, pending: bool, by: str = "deploy") -> dict:
     cur, prev = link_state(root, "current"), link_state(root, "previous")
     path, pending_path = os.path.join(root, "current"), os.path.join(root, "deploy.pending")
     aside = prev_aside = None
@@ -450,6 +451,7 @@ def _switch(root: str, release: str, pending: bool) -> dict:
                 "previous_before": prev,
                 "aside": aside,
                 "previous_aside": prev_aside,
+                "by": by,  # "deploy" or "rollback": who switched (what a revert undoes)
             },
         )
     moved = False
@@ -578,7 +580,8 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         # switched back already; the service still needs its restart
         if not settle:
             os.unlink(path)
-        return {"reverted": True, "current": shown(link_state(root, "current"))}
+        by = "rollback" if doc.get("by") == "rollback" else "deploy"
+        return {"reverted": True, "current": shown(link_state(root, "current")), "by": by}
     why = not_whole(doc)
     now = shown(link_state(root, "current"))
     if why:  # never read as a first install: current stays as it is, the record is kept aside
@@ -612,17 +615,18 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
             os.unlink(os.path.join(root, "previous"))
         os.rename(doc["previous_aside"], os.path.join(root, "previous"))
     back = shown(cur_before)
+    by = "rollback" if doc.get("by") == "rollback" else "deploy"
     if not settle:
         os.unlink(path)
-        return {"reverted": True, "current": back}
+        return {"reverted": True, "current": back, "by": by}
     try:
-        write_json(path, {"settled": True, "current": back})
+        write_json(path, {"settled": True, "current": back, "by": by})
     except OSError as exc:
         # current is back; the record stays as it was, so a guard that runs later reverts again
         # to the same place (a no-op) and restarts the service
         note = f"current is back; deploy.pending not updated ({exc.strerror})"
-        return {"reverted": True, "current": back, "note": note}
-    return {"reverted": True, "current": back}
+        return {"reverted": True, "current": back, "note": note, "by": by}
+    return {"reverted": True, "current": back, "by": by}
 
 
 def retire(root: str, release: str) -> dict:
@@ -801,7 +805,8 @@ def main(argv: list[str]) -> dict:
     if action == "finalize":
         return finalize(root, argv[2], argv[3])
     if action == "switch":
-        return switch(root, argv[2], len(argv) > 3 and argv[3] == "pending")
+        by = "rollback" if argv[4:5] == ["rollback"] else "deploy"
+        return switch(root, argv[2], len(argv) > 3 and argv[3] == "pending", by)
     if action == "commit":
         return commit(root, argv[2] if len(argv) > 2 else None)
     if action == "revert":

@@ -218,6 +218,17 @@ class ServiceManager(ABC):
                 f"; ops rollback {name} puts the host back on its release before and proves "
                 "it (--force starts the unproven one as it is)"
             )
+        if blocked_by == "pending-rollback":
+            return (
+                f"; ops rollback {name} finishes it: the switch is undone, made again and "
+                "proven (--force starts current as it is)"
+            )
+        if blocked_by == "pending-unreadable":
+            return (
+                "; --force starts current as it is; the next deploy sets the record aside "
+                f"without moving current (ops rollback {name} does too, then switches to "
+                "previous)"
+            )
         if blocked_by == "port":  # e.g. another user's `local` on this machine
             return (
                 f"; to run beside it, give {name}'s service a free port: "

@@ -207,13 +207,17 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
-def kill_guard_and_ops(ops: Ops, marker: str, guard_sig: int = signal.SIGKILL) -> list[int]:
+def kill_guard_and_ops(
+    ops: Ops, marker: str, guard_sig: int = signal.SIGKILL, verb: str = "deploy"
+) -> list[int]:
     """A deploy whose ops AND revert guard die at `marker` (an OOM kill, a reboot of the
     guard's shell): nobody is left to put the host back. With `guard_sig` SIGSTOP, the guard
-    is stopped instead (a debugger, a job-control slip). The guard's process groups."""
+    is stopped instead (a debugger, a job-control slip); `verb` rollback: a plain `ops
+    rollback` instead of a deploy. The guard's process groups."""
     groups: list[int] = []
+    args = ("--source", str(ops.src)) if verb == "deploy" else ()
     proc = subprocess.Popen(
-        ops.argv("deploy", "local", "--source", str(ops.src), "--max-tokens", "3"),
+        ops.argv(verb, "local", *args, "--max-tokens", "3"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
