@@ -608,6 +608,43 @@ def test_a_root_made_read_only_after_the_post_flight_is_a_result_not_an_error(
     assert (ops.root / "releases" / r3 / "proven.json").exists()
 
 
+def test_a_root_made_read_only_at_the_rollback_names_the_fix(ops: Ops, tmp_path: Path) -> None:
+    """probe37k K3 (low): the root read-only as a failed deploy's rollback began: nothing could
+    switch back (the failed release serves on), and the line said only 'could not roll back:
+    current is X'. It says why and the command that puts the old release back once mended;
+    that command does."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", 'default=""', 'default="other"')  # answers differ
+    driver = tmp_path / "driver.py"
+    driver.write_text(READ_ONLY_AT_START)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    argv = [sys.executable, str(driver), f"' revert {ops.root} settle", str(ops.root)]
+    if subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    subprocess.run(["umount", "-l", str(tmp_path)], check=True)
+    try:
+        res = subprocess.run(
+            [*argv, *ops.argv(*args)[3:]],
+            capture_output=True,
+            text=True,
+            env=ops.env,
+            cwd=REPO,
+            timeout=180,
+        )
+        said = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 1 and no_traceback(res.stderr), said
+        r2 = ops.record("deploy")["results"][0]["release"]
+        assert "could not roll back (" in said and "Read-only file system" in said, said
+        assert f"ops rollback local --to {r1} puts it back" in said, said
+        assert ops.current() == r2
+    finally:
+        subprocess.run(["umount", "-l", str(ops.root)], capture_output=True)
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ops.current() == r1 and ops.serving() == r1
+
+
 def service_state(ops: Ops) -> tuple[dict, str | None]:
     """`ops service status` as JSON, and the release the service's process runs from."""
     _, st = ops.json("service", "status", "local")

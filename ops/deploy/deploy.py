@@ -855,6 +855,7 @@ class Deployer:
             try:
                 doc = host_releases(self.host, "revert", "settle")
             except OpsError as exc:  # deploy.pending stays: the guard tries again as ops leaves
+                reverted["error"] = exc.message
                 return "fail", f"could not switch back: {exc.message}; {self._where_now()}", {}
             reverted.update(doc)
             if doc.get("first_install"):  # stop the service first, then no current at all
@@ -942,6 +943,11 @@ class Deployer:
         else:  # say where the host is, as it says, not where this deploy last put it
             after, asked = self._ask_current()
             where = f"could not roll back: {asked}"
+            if reverted.get("error") and after == rid and before:  # the host refused the revert
+                where = (
+                    f"could not roll back ({reverted['error']}): {asked}; once that is mended, "
+                    f"ops rollback {self.target.name} --to {before} puts it back"
+                )
             if back_failed is not None:  # never "rolled back" where the rollback failed
                 outcome = "failed"
                 if after is None and asked.startswith("current unknown"):
