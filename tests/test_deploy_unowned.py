@@ -553,6 +553,28 @@ main()
 """
 
 
+def deploy_read_only_at(
+    ops: Ops, tmp_path: Path, mark: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """A deploy during which the remote root turns read-only as the host command whose
+    arguments hold `mark` starts (skipped where bind mounts are not allowed). The caller
+    unmounts ops.root."""
+    if subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    subprocess.run(["umount", "-l", str(tmp_path)], check=True)
+    driver = tmp_path / "driver.py"
+    driver.write_text(READ_ONLY_AT_START)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3", *extra]
+    return subprocess.run(
+        [sys.executable, str(driver), mark, str(ops.root)] + ops.argv(*args)[3:],
+        capture_output=True,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+        timeout=180,
+    )
+
+
 @pytest.mark.parametrize("step", ["commit", "prune"])
 def test_a_root_made_read_only_after_the_post_flight_is_a_result_not_an_error(
     ops: Ops, tmp_path: Path, step: str
@@ -568,22 +590,8 @@ def test_a_root_made_read_only_after_the_post_flight_is_a_result_not_an_error(
     assert ops.deploy().returncode == 0  # three releases with this one: --keep 2 prunes one
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    driver = tmp_path / "driver.py"
-    driver.write_text(READ_ONLY_AT_START)
-    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3", "--keep", "2"]
-    argv = [sys.executable, str(driver), f"' {step} {ops.root}", str(ops.root)]
-    if subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)]).returncode != 0:
-        pytest.skip("cannot bind-mount here")
-    subprocess.run(["umount", "-l", str(tmp_path)], check=True)
     try:
-        res = subprocess.run(
-            [*argv, *ops.argv(*args)[3:]],
-            capture_output=True,
-            text=True,
-            env=ops.env,
-            cwd=REPO,
-            timeout=180,
-        )
+        res = deploy_read_only_at(ops, tmp_path, f"' {step} {ops.root}", "--keep", "2")
         said = " ".join((res.stdout + res.stderr).split())
         assert no_traceback(res.stderr) and "error:" not in said, said
         result = ops.record("deploy")["results"][0]
@@ -616,22 +624,8 @@ def test_a_root_made_read_only_at_the_rollback_names_the_fix(ops: Ops, tmp_path:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", 'default=""', 'default="other"')  # answers differ
-    driver = tmp_path / "driver.py"
-    driver.write_text(READ_ONLY_AT_START)
-    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    argv = [sys.executable, str(driver), f"' revert {ops.root} settle", str(ops.root)]
-    if subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)]).returncode != 0:
-        pytest.skip("cannot bind-mount here")
-    subprocess.run(["umount", "-l", str(tmp_path)], check=True)
-    try:
-        res = subprocess.run(
-            [*argv, *ops.argv(*args)[3:]],
-            capture_output=True,
-            text=True,
-            env=ops.env,
-            cwd=REPO,
-            timeout=180,
-        )
+    try:  # the deploy's own revert ("settle"), not its guard's
+        res = deploy_read_only_at(ops, tmp_path, f"' revert {ops.root} settle")
         said = " ".join((res.stdout + res.stderr).split())
         assert res.returncode == 1 and no_traceback(res.stderr), said
         r2 = ops.record("deploy")["results"][0]["release"]

@@ -711,24 +711,15 @@ class Deployer:
                     {},
                 ),
             )
-            if prune:
-                self._prune()
-            return self.result(
-                "installed",
-                release=rid,
-                before=before,
-                after=rid,
-                message="installed; the service was not restarted",
-            )
         if prune:
             self._prune()
-        return self.result(
-            "deployed",
-            release=rid,
-            before=before,
-            after=rid,
-            message=f"{rid} is current and healthy",
+        outcome: Outcome = "deployed" if restart else "installed"
+        said = (
+            f"{rid} is current and healthy"
+            if restart
+            else "installed; the service was not restarted"
         )
+        return self.result(outcome, release=rid, before=before, after=rid, message=said)
 
     def _commit(self, rid: str, proven: bool) -> tuple[Status, str, dict[str, Any]]:
         """The switch made final (deploy.pending removed); `proven`: the release passed its
