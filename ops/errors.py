@@ -10,6 +10,7 @@
     │   ├── CommandFailed         a command exited non-zero (carries its Result)
     │   │   └── CommandTimedOut   a command ran past its timeout (carries its Result)
     │   ├── ModuleOutputError     a data-plane module printed no JSON document
+    │   ├── HostSideBug           ops's own host-side code raised (exit 4: a bug, one line)
     │   └── LockHeld              the host lock is held by someone else (says who and since when)
 
 Exit codes: EXIT_OK 0 pass / GO, EXIT_FAIL 1 fail / NO-GO, EXIT_BAD_INPUT 2 bad input,
@@ -104,6 +105,13 @@ class CommandTimedOut(CommandFailed):
 
 class ModuleOutputError(HostError):
     """A data-plane module did not print exactly one JSON document on stdout."""
+
+
+class HostSideBug(HostError):
+    """ops's own host-side code (the releases or process-manager module) raised: a bug in
+    ops, said in one line (the exception's last line), exit 4 like any internal error."""
+
+    exit_code = EXIT_INTERNAL
 
 
 class LockHeld(HostError):

@@ -20,6 +20,7 @@ service of tests/helpers/deploy_ops.py.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -395,3 +396,39 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
     line = one_error_line(ops("rollback", "local", "--max-tokens", "3"))
     assert f"release {r1} is damaged (rejected.json" in line, line
     assert ops.current() == r2 and ops.serving() == r2
+
+
+@pytest.mark.parametrize("shape", ["release-link", "foreign-etc"])
+def test_a_forged_pending_record_never_points_current_outside_the_releases(
+    ops: Ops, shape: str
+) -> None:
+    """probe37l L1 (high), L2: a deploy.pending written by hand in the shape ops writes, whose
+    `current_before` names release R1 with a link to /nonexistent (or a foreign link to /etc
+    with no `resolves`): the recover step pointed current at that path (every rollback then
+    failed, the fix named did not work), or crashed on the host with a traceback (exit 2). A
+    release is put back as releases/<id>; a foreign current no service could start from is
+    not what current was: it stays, and the rollback goes on to a release."""
+    r1, r2 = two_releases(ops)
+    before = (
+        {"kind": "release", "id": r1, "link": "/nonexistent/zz"}
+        if shape == "release-link"
+        else {"kind": "foreign", "link": "/etc"}
+    )
+    doc = {
+        "version": 2,
+        "previous": r1,
+        "new": r2,
+        "old_previous": None,
+        "current_before": before,
+        "previous_before": {"kind": "none"},
+        "aside": None,
+        "previous_aside": None,
+        "by": "deploy",
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 0 and "Traceback" not in text, text
+    assert ops.current() == r1 and ops.serving() == r1, text
+    assert os.readlink(ops.root / "current") == f"releases/{r1}"
+    assert not (ops.root / "deploy.pending").exists()

@@ -188,3 +188,20 @@ def test_a_pending_switch_needs_a_live_guard(root: Path) -> None:
     assert links(root)[0] == IDS[0] and not (root / "deploy.pending").exists()
     code, doc = host("switch", r, IDS[1], "pending")
     assert code == 0 and links(root)[0] == IDS[1] and (root / "deploy.pending").exists()
+
+
+def test_a_host_side_exception_is_one_line_and_exit_4(tmp_path: Path) -> None:
+    """probe37l L2: ops's own host-side code raising (a KeyError on a hand-edited record) came
+    back as exit 2, the bad-input code, with the host's multi-line traceback. It is one line
+    naming the exception, exit 4 (a bug in ops)."""
+    from ops.deploy.host_actions import host_json
+    from ops.errors import EXIT_INTERNAL, HostSideBug
+    from ops.hosts.inventory import Target
+    from ops.hosts.local import LocalHost
+
+    host = LocalHost(Target(name="local", python=sys.executable, remote_root=str(tmp_path)))
+    with pytest.raises(HostSideBug) as caught:
+        host_json(host, "def f(d):\n    return d['resolves']\nf({})\n", [], "releases list")
+    said = caught.value.message
+    assert caught.value.exit_code == EXIT_INTERNAL and "\n" not in said, said
+    assert "releases list" in said and "KeyError: 'resolves'" in said, said

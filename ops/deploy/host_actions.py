@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ops.errors import HostError, OpsError
+from ops.errors import HostError, HostSideBug, OpsError
 from ops.hosts.inventory import Target
 from ops.hosts.remote import INTERRUPT_SIGNALS, Host, shell_path
 from ops.hostside import source
@@ -36,6 +36,13 @@ def host_json(
     try:
         doc = json.loads(res.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
+        if "Traceback (most recent call last)" in res.stderr:  # ours raised: one line, exit 4
+            last = res.stderr.strip().splitlines()[-1][:300]
+            raise HostSideBug(
+                f"internal error in ops's host side: {last} (a bug in ops: please report it)",
+                target=host.name,
+                step=step,
+            ) from None
         raise HostError(
             f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
             target=host.name,

@@ -159,16 +159,17 @@ def describe(state: dict) -> str:
     kind = state.get("kind")
     if kind == "release":
         return f"releases/{state['id']}"
-    if kind == "foreign":
+    if kind == "foreign":  # (.get: a state read back from deploy.pending may lack a key)
+        link = state.get("link")
         if state.get("aside"):
-            return f"{state['link']} (the hand-made current that a deploy moved aside)"
+            return f"{link} (the hand-made current that a deploy moved aside)"
         if state.get("exists"):
-            return f"{state['link']} (a symlink ops did not make)"
+            return f"{link} (a symlink ops did not make)"
         if state.get("release"):
-            return f"{state['link']} (release {state['release']}, whose directory is gone)"
-        return f"{state['link']} (a symlink to nothing: {state['resolves']} does not exist)"
+            return f"{link} (release {state['release']}, whose directory is gone)"
+        return f"{link} (a symlink to nothing: {state.get('resolves', link)} does not exist)"
     if kind in ("directory", "file"):
-        return f"{state['path']} (a real {kind}, not a symlink)"
+        return f"{state.get('path')} (a real {kind}, not a symlink)"
     return "(none)"
 
 
@@ -526,6 +527,10 @@ def not_whole(doc: object) -> str | None:
             return f"its {key} is not a state"
         if state["kind"] in ("release", "foreign") and not isinstance(state.get("link"), str):
             return f"its {key} has no link"
+        if state["kind"] == "release" and not (
+            isinstance(state.get("id"), str) and ID_RE.match(state["id"])
+        ):
+            return f"its {key} names no release id"
     before = doc.get("current_before") or {}
     if before.get("kind") in ("directory", "file") and not isinstance(doc.get("aside"), str):
         return "it names no place current was moved aside to"
@@ -551,9 +556,15 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
     if before["kind"] == "release":
         if not os.path.isdir(os.path.join(root, "releases", before["id"])):
             return False
-        set_link(root, "current", before["link"])
+        set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
     elif before["kind"] == "foreign":
-        set_link(root, "current", before["link"])  # as it was, even a dangling link
+        # as it was (a hand-made hotfix copy), where a service can start from it: a deploy
+        # never switches away from one it could not (procman `startable`), so a record naming
+        # one that cannot is not what current was (edited by hand): it stays where it is
+        target = os.path.realpath(os.path.join(root, before["link"]))
+        if not (os.path.isdir(target) and regular(os.path.join(target, "service.env"))):
+            return False
+        set_link(root, "current", before["link"])
     else:  # a real directory or file, moved aside by the switch
         if not aside or not os.path.lexists(inside(root, aside)):
             return False
@@ -565,7 +576,9 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
 
 def put_previous_back(root: str, before: dict) -> None:
     path = os.path.join(root, "previous")
-    if before["kind"] in ("release", "foreign"):
+    if before["kind"] == "release":
+        set_link(root, "previous", release_link(before["id"]))
+    elif before["kind"] == "foreign":
         set_link(root, "previous", before["link"])
     elif before["kind"] == "none" and os.path.islink(path):
         os.unlink(path)
