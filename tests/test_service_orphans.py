@@ -251,21 +251,30 @@ def test_a_pidfile_over_4_kib_is_read_whole(svc: ServiceCli) -> None:
     assert not alive(pid)
 
 
-def test_a_forged_pidfile_never_gets_an_unrelated_process_signalled(svc: ServiceCli) -> None:
+@pytest.mark.parametrize("environ", ["other", "empty"])
+def test_a_forged_pidfile_never_gets_an_unrelated_process_signalled(
+    svc: ServiceCli, environ: str
+) -> None:
     """probe37g G5: a pidfile rewritten to name an unrelated process (its pid, its exact start
     time, this boot) made `ops service stop` kill it. A process whose environment names no
-    service of ops is not the pidfile's service: the pidfile is stale, nothing is signalled."""
+    service of ops is not the pidfile's service: the pidfile is stale, nothing is signalled.
+    probe37l L6: a process whose environment reads empty (a daemon that rewrote it with
+    setproctitle, as sshd does) was taken on the pidfile's word; it is not this service unless
+    it runs under the root."""
     code, st = svc("service", "start", "local")
     assert code == 0, st
     ident = json.loads(svc.pidfile.read_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_OPS_")}
-    other = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    if environ == "empty":
+        env = {}
+    other = subprocess.Popen(["/bin/sleep", "300"], env=env, start_new_session=True, cwd="/")
     try:
         with open(f"/proc/{other.pid}/stat") as f:
             start = f.read().rsplit(")", 1)[1].split()[19]
         svc.pidfile.write_text(json.dumps({**ident, "pid": other.pid, "start": int(start)}))
         code, st = svc("service", "stop", "local")
-        assert "names no service of ops" in st["detail"], st
+        why = "names no service of ops" if environ == "other" else "shows no environment"
+        assert why in st["detail"], st
         assert alive(other.pid) and other.poll() is None  # never signalled
         assert not alive(ident["pid"])  # the real service: found by its environment, stopped
     finally:

@@ -229,8 +229,14 @@ def not_owner(ident: dict, pidfile: str) -> str | None:
         return why + f"it names service {got!r} under {got_root}, pid {pid}"
     env = proc_environ(pid)
     if not env:
-        # not ours to read (another user's), or read while the process was in execve (the
-        # kernel shows an empty environment then): the recorded identity stands
+        # not ours to read (another user's), read while the process was in execve (the kernel
+        # shows an empty environment then), or overwritten by its own setproctitle (sshd,
+        # nginx; a service may do it too): the recorded identity stands only for a process
+        # that runs under this root, as every service ops starts does (probe37l L6: a forged
+        # pidfile naming such a daemon, whose cwd is /, got it signalled)
+        now = proc_cwd(pid, resolve=False)
+        if isinstance(now, str) and not under(now, root):
+            return why + f"pid {pid} shows no environment and runs in {now}, not under {root}"
         return None
     if ENV_ROOT not in env and ENV_SERVICE not in env:  # every process ops starts has both
         return why + f"pid {pid}'s environment names no service of ops (not started by ops)"
