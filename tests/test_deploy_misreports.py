@@ -213,6 +213,7 @@ def test_a_restart_whose_result_is_lost_asks_where_the_guard_left_the_host(ops: 
 # for the one command whose arguments carry MARK; everything else runs as it is).
 KILL_AT_START = """
 import subprocess, sys
+sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
 import ops.hosts.local as local
 MARK = sys.argv.pop(1)
 real = subprocess.Popen

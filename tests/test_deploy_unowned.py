@@ -484,6 +484,7 @@ def test_full_disk_during_the_rollback_leaves_no_stray_file(
 # `_exec` is inside the try that stops it): the driver sends SIGINT to ops itself right there.
 INTERRUPT_AT_START = """
 import os, signal, subprocess, sys
+sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
 import ops.hosts.local as local
 MARK = sys.argv.pop(1)
 real = subprocess.Popen
@@ -498,6 +499,41 @@ from ops.cli import main
 sys.argv = ["ops", *sys.argv[1:]]
 main()
 """
+
+
+def test_ctrl_c_once_the_commit_landed_says_proven(ops: Ops, tmp_path: Path) -> None:
+    """probe37l L3 (low): a Ctrl-C landing after the host had made the switch final, before
+    its answer was read, said the release was 'switched, not proven' (proven.json there, no
+    deploy.pending). The host is asked: it was proven and switched to."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    driver = tmp_path / "driver.py"
+    # the commit runs to its end on the host; the interrupt comes before ops reads its answer
+    driver.write_text(
+        INTERRUPT_AT_START.replace(
+            "        super().__init__(args, *a, **k)\n",
+            "        super().__init__(args, *a, **k)\n"
+            '        if MARK in " ".join(map(str, args)):\n'
+            "            self.wait()\n",
+            1,
+        )
+    )
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    res = subprocess.run(
+        [sys.executable, str(driver), f"' commit {ops.root}", *ops.argv(*args)[3:]],
+        capture_output=True,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+        timeout=120,
+    )
+    said = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 130 and no_traceback(res.stderr), said
+    r2 = ops.current()
+    assert (ops.root / "releases" / r2 / "proven.json").exists()
+    assert f"{r2} was proven and switched to before the interrupt" in said, said
+    assert "not proven" not in said, said
+    assert ops.serving() == r2
 
 
 @pytest.mark.parametrize("verb", ["deploy", "rollback"])
@@ -536,6 +572,7 @@ def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
 # carry MARK is started, inside the real `ops` process (the driver wraps subprocess.Popen).
 READ_ONLY_AT_START = """
 import subprocess, sys
+sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
 import ops.hosts.local as local
 MARK, ROOT = sys.argv.pop(1), sys.argv.pop(1)
 real = subprocess.Popen

@@ -171,7 +171,10 @@ class Deployer:
         state = ""
         serving: str | None = None
         try:
-            now = shown_state(host_releases(self.host, "list").get("current_state"))
+            listing = host_releases(self.host, "list")
+            now = shown_state(listing.get("current_state"))
+            if self._switched and now == self._switched and not listing.get("pending"):
+                self._committed = self._committed or now  # the commit landed, its answer not
             if self._switched and not self.opts.no_restart:
                 st = manager_for(self.host).status()
                 state = f"; service {st.state}" + (f" ({st.detail})" if st.detail else "")
