@@ -380,6 +380,20 @@ def test_what_is_kept_aside_is_trimmed_and_damage_is_worded(ops: Ops) -> None:
     assert kept == [f"deploy.pending.unreadable-20260101T00000{i}Z" for i in range(3, 8)], kept
 
 
+def test_a_service_env_a_start_would_refuse_makes_the_release_damaged(ops: Ops) -> None:
+    """probe37l L5 (low): a release whose service.env is over the MiB a start reads was listed
+    whole, and `ops rollback --to` switched to it only to have the restart refuse (undone).
+    It is damaged, as a missing one is: refused before anything is switched."""
+    r1, r2 = two_releases(ops)
+    os.truncate(ops.root / "releases" / r1 / "service.env", 2 << 20)
+    code, doc = ops.json("releases", "local")
+    listed = {r["id"]: r for r in doc["releases"]}
+    assert "service.env is 2097152 bytes" in (listed[r1]["damaged"] or ""), listed[r1]
+    line = one_error_line(ops("rollback", "local", "--to", r1, "--max-tokens", "3"))
+    assert f"release {r1} is damaged (service.env is 2097152 bytes" in line, line
+    assert ops.current() == r2 and ops.serving() == r2
+
+
 def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_they_take(
     ops: Ops,
 ) -> None:

@@ -725,6 +725,10 @@ def listing(root: str) -> dict:
         if damaged is None and not regular(env):
             what = "missing" if not os.path.lexists(env) else "not a regular file"
             damaged = f"service.env is {what} (the release's configuration: kernels, backends)"
+        elif damaged is None and os.lstat(env).st_size > MAX_JSON:  # what a start refuses
+            damaged = (
+                f"service.env is {os.lstat(env).st_size} bytes (a start reads at most {MAX_JSON})"
+            )
         rejected, why = _read_json(os.path.join(rel, name, "rejected.json"))
         if damaged is None and why != "missing" and not isinstance(rejected, dict):
             damaged = f"rejected.json is {why or 'not an object'} (a rejection, unreadable)"
