@@ -236,7 +236,9 @@ def cut_at(ops: Ops, server, marker: str, delay: float = 0.0) -> tuple[int, str,
         seen += line
     time.sleep(delay)
     sessions = [  # the connection's sshd processes, not the commands they run
-        pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid)
+        pid
+        for pid in descendants(server.proc.pid)
+        if "sshd" in cmdline_of(pid).split("\0")[0]  # its argv[0]: never a command it runs
     ]
     server.proc.send_signal(signal.SIGKILL)  # the listener: no new connection
     for pid in sessions:  # its sessions: ops's connection is cut
