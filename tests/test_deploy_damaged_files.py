@@ -412,7 +412,9 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
     assert ops.current() == r2 and ops.serving() == r2
 
 
-@pytest.mark.parametrize("shape", ["release-link", "foreign-etc"])
+@pytest.mark.parametrize(
+    "shape", ["release-link", "foreign-etc", "aside-releases", "previous-aside-release"]
+)
 def test_a_forged_pending_record_never_points_current_outside_the_releases(
     ops: Ops, shape: str
 ) -> None:
@@ -421,22 +423,32 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     with no `resolves`): the recover step pointed current at that path (every rollback then
     failed, the fix named did not work), or crashed on the host with a traceback (exit 2). A
     release is put back as releases/<id>; a foreign current no service could start from is
-    not what current was: it stays, and the rollback goes on to a release."""
+    not what current was: it stays, and the rollback goes on to a release. probe37m M2
+    (high): an `aside` naming releases/ (or a `previous_aside` naming a release) had the revert
+    rename every release into `current`, and the next rollback stopped the serving service;
+    only a <name>.before-<utc> of the root is a place a switch moves things aside to."""
     r1, r2 = two_releases(ops)
-    before = (
-        {"kind": "release", "id": r1, "link": "/nonexistent/zz"}
-        if shape == "release-link"
-        else {"kind": "foreign", "link": "/etc"}
-    )
+    root = str(ops.root)
+    before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
+    prev_before: dict = {"kind": "none"}
+    aside = prev_aside = None
+    if shape == "release-link":
+        before["link"] = "/nonexistent/zz"
+    elif shape == "foreign-etc":
+        before = {"kind": "foreign", "link": "/etc"}
+    elif shape == "aside-releases":
+        before, aside = {"kind": "directory", "path": f"{root}/current"}, f"{root}/releases"
+    else:
+        prev_before, prev_aside = {"kind": "directory"}, f"{root}/releases/{r1}"
     doc = {
         "version": 2,
         "previous": r1,
         "new": r2,
         "old_previous": None,
         "current_before": before,
-        "previous_before": {"kind": "none"},
-        "aside": None,
-        "previous_aside": None,
+        "previous_before": prev_before,
+        "aside": aside,
+        "previous_aside": prev_aside,
         "by": "deploy",
     }
     (ops.root / "deploy.pending").write_text(json.dumps(doc))
@@ -446,3 +458,4 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     assert ops.current() == r1 and ops.serving() == r1, text
     assert os.readlink(ops.root / "current") == f"releases/{r1}"
     assert not (ops.root / "deploy.pending").exists()
+    assert sorted(p.name for p in (ops.root / "releases").iterdir()) == sorted([r1, r2])

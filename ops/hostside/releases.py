@@ -534,7 +534,27 @@ def not_whole(doc: object) -> str | None:
     before = doc.get("current_before") or {}
     if before.get("kind") in ("directory", "file") and not isinstance(doc.get("aside"), str):
         return "it names no place current was moved aside to"
+    for key, name in (("aside", "current"), ("previous_aside", "previous")):
+        # only where a switch moves them: <root>/current.before-<utc>, previous.before-<utc>
+        if doc.get(key) is not None and not aside_name(doc[key], name):
+            return f"its {key} is not a {name}.before-<utc> of the root"
     return None
+
+
+ASIDE_RE = re.compile(r"^(current|previous)\.before-[0-9]{8}T[0-9]{6}Z$")
+
+
+def in_root(root: str, path: str) -> bool:
+    """`path` names an entry of the root itself (not of a directory below it)."""
+    return os.path.realpath(os.path.dirname(path)) == os.path.realpath(root)
+
+
+def aside_name(path: object, name: str) -> bool:
+    """`path` is where a switch moves a hand-made `name` aside: <root>/<name>.before-<utc>."""
+    if not isinstance(path, str):
+        return False
+    m = ASIDE_RE.match(os.path.basename(path))
+    return bool(m) and m.group(1) == name
 
 
 def before_states(doc: dict) -> tuple[dict, dict]:
@@ -565,8 +585,8 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
         if not (os.path.isdir(target) and regular(os.path.join(target, "service.env"))):
             return False
         set_link(root, "current", before["link"])
-    else:  # a real directory or file, moved aside by the switch
-        if not aside or not os.path.lexists(inside(root, aside)):
+    else:  # a real directory or file, moved aside by the switch (beside it, by that name)
+        if not aside or not in_root(root, aside) or not os.path.lexists(inside(root, aside)):
             return False
         if os.path.islink(path):
             os.unlink(path)  # rename(2) cannot put a directory over a symlink
@@ -623,7 +643,11 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         return {"reverted": False, "gone": describe(cur_before), "current": now, "note": note}
     if prev_before["kind"] not in ("directory", "file"):
         put_previous_back(root, prev_before)
-    elif doc.get("previous_aside") and os.path.lexists(inside(root, doc["previous_aside"])):
+    elif (
+        doc.get("previous_aside")
+        and in_root(root, doc["previous_aside"])
+        and os.path.lexists(inside(root, doc["previous_aside"]))
+    ):
         if os.path.islink(os.path.join(root, "previous")):
             os.unlink(os.path.join(root, "previous"))
         os.rename(doc["previous_aside"], os.path.join(root, "previous"))
