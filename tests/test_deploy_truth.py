@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, steps
-from helpers.local import end_services
+from helpers.local import alive, end_services
 
 
 def flat(text: str) -> str:
@@ -225,7 +225,6 @@ def loop(tmp_path: Path):
 def cut_at(ops: Ops, server, marker: str, delay: float = 0.0) -> tuple[int, str, str]:
     """A deploy to `loop`; `delay` s after `marker` shows on stderr, the sshd and its sessions
     are killed (no new connection, ops's own cut): (exit, stdout, stderr)."""
-    import signal
 
     proc = ops.popen("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
     assert proc.stderr is not None
@@ -235,6 +234,15 @@ def cut_at(ops: Ops, server, marker: str, delay: float = 0.0) -> tuple[int, str,
         assert line, seen
         seen += line
     time.sleep(delay)
+    cut(server)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, seen + err
+
+
+def cut(server) -> None:  # noqa: ANN001
+    """The loopback sshd and its sessions killed: no new connection, every one cut."""
+    import signal
+
     sessions = [  # the connection's sshd processes, not the commands they run
         pid
         for pid in descendants(server.proc.pid)
@@ -244,8 +252,6 @@ def cut_at(ops: Ops, server, marker: str, delay: float = 0.0) -> tuple[int, str,
     for pid in sessions:  # its sessions: ops's connection is cut
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, seen + err
 
 
 def test_a_link_lost_after_the_switch_is_never_called_rolled_back(loop) -> None:
@@ -335,3 +341,51 @@ def test_a_link_lost_during_the_rollbacks_restart_is_unknown_not_down(loop) -> N
     assert "whether its service serves is unknown" in result["message"], result["message"]
     assert "does not serve" not in result["message"], result["message"]
     assert (root / "current").readlink().name == r1
+
+
+def test_a_restart_whose_link_is_cut_between_stop_and_start_still_starts(loop) -> None:
+    """probe37m M8 (high): `ops service restart` over SSH with its link cut (or ops killed)
+    after the host had stopped the service and before it started it: the host's watcher ended
+    the process manager there, and the service stayed down until someone ran a start. The
+    restart's stop and start are done by a worker of its own session, to their end."""
+    import urllib.request
+
+    ops, server, root = loop
+    marker = ops.tmp / "got-term"
+    slow_stop = (  # the service takes its time to stop: the cut lands in the restart's stop
+        "def main() -> None:\n"
+        "    import signal as _s, time as _t\n"
+        "    def _term(*_a):\n"
+        f"        open({str(marker)!r}, 'a').close()\n"
+        "        _t.sleep(1.5)\n"
+        "        raise SystemExit(0)\n"
+        "    _s.signal(_s.SIGTERM, _term)\n"
+    )
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow_stop)
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    pidfile = root / "run" / "ddtree-engine.pid"
+    old = json.loads(pidfile.read_text())["pid"]
+    section = ops.inventory.read_text().split("[targets.loop.service]")[1]
+    url = section.split("url = '")[1].split("'")[0] + "/health"
+    proc = ops.popen("service", "restart", "loop")
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the restart never stopped the service"
+    cut(server)  # the host has begun the stop; its start is still to come
+    proc.communicate(timeout=120)
+
+    def serving_anew() -> bool:  # a new process in the pidfile, and /health answered
+        try:
+            if json.loads(pidfile.read_text())["pid"] == old:
+                return False
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except (OSError, ValueError, KeyError):
+            return False
+
+    deadline = time.monotonic() + 60
+    while not serving_anew() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert serving_anew(), "the restart never started the service again"
+    assert not alive(old)

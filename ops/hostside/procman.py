@@ -53,6 +53,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
 FAST_POLL_S = 5.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
 ENV_ROOT, ENV_SERVICE = "DDTREE_OPS_ROOT", "DDTREE_OPS_SERVICE"  # whose service a process is
@@ -1267,8 +1268,48 @@ def main(argv: list[str]) -> dict:
         return {**(refused or {}), "warnings": warnings}
     if action == "restart":
         mode = args[7] if len(args) > 7 else ""
-        return do_restart(*args[:5], float(args[5]), float(args[6]), mode)
+        return unkillable(lambda: do_restart(*args[:5], float(args[5]), float(args[6]), mode))
     raise SystemExit(f"unknown action {action!r}")
+
+
+def unkillable(work: Callable[[], dict]) -> dict:
+    """`work` run to its end by a child in a session of its own, its result passed back: a
+    caller that goes away (a lost SSH link, after which the host's watcher signals this
+    command's session; a killed ops) cannot cut a restart between its stop and its start
+    (probe37m M8: the service was left stopped). Where nobody reads the result any more, the
+    restart is still done; `ops service status` tells what it left."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        os.close(r)
+        os.setsid()
+        for sig in (signal.SIGHUP, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            doc = work()
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            doc = {"error": f"{exc.strerror or exc}{where}"}
+        except BaseException as exc:  # noqa: BLE001 (a result, never a lost traceback)
+            doc = {"error": f"{type(exc).__name__}: {exc}"}
+        data = json.dumps(doc).encode()
+        try:
+            while data:
+                data = data[os.write(w, data) :]
+        except OSError:
+            pass  # the caller is gone: the restart is done all the same
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 1 << 16):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    try:
+        doc = json.loads(b"".join(chunks).decode())
+    except ValueError:
+        return {"error": "the restart's worker gave no result"}
+    return doc if isinstance(doc, dict) else {"error": "the restart's worker gave no object"}
 
 
 if __name__ == "__main__":
