@@ -402,10 +402,33 @@ def test_timeouts_and_request_counts_are_bounded(tmp_path: Path, env: dict[str, 
         pb.write_text(f"name: big\nchange: {change}\nsteps:\n  - {step}\n")
         res = ops_limited("rollout", "local", "--playbook", str(pb), "--inventory", inv, env=env)
         one_error(res, "less than or equal to")
+    for cmd in (  # probe37m M1: the derived path's tree shape (4.4 GB on the host at 40000)
+        ("profile", "local", "--depth", "40000"),
+        ("profile", "local", "--topk", "100000000"),
+        ("profile", "local", "--budget", "100000000"),
+    ):
+        res = ops_limited(*cmd, "--inventory", inv, env=env)
+        one_error(res, f"Invalid value for '{cmd[2]}'", "less than or equal to")
+    for item in ("profile.depth=40000", "profile.topk=1000000", "profile.budget=1000000"):
+        res = ops_limited("rollout", "local", "--set", item, "--inventory", inv, env=env)
+        one_error(res, item.split("=")[0].split(".")[1] + ":", "less than or equal to")
     for item in ("load.timeout=1e12", "load.requests=1000000000000"):
         res = ops_limited("rollout", "local", "--set", item, "--inventory", inv, env=env)
         one_error(res, item.split("=")[0] + ":", "less than or equal to")
     assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+
+
+def test_the_profiles_tree_shape_limits_are_the_tree_builders() -> None:
+    """ops.measure.profile bounds the derived path's shape by the CUDA tree builder's limits,
+    kept as its own numbers (the control plane imports no torch): they stay equal."""
+    from kernels import cuda
+    from ops.measure import profile
+
+    assert (profile.MAX_BUDGET, profile.MAX_TOPK, profile.MAX_DEPTH) == (
+        cuda.MAX_BUDGET,
+        cuda.MAX_TOPK,
+        cuda.MAX_DEPTH,
+    )
 
 
 def test_playbook_load_shape_over_the_loadtests_limits_is_refused_before_any_step(

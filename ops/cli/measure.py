@@ -37,6 +37,7 @@ from ops.hosts.remote import Host
 from ops.measure.bench import MAX_BENCH_S
 from ops.measure.counters import STAGES
 from ops.measure.loadtest import parse_levels
+from ops.measure.profile import MAX_BUDGET, MAX_DEPTH, MAX_TOPK
 from ops.verdict.service_cost import cost_parts
 
 SUITE_HELP = (
@@ -274,9 +275,15 @@ def profile(
     baseline: Annotated[
         str, typer.Option(help="Derived path: the service's implementation (python, cpp).")
     ] = "python",
-    budget: Annotated[int, typer.Option(min=1, help="Derived path: tree budget.")] = 64,
-    topk: Annotated[int, typer.Option(min=1, help="Derived path: K per position.")] = 8,
-    depth: Annotated[int, typer.Option(min=1, help="Derived path: drafted positions H.")] = 15,
+    budget: Annotated[
+        int, typer.Option(min=1, max=MAX_BUDGET, help="Derived path: tree budget.")
+    ] = 64,
+    topk: Annotated[
+        int, typer.Option(min=1, max=MAX_TOPK, help="Derived path: K per position.")
+    ] = 8,
+    depth: Annotated[
+        int, typer.Option(min=1, max=MAX_DEPTH, help="Derived path: drafted positions H.")
+    ] = 15,
     shadow: Annotated[
         str | None,
         typer.Option(

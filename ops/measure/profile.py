@@ -155,6 +155,12 @@ print(json.dumps({"median_ms": statistics.median(samples), "p25_ms": q[0], "p75_
 """
 
 
+# the derived path's tree shape: the CUDA tree builder's own limits (kernels.cuda MAX_BUDGET,
+# MAX_TOPK, MAX_DEPTH; a test holds them equal, this module stays free of torch). The CPU
+# baseline holds batch x depth x max(4096, K) float32 on the host: bounded, beside a service.
+MAX_BUDGET, MAX_TOPK, MAX_DEPTH = 512, 512, 32
+
+
 class ProfileOptions(BaseModel):
     levels: list[int]
     requests: int = 0
@@ -164,9 +170,9 @@ class ProfileOptions(BaseModel):
     accept_length: float | None = None  # for a service that reports none
     component: Literal["tree_build", "accept"] = "tree_build"
     baseline: Literal["python", "cpp"] = "python"
-    budget: int = 64
-    topk: int = 8
-    depth: int = 15
+    budget: int = Field(default=64, ge=1, le=MAX_BUDGET)
+    topk: int = Field(default=8, ge=1, le=MAX_TOPK)
+    depth: int = Field(default=15, ge=1, le=MAX_DEPTH)
     scale: float = 2.5
     seconds: float = 1.0
     # engine.shadow: time this backend (COMPONENT=KIND: attention=cuda, tree_build=cuda) beside

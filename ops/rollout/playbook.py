@@ -47,6 +47,7 @@ from ops.measure.loadtest import (
     MAX_REQUESTS,
     MAX_TOKENS,
 )
+from ops.measure.profile import MAX_BUDGET, MAX_DEPTH, MAX_TOPK
 from ops.sections.change import Change, check_bench_kernel
 from ops.service.managers import MAX_WAIT_S
 from ops.verdict.numbers import NoBoolNumbers
@@ -198,9 +199,9 @@ class BenchStep(StepBase):
 class ProfileStep(StepBase):
     step: Literal["profile"]
     accept_length: float | None = Field(default=None, ge=1)  # derived path, no service value
-    budget: int = Field(default=64, ge=1)  # derived path: the CPU baseline's shape
-    topk: int = Field(default=8, ge=1)
-    depth: int = Field(default=15, ge=1)
+    budget: int = Field(default=64, ge=1, le=MAX_BUDGET)  # derived path: the CPU baseline's
+    topk: int = Field(default=8, ge=1, le=MAX_TOPK)  # shape, within the tree builder's limits
+    depth: int = Field(default=15, ge=1, le=MAX_DEPTH)
     # the change's candidate timed beside the serving backend on the service's own forwards, in
     # a load window of its own per level (engine.shadow, ops.measure.shadow), where the service
     # offers
