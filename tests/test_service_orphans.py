@@ -251,7 +251,7 @@ def test_a_pidfile_over_4_kib_is_read_whole(svc: ServiceCli) -> None:
     assert not alive(pid)
 
 
-@pytest.mark.parametrize("environ", ["other", "empty"])
+@pytest.mark.parametrize("environ", ["other", "empty", "empty-in-logs"])
 def test_a_forged_pidfile_never_gets_an_unrelated_process_signalled(
     svc: ServiceCli, environ: str
 ) -> None:
@@ -265,15 +265,19 @@ def test_a_forged_pidfile_never_gets_an_unrelated_process_signalled(
     assert code == 0, st
     ident = json.loads(svc.pidfile.read_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_OPS_")}
-    if environ == "empty":
+    cwd = "/"
+    if environ.startswith("empty"):
         env = {}
-    other = subprocess.Popen(["/bin/sleep", "300"], env=env, start_new_session=True, cwd="/")
+    if environ == "empty-in-logs":  # probe37m M7: under the root, but where no service runs
+        cwd = str(svc.root / "logs")
+    other = subprocess.Popen(["/bin/sleep", "300"], env=env, start_new_session=True, cwd=cwd)
     try:
         with open(f"/proc/{other.pid}/stat") as f:
             start = f.read().rsplit(")", 1)[1].split()[19]
         svc.pidfile.write_text(json.dumps({**ident, "pid": other.pid, "start": int(start)}))
         code, st = svc("service", "stop", "local")
         why = "names no service of ops" if environ == "other" else "shows no environment"
+        assert environ == "other" or "not in a release of" in st["detail"], st
         assert why in st["detail"], st
         assert alive(other.pid) and other.poll() is None  # never signalled
         assert not alive(ident["pid"])  # the real service: found by its environment, stopped

@@ -213,6 +213,16 @@ def under(path: str, root: str) -> bool:
     return real == top or real.startswith(top.rstrip("/") + "/")
 
 
+def service_dir(path: str, root: str) -> bool:
+    """`path` is where ops starts a service: a release of `root` (current's), or the root
+    itself (a start with nothing deployed), never its logs/, run/ or golden/."""
+    if path.endswith(" (deleted)"):  # a pruned release the process still runs from
+        path = path[: -len(" (deleted)")]
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    releases = os.path.join(top, "releases") + "/"
+    return real == top or (real.startswith(releases) and real != releases.rstrip("/"))
+
+
 def not_owner(ident: dict, pidfile: str) -> str | None:
     """None when the pidfile's process is the service of the root and name its path says;
     otherwise why not (a pidfile copied from another service's root or name)."""
@@ -236,8 +246,10 @@ def not_owner(ident: dict, pidfile: str) -> str | None:
         # that runs under this root, as every service ops starts does (probe37l L6: a forged
         # pidfile naming such a daemon, whose cwd is /, got it signalled)
         now = proc_cwd(pid, resolve=False)
-        if isinstance(now, str) and not under(now, root):
-            return why + f"pid {pid} shows no environment and runs in {now}, not under {root}"
+        if isinstance(now, str) and not service_dir(now, root):
+            return why + (
+                f"pid {pid} shows no environment and runs in {now}, not in a release of {root}"
+            )
         return None
     if ENV_ROOT not in env and ENV_SERVICE not in env:  # every process ops starts has both
         return why + f"pid {pid}'s environment names no service of ops (not started by ops)"
