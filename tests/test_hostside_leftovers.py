@@ -395,3 +395,46 @@ def test_a_log_that_is_no_regular_file_never_keeps_the_service_down(
     assert code == 0 and doc["state"] == "active", doc
     assert any("log not written" in a for a in doc["actions"]), doc
     assert elsewhere.read_text() == "mine\n"  # the linked file got nothing
+
+
+def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
+    """probe37n N1 (high): Ctrl-C while `ops service restart` stopped a slow-stopping service:
+    the status ops asked for then removed the restart's pidfile reservation (a room file
+    renamed in keeps its old time, taken for a dead run's), so the start could not record its
+    process, killed it, and the service stayed down. N2: the restart's worker ignored TERM, and
+    every service it started inherited that (each later stop was a KILL). Each Ctrl-C here
+    lands in the stop; the service serves again from a new process that takes TERM."""
+    slow_stop = (
+        "def main() -> None:\n"
+        "    import signal as _s, time as _t\n"
+        "    def _term(*_a):\n"
+        "        _t.sleep(1.5)\n"
+        "        raise SystemExit(0)\n"
+        "    _s.signal(_s.SIGTERM, _term)\n"
+    )
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow_stop)
+    assert ops.deploy("--bootstrap").returncode == 0
+    for delay in (0.8, 1.2, 1.6):
+        before = status(ops)["pid"]
+        proc = subprocess.Popen(
+            ops.argv("service", "restart", "local"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ops.env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st = status(ops)
+            if st.get("state") == "active" and st.get("pid") != before:
+                break
+            time.sleep(0.2)
+        assert st.get("state") == "active" and st["pid"] != before, (delay, st)
+        with open(f"/proc/{st['pid']}/status") as f:
+            ignored = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
+        assert not ignored & (1 << (signal.SIGTERM - 1)), f"pid {st['pid']} ignores TERM"

@@ -671,6 +671,10 @@ def reserve(pidfile: str) -> str:
     try:  # the blocks of a pidfile stopped before: a full disk cannot refuse them
         if stat.S_ISREG(os.lstat(room).st_mode) and os.lstat(room).st_size >= pidfile_room(pidfile):
             os.replace(room, tmp)
+            # written now, by this run: a rename keeps the room's old time, and `sweep_tmp`
+            # (any status meanwhile) took a file older than its run for a dead run's and
+            # removed it, so the start could not record its process (probe37n N1)
+            os.utime(tmp)
             return tmp
     except OSError:
         pass
@@ -1294,9 +1298,9 @@ def unkillable(work: Callable[[], dict]) -> dict:
     pid = os.fork()
     if pid == 0:  # the worker
         os.close(r)
-        os.setsid()
-        for sig in (signal.SIGHUP, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+        os.setsid()  # out of the command's session: the watcher's sweep never reaches it
+        # (no signal is ignored here: the service it starts would inherit that, probe37n N2;
+        # a session of its own has no terminal to hang up, and SIGPIPE is Python's to ignore)
         try:
             doc = work()
         except OSError as exc:
