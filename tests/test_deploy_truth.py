@@ -389,3 +389,38 @@ def test_a_restart_whose_link_is_cut_between_stop_and_start_still_starts(loop) -
         time.sleep(0.2)
     assert serving_anew(), "the restart never started the service again"
     assert not alive(old)
+
+
+def test_a_link_cut_in_a_deploys_restart_leaves_the_old_release_serving(loop) -> None:
+    """probe37n N3 (high): the link cut while the deploy's restart ran on the host: that
+    restart went on (it must not stop half way), and the guard's restart of the old release
+    ran at the same time; the two left no service. Restarts of a service run one at a time on
+    the host: the guard's comes last, and the old release serves."""
+    import urllib.request
+
+    ops, server, root = loop
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    r1 = (root / "current").readlink().name
+    slow = "def main() -> None:\n    time.sleep(2)\n"  # the new release: 2 s to start
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow)
+    cut_at(ops, server, "restart ...", delay=1.0)
+    section = ops.inventory.read_text().split("[targets.loop.service]")[1]
+    url = section.split("url = '")[1].split("'")[0] + "/health"
+
+    def settled() -> bool:
+        if (root / "deploy.pending").exists() or (root / "current").readlink().name != r1:
+            return False
+        try:
+            pid = json.loads((root / "run" / "ddtree-engine.pid").read_text())["pid"]
+            with urllib.request.urlopen(url, timeout=2) as r:
+                ok = r.status == 200
+        except (OSError, ValueError, KeyError):
+            return False
+        return ok and os.readlink(f"/proc/{pid}/cwd").endswith(r1)
+
+    deadline = time.monotonic() + 90
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert settled(), "the old release does not serve"
+    time.sleep(3)  # and stays so: no restart is left to undo it
+    assert settled(), "the old release stopped serving"

@@ -43,6 +43,8 @@ process, and it never does so on a pid's word alone:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -53,7 +55,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 FAST_POLL_S = 5.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
 ENV_ROOT, ENV_SERVICE = "DDTREE_OPS_ROOT", "DDTREE_OPS_SERVICE"  # whose service a process is
@@ -1284,8 +1286,33 @@ def main(argv: list[str]) -> dict:
         return {**(refused or {}), "warnings": warnings}
     if action == "restart":
         mode = args[7] if len(args) > 7 else ""
-        return unkillable(lambda: do_restart(*args[:5], float(args[5]), float(args[6]), mode))
+
+        def one_at_a_time() -> dict:
+            with restart_lock(args[0]):
+                return do_restart(*args[:5], float(args[5]), float(args[6]), mode)
+
+        return unkillable(one_at_a_time)
     raise SystemExit(f"unknown action {action!r}")
+
+
+@contextlib.contextmanager
+def restart_lock(pidfile: str) -> Iterator[None]:
+    """One restart of a service at a time on the host: a deploy's restart that goes on after
+    its link was lost, and the guard's restart of the release it put back, run one after the
+    other, never interleaved (probe37n N3: the two left no service at all). Without a run
+    directory to lock in (read-only, full), the restart goes on unlocked."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(pidfile + ".restart", flags | os.O_NONBLOCK, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def unkillable(work: Callable[[], dict]) -> dict:
