@@ -152,9 +152,10 @@ def test_stale_pidfile_temporaries_are_removed_live_ones_kept(ops: Ops) -> None:
         res = ops("service", "restart", "local")  # the restart's own stays until it is renamed
         assert res.returncode == 0, said(res)
         assert not tmp["live"].exists()
-        # and the stopped service's pidfile, kept as the next start's room (probe37h H1)
+        # and the stopped service's pidfile, kept as the next start's room (probe37h H1); the
+        # restart's lock (one restart at a time, probe37n N3)
         assert sorted(p.name for p in pidfile.parent.iterdir()) == sorted(
-            [pidfile.name, f"{pidfile.name}.room", other.name]
+            [pidfile.name, f"{pidfile.name}.room", f"{pidfile.name}.restart", other.name]
         )
     finally:
         for p in (live, reused):
