@@ -236,14 +236,7 @@ def test_a_switch_whose_result_is_lost_asks_where_current_is(ops: Ops, tmp_path:
     driver = tmp_path / "driver.py"
     driver.write_text(KILL_AT_START)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = subprocess.run(
-        [sys.executable, str(driver), f"' switch {ops.root}", *ops.argv(*args)[3:]],
-        capture_output=True,
-        text=True,
-        env=ops.env,
-        cwd=REPO,
-        timeout=120,
-    )
+    res = ops.driven(driver, [f"' switch {ops.root}"], *args, timeout=120)
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "Traceback" not in said, said
     result = ops.record("deploy")["results"][0]

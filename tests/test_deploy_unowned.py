@@ -519,14 +519,7 @@ def test_ctrl_c_once_the_commit_landed_says_proven(ops: Ops, tmp_path: Path) -> 
         )
     )
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = subprocess.run(
-        [sys.executable, str(driver), f"' commit {ops.root}", *ops.argv(*args)[3:]],
-        capture_output=True,
-        text=True,
-        env=ops.env,
-        cwd=REPO,
-        timeout=120,
-    )
+    res = ops.driven(driver, [f"' commit {ops.root}"], *args, timeout=120)
     said = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 130 and no_traceback(res.stderr), said
     r2 = ops.current()
@@ -552,14 +545,7 @@ def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
     if verb == "rollback":
         args = ["rollback", "local", "--max-tokens", "3"]
     for _ in range(3):  # the race it closes was lost about 3 times in 5
-        res = subprocess.run(
-            [sys.executable, str(driver), f"' switch {ops.root}", *ops.argv(*args)[3:]],
-            capture_output=True,
-            text=True,
-            env=ops.env,
-            cwd=REPO,
-            timeout=120,
-        )
+        res = ops.driven(driver, [f"' switch {ops.root}"], *args, timeout=120)
         assert res.returncode == 130, res.stdout + res.stderr
         time.sleep(1.0)  # a command that escaped would finish its switch meanwhile
         assert not (ops.root / "deploy.pending").exists(), res.stderr
@@ -602,14 +588,7 @@ def deploy_read_only_at(
     driver = tmp_path / "driver.py"
     driver.write_text(READ_ONLY_AT_START)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3", *extra]
-    return subprocess.run(
-        [sys.executable, str(driver), mark, str(ops.root)] + ops.argv(*args)[3:],
-        capture_output=True,
-        text=True,
-        env=ops.env,
-        cwd=REPO,
-        timeout=180,
-    )
+    return ops.driven(driver, [mark, str(ops.root)], *args)
 
 
 @pytest.mark.parametrize("step", ["commit", "prune"])

@@ -208,19 +208,23 @@ def same_dir(a: object, b: str) -> bool:
     return isinstance(a, str) and (a == b or os.path.realpath(a) == os.path.realpath(b))
 
 
-def under(path: str, root: str) -> bool:
-    if path.endswith(" (deleted)"):  # a pruned release the process still runs from
+def live_path(path: str, root: str) -> tuple[str, str]:
+    """(the real path of a process's cwd, the real root): a pruned release the process still
+    runs from reads "<path> (deleted)"."""
+    if path.endswith(" (deleted)"):
         path = path[: -len(" (deleted)")]
-    real, top = os.path.realpath(path), os.path.realpath(root)
+    return os.path.realpath(path), os.path.realpath(root)
+
+
+def under(path: str, root: str) -> bool:
+    real, top = live_path(path, root)
     return real == top or real.startswith(top.rstrip("/") + "/")
 
 
 def service_dir(path: str, root: str) -> bool:
     """`path` is where ops starts a service: a release of `root` (current's), or the root
     itself (a start with nothing deployed), never its logs/, run/ or golden/."""
-    if path.endswith(" (deleted)"):  # a pruned release the process still runs from
-        path = path[: -len(" (deleted)")]
-    real, top = os.path.realpath(path), os.path.realpath(root)
+    real, top = live_path(path, root)
     releases = os.path.join(top, "releases") + "/"
     return real == top or (real.startswith(releases) and real != releases.rstrip("/"))
 

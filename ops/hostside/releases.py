@@ -339,8 +339,7 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
     if os.path.lexists(os.path.join(root, "deploy.pending")):  # its deploy and guard are gone
         doc = revert(root, settle=settle, from_prepare=True)
         if doc.get("reverted"):  # the service may still run what was switched away from
-            put_back = {"from": before, "to": doc.get("current"), "restart": True}
-            put_back["by"] = doc.get("by", "deploy")
+            put_back = {"from": before, "to": doc["current"], "restart": True, "by": doc["by"]}
         elif doc.get("note"):
             put_back = {"from": before, "to": doc.get("current"), "note": doc["note"]}
     removed = []
@@ -557,6 +556,11 @@ def aside_name(path: object, name: str) -> bool:
     return bool(m) and m.group(1) == name
 
 
+def switched_by(doc: dict) -> str:
+    """Who made a pending switch: "rollback", or "deploy" (also a record from before `by`)."""
+    return "rollback" if doc.get("by") == "rollback" else "deploy"
+
+
 def before_states(doc: dict) -> tuple[dict, dict]:
     """What current and previous were before the switch (a version-1 record: ids only)."""
 
@@ -613,7 +617,7 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         # switched back already; the service still needs its restart
         if not settle:
             os.unlink(path)
-        by = "rollback" if doc.get("by") == "rollback" else "deploy"
+        by = switched_by(doc)
         return {"reverted": True, "current": shown(link_state(root, "current")), "by": by}
     why = not_whole(doc)
     now = shown(link_state(root, "current"))
@@ -652,7 +656,7 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
             os.unlink(os.path.join(root, "previous"))
         os.rename(doc["previous_aside"], os.path.join(root, "previous"))
     back = shown(cur_before)
-    by = "rollback" if doc.get("by") == "rollback" else "deploy"
+    by = switched_by(doc)
     if not settle:
         os.unlink(path)
         return {"reverted": True, "current": back, "by": by}

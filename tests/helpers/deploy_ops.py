@@ -91,6 +91,20 @@ class Ops:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory)]
 
+    def driven(
+        self, driver: Path, marks: list[str], *args: str, timeout: float = 180
+    ) -> subprocess.CompletedProcess[str]:
+        """`ops ARGS` run inside `driver` (a script that wraps the real ops, acting on the host
+        command whose arguments carry its marks), which takes `marks` first."""
+        return subprocess.run(
+            [sys.executable, str(driver), *marks, *self.argv(*args)[3:]],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=REPO,
+            timeout=timeout,
+        )
+
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run_ops(*args, inventory=self.inventory, env=self.env, timeout=timeout, cwd=REPO)
 
