@@ -204,8 +204,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False, obj=st)
     except (KeyboardInterrupt, typer.Abort):
-        err.print("interrupted")
-        sys.exit(EXIT_INTERRUPTED)
+        code = EXIT_INTERRUPTED
     except Exception as exc:
         # click's (or typer's vendored click's) usage errors: duck-typed, as typer may vendor
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
@@ -218,6 +217,12 @@ def main() -> None:
         where = f" (see {ctx.command_path} -h)" if ctx is not None else ""
         err.print(f"error: {escape(exc.format_message())}{where}", soft_wrap=True)
         sys.exit(exc.exit_code)
+    if code == EXIT_INTERRUPTED and not st.answered:
+        # a Ctrl-C outside a command's own run (its options being parsed, the command being
+        # looked up): typer makes it a silent `Exit(130)`, so the line is said here
+        if st.as_json:
+            emit_json({"ok": False, "outcome": "interrupted"})
+        err.print("[yellow]interrupted[/] (Ctrl-C)")
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -122,6 +122,7 @@ class CliState:
     as_json: bool = False
     inventory_path: str | None = None
     inventory_from_cli: bool = False  # -i was given (it wins over $OPS_INVENTORY)
+    answered: bool = False  # a command ran to its end and said how (`command` sets it)
 
     def inventory(self) -> Inventory:
         return load_inventory(self.inventory_path)
@@ -221,11 +222,13 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> None:
         ctx = kwargs.get("ctx") or args[0]
-        as_json = state(ctx).as_json
+        st = state(ctx)
+        as_json = st.as_json
         try:
             _finite(ctx, kwargs)
             code = fn(*args, **kwargs)
         except OpsError as exc:
+            st.answered = True
             if as_json:
                 emit_json({"ok": False, **exc.to_dict()})
             err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
@@ -233,10 +236,12 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
                 err.print(f"[dim]hint: {escape(exc.hint)}[/]", soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:  # one the command did not answer itself (no record kept)
+            st.answered = True
             if as_json:
                 emit_json({"ok": False, "outcome": "interrupted"})
             err.print("[yellow]interrupted[/] (Ctrl-C)")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        st.answered = True
         raise typer.Exit(code)
 
     return run
