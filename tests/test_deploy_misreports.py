@@ -181,12 +181,13 @@ def test_a_restart_whose_result_is_lost_asks_where_the_guard_left_the_host(ops: 
     pidfile = f"{ops.root}/run/ddtree-engine.pid"
 
     def cut_off() -> None:
-        def restarts() -> list[int]:  # the process manager's restart: the deploy's own
-            return [
-                p
-                for p, _, argv in _procs()
+        def restarts() -> list[int]:  # the process manager's restart: the deploy's own, not
+            found = {  # the worker it forks (same argv) to do the restart to its end
+                p: parent
+                for p, parent, argv in _procs()
                 if argv[1:3] == ["-S", "-c"] and "restart" in argv and pidfile in argv
-            ]
+            }
+            return [p for p, parent in found.items() if parent not in found]
 
         (restart,) = _wait(restarts, 30, "the deploy's restart on the host")
         procs = _procs()
