@@ -398,6 +398,17 @@ def test_a_log_that_is_no_regular_file_never_keeps_the_service_down(
     assert elsewhere.read_text() == "mine\n"  # the linked file got nothing
 
 
+# A service that takes 1.5 s to stop after its TERM: a restart's stop is a window to hit
+SLOW_STOP = (
+    "def main() -> None:\n"
+    "    import signal as _s, time as _t\n"
+    "    def _term(*_a):\n"
+    "        _t.sleep(1.5)\n"
+    "        raise SystemExit(0)\n"
+    "    _s.signal(_s.SIGTERM, _term)\n"
+)
+
+
 def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
     """probe37n N1 (high): Ctrl-C while `ops service restart` stopped a slow-stopping service:
     the status ops asked for then removed the restart's pidfile reservation (a room file
@@ -405,15 +416,7 @@ def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
     process, killed it, and the service stayed down. N2: the restart's worker ignored TERM, and
     every service it started inherited that (each later stop was a KILL). Each Ctrl-C here
     lands in the stop; the service serves again from a new process that takes TERM."""
-    slow_stop = (
-        "def main() -> None:\n"
-        "    import signal as _s, time as _t\n"
-        "    def _term(*_a):\n"
-        "        _t.sleep(1.5)\n"
-        "        raise SystemExit(0)\n"
-        "    _s.signal(_s.SIGTERM, _term)\n"
-    )
-    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow_stop)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
     assert ops.deploy("--bootstrap").returncode == 0
     for delay in (0.8, 1.2, 1.6):
         before = status(ops)["pid"]
@@ -431,3 +434,43 @@ def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
         with open(f"/proc/{st['pid']}/status") as f:
             ignored = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
         assert not ignored & (1 << (signal.SIGTERM - 1)), f"pid {st['pid']} ignores TERM"
+
+
+def _restart_worker(pidfile: str) -> int | None:
+    """The process manager's restart worker for `pidfile`: the fork of the restart command (same
+    argv) that does the stop and the start in a session of its own (it leads that session)."""
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            session = int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        manager = argv[1:3] == [b"-S", b"-c"] and b"restart" in argv  # (not `timeout` above)
+        if manager and pidfile.encode() in argv and session == int(p):
+            return int(p)
+    return None
+
+
+def test_a_killed_restart_worker_never_leaves_the_service_down(ops: Ops) -> None:
+    """probe37o O3: a kill -9 (the OOM killer's signal) of the restart's worker while it stopped
+    the service: nothing started it again ("the restart's worker gave no result", exit 2, the
+    service down). The restart is now made again, and ops says why."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    before = status(ops)["pid"]
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc = ops.popen("service", "restart", "local")
+    deadline = time.monotonic() + 30
+    while (worker := _restart_worker(pidfile)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert worker is not None, "no restart worker seen"
+    time.sleep(0.5)  # in its stop: the old service takes 1.5 s to go after its TERM
+    os.kill(worker, signal.SIGKILL)
+    out, err = proc.communicate(timeout=90)
+    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert proc.returncode == 0, text
+    assert "the restart's worker was killed (signal 9)" in text and "restarted again" in text
+    st = status(ops)
+    assert st.get("state") == "active" and st["pid"] != before, st

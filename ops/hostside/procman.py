@@ -1295,7 +1295,23 @@ def main(argv: list[str]) -> dict:
             with restart_lock(args[0]):
                 return do_restart(*args[:5], float(args[5]), float(args[6]), mode)
 
-        return unkillable(one_at_a_time)
+        doc = unkillable(one_at_a_time)
+        if "killed" not in doc:
+            return doc
+        # the worker died with no word (a kill -9, the OOM killer), maybe between its stop and
+        # its start (probe37o O3: the service was left down): the restart is made again
+        again = unkillable(one_at_a_time)
+        if "killed" in again:
+            return {
+                "error": f"the restart's worker was killed twice ({again['killed']}) before it "
+                "said how it ended: the service may be stopped; ops service status tells, "
+                "ops service start starts it"
+            }
+        note = f"the restart's worker was killed ({doc['killed']}) before it said how it ended"
+        start = again.get("start")
+        if isinstance(start, dict):
+            start["warnings"] = [f"{note}; restarted again", *start.get("warnings", [])]
+        return again
     raise SystemExit(f"unknown action {action!r}")
 
 
@@ -1324,7 +1340,8 @@ def unkillable(work: Callable[[], dict]) -> dict:
     caller that goes away (a lost SSH link, after which the host's watcher signals this
     command's session; a killed ops) cannot cut a restart between its stop and its start
     (probe37m M8: the service was left stopped). Where nobody reads the result any more, the
-    restart is still done; `ops service status` tells what it left."""
+    restart is still done; `ops service status` tells what it left. A worker that is itself
+    killed before it writes its result: an error with `killed` (the caller restarts again)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the worker
@@ -1351,11 +1368,12 @@ def unkillable(work: Callable[[], dict]) -> dict:
     while chunk := os.read(r, 1 << 16):
         chunks.append(chunk)
     os.close(r)
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
     try:
         doc = json.loads(b"".join(chunks).decode())
     except ValueError:
-        return {"error": "the restart's worker gave no result"}
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "no result"
+        return {"error": f"the restart's worker gave no result ({how})", "killed": how}
     return doc if isinstance(doc, dict) else {"error": "the restart's worker gave no object"}
 
 

@@ -9,9 +9,11 @@ temp dir's `runs/`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from ops.hostside.procman import read_pidfile, verify
@@ -21,19 +23,47 @@ from .cli import ops_json, run_ops
 from .sshd import free_port
 
 
-def end_services(root: Path) -> None:
+def end_services(root: Path, wait_s: float = 20.0) -> None:
     """A test's teardown: each service ops's `process` manager started under `root` (a pidfile
     in `root/run/`, on this machine, also for a target over the loopback sshd) is killed with
     its process group at once. The pidfile's identity is checked first as ops's own stop checks
     it (`ops.hostside.procman.verify`: the same pid, start time and boot, still its session's
     leader), so nothing else is ever signalled. Teardowns asserted nothing about the
-    `ops service stop` they ran here (~1 s each: the CLI's start-up, a graceful stop)."""
+    `ops service stop` they ran here (~1 s each: the CLI's start-up, a graceful stop).
+    A restart still running on the host (one whose link a test cut goes on to its end, as a
+    revert guard does) is waited for first, up to `wait_s`: else it starts a service after
+    this teardown, left behind."""
+    _settle(Path(root), wait_s)
     for pidfile in sorted((Path(root) / "run").glob("*.pid")):
         ident, _ = read_pidfile(str(pidfile))
         if ident is None or verify(ident) is not None:
             continue  # no service of ours runs from it (gone, or a stale pidfile)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(ident["pid"], signal.SIGKILL)
+
+
+def _settle(root: Path, wait_s: float) -> None:
+    """Wait until no revert guard holds `deploy.guard` and no restart holds its lock (each
+    holds its flock until it is done), `wait_s` at most in all."""
+    deadline = time.monotonic() + wait_s
+    for lock in [root / "deploy.guard", *sorted((root / "run").glob("*.pid.restart"))]:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        return
+                    time.sleep(0.1)
+                except OSError:
+                    break  # no file a lock is taken on (a FIFO a test put there, say)
+        finally:
+            os.close(fd)
 
 
 class Ops:
