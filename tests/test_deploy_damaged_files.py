@@ -19,10 +19,12 @@ service of tests/helpers/deploy_ops.py.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -459,3 +461,43 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     assert os.readlink(ops.root / "current") == f"releases/{r1}"
     assert not (ops.root / "deploy.pending").exists()
     assert sorted(p.name for p in (ops.root / "releases").iterdir()) == sorted([r1, r2])
+
+
+@pytest.mark.parametrize("junk", ["fifo", "symlink"])
+def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
+    ops: Ops, tmp_path: Path, junk: str
+) -> None:
+    """probe37o O2: a FIFO at logs/guard.log. A deploy killed after its switch: its guard put
+    the old release back, then hung for good opening the FIFO (tee), holding deploy.guard, and
+    every later deploy waited 240 s to be refused "still putting the host back". Now the guard
+    writes no log there and ends; a link there gets nothing through it."""
+    was = two_releases(ops)[1]
+    log = ops.root / "logs" / "guard.log"
+    with contextlib.suppress(FileNotFoundError):
+        log.unlink()
+    elsewhere = tmp_path / "not-the-guard-log.txt"
+    elsewhere.write_text("mine\n")
+    if junk == "fifo":
+        os.mkfifo(log)
+    else:
+        log.symlink_to(elsewhere)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    code, _, err, _ = ops.interrupt_at("postflight ...", "local", sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    deadline = time.monotonic() + 60  # the guard puts `was` back, restarts it and ends
+    fd = os.open(ops.root / "deploy.guard", os.O_RDONLY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the guard never ended"
+                time.sleep(0.2)
+    finally:
+        os.close(fd)
+    assert ops.current() == was and ops.serving() == was
+    assert elsewhere.read_text() == "mine\n"
+    t0 = time.monotonic()
+    res = ops.deploy()
+    assert res.returncode == 0 and time.monotonic() - t0 < 60, said(res)

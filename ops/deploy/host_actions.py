@@ -104,6 +104,19 @@ def guard_log(target: Target) -> str:
     return f"{target.remote_root}/logs/guard.log"
 
 
+def _append_to(log: str) -> str:
+    """A shell pipeline's end that appends its input to `log` where it can, and reads the input
+    to its end either way: the writer before it (the guard's restart) never meets a closed
+    pipe. dd opens the log without blocking and without following a link: a FIFO there with no
+    reader hung tee's open for good, and with it the guard and every later deploy (probe37o
+    O2); a link would send the lines to whatever file it names. A full or read-only logs/, or a
+    dd without these flags: no log, nothing else changes."""
+    return (
+        f"{{ dd of={shell_path(log)} oflag=append,nofollow,nonblock conv=notrunc status=none; "
+        "cat; } >/dev/null 2>&1"
+    )
+
+
 @contextmanager
 def interrupts_held() -> Iterator[None]:
     """While the guard puts the host back, a further Ctrl-C (or SIGTERM, SIGHUP, SIGQUIT) is
@@ -205,12 +218,10 @@ def revert_guard(host: Host, restart: bool) -> Iterator[None]:
         "echo READY; cat >/dev/null; "
         f"exec 9>>{root}/deploy.switch && flock 9; "
         f"if {revert} | grep -q '\"reverted\": true'; then "
-        # what it did, for the operator who finds the host put back: appended to guard.log by
-        # tee, which passes the output on (to nowhere) even where the log cannot be written, so
-        # a full or read-only logs/ never keeps the restart from running
+        # what it did, for the operator who finds the host put back: appended to guard.log
         f"{{ date -u '+%Y-%m-%dT%H:%M:%SZ ops went away before its switch was proven: current was "
         f"switched back; the restart said:'; {again}; }} 2>&1 "
-        f"| tee -a {shell_path(guard_log(t))} >/dev/null 2>&1; echo REVERTED; fi"
+        f"| {_append_to(guard_log(t))}; echo REVERTED; fi"
     )
     proc = host._spawn(script)
     if proc.read_line(30) != "READY":
