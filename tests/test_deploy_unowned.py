@@ -983,3 +983,27 @@ def test_a_rollback_whose_restart_cannot_happen_says_what_serves(
         assert ops.serving() == ops.current() == r1
     finally:
         end_services(ops.root)
+
+
+def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> None:
+    """probe37o O1: a deploy stopped (SIGSTOP, Ctrl-Z) at its post-flight holds the host lock;
+    every other command was refused naming only its pid. The refusal now says it is stopped and
+    names `kill -CONT`, which lets it finish."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    proc = ops.popen(*ops.deploy_args())
+    assert proc.stderr is not None
+    seen = ""
+    while "postflight ..." not in seen and (line := proc.stderr.readline()):
+        seen += line
+    assert "postflight ..." in seen, seen
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        res = ops("rollback", "local", "--max-tokens", "3")
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and f"pid {proc.pid} is stopped" in text, text
+        assert f"kill -CONT {proc.pid} lets it finish" in text, text
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, seen + err

@@ -565,7 +565,7 @@ class Host(ABC):
             proc.finish(5.0)
             if first == "BUSY":
                 message, info = _held_by(other or "")
-                raise LockHeld(message, target=self.name, holder=info)
+                raise LockHeld(message + _stopped_here(info), target=self.name, holder=info)
             where, why = self.target.remote_root, other or "?"
             reasons = {
                 "NOFLOCK": "flock(1) is not installed",
@@ -620,6 +620,26 @@ def _held_by(note: str) -> tuple[str, dict[str, Any]]:
         return f"host lock held; the holder's note is unreadable: {note[:200]!r}", {"unknown": note}
     who = f"{info['user']}@{info['host']} pid {info['pid']}"
     return f"host lock held by {who} ({info['purpose']}) since {info['since']}", info
+
+
+def _stopped_here(info: dict[str, Any]) -> str:
+    """Where the lock's holder is an ops on this machine that is stopped (SIGSTOP, Ctrl-Z), the
+    phrase that says so and names the way on (probe37o O1: a stopped deploy holds the lock
+    until someone resumes or ends it); else ""."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return ""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, IndexError):
+        return ""
+    if state not in ("T", "t") or not any(b"ops" in a for a in argv):
+        return ""
+    return (
+        f"; pid {pid} is stopped (SIGSTOP or Ctrl-Z), so it holds the lock until it goes on: "
+        f"kill -CONT {pid} lets it finish (its guard puts the host back if it is killed instead)"
+    )
 
 
 def _tar_gz(src: Path) -> bytes:
