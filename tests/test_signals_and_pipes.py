@@ -55,7 +55,9 @@ def test_a_deploy_whose_reader_is_gone_finishes_with_its_true_exit_code(ops: Ops
     assert steps(rec["results"][0])["postflight"] == "ok"
 
     # a failing deploy with no reader: its rollback runs, exit 1 (NO-GO), the record says so
-    commit_change(ops.src, "engine/svc.py", 'default="ok"', 'default="hang"')
+    # (wrong answers fail the post-flight at once; a service that never answers takes the
+    # checks' request timeout, a minute, to fail the same way)
+    commit_change(ops.src, "engine/svc.py", 'default="ok"', 'default="garbage"')
     code = deploy_with_no_reader(ops, "--wait", "5")
     rec = ops.record("deploy")
     assert code == 1 and rec["exit_code"] == 1, rec
