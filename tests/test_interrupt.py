@@ -545,3 +545,40 @@ def test_a_command_that_ends_at_once_keeps_its_exit_status() -> None:
     with ThreadPoolExecutor(8) as pool:
         failed = [f for f in pool.map(one, range(400)) if f]
     assert not failed, failed[:5]
+
+
+@pytest.mark.parametrize("name", ["local", "loop"])
+def test_a_command_that_ended_while_ops_was_stopped_is_no_timeout(
+    inventory_file: Path, name: str
+) -> None:
+    """probe37o O4: ops stopped (SIGSTOP, Ctrl-Z) past a command's deadline while the command
+    ended on time: its answer, already sent, was read as a timeout (exit 124), and a deploy
+    rolled back a healthy release for a post-flight that "could not run". The command here
+    stops its own caller and answers; the caller is resumed after the deadline."""
+    driver = (  # the transport's own wait (`_exec`), with a deadline short enough to pass
+        "import os\n"
+        "from ops.hosts.inventory import load_inventory\n"
+        "from ops.hosts.remote import open_host\n"
+        f"target = load_inventory({str(inventory_file)!r}).target({name!r})\n"
+        "with open_host(target) as host:\n"
+        "    cmd = f'kill -STOP {os.getpid()}; echo done'\n"
+        "    rc, out, _ = host._exec(cmd, stdin=None, deadline_s=1.0)\n"
+        "print(rc, out.value().decode().strip())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while (st := _stat(proc.pid)) is not None and st[0] != "T":
+            assert time.monotonic() < deadline, "the command never stopped its caller"
+            time.sleep(0.05)
+        time.sleep(2)  # past the 1 s deadline
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert out.split() == ["0", "done"], (out, err)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ops.hosts.remote import (
+    LAST_LOOK_S,
     LINE_MAX,
     STDERR_MAX,
     STDOUT_MAX,
@@ -138,11 +139,14 @@ class LocalHost(Host):
             if data:
                 os.set_blocking(in_fd, False)
                 sel.register(in_fd, selectors.EVENT_WRITE)
-            reading = 2
+            reading, last_look = 2, False
             while reading:
                 left = end - time.monotonic()
-                if left <= 0:
+                if left <= 0 and last_look:
                     raise subprocess.TimeoutExpired(command, deadline_s)
+                if left <= 0:
+                    last_look, end = True, time.monotonic() + LAST_LOOK_S
+                    left = LAST_LOOK_S
                 for key, _ in sel.select(min(left, 1.0)):
                     if key.fd == in_fd:
                         try:

@@ -49,6 +49,10 @@ from ops.errors import CommandFailed, CommandTimedOut, HostError, LockHeld, Modu
 from ops.hosts.inventory import Target
 
 TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
+# Once a command's deadline has passed, one more second to take what it already sent: ops
+# itself may have been stopped (SIGSTOP, Ctrl-Z, a suspended laptop) past the deadline while
+# the command ended on time (probe37o O4: a post-flight's status, answered, read as timed out)
+LAST_LOOK_S = 1.0
 KILL_GRACE_S = 5  # SIGTERM first, SIGKILL this much later
 TREE_EXCLUDE = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs", ".whl", ".gl"}
 # The signals ops takes as Ctrl-C: SIGTERM (a CI timeout, `kill`), SIGHUP (the operator's

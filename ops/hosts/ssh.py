@@ -26,6 +26,7 @@ from fabric import Config, Connection
 from ops.errors import AuthenticationFailed, HostError, HostKeyError, Unreachable
 from ops.hosts.inventory import Target
 from ops.hosts.remote import (
+    LAST_LOOK_S,
     LINE_MAX,
     STDERR_MAX,
     STDOUT_MAX,
@@ -233,6 +234,7 @@ class SshHost(Host):
         sent = 0
         out, err = Capped(STDOUT_MAX), Capped(STDERR_MAX)
         end = time.monotonic() + deadline_s
+        last_look = False
         try:
             held.release()
             while True:
@@ -251,8 +253,10 @@ class SshHost(Host):
                     break
                 if chan.closed and drained and not chan.exit_status_ready():
                     raise EOFError("the channel closed before the command's exit status came")
-                if time.monotonic() > end:
+                if time.monotonic() > end and last_look:
                     return TIMEOUT_RC, out, err
+                if time.monotonic() > end:
+                    last_look, end = True, time.monotonic() + LAST_LOOK_S
                 if not busy:
                     time.sleep(0.002)
             return chan.recv_exit_status(), out, err
