@@ -18,6 +18,7 @@ from `current/` by ops's process manager (tests/helpers/deploy_ops.py's `Ops`).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
-from helpers.deploy_ops import Ops, kill_guard_and_ops
+from helpers.deploy_ops import Ops, guard_shells, kill_guard_and_ops
 
 
 def relink(root: Path, dest: str) -> None:
@@ -474,3 +475,32 @@ def test_a_killed_restart_worker_never_leaves_the_service_down(ops: Ops) -> None
     assert "the restart's worker was killed (signal 9)" in text and "restarted again" in text
     st = status(ops)
     assert st.get("state") == "active" and st["pid"] != before, st
+
+
+def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
+    """probe37l L4 (low, found again by later passes): the revert guard stopped (SIGSTOP) during
+    the post-flight; the deploy passed and committed, then waited about 122 s in silence for a
+    guard that had nothing left to do. It now lets it go within seconds."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    proc = ops.popen(*ops.deploy_args())
+    assert proc.stderr is not None
+    seen = ""
+    while "postflight ..." not in seen and (line := proc.stderr.readline()):
+        seen += line
+    assert "postflight ..." in seen, seen
+    groups = guard_shells(ops.root)
+    for g in groups:
+        os.killpg(g, signal.SIGSTOP)
+    assert groups, "no guard seen"
+    try:
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=180)
+        took = time.monotonic() - t0
+    finally:
+        for g in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(g, signal.SIGCONT)
+    assert proc.returncode == 0, seen + err
+    assert took < 40, f"the deploy took {took:.0f} s after its post-flight began"
+    assert ops.serving() == ops.current()

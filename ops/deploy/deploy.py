@@ -666,7 +666,7 @@ class Deployer:
         mgr = manager_for(self.host)
         restart = not self.opts.no_restart
         unfinal: Step | None = None  # the commit that failed: the switch not made final
-        with revert_guard(self.host, restart):
+        with revert_guard(self.host, restart) as guard:
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
                 try:
@@ -695,6 +695,7 @@ class Deployer:
             # proven (prune keeps it) where it passed a post-flight; a step of its own only
             # where it failed (every deploy commits)
             done = self._commit(rid, proven=restart)
+            guard.settled = done[0] != "fail"
             try:
                 if done[0] == "fail":
                     self.step("commit", lambda: done)

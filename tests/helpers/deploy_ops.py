@@ -221,6 +221,22 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
+def guard_shells(root: Path) -> list[int]:
+    """The revert guards' shells of the remote root `root` (each leads its process group): by
+    their script's first words, never by a mention of deploy.guard (the process manager's
+    source, sent as an argument with the root's paths, names the file too)."""
+    head = f"exec 8>>{root}/deploy.guard".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:2] == [b"-c"] and argv[2:3] and argv[2].startswith(head):
+            found.append(int(pid))
+    return found
+
+
 def kill_guard_and_ops(
     ops: Ops, marker: str, guard_sig: int = signal.SIGKILL, verb: str = "deploy"
 ) -> list[int]:
@@ -242,15 +258,10 @@ def kill_guard_and_ops(
     for line in proc.stderr:
         if line.startswith(marker):
             break
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"deploy.guard" in cmd and str(ops.root).encode() in cmd:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), guard_sig)
-                groups.append(int(pid))
+    for pid in guard_shells(ops.root):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, guard_sig)
+            groups.append(pid)
     proc.kill()
     proc.communicate()
     return groups
