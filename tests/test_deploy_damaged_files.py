@@ -501,3 +501,35 @@ def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
     t0 = time.monotonic()
     res = ops.deploy()
     assert res.returncode == 0 and time.monotonic() - t0 < 60, said(res)
+
+
+def test_json_nested_deeper_than_the_parser_goes_blocks_nothing(ops: Ops) -> None:
+    """probe37p P3: host files of deeply nested JSON, under every size cap (a pidfile of 60 KB,
+    a deploy.pending or release.json of 100 KB): the host side's parser raised RecursionError,
+    and status, restart, deploy, rollback and `ops releases` failed with its traceback until
+    the file was deleted by hand. Each is now read as the unreadable file it is."""
+    r1, r2 = two_releases(ops)
+    pidfile = ops.root / "run" / "ddtree-engine.pid"
+    pidfile.write_text("[" * 30000 + "]" * 30000)
+    res = ops("service", "status", "local")
+    assert "Traceback" not in said(res) and "stale pidfile" in said(res), said(res)
+    res = ops("service", "restart", "local")
+    assert res.returncode == 0, said(res)
+    assert ops.serving() == r2
+    (ops.root / "deploy.pending").write_text("[" * 50000 + "]" * 50000)
+    res = ops("service", "status", "local")
+    assert res.returncode == 0 and "deploy.pending is there but cannot be read" in said(res)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
+    res = ops.deploy()
+    assert res.returncode == 0, said(res)
+    (ops.root / "releases" / r1 / "release.json").write_text("[" * 50000 + "]" * 50000)
+    res = ops("releases", "local")
+    assert res.returncode == 0 and "damaged" in said(res) and "Traceback" not in said(res)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and ops.serving() == r2, said(res)
+    # the host lock's note, read when the lock is held (its first line, 4 KiB at most)
+    with open(ops.root / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (ops.root / "lock.holder").write_text("[" * 4000 + "\n")
+        res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 2 and "the holder's note is unreadable" in said(res), said(res)

@@ -172,7 +172,7 @@ def read_pidfile(path: str) -> tuple[dict | None, str | None]:
         pid = ident["pid"]
         if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 and "start" in ident:
             return ident, None
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # (RecursionError: nested deep)
         pass
     word = text.strip()[:40]
     if word.isdigit() and int(word) > 1:
@@ -819,7 +819,7 @@ def read_small_json(path: str) -> object:
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENV:
             return None
         return json.loads(os.read(fd, MAX_ENV + 1).decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (RecursionError: nested too deep to parse)
         return None
     finally:
         os.close(fd)

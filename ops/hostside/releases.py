@@ -102,7 +102,7 @@ def _read_json(path: str) -> tuple[object, str | None]:
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_JSON + 1)
         return json.loads(data.decode("utf-8")), None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (nested deeper than the parser goes)
         return None, "not JSON"
     finally:
         os.close(fd)

@@ -417,6 +417,6 @@ def _hook_status_only(host: Host) -> dict[str, Any]:
     current, _, text = res.stdout.partition("\n")
     try:
         st = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # (a file nested too deep to parse)
         st = None
     return {"release": current.strip(), "status": st if isinstance(st, dict) else None}
