@@ -504,3 +504,36 @@ def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
     assert proc.returncode == 0, seen + err
     assert took < 40, f"the deploy took {took:.0f} s after its post-flight began"
     assert ops.serving() == ops.current()
+
+
+def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
+    """probe37p P4: a restart's worker stopped (SIGSTOP) holds the service's restart lock; every
+    later restart (an operator's, a deploy's, its rollback's, a guard's) waited for it in
+    silence until its host command timed out, minutes each. The next restart now says at once
+    which process is stopped and how to let it go on, and stops nothing."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    deadline = time.monotonic() + 30
+    while (worker := _restart_worker(pidfile)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert worker is not None, "no restart worker seen"
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        first.kill()  # the operator gives up on it
+        first.communicate(timeout=30)
+        before = status(ops)
+        t0 = time.monotonic()
+        res = ops("service", "restart", "local", timeout=60)
+        text = said(res)
+        assert res.returncode == 1 and time.monotonic() - t0 < 20, text
+        assert f"(pid {worker})" in text and f"is stopped: kill -CONT {worker}" in text, text
+        assert status(ops).get("pid") == before.get("pid")  # nothing stopped by it
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    deadline = time.monotonic() + 30  # let go on, the first restart finishes
+    while _restart_worker(pidfile) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    res = ops("service", "restart", "local", timeout=60)
+    assert res.returncode == 0, said(res)
