@@ -537,3 +537,25 @@ def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
         time.sleep(0.1)
     res = ops("service", "restart", "local", timeout=60)
     assert res.returncode == 0, said(res)
+
+
+def test_sigterm_stops_a_service_command_as_ctrl_c_does(ops: Ops) -> None:
+    """probe37p P5: SIGTERM (`kill`, a CI timeout) to `ops service restart` killed it outright,
+    exit 143 with nothing said, though 130 is documented for it; a deploy already took it as
+    Ctrl-C. Every command does now: one line, its record, 130; the restart goes on to its end."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    before = status(ops)["pid"]
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc = ops.popen("service", "restart", "local")
+    deadline = time.monotonic() + 30
+    while _restart_worker(pidfile) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert proc.returncode == 130 and "interrupted" in text and "record:" in text, text
+    deadline = time.monotonic() + 20
+    while (st := status(ops)).get("state") != "active" or st.get("pid") == before:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.2)

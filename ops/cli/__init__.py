@@ -198,8 +198,10 @@ def main() -> None:
     exception nothing expected (a bug in ops) is one line, exit 4 (`internal_error`)."""
     st = CliState()  # the app's root context holds this one: --json is known after a failure
     unbreakable_console()  # a reader gone (`| head`, a dropped terminal) never stops the work
-    for sig in (signal.SIGHUP, signal.SIGQUIT):  # a dropped session: as Ctrl-C, not a silent
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # death (nohup's ignore stays)
+    # SIGTERM (`kill`, a CI timeout), SIGHUP and SIGQUIT (a dropped session): as Ctrl-C, for
+    # every command, not a silent death with 143 (probe37p P5); an ignore (nohup's) stays
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _as_interrupt)
     try:
         code = app(standalone_mode=False, obj=st)
@@ -227,8 +229,8 @@ def main() -> None:
 
 
 def _as_interrupt(signum: int, _frame: object) -> None:
-    """SIGHUP, SIGQUIT: the way Ctrl-C and a deploy's SIGTERM stop ops (probe37c C5): the step
-    in progress stops, the guard puts the host back, the record is finished, exit 130."""
+    """SIGTERM, SIGHUP, SIGQUIT stop ops the way Ctrl-C does (probe37c C5, probe37p P5): the
+    step in progress stops, a guard puts the host back, the record is finished, exit 130."""
     raise KeyboardInterrupt
 
 
