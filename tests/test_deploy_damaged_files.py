@@ -34,6 +34,7 @@ from helpers import REPO
 from helpers.cli import run_ops
 from helpers.deploy import commit_change
 from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line
+from helpers.local import wait_unlocked
 
 
 def two_releases(ops: Ops) -> tuple[str, str]:
@@ -484,18 +485,8 @@ def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
     code, _, err, _ = ops.interrupt_at("postflight ...", "local", sig=signal.SIGKILL)
     assert code == -signal.SIGKILL, err
-    deadline = time.monotonic() + 60  # the guard puts `was` back, restarts it and ends
-    fd = os.open(ops.root / "deploy.guard", os.O_RDONLY)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                assert time.monotonic() < deadline, "the guard never ended"
-                time.sleep(0.2)
-    finally:
-        os.close(fd)
+    # the guard puts `was` back, restarts it and ends
+    assert wait_unlocked(ops.root / "deploy.guard", 60), "the guard never ended"
     assert ops.current() == was and ops.serving() == was
     assert elsewhere.read_text() == "mine\n"
     t0 = time.monotonic()

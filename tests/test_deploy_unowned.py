@@ -991,12 +991,7 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
     names `kill -CONT`, which lets it finish."""
     assert ops.deploy("--bootstrap").returncode == 0
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
-    proc = ops.popen(*ops.deploy_args())
-    assert proc.stderr is not None
-    seen = ""
-    while "postflight ..." not in seen and (line := proc.stderr.readline()):
-        seen += line
-    assert "postflight ..." in seen, seen
+    proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         res = ops("rollback", "local", "--max-tokens", "3")

@@ -454,6 +454,15 @@ def _restart_worker(pidfile: str) -> int | None:
     return None
 
 
+def _seen_restart_worker(pidfile: str) -> int:
+    """The restart worker for `pidfile`, waited for (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while (worker := _restart_worker(pidfile)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert worker is not None, "no restart worker seen"
+    return worker
+
+
 def test_a_killed_restart_worker_never_leaves_the_service_down(ops: Ops) -> None:
     """probe37o O3: a kill -9 (the OOM killer's signal) of the restart's worker while it stopped
     the service: nothing started it again ("the restart's worker gave no result", exit 2, the
@@ -463,10 +472,7 @@ def test_a_killed_restart_worker_never_leaves_the_service_down(ops: Ops) -> None
     before = status(ops)["pid"]
     pidfile = str(ops.root / "run" / "ddtree-engine.pid")
     proc = ops.popen("service", "restart", "local")
-    deadline = time.monotonic() + 30
-    while (worker := _restart_worker(pidfile)) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert worker is not None, "no restart worker seen"
+    worker = _seen_restart_worker(pidfile)
     time.sleep(0.5)  # in its stop: the old service takes 1.5 s to go after its TERM
     os.kill(worker, signal.SIGKILL)
     out, err = proc.communicate(timeout=90)
@@ -483,12 +489,7 @@ def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
     guard that had nothing left to do. It now lets it go within seconds."""
     assert ops.deploy("--bootstrap").returncode == 0
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
-    proc = ops.popen(*ops.deploy_args())
-    assert proc.stderr is not None
-    seen = ""
-    while "postflight ..." not in seen and (line := proc.stderr.readline()):
-        seen += line
-    assert "postflight ..." in seen, seen
+    proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
     groups = guard_shells(ops.root)
     for g in groups:
         os.killpg(g, signal.SIGSTOP)
@@ -515,10 +516,7 @@ def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     pidfile = str(ops.root / "run" / "ddtree-engine.pid")
     first = ops.popen("service", "restart", "local")
-    deadline = time.monotonic() + 30
-    while (worker := _restart_worker(pidfile)) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert worker is not None, "no restart worker seen"
+    worker = _seen_restart_worker(pidfile)
     os.kill(worker, signal.SIGSTOP)
     try:
         first.kill()  # the operator gives up on it
@@ -548,9 +546,7 @@ def test_sigterm_stops_a_service_command_as_ctrl_c_does(ops: Ops) -> None:
     before = status(ops)["pid"]
     pidfile = str(ops.root / "run" / "ddtree-engine.pid")
     proc = ops.popen("service", "restart", "local")
-    deadline = time.monotonic() + 30
-    while _restart_worker(pidfile) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _seen_restart_worker(pidfile)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))

@@ -131,6 +131,17 @@ class Ops:
             start_new_session=True,
         )
 
+    def popen_at(self, marker: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+        """`ops ARGS` started (`popen`) and its stderr read until `marker` shows: (it, what
+        it said so far)."""
+        proc = self.popen(*args)
+        assert proc.stderr is not None
+        seen = ""
+        while marker not in seen and (line := proc.stderr.readline()):
+            seen += line
+        assert marker in seen, seen
+        return proc, seen
+
     def interrupt_at(
         self,
         marker: str,

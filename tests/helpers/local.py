@@ -47,23 +47,31 @@ def _settle(root: Path, wait_s: float) -> None:
     holds its flock until it is done), `wait_s` at most in all."""
     deadline = time.monotonic() + wait_s
     for lock in [root / "deploy.guard", *sorted((root / "run").glob("*.pid.restart"))]:
-        try:
-            fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        return
-                    time.sleep(0.1)
-                except OSError:
-                    break  # no file a lock is taken on (a FIFO a test put there, say)
-        finally:
-            os.close(fd)
+        if not wait_unlocked(lock, deadline - time.monotonic()):
+            return
+
+
+def wait_unlocked(lock: Path, wait_s: float) -> bool:
+    """Wait until nobody holds an flock on `lock` (`wait_s` at most): whether that came. A
+    file that is not there, or cannot be locked (a FIFO a test put there), holds nobody."""
+    deadline = time.monotonic() + wait_s
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return True
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.1)
+            except OSError:
+                return True
+    finally:
+        os.close(fd)
 
 
 class Ops:
