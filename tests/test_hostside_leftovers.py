@@ -555,3 +555,34 @@ def test_sigterm_stops_a_service_command_as_ctrl_c_does(ops: Ops) -> None:
     while (st := status(ops)).get("state") != "active" or st.get("pid") == before:
         assert time.monotonic() < deadline, st
         time.sleep(0.2)
+
+
+def test_a_resumed_restart_never_sweeps_away_the_service_started_meanwhile(ops: Ops) -> None:
+    """probe37q Q1 (high): a restart's worker stopped (SIGSTOP; or only slow, its link lost)
+    while it waited for the process it started; the operator stopped that one and started
+    the service again. Resumed, the worker took the operator's new process for a stray its own
+    start had left (it daemonized), TERMed it, and the host had no service. The process the
+    pidfile names is now never a stray."""
+    slow_start = "def main() -> None:\n    time.sleep(3)\n"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow_start)
+    assert ops.deploy("--bootstrap", "--wait", "30").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    time.sleep(1.5)  # its stop is done (TERM) and its start waits the 3 s for /health
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        first.kill()
+        first.communicate(timeout=30)
+        assert ops("service", "stop", "local").returncode == 0
+        res = ops("service", "start", "local", timeout=60)
+        assert res.returncode == 0, said(res)
+        started = status(ops)["pid"]
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while _restart_worker(pidfile) is not None:
+        assert time.monotonic() < deadline, "the resumed restart never ended"
+        time.sleep(0.1)
+    st = status(ops)
+    assert st.get("state") == "active" and st.get("pid") == started, st

@@ -444,10 +444,15 @@ def named(found: list[dict]) -> str:
 
 def stop_strays(pidfile: str, grace: float, signals: list, t0: float) -> list[dict]:
     """TERM every stray of this service (`strays`), KILL those left after `grace`; each pid is
-    signalled only while it is still the process found (same start time). The strays found."""
+    signalled only while it is still the process found (same start time). The strays found.
+    The process the pidfile names now, proven, is no stray, whoever started it: a restart
+    resumed after another command stopped its start and started the service again must not
+    sweep the new one away (probe37q Q1: the host was left with no service)."""
+    ident, _ = read_pidfile(pidfile)
+    managed = ident["pid"] if ident is not None and verify(ident, pidfile) is None else None
     found: list[dict] = []
     for _ in range(3):  # one found during the grace (a child forked meanwhile) is taken too
-        fresh = [p for p in strays(pidfile) if p["pid"] not in {f["pid"] for f in found}]
+        fresh = [p for p in strays(pidfile, managed) if p["pid"] not in {f["pid"] for f in found}]
         if not fresh:
             break
         found += fresh
