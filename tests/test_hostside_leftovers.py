@@ -586,3 +586,18 @@ def test_a_resumed_restart_never_sweeps_away_the_service_started_meanwhile(ops: 
         time.sleep(0.1)
     st = status(ops)
     assert st.get("state") == "active" and st.get("pid") == started, st
+
+
+def test_a_directory_at_the_pidfile_never_leaves_the_service_down(ops: Ops) -> None:
+    """probe37q Q5 (high): a directory at the pidfile's path (made by hand). A restart stopped
+    the serving service, started the new one, could not record it ("Is a directory") and
+    killed it: nothing served. The directory is now moved aside before anything stops."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = ops.root / "run" / "ddtree-engine.pid"
+    pidfile.unlink()
+    pidfile.mkdir()
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 0 and "was a directory: moved aside as" in text, text
+    st = status(ops)
+    assert st.get("state") == "active" and pidfile.is_file(), st

@@ -672,11 +672,25 @@ def pidfile_room(pidfile: str) -> int:
     return PIDFILE_ROOM + 3 * len(json.dumps(pidfile))
 
 
-def reserve(pidfile: str) -> str:
+def reserve(pidfile: str, notes: list | None = None) -> str:
     """A temporary pidfile with its room already written to disk: once the service runs, its
     identity goes into blocks the disk has already given, so a disk that fills up meanwhile
     cannot leave a running service without a pidfile. Its path; NotStartable if the run
-    directory cannot take it (full, read-only)."""
+    directory cannot take it (full, read-only). A directory at the pidfile's path (made by
+    hand) would refuse the rename that records the started process, after a restart had
+    stopped the service (probe37q Q5: the service was left down): it is moved aside first, said
+    in `notes`, or NotStartable where it cannot be."""
+    if os.path.isdir(pidfile) and not os.path.islink(pidfile):
+        kept = f"{pidfile}.unusable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        try:
+            os.rename(pidfile, kept)
+        except OSError as exc:
+            raise NotStartable(
+                f"{pidfile} is a directory, not a pidfile, and cannot be moved aside "
+                f"({exc.strerror}): remove it"
+            ) from None
+        if notes is not None:
+            notes.append(f"{pidfile} was a directory: moved aside as {os.path.basename(kept)}")
     tmp = f"{pidfile}.tmp{os.getpid()}"
     room = pidfile + ROOM
     try:  # the blocks of a pidfile stopped before: a full disk cannot refuse them
@@ -1002,7 +1016,7 @@ def do_start(
         try:
             startable(root)
             current_env(root)
-            reserved = reserved or reserve(pidfile)
+            reserved = reserved or reserve(pidfile, notes)
         except NotStartable as exc:
             if reserved:
                 remove(reserved)
@@ -1029,7 +1043,7 @@ def do_start(
         }
     try:
         cwd = startable(root)
-        tmp = reserved or reserve(pidfile)
+        tmp = reserved or reserve(pidfile, notes)
         release_env = current_env(root)
     except NotStartable as exc:
         if reserved:
@@ -1256,7 +1270,7 @@ def do_restart(
     try:
         startable(root)
         current_env(root)
-        tmp = reserve(pidfile)
+        tmp = reserve(pidfile, warnings)
     except NotStartable as exc:
         was = "was not stopped" if live or strays(pidfile) else "was not running"
         reason = f"{exc}; the service {was}"
