@@ -416,10 +416,11 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
 
 
 @pytest.mark.parametrize(
-    "shape", ["release-link", "foreign-etc", "aside-releases", "previous-aside-release"]
+    "shape",
+    ["release-link", "foreign-etc", "aside-releases", "previous-aside-release", "other-root"],
 )
 def test_a_forged_pending_record_never_points_current_outside_the_releases(
-    ops: Ops, shape: str
+    ops: Ops, tmp_path: Path, shape: str
 ) -> None:
     """probe37l L1 (high), L2: a deploy.pending written by hand in the shape ops writes, whose
     `current_before` names release R1 with a link to /nonexistent (or a foreign link to /etc
@@ -429,7 +430,9 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     not what current was: it stays, and the rollback goes on to a release. probe37m M2
     (high): an `aside` naming releases/ (or a `previous_aside` naming a release) had the revert
     rename every release into `current`, and the next rollback stopped the serving service;
-    only a <name>.before-<utc> of the root is a place a switch moves things aside to."""
+    only a <name>.before-<utc> of the root is a place a switch moves things aside to.
+    probe37q Q4: a foreign link to a whole release of another root (and a previous of /etc):
+    the service was restarted from that other target's code, and every start refused it."""
     r1, r2 = two_releases(ops)
     root = str(ops.root)
     before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
@@ -441,8 +444,13 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
         before = {"kind": "foreign", "link": "/etc"}
     elif shape == "aside-releases":
         before, aside = {"kind": "directory", "path": f"{root}/current"}, f"{root}/releases"
-    else:
+    elif shape == "previous-aside-release":
         prev_before, prev_aside = {"kind": "directory"}, f"{root}/releases/{r1}"
+    else:  # another target's root, its release whole: what a start needs is all there
+        elsewhere = tmp_path / "other-root" / "releases" / r1
+        shutil.copytree(ops.root / "releases" / r1, elsewhere, symlinks=True)
+        before = {"kind": "foreign", "link": str(elsewhere)}
+        prev_before = {"kind": "foreign", "link": "/etc"}
     doc = {
         "version": 2,
         "previous": r1,
@@ -462,6 +470,9 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     assert os.readlink(ops.root / "current") == f"releases/{r1}"
     assert not (ops.root / "deploy.pending").exists()
     assert sorted(p.name for p in (ops.root / "releases").iterdir()) == sorted([r1, r2])
+    assert os.readlink(ops.root / "previous") != "/etc"
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    assert os.readlink(f"/proc/{pid}/cwd") == str(ops.root / "releases" / r1)
 
 
 @pytest.mark.parametrize("junk", ["fifo", "symlink"])
@@ -524,3 +535,17 @@ def test_json_nested_deeper_than_the_parser_goes_blocks_nothing(ops: Ops) -> Non
         (ops.root / "lock.holder").write_text("[" * 4000 + "\n")
         res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 2 and "the holder's note is unreadable" in said(res), said(res)
+
+
+def test_an_environment_variable_exec_would_refuse_never_stops_the_service(ops: Ops) -> None:
+    """probe37q Q8: a 200 KB variable in current's service.env (under the MiB read, over the
+    128 KiB the kernel lets one variable be): the restart stopped the service, exec failed
+    (Argument list too long), nothing served. The restart is now refused before it stops."""
+    r1, r2 = two_releases(ops)
+    before = ops.json("service", "status", "local")[1]["pid"]
+    env = ops.root / "releases" / r2 / "service.env"
+    env.write_text(env.read_text() + "BIG=" + "x" * 200_000 + "\n")
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 1 and "BIG is 200005 bytes, over the 131072 bytes" in text, text
+    assert ops.json("service", "status", "local")[1]["pid"] == before

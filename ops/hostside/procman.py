@@ -545,7 +545,17 @@ def read_env(path: str) -> dict[str, str]:
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
         env[key.strip()] = value
+    for key, value in env.items():  # what exec(2) refuses: checked before a restart stops
+        size = len(f"{key}={value}".encode()) + 1  # anything (probe37q Q8: left no service)
+        if size > MAX_ARG_STRLEN:
+            raise NotARelease(
+                f"{path}: {key} is {size} bytes, over the {MAX_ARG_STRLEN} bytes the kernel "
+                "lets one environment variable be (exec would fail: Argument list too long)"
+            )
     return env
+
+
+MAX_ARG_STRLEN = 32 * 4096  # Linux: the most one argument or KEY=VALUE string may take
 
 
 def current_env(root: str) -> dict[str, str]:

@@ -582,11 +582,11 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
             return False
         set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
     elif before["kind"] == "foreign":
-        # as it was (a hand-made hotfix copy), where a service can start from it: a deploy
-        # never switches away from one it could not (procman `startable`), so a record naming
-        # one that cannot is not what current was (edited by hand): it stays where it is
-        target = os.path.realpath(os.path.join(root, before["link"]))
-        if not (os.path.isdir(target) and regular(os.path.join(target, "service.env"))):
+        # as it was (a hand-made hotfix copy), where an operator's start would run it: a
+        # deploy never switches away from one that could not be (procman `current_problem`),
+        # so a record naming one that cannot (outside the root: another root's release,
+        # probe37q Q4) is not what current was (edited by hand): it stays where it is
+        if not hand_made_release(root, before["link"]):
             return False
         set_link(root, "current", before["link"])
     else:  # a real directory or file, moved aside by the switch (beside it, by that name)
@@ -598,12 +598,26 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
     return True
 
 
+def hand_made_release(root: str, link: object) -> bool:
+    """`link` (as written in a symlink of the root) resolves to a release a person made under
+    the root: a directory below it, not releases/ itself, holding release.json and
+    service.env (what a start needs)."""
+    if not isinstance(link, str):
+        return False
+    real, top = os.path.realpath(os.path.join(root, link)), os.path.realpath(root)
+    if not real.startswith(top.rstrip("/") + "/") or real == os.path.join(top, "releases"):
+        return False
+    return os.path.isdir(real) and all(
+        regular(os.path.join(real, name)) for name in ("release.json", "service.env")
+    )
+
+
 def put_previous_back(root: str, before: dict) -> None:
     path = os.path.join(root, "previous")
     if before["kind"] == "release":
         set_link(root, "previous", release_link(before["id"]))
-    elif before["kind"] == "foreign":
-        set_link(root, "previous", before["link"])
+    elif before["kind"] == "foreign" and hand_made_release(root, before.get("link")):
+        set_link(root, "previous", before["link"])  # (not one a record names elsewhere)
     elif before["kind"] == "none" and os.path.islink(path):
         os.unlink(path)
 
