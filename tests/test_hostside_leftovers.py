@@ -601,3 +601,24 @@ def test_a_directory_at_the_pidfile_never_leaves_the_service_down(ops: Ops) -> N
     assert res.returncode == 0 and "was a directory: moved aside as" in text, text
     st = status(ops)
     assert st.get("state") == "active" and pidfile.is_file(), st
+
+
+def test_a_run_directory_that_is_a_symlink_is_never_followed(ops: Ops, tmp_path: Path) -> None:
+    """probe37q Q7: run/ made a symlink to another target's run directory: `ops service start`
+    replaced that target's pidfile through it (its service then showed stale and unmanaged).
+    The link is moved aside; the other directory is left as it was."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    other = tmp_path / "other-run"
+    other.mkdir()
+    theirs = other / "ddtree-engine.pid"
+    theirs.write_text('{"pid": 1, "start": "1", "note": "another target\\u0027s"}')
+    kept = theirs.read_text()
+    run = ops.root / "run"
+    shutil.move(run, tmp_path / "our-run")
+    run.symlink_to(other)
+    res = ops("service", "restart", "local")
+    text = said(res)
+    assert res.returncode == 0 and "was a symlink to" in text and "moved aside" in text, text
+    assert not run.is_symlink() and (run / "ddtree-engine.pid").is_file()
+    assert theirs.read_text() == kept and sorted(p.name for p in other.iterdir()) == [theirs.name]
+    assert status(ops).get("state") == "active"

@@ -1293,8 +1293,40 @@ def do_restart(
     return doc
 
 
+PIDFILE_ACTIONS = ("status", "start", "wait", "up", "stop", "restart")
+
+
+def run_dir_moved(pidfile: str) -> str | None:
+    """A symlink at the pidfile's directory (run/) was made by hand: through it ops would read,
+    replace and remove the pidfiles of whatever directory it names, another target's say
+    (probe37q Q7). The link (never its target) is moved aside; what was done, or None."""
+    run = os.path.dirname(pidfile)
+    if not os.path.islink(run):
+        return None
+    kept = f"{run}.unusable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    try:
+        os.rename(run, kept)
+    except OSError as exc:
+        raise NotStartable(
+            f"{run} is a symlink (to {os.readlink(run)}), not ops's run directory, and cannot "
+            f"be moved aside ({exc.strerror}): nothing was done; remove it"
+        ) from None
+    return f"{run} was a symlink to {os.readlink(kept)}: moved aside as {os.path.basename(kept)}"
+
+
 def main(argv: list[str]) -> dict:
     action, args = argv[0], argv[1:]
+    if action in PIDFILE_ACTIONS and args:
+        try:
+            moved = run_dir_moved(args[0])
+        except NotStartable as exc:
+            return {"error": str(exc)}
+        if moved:
+            doc = main(argv)
+            for part in (doc, doc.get("start")):
+                if isinstance(part, dict):
+                    part["warnings"] = [moved, *part.get("warnings", [])]
+            return doc
     if action == "status":
         return do_status(args[0], args[1])
     if action == "start":
