@@ -1002,3 +1002,30 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
         os.kill(proc.pid, signal.SIGCONT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, seen + err
+
+
+def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
+    """probe37q Q11: the host process holding a deploy's host lock killed (the OOM killer): the
+    flock went with it, a second deploy could start beside the first, and the first went on
+    as if it held the lock. It now stops before its switch, saying so; current is untouched."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    ops.slow_selftest(3)
+    proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
+    head = b"command -v flock"
+    holders = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:2] == [b"-c"] and argv[2:3] and argv[2].startswith(head):
+            if str(ops.root).encode() in argv[2]:
+                holders.append(int(pid))
+    assert holders, "no lock holder seen"
+    for pid in holders:
+        os.killpg(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    text = " ".join((seen + out + err).split())
+    assert proc.returncode == 1 and "the host lock was lost" in text, text
+    assert ops.current() == r1 and ops.serving() == r1

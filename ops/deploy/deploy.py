@@ -669,6 +669,14 @@ class Deployer:
         with revert_guard(self.host, restart) as guard:
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
+                if self.host.lock_lost():  # its holder killed: another deploy may hold it now
+                    return (
+                        "fail",
+                        "the host lock was lost (its holder on the host ended: killed?), so "
+                        "another deploy or rollback may run now; nothing was switched: "
+                        f"current is still {before or '(none)'}",
+                        {},
+                    )
                 try:
                     by = "rollback" if self._rolling_back else "deploy"
                     doc = host_releases(self.host, "switch", rid, "pending", by)

@@ -57,6 +57,9 @@ class _LocalProc(Proc):
         line, self._buf = split_line(self._buf)
         return line
 
+    def exited(self) -> bool:
+        return self._p.poll() is not None
+
     def finish(self, timeout: float) -> int:
         if self._p.stdin:
             with contextlib.suppress(OSError):

@@ -284,6 +284,10 @@ class Proc(ABC):
     def finish(self, timeout: float) -> int:
         """Close stdin, wait for exit, return the exit code (killing it past `timeout`)."""
 
+    @abstractmethod
+    def exited(self) -> bool:
+        """Whether the command has ended (for one that should live as long as we hold it)."""
+
 
 class Host(ABC):
     """A target ops can act on. Use as a context manager so connections are closed."""
@@ -292,6 +296,7 @@ class Host(ABC):
         self.target = target
         self.name = target.name
         self._pythons: dict[str, str | None] = {}  # python -> why it cannot run the data plane
+        self._lock_procs: list[Proc] = []  # the holders of host locks held now (`lock`)
 
     # -- primitives: the only parts that differ between local and SSH --------------------
     @abstractmethod
@@ -590,10 +595,18 @@ class Host(ABC):
                 if first == "NOTFILE"
                 else None,
             )
+        self._lock_procs.append(proc)
         try:
             yield holder
         finally:
+            self._lock_procs.remove(proc)
             proc.finish(timeout)
+
+    def lock_lost(self) -> bool:
+        """Whether a host lock this Host holds has lost its holder on the host (killed: the OOM
+        killer, a hand's kill -9; the link gone): the flock went with it, and another deploy
+        may hold the lock now (probe37q Q11)."""
+        return any(proc.exited() for proc in self._lock_procs)
 
 
 def nested_root(root: str, top: str) -> str:

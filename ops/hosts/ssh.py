@@ -102,6 +102,9 @@ class _SshProc(Proc):
         line, self._buf = split_line(self._buf)
         return line
 
+    def exited(self) -> bool:
+        return self._chan.exit_status_ready() or self._chan.closed
+
     def finish(self, timeout: float) -> int:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             self._chan.shutdown_write()
