@@ -417,7 +417,16 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
 
 @pytest.mark.parametrize(
     "shape",
-    ["release-link", "foreign-etc", "aside-releases", "previous-aside-release", "other-root"],
+    [
+        "release-link",
+        "foreign-etc",
+        "aside-releases",
+        "previous-aside-release",
+        "other-root",
+        "aside-link-releases",
+        "aside-link-outside",
+        "aside-empty-dir",
+    ],
 )
 def test_a_forged_pending_record_never_points_current_outside_the_releases(
     ops: Ops, tmp_path: Path, shape: str
@@ -432,7 +441,11 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     rename every release into `current`, and the next rollback stopped the serving service;
     only a <name>.before-<utc> of the root is a place a switch moves things aside to.
     probe37q Q4: a foreign link to a whole release of another root (and a previous of /etc):
-    the service was restarted from that other target's code, and every start refused it."""
+    the service was restarted from that other target's code, and every start refused it.
+    probe37r R1, R2 (high): an `aside` of the right name that is a link (to releases/, out of
+    the root) or an empty directory: renamed into `current` (the service restarted on it and
+    left down), or every deploy and rollback refused. A switch moves aside only real
+    entries, a directory one a start would run."""
     r1, r2 = two_releases(ops)
     root = str(ops.root)
     before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
@@ -446,6 +459,15 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
         before, aside = {"kind": "directory", "path": f"{root}/current"}, f"{root}/releases"
     elif shape == "previous-aside-release":
         prev_before, prev_aside = {"kind": "directory"}, f"{root}/releases/{r1}"
+    elif shape.startswith("aside-"):  # the name a switch gives, put there by hand
+        before = {"kind": "directory", "path": f"{root}/current"}
+        aside = f"{root}/current.before-20260101T000000Z"
+        if shape == "aside-link-releases":
+            os.symlink(f"{root}/releases", aside)
+        elif shape == "aside-link-outside":
+            os.symlink(str(tmp_path), aside)
+        else:
+            os.mkdir(aside)
     else:  # another target's root, its release whole: what a start needs is all there
         elsewhere = tmp_path / "other-root" / "releases" / r1
         shutil.copytree(ops.root / "releases" / r1, elsewhere, symlinks=True)
@@ -470,7 +492,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     assert os.readlink(ops.root / "current") == f"releases/{r1}"
     assert not (ops.root / "deploy.pending").exists()
     assert sorted(p.name for p in (ops.root / "releases").iterdir()) == sorted([r1, r2])
-    assert os.readlink(ops.root / "previous") != "/etc"
+    previous = ops.root / "previous"
+    assert not previous.is_symlink() or os.readlink(previous) != "/etc"
     pid = ops.json("service", "status", "local")[1]["pid"]
     assert os.readlink(f"/proc/{pid}/cwd") == str(ops.root / "releases" / r1)
 

@@ -590,12 +590,25 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
             return False
         set_link(root, "current", before["link"])
     else:  # a real directory or file, moved aside by the switch (beside it, by that name)
-        if not aside or not in_root(root, aside) or not os.path.lexists(inside(root, aside)):
+        if not moved_aside(root, aside, before["kind"]):
             return False
         if os.path.islink(path):
             os.unlink(path)  # rename(2) cannot put a directory over a symlink
         os.rename(aside, path)
     return True
+
+
+def moved_aside(root: str, aside: object, kind: str) -> bool:
+    """`aside` is what a switch moved aside there: an entry of the root itself, the real
+    directory or file it was (a switch renames, it never makes a link), and for a directory one
+    a start would run (release.json). Anything else a record names there was put by hand: a
+    link to releases/ or out of the root, an empty directory (probe37r R1, R2: renamed into
+    `current`, the service restarted on it and was left down)."""
+    if not isinstance(aside, str) or not in_root(root, aside) or os.path.islink(aside):
+        return False
+    if kind == "directory":
+        return os.path.isdir(aside) and regular(os.path.join(aside, "release.json"))
+    return regular(aside)
 
 
 def hand_made_release(root: str, link: object) -> bool:
@@ -661,11 +674,7 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         return {"reverted": False, "gone": describe(cur_before), "current": now, "note": note}
     if prev_before["kind"] not in ("directory", "file"):
         put_previous_back(root, prev_before)
-    elif (
-        doc.get("previous_aside")
-        and in_root(root, doc["previous_aside"])
-        and os.path.lexists(inside(root, doc["previous_aside"]))
-    ):
+    elif moved_aside(root, doc.get("previous_aside"), prev_before["kind"]):
         if os.path.islink(os.path.join(root, "previous")):
             os.unlink(os.path.join(root, "previous"))
         os.rename(doc["previous_aside"], os.path.join(root, "previous"))
