@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -572,3 +573,39 @@ def test_an_environment_variable_exec_would_refuse_never_stops_the_service(ops: 
     text = said(res)
     assert res.returncode == 1 and "BIG is 200005 bytes, over the 131072 bytes" in text, text
     assert ops.json("service", "status", "local")[1]["pid"] == before
+
+
+def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(ops: Ops) -> None:
+    """probe37r R6 (high): a deploy.pending in ops's shape whose current_before names a release
+    a deploy had rejected: the rollback's recover switched onto it, stopped the serving
+    service, and the start failed; no command brought it back. A switch is never made from a
+    rejected release, so the record is not what current was: current and the service stay."""
+    r1, r2 = two_releases(ops)
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    (ops.root / "releases" / r1 / "rejected.json").write_text('{"step": "postflight"}')
+    doc = {
+        "version": 2,
+        "previous": r1,
+        "new": r2,
+        "old_previous": None,
+        "current_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
+        "previous_before": {"kind": "none"},
+        "by": "deploy",
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert "Traceback" not in said(res) and res.returncode in (1, 2), said(res)
+    assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+
+
+def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> None:
+    """probe37r R4: directories nested 3000 deep inside an old release made `ops releases`,
+    deploys and rollbacks fail with RecursionError (its size was walked recursively)."""
+    r1, _ = two_releases(ops)
+    nest = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+    subprocess.run([sys.executable, "-c", nest], cwd=ops.root / "releases" / r1, check=True)
+    res = ops("releases", "local")
+    assert res.returncode == 0 and r1 in said(res), said(res)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
+    res = ops.deploy()
+    assert res.returncode == 0, said(res)

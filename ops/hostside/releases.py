@@ -578,7 +578,13 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
     """Make current exactly what it was; False when what it was is gone (then it stays)."""
     path = os.path.join(root, "current")
     if before["kind"] == "release":
-        if not os.path.isdir(os.path.join(root, "releases", before["id"])):
+        # one a start could run and no deploy rejected: a switch is never made from any other,
+        # so a record naming one is not what current was (probe37r R6: a forged record had a
+        # rollback stop the service and switch onto a rejected release, leaving it down)
+        rel = os.path.join(root, "releases", before["id"])
+        if not os.path.isdir(rel) or os.path.lexists(os.path.join(rel, "rejected.json")):
+            return False
+        if not regular(os.path.join(rel, "service.env")):
             return False
         set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
     elif before["kind"] == "foreign":
@@ -709,13 +715,22 @@ def retire(root: str, release: str) -> dict:
 
 
 def du(path: str) -> int:
-    """The bytes the files under `path` take (a sparse file counts its allocated blocks)."""
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
+    """The bytes the files under `path` take (a sparse file counts its allocated blocks). An
+    explicit stack, not os.walk's recursion: a tree nested thousands deep by hand made every
+    listing, deploy and rollback fail with RecursionError (probe37r R4). Links not followed."""
+    total, todo = 0, [path]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for entry in entries:
             try:
-                st = os.lstat(os.path.join(dirpath, name))
-                total += min(st.st_size, st.st_blocks * 512)  # a sparse file: what it takes
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    total += min(st.st_size, st.st_blocks * 512)  # a sparse file: what it takes
             except OSError:
                 pass
     return total
