@@ -528,6 +528,9 @@ def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
         assert res.returncode == 1 and time.monotonic() - t0 < 20, text
         assert f"(pid {worker})" in text and f"is stopped: kill -CONT {worker}" in text, text
         assert status(ops).get("pid") == before.get("pid")  # nothing stopped by it
+        # probe37r R3: a stop goes on, and says the stopped restart would start it again
+        text = said(ops("service", "stop", "local"))
+        assert f"(pid {worker}) is stopped (SIGSTOP)" in text and f"kill -9 {worker}" in text
     finally:
         os.kill(worker, signal.SIGCONT)
     deadline = time.monotonic() + 30  # let go on, the first restart finishes

@@ -1181,7 +1181,33 @@ def do_stop(pidfile: str, grace: float) -> dict:
             doc["detail"] = said + ("" if doc["action"] == "not_running" else f"; {doc['detail']}")
             doc["action"] = "stopped"
         doc["unmanaged"] = gone
+    waiting = stopped_restarts(pidfile)
+    if waiting:  # (a restart's own stop is not told: its worker is this process)
+        pids = " ".join(map(str, waiting))
+        doc["warnings"] = [
+            f"a restart of this service (pid {pids}) is stopped (SIGSTOP) and holds its lock: "
+            f"continued, it starts the service again; kill -9 {pids} ends it"
+        ]
     return {**doc, "signals": signals}
+
+
+def stopped_restarts(pidfile: str) -> list[int]:
+    """The stopped processes holding this service's restart lock (a restart's worker frozen by
+    SIGSTOP or a debugger, which will go on with its start when continued); [] when none."""
+    try:
+        fd = os.open(pidfile + ".restart", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return []  # nobody holds it
+        except BlockingIOError:
+            return [p for p in holders(fd) if proc_state(p) in ("T", "t")]
+    finally:
+        os.close(fd)
 
 
 def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float) -> dict:

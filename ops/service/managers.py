@@ -546,6 +546,8 @@ class ProcessManager(ServiceManager):
                 f"{left}: the service is stopped; the pidfile left names no live process "
                 "(the next start removes it)",
             ]
+        if doc.get("warnings"):  # e.g. a stopped restart that will start the service again
+            update["warnings"] = [*update.get("warnings", st.warnings), *doc["warnings"]]
         return st.model_copy(update=update)
 
     def evidence(self) -> list[str]:
