@@ -1004,6 +1004,21 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
     assert proc.returncode == 0, seen + err
 
 
+def lock_holder_shells(root: Path) -> list[int]:
+    """The host lock's holder shells for `root` (each leads its process group): by their
+    script's first words and the root it names."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        script = argv[2] if argv[1:2] == [b"-c"] and len(argv) > 2 else b""
+        if script.startswith(b"command -v flock") and str(root).encode() in script:
+            found.append(int(pid))
+    return found
+
+
 def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
     """probe37q Q11: the host process holding a deploy's host lock killed (the OOM killer): the
     flock went with it, a second deploy could start beside the first, and the first went on
@@ -1012,16 +1027,7 @@ def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
     r1 = ops.current()
     ops.slow_selftest(3)
     proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
-    head = b"command -v flock"
-    holders = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:2] == [b"-c"] and argv[2:3] and argv[2].startswith(head):
-            if str(ops.root).encode() in argv[2]:
-                holders.append(int(pid))
+    holders = lock_holder_shells(ops.root)
     assert holders, "no lock holder seen"
     for pid in holders:
         os.killpg(pid, signal.SIGKILL)
@@ -1029,3 +1035,32 @@ def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
     text = " ".join((seen + out + err).split())
     assert proc.returncode == 1 and "the host lock was lost" in text, text
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_a_stopped_lock_holder_whose_ops_is_gone_is_named(ops: Ops) -> None:
+    """probe37r R5: the host process holding a deploy's lock stopped (SIGSTOP), then its ops
+    killed: every later command was refused naming only the dead ops's pid, and the stopped
+    holder never let go. The refusal names the stopped holder and `kill -CONT`."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    ops.slow_selftest(5)
+    proc, _ = ops.popen_at("selftest ...", *ops.deploy_args())
+    holders = lock_holder_shells(ops.root)
+    assert holders, "no lock holder seen"
+    for pid in holders:
+        os.killpg(pid, signal.SIGSTOP)
+    try:
+        proc.kill()
+        proc.communicate(timeout=30)
+        res = ops("rollback", "local", "--max-tokens", "3")
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and "is stopped (SIGSTOP)" in text, text
+        named = text.split("kill -CONT ", 1)[-1].split()
+        assert "kill -CONT" in text and str(holders[0]) in named, text
+    finally:
+        for pid in holders:
+            os.killpg(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30  # let go on, it ends (its ops is gone)
+    while lock_holder_shells(ops.root):
+        assert time.monotonic() < deadline, "the holder never ended"
+        time.sleep(0.2)
+    assert ops("service", "restart", "local").returncode == 0  # the lock is free again

@@ -561,7 +561,13 @@ class Host(ABC):
             'fi; h="$root/lock.holder"; '
             'if [ -z "$note" ] && { [ -L "$h" ] || { [ -e "$h" ] && [ ! -f "$h" ]; }; }; then '
             "note='!not-regular'; fi; "
-            "echo BUSY; printf '%s\\n' \"$note\" | head -n 1; exit 75"
+            "echo BUSY; printf '%s\\n' \"$note\" | head -n 1; "
+            # who holds it and is stopped (SIGSTOP): it never lets go while it is (probe37r
+            # R5: its ops killed meanwhile, the note names only that dead pid); builtins only
+            'stopped=; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$root/lock" ] || continue; '
+            'p=${f#/proc/}; p=${p%%/*}; read -r _ _ s _ < "/proc/$p/stat" 2>/dev/null; '
+            'case "$s" in T|t) stopped="$stopped $p";; esac; done; '
+            'echo "STOPPED$stopped"; exit 75'
         )
         proc = self._spawn(script)
         first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
@@ -571,10 +577,21 @@ class Host(ABC):
         if first != "ACQUIRED":
             known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE", "NESTED")
             other = proc.read_line(5.0) if first in known else None
+            held = proc.read_line(10.0) if first == "BUSY" else None  # STOPPED [PID...]
             proc.finish(5.0)
             if first == "BUSY":
                 message, info = _held_by(other or "")
-                raise LockHeld(message + _stopped_here(info), target=self.name, holder=info)
+                stopped = (held or "").removeprefix("STOPPED").split()
+                if stopped:
+                    pids = " ".join(stopped)
+                    info["stopped"] = pids
+                    message += (
+                        f"; the process holding it on the host (pid {pids}) is stopped "
+                        f"(SIGSTOP), so it never lets go: kill -CONT {pids} lets it end"
+                    )
+                else:
+                    message += _stopped_here(info)
+                raise LockHeld(message, target=self.name, holder=info)
             where, why = self.target.remote_root, other or "?"
             reasons = {
                 "NOFLOCK": "flock(1) is not installed",
