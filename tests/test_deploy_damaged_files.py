@@ -604,8 +604,11 @@ def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> N
     r1, _ = two_releases(ops)
     nest = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
     subprocess.run([sys.executable, "-c", nest], cwd=ops.root / "releases" / r1, check=True)
-    res = ops("releases", "local")
-    assert res.returncode == 0 and r1 in said(res), said(res)
-    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
-    res = ops.deploy()
-    assert res.returncode == 0, said(res)
+    try:
+        res = ops("releases", "local")
+        assert res.returncode == 0 and r1 in said(res), said(res)
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+        res = ops.deploy()
+        assert res.returncode == 0, said(res)
+    finally:  # rm(1), not a recursive rmtree (pytest's own cleanup would meet the depth)
+        subprocess.run(["rm", "-rf", str(ops.root / "releases" / r1 / "d")], check=False)
