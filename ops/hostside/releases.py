@@ -578,13 +578,11 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
     """Make current exactly what it was; False when what it was is gone (then it stays)."""
     path = os.path.join(root, "current")
     if before["kind"] == "release":
-        # one a start could run and no deploy rejected: a switch is never made from any other,
-        # so a record naming one is not what current was (probe37r R6: a forged record had a
-        # rollback stop the service and switch onto a rejected release, leaving it down)
+        # one no deploy rejected: a switch is never made from one, so a record naming one is
+        # not what current was (probe37r R6: a forged record had a rollback stop the service
+        # and switch onto a rejected release, leaving it down)
         rel = os.path.join(root, "releases", before["id"])
         if not os.path.isdir(rel) or os.path.lexists(os.path.join(rel, "rejected.json")):
-            return False
-        if not regular(os.path.join(rel, "service.env")):
             return False
         set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
     elif before["kind"] == "foreign":
@@ -606,15 +604,12 @@ def put_current_back(root: str, before: dict, aside: str | None) -> bool:
 
 def moved_aside(root: str, aside: object, kind: str) -> bool:
     """`aside` is what a switch moved aside there: an entry of the root itself, the real
-    directory or file it was (a switch renames, it never makes a link), and for a directory one
-    a start would run (release.json). Anything else a record names there was put by hand: a
-    link to releases/ or out of the root, an empty directory (probe37r R1, R2: renamed into
+    directory or file it was (a switch renames, it never makes a link). A link a record names
+    there was put by hand: to releases/ or out of the root (probe37r R1, R2: renamed into
     `current`, the service restarted on it and was left down)."""
     if not isinstance(aside, str) or not in_root(root, aside) or os.path.islink(aside):
         return False
-    if kind == "directory":
-        return os.path.isdir(aside) and regular(os.path.join(aside, "release.json"))
-    return regular(aside)
+    return os.path.isdir(aside) if kind == "directory" else regular(aside)
 
 
 def hand_made_release(root: str, link: object) -> bool:
