@@ -25,7 +25,14 @@ from typing import Any
 import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
-from helpers.deploy_ops import NOISY_CRASH, Ops, kill_guard_and_ops, one_error_line, steps
+from helpers.deploy_ops import (
+    NOISY_CRASH,
+    Ops,
+    kill_guard_and_ops,
+    lock_holder_shells,
+    one_error_line,
+    steps,
+)
 from helpers.local import end_services
 
 # the stand-in's post-flight answers never come
@@ -1002,21 +1009,6 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
         os.kill(proc.pid, signal.SIGCONT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, seen + err
-
-
-def lock_holder_shells(root: Path) -> list[int]:
-    """The host lock's holder shells for `root` (each leads its process group): by their
-    script's first words and the root it names."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        script = argv[2] if argv[1:2] == [b"-c"] and len(argv) > 2 else b""
-        if script.startswith(b"command -v flock") and str(root).encode() in script:
-            found.append(int(pid))
-    return found
 
 
 def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:

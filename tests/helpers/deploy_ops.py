@@ -236,14 +236,24 @@ def guard_shells(root: Path) -> list[int]:
     """The revert guards' shells of the remote root `root` (each leads its process group): by
     their script's first words, never by a mention of deploy.guard (the process manager's
     source, sent as an argument with the root's paths, names the file too)."""
-    head = f"exec 8>>{root}/deploy.guard".encode()
+    return host_shells(f"exec 8>>{root}/deploy.guard".encode(), root)
+
+
+def lock_holder_shells(root: Path) -> list[int]:
+    """The host lock's holder shells for `root`: by their script's first words."""
+    return host_shells(b"command -v flock", root)
+
+
+def host_shells(head: bytes, root: Path) -> list[int]:
+    """The `bash -c SCRIPT` processes whose script starts with `head` and names `root`."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv[1:2] == [b"-c"] and argv[2:3] and argv[2].startswith(head):
+        script = argv[2] if argv[1:2] == [b"-c"] and len(argv) > 2 else b""
+        if script.startswith(head) and str(root).encode() in script:
             found.append(int(pid))
     return found
 
