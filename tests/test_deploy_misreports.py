@@ -209,20 +209,45 @@ def test_a_restart_whose_result_is_lost_asks_where_the_guard_left_the_host(ops: 
     assert ops.current() == r1 and ops.serving() == r1
 
 
-# The host-side switch's result lost: its process is killed the instant it starts (as a dropped
-# SSH connection would end it), inside the real `ops` process (the driver wraps subprocess.Popen
-# for the one command whose arguments carry MARK; everything else runs as it is).
-KILL_AT_START = """
-import subprocess, sys
+# The host-side switch's result lost: the shell ops runs it in is killed (as a dropped SSH
+# connection would end it), inside the real `ops` process (the driver wraps subprocess.Popen
+# for the one command whose arguments carry MARK; everything else runs as it is). "start": the
+# instant it starts. "late": once the switch runs under it (found by its argv, stopped while
+# its shell is killed, then let go on), so the switch is made and prints its whole result to
+# ops, which sees the shell's exit by a signal (the last landing CI's run met this by chance:
+# "switch: refused; current is still R1", though the switch had been made).
+KILL_SHELL = """
+import os, signal, subprocess, sys, threading, time
 sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
 import ops.hosts.local as local
-MARK = sys.argv.pop(1)
+MARK, WHEN = sys.argv.pop(1), sys.argv.pop(1)
 real = subprocess.Popen
+
+def the_switch(root):
+    for p in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-S", b"-c"] and argv[4:6] == [b"switch", root.encode()]:
+            return int(p)
+
+def late(shell, root):
+    while (pid := the_switch(root)) is None:
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGSTOP)
+    shell.kill()
+    shell.wait()
+    os.kill(pid, signal.SIGCONT)
+
 class Popen(real):
     def __init__(self, args, *a, **k):
         super().__init__(args, *a, **k)
         if MARK in " ".join(map(str, args)):
-            self.kill()
+            if WHEN == "start":
+                self.kill()
+            else:
+                threading.Thread(target=late, args=(self, MARK.split()[-1]), daemon=True).start()
 local.subprocess.Popen = Popen
 from ops.cli import main
 sys.argv = ["ops", *sys.argv[1:]]
@@ -230,14 +255,17 @@ main()
 """
 
 
-def test_a_switch_whose_result_is_lost_asks_where_current_is(ops: Ops, tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["start", "late"])
+def test_a_switch_whose_result_is_lost_asks_where_current_is(
+    ops: Ops, tmp_path: Path, when: str
+) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
     driver = tmp_path / "driver.py"
-    driver.write_text(KILL_AT_START)
+    driver.write_text(KILL_SHELL)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(driver, [f"' switch {ops.root}"], *args, timeout=120)
+    res = ops.driven(driver, [f"' switch {ops.root}", when], *args, timeout=120)
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "Traceback" not in said, said
     result = ops.record("deploy")["results"][0]

@@ -455,12 +455,27 @@ def _restart_worker(pidfile: str) -> int | None:
 
 
 def _seen_restart_worker(pidfile: str) -> int:
-    """The restart worker for `pidfile`, waited for (30 s at most)."""
+    """The restart worker for `pidfile`, waited for (30 s at most) until it holds the restart
+    lock: a worker stopped between its fork and its lock holds nothing (the last landing CI's
+    run stopped one there, and the next restart rightly went ahead)."""
     deadline = time.monotonic() + 30
-    while (worker := _restart_worker(pidfile)) is None and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        worker = _restart_worker(pidfile)
+        if worker is not None and _holds(worker, pidfile + ".restart"):
+            return worker
         time.sleep(0.02)
-    assert worker is not None, "no restart worker seen"
-    return worker
+    raise AssertionError("no restart worker seen holding the restart lock")
+
+
+def _holds(pid: int, path: str) -> bool:
+    """Whether process `pid` holds an flock on `path` (/proc/locks, by the file's inode)."""
+    try:
+        ino = os.stat(path).st_ino
+        locks = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return False
+    held = [f.split() for f in locks if "->" not in f]  # "->": a waiter, not a holder
+    return any(f[1] == "FLOCK" and f[4] == str(pid) and f[5].endswith(f":{ino}") for f in held)
 
 
 def test_a_killed_restart_worker_never_leaves_the_service_down(ops: Ops) -> None:

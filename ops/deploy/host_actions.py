@@ -34,6 +34,15 @@ def host_json(
         timeout=300,
         step=step,
     )
+    if res.rc < 0 or res.rc > 128:  # a signal ended it (or the shell around it): its result,
+        # even one printed whole, may not be what the host ended on (a switch that printed it
+        # was made, then read as refused): lost, and the host is asked again where it matters
+        how = {-1: "the link lost"}.get(res.rc, f"killed: exit {res.rc}")
+        raise HostError(
+            f"its result was lost ({how}): {res.tail() or 'no output'}",
+            target=host.name,
+            step=step,
+        )
     try:
         doc = json.loads(res.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
