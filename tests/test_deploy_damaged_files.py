@@ -426,6 +426,7 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
         "other-root",
         "aside-link-releases",
         "aside-link-outside",
+        "aside-empty-directory",
     ],
 )
 def test_a_forged_pending_record_never_points_current_outside_the_releases(
@@ -444,7 +445,9 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     the service was restarted from that other target's code, and every start refused it.
     probe37r R1, R2 (high): an `aside` of the right name that is a link (to releases/, out of
     the root): renamed into `current` (the service restarted on it and left down), or every
-    deploy and rollback refused. A switch moves aside only real entries."""
+    deploy and rollback refused. A switch moves aside only real entries. R2's variant: an
+    empty real directory there, the same; only a whole copy of a release is put back (a deploy
+    refuses to switch away from anything else)."""
     r1, r2 = two_releases(ops)
     root = str(ops.root)
     before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
@@ -463,6 +466,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
         aside = f"{root}/current.before-20260101T000000Z"
         if shape == "aside-link-releases":
             os.symlink(f"{root}/releases", aside)
+        elif shape == "aside-empty-directory":
+            os.mkdir(aside)
         else:
             os.symlink(str(tmp_path), aside)
     else:  # another target's root, its release whole: what a start needs is all there
@@ -489,6 +494,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     assert os.readlink(ops.root / "current") == f"releases/{r1}"
     assert not (ops.root / "deploy.pending").exists()
     assert sorted(p.name for p in (ops.root / "releases").iterdir()) == sorted([r1, r2])
+    if shape.startswith("aside-link") or shape == "aside-empty-directory":
+        assert os.path.lexists(str(aside)), "what stood at the aside name is kept as it was"
     previous = ops.root / "previous"
     assert not previous.is_symlink() or os.readlink(previous) != "/etc"
     pid = ops.json("service", "status", "local")[1]["pid"]

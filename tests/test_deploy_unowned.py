@@ -149,8 +149,42 @@ def test_current_outside_the_root_is_not_an_ops_release(ops: Ops, tmp_path: Path
     assert doc["current_state"]["kind"] == "foreign"
     res = ops.deploy()  # the same commit: not "already current"
     assert res.returncode == 1 and "already current" not in res.stdout + res.stderr
-    assert "not a release ops installed" in res.stderr
+    text = " ".join(res.stderr.split())
+    assert "a symlink ops did not make" in text and "could not put back" in text, text
     assert os.readlink(ops.root / "current") == str(outside)
+
+
+@pytest.mark.parametrize("what", ["empty-directory", "another-root"])
+def test_a_current_no_revert_could_put_back_is_refused_even_forced(
+    ops: Ops, tmp_path: Path, what: str
+) -> None:
+    """probe37r R2's variant, from the other side: a revert puts back only a whole copy of a
+    release (a forged record naming an empty directory had a rollback restart on it and leave
+    the service down). So a deploy never switches away from a current it could not come back
+    to, --force or not: an empty real directory, a link to another root's release. It says
+    why and how on, and touches nothing; before, --force switched, and a failed deploy could
+    only have left the new release in place."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    (ops.root / "current").unlink()  # the service runs on, from the release it started in
+    if what == "empty-directory":
+        (ops.root / "current").mkdir()
+    else:
+        elsewhere = tmp_path / "other-root" / "releases" / str(r1)
+        shutil.copytree(ops.root / "releases" / str(r1), elsewhere, symlinks=True)
+        relink(ops.root, str(elsewhere))
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    res = ops.deploy("--force")
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 1 and no_traceback(res.stderr), text
+    assert "which a failed deploy could not put back" in text, text
+    assert f"ops rollback local --to {r1}" in text, text
+    assert steps(ops.record("deploy")["results"][0])["current"] == "fail"
+    assert len(list((ops.root / "releases").iterdir())) == 1  # nothing sent, nothing switched
+    assert ops.json("service", "status", "local")[1]["pid"] == pid
+    res = ops("rollback", "local", "--to", str(r1), "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, res.stderr
 
 
 def test_current_as_a_real_directory_comes_back_whole(ops: Ops) -> None:

@@ -126,6 +126,7 @@ class Deployer:
         self._blocked: str | None = None  # the restart met a cause outside the release
         self._settle_first = False  # already current, but a deploy.pending to settle first
         self._fallback: str | None = None  # the newest proven release other than current
+        self._unrevertible: str | None = None  # why a revert could not put current back
         self._instead: str | None = None  # why a rollback took it instead of `previous`
         self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
 
@@ -282,6 +283,7 @@ class Deployer:
             top = listing["nested"]
             raise HostError(nested_root(self.root, top), target=self.target.name, step="lock")
         self._before_state = listing.get("current_state")
+        self._unrevertible = listing.get("current_unrevertible")
         self._before = listing["current"] or shown_state(self._before_state)
         self._fallback = newest_proven(listing)
         current = next((r for r in listing["releases"] if r["current"]), None)
@@ -375,6 +377,18 @@ class Deployer:
         if state["kind"] == "foreign" and not state.get("exists"):
             gone = f"remove {self.root}/current to deploy as a first install"
             return "fail", f"current is {shown_state(state)}; {self._no_revert(gone)}", data
+        bad = self._unrevertible
+        if state["kind"] not in ("none", "release") and bad:  # --force or not
+            data["unrevertible"] = bad
+            name, back = self.target.name, self._fallback
+            copy = "make it a whole copy of a release (release.json, service.env) and --force"
+            fix = (
+                f"ops rollback {name} --to {back} puts back the newest proven release; or {copy}"
+                if back
+                else f"{copy}, or remove {self.root}/current to deploy as a first install"
+            )
+            said = f"current is {shown_state(state)}, which a failed deploy could not put back"
+            return "fail", f"{said} ({bad}): {fix}", data
         if state["kind"] != "none":
             why = current_unstartable(self.host)
             if why:
@@ -512,10 +526,9 @@ class Deployer:
         same = self._already_current(m, settled=True)
         if same is not None:
             return same
-        if (self._before_state or {}).get("kind") not in (
-            "release",
-            "none",
-        ) and not self.opts.force:
+        if (self._before_state or {}).get("kind") not in ("release", "none") and (
+            not self.opts.force or self._unrevertible
+        ):
             self.step("current", self._current)  # changed by hand since the first look
         before = self._before
         staging = f".staging-{m.id}"

@@ -358,7 +358,12 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
     return {**doc, "mended": mended} if mended else doc
 
 
-KEPT_ASIDE = ("deploy.pending.unreadable-", "deploy.guard.unusable-", "deploy.switch.unusable-")
+KEPT_ASIDE = (
+    "deploy.pending.unreadable-",
+    "deploy.pending.refused-",
+    "deploy.guard.unusable-",
+    "deploy.switch.unusable-",
+)
 KEEP_ASIDE = 5  # of each: the newest, for a person to look at; the rest would only pile up
 
 
@@ -574,47 +579,65 @@ def before_states(doc: dict) -> tuple[dict, dict]:
     return cur, prev
 
 
-def put_current_back(root: str, before: dict, aside: str | None) -> bool:
-    """Make current exactly what it was; False when what it was is gone (then it stays)."""
+def put_current_back(root: str, before: dict, aside: str | None) -> str | None:
+    """Make current exactly what it was; why not, where it could not be (then it stays)."""
     path = os.path.join(root, "current")
     if before["kind"] == "release":
         # one no deploy rejected: a switch is never made from one, so a record naming one is
         # not what current was (probe37r R6: a forged record had a rollback stop the service
         # and switch onto a rejected release, leaving it down)
         rel = os.path.join(root, "releases", before["id"])
-        if not os.path.isdir(rel) or os.path.lexists(os.path.join(rel, "rejected.json")):
-            return False
+        if not os.path.isdir(rel):
+            return "it is gone"
+        if os.path.lexists(os.path.join(rel, "rejected.json")):
+            return "a deploy rejected it: no switch is made from one"
         set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
-    elif before["kind"] == "foreign":
-        # as it was (a hand-made hotfix copy), where an operator's start would run it: a
-        # deploy never switches away from one that could not be (procman `current_problem`),
-        # so a record naming one that cannot (outside the root: another root's release,
-        # probe37q Q4) is not what current was (edited by hand): it stays where it is
-        if not hand_made_release(root, before["link"]):
-            return False
+        return None
+    why = unrevertible(root, before, aside)
+    if why:
+        return why
+    if before["kind"] == "foreign":
         set_link(root, "current", before["link"])
-    else:  # a real directory or file, moved aside by the switch (beside it, by that name)
-        if not moved_aside(root, aside, before["kind"]):
-            return False
-        if os.path.islink(path):
-            os.unlink(path)  # rename(2) cannot put a directory over a symlink
-        os.rename(aside, path)
-    return True
+        return None
+    if os.path.islink(path):
+        os.unlink(path)  # rename(2) cannot put a directory over a symlink
+    os.rename(str(aside), path)
+    return None
+
+
+def unrevertible(root: str, state: dict, aside: object = None) -> str | None:
+    """Why a current that ops did not make (`state`: a foreign link, or a real directory
+    moved aside to `aside`) could not be put back by a revert, None where it could: only a
+    copy of a release a start runs (hand_made_release) is. A deploy refuses to switch away
+    from any other (its revert could not come back to it), so a record naming one is not what
+    current was, and it stays where it is: a release of another root (probe37q Q4), a link at
+    the aside name (probe37r R1, R2: renamed into current, the service restarted on it and
+    left down) or an empty directory there (R2's variant). `aside` None: `state` as current is
+    now, for the deploy's check before its switch."""
+    kind = state.get("kind")
+    if kind == "foreign":
+        link = state.get("link")
+        return None if hand_made_release(root, link) else f"{link} is not a release under the root"
+    if kind != "directory":
+        return f"a {kind} is no release a start could run"
+    if aside is None:
+        return None if hand_made_release(root, "current") else "it holds no whole release"
+    if not isinstance(aside, str) or not in_root(root, aside) or os.path.islink(aside):
+        return f"{aside} is not the real directory a switch moves aside"
+    return None if hand_made_release(root, aside) else f"{aside} holds no whole release"
 
 
 def moved_aside(root: str, aside: object, kind: str) -> bool:
     """`aside` is what a switch moved aside there: an entry of the root itself, the real
-    directory or file it was (a switch renames, it never makes a link). A link a record names
-    there was put by hand: to releases/ or out of the root (probe37r R1, R2: renamed into
-    `current`, the service restarted on it and was left down)."""
+    directory or file it was (a switch renames, it never makes a link)."""
     if not isinstance(aside, str) or not in_root(root, aside) or os.path.islink(aside):
         return False
     return os.path.isdir(aside) if kind == "directory" else regular(aside)
 
 
 def hand_made_release(root: str, link: object) -> bool:
-    """`link` (as written in a symlink of the root) resolves to a release a person made under
-    the root: a directory below it, not releases/ itself, holding release.json and
+    """`link` (a symlink's text, or a path, relative to the root) resolves to a release a person
+    made under the root: a directory below it, not releases/ itself, holding release.json and
     service.env (what a start needs)."""
     if not isinstance(link, str):
         return False
@@ -669,10 +692,20 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
             )
             return {"reverted": False, "first_install": True, "current": now, "note": note}
         return {"reverted": False, "first_install": True, "new": doc["new"], "current": now}
-    if not put_current_back(root, cur_before, doc.get("aside")):
+    why = put_current_back(root, cur_before, doc.get("aside"))
+    if why == "it is gone":
         os.unlink(path)
         note = f"what current was before ({describe(cur_before)}) is gone: current stays {now}"
         return {"reverted": False, "gone": describe(cur_before), "current": now, "note": note}
+    if why:  # not what a switch could have left: kept for a person, current as it is
+        kept = f"{path}.refused-{utc_stamp()}"
+        os.replace(path, kept)
+        note = (
+            f"deploy.pending names a current before ({describe(cur_before)}) that no switch "
+            f"could have left ({why}): current left as it is, the record kept as "
+            f"{os.path.basename(kept)}"
+        )
+        return {"reverted": False, "refused": why, "current": now, "note": note}
     if prev_before["kind"] not in ("directory", "file"):
         put_previous_back(root, prev_before)
     elif moved_aside(root, doc.get("previous_aside"), prev_before["kind"]):
@@ -823,6 +856,10 @@ def listing(root: str) -> dict:
         "previous": previous,
         "pending": pending,
         "current_state": cur_state,
+        # what a deploy's revert could not put back (a deploy then refuses to switch from it)
+        "current_unrevertible": (
+            None if cur_state["kind"] in ("none", "release") else unrevertible(root, cur_state)
+        ),
         "previous_state": prev_state,
     }
 
