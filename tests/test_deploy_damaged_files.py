@@ -427,6 +427,7 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
         "aside-link-releases",
         "aside-link-outside",
         "aside-empty-directory",
+        "foreign-previous",
     ],
 )
 def test_a_forged_pending_record_never_points_current_outside_the_releases(
@@ -447,7 +448,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     the root): renamed into `current` (the service restarted on it and left down), or every
     deploy and rollback refused. A switch moves aside only real entries. R2's variant: an
     empty real directory there, the same; only a whole copy of a release is put back (a deploy
-    refuses to switch away from anything else)."""
+    refuses to switch away from anything else). probe37s S2: a foreign `previous` (a link to
+    a link): current -> previous, and the next rollback left previous -> previous."""
     r1, r2 = two_releases(ops)
     root = str(ops.root)
     before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
@@ -457,6 +459,8 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
         before["link"] = "/nonexistent/zz"
     elif shape == "foreign-etc":
         before = {"kind": "foreign", "link": "/etc"}
+    elif shape == "foreign-previous":  # probe37s S2: current -> previous, then a loop
+        before = {"kind": "foreign", "link": "previous", "exists": True}
     elif shape == "aside-releases":
         before, aside = {"kind": "directory", "path": f"{root}/current"}, f"{root}/releases"
     elif shape == "previous-aside-release":
@@ -497,7 +501,7 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     if shape.startswith("aside-link") or shape == "aside-empty-directory":
         assert os.path.lexists(str(aside)), "what stood at the aside name is kept as it was"
     previous = ops.root / "previous"
-    assert not previous.is_symlink() or os.readlink(previous) != "/etc"
+    assert not previous.is_symlink() or os.readlink(previous) not in ("/etc", "previous")
     pid = ops.json("service", "status", "local")[1]["pid"]
     assert os.readlink(f"/proc/{pid}/cwd") == str(ops.root / "releases" / r1)
 

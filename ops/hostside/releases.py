@@ -617,7 +617,7 @@ def unrevertible(root: str, state: dict, aside: object = None) -> str | None:
     kind = state.get("kind")
     if kind == "foreign":
         link = state.get("link")
-        return None if hand_made_release(root, link) else f"{link} is not a release under the root"
+        return None if hand_made_release(root, link) else f"{link} is no release copy in the root"
     if kind != "directory":
         return f"a {kind} is no release a start could run"
     if aside is None:
@@ -637,12 +637,17 @@ def moved_aside(root: str, aside: object, kind: str) -> bool:
 
 def hand_made_release(root: str, link: object) -> bool:
     """`link` (a symlink's text, or a path, relative to the root) resolves to a release a person
-    made under the root: a directory below it, not releases/ itself, holding release.json and
-    service.env (what a start needs)."""
+    made under the root: a directory below it (releases/hotfix, a copy beside the releases),
+    not releases/ itself nor a release of ops's there (linked as a release; a link reaching one
+    another way, through `previous` say, is no copy: probe37s S2, current -> previous, then
+    previous -> previous), holding release.json and service.env (what a start needs)."""
     if not isinstance(link, str):
         return False
     real, top = os.path.realpath(os.path.join(root, link)), os.path.realpath(root)
-    if not real.startswith(top.rstrip("/") + "/") or real == os.path.join(top, "releases"):
+    releases = os.path.join(top, "releases")
+    if not real.startswith(top.rstrip("/") + "/") or real == releases:
+        return False
+    if os.path.dirname(real) == releases and ID_RE.match(os.path.basename(real)):
         return False
     return os.path.isdir(real) and all(
         regular(os.path.join(real, name)) for name in ("release.json", "service.env")
