@@ -1048,18 +1048,26 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
 def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
     """probe37q Q11: the host process holding a deploy's host lock killed (the OOM killer): the
     flock went with it, a second deploy could start beside the first, and the first went on
-    as if it held the lock. It now stops before its switch, saying so; current is untouched."""
+    as if it held the lock. It now stops before its switch, saying so; current is untouched
+    by it. probe37s S4: a rollback ran meanwhile, and the deploy said "current is still R2"
+    of a host on R1: where current is now is asked of the host."""
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
-    ops.slow_selftest(3)
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy().returncode == 0
+    assert ops.current() != r1
+    ops.slow_selftest(8)
     proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
     holders = lock_holder_shells(ops.root)
     assert holders, "no lock holder seen"
     for pid in holders:
         os.killpg(pid, signal.SIGKILL)
+    res = ops("rollback", "local", "--max-tokens", "3")  # beside the deploy, in its self-test
+    assert res.returncode == 0 and ops.current() == r1, res.stdout + res.stderr
     out, err = proc.communicate(timeout=120)
     text = " ".join((seen + out + err).split())
     assert proc.returncode == 1 and "the host lock was lost" in text, text
+    assert f"current is {r1} (asked of the host)" in text and "current is still" not in text
     assert ops.current() == r1 and ops.serving() == r1
 
 

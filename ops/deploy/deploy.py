@@ -76,6 +76,10 @@ BUILD_TIMEOUT_S = 1800
 SELFTEST_TIMEOUT_S = 600
 
 
+# The steps that change the host under its lock before the switch: refused once it is lost.
+UNDER_THE_LOCK = ("send", "build", "selftest", "finalize", "switch")
+
+
 def shown_state(state: dict[str, Any] | None) -> str | None:
     """What the host's `current` is, as results name it: a release id, else what is there."""
     if not state or state.get("kind") in (None, "none"):
@@ -135,6 +139,8 @@ class Deployer:
         self._running = name  # before the progress line: a signal right after it names the step
         self.progress(name, None)
         t0 = time.monotonic()
+        if name in UNDER_THE_LOCK and self.host.lock_lost():
+            fn = self._lock_lost
         status, detail, data = fn()
         self._running = None
         evidence = clip_lines(data.pop("evidence", []))
@@ -154,6 +160,20 @@ class Deployer:
         if status == "fail":
             raise StepFailed(st)
         return st
+
+    def _lock_lost(self) -> tuple[Status, str, dict[str, Any]]:
+        """A step that would change the host, refused: the host lock this deploy took lost its
+        holder on the host (killed: the OOM killer, a hand's kill -9), and another deploy or
+        rollback may run now (probe37q Q11), and may have moved current (probe37s S4: the deploy
+        said "current is still R2" of a host a rollback had put on R1): asked, not assumed."""
+        now, asked = self._ask_current()
+        by = "rollback" if self._rolling_back else "deploy"
+        return (
+            "fail",
+            "the host lock was lost (its holder on the host ended: killed?), so another deploy "
+            f"or rollback may run now; this {by} switched nothing; {asked} (asked of the host)",
+            {"asked": True, "now": now},
+        )
 
     def result(self, outcome: Outcome, **kw: Any) -> DeployResult:
         return DeployResult(target=self.target.name, outcome=outcome, steps=self.steps, **kw)
@@ -682,14 +702,6 @@ class Deployer:
         with revert_guard(self.host, restart) as guard:
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
-                if self.host.lock_lost():  # its holder killed: another deploy may hold it now
-                    return (
-                        "fail",
-                        "the host lock was lost (its holder on the host ended: killed?), so "
-                        "another deploy or rollback may run now; nothing was switched: "
-                        f"current is still {before or '(none)'}",
-                        {},
-                    )
                 try:
                     by = "rollback" if self._rolling_back else "deploy"
                     doc = host_releases(self.host, "switch", rid, "pending", by)
@@ -1077,6 +1089,8 @@ class Deployer:
         """A step failed before a switch was made: (where current is, the result's message).
         Where the switch's own result was lost (the link to the host broke), the host is asked,
         now that the guard is done, instead of assuming it never switched."""
+        if failed.data.get("asked"):  # the step asked the host itself
+            return failed.data.get("now"), failed.detail
         if not failed.data.get("lost"):
             return self._before, failed.detail
         now, asked = self._ask_current()
