@@ -222,6 +222,32 @@ def test_a_live_guard_is_never_raced_even_with_force(ops: Ops) -> None:
     assert ops("service", "restart", "local").returncode == 0
 
 
+def test_a_restart_beside_a_stopped_guard_says_how_to_let_it_go_on(ops: Ops) -> None:
+    """probe37q Q2 (low): a revert guard stopped (SIGSTOP) while it held deploy.guard: a
+    restart said the guard "is putting the host back now; try again when it is done", which
+    would never come. It names the stopped process and `kill -CONT`, as deploy and rollback
+    do; nothing is stopped."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    pid = status(ops)["pid"]
+    (ops.root / "deploy.pending").write_text("{}")
+    hold = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+    hold += "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)"
+    guard = subprocess.Popen(
+        [sys.executable, "-c", hold, str(ops.root / "deploy.guard")], stdout=subprocess.PIPE
+    )
+    try:
+        assert guard.stdout is not None and guard.stdout.readline() == b"held\n"
+        os.kill(guard.pid, signal.SIGSTOP)
+        text = said(ops("service", "restart", "local"))
+        assert f"stopped (pid {guard.pid})" in text and f"kill -CONT {guard.pid}" in text, text
+        assert "try again when it is done" not in text, text
+        assert status(ops)["pid"] == pid
+    finally:
+        guard.kill()
+        guard.communicate()
+    (ops.root / "deploy.pending").unlink()
+
+
 def test_a_stray_staging_symlink_is_unlinked_not_followed(ops: Ops, tmp_path: Path) -> None:
     """B9: a hand-made `releases/.staging-<id>` pointing outside the root blocked every deploy
     ("... is not inside ..."). The link goes (what it points at stays) and the deploy goes on."""

@@ -887,8 +887,10 @@ def pending_state(root: str) -> dict | None:
     new = doc.get("new") if isinstance(doc.get("new"), str) else None
     cur = os.path.join(root, "current")
     proven = os.path.isfile(os.path.join(cur, "proven.json")) if os.path.isdir(cur) else False
+    guard = guard_alive(root)
     return {
-        "guard": guard_alive(root),
+        "guard": guard,
+        "guard_stopped": stopped_guard(root) if guard else [],
         "settled": doc.get("settled") is True,
         "new": new,
         "readable": readable or doc.get("settled") is True,
@@ -897,8 +899,30 @@ def pending_state(root: str) -> dict | None:
     }
 
 
+def stopped_guard(root: str) -> list[int]:
+    """The processes holding deploy.guard open that are stopped (SIGSTOP, a debugger): a guard
+    that would never finish putting the host back until let go on (probe37q Q2: a restart said
+    it "is putting the host back now; try again when it is done", which never came)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(os.path.join(root, "deploy.guard"), flags)
+    except OSError:
+        return []
+    try:
+        return sorted(p for p in holders(fd) if proc_state(p) in ("T", "t"))
+    finally:
+        os.close(fd)
+
+
 def pending_note(pending: dict) -> str:
     """One line for a deploy.pending a start or restart found."""
+    stopped = " ".join(map(str, pending.get("guard_stopped") or []))
+    if pending["guard"] and stopped:
+        return (
+            "deploy.pending is there and a deploy's revert guard holds deploy.guard, but it is "
+            f"stopped (pid {stopped}), so it cannot put the host back: kill -CONT {stopped} "
+            "lets it finish"
+        )
     if pending["guard"]:
         return (
             "deploy.pending is there and a deploy's revert guard holds deploy.guard: the guard "
@@ -942,7 +966,8 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
     if pending is not None:
         note = pending_note(pending)
         if pending["guard"]:
-            refusal = {"reason": f"{note}; try again when it is done", "blocked_by": "guard"}
+            then = "then try again" if pending["guard_stopped"] else "try again when it is done"
+            refusal = {"reason": f"{note}; {then}", "blocked_by": "guard"}
             return refusal, [], pending
         if pending["settled"]:
             warnings.append(note + "; the next deploy or rollback clears it")
