@@ -248,6 +248,23 @@ def test_a_restart_beside_a_stopped_guard_says_how_to_let_it_go_on(ops: Ops) -> 
     (ops.root / "deploy.pending").unlink()
 
 
+def test_a_stopped_service_is_said_to_be_stopped(ops: Ops) -> None:
+    """probe37q Q3 / probe37r R9 (low): a service stopped by SIGSTOP was shown "activating ...
+    /health: timed out", as if it were starting. Status says it is stopped and how to let it
+    run, at once (no /health wait on a process that cannot answer)."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    pid = status(ops)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        st = status(ops)
+        assert time.monotonic() - t0 < 10, "status waited on a stopped service"
+        assert f"pid {pid} is stopped" in st["detail"] and f"kill -CONT {pid}" in st["detail"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert status(ops).get("state") == "active"
+
+
 def test_a_stray_staging_symlink_is_unlinked_not_followed(ops: Ops, tmp_path: Path) -> None:
     """B9: a hand-made `releases/.staging-<id>` pointing outside the root blocked every deploy
     ("... is not inside ..."). The link goes (what it points at stays) and the deploy goes on."""

@@ -646,6 +646,10 @@ def managed_status(pidfile: str, url: str) -> dict:
     if why:
         return {"state": "failed", "stale": True, "pid": pid, "detail": f"stale pidfile: {why}"}
     cwd = proc_cwd(pid)  # which release it runs, whatever current says
+    if proc_state(pid) in ("T", "t"):  # not starting: it answers nothing until let go on
+        # (probe37q Q3: "activating ... /health: timed out", with no word of why)
+        detail = f"pid {pid} is stopped (SIGSTOP or a debugger): kill -CONT {pid} lets it run"
+        return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd, "stopped": True}
     bad = health(url) or served_by(pid, url)
     if bad:
         detail = f"pid {pid} lives but {bad}"
