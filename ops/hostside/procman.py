@@ -1164,6 +1164,11 @@ def do_wait(pidfile: str, url: str, timeout: float) -> dict:
         last = health(url) or served_by(pid, url)
         if last is None:
             return {"ok": True, "pid": pid, "waited_s": time.time() - t0}
+        if timeout <= 0:  # (the guard's restart: ops asks /health itself, if it is there)
+            # said as what it is, not as a failed start (probe37q Q9: every guard.log entry
+            # read as an unhealthy restart)
+            why = f"not waited for (a wait of 0 s); /health at once: {last}"
+            return {"ok": False, "reason": why, "waited_s": time.time() - t0, "not_waited": True}
         if time.time() - t0 >= timeout:
             return {"ok": False, "reason": last, "waited_s": time.time() - t0}
         # a service up within 5 s (the reference engine on CPU: ~2.5 s, its torch import) is
