@@ -265,6 +265,21 @@ def test_a_stopped_service_is_said_to_be_stopped(ops: Ops) -> None:
     assert status(ops).get("state") == "active"
 
 
+def test_the_log_quoted_is_the_last_start_s(ops: Ops) -> None:
+    """probe37q Q12 (low): the status of a service that is not running quoted the log's last
+    lines, twenty of ops's own "=== ... ops start:" markers of earlier starts and nothing of
+    the service. It quotes the last start's output, from its marker on."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    for _ in range(3):
+        assert ops("service", "restart", "local").returncode == 0
+    os.kill(status(ops)["pid"], signal.SIGKILL)  # gone: a stale pidfile, the log quoted
+    time.sleep(0.5)
+    evidence = status(ops)["evidence"]
+    assert evidence, "no log quoted"
+    marks = [line for line in evidence if " ops start: " in line]
+    assert len(marks) == 1 and evidence[0] == marks[0], evidence
+
+
 def test_a_stray_staging_symlink_is_unlinked_not_followed(ops: Ops, tmp_path: Path) -> None:
     """B9: a hand-made `releases/.staging-<id>` pointing outside the root blocked every deploy
     ("... is not inside ..."). The link goes (what it points at stays) and the deploy goes on."""
@@ -417,14 +432,15 @@ def test_an_unreadable_pending_record_is_not_called_a_never_proven_release(ops: 
     assert res.returncode == 0, said(res)
 
 
-@pytest.mark.parametrize("junk", ["fifo", "symlink"])
+@pytest.mark.parametrize("junk", ["fifo", "symlink", "logs-symlink"])
 def test_a_log_that_is_no_regular_file_never_keeps_the_service_down(
     ops: Ops, tmp_path: Path, junk: str
 ) -> None:
     """probe37e E1, E6: a FIFO as the service's log hung the start with the service already
     stopped (a restart, a deploy and its rollback: minutes down); a symlink as the log sent the
     service's output into whatever file it named. Now the start writes no log, says so, and the
-    service runs."""
+    service runs. probe37r R7: `logs/` itself a symlink (to another target's logs) was
+    followed. probe37s S3: the lost log was said only under --json; it is a warning now."""
     assert ops.deploy("--bootstrap").returncode == 0
     log = ops.root / "logs" / "ddtree-engine.log"
     log.unlink()
@@ -432,14 +448,22 @@ def test_a_log_that_is_no_regular_file_never_keeps_the_service_down(
     elsewhere.write_text("mine\n")
     if junk == "fifo":
         os.mkfifo(log)
-    else:
+    elif junk == "symlink":
         log.symlink_to(elsewhere)
+    else:
+        shutil.rmtree(ops.root / "logs")
+        (tmp_path / "other-logs").mkdir()
+        (ops.root / "logs").symlink_to(tmp_path / "other-logs")
     t0 = time.monotonic()
     code, doc = ops.json("service", "restart", "local")
     assert time.monotonic() - t0 < 60  # no wait on a reader that never comes
     assert code == 0 and doc["state"] == "active", doc
-    assert any("log not written" in a for a in doc["actions"]), doc
+    assert any("log not written" in a for a in doc["warnings"]), doc
     assert elsewhere.read_text() == "mine\n"  # the linked file got nothing
+    if junk == "logs-symlink":
+        assert not any((tmp_path / "other-logs").iterdir()), "a log written through the link"
+    text = said(ops("service", "restart", "local"))
+    assert "log not written" in text, text
 
 
 # A service that takes 1.5 s to stop after its TERM: a restart's stop is a window to hit

@@ -990,28 +990,38 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
     return None, warnings, pending
 
 
-def open_log(log: str, command: str, notes: list) -> int:
-    """The log's fd for the service's output; /dev/null (with a note) when it cannot be written:
-    a full or read-only log directory must not keep the service down."""
+def open_log(log: str, command: str, warnings: list) -> int:
+    """The log's fd for the service's output; /dev/null (with a warning: the service's output
+    is lost, said in the text too, probe37s S3) when it cannot be written: a full or read-only
+    log directory must not keep the service down."""
     # never blocks (a FIFO there would hang the start with the service already stopped) and
-    # never follows a link (the service's output would go to whatever file it names)
+    # never follows a link, the log's or its directory's (the service's output would go to
+    # whatever they name: another target's logs, probe37r R7)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+    logs = os.path.dirname(log)
+    lost = "the service's output is not kept"
+    if os.path.islink(logs):
+        warnings.append(
+            f"log not written: {logs} is a symlink (to {os.readlink(logs)}), not followed; "
+            f"{lost} (make it a directory)"
+        )
+        return os.open(os.devnull, os.O_WRONLY)
     try:
-        os.makedirs(os.path.dirname(log), exist_ok=True)
+        os.makedirs(logs, exist_ok=True)
         fd = os.open(log, flags, 0o644)
     except OSError as exc:
-        notes.append(f"log not written ({log}: {exc.strerror})")
+        warnings.append(f"log not written ({log}: {exc.strerror}); {lost}")
         return os.open(os.devnull, os.O_WRONLY)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        notes.append(f"log not written ({log}: not a regular file)")
+        warnings.append(f"log not written ({log}: not a regular file); {lost}")
         return os.open(os.devnull, os.O_WRONLY)
     os.set_blocking(fd, True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         os.write(fd, f"=== {stamp} ops start: {command}\n".encode())
     except OSError as exc:
-        notes.append(f"log not written ({log}: {exc.strerror})")
+        warnings.append(f"ops start marker not written ({log}: {exc.strerror})")
     return fd
 
 
@@ -1096,7 +1106,7 @@ def do_start(
     env.update(release_env)
     owner_root, service = owner_of(pidfile)
     env[ENV_ROOT], env[ENV_SERVICE] = owner_root, service  # whose it is (not_owner reads them)
-    out = open_log(log, command, notes)
+    out = open_log(log, command, warnings)
     # from the fork to the pidfile, a TERM or Ctrl-C (ops interrupted: its watcher TERMs this
     # process) would leave a service no pidfile names: they wait until it is written
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CRITICAL)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
+import re
 import shlex
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -27,6 +29,8 @@ from ops.hostside import source
 State = Literal["active", "activating", "inactive", "failed", "unknown"]
 EVIDENCE_LINES = 100
 EVIDENCE_BYTES = 65536  # the log tail read for them, at most (a line may be a GiB)
+# the line the process manager writes into the service's log at each start (procman open_log)
+START_MARK = re.compile(r"=== \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ops start: ")
 MAX_WAIT_S = 86400.0  # a day: a huge model loads in minutes; `inf` overflowed the host timeout
 PROCMAN_SOURCE = source("procman")
 
@@ -554,17 +558,23 @@ class ProcessManager(ServiceManager):
         _, _, log = self._paths()
         # bounded in bytes on the host: a log "line" of a GiB (a binary blob, a \r progress bar)
         # never crosses the wire (probe37c C1)
-        # only a regular file, never through a link: a FIFO there would block the read
-        path = shell_path(log)
+        # only a regular file, never through a link (its own or logs/'s: another target's log,
+        # probe37r R7): a FIFO there would block the read
+        path, logs = shell_path(log), shell_path(posixpath.dirname(log))
         res = self.host.run_script(
-            f"if [ -f {path} ] && [ ! -h {path} ]; then "
+            f"if [ -f {path} ] && [ ! -h {path} ] && [ ! -h {logs} ]; then "
             f"tail -c {EVIDENCE_BYTES} {path} 2>/dev/null | tail -n {EVIDENCE_LINES}; fi",
             step="service log",
         )
+        lines = res.stdout.splitlines()
+        # the last start's output: not ops's own markers of the starts before it (probe37q
+        # Q12: a status quoted twenty "=== ... ops start:" lines as the service's log)
+        marks = [i for i, line in enumerate(lines) if START_MARK.match(line)]
+        if marks:
+            lines = lines[marks[-1] :]
         # the service's bytes, shown to an operator's terminal: no control characters
         return [
-            "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in line)
-            for line in res.stdout.splitlines()
+            "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in line) for line in lines
         ]
 
 
