@@ -564,10 +564,13 @@ class Host(ABC):
             "echo BUSY; printf '%s\\n' \"$note\" | head -n 1; "
             # who holds it and is stopped (SIGSTOP): it never lets go while it is (probe37r
             # R5: its ops killed meanwhile, the note names only that dead pid); builtins only
-            'stopped=; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$root/lock" ] || continue; '
-            'p=${f#/proc/}; p=${p%%/*}; read -r _ _ s _ < "/proc/$p/stat" 2>/dev/null; '
+            # and every holder, with its name: one that wrote no note may be no ops (probe37r R8)
+            'stopped=; all=; for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$root/lock" ] || continue; '
+            'p=${f#/proc/}; p=${p%%/*}; [ "$p" = "$$" ] && continue; '
+            'read -r _ _ s _ < "/proc/$p/stat" 2>/dev/null; '
+            'c=; read -r c < "/proc/$p/comm" 2>/dev/null; all="$all $p:${c// /_}"; '
             'case "$s" in T|t) stopped="$stopped $p";; esac; done; '
-            'echo "STOPPED$stopped"; exit 75'
+            'echo "STOPPED$stopped"; echo "HOLDERS$all"; exit 75'
         )
         proc = self._spawn(script)
         first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
@@ -578,9 +581,20 @@ class Host(ABC):
             known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE", "NESTED")
             other = proc.read_line(5.0) if first in known else None
             held = proc.read_line(10.0) if first == "BUSY" else None  # STOPPED [PID...]
+            holding = proc.read_line(5.0) if first == "BUSY" else None  # HOLDERS [PID:NAME...]
             proc.finish(5.0)
             if first == "BUSY":
                 message, info = _held_by(other or "")
+                named = (holding or "").removeprefix("HOLDERS").split()
+                if info.get("starting") and named:
+                    # no note after LOCK_NOTE_WAIT_S: an ops writes its note at once, so this is
+                    # most likely no ops at all (a hand's flock, another tool)
+                    info["holders"] = named
+                    who = ", ".join("pid {} ({})".format(*n.partition(":")[::2]) for n in named)
+                    message = (
+                        f"host lock held by {who}, which wrote no holder note: not an ops (a "
+                        "flock by hand, another tool?), or one just starting"
+                    )
                 stopped = (held or "").removeprefix("STOPPED").split()
                 if stopped:
                     pids = " ".join(stopped)
