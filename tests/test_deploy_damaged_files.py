@@ -582,14 +582,22 @@ def test_an_environment_variable_exec_would_refuse_never_stops_the_service(ops: 
     assert ops.json("service", "status", "local")[1]["pid"] == before
 
 
-def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(ops: Ops) -> None:
+@pytest.mark.parametrize("damage", ["rejected", "no-service-env"])
+def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(
+    ops: Ops, damage: str
+) -> None:
     """probe37r R6 (high): a deploy.pending in ops's shape whose current_before names a release
     a deploy had rejected: the rollback's recover switched onto it, stopped the serving
     service, and the start failed; no command brought it back. A switch is never made from a
-    rejected release, so the record is not what current was: current and the service stay."""
+    rejected release, so the record is not what current was: current and the service stay.
+    probe37t T2 (high): the same with a release that has no service.env (a deploy refuses to
+    switch from one): current was left on it, and every rollback and deploy was refused."""
     r1, r2 = two_releases(ops)
     pid = ops.json("service", "status", "local")[1]["pid"]
-    (ops.root / "releases" / r1 / "rejected.json").write_text('{"step": "postflight"}')
+    if damage == "rejected":
+        (ops.root / "releases" / r1 / "rejected.json").write_text('{"step": "postflight"}')
+    else:
+        (ops.root / "releases" / r1 / "service.env").unlink()
     doc = {
         "version": 2,
         "previous": r1,
@@ -603,6 +611,9 @@ def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(ops: 
     res = ops("rollback", "local", "--max-tokens", "3")
     assert "Traceback" not in said(res) and res.returncode in (1, 2), said(res)
     assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+    assert not (ops.root / "deploy.pending").exists()  # kept aside: nothing blocked by it
+    res = ops.deploy()  # the same commit as r2: already current, nothing pending to settle
+    assert res.returncode == 0, said(res)
 
 
 def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> None:

@@ -55,8 +55,9 @@ def links(root: Path) -> tuple[str | None, str | None]:
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    for rid in IDS:
+    for rid in IDS:  # what a start needs of a release (a revert never goes to one without)
         (tmp_path / "releases" / rid).mkdir(parents=True)
+        (tmp_path / "releases" / rid / "service.env").write_text("")
     return tmp_path
 
 

@@ -591,6 +591,12 @@ def put_current_back(root: str, before: dict, aside: str | None) -> str | None:
             return "it is gone"
         if os.path.lexists(os.path.join(rel, "rejected.json")):
             return "a deploy rejected it: no switch is made from one"
+        # nor from one a start could not run (a deploy refuses to: its `current` step), so a
+        # record naming one is not what current was (probe37p20 T2: recover switched onto a
+        # release with no service.env; every rollback and deploy was then refused)
+        bad = env_problem(rel)
+        if bad:
+            return f"{bad}: no switch is made from one a start could not run"
         set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
         return None
     why = unrevertible(root, before, aside)
@@ -808,6 +814,17 @@ def manifest(path: str) -> tuple[dict, str | None]:
     return out, (f"release.json: bad or missing {', '.join(bad)}" if bad else None)
 
 
+def env_problem(release: str) -> str | None:
+    """Why the release directory's service.env is not one a start runs it with (None: it is)."""
+    env = os.path.join(release, "service.env")
+    if not regular(env):
+        what = "missing" if not os.path.lexists(env) else "not a regular file"
+        return f"service.env is {what} (the release's configuration: kernels, backends)"
+    if os.lstat(env).st_size > MAX_JSON:  # what a start refuses
+        return f"service.env is {os.lstat(env).st_size} bytes (a start reads at most {MAX_JSON})"
+    return None
+
+
 def listing(root: str) -> dict:
     rel = os.path.join(root, "releases")
     cur_state, prev_state = link_state(root, "current"), link_state(root, "previous")
@@ -820,14 +837,7 @@ def listing(root: str) -> dict:
         fields, damaged = manifest(os.path.join(rel, name, "release.json"))
         if damaged is None and fields.get("id") not in (None, name):  # copied over by hand
             damaged = f"release.json is release {str(fields['id'])[:200]}'s, not {name}'s"
-        env = os.path.join(rel, name, "service.env")
-        if damaged is None and not regular(env):
-            what = "missing" if not os.path.lexists(env) else "not a regular file"
-            damaged = f"service.env is {what} (the release's configuration: kernels, backends)"
-        elif damaged is None and os.lstat(env).st_size > MAX_JSON:  # what a start refuses
-            damaged = (
-                f"service.env is {os.lstat(env).st_size} bytes (a start reads at most {MAX_JSON})"
-            )
+        damaged = damaged or env_problem(os.path.join(rel, name))
         rejected, why = _read_json(os.path.join(rel, name, "rejected.json"))
         if damaged is None and why != "missing" and not isinstance(rejected, dict):
             damaged = f"rejected.json is {why or 'not an object'} (a rejection, unreadable)"
