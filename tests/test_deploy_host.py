@@ -120,6 +120,30 @@ def test_remove_and_prune_spare_current_and_previous(root: Path) -> None:
     assert sorted(p.name for p in (root / "releases").iterdir()) == [IDS[0], IDS[1], IDS[3]]
 
 
+def test_prune_spares_every_release_still_in_use(root: Path) -> None:
+    """probe37t T1 (high): after a --force deploy from `current -> releases/ID/.` (a link of
+    another shape, to the release the host was on), `previous` named it so, and prune deleted
+    it. Prune keeps (and remove refuses) any release that a link of the root or a running
+    service (a pidfile under run/ names it) points into, by where it resolves."""
+    r = str(root)
+    host("switch", r, IDS[3])
+    (root / "previous").symlink_to(f"releases/{IDS[0]}/.")
+    (root / "current.before-20260101T000000Z").symlink_to(str(root / "releases" / IDS[1]))
+    service = subprocess.Popen(["sleep", "60"], cwd=root / "releases" / IDS[2])
+    try:
+        (root / "run").mkdir()
+        (root / "run" / "svc.pid").write_text(json.dumps({"pid": service.pid}))
+        code, doc = host("remove", r, IDS[0])
+        assert code == 2 and "previous points into it" in doc["error"], doc
+        code, doc = host("remove", r, IDS[2])
+        assert code == 2 and f"pid {service.pid}" in doc["error"], doc
+        assert host("prune", r, "1")[1] == {"removed": []}
+    finally:
+        service.kill()
+        service.wait()
+    assert host("prune", r, "1")[1] == {"removed": [IDS[2]]}  # its service gone
+
+
 def test_prepare_removes_what_dead_deploys_left(root: Path) -> None:
     for name in (".staging-" + IDS[3], ".incoming.abc123"):
         (root / "releases" / name).mkdir()

@@ -901,23 +901,54 @@ def reject(root: str, release: str) -> dict:
     return {"rejected": release}
 
 
+def in_use(root: str) -> dict[str, str]:
+    """The releases something on the host still points into, by what points (its realpath, not
+    only an id-shaped link: probe37t T1, `previous -> releases/ID/.` after a --force deploy,
+    was pruned, the release the host had been on): every symlink of the root (current,
+    previous, what a switch moved aside) and every process a pidfile under run/ names."""
+    top = os.path.realpath(os.path.join(root, "releases"))
+    used: dict[str, str] = {}
+
+    def add(path: str, what: str) -> None:
+        real = os.path.realpath(path)
+        if real.startswith(top + "/"):
+            name = real[len(top) + 1 :].split("/")[0]
+            if ID_RE.match(name):
+                used.setdefault(name, what)
+
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        if os.path.islink(os.path.join(root, name)):
+            add(os.path.join(root, name), name)
+    run = os.path.join(root, "run")
+    pidfiles = os.listdir(run) if os.path.isdir(run) and not os.path.islink(run) else []
+    for name in (n for n in pidfiles if n.endswith(".pid")):
+        doc, _ = _read_json(os.path.join(run, name))
+        pid = doc.get("pid") if isinstance(doc, dict) else None
+        if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+            add(f"/proc/{pid}/cwd", f"the service of run/{name} (pid {pid})")
+    return used
+
+
 def remove(root: str, release: str) -> dict:
     rid(release)
     if release in (link_target(root, "current"), link_target(root, "previous")):
         raise Refused(f"release {release} is current or previous")
+    what = in_use(root).get(release)
+    if what:
+        raise Refused(f"release {release} is in use: {what} points into it")
     rmtree(root, os.path.join(root, "releases", release))
     return {"removed": [release]}
 
 
 def prune(root: str, keep: int) -> dict:
     """Keep `keep` releases: proven ones first, newest first, then the newest unproven ones;
-    current, previous and the newest proven release are never removed."""
+    current, previous, any release still in use and the newest proven one are never removed."""
     doc = listing(root)
     rels = doc["releases"]  # oldest first (ids sort by time)
     proven = [r["id"] for r in reversed(rels) if r["proven"] and not r["rejected"]]
     others = [r["id"] for r in reversed(rels) if r["id"] not in proven]
     kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"]}
-    kept |= set(proven[:1])
+    kept |= set(proven[:1]) | set(in_use(root))
     removed = []
     for r in rels:
         if r["id"] not in kept:
