@@ -54,6 +54,22 @@ def said(res) -> str:
     return " ".join((res.stdout + res.stderr).split())
 
 
+def test_nothing_writes_bytecode_into_a_release(ops: Ops) -> None:
+    """probe37t T3 (medium): on a full disk, a host-side check's import wrote a .pyc into the
+    current, proven release cut short (CPython's write is one write(2), which a full disk
+    shortens), and every later import of that module failed ("EOFError: marshal data too
+    short") until someone deleted it by hand. No check, bench or service started by ops
+    writes bytecode into a release, so there is none to cut short."""
+    r1, r2 = two_releases(ops)
+    assert ops("healthcheck", "local", "--max-tokens", "3").returncode == 0
+    assert ops("service", "restart", "local").returncode == 0
+    env = (ops.root / "releases" / r2 / "service.env").read_text()
+    assert "PYTHONDONTWRITEBYTECODE=1" in env.splitlines(), env
+    for rel in (r1, r2):
+        caches = list((ops.root / "releases" / rel).rglob("__pycache__"))
+        assert caches == [], caches
+
+
 def test_a_release_without_its_service_env_is_damaged_and_never_run(ops: Ops) -> None:
     r1, r2 = two_releases(ops)
     env = ops.root / "releases" / r1 / "service.env"
@@ -614,6 +630,33 @@ def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(
     assert not (ops.root / "deploy.pending").exists()  # kept aside: nothing blocked by it
     res = ops.deploy()  # the same commit as r2: already current, nothing pending to settle
     assert res.returncode == 0, said(res)
+
+
+def test_a_forged_record_naming_a_copy_of_a_rejected_release_is_refused(ops: Ops) -> None:
+    """probe37t T9 (high): a deploy.pending whose current_before is a foreign link to
+    releases/hotfix, a copy of a release a deploy had rejected: the rollback's recover
+    restarted the service there and left it down, and every later command failed. A copy of a
+    rejected release is no hand-made release a revert goes back to: the record is kept aside,
+    and the rollback goes on to the previous release."""
+    r1, r2 = two_releases(ops)
+    hotfix = ops.root / "releases" / "hotfix"
+    shutil.copytree(ops.root / "releases" / r2, hotfix, symlinks=True)
+    (hotfix / "rejected.json").write_text('{"step": "postflight"}')
+    (hotfix / "engine" / "svc.py").write_text("raise SystemExit('rejected code')\n")
+    doc = {
+        "version": 2,
+        "previous": r1,
+        "new": r2,
+        "old_previous": None,
+        "current_before": {"kind": "foreign", "link": "releases/hotfix", "exists": True},
+        "previous_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
+        "by": "deploy",
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and "Traceback" not in said(res), said(res)
+    assert ops.current() == r1 and ops.serving() == r1
+    assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 
 
 def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> None:

@@ -133,8 +133,10 @@ def test_prune_spares_every_release_still_in_use(root: Path) -> None:
     try:
         (root / "run").mkdir()
         (root / "run" / "svc.pid").write_text(json.dumps({"pid": service.pid}))
-        code, doc = host("remove", r, IDS[0])
-        assert code == 2 and "previous points into it" in doc["error"], doc
+        code, doc = host("remove", r, IDS[0])  # previous, whatever its link's shape
+        assert code == 2 and "current or previous" in doc["error"], doc
+        code, doc = host("remove", r, IDS[1])
+        assert code == 2 and "current.before-20260101T000000Z points into it" in doc["error"]
         code, doc = host("remove", r, IDS[2])
         assert code == 2 and f"pid {service.pid}" in doc["error"], doc
         assert host("prune", r, "1")[1] == {"removed": []}

@@ -240,6 +240,29 @@ def test_prune_keeps_proven_releases_over_unproven_ones(ops: Ops) -> None:
     assert left == sorted([r0, r1, r4]), left  # old code kept the unproven, pruned r0
 
 
+def test_a_release_linked_in_another_shape_is_that_release(ops: Ops) -> None:
+    """probe37t T1 (high): `current -> releases/A/.` (the release A, written by hand with a
+    trailing "/."), previous -> B. A deploy (with --force: the link read as one ops did not
+    make) switched from it, and its prune deleted A, the release the host had been on;
+    `previous` dangled and the next rollback went to B. The link is release A, whatever its
+    shape: the deploy needs no --force, previous names A after it, and A is kept."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    a = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release B. ')
+    assert ops.deploy().returncode == 0
+    b = ops.current()
+    relink(ops.root, f"releases/{a}/.")
+    assert ops("service", "restart", "local").returncode == 0 and ops.serving() == a
+    (ops.root / "previous").unlink()
+    (ops.root / "previous").symlink_to(f"releases/{b}")
+    commit_change(ops.src, "engine/svc.py", '"""Release B. ', '"""Release C. ')
+    res = ops.deploy("--keep", "2", "--force")  # (the old code asked for it)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (ops.root / "releases" / a).is_dir() and os.readlink(ops.root / "previous").endswith(a)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == a and ops.serving() == a, res.stderr
+
+
 def test_finalized_release_interrupted_before_its_switch_is_named(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()

@@ -136,13 +136,16 @@ def link_state(root: str, name: str) -> dict:
         base = os.path.basename(raw.rstrip("/"))
         releases = os.path.realpath(os.path.join(root, "releases"))
         real = os.path.realpath(path)
+        name = os.path.basename(real)
+        # a release of ops's by where the link resolves, whatever its shape (releases/ID/.,
+        # an absolute path, through `previous`): probe37t T1
         if (
-            ID_RE.match(base)
-            and real == os.path.join(releases, base)
+            ID_RE.match(name)
+            and os.path.dirname(real) == releases
             and os.path.isdir(real)
-            and not os.path.islink(os.path.join(releases, base))
+            and not os.path.islink(os.path.join(releases, name))
         ):
-            return {"kind": "release", "id": base, "link": raw}
+            return {"kind": "release", "id": name, "link": raw}
         doc = {"kind": "foreign", "link": raw, "resolves": real, "exists": os.path.isdir(real)}
         if ID_RE.match(base) and real == os.path.join(releases, base) and not doc["exists"]:
             doc["release"] = base  # a link ops made, to a release deleted since
@@ -655,8 +658,14 @@ def hand_made_release(root: str, link: object) -> bool:
         return False
     if os.path.dirname(real) == releases and ID_RE.match(os.path.basename(real)):
         return False
-    return os.path.isdir(real) and all(
-        regular(os.path.join(real, name)) for name in ("release.json", "service.env")
+    # nor a copy of a rejected release (probe37t T9: a forged record naming releases/hotfix,
+    # a copy of one, had a rollback stop the service and restart it there), nor one whose
+    # service.env a start refuses
+    return (
+        os.path.isdir(real)
+        and regular(os.path.join(real, "release.json"))
+        and env_problem(real) is None
+        and not os.path.lexists(os.path.join(real, "rejected.json"))
     )
 
 
