@@ -157,6 +157,7 @@ def test_bench_allow_shared_end_to_end_on_local(tmp_path: Path) -> None:
     assert env["DDTREE_BENCH_MAX_MEM_GIB"] == f"{g['memory_cap_mib'] / 1024:g}"
     assert doc["memory_cap"]["env"] == {"DDTREE_BENCH_MAX_MEM_GIB": env["DDTREE_BENCH_MAX_MEM_GIB"]}
     assert doc["bench_run"]["argv"][1:] == [
+        "-B",
         "-m",
         "kernels.bench",
         "--json",
@@ -223,8 +224,17 @@ def test_engine_attn_bench_builds_the_engine_as_the_service_runs_it(tmp_path: Pa
     ]
     assert doc["engine_flags"] == flags
     argv = doc["bench_run"]["argv"]
-    assert argv[1:8] == ["-m", "kernels.bench", "--json", "--suite", "engine_attn", "--batch", "1"]
-    assert argv[8:] == flags
+    assert argv[1:9] == [
+        "-B",
+        "-m",
+        "kernels.bench",
+        "--json",
+        "--suite",
+        "engine_attn",
+        "--batch",
+        "1",
+    ]
+    assert argv[9:] == flags
     # the guard counts the engines the suite builds and the child's own CUDA context
     assert doc["guard"]["memory_needed_mib"] > 2 * 1024 + 2 * 1024
     if not _cuda():  # no CUDA: the suite says so and gives no rows: HOLD

@@ -135,8 +135,8 @@ def _ctrl_c_in_the_second_level(
     generator's argv marker)."""
     env = {**os.environ, "OPS_RUNS_DIR": str(tmp / "runs")}
     url = f"http://127.0.0.1:{port}"
-    # the checks run as `python -S -m checks.NAME` (stdlib only: ops.hosts.dataplane.run_check)
-    marker = ("-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
+    # the checks run as `python -B -S -m checks.NAME` (stdlib only: ops.hosts.dataplane.run_check)
+    marker = ("-B", "-S", "-m", "checks.loadtest", "--json", "--url", url, "--concurrency", "2")
     started: list[int] = []
 
     def generator() -> list[int]:
@@ -187,7 +187,7 @@ def _interrupt_loadtest(inv: Path, tmp: Path, target: str, port: int) -> None:
     # nothing we started runs on: the generator (by pid and by its marker) and its session
     wait_for(lambda: not any(_running(p) for p in started), 10, f"{started} to end")
     assert matching(*marker, at=1) == []
-    assert matching("-S", "-m", "checks.loadtest", "--json", "--url", url, at=1) == []
+    assert matching("-B", "-S", "-m", "checks.loadtest", "--json", "--url", url, at=1) == []
 
 
 def test_ctrl_c_stops_the_load_generator_locally(tmp_path: Path, hanging_service: int) -> None:

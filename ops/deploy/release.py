@@ -340,6 +340,9 @@ def service_env(release_dir: str, manifest: ReleaseManifest) -> str:
         f"DDTREE_OPS_HOOK_STATUS={release_dir}/run/hook-status.json",
         f"DDTREE_CACHE={release_dir.rsplit('/releases/', 1)[0]}/cache",
         f"PYTHONPATH={release_dir}/site:{release_dir}",
+        # no bytecode written into the release: a short write on a full disk leaves a .pyc
+        # that breaks every later import of its module (probe37t T3)
+        "PYTHONDONTWRITEBYTECODE=1",
     ]
     if manifest.build and manifest.build.get("library"):
         lines.append(f"DDTREE_KERNELS_LIB={release_dir}/build/libddtree_kernels.so")

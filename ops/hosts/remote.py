@@ -439,7 +439,9 @@ class Host(ABC):
         py = python or self.target.python
         step = f"module {module}"
         result = self.run(
-            [py, *(["-S"] if stdlib_only else []), "-m", module, "--json", *args],
+            # -B: no bytecode written into the release it runs from (probe37t T3: a full disk
+            # cut a .pyc short, and every later import of that module failed, EOFError)
+            [py, "-B", *(["-S"] if stdlib_only else []), "-m", module, "--json", *args],
             cwd=cwd,
             env=env,
             stdin=stdin,

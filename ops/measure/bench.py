@@ -132,6 +132,7 @@ def release_id(host: Host, cwd: str) -> str:
 def bench_argv(python: str, opts: BenchOptions, engine: list[str] | None = None) -> list[str]:
     argv = [
         python,
+        "-B",  # no bytecode written into the release (host_actions run_module says why)
         "-m",
         "kernels.bench",
         "--json",
