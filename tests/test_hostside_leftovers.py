@@ -642,6 +642,34 @@ def test_sigterm_stops_a_service_command_as_ctrl_c_does(ops: Ops) -> None:
         time.sleep(0.2)
 
 
+def test_a_restart_whose_own_worker_is_stopped_says_so_at_once(ops: Ops) -> None:
+    """probe37t T4 (medium), probe37s S1: the restart's own worker stopped (SIGSTOP) after it
+    stopped the service: the restart waited in silence until its host command timed out
+    (about 5 minutes), then said only "printed no result (exit 124)", the service down. It
+    now ends within seconds naming the stopped worker, `kill -CONT`, and the service's state;
+    let go on, the worker finishes the restart."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    time.sleep(0.5)  # in its stop: the old service takes 1.5 s to go after its TERM
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        out, err = first.communicate(timeout=60)
+        text = said(subprocess.CompletedProcess(first.args, first.returncode, out, err))
+        assert first.returncode == 2, text
+        assert f"(pid {worker}) is stopped" in text and f"kill -CONT {worker}" in text, text
+        assert "the service is now" in text, text
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while _restart_worker(pidfile) is not None:
+        assert time.monotonic() < deadline, "the continued worker never finished"
+        time.sleep(0.1)
+    assert status(ops).get("state") == "active"
+
+
 def test_a_resumed_restart_never_sweeps_away_the_service_started_meanwhile(ops: Ops) -> None:
     """probe37q Q1 (high): a restart's worker stopped (SIGSTOP; or only slow, its link lost)
     while it waited for the process it started; the operator stopped that one and started

@@ -47,6 +47,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import signal
 import stat
 import subprocess
@@ -1431,6 +1432,9 @@ def main(argv: list[str]) -> dict:
                 return {"start": {"started": False, "reason": reason, "blocked_by": "restart"}}
 
         doc = unkillable(one_at_a_time)
+        if "stopped" in doc:  # said with where the service is now (maybe stopped by it)
+            st = do_status(args[0], args[4])
+            return {"error": f"{doc['error']}; the service is now {st['state']}: {st['detail']}"}
         if "killed" not in doc:
             return doc
         # the worker died with no word (a kill -9, the OOM killer), maybe between its stop and
@@ -1522,6 +1526,9 @@ def proc_state(pid: int) -> str:
     return st["state"] if st else "?"
 
 
+WORKER_STOPPED_S = 3.0  # a restart worker stopped this long is said to be (not a moment's stop)
+
+
 def unkillable(work: Callable[[], dict]) -> dict:
     """`work` run to its end by a child in a session of its own, its result passed back: a
     caller that goes away (a lost SSH link, after which the host's watcher signals this
@@ -1534,6 +1541,12 @@ def unkillable(work: Callable[[], dict]) -> dict:
     if pid == 0:  # the worker
         os.close(r)
         os.setsid()  # out of the command's session: the watcher's sweep never reaches it
+        # nor does it hold the command's own output open: its result goes through the pipe,
+        # and a worker that outlives the command (stopped, say) must not keep ops reading
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
         # (no signal is ignored here: the service it starts would inherit that, probe37n N2;
         # a session of its own has no terminal to hang up, and SIGPIPE is Python's to ignore)
         try:
@@ -1551,9 +1564,28 @@ def unkillable(work: Callable[[], dict]) -> dict:
             pass  # the caller is gone: the restart is done all the same
         os._exit(0)
     os.close(w)
-    chunks = []
-    while chunk := os.read(r, 1 << 16):
-        chunks.append(chunk)
+    chunks, stopped_since = [], None
+    while True:
+        if select.select([r], [], [], 0.5)[0]:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            continue
+        # a worker stopped (SIGSTOP, a debugger) would make this wait until the host command's
+        # timeout, minutes, in silence, maybe with the service stopped by it (probe37t T4):
+        # said once it stays stopped, with the way on; it finishes its restart once let go on
+        if proc_state(pid) not in ("T", "t"):
+            stopped_since = None
+        elif stopped_since is None:
+            stopped_since = time.time()
+        elif time.time() - stopped_since >= WORKER_STOPPED_S:
+            os.close(r)  # (continued, it writes its result into a closed pipe: ignored)
+            return {
+                "error": f"the restart's worker (pid {pid}) is stopped (SIGSTOP or a debugger) "
+                f"and may have stopped the service: kill -CONT {pid} lets it finish the restart",
+                "stopped": pid,
+            }
     os.close(r)
     _, status = os.waitpid(pid, 0)
     try:
