@@ -689,6 +689,11 @@ def test_a_root_made_read_only_after_the_post_flight_is_a_result_not_an_error(
         assert f"{r2} is current, but deploy.pending stays" in said, said
     finally:
         subprocess.run(["umount", "-l", str(ops.root)], capture_output=True)
+    if step == "commit":  # probe37q Q6 / probe37t T7: status said "a deploy died before ..."
+        warned = " ".join(ops.json("service", "status", "local")[1]["warnings"])
+        assert (
+            "could not write its commit" in warned and "died before" not in warned.split("(", 1)[0]
+        ), warned
     res = ops.deploy()  # the same commit, a release of its own
     assert res.returncode == 0, res.stdout + res.stderr
     r3 = ops.current()

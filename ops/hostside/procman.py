@@ -953,9 +953,12 @@ def pending_note(pending: dict) -> str:
             "post-flight and its revert guard is gone, so this switch to current was never "
             "proven" + (was if pending.get("current_proven") else "")
         )
+    # (or it passed, and the commit could not be written: a read-only or full root; nothing
+    # on the host tells the two apart, so neither is said as fact: probe37q Q6, probe37t T7)
     return (
-        f"deploy.pending is there: a deploy died before {what} passed its post-flight and its "
-        "revert guard is gone, so current was never proven"
+        f"deploy.pending is there: the switch to {what} was never made final (its deploy "
+        "died before its post-flight passed, or could not write its commit: a read-only or "
+        "full root) and its revert guard is gone, so current is taken for never proven"
     )
 
 
