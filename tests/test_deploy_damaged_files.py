@@ -659,6 +659,26 @@ def test_a_forged_record_naming_a_copy_of_a_rejected_release_is_refused(ops: Ops
     assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 
 
+def test_a_releases_link_to_another_root_is_refused_before_anything_is_sent(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """probe37t T8 (low): `releases/` a symlink to another root's releases: `ops releases`
+    listed that root's releases as this target's, and a deploy sent its staging into it
+    before its finalize refused. Deploys and rollbacks are refused at their first host step,
+    nothing written through the link; `ops releases` warns."""
+    other = tmp_path / "other-root" / "releases"
+    other.mkdir(parents=True)
+    ops.root.mkdir(parents=True, exist_ok=True)
+    (ops.root / "releases").symlink_to(other)
+    res = ops.deploy("--bootstrap")
+    text = said(res)
+    assert res.returncode != 0 and "Traceback" not in text, text
+    assert f"{ops.root}/releases is a symlink (to {other})" in text, text
+    assert list(other.iterdir()) == [], "written through the link"
+    res = ops("releases", "local")
+    assert "releases/ is a symlink" in said(res), said(res)
+
+
 def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> None:
     """probe37r R4: directories nested 3000 deep inside an old release made `ops releases`,
     deploys and rollbacks fail with RecursionError (its size was walked recursively)."""

@@ -299,6 +299,12 @@ def releases(
             "[yellow]warning:[/] deploy.pending is there: a deploy runs now, or one died before "
             "it was settled (the next deploy or rollback puts the host back)"
         )
+    if doc.get("releases_link"):
+        err.print(
+            f"[yellow]warning:[/] releases/ is a symlink to {escape(doc['releases_link'])}: "
+            "these may be another root's releases; deploys and rollbacks are refused until it "
+            "is a directory"
+        )
     return EXIT_OK
 
 

@@ -333,9 +333,15 @@ def prepare(root: str, wait_s: float = 300.0, settle: bool = False) -> dict:
     has restarted the service on it and commits: ops killed in between leaves the record, so
     the next prepare restarts it again instead of forgetting it."""
     os.makedirs(root, exist_ok=True)
+    rel = os.path.join(root, "releases")
+    if os.path.islink(rel):  # before anything is written through it (probe37t T8)
+        raise Refused(
+            f"{rel} is a symlink (to {os.readlink(rel)}), made by hand: ops keeps this root's "
+            "releases in a directory of its own, and would send, switch to and prune whatever "
+            f"it names (another root's releases); make it a directory (mv {rel} aside)"
+        )
     mended = [note for name in CONTROL_FILES if (note := mend_control_file(root, name))]
     waited = wait_for_guard(root, wait_s)
-    rel = os.path.join(root, "releases")
     os.makedirs(rel, exist_ok=True)
     before = shown(link_state(root, "current"))
     put_back = None
@@ -875,6 +881,7 @@ def listing(root: str) -> dict:
     pending = os.path.lexists(os.path.join(root, "deploy.pending"))
     return {
         "nested": nested_in(root),
+        "releases_link": os.readlink(rel) if os.path.islink(rel) else None,
         "releases": out,
         "current": current,
         "previous": previous,
