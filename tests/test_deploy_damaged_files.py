@@ -679,6 +679,29 @@ def test_a_releases_link_to_another_root_is_refused_before_anything_is_sent(
     assert "releases/ is a symlink" in said(res), said(res)
 
 
+def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
+    """probe37t T2's table (low): a rollback whose recover step failed showed "(none)" as the
+    release before, though the host had been on one. Its result names the switch it put back:
+    from the release current was on, to the one it put back."""
+    r1, r2 = two_releases(ops)
+    svc = ops.root / "releases" / r1 / "engine" / "svc.py"
+    svc.write_text("raise SystemExit('this start fails')\n")  # r1 no longer starts
+    doc = {
+        "version": 2,
+        "previous": r1,
+        "new": r2,
+        "old_previous": None,
+        "current_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
+        "previous_before": {"kind": "none"},
+        "by": "deploy",
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    code, out = ops.json("rollback", "local", "--max-tokens", "3", "--wait", "5")
+    result = out["results"][0]
+    assert code == 1 and result["failed_step"] == "recover", result
+    assert result["before"] == r2 and result["after"] == r1, result
+
+
 def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> None:
     """probe37r R4: directories nested 3000 deep inside an old release made `ops releases`,
     deploys and rollbacks fail with RecursionError (its size was walked recursively)."""

@@ -627,7 +627,8 @@ class Deployer:
                     host_releases(self.host, "commit")
             except (HostError, OpsError) as exc:
                 held.release()
-                return "fail", f"{detail}; the service could not be restarted: {exc.message}", {}
+                said = f"{detail}; the service could not be restarted: {exc.message}"
+                return "fail", said, dict(prep)
             held.release()
             detail += f"; service restarted on it: {st.state}"
             return ("ok" if st.active else "fail"), detail, {**prep, "service": st.model_dump()}
@@ -1159,8 +1160,15 @@ class Deployer:
         with self.host.lock(holder):
             try:
                 undone = self._prepared(host_releases(self.host, *self._prepare_args()))
-            except StepFailed as exc:
-                return self.result("failed", failed_step="recover", message=exc.step.detail)
+            except StepFailed as exc:  # where it was and is: the put-back's (probe37p P1)
+                back = exc.step.data.get("put_back") or {}
+                return self.result(
+                    "failed",
+                    failed_step="recover",
+                    message=exc.step.detail,
+                    before=back.get("from"),
+                    after=back.get("to"),
+                )
             # a dead deploy's never-proven release undone: that is the rollback. A dead
             # rollback's undone is where it started: it is made again (to previous, as it was)
             if undone and not to and undone.get("by") != "rollback":
