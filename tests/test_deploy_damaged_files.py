@@ -54,6 +54,22 @@ def said(res) -> str:
     return " ".join((res.stdout + res.stderr).split())
 
 
+def forge_pending(ops: Ops, r1: str, r2: str, current_before: dict, **more: object) -> None:
+    """A deploy.pending in the shape ops writes (version 2) for a switch from r1 to r2 that no
+    deploy settled, naming `current_before` as what current was (forged, as a hand might)."""
+    doc = {
+        "version": 2,
+        "previous": r1,
+        "new": r2,
+        "old_previous": None,
+        "current_before": current_before,
+        "previous_before": {"kind": "none"},
+        "by": "deploy",
+        **more,
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+
+
 def test_nothing_writes_bytecode_into_a_release(ops: Ops) -> None:
     """probe37t T3 (medium): on a full disk, a host-side check's import wrote a .pyc into the
     current, proven release cut short (CPython's write is one write(2), which a full disk
@@ -614,16 +630,7 @@ def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(
         (ops.root / "releases" / r1 / "rejected.json").write_text('{"step": "postflight"}')
     else:
         (ops.root / "releases" / r1 / "service.env").unlink()
-    doc = {
-        "version": 2,
-        "previous": r1,
-        "new": r2,
-        "old_previous": None,
-        "current_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
-        "previous_before": {"kind": "none"},
-        "by": "deploy",
-    }
-    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    forge_pending(ops, r1, r2, {"kind": "release", "id": r1, "link": f"releases/{r1}"})
     res = ops("rollback", "local", "--max-tokens", "3")
     assert "Traceback" not in said(res) and res.returncode in (1, 2), said(res)
     assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
@@ -643,16 +650,13 @@ def test_a_forged_record_naming_a_copy_of_a_rejected_release_is_refused(ops: Ops
     shutil.copytree(ops.root / "releases" / r2, hotfix, symlinks=True)
     (hotfix / "rejected.json").write_text('{"step": "postflight"}')
     (hotfix / "engine" / "svc.py").write_text("raise SystemExit('rejected code')\n")
-    doc = {
-        "version": 2,
-        "previous": r1,
-        "new": r2,
-        "old_previous": None,
-        "current_before": {"kind": "foreign", "link": "releases/hotfix", "exists": True},
-        "previous_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
-        "by": "deploy",
-    }
-    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    forge_pending(
+        ops,
+        r1,
+        r2,
+        {"kind": "foreign", "link": "releases/hotfix", "exists": True},
+        previous_before={"kind": "release", "id": r1, "link": f"releases/{r1}"},
+    )
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0 and "Traceback" not in said(res), said(res)
     assert ops.current() == r1 and ops.serving() == r1
@@ -686,16 +690,7 @@ def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
     r1, r2 = two_releases(ops)
     svc = ops.root / "releases" / r1 / "engine" / "svc.py"
     svc.write_text("raise SystemExit('this start fails')\n")  # r1 no longer starts
-    doc = {
-        "version": 2,
-        "previous": r1,
-        "new": r2,
-        "old_previous": None,
-        "current_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
-        "previous_before": {"kind": "none"},
-        "by": "deploy",
-    }
-    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    forge_pending(ops, r1, r2, {"kind": "release", "id": r1, "link": f"releases/{r1}"})
     code, out = ops.json("rollback", "local", "--max-tokens", "3", "--wait", "5")
     result = out["results"][0]
     assert code == 1 and result["failed_step"] == "recover", result

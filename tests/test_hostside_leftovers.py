@@ -534,6 +534,14 @@ def _seen_restart_worker(pidfile: str) -> int:
     raise AssertionError("no restart worker seen holding the restart lock")
 
 
+def _worker_gone(pidfile: str) -> None:
+    """Wait (30 s at most) until no restart worker for `pidfile` is left: one let go on ends."""
+    deadline = time.monotonic() + 30
+    while _restart_worker(pidfile) is not None:
+        assert time.monotonic() < deadline, "the continued restart worker never finished"
+        time.sleep(0.1)
+
+
 def _holds(pid: int, path: str) -> bool:
     """Whether process `pid` holds an flock on `path` (/proc/locks, by the file's inode)."""
     try:
@@ -615,9 +623,7 @@ def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
         assert f"(pid {worker}) is stopped (SIGSTOP)" in text and f"kill -9 {worker}" in text
     finally:
         os.kill(worker, signal.SIGCONT)
-    deadline = time.monotonic() + 30  # let go on, the first restart finishes
-    while _restart_worker(pidfile) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _worker_gone(pidfile)  # let go on, the first restart finishes
     res = ops("service", "restart", "local", timeout=60)
     assert res.returncode == 0, said(res)
 
@@ -663,10 +669,7 @@ def test_a_restart_whose_own_worker_is_stopped_says_so_at_once(ops: Ops) -> None
         assert "the service is now" in text, text
     finally:
         os.kill(worker, signal.SIGCONT)
-    deadline = time.monotonic() + 30
-    while _restart_worker(pidfile) is not None:
-        assert time.monotonic() < deadline, "the continued worker never finished"
-        time.sleep(0.1)
+    _worker_gone(pidfile)
     assert status(ops).get("state") == "active"
 
 
@@ -693,10 +696,7 @@ def test_a_resumed_restart_never_sweeps_away_the_service_started_meanwhile(ops: 
         started = status(ops)["pid"]
     finally:
         os.kill(worker, signal.SIGCONT)
-    deadline = time.monotonic() + 30
-    while _restart_worker(pidfile) is not None:
-        assert time.monotonic() < deadline, "the resumed restart never ended"
-        time.sleep(0.1)
+    _worker_gone(pidfile)
     st = status(ops)
     assert st.get("state") == "active" and st.get("pid") == started, st
 
