@@ -683,6 +683,39 @@ def test_a_releases_link_to_another_root_is_refused_before_anything_is_sent(
     assert "releases/ is a symlink" in said(res), said(res)
 
 
+@pytest.mark.parametrize("named", ["release-link-out", "damaged-release", "staging-copy"])
+def test_a_forged_record_naming_no_release_a_switch_left_is_refused(
+    ops: Ops, tmp_path: Path, named: str
+) -> None:
+    """probe37u U1, U2, U3 (high): a deploy.pending in ops's shape naming as current_before
+    (U1) a release id whose releases/<id> is a symlink out of the root, (U2) a release whose
+    release.json is not whole, (U3) a foreign link to releases/.staging-foo, a copy that
+    recover then removes: the recover switched current there, the service was left down or on
+    a link to nothing, and every rollback (--to too) failed at its recover until the record
+    was deleted by hand. None is a release a switch moves away from: the record is kept aside
+    as refused, and the rollback goes on to the previous release."""
+    r1, r2 = two_releases(ops)
+    fake = "20200101T000000Z-aaaaaaaaaa"
+    before: dict = {"kind": "release", "id": fake, "link": f"releases/{fake}"}
+    if named == "release-link-out":
+        outside = tmp_path / "outside"
+        shutil.copytree(ops.root / "releases" / r1, outside, symlinks=True)
+        (ops.root / "releases" / fake).symlink_to(outside)
+    elif named == "damaged-release":
+        shutil.copytree(ops.root / "releases" / r1, ops.root / "releases" / fake, symlinks=True)
+        (ops.root / "releases" / fake / "release.json").write_text("[]")
+    else:
+        staging = ops.root / "releases" / ".staging-foo"
+        shutil.copytree(ops.root / "releases" / r1, staging, symlinks=True)
+        before = {"kind": "foreign", "link": "releases/.staging-foo", "exists": True}
+    forge_pending(ops, r1, r2, before)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and "Traceback" not in said(res), said(res)
+    assert ops.current() == r1 and ops.serving() == r1
+    assert os.readlink(ops.root / "current") == f"releases/{r1}"
+    assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
+
+
 def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
     """probe37t T2's table (low): a rollback whose recover step failed showed "(none)" as the
     release before, though the host had been on one. Its result names the switch it put back:

@@ -55,9 +55,12 @@ def links(root: Path) -> tuple[str | None, str | None]:
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    for rid in IDS:  # what a start needs of a release (a revert never goes to one without)
+    for rid in IDS:  # a whole release, as finalize leaves one (a revert goes to no other)
         (tmp_path / "releases" / rid).mkdir(parents=True)
         (tmp_path / "releases" / rid / "service.env").write_text("")
+        manifest = {"id": rid, "git_sha": "0" * 40, "created": "2026-01-01", "components": {}}
+        manifest["selftest"] = {"ok": True}
+        (tmp_path / "releases" / rid / "release.json").write_text(json.dumps(manifest))
     return tmp_path
 
 

@@ -154,7 +154,7 @@ def test_current_outside_the_root_is_not_an_ops_release(ops: Ops, tmp_path: Path
     assert os.readlink(ops.root / "current") == str(outside)
 
 
-@pytest.mark.parametrize("what", ["empty-directory", "another-root"])
+@pytest.mark.parametrize("what", ["empty-directory", "another-root", "damaged-release"])
 def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     ops: Ops, tmp_path: Path, what: str
 ) -> None:
@@ -167,10 +167,13 @@ def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     pid = ops.json("service", "status", "local")[1]["pid"]
-    (ops.root / "current").unlink()  # the service runs on, from the release it started in
+    if what == "damaged-release":  # probe37u U2: a revert refuses a damaged release
+        (ops.root / "releases" / str(r1) / "release.json").write_text("[]")
+    else:
+        (ops.root / "current").unlink()  # the service runs on, from the release it started in
     if what == "empty-directory":
         (ops.root / "current").mkdir()
-    else:
+    elif what == "another-root":
         elsewhere = tmp_path / "other-root" / "releases" / str(r1)
         shutil.copytree(ops.root / "releases" / str(r1), elsewhere, symlinks=True)
         relink(ops.root, str(elsewhere))
@@ -179,6 +182,9 @@ def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     text = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 1 and no_traceback(res.stderr), text
     assert "which a failed deploy could not put back" in text, text
+    if what == "damaged-release":
+        assert f"mend releases/{r1}" in text, text
+        return
     assert f"ops rollback local --to {r1}" in text, text
     assert steps(ops.record("deploy")["results"][0])["current"] == "fail"
     assert len(list((ops.root / "releases").iterdir())) == 1  # nothing sent, nothing switched

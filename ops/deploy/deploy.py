@@ -397,11 +397,21 @@ class Deployer:
         if state["kind"] == "foreign" and not state.get("exists"):
             gone = f"remove {self.root}/current to deploy as a first install"
             return "fail", f"current is {shown_state(state)}; {self._no_revert(gone)}", data
+        if state["kind"] != "none":
+            why = current_unstartable(self.host)
+            if why:
+                data["unstartable"] = why
+                said = f"current ({shown_state(state)}) could not be started again: {why}"
+                return "fail", f"{said}; {self._no_revert('mend it, then deploy')}", data
         bad = self._unrevertible
-        if state["kind"] not in ("none", "release") and bad:  # --force or not
+        if bad:  # --force or not
             data["unrevertible"] = bad
             name, back = self.target.name, self._fallback
-            copy = "make it a whole copy of a release (release.json, service.env) and --force"
+            copy = (
+                f"mend releases/{state['id']} (release.json, service.env), then deploy"
+                if state["kind"] == "release"
+                else "make it a whole copy of a release (release.json, service.env) and --force"
+            )
             fix = (
                 f"ops rollback {name} --to {back} puts back the newest proven release; or {copy}"
                 if back
@@ -409,12 +419,6 @@ class Deployer:
             )
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
-        if state["kind"] != "none":
-            why = current_unstartable(self.host)
-            if why:
-                data["unstartable"] = why
-                said = f"current ({shown_state(state)}) could not be started again: {why}"
-                return "fail", f"{said}; {self._no_revert('mend it, then deploy')}", data
         if state["kind"] in ("release", "none"):
             note = getattr(self, "_downgrade", None)
             if note:
@@ -546,8 +550,9 @@ class Deployer:
         same = self._already_current(m, settled=True)
         if same is not None:
             return same
-        if (self._before_state or {}).get("kind") not in ("release", "none") and (
-            not self.opts.force or self._unrevertible
+        if self._unrevertible or (
+            (self._before_state or {}).get("kind") not in ("release", "none")
+            and not self.opts.force
         ):
             self.step("current", self._current)  # changed by hand since the first look
         before = self._before

@@ -595,17 +595,9 @@ def put_current_back(root: str, before: dict, aside: str | None) -> str | None:
         # one no deploy rejected: a switch is never made from one, so a record naming one is
         # not what current was (probe37r R6: a forged record had a rollback stop the service
         # and switch onto a rejected release, leaving it down)
-        rel = os.path.join(root, "releases", before["id"])
-        if not os.path.isdir(rel):
-            return "it is gone"
-        if os.path.lexists(os.path.join(rel, "rejected.json")):
-            return "a deploy rejected it: no switch is made from one"
-        # nor from one a start could not run (a deploy refuses to: its `current` step), so a
-        # record naming one is not what current was (probe37p20 T2: recover switched onto a
-        # release with no service.env; every rollback and deploy was then refused)
-        bad = env_problem(rel)
-        if bad:
-            return f"{bad}: no switch is made from one a start could not run"
+        why = release_problem(root, before["id"])
+        if why:
+            return why
         set_link(root, "current", release_link(before["id"]))  # the release, whatever the link
         return None
     why = unrevertible(root, before, aside)
@@ -618,6 +610,37 @@ def put_current_back(root: str, before: dict, aside: str | None) -> str | None:
         os.unlink(path)  # rename(2) cannot put a directory over a symlink
     os.rename(str(aside), path)
     return None
+
+
+def current_unrevertible(root: str, state: dict) -> str | None:
+    """Why a failed deploy's revert could not put `current` (as it is now: `state`) back, so a
+    deploy refuses to switch away from it; None where it could. A release of ops's that is
+    damaged (the revert refuses one: a record naming one is not what a switch left); one a
+    deploy rejected is no bar (deploying a fix over it is the way on; going back to it is not)."""
+    if state["kind"] == "none":
+        return None
+    if state["kind"] == "release":
+        bad = damage(os.path.join(root, "releases", state["id"]), state["id"])[1]
+        return f"it is damaged: {bad}" if bad else None
+    return unrevertible(root, state)
+
+
+def release_problem(root: str, release: str) -> str | None:
+    """Why a revert would not put current back on releases/`release` ("it is gone" where it is
+    not there), None where it would: a release no switch is made from (a deploy refuses to
+    switch away from one, its `current` step), so a record naming one is not what current
+    was: a link at releases/ID (out of the root: probe37u U1), a release a deploy rejected
+    (probe37r R6), a damaged one: its release.json not whole (U2), its service.env not one a
+    start runs (probe37t T2)."""
+    rel = os.path.join(root, "releases", release)
+    if os.path.islink(rel):
+        return f"releases/{release} is a symlink (to {os.readlink(rel)}), not a release ops made"
+    if not os.path.isdir(rel):
+        return "it is gone"
+    if os.path.lexists(os.path.join(rel, "rejected.json")):
+        return "a deploy rejected it: no switch is made from one"
+    bad = damage(rel, release)[1]
+    return f"it is damaged ({bad}): no switch is made from one" if bad else None
 
 
 def unrevertible(root: str, state: dict, aside: object = None) -> str | None:
@@ -667,10 +690,13 @@ def hand_made_release(root: str, link: object) -> bool:
     # nor a copy of a rejected release (probe37t T9: a forged record naming releases/hotfix,
     # a copy of one, had a rollback stop the service and restart it there), nor one whose
     # service.env a start refuses
+    # nor one of ops's own transient directories there, which recover removes (probe37u U3:
+    # current -> releases/.staging-foo, put back, then removed under it)
+    if os.path.dirname(real) == releases and os.path.basename(real).startswith("."):
+        return False
     return (
         os.path.isdir(real)
-        and regular(os.path.join(real, "release.json"))
-        and env_problem(real) is None
+        and damage(real, None)[1] is None
         and not os.path.lexists(os.path.join(real, "rejected.json"))
     )
 
@@ -829,6 +855,20 @@ def manifest(path: str) -> tuple[dict, str | None]:
     return out, (f"release.json: bad or missing {', '.join(bad)}" if bad else None)
 
 
+def damage(release: str, name: str | None) -> tuple[dict, str | None]:
+    """The release.json fields of the release directory, and why it is damaged (None: whole):
+    its release.json not whole or another release's (`name`: the id it must name, None for a
+    hand-made copy), its service.env not one a start runs, its rejected.json unreadable."""
+    fields, damaged = manifest(os.path.join(release, "release.json"))
+    if damaged is None and name and fields.get("id") not in (None, name):  # copied over by hand
+        damaged = f"release.json is release {str(fields['id'])[:200]}'s, not {name}'s"
+    damaged = damaged or env_problem(release)
+    rejected, why = _read_json(os.path.join(release, "rejected.json"))
+    if damaged is None and why != "missing" and not isinstance(rejected, dict):
+        damaged = f"rejected.json is {why or 'not an object'} (a rejection, unreadable)"
+    return fields, damaged
+
+
 def env_problem(release: str) -> str | None:
     """Why the release directory's service.env is not one a start runs it with (None: it is)."""
     env = os.path.join(release, "service.env")
@@ -849,13 +889,8 @@ def listing(root: str) -> dict:
     for name in names:
         if not os.path.isdir(os.path.join(rel, name)) or os.path.islink(os.path.join(rel, name)):
             continue
-        fields, damaged = manifest(os.path.join(rel, name, "release.json"))
-        if damaged is None and fields.get("id") not in (None, name):  # copied over by hand
-            damaged = f"release.json is release {str(fields['id'])[:200]}'s, not {name}'s"
-        damaged = damaged or env_problem(os.path.join(rel, name))
-        rejected, why = _read_json(os.path.join(rel, name, "rejected.json"))
-        if damaged is None and why != "missing" and not isinstance(rejected, dict):
-            damaged = f"rejected.json is {why or 'not an object'} (a rejection, unreadable)"
+        fields, damaged = damage(os.path.join(rel, name), name)
+        rejected, _ = _read_json(os.path.join(rel, name, "rejected.json"))
         out.append(
             {
                 "id": name,
@@ -888,9 +923,7 @@ def listing(root: str) -> dict:
         "pending": pending,
         "current_state": cur_state,
         # what a deploy's revert could not put back (a deploy then refuses to switch from it)
-        "current_unrevertible": (
-            None if cur_state["kind"] in ("none", "release") else unrevertible(root, cur_state)
-        ),
+        "current_unrevertible": current_unrevertible(root, cur_state),
         "previous_state": prev_state,
     }
 
