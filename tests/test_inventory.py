@@ -282,3 +282,20 @@ def test_a_tab_in_the_command_is_plain_whitespace(tmp_path: Path) -> None:
     inv = tmp_path / "ops.toml"
     inv.write_text("[targets.h.service]\ncommand = '{python}\t-m engine --port {port}'\n")
     assert load_inventory(inv).target("h").service.command == "{python}\t-m engine --port {port}"
+
+
+@pytest.mark.parametrize("command", ["", "   "])
+def test_an_empty_service_command_is_refused_before_any_deploy(
+    tmp_path: Path, command: str
+) -> None:
+    """probe37u U4 (low): `command = ''` passed the inventory; a deploy sent, self-tested and
+    finalized a release, then exited 2 ("service.command is required"), one never-switched
+    release per try. The inventory refuses it, and nothing is sent."""
+    root = tmp_path / "root"
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{root}'\n[targets.local.service]\ncommand = '{command}'\n"
+    )
+    res = ops("deploy", "local", "--bootstrap", "--dry-run", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "command is empty" in res.stderr and not root.exists(), res.stderr

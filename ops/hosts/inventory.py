@@ -152,6 +152,9 @@ class Service(_Model):
     def _process_needs_command(self) -> Service:
         if self.manager == "systemd" and self.command is not None:
             raise ValueError("command is only for manager = 'process' (systemd runs its own unit)")
+        if self.manager == "process" and self.command is not None and not self.command.strip():
+            # refused here, not after a deploy has sent and finalized a release (probe37u U4)
+            raise ValueError("command is empty: the process manager needs the service's command")
         return self
 
 
