@@ -716,6 +716,22 @@ def test_a_forged_record_naming_no_release_a_switch_left_is_refused(
     assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 
 
+def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> None:
+    """probe37u U5 (low): a rollback killed in its recover left the record settled (current
+    switched back to r1, the service still on r2); the next rollback said "rolled back: r1 is
+    current and healthy (was r1, never proven)", naming the proven release it went back to
+    as the never-proven one. It says an earlier switch back was finished."""
+    r1, r2 = two_releases(ops)
+    (ops.root / "current").unlink()
+    (ops.root / "current").symlink_to(f"releases/{r1}")  # switched back; no restart yet
+    record = {"settled": True, "current": r1, "by": "deploy"}
+    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, said(res)
+    assert f"was {r1}, never proven" not in said(res), said(res)
+    assert "died before its restart, done now" in said(res), said(res)
+
+
 def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
     """probe37t T2's table (low): a rollback whose recover step failed showed "(none)" as the
     release before, though the host had been on one. Its result names the switch it put back:

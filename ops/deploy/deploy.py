@@ -1083,13 +1083,14 @@ class Deployer:
             return self.result(
                 "failed", failed_step="postflight", message=exc.step.detail, before=was, after=now
             )
-        return self.result(
-            "switched",
-            release=now,
-            before=was,
-            after=now,
-            message=f"rolled back: {now} is current and healthy (was {was}, never proven)",
-        )
+        said = f"rolled back: {now} is current and healthy (was {was}, never proven)"
+        if was == now:  # current had been put back already (settled); only its restart was due
+            # (probe37u U5: "(was X, never proven)" named the proven release it went back to)
+            said = (
+                f"rolled back: {now} is current and healthy (an earlier rollback or guard had "
+                "switched current back to it and died before its restart, done now)"
+            )
+        return self.result("switched", release=now, before=was, after=now, message=said)
 
     def _unswitched(self, failed: Step) -> tuple[str | None, str]:
         """A step failed before a switch was made: (where current is, the result's message).
