@@ -673,6 +673,32 @@ def test_a_restart_whose_own_worker_is_stopped_says_so_at_once(ops: Ops) -> None
     assert status(ops).get("state") == "active"
 
 
+def test_ctrl_c_says_when_the_guard_could_not_restart(ops: Ops) -> None:
+    """probe37r R10 (low): a deploy Ctrl-C'd while its restart's worker was stopped (SIGSTOP):
+    the guard switched current back, its restart was refused (the stopped worker holds the
+    restart lock), and ops said the guard had "restarted the service". It says what the
+    guard's log says: the restart did not start it."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc, seen = ops.popen_at("restart ...", *ops.deploy_args())
+    worker = _seen_restart_worker(pidfile)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        text = " ".join((seen + out + err).split())
+        assert proc.returncode == 130, text
+        assert f"switched current back to {r1}" in text, text
+        assert "its restart did not start the service" in text, text
+        assert "and restarted the service" not in text, text
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    _worker_gone(pidfile)
+
+
 def test_a_resumed_restart_never_sweeps_away_the_service_started_meanwhile(ops: Ops) -> None:
     """probe37q Q1 (high): a restart's worker stopped (SIGSTOP; or only slow, its link lost)
     while it waited for the process it started; the operator stopped that one and started

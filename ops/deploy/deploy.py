@@ -36,6 +36,7 @@ from ops.deploy.host_actions import (
     DEPLOY_HOST_SOURCE,
     current_unstartable,
     disk_fix,
+    guard_log,
     host_releases,
     interrupted_once,
     revert_guard,
@@ -56,7 +57,7 @@ from ops.deploy.result import (
     utc_now,
 )
 from ops.errors import CommandTimedOut, HostError, ModuleOutputError, OpsError, Unreachable
-from ops.hosts.remote import Host, SignalsHeld, nested_root
+from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
 from ops.service.managers import ProcessManager, SystemdManager, manager_for
@@ -120,6 +121,7 @@ class Deployer:
     ) -> None:
         self.host, self.opts, self.progress = host, opts, progress
         self.target = host.target
+        self._began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # guard.log's clock
         self.root = host.target.remote_root
         self.steps: list[Step] = []
         self._running: str | None = None  # the step in progress (what an interrupt stopped)
@@ -206,10 +208,18 @@ class Deployer:
             what = f"{self._committed} was proven and switched to before the interrupt"
         elif self._switched and now != self._switched:
             what = f"the host's guard switched current back to {now or '(none)'}"
+            restarted = None if self.opts.no_restart else self._guard_restarted()
             if serving is not None and serving != now:  # its restart did not take (a full disk)
                 what += f", but the service still runs {serving}"
-            elif not self.opts.no_restart:
+            elif restarted is False:  # (probe37r R10: said "and restarted" of a refused one)
+                what += (
+                    ", but its restart did not start the service (logs/guard.log says why); "
+                    f"ops service status {self.target.name} tells what runs"
+                )
+            elif restarted:
                 what += " and restarted the service"
+            elif not self.opts.no_restart:
+                what += " and restarts the service (logs/guard.log says how it went)"
         elif self._switched:
             what = f"current is still {self._switched} (switched, not proven)"
         else:
@@ -1072,6 +1082,25 @@ class Deployer:
         except OpsError as exc:
             return None, f"current unknown: the host did not answer ({exc.message})"
         return now, f"current is {now or '(none)'}"
+
+    def _guard_restarted(self) -> bool | None:
+        """Whether the guard's restart, after this deploy began, started the service, from
+        what the guard wrote in logs/guard.log (None: no such entry, or no log to read)."""
+        log = shell_path(guard_log(self.target))
+        res = self.host.run_script(
+            f"if [ -f {log} ] && [ ! -h {log} ]; then tail -c 16384 {log}; fi",
+            step="guard log",
+        )
+        mark = " ops went away before its switch was proven"
+        entries = [line for line in res.stdout.splitlines() if mark in line] if res.ok else []
+        if not entries or entries[-1].split(" ", 1)[0] < self._began:  # none, or an earlier's
+            return None
+        said = res.stdout[res.stdout.rindex(entries[-1]) :]  # its restart's answer
+        if '"started": true' in said:
+            return True
+        if '"started": false' in said or '"error"' in said:
+            return False
+        return None
 
     def _recovered(self, undone: dict[str, Any]) -> DeployResult:
         """A plain rollback whose recover step already undid a never-proven switch: proven by
