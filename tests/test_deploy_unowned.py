@@ -154,7 +154,9 @@ def test_current_outside_the_root_is_not_an_ops_release(ops: Ops, tmp_path: Path
     assert os.readlink(ops.root / "current") == str(outside)
 
 
-@pytest.mark.parametrize("what", ["empty-directory", "another-root", "damaged-release"])
+@pytest.mark.parametrize(
+    "what", ["empty-directory", "another-root", "damaged-release", "rejected-release"]
+)
 def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     ops: Ops, tmp_path: Path, what: str
 ) -> None:
@@ -169,6 +171,8 @@ def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     pid = ops.json("service", "status", "local")[1]["pid"]
     if what == "damaged-release":  # probe37u U2: a revert refuses a damaged release
         (ops.root / "releases" / str(r1) / "release.json").write_text("[]")
+    elif what == "rejected-release":  # probe37u U8: and a rejected one: the service was left down
+        (ops.root / "releases" / str(r1) / "rejected.json").write_text('{"at": "x"}')
     else:
         (ops.root / "current").unlink()  # the service runs on, from the release it started in
     if what == "empty-directory":
@@ -182,7 +186,7 @@ def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     text = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 1 and no_traceback(res.stderr), text
     assert "which a failed deploy could not put back" in text, text
-    if what == "damaged-release":
+    if what in ("damaged-release", "rejected-release"):
         assert f"mend releases/{r1}" in text, text
         return
     assert f"ops rollback local --to {r1}" in text, text
@@ -267,6 +271,21 @@ def test_a_release_linked_in_another_shape_is_that_release(ops: Ops) -> None:
     assert (ops.root / "releases" / a).is_dir() and os.readlink(ops.root / "previous").endswith(a)
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0 and ops.current() == a and ops.serving() == a, res.stderr
+
+
+def test_a_switch_from_no_release_never_makes_it_previous(ops: Ops) -> None:
+    """probe37t T6 (low): `current -> releases` (a hand's link to no release), then
+    `ops rollback --to R1`: previous was made `-> releases`, and every later plain rollback
+    was refused. previous names only a release, or a copy of one, that a rollback could take."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy().returncode == 0
+    relink(ops.root, "releases")
+    res = ops("rollback", "local", "--to", str(r1), "--max-tokens", "3")
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, res.stderr
+    previous = ops.root / "previous"
+    assert not previous.is_symlink() or os.readlink(previous) != "releases"
 
 
 def test_finalized_release_interrupted_before_its_switch_is_named(ops: Ops) -> None:

@@ -418,7 +418,7 @@ class Deployer:
             data["unrevertible"] = bad
             name, back = self.target.name, self._fallback
             copy = (
-                f"mend releases/{state['id']} (release.json, service.env), then deploy"
+                f"mend releases/{state['id']} if it is good after all, then deploy"
                 if state["kind"] == "release"
                 else "make it a whole copy of a release (release.json, service.env) and --force"
             )
@@ -1232,9 +1232,15 @@ class Deployer:
                 raise OpsError(f"{self.target.name}: release {want} never passed its self-test")
             bad = rel.get("rejected")
             if bad and want != before:
+                step, at, detail = (bad.get(k) or "" for k in ("step", "at", "detail"))
+                said = (  # (a rejected.json written by hand may lack them: probe37u U8)
+                    f"failed its {step}{f' ({at})' if at else ''} and was rolled back"
+                    + (f": {detail}" if detail else "")
+                    if step
+                    else "is marked rejected (its rejected.json)"
+                )
                 raise OpsError(
-                    f"{self.target.name}: release {want} failed its {bad.get('step')} "
-                    f"({bad.get('at')}) and was rolled back: {bad.get('detail')}",
+                    f"{self.target.name}: release {want} {said}",
                     hint="deploy a fixed commit instead (ops deploy --ref)",
                 )
             if want == before:

@@ -488,7 +488,9 @@ def _switch(root: str, release: str, pending: bool, by: str = "deploy") -> dict:
     ):
         if cur["kind"] == "release":
             set_link(root, "previous", release_link(cur["id"]))
-        elif cur["kind"] == "foreign" and cur.get("exists"):  # never a link to nothing
+        elif cur["kind"] == "foreign" and hand_made_release(root, cur["link"]):
+            # a copy a rollback could go back to; never a link to nothing, nor to what is no
+            # release (probe37t T6: current -> releases left previous -> releases)
             set_link(root, "previous", cur["link"])
         elif prev.get("id") == release:  # kept, it would name current: no previous instead
             os.unlink(os.path.join(root, "previous"))
@@ -615,13 +617,14 @@ def put_current_back(root: str, before: dict, aside: str | None) -> str | None:
 def current_unrevertible(root: str, state: dict) -> str | None:
     """Why a failed deploy's revert could not put `current` (as it is now: `state`) back, so a
     deploy refuses to switch away from it; None where it could. A release of ops's that is
-    damaged (the revert refuses one: a record naming one is not what a switch left); one a
-    deploy rejected is no bar (deploying a fix over it is the way on; going back to it is not)."""
+    damaged or marked rejected (the revert refuses both: a record naming one is not what a
+    switch left; probe37u U8: a deploy from a current with a rejected.json failed, and its
+    rollback could not come back, leaving the service down)."""
     if state["kind"] == "none":
         return None
     if state["kind"] == "release":
-        bad = damage(os.path.join(root, "releases", state["id"]), state["id"])[1]
-        return f"it is damaged: {bad}" if bad else None
+        why = release_problem(root, state["id"])
+        return None if why == "it is gone" else why
     return unrevertible(root, state)
 
 
