@@ -260,6 +260,13 @@ def test_a_stopped_service_is_said_to_be_stopped(ops: Ops) -> None:
         st = status(ops)
         assert time.monotonic() - t0 < 10, "status waited on a stopped service"
         assert f"pid {pid} is stopped" in st["detail"] and f"kill -CONT {pid}" in st["detail"]
+        # probe37u U7 (low): a deploy's pre-flight waited 61 s on it, then advised a start,
+        # which does nothing for a running process: it names the stopped pid, at once
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+        t0 = time.monotonic()
+        text = said(ops.deploy())
+        assert time.monotonic() - t0 < 40, text
+        assert f"kill -CONT {pid} lets it run, then deploy again" in text, text
     finally:
         os.kill(pid, signal.SIGCONT)
     assert status(ops).get("state") == "active"

@@ -549,6 +549,12 @@ class Deployer:
             if "service" in rep.failed
             else f"ops healthcheck {name} says why"
         )
+        stopped = next(
+            (c.detail for c in rep.checks if c.status == "fail" and "is stopped (SIG" in c.detail),
+            None,
+        )
+        if stopped:  # a start would do nothing (probe37u U7): the service's own words
+            fix = f"{stopped.split(': ', 1)[-1]}, then deploy again"
         return "fail", f"service unhealthy before the deploy ({failed}): {fix}, or --force", data
 
     def _locked(self, m: ReleaseManifest, stage: Path) -> DeployResult:
