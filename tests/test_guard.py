@@ -212,6 +212,7 @@ def test_bench_argv_passes_the_decode_spread_to_the_attn_suite_only() -> None:
     tree = BenchOptions(gpu=0, suites=["tree"], batches=[1], decode_spread=16)
     assert bench_argv("py", tree) == [
         "py",
+        "-B",
         "-m",
         "kernels.bench",
         "--json",
