@@ -286,9 +286,21 @@ def record(args: Any) -> None:
     }
     kept = None
     if args.record_golden != "-":
-        kept = keep_previous(Path(args.record_golden))
         text = json.dumps(doc, ensure_ascii=False, indent=1)
-        write_atomic(Path(args.record_golden), text.encode("utf-8"))
+        try:
+            kept = keep_previous(Path(args.record_golden))
+            write_atomic(Path(args.record_golden), text.encode("utf-8"))
+        except OSError as exc:  # a full or read-only disk: one document, not a traceback
+            where = exc.filename or args.record_golden  # (probe37v V1)
+            exit_json(
+                {
+                    "ok": False,
+                    "module": "checks.identity",
+                    "error": "write_failed",
+                    "message": f"the golden set could not be written ({where}: {exc.strerror})",
+                },
+                EXIT_FAIL,
+            )
     exit_json(
         {
             "ok": True,

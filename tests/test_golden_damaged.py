@@ -15,15 +15,18 @@ deploys and the rollback, its releases from a real git source), `checks.identity
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import FAKE_SERVICE, REPO
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops as DeployOps
 from helpers.deploy_ops import one_error_line, steps
@@ -249,3 +252,36 @@ def test_a_deploy_never_records_over_a_golden_set_that_is_no_regular_file(ops: D
     assert pre["detail"].startswith("the golden set on the host is damaged"), pre
     assert any("not a regular file" in line for line in pre["evidence"]), pre
     assert stat.S_ISFIFO(golden.lstat().st_mode)  # kept as it was
+
+
+def test_a_golden_set_that_cannot_be_written_is_one_document(tmp_path: Path) -> None:
+    """probe37v V1 (medium): a full disk when the golden set was recorded (a deploy's
+    pre-flight on a target with none yet): `checks.identity` died with a traceback of
+    OSError, and the deploy printed it. It answers one JSON document (exit 1) naming the
+    file and the error. Here the write fails as a full disk's would (its directory is a file)."""
+    port = free_port()
+    svc = subprocess.Popen([sys.executable, str(FAKE_SERVICE), "--port", str(port)])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.1)
+        (tmp_path / "a-file").write_text("")
+        target = tmp_path / "a-file" / "golden.json"  # its directory cannot be made
+        res = subprocess.run(
+            [sys.executable, "-m", "checks.identity", "--json", "--url", url, "--limit", "1"]
+            + ["--max-tokens", "2", "--record-golden", str(target)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+    finally:
+        svc.kill()
+        svc.wait()
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["error"] == "write_failed" and str(target.parent) in doc["message"], doc
