@@ -132,6 +132,27 @@ def test_already_current_while_the_service_runs_an_older_release_is_not_nothing_
     assert ops.serving() == r1  # said, not done: nothing was restarted
 
 
+def test_no_deploy_over_a_current_the_service_does_not_run(ops: Ops) -> None:
+    """probe37v V3 (high): current installed with --no-restart (a release whose engine exits
+    at start), the service still healthy on the release before it. The next deploy passed its
+    pre-flight, failed, and its revert went back to current and restarted the service there:
+    down. A deploy over a current the service does not run is refused, --force or not,
+    naming both ways on; nothing is stopped."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    new_commit(ops, 2)
+    assert ops.deploy("--no-restart").returncode == 0
+    r2 = ops.current()
+    assert r2 != r1 and ops.serving() == r1
+    new_commit(ops, 3)
+    for extra in ((), ("--force",)):
+        res = ops.deploy(*extra)
+        said = flat(res.stdout + res.stderr)
+        assert res.returncode == 1 and f"the service runs {r1}, not current ({r2}" in said, said
+        assert f"ops rollback local --to {r1}" in said, said
+        assert ops.current() == r2 and ops.serving() == r1
+
+
 def test_already_current_settles_a_junk_pending_record(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()

@@ -345,6 +345,29 @@ class Deployer:
             "already-current", release=cur, before=cur, after=cur, message=f"{msg}; nothing to do"
         )
 
+    def _runs_other(self, state: dict[str, Any]) -> str | None:
+        """Why a deploy over current is refused where the service runs another release (current
+        installed with --no-restart, or switched by hand without a restart): a failed deploy
+        reverts to current and restarts the service there, on code that never served (probe37v
+        V3: the service, healthy on the release it ran, was left down). None where it runs
+        current, or where that cannot be told (not running, systemd, not a release of ours)."""
+        if state.get("kind") != "release" or self.opts.no_restart:
+            return None
+        try:
+            st = manager_for(self.host).status()
+        except HostError:
+            return None
+        runs = self._release_of(st.runs_from) if st.active else None
+        if runs is None or runs == state["id"]:
+            return None
+        name, cur = self.target.name, state["id"]
+        return (
+            f"the service runs {runs}, not current ({cur}, installed with --no-restart or "
+            f"switched by hand?): a failed deploy would go back to {cur} and restart the service "
+            f"on it; `ops service restart {name}` runs {cur} (then deploy), or "
+            f"`ops rollback {name} --to {runs}` makes what runs current"
+        )
+
     def _not_serving(self, cur: str, proven: bool | None) -> str | None:
         """Why the service of a release that is already current does not serve (None: it
         does). A deploy that has nothing to install does not start it: it may have been stopped
@@ -429,6 +452,10 @@ class Deployer:
             )
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
+        other = self._runs_other(state)
+        if other:  # --force or not: its revert would restart the service on what never ran
+            data["runs"] = other
+            return "fail", other, data
         if state["kind"] in ("release", "none"):
             note = getattr(self, "_downgrade", None)
             if note:
