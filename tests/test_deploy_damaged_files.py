@@ -538,7 +538,7 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     assert os.readlink(f"/proc/{pid}/cwd") == str(ops.root / "releases" / r1)
 
 
-@pytest.mark.parametrize("junk", ["fifo", "symlink"])
+@pytest.mark.parametrize("junk", ["fifo", "symlink", "logs-symlink"])
 def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
     ops: Ops, tmp_path: Path, junk: str
 ) -> None:
@@ -554,8 +554,12 @@ def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
     elsewhere.write_text("mine\n")
     if junk == "fifo":
         os.mkfifo(log)
-    else:
+    elif junk == "symlink":
         log.symlink_to(elsewhere)
+    else:  # probe37v V5: logs/ itself a link: guard.log was written through it
+        shutil.rmtree(ops.root / "logs")
+        (tmp_path / "other-logs").mkdir()
+        (ops.root / "logs").symlink_to(tmp_path / "other-logs")
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
     code, _, err, _ = ops.interrupt_at("postflight ...", "local", sig=signal.SIGKILL)
     assert code == -signal.SIGKILL, err
@@ -563,6 +567,8 @@ def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
     assert wait_unlocked(ops.root / "deploy.guard", 60), "the guard never ended"
     assert ops.current() == was and ops.serving() == was
     assert elsewhere.read_text() == "mine\n"
+    if junk == "logs-symlink":
+        assert not (tmp_path / "other-logs" / "guard.log").exists(), "written through the link"
     t0 = time.monotonic()
     res = ops.deploy()
     assert res.returncode == 0 and time.monotonic() - t0 < 60, said(res)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
 import shlex
 import subprocess
 import tempfile
@@ -1120,8 +1121,9 @@ class Deployer:
         """Whether the guard's restart, after this deploy began, started the service, from
         what the guard wrote in logs/guard.log (None: no such entry, or no log to read)."""
         log = shell_path(guard_log(self.target))
+        logs = shell_path(posixpath.dirname(guard_log(self.target)))
         res = self.host.run_script(
-            f"if [ -f {log} ] && [ ! -h {log} ]; then tail -c 16384 {log}; fi",
+            f"if [ -f {log} ] && [ ! -h {log} ] && [ ! -h {logs} ]; then tail -c 16384 {log}; fi",
             step="guard log",
         )
         mark = " ops went away before its switch was proven"

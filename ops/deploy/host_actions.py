@@ -4,6 +4,7 @@ revert guard that puts the host back when ops goes away between a switch and its
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 import signal
 import threading
@@ -119,11 +120,13 @@ def _append_to(log: str) -> str:
     to its end either way: the writer before it (the guard's restart) never meets a closed
     pipe. dd opens the log without blocking and without following a link: a FIFO there with no
     reader hung tee's open for good, and with it the guard and every later deploy (probe37o
-    O2); a link would send the lines to whatever file it names. A full or read-only logs/, or a
-    dd without these flags: no log, nothing else changes."""
+    O2); a link would send the lines to whatever file it names, and so would a link at the
+    log's directory (probe37v V5: written outside the root), which is never written through. A
+    full or read-only logs/, or a dd without these flags: no log, nothing else changes."""
+    where = shell_path(posixpath.dirname(log))
     return (
-        f"{{ dd of={shell_path(log)} oflag=append,nofollow,nonblock conv=notrunc status=none; "
-        "cat; } >/dev/null 2>&1"
+        f"{{ [ -h {where} ] || dd of={shell_path(log)} oflag=append,nofollow,nonblock "
+        "conv=notrunc status=none; cat; } >/dev/null 2>&1"
     )
 
 
