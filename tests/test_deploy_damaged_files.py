@@ -738,6 +738,26 @@ def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> Non
     assert "died before its restart, done now" in said(res), said(res)
 
 
+def test_a_recover_whose_restart_fails_never_blocks_a_rollback_to(ops: Ops) -> None:
+    """probe37v V7, V8 (high): a recover put back a release whose start fails (a record
+    naming a hand-made copy that crashes; or, before V3's refusal, a current installed with
+    --no-restart): the record stayed settled, and every rollback, `--to` a proven release too,
+    failed at its recover until deploy.pending was deleted by hand. `rollback --to` names where
+    the operator wants the host: it goes there."""
+    r1, r2 = two_releases(ops)
+    hotfix = ops.root / "releases" / "hotfix"
+    shutil.copytree(ops.root / "releases" / r2, hotfix, symlinks=True)
+    (hotfix / "proven.json").unlink(missing_ok=True)
+    (hotfix / "engine" / "svc.py").write_text("raise SystemExit('hotfix crash')\n")
+    forge_pending(ops, r1, r2, {"kind": "foreign", "link": "releases/hotfix", "exists": True})
+    res = ops("rollback", "local", "--max-tokens", "3", "--wait", "5")
+    assert res.returncode == 1 and "service restarted on it: failed" in said(res), said(res)
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and ops.serving() == r1
+    assert not (ops.root / "deploy.pending").exists()
+
+
 def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
     """probe37t T2's table (low): a rollback whose recover step failed showed "(none)" as the
     release before, though the host had been on one. Its result names the switch it put back:

@@ -1226,19 +1226,36 @@ class Deployer:
             why = f" (previous names {other}, the current release itself)"
         raise OpsError(f"{name}: no previous release to roll back to{why}", hint=hint)
 
+    def _drop_settled(self) -> bool:
+        """Remove a settled deploy.pending (current already put back; only its restart, which
+        just failed, was due), so that a rollback --to can switch on; False where there is
+        none to drop, or it could not be."""
+        try:
+            listing = host_releases(self.host, "list")
+            if not listing.get("pending"):
+                return False
+            return bool(host_releases(self.host, "commit").get("pending"))
+        except OpsError:
+            return False
+
     def _rollback_to(self, to: str | None, holder: str) -> DeployResult:
         with self.host.lock(holder):
             try:
                 undone = self._prepared(host_releases(self.host, *self._prepare_args()))
             except StepFailed as exc:  # where it was and is: the put-back's (probe37p P1)
                 back = exc.step.data.get("put_back") or {}
-                return self.result(
-                    "failed",
-                    failed_step="recover",
-                    message=exc.step.detail,
-                    before=back.get("from"),
-                    after=back.get("to"),
-                )
+                if to is None or not self._drop_settled():
+                    return self.result(
+                        "failed",
+                        failed_step="recover",
+                        message=exc.step.detail,
+                        before=back.get("from"),
+                        after=back.get("to"),
+                    )
+                # --to names where the operator wants the host: a switch put back whose
+                # restart failed must not block it (probe37v V7, V8: every rollback, --to
+                # too, failed at its recover until deploy.pending was deleted by hand)
+                undone = None
             # a dead deploy's never-proven release undone: that is the rollback. A dead
             # rollback's undone is where it started: it is made again (to previous, as it was)
             if undone and not to and undone.get("by") != "rollback":
