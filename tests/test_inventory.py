@@ -299,3 +299,21 @@ def test_an_empty_service_command_is_refused_before_any_deploy(
     res = ops("deploy", "local", "--bootstrap", "--dry-run", "--inventory", str(inv))
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "command is empty" in res.stderr and not root.exists(), res.stderr
+
+
+def test_two_targets_on_one_root_of_one_host_are_refused(tmp_path: Path) -> None:
+    """probe37v V4 (medium): two targets on one host and one remote_root (different service
+    ports) were accepted; they shared one lock, current and pidfile, and each one's hints took
+    the other's service down. Acting on either is refused, naming both; others still work."""
+    inv = tmp_path / "ops.toml"
+    shared = "address = '10.0.0.5'\nremote_root = '/srv/ddtree'\n"
+    inv.write_text(
+        f"[targets.a]\n{shared}[targets.b]\n{shared}port = 22\n"
+        "[targets.c]\naddress = '10.0.0.5'\nremote_root = '/srv/other'\n"
+        "[groups]\nboth = ['a', 'c']\n"
+    )
+    for name in ("a", "b", "both"):
+        res = ops("deploy", name, "--dry-run", "--inventory", str(inv))
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert "share remote_root /srv/ddtree on one host" in res.stderr, res.stderr
+    assert load_inventory(inv).target("c").remote_root == "/srv/other"

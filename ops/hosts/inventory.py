@@ -280,7 +280,7 @@ class Inventory(_Model):
                 else None,
             )
         try:
-            return self.targets[name]
+            found = self.targets[name]
         except KeyError:
             raise UnknownTarget(
                 f"unknown target {name!r}; known: {', '.join(sorted(self.targets))}",
@@ -288,11 +288,29 @@ class Inventory(_Model):
                 if NAME_RE.match(name)
                 else None,
             ) from None
+        self.own_root(found)
+        return found
+
+    def own_root(self, target: Target) -> None:
+        """Refuse a target whose remote root another target of this inventory shares on the same
+        host: one lock, one `current`, one pidfile for two services, each command's hints taking
+        the other's service down (probe37v V4)."""
+        others = (t for t in self.targets.values() if t is not target)
+        twin = next((t for t in others if _same(t, target)), None)
+        if twin is not None:
+            raise InventoryError(
+                f"targets {target.name!r} and {twin.name!r} share remote_root "
+                f"{target.remote_root} on one host: they would share one lock, one current and "
+                "one pidfile; give each target a remote_root of its own"
+            )
 
     def resolve(self, name: str) -> list[Target]:
         """A target name gives that target; a group name gives its members in order."""
         if name in self.groups:
-            return [self.targets[m] for m in self.groups[name]]
+            members = [self.targets[m] for m in self.groups[name]]
+            for t in members:
+                self.own_root(t)
+            return members
         if name not in self.targets:
             groups = f"; groups: {', '.join(sorted(self.groups))}" if self.groups else ""
             raise UnknownTarget(
@@ -388,6 +406,16 @@ def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
             raise InventoryError(f"{path}: group {gname!r}: unknown target {missing[0]!r}")
         groups[gname] = list(members)
     return Inventory(path=path, targets=targets, groups=groups)
+
+
+def _same(a: Target, b: Target) -> bool:
+    """`a` and `b` name one remote root on one host (both `local`, or the same SSH address and
+    port; `local` and an SSH target to this machine are not told apart)."""
+    if os.path.normpath(a.remote_root) != os.path.normpath(b.remote_root):
+        return False
+    if a.is_local or b.is_local:
+        return a.is_local and b.is_local
+    return (a.address.lower(), a.port) == (b.address.lower(), b.port)
 
 
 def _describe(path: Path, where: str, exc: ValidationError) -> str:
