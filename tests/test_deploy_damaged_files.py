@@ -722,6 +722,29 @@ def test_a_forged_record_naming_no_release_a_switch_left_is_refused(
     assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 
 
+def test_a_forged_record_for_a_switch_the_host_is_not_in_moves_nothing(ops: Ops) -> None:
+    """probe37v V2 (medium): a deploy.pending in ops's shape, whole, naming a proven release
+    as current_before, but whose `new` is not where current points: the next deploy's recover
+    switched the serving, proven current to the record's current_before and restarted the
+    service there. A switch leaves current on its `new` (or, dead part way, on what it was):
+    a record that describes neither is no switch the host is in. It is kept aside, current and
+    the service stay, and the deploy goes on."""
+    r1, r2 = two_releases(ops)
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    forge_pending(
+        ops,
+        r1,
+        "20200101T000000Z-aaaaaaaaaa",
+        {"kind": "release", "id": r1, "link": f"releases/{r1}"},
+    )
+    res = ops.deploy()  # r2's own commit: nothing to do once the record is set aside
+    text = said(res)
+    assert res.returncode == 0 and "Traceback" not in text, text
+    assert "describes a switch from releases/" in text and "current left as it is" in text, text
+    assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+    assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
+
+
 def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> None:
     """probe37u U5 (low): a rollback killed in its recover left the record settled (current
     switched back to r1, the service still on r2); the next rollback said "rolled back: r1 is

@@ -614,6 +614,42 @@ def put_current_back(root: str, before: dict, aside: str | None) -> str | None:
     return None
 
 
+def same_place(root: str, now: dict, before: dict) -> bool:
+    """`now` (current as it is) is the release or link `before` (a record's state) names."""
+    if now["kind"] != before.get("kind"):
+        return False
+    if now["kind"] == "release":
+        return now["id"] == before.get("id")
+    if now["kind"] == "foreign":
+        link = before.get("link")
+        return isinstance(link, str) and (
+            link == now["link"] or os.path.realpath(os.path.join(root, link)) == now["resolves"]
+        )
+    return False
+
+
+def where_current_left(root: str, doc: dict, before: dict) -> str | None:
+    """Whether deploy.pending describes the switch the host is in (probe37v V2: a forged
+    record whose `new` is not where current points drove the revert, which switched a serving,
+    proven current to the record's current_before). A switch writes its record, moves a real
+    current aside, then links current to `new`: current is `new` (made), or still what it was
+    (died before its link; or a revert put it back and died before its record went), or
+    missing with the real directory at the record's aside (died between the two). None: the
+    switch was made, revert it; "": current is what it was before, nothing to move; a reason:
+    current is somewhere no switch of this record left it."""
+    now = link_state(root, "current")
+    if now["kind"] == "release" and now["id"] == doc["new"]:
+        return None
+    if before["kind"] in ("directory", "file"):
+        if now["kind"] == before["kind"]:
+            return ""
+        if now["kind"] == "none" and moved_aside(root, doc.get("aside"), before["kind"]):
+            return None
+    elif same_place(root, now, before):
+        return ""
+    return f"current is {describe(now)}, where no switch of that record leaves it"
+
+
 def current_unrevertible(root: str, state: dict) -> str | None:
     """Why a failed deploy's revert could not put `current` (as it is now: `state`) back, so a
     deploy refuses to switch away from it; None where it could. A release of ops's that is
@@ -747,7 +783,18 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
             )
             return {"reverted": False, "first_install": True, "current": now, "note": note}
         return {"reverted": False, "first_install": True, "new": doc["new"], "current": now}
-    why = put_current_back(root, cur_before, doc.get("aside"))
+    elsewhere = where_current_left(root, doc, cur_before)
+    if elsewhere:  # not the switch the host is in: kept for a person, current as it is
+        kept = f"{path}.refused-{utc_stamp()}"
+        os.replace(path, kept)
+        note = (
+            f"deploy.pending describes a switch from {describe(cur_before)} to {doc['new']}, "
+            f"but {elsewhere}: current left as it is, the record kept as "
+            f"{os.path.basename(kept)}"
+        )
+        return {"reverted": False, "refused": elsewhere, "current": now, "note": note}
+    # "": current is what it was before already (a switch not made, or one put back)
+    why = None if elsewhere == "" else put_current_back(root, cur_before, doc.get("aside"))
     if why == "it is gone":
         os.unlink(path)
         note = f"what current was before ({describe(cur_before)}) is gone: current stays {now}"
