@@ -111,15 +111,21 @@ def test_an_undone_rollback_does_not_say_rolled_back(ops: Ops) -> None:
     assert ops.current() == r2 and ops.serving() == r2
 
 
-def test_already_current_while_the_service_runs_an_older_release_is_not_nothing_to_do(
-    ops: Ops,
-) -> None:
+def installed_not_restarted(ops: Ops) -> tuple[str, str]:
+    """r1 deployed and serving; r2 then installed as current with --no-restart."""
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     new_commit(ops, 2)
     assert ops.deploy("--no-restart").returncode == 0
     r2 = ops.current()
     assert r2 != r1 and ops.serving() == r1
+    return r1, r2
+
+
+def test_already_current_while_the_service_runs_an_older_release_is_not_nothing_to_do(
+    ops: Ops,
+) -> None:
+    r1, r2 = installed_not_restarted(ops)
     res = ops.deploy()
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "Traceback" not in said, said
@@ -138,12 +144,7 @@ def test_no_deploy_over_a_current_the_service_does_not_run(ops: Ops) -> None:
     pre-flight, failed, and its revert went back to current and restarted the service there:
     down. A deploy over a current the service does not run is refused, --force or not,
     naming both ways on; nothing is stopped."""
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    new_commit(ops, 2)
-    assert ops.deploy("--no-restart").returncode == 0
-    r2 = ops.current()
-    assert r2 != r1 and ops.serving() == r1
+    r1, r2 = installed_not_restarted(ops)
     new_commit(ops, 3)
     for extra in ((), ("--force",)):
         res = ops.deploy(*extra)

@@ -1098,6 +1098,15 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
     assert proc.returncode == 0, seen + err
 
 
+def signal_lock_holders(ops: Ops, sig: signal.Signals) -> list[int]:
+    """Send `sig` to the process group of each host-side lock holder (there is one)."""
+    holders = lock_holder_shells(ops.root)
+    assert holders, "no lock holder seen"
+    for pid in holders:
+        os.killpg(pid, sig)
+    return holders
+
+
 def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
     """probe37q Q11: the host process holding a deploy's host lock killed (the OOM killer): the
     flock went with it, a second deploy could start beside the first, and the first went on
@@ -1111,10 +1120,7 @@ def test_a_deploy_whose_host_lock_is_lost_switches_nothing(ops: Ops) -> None:
     assert ops.current() != r1
     ops.slow_selftest(8)
     proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
-    holders = lock_holder_shells(ops.root)
-    assert holders, "no lock holder seen"
-    for pid in holders:
-        os.killpg(pid, signal.SIGKILL)
+    signal_lock_holders(ops, signal.SIGKILL)
     res = ops("rollback", "local", "--max-tokens", "3")  # beside the deploy, in its self-test
     assert res.returncode == 0 and ops.current() == r1, res.stdout + res.stderr
     out, err = proc.communicate(timeout=120)
@@ -1133,10 +1139,7 @@ def test_a_stopped_lock_holder_whose_ops_is_gone_is_named(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     ops.slow_selftest(5)
     proc, _ = ops.popen_at("selftest ...", *ops.deploy_args())
-    holders = lock_holder_shells(ops.root)
-    assert holders, "no lock holder seen"
-    for pid in holders:
-        os.killpg(pid, signal.SIGSTOP)
+    holders = signal_lock_holders(ops, signal.SIGSTOP)
     try:
         proc.kill()
         proc.communicate(timeout=30)
