@@ -275,16 +275,24 @@ def test_a_stopped_service_is_said_to_be_stopped(ops: Ops) -> None:
 def test_the_log_quoted_is_the_last_start_s(ops: Ops) -> None:
     """probe37q Q12 (low): the status of a service that is not running quoted the log's last
     lines, twenty of ops's own "=== ... ops start:" markers of earlier starts and nothing of
-    the service. It quotes the last start's output, from its marker on."""
+    the service. It quotes the last start's output, from its marker on, which is on a line of
+    its own (probe37v V6's kin)."""
     assert ops.deploy("--bootstrap").returncode == 0
     for _ in range(3):
         assert ops("service", "restart", "local").returncode == 0
+    # a run whose last words had no newline (killed mid-line): the next start's marker was
+    # glued to them, never found, and the run before was quoted as the last start's output
+    (log,) = (ops.root / "logs").glob("*.log")
+    with open(log, "a") as f:
+        f.write("cut mid-line")
+    assert ops("service", "restart", "local").returncode == 0
     os.kill(status(ops)["pid"], signal.SIGKILL)  # gone: a stale pidfile, the log quoted
     time.sleep(0.5)
     evidence = status(ops)["evidence"]
     assert evidence, "no log quoted"
     marks = [line for line in evidence if " ops start: " in line]
     assert len(marks) == 1 and evidence[0] == marks[0], evidence
+    assert not any("cut mid-line" in line for line in evidence), evidence
 
 
 def test_a_stray_staging_symlink_is_unlinked_not_followed(ops: Ops, tmp_path: Path) -> None:

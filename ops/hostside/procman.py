@@ -994,6 +994,20 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
     return None, warnings, pending
 
 
+def ends_a_line(log: str, size: int) -> bool:
+    """The log (a regular file of `size` bytes) is empty or ends with a newline."""
+    if size == 0:
+        return True
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return True
+    try:
+        return os.pread(fd, 1, size - 1) in (b"\n", b"")
+    finally:
+        os.close(fd)
+
+
 def open_log(log: str, command: str, warnings: list) -> int:
     """The log's fd for the service's output; /dev/null (with a warning: the service's output
     is lost, said in the text too, probe37s S3) when it cannot be written: a full or read-only
@@ -1023,7 +1037,10 @@ def open_log(log: str, command: str, warnings: list) -> int:
     os.set_blocking(fd, True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
-        os.write(fd, f"=== {stamp} ops start: {command}\n".encode())
+        # on a line of its own: after a last run's partial line, the marker glued to it was
+        # never found, and a failed start quoted the run before as its own output
+        lead = "" if ends_a_line(log, os.fstat(fd).st_size) else "\n"
+        os.write(fd, f"{lead}=== {stamp} ops start: {command}\n".encode())
     except OSError as exc:
         warnings.append(f"ops start marker not written ({log}: {exc.strerror})")
     return fd
