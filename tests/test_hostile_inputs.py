@@ -96,9 +96,9 @@ def env(tmp_path: Path) -> dict[str, str]:
 # -- 1. --allow-dirty never ships a file from outside the source tree --------------------------
 
 
-def test_allow_dirty_refuses_a_package_dir_symlinked_outside_the_repo(
-    tmp_path: Path, env: dict[str, str]
-) -> None:
+def _source(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """A committed data-plane source (src), a root, a directory outside the source holding
+    SECRET files named as the tracked checks/ files, and an inventory for `local` there."""
     src, root, outside = tmp_path / "src", tmp_path / "root", tmp_path / "outside"
     for d in ("engine", "kernels", "checks"):
         (src / d).mkdir(parents=True)
@@ -114,8 +114,6 @@ def test_allow_dirty_refuses_a_package_dir_symlinked_outside_the_repo(
     outside.mkdir()  # the same names as the tracked files, so git lists them through the link
     for name in ("__init__.py", "health.py"):
         (outside / name).write_text(f"# {SECRET}\n")
-    shutil.rmtree(src / "checks")
-    (src / "checks").symlink_to(outside, target_is_directory=True)
     inv = tmp_path / "ops.toml"
     inv.write_text(
         "[targets.local]\n"
@@ -125,25 +123,63 @@ def test_allow_dirty_refuses_a_package_dir_symlinked_outside_the_repo(
         "command = '{python} engine/svc.py --port {port}'\n"
         "stop_timeout = 2\n"
     )
+    return src, root, outside, inv
+
+
+def _deploy(
+    src: Path, inv: Path, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return run_ops(
+        "deploy",
+        "local",
+        "--source",
+        str(src),
+        "--max-tokens",
+        "3",
+        *extra,
+        inventory=inv,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_allow_dirty_refuses_a_package_dir_symlinked_outside_the_repo(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    src, root, outside, inv = _source(tmp_path)
+    shutil.rmtree(src / "checks")
+    (src / "checks").symlink_to(outside, target_is_directory=True)
     try:
         for extra in (("--dry-run",), ("--bootstrap",)):  # --bootstrap: no pre-flight first
-            res = run_ops(
-                "deploy",
-                "local",
-                "--source",
-                str(src),
-                "--allow-dirty",
-                "--max-tokens",
-                "3",
-                *extra,
-                inventory=inv,
-                env=env,
-                timeout=120,
-            )
+            res = _deploy(src, inv, env, "--allow-dirty", *extra)
             line = one_error(res, str(src.resolve() / "checks"), "symlink")
             assert str(outside.resolve()) in line  # says where the link points
             shipped = [p for p in root.rglob("*") if p.is_file() and SECRET in _text(p)]
             assert shipped == [], shipped
+    finally:
+        end_services(root)
+
+
+@pytest.mark.parametrize("where", ["work-tree", "commit"])
+def test_a_data_plane_file_that_is_a_symlink_is_refused_not_dropped(
+    tmp_path: Path, env: dict[str, str], where: str
+) -> None:
+    """probe37t T10 (low): a tracked file replaced by a symlink to a file out of the repo was
+    left out of the release in silence (`--allow-dirty`), as a committed symlink was: the
+    release lacked a file its source has. Either is refused in one line naming the file."""
+    src, root, outside, inv = _source(tmp_path)
+    (src / "checks" / "health.py").unlink()
+    (src / "checks" / "health.py").symlink_to(outside / "health.py")
+    extra: tuple[str, ...] = ("--allow-dirty",)
+    if where == "commit":
+        git(src, "add", "-A")
+        git(src, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "link")
+        extra = ()
+    try:
+        for more in (("--dry-run",), ("--bootstrap",)):
+            line = one_error(_deploy(src, inv, env, *extra, *more), "checks/health.py", "symlink")
+            assert str(outside / "health.py") in line, line
+            assert not (root / "releases").exists() or not any((root / "releases").iterdir())
     finally:
         end_services(root)
 

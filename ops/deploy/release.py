@@ -5,8 +5,9 @@ from a git checkout at a ref (or, with `allow_dirty`, the work tree as it is) in
 directory, adds the release's `site/` (from `integration/site/`), and describes it in a
 `ReleaseManifest`: git sha, the sha256 of every file, who made it from where. The id is
 `<utc>-<shortsha>` (`-dirty` when the work tree was taken as it is). A work-tree file reached
-through a symlinked directory, or resolving outside the source tree, is refused (one line): a
-release holds the source tree's own files, never what a link points at.
+through a symlinked directory, or resolving outside the source tree, and a data-plane file that
+is itself a symlink (in the work tree or the commit) are refused (one line): a release holds the
+source tree's own files, never what a link points at.
 
 A release carries code, not weights or data: a data-plane file over `MAX_FILE_BYTES` (64 MiB),
 or a data plane over `MAX_TOTAL_BYTES` (256 MiB) in all, is refused (one line naming the
@@ -187,7 +188,9 @@ def stage_release(
             if not _keep(rel):
                 continue
             path = _inside(root, rel)
-            if path.is_file() and not path.is_symlink():
+            if path.is_symlink():
+                raise _no_links(str(path), rel, path.readlink())
+            if path.is_file():
                 budget.add(rel, path.stat().st_size)  # refused before a byte of it is read
                 taken.append((rel, path))
         diff_sha = _diff_sha256(top, dirty_files)
@@ -226,11 +229,20 @@ def stage_release(
     )
 
 
+def _no_links(shown: str, rel: str, dest: object) -> OpsError:
+    """A data-plane file that is a symlink: refused, never left out in silence (probe37t T10: a
+    tracked file replaced by a link out of the repo vanished from the release)."""
+    return OpsError(
+        f"{shown}: a symlink to {dest} (a release carries the tree's own files, no symlinks)",
+        hint=f"put the file or directory itself at {rel}",
+    )
+
+
 def _inside(root: Path, rel: str) -> Path:
     """`root / rel`, refused when the file is not really under `root`: a directory on its way
     that is a symlink (`checks -> /elsewhere`), or a path that resolves outside the source
     tree. A release holds the source tree's own files, never what a link points at (a file that
-    is itself a symlink is left out, as `git archive` leaves it out)."""
+    is itself a symlink is refused by the caller)."""
     here = root
     for part in Path(rel).parts[:-1]:
         here = here / part
@@ -281,6 +293,9 @@ def _extract_commit(top: Path, sha: str, dest: Path) -> None:
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
                 for member in tar:
+                    if member.issym() and _keep(member.name):
+                        at = f"{member.name} at {sha[:12]}"
+                        raise _no_links(at, member.name, member.linkname)
                     if member.isfile() and _keep(member.name):
                         budget.add(member.name, member.size)  # before its data is read
                         tar.extract(member, dest, filter="data")
