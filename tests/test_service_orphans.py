@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -235,6 +236,98 @@ def test_deploy_of_a_daemonizing_release_leaves_the_old_release_serving(tmp_path
         end_all(ops.root)
 
 
+# a daemon that also sheds the environment ops marks its service with (what an `env -i` or a
+# sudo wrapper in its start path does): found by where it runs and what it holds, the port
+DAEMONIZE_BARE = (
+    "def main() -> None:\n"
+    "    import os\n"
+    "    import sys\n"
+    "    if 'DDTREE_OPS_ROOT' in os.environ:\n"
+    "        if os.fork() > 0:\n"
+    "            os._exit(0)\n"
+    "        os.setsid()\n"
+    "        if os.fork() > 0:\n"
+    "            os._exit(0)\n"
+    "        env = {k: v for k, v in os.environ.items() if not k.startswith('DDTREE_')}\n"
+    "        os.execve(sys.executable, [sys.executable, *sys.argv], env)\n"
+)
+
+
+def _in_releases(root: Path) -> list[int]:
+    """Live processes running from a release directory of `root`."""
+    releases, found = str((root / "releases").resolve()) + "/", []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd").startswith(releases):
+                    found.append(int(entry))
+    return found
+
+
+def test_a_daemon_that_sheds_its_environment_is_stopped_with_its_release(
+    tmp_path: Path,
+) -> None:
+    """probe37w W1 (high): a release whose engine daemonized and re-executed itself without
+    the DDTREE_OPS_* environment: its start "exited", the sweep for the service's strays (by
+    environment) found nothing, the rejected release's daemon kept the port and served, and
+    the release before could not start again; status said "failed". A process holding the
+    service's port that runs from one of this root's releases is this service: the failed
+    start stops it, and the release before serves again."""
+    ops = Ops(tmp_path)
+    try:
+        res = ops.deploy("--bootstrap")
+        assert res.returncode == 0, res.stdout + res.stderr
+        good = ops.current()
+        commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", DAEMONIZE_BARE)
+        res = ops.deploy()
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert ops.current() == good
+        assert ops.serving() == good
+        left = {os.readlink(f"/proc/{p}/cwd").rsplit("/", 1)[-1] for p in _in_releases(ops.root)}
+        assert left == {good}, left
+    finally:
+        end_all(ops.root)
+        for pid in _in_releases(ops.root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_port_s_holder_running_from_a_release_is_this_service(tmp_path: Path) -> None:
+    """W1's rule on its own: a process with none of the service's environment that holds the
+    service's port and runs from one of this root's releases is said as this service,
+    unmanaged, by status, and stopped by `ops service stop`; a process that runs from a
+    release but holds no port (a shell cd'd there) is left alone."""
+    ops = Ops(tmp_path)
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_")}
+    procs: list[subprocess.Popen] = []
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        good = ops.current()
+        assert ops("service", "stop", "local").returncode == 0
+        release = ops.root / "releases" / good
+        argv = [sys.executable, "engine/svc.py", "--port", str(ops.port)]
+        for cmd in (argv, ["sleep", "120"]):
+            procs.append(subprocess.Popen(cmd, cwd=release, env=bare, start_new_session=True))
+        daemon, shell = procs
+        deadline = time.monotonic() + 20
+        while True:
+            code, st = ops.json("service", "status", "local")
+            if st.get("unmanaged") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [p["pid"] for p in st.get("unmanaged", [])] == [daemon.pid], st
+        assert st["unmanaged"][0]["release"] == good, st
+        code, st = ops.json("service", "stop", "local")
+        assert code == 0 and f"pid {daemon.pid}" in st["detail"], st
+        assert daemon.wait(timeout=20) is not None
+        assert shell.poll() is None, "a process that holds no port was signalled"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        end_all(ops.root)
+
+
 def test_a_pidfile_over_4_kib_is_read_whole(svc: ServiceCli) -> None:
     """probe37c C3: a long root made the pidfile longer than the 4 KiB read."""
     code, st = svc("service", "start", "local")
@@ -322,7 +415,8 @@ def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
     """probe37f F4: on a full remote root (a runaway log) the lock's note cannot be written;
     a stop holds the lock without it and stops the service, saying so. probe37k K8: the start
     after it was refused at the lock, the disk still full, so the service stayed down; it
-    holds the lock the same way and starts in the room the stop kept."""
+    holds the lock the same way and starts in the room the stop kept. probe37w W3: a command
+    that needs its note is refused saying the disk is full."""
     disk = tmp_path / "disk"
     disk.mkdir()
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)])
@@ -351,6 +445,12 @@ def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
         code, st = svc("service", "restart", "local")  # no room for a second pidfile: refused
         assert code == 1 and "the service was not stopped" in st["detail"], st
         assert alive(pid)
+        # probe37w W3 (low): a rollback, which needs its note, was refused as a root "full,
+        # read-only or not ours", hinted to be made writable: it says the disk is full
+        code, doc = svc("rollback", "local")
+        said = json.dumps(doc)
+        assert code == 2 and "the remote root's disk is full" in said, said
+        assert "free space on the disk of" in said, said
     finally:
         end_all(svc.root)
         subprocess.run(["umount", "-l", str(disk)])

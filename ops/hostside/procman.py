@@ -400,26 +400,20 @@ def release_of(env: dict[str, str], cwd: str | None, root: str) -> str:
     return "?"
 
 
-def strays(pidfile: str, managed: int | None = None) -> list[dict]:
+def strays(pidfile: str, managed: int | None = None, url: str | None = None) -> list[dict]:
     """Live processes that are provably this service of this root, outside the session
     `managed` (the pidfile's proven process): their environment (/proc/PID/environ, set by
-    `start`) holds DDTREE_OPS_ROOT and DDTREE_OPS_SERVICE naming this root and service. A
-    service that daemonized (double fork, setsid) or left a child in a session of its own is
-    found here; a process whose environment cannot be read (another user's) never is. Each:
-    pid, start, release, cwd, cmdline."""
+    `start`) holds DDTREE_OPS_ROOT and DDTREE_OPS_SERVICE naming this root and service; or,
+    given the service's `url`, they hold its port and run from one of this root's releases,
+    with the members of their session that run from one too (probe37w W1: a daemon that shed
+    its environment kept the port after its release was rejected). A service that daemonized
+    (double fork, setsid) or left a child in a session of its own is found here; a process
+    whose environment or cwd cannot be read (another user's) never is. Each: pid, start,
+    release, cwd, cmdline."""
     root, service = owner_of(pidfile)
     skip, found = ancestors(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in skip:
-            continue
-        pid = int(entry)
-        st = proc_stat(pid)
-        if st is None or (managed and st["session"] == managed) or not alive(pid):
-            continue
-        env = proc_environ(pid)
-        if not env or env.get(ENV_SERVICE) != service or not same_dir(env.get(ENV_ROOT), root):
-            continue
-        cwd = proc_cwd(pid)
+
+    def add(pid: int, st: dict, env: dict[str, str], cwd: str | None) -> None:
         found.append(
             {
                 "pid": pid,
@@ -429,6 +423,37 @@ def strays(pidfile: str, managed: int | None = None) -> list[dict]:
                 "cmdline": cmdline(pid),
             }
         )
+
+    def outside(pid: int) -> dict | None:
+        """pid's stat, where it is a live process outside `managed`'s session, not ours."""
+        st = proc_stat(pid)
+        if pid in skip or st is None or (managed and st["session"] == managed):
+            return None
+        return st if alive(pid) else None
+
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (st := outside(int(entry))) is None:
+            continue
+        env = proc_environ(int(entry))
+        if not env or env.get(ENV_SERVICE) != service or not same_dir(env.get(ENV_ROOT), root):
+            continue
+        add(int(entry), st, env, proc_cwd(int(entry)))
+    if url is None:
+        return found
+    releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    inodes = listening_inodes(port_of(url))
+    for holder in socket_owners(inodes) if inodes else []:
+        st = outside(holder)
+        if st is None or not (proc_cwd(holder) or "").startswith(releases):
+            continue
+        for pid in {holder, *session_members(st["session"])}:
+            cwd = proc_cwd(pid)
+            if (
+                (member := outside(pid)) is not None
+                and (cwd or "").startswith(releases)
+                and pid not in {f["pid"] for f in found}
+            ):
+                add(pid, member, {}, cwd)
     return found
 
 
@@ -443,7 +468,9 @@ def named(found: list[dict]) -> str:
     return shown + (f" and {len(found) - 5} more" if len(found) > 5 else "")
 
 
-def stop_strays(pidfile: str, grace: float, signals: list, t0: float) -> list[dict]:
+def stop_strays(
+    pidfile: str, grace: float, signals: list, t0: float, url: str | None = None
+) -> list[dict]:
     """TERM every stray of this service (`strays`), KILL those left after `grace`; each pid is
     signalled only while it is still the process found (same start time). The strays found.
     The process the pidfile names now, proven, is no stray, whoever started it: a restart
@@ -453,7 +480,8 @@ def stop_strays(pidfile: str, grace: float, signals: list, t0: float) -> list[di
     managed = ident["pid"] if ident is not None and verify(ident, pidfile) is None else None
     found: list[dict] = []
     for _ in range(3):  # one found during the grace (a child forked meanwhile) is taken too
-        fresh = [p for p in strays(pidfile, managed) if p["pid"] not in {f["pid"] for f in found}]
+        known = {f["pid"] for f in found}
+        fresh = [p for p in strays(pidfile, managed, url) if p["pid"] not in known]
         if not fresh:
             break
         found += fresh
@@ -620,7 +648,7 @@ def runs_other(root: str, cwd: str | None) -> str | None:
 def status_of(pidfile: str, url: str) -> dict:
     doc = managed_status(pidfile, url)
     managed = doc.get("pid") if doc["state"] in ("active", "activating") else None
-    found = strays(pidfile, managed)
+    found = strays(pidfile, managed, url)
     if not found:
         return doc
     if managed is None and doc["state"] == "inactive":  # no pidfile: it runs all the same
@@ -1079,7 +1107,7 @@ def do_start(
         if why:
             notes.append(why)
     holder = port_holder(url)
-    ours = [p for p in strays(pidfile)] if holder is not None and holder["pid"] else []
+    ours = strays(pidfile, url=url) if holder is not None and holder["pid"] else []
     if holder is not None and holder["pid"] in {p["pid"] for p in ours}:
         # this service's own process, that no pidfile names (it daemonized, or its pidfile
         # was lost): stopped as a restart stops the service, once the start is sure to happen
@@ -1097,7 +1125,7 @@ def do_start(
             doc = {"started": False, "notes": notes, "warnings": warnings, "reason": reason}
             return {**doc, "blocked_by": exc.blocked_by}
         signals: list = []
-        gone = stop_strays(pidfile, grace, signals, time.time())
+        gone = stop_strays(pidfile, grace, signals, time.time(), url)
         notes.append(f"stopped {named(gone)}: this service, unmanaged (no pidfile named it)")
         holder = port_holder(url)
     if holder is not None:
@@ -1217,7 +1245,7 @@ def session_members(sid: int) -> list[int]:
     return pids
 
 
-def do_stop(pidfile: str, grace: float) -> dict:
+def do_stop(pidfile: str, grace: float, url: str | None = None) -> dict:
     """Stop the pidfile's proven process (its process group, then its session), then every
     process left whose environment says it is this service of this root (`strays`: one that
     daemonized, or whose pidfile is gone). Nothing is written but the pidfile's removal: on a
@@ -1237,7 +1265,7 @@ def do_stop(pidfile: str, grace: float) -> dict:
         doc = {"action": "stale", "detail": detail, **({"left_pidfile": kept} if kept else {})}
     else:
         doc = stop_managed(pidfile, ident["pid"], grace, signals, t0)
-    gone = stop_strays(pidfile, grace, signals, t0)
+    gone = stop_strays(pidfile, grace, signals, t0, url)
     if gone:
         said = f"stopped {named(gone)}: this service, unmanaged (no pidfile named it)"
         if doc["action"] == "stopped":
@@ -1333,7 +1361,11 @@ def do_up(
         doc["wait"] = wait = do_wait(pidfile, url, timeout)
         if not wait.get("ok") and str(wait.get("reason", "")).endswith(" exited"):
             signals: list = []
-            left = stop_strays(pidfile, grace, signals, time.time())
+            left = stop_strays(pidfile, grace, signals, time.time(), url)
+            # once more where the status then sees one: a daemon that shed its environment is
+            # found only once it holds the port (probe37w W1), maybe after the first look
+            if not left and do_status(pidfile, url).get("unmanaged"):
+                left = stop_strays(pidfile, grace, signals, time.time(), url)
             if left:
                 wait["reason"] += (
                     f", leaving {named(left)} running outside its session (it daemonized: the "
@@ -1373,10 +1405,10 @@ def do_restart(
         current_env(root)
         tmp = reserve(pidfile, warnings)
     except NotStartable as exc:
-        was = "was not stopped" if live or strays(pidfile) else "was not running"
+        was = "was not stopped" if live or strays(pidfile, url=url) else "was not running"
         reason = f"{exc}; the service {was}"
         return {"start": {"started": False, "reason": reason, "blocked_by": exc.blocked_by}}
-    stopped = do_stop(pidfile, grace)
+    stopped = do_stop(pidfile, grace, url)
     # vetted above, before the stop: the start after it is never refused for what was let by
     doc = do_up(pidfile, log, root, command, url, timeout, reserved=tmp, grace=grace)
     doc["start"]["warnings"] = warnings + doc["start"].get("warnings", [])
@@ -1429,7 +1461,7 @@ def main(argv: list[str]) -> dict:
         grace = float(args[7]) if len(args) > 7 else 10.0
         return do_up(*args[:5], float(args[5]), mode=mode, grace=grace)
     if action == "stop":
-        return do_stop(args[0], float(args[1]))
+        return do_stop(args[0], float(args[1]), args[2] if len(args) > 2 else None)
     if action == "startable":  # ROOT: why `current` could not be started again (None: it can)
         try:
             startable(args[0])

@@ -535,7 +535,7 @@ class ProcessManager(ServiceManager):
         _, pf, _ = self._paths()
         grace = self.service.stop_timeout
         # the pidfile's process, then this service's unmanaged ones: each TERM, grace, KILL
-        return self._host_side("stop", pf, str(grace), timeout=2 * grace + 70)
+        return self._host_side("stop", pf, str(grace), self.service.url, timeout=2 * grace + 70)
 
     def stop(self) -> ServiceStatus:
         doc = self._stop()
