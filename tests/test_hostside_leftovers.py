@@ -549,6 +549,54 @@ def _seen_restart_worker(pidfile: str) -> int:
     raise AssertionError("no restart worker seen holding the restart lock")
 
 
+def _restart_watcher(ops_pid: int, pidfile: str) -> int | None:
+    """The watcher (ops.hosts.remote.WATCH) that ops's restart command runs under: ops's child,
+    `bash -c WATCH ops-watch N COMMAND`, its command the process manager's restart of
+    `pidfile`."""
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            ppid = int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == ops_pid and argv[3:4] == [b"ops-watch"] and len(argv) > 5:
+            if b" restart " in argv[5] and pidfile.encode() in argv[5]:
+                return int(p)
+    return None
+
+
+def test_a_stopped_watcher_is_not_waited_for_once_its_restart_ended(ops: Ops) -> None:
+    """probe37w W2 (medium): the watcher that a host command runs under stopped (SIGSTOP)
+    during `ops service restart`: the restart was done in seconds, but the stopped watcher
+    could neither reap it nor exit, and held its output open; ops waited to the command's
+    deadline, 326 s, in silence. The command's end is read from the zombie the watcher cannot
+    reap: ops reports the restart as soon as it is done. (Local target only: over SSH the
+    watcher runs on the host, out of ops's sight.)"""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    before = status(ops)["pid"]
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc = ops.popen("service", "restart", "local")
+    deadline, watcher = time.monotonic() + 30, None
+    while watcher is None and time.monotonic() < deadline:
+        watcher = _restart_watcher(proc.pid, pidfile)
+        time.sleep(0.01)
+    assert watcher is not None, "no watcher seen around the restart"
+    os.kill(watcher, signal.SIGSTOP)  # the service takes 1.5 s to stop: the restart is not done
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(watcher, signal.SIGCONT)
+    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert proc.returncode == 0 and time.monotonic() - t0 < 30, text
+    st = status(ops)
+    assert st.get("state") == "active" and st.get("pid") != before, st
+
+
 def _worker_gone(pidfile: str) -> None:
     """Wait (30 s at most) until no restart worker for `pidfile` is left: one let go on ends."""
     deadline = time.monotonic() + 30
