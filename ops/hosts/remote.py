@@ -617,11 +617,17 @@ class Host(ABC):
                 "NOTFILE": f"{where}/lock is not a regular file, so it cannot be locked: {why}",
                 "NESTED": nested_root(where, why),
             }
+            full = "No space left on device" in why or "Disk quota exceeded" in why
+            if full:  # (probe37w W3: a full disk was hinted as a root not writable)
+                reasons["UNWRITABLE"] = f"the remote root's disk is full: {why}"
             raise HostError(
                 reasons.get(first or "", f"could not take the lock ({first or 'no answer'})"),
                 target=self.name,
                 step="lock",
-                hint="ops writes its lock, releases and pidfile under the remote root: make it "
+                hint=f"free space on the disk of {where} (df -h {shlex.quote(where)}), then try "
+                "again: ops writes its lock note, its records and links there"
+                if first == "UNWRITABLE" and full
+                else "ops writes its lock, releases and pidfile under the remote root: make it "
                 "writable for the target's user, or point remote_root elsewhere"
                 if first in ("NOROOT", "UNWRITABLE")
                 else f"remove it (rm -r {shlex.quote(where + '/lock')}): it holds no state"
