@@ -38,6 +38,24 @@ EXIT_HOLD = 3
 EXIT_INTERNAL = 4  # an exception ops did not expect: a bug, never a NO-GO
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
+_TAKEN: list[str] = []  # the signal ops took as Ctrl-C, where one was (probe37u U6)
+
+
+def took_signal(name: str) -> None:
+    """Remember that `name` (SIGTERM, SIGHUP, SIGQUIT) interrupts ops the way Ctrl-C does."""
+    _TAKEN[:] = [name]
+
+
+def taken_signal() -> str | None:
+    """The signal ops took as Ctrl-C (SIGTERM, SIGHUP, SIGQUIT), None for a Ctrl-C itself."""
+    return _TAKEN[0] if _TAKEN else None
+
+
+def interrupt_said() -> str:
+    """What stopped ops, as its `interrupted` line says it: Ctrl-C, or the signal taken as one
+    (a dropped terminal's SIGHUP was said as a Ctrl-C nobody pressed)."""
+    return f"{_TAKEN[0]}, taken as Ctrl-C" if _TAKEN else "Ctrl-C"
+
 
 class OpsError(Exception):
     """Base of every error ops reports to a user as one line, without a traceback."""

@@ -44,7 +44,7 @@ from ops.cli.measure import bench, profile
 from ops.cli.report import report
 from ops.cli.rollout import rollout
 from ops.cli.service import serve, service_app
-from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
+from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, interrupt_said, took_signal
 from ops.hosts.remote import Host
 
 if TYPE_CHECKING:  # imported by the facts command (a fast `ops` start)
@@ -224,13 +224,14 @@ def main() -> None:
         # looked up): typer makes it a silent `Exit(130)`, so the line is said here
         if st.as_json:
             emit_json({"ok": False, "outcome": "interrupted"})
-        err.print("[yellow]interrupted[/] (Ctrl-C)")
+        err.print(f"[yellow]interrupted[/] ({interrupt_said()})")
     sys.exit(code if isinstance(code, int) else 0)
 
 
 def _as_interrupt(signum: int, _frame: object) -> None:
     """SIGTERM, SIGHUP, SIGQUIT stop ops the way Ctrl-C does (probe37c C5, probe37p P5): the
     step in progress stops, a guard puts the host back, the record is finished, exit 130."""
+    took_signal(signal.Signals(signum).name)
     raise KeyboardInterrupt
 
 

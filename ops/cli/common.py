@@ -19,7 +19,7 @@ import typer
 from pydantic import BaseModel
 
 from checks.vocabulary import MAX_TOKENS
-from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpsError
+from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpsError, interrupt_said
 from ops.hosts.inventory import Inventory, Target, load_inventory
 from ops.hosts.records import RunDir
 from ops.hosts.remote import Host, open_host
@@ -239,7 +239,7 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
             st.answered = True
             if as_json:
                 emit_json({"ok": False, "outcome": "interrupted"})
-            err.print("[yellow]interrupted[/] (Ctrl-C)")
+            err.print(f"[yellow]interrupted[/] ({interrupt_said()})")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         st.answered = True
         raise typer.Exit(code)
@@ -373,7 +373,8 @@ def interrupted(st: CliState, run: RunDir, where: str = "") -> int:
         doc = {"ok": False, "outcome": "interrupted", "run_dir": str(run.path)}
         emit_json({**doc, **record_error(run)})
     err.print(
-        "[yellow]interrupted[/] (Ctrl-C) " + (escape(where) if where else "before a result"),
+        f"[yellow]interrupted[/] ({interrupt_said()}) "
+        + (escape(where) if where else "before a result"),
         soft_wrap=True,
     )
     say_record(run)

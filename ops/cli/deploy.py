@@ -30,7 +30,7 @@ from ops.cli.common import (
     state,
 )
 from ops.deploy.result import MAX_KEEP
-from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError
+from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError, took_signal
 from ops.hosts.remote import Host, open_host
 
 if TYPE_CHECKING:  # each command imports ops.deploy.deploy when it runs (a fast `ops` start)
@@ -52,6 +52,7 @@ def term_as_interrupt() -> Iterator[None]:
     stops, the host's guard puts it back, the record says so."""
 
     def stop(signum: int, frame: object) -> None:
+        took_signal(signal.Signals(signum).name)
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, stop)

@@ -32,7 +32,14 @@ from ops.cli.common import (
     say_service_down,
     state,
 )
-from ops.errors import EXIT_FAIL, EXIT_HOLD, EXIT_INTERRUPTED, EXIT_OK, OpsError
+from ops.errors import (
+    EXIT_FAIL,
+    EXIT_HOLD,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    OpsError,
+    interrupt_said,
+)
 from ops.hosts.remote import Host
 from ops.measure.bench import MAX_BENCH_S
 from ops.measure.counters import STAGES
@@ -371,11 +378,12 @@ def _profile_why(done: Done[ProfileSection]) -> None:
     if sec.interrupted is not None:
         left = sec.interrupted.levels_left
         err.print(
-            f"[yellow]interrupted:[/] c={', '.join(map(str, left))} not profiled (Ctrl-C); the "
+            f"[yellow]interrupted:[/] c={', '.join(map(str, left))} not profiled "
+            f"({interrupt_said()}); the "
             "levels that finished are in the record"
             if left
-            else "[yellow]interrupted[/] (Ctrl-C) after the last level: every level is in the "
-            "record",
+            else f"[yellow]interrupted[/] ({interrupt_said()}) after the last level: every level "
+            "is in the record",
             soft_wrap=True,
         )
     for inc in sec.incomplete:

@@ -57,7 +57,14 @@ from ops.deploy.result import (
     since_last_start,
     utc_now,
 )
-from ops.errors import CommandTimedOut, HostError, ModuleOutputError, OpsError, Unreachable
+from ops.errors import (
+    CommandTimedOut,
+    HostError,
+    ModuleOutputError,
+    OpsError,
+    Unreachable,
+    taken_signal,
+)
 from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
@@ -230,7 +237,9 @@ class Deployer:
                 what += f"; release {rel} is in place, never switched to (prune removes it)"
             elif any(s.name == "send" for s in self.steps):
                 what += "; the next deploy removes the half-sent release"
-        st = Step(name="interrupted", status="fail", detail=f"interrupted {during}: {what}{state}")
+        by = f" ({sig})" if (sig := taken_signal()) else ""  # (probe37u U6: SIGHUP unnamed)
+        detail = f"interrupted{by} {during}: {what}{state}"
+        st = Step(name="interrupted", status="fail", detail=detail)
         self.steps.append(st)
         self.progress("interrupted", st)
         return self.result(

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ops.errors import HostError, HostSideBug, OpsError
+from ops.errors import HostError, HostSideBug, OpsError, took_signal
 from ops.hosts.inventory import Target
 from ops.hosts.remote import INTERRUPT_SIGNALS, Host, shell_path
 from ops.hostside import source
@@ -178,6 +178,8 @@ def interrupted_once() -> Iterator[list[int]]:
         if not seen:
             seen.append(signum)
             _ignore_interrupts()
+            if signum != signal.SIGINT:  # said by its name, not as a Ctrl-C
+                took_signal(signal.Signals(signum).name)
             raise KeyboardInterrupt
 
     for sig in old:
