@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -519,20 +520,27 @@ def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
         assert not ignored & (1 << (signal.SIGTERM - 1)), f"pid {st['pid']} ignores TERM"
 
 
-def _restart_worker(pidfile: str) -> int | None:
-    """The process manager's restart worker for `pidfile`: the fork of the restart command (same
-    argv) that does the stop and the start in a session of its own (it leads that session)."""
+def _processes() -> Iterator[tuple[int, list[bytes], list[str]]]:
+    """Each live process: pid, argv, and its /proc stat fields after the name (state, ppid,
+    pgrp, session, ...)."""
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
         try:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-            session = int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[3])
-        except (OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
             continue
+        yield int(p), argv, stat
+
+
+def _restart_worker(pidfile: str) -> int | None:
+    """The process manager's restart worker for `pidfile`: the fork of the restart command (same
+    argv) that does the stop and the start in a session of its own (it leads that session)."""
+    for pid, argv, stat in _processes():
         manager = argv[1:3] == [b"-S", b"-c"] and b"restart" in argv  # (not `timeout` above)
-        if manager and pidfile.encode() in argv and session == int(p):
-            return int(p)
+        if manager and pidfile.encode() in argv and stat[3:4] == [str(pid)]:
+            return pid
     return None
 
 
@@ -553,17 +561,10 @@ def _restart_watcher(ops_pid: int, pidfile: str) -> int | None:
     """The watcher (ops.hosts.remote.WATCH) that ops's restart command runs under: ops's child,
     `bash -c WATCH ops-watch N COMMAND`, its command the process manager's restart of
     `pidfile`."""
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-            ppid = int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == ops_pid and argv[3:4] == [b"ops-watch"] and len(argv) > 5:
+    for pid, argv, stat in _processes():
+        if stat[1:2] == [str(ops_pid)] and argv[3:4] == [b"ops-watch"] and len(argv) > 5:
             if b" restart " in argv[5] and pidfile.encode() in argv[5]:
-                return int(p)
+                return pid
     return None
 
 

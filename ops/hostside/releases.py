@@ -750,6 +750,15 @@ def put_previous_back(root: str, before: dict) -> None:
         os.unlink(path)
 
 
+def keep_refused(path: str, why: str, said: str, now: str | None) -> dict:
+    """A deploy.pending no revert follows (`said`, `why`), kept for a person as
+    deploy.pending.refused-<utc>; current stays as it is (`now`)."""
+    kept = f"{path}.refused-{utc_stamp()}"
+    os.replace(path, kept)
+    note = f"{said}: current left as it is, the record kept as {os.path.basename(kept)}"
+    return {"reverted": False, "refused": why, "current": now, "note": note}
+
+
 def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
     path = os.path.join(root, "deploy.pending")
     if not os.path.lexists(path):
@@ -784,30 +793,18 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
             return {"reverted": False, "first_install": True, "current": now, "note": note}
         return {"reverted": False, "first_install": True, "new": doc["new"], "current": now}
     elsewhere = where_current_left(root, doc, cur_before)
-    if elsewhere:  # not the switch the host is in: kept for a person, current as it is
-        kept = f"{path}.refused-{utc_stamp()}"
-        os.replace(path, kept)
-        note = (
-            f"deploy.pending describes a switch from {describe(cur_before)} to {doc['new']}, "
-            f"but {elsewhere}: current left as it is, the record kept as "
-            f"{os.path.basename(kept)}"
-        )
-        return {"reverted": False, "refused": elsewhere, "current": now, "note": note}
+    if elsewhere:  # not the switch the host is in
+        said = f"deploy.pending describes a switch from {describe(cur_before)} to {doc['new']}"
+        return keep_refused(path, elsewhere, f"{said}, but {elsewhere}", now)
     # "": current is what it was before already (a switch not made, or one put back)
     why = None if elsewhere == "" else put_current_back(root, cur_before, doc.get("aside"))
     if why == "it is gone":
         os.unlink(path)
         note = f"what current was before ({describe(cur_before)}) is gone: current stays {now}"
         return {"reverted": False, "gone": describe(cur_before), "current": now, "note": note}
-    if why:  # not what a switch could have left: kept for a person, current as it is
-        kept = f"{path}.refused-{utc_stamp()}"
-        os.replace(path, kept)
-        note = (
-            f"deploy.pending names a current before ({describe(cur_before)}) that no switch "
-            f"could have left ({why}): current left as it is, the record kept as "
-            f"{os.path.basename(kept)}"
-        )
-        return {"reverted": False, "refused": why, "current": now, "note": note}
+    if why:  # not what a switch could have left
+        said = f"deploy.pending names a current before ({describe(cur_before)}) that no switch "
+        return keep_refused(path, why, f"{said}could have left ({why})", now)
     if prev_before["kind"] not in ("directory", "file"):
         put_previous_back(root, prev_before)
     elif moved_aside(root, doc.get("previous_aside"), prev_before["kind"]):
