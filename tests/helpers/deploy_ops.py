@@ -150,7 +150,10 @@ class Ops:
         delay: float = 0.0,
         first: Callable[[], None] | None = None,
     ) -> tuple[int, str, str, float]:
-        """Start a deploy, send `sig` once `marker` shows on stderr: (exit, stdout, stderr, s)."""
+        """Start a deploy, send `sig` once `marker` shows on stderr: (exit, stdout, stderr, s).
+        The deploy starts with `sig` at its default action: a shell's background job (a CI
+        started with `&`) inherits SIGQUIT (and SIGINT) ignored, and ops keeps an inherited
+        ignore, as under nohup."""
         proc = subprocess.Popen(
             self.argv("deploy", *extra, "--source", str(self.src), "--max-tokens", "3"),
             stdout=subprocess.PIPE,
@@ -158,6 +161,7 @@ class Ops:
             text=True,
             env=self.env,
             cwd=REPO,
+            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
         )
         assert proc.stderr is not None
         seen = ""
