@@ -242,6 +242,7 @@ DAEMONIZE_BARE = (
     "def main() -> None:\n"
     "    import os\n"
     "    import sys\n"
+    "    import time\n"
     "    if 'DDTREE_OPS_ROOT' in os.environ:\n"
     "        if os.fork() > 0:\n"
     "            os._exit(0)\n"
@@ -249,7 +250,9 @@ DAEMONIZE_BARE = (
     "        if os.fork() > 0:\n"
     "            os._exit(0)\n"
     "        env = {k: v for k, v in os.environ.items() if not k.startswith('DDTREE_')}\n"
-    "        os.execve(sys.executable, [sys.executable, *sys.argv], env)\n"
+    "        os.execve(sys.executable, [sys.executable, *sys.argv], {**env, 'SLOW': '1'})\n"
+    "    if os.environ.get('SLOW'):\n"
+    "        time.sleep(3)\n"  # a slow import: the port is taken late
 )
 
 
@@ -272,7 +275,11 @@ def test_a_daemon_that_sheds_its_environment_is_stopped_with_its_release(
     environment) found nothing, the rejected release's daemon kept the port and served, and
     the release before could not start again; status said "failed". A process holding the
     service's port that runs from one of this root's releases is this service: the failed
-    start stops it, and the release before serves again."""
+    start stops it, and the release before serves again. probe37x H1, M1: a daemon that takes
+    the port late (a slow import) was found only once it held it, after the rollback had
+    started the release before, which then could not bind: no service at all. The failed
+    start's orphans running from its release are its daemon: stopped before anything else.
+    """
     ops = Ops(tmp_path)
     try:
         res = ops.deploy("--bootstrap")
@@ -280,11 +287,17 @@ def test_a_daemon_that_sheds_its_environment_is_stopped_with_its_release(
         good = ops.current()
         commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", DAEMONIZE_BARE)
         res = ops.deploy()
-        assert res.returncode == 1, res.stdout + res.stderr
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 1 and "it daemonized" in text, text
         assert ops.current() == good
         assert ops.serving() == good
         left = {os.readlink(f"/proc/{p}/cwd").rsplit("/", 1)[-1] for p in _in_releases(ops.root)}
         assert left == {good}, left
+        # probe37x M1: installed without a restart, then restarted: the same, said and stopped
+        assert ops.deploy("--no-restart").returncode == 0
+        code, st = ops.json("service", "restart", "local")
+        assert code == 1 and "it daemonized" in st["detail"], st
+        assert _in_releases(ops.root) == [], "the daemonizing release still runs"
     finally:
         end_all(ops.root)
         for pid in _in_releases(ops.root):

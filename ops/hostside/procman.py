@@ -400,13 +400,24 @@ def release_of(env: dict[str, str], cwd: str | None, root: str) -> str:
     return "?"
 
 
-def strays(pidfile: str, managed: int | None = None, url: str | None = None) -> list[dict]:
+def strays(
+    pidfile: str,
+    managed: int | None = None,
+    url: str | None = None,
+    since: tuple[str, int] | None = None,
+) -> list[dict]:
     """Live processes that are provably this service of this root, outside the session
     `managed` (the pidfile's proven process): their environment (/proc/PID/environ, set by
     `start`) holds DDTREE_OPS_ROOT and DDTREE_OPS_SERVICE naming this root and service; or,
     given the service's `url`, they hold its port and run from one of this root's releases,
     with the members of their session that run from one too (probe37w W1: a daemon that shed
-    its environment kept the port after its release was rejected). A service that daemonized
+    its environment kept the port after its release was rejected); or, given `since` (a
+    release directory and the start time, in clock ticks, of a start from it that exited),
+    orphans (their parent is init) that run from that release and began after that start, with
+    their session's members that run from a release: that start's daemon before it holds the
+    port (probe37x H1: found only once it held it, it took the port from the release a
+    rollback started meanwhile; a shell or a check run from the release has a parent that
+    lives, and a process from before the start is older). A service that daemonized
     (double fork, setsid) or left a child in a session of its own is found here; a process
     whose environment or cwd cannot be read (another user's) never is. Each: pid, start,
     release, cwd, cmdline."""
@@ -438,22 +449,32 @@ def strays(pidfile: str, managed: int | None = None, url: str | None = None) -> 
         if not env or env.get(ENV_SERVICE) != service or not same_dir(env.get(ENV_ROOT), root):
             continue
         add(int(entry), st, env, proc_cwd(int(entry)))
-    if url is None:
-        return found
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
-    inodes = listening_inodes(port_of(url))
+
+    def with_session(pid: int, st: dict) -> None:
+        """pid and its session's members that run from one of this root's releases."""
+        for other in sorted({pid, *session_members(st["session"])}):
+            cwd = proc_cwd(other)
+            if (
+                (member := outside(other)) is not None
+                and (cwd or "").startswith(releases)
+                and other not in {f["pid"] for f in found}
+            ):
+                add(other, member, {}, cwd)
+
+    inodes = listening_inodes(port_of(url)) if url else None
     for holder in socket_owners(inodes) if inodes else []:
         st = outside(holder)
-        if st is None or not (proc_cwd(holder) or "").startswith(releases):
-            continue
-        for pid in {holder, *session_members(st["session"])}:
-            cwd = proc_cwd(pid)
-            if (
-                (member := outside(pid)) is not None
-                and (cwd or "").startswith(releases)
-                and pid not in {f["pid"] for f in found}
-            ):
-                add(pid, member, {}, cwd)
+        if st is not None and (proc_cwd(holder) or "").startswith(releases):
+            with_session(holder, st)
+    where = os.path.realpath(since[0]) + "/" if since else ""
+    if since and where.startswith(releases):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or (st := outside(int(entry))) is None:
+                continue
+            if st["ppid"] == 1 and int(st["start"]) >= since[1]:
+                if ((proc_cwd(int(entry)) or "") + "/").startswith(where):
+                    with_session(int(entry), st)
     return found
 
 
@@ -469,7 +490,12 @@ def named(found: list[dict]) -> str:
 
 
 def stop_strays(
-    pidfile: str, grace: float, signals: list, t0: float, url: str | None = None
+    pidfile: str,
+    grace: float,
+    signals: list,
+    t0: float,
+    url: str | None = None,
+    since: tuple[str, int] | None = None,
 ) -> list[dict]:
     """TERM every stray of this service (`strays`), KILL those left after `grace`; each pid is
     signalled only while it is still the process found (same start time). The strays found.
@@ -481,7 +507,7 @@ def stop_strays(
     found: list[dict] = []
     for _ in range(3):  # one found during the grace (a child forked meanwhile) is taken too
         known = {f["pid"] for f in found}
-        fresh = [p for p in strays(pidfile, managed, url) if p["pid"] not in known]
+        fresh = [p for p in strays(pidfile, managed, url, since) if p["pid"] not in known]
         if not fresh:
             break
         found += fresh
@@ -1358,14 +1384,13 @@ def do_up(
     started = do_start(pidfile, log, root, command, url, reserved, mode, grace)
     doc = {"start": started}
     if started.get("started"):
+        ident = read_pidfile(pidfile)[0] or {}
         doc["wait"] = wait = do_wait(pidfile, url, timeout)
         if not wait.get("ok") and str(wait.get("reason", "")).endswith(" exited"):
             signals: list = []
-            left = stop_strays(pidfile, grace, signals, time.time(), url)
-            # once more where the status then sees one: a daemon that shed its environment is
-            # found only once it holds the port (probe37w W1), maybe after the first look
-            if not left and do_status(pidfile, url).get("unmanaged"):
-                left = stop_strays(pidfile, grace, signals, time.time(), url)
+            begun = str(ident.get("start") or "")
+            since = (str(started.get("cwd")), int(begun)) if begun.isdigit() else None
+            left = stop_strays(pidfile, grace, signals, time.time(), url, since)
             if left:
                 wait["reason"] += (
                     f", leaving {named(left)} running outside its session (it daemonized: the "
