@@ -745,6 +745,29 @@ def test_a_forged_record_for_a_switch_the_host_is_not_in_moves_nothing(ops: Ops)
     assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 
 
+def test_no_rollback_to_a_never_proven_release_from_a_current_it_could_not_come_back_to(
+    ops: Ops,
+) -> None:
+    """probe37x H2 (high): current's service.env gone (serving all the same), `ops rollback
+    --to` a release that never served and fails at start: the switch went ahead, the start
+    failed, and the revert could not come back to current (damaged): no service. Such a
+    rollback is refused before anything is stopped, naming the proven release that is the way
+    out; a rollback to that one goes ahead."""
+    r1, r2 = two_releases(ops)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    assert ops.deploy("--no-restart").returncode == 0  # installed, never started: unproven
+    r3 = ops.current()
+    assert ops("rollback", "local", "--to", r2, "--max-tokens", "3").returncode == 0
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    (ops.root / "releases" / r2 / "service.env").unlink()
+    line = one_error_line(ops("rollback", "local", "--to", r3, "--max-tokens", "3"))
+    assert f"release {r3} never passed a post-flight" in line, line
+    assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and ops.serving() == r1
+
+
 def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> None:
     """probe37u U5 (low): a rollback killed in its recover left the record settled (current
     switched back to r1, the service still on r2); the next rollback said "rolled back: r1 is

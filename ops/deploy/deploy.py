@@ -1304,6 +1304,22 @@ class Deployer:
                     f"{self.target.name}: release {want} {said}",
                     hint="deploy a fixed commit instead (ops deploy --ref)",
                 )
+            stuck = listing.get("current_unrevertible")
+            if stuck and want != before and not rel.get("proven"):
+                # its revert could not come back (probe37x H2: a rollback --to a release that
+                # never served, from a current without its service.env: the start failed and
+                # the host was left down); a proven release is the way out, and stays open
+                back = newest_proven(listing)
+                way = (
+                    f"ops rollback {self.target.name} --to {back} goes to the newest proven release"
+                    if back
+                    else "mend current first"
+                )
+                raise OpsError(
+                    f"{self.target.name}: release {want} never passed a post-flight, and a "
+                    f"failed rollback could not come back to current ({before}: {stuck})",
+                    hint=f"{way}; or mend current, then roll back to {want}",
+                )
             if want == before:
                 return self.result(
                     "already-current",
