@@ -56,7 +56,10 @@ def said(res) -> str:
 
 def forge_pending(ops: Ops, r1: str, r2: str, current_before: dict, **more: object) -> None:
     """A deploy.pending in the shape ops writes (version 2) for a switch from r1 to r2 that no
-    deploy settled, naming `current_before` as what current was (forged, as a hand might)."""
+    deploy settled, naming `current_before` as what current was (forged, as a hand might). r2
+    loses its proven.json: a deploy's record naming a proven release is stale (probe37x M2),
+    refused whatever else it names."""
+    (ops.root / "releases" / r2 / "proven.json").unlink(missing_ok=True)
     doc = {
         "version": 2,
         "previous": r1,
@@ -522,6 +525,7 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
         "previous_aside": prev_aside,
         "by": "deploy",
     }
+    (ops.root / "releases" / r2 / "proven.json").unlink()  # (a record of a live switch)
     (ops.root / "deploy.pending").write_text(json.dumps(doc))
     res = ops("rollback", "local", "--max-tokens", "3")
     text = said(res)
@@ -741,6 +745,32 @@ def test_a_forged_record_for_a_switch_the_host_is_not_in_moves_nothing(ops: Ops)
     text = said(res)
     assert res.returncode == 0 and "Traceback" not in text, text
     assert "describes a switch from releases/" in text and "current left as it is" in text, text
+    assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+    assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
+
+
+def test_a_deploy_record_whose_release_was_proven_moves_nothing(ops: Ops) -> None:
+    """probe37x M2 (medium): a stale deploy.pending (whole, by a deploy) whose `new` is the
+    proven current and whose `previous` a release that never served: the next deploy's recover
+    switched the host off its proven current onto that release and restarted it there. A
+    deploy removes its record before it marks its release proven, so such a record is no
+    switch to undo: it is kept aside as refused, current and the service stay."""
+    r1, r2 = two_releases(ops)
+    (ops.root / "releases" / r1 / "proven.json").unlink()  # r1: as if it never served
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    doc = {
+        "version": 2,
+        "previous": r1,
+        "new": r2,
+        "old_previous": None,
+        "current_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
+        "previous_before": {"kind": "none"},
+        "by": "deploy",
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    res = ops.deploy()  # r2's own commit: nothing to do once the record is set aside
+    text = said(res)
+    assert res.returncode == 0 and f"names a deploy of {r2}, which was proven since" in text, text
     assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
     assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 

@@ -792,6 +792,13 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
             )
             return {"reverted": False, "first_install": True, "current": now, "note": note}
         return {"reverted": False, "first_install": True, "new": doc["new"], "current": now}
+    new_proven = os.path.join(root, "releases", doc["new"], "proven.json")
+    if switched_by(doc) == "deploy" and os.path.lexists(new_proven):
+        # a deploy removes its record before it marks its release proven: a deploy's record
+        # whose release is proven is no switch still to undo (probe37x M2: a stale one moved a
+        # host off its proven current onto a release that had never served)
+        said = f"deploy.pending names a deploy of {doc['new']}, which was proven since"
+        return keep_refused(path, "its release was proven", said, now)
     elsewhere = where_current_left(root, doc, cur_before)
     if elsewhere:  # not the switch the host is in
         said = f"deploy.pending describes a switch from {describe(cur_before)} to {doc['new']}"
