@@ -161,7 +161,11 @@ class Ops:
             text=True,
             env=self.env,
             cwd=REPO,
-            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
+            preexec_fn=(
+                None
+                if sig in (signal.SIGKILL, signal.SIGSTOP)  # (no action of theirs to set)
+                else lambda: signal.signal(sig, signal.SIG_DFL)
+            ),
         )
         assert proc.stderr is not None
         seen = ""
