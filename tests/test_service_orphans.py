@@ -469,6 +469,47 @@ def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(disk)])
 
 
+CHATTY = f"""
+import runpy, sys
+print("x" * 65536, flush=True)  # a service's first words: to a log on a full disk, ENOSPC
+sys.argv = [{str(FAKE)!r}, "--port", sys.argv[1]]
+runpy.run_path({str(FAKE)!r}, run_name="__main__")
+"""
+
+
+def test_a_start_on_a_full_disk_keeps_no_log_rather_than_fail(tmp_path: Path) -> None:
+    """probe37x M3 (medium): on a full remote root, `ops service stop` then `start`: the
+    service's own first write to its log (stdout) failed with ENOSPC and it died; every start
+    failed, and the evidence quoted an earlier start's log. A log on a disk with under 1 MiB
+    free is not written (said in a warning), so the service runs; a failed start quotes no
+    earlier start's lines."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)])
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    command = f"{{python}} -u {tmp_path / 'chatty.py'} {{port}}"
+    svc = ServiceCli(tmp_path, command=command, stop_timeout=2, root=disk / "root")
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 0, st
+        fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # the disk full to its last block
+            while True:
+                os.write(fd, b"x" * 4096)
+        os.close(fd)
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and st["state"] == "inactive", st
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        said = " ".join(st["warnings"])
+        assert "log not written" in said and "its disk is full" in said, said
+    finally:
+        end_all(svc.root)
+        subprocess.run(["umount", "-l", str(disk)])
+
+
 def test_stop_on_a_read_only_root_with_nothing_running(svc: ServiceCli) -> None:
     (svc.root / "run").mkdir(parents=True)
     (svc.root / "lock").touch()

@@ -1062,32 +1062,45 @@ def ends_a_line(log: str, size: int) -> bool:
         os.close(fd)
 
 
-def open_log(log: str, command: str, warnings: list) -> int:
-    """The log's fd for the service's output; /dev/null (with a warning: the service's output
-    is lost, said in the text too, probe37s S3) when it cannot be written: a full or read-only
-    log directory must not keep the service down."""
+LOG_ROOM = 1 << 20  # free bytes below which a start's output goes to /dev/null
+
+
+def open_log(log: str, command: str, warnings: list) -> tuple[int, str | None]:
+    """The log's fd for the service's output, and why this start's output is not kept there
+    (None: it is); /dev/null (with a warning: the service's output is lost, said in the text
+    too, probe37s S3) when it cannot be written: a full or read-only log directory must not
+    keep the service down. Nor a nearly full one: a service whose write to its stdout fails
+    (ENOSPC) may die of it (probe37x M3: on a full root every start after a stop failed)."""
     # never blocks (a FIFO there would hang the start with the service already stopped) and
     # never follows a link, the log's or its directory's (the service's output would go to
     # whatever they name: another target's logs, probe37r R7)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
     logs = os.path.dirname(log)
     lost = "the service's output is not kept"
+
+    def not_kept(why: str) -> tuple[int, str]:
+        warnings.append(f"log not written: {why}; {lost}")
+        return os.open(os.devnull, os.O_WRONLY), why
+
     if os.path.islink(logs):
-        warnings.append(
-            f"log not written: {logs} is a symlink (to {os.readlink(logs)}), not followed; "
-            f"{lost} (make it a directory)"
-        )
-        return os.open(os.devnull, os.O_WRONLY)
+        why = f"{logs} is a symlink (to {os.readlink(logs)}), not followed"
+        return not_kept(f"{why} (make it a directory)")
     try:
         os.makedirs(logs, exist_ok=True)
         fd = os.open(log, flags, 0o644)
     except OSError as exc:
-        warnings.append(f"log not written ({log}: {exc.strerror}); {lost}")
-        return os.open(os.devnull, os.O_WRONLY)
+        return not_kept(f"{log}: {exc.strerror}")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        warnings.append(f"log not written ({log}: not a regular file); {lost}")
-        return os.open(os.devnull, os.O_WRONLY)
+        return not_kept(f"{log}: not a regular file")
+    try:
+        disk = os.fstatvfs(fd)
+        free = disk.f_bavail * disk.f_frsize
+    except OSError:
+        free = LOG_ROOM
+    if free < LOG_ROOM:
+        os.close(fd)
+        return not_kept(f"{log}: its disk is full ({free} bytes free)")
     os.set_blocking(fd, True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
@@ -1096,8 +1109,11 @@ def open_log(log: str, command: str, warnings: list) -> int:
         lead = "" if ends_a_line(log, os.fstat(fd).st_size) else "\n"
         os.write(fd, f"{lead}=== {stamp} ops start: {command}\n".encode())
     except OSError as exc:
-        warnings.append(f"ops start marker not written ({log}: {exc.strerror})")
-    return fd
+        # without its marker, the log's last lines are the start before's, not this one's
+        why = f"ops start marker not written ({log}: {exc.strerror})"
+        warnings.append(why)
+        return fd, why
+    return fd, None
 
 
 def do_start(
@@ -1181,7 +1197,7 @@ def do_start(
     env.update(release_env)
     owner_root, service = owner_of(pidfile)
     env[ENV_ROOT], env[ENV_SERVICE] = owner_root, service  # whose it is (not_owner reads them)
-    out = open_log(log, command, warnings)
+    out, log_lost = open_log(log, command, warnings)
     # from the fork to the pidfile, a TERM or Ctrl-C (ops interrupted: its watcher TERMs this
     # process) would leave a service no pidfile names: they wait until it is written
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CRITICAL)
@@ -1231,6 +1247,8 @@ def do_start(
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a TERM that came is taken now
     doc = {"started": True, "pid": proc.pid, "cwd": cwd, "notes": notes, "warnings": warnings}
+    if log_lost:
+        doc["log_lost"] = log_lost  # no output of this start to quote
     if not os.path.lexists(os.path.join(root, "current")):
         doc["no_release"] = True  # nothing deployed: the command ran from the root
     return doc

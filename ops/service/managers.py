@@ -497,12 +497,16 @@ class ProcessManager(ServiceManager):
                 f"; no release is current on {name} (the command ran from "
                 f"{self.target.remote_root}): deploy one: ops deploy {name} --bootstrap"
             )
+        # a start whose output was not kept has none to quote: the log's last lines are an
+        # earlier start's (probe37x M3 quoted one as this start's)
+        lost = doc.get("log_lost")
+        evidence = [f"(no output of this start: {lost})"] if lost else None
         return st.model_copy(
             update={
                 "state": "failed" if st.state in ("active", "activating") else st.state,
                 "healthy": False,
                 "detail": reason,
-                "evidence": st.evidence or self.evidence(),
+                "evidence": evidence or st.evidence or self.evidence(),
                 "actions": notes,
                 "warnings": warned,
             }
