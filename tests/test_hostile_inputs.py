@@ -516,3 +516,19 @@ def test_report_md_escapes_html_from_records(tmp_path: Path, env: dict[str, str]
     assert "gpu: NVIDIA H200 &lt;img src=x onerror=alert(2)>" in md
     html = (out / "report.html").read_text()
     assert "<script>alert" not in html and "<img src=x" not in html
+
+
+def test_a_process_service_without_a_command_is_refused_before_anything_is_sent(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """probe37x L1 (low): a `manager = "process"` target with no service.command passed `ops
+    hosts`; its deploy failed only at the restart, after send, self-test and finalize, leaving
+    an unproven release per attempt. Refused in one line before the host is touched."""
+    src, root, _, _ = _source(tmp_path)
+    inv = tmp_path / "box.toml"
+    inv.write_text(
+        f"[targets.box]\naddress = '127.0.0.1'\nport = {free_port()}\nremote_root = '{root}'\n"
+    )
+    res = run_ops("deploy", "box", "--source", str(src), inventory=inv, env=env, timeout=60)
+    line = one_error(res, "service.command is required")
+    assert "box" in line and not root.exists(), line

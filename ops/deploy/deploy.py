@@ -143,6 +143,10 @@ class Deployer:
         self._unrevertible: str | None = None  # why a revert could not put current back
         self._instead: str | None = None  # why a rollback took it instead of `previous`
         self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
+        if self.target.service.manager == "process":
+            # a service with no command can never start: refused before anything is sent, not
+            # after a release was sent and finalized (probe37x L1: one left per attempt)
+            ProcessManager.render_command(self.target)
 
     # -- step bookkeeping --------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], tuple[Status, str, dict[str, Any]]]) -> Step:
@@ -987,7 +991,7 @@ class Deployer:
                 elif kept:
                     detail += f" (it still runs {serving}: {st.detail})"
                 elif not st.active and st.detail:  # why it did not start, said here
-                    detail += f" ({st.detail[:300]})"
+                    detail += f" ({clip_line(st.detail, 600)})"  # (probe37x L4: cut mid-word)
                 detail += "; checks pass again" if rep.ok else f"; still failing: {rep.failed}"
             data = {"service": st.model_dump(), "report": rep.model_dump(mode="json")}
             return ("ok" if ok else "fail"), detail, data
