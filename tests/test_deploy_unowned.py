@@ -188,6 +188,10 @@ def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     assert "which a failed deploy could not put back" in text, text
     if what in ("damaged-release", "rejected-release"):
         assert f"mend releases/{r1}" in text, text
+        # probe37x L3 (low): `ops releases` showed the rejected current as a plain current
+        listed = " ".join(ops("releases", "local").stdout.split())
+        flaw = "damaged" if what == "damaged-release" else "rejected"
+        assert "current" in listed and flaw in listed, listed  # (wrapped in its column)
         return
     assert f"ops rollback local --to {r1}" in text, text
     assert steps(ops.record("deploy")["results"][0])["current"] == "fail"

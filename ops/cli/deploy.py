@@ -237,21 +237,17 @@ def releases(
     for col in ("sha", "created", "arch", "test", "MiB"):
         table.add_column(col, overflow="fold", justify="right" if col == "MiB" else "left")
     for r in doc["releases"]:
-        mark = (
-            "current [red]damaged[/]"
-            if r["current"] and r.get("damaged")
-            else "current"
-            if r["current"]
-            else "previous"
-            if r["previous"]
+        flaw = (  # said of current and previous too (probe37x L3: a rejected current)
+            "[red]damaged[/]"
+            if r.get("damaged")
             else "[red]rejected[/]"
             if r.get("rejected")
-            else "[red]damaged[/]"
-            if r.get("damaged")
             else "unproven"
             if not r.get("proven")
             else ""
         )
+        role = "current" if r["current"] else "previous" if r["previous"] else ""
+        mark = f"{role} {flaw}".strip() if role and flaw != "unproven" else role or flaw
         test = {True: "pass", False: "FAIL", None: "-"}.get(r["selftest_ok"], "-")
         created = r["created"].replace("T", " ")[:16] + "Z" if r["created"] else "?"
         table.add_row(
