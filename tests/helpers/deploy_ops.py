@@ -162,9 +162,9 @@ class Ops:
             env=self.env,
             cwd=REPO,
             preexec_fn=(
-                None
-                if sig in (signal.SIGKILL, signal.SIGSTOP)  # (no action of theirs to set)
-                else lambda: signal.signal(sig, signal.SIG_DFL)
+                (lambda: signal.signal(sig, signal.SIG_DFL))
+                if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+                else None  # (0: no signal; SIGKILL, SIGSTOP: no action to set)
             ),
         )
         assert proc.stderr is not None
