@@ -424,28 +424,39 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: ServiceCli) -> None:
     assert st["state"] != "active", st
 
 
+def small_tmpfs(tmp_path: Path, size: str) -> Path:
+    """A tmpfs of `size` at tmp_path/disk (the test is skipped where mounting is not allowed);
+    the test unmounts it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)])
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    return disk
+
+
+def fill_to_the_last_block(disk: Path) -> None:
+    fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, b"x" * 4096)
+    os.close(fd)
+
+
 def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
     """probe37f F4: on a full remote root (a runaway log) the lock's note cannot be written;
     a stop holds the lock without it and stops the service, saying so. probe37k K8: the start
     after it was refused at the lock, the disk still full, so the service stayed down; it
     holds the lock the same way and starts in the room the stop kept. probe37w W3: a command
     that needs its note is refused saying the disk is full."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)])
-    if res.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+    disk = small_tmpfs(tmp_path, "1m")
     svc = ServiceCli(tmp_path, stop_timeout=2, root=disk / "root")
     try:
         code, st = svc("service", "start", "local")
         assert code == 0, st
         pid = st["pid"]
         (svc.root / "lock.holder").unlink(missing_ok=True)
-        fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
-        with contextlib.suppress(OSError):  # the disk full to its last block
-            while True:
-                os.write(fd, b"x" * 4096)
-        os.close(fd)
+        fill_to_the_last_block(disk)
         code, st = svc("service", "stop", "local")
         assert code == 0 and st["state"] == "inactive", st
         said = " ".join(st["warnings"])
@@ -483,22 +494,14 @@ def test_a_start_on_a_full_disk_keeps_no_log_rather_than_fail(tmp_path: Path) ->
     failed, and the evidence quoted an earlier start's log. A log on a disk with under 1 MiB
     free is not written (said in a warning), so the service runs; a failed start quotes no
     earlier start's lines."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)])
-    if res.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+    disk = small_tmpfs(tmp_path, "4m")
     (tmp_path / "chatty.py").write_text(CHATTY)
     command = f"{{python}} -u {tmp_path / 'chatty.py'} {{port}}"
     svc = ServiceCli(tmp_path, command=command, stop_timeout=2, root=disk / "root")
     try:
         code, st = svc("service", "start", "local")
         assert code == 0, st
-        fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
-        with contextlib.suppress(OSError):  # the disk full to its last block
-            while True:
-                os.write(fd, b"x" * 4096)
-        os.close(fd)
+        fill_to_the_last_block(disk)
         code, st = svc("service", "stop", "local")
         assert code == 0 and st["state"] == "inactive", st
         code, st = svc("service", "start", "local")
