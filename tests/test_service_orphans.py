@@ -250,20 +250,27 @@ DAEMONIZE_BARE = (
     "        if os.fork() > 0:\n"
     "            os._exit(0)\n"
     "        env = {k: v for k, v in os.environ.items() if not k.startswith('DDTREE_')}\n"
-    "        os.execve(sys.executable, [sys.executable, *sys.argv], {**env, 'SLOW': '1'})\n"
+    "        script = os.path.abspath(sys.argv[0])\n"
+    "        os.chdir('/')\n"  # daemon(3)'s way: out of the release directory
+    "        env['SLOW'] = '1'\n"
+    "        os.execve(sys.executable, [sys.executable, script, *sys.argv[1:]], env)\n"
     "    if os.environ.get('SLOW'):\n"
     "        time.sleep(3)\n"  # a slow import: the port is taken late
 )
 
 
-def _in_releases(root: Path) -> list[int]:
-    """Live processes running from a release directory of `root`."""
-    releases, found = str((root / "releases").resolve()) + "/", []
+def _in_releases(root: Path) -> dict[int, str]:
+    """Live processes running a release of `root` (from its directory, or its script named by
+    path): pid -> release."""
+    releases, found = str((root / "releases").resolve()) + "/", {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and alive(int(entry)):
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{entry}/cwd").startswith(releases):
-                    found.append(int(entry))
+                cwd = os.readlink(f"/proc/{entry}/cwd") + "/"
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
+                for where in (cwd, *argv):
+                    if where.startswith(releases):
+                        found[int(entry)] = where[len(releases) :].split("/", 1)[0]
     return found
 
 
@@ -291,13 +298,13 @@ def test_a_daemon_that_sheds_its_environment_is_stopped_with_its_release(
         assert res.returncode == 1 and "it daemonized" in text, text
         assert ops.current() == good
         assert ops.serving() == good
-        left = {os.readlink(f"/proc/{p}/cwd").rsplit("/", 1)[-1] for p in _in_releases(ops.root)}
+        left = set(_in_releases(ops.root).values())
         assert left == {good}, left
         # probe37x M1: installed without a restart, then restarted: the same, said and stopped
         assert ops.deploy("--no-restart").returncode == 0
         code, st = ops.json("service", "restart", "local")
         assert code == 1 and "it daemonized" in st["detail"], st
-        assert _in_releases(ops.root) == [], "the daemonizing release still runs"
+        assert _in_releases(ops.root) == {}, "the daemonizing release still runs"
     finally:
         end_all(ops.root)
         for pid in _in_releases(ops.root):

@@ -452,20 +452,19 @@ def strays(
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
 
     def with_session(pid: int, st: dict) -> None:
-        """pid and its session's members that run from one of this root's releases."""
+        """pid and its session's members that run a release's code of this root."""
         for other in sorted({pid, *session_members(st["session"])}):
-            cwd = proc_cwd(other)
             if (
                 (member := outside(other)) is not None
-                and (cwd or "").startswith(releases)
+                and runs_code_of(other, releases)
                 and other not in {f["pid"] for f in found}
             ):
-                add(other, member, {}, cwd)
+                add(other, member, {}, proc_cwd(other))
 
     inodes = listening_inodes(port_of(url)) if url else None
     for holder in socket_owners(inodes) if inodes else []:
         st = outside(holder)
-        if st is not None and (proc_cwd(holder) or "").startswith(releases):
+        if st is not None and runs_code_of(holder, releases):
             with_session(holder, st)
     where = os.path.realpath(since[0]) + "/" if since else ""
     if since and where.startswith(releases):
@@ -473,9 +472,42 @@ def strays(
             if not entry.isdigit() or (st := outside(int(entry))) is None:
                 continue
             if st["ppid"] == 1 and int(st["start"]) >= since[1]:
-                if ((proc_cwd(int(entry)) or "") + "/").startswith(where):
+                if runs_code_of(int(entry), where):
                     with_session(int(entry), st)
     return found
+
+
+def runs_code_of(pid: int, where: str) -> bool:
+    """Process `pid` runs code from under the directory `where` (a trailing "/"): its cwd, its
+    executable or a file it maps is there, or an absolute path in its arguments or its
+    environment (PYTHONPATH) names it: a
+    daemon(3)-style daemon changes to "/" and may clear its environment, and still imports
+    its release (probe37y H1)."""
+    cwd = proc_cwd(pid)
+    if cwd and (cwd + "/").startswith(where):
+        return True
+    where_dir = proc_dir(pid)
+    if where_dir is None:
+        return False
+    with contextlib.suppress(OSError):
+        if (os.path.realpath(f"{where_dir}/exe") + "/").startswith(where):
+            return True
+    try:
+        with open(f"{where_dir}/cmdline", "rb") as f:
+            argv = f.read(1 << 16).decode("utf-8", "replace").split("\0")
+    except OSError:
+        argv = []
+    env = proc_environ(pid) or {}
+    for value in [*argv, *env.values()]:
+        for part in value.split(os.pathsep):
+            if part.startswith("/") and (os.path.realpath(part) + "/").startswith(where):
+                return True
+    try:
+        with open(f"{where_dir}/maps", "rb") as f:
+            maps = f.read(4 << 20)
+    except OSError:
+        return False
+    return where.encode() in maps
 
 
 def still(proc: dict) -> bool:
