@@ -151,6 +151,9 @@ def test_no_deploy_over_a_current_the_service_does_not_run(ops: Ops) -> None:
         said = flat(res.stdout + res.stderr)
         assert res.returncode == 1 and f"the service runs {r1}, not current ({r2}" in said, said
         assert f"ops rollback local --to {r1}" in said, said
+        # probe37y M2 (medium): it did not say current never served, and named the restart
+        # (which takes the service down, with no way back) first
+        assert f"{r2} never passed a post-flight: `ops rollback local --to {r1}`" in said, said
         assert ops.current() == r2 and ops.serving() == r1
 
 

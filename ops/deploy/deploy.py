@@ -142,6 +142,7 @@ class Deployer:
         self._fallback: str | None = None  # the newest proven release other than current
         self._unrevertible: str | None = None  # why a revert could not put current back
         self._instead: str | None = None  # why a rollback took it instead of `previous`
+        self._current_proven = True  # current's release passed a post-flight (once known)
         self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
@@ -331,6 +332,7 @@ class Deployer:
         self._before = listing["current"] or shown_state(self._before_state)
         self._fallback = newest_proven(listing)
         current = next((r for r in listing["releases"] if r["current"]), None)
+        self._current_proven = bool(current and current.get("proven"))
         self._downgrade = self._older_than(m, current)
         if (
             current is None
@@ -375,10 +377,19 @@ class Deployer:
         if runs is None or runs == state["id"]:
             return None
         name, cur = self.target.name, state["id"]
-        return (
+        said = (
             f"the service runs {runs}, not current ({cur}, installed with --no-restart or "
             f"switched by hand?): a failed deploy would go back to {cur} and restart the service "
-            f"on it; `ops service restart {name}` runs {cur} (then deploy), or "
+            "on it; "
+        )
+        if not self._current_proven:  # (probe37y M2: said, and the way back first)
+            return said + (
+                f"{cur} never passed a post-flight: `ops rollback {name} --to {runs}` makes "
+                f"what runs current; `ops service restart {name}` would run {cur}, with no "
+                "way back if it fails"
+            )
+        return said + (
+            f"`ops service restart {name}` runs {cur} (then deploy), or "
             f"`ops rollback {name} --to {runs}` makes what runs current"
         )
 
