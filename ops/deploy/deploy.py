@@ -1099,7 +1099,7 @@ class Deployer:
         why = "the host's guard put it back (ops's link to it was lost)"
         try:
             self._guard_done()
-            st = mgr.status()
+            st = mgr.settled_status(self.opts.wait_s)  # its restart was not waited for
             rep = self._health(False)
         except HostError as exc:
             detail = f"current is {now}: {why}; service unknown: the host did not answer ({exc})"

@@ -252,6 +252,15 @@ class ServiceManager(ABC):
         except (json.JSONDecodeError, IndexError):
             return {"ok": False, "reason": res.tail() or f"health probe exited {res.rc}"}
 
+    def settled_status(self, wait_s: float) -> ServiceStatus:
+        """The status once the service is past its start: one still starting (a restart not
+        waited for, the revert guard's) is waited for up to `wait_s` (probe37y M1: said "does
+        not serve" of a release that served 1.5 s later); a stopped one (SIGSTOP) is not."""
+        st = self.status()
+        if st.state != "activating" or st.pid is None or "is stopped" in st.detail:
+            return st
+        return self._wait(st.pid, wait_s)
+
     def _wait(self, pid: int | None, wait_s: float) -> ServiceStatus:
         probe = self.probe_health(pid, wait_s)
         st = self.status()
