@@ -798,6 +798,21 @@ def test_no_rollback_to_a_never_proven_release_from_a_current_it_could_not_come_
     assert ops.current() == r1 and ops.serving() == r1
 
 
+def test_a_rejected_previous_gives_way_to_the_newest_proven_release(ops: Ops) -> None:
+    """probe37y L5 (low): a plain rollback whose `previous` was rejected was refused ("deploy a
+    fixed commit instead"), where a lost previous gives way to the newest proven release. It
+    gives way the same, and says so."""
+    r1, r2 = two_releases(ops)
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy().returncode == 0
+    r3 = ops.current()
+    (ops.root / "releases" / r2 / "rejected.json").write_text('{"step": "postflight"}')
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 0 and f"previous ({r2}) was rejected" in text, text
+    assert ops.current() == r1 and ops.serving() == r1 and r3 != r1
+
+
 def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> None:
     """probe37u U5 (low): a rollback killed in its recover left the record settled (current
     switched back to r1, the service still on r2); the next rollback said "rolled back: r1 is

@@ -1293,6 +1293,10 @@ class Deployer:
             if not want:
                 want = self._no_previous(listing)
             rel = next((r for r in listing["releases"] if r["id"] == want), None)
+            back = None if to or rel is None or not rel.get("rejected") else newest_proven(listing)
+            if back:  # a plain rollback: a rejected previous gives way (probe37y L5)
+                self._instead = f"previous ({want}) was rejected"
+                want, rel = back, next(r for r in listing["releases"] if r["id"] == back)
             if rel is None:
                 known = ", ".join(r["id"] for r in listing["releases"]) or "none"
                 shown = repr(want) if len(want) <= 80 else repr(want[:80]) + "..."
