@@ -442,38 +442,36 @@ def strays(
             return None
         return st if alive(pid) else None
 
+    # one walk of /proc for the three questions below (the sessions' members too); each
+    # environment read at once after its stat: a daemon's middle child of a double fork lives
+    # for a moment, and its grandchild may be younger than the walk
+    table: dict[int, dict] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or (st := outside(int(entry))) is None:
             continue
-        env = proc_environ(int(entry))
-        if not env or env.get(ENV_SERVICE) != service or not same_dir(env.get(ENV_ROOT), root):
-            continue
-        add(int(entry), st, env, proc_cwd(int(entry)))
+        table[pid := int(entry)] = st
+        env = proc_environ(pid)
+        if env and env.get(ENV_SERVICE) == service and same_dir(env.get(ENV_ROOT), root):
+            add(pid, st, env, proc_cwd(pid))
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
 
     def with_session(pid: int, st: dict) -> None:
         """pid and its session's members that run a release's code of this root."""
-        for other in sorted({pid, *session_members(st["session"])}):
-            if (
-                (member := outside(other)) is not None
-                and runs_code_of(other, releases)
-                and other not in {f["pid"] for f in found}
-            ):
+        members = {p: m for p, m in table.items() if m["session"] == st["session"]}
+        for other, member in sorted({**members, pid: st}.items()):
+            if runs_code_of(other, releases) and other not in {f["pid"] for f in found}:
                 add(other, member, {}, proc_cwd(other))
 
     inodes = listening_inodes(port_of(url)) if url else None
     for holder in socket_owners(inodes) if inodes else []:
-        st = outside(holder)
+        st = table.get(holder) or outside(holder)
         if st is not None and runs_code_of(holder, releases):
             with_session(holder, st)
     where = os.path.realpath(since[0]) + "/" if since else ""
     if since and where.startswith(releases):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or (st := outside(int(entry))) is None:
-                continue
-            if st["ppid"] == 1 and int(st["start"]) >= since[1]:
-                if runs_code_of(int(entry), where):
-                    with_session(int(entry), st)
+        for pid, st in table.items():
+            if st["ppid"] == 1 and int(st["start"]) >= since[1] and runs_code_of(pid, where):
+                with_session(pid, st)
     return found
 
 
@@ -1449,6 +1447,9 @@ def do_up(
             begun = str(ident.get("start") or "")
             since = (str(started.get("cwd")), int(begun)) if begun.isdigit() else None
             left = stop_strays(pidfile, grace, signals, time.time(), url, since)
+            if not left:  # a double fork in flux: its middle child gone, its grandchild unseen
+                time.sleep(0.2)
+                left = stop_strays(pidfile, grace, signals, time.time(), url, since)
             if left:
                 wait["reason"] += (
                     f", leaving {named(left)} running outside its session (it daemonized: the "
