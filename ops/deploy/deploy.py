@@ -54,7 +54,6 @@ from ops.deploy.result import (
     StepFailed,
     clip_line,
     clip_lines,
-    since_last_start,
     utc_now,
 )
 from ops.errors import (
@@ -68,7 +67,7 @@ from ops.errors import (
 from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
-from ops.service.managers import ProcessManager, SystemdManager, manager_for
+from ops.service.managers import ProcessManager, SystemdManager, manager_for, since_last_start
 
 __all__ = [
     "DEPLOY_HOST_SOURCE",

@@ -79,21 +79,6 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
-    """The service's log from its last start by ops (its own last words), at most `keep` lines
-    (the marker line, then the newest ones)."""
-    starts = [
-        i for i, line in enumerate(lines) if line.startswith("=== ") and " ops start: " in line
-    ]
-    if starts:
-        lines = lines[starts[-1] :]
-    if len(lines) <= keep:
-        return lines
-    if starts:
-        return [lines[0], *lines[len(lines) - keep + 1 :]]
-    return lines[-keep:]
-
-
 LINE_SHOWN = 500  # characters of one evidence line kept (a log line can be a GiB: probe37c C1)
 DETAIL_SHOWN = 4000  # characters of a step's detail kept
 

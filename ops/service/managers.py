@@ -112,6 +112,8 @@ class ServiceStatus(BaseModel):
     # processes of this service (their environment names its root and name) that no pidfile
     # names: one that daemonized, or whose pidfile is lost; each: pid, release, cwd, cmdline
     unmanaged: list[dict] = Field(default_factory=list)
+    # its process is stopped (SIGSTOP, a debugger): it answers nothing until continued
+    stopped: bool = False
 
     @property
     def active(self) -> bool:
@@ -257,7 +259,7 @@ class ServiceManager(ABC):
         waited for, the revert guard's) is waited for up to `wait_s` (probe37y M1: said "does
         not serve" of a release that served 1.5 s later); a stopped one (SIGSTOP) is not."""
         st = self.status()
-        if st.state != "activating" or st.pid is None or "is stopped" in st.detail:
+        if st.state != "activating" or st.pid is None or st.stopped:
             return st
         return self._wait(st.pid, wait_s)
 
@@ -440,6 +442,7 @@ class ProcessManager(ServiceManager):
             runs_from=doc.get("cwd"),
             warnings=doc.get("warnings") or [],
             unmanaged=doc.get("unmanaged") or [],
+            stopped=doc.get("stopped") is True,
         )
         if st.state in ("failed", "activating"):
             st.healthy = False
@@ -589,6 +592,19 @@ class ProcessManager(ServiceManager):
         return [
             "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in line) for line in lines
         ]
+
+
+def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
+    """The service's log from its last start by ops (its own last words), at most `keep` lines
+    (the marker line, then the newest ones)."""
+    starts = [i for i, line in enumerate(lines) if START_MARK.match(line)]
+    if starts:
+        lines = lines[starts[-1] :]
+    if len(lines) <= keep:
+        return lines
+    if starts:
+        return [lines[0], *lines[len(lines) - keep + 1 :]]
+    return lines[-keep:]
 
 
 def mode(operator: bool, force: bool) -> str:
