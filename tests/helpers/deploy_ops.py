@@ -159,7 +159,7 @@ class Ops:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=self.env,
+            env={**self.env, "PYTHONFAULTHANDLER": "1"},  # SIGABRT below: where it hung
             cwd=REPO,
             preexec_fn=(
                 (lambda: signal.signal(sig, signal.SIG_DFL))
@@ -183,8 +183,14 @@ class Ops:
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
+            # its Python stack goes to stderr first: a deploy that never answered the signal
+            # (one clean-clone CI run, not reproduced in 500 tries) says where it was
+            proc.send_signal(signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
         return proc.returncode, out, seen + err, time.monotonic() - t0
 
     def slow_selftest(self, seconds: int) -> None:
