@@ -243,6 +243,7 @@ def loop(tmp_path: Path):
         yield ops, server, root
     finally:
         server.proc.kill()
+        server.proc.wait()
         end_services(root)
         end_services(ops.root)
 
@@ -449,3 +450,59 @@ def test_a_link_cut_in_a_deploys_restart_leaves_the_old_release_serving(loop) ->
     assert settled(), "the old release does not serve"
     time.sleep(3)  # and stays so: no restart is left to undo it
     assert settled(), "the old release stopped serving"
+
+
+@pytest.mark.parametrize("when", ["between-commands", "in-a-command"])
+def test_a_host_that_stops_answering_is_given_up_on_in_seconds(loop, when: str) -> None:
+    """probe37z M1 (medium): the SSH server frozen (SIGSTOP: a hung host, a black-holed
+    network) at the post-flight. The rollback found the host did not answer; ops then went on
+    for about 155 s in silence, each best-effort command after it (the reject, the asking where
+    the host was left) waiting out a channel's open timeout of its own, then the guard's end for
+    122 s. Once two commands in a row have not been answered, each later one (and a host
+    process's end) gets one short look. A command in flight when the host froze (here a 30 s
+    self-test) waited out its whole deadline: a command quiet for twice the connect_timeout
+    is checked on with a new channel. After the thaw, the host is on the release it was on."""
+    import signal
+
+    ops, server, root = loop
+    ops.inventory.write_text(
+        ops.inventory.read_text().replace(
+            "[targets.loop.service]", "connect_timeout = 3\n[targets.loop.service]"
+        )
+    )
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    r1 = (root / "current").readlink().name
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    if when == "in-a-command":
+        ops.slow_selftest(30)
+    marker = "postflight ..." if when == "between-commands" else "selftest ..."
+    proc, seen = ops.popen_at(marker, "deploy", "loop", "--source", str(ops.src))
+    if when == "in-a-command":
+        time.sleep(1.0)  # the self-test's channel is open, its command runs
+    frozen = [server.proc.pid] + [
+        pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid).split("\0")[0]
+    ]
+    t0 = time.monotonic()
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=150)
+        took = time.monotonic() - t0
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    said = flat(out + seen + err)
+    assert proc.returncode == 1 and "Traceback" not in said, said
+    assert took < 30, (took, said)
+    result = ops.record("deploy")["results"][0]
+    if when == "between-commands":
+        assert "the host did not answer" in said, said
+        assert result["outcome"] == "failed" and result["after"].startswith("unknown"), result
+    else:
+        assert "the host stopped answering" in said, said
+        assert result["outcome"] == "failed" and result["failed_step"] == "selftest", result
+    deadline = time.monotonic() + 60  # thawed, the guard sees ops gone and puts r1 back
+    while (root / "current").readlink().name != r1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (root / "current").readlink().name == r1

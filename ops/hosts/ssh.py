@@ -39,6 +39,16 @@ from ops.hosts.remote import (
 )
 
 CHUNK = 32768
+# A host that left two commands in a row unanswered (no channel opened within the target's
+# connect_timeout: a hung host, a black-holed network) gets one short look per later command,
+# and a host process's end (the revert guard's, the lock holder's) is waited for that long: the
+# best-effort work after a failed rollback took about 155 s in silence (probe37z M1)
+UNANSWERED_AFTER = 2
+QUICK_LOOK_S = 2.0
+# A command that sent nothing for this long (or twice the connect_timeout) is checked on: a new
+# channel that does not open within connect_timeout means the host stopped answering under it
+# (it waited out its whole deadline, 76 s for a status, probe37z M1)
+QUIET_PROBE_S = 5.0
 # paramiko's transport thread logs a failed handshake with its traceback; with no handler
 # Python prints it on stderr. The HostError raised for it says the cause in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -79,8 +89,9 @@ def _fingerprint(key: paramiko.PKey) -> str:
 
 
 class _SshProc(Proc):
-    def __init__(self, chan: paramiko.Channel) -> None:
+    def __init__(self, chan: paramiko.Channel, host: SshHost) -> None:
         self._chan = chan
+        self._host = host
         self._buf = b""
 
     def read_line(self, timeout: float) -> str | None:
@@ -108,6 +119,8 @@ class _SshProc(Proc):
     def finish(self, timeout: float) -> int:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             self._chan.shutdown_write()
+        if self._host.unanswered:  # its end could not come back: it ends (or not) without us
+            timeout = min(timeout, QUICK_LOOK_S)
         end = time.monotonic() + timeout
         while not self._chan.exit_status_ready() and time.monotonic() < end:
             time.sleep(0.01)
@@ -122,6 +135,12 @@ class SshHost(Host):
     def __init__(self, target: Target) -> None:
         super().__init__(target)
         self._conn: Connection | None = None
+        self._unanswered = 0  # commands in a row whose channel did not open in time
+
+    @property
+    def unanswered(self) -> bool:
+        """The host has stopped answering: commands now get one short look each."""
+        return self._unanswered >= UNANSWERED_AFTER
 
     # -- connection ---------------------------------------------------------------------
     def _connect(self) -> paramiko.Transport:
@@ -204,11 +223,19 @@ class SshHost(Host):
 
     def _channel(self, command: str) -> paramiko.Channel:
         transport = self._connect()
+        wait = self.target.connect_timeout
+        if self.unanswered:
+            wait = min(wait, QUICK_LOOK_S)
         try:
-            chan = transport.open_session(timeout=self.target.connect_timeout)
+            chan = transport.open_session(timeout=wait)
             chan.exec_command(command)
+            self._unanswered = 0
         except (paramiko.SSHException, OSError, EOFError) as exc:
             why = str(exc) or type(exc).__name__  # an EOFError of a dropped link says nothing
+            if transport.is_active() and "Timeout opening channel" in why:
+                self._unanswered += 1
+                if self.unanswered:
+                    why = f"{why.rstrip('.')}: the host has stopped answering"
             raise HostError(
                 f"cannot start a command: {why} (the SSH connection was lost)"
                 if isinstance(exc, EOFError) or not transport.is_active()
@@ -238,9 +265,21 @@ class SshHost(Host):
         out, err = Capped(STDOUT_MAX), Capped(STDERR_MAX)
         end = time.monotonic() + deadline_s
         last_look = False
+        probe_after = max(QUIET_PROBE_S, 2 * self.target.connect_timeout)
+        heard = time.monotonic()
         try:
             held.release()
             while True:
+                if time.monotonic() - heard > probe_after:
+                    if not self._answers():  # as a lost link: no exit status (-1), and why
+                        self._unanswered += 1
+                        why = (
+                            f"ops: the host stopped answering: nothing came for {probe_after:g} "
+                            f"s, and no new channel opened in {self.target.connect_timeout:g} s"
+                        )
+                        err.add(why.encode() + b"\n")
+                        return -1, out, err
+                    heard = time.monotonic()
                 busy = False
                 if sent < len(data) and chan.send_ready():
                     sent += chan.send(data[sent : sent + CHUNK])  # then stdin stays open
@@ -260,7 +299,9 @@ class SshHost(Host):
                     return TIMEOUT_RC, out, err
                 if time.monotonic() > end:
                     last_look, end = True, time.monotonic() + LAST_LOOK_S
-                if not busy:
+                if busy:
+                    heard = time.monotonic()
+                else:
                     time.sleep(0.002)
             return chan.recv_exit_status(), out, err
         except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -268,5 +309,18 @@ class SshHost(Host):
         finally:
             chan.close()  # before the command ended: its watcher kills it on the host
 
+    def _answers(self) -> bool:
+        """Whether the host still opens a channel (a probe, closed at once) within the target's
+        connect_timeout; a connection already lost is left to the command's own channel."""
+        transport = self._conn.client.get_transport() if self._conn is not None else None
+        if transport is None or not transport.is_active():
+            return True
+        try:
+            probe = transport.open_session(timeout=self.target.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError):
+            return not transport.is_active()
+        probe.close()
+        return True
+
     def _spawn(self, command: str) -> Proc:
-        return _SshProc(self._channel(command))
+        return _SshProc(self._channel(command), self)
