@@ -1160,3 +1160,24 @@ def test_a_stopped_lock_holder_whose_ops_is_gone_is_named(ops: Ops) -> None:
         assert time.monotonic() < deadline, "the holder never ended"
         time.sleep(0.2)
     assert ops("service", "restart", "local").returncode == 0  # the lock is free again
+
+
+def test_a_lock_lost_after_the_switch_prunes_nothing_and_says_so(ops: Ops) -> None:
+    """probe37z L1 (low): the host lock's holder killed after the switch: the deploy finished,
+    its prune included, without the lock and without a word of it. The commit stands (the
+    post-flight passed); the prune, which deletes, is skipped and says why."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    for n in ("two", "three"):
+        commit_change(ops.src, "engine/svc.py", '"""', f'"""Release {n}. ')
+        assert ops.deploy().returncode == 0
+    before = sorted(p.name for p in (ops.root / "releases").iterdir())
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release four. ')
+    proc, seen = ops.popen_at("restart ...", *ops.deploy_args(), "--keep", "2")
+    signal_lock_holders(ops, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    text = " ".join((seen + out + err).split())
+    assert proc.returncode == 0, text
+    prune = steps(ops.record("deploy")["results"][0])["prune"]
+    assert prune == "skip" and "prune: skip" in text and "the host lock was lost" in text, text
+    after = sorted(p.name for p in (ops.root / "releases").iterdir())
+    assert set(before) <= set(after), (before, after)  # nothing removed
