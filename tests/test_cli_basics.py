@@ -45,6 +45,12 @@ def test_bad_flags_and_values_are_one_line(args: tuple[str, ...], says: str) -> 
     res = ops(*args)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.count("\n") == 1 and says in res.stderr and "-h)" in res.stderr
+    assert res.stdout == ""
+    # with --json, one document on stdout too (probe37z L2: it printed nothing there)
+    res = ops(*args, "--json")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"] == "UsageError" and says in doc["message"], doc
 
 
 @pytest.mark.parametrize(

@@ -217,6 +217,11 @@ def main() -> None:
             sys.exit(2)
         ctx = getattr(exc, "ctx", None)
         where = f" (see {ctx.command_path} -h)" if ctx is not None else ""
+        args = sys.argv[1:]
+        if "--json" in (args[: args.index("--")] if "--" in args else args):
+            # the flags were not parsed, but --json was asked for: one document all the same
+            # (probe37z L2: a usage error printed nothing on stdout)
+            emit_json({"ok": False, "error": "UsageError", "message": exc.format_message()})
         err.print(f"error: {escape(exc.format_message())}{where}", soft_wrap=True)
         sys.exit(exc.exit_code)
     if code == EXIT_INTERRUPTED and not st.answered:
