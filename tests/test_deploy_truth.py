@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, steps
-from helpers.local import alive, end_services
+from helpers.local import alive, end_services, stopped
 
 
 def flat(text: str) -> str:
@@ -462,8 +462,6 @@ def test_a_host_that_stops_answering_is_given_up_on_in_seconds(loop, when: str) 
     process's end) gets one short look. A command in flight when the host froze (here a 30 s
     self-test) waited out its whole deadline: a command quiet for twice the connect_timeout
     is checked on with a new channel. After the thaw, the host is on the release it was on."""
-    import signal
-
     ops, server, root = loop
     ops.inventory.write_text(
         ops.inventory.read_text().replace(
@@ -483,15 +481,9 @@ def test_a_host_that_stops_answering_is_given_up_on_in_seconds(loop, when: str) 
         pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid).split("\0")[0]
     ]
     t0 = time.monotonic()
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with stopped(frozen):
         out, err = proc.communicate(timeout=150)
         took = time.monotonic() - t0
-    finally:
-        for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     said = flat(out + seen + err)
     assert proc.returncode == 1 and "Traceback" not in said, said
     assert took < 30, (took, said)

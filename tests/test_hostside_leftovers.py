@@ -33,6 +33,7 @@ import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, guard_shells, kill_guard_and_ops
+from helpers.local import stopped
 
 
 def relink(root: Path, dest: str) -> None:
@@ -645,17 +646,11 @@ def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
     proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
     groups = guard_shells(ops.root)
-    for g in groups:
-        os.killpg(g, signal.SIGSTOP)
     assert groups, "no guard seen"
-    try:
+    with stopped(groups, os.killpg):
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=180)
         took = time.monotonic() - t0
-    finally:
-        for g in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(g, signal.SIGCONT)
     assert proc.returncode == 0, seen + err
     assert took < 40, f"the deploy took {took:.0f} s after its post-flight began"
     assert ops.serving() == ops.current()

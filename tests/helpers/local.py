@@ -4,6 +4,7 @@ given mode, or any command (None: the built-in reference-engine command). Record
 temp dir's `runs/`.
 
 `end_services(root)`: a teardown's end of the services ops started under a remote root.
+`stopped(ids)`: processes (or process groups) held by SIGSTOP for a `with` body.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ops.hostside.procman import read_pidfile, verify
@@ -21,6 +23,21 @@ from ops.hostside.procman import read_pidfile, verify
 from . import FAKE_SERVICE
 from .cli import ops_json, run_ops
 from .sshd import free_port
+
+
+@contextlib.contextmanager
+def stopped(ids: Iterable[int], send: Callable[[int, int], None] = os.kill) -> Iterator[None]:
+    """SIGSTOP each of `ids` (pids; process groups with `send=os.killpg`) for the `with` body,
+    then SIGCONT those still there."""
+    ids = list(ids)
+    for i in ids:
+        send(i, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for i in ids:
+            with contextlib.suppress(ProcessLookupError):
+                send(i, signal.SIGCONT)
 
 
 def end_services(root: Path, wait_s: float = 20.0) -> None:
