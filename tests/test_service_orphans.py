@@ -551,3 +551,37 @@ def test_a_stop_racing_a_lock_holder_on_a_read_only_root_is_refused(svc: Service
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
+
+
+def test_a_start_path_that_resets_the_environment_keeps_its_service(tmp_path: Path) -> None:
+    """probe37aa H2 (high): `env -i PATH=... {python} ...` (or sudo, a pyenv shim under env -i)
+    gives the service an environment of its own that names no service of ops. The pidfile's
+    process (same pid, start time and session: it only exec'd) was then read as "not started by
+    ops": the start said it exited and daemonized and stopped it, and a restart or a deploy
+    (and its rollback) left the host with no service. Without ops's variables, the pidfile's
+    process is the service where it runs from a release of this root (or the root), as for an
+    empty environment."""
+    svc = ServiceCli(
+        tmp_path,
+        stop_timeout=2,
+        command=f"env -i PATH=/usr/bin:/bin {{python}} {FAKE} --port {{port}}",
+    )
+    pids: list[int] = []
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        pids.append(st["pid"])
+        code, st = svc("service", "restart", "local")
+        assert code == 0 and st["state"] == "active" and "daemonized" not in st["detail"], st
+        pids.append(st["pid"])
+        assert not alive(pids[0]) and alive(pids[1])
+        code, st = svc("service", "status", "local")
+        assert code == 0 and st["state"] == "active" and st["pid"] == pids[1], st
+        assert not st.get("unmanaged"), st
+        code, st = svc("service", "stop", "local")
+        assert code == 0 and st["state"] == "inactive" and not alive(pids[1]), st
+    finally:
+        end_all(svc.root)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

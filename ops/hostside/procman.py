@@ -246,20 +246,19 @@ def not_owner(ident: dict, pidfile: str) -> str | None:
     if got != service or not same_dir(got_root, root):
         return why + f"it names service {got!r} under {got_root}, pid {pid}"
     env = proc_environ(pid)
-    if not env:
+    if not env or (ENV_ROOT not in env and ENV_SERVICE not in env):
         # not ours to read (another user's), read while the process was in execve (the kernel
-        # shows an empty environment then), or overwritten by its own setproctitle (sshd,
-        # nginx; a service may do it too): the recorded identity stands only for a process
+        # shows an empty environment then), overwritten by its own setproctitle (sshd, nginx;
+        # a service may do it too), or one of its own (`env -i PATH=...`, sudo, a pyenv shim
+        # in the start path: probe37aa H2, the live service was stopped as "daemonized"):
+        # the recorded identity (pid, start time, boot, session) stands only for a process
         # that runs under this root, as every service ops starts does (probe37l L6: a forged
         # pidfile naming such a daemon, whose cwd is /, got it signalled)
         now = proc_cwd(pid, resolve=False)
         if isinstance(now, str) and not service_dir(now, root):
-            return why + (
-                f"pid {pid} shows no environment and runs in {now}, not in a release of {root}"
-            )
+            shows = "no environment" if not env else "an environment that names no service of ops"
+            return why + f"pid {pid} shows {shows} and runs in {now}, not in a release of {root}"
         return None
-    if ENV_ROOT not in env and ENV_SERVICE not in env:  # every process ops starts has both
-        return why + f"pid {pid}'s environment names no service of ops (not started by ops)"
     env_root, env_service = env.get(ENV_ROOT), env.get(ENV_SERVICE)
     if env_service != service or not same_dir(env_root, root):
         return why + f"pid {pid} is service {env_service!r} under {env_root} (its environment)"
