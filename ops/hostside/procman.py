@@ -448,7 +448,8 @@ def strays(
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or (st := outside(int(entry))) is None:
             continue
-        table[pid := int(entry)] = st
+        pid = int(entry)
+        table[pid] = st
         env = proc_environ(pid)
         if env and env.get(ENV_SERVICE) == service and same_dir(env.get(ENV_ROOT), root):
             add(pid, st, env, proc_cwd(pid))
