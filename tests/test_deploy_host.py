@@ -235,3 +235,19 @@ def test_a_host_side_exception_is_one_line_and_exit_4(tmp_path: Path) -> None:
     said = caught.value.message
     assert caught.value.exit_code == EXIT_INTERNAL and "\n" not in said, said
     assert "releases list" in said and "KeyError: 'resolves'" in said, said
+
+
+def test_the_revert_guard_fits_one_argument_of_the_remote_shell() -> None:
+    """The guard's script carries both host-side scripts (the revert and the restart). Over SSH
+    a whole command is one argument of the remote shell, and Linux caps one argument at
+    128 KiB (MAX_ARG_STRLEN): sent as plain text they had grown to within 1.5 KiB of it, and
+    the process manager's log keeper took them past it (every deploy failed: "Argument list
+    too long"). They are sent packed; the longest remote root and a long command still fit."""
+    from ops.deploy.host_actions import guard_script
+    from ops.hosts.inventory import MAX_REMOTE_ROOT, Service, Target
+
+    root = "/" + "r" * (MAX_REMOTE_ROOT - 1)
+    command = "{python} -m engine.serve --port {port} " + "--flag x " * 400
+    t = Target(name="t", remote_root=root, service=Service(command=command))
+    size = len(guard_script(t, restart=True).encode())
+    assert size < 128 << 10, f"{size} bytes"

@@ -31,7 +31,7 @@ import pytest
 from helpers import FAKE_SERVICE as FAKE
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops
-from helpers.local import ServiceCli, alive, end_services
+from helpers.local import ServiceCli, alive, end_services, fill_to_the_last_block, small_tmpfs
 
 DAEMON = f"""
 import os, runpy, sys
@@ -431,25 +431,6 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: ServiceCli) -> None:
     assert st["state"] != "active", st
 
 
-def small_tmpfs(tmp_path: Path, size: str) -> Path:
-    """A tmpfs of `size` at tmp_path/disk (the test is skipped where mounting is not allowed);
-    the test unmounts it."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)])
-    if res.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    return disk
-
-
-def fill_to_the_last_block(disk: Path) -> None:
-    fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
-    with contextlib.suppress(OSError):
-        while True:
-            os.write(fd, b"x" * 4096)
-    os.close(fd)
-
-
 def test_stop_on_a_full_root_stops_the_service(tmp_path: Path) -> None:
     """probe37f F4: on a full remote root (a runaway log) the lock's note cannot be written;
     a stop holds the lock without it and stops the service, saying so. probe37k K8: the start
@@ -498,9 +479,9 @@ runpy.run_path({str(FAKE)!r}, run_name="__main__")
 def test_a_start_on_a_full_disk_keeps_no_log_rather_than_fail(tmp_path: Path) -> None:
     """probe37x M3 (medium): on a full remote root, `ops service stop` then `start`: the
     service's own first write to its log (stdout) failed with ENOSPC and it died; every start
-    failed, and the evidence quoted an earlier start's log. A log on a disk with under 1 MiB
-    free is not written (said in a warning), so the service runs; a failed start quotes no
-    earlier start's lines."""
+    failed, and the evidence quoted an earlier start's log. The service's output goes to the
+    log keeper (probe37aa H1), which drops it while the disk has under 1 MiB free (said in a
+    warning), so the service runs."""
     disk = small_tmpfs(tmp_path, "4m")
     (tmp_path / "chatty.py").write_text(CHATTY)
     command = f"{{python}} -u {tmp_path / 'chatty.py'} {{port}}"
@@ -514,7 +495,10 @@ def test_a_start_on_a_full_disk_keeps_no_log_rather_than_fail(tmp_path: Path) ->
         code, st = svc("service", "start", "local")
         assert code == 0 and st["state"] == "active", st
         said = " ".join(st["warnings"])
-        assert "log not written" in said and "its disk is full" in said, said
+        assert "its disk is full" in said and "output is dropped" in said, said
+        time.sleep(0.5)
+        code, again = svc("service", "status", "local")
+        assert again["state"] == "active" and again["pid"] == st["pid"], again
     finally:
         end_all(svc.root)
         subprocess.run(["umount", "-l", str(disk)])

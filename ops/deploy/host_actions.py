@@ -229,11 +229,10 @@ class Guard:
 SETTLED_GUARD_WAIT_S = 10.0
 
 
-@contextmanager
-def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
-    """A host process that, when ops goes away with `deploy.pending` still there, switches
-    `current` back (and restarts the service): the host never stays on an unproven release."""
-    t = host.target
+def guard_script(t: Target, restart: bool) -> str:
+    """The revert guard's shell script (`revert_guard`). It carries both host-side scripts, so it
+    is the longest command ops sends: over SSH a whole command is one argument of the remote
+    shell, which the kernel caps at 128 KiB (MAX_ARG_STRLEN)."""
     revert = shlex.join([t.python, "-S", "-c", DEPLOY_HOST_SOURCE, "revert", t.remote_root])
     again = restart_script(t) if restart else "true"
     # the guard holds deploy.guard for its whole life: the next deploy (or rollback) waits
@@ -242,7 +241,7 @@ def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
     # a pending switch still on its way checks for a live guard under that lock, so it either
     # lands first (and is reverted here) or finds no guard and switches nothing
     root = shell_path(t.remote_root)
-    script = (
+    return (
         f"exec 8>>{root}/deploy.guard && flock 8 || exit 1; "
         "echo READY; cat >/dev/null; "
         f"exec 9>>{root}/deploy.switch && flock 9; "
@@ -252,7 +251,13 @@ def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
         f"switched back; the restart said:'; {again}; }} 2>&1 "
         f"| {_append_to(guard_log(t))}; echo REVERTED; fi"
     )
-    proc = host._spawn(script)
+
+
+@contextmanager
+def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
+    """A host process that, when ops goes away with `deploy.pending` still there, switches
+    `current` back (and restarts the service): the host never stays on an unproven release."""
+    proc = host._spawn(guard_script(host.target, restart))
     if proc.read_line(30) != "READY":
         proc.finish(5)
         raise HostError("the revert guard did not start", target=host.name, step="guard")

@@ -1093,18 +1093,154 @@ def ends_a_line(log: str, size: int) -> bool:
 
 
 LOG_ROOM = 1 << 20  # free bytes below which a start's output goes to /dev/null
+LOG_CAP = 64 << 20  # the service's log is rotated past this size (to <log>.1, one kept)
+LOG_CHECK = 1 << 20  # a keeper looks at its disk's free space at least each MiB it writes
+LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+KEEPERS: list = []  # the log keepers this run started (a failed start waits for their last write)
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def open_regular(log: str) -> int:
+    """The log opened to append (blocking writes), a regular file reached through no link; a
+    FIFO there never blocks the open (OSError otherwise)."""
+    fd = os.open(log, LOG_FLAGS, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(0, "not a regular file", log)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def rotate(log: str, fd: int) -> tuple[int, str | None]:
+    """The log's fd after moving the file `fd` writes to aside as `<log>.1` (the one before
+    goes) and opening a new one at `log`, and what went wrong (None: nothing). Where the file
+    cannot be moved or a new one opened, it is emptied instead: the log stays bounded."""
+    try:
+        mine, there = os.fstat(fd), os.lstat(log)
+        if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            os.replace(log, log + ".1")
+        new = open_regular(log)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        return fd, f"could not rotate it ({exc.strerror}): emptied it"
+    os.close(fd)
+    return new, None
+
+
+def keep_log(log: str) -> None:
+    """The log keeper: what the service writes into its pipe (fd 0) goes to the log (fd 1),
+    rotated past LOG_CAP, and dropped (counted, then said in the log) while the disk has under
+    LOG_ROOM free: a service flooding its output never fills the root's disk (probe37aa H1).
+    It runs in a session of its own with no environment of ops (no stop or stray rule takes it
+    for the service) and ends when the last writer closes the pipe: with the service."""
+    for sig in CRITICAL:  # it ends with the service's output, not with a signal for others
+        signal.signal(sig, signal.SIG_IGN)
+    out, dropped, written, low, ended = 1, 0, 0, False, True
+    size, room = os.fstat(out).st_size, 0  # bytes it may write before it looks again
+    name = os.path.basename(log)
+    while True:
+        try:
+            chunk = os.read(0, 1 << 16)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        if low or written >= room:  # looked at more often as the disk fills
+            try:
+                disk = os.fstatvfs(out)
+                free = disk.f_bavail * disk.f_frsize
+            except OSError:
+                free = LOG_ROOM + 2 * LOG_CHECK
+            low, written, room = free < LOG_ROOM, 0, min(LOG_CHECK, (free - LOG_ROOM) // 2)
+        if low:
+            dropped += len(chunk)
+            continue
+        lines, fresh = [], False  # (fresh: a new or emptied file, no partial line to end)
+        if size + len(chunk) > LOG_CAP and size:
+            fresh = True
+            out, why = rotate(log, out)
+            lines.append(
+                f"=== {stamp()} ops: log past {LOG_CAP >> 20} MiB; "
+                + (why or f"the output before this line is in {name}.1")
+            )
+        if dropped:
+            lines.append(
+                f"=== {stamp()} ops: {dropped} bytes of the service's output dropped: "
+                f"the disk had under {LOG_ROOM >> 20} MiB free"
+            )
+        lead = "\n" if lines and not (ended or fresh) else ""
+        data = (lead + "".join(line + "\n" for line in lines)).encode() + chunk
+        try:
+            while data:
+                data = data[os.write(out, data) :]
+        except OSError:  # ENOSPC, EDQUOT, EIO: dropped, and the disk looked at again
+            dropped += len(data)
+            low = True
+            continue
+        dropped, ended = 0, chunk.endswith(b"\n")
+        now = os.fstat(out).st_size
+        written += max(now - size, 0)
+        size = now
+
+
+def own_source() -> str:
+    """This script's text: what `python -c` was given (its first argument after -c)."""
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    return argv[argv.index(b"-c") + 1].decode()
+
+
+def start_keeper(log: str, fd: int, warnings: list) -> int:
+    """The write end of a pipe whose reader, a log keeper (`keep_log`), writes into the log
+    `fd`; `fd` itself where no keeper can start (with a warning: the log is not capped)."""
+    read, write = os.pipe()
+    try:
+        keeper = subprocess.Popen(
+            [sys.executable, "-S", "-c", own_source(), "keep-log", log],
+            stdin=read,
+            stdout=fd,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            start_new_session=True,
+        )
+    except (OSError, ValueError, IndexError) as exc:
+        os.close(write)
+        warnings.append(f"log keeper not started ({exc}): the service writes its log uncapped")
+        return fd
+    finally:
+        os.close(read)
+    KEEPERS.append(keeper)
+    os.close(fd)
+    return write
+
+
+def keepers_done(wait_s: float = 1.0) -> None:
+    """Wait (a little) for this run's log keepers to write the last output of a service that
+    exited: a failed start's evidence is read from the log right after."""
+    end = time.time() + wait_s
+    for keeper in KEEPERS:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            keeper.wait(max(end - time.time(), 0.01))
 
 
 def open_log(log: str, command: str, warnings: list) -> tuple[int, str | None]:
-    """The log's fd for the service's output, and why this start's output is not kept there
-    (None: it is); /dev/null (with a warning: the service's output is lost, said in the text
-    too, probe37s S3) when it cannot be written: a full or read-only log directory must not
-    keep the service down. Nor a nearly full one: a service whose write to its stdout fails
-    (ENOSPC) may die of it (probe37x M3: on a full root every start after a stop failed)."""
+    """The fd for the service's output, and why this start's output is not kept in the log
+    (None: it is). The fd is a pipe to a log keeper (`keep_log`: the log capped, rotated, and
+    never filling the disk); /dev/null (with a warning: the service's output is lost, said in
+    the text too, probe37s S3) when the log cannot be written: a full or read-only log
+    directory must not keep the service down. Nor a nearly full one where no keeper runs: a
+    service whose write to its stdout fails (ENOSPC) may die of it (probe37x M3: on a full root
+    every start after a stop failed). A log already past LOG_CAP is rotated first."""
     # never blocks (a FIFO there would hang the start with the service already stopped) and
     # never follows a link, the log's or its directory's (the service's output would go to
     # whatever they name: another target's logs, probe37r R7)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
     logs = os.path.dirname(log)
     lost = "the service's output is not kept"
 
@@ -1117,33 +1253,36 @@ def open_log(log: str, command: str, warnings: list) -> tuple[int, str | None]:
         return not_kept(f"{why} (make it a directory)")
     try:
         os.makedirs(logs, exist_ok=True)
-        fd = os.open(log, flags, 0o644)
+        fd = open_regular(log)
     except OSError as exc:
         return not_kept(f"{log}: {exc.strerror}")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return not_kept(f"{log}: not a regular file")
     try:
         disk = os.fstatvfs(fd)
         free = disk.f_bavail * disk.f_frsize
     except OSError:
         free = LOG_ROOM
-    if free < LOG_ROOM:
-        os.close(fd)
-        return not_kept(f"{log}: its disk is full ({free} bytes free)")
-    os.set_blocking(fd, True)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if os.fstat(fd).st_size >= LOG_CAP:
+        fd, why = rotate(log, fd)
+        if why:
+            warnings.append(f"{log} was past {LOG_CAP >> 20} MiB: {why}")
+    marked = None
     try:
         # on a line of its own: after a last run's partial line, the marker glued to it was
         # never found, and a failed start quoted the run before as its own output
         lead = "" if ends_a_line(log, os.fstat(fd).st_size) else "\n"
-        os.write(fd, f"{lead}=== {stamp} ops start: {command}\n".encode())
+        os.write(fd, f"{lead}=== {stamp()} ops start: {command}\n".encode())
     except OSError as exc:
         # without its marker, the log's last lines are the start before's, not this one's
-        why = f"ops start marker not written ({log}: {exc.strerror})"
-        warnings.append(why)
-        return fd, why
-    return fd, None
+        marked = f"ops start marker not written ({log}: {exc.strerror})"
+        warnings.append(marked)
+    out = start_keeper(log, fd, warnings)
+    full = f"{log}: its disk is full ({free} bytes free)"
+    if out == fd and free < LOG_ROOM:  # no keeper: the service would meet the full disk
+        os.close(fd)
+        return not_kept(full)
+    if free < LOG_ROOM:
+        warnings.append(f"{full}: the service's output is dropped until there is room again")
+    return out, marked
 
 
 def do_start(
@@ -1450,6 +1589,7 @@ def do_up(
             if not left:  # a double fork in flux: its middle child gone, its grandchild unseen
                 time.sleep(0.2)
                 left = stop_strays(pidfile, grace, signals, time.time(), url, since)
+            keepers_done()  # its last words in the log before anyone reads them there
             if left:
                 wait["reason"] += (
                     f", leaving {named(left)} running outside its session (it daemonized: the "
@@ -1546,6 +1686,9 @@ def main(argv: list[str]) -> dict:
         return do_up(*args[:5], float(args[5]), mode=mode, grace=grace)
     if action == "stop":
         return do_stop(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    if action == "keep-log":  # LOG, with the service's pipe as stdin and the log as stdout
+        keep_log(args[0])
+        sys.exit(0)
     if action == "startable":  # ROOT: why `current` could not be started again (None: it can)
         try:
             startable(args[0])

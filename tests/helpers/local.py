@@ -5,6 +5,7 @@ temp dir's `runs/`.
 
 `end_services(root)`: a teardown's end of the services ops started under a remote root.
 `stopped(ids)`: processes (or process groups) held by SIGSTOP for a `with` body.
+`small_tmpfs`, `fill_to_the_last_block`: a small disk, and filling it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+import pytest
 
 from ops.hostside.procman import read_pidfile, verify
 
@@ -177,3 +180,22 @@ class ServiceCli:
     def write_pidfile(self, text: str) -> None:
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.pidfile.write_text(text)
+
+
+def small_tmpfs(tmp_path: Path, size: str) -> Path:
+    """A tmpfs of `size` at tmp_path/disk (the test is skipped where mounting is not allowed);
+    the test unmounts it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)])
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    return disk
+
+
+def fill_to_the_last_block(disk: Path) -> None:
+    fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, b"x" * 4096)
+    os.close(fd)
