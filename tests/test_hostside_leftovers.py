@@ -820,3 +820,22 @@ def test_a_run_directory_that_is_a_symlink_is_never_followed(ops: Ops, tmp_path:
     assert not run.is_symlink() and (run / "ddtree-engine.pid").is_file()
     assert theirs.read_text() == kept and sorted(p.name for p in other.iterdir()) == [theirs.name]
     assert status(ops).get("state") == "active"
+
+
+def test_a_restart_whose_process_manager_is_killed_says_where_the_service_is(ops: Ops) -> None:
+    """probe37aa L3: the host side of `ops service restart` killed (kill -9) while its worker
+    stopped the service: ops said only "process manager printed no result", nothing of the
+    service, which the worker (in a session of its own) went on to restart. The error now says
+    the service's state, asked of the host after the loss."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    # its parent: the process manager's first process, which waits for the worker's result
+    parent = int(Path(f"/proc/{worker}/stat").read_text().rpartition(")")[2].split()[1])
+    os.kill(parent, signal.SIGKILL)  # the worker is stopping the service (1.5 s)
+    out, err = proc.communicate(timeout=60)
+    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert proc.returncode != 0 and "printed no result" in text, text
+    assert "the service is now " in text, text

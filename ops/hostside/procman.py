@@ -444,43 +444,49 @@ def strays(
     # one walk of /proc for the three questions below (the sessions' members too); each
     # environment read at once after its stat: a daemon's middle child of a double fork lives
     # for a moment, and its grandchild may be younger than the walk
-    table: dict[int, dict] = {}
+    table: dict[int, dict] = {}  # pid: its stat, with its environment ("env")
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or (st := outside(int(entry))) is None:
             continue
         pid = int(entry)
         table[pid] = st
-        env = proc_environ(pid)
+        env = st["env"] = proc_environ(pid)
         if env and env.get(ENV_SERVICE) == service and same_dir(env.get(ENV_ROOT), root):
             add(pid, st, env, proc_cwd(pid))
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    seen = {f["pid"] for f in found}
 
     def with_session(pid: int, st: dict) -> None:
         """pid and its session's members that run a release's code of this root."""
         members = {p: m for p, m in table.items() if m["session"] == st["session"]}
         for other, member in sorted({**members, pid: st}.items()):
-            if runs_code_of(other, releases) and other not in {f["pid"] for f in found}:
+            if other not in seen and runs_code_of(other, releases, member.get("env")):
+                seen.add(other)
                 add(other, member, {}, proc_cwd(other))
 
     inodes = listening_inodes(port_of(url)) if url else None
     for holder in socket_owners(inodes) if inodes else []:
         st = table.get(holder) or outside(holder)
-        if st is not None and runs_code_of(holder, releases):
+        if st is not None and runs_code_of(holder, releases, st.get("env")):
             with_session(holder, st)
     where = os.path.realpath(since[0]) + "/" if since else ""
     if since and where.startswith(releases):
         for pid, st in table.items():
-            if st["ppid"] == 1 and int(st["start"]) >= since[1] and runs_code_of(pid, where):
+            if (
+                st["ppid"] == 1
+                and int(st["start"]) >= since[1]
+                and runs_code_of(pid, where, st["env"])
+            ):
                 with_session(pid, st)
     return found
 
 
-def runs_code_of(pid: int, where: str) -> bool:
+def runs_code_of(pid: int, where: str, env: dict[str, str] | None = None) -> bool:
     """Process `pid` runs code from under the directory `where` (a trailing "/"): its cwd, its
     executable or a file it maps is there, or an absolute path in its arguments or its
     environment (PYTHONPATH) names it: a
     daemon(3)-style daemon changes to "/" and may clear its environment, and still imports
-    its release (probe37y H1)."""
+    its release (probe37y H1). `env`: its environment where already read."""
     cwd = proc_cwd(pid)
     if cwd and (cwd + "/").startswith(where):
         return True
@@ -495,7 +501,7 @@ def runs_code_of(pid: int, where: str) -> bool:
             argv = f.read(1 << 16).decode("utf-8", "replace").split("\0")
     except OSError:
         argv = []
-    env = proc_environ(pid) or {}
+    env = (env if env is not None else proc_environ(pid)) or {}
     for value in [*argv, *env.values()]:
         for part in value.split(os.pathsep):
             if part.startswith("/") and (os.path.realpath(part) + "/").startswith(where):

@@ -389,9 +389,13 @@ class ProcessManager(ServiceManager):
                     target=self.host.name,
                     step=f"service {action}",
                 ) from None
+            said = res.tail() or res.tail("stdout") or "no output"
+            if action in ("up", "restart", "stop"):  # (killed, say): it may have stopped it
+                said += "; " + self._state_now()
+            if action == "restart":  # its worker runs on in a session of its own
+                said += " (the restart's worker may still be at work: ops service status tells)"
             raise HostError(
-                f"process manager printed no result (exit {res.rc}): "
-                + (res.tail() or res.tail("stdout") or "no output"),
+                f"process manager printed no result (exit {res.rc}): {said}",
                 target=self.host.name,
                 step=f"service {action}",
             ) from None
@@ -406,6 +410,19 @@ class ProcessManager(ServiceManager):
                 f"process manager: {doc['error']}", target=self.host.name, step=f"service {action}"
             )
         return doc
+
+    def _state_now(self) -> str:
+        """The service's state, said after a host side that ended without a result (probe37aa
+        L3: a restart whose process manager was killed said nothing of the service)."""
+        _, pf, _ = self._paths()
+        try:
+            st = self._host_side("status", pf, self.service.url)
+        except OpsError as exc:
+            return f"the service's state is unknown ({exc.message})"
+        how = f"the service is now {st.get('state', 'unknown')}: {st.get('detail', '')}"
+        if st.get("state") != "active":
+            how += f"; ops service start {self.target.name} starts it"
+        return how
 
     @staticmethod
     def render_command(target: Target) -> str:
@@ -582,27 +599,28 @@ class ProcessManager(ServiceManager):
             f"tail -c {EVIDENCE_BYTES} {path} 2>/dev/null | tail -n {EVIDENCE_LINES}; fi",
             step="service log",
         )
-        lines = res.stdout.splitlines()
         # the last start's output: not ops's own markers of the starts before it (probe37q
         # Q12: a status quoted twenty "=== ... ops start:" lines as the service's log)
-        marks = [i for i, line in enumerate(lines) if START_MARK.match(line)]
-        if marks:
-            lines = lines[marks[-1] :]
+        _, lines = from_last_start(res.stdout.splitlines())
         # the service's bytes, shown to an operator's terminal: no control characters
         return [
             "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in line) for line in lines
         ]
 
 
+def from_last_start(lines: list[str]) -> tuple[bool, list[str]]:
+    """The log's lines from the last start marker on (START_MARK), and whether there is one."""
+    starts = [i for i, line in enumerate(lines) if START_MARK.match(line)]
+    return (True, lines[starts[-1] :]) if starts else (False, lines)
+
+
 def since_last_start(lines: list[str], keep: int = 12) -> list[str]:
     """The service's log from its last start by ops (its own last words), at most `keep` lines
     (the marker line, then the newest ones)."""
-    starts = [i for i, line in enumerate(lines) if START_MARK.match(line)]
-    if starts:
-        lines = lines[starts[-1] :]
+    marked, lines = from_last_start(lines)
     if len(lines) <= keep:
         return lines
-    if starts:
+    if marked:
         return [lines[0], *lines[len(lines) - keep + 1 :]]
     return lines[-keep:]
 
