@@ -1125,6 +1125,9 @@ def rotate(log: str, fd: int) -> tuple[int, str | None]:
     goes) and opening a new one at `log`, and what went wrong (None: nothing). Where the file
     cannot be moved or a new one opened, it is emptied instead: the log stays bounded."""
     try:
+        logs = os.path.dirname(log)
+        if os.path.islink(logs):  # made so by hand since the start: never written through
+            raise OSError(0, f"{logs} is a symlink", logs)
         mine, there = os.fstat(fd), os.lstat(log)
         if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
             os.replace(log, log + ".1")
