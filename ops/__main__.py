@@ -1,7 +1,8 @@
 """`python -m ops` is the `ops` command (the `ops` script calls `run` too).
 
 The CLI's imports (typer, rich, pydantic) take a few tenths of a second; a Ctrl-C in that
-time is one line and exit 130, as anywhere else, not a traceback."""
+time is one line and exit 130 (with `--json`, one document too), as anywhere else, not a
+traceback."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def run() -> None:
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise
+        if "--json" in sys.argv[1:]:  # one document on stdout, as after the imports
+            print('{"ok": false, "outcome": "interrupted"}')
         print("interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
     main()

@@ -376,12 +376,13 @@ def test_ctrl_c_in_a_command_without_a_record_still_says_so(tmp_path: Path) -> N
     would otherwise end it as a silent 130). (It used to read a named pipe as a record; ops
     now refuses a record that is not a regular file before reading it.)"""
     slow = tmp_path / "slowpy"
-    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    nap = f"{60 + os.getpid() % 997 / 1000:.3f}"  # this test's own: no other `sleep 60`
+    slow.write_text(f"#!/bin/sh\nexec sleep {nap}\n")
     slow.chmod(0o755)
     inv = tmp_path / "ops.toml"
     inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\npython = '{slow}'\n")
     argv = [sys.executable, "-m", "ops", "releases", "local", "--json", "--inventory", str(inv)]
-    code, out, err = _sigint_when(argv, lambda: matching("sleep", "60"), "ops releases", settle=0.5)
+    code, out, err = _sigint_when(argv, lambda: matching("sleep", nap), "ops releases", settle=0.5)
     assert code == 130, err
     assert "interrupted (Ctrl-C)" in err, err
     assert json.loads(out) == {"ok": False, "outcome": "interrupted"}

@@ -317,3 +317,32 @@ def test_two_targets_on_one_root_of_one_host_are_refused(tmp_path: Path) -> None
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert "share remote_root /srv/ddtree on one host" in res.stderr, res.stderr
     assert load_inventory(inv).target("c").remote_root == "/srv/other"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("local", "address = '127.0.0.1'\nport = 2222\n"),
+        ("address = '127.0.0.1'\nport = 2222\n", "address = 'localhost'\nport = 2222\n"),
+        ("address = '::1'\n", "address = '127.0.0.2'\n"),
+    ],
+)
+def test_one_root_of_this_machine_is_seen_under_any_spelling(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    """probe37ab M2 (medium): `local` and an SSH target to 127.0.0.1, or two SSH targets to
+    127.0.0.1 and localhost on one port, with one remote_root were accepted: a deploy of one
+    switched the other's current under its running service. This machine is one host under
+    every loopback spelling (and `local`); two loopback SSH targets on different ports (two
+    containers, say) are two."""
+    inv = tmp_path / "ops.toml"
+    root = f"remote_root = '{tmp_path / 'root'}'\n"
+    a = "[targets.local]\n" if first == "local" else f"[targets.a]\n{first}"
+    inv.write_text(f"{a}{root}[targets.b]\n{second}{root}")
+    res = ops("releases", "b", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"share remote_root {tmp_path / 'root'} on one host" in res.stderr, res.stderr
+    if first.endswith("port = 2222\n"):  # another port: another sshd, maybe a container's
+        inv.write_text(inv.read_text().replace("port = 2222\n", "port = 2223\n", 1))
+        res = ops("releases", "b", "--inventory", str(inv))  # (nothing listens: unreachable)
+        assert res.returncode == 2 and "share remote_root" not in res.stderr, res.stderr

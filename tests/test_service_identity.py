@@ -148,7 +148,8 @@ def test_port_held_by_another_server_is_not_our_health(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         code, st = cli("service", "start", "local")
-        assert code == 1 and st["state"] == "failed"
+        # refused, nothing started: said with the state the service is in (probe37ab M3)
+        assert code == 1 and st["blocked_by"] == "port" and st["state"] == "inactive", st
         assert "already in use by pid" in st["detail"] and str(other.pid) in st["detail"]
         # what to do on a shared machine (another user's `local` on the default port, #39 item 3)
         assert "[targets.local.service] url = 'http://127.0.0.1:PORT'" in st["detail"]

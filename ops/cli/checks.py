@@ -26,7 +26,7 @@ from ops.cli.common import (
     say_service_down,
     state,
 )
-from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
+from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host
 from ops.measure.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
 
@@ -41,7 +41,12 @@ def healthcheck(
     ctx: typer.Context,
     target: TargetArg,
     record_golden: Annotated[
-        bool, typer.Option("--record-golden", help="Record the golden set instead of comparing.")
+        bool,
+        typer.Option(
+            "--record-golden",
+            help="Record the golden set instead of comparing (under the host lock; refused "
+            "while a switch is unproven).",
+        ),
     ] = False,
     golden: Annotated[
         Path | None,
@@ -75,6 +80,23 @@ def healthcheck(
     }
 
     def check(host: Host) -> Done[HealthReport]:
+        if not record_golden:
+            return measure(host)
+        # the golden set says what "correct" is: never recorded from a host mid-change (a
+        # deploy's unproven release; probe37ab H1: recorded beside a deploy's post-flight, it
+        # failed every later rollback)
+        with host.lock("healthcheck --record-golden"):
+            from ops.deploy.host_actions import host_releases
+
+            if host_releases(host, "list").get("pending"):
+                raise OpsError(
+                    f"{host.name}: a switch is not proven yet (deploy.pending): the golden set "
+                    "is recorded only from a release the host has settled on",
+                    hint=f"ops rollback {host.name} puts the host back and proves it; then record",
+                )
+            return measure(host)
+
+    def measure(host: Host) -> Done[HealthReport]:
         with err.status("healthcheck", spinner="dots") as status:
             rep = run_healthcheck(
                 host,

@@ -51,10 +51,10 @@ ForceOpt = Annotated[
 
 def _print_status(st: ServiceStatus) -> None:
     colour = "green" if st.active else "red" if st.state == "failed" else "yellow"
-    out.print(
-        f"{escape(st.name)} ({st.manager}): [{colour}]{st.state}[/] {escape(st.detail)}",
-        soft_wrap=True,
-    )
+    word = f"[{colour}]{st.state}[/]"
+    if st.blocked_by:  # a refusal: its detail says the state the service is in
+        word = "[red]refused[/]"
+    out.print(f"{escape(st.name)} ({st.manager}): {word} {escape(st.detail)}", soft_wrap=True)
     if not st.active and st.evidence:
         err.print("[dim]" + escape("\n".join(st.evidence[-20:])) + "[/]", soft_wrap=True)
     for warning in st.warnings:
@@ -73,6 +73,25 @@ def _left(mgr: ServiceManager, verb: str, target: str) -> str:
     if not st.active and verb != "stop":
         said += f"; to bring it back: ops service start {target}"
     return said
+
+
+def _as_it_is(mgr: ServiceManager, st: ServiceStatus) -> ServiceStatus:
+    """A refused start or restart (`blocked_by`), with the service's state as the host says it
+    now: a refusal read "failed" while the service it never touched served (probe37ab M3)."""
+    try:
+        now = mgr.status()
+    except OpsError:
+        return st
+    return st.model_copy(
+        update={
+            "state": now.state,
+            "healthy": now.healthy,
+            "pid": now.pid,
+            "runs_from": now.runs_from,
+            "detail": f"{st.detail}; the service is {now.state}: {now.detail}",
+            "evidence": now.evidence,
+        }
+    )
 
 
 READ_ONLY = "Read-only file system"
@@ -132,11 +151,13 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float, force: boo
                     else:
                         run = mgr.start if verb == "start" else mgr.restart
                         st = run(wait, operator=True, force=force)
+                        if st.blocked_by:
+                            st = _as_it_is(mgr, st)
                 except KeyboardInterrupt:
                     raise KeyboardInterrupt(_left(mgr, verb, target)) from None
             if unlocked:
                 st = st.model_copy(update={"warnings": [*st.warnings, unlocked]})
-        good = st.active if verb != "stop" else st.state == "inactive"
+        good = (st.active and not st.blocked_by) if verb != "stop" else st.state == "inactive"
         return Done(EXIT_OK if good else EXIT_FAIL, "ok" if good else "fail", st)
 
     name, inputs = f"service-{verb}", {"verb": verb}

@@ -926,25 +926,31 @@ class Deployer:
     def _rollback(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
         # rejected first: a rollback that is itself killed still leaves the release marked;
         # never for a cause outside the release (another program on the service's port)
-        unmarked = self._reject(rid, failed)  # a mark not written must not stop the rollback
+        kept: list[str] = []
+        unmarked = self._reject(rid, failed, kept)  # a mark not written must not stop it
         res = self._roll_back(mgr, rid, before, failed)
-        if unmarked and self._reject(rid, failed):  # tried again once the host is put back
+        if unmarked and self._reject(rid, failed, kept):  # tried again once the host is back
             res.message += (
                 f"; {rid} could not be marked rejected ({unmarked}): `ops releases` shows it "
                 "unproven, and `ops rollback --to` would take it"
             )
+        if kept:  # a proven release stays open to `rollback --to`
+            res.message += f"; {rid} was not marked rejected: {kept[0]}"
         return res
 
-    def _reject(self, rid: str, failed: Step) -> str | None:
-        """Mark `rid` rejected for `failed` (not for a cause outside the release); why it could
-        not be marked (a full disk), or None."""
+    def _reject(self, rid: str, failed: Step, kept: list[str]) -> str | None:
+        """Mark `rid` rejected for `failed` (not for a cause outside the release, nor a release
+        that passed a post-flight: the host side keeps it, said into `kept`); why it could not
+        be marked (a full disk), or None."""
         if self._blocked:
             return None
         why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
         try:
-            host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
+            doc = host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
         except OpsError as exc:
             return exc.message
+        if doc.get("kept") and not kept:
+            kept.append(str(doc["kept"]))
         return None
 
     def _roll_back(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
@@ -1066,21 +1072,34 @@ class Deployer:
         self, rid: str, before: str | None, after: str | None, failed: Step, back: Step
     ) -> DeployResult:
         """The rollback switched `current` back to `after`, but the restart or the checks on it
-        failed: the host is on `after` and does not serve (probe37d F1: never "rolled back")."""
+        failed: the host is on `after`, never "rolled back" (probe37d F1); whether its service
+        serves, it is asked."""
         name = self.target.name
         why = back.detail.split("; ", 1)[1] if back.detail.startswith("current: ") else back.detail
+        try:  # asked of the host, not inferred from the checks (probe37ab M1: a service that
+            # answered a moment after a short --wait, or served but failed token identity)
+            now = manager_for(self.host).status()
+        except OpsError:
+            now = None
+        if now is not None and now.active and now.healthy:
+            where = (
+                f"current is back on {after} and its service runs (pid {now.pid}, /health ok "
+                f"now), but it failed the rollback's checks ({why}); `ops healthcheck {name}` "
+                f"says what fails now, `ops rollback {name}` switches to another release"
+            )
+        else:
+            where = (
+                f"current is back on {after}, but its service does not serve (rollback failed: "
+                f"{why}); once the cause is fixed, `ops service start {name}` starts it, or "
+                f"`ops rollback {name}` switches to another release"
+            )
         return self.result(
             "failed",
             release=rid,
             before=before,
             after=after,
             failed_step=failed.name,  # what failed first; the rollback step says its own
-            message=(
-                f"{failed.name} failed ({failed.detail}); current is back on {after}, but its "
-                f"service does not serve (rollback failed: {why}); once the cause is fixed, "
-                f"`ops service start {name}` starts it, or `ops rollback {name}` switches to "
-                "another release"
-            ),
+            message=f"{failed.name} failed ({failed.detail}); {where}",
         )
 
     def _nothing_pending(

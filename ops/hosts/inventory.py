@@ -7,8 +7,10 @@ file raises `InventoryError` naming the file, the target and the field, in one l
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 import string
 import sys
 import urllib.parse
@@ -298,10 +300,17 @@ class Inventory(_Model):
         others = (t for t in self.targets.values() if t is not target)
         twin = next((t for t in others if _same(t, target)), None)
         if twin is not None:
+            ssh = next((t for t in (target, twin) if not t.is_local), None)
+            here = (
+                f" ({ssh.name}'s address {ssh.address} is this machine: one that reaches a "
+                "container is taken for this machine too)"
+                if ssh is not None and this_machine(ssh.address)
+                else ""
+            )
             raise InventoryError(
                 f"targets {target.name!r} and {twin.name!r} share remote_root "
                 f"{target.remote_root} on one host: they would share one lock, one current and "
-                "one pidfile; give each target a remote_root of its own"
+                f"one pidfile; give each target a remote_root of its own{here}"
             )
 
     def resolve(self, name: str) -> list[Target]:
@@ -408,13 +417,33 @@ def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
     return Inventory(path=path, targets=targets, groups=groups)
 
 
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+
+
+def this_machine(address: str) -> bool:
+    """An SSH address that reaches this machine as written: a loopback name or address, or
+    this machine's own host name (no DNS is asked)."""
+    name = address.lower().strip("[]")
+    if name in LOOPBACK_NAMES or name == socket.gethostname().lower():
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def _same(a: Target, b: Target) -> bool:
-    """`a` and `b` name one remote root on one host (both `local`, or the same SSH address and
-    port; `local` and an SSH target to this machine are not told apart)."""
+    """`a` and `b` name one remote root on one host: both `local`; `local` and an SSH target to
+    this machine (any port: probe37ab M2); two SSH targets to this machine on one port (any
+    spelling: 127.0.0.1, localhost, ::1); or the same SSH address and port. Two names of one
+    remote host (DNS aliases) are not told apart."""
     if os.path.normpath(a.remote_root) != os.path.normpath(b.remote_root):
         return False
     if a.is_local or b.is_local:
-        return a.is_local and b.is_local
+        other = b if a.is_local else a
+        return other.is_local or this_machine(other.address)
+    if this_machine(a.address) and this_machine(b.address):
+        return a.port == b.port
     return (a.address.lower(), a.port) == (b.address.lower(), b.port)
 
 

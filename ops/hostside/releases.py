@@ -998,6 +998,11 @@ def reject(root: str, release: str) -> dict:
     path = os.path.join(root, "releases", release)
     if not os.path.isdir(inside(root, path)):
         raise Refused(f"no release {release}")
+    if os.path.isfile(os.path.join(path, "proven.json")):
+        # a release that passed a post-flight stays open to `rollback --to`: a rollback whose
+        # checks failed for a passing cause (a --wait shorter than the engine's start, a golden
+        # set recorded from another release) marked one rejected for good (probe37ab H1)
+        return {"rejected": None, "kept": "it passed a post-flight before (proven.json)"}
     doc = json.loads(sys.stdin.read() or "{}")
     why = {k: str(doc.get(k, ""))[:2000] for k in ("step", "detail", "at")}
     write_json(os.path.join(path, "rejected.json"), why)

@@ -1,0 +1,120 @@
+"""probe37ab H1, M1, M3: a release that passed a post-flight stays open to `rollback --to`, a
+failed rollback says whether the service serves as the host says it, a golden set is never
+recorded from a host mid-change, and a refused restart reports the service as it is.
+
+- H1: `ops rollback --wait 1` onto a proven release whose engine takes longer to answer: its
+  restart "failed", and the rollback marked that proven release rejected for good; every
+  `ops rollback --to` it was then refused until rejected.json was deleted by hand. The same
+  came of a golden set recorded (`ops healthcheck --record-golden`, which took no lock) from a
+  deploy's release before its post-flight: each later rollback failed token identity and
+  marked the release it went to rejected. The host side never marks a proven release
+  rejected (said in the result), and `--record-golden` takes the host lock and refuses while
+  a switch is unproven (deploy.pending).
+- M1: a rollback whose checks failed on a service that serves (token identity; or /health a
+  moment after a short --wait) said "its service does not serve" and sent the operator to
+  `ops service start`. The host is asked.
+- M3: `ops service restart --json` refused before it touched anything reported a running,
+  healthy service as "failed", healthy false, pid null.
+
+Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service of
+tests/helpers/deploy_ops.py on its own root and port.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops, steps
+
+SLOW_START = "def main() -> None:\n    __import__('time').sleep(4)\n"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def releases(ops: Ops) -> dict[str, dict]:
+    code, doc = ops.json("releases", "local")
+    assert code == 0, doc
+    return {r["id"]: r for r in doc["releases"]}
+
+
+def test_a_rollback_cut_short_by_its_wait_keeps_a_proven_release_open(ops: Ops) -> None:
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_START)
+    assert ops.deploy("--bootstrap").returncode == 0
+    slow = ops.current()
+    commit_change(ops.src, "engine/svc.py", SLOW_START, "def main() -> None:\n")
+    assert ops.deploy().returncode == 0
+    fast = ops.current()
+    assert releases(ops)[slow]["proven"] and releases(ops)[fast]["proven"]
+
+    res = ops("rollback", "local", "--wait", "1")  # the slow one answers after 4 s
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and ops.current() == fast, said
+    assert f"{slow} was not marked rejected: it passed a post-flight before" in said, said
+    assert releases(ops)[slow]["rejected"] is None
+
+    res = ops("rollback", "local", "--to", slow)  # with time to answer, it is taken
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == slow and ops.serving() == slow
+
+
+def test_a_rollback_failing_identity_on_a_serving_service_says_it_serves(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    golden = ops.root / "golden" / "golden.json"
+    doc = json.loads(golden.read_text())
+    for prompt in doc["prompts"]:  # a golden set that neither release answers
+        prompt["token_ids"] = [t + 1 for t in prompt["token_ids"]]
+    golden.write_text(json.dumps(doc))
+
+    res = ops("rollback", "local")
+    said = flat(res.stdout + res.stderr)
+    result = ops.record("rollback")["results"][0]
+    assert res.returncode == 1 and steps(result).get("rollback") == "fail", said
+    msg = flat(result["message"])
+    assert f"current is back on {r2} and its service runs (pid " in msg, msg
+    assert "/health ok now), but it failed the rollback's checks" in msg, msg
+    assert "does not serve" not in msg and "ops healthcheck local" in msg, msg
+    assert ops.current() == r2 and ops.serving() == r2
+    listed = releases(ops)
+    assert listed[r1]["rejected"] is None and listed[r2]["rejected"] is None, listed
+
+
+def test_a_golden_set_is_not_recorded_from_a_host_mid_change(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    golden = ops.root / "golden" / "golden.json"
+    kept = golden.read_bytes()
+    (ops.root / "deploy.pending").write_text("{}")  # a switch not proven yet
+    code, doc = ops.json("healthcheck", "local", "--record-golden")
+    assert code == 2 and "a switch is not proven yet (deploy.pending)" in doc["message"], doc
+    assert golden.read_bytes() == kept
+    (ops.root / "deploy.pending").unlink()
+    note = {"user": "t", "host": "h", "pid": 1, "purpose": "ops deploy", "since": "now"}
+    with open(ops.root / "lock", "a") as lock:  # a deploy holds the host lock
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (ops.root / "lock.holder").write_text(json.dumps(note) + "\n")
+        code, doc = ops.json("healthcheck", "local", "--record-golden")
+        assert code == 2 and "host lock held by" in doc["message"], doc
+        assert golden.read_bytes() == kept
+        (ops.root / "lock.holder").unlink()
+    code, doc = ops.json("healthcheck", "local", "--record-golden")
+    assert code == 0 and doc["ok"], doc
+
+
+def test_a_refused_restart_reports_the_service_as_it_is(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    code, st = ops.json("service", "status", "local")
+    assert code == 0 and st["state"] == "active", st
+    (ops.root / "deploy.pending").write_text("{}")
+    code, refused = ops.json("service", "restart", "local")
+    assert code == 1 and refused["blocked_by"] == "pending-unreadable", refused
+    assert refused["state"] == "active" and refused["healthy"] is True, refused
+    assert refused["pid"] == st["pid"] and "not started: " in refused["detail"], refused
+    res = ops("service", "restart", "local")
+    assert res.returncode == 1 and ": refused not started: " in flat(res.stdout), res.stdout
