@@ -62,11 +62,7 @@ def test_a_rollback_cut_short_by_its_wait_keeps_a_proven_release_open(ops: Ops) 
 
 
 def test_a_rollback_failing_identity_on_a_serving_service_says_it_serves(ops: Ops) -> None:
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    assert ops.deploy().returncode == 0
-    r2 = ops.current()
+    r1, r2 = ops.two_releases()
     golden = ops.root / "golden" / "golden.json"
     doc = json.loads(golden.read_text())
     for prompt in doc["prompts"]:  # a golden set that neither release answers

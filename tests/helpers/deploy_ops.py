@@ -197,6 +197,16 @@ class Ops:
         """The release's self-test takes `seconds` from the next commit on."""
         commit_change(self.src, "kernels/selftest.py", "DELAY = 0", f"DELAY = {seconds}")
 
+    def two_releases(self) -> tuple[str, str]:
+        """Two releases deployed and proven, the second current: their ids."""
+        assert self.deploy("--bootstrap").returncode == 0
+        first = self.current()
+        commit_change(self.src, "engine/svc.py", '"""', '"""Release two. ')
+        assert self.deploy().returncode == 0
+        second = self.current()
+        assert first and second and first != second
+        return first, second
+
     def current(self) -> str | None:
         link = self.root / "current"
         return os.readlink(link).split("/")[-1] if link.is_symlink() else None
