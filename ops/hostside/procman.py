@@ -18,6 +18,11 @@ process, and it never does so on a pid's word alone:
   name were recorded counts only when the process runs (and was started) under the root. A
   pidfile naming any other process, a pid <= 1, or garbage is stale: it is removed and nothing
   is signalled.
+- The service's output (stdout and stderr) goes through a pipe to a log keeper (`keep-log`: this
+  script again, in a session of its own with no environment of ops, so no stop or stray rule
+  takes it for the service), which writes `<root>/logs/<name>.log`, rotates it past LOG_CAP
+  into `<name>.log.1`, drops the output while the disk has under LOG_ROOM free (then says how
+  much), and ends when the service's last process closes the pipe.
 - `wait` waits until /health answers AND the listening socket on the service's port belongs
   to the service's session (so a server someone else runs on that port never counts).
 - `up` is `start`, then (when it started the service) `wait`, then `status`, in one run on the
@@ -1098,7 +1103,7 @@ def ends_a_line(log: str, size: int) -> bool:
         os.close(fd)
 
 
-LOG_ROOM = 1 << 20  # free bytes below which a start's output goes to /dev/null
+LOG_ROOM = 1 << 20  # free bytes below which the service's output is dropped (no keeper: /dev/null)
 LOG_CAP = 64 << 20  # the service's log is rotated past this size (to <log>.1, one kept)
 LOG_CHECK = 1 << 20  # a keeper looks at its disk's free space at least each MiB it writes
 LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
