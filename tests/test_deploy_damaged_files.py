@@ -38,18 +38,6 @@ from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line
 from helpers.local import wait_unlocked
 
 
-def two_releases(ops: Ops) -> tuple[str, str]:
-    """r1 then r2 deployed and proven; r2 current, r1 previous."""
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
-    res = ops.deploy()
-    assert res.returncode == 0, res.stdout + res.stderr
-    r2 = ops.current()
-    assert r1 and r2 and r1 != r2
-    return r1, r2
-
-
 def said(res) -> str:
     return " ".join((res.stdout + res.stderr).split())
 
@@ -79,7 +67,7 @@ def test_nothing_writes_bytecode_into_a_release(ops: Ops) -> None:
     shortens), and every later import of that module failed ("EOFError: marshal data too
     short") until someone deleted it by hand. No check, bench or service started by ops
     writes bytecode into a release, so there is none to cut short."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     assert ops("healthcheck", "local", "--max-tokens", "3").returncode == 0
     assert ops("service", "restart", "local").returncode == 0
     env = (ops.root / "releases" / r2 / "service.env").read_text()
@@ -90,7 +78,7 @@ def test_nothing_writes_bytecode_into_a_release(ops: Ops) -> None:
 
 
 def test_a_release_without_its_service_env_is_damaged_and_never_run(ops: Ops) -> None:
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     env = ops.root / "releases" / r1 / "service.env"
     env.unlink()
     code, doc = ops.json("releases", "local")
@@ -110,7 +98,7 @@ def test_a_release_without_its_service_env_is_damaged_and_never_run(ops: Ops) ->
 
 
 def test_no_deploy_over_a_current_whose_release_was_deleted(ops: Ops) -> None:
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     shutil.rmtree(ops.root / "releases" / r2)  # the service serves on from the deleted cwd
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
     for extra in ((), ("--force",)):
@@ -131,7 +119,7 @@ def test_no_deploy_over_a_current_that_could_not_be_started_again(ops: Ops) -> N
     """current's service.env gone (or over a MiB): a failed deploy's revert could not restart
     it, so the host that served would end down (probe37f F1, high). The deploy is refused at
     its `current` step, --force or not, naming the cause and the exact rollback."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     env = ops.root / "releases" / r2 / "service.env"
     kept = env.read_bytes()
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
@@ -158,7 +146,7 @@ def big(env: Path) -> None:
 
 
 def test_a_fifo_or_directory_at_lock_is_one_line_naming_it(ops: Ops) -> None:
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     lock = ops.root / "lock"
     for make in (os.mkfifo, os.mkdir):
         lock.unlink() if not lock.is_dir() else lock.rmdir()
@@ -173,7 +161,7 @@ def test_a_fifo_or_directory_at_lock_is_one_line_naming_it(ops: Ops) -> None:
 
 @pytest.mark.parametrize("name", ["deploy.guard", "deploy.switch"])
 def test_junk_at_a_deploy_control_file_is_moved_aside(ops: Ops, name: str) -> None:
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     junk = ops.root / name
     junk.unlink()
     junk.mkdir()
@@ -192,7 +180,7 @@ def test_junk_at_a_deploy_control_file_is_moved_aside(ops: Ops, name: str) -> No
 
 
 def test_a_lost_previous_gives_way_to_the_newest_proven_release(ops: Ops) -> None:
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     prev = ops.root / "previous"
     gone = "releases/20991231T000000Z-abcdef0123"
     prev.unlink()
@@ -238,7 +226,7 @@ def test_many_junk_releases_are_summed_up_not_listed_line_by_line(ops: Ops) -> N
 
 
 def test_status_says_when_the_service_runs_another_release_than_current(ops: Ops) -> None:
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     code, st = ops.json("service", "status", "local")
     assert st["state"] == "active" and not st.get("warnings"), st
     tmp = ops.root / "current.tmp"
@@ -256,7 +244,7 @@ def test_status_says_when_the_service_runs_another_release_than_current(ops: Ops
 def test_fifos_at_the_lock_notes_hang_nothing(ops: Ops) -> None:
     """lock.holder and lock.holder.tmp made FIFOs: the healthcheck (which reads the note), a
     rollback (which writes it) and a stop all finish; before, each blocked on the FIFO."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     os.mkfifo(ops.root / "lock.holder")
     os.mkfifo(ops.root / "lock.holder.tmp")
     res = ops("healthcheck", "local", "--max-tokens", "3", timeout=60)
@@ -272,7 +260,7 @@ def test_the_refusal_names_the_exact_rollback_that_restores_the_newest_release(o
     """current pointed at nothing while r2 (newest, proven) served and previous is r1: the fix
     named is `ops rollback --to r2`, and it restores r2 (probe37f F2: it said "ops rollback",
     which takes previous, an older release)."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     tmp = ops.root / "current.tmp"
     tmp.symlink_to("nowhere")
     tmp.rename(ops.root / "current")
@@ -292,7 +280,7 @@ def test_a_current_that_could_not_restart_is_said_while_it_serves(ops: Ops) -> N
     """probe37f F9: status warns, while the service still serves, of what the next restart
     would refuse (current pointing at nothing; a FIFO service.env), and that refusal names
     the fix, a whole release put back."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     env = ops.root / "releases" / r2 / "service.env"
     env.unlink()
     os.mkfifo(env)
@@ -318,7 +306,7 @@ def test_a_remote_root_inside_another_roots_releases_is_refused(ops: Ops, inside
     """probe37f F10 (low): a target whose remote_root is another root's current (or its
     releases/) had its lock, guard and releases/ written into a live release. probe37i I3
     (low): a deploy's --dry-run approved such a root; it is refused as the lock refuses it."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     before = sorted(p.name for p in (ops.root / "releases" / r2).iterdir())
     inv = ops.tmp / "nested.toml"
     inv.write_text(ops.inventory.read_text().replace(str(ops.root), str(ops.root / inside)))
@@ -364,7 +352,7 @@ def test_a_run_that_is_no_directory_is_named_with_its_fix(ops: Ops) -> None:
     """probe37g G4: run/ replaced by a regular file: status said 'unreadable pidfile (Not a
     directory)', a restart 'cannot write the pidfile ...: File exists'. Both now name run/
     and the fix; the service is never stopped for it."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     run = ops.root / "run"
     shutil.rmtree(run)
     run.write_text("x\n")
@@ -375,12 +363,14 @@ def test_a_run_that_is_no_directory_is_named_with_its_fix(ops: Ops) -> None:
     assert "remove it" in st["detail"]
     run.unlink()
     assert ops.serving() == r2  # never stopped for it
+    code, st = ops.json("service", "stop", "local")  # its pidfile went with run/: found so
+    assert code == 0 and st["state"] == "inactive", st
 
 
 def test_a_held_lock_whose_note_is_no_file_says_so(ops: Ops) -> None:
     """probe37g G7: the lock held, lock.holder a FIFO: the refusal said 'a holder that is
     still starting (no note from it yet)'; it says the note is not a regular file."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     os.mkfifo(ops.root / "lock.holder")
     holder = subprocess.Popen(["flock", str(ops.root / "lock"), "sleep", "60"])
     try:
@@ -404,7 +394,7 @@ def test_a_held_lock_whose_note_is_no_file_says_so(ops: Ops) -> None:
 def test_what_is_kept_aside_is_trimmed_and_damage_is_worded(ops: Ops) -> None:
     """probe37g G8 (low): deploy.pending.unreadable-* piled up one per recovery; a release.json
     over a MiB was 'missing or not a JSON object'; a damaged release's created column '?Z'."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     for i in range(8):
         (ops.root / f"deploy.pending.unreadable-20260101T00000{i}Z").write_text("{")
     big = ops.root / "releases" / r1 / "release.json"
@@ -423,7 +413,7 @@ def test_a_service_env_a_start_would_refuse_makes_the_release_damaged(ops: Ops) 
     """probe37l L5 (low): a release whose service.env is over the MiB a start reads was listed
     whole, and `ops rollback --to` switched to it only to have the restart refuse (undone).
     It is damaged, as a missing one is: refused before anything is switched."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     os.truncate(ops.root / "releases" / r1 / "service.env", 2 << 20)
     code, doc = ops.json("releases", "local")
     listed = {r["id"]: r for r in doc["releases"]}
@@ -439,7 +429,7 @@ def test_unreadable_marks_make_a_release_damaged_and_sparse_files_count_what_the
     """probe37i I5 (low): a FIFO at a release's rejected.json left it listed as a good release
     (and named as the newest proven one a rollback --to could take); a sparse proven.json made
     it look 5 GiB. An unreadable rejection mark is damage, and sizes are what the disk holds."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     os.mkfifo(ops.root / "releases" / r1 / "rejected.json")
     os.truncate(ops.root / "releases" / r2 / "proven.json", 1 << 30)
     code, doc = ops.json("releases", "local")
@@ -485,7 +475,7 @@ def test_a_forged_pending_record_never_points_current_outside_the_releases(
     empty real directory there, the same; only a whole copy of a release is put back (a deploy
     refuses to switch away from anything else). probe37s S2: a foreign `previous` (a link to
     a link): current -> previous, and the next rollback left previous -> previous."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     root = str(ops.root)
     before: dict = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
     prev_before: dict = {"kind": "none"}
@@ -550,7 +540,7 @@ def test_a_guard_log_that_is_no_regular_file_never_holds_the_host(
     the old release back, then hung for good opening the FIFO (tee), holding deploy.guard, and
     every later deploy waited 240 s to be refused "still putting the host back". Now the guard
     writes no log there and ends; a link there gets nothing through it."""
-    was = two_releases(ops)[1]
+    was = ops.two_releases()[1]
     log = ops.root / "logs" / "guard.log"
     with contextlib.suppress(FileNotFoundError):
         log.unlink()
@@ -583,7 +573,7 @@ def test_json_nested_deeper_than_the_parser_goes_blocks_nothing(ops: Ops) -> Non
     a deploy.pending or release.json of 100 KB): the host side's parser raised RecursionError,
     and status, restart, deploy, rollback and `ops releases` failed with its traceback until
     the file was deleted by hand. Each is now read as the unreadable file it is."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     pidfile = ops.root / "run" / "ddtree-engine.pid"
     pidfile.write_text("[" * 30000 + "]" * 30000)
     res = ops("service", "status", "local")
@@ -614,7 +604,7 @@ def test_an_environment_variable_exec_would_refuse_never_stops_the_service(ops: 
     """probe37q Q8: a 200 KB variable in current's service.env (under the MiB read, over the
     128 KiB the kernel lets one variable be): the restart stopped the service, exec failed
     (Argument list too long), nothing served. The restart is now refused before it stops."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     before = ops.json("service", "status", "local")[1]["pid"]
     env = ops.root / "releases" / r2 / "service.env"
     env.write_text(env.read_text() + "BIG=" + "x" * 200_000 + "\n")
@@ -634,7 +624,7 @@ def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(
     rejected release, so the record is not what current was: current and the service stay.
     probe37t T2 (high): the same with a release that has no service.env (a deploy refuses to
     switch from one): current was left on it, and every rollback and deploy was refused."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     pid = ops.json("service", "status", "local")[1]["pid"]
     if damage == "rejected":
         (ops.root / "releases" / r1 / "rejected.json").write_text('{"step": "postflight"}')
@@ -655,7 +645,7 @@ def test_a_forged_record_naming_a_copy_of_a_rejected_release_is_refused(ops: Ops
     restarted the service there and left it down, and every later command failed. A copy of a
     rejected release is no hand-made release a revert goes back to: the record is kept aside,
     and the rollback goes on to the previous release."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     hotfix = ops.root / "releases" / "hotfix"
     shutil.copytree(ops.root / "releases" / r2, hotfix, symlinks=True)
     (hotfix / "rejected.json").write_text('{"step": "postflight"}')
@@ -704,7 +694,7 @@ def test_a_forged_record_naming_no_release_a_switch_left_is_refused(
     a link to nothing, and every rollback (--to too) failed at its recover until the record
     was deleted by hand. None is a release a switch moves away from: the record is kept aside
     as refused, and the rollback goes on to the previous release."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     fake = "20200101T000000Z-aaaaaaaaaa"
     before: dict = {"kind": "release", "id": fake, "link": f"releases/{fake}"}
     if named == "release-link-out":
@@ -733,7 +723,7 @@ def test_a_forged_record_for_a_switch_the_host_is_not_in_moves_nothing(ops: Ops)
     service there. A switch leaves current on its `new` (or, dead part way, on what it was):
     a record that describes neither is no switch the host is in. It is kept aside, current and
     the service stay, and the deploy goes on."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     pid = ops.json("service", "status", "local")[1]["pid"]
     forge_pending(
         ops,
@@ -755,7 +745,7 @@ def test_a_deploy_record_whose_release_was_proven_moves_nothing(ops: Ops) -> Non
     switched the host off its proven current onto that release and restarted it there. A
     deploy removes its record before it marks its release proven, so such a record is no
     switch to undo: it is kept aside as refused, current and the service stay."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     (ops.root / "releases" / r1 / "proven.json").unlink()  # r1: as if it never served
     pid = ops.json("service", "status", "local")[1]["pid"]
     doc = {
@@ -783,7 +773,7 @@ def test_no_rollback_to_a_never_proven_release_from_a_current_it_could_not_come_
     failed, and the revert could not come back to current (damaged): no service. Such a
     rollback is refused before anything is stopped, naming the proven release that is the way
     out; a rollback to that one goes ahead."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
     assert ops.deploy("--no-restart").returncode == 0  # installed, never started: unproven
     r3 = ops.current()
@@ -802,7 +792,7 @@ def test_a_rejected_previous_gives_way_to_the_newest_proven_release(ops: Ops) ->
     """probe37y L5 (low): a plain rollback whose `previous` was rejected was refused ("deploy a
     fixed commit instead"), where a lost previous gives way to the newest proven release. It
     gives way the same, and says so."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
     assert ops.deploy().returncode == 0
     r3 = ops.current()
@@ -818,7 +808,7 @@ def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> Non
     switched back to r1, the service still on r2); the next rollback said "rolled back: r1 is
     current and healthy (was r1, never proven)", naming the proven release it went back to
     as the never-proven one. It says an earlier switch back was finished."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     (ops.root / "current").unlink()
     (ops.root / "current").symlink_to(f"releases/{r1}")  # switched back; no restart yet
     record = {"settled": True, "current": r1, "by": "deploy"}
@@ -835,7 +825,7 @@ def test_a_recover_whose_restart_fails_never_blocks_a_rollback_to(ops: Ops) -> N
     --no-restart): the record stayed settled, and every rollback, `--to` a proven release too,
     failed at its recover until deploy.pending was deleted by hand. `rollback --to` names where
     the operator wants the host: it goes there."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     hotfix = ops.root / "releases" / "hotfix"
     shutil.copytree(ops.root / "releases" / r2, hotfix, symlinks=True)
     (hotfix / "proven.json").unlink(missing_ok=True)
@@ -853,7 +843,7 @@ def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
     """probe37t T2's table (low): a rollback whose recover step failed showed "(none)" as the
     release before, though the host had been on one. Its result names the switch it put back:
     from the release current was on, to the one it put back."""
-    r1, r2 = two_releases(ops)
+    r1, r2 = ops.two_releases()
     svc = ops.root / "releases" / r1 / "engine" / "svc.py"
     svc.write_text("raise SystemExit('this start fails')\n")  # r1 no longer starts
     forge_pending(ops, r1, r2, {"kind": "release", "id": r1, "link": f"releases/{r1}"})
@@ -866,7 +856,7 @@ def test_a_failed_recover_says_where_the_host_was_and_is(ops: Ops) -> None:
 def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> None:
     """probe37r R4: directories nested 3000 deep inside an old release made `ops releases`,
     deploys and rollbacks fail with RecursionError (its size was walked recursively)."""
-    r1, _ = two_releases(ops)
+    r1, _ = ops.two_releases()
     nest = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
     subprocess.run([sys.executable, "-c", nest], cwd=ops.root / "releases" / r1, check=True)
     try:
