@@ -134,8 +134,31 @@ def test_already_current_while_the_service_runs_an_older_release_is_not_nothing_
     msg = flat(result["message"])
     assert f"its service runs {r1}, not {r2}" in msg, msg
     assert f"{r2} never passed a post-flight" in msg, msg
-    assert "ops service restart local" in msg, msg
+    # the way with a way back (probe37ab M2: the restart it named had none)
+    assert f"`ops rollback local --to {r1}` makes what runs current, then `ops deploy" in msg
     assert ops.serving() == r1  # said, not done: nothing was restarted
+
+
+def test_a_restart_onto_an_unproven_current_is_refused_without_force(ops: Ops) -> None:
+    """probe37ab M2 (medium): current installed with --no-restart (a release whose engine exits
+    at start), the service healthy on the proven release before it: `ops service restart`,
+    which status named as the way to run current, stopped the healthy service and left it
+    down, with no way back. An operator's restart that would move the service from a proven
+    release onto a current that never passed a post-flight is refused, naming the way with a
+    way back; --force restarts onto it as it is."""
+    r1, r2 = installed_not_restarted(ops)
+    code, st = ops.json("service", "status", "local")
+    said = " ".join(st.get("warnings", []))
+    assert f"runs release {r1}, not current ({r2})" in said and "rollback" in said, st
+    code, st = ops.json("service", "restart", "local")
+    assert code == 1 and st["blocked_by"] == "unproven" and st["state"] == "active", st
+    assert f"current ({r2}) never passed a post-flight, and the service runs {r1}" in st["detail"]
+    assert "ops rollback local --to the release it runs" in st["detail"], st
+    assert ops.serving() == r1  # never stopped
+    code, st = ops.json("service", "restart", "local", "--force")
+    assert code == 0 and st["state"] == "active", st
+    assert any("restarted it anyway (--force)" in w for w in st["warnings"]), st
+    assert ops.serving() == r2
 
 
 def test_no_deploy_over_a_current_the_service_does_not_run(ops: Ops) -> None:

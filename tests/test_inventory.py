@@ -346,3 +346,13 @@ def test_one_root_of_this_machine_is_seen_under_any_spelling(
         inv.write_text(inv.read_text().replace("port = 2222\n", "port = 2223\n", 1))
         res = ops("releases", "b", "--inventory", str(inv))  # (nothing listens: unreachable)
         assert res.returncode == 2 and "share remote_root" not in res.stderr, res.stderr
+
+
+def test_an_integer_of_thousands_of_digits_is_an_inventory_error(tmp_path: Path) -> None:
+    """probe37ac L1: `gpus = 999...` (5000 digits) was an internal error, exit 4 (Python's
+    limit on integer strings); it is the inventory's one-line error, exit 2."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'r'}'\ngpus = {'9' * 5000}\n")
+    res = ops("hosts", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "invalid TOML" in res.stderr and "internal error" not in res.stderr, res.stderr

@@ -82,6 +82,7 @@ __all__ = [
 
 BUILD_TIMEOUT_S = 1800
 SELFTEST_TIMEOUT_S = 600
+REVERT_WAIT_S = DeployOptions.model_fields["wait_s"].default  # a revert waits at least this
 
 
 # The steps that change the host under its lock before the switch: refused once it is lost.
@@ -137,6 +138,7 @@ class Deployer:
         self._switched: str | None = None  # the release switched to (pending until proven)
         self._committed: str | None = None  # the release switched to and proven
         self._blocked: str | None = None  # the restart met a cause outside the release
+        self._outlasted = False  # the restart's process still ran at the end of a short --wait
         self._settle_first = False  # already current, but a deploy.pending to settle first
         self._fallback: str | None = None  # the newest proven release other than current
         self._unrevertible: str | None = None  # why a revert could not put current back
@@ -384,8 +386,8 @@ class Deployer:
         if not self._current_proven:  # (probe37y M2: said, and the way back first)
             return said + (
                 f"{cur} never passed a post-flight: `ops rollback {name} --to {runs}` makes "
-                f"what runs current; `ops service restart {name}` would run {cur}, with no "
-                "way back if it fails"
+                f"what runs current; `ops service restart {name} --force` would run {cur}, "
+                "with no way back if it fails"
             )
         return said + (
             f"`ops service restart {name}` runs {cur} (then deploy), or "
@@ -407,9 +409,15 @@ class Deployer:
             runs = self._release_of(st.runs_from)
             if runs is None or runs == cur:
                 return None
-            never = "" if proven else f"; {cur} never passed a post-flight"
+            if not proven:  # a restart has no way back: refused without --force
+                return (
+                    f"its service runs {runs}, not {cur}; {cur} never passed a post-flight: "
+                    f"nothing was installed or restarted; `ops rollback {name} --to {runs}` "
+                    f"makes what runs current, then `ops deploy {name}` proves this commit "
+                    "with a way back"
+                )
             return (
-                f"its service runs {runs}, not {cur}{never}: nothing was installed or "
+                f"its service runs {runs}, not {cur}: nothing was installed or "
                 f"restarted; `ops service restart {name}` restarts it on {cur} "
                 f"(`ops healthcheck {name}` then checks it)"
             )
@@ -694,7 +702,7 @@ class Deployer:
                 return "ok", detail, dict(prep)
             held = SignalsHeld()  # the switch is back: a Ctrl-C waits for its restart
             try:
-                st = manager_for(self.host).restart(self.opts.wait_s)
+                st = manager_for(self.host).restart(self._revert_wait())
                 if st.active:  # done: the record the next prepare would redo goes
                     host_releases(self.host, "commit")
             except (HostError, OpsError) as exc:
@@ -895,6 +903,13 @@ class Deployer:
             return "fail", f"restart failed on the host: {exc.message}", {}
         # the host's trouble (a port held, a full disk) is not the release's: not rejected for it
         self._blocked = st.blocked_by if st.blocked_by != "release" else None
+        # still starting when a --wait shorter than the default ran out: not proven bad
+        self._outlasted = (
+            not st.active
+            and st.blocked_by is None
+            and self.opts.wait_s < REVERT_WAIT_S
+            and " exited" not in st.detail
+        )
         data = {
             "service": st.model_dump(),
             "evidence": since_last_start(st.evidence) if not st.active else [],
@@ -938,11 +953,24 @@ class Deployer:
             res.message += f"; {rid} was not marked rejected: {kept[0]}"
         return res
 
+    def _revert_wait(self) -> float:
+        """How long a revert's restart waits for /health: --wait, and never less than the
+        default: the release it goes back to served before, and a --wait cut short for the new
+        one must not fail the way back (probe37ac M1: both restarts failed a --wait 1, and the
+        host, serving a second later, was said not to serve)."""
+        return max(self.opts.wait_s, REVERT_WAIT_S)
+
     def _reject(self, rid: str, failed: Step, kept: list[str]) -> str | None:
         """Mark `rid` rejected for `failed` (not for a cause outside the release, nor a release
         that passed a post-flight: the host side keeps it, said into `kept`); why it could not
         be marked (a full disk), or None."""
         if self._blocked:
+            return None
+        if self._outlasted and failed.name == "restart":  # (probe37ac M1: a good release)
+            kept.append(
+                f"it was still starting when --wait {self.opts.wait_s:g} s ran out; a longer "
+                "--wait lets it prove itself"
+            )
             return None
         why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
         try:
@@ -977,7 +1005,7 @@ class Deployer:
                 # was lost), or something else moved current; the host says which, not a guess
                 return self._nothing_pending(mgr, rid, before, reverted)
             try:
-                st = mgr.restart(self.opts.wait_s)
+                st = mgr.restart(self._revert_wait())
                 rep = self._health(False)
             except HostError as exc:
                 if isinstance(exc, Unreachable):  # switched back; whether it serves is unknown
@@ -1086,6 +1114,12 @@ class Deployer:
                 f"current is back on {after} and its service runs (pid {now.pid}, /health ok "
                 f"now), but it failed the rollback's checks ({why}); `ops healthcheck {name}` "
                 f"says what fails now, `ops rollback {name}` switches to another release"
+            )
+        elif now is not None and now.state == "activating":  # alive, not answering yet
+            where = (
+                f"current is back on {after} and its service is still starting ({now.detail}); "
+                f"the rollback's checks failed ({why}); `ops service status {name}` tells once "
+                f"it is up, `ops rollback {name}` switches to another release"
             )
         else:
             where = (

@@ -357,7 +357,7 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
         raise InventoryError(f"{path}: inventory file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"{path}: cannot read inventory: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, and an integer of thousands of digits
         raise InventoryError(f"{path}: invalid TOML: {exc}") from None
     except RecursionError:  # nesting ops.files did not see as brackets
         raise InventoryError(f"{path}: cannot read inventory: nested too deeply") from None

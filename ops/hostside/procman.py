@@ -705,11 +705,38 @@ def runs_other(root: str, cwd: str | None) -> str | None:
         return f"the service runs release {running}, whose directory was deleted under it"
     current = os.path.realpath(os.path.join(root, "current"))
     if os.path.dirname(current) + "/" == releases and os.path.basename(current) != running:
-        return (
-            f"the service runs release {running}, not current ({os.path.basename(current)}): "
-            "ops service restart runs current"
-        )
+        said = f"the service runs release {running}, not current ({os.path.basename(current)})"
+        if unproven_over(root, cwd):
+            return f"{said}: {UNPROVEN_WAY}"
+        return f"{said}: ops service restart runs current"
     return None
+
+
+UNPROVEN_WAY = (
+    "ops rollback TARGET --to the release it runs makes that current, then ops deploy TARGET "
+    "proves the new one with a way back (ops service restart --force runs current as it is)"
+)
+
+
+def unproven_over(root: str, cwd: str | None) -> str | None:
+    """Why a restart would move the service from the release it runs (`cwd`), one that passed a
+    post-flight, onto a `current` that never did (installed with --no-restart, or switched by
+    hand): a restart has no way back if it fails (probe37ab M2: the healthy service was
+    stopped and left down on a crashing release). None where that is not so."""
+    releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    current = os.path.realpath(os.path.join(root, "current"))
+    if not cwd or not cwd.startswith(releases) or not current.startswith(releases):
+        return None
+    running = releases + cwd[len(releases) :].split("/", 1)[0]
+    if running == current or os.path.isfile(os.path.join(current, "proven.json")):
+        return None
+    if not os.path.isfile(os.path.join(running, "proven.json")):
+        return None
+    new, old = os.path.basename(current), os.path.basename(running)
+    return (
+        f"current ({new}) never passed a post-flight, and the service runs {old}, which did: "
+        f"a restart would stop {old} with no way back if {new} fails"
+    )
 
 
 def status_of(pidfile: str, url: str) -> dict:
@@ -1195,7 +1222,7 @@ def keep_log(log: str) -> None:
                 data = data[os.write(out, data) :]
         except OSError:  # ENOSPC, EDQUOT, EIO: dropped, and the disk looked at again
             dropped += len(data)
-            low = True
+            low, ended = True, False  # (a part may have been written: its line left open)
             continue
         dropped, ended = 0, chunk.endswith(b"\n")
         now = os.fstat(out).st_size
@@ -1630,12 +1657,17 @@ def do_restart(
     so a restart that could not start the service never stops it."""
     sweep_tmp(pidfile)
     refused, warnings, _ = vet(root, mode)
+    ident, _ = read_pidfile(pidfile)
+    live = ident is not None and verify(ident, pidfile) is None
+    over = unproven_over(root, proc_cwd(ident["pid"])) if live and ident else None
+    if over and mode == "operator-force":
+        warnings.append(f"{over}; restarted it anyway (--force)")
+    elif over and mode == "operator" and not refused:
+        refused = {"reason": over, "blocked_by": "unproven"}
     if refused:
         reason = f"{refused['reason']}; the service was not stopped"
         start = {"started": False, "reason": reason, "blocked_by": refused["blocked_by"]}
         return {"start": {**start, "warnings": warnings}}
-    ident, _ = read_pidfile(pidfile)
-    live = ident is not None and verify(ident, pidfile) is None
     if ident is not None and not live:
         retire(pidfile)  # its process is gone: its blocks go to this start (`reserve`)
     try:

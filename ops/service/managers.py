@@ -235,6 +235,12 @@ class ServiceManager(ABC):
                 f"without moving current (ops rollback {name} does too, then switches to "
                 "previous)"
             )
+        if blocked_by == "unproven":
+            return (
+                f"; ops rollback {name} --to the release it runs makes that current, then ops "
+                f"deploy {name} proves the new one with a way back (--force restarts onto "
+                "current as it is)"
+            )
         if blocked_by == "port":  # e.g. another user's `local` on this machine
             return (
                 f"; to run beside it, give {name}'s service a free port: "
