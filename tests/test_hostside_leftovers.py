@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -364,7 +365,7 @@ def test_systemd_start_and_restart_are_vetted_on_the_host_first(tmp_path: Path) 
         assert res.returncode == 1 and "current -> . resolves to the remote root" in text, text
     assert systemctl_verbs() == []
     relink(root, "releases/r")
-    (root / "deploy.pending").write_text('{"new": "20261205T000000Z-abcdef1234"}')
+    (root / "deploy.pending").write_text('{"new": "r"}')  # the switch to current, unproven
     res = ops("service", "restart", "local", "--wait", "0")
     text = said(res)
     assert res.returncode == 1 and "deploy.pending is there" in text, text
@@ -839,3 +840,30 @@ def test_a_restart_whose_process_manager_is_killed_says_where_the_service_is(ops
     text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert proc.returncode != 0 and "printed no result" in text, text
     assert "the service is now " in text, text
+
+
+def test_a_pending_record_that_is_not_this_hosts_switch_blocks_no_restart(ops: Ops) -> None:
+    """probe37ad M4 (medium): a stale or forged deploy.pending whose `new` is not current (a
+    proven, serving release): status called current never proven, a restart was refused for
+    it, and the refusal named a rollback that moved the service off current. Such a record is
+    said as stale; a restart goes ahead on current, which stays where it is."""
+    r1, r2 = ops.two_releases()
+    record = {
+        "version": 2,
+        "previous": r2,
+        "new": r1,
+        "old_previous": None,
+        "current_before": {"kind": "release", "id": r2, "link": f"releases/{r2}"},
+        "previous_before": {"kind": "none"},
+        "aside": None,
+        "previous_aside": None,
+        "by": "deploy",
+    }
+    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(st.get("warnings", []))
+    assert f"deploy.pending names a switch to {r1}, but current is {r2}: a stale" in warned, st
+    assert "never proven" not in warned, st
+    res = ops("service", "restart", "local")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r2 and ops.serving() == r2

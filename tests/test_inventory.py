@@ -4,6 +4,7 @@ the file, the target and the field, and the CLI turns it into exit 2 without a t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -356,3 +357,21 @@ def test_an_integer_of_thousands_of_digits_is_an_inventory_error(tmp_path: Path)
     res = ops("hosts", "--inventory", str(inv))
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "invalid TOML" in res.stderr and "internal error" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "directory"])
+def test_a_known_hosts_that_is_no_file_is_refused_in_one_line(tmp_path: Path, kind: str) -> None:
+    """probe37ad M1-M3 (medium): `known_hosts` a FIFO hung every SSH command for good (Ctrl-C
+    and SIGTERM too), /dev/zero grew ops to GiBs, a directory was "a bug in ops" (exit 4). It is
+    read only as a regular file of a sane size: else one line, exit 2, before any connection."""
+    known = {"fifo": tmp_path / "fifo", "zero": Path("/dev/zero"), "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(known)
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.t]\naddress = '127.0.0.1'\nport = 9\nremote_root = '/srv/t'\n"
+        f"known_hosts = '{known}'\n"
+    )
+    res = ops("service", "status", "t", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"known_hosts {known}: not a regular file" in res.stderr, res.stderr

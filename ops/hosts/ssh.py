@@ -24,6 +24,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ops.errors import AuthenticationFailed, HostError, HostKeyError, Unreachable
+from ops.files import MIB, FileRefused, not_regular, read_bytes_bounded
 from ops.hosts.inventory import Target
 from ops.hosts.remote import (
     LAST_LOOK_S,
@@ -39,6 +40,7 @@ from ops.hosts.remote import (
 )
 
 CHUNK = 32768
+KNOWN_HOSTS_MAX = 16 * MIB  # a known_hosts of a few thousand hosts is well under this
 # A host that left two commands in a row unanswered (no channel opened within the target's
 # connect_timeout: a hung host, a black-holed network) gets one short look per later command,
 # and a host process's end (the revert guard's, the lock holder's) is waited for that long: the
@@ -157,8 +159,9 @@ class SshHost(Host):
         if t.ssh_key:
             key = os.path.expanduser(t.ssh_key)
             if not os.path.isfile(key):
+                why = not_regular(key) if os.path.exists(key) else None
                 raise HostError(
-                    f"ssh_key {t.ssh_key} does not exist", target=t.name, step="connect"
+                    f"ssh_key {t.ssh_key} {why or 'does not exist'}", target=t.name, step="connect"
                 )
             connect_kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
         config = Config(lazy=True, overrides={"load_ssh_configs": False})
@@ -171,8 +174,17 @@ class SshHost(Host):
             config=config,
         )
         known = Path(os.path.expanduser(t.known_hosts))
-        with contextlib.suppress(FileNotFoundError):
+        try:  # a regular file of a sane size (probe37ad M1-M3: a FIFO hung every command for
+            # good, /dev/zero grew ops to GiBs, a directory was "a bug in ops")
+            read_bytes_bounded(known, max_bytes=KNOWN_HOSTS_MAX, what="known_hosts")
             conn.client.load_host_keys(str(known))
+        except FileNotFoundError:
+            pass
+        except FileRefused as exc:
+            raise HostError(exc.message, target=t.name, step="connect") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise HostError(f"known_hosts {known}: {why}", target=t.name, step="connect") from None
         policy = _StrictPolicy() if t.host_key_policy == "strict" else _AcceptNewPolicy(known)
         conn.client.set_missing_host_key_policy(policy)
         where = f"{t.address}:{t.port}"

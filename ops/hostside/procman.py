@@ -728,7 +728,9 @@ def unproven_over(root: str, cwd: str | None) -> str | None:
     if not cwd or not cwd.startswith(releases) or not current.startswith(releases):
         return None
     running = releases + cwd[len(releases) :].split("/", 1)[0]
-    if running == current or os.path.isfile(os.path.join(current, "proven.json")):
+    if running == current or not os.path.isfile(os.path.join(current, "release.json")):
+        return None  # (no release there: the start's own checks say what current is)
+    if os.path.isfile(os.path.join(current, "proven.json")):
         return None
     if not os.path.isfile(os.path.join(running, "proven.json")):
         return None
@@ -1015,8 +1017,14 @@ def pending_state(root: str) -> dict | None:
     cur = os.path.join(root, "current")
     proven = os.path.isfile(os.path.join(cur, "proven.json")) if os.path.isdir(cur) else False
     guard = guard_alive(root)
+    # a record that is not this host's switch: current is another release than its `new`
+    # (probe37ad M4: a restart refused for it named a rollback that moved current)
+    now = os.path.basename(os.path.realpath(cur)) if os.path.isdir(cur) else None
+    stale = bool(readable and new and not guard and doc.get("settled") is not True and now != new)
     return {
         "guard": guard,
+        "stale": stale,
+        "current_id": now,
         "guard_stopped": stopped_guard(root) if guard else [],
         "settled": doc.get("settled") is True,
         "new": new,
@@ -1043,6 +1051,13 @@ def stopped_guard(root: str) -> list[int]:
 
 def pending_note(pending: dict) -> str:
     """One line for a deploy.pending a start or restart found."""
+    if pending.get("stale"):
+        now, new = pending.get("current_id") or "(none)", pending["new"]
+        return (
+            f"deploy.pending names a switch to {new}, but current is {now}: a stale "
+            "record, not this host's switch; the next deploy or rollback sets it aside and "
+            "moves nothing for it"
+        )
     stopped = " ".join(map(str, pending.get("guard_stopped") or []))
     if pending["guard"] and stopped:
         return (
@@ -1093,7 +1108,9 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
     force = mode == "operator-force"
     warnings: list[str] = []
     pending = pending_state(root)
-    if pending is not None:
+    if pending is not None and pending["stale"]:  # said, and nothing refused for it
+        warnings.append(pending_note(pending))
+    elif pending is not None:
         note = pending_note(pending)
         if pending["guard"]:
             then = "then try again" if pending["guard_stopped"] else "try again when it is done"
