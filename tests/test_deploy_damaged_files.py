@@ -34,7 +34,7 @@ import pytest
 from helpers import REPO
 from helpers.cli import run_ops
 from helpers.deploy import commit_change
-from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line
+from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line, pending_record
 from helpers.local import wait_unlocked
 
 
@@ -48,16 +48,7 @@ def forge_pending(ops: Ops, r1: str, r2: str, current_before: dict, **more: obje
     loses its proven.json: a deploy's record naming a proven release is stale (probe37x M2),
     refused whatever else it names."""
     (ops.root / "releases" / r2 / "proven.json").unlink(missing_ok=True)
-    doc = {
-        "version": 2,
-        "previous": r1,
-        "new": r2,
-        "old_previous": None,
-        "current_before": current_before,
-        "previous_before": {"kind": "none"},
-        "by": "deploy",
-        **more,
-    }
+    doc = pending_record(r1, r2, current_before=current_before, **more)
     (ops.root / "deploy.pending").write_text(json.dumps(doc))
 
 
@@ -748,16 +739,7 @@ def test_a_deploy_record_whose_release_was_proven_moves_nothing(ops: Ops) -> Non
     r1, r2 = ops.two_releases()
     (ops.root / "releases" / r1 / "proven.json").unlink()  # r1: as if it never served
     pid = ops.json("service", "status", "local")[1]["pid"]
-    doc = {
-        "version": 2,
-        "previous": r1,
-        "new": r2,
-        "old_previous": None,
-        "current_before": {"kind": "release", "id": r1, "link": f"releases/{r1}"},
-        "previous_before": {"kind": "none"},
-        "by": "deploy",
-    }
-    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    (ops.root / "deploy.pending").write_text(json.dumps(pending_record(r1, r2)))
     res = ops.deploy()  # r2's own commit: nothing to do once the record is set aside
     text = said(res)
     assert res.returncode == 0 and f"names a deploy of {r2}, which was proven since" in text, text

@@ -926,6 +926,9 @@ def test_a_hand_made_current_kept_as_previous_is_named_as_what_it_is(ops: Ops) -
     r2 = ops.current()
     shutil.copytree(ops.root / "releases" / r2, ops.root / "releases" / "hotfix", symlinks=True)
     relink(ops.root, "releases/hotfix")
+    # the service runs the hand-made current (one it does not run is made current first)
+    assert ops("service", "restart", "local", "--force").returncode == 0
+    assert ops.serving() == "hotfix"
     assert ops("rollback", "local", "--max-tokens", "3").returncode == 0
     assert ops.current() == r1 and os.readlink(ops.root / "previous") == "releases/hotfix"
     res = ops("rollback", "local", "--max-tokens", "3")

@@ -532,3 +532,12 @@ def test_a_process_service_without_a_command_is_refused_before_anything_is_sent(
     res = run_ops("deploy", "box", "--source", str(src), inventory=inv, env=env, timeout=60)
     line = one_error(res, "service.command is required")
     assert "box" in line and not root.exists(), line
+
+
+def test_an_empty_concurrency_level_is_refused(tmp_path: Path, env: dict[str, str]) -> None:
+    """probe37ae L1 (low): `ops loadtest -c 1,,2` ran levels 1 and 2, the empty one dropped
+    in silence, where `-c 0` is refused. A typo'd level list is refused in one line."""
+    inv = str(local_inventory(tmp_path))
+    for levels in ("1,,2", "1,2,", ","):
+        res = ops_limited("loadtest", "local", "-c", levels, "--inventory", inv, env=env)
+        one_error(res, "--concurrency takes integers like 1,10,64", repr(levels))

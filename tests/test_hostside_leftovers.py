@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 from helpers.deploy import commit_change
-from helpers.deploy_ops import Ops, guard_shells, kill_guard_and_ops
+from helpers.deploy_ops import Ops, guard_shells, kill_guard_and_ops, pending_record
 from helpers.local import stopped
 
 
@@ -848,18 +848,7 @@ def test_a_pending_record_that_is_not_this_hosts_switch_blocks_no_restart(ops: O
     it, and the refusal named a rollback that moved the service off current. Such a record is
     said as stale; a restart goes ahead on current, which stays where it is."""
     r1, r2 = ops.two_releases()
-    record = {
-        "version": 2,
-        "previous": r2,
-        "new": r1,
-        "old_previous": None,
-        "current_before": {"kind": "release", "id": r2, "link": f"releases/{r2}"},
-        "previous_before": {"kind": "none"},
-        "aside": None,
-        "previous_aside": None,
-        "by": "deploy",
-    }
-    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    (ops.root / "deploy.pending").write_text(json.dumps(pending_record(r2, r1)))
     code, st = ops.json("service", "status", "local")
     warned = " ".join(st.get("warnings", []))
     assert f"deploy.pending names a switch to {r1}, but current is {r2}: a stale" in warned, st

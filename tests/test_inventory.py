@@ -83,7 +83,9 @@ def test_env_var_and_local_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ),
         ("[targets.ct200.service]\nmanager = 'docker'\n", "target 'ct200': service.manager:"),
         ("[targets.ct200]\naddress = 'a b; rm -rf /'\n", "target 'ct200': address: must be a host"),
-        ("[targets.'bad name']\n", "target 'bad name': name must be"),
+        ("[targets.'bad name']\n", "target 'bad name': name must start"),
+        # probe37ad L2: the rule said named only the characters; "-rf" is all of them
+        ("[targets.'-rf']\n", "target '-rf': name must start with a letter or digit"),
         ("[targets.local]\naddress = '10.0.0.1'\n", "target 'local': address:"),
         # the SSH port is not the service's (#39 item 2): said where it is set, with the fix
         ("[targets.local]\nport = 31400\n", "target 'local': port: an SSH setting"),

@@ -145,6 +145,7 @@ class Deployer:
         self._instead: str | None = None  # why a rollback took it instead of `previous`
         self._current_proven = True  # current's release passed a post-flight (once known)
         self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
+        self._adopted: str | None = None  # the current a rollback found unserved, replaced
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -700,6 +701,15 @@ class Deployer:
                 )
             if not moved or self.opts.no_restart:
                 return "ok", detail, dict(prep)
+            runs = self._serves(back.get("to"))
+            if runs is not None:  # its restart was done, or never due (probe37ae M2)
+                try:
+                    host_releases(self.host, "commit")
+                except OpsError as exc:
+                    detail += f"; deploy.pending could not be cleared: {exc.message}"
+                back["restarted"] = False
+                detail += f"; the service already runs it: not restarted ({runs.state})"
+                return "ok", detail, {**prep, "service": runs.model_dump()}
             held = SignalsHeld()  # the switch is back: a Ctrl-C waits for its restart
             try:
                 st = manager_for(self.host).restart(self._revert_wait())
@@ -715,6 +725,18 @@ class Deployer:
 
         self.step("recover", recover)
         return back if moved else None
+
+    def _serves(self, rid: str | None) -> Any:
+        """The service's status where it is active and runs from releases/`rid` (None where it
+        does not, or that cannot be told: systemd names no working directory): a switch put
+        back onto what the service runs needs no restart."""
+        if not rid:
+            return None
+        try:
+            st = manager_for(self.host).status()
+        except HostError:
+            return None
+        return st if st.active and self._release_of(st.runs_from) == rid else None
 
     def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
         mgr = manager_for(self.host)
@@ -1230,6 +1252,12 @@ class Deployer:
                 f"rolled back: {now} is current and healthy (an earlier rollback or guard had "
                 "switched current back to it and died before its restart, done now)"
             )
+            if undone.get("restarted") is False:  # (probe37ae M2: it had been restarted)
+                said = (
+                    f"rolled back: {now} is current and healthy (an earlier rollback or guard "
+                    "had switched current back to it; the service already ran it, and its "
+                    "record was cleared)"
+                )
         return self.result("switched", release=now, before=was, after=now, message=said)
 
     def _unswitched(self, failed: Step) -> tuple[str | None, str]:
@@ -1340,13 +1368,17 @@ class Deployer:
                 # too, failed at its recover until deploy.pending was deleted by hand)
                 undone = None
             # a dead deploy's never-proven release undone: that is the rollback. A dead
-            # rollback's undone is where it started: it is made again (to previous, as it was)
+            # rollback's undone is where it started: it is made again, to where it was going
+            # (its --to, not `previous`: probe37ae M1)
             if undone and not to and undone.get("by") != "rollback":
                 return self._recovered(undone)
             listing = host_releases(self.host, "list")
+            redo = self._redo(undone, listing) if undone and not to else None
+            if isinstance(redo, DeployResult):
+                return redo
             self._before_state = listing.get("current_state")
             before = self._before = listing["current"] or shown_state(self._before_state)
-            want = to or listing["previous"]
+            want = to or redo or listing["previous"]
             if not to and want and want == listing["current"]:
                 want = None  # previous names current itself: it names no release to go back to
             if not want:
@@ -1399,13 +1431,24 @@ class Deployer:
                     hint=f"{way}; or mend current, then roll back to {want}",
                 )
             if want == before:
+                runs, name = self._runs_instead(listing), self.target.name
+                also = f"; the service runs {runs}, not it (ops service status {name})"
                 return self.result(
                     "already-current",
                     release=want,
                     before=before,
                     after=before,
-                    message=f"release {want} is already current",
+                    message=f"release {want} is already current" + (also if runs else ""),
                 )
+            runs = self._runs_instead(listing)
+            if runs:  # a failure must come back to what served, never to `current` (ae-H1)
+                adopted = self._adopt(runs, want, before)
+                if adopted is not None:
+                    return adopted
+                listing = host_releases(self.host, "list")
+                self._before_state = listing.get("current_state")
+                self._adopted, before = before, runs
+                self._before = before
             self._rolling_back = True
             try:
                 res = self._switch_and_prove(want, before, prune=False)
@@ -1423,4 +1466,100 @@ class Deployer:
                 res.message = f"rolled back: {want} is current and healthy (was {before})"
                 if self._instead:
                     res.message += f"; {self._instead}, so the newest proven release was taken"
+                if redo:
+                    res.message += f"; an earlier rollback to {redo}, cut off, was made again"
+            if self._adopted:
+                res.message += (
+                    f"; current had been {self._adopted}, which the service never ran: {before}, "
+                    "which it ran, was made current first, so a failure came back to it"
+                )
             return res
+
+    def _redo(self, undone: dict[str, Any], listing: dict[str, Any]) -> str | DeployResult | None:
+        """Where a plain rollback goes after its recover undid a dead rollback's switch: that
+        rollback's own target (the switch's `new`, maybe a --to), so the host ends where the
+        operator was going. A target rejected since (its restart failed, and the dead rollback
+        was putting the host back) is not gone to again: the result says where the host is.
+        None: no release to redo (the plain rollback takes `previous`)."""
+        if undone.get("by") != "rollback":
+            return None
+        went, now = undone.get("from"), undone.get("to")
+        rel = next((r for r in listing["releases"] if r["id"] == went), None)
+        if rel is None or went == now:
+            return None
+        if rel.get("rejected") or rel.get("damaged") or rel.get("selftest_ok") is not True:
+            why = "was rejected" if rel.get("rejected") else "cannot be trusted"
+            name = self.target.name
+            said = (
+                f"an earlier rollback to {went} was cut off and undone: {now or '(none)'} is "
+                f"current again; {went} {why}, so it was not made again "
+                f"(ops releases {name} lists the releases; ops rollback {name} --to ID)"
+            )
+            return self.result(
+                "failed", failed_step="recover", message=said, before=went, after=now
+            )
+        return str(went)
+
+    def _runs_instead(self, listing: dict[str, Any]) -> str | None:
+        """The release the service runs where that is not `current` (current installed with
+        --no-restart, or switched by hand): one of this root's, whole and never rejected. None
+        where it runs current, is not running, or that cannot be told (systemd)."""
+        cur = listing.get("current_state") or {}
+        if cur.get("kind") not in ("release", "foreign"):
+            return None
+        try:
+            st = manager_for(self.host).status()
+        except HostError:
+            return None
+        runs = self._release_of(st.runs_from) if st.active else None
+        if runs is None or runs == cur.get("id"):
+            return None
+        rel = next((r for r in listing["releases"] if r["id"] == runs), None)
+        usable = rel is not None and not rel.get("damaged") and not rel.get("rejected")
+        return runs if usable and rel["selftest_ok"] is True else None
+
+    def _adopt(self, runs: str, want: str, before: str | None) -> DeployResult | None:
+        """Make `runs`, the release the service runs, current, without a restart (a failed
+        rollback reverts to current, and restarting the service on a `current` that never
+        served would leave it down or on code nobody ran: probe37ae H1). Where the operator
+        asked for that very release, it is the whole rollback: proven by a post-flight, and
+        the result is returned. None: adopted, the rollback goes on from it."""
+        was = before or "(none)"
+
+        def adopt() -> tuple[Status, str, dict[str, Any]]:
+            try:
+                doc = host_releases(self.host, "switch", runs)
+            except HostError as exc:
+                return "fail", f"could not make {runs} current: {exc.message}", {"lost": True}
+            except OpsError as exc:
+                return "fail", f"could not make {runs} current: {exc.message}", {}
+            detail = (
+                f"current: {was} -> {runs}, the release the service runs ({was} never served: "
+                "installed with --no-restart, or switched by hand); not restarted"
+            )
+            return "ok", detail, doc
+
+        try:
+            self.step("adopt", adopt)
+        except StepFailed as exc:
+            after, message = self._unswitched(exc.step)
+            return self.result(
+                "failed", failed_step="adopt", message=message, before=before, after=after
+            )
+        if want != runs:
+            return None
+        try:
+            self.step("postflight", lambda: self._postflight(False))
+        except StepFailed as exc:
+            said = f"{runs} is current, which the service runs (not restarted); {exc.step.detail}"
+            return self.result(
+                "failed", failed_step="postflight", message=said, before=before, after=runs
+            )
+        done = self._commit(runs, proven=True)
+        said = (
+            f"rolled back: {runs} is current and healthy (was {was}, which the service never "
+            f"ran; the service already ran {runs}: not restarted)"
+        )
+        if done[0] == "fail":
+            said += f"; {done[1]}"
+        return self.result("switched", release=runs, before=before, after=runs, message=said)

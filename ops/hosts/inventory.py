@@ -378,7 +378,8 @@ def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
     for name, fields in targets_raw.items():
         if not NAME_RE.match(name):
             raise InventoryError(
-                f"{path}: target {name!r}: name must be letters, digits, '_', '.', '-'"
+                f"{path}: target {name!r}: name must start with a letter or digit, then "
+                "letters, digits, '_', '.', '-' (at most 63)"
             )
         if not isinstance(fields, dict):
             raise InventoryError(f"{path}: target {name!r}: must be a table")

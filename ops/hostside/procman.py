@@ -677,7 +677,9 @@ def do_status(pidfile: str, url: str) -> dict:
     root = owner_of(pidfile)[0]
     pending = pending_state(root)
     if pending is not None and not pending["guard"]:  # a live guard: a deploy runs now
-        doc["warnings"] = [*doc.get("warnings", []), pending_note(pending)]
+        cwd, now = doc.get("cwd") or "", pending.get("current_id")
+        serves = doc["state"] == "active" and bool(now) and in_releases(root, cwd, now)
+        doc["warnings"] = [*doc.get("warnings", []), pending_note(pending, serves)]
     if doc["state"] == "active":
         notes = [runs_other(root, doc.get("cwd"))]
         try:  # what the next restart would refuse, said while the service still serves
@@ -710,6 +712,12 @@ def runs_other(root: str, cwd: str | None) -> str | None:
             return f"{said}: {UNPROVEN_WAY}"
         return f"{said}: ops service restart runs current"
     return None
+
+
+def in_releases(root: str, cwd: str, release: str) -> bool:
+    """A working directory `cwd` is root/releases/`release` (a process running it)."""
+    releases = os.path.join(os.path.realpath(root), "releases")
+    return cwd == os.path.join(releases, release)
 
 
 UNPROVEN_WAY = (
@@ -1021,6 +1029,9 @@ def pending_state(root: str) -> dict | None:
     # (probe37ad M4: a restart refused for it named a rollback that moved current)
     now = os.path.basename(os.path.realpath(cur)) if os.path.isdir(cur) else None
     stale = bool(readable and new and not guard and doc.get("settled") is not True and now != new)
+    back = doc.get("current")  # a settled record: what it put back (a release id, or a path)
+    if doc.get("settled") is True and isinstance(back, str) and "/" not in back and back != now:
+        stale, new = not guard, back  # (probe37ae M2: it named another release)
     return {
         "guard": guard,
         "stale": stale,
@@ -1049,12 +1060,14 @@ def stopped_guard(root: str) -> list[int]:
         os.close(fd)
 
 
-def pending_note(pending: dict) -> str:
-    """One line for a deploy.pending a start or restart found."""
+def pending_note(pending: dict, serves: bool = False) -> str:
+    """One line for a deploy.pending a start or restart found; `serves`: the service runs
+    from current now."""
     if pending.get("stale"):
         now, new = pending.get("current_id") or "(none)", pending["new"]
+        what = f"a put-back onto {new}" if pending.get("settled") else f"a switch to {new}"
         return (
-            f"deploy.pending names a switch to {new}, but current is {now}: a stale "
+            f"deploy.pending names {what}, but current is {now}: a stale "
             "record, not this host's switch; the next deploy or rollback sets it aside and "
             "moves nothing for it"
         )
@@ -1069,6 +1082,11 @@ def pending_note(pending: dict) -> str:
         return (
             "deploy.pending is there and a deploy's revert guard holds deploy.guard: the guard "
             "of a deploy that went away is putting the host back now"
+        )
+    if pending["settled"] and serves:  # (probe37ae M2: "died before restarting" it was not)
+        return (
+            "deploy.pending (settled) is there: a deploy or rollback put current back, and the "
+            "service runs it (its restart was done); the next deploy or rollback clears the record"
         )
     if pending["settled"]:
         return (

@@ -765,7 +765,18 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         return {"reverted": False}
     doc = read_json(path)
     if isinstance(doc, dict) and doc.get("settled"):
-        # switched back already; the service still needs its restart
+        # switched back already; the service still needs its restart, where current is still
+        # what the record put back (probe37ae M2: one naming another release restarted the
+        # service for a switch that was not this host's)
+        now = shown(link_state(root, "current"))
+        if doc.get("current") != now:
+            named = doc.get("current")
+            named = named[:200] if isinstance(named, str) else json.dumps(named)[:200]
+            said = (
+                f"deploy.pending (settled) says current was put back on {named}, but current is "
+                f"{now or '(none)'}: not this host's switch"
+            )
+            return keep_refused(path, "current is elsewhere", said, now)
         if not settle:
             os.unlink(path)
         by = switched_by(doc)

@@ -62,8 +62,8 @@ class LoadtestInterrupted(KeyboardInterrupt):
 
 
 def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
+    try:  # an empty level (`1,,2`) is a typo, never dropped in silence (probe37ae L1)
+        levels = [int(x) for x in text.split(",")]
     except ValueError:
         raise OpsError(f"--concurrency takes integers like 1,10,64, got {text!r}") from None
     if not levels or any(c < 1 or c > MAX_CONCURRENCY for c in levels):

@@ -241,6 +241,23 @@ class Ops:
         return False
 
 
+def pending_record(previous: str, new: str, **extra: object) -> dict:
+    """A whole deploy.pending as a switch from release `previous` to release `new` writes it
+    (no earlier previous; `extra` replaces or adds keys: `by`, `old_previous`)."""
+    return {
+        "version": 2,
+        "previous": previous,
+        "new": new,
+        "old_previous": None,
+        "current_before": {"kind": "release", "id": previous, "link": f"releases/{previous}"},
+        "previous_before": {"kind": "none"},
+        "aside": None,
+        "previous_aside": None,
+        "by": "deploy",
+        **extra,
+    }
+
+
 def steps(result: dict) -> dict[str, str]:
     """One host's result's steps: name -> status."""
     return {s["name"]: s["status"] for s in result["steps"]}
@@ -283,14 +300,18 @@ def host_shells(head: bytes, root: Path) -> list[int]:
 
 
 def kill_guard_and_ops(
-    ops: Ops, marker: str, guard_sig: int = signal.SIGKILL, verb: str = "deploy"
+    ops: Ops,
+    marker: str,
+    guard_sig: int = signal.SIGKILL,
+    verb: str = "deploy",
+    extra: tuple[str, ...] = (),
 ) -> list[int]:
     """A deploy whose ops AND revert guard die at `marker` (an OOM kill, a reboot of the
     guard's shell): nobody is left to put the host back. With `guard_sig` SIGSTOP, the guard
-    is stopped instead (a debugger, a job-control slip); `verb` rollback: a plain `ops
-    rollback` instead of a deploy. The guard's process groups."""
+    is stopped instead (a debugger, a job-control slip); `verb` rollback: an `ops rollback`
+    (with `extra`: `--to ID`) instead of a deploy. The guard's process groups."""
     groups: list[int] = []
-    args = ("--source", str(ops.src)) if verb == "deploy" else ()
+    args = ("--source", str(ops.src)) if verb == "deploy" else extra
     proc = subprocess.Popen(
         ops.argv(verb, "local", *args, "--max-tokens", "3"),
         stdout=subprocess.DEVNULL,

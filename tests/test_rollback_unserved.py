@@ -1,0 +1,166 @@
+"""probe37ae H1, M1, M2: a rollback comes back to what the service ran, a rollback cut off is
+made again to where it was going, and a switch put back onto what the service already runs is
+not restarted for nothing.
+
+- H1: after `--no-restart` installs (current and previous never served; the service on the
+  proven release before them), a rollback whose target failed to start went back to `current`
+  and restarted the service there: down, or on code nobody ran. The rollback first makes the
+  release the service runs current (no restart), so a failure comes back to it; a rollback
+  `--to` that very release is then only that, proven by a post-flight.
+- M1: `ops rollback --to X` killed with its guard: the next plain rollback put the switch back
+  and then went to `previous`, not to X, where the operator was going.
+- M2: a settled deploy.pending (current already put back) whose restart had been done: status
+  said its restart never came, and the next rollback restarted a serving service. One naming
+  another release than current was followed all the same.
+
+Real processes throughout: the `ops` CLI, the host-side scripts and guard, the stand-in service
+of tests/helpers/deploy_ops.py on its own root and port.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops, kill_guard_and_ops, pending_record, steps
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def refuse_with_marker(ops: Ops) -> Path:
+    """From the next commit on, the service exits at start while `marker` exists."""
+    marker = ops.tmp / "refuse-start"
+    commit_change(
+        ops.src,
+        "engine/svc.py",
+        "def main() -> None:\n",
+        "def main() -> None:\n"
+        f"    if __import__('os').path.exists({str(marker)!r}):\n"
+        "        raise SystemExit('refusing to start: marker file')\n",
+    )
+    return marker
+
+
+def pid(ops: Ops) -> int:
+    return ops.json("service", "status", "local")[1]["pid"]
+
+
+def two_unserved(ops: Ops) -> tuple[str, str, str, Path]:
+    """r1 deployed and serving; c2 and c3 installed after it with --no-restart (current c3,
+    previous c2), both failing at start once the marker exists: (r1, c2, c3, marker)."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    marker = refuse_with_marker(ops)
+    assert ops.deploy("--no-restart").returncode == 0
+    c2 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    c3 = ops.current()
+    assert r1 and c2 and c3 and len({r1, c2, c3}) == 3 and ops.serving() == r1
+    return r1, c2, c3, marker
+
+
+def test_a_failed_rollback_over_unserved_installs_comes_back_to_what_served(ops: Ops) -> None:
+    r1, c2, c3, marker = two_unserved(ops)
+    marker.write_text("")  # c2 and c3 now exit at start; r1 does not
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    result = ops.record("rollback")["results"][0]
+    assert res.returncode == 1, said
+    assert steps(result).get("adopt") == "ok" and steps(result).get("restart") == "fail", said
+    # before: back to c3 (never served), restarted there: down
+    assert ops.current() == r1 and ops.serving() == r1, said
+    assert f"the rollback to {c2} was undone: {r1}, where it started, is current again" in said
+    assert (ops.root / "previous").is_symlink()
+
+
+def test_a_rollback_to_the_release_the_service_runs_does_not_restart_it(ops: Ops) -> None:
+    r1, c2, c3, _ = two_unserved(ops)
+    before = pid(ops)
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    result = ops.record("rollback")["results"][0]
+    assert res.returncode == 0 and result["outcome"] == "switched", said
+    assert "restart" not in steps(result), result["steps"]
+    assert f"the service already ran {r1}: not restarted" in said, said
+    assert ops.current() == r1 and pid(ops) == before
+    code, st = ops.json("service", "status", "local")
+    assert not any("not current" in w for w in st.get("warnings", [])), st
+
+
+def test_a_plain_rollback_after_a_killed_rollback_to_ends_on_its_target(ops: Ops) -> None:
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy().returncode == 0
+    r3 = ops.current()  # previous: r2
+    kill_guard_and_ops(ops, "postflight", verb="rollback", extra=("--to", r1))
+    record = json.loads((ops.root / "deploy.pending").read_text())
+    assert record["by"] == "rollback" and record["new"] == r1, record
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0, said
+    # before: the switch was undone, then made to previous (r2), not where it was going
+    assert ops.current() == r1 and ops.serving() == r1, said
+    assert f"an earlier rollback to {r1}, cut off, was made again" in said, said
+    assert r3 != r1
+
+
+def test_a_cut_off_rollback_to_a_release_rejected_since_is_not_made_again(ops: Ops) -> None:
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    # a rollback to r1 switched, r1's restart failed (rejected), and it died putting r2 back
+    (ops.root / "deploy.pending").write_text(
+        json.dumps(pending_record(r2, r1, by="rollback", old_previous=r1))
+    )
+    (ops.root / "current").unlink()
+    (ops.root / "current").symlink_to(f"releases/{r1}")
+    (ops.root / "releases" / r1 / "rejected.json").write_text('{"step": "restart"}')
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1, said
+    assert f"{r1} was rejected, so it was not made again" in said, said
+    # put back onto r2, which the service runs all along: not restarted (M2)
+    assert ops.current() == r2 and pid(ops) == before, said
+    assert "the service already runs it: not restarted" in said, said
+
+
+def test_a_settled_put_back_the_service_already_runs_is_not_restarted(ops: Ops) -> None:
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    (ops.root / "deploy.pending").write_text(
+        json.dumps({"settled": True, "current": r2, "by": "deploy"})
+    )
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert "the service runs it (its restart was done)" in warned, st
+    assert "died before restarting" not in warned, st
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0, said
+    assert "the service already ran it, and its record was cleared" in said, said
+    assert ops.current() == r2 and pid(ops) == before
+    assert not (ops.root / "deploy.pending").exists()
+
+
+def test_a_settled_record_naming_another_release_is_set_aside(ops: Ops) -> None:
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    (ops.root / "deploy.pending").write_text(
+        json.dumps({"settled": True, "current": r1, "by": "deploy"})
+    )
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert f"names a put-back onto {r1}, but current is {r2}: a stale record" in warned, st
+    res = ops("service", "restart", "local")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r2
+    before = pid(ops)
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")  # already current
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0 and "already current" in said, said
+    assert f"says current was put back on {r1}, but current is {r2}" in said, said
+    assert ops.current() == r2 and pid(ops) == before
+    assert list(ops.root.glob("deploy.pending.refused-*"))
