@@ -152,3 +152,19 @@ def test_a_golden_set_is_not_written_through_a_hand_made_link(ops: Ops, tmp_path
     code, doc = ops.json("healthcheck", "local", "--record-golden")
     assert code == 2 and f"{ops.root / 'golden'} is a symlink (to {elsewhere})" in doc["message"]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_bootstrap_deploy_records_no_golden_set_through_a_hand_made_link(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """The same link under a first install: a --bootstrap deploy records the golden set in its
+    post-flight, and wrote it through the link as well. Its post-flight fails naming the link,
+    and the first install is taken back."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ops.root.mkdir()
+    (ops.root / "golden").symlink_to(elsewhere)
+    res = ops.deploy("--bootstrap")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and f"{ops.root / 'golden'} is a symlink (to {elsewhere})" in said
+    assert list(elsewhere.iterdir()) == [] and ops.current() is None, said

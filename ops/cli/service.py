@@ -61,18 +61,11 @@ def _print_status(st: ServiceStatus) -> None:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
-def _left(mgr: ServiceManager, verb: str, target: str) -> str:
+def _left(mgr: ServiceManager, verb: str) -> str:
     """After a Ctrl-C in a start, stop or restart: the service's state, asked of the host with
     further Ctrl-Cs held (a restart cut between its stop and its start leaves none running)."""
     with interrupts_held():
-        try:
-            st = mgr.status()
-        except OpsError as exc:
-            return f"during service {verb}; could not ask the service's state: {exc.message}"
-    said = f"during service {verb}: the service is now {st.state}"
-    if not st.active and verb != "stop":
-        said += f"; to bring it back: ops service start {target}"
-    return said
+        return f"during service {verb}: {mgr.state_now(starts=verb != 'stop')}"
 
 
 def _as_it_is(mgr: ServiceManager, st: ServiceStatus) -> ServiceStatus:
@@ -154,7 +147,7 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float, force: boo
                         if st.blocked_by:
                             st = _as_it_is(mgr, st)
                 except KeyboardInterrupt:
-                    raise KeyboardInterrupt(_left(mgr, verb, target)) from None
+                    raise KeyboardInterrupt(_left(mgr, verb)) from None
             if unlocked:
                 st = st.model_copy(update={"warnings": [*st.warnings, unlocked]})
         good = (st.active and not st.blocked_by) if verb != "stop" else st.state == "inactive"

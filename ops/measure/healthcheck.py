@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Literal, cast
 from checks.atomic import write_atomic
 from checks.docs import GpusDoc, HealthDoc, IdentityDoc
 from checks.identity import keep_previous, parse_golden
-from ops.errors import OpsError
+from ops.errors import HostError, OpsError
 from ops.files import MIB, read_bytes_bounded
 from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host, shell_path
@@ -204,6 +205,25 @@ def run_healthcheck(
     )
 
 
+def no_link_at_golden(host: Host, on_host: str) -> None:
+    """Refuse a `golden/` under the remote root that is a symlink, before a golden set is
+    recorded there (an operator's --record-golden, a --bootstrap deploy's): ops writes nothing
+    through a link made by hand (probe37ac L2: the set went wherever the link named)."""
+    where = posixpath.dirname(on_host)
+    res = host.run_script(
+        f"[ -L {shell_path(where)} ] && readlink {shell_path(where)} | head -c 300; true",
+        step="golden",
+    )
+    if res.stdout.strip():
+        raise HostError(
+            f"{where} is a symlink (to {res.stdout.strip()}), made by hand: the golden set is "
+            "not written through it",
+            target=host.name,
+            step="golden",
+            hint=f"make {where} a directory (move the link aside), then record",
+        )
+
+
 def _identity(
     host: Host,
     golden: Path | None,
@@ -217,6 +237,8 @@ def _identity(
     base = ["--url", host.target.service.url, "--timeout", str(timeout)]
     on_host = golden_on_host(host)
     if record_golden:
+        if not golden:
+            no_link_at_golden(host, on_host)
         where = "-" if golden else on_host
         res = run_check(
             host,

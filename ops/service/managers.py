@@ -144,6 +144,19 @@ class ServiceManager(ABC):
     @abstractmethod
     def stop(self) -> ServiceStatus: ...
 
+    def state_now(self, starts: bool = True) -> str:
+        """The service's state as the host says it now, in one phrase, after a command that
+        ended without its result (a Ctrl-C; a process manager killed: probe37aa L3); `starts`:
+        name the start that brings it back where it is not active."""
+        try:
+            st = self.status()
+        except OpsError as exc:
+            return f"the service's state is unknown ({exc.message})"
+        said = f"the service is now {st.state}" + (f": {st.detail}" if st.detail else "")
+        if starts and not st.active:
+            said += f"; ops service start {self.target.name} starts it"
+        return said
+
     @abstractmethod
     def evidence(self) -> list[str]:
         """The last lines of the service's log (journal or log file)."""
@@ -397,7 +410,7 @@ class ProcessManager(ServiceManager):
                 ) from None
             said = res.tail() or res.tail("stdout") or "no output"
             if action in ("up", "restart", "stop"):  # (killed, say): it may have stopped it
-                said += "; " + self._state_now()
+                said += "; " + self.state_now()
             if action == "restart":  # its worker runs on in a session of its own
                 said += " (the restart's worker may still be at work: ops service status tells)"
             raise HostError(
@@ -416,19 +429,6 @@ class ProcessManager(ServiceManager):
                 f"process manager: {doc['error']}", target=self.host.name, step=f"service {action}"
             )
         return doc
-
-    def _state_now(self) -> str:
-        """The service's state, said after a host side that ended without a result (probe37aa
-        L3: a restart whose process manager was killed said nothing of the service)."""
-        _, pf, _ = self._paths()
-        try:
-            st = self._host_side("status", pf, self.service.url)
-        except OpsError as exc:
-            return f"the service's state is unknown ({exc.message})"
-        how = f"the service is now {st.get('state', 'unknown')}: {st.get('detail', '')}"
-        if st.get("state") != "active":
-            how += f"; ops service start {self.target.name} starts it"
-        return how
 
     @staticmethod
     def render_command(target: Target) -> str:
