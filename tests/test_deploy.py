@@ -274,6 +274,7 @@ def test_killed_deploy_leaves_the_previous_release_serving(on_r1: Shared) -> Non
     # its restart waits for no /health (ops asks it itself), and says so, not "unhealthy"
     # (probe37q Q9: every entry read as a failed restart)
     assert "not waited for" in said or '"ok": true' in said, said
+    assert said.endswith("\n"), said  # the next entry starts a line of its own
     # a half-sent release (a dead deploy's staging dir) is removed by the next deploy
     (root / "releases" / ".staging-20990101T000000Z-abcdef0123").mkdir()
     code, doc, err = d.deploy("loop")

@@ -248,7 +248,7 @@ def guard_script(t: Target, restart: bool) -> str:
         f"if {revert} | grep -q '\"reverted\": true'; then "
         # what it did, for the operator who finds the host put back: appended to guard.log
         f"{{ date -u '+%Y-%m-%dT%H:%M:%SZ ops went away before its switch was proven: current was "
-        f"switched back; the restart said:'; {again}; }} 2>&1 "
+        f"switched back; the restart said:'; {again}; echo; }} 2>&1 "  # (an entry ends a line)
         f"| {_append_to(guard_log(t))}; echo REVERTED; fi"
     )
 

@@ -238,13 +238,17 @@ class SshHost(Host):
         wait = self.target.connect_timeout
         if self.unanswered:
             wait = min(wait, QUICK_LOOK_S)
+        t0 = time.monotonic()
         try:
             chan = transport.open_session(timeout=wait)
             chan.exec_command(command)
             self._unanswered = 0
         except (paramiko.SSHException, OSError, EOFError) as exc:
             why = str(exc) or type(exc).__name__  # an EOFError of a dropped link says nothing
-            if transport.is_active() and "Timeout opening channel" in why:
+            # no answer for the whole wait on a live link: told by the time it took, not by
+            # paramiko's wording ("Timeout opening channel.") alone
+            waited_out = time.monotonic() - t0 >= 0.9 * wait
+            if transport.is_active() and (waited_out or "Timeout opening channel" in why):
                 self._unanswered += 1
                 if self.unanswered:
                     why = f"{why.rstrip('.')}: the host has stopped answering"
