@@ -237,6 +237,11 @@ class Deployer:
                 what += " and restarts the service (logs/guard.log says how it went)"
         elif self._switched:
             what = f"current is still {self._switched} (switched, not proven)"
+        elif self._adopted:  # only the adopt step's switch, onto what the service runs
+            what = (
+                f"current is {now or '(none)'}: made the release the service runs (it had been "
+                f"{self._adopted}, never served); nothing else was switched"
+            )
         else:
             what = f"nothing was switched: current is still {now or '(none)'}"
             if any(s.name == "finalize" and s.status == "ok" for s in self.steps):
@@ -1447,8 +1452,7 @@ class Deployer:
                     return adopted
                 listing = host_releases(self.host, "list")
                 self._before_state = listing.get("current_state")
-                self._adopted, before = before, runs
-                self._before = before
+                before = self._before = runs
             self._rolling_back = True
             try:
                 res = self._switch_and_prove(want, before, prune=False)
@@ -1471,7 +1475,7 @@ class Deployer:
             if self._adopted:
                 res.message += (
                     f"; current had been {self._adopted}, which the service never ran: {before}, "
-                    "which it ran, was made current first, so a failure came back to it"
+                    "which it ran, was made current first, so a failure comes back to it"
                 )
             return res
 
@@ -1533,6 +1537,7 @@ class Deployer:
                 return "fail", f"could not make {runs} current: {exc.message}", {"lost": True}
             except OpsError as exc:
                 return "fail", f"could not make {runs} current: {exc.message}", {}
+            self._adopted = was
             detail = (
                 f"current: {was} -> {runs}, the release the service runs ({was} never served: "
                 "installed with --no-restart, or switched by hand); not restarted"
