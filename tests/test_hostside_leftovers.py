@@ -733,6 +733,38 @@ def test_a_restart_whose_own_worker_is_stopped_says_so_at_once(ops: Ops) -> None
     assert status(ops).get("state") == "active"
 
 
+def test_a_restart_whose_process_manager_is_stopped_ends_in_seconds(ops: Ops) -> None:
+    """probe37af M1 (medium): the process manager of `ops service restart` itself (not its
+    worker) stopped (SIGSTOP): ops waited for its command's timeout, 352 s, in silence, and
+    every deploy, rollback and restart meanwhile was refused for the host lock. The command
+    runs under a watch that ends a process manager stopped for 5 s and says so; ops then says
+    where the service is, and lets the lock go. The worker, in a session of its own, finishes
+    the restart."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    manager = next(  # the worker's parent: the restart command's own process manager
+        int(stat[1]) for pid, argv, stat in _processes() if pid == worker
+    )
+    os.kill(manager, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        out, err = first.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(manager, signal.SIGCONT)
+    text = said(subprocess.CompletedProcess(first.args, first.returncode, out, err))
+    assert first.returncode == 2 and time.monotonic() - t0 < 30, text
+    assert f"the process manager (pid {manager}) on the host stayed stopped" in text, text
+    assert "it was ended" in text and "the service is now" in text, text
+    _worker_gone(pidfile)
+    assert status(ops).get("state") == "active"
+    res = ops("service", "restart", "local")  # the lock went with it
+    assert res.returncode == 0, said(res)
+
+
 def test_ctrl_c_says_when_the_guard_could_not_restart(ops: Ops) -> None:
     """probe37r R10 (low): a deploy Ctrl-C'd while its restart's worker was stopped (SIGSTOP):
     the guard switched current back, its restart was refused (the stopped worker holds the

@@ -290,6 +290,10 @@ class Deployer:
                 # --bootstrap is for a first install: on a host that already has a current
                 # release it is no way around the pre-flight (that is --force)
                 if not self.opts.bootstrap or self._before is not None:
+                    # another command at work on the host (a deploy's restart) is named, not
+                    # measured as an unhealthy service (probe37af M2: "start it ... or --force")
+                    with self.host.lock(f"ops deploy {manifest.id} (pre-flight)"):
+                        pass
                     self.step("preflight", self._preflight)
                 with self.host.lock(f"ops deploy {manifest.id}"):
                     return self._locked(manifest, stage)
@@ -400,6 +404,26 @@ class Deployer:
             f"`ops rollback {name} --to {runs}` makes what runs current"
         )
 
+    def _current_lost(self, state: dict[str, Any]) -> str | None:
+        """Why a deploy is refused where there is no `current` but the service runs a release
+        of this root (`current` removed by hand): a deploy would take it for a first install,
+        whose failure stops the service with no release to go back to (probe37af H1)."""
+        if state.get("kind") != "none":
+            return None
+        try:
+            st = manager_for(self.host).status()
+        except HostError:
+            return None
+        runs = self._release_of(st.runs_from) if st.active else None
+        if runs is None:
+            return None
+        name = self.target.name
+        return (
+            f"there is no current, but the service runs release {runs} of this root (current "
+            f"removed by hand?): a failed deploy would stop it with no release to go back to; "
+            f"`ops rollback {name} --to {runs}` makes it current (no restart), then deploy"
+        )
+
     def _not_serving(self, cur: str, proven: bool | None) -> str | None:
         """Why the service of a release that is already current does not serve (None: it
         does). A deploy that has nothing to install does not start it: it may have been stopped
@@ -490,6 +514,10 @@ class Deployer:
             )
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
+        lost = self._current_lost(state)
+        if lost:  # --force or not: its failure would stop the service, with nothing to go back to
+            data["runs"] = lost
+            return "fail", lost, data
         other = self._runs_other(state)
         if other:  # --force or not: its revert would restart the service on what never ran
             data["runs"] = other
@@ -1467,7 +1495,8 @@ class Deployer:
                 )
             if res.outcome == "deployed":
                 res.outcome = "switched"
-                res.message = f"rolled back: {want} is current and healthy (was {before})"
+                was = f"was {before}" if before else "there was no current"
+                res.message = f"rolled back: {want} is current and healthy ({was})"
                 if self._instead:
                     res.message += f"; {self._instead}, so the newest proven release was taken"
                 if redo:
@@ -1508,8 +1537,8 @@ class Deployer:
         """The release the service runs where that is not `current` (current installed with
         --no-restart, or switched by hand): one of this root's, whole and never rejected. None
         where it runs current, is not running, or that cannot be told (systemd)."""
-        cur = listing.get("current_state") or {}
-        if cur.get("kind") not in ("release", "foreign"):
+        cur = listing.get("current_state") or {"kind": "none"}
+        if cur.get("kind") not in ("release", "foreign", "none"):
             return None
         try:
             st = manager_for(self.host).status()

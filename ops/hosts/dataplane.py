@@ -25,7 +25,11 @@ def data_plane_dir(host: Host) -> str:
             f"no release at {current}" + ("" if found.rc == 1 else detail),
             target=host.name,
             step="data plane",
-            hint=f"install one first (ops deploy {host.name})",
+            hint=(
+                f"install one first (ops deploy {host.name} --bootstrap); where releases/ holds "
+                f"releases, ops rollback {host.name} --to ID makes one current (ops releases "
+                f"{host.name} lists them)"
+            ),
         )
     return current
 

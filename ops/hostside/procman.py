@@ -705,6 +705,11 @@ def runs_other(root: str, cwd: str | None) -> str | None:
     running = cwd[len(releases) :].split("/", 1)[0]
     if deleted:
         return f"the service runs release {running}, whose directory was deleted under it"
+    if not os.path.lexists(os.path.join(root, "current")):  # (probe37af H1, H2)
+        return (
+            f"the service runs release {running}, but there is no current (removed by hand?): "
+            f"ops rollback TARGET --to {running} makes it current, with no restart"
+        )
     current = os.path.realpath(os.path.join(root, "current"))
     if os.path.dirname(current) + "/" == releases and os.path.basename(current) != running:
         said = f"the service runs release {running}, not current ({os.path.basename(current)})"
@@ -949,6 +954,28 @@ def sweep_tmp(pidfile: str) -> list[str]:
     return removed
 
 
+def no_current_among_releases(root: str) -> str | None:
+    """Why a start with no `current` is refused where releases/ holds releases (`current`
+    removed by hand): it would run from the remote root, outside every release, whatever code
+    the host's python finds there (probe37af H2). None before any release was installed."""
+    rel = os.path.join(root, "releases")
+    try:
+        names = sorted(
+            n
+            for n in os.listdir(rel)
+            if not n.startswith(".") and os.path.isfile(os.path.join(rel, n, "release.json"))
+        )
+    except OSError:
+        return None
+    if not names:
+        return None
+    return (
+        f"there is no current, but releases/ holds {len(names)} release(s) (newest: "
+        f"{names[-1]}): the service would run from the remote root, outside every release; "
+        "ops rollback TARGET --to ID makes one current (ops releases TARGET lists them)"
+    )
+
+
 def current_problem(root: str) -> str | None:
     """Why `current` is not a release an operator's start may run (None: it is one, or there
     is no `current` at all: the command then runs from the root, as before any deploy). A
@@ -956,7 +983,7 @@ def current_problem(root: str) -> str | None:
     it, a hand-made copy beside it, or a real directory `current` copied from one."""
     path = os.path.join(root, "current")
     if not os.path.lexists(path):
-        return None
+        return no_current_among_releases(root)
     said = f"current -> {os.readlink(path)}" if os.path.islink(path) else f"current ({path})"
     real, top = os.path.realpath(path), os.path.realpath(root)
     if not os.path.isdir(real):

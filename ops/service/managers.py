@@ -33,6 +33,26 @@ EVIDENCE_BYTES = 65536  # the log tail read for them, at most (a line may be a G
 START_MARK = re.compile(r"=== \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ops start: ")
 MAX_WAIT_S = 86400.0  # a day: a huge model loads in minutes; `inf` overflowed the host timeout
 PROCMAN_SOURCE = source("procman")
+PROCMAN_STOPPED_S = 5  # the process manager stopped this long is ended, and said to have been
+# The process manager under a watch ("$@" is its command). One stopped (SIGSTOP, a debugger)
+# held its command, and the host lock with it, until the command's timeout, minutes, saying
+# nothing (probe37af M1: 352 s). Once it stays stopped, the watch ends it (SIGKILL: a process
+# manager continued later would go on without the lock) and prints the result ops reads; ops
+# then asks the service's state. The watch holds none of the command's pipes while it sleeps.
+STOPPED_SAID = (
+    f"the process manager (pid %s) on the host stayed stopped (SIGSTOP or a debugger) for "
+    f"{PROCMAN_STOPPED_S} s, holding this command and the host lock: it was ended"
+)
+STOP_WATCH = (
+    '"$@" 0<&0 & p=$!; '
+    "{ n=0; while sleep 1 >/dev/null 2>&1 </dev/null; do "
+    'read -r _ _ s _ < "/proc/$p/stat" 2>/dev/null || exit 0; '
+    'case "$s" in T|t) n=$((n+1));; *) n=0;; esac; '
+    f'if [ "$n" -ge {PROCMAN_STOPPED_S} ]; then printf '
+    + shlex.quote(f'\n{{"error": "{STOPPED_SAID}", "stopped": %s, "ended": true}}\n')
+    + ' "$p" "$p"; kill -KILL "$p"; exit 0; fi; done; } & w=$!; '
+    'wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"'
+)
 
 # Runs on the host with the target's python (stdlib only): wait until /health answers 2xx,
 # the process dies, or the time is up; with a timeout of 0 it probes exactly once.
@@ -392,8 +412,15 @@ class ProcessManager(ServiceManager):
 
     def _host_side(self, action: str, *args: str, timeout: float = 60.0) -> dict:
         res = self.host.run(
-            # -S: the host side is stdlib only, so no site-packages scan at each call
-            [self.target.python, "-S", "-c", PROCMAN_SOURCE, action, *args],
+            # -S: the host side is stdlib only, so no site-packages scan at each call; run
+            # under a watch that ends the command once the process manager stays stopped
+            [
+                "bash",
+                "-c",
+                STOP_WATCH,
+                "procman-watch",
+                *(self.target.python, "-S", "-c", PROCMAN_SOURCE, action, *args),
+            ],
             timeout=timeout,
             warn=True,
             step=f"service {action}",
@@ -425,8 +452,11 @@ class ProcessManager(ServiceManager):
                 step=f"service {action}",
             )
         if "error" in doc:  # the host's own trouble, e.g. a full or read-only disk
+            said = str(doc["error"])
+            if doc.get("ended") is True and action in ("up", "restart", "stop"):
+                said += "; " + self.state_now()  # what it had done by then
             raise HostError(
-                f"process manager: {doc['error']}", target=self.host.name, step=f"service {action}"
+                f"process manager: {said}", target=self.host.name, step=f"service {action}"
             )
         return doc
 

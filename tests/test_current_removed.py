@@ -1,0 +1,89 @@
+"""probe37af H1, H2, M2, L1: a `current` removed by hand while the service runs a release, and a
+deploy started beside another's restart.
+
+- H1: `current` removed (the service still serving release R): a deploy took the host for a
+  first install, its restart failed, and its rollback ("first install removed") stopped the
+  service, with nothing to go back to. It is refused, --force or --bootstrap or not, naming
+  `ops rollback --to R`, which makes R current without a restart.
+- H2: the same host: `ops service restart` started the service from the remote root, outside
+  every release. An operator's start or restart with no `current` where releases/ holds
+  releases is refused (status says so first), stopping nothing.
+- M2: a deploy started while another deploy restarted the service ran its pre-flight, found
+  the service down and said "start it ... or --force". It names the lock's holder instead.
+- L1: a rollback from no `current` said "(was None)".
+
+Real processes throughout: the `ops` CLI, the host-side scripts, the stand-in service of
+tests/helpers/deploy_ops.py on its own root and port.
+"""
+
+from __future__ import annotations
+
+from helpers.deploy import commit_change
+from helpers.deploy_ops import Ops
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def pid(ops: Ops) -> int:
+    return ops.json("service", "status", "local")[1]["pid"]
+
+
+CRASH = "def main() -> None:\n    raise SystemExit('crash at start')\n"
+
+
+def test_a_deploy_over_a_removed_current_leaves_the_serving_release_alone(ops: Ops) -> None:
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    (ops.root / "current").unlink()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", CRASH)
+    for extra in ((), ("--force",), ("--bootstrap",)):
+        res = ops.deploy(*extra)
+        said = flat(res.stdout + res.stderr)
+        assert res.returncode == 1, said
+        assert f"there is no current, but the service runs release {r2}" in said, said
+        assert f"ops rollback local --to {r2}` makes it current" in said, said
+        assert pid(ops) == before and not (ops.root / "current").exists(), said
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0 and "not restarted" in said, said
+    assert ops.current() == r2 and pid(ops) == before
+
+
+def test_an_operator_restart_with_no_current_among_releases_is_refused(ops: Ops) -> None:
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    (ops.root / "current").unlink()
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert f"the service runs release {r2}, but there is no current" in warned, st
+    code, st = ops.json("service", "restart", "local")
+    assert code == 1 and st["blocked_by"] == "current" and st["state"] == "active", st
+    assert "there is no current, but releases/ holds 2 release(s)" in st["detail"], st
+    assert pid(ops) == before  # never stopped
+    ops.stop()
+    code, st = ops.json("service", "start", "local")
+    assert code == 1 and st["blocked_by"] == "current", st
+    # a plain rollback from no current: to previous, and said without a Python None
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0 and "there was no current" in said, said
+    assert "None" not in said and ops.current() == r1 and ops.serving() == r1, said
+
+
+def test_a_deploy_beside_another_deploys_restart_names_the_lock_holder(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    slow = "def main() -> None:\n    __import__('time').sleep(6)\n"
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", slow)
+    first, seen = ops.popen_at("restart ...", *ops.deploy_args())
+    try:
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Another commit. ')
+        res = ops.deploy()  # the service is down for the first one's restart
+        said = flat(res.stdout + res.stderr)
+        assert res.returncode == 2 and "host lock held by" in said, said
+        assert "ops deploy" in said and "service unhealthy" not in said, said
+    finally:
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, seen + err  # the first ran to its end untouched
+    assert ops.serving() == ops.current()
