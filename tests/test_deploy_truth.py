@@ -24,26 +24,12 @@ from pathlib import Path
 
 import pytest
 from helpers.deploy import commit_change
-from helpers.deploy_ops import Ops, steps
+from helpers.deploy_ops import Ops, refuse_with_marker, steps
 from helpers.local import alive, end_services, stopped
 
 
 def flat(text: str) -> str:
     return " ".join(text.split())
-
-
-def refuse_with_marker(ops: Ops) -> Path:
-    """From the next commit on, the service exits at start while `marker` exists."""
-    marker = ops.tmp / "refuse-start"
-    commit_change(
-        ops.src,
-        "engine/svc.py",
-        "def main() -> None:\n",
-        "def main() -> None:\n"
-        f"    if __import__('os').path.exists({str(marker)!r}):\n"
-        "        raise SystemExit('refusing to start: marker file')\n",
-    )
-    return marker
 
 
 def new_commit(ops: Ops, n: int) -> None:

@@ -559,6 +559,20 @@ def _seen_restart_worker(pidfile: str) -> int:
     raise AssertionError("no restart worker seen holding the restart lock")
 
 
+def _stopped_while_it_ends(proc: subprocess.Popen[str], pid: int) -> tuple[str, float]:
+    """Stop `pid` (SIGSTOP) and wait up to 60 s for `proc` to end; `pid` is continued after
+    (where it still lives). What `proc` said, and the seconds it took."""
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    took = time.monotonic() - t0
+    return said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err)), took
+
+
 def _restart_watcher(ops_pid: int, pidfile: str) -> int | None:
     """The watcher (ops.hosts.remote.WATCH) that ops's restart command runs under: ops's child,
     `bash -c WATCH ops-watch N COMMAND`, its command the process manager's restart of
@@ -587,15 +601,9 @@ def test_a_stopped_watcher_is_not_waited_for_once_its_restart_ended(ops: Ops) ->
         watcher = _restart_watcher(proc.pid, pidfile)
         time.sleep(0.01)
     assert watcher is not None, "no watcher seen around the restart"
-    os.kill(watcher, signal.SIGSTOP)  # the service takes 1.5 s to stop: the restart is not done
-    t0 = time.monotonic()
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(watcher, signal.SIGCONT)
-    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    assert proc.returncode == 0 and time.monotonic() - t0 < 30, text
+    # the service takes 1.5 s to stop: the restart is not done
+    text, took = _stopped_while_it_ends(proc, watcher)
+    assert proc.returncode == 0 and took < 30, text
     st = status(ops)
     assert st.get("state") == "active" and st.get("pid") != before, st
 
@@ -748,15 +756,8 @@ def test_a_restart_whose_process_manager_is_stopped_ends_in_seconds(ops: Ops) ->
     manager = next(  # the worker's parent: the restart command's own process manager
         int(stat[1]) for pid, argv, stat in _processes() if pid == worker
     )
-    os.kill(manager, signal.SIGSTOP)
-    t0 = time.monotonic()
-    try:
-        out, err = first.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(manager, signal.SIGCONT)
-    text = said(subprocess.CompletedProcess(first.args, first.returncode, out, err))
-    assert first.returncode == 2 and time.monotonic() - t0 < 30, text
+    text, took = _stopped_while_it_ends(first, manager)
+    assert first.returncode == 2 and took < 30, text
     assert f"the process manager (pid {manager}) on the host stayed stopped" in text, text
     assert "it was ended" in text and "the service is now" in text, text
     _worker_gone(pidfile)

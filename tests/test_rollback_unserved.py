@@ -23,29 +23,30 @@ import json
 from pathlib import Path
 
 from helpers.deploy import commit_change
-from helpers.deploy_ops import Ops, kill_guard_and_ops, pending_record, steps
+from helpers.deploy_ops import (
+    Ops,
+    kill_guard_and_ops,
+    pending_record,
+    refuse_with_marker,
+    steps,
+)
 
 
 def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def refuse_with_marker(ops: Ops) -> Path:
-    """From the next commit on, the service exits at start while `marker` exists."""
-    marker = ops.tmp / "refuse-start"
-    commit_change(
-        ops.src,
-        "engine/svc.py",
-        "def main() -> None:\n",
-        "def main() -> None:\n"
-        f"    if __import__('os').path.exists({str(marker)!r}):\n"
-        "        raise SystemExit('refusing to start: marker file')\n",
-    )
-    return marker
-
-
 def pid(ops: Ops) -> int:
     return ops.json("service", "status", "local")[1]["pid"]
+
+
+def settled_record(ops: Ops, current: str) -> str:
+    """A settled deploy.pending (current put back onto `current`, its restart due) written
+    as the host side writes it: what `ops service status` warns of it."""
+    record = {"settled": True, "current": current, "by": "deploy"}
+    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    code, st = ops.json("service", "status", "local")
+    return flat(" ".join(st.get("warnings", [])))
 
 
 def two_unserved(ops: Ops) -> tuple[str, str, str, Path]:
@@ -130,13 +131,9 @@ def test_a_cut_off_rollback_to_a_release_rejected_since_is_not_made_again(ops: O
 def test_a_settled_put_back_the_service_already_runs_is_not_restarted(ops: Ops) -> None:
     r1, r2 = ops.two_releases()
     before = pid(ops)
-    (ops.root / "deploy.pending").write_text(
-        json.dumps({"settled": True, "current": r2, "by": "deploy"})
-    )
-    code, st = ops.json("service", "status", "local")
-    warned = flat(" ".join(st.get("warnings", [])))
-    assert "the service runs it (its restart was done)" in warned, st
-    assert "died before restarting" not in warned, st
+    warned = settled_record(ops, r2)
+    assert "the service runs it (its restart was done)" in warned, warned
+    assert "died before restarting" not in warned, warned
     res = ops("rollback", "local", "--max-tokens", "3")
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 0, said
@@ -147,13 +144,8 @@ def test_a_settled_put_back_the_service_already_runs_is_not_restarted(ops: Ops) 
 
 def test_a_settled_record_naming_another_release_is_set_aside(ops: Ops) -> None:
     r1, r2 = ops.two_releases()
-    before = pid(ops)
-    (ops.root / "deploy.pending").write_text(
-        json.dumps({"settled": True, "current": r1, "by": "deploy"})
-    )
-    code, st = ops.json("service", "status", "local")
-    warned = flat(" ".join(st.get("warnings", [])))
-    assert f"names a put-back onto {r1}, but current is {r2}: a stale record" in warned, st
+    warned = settled_record(ops, r1)
+    assert f"names a put-back onto {r1}, but current is {r2}: a stale record" in warned, warned
     res = ops("service", "restart", "local")
     assert res.returncode == 0, flat(res.stdout + res.stderr)
     assert ops.current() == r2

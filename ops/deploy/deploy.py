@@ -380,11 +380,7 @@ class Deployer:
         current, or where that cannot be told (not running, systemd, not a release of ours)."""
         if state.get("kind") != "release" or self.opts.no_restart:
             return None
-        try:
-            st = manager_for(self.host).status()
-        except HostError:
-            return None
-        runs = self._release_of(st.runs_from) if st.active else None
+        runs = self._running_release()
         if runs is None or runs == state["id"]:
             return None
         name, cur = self.target.name, state["id"]
@@ -404,17 +400,22 @@ class Deployer:
             f"`ops rollback {name} --to {runs}` makes what runs current"
         )
 
+    def _running_release(self) -> str | None:
+        """The release of this root the service runs, where it is active (None: not active,
+        not run from a release, or that cannot be told: systemd, a host that did not answer)."""
+        try:
+            st = manager_for(self.host).status()
+        except HostError:
+            return None
+        return self._release_of(st.runs_from) if st.active else None
+
     def _current_lost(self, state: dict[str, Any]) -> str | None:
         """Why a deploy is refused where there is no `current` but the service runs a release
         of this root (`current` removed by hand): a deploy would take it for a first install,
         whose failure stops the service with no release to go back to (probe37af H1)."""
         if state.get("kind") != "none":
             return None
-        try:
-            st = manager_for(self.host).status()
-        except HostError:
-            return None
-        runs = self._release_of(st.runs_from) if st.active else None
+        runs = self._running_release()
         if runs is None:
             return None
         name = self.target.name
@@ -1540,11 +1541,7 @@ class Deployer:
         cur = listing.get("current_state") or {"kind": "none"}
         if cur.get("kind") not in ("release", "foreign", "none"):
             return None
-        try:
-            st = manager_for(self.host).status()
-        except HostError:
-            return None
-        runs = self._release_of(st.runs_from) if st.active else None
+        runs = self._running_release()
         if runs is None or runs == cur.get("id"):
             return None
         rel = next((r for r in listing["releases"] if r["id"] == runs), None)

@@ -241,6 +241,21 @@ class Ops:
         return False
 
 
+def refuse_with_marker(ops: Ops) -> Path:
+    """From the next commit on, the service exits at start while the returned marker file
+    exists (a release that served can be made to fail its next start)."""
+    marker = ops.tmp / "refuse-start"
+    commit_change(
+        ops.src,
+        "engine/svc.py",
+        "def main() -> None:\n",
+        "def main() -> None:\n"
+        f"    if __import__('os').path.exists({str(marker)!r}):\n"
+        "        raise SystemExit('refusing to start: marker file')\n",
+    )
+    return marker
+
+
 def pending_record(previous: str, new: str, **extra: object) -> dict:
     """A whole deploy.pending as a switch from release `previous` to release `new` writes it
     (no earlier previous; `extra` replaces or adds keys: `by`, `old_previous`)."""
