@@ -14,9 +14,9 @@
     │   └── LockHeld              the host lock is held by someone else (says who and since when)
 
 Exit codes: EXIT_OK 0 pass / GO, EXIT_FAIL 1 fail / NO-GO, EXIT_BAD_INPUT 2 bad input,
-configuration or an unreachable host, EXIT_HOLD 3 HOLD, EXIT_INTERNAL 4 an unexpected exception
-(a bug in ops, never a verdict: `ops.cli.main` says so in one line, the traceback only with
-OPS_DEBUG=1), EXIT_INTERRUPTED 130 Ctrl-C or SIGTERM.
+configuration or a host ops could not act on (every HostError), EXIT_HOLD 3 HOLD,
+EXIT_INTERNAL 4 an unexpected exception (a bug in ops, never a verdict: `ops.cli.main` says so
+in one line, the traceback only with OPS_DEBUG=1), EXIT_INTERRUPTED 130 Ctrl-C or SIGTERM.
 
 Foreign errors are translated into these at the boundary where they arise, chained with
 ``raise ... from exc``: paramiko and socket errors in `ops.hosts.ssh` (the SSH transport); a

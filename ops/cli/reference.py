@@ -34,7 +34,11 @@ REGENERATE = "python -m ops.cli.reference > docs/commands.md"
 EXIT_CODES = (
     (EXIT_OK, "pass / GO"),
     (EXIT_FAIL, "fail / NO-GO"),
-    (EXIT_BAD_INPUT, "bad input, configuration or an unreachable host"),
+    (
+        EXIT_BAD_INPUT,
+        "bad input, configuration, or a host ops could not act on (unreachable, its lock held, "
+        "its disk full or read-only, a host-side command killed or stopped)",
+    ),
     (EXIT_HOLD, "HOLD (the evidence is missing or too noisy to decide)"),
     (EXIT_INTERNAL, "internal error: a bug in ops (`OPS_DEBUG=1` adds the traceback)"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"),

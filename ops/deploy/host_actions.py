@@ -73,7 +73,10 @@ def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = Non
 
 
 DISK_FIXES = {
-    "No space left on device": "free space under {root} (ops releases lists what it keeps)",
+    "No space left on device": (
+        "free space under {root}: ops releases lists the releases it keeps and their sizes; "
+        "logs/ holds the service's log, up to 64 MiB and one rotated file"
+    ),
     "Disk quota exceeded": "free space under {root} or raise the quota",
     "Read-only file system": "make {root} writable again, or point remote_root elsewhere",
 }
