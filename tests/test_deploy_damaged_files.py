@@ -740,6 +740,10 @@ def test_a_deploy_record_whose_release_was_proven_moves_nothing(ops: Ops) -> Non
     (ops.root / "releases" / r1 / "proven.json").unlink()  # r1: as if it never served
     pid = ops.json("service", "status", "local")[1]["pid"]
     (ops.root / "deploy.pending").write_text(json.dumps(pending_record(r1, r2)))
+    # probe37ag L2: status called the proven current "taken for never proven" for it
+    warned = " ".join(ops.json("service", "status", "local")[1].get("warnings", []))
+    assert f"names a deploy of {r2}, which passed a post-flight since" in warned, warned
+    assert "never proven" not in warned, warned
     res = ops.deploy()  # r2's own commit: nothing to do once the record is set aside
     text = said(res)
     assert res.returncode == 0 and f"names a deploy of {r2}, which was proven since" in text, text

@@ -20,6 +20,7 @@ of tests/helpers/deploy_ops.py on its own root and port.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from helpers.deploy import commit_change
@@ -156,3 +157,71 @@ def test_a_settled_record_naming_another_release_is_set_aside(ops: Ops) -> None:
     assert f"says current was put back on {r1}, but current is {r2}" in said, said
     assert ops.current() == r2 and pid(ops) == before
     assert list(ops.root.glob("deploy.pending.refused-*"))
+
+
+def stopped_over_unserved(ops: Ops, both: bool = False) -> tuple[str, str, Path]:
+    """r1 deployed and proven; c2 installed after it with --no-restart (never served, fails at
+    start once the marker exists; with `both`, r1 too); the service then stopped
+    (maintenance): (r1, c2, marker)."""
+    marker = refuse_with_marker(ops) if both else ops.tmp / "refuse-start"
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    if both:
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    else:
+        refuse_with_marker(ops)
+    assert ops.deploy("--no-restart").returncode == 0
+    c2 = ops.current()
+    assert r1 and c2 and r1 != c2
+    ops.stop()
+    return r1, c2, marker
+
+
+def test_a_killed_rollback_from_an_unserved_current_leaves_its_release_serving(ops: Ops) -> None:
+    """probe37ag H2 (high): ops killed after a `rollback --to` a proven release had restarted
+    the service on it (the service was stopped, current a --no-restart install that never
+    served): its guard switched back to that current and restarted the service there: down.
+    Such a switch has nothing to go back to, and is made final at once."""
+    r1, c2, marker = stopped_over_unserved(ops)
+    marker.write_text("")  # c2 fails at start; r1 (made before the marker's check) does not
+    proc, seen = ops.popen_at(
+        "postflight ...", "rollback", "local", "--to", r1, "--max-tokens", "3"
+    )
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while ops.guard_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "no way back" in seen, seen
+    assert ops.current() == r1 and ops.serving() == r1, seen
+    assert not (ops.root / "deploy.pending").exists()
+
+
+def test_a_rollback_killed_with_its_guard_from_an_unserved_current_is_not_put_back(
+    ops: Ops,
+) -> None:
+    """probe37ag H1 (high): the same rollback killed with its guard: the next plain rollback's
+    recover put the switch back onto the never-served current and restarted the service there:
+    down, and every later plain rollback failed the same way. No record is left to put back:
+    the host stays on the release that serves, and a plain rollback is an ordinary one."""
+    r1, c2, marker = stopped_over_unserved(ops)
+    marker.write_text("")
+    kill_guard_and_ops(ops, "postflight", verb="rollback", extra=("--to", r1))
+    assert not (ops.root / "deploy.pending").exists()
+    assert ops.current() == r1 and ops.serving() == r1
+    res = ops("rollback", "local", "--max-tokens", "3")  # to previous (c2), which fails
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "recover" not in steps(ops.record("rollback")["results"][0])
+    assert ops.current() == r1 and ops.serving() == r1, said
+
+
+def test_a_failed_rollback_with_no_way_back_says_where_it_stays(ops: Ops) -> None:
+    r1, c2, marker = stopped_over_unserved(ops, both=True)
+    (ops.root / "releases" / r1 / "proven.json").unlink()  # r1: as if it never served either
+    marker.write_text("")  # every release fails at start now
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1, said
+    assert f"current stays {r1}: current before it, {c2}, never passed a post-flight" in said
+    assert "so there was nothing to go back to; the service is now" in said, said
+    assert ops.current() == r1 and not (ops.root / "deploy.pending").exists()

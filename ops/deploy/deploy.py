@@ -146,6 +146,7 @@ class Deployer:
         self._current_proven = True  # current's release passed a post-flight (once known)
         self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
         self._adopted: str | None = None  # the current a rollback found unserved, replaced
+        self._no_way_back: str | None = None  # why a rollback's switch is final at once
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -211,7 +212,12 @@ class Deployer:
         try:
             listing = host_releases(self.host, "list")
             now = shown_state(listing.get("current_state"))
-            if self._switched and now == self._switched and not listing.get("pending"):
+            if (
+                self._switched
+                and now == self._switched
+                and not listing.get("pending")
+                and not self._no_way_back  # (a switch made final at once: never proven yet)
+            ):
                 self._committed = self._committed or now  # the commit landed, its answer not
             if self._switched and not self.opts.no_restart:
                 st = manager_for(self.host).status()
@@ -237,6 +243,8 @@ class Deployer:
                 what += " and restarts the service (logs/guard.log says how it went)"
         elif self._switched:
             what = f"current is still {self._switched} (switched, not proven)"
+            if self._no_way_back:
+                what += f"; no way back: {self._no_way_back}"
         elif self._adopted:  # only the adopt step's switch, onto what the service runs
             what = (
                 f"current is {now or '(none)'}: made the release the service runs (it had been "
@@ -841,7 +849,8 @@ class Deployer:
             def switch() -> tuple[Status, str, dict[str, Any]]:
                 try:
                     by = "rollback" if self._rolling_back else "deploy"
-                    doc = host_releases(self.host, "switch", rid, "pending", by)
+                    pending = () if self._no_way_back else ("pending", by)
+                    doc = host_releases(self.host, "switch", rid, *pending)
                 except HostError as exc:  # its result lost: the host is asked, after the guard
                     return "fail", f"switch failed: {exc.message}", {"lost": True}
                 except OpsError as exc:  # the host undid its half: current is where it was
@@ -852,7 +861,10 @@ class Deployer:
                         {},
                     )
                 self._switched = rid
-                return "ok", f"current: {before or '(none)'} -> {rid}", doc
+                said = f"current: {before or '(none)'} -> {rid}"
+                if self._no_way_back:
+                    said += f" (no way back: {self._no_way_back})"
+                return "ok", said, doc
 
             self.step("switch", switch)
             if restart:
@@ -861,6 +873,8 @@ class Deployer:
                     record = self.opts.bootstrap and not self._golden_exists()
                     self.step("postflight", lambda: self._postflight(record))
                 except StepFailed as exc:
+                    if self._no_way_back:
+                        return self._stays_on(rid, before, exc.step)
                     return self._rollback(mgr, rid, before, exc.step)
             # proven (prune keeps it) where it passed a post-flight; a step of its own only
             # where it failed (every deploy commits)
@@ -1009,6 +1023,35 @@ class Deployer:
             res.message += f"; {rid} was not marked rejected: {kept[0]}"
         return res
 
+    def _stays_on(self, rid: str, before: str | None, failed: Step) -> DeployResult:
+        """A rollback with no way back (`_nothing_to_go_back_to`) whose restart or checks
+        failed: current stays on `rid`, marked rejected unless it passed a post-flight before;
+        the result says where the service is and the way on."""
+        kept: list[str] = []
+        unmarked = self._reject(rid, failed, kept)
+        name = self.target.name
+        try:
+            back = newest_proven(host_releases(self.host, "list"))
+        except OpsError:
+            back = None
+        said = (
+            f"{failed.name} failed ({failed.detail}); current stays {rid}: "
+            f"{self._no_way_back}, so there was nothing to go back to; "
+            + manager_for(self.host).state_now(starts=False)
+        )
+        said += (
+            f"; ops rollback {name} --to {back} goes to the newest proven release"
+            if back
+            else "; deploy a fixed commit (ops deploy --ref)"
+        )
+        if kept:
+            said += f"; {rid} was not marked rejected: {kept[0]}"
+        elif unmarked:
+            said += f"; {rid} could not be marked rejected ({unmarked})"
+        return self.result(
+            "failed", release=rid, before=before, after=rid, failed_step=failed.name, message=said
+        )
+
     def _revert_wait(self) -> float:
         """How long a revert's restart waits for /health: --wait, and never less than the
         default: the release it goes back to served before, and a --wait cut short for the new
@@ -1143,6 +1186,9 @@ class Deployer:
                 outcome = "failed"
                 if after is None and asked.startswith("current unknown"):
                     after = "unknown (the host did not answer)"
+            # and what the host says of its service (probe37ag M1: a restart killed on a root
+            # gone read-only left none, and the line said nothing of it)
+            where += "; " + manager_for(self.host).state_now(starts=False)
         return self.result(
             outcome,
             release=rid,
@@ -1475,6 +1521,8 @@ class Deployer:
                     message=f"release {want} is already current" + (also if runs else ""),
                 )
             runs = self._runs_instead(listing)
+            if not runs:  # (probe37ag H1, H2: a put-back onto code that never served)
+                self._no_way_back = self._nothing_to_go_back_to(listing)
             if runs:  # a failure must come back to what served, never to `current` (ae-H1)
                 adopted = self._adopt(runs, want, before)
                 if adopted is not None:
@@ -1533,6 +1581,27 @@ class Deployer:
                 "failed", failed_step="recover", message=said, before=went, after=now
             )
         return str(went)
+
+    def _nothing_to_go_back_to(self, listing: dict[str, Any]) -> str | None:
+        """Why a rollback has no `current` to go back to, where it has none (None: it has one):
+        no service runs, and current is no release, or one that never passed a post-flight
+        (installed with --no-restart, then the service stopped). Switching back there, and
+        restarting the service on it, would take a host that the rollback's release serves
+        onto code that never ran (probe37ag H1, H2: ops killed, its guard or the next rollback
+        did that, and the service went down); such a switch is made final at once."""
+        cur = listing.get("current_state") or {"kind": "none"}
+        try:
+            st = manager_for(self.host).status()
+        except HostError:
+            return None
+        if st.active:  # it serves something: current (a release it runs is adopted first)
+            return None
+        if cur.get("kind") == "none":
+            return "there was no current"
+        rel = next((r for r in listing["releases"] if r["id"] == cur.get("id")), None)
+        if cur.get("kind") != "release" or rel is None or rel.get("proven"):
+            return None
+        return f"current before it, {cur['id']}, never passed a post-flight and no service ran"
 
     def _runs_instead(self, listing: dict[str, Any]) -> str | None:
         """The release the service runs where that is not `current` (current installed with

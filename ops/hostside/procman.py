@@ -1056,6 +1056,11 @@ def pending_state(root: str) -> dict | None:
     # (probe37ad M4: a restart refused for it named a rollback that moved current)
     now = os.path.basename(os.path.realpath(cur)) if os.path.isdir(cur) else None
     stale = bool(readable and new and not guard and doc.get("settled") is not True and now != new)
+    by = "rollback" if doc.get("by") == "rollback" else "deploy"
+    # a deploy's record whose release was proven since: no switch to undo (the next deploy or
+    # rollback sets it aside: releases.revert), never "taken for never proven" (probe37ag L2)
+    proven_since = bool(readable and new and now == new and proven and by == "deploy")
+    stale = stale or (proven_since and not guard and doc.get("settled") is not True)
     back = doc.get("current")  # a settled record: what it put back (a release id, or a path)
     if doc.get("settled") is True and isinstance(back, str) and "/" not in back and back != now:
         stale, new = not guard, back  # (probe37ae M2: it named another release)
@@ -1067,8 +1072,9 @@ def pending_state(root: str) -> dict | None:
         "settled": doc.get("settled") is True,
         "new": new,
         "readable": readable or doc.get("settled") is True,
-        "by": "rollback" if doc.get("by") == "rollback" else "deploy",
+        "by": by,
         "current_proven": proven,  # current's release passed a post-flight, some time
+        "proven_since": proven_since,
     }
 
 
@@ -1090,6 +1096,12 @@ def stopped_guard(root: str) -> list[int]:
 def pending_note(pending: dict, serves: bool = False) -> str:
     """One line for a deploy.pending a start or restart found; `serves`: the service runs
     from current now."""
+    if pending.get("stale") and pending.get("proven_since"):
+        return (
+            f"deploy.pending names a deploy of {pending['new']}, which passed a post-flight "
+            "since (proven.json): a stale record, no switch to undo; the next deploy or "
+            "rollback sets it aside and moves nothing for it"
+        )
     if pending.get("stale"):
         now, new = pending.get("current_id") or "(none)", pending["new"]
         what = f"a put-back onto {new}" if pending.get("settled") else f"a switch to {new}"
@@ -1115,10 +1127,10 @@ def pending_note(pending: dict, serves: bool = False) -> str:
             "deploy.pending (settled) is there: a deploy or rollback put current back, and the "
             "service runs it (its restart was done); the next deploy or rollback clears the record"
         )
-    if pending["settled"]:
+    if pending["settled"]:  # (probe37ag L1: or its restart there failed: not "died")
         return (
-            "deploy.pending (settled) is there: a deploy or rollback put current back and died "
-            "before restarting the service on it"
+            "deploy.pending (settled) is there: a deploy or rollback put current back, and the "
+            "service's restart onto it never came (the command died) or failed"
         )
     was = " (its release passed a post-flight before: proven.json)"
     if not pending.get("readable", True):
