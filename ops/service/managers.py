@@ -425,6 +425,8 @@ class ProcessManager(ServiceManager):
             warn=True,
             step=f"service {action}",
         )
+        if res.rc not in (0, -1) and not res.timed_out:  # a python too old says so, in one line
+            self.host.check_python(self.target.python, f"service {action}")  # (run under bash)
         try:
             doc = json.loads(res.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
