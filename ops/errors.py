@@ -95,7 +95,8 @@ class HostError(OpsError):
 
 
 class Unreachable(HostError):
-    """No connection within the connect timeout (refused, no route, no SSH banner)."""
+    """No connection within the connect timeout (refused, no route, no SSH banner), or the
+    connection lost while a command ran: the link's trouble, never the command's."""
 
 
 class AuthenticationFailed(HostError):

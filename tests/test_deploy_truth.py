@@ -507,3 +507,33 @@ def test_a_host_that_stops_answering_is_given_up_on_in_seconds(loop, when: str) 
     while (root / "current").readlink().name != r1 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert (root / "current").readlink().name == r1
+
+
+def test_a_post_flight_cut_off_by_a_lost_link_rejects_nothing(loop) -> None:
+    """probe37ah M1 (medium): the SSH sessions cut (the listener up) during a deploy's
+    post-flight: its checks never ran, the guard put the old release back, and the new release
+    was marked rejected for good ("failed its postflight", "deploy a fixed commit"). A lost
+    link is the link's trouble: the release is not rejected, and `rollback --to` takes it."""
+    import signal
+
+    ops, server, root = loop
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    proc = ops.popen("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
+    assert proc.stderr is not None
+    seen = ""
+    while "postflight ..." not in seen:
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    for pid in descendants(server.proc.pid):  # the sessions only: new connections still come
+        if "sshd" in cmdline_of(pid).split("\0")[0]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    said = flat(seen + out + err)
+    assert proc.returncode == 1, said
+    r2 = ops.record("deploy")["results"][0]["release"]
+    code, doc = ops.json("releases", "loop")
+    rel = next(r for r in doc["releases"] if r["id"] == r2)
+    assert rel["rejected"] is None and not rel["current"], doc

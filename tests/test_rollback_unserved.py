@@ -225,3 +225,31 @@ def test_a_failed_rollback_with_no_way_back_says_where_it_stays(ops: Ops) -> Non
     assert f"current stays {r1}: current before it, {c2}, never passed a post-flight" in said
     assert "so there was nothing to go back to; the service is now" in said, said
     assert ops.current() == r1 and not (ops.root / "deploy.pending").exists()
+
+
+def test_a_dead_no_restart_deploys_switch_is_put_back_without_a_restart(ops: Ops) -> None:
+    """probe37ah H1 (high): r1 serving; c2 installed with --no-restart (never ran, fails at
+    start); a second --no-restart deploy (c3) killed with its guard after its switch. The next
+    plain rollback's recover put current back onto c2 and restarted the serving service there:
+    down, and every later plain rollback failed the same way. A put-back onto a release that
+    never passed a post-flight, while the service serves a third, does not restart it; the
+    rollback then makes what serves current."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    marker = refuse_with_marker(ops)
+    assert ops.deploy("--no-restart").returncode == 0
+    c2 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    c3 = ops.current()
+    # what the killed deploy of c3 leaves: its switch recorded, never made final
+    record = pending_record(c2, c3, old_previous=r1)
+    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    marker.write_text("")
+    before = pid(ops)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0, said
+    assert f"the service runs {r1}, and {c2} never passed a post-flight" in said, said
+    assert ops.current() == r1 and pid(ops) == before, said
+    assert not (ops.root / "deploy.pending").exists()

@@ -752,6 +752,18 @@ class Deployer:
                 back["restarted"] = False
                 detail += f"; the service already runs it: not restarted ({runs.state})"
                 return "ok", detail, {**prep, "service": runs.model_dump()}
+            other = self._serves_other(back)
+            if other:  # (probe37ah H1: restarted onto code that never ran: down)
+                try:
+                    host_releases(self.host, "commit")
+                except OpsError as exc:
+                    detail += f"; deploy.pending could not be cleared: {exc.message}"
+                back["restarted"], back["runs"] = False, other
+                detail += (
+                    f"; the service runs {other}, and {back.get('to')} never passed a "
+                    "post-flight: the service was not restarted onto it"
+                )
+                return "ok", detail, dict(prep)
             held = SignalsHeld()  # the switch is back: a Ctrl-C waits for its restart
             try:
                 st = manager_for(self.host).restart(self._revert_wait())
@@ -767,6 +779,23 @@ class Deployer:
 
         self.step("recover", recover)
         return back if moved else None
+
+    def _serves_other(self, back: dict[str, Any]) -> str | None:
+        """The release the service runs where a switch put back onto `back["to"]` must not
+        restart it: `to` never passed a post-flight (a --no-restart install) and the service
+        serves a third release, neither `to` nor the one switched away from (which the put-back
+        is there to undo), except a rollback's, whose `to` was always what served. None: restart
+        as the put-back says."""
+        to, went = back.get("to"), back.get("from")
+        runs = self._running_release()
+        if runs is None or runs == to or (runs == went and back.get("by") != "rollback"):
+            return None
+        try:
+            listing = host_releases(self.host, "list")
+        except OpsError:
+            return None
+        rel = next((r for r in listing.get("releases") or [] if r["id"] == to), None)
+        return runs if rel is not None and not rel.get("proven") else None
 
     def _serves(self, rid: str | None) -> Any:
         """The service's status where it is active and runs from releases/`rid` (None where it
@@ -1450,7 +1479,7 @@ class Deployer:
             # a dead deploy's never-proven release undone: that is the rollback. A dead
             # rollback's undone is where it started: it is made again, to where it was going
             # (its --to, not `previous`: probe37ae M1)
-            if undone and not to and undone.get("by") != "rollback":
+            if undone and not to and undone.get("by") != "rollback" and not undone.get("runs"):
                 return self._recovered(undone)
             listing = host_releases(self.host, "list")
             redo = self._redo(undone, listing) if undone and not to else None

@@ -45,7 +45,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ops.errors import CommandFailed, CommandTimedOut, HostError, LockHeld, ModuleOutputError
+from ops.errors import (
+    CommandFailed,
+    CommandTimedOut,
+    HostError,
+    LockHeld,
+    ModuleOutputError,
+    Unreachable,
+)
 from ops.hosts.inventory import Target
 
 TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
@@ -466,7 +473,12 @@ class Host(ABC):
         except (json.JSONDecodeError, RecursionError):
             evidence = result.tail() or result.tail("stdout") or "(no output)"
             if result.rc == -1:  # SSH's word for a channel closed with no exit status
-                evidence += "; no exit status came back: the connection to the host was lost"
+                raise Unreachable(  # the link's trouble, not the module's
+                    f"printed no JSON document: {evidence}; no exit status came back: the "
+                    "connection to the host was lost",
+                    target=self.name,
+                    step=step,
+                ) from None
             raise ModuleOutputError(
                 f"printed no JSON document (exit {result.rc}): {evidence}",
                 target=self.name,

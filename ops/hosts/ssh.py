@@ -252,12 +252,16 @@ class SshHost(Host):
                 self._unanswered += 1
                 if self.unanswered:
                     why = f"{why.rstrip('.')}: the host has stopped answering"
+            if isinstance(exc, EOFError) or not transport.is_active():
+                # the link's trouble, never the command's (probe37ah M1: a post-flight cut off
+                # by it had its release marked rejected)
+                raise Unreachable(
+                    f"cannot start a command: {why} (the SSH connection was lost)",
+                    target=self.name,
+                    step="exec",
+                ) from exc
             raise HostError(
-                f"cannot start a command: {why} (the SSH connection was lost)"
-                if isinstance(exc, EOFError) or not transport.is_active()
-                else f"cannot start a command: {why}",
-                target=self.name,
-                step="exec",
+                f"cannot start a command: {why}", target=self.name, step="exec"
             ) from exc
         return chan
 
