@@ -4,12 +4,13 @@
     ├── InventoryError            the inventory file is missing, unparsable or invalid
     ├── UnknownTarget             a target or group name that the inventory does not have
     ├── HostError                 something went wrong on or on the way to a target (names it)
-    │   ├── Unreachable           no TCP/SSH session within the connect timeout
+    │   ├── Unreachable           no TCP/SSH session within the connect timeout, or it was lost
     │   ├── AuthenticationFailed  the server refused our key
     │   ├── HostKeyError          host key unknown (strict policy) or different from known_hosts
     │   ├── CommandFailed         a command exited non-zero (carries its Result)
     │   │   └── CommandTimedOut   a command ran past its timeout (carries its Result)
     │   ├── ModuleOutputError     a data-plane module printed no JSON document
+    │   │   └── ModuleLinkLost    ... because the SSH link went while it ran (no exit status)
     │   ├── HostSideBug           ops's own host-side code raised (exit 4: a bug, one line)
     │   └── LockHeld              the host lock is held by someone else (says who and since when)
 
@@ -124,6 +125,11 @@ class CommandTimedOut(CommandFailed):
 
 class ModuleOutputError(HostError):
     """A data-plane module did not print exactly one JSON document on stdout."""
+
+
+class ModuleLinkLost(ModuleOutputError):
+    """A data-plane module's output ended with no exit status: the SSH link went while it ran
+    (the link's trouble, not the module's: a post-flight cut off by it condemns nothing)."""
 
 
 class HostSideBug(HostError):

@@ -59,6 +59,7 @@ from ops.deploy.result import (
 from ops.errors import (
     CommandTimedOut,
     HostError,
+    ModuleLinkLost,
     ModuleOutputError,
     OpsError,
     Unreachable,
@@ -1018,7 +1019,7 @@ class Deployer:
     def _postflight(self, record: bool) -> tuple[Status, str, dict[str, Any]]:
         try:
             rep = self._health(record)
-        except Unreachable as exc:
+        except (Unreachable, ModuleLinkLost) as exc:  # the link's trouble (probe37ah M1)
             self._blocked = "host"
             return "fail", f"post-flight could not reach the host: {exc.message}", {}
         except HostError as exc:  # e.g. the release's own checks do not run: its fault

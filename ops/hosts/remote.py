@@ -50,8 +50,8 @@ from ops.errors import (
     CommandTimedOut,
     HostError,
     LockHeld,
+    ModuleLinkLost,
     ModuleOutputError,
-    Unreachable,
 )
 from ops.hosts.inventory import Target
 
@@ -473,9 +473,9 @@ class Host(ABC):
         except (json.JSONDecodeError, RecursionError):
             evidence = result.tail() or result.tail("stdout") or "(no output)"
             if result.rc == -1:  # SSH's word for a channel closed with no exit status
-                raise Unreachable(  # the link's trouble, not the module's
-                    f"printed no JSON document: {evidence}; no exit status came back: the "
-                    "connection to the host was lost",
+                raise ModuleLinkLost(  # the link's trouble, not the module's
+                    f"printed no JSON document (exit -1): {evidence}; no exit status came "
+                    "back: the connection to the host was lost",
                     target=self.name,
                     step=step,
                 ) from None
