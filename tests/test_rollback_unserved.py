@@ -68,7 +68,7 @@ def two_unserved(ops: Ops) -> tuple[str, str, str, Path]:
 def test_a_failed_rollback_over_unserved_installs_comes_back_to_what_served(ops: Ops) -> None:
     r1, c2, c3, marker = two_unserved(ops)
     marker.write_text("")  # c2 and c3 now exit at start; r1 does not
-    res = ops("rollback", "local", "--max-tokens", "3")
+    res = ops("rollback", "local", "--to", c2, "--max-tokens", "3")
     said = flat(res.stdout + res.stderr)
     result = ops.record("rollback")["results"][0]
     assert res.returncode == 1, said
@@ -77,6 +77,21 @@ def test_a_failed_rollback_over_unserved_installs_comes_back_to_what_served(ops:
     assert ops.current() == r1 and ops.serving() == r1, said
     assert f"the rollback to {c2} was undone: {r1}, where it started, is current again" in said
     assert (ops.root / "previous").is_symlink()
+
+
+def test_a_plain_rollback_over_unserved_installs_stops_at_what_serves(ops: Ops) -> None:
+    """probe37ai H1: after two --no-restart installs, a plain rollback adopted the release the
+    service ran and then went on to `previous`, the first install, which had never served:
+    forward onto code nobody ran, called "rolled back". A plain rollback goes back, never
+    forward: it stops at what serves, and names `--to` for the other."""
+    r1, c2, c3, _ = two_unserved(ops)
+    before = pid(ops)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0, said
+    assert f"previous ({c2}) never passed a post-flight, so the rollback stopped" in said, said
+    assert f"ops rollback local --to {c2} goes there" in said, said
+    assert ops.current() == r1 and pid(ops) == before
 
 
 def test_a_rollback_to_the_release_the_service_runs_does_not_restart_it(ops: Ops) -> None:

@@ -1553,6 +1553,16 @@ class Deployer:
             runs = self._runs_instead(listing)
             if not runs:  # (probe37ag H1, H2: a put-back onto code that never served)
                 self._no_way_back = self._nothing_to_go_back_to(listing)
+            if runs and not to and not redo and not rel.get("proven"):
+                # a plain rollback goes back, never forward: after --no-restart installs, its
+                # `previous` may be one that never served either (probe37ai H1); it stops at
+                # what serves, and names the way there
+                self._instead = (
+                    f"previous ({want}) never passed a post-flight, so the rollback stopped at "
+                    f"what the service runs (ops rollback {self.target.name} --to {want} goes "
+                    "there)"
+                )
+                want = runs
             if runs:  # a failure must come back to what served, never to `current` (ae-H1)
                 adopted = self._adopt(runs, want, before)
                 if adopted is not None:
@@ -1690,6 +1700,8 @@ class Deployer:
             f"rolled back: {runs} is current and healthy (was {was}, which the service never "
             f"ran; the service already ran {runs}: not restarted)"
         )
+        if self._instead:
+            said += f"; {self._instead}"
         if done[0] == "fail":
             said += f"; {done[1]}"
         return self.result("switched", release=runs, before=before, after=runs, message=said)

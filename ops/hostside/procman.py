@@ -978,7 +978,8 @@ def no_current_among_releases(root: str) -> str | None:
 
 def current_problem(root: str) -> str | None:
     """Why `current` is not a release an operator's start may run (None: it is one, or there
-    is no `current` at all: the command then runs from the root, as before any deploy). A
+    is no `current` and no release yet: the command then runs from the root, as before any
+    deploy; with releases and no `current`, `no_current_among_releases` says why not). A
     release is a directory under the root holding a release.json: releases/ID as ops makes
     it, a hand-made copy beside it, or a real directory `current` copied from one."""
     path = os.path.join(root, "current")
