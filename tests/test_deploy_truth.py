@@ -519,13 +519,8 @@ def test_a_post_flight_cut_off_by_a_lost_link_rejects_nothing(loop) -> None:
     ops, server, root = loop
     assert ops.deploy("--bootstrap", target="loop").returncode == 0
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    proc = ops.popen("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
-    assert proc.stderr is not None
-    seen = ""
-    while "postflight ..." not in seen:
-        line = proc.stderr.readline()
-        assert line, seen
-        seen += line
+    args = ("deploy", "loop", "--source", str(ops.src), "--max-tokens", "3")
+    proc, seen = ops.popen_at("postflight ...", *args)
     for pid in descendants(server.proc.pid):  # the sessions only: new connections still come
         if "sshd" in cmdline_of(pid).split("\0")[0]:
             with contextlib.suppress(ProcessLookupError):

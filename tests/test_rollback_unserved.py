@@ -249,14 +249,7 @@ def test_a_dead_no_restart_deploys_switch_is_put_back_without_a_restart(ops: Ops
     down, and every later plain rollback failed the same way. A put-back onto a release that
     never passed a post-flight, while the service serves a third, does not restart it; the
     rollback then makes what serves current."""
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    marker = refuse_with_marker(ops)
-    assert ops.deploy("--no-restart").returncode == 0
-    c2 = ops.current()
-    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
-    assert ops.deploy("--no-restart").returncode == 0
-    c3 = ops.current()
+    r1, c2, c3, marker = two_unserved(ops)
     # what the killed deploy of c3 leaves: its switch recorded, never made final
     record = pending_record(c2, c3, old_previous=r1)
     (ops.root / "deploy.pending").write_text(json.dumps(record))
