@@ -766,6 +766,43 @@ def test_a_restart_whose_process_manager_is_stopped_ends_in_seconds(ops: Ops) ->
     assert res.returncode == 0, said(res)
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def test_a_restart_whose_worker_and_command_wrappers_are_stopped_ends_in_seconds(
+    ops: Ops,
+) -> None:
+    """probe37ai M1 (medium): a SIGSTOP by pattern caught the restart's worker, the command's
+    `timeout` and ops's outer watcher at once: the process manager said the worker was stopped
+    within seconds, but the stopped `timeout` held the command's output, and the restart held
+    the host lock for 431 s. The stop watch also ends a `timeout` left stopped."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    manager = _parent(worker)
+    timeout = _parent(_parent(manager))  # the stop watch's parent
+    watcher = _parent(timeout)
+    assert Path(f"/proc/{timeout}/comm").read_text().strip() == "timeout"
+    stopped = (worker, timeout, watcher)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        out, err = first.communicate(timeout=60)
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    text = said(subprocess.CompletedProcess(first.args, first.returncode, out, err))
+    assert first.returncode == 2 and time.monotonic() - t0 < 30, text
+    assert f"(pid {worker}) is stopped" in text and f"kill -CONT {worker}" in text, text
+    _worker_gone(pidfile)
+    assert status(ops).get("state") == "active"
+
+
 def test_ctrl_c_says_when_the_guard_could_not_restart(ops: Ops) -> None:
     """probe37r R10 (low): a deploy Ctrl-C'd while its restart's worker was stopped (SIGSTOP):
     the guard switched current back, its restart was refused (the stopped worker holds the

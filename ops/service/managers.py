@@ -51,7 +51,15 @@ STOP_WATCH = (
     f'if [ "$n" -ge {PROCMAN_STOPPED_S} ]; then printf '
     + shlex.quote(f'\n{{"error": "{STOPPED_SAID}", "stopped": %s, "ended": true}}\n')
     + ' "$p" "$p"; kill -KILL "$p"; exit 0; fi; done; } & w=$!; '
-    'wait "$p"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"'
+    'wait "$p"; rc=$?; kill "$w" 2>/dev/null; '
+    # its parent, the command's `timeout`, stopped too (probe37ai M1: a pattern's SIGSTOP
+    # caught it, ops's outer watcher and the restart's worker at once): it holds the command's
+    # output, and nothing else ends it before ops's own deadline
+    'i=0; while read -r _ _ s _ < "/proc/$PPID/stat" 2>/dev/null; do '
+    'case "$s" in T|t) ;; *) break;; esac; '
+    'c=; read -r c < "/proc/$PPID/comm" 2>/dev/null; [ "$c" = timeout ] || break; '
+    f'if [ "$i" -ge {PROCMAN_STOPPED_S} ]; then kill -KILL "$PPID"; break; fi; '
+    'i=$((i+1)); sleep 1 >/dev/null 2>&1 </dev/null; done; exit "$rc"'
 )
 
 # Runs on the host with the target's python (stdlib only): wait until /health answers 2xx,
