@@ -82,6 +82,16 @@ def test_no_command_shows_the_help() -> None:
     assert res.returncode == 2 and "Commands:" in res.stdout and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("args", [(), ("service",)])
+def test_no_command_under_json_is_one_document(args: tuple[str, ...]) -> None:
+    """`ops --json service` printed the group's help on stdout, not JSON (probe37ai L1): the
+    document goes to stdout, the help or the line to stderr."""
+    res = ops("--json", *args)
+    assert res.returncode == 2 and ("Commands:" in res.stderr or "-h)" in res.stderr), res
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"] == "UsageError" and "command" in doc["message"]
+
+
 def test_shared_options_before_or_after_the_command(tmp_path) -> None:
     """--json and --inventory live on the typer context: either place gives the same answer."""
     after, before = ops("hosts", "--json"), ops("--json", "hosts")

@@ -212,15 +212,19 @@ def main() -> None:
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
             internal_error(exc, st.as_json)
             sys.exit(EXIT_INTERNAL)
+        args = sys.argv[1:]
+        # the flags were not parsed, but --json was asked for: one document all the same
+        # (probe37z L2: a usage error printed nothing on stdout)
+        wants_json = "--json" in (args[: args.index("--")] if "--" in args else args)
         if type(exc).__name__ == "NoArgsIsHelpError":  # `ops` or a group alone: its help
-            out.print(exc.format_message(), soft_wrap=True, markup=False, highlight=False)
+            if wants_json:  # the help goes to stderr, the document to stdout (probe37ai L1)
+                emit_json({"ok": False, "error": "UsageError", "message": "Missing command."})
+            shown = err if wants_json else out
+            shown.print(exc.format_message(), soft_wrap=True, markup=False, highlight=False)
             sys.exit(2)
         ctx = getattr(exc, "ctx", None)
         where = f" (see {ctx.command_path} -h)" if ctx is not None else ""
-        args = sys.argv[1:]
-        if "--json" in (args[: args.index("--")] if "--" in args else args):
-            # the flags were not parsed, but --json was asked for: one document all the same
-            # (probe37z L2: a usage error printed nothing on stdout)
+        if wants_json:
             emit_json({"ok": False, "error": "UsageError", "message": exc.format_message()})
         err.print(f"error: {escape(exc.format_message())}{where}", soft_wrap=True)
         sys.exit(exc.exit_code)
