@@ -351,6 +351,32 @@ def test_one_root_of_this_machine_is_seen_under_any_spelling(
         assert res.returncode == 2 and "share remote_root" not in res.stderr, res.stderr
 
 
+def test_one_root_of_this_machine_is_seen_through_a_symlink(tmp_path: Path) -> None:
+    """probe37ah L1: `local` on ROOT and an SSH target to this machine on a symlink to ROOT were
+    two roots to a string compare; they are one directory, so one lock and one current."""
+    (tmp_path / "root").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "root")
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n"
+        f"[targets.b]\naddress = '127.0.0.1'\nremote_root = '{tmp_path / 'alias'}'\n"
+    )
+    res = ops("releases", "b", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"share remote_root {tmp_path / 'alias'} (as {tmp_path / 'root'}," in res.stderr
+
+
+def test_a_group_that_lists_a_target_twice_is_refused(tmp_path: Path) -> None:
+    """probe37ai L3: `g = ["local", "local"]` acted on one host twice in one run."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'r'}'\n[groups]\ng = ['local', 'local']\n"
+    )
+    res = ops("deploy", "g", "--dry-run", "--inventory", str(inv))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "group 'g': lists target 'local' twice" in res.stderr, res.stderr
+
+
 def test_an_integer_of_thousands_of_digits_is_an_inventory_error(tmp_path: Path) -> None:
     """probe37ac L1: `gpus = 999...` (5000 digits) was an internal error, exit 4 (Python's
     limit on integer strings); it is the inventory's one-line error, exit 2."""

@@ -307,10 +307,15 @@ class Inventory(_Model):
                 if ssh is not None and this_machine(ssh.address)
                 else ""
             )
+            link = (
+                f" (as {twin.remote_root}, one directory through a link)"
+                if os.path.normpath(twin.remote_root) != os.path.normpath(target.remote_root)
+                else ""
+            )
             raise InventoryError(
                 f"targets {target.name!r} and {twin.name!r} share remote_root "
-                f"{target.remote_root} on one host: they would share one lock, one current and "
-                f"one pidfile; give each target a remote_root of its own{here}"
+                f"{target.remote_root}{link} on one host: they would share one lock, one current "
+                f"and one pidfile; give each target a remote_root of its own{here}"
             )
 
     def resolve(self, name: str) -> list[Target]:
@@ -414,6 +419,9 @@ def parse_inventory(raw: dict[str, Any], path: Path) -> Inventory:
         missing = [m for m in members if m not in targets]
         if missing:
             raise InventoryError(f"{path}: group {gname!r}: unknown target {missing[0]!r}")
+        twice = next((m for i, m in enumerate(members) if m in members[:i]), None)
+        if twice is not None:  # it would act on one host twice in one run (probe37ai L3)
+            raise InventoryError(f"{path}: group {gname!r}: lists target {twice!r} twice")
         groups[gname] = list(members)
     return Inventory(path=path, targets=targets, groups=groups)
 
@@ -436,14 +444,18 @@ def this_machine(address: str) -> bool:
 def _same(a: Target, b: Target) -> bool:
     """`a` and `b` name one remote root on one host: both `local`; `local` and an SSH target to
     this machine (any port: probe37ab M2); two SSH targets to this machine on one port (any
-    spelling: 127.0.0.1, localhost, ::1); or the same SSH address and port. Two names of one
-    remote host (DNS aliases) are not told apart."""
-    if os.path.normpath(a.remote_root) != os.path.normpath(b.remote_root):
+    spelling: 127.0.0.1, localhost, ::1); or the same SSH address and port. On this machine the
+    roots are compared through their symlinks (probe37ah L1); two names of one remote host (DNS
+    aliases), or one remote root through a link there, are not told apart."""
+    here = all(t.is_local or this_machine(t.address) for t in (a, b))
+    if (a.is_local or b.is_local) and not here:
+        return False
+    root = os.path.realpath if here else os.path.normpath
+    if root(a.remote_root) != root(b.remote_root):
         return False
     if a.is_local or b.is_local:
-        other = b if a.is_local else a
-        return other.is_local or this_machine(other.address)
-    if this_machine(a.address) and this_machine(b.address):
+        return True  # both on this machine (`here`)
+    if here:
         return a.port == b.port
     return (a.address.lower(), a.port) == (b.address.lower(), b.port)
 
