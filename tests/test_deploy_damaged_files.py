@@ -290,6 +290,14 @@ def test_a_current_that_could_not_restart_is_said_while_it_serves(ops: Ops) -> N
     assert "a restart would be refused: current -> nowhere does not exist" in " ".join(
         st.get("warnings", [])
     ), st
+    # a `current` that is a directory but no release was not said at all (probe37ai L2)
+    for link, why in ((".", "the remote root itself"), ("releases", "the releases/ directory")):
+        tmp.symlink_to(link)
+        tmp.rename(ops.root / "current")
+        code, st = ops.json("service", "status", "local")
+        assert f"refused without --force: current -> {link} resolves to {why}" in " ".join(
+            st.get("warnings", [])
+        ), st
 
 
 @pytest.mark.parametrize("inside", ["current", "releases", "current/sub"])

@@ -685,6 +685,11 @@ def do_status(pidfile: str, url: str) -> dict:
         try:  # what the next restart would refuse, said while the service still serves
             startable(root)
             current_env(root)
+            # (a `current` that is no release: `.`, releases/, outside the root: probe37ai L2;
+            # no `current` at all is runs_other's to say)
+            bad = current_problem(root) if os.path.lexists(os.path.join(root, "current")) else None
+            if bad:
+                notes.append(f"a restart would be refused without --force: {bad}")
         except NotStartable as exc:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
