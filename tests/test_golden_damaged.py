@@ -196,6 +196,9 @@ def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: 
     assert check["status"] == "skip" and check["detail"].startswith("NOT CHECKED: "), check
     assert why in check["detail"] and FIX in check["detail"]
     assert "healthy; token identity NOT CHECKED" in post["detail"], post  # said, not hidden
+    # never marked proven for it: a later rollback must not take it for checked (probe37ah L4)
+    assert f"so {r2} was not marked proven" in result["message"], result["message"]
+    assert not (ops.root / "releases" / r2 / "proven.json").exists()
 
     # an emergency rollback is not blocked: it switches, restarts, and stays
     res = ops("rollback", "local")

@@ -148,6 +148,7 @@ class Deployer:
         self._rolling_back = False  # an `ops rollback` switching (undone: not "rolled back")
         self._adopted: str | None = None  # the current a rollback found unserved, replaced
         self._no_way_back: str | None = None  # why a rollback's switch is final at once
+        self._unchecked = False  # the post-flight passed with token identity NOT CHECKED
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -409,14 +410,21 @@ class Deployer:
             f"`ops rollback {name} --to {runs}` makes what runs current"
         )
 
-    def _running_release(self) -> str | None:
-        """The release of this root the service runs, where it is active (None: not active,
-        not run from a release, or that cannot be told: systemd, a host that did not answer)."""
+    def _service_now(self) -> Any:
+        """The service's status now (None: the host did not answer). A step that weighs several
+        things about the service asks once and passes the answer on: one view, one round
+        trip."""
         try:
-            st = manager_for(self.host).status()
+            return manager_for(self.host).status()
         except HostError:
             return None
-        return self._release_of(st.runs_from) if st.active else None
+
+    def _running_release(self, seen: Any = ...) -> str | None:
+        """The release of this root the service runs, where it is active (None: not active,
+        not run from a release, or that cannot be told: systemd, a host that did not answer).
+        `seen`: a status already asked for (None: unknown); by default it is asked now."""
+        st = self._service_now() if seen is ... else seen
+        return self._release_of(st.runs_from) if st is not None and st.active else None
 
     def _current_lost(self, state: dict[str, Any]) -> str | None:
         """Why a deploy is refused where there is no `current` but the service runs a release
@@ -744,7 +752,8 @@ class Deployer:
                 )
             if not moved or self.opts.no_restart:
                 return "ok", detail, dict(prep)
-            runs = self._serves(back.get("to"))
+            seen = self._service_now()
+            runs = self._serves(back.get("to"), seen)
             if runs is not None:  # its restart was done, or never due (probe37ae M2)
                 try:
                     host_releases(self.host, "commit")
@@ -753,7 +762,7 @@ class Deployer:
                 back["restarted"] = False
                 detail += f"; the service already runs it: not restarted ({runs.state})"
                 return "ok", detail, {**prep, "service": runs.model_dump()}
-            other = self._serves_other(back)
+            other = self._serves_other(back, seen)
             if other:  # (probe37ah H1: restarted onto code that never ran: down)
                 try:
                     host_releases(self.host, "commit")
@@ -781,14 +790,14 @@ class Deployer:
         self.step("recover", recover)
         return back if moved else None
 
-    def _serves_other(self, back: dict[str, Any]) -> str | None:
+    def _serves_other(self, back: dict[str, Any], seen: Any) -> str | None:
         """The release the service runs where a switch put back onto `back["to"]` must not
         restart it: `to` never passed a post-flight (a --no-restart install) and the service
         serves a third release, neither `to` nor the one switched away from (which the put-back
         is there to undo), except a rollback's, whose `to` was always what served. None: restart
         as the put-back says."""
         to, went = back.get("to"), back.get("from")
-        runs = self._running_release()
+        runs = self._running_release(seen)
         if runs is None or runs == to or (runs == went and back.get("by") != "rollback"):
             return None
         try:
@@ -798,17 +807,13 @@ class Deployer:
         rel = next((r for r in listing.get("releases") or [] if r["id"] == to), None)
         return runs if rel is not None and not rel.get("proven") else None
 
-    def _serves(self, rid: str | None) -> Any:
-        """The service's status where it is active and runs from releases/`rid` (None where it
-        does not, or that cannot be told: systemd names no working directory): a switch put
-        back onto what the service runs needs no restart."""
-        if not rid:
+    def _serves(self, rid: str | None, seen: Any) -> Any:
+        """`seen`, the service's status, where it is active and runs from releases/`rid` (None
+        where it does not, or that cannot be told: systemd names no working directory, the host
+        did not answer): a switch put back onto what the service runs needs no restart."""
+        if not rid or seen is None:
             return None
-        try:
-            st = manager_for(self.host).status()
-        except HostError:
-            return None
-        return st if st.active and self._release_of(st.runs_from) == rid else None
+        return seen if seen.active and self._release_of(seen.runs_from) == rid else None
 
     def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
         mgr = manager_for(self.host)
@@ -908,7 +913,7 @@ class Deployer:
                     return self._rollback(mgr, rid, before, exc.step)
             # proven (prune keeps it) where it passed a post-flight; a step of its own only
             # where it failed (every deploy commits)
-            done = self._commit(rid, proven=restart)
+            done = self._commit(rid, proven=restart and not self._unchecked)
             guard.settled = done[0] != "fail"
             try:
                 if done[0] == "fail":
@@ -937,7 +942,16 @@ class Deployer:
             if restart
             else "installed; the service was not restarted"
         )
+        if restart and self._unchecked:  # (a golden set damaged during the deploy)
+            said += self._unchecked_note(f"so {rid} was not marked proven")
         return self.result(outcome, release=rid, before=before, after=rid, message=said)
+
+    def _unchecked_note(self, so: str) -> str:
+        """What a result adds where its post-flight could not check token identity."""
+        return (
+            f"; token identity was NOT CHECKED (the golden set on the host is damaged), {so}; "
+            f"ops healthcheck {self.target.name} says what is wrong with it"
+        )
 
     def _commit(self, rid: str, proven: bool) -> tuple[Status, str, dict[str, Any]]:
         """The switch made final (deploy.pending removed); `proven`: the release passed its
@@ -1028,6 +1042,7 @@ class Deployer:
         if rep.ok:
             unchecked = [c.detail for c in rep.checks if "NOT CHECKED" in (c.detail or "")]
             if unchecked:  # a damaged golden set cannot judge: said, never hidden in a pass
+                self._unchecked = True  # and never marked proven for it (probe37ah L4)
                 return "ok", f"healthy; token identity {unchecked[0]}", data
             return "ok", "healthy, token-identical" + (" (golden recorded)" if record else ""), data
         data["evidence"] = [
@@ -1540,8 +1555,9 @@ class Deployer:
                     f"failed rollback could not come back to current ({before}: {stuck})",
                     hint=f"{way}; or mend current, then roll back to {want}",
                 )
+            seen = self._service_now()  # one look at the service for what follows
             if want == before:
-                runs, name = self._runs_instead(listing), self.target.name
+                runs, name = self._runs_instead(listing, seen), self.target.name
                 also = f"; the service runs {runs}, not it (ops service status {name})"
                 return self.result(
                     "already-current",
@@ -1550,9 +1566,9 @@ class Deployer:
                     after=before,
                     message=f"release {want} is already current" + (also if runs else ""),
                 )
-            runs = self._runs_instead(listing)
+            runs = self._runs_instead(listing, seen)
             if not runs:  # (probe37ag H1, H2: a put-back onto code that never served)
-                self._no_way_back = self._nothing_to_go_back_to(listing)
+                self._no_way_back = self._nothing_to_go_back_to(listing, seen)
             if runs and not to and not redo and not rel.get("proven"):
                 # a plain rollback goes back, never forward: after --no-restart installs, its
                 # `previous` may be one that never served either (probe37ai H1); it stops at
@@ -1590,6 +1606,12 @@ class Deployer:
                     res.message += f"; {self._instead}, so the newest proven release was taken"
                 if redo:
                     res.message += f"; an earlier rollback to {redo}, cut off, was made again"
+                if self._unchecked:
+                    res.message += self._unchecked_note(
+                        "so it was not marked proven now"
+                        if not rel.get("proven")
+                        else "as it was once proven, it stays so"
+                    )
             if self._adopted:
                 res.message += (
                     f"; current had been {self._adopted}, which the service never ran: {before}, "
@@ -1622,7 +1644,7 @@ class Deployer:
             )
         return str(went)
 
-    def _nothing_to_go_back_to(self, listing: dict[str, Any]) -> str | None:
+    def _nothing_to_go_back_to(self, listing: dict[str, Any], seen: Any) -> str | None:
         """Why a rollback has no `current` to go back to, where it has none (None: it has one):
         no service runs, and current is no release, or one that never passed a post-flight
         (installed with --no-restart, then the service stopped). Switching back there, and
@@ -1630,11 +1652,7 @@ class Deployer:
         onto code that never ran (probe37ag H1, H2: ops killed, its guard or the next rollback
         did that, and the service went down); such a switch is made final at once."""
         cur = listing.get("current_state") or {"kind": "none"}
-        try:
-            st = manager_for(self.host).status()
-        except HostError:
-            return None
-        if st.active:  # it serves something: current (a release it runs is adopted first)
+        if seen is None or seen.active:  # unknown; or it serves (what it runs is adopted first)
             return None
         if cur.get("kind") == "none":
             return "there was no current"
@@ -1643,14 +1661,14 @@ class Deployer:
             return None
         return f"current before it, {cur['id']}, never passed a post-flight and no service ran"
 
-    def _runs_instead(self, listing: dict[str, Any]) -> str | None:
+    def _runs_instead(self, listing: dict[str, Any], seen: Any) -> str | None:
         """The release the service runs where that is not `current` (current installed with
         --no-restart, or switched by hand): one of this root's, whole and never rejected. None
         where it runs current, is not running, or that cannot be told (systemd)."""
         cur = listing.get("current_state") or {"kind": "none"}
         if cur.get("kind") not in ("release", "foreign", "none"):
             return None
-        runs = self._running_release()
+        runs = self._running_release(seen)
         if runs is None or runs == cur.get("id"):
             return None
         rel = next((r for r in listing["releases"] if r["id"] == runs), None)
@@ -1695,11 +1713,13 @@ class Deployer:
             return self.result(
                 "failed", failed_step="postflight", message=said, before=before, after=runs
             )
-        done = self._commit(runs, proven=True)
+        done = self._commit(runs, proven=not self._unchecked)
         said = (
             f"rolled back: {runs} is current and healthy (was {was}, which the service never "
             f"ran; the service already ran {runs}: not restarted)"
         )
+        if self._unchecked:
+            said += self._unchecked_note("so it was not marked proven for it")
         if self._instead:
             said += f"; {self._instead}"
         if done[0] == "fail":
