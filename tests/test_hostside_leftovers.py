@@ -658,11 +658,14 @@ def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
     assert groups, "no guard seen"
     with stopped(groups, os.killpg):
         t0 = time.monotonic()
-        _, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=180)
         took = time.monotonic() - t0
     assert proc.returncode == 0, seen + err
     assert took < 40, f"the deploy took {took:.0f} s after its post-flight began"
     assert ops.serving() == ops.current()
+    # and says so: the next deploy or rollback is refused while it stays stopped (ah-L3)
+    said_ = " ".join((seen + out + err).split())
+    assert "its revert guard did not end when let go" in said_, said_
 
 
 def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:

@@ -154,6 +154,7 @@ def test_a_settled_put_back_the_service_already_runs_is_not_restarted(ops: Ops) 
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 0, said
     assert "the service already ran it, and its record was cleared" in said, said
+    assert f"current {r2} -> {r2}" not in said, said  # (probe37ah L3: no put-back onto itself)
     assert ops.current() == r2 and pid(ops) == before
     assert not (ops.root / "deploy.pending").exists()
 

@@ -149,6 +149,7 @@ class Deployer:
         self._adopted: str | None = None  # the current a rollback found unserved, replaced
         self._no_way_back: str | None = None  # why a rollback's switch is final at once
         self._unchecked = False  # the post-flight passed with token identity NOT CHECKED
+        self._lingered = ""  # a settled guard that did not end when let go, said
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -746,9 +747,11 @@ class Deployer:
             if back:
                 detail += "; " if detail else ""
                 who = "rollback" if back.get("by") == "rollback" else "deploy"
+                went, to = back.get("from") or "(none)", back.get("to") or "(none)"
                 detail += back.get("note") or (
-                    f"put back a switch no {who} settled: current "
-                    f"{back.get('from') or '(none)'} -> {back.get('to') or '(none)'}"
+                    f"put back a switch no {who} settled: current {went} -> {to}"
+                    if went != to  # (settled: put back before, only its restart was due)
+                    else f"a switch no {who} settled was already put back: current is {to}"
                 )
             if not moved or self.opts.no_restart:
                 return "ok", detail, dict(prep)
@@ -944,6 +947,13 @@ class Deployer:
         )
         if restart and self._unchecked:  # (a golden set damaged during the deploy)
             said += self._unchecked_note(f"so {rid} was not marked proven")
+        if guard.lingered:  # harmless (its switch was final), but the next one is refused
+            self._lingered = (
+                "; its revert guard did not end when let go (stopped: SIGSTOP, a debugger?): "
+                "while it stays so, the next deploy or rollback is refused, naming it and "
+                "kill -CONT"
+            )
+            said += self._lingered
         return self.result(outcome, release=rid, before=before, after=rid, message=said)
 
     def _unchecked_note(self, so: str) -> str:
@@ -1457,7 +1467,10 @@ class Deployer:
         why = f" (previous is {other}, not a release ops installed)" if other else ""
         if prev.get("kind") == "foreign" and prev.get("exists") and not prev.get("aside"):
             # a switch away from a hand-made current keeps it as previous: ops made that link
-            why = f" (previous is {prev.get('link')}: a hand-made current, or a link made by hand)"
+            why = (
+                f" (previous is {prev.get('link')}, not a release: a link made by hand, or a "
+                "hand-made current that a deploy switched away from)"
+            )
         if same:
             why = f" (previous names {other}, the current release itself)"
         raise OpsError(f"{name}: no previous release to roll back to{why}", hint=hint)
@@ -1606,6 +1619,7 @@ class Deployer:
                     res.message += f"; {self._instead}, so the newest proven release was taken"
                 if redo:
                     res.message += f"; an earlier rollback to {redo}, cut off, was made again"
+                res.message += self._lingered
                 if self._unchecked:
                     res.message += self._unchecked_note(
                         "so it was not marked proven now"

@@ -8,6 +8,7 @@ import posixpath
 import shlex
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -224,6 +225,7 @@ class Guard:
     nothing left for it to put back)."""
 
     settled: bool = False
+    lingered: bool = False  # settled, but it did not end when let go (stopped?): said
 
 
 # A settled guard ends as soon as ops lets it go; one that does not (stopped: SIGSTOP, a
@@ -270,4 +272,7 @@ def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
     finally:
         with interrupts_held():
             wait = host.target.service.stop_timeout + 120
+            t0 = time.monotonic()
             proc.finish(SETTLED_GUARD_WAIT_S if guard.settled else wait)
+            took = time.monotonic() - t0
+            guard.lingered = guard.settled and took >= SETTLED_GUARD_WAIT_S - 0.5
