@@ -48,6 +48,8 @@ def test_a_deploy_over_a_removed_current_leaves_the_serving_release_alone(ops: O
     res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 0 and "not restarted" in said, said
+    # no "(none) never served" for a current removed by hand (probe37aj L2)
+    assert "(there was no current: removed by hand?)" in said and "(none) never" not in said
     assert ops.current() == r2 and pid(ops) == before
 
 

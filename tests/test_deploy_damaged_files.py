@@ -186,6 +186,9 @@ def test_a_lost_previous_gives_way_to_the_newest_proven_release(ops: Ops) -> Non
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, said(res)
     assert ops.current() == r2 and "no previous link" in said(res)
+    # r2 is newer than r1: said as a move forward, not "rolled back" (probe37aj L4)
+    assert f"moved forward: {r2} is current" in said(res), said(res)
+    assert f"{r2} is newer than {r1}: not a step back" in said(res), said(res)
     # a real directory made by hand: the operator's, refused, the proven release named
     prev.unlink()
     prev.mkdir()

@@ -136,6 +136,8 @@ def test_a_restart_onto_an_unproven_current_is_refused_without_force(ops: Ops) -
     code, st = ops.json("service", "status", "local")
     said = " ".join(st.get("warnings", []))
     assert f"runs release {r1}, not current ({r2})" in said and "rollback" in said, st
+    # the target's name and the release, never a literal TARGET (probe37aj L1)
+    assert f"ops rollback local --to {r1} makes it current" in said and "TARGET" not in said
     code, st = ops.json("service", "restart", "local")
     assert code == 1 and st["blocked_by"] == "unproven" and st["state"] == "active", st
     assert f"current ({r2}) never passed a post-flight, and the service runs {r1}" in st["detail"]

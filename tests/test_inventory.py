@@ -366,6 +366,18 @@ def test_one_root_of_this_machine_is_seen_through_a_symlink(tmp_path: Path) -> N
     assert f"share remote_root {tmp_path / 'alias'} (as {tmp_path / 'root'}," in res.stderr
 
 
+def test_an_empty_group_is_one_line_not_an_internal_error(tmp_path: Path) -> None:
+    """probe37aj M1: `g = []` made `ops deploy g` an internal error (IndexError, exit 4)."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'r'}'\n[groups]\ng = []\n")
+    for verb in ("deploy", "rollback", "releases"):
+        res = ops(verb, "g", "--inventory", str(inv))
+        assert res.returncode == 2 and "Traceback" not in res.stderr, (verb, res.stderr)
+        assert "internal error" not in res.stderr and res.stderr.count("\n") <= 2, res.stderr
+        assert "'g'" in res.stderr and "no targets" in res.stderr, res.stderr
+    assert ops("hosts", "--inventory", str(inv)).returncode == 0
+
+
 def test_a_group_that_lists_a_target_twice_is_refused(tmp_path: Path) -> None:
     """probe37ai L3: `g = ["local", "local"]` acted on one host twice in one run."""
     inv = tmp_path / "ops.toml"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
+import re
 import shlex
 import subprocess
 import tempfile
@@ -105,6 +106,15 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
             return f"{state.get('link')} (release {state['release']}, whose directory is gone)"
         return f"{state.get('link')} (a symlink to nothing: {state.get('resolves')} does not exist)"
     return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
+
+
+RELEASE_TIME = re.compile(r"^(\d{8}T\d{6}Z)-")  # a release id's creation time (release.py)
+
+
+def newer_release(a: str, b: str) -> bool:
+    """Release `a` was made after release `b` (both ids as ops makes them; else False)."""
+    ta, tb = RELEASE_TIME.match(a), RELEASE_TIME.match(b)
+    return bool(ta and tb and ta.group(1) > tb.group(1))
 
 
 def newest_proven(listing: dict[str, Any]) -> str | None:
@@ -249,9 +259,14 @@ class Deployer:
             if self._no_way_back:
                 what += f"; no way back: {self._no_way_back}"
         elif self._adopted:  # only the adopt step's switch, onto what the service runs
+            had = (
+                "there had been no current"
+                if self._adopted == "(none)"
+                else f"it had been {self._adopted}, never served"
+            )
             what = (
-                f"current is {now or '(none)'}: made the release the service runs (it had been "
-                f"{self._adopted}, never served); nothing else was switched"
+                f"current is {now or '(none)'}: made the release the service runs ({had}); "
+                "nothing else was switched"
             )
         else:
             what = f"nothing was switched: current is still {now or '(none)'}"
@@ -1614,7 +1629,12 @@ class Deployer:
             if res.outcome == "deployed":
                 res.outcome = "switched"
                 was = f"was {before}" if before else "there was no current"
-                res.message = f"rolled back: {want} is current and healthy ({was})"
+                # the newest proven release may be newer than the one left (probe37aj L4)
+                ahead = bool(before) and newer_release(want, str(before))
+                verb = "moved forward" if ahead else "rolled back"
+                res.message = f"{verb}: {want} is current and healthy ({was})"
+                if ahead:
+                    res.message += f"; {want} is newer than {before}: not a step back"
                 if self._instead:
                     res.message += f"; {self._instead}, so the newest proven release was taken"
                 if redo:
@@ -1627,9 +1647,14 @@ class Deployer:
                         else "as it was once proven, it stays so"
                     )
             if self._adopted:
+                had = (
+                    "there was no current"
+                    if self._adopted == "(none)"
+                    else f"current had been {self._adopted}, which the service never ran"
+                )
                 res.message += (
-                    f"; current had been {self._adopted}, which the service never ran: {before}, "
-                    "which it ran, was made current first, so a failure comes back to it"
+                    f"; {had}: {before}, which it ran, was made current first, so a failure "
+                    "comes back to it"
                 )
             return res
 
@@ -1705,9 +1730,13 @@ class Deployer:
             except OpsError as exc:
                 return "fail", f"could not make {runs} current: {exc.message}", {}
             self._adopted = was
+            why = (
+                f"{was} never served: installed with --no-restart, or switched by hand"
+                if before
+                else "there was no current: removed by hand?"
+            )
             detail = (
-                f"current: {was} -> {runs}, the release the service runs ({was} never served: "
-                "installed with --no-restart, or switched by hand); not restarted"
+                f"current: {was} -> {runs}, the release the service runs ({why}); not restarted"
             )
             return "ok", detail, doc
 
@@ -1728,9 +1757,10 @@ class Deployer:
                 "failed", failed_step="postflight", message=said, before=before, after=runs
             )
         done = self._commit(runs, proven=not self._unchecked)
+        had = "there was no current" if not before else f"was {was}, which the service never ran"
         said = (
-            f"rolled back: {runs} is current and healthy (was {was}, which the service never "
-            f"ran; the service already ran {runs}: not restarted)"
+            f"rolled back: {runs} is current and healthy ({had}; the service already ran "
+            f"{runs}: not restarted)"
         )
         if self._unchecked:
             said += self._unchecked_note("so it was not marked proven for it")

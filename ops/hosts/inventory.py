@@ -321,6 +321,11 @@ class Inventory(_Model):
     def resolve(self, name: str) -> list[Target]:
         """A target name gives that target; a group name gives its members in order."""
         if name in self.groups:
+            if not self.groups[name]:  # (probe37aj M1: a deploy of it was an internal error)
+                raise UnknownTarget(
+                    f"group {name!r} has no targets",
+                    hint=f"list its targets under [groups] in {self.path or DEFAULT_INVENTORY}",
+                )
             members = [self.targets[m] for m in self.groups[name]]
             for t in members:
                 self.own_root(t)

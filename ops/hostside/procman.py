@@ -719,7 +719,7 @@ def runs_other(root: str, cwd: str | None) -> str | None:
     if os.path.dirname(current) + "/" == releases and os.path.basename(current) != running:
         said = f"the service runs release {running}, not current ({os.path.basename(current)})"
         if unproven_over(root, cwd):
-            return f"{said}: {UNPROVEN_WAY}"
+            return f"{said}: {unproven_way(running)}"
         return f"{said}: ops service restart runs current"
     return None
 
@@ -730,10 +730,13 @@ def in_releases(root: str, cwd: str, release: str) -> bool:
     return cwd == os.path.join(releases, release)
 
 
-UNPROVEN_WAY = (
-    "ops rollback TARGET --to the release it runs makes that current, then ops deploy TARGET "
-    "proves the new one with a way back (ops service restart --force runs current as it is)"
-)
+def unproven_way(running: str) -> str:
+    """The way on where the service runs `running`, a release that served, and `current`
+    never passed a post-flight (TARGET: the control plane puts the target's name in)."""
+    return (
+        f"ops rollback TARGET --to {running} makes it current, then ops deploy TARGET proves "
+        "the new one with a way back (ops service restart --force runs current as it is)"
+    )
 
 
 def unproven_over(root: str, cwd: str | None) -> str | None:

@@ -33,6 +33,15 @@ EVIDENCE_BYTES = 65536  # the log tail read for them, at most (a line may be a G
 START_MARK = re.compile(r"=== \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ops start: ")
 MAX_WAIT_S = 86400.0  # a day: a huge model loads in minutes; `inf` overflowed the host timeout
 PROCMAN_SOURCE = source("procman")
+# the host side's advice names `ops VERB TARGET`: it does not know the target's name
+HOST_ADVICE = re.compile(r"\b(ops (?:service )?[a-z]+) TARGET\b")
+
+
+def named(text: str, target: str) -> str:
+    """The host side's `text` with the target's name where it says TARGET (probe37aj L1)."""
+    return HOST_ADVICE.sub(lambda m: f"{m.group(1)} {target}", text)
+
+
 PROCMAN_STOPPED_S = 5  # the process manager stopped this long is ended, and said to have been
 # The process manager under a watch ("$@" is its command). One stopped (SIGSTOP, a debugger)
 # held its command, and the host lock with it, until the command's timeout, minutes, saying
@@ -181,7 +190,9 @@ class ServiceManager(ABC):
         except OpsError as exc:
             return f"the service's state is unknown ({exc.message})"
         said = f"the service is now {st.state}" + (f": {st.detail}" if st.detail else "")
-        if starts and not st.active:
+        if starts and st.state == "activating":  # (probe37aj L3: it is starting already)
+            said += f"; ops service status {self.target.name} tells once it is up"
+        elif starts and not st.active:
             said += f"; ops service start {self.target.name} starts it"
         return said
 
@@ -212,7 +223,7 @@ class ServiceManager(ABC):
             step="service vet",
         )
         try:
-            doc = json.loads(res.stdout.strip().splitlines()[-1])
+            doc = json.loads(named(res.stdout.strip().splitlines()[-1], self.target.name))
         except (json.JSONDecodeError, IndexError):
             if res.rc == -1:  # SSH's word for a command whose exit status never came back
                 raise Unreachable(
@@ -436,7 +447,7 @@ class ProcessManager(ServiceManager):
         if res.rc not in (0, -1) and not res.timed_out:  # a python too old says so, in one line
             self.host.check_python(self.target.python, f"service {action}")  # (run under bash)
         try:
-            doc = json.loads(res.stdout.strip().splitlines()[-1])
+            doc = json.loads(named(res.stdout.strip().splitlines()[-1], self.target.name))
         except (json.JSONDecodeError, IndexError):
             if res.rc == -1:  # SSH's word for a command whose exit status never came back
                 raise Unreachable(
