@@ -1626,6 +1626,8 @@ class Deployer:
                     before=before,
                     after=after,
                 )
+            if res.outcome == "rolled-back":  # this rollback failed and was undone: the host
+                res.outcome = "failed"  # is where it was, nothing rolled back (probe37ad L3)
             if res.outcome == "deployed":
                 res.outcome = "switched"
                 was = f"was {before}" if before else "there was no current"
