@@ -303,6 +303,22 @@ def test_a_current_that_could_not_restart_is_said_while_it_serves(ops: Ops) -> N
         ), st
 
 
+def test_a_damaged_current_is_said_by_status(ops: Ops) -> None:
+    """probe37ak L3: current's release.json made another release's (copied over by hand):
+    `ops releases` marks it damaged and a deploy refuses to go on from it, but status said
+    nothing. It warns, naming the target's rollback."""
+    r1, r2 = ops.two_releases()
+    manifest = ops.root / "releases" / r2 / "release.json"
+    doc = json.loads(manifest.read_text())
+    doc["id"] = "20991231T000000Z-deadbeef00"
+    manifest.write_text(json.dumps(doc))
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(" ".join(st.get("warnings", [])).split())
+    assert st["state"] == "active", st
+    assert f"current ({r2}) is a damaged release (its release.json is release 2099" in warned
+    assert "ops rollback local --to ID" in warned and "TARGET" not in warned, warned
+
+
 @pytest.mark.parametrize("inside", ["current", "releases", "current/sub"])
 def test_a_remote_root_inside_another_roots_releases_is_refused(ops: Ops, inside: str) -> None:
     """probe37f F10 (low): a target whose remote_root is another root's current (or its

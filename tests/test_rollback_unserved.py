@@ -20,6 +20,7 @@ of tests/helpers/deploy_ops.py on its own root and port.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -225,9 +226,12 @@ def test_a_rollback_killed_with_its_guard_from_an_unserved_current_is_not_put_ba
     kill_guard_and_ops(ops, "postflight", verb="rollback", extra=("--to", r1))
     assert not (ops.root / "deploy.pending").exists()
     assert ops.current() == r1 and ops.serving() == r1
-    res = ops("rollback", "local", "--max-tokens", "3")  # to previous (c2), which fails
+    # previous (c2) never served: a plain rollback does not go there (probe37ak M2); no
+    # recover step either
+    res = ops("rollback", "local", "--max-tokens", "3")
     said = flat(res.stdout + res.stderr)
-    assert res.returncode == 1 and "recover" not in steps(ops.record("rollback")["results"][0])
+    assert res.returncode == 2 and "recover" not in said, said
+    assert f"previous ({c2}) never passed a post-flight, and no other release did" in said
     assert ops.current() == r1 and ops.serving() == r1, said
 
 
@@ -262,3 +266,69 @@ def test_a_dead_no_restart_deploys_switch_is_put_back_without_a_restart(ops: Ops
     assert f"the service runs {r1}, and {c2} never passed a post-flight" in said, said
     assert ops.current() == r1 and pid(ops) == before, said
     assert not (ops.root / "deploy.pending").exists()
+
+
+def test_a_rollback_to_a_current_the_service_does_not_run_goes_there_with_a_way_back(
+    ops: Ops,
+) -> None:
+    """probe37ak M1: `rollback --to C`, C current but installed with --no-restart (the service
+    on r1), said "already current", exit 0; with the service stopped, the same, silent. Asked
+    for C, the host ends on C: what serves is made current first (a way back), then C is
+    switched to, restarted and proven. With no service running it is exit 1, naming the
+    start."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    c2 = ops.current()
+    assert ops.serving() == r1
+    res = ops("rollback", "local", "--to", c2, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    result = ops.record("rollback")["results"][0]
+    assert res.returncode == 0 and result["outcome"] == "switched", said
+    assert steps(result).get("adopt") == "ok" and steps(result).get("postflight") == "ok", said
+    assert ops.current() == c2 and ops.serving() == c2, said
+    assert (ops.root / "releases" / c2 / "proven.json").exists()
+    ops.stop()  # maintenance: current is what was asked for, but nothing serves it
+    res = ops("rollback", "local", "--to", c2, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1, said
+    assert f"release {c2} is already current, but its service is inactive" in said, said
+    assert "ops service start local" in said and ops.current() == c2, said
+    code, st = ops.json("service", "status", "local")
+    assert st["state"] == "inactive", st  # the rollback started nothing
+
+
+def test_a_plain_rollback_never_goes_to_a_previous_that_never_served(ops: Ops) -> None:
+    """probe37ak M2: after a --no-restart install was left by an adopt, `previous` named it
+    (never served), and the next plain rollback "moved forward" onto it, restarting the service
+    on code nobody ran (down, where it failed at start). A plain rollback takes the newest
+    proven release instead, said; with none, it is refused, naming `--to`."""
+    r1, r2 = ops.two_releases()
+    marker = refuse_with_marker(ops)
+    assert ops.deploy("--no-restart").returncode == 0
+    c3 = ops.current()
+    marker.write_text("")  # c3 fails at start (r1 and r2 do not: they predate the guard)
+    assert ops("rollback", "local", "--max-tokens", "3").returncode == 0  # adopts r2
+    assert ops.current() == r2 and os.readlink(ops.root / "previous") == f"releases/{c3}"
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0, said
+    assert f"previous ({c3}) never passed a post-flight, so the newest proven" in said, said
+    assert ops.current() == r1 and ops.serving() == r1, said
+
+
+def test_a_plain_rollback_with_no_proven_release_to_go_to_is_refused(ops: Ops) -> None:
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    c2 = ops.current()
+    assert ops("rollback", "local", "--max-tokens", "3").returncode == 0  # adopts r1
+    before = pid(ops)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode not in (0, 4) and "Traceback" not in said, said
+    assert f"previous ({c2}) never passed a post-flight, and no other release did" in said
+    assert f"ops rollback local --to {c2}" in said, said
+    assert ops.current() == r1 and pid(ops) == before

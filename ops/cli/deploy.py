@@ -113,7 +113,9 @@ def _summary(results: list[DeployResult], title: str = "deploy") -> None:
     for r in results:
         steps = " ".join(_step_word(s) for s in r.steps) or "-"
         colour = "green" if r.ok else "yellow" if r.outcome == "interrupted" else "red"
-        if r.after == r.before:
+        if r.outcome == "not-reached":  # never asked: its release is not known here
+            release = "(not asked)\n(untouched)"
+        elif r.after == r.before:
             release = f"{r.before or '(none)'}\n(unchanged)"
         else:
             release = f"{r.before or '(none)'}\n-> {r.after or '(none)'}"

@@ -1584,17 +1584,25 @@ class Deployer:
                     hint=f"{way}; or mend current, then roll back to {want}",
                 )
             seen = self._service_now()  # one look at the service for what follows
-            if want == before:
-                runs, name = self._runs_instead(listing, seen), self.target.name
-                also = f"; the service runs {runs}, not it (ops service status {name})"
-                return self.result(
-                    "already-current",
-                    release=want,
-                    before=before,
-                    after=before,
-                    message=f"release {want} is already current" + (also if runs else ""),
-                )
             runs = self._runs_instead(listing, seen)
+            if want == before and not runs:
+                # current, but is it served? (probe37ak M1: exit 0 over a stopped service)
+                down = self._not_serving(want, rel.get("proven"))
+                said = f"release {want} is already current"
+                if down is not None:
+                    return self.result(
+                        "failed",
+                        failed_step="service",
+                        release=want,
+                        before=before,
+                        after=before,
+                        message=f"{said}, but {down}",
+                    )
+                return self.result(
+                    "already-current", release=want, before=before, after=before, message=said
+                )
+            # (want == before with runs: the service runs another release; what it runs is
+            # adopted below, then `want` switched to and proven with a way back to it)
             if not runs:  # (probe37ag H1, H2: a put-back onto code that never served)
                 self._no_way_back = self._nothing_to_go_back_to(listing, seen)
             if runs and not to and not redo and not rel.get("proven"):
@@ -1607,6 +1615,18 @@ class Deployer:
                     "there)"
                 )
                 want = runs
+            elif not to and not redo and want != before and not rel.get("proven"):
+                # nor onto code that never served where the service runs current: a `previous`
+                # an adopt left, a --no-restart install (probe37ak M2)
+                back = newest_proven(listing)
+                if back is None:
+                    raise OpsError(
+                        f"{self.target.name}: previous ({want}) never passed a post-flight, and "
+                        "no other release did: a plain rollback goes only to code that served",
+                        hint=f"ops rollback {self.target.name} --to {want} goes there as asked",
+                    )
+                self._instead = f"previous ({want}) never passed a post-flight"
+                want, rel = back, next(r for r in listing["releases"] if r["id"] == back)
             if runs:  # a failure must come back to what served, never to `current` (ae-H1)
                 adopted = self._adopt(runs, want, before)
                 if adopted is not None:

@@ -187,7 +187,7 @@ def _deploy_group(
             if why is not None:
                 for t in wave:
                     results[t.name] = DeployResult(
-                        target=t.name, outcome="failed", failed_step="not reached", message=why
+                        target=t.name, outcome="not-reached", failed_step="not reached", message=why
                     )
                 continue
             done, stopped = run_wave(wave, opts, progress)
@@ -209,7 +209,7 @@ def _deploy_group(
                 results.setdefault(
                     t.name,
                     DeployResult(
-                        target=t.name, outcome="failed", failed_step="not reached", message=why
+                        target=t.name, outcome="not-reached", failed_step="not reached", message=why
                     ),
                 )
     return [results[t.name] for t in targets]

@@ -20,6 +20,7 @@ Outcome = Literal[
     "dry-run",
     "switched",  # `ops rollback`: switched to the release asked for, restarted, proven
     "interrupted",  # Ctrl-C / SIGTERM: the result says where the host was left
+    "not-reached",  # a group's host the rollout stopped before: untouched, never asked
 ]
 
 

@@ -690,6 +690,7 @@ def do_status(pidfile: str, url: str) -> dict:
             bad = current_problem(root) if os.path.lexists(os.path.join(root, "current")) else None
             if bad:
                 notes.append(f"a restart would be refused without --force: {bad}")
+            notes.append(current_damaged(root))  # (probe37ak L3)
         except NotStartable as exc:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
@@ -1008,6 +1009,30 @@ def current_problem(root: str) -> str | None:
     else:
         return None
     return f"{said} resolves to {why}"
+
+
+def current_damaged(root: str) -> str | None:
+    """Why the release `current` names (releases/ID) is damaged, as `ops releases` marks it:
+    its release.json unreadable, or another release's (copied over by hand); None: it is not,
+    or `current` is no release of this root."""
+    real = os.path.realpath(os.path.join(root, "current"))
+    if os.path.dirname(real) != os.path.join(os.path.realpath(root), "releases"):
+        return None
+    rid = os.path.basename(real)
+    doc = read_small_json(os.path.join(real, "release.json"))
+    named = doc.get("id") if isinstance(doc, dict) else None
+    if isinstance(doc, dict) and named in (None, rid):
+        return None
+    why = (
+        f"its release.json is release {str(named)[:200]}'s"
+        if named
+        else "its release.json cannot be read"
+    )
+    return (
+        f"current ({rid}) is a damaged release ({why}): a deploy refuses to go on from it, a "
+        "failed one could not put it back; ops rollback TARGET --to ID makes a whole one current "
+        "(ops releases TARGET marks the damaged ones)"
+    )
 
 
 def read_small_json(path: str) -> object:

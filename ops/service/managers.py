@@ -638,7 +638,8 @@ class ProcessManager(ServiceManager):
             update["warnings"] = [
                 *st.warnings,
                 f"{left}: the service is stopped; the pidfile left names no live process "
-                "(the next start removes it)",
+                "(the next start removes it; while the root is read-only or full, a start is "
+                "refused at the host lock)",
             ]
         if doc.get("warnings"):  # e.g. a stopped restart that will start the service again
             update["warnings"] = [*update.get("warnings", st.warnings), *doc["warnings"]]
