@@ -504,9 +504,12 @@ def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
     lands in the stop; the service serves again from a new process that takes TERM."""
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
     assert ops.deploy("--bootstrap").returncode == 0
-    for delay in (0.8, 1.2, 1.6):
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    for delay in (0.0, 0.4, 0.8):  # after the worker holds the restart lock: in its stop
+        # (a fixed delay from ops's start landed before the restart began on a loaded CI)
         before = status(ops)["pid"]
         proc = ops.popen("service", "restart", "local")
+        _seen_restart_worker(pidfile)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
