@@ -105,6 +105,15 @@ def test_shared_options_before_or_after_the_command(tmp_path) -> None:
         assert "missing.toml" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_shared_options_after_the_service_group(tmp_path) -> None:
+    """`ops service --json status TARGET` was refused: no such option (probe37al L1)."""
+    inv = tmp_path / "ops.toml"
+    inv.write_text(f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\n")
+    res = ops("service", "--json", "-i", str(inv), "status", "local")
+    assert "No such option" not in res.stderr, res.stderr
+    assert json.loads(res.stdout)["state"] == "inactive", res.stdout
+
+
 def test_inventory_on_the_command_line_wins_over_the_environment(tmp_path) -> None:
     """`-i` before the command beats $OPS_INVENTORY (the subcommand's copy of the option, filled
     from the environment, used to replace it silently: new-user pass, #39)."""

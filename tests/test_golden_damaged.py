@@ -239,6 +239,20 @@ def test_a_golden_set_that_is_no_regular_file_is_damaged_not_absent(svc: Service
     assert code == 0 and identity(doc)["status"] == "pass", doc["failed"]
 
 
+def test_a_golden_set_that_cannot_be_recorded_on_the_host_is_one_line(svc: ServiceOps) -> None:
+    """probe37al M1 (medium): `ops healthcheck --record-golden` on a full root with no golden
+    set yet was an internal error (KeyError, exit 4, "a bug in ops"). The host's trouble is
+    one line, exit 2; here the write fails as a full disk's would (golden/ is a file)."""
+    assert svc.json("service", "start", "local")[0] == 0
+    (svc.tmp / "root" / "golden").write_text("")  # golden/golden.json cannot be made
+    res = svc("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 2 and "internal error" not in res.stderr, res.stderr
+    assert "record golden: the golden set could not be written" in res.stderr, res.stderr
+    code, doc = svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    assert code == 2 and doc["ok"] is False and "internal" not in doc, doc
+
+
 def test_a_deploy_never_records_over_a_golden_set_that_is_no_regular_file(ops: DeployOps) -> None:
     """probe37g G6: the pre-flight took a FIFO at the golden set's path for no golden set and
     recorded a fresh one over it, unsaid. It is a damaged golden set: refused, named, kept."""

@@ -35,6 +35,13 @@ service_app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+@service_app.callback()
+def _service_group(_json: JsonOpt = False, _inventory: InventoryOpt = None) -> None:
+    """The shared options are taken here too: `ops service --json status TARGET` (probe37al
+    L1: refused as no such option)."""
+
+
 WaitOpt = Annotated[
     float, typer.Option("--wait", min=0, help="Seconds to wait for /health once it starts.")
 ]

@@ -88,6 +88,9 @@ def identity_check(data: IdentityDoc, recorded: bool) -> Check:
             detail="a golden prompt got no answer",
             evidence=[data.get("evidence", "")],
         )
+    if data.get("error") and "prompts" not in data:  # any other answer that compared nothing
+        said = f"{data.get('error')}: {data.get('message', '')}"
+        return Check(name="identity", status="fail", detail=f"token identity not checked ({said})")
     if recorded:
         detail = f"recorded {data['recorded']} prompts to {data['path']}"
         if data.get("kept"):
@@ -246,6 +249,15 @@ def _identity(
             [*base, "--record-golden", where, "--max-tokens", str(max_tokens)],
         )
         data = cast(IdentityDoc, res.data)
+        if res.rc != 0 and data.get("error") == "write_failed":  # a full or read-only root:
+            # the host's trouble, one line, exit 2 (probe37al M1: an internal error, exit 4)
+            raise HostError(
+                str(data.get("message")),
+                target=host.name,
+                step="record golden",
+                hint="free space in the remote root (or make it writable), then record again; "
+                "the service was not touched",
+            )
         if golden and res.rc == 0:
             doc = json.dumps(data["golden"], ensure_ascii=False, indent=1) + "\n"
             try:
