@@ -1184,3 +1184,29 @@ def test_a_lock_lost_after_the_switch_prunes_nothing_and_says_so(ops: Ops) -> No
     assert prune == "skip" and "prune: skip" in text and "the host lock was lost" in text, text
     after = sorted(p.name for p in (ops.root / "releases").iterdir())
     assert set(before) <= set(after), (before, after)  # nothing removed
+
+
+def test_a_post_flight_whose_current_was_moved_under_it_rejects_nothing(ops: Ops) -> None:
+    """probe37am M1 (medium, a race): the SSH link lost during a post-flight; the host's guard
+    put the old release back and restarted its service while the post-flight's identity check
+    still ran, which then got "connection refused" and marked the good release rejected
+    ("deploy a fixed commit"), blocking `rollback --to` it. A post-flight that fails while
+    `current` no longer names its release did not judge that release. Here the guard's move
+    is made by hand: current put back on r2 and the new release's process killed mid-check."""
+    r1, r2 = ops.two_releases()
+    commit_change(  # each completion takes a while: the post-flight lasts seconds
+        ops.src,
+        "engine/svc.py",
+        "    def do_POST(self) -> None:  # noqa: N802\n",
+        "    def do_POST(self) -> None:  # noqa: N802\n        time.sleep(0.3)\n",
+    )
+    proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
+    r3 = ops.current()
+    relink(ops.root, f"releases/{r2}")
+    os.kill(ops.json("service", "status", "local")[1]["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    said = " ".join((seen + out + err).split())
+    assert proc.returncode == 1, said
+    assert r3 != r2 and not (ops.root / "releases" / r3 / "rejected.json").exists(), said
+    assert f"{r3} was not marked rejected: current was moved to {r2}" in said, said
+    assert ops.current() == r2 and ops.serving() == r2, said

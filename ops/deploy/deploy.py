@@ -1141,6 +1141,14 @@ class Deployer:
                 "--wait lets it prove itself"
             )
             return None
+        if failed.name == "postflight":
+            now, _ = self._ask_current()
+            if now is not None and now != rid:  # moved under its checks (probe37am M1)
+                kept.append(
+                    f"current was moved to {now} while its post-flight ran (the host's guard, "
+                    "once ops's link was lost?), so those checks did not judge it"
+                )
+                return None
         why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
         try:
             doc = host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
