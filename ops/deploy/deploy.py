@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
-import re
 import shlex
 import subprocess
 import tempfile
@@ -43,7 +42,13 @@ from ops.deploy.host_actions import (
     interrupted_once,
     revert_guard,
 )
-from ops.deploy.release import ReleaseManifest, default_source, service_env, stage_release
+from ops.deploy.release import (
+    ReleaseManifest,
+    default_source,
+    release_time,
+    service_env,
+    stage_release,
+)
 from ops.deploy.result import (
     DETAIL_SHOWN,
     DeployInterrupted,
@@ -108,13 +113,13 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
     return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
 
 
-RELEASE_TIME = re.compile(r"^(\d{8}T\d{6}Z)-")  # a release id's creation time (release.py)
+ASK_NOW: Any = object()  # a service status not asked for yet: ask when it is needed
 
 
 def newer_release(a: str, b: str) -> bool:
     """Release `a` was made after release `b` (both ids as ops makes them; else False)."""
-    ta, tb = RELEASE_TIME.match(a), RELEASE_TIME.match(b)
-    return bool(ta and tb and ta.group(1) > tb.group(1))
+    ta, tb = release_time(a), release_time(b)
+    return bool(ta and tb and ta > tb)
 
 
 def newest_proven(listing: dict[str, Any]) -> str | None:
@@ -435,11 +440,11 @@ class Deployer:
         except HostError:
             return None
 
-    def _running_release(self, seen: Any = ...) -> str | None:
+    def _running_release(self, seen: Any = ASK_NOW) -> str | None:
         """The release of this root the service runs, where it is active (None: not active,
         not run from a release, or that cannot be told: systemd, a host that did not answer).
         `seen`: a status already asked for (None: unknown); by default it is asked now."""
-        st = self._service_now() if seen is ... else seen
+        st = self._service_now() if seen is ASK_NOW else seen
         return self._release_of(st.runs_from) if st is not None and st.active else None
 
     def _current_lost(self, state: dict[str, Any]) -> str | None:
@@ -458,16 +463,21 @@ class Deployer:
             f"`ops rollback {name} --to {runs}` makes it current (no restart), then deploy"
         )
 
-    def _not_serving(self, cur: str, proven: bool | None) -> str | None:
+    def _not_serving(self, cur: str, proven: bool | None, seen: Any = ASK_NOW) -> str | None:
         """Why the service of a release that is already current does not serve (None: it
         does). A deploy that has nothing to install does not start it: it may have been stopped
         on purpose (`ops service stop` for maintenance), and a deploy with nothing to do must
         not undo that; but it does not exit 0 either, which says "current and serving" for
-        every other deploy (probe37b: exit 0 "already current" over a stopped service)."""
-        try:
-            st = manager_for(self.host).status()
-        except HostError as exc:
-            return f"its service's state is unknown: the host did not answer ({exc.message})"
+        every other deploy (probe37b: exit 0 "already current" over a stopped service).
+        `seen`: a status already asked for (None: the host did not answer)."""
+        if seen is ASK_NOW:
+            try:
+                seen = manager_for(self.host).status()
+            except HostError as exc:
+                return f"its service's state is unknown: the host did not answer ({exc.message})"
+        if seen is None:
+            return "its service's state is unknown: the host did not answer"
+        st = seen
         name = self.target.name
         if st.active:  # and from current? (`--no-restart`, another inventory on this root)
             runs = self._release_of(st.runs_from)
@@ -1595,7 +1605,7 @@ class Deployer:
             runs = self._runs_instead(listing, seen)
             if want == before and not runs:
                 # current, but is it served? (probe37ak M1: exit 0 over a stopped service)
-                down = self._not_serving(want, rel.get("proven"))
+                down = self._not_serving(want, rel.get("proven"), seen)
                 said = f"release {want} is already current"
                 if down is not None:
                     return self.result(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import re
 import shutil
 import socket
 import subprocess
@@ -41,6 +42,14 @@ MIB = 2**20
 MAX_FILE_BYTES = 64 * MIB  # one data-plane file (the largest source file in use is ~100 KB)
 MAX_TOTAL_BYTES = 256 * MIB  # the whole data plane (~2 MB in use)
 HASH_CHUNK = MIB
+ID_TIME = "%Y%m%dT%H%M%SZ"  # a release id starts with its creation time: <time>-<sha[:10]>[-dirty]
+ID_TIME_RE = re.compile(r"^(\d{8}T\d{6}Z)-")
+
+
+def release_time(rid: str) -> str | None:
+    """When release `rid` was made, as its id says (sortable text; None: not an id ops makes)."""
+    m = ID_TIME_RE.match(rid)
+    return m.group(1) if m else None
 
 
 class ReleaseManifest(BaseModel):
@@ -211,7 +220,7 @@ def stage_release(
     if "engine/__main__.py" not in files:
         raise OpsError(f"{top} at {sha[:12]} has no data plane (engine/, kernels/, checks/)")
     now = datetime.now(UTC)
-    rid = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{sha[:10]}" + ("-dirty" if dirty else "")
+    rid = f"{now.strftime(ID_TIME)}-{sha[:10]}" + ("-dirty" if dirty else "")
     return ReleaseManifest(
         id=rid,
         git_sha=sha,
