@@ -880,3 +880,24 @@ def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> N
         assert res.returncode == 0, said(res)
     finally:  # rm(1), not a recursive rmtree (pytest's own cleanup would meet the depth)
         subprocess.run(["rm", "-rf", str(ops.root / "releases" / r1 / "d")], check=False)
+
+
+def test_a_hand_made_copy_as_current_is_said_by_status(ops: Ops) -> None:
+    """probe37al L2: `current` switched by hand to a copy of the release the service runs
+    (`cp -a releases/ID copy`): a deploy refuses it without --force, but status said nothing.
+    It warns, and the rollback it names makes what runs current again."""
+    r1, r2 = ops.two_releases()
+    shutil.copytree(ops.root / "releases" / r2, ops.root / "copy1", symlinks=True)
+    tmp = ops.root / "current.tmp"
+    tmp.symlink_to("copy1")
+    tmp.rename(ops.root / "current")
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(" ".join(st.get("warnings", [])).split())
+    assert code == 0 and st["state"] == "active", st
+    assert f"runs release {r2}, but current is copy1, a copy made by hand" in warned, st
+    assert f"ops rollback local --to {r2} makes what runs current" in warned, st
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r2 and ops.serving() == r2
+    code, st = ops.json("service", "status", "local")
+    assert code == 0 and not st.get("warnings"), st

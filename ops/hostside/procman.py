@@ -722,6 +722,16 @@ def runs_other(root: str, cwd: str | None) -> str | None:
         if unproven_over(root, cwd):
             return f"{said}: {unproven_way(running)}"
         return f"{said}: ops service restart runs current"
+    if not current.startswith(releases) and os.path.isfile(os.path.join(current, "release.json")):
+        # a hand-made copy (`cp -a releases/ID copy`, current -> copy): the deploy's `current`
+        # step refuses it without --force, and status said nothing (probe37al L2)
+        link = os.path.join(root, "current")
+        was = os.readlink(link) if os.path.islink(link) else "a real directory"
+        return (
+            f"the service runs release {running}, but current is {was[:200]}, a copy made by "
+            "hand, not a release ops installed: a restart runs the copy, and a deploy refuses "
+            f"it without --force; ops rollback TARGET --to {running} makes what runs current"
+        )
     return None
 
 
