@@ -932,3 +932,35 @@ def test_a_pending_record_that_is_not_this_hosts_switch_blocks_no_restart(ops: O
     res = ops("service", "restart", "local")
     assert res.returncode == 0, said(res)
     assert ops.current() == r2 and ops.serving() == r2
+
+
+def test_sigint_stops_a_restart_started_with_sigint_ignored(ops: Ops) -> None:
+    """probe37an L2: a script's background job starts with SIGINT ignored (`ops ... &` in a
+    non-interactive shell). A deploy still took SIGINT as Ctrl-C, but `ops service restart`
+    ran on and exited 0. Every command now takes it: exit 130, said, and the restart's
+    worker still brings the service back."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    before = status(ops)["pid"]
+    proc = subprocess.Popen(
+        ops.argv("service", "restart", "local"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ops.env,
+        cwd=REPO,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    _seen_restart_worker(pidfile)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in stderr, (proc.returncode, stderr)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        st = status(ops)
+        if st.get("state") == "active" and st.get("pid") != before:
+            break
+        time.sleep(0.2)
+    assert st.get("state") == "active" and st["pid"] != before, st

@@ -203,6 +203,11 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _as_interrupt)
+    # SIGINT inherited as ignored (a background job of a script: `ops service restart local &`)
+    # is still a Ctrl-C, for every command as for a deploy (probe37an L2: a restart sent
+    # SIGINT by its script ran on and exited 0)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = app(standalone_mode=False, obj=st)
     except (KeyboardInterrupt, typer.Abort):
