@@ -1501,8 +1501,9 @@ class Deployer:
         if prev.get("kind") == "foreign" and prev.get("exists") and not prev.get("aside"):
             # a switch away from a hand-made current keeps it as previous: ops made that link
             why = (
-                f" (previous is {prev.get('link')}, not a release: a link made by hand, or a "
-                "hand-made current that a deploy switched away from)"
+                f" (previous is {prev.get('link')}, not a release ops installed: a link made by "
+                "hand, or a hand-made current that a deploy or a rollback switched away from; a "
+                "plain rollback goes only to a release ops installed)"
             )
         if same:
             why = f" (previous names {other}, the current release itself)"
