@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -147,6 +148,29 @@ def test_prune_spares_every_release_still_in_use(root: Path) -> None:
         service.kill()
         service.wait()
     assert host("prune", r, "1")[1] == {"removed": [IDS[2]]}  # its service gone
+
+
+def test_prune_spares_the_release_a_hand_made_copy_runs_from(root: Path) -> None:
+    """probe37an L5 (low): `current -> copyA`, a hand-made copy of a release whose service.env
+    still names its original's directory (PYTHONPATH, the hook's site/): a prune deleted the
+    original, leaving the copy a revert may go back to naming a directory that is gone. Prune
+    keeps (and remove refuses) a release that the service.env of a copy in the root names,
+    through a link or as a directory a switch moved aside."""
+    r = str(root)
+    host("switch", r, IDS[3])
+    for copy, original in (("copyA", IDS[0]), ("current.before-20260101T000000Z", IDS[1])):
+        (root / copy).mkdir()
+        rel = root / "releases" / original
+        (root / copy / "service.env").write_text(f"PYTHONPATH={rel}/site:{rel}\nA=1\n")
+    (root / "previous").symlink_to("copyA")
+    code, doc = host("remove", r, IDS[0])
+    assert code == 2 and "service.env (a copy of a release)" in doc["error"], doc
+    code, doc = host("remove", r, IDS[1])
+    assert code == 2 and "current.before-20260101T000000Z's service.env" in doc["error"], doc
+    assert host("prune", r, "1")[1] == {"removed": [IDS[2]]}
+    (root / "previous").unlink()
+    shutil.rmtree(root / "copyA")
+    assert host("prune", r, "1")[1] == {"removed": [IDS[0]]}  # no copy names it now
 
 
 def test_prepare_removes_what_dead_deploys_left(root: Path) -> None:

@@ -1038,6 +1038,11 @@ def in_use(root: str) -> dict[str, str]:
     for name in os.listdir(root) if os.path.isdir(root) else []:
         if os.path.islink(os.path.join(root, name)):
             add(os.path.join(root, name), name)
+        # a hand-made copy of a release (current -> copy, or one a switch moved aside) that a
+        # revert may go back to: its service.env still names its original's directory (its
+        # PYTHONPATH, its hook), which a prune deleted under it (probe37an L5)
+        for named in copy_names(root, name, top):
+            add(os.path.join(top, named), f"{name}'s service.env (a copy of a release)")
     run = os.path.join(root, "run")
     pidfiles = os.listdir(run) if os.path.isdir(run) and not os.path.islink(run) else []
     for name in (n for n in pidfiles if n.endswith(".pid")):
@@ -1046,6 +1051,35 @@ def in_use(root: str) -> dict[str, str]:
         if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
             add(f"/proc/{pid}/cwd", f"the service of run/{name} (pid {pid})")
     return used
+
+
+def copy_names(root: str, name: str, top: str) -> set[str]:
+    """The releases whose directories the service.env of `name`, an entry of the root that is
+    a hand-made copy of a release (a directory outside releases/, itself or through a link),
+    names (bounded: a service.env over MAX_JSON bytes or not a regular file names none)."""
+    real = os.path.realpath(os.path.join(root, name))
+    if real == top or real.startswith(top + "/") or not os.path.isdir(real):
+        return set()
+    path = os.path.join(real, "service.env")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return set()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return set()
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            text = f.read(MAX_JSON).decode("utf-8", "replace")
+    except OSError:
+        return set()
+    finally:
+        os.close(fd)
+    found = set()
+    for releases in {top, os.path.join(os.path.abspath(root), "releases")}:
+        for m in re.finditer(re.escape(releases) + r"/([^/:\s]+)", text):
+            if ID_RE.match(m.group(1)):
+                found.add(m.group(1))
+    return found
 
 
 def remove(root: str, release: str) -> dict:
