@@ -428,6 +428,10 @@ def test_stop_on_a_read_only_root_stops_the_service(svc: ServiceCli) -> None:
         assert not alive(pid)
         code, st = svc("service", "restart", "local")  # a change is still refused
         assert code != 0 and "Read-only file system" in json.dumps(st), st
+        # the pidfile left is no crash's (probe37an L1: status called the stop "failed")
+        code, st = svc("service", "status", "local")
+        assert st["state"] == "inactive" and "root is read-only" in st["detail"], st
+        assert f"names pid {pid}, which is gone" in st["detail"], st
     code, st = svc("service", "status", "local")
     assert st["state"] != "active", st
 

@@ -800,6 +800,15 @@ def managed_status(pidfile: str, url: str) -> dict:
         return {"state": "failed", "stale": True, "detail": f"stale pidfile: {problem}"}
     pid = ident["pid"]
     why = verify(ident, pidfile)
+    if why and why.endswith(" is gone") and read_only(os.path.dirname(pidfile)):
+        # a read-only root: the stop could not remove the pidfile, so a stop is not told from
+        # an exit here (probe37an L1, ak L1: a service stopped on purpose read "failed")
+        detail = (
+            f"not running: the pidfile left names pid {pid}, which is gone, and the root is "
+            "read-only, where no stop can remove it (stopped with ops service stop, or exited: "
+            "its log says which)"
+        )
+        return {"state": "inactive", "stale": True, "pid": pid, "detail": detail}
     if why:
         return {"state": "failed", "stale": True, "pid": pid, "detail": f"stale pidfile: {why}"}
     cwd = proc_cwd(pid)  # which release it runs, whatever current says
@@ -812,6 +821,14 @@ def managed_status(pidfile: str, url: str) -> dict:
         detail = f"pid {pid} lives but {bad}"
         return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd}
     return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd}
+
+
+def read_only(path: str) -> bool:
+    """`path` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 CRITICAL = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
