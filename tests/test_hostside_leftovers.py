@@ -513,13 +513,7 @@ def test_ctrl_c_in_a_restart_never_leaves_the_service_down(ops: Ops) -> None:
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            st = status(ops)
-            if st.get("state") == "active" and st.get("pid") != before:
-                break
-            time.sleep(0.2)
-        assert st.get("state") == "active" and st["pid"] != before, (delay, st)
+        st = _serving_again(ops, before)
         with open(f"/proc/{st['pid']}/status") as f:
             ignored = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
         assert not ignored & (1 << (signal.SIGTERM - 1)), f"pid {st['pid']} ignores TERM"
@@ -943,20 +937,17 @@ def test_sigint_stops_a_restart_started_with_sigint_ignored(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     pidfile = str(ops.root / "run" / "ddtree-engine.pid")
     before = status(ops)["pid"]
-    proc = subprocess.Popen(
-        ops.argv("service", "restart", "local"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ops.env,
-        cwd=REPO,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
+    proc = ops.popen("service", "restart", "local", sigint_ignored=True)
     _seen_restart_worker(pidfile)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in stderr, (proc.returncode, stderr)
+    _serving_again(ops, before)
+
+
+def _serving_again(ops: Ops, before: int) -> dict:
+    """The service's status once it is active from another process than `before` (20 s at
+    most), asserted."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         st = status(ops)
@@ -964,3 +955,4 @@ def test_sigint_stops_a_restart_started_with_sigint_ignored(ops: Ops) -> None:
             break
         time.sleep(0.2)
     assert st.get("state") == "active" and st["pid"] != before, st
+    return st

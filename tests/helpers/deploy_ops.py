@@ -51,6 +51,10 @@ NOISY_CRASH = (
 )
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def make_source(tmp: Path) -> Path:
     """A git repository holding the stand-in service and self-test, one commit."""
     src = tmp / "src"
@@ -119,8 +123,9 @@ class Ops:
     def deploy(self, *extra: str, target: str = "local") -> subprocess.CompletedProcess[str]:
         return self(*self.deploy_args(*extra, target=target))
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        """`ops ARGS` started in a session of its own (so a test can end what it left)."""
+    def popen(self, *args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
+        """`ops ARGS` started in a session of its own (so a test can end what it left); with
+        `sigint_ignored`, as a script's background job starts: SIGINT ignored."""
         return subprocess.Popen(
             self.argv(*args),
             stdout=subprocess.PIPE,
@@ -129,6 +134,7 @@ class Ops:
             env=self.env,
             cwd=REPO,
             start_new_session=True,
+            preexec_fn=_ignore_sigint if sigint_ignored else None,
         )
 
     def popen_at(self, marker: str, *args: str) -> tuple[subprocess.Popen[str], str]:
