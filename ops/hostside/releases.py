@@ -1024,7 +1024,8 @@ def in_use(root: str) -> dict[str, str]:
     """The releases something on the host still points into, by what points (its realpath, not
     only an id-shaped link: probe37t T1, `previous -> releases/ID/.` after a --force deploy,
     was pruned, the release the host had been on): every symlink of the root (current,
-    previous, what a switch moved aside) and every process a pidfile under run/ names."""
+    previous, what a switch moved aside), every hand-made copy of a release in the root (by
+    the directories its service.env names) and every process a pidfile under run/ names."""
     top = os.path.realpath(os.path.join(root, "releases"))
     used: dict[str, str] = {}
 
@@ -1056,7 +1057,7 @@ def in_use(root: str) -> dict[str, str]:
 def copy_names(root: str, name: str, top: str) -> set[str]:
     """The releases whose directories the service.env of `name`, an entry of the root that is
     a hand-made copy of a release (a directory outside releases/, itself or through a link),
-    names (bounded: a service.env over MAX_JSON bytes or not a regular file names none)."""
+    names (bounded: its first MAX_JSON bytes are read; one that is no regular file names none)."""
     real = os.path.realpath(os.path.join(root, name))
     if real == top or real.startswith(top + "/") or not os.path.isdir(real):
         return set()
