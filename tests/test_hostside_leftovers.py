@@ -391,6 +391,11 @@ def test_a_stopped_guard_is_named_at_once_not_waited_for(ops: Ops) -> None:
         assert res.returncode == 2 and time.monotonic() - t0 < 60, text
         assert "is stopped, so it cannot put the host back: kill -CONT " in text, text
         assert str(groups[0]) in text, text
+        # status said nothing of it while the service served (probe37ao M1)
+        st = status(ops)
+        warned = " ".join(" ".join(st.get("warnings", [])).split())
+        assert st.get("state") == "active" and f"kill -CONT {groups[0]}" in warned, st
+        assert "puts the release before back and restarts the service" in warned, st
     finally:
         for pgid in groups:
             os.killpg(pgid, signal.SIGCONT)

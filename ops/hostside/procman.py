@@ -676,7 +676,9 @@ def do_status(pidfile: str, url: str) -> dict:
     doc = status_of(pidfile, url)
     root = owner_of(pidfile)[0]
     pending = pending_state(root)
-    if pending is not None and not pending["guard"]:  # a live guard: a deploy runs now
+    # a live guard: a deploy runs now, or its guard puts the host back; unless it is stopped
+    # (SIGSTOP): then it never will till let go (probe37ao M1: status said nothing)
+    if pending is not None and (not pending["guard"] or pending["guard_stopped"]):
         cwd, now = doc.get("cwd") or "", pending.get("current_id")
         serves = doc["state"] == "active" and bool(now) and in_releases(root, cwd, now)
         doc["warnings"] = [*doc.get("warnings", []), pending_note(pending, serves)]
@@ -1176,7 +1178,8 @@ def pending_note(pending: dict, serves: bool = False) -> str:
         return (
             "deploy.pending is there and a deploy's revert guard holds deploy.guard, but it is "
             f"stopped (pid {stopped}), so it cannot put the host back: kill -CONT {stopped} "
-            "lets it finish"
+            "lets it finish (where its deploy is gone, it then puts the release before back and "
+            "restarts the service)"
         )
     if pending["guard"]:
         return (
