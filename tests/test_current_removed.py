@@ -18,6 +18,10 @@ tests/helpers/deploy_ops.py on its own root and port.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import pytest
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops
 
@@ -89,3 +93,42 @@ def test_a_deploy_beside_another_deploys_restart_names_the_lock_holder(ops: Ops)
         out, err = first.communicate(timeout=120)
     assert first.returncode == 0, seen + err  # the first ran to its end untouched
     assert ops.serving() == ops.current()
+
+
+@pytest.mark.parametrize("how", ["moved", "removed"])
+def test_a_release_gone_under_its_service_keeps_an_unproven_current_from_taking_over(
+    ops: Ops, tmp_path: Path, how: str
+) -> None:
+    """probe37ao H1 (high): the service runs proven release r2; current is a --no-restart
+    install that never ran (it crashes at start); then r2's directory is moved out of releases/
+    (or removed) by hand. Status said nothing, an operator's restart stopped the service and
+    left it down on the crash, and so did a failed deploy's revert. Status now warns, the
+    restart and the deploy are refused and stop nothing, and the rollback they name (to a
+    proven release) brings the host back."""
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", CRASH)
+    assert ops.deploy("--no-restart").returncode == 0
+    bad = ops.current()
+    assert bad not in (r1, r2) and pid(ops) == before
+    if how == "moved":
+        (ops.root / "releases" / r2).rename(tmp_path / "gone-r2")
+    else:
+        shutil.rmtree(ops.root / "releases" / r2)
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert st["state"] == "active", st
+    assert f"runs release {r2}, whose directory is gone from releases/" in warned, st
+    assert f"current ({bad}) never passed a post-flight" in warned, st
+    res = ops("service", "restart", "local")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode != 0 and "no way back" in said and pid(ops) == before, said
+    commit_change(ops.src, "engine/svc.py", "raise SystemExit('crash at start')", "raise")
+    res = ops.deploy()
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and f"the service runs {r2}, whose directory is gone" in said
+    assert "ops rollback local --to ID" in said and pid(ops) == before, said
+    assert ops.current() == bad
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r1 and ops.serving() == r1

@@ -411,10 +411,23 @@ class Deployer:
         current, or where that cannot be told (not running, systemd, not a release of ours)."""
         if state.get("kind") != "release" or self.opts.no_restart:
             return None
-        runs = self._running_release()
-        if runs is None or runs == state["id"]:
-            return None
+        seen = self._service_now()
+        runs = self._running_release(seen)
         name, cur = self.target.name, state["id"]
+        gone = seen.release_gone if seen is not None and seen.active else None
+        if runs is None and gone and not self._current_proven:
+            # the release it runs is gone from releases/ (removed or moved by hand): a failed
+            # deploy goes back to current, which never served (probe37ao H1: left down)
+            return (
+                f"the service runs {gone}, whose directory is gone from releases/ (removed or "
+                f"moved by hand), and current ({cur}) never passed a post-flight: a failed "
+                f"deploy would go back to {cur} and restart the service on it, with no way back "
+                f"to what serves; `ops rollback {name} --to ID` makes a proven release current "
+                f"first (`ops releases {name}` lists them), or `ops service restart {name} "
+                f"--force` runs {cur} as it is"
+            )
+        if runs is None or runs == cur:
+            return None
         said = (
             f"the service runs {runs}, not current ({cur}, installed with --no-restart or "
             f"switched by hand?): a failed deploy would go back to {cur} and restart the service "
@@ -1369,7 +1382,7 @@ class Deployer:
 
     def _release_of(self, cwd: str | None) -> str | None:
         """The release id a service's working directory is (None: not a release of this root)."""
-        if not cwd:
+        if not cwd or cwd.endswith(" (deleted)"):  # (its directory is gone: `release_gone`)
             return None
         parent, _, name = cwd.rstrip("/").rpartition("/")
         return name if parent.endswith("/releases") else None

@@ -52,6 +52,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import select
 import signal
 import stat
@@ -683,7 +684,10 @@ def do_status(pidfile: str, url: str) -> dict:
         serves = doc["state"] == "active" and bool(now) and in_releases(root, cwd, now)
         doc["warnings"] = [*doc.get("warnings", []), pending_note(pending, serves)]
     if doc["state"] == "active":
-        notes = [runs_other(root, doc.get("cwd"))]
+        gone = gone_release(root, doc.get("pid"), doc.get("cwd"))
+        if gone:  # told to the control plane: a deploy must not count on current (probe37ao H1)
+            doc["release_gone"] = gone
+        notes = [runs_other(root, doc.get("cwd"), gone)]
         try:  # what the next restart would refuse, said while the service still serves
             startable(root)
             current_env(root)
@@ -700,9 +704,46 @@ def do_status(pidfile: str, url: str) -> dict:
     return doc
 
 
-def runs_other(root: str, cwd: str | None) -> str | None:
+def gone_release(root: str, pid: object, cwd: str | None) -> str | None:
+    """The release the service's process `pid` runs where its directory is gone from releases/:
+    removed under it (its cwd then ends in " (deleted)") or moved by hand (its cwd is then
+    elsewhere, and its DDTREE_RELEASE_ID names a release no longer there). None where it runs
+    from a directory in releases/, from `current` (a hand-made copy), or that cannot be told."""
+    if not cwd or not isinstance(pid, int):
+        return None
+    releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    path = cwd.removesuffix(" (deleted)")
+    if path == cwd and (path.startswith(releases) or same_dir(os.path.join(root, "current"), path)):
+        return None
+    if path.startswith(releases):
+        name: str | None = path[len(releases) :].split("/", 1)[0]
+    else:
+        name = (proc_environ(pid) or {}).get("DDTREE_RELEASE_ID")
+    if not name or not RELEASE_ID.match(name) or os.path.isdir(releases + name):
+        return None
+    return name
+
+
+RELEASE_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{7,40}(-dirty)?$")  # (releases.py ID_RE)
+
+
+def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | None:
     """Why the release the service runs from (its cwd) is not what `current` names: a release
-    deleted under it, or another release (a switch without a restart); None when it is."""
+    whose directory is gone (`gone`: removed or moved under it), or another release (a switch
+    without a restart); None when it is."""
+    if gone:
+        said = (
+            f"the service runs release {gone}, whose directory is gone from releases/ (removed "
+            f"or moved by hand: it runs from {cwd})"
+        )
+        new = unproven_current(root)
+        if new:
+            return (
+                f"{said}; current ({new}) never passed a post-flight, so a "
+                "restart or a failed deploy would have no way back: ops rollback TARGET --to ID "
+                "makes a proven release current (ops releases TARGET lists them)"
+            )
+        return f"{said}: a restart runs current"
     if not cwd:
         return None
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
@@ -752,11 +793,31 @@ def unproven_way(running: str) -> str:
     )
 
 
-def unproven_over(root: str, cwd: str | None) -> str | None:
+def unproven_current(root: str) -> str | None:
+    """The id of `current` where it is a release of this root that never passed a post-flight
+    (None: it did, or it is no release of ours: the start's own checks say what it is)."""
+    releases = os.path.join(os.path.realpath(root), "releases") + "/"
+    current = os.path.realpath(os.path.join(root, "current"))
+    if not current.startswith(releases) or not os.path.isfile(f"{current}/release.json"):
+        return None
+    return None if os.path.isfile(f"{current}/proven.json") else current[len(releases) :]
+
+
+def unproven_over(root: str, cwd: str | None, pid: int | None = None) -> str | None:
     """Why a restart would move the service from the release it runs (`cwd`), one that passed a
     post-flight, onto a `current` that never did (installed with --no-restart, or switched by
     hand): a restart has no way back if it fails (probe37ab M2: the healthy service was
-    stopped and left down on a crashing release). None where that is not so."""
+    stopped and left down on a crashing release). So too where the release it runs is gone
+    from releases/ (removed or moved by hand: probe37ao H1, the service was left down). None
+    where that is not so."""
+    gone = gone_release(root, pid, cwd) if pid is not None else None
+    new = unproven_current(root) if gone else None
+    if gone and new:
+        return (
+            f"current ({new}) never passed a post-flight, and the service runs {gone}, whose "
+            "directory is gone from releases/ (removed or moved by hand): a restart would stop "
+            f"it with no way back if {new} fails"
+        )
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
     current = os.path.realpath(os.path.join(root, "current"))
     if not cwd or not cwd.startswith(releases) or not current.startswith(releases):
@@ -1797,7 +1858,7 @@ def do_restart(
     refused, warnings, _ = vet(root, mode)
     ident, _ = read_pidfile(pidfile)
     live = ident is not None and verify(ident, pidfile) is None
-    over = unproven_over(root, proc_cwd(ident["pid"])) if live and ident else None
+    over = unproven_over(root, proc_cwd(ident["pid"]), ident["pid"]) if live and ident else None
     if over and mode == "operator-force":
         warnings.append(f"{over}; restarted it anyway (--force)")
     elif over and mode == "operator" and not refused:

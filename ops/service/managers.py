@@ -143,6 +143,9 @@ class ServiceStatus(BaseModel):
     # the directory the service's process runs from (process manager: /proc/PID/cwd), so a
     # caller can tell which release serves whatever `current` says
     runs_from: str | None = None
+    # the release it runs where that release's directory is gone from releases/ (removed or
+    # moved by hand: runs_from then names no release): no way back to it
+    release_gone: str | None = None
     # what an operator should know that did not stop the command: a deploy.pending left by a
     # dead deploy (the release current names was never proven), a start --force let through
     warnings: list[str] = Field(default_factory=list)
@@ -514,6 +517,7 @@ class ProcessManager(ServiceManager):
             healthy=True if doc.get("state") == "active" else None,
             detail=doc.get("detail", ""),
             runs_from=doc.get("cwd"),
+            release_gone=doc["release_gone"] if isinstance(doc.get("release_gone"), str) else None,
             warnings=doc.get("warnings") or [],
             unmanaged=doc.get("unmanaged") or [],
             stopped=doc.get("stopped") is True,
