@@ -284,3 +284,57 @@ def test_a_switch_whose_result_is_lost_asks_where_current_is(
     assert f"current is {r1} (asked of the host once its guard was done)" in said, said
     assert "current is still" not in said, said
     assert ops.current() == r1 and ops.serving() == r1
+
+
+# Ctrl-C the instant the host's finalize has renamed the release into place, before ops reads
+# its answer (the driver wraps subprocess.Popen for the finalize command, watches releases/
+# for the new id and sends ops itself SIGINT).
+CUT_FINALIZE = """
+import os, signal, subprocess, sys, threading, time
+sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
+import ops.hosts.local as local
+MARK, ROOT = sys.argv.pop(1), sys.argv.pop(1)
+real = subprocess.Popen
+
+def cut_once_in_place(before):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = set(os.listdir(os.path.join(ROOT, "releases")))
+        if any(not n.startswith(".") for n in now - before):
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+        time.sleep(0.001)
+
+class Popen(real):
+    def __init__(self, args, *a, **k):
+        ours = MARK in " ".join(map(str, args))
+        before = set(os.listdir(os.path.join(ROOT, "releases"))) if ours else None
+        super().__init__(args, *a, **k)
+        if ours:
+            threading.Thread(target=cut_once_in_place, args=(before,), daemon=True).start()
+local.subprocess.Popen = Popen
+from ops.cli import main
+sys.argv = ["ops", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_finalize_cut_after_its_rename_names_the_release_in_place(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """probe37ao L2 (low): SIGTERM during `finalize` said "the next deploy removes the
+    half-sent release", though the release had been renamed into releases/ (no staging left).
+    The interrupt asks the host, and names the release in place, which prune removes."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    driver = tmp_path / "driver.py"
+    driver.write_text(CUT_FINALIZE)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    res = ops.driven(driver, [f"' finalize {ops.root}", str(ops.root)], *args, timeout=120)
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 130 and "during finalize" in said, said
+    new = [p.name for p in (ops.root / "releases").iterdir() if p.name not in (r1,)]
+    assert len(new) == 1 and f"release {new[0]} is in place, never switched to" in said, said
+    assert "half-sent" not in said, said
+    assert ops.current() == r1 and ops.serving() == r1

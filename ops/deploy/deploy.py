@@ -227,9 +227,12 @@ class Deployer:
         now: str | None = None
         state = ""
         serving: str | None = None
+        in_place = False  # the release is in releases/ (a finalize cut short may have landed)
         try:
             listing = host_releases(self.host, "list")
             now = shown_state(listing.get("current_state"))
+            rid = getattr(self, "_rid", None)
+            in_place = bool(rid) and any(r.get("id") == rid for r in listing["releases"])
             if (
                 self._switched
                 and now == self._switched
@@ -275,7 +278,8 @@ class Deployer:
             )
         else:
             what = f"nothing was switched: current is still {now or '(none)'}"
-            if any(s.name == "finalize" and s.status == "ok" for s in self.steps):
+            if in_place or any(s.name == "finalize" and s.status == "ok" for s in self.steps):
+                # (probe37ao L2: a finalize cut short after its rename was called half-sent)
                 rel = getattr(self, "_rid", None)
                 what += f"; release {rel} is in place, never switched to (prune removes it)"
             elif any(s.name == "send" for s in self.steps):
