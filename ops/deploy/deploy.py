@@ -104,7 +104,7 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
         return str(state["id"])
     if state["kind"] == "foreign":
         if state.get("aside"):
-            return f"{state.get('link')} (the hand-made current that a deploy moved aside)"
+            return f"{state.get('link')} (the hand-made current a switch moved aside)"
         if state.get("exists"):
             return f"{state.get('link')} (a symlink ops did not make)"
         if state.get("release"):

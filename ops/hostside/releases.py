@@ -165,7 +165,7 @@ def describe(state: dict) -> str:
     if kind == "foreign":  # (.get: a state read back from deploy.pending may lack a key)
         link = state.get("link")
         if state.get("aside"):
-            return f"{link} (the hand-made current that a deploy moved aside)"
+            return f"{link} (the hand-made current a switch moved aside)"
         if state.get("exists"):
             return f"{link} (a symlink ops did not make)"
         if state.get("release"):
