@@ -901,3 +901,17 @@ def test_a_hand_made_copy_as_current_is_said_by_status(ops: Ops) -> None:
     assert ops.current() == r2 and ops.serving() == r2
     code, st = ops.json("service", "status", "local")
     assert code == 0 and not st.get("warnings"), st
+
+
+def test_a_releases_link_is_said_by_status(ops: Ops, tmp_path: Path) -> None:
+    """probe37ao L5 (low): with `releases/` a symlink, `ops releases` warned and every deploy
+    and rollback was refused, but status said only "active". It warns while the service
+    serves."""
+    r1, r2 = ops.two_releases()
+    other = tmp_path / "elsewhere"
+    (ops.root / "releases").rename(other)
+    (ops.root / "releases").symlink_to(other)
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(" ".join(st.get("warnings", [])).split())
+    assert st["state"] == "active", st
+    assert f"releases/ is a symlink to {other}" in warned and "are refused" in warned, st

@@ -697,11 +697,23 @@ def do_status(pidfile: str, url: str) -> dict:
             if bad:
                 notes.append(f"a restart would be refused without --force: {bad}")
             notes.append(current_damaged(root))  # (probe37ak L3)
+            notes.append(releases_linked(root))  # (probe37ao L5)
         except NotStartable as exc:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
             doc["warnings"] = [*doc.get("warnings", []), *(n for n in notes if n)]
     return doc
+
+
+def releases_linked(root: str) -> str | None:
+    """Why deploys and rollbacks are refused where releases/ is a symlink (None: it is not)."""
+    path = os.path.join(root, "releases")
+    if not os.path.islink(path):
+        return None
+    return (
+        f"releases/ is a symlink to {os.readlink(path)[:200]}: these may be another root's "
+        "releases; deploys and rollbacks are refused until it is a directory"
+    )
 
 
 def gone_release(root: str, pid: object, cwd: str | None) -> str | None:
