@@ -744,9 +744,10 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
     whose directory is gone (`gone`: removed or moved under it), or another release (a switch
     without a restart); None when it is."""
     if gone:
-        said = (
-            f"the service runs release {gone}, whose directory is gone from releases/ (removed "
-            f"or moved by hand: it runs from {cwd})"
+        said = f"the service runs release {gone}, whose directory " + (
+            "was deleted under it"
+            if cwd and cwd.endswith(" (deleted)")
+            else f"was moved out of releases/ (it runs from {cwd})"
         )
         new = unproven_current(root)
         if new:
