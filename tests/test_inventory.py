@@ -328,6 +328,11 @@ def test_two_targets_on_one_root_of_one_host_are_refused(tmp_path: Path) -> None
         ("local", "address = '127.0.0.1'\nport = 2222\n"),
         ("address = '127.0.0.1'\nport = 2222\n", "address = 'localhost'\nport = 2222\n"),
         ("address = '::1'\n", "address = '127.0.0.2'\n"),
+        # ssh's other spellings of this machine (probe37ap M1: each shared local's root)
+        ("local", "address = '127.1'\n"),
+        ("local", "address = '0'\n"),
+        ("local", "address = '0x7f000001'\n"),
+        ("address = '127.0.0.1'\nport = 2222\n", "address = '::ffff:127.0.0.1'\nport = 2222\n"),
     ],
 )
 def test_one_root_of_this_machine_is_seen_under_any_spelling(

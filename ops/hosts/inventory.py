@@ -435,15 +435,39 @@ LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-lo
 
 
 def this_machine(address: str) -> bool:
-    """An SSH address that reaches this machine as written: a loopback name or address, or
-    this machine's own host name (no DNS is asked)."""
+    """An SSH address that reaches this machine as written: a loopback name, this machine's own
+    host name, or an address in any spelling ssh takes (read as ssh reads it, with no DNS
+    asked: `127.1`, `0`, `2130706433`, `0x7f000001`, `::ffff:127.0.0.1`) that is a loopback,
+    the unspecified address, or one of this machine's own (probe37ap M1: `127.1` shared
+    local's root unrefused, and a restart through it left local's service down)."""
     name = address.lower().strip("[]")
     if name in LOOPBACK_NAMES or name == socket.gethostname().lower():
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        found = socket.getaddrinfo(name, None, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        return False  # a host name: no DNS is asked
+    return any(_own_address(str(info[4][0])) for info in found)
+
+
+def _own_address(text: str) -> bool:
+    """A numeric address that reaches this machine: loopback, unspecified (`0.0.0.0`, `::`,
+    as an IPv4-mapped IPv6 address too), or one a socket here can bind (its own interfaces)."""
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
 
 
 def _same(a: Target, b: Target) -> bool:
