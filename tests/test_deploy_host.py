@@ -150,6 +150,24 @@ def test_prune_spares_every_release_still_in_use(root: Path) -> None:
     assert host("prune", r, "1")[1] == {"removed": [IDS[2]]}  # its service gone
 
 
+def test_prune_spares_a_release_a_process_runs_from_with_no_pidfile(root: Path) -> None:
+    """probe37aq H1 (high): the service's pidfile removed by hand (status still finds the
+    service, unmanaged) and its release never proven: `deploy --no-restart --keep 2` pruned the
+    release it ran from. Prune keeps (and remove refuses) any release a live process runs
+    from, pidfile or not."""
+    r = str(root)
+    host("switch", r, IDS[3])
+    service = subprocess.Popen(["sleep", "60"], cwd=root / "releases" / IDS[1] / ".")
+    try:
+        code, doc = host("remove", r, IDS[1])
+        assert code == 2 and f"pid {service.pid}, which runs from it" in doc["error"], doc
+        assert host("prune", r, "1")[1] == {"removed": [IDS[0], IDS[2]]}
+    finally:
+        service.kill()
+        service.wait()
+    assert host("prune", r, "1")[1] == {"removed": [IDS[1]]}  # its process gone
+
+
 def test_prune_spares_the_release_a_hand_made_copy_runs_from(root: Path) -> None:
     """probe37an L5 (low): `current -> copyA`, a hand-made copy of a release whose service.env
     still names its original's directory (PYTHONPATH, the hook's site/): a prune deleted the

@@ -1025,12 +1025,16 @@ def in_use(root: str) -> dict[str, str]:
     only an id-shaped link: probe37t T1, `previous -> releases/ID/.` after a --force deploy,
     was pruned, the release the host had been on): every symlink of the root (current,
     previous, what a switch moved aside), every hand-made copy of a release in the root (by
-    the directories its service.env names) and every process a pidfile under run/ names."""
+    the directories its service.env names), every process a pidfile under run/ names, and
+    every other live process whose working directory is in a release."""
     top = os.path.realpath(os.path.join(root, "releases"))
     used: dict[str, str] = {}
 
     def add(path: str, what: str) -> None:
-        real = os.path.realpath(path)
+        try:
+            real = os.path.realpath(path)
+        except OSError:  # /proc/PID/cwd of another user's process, or of one that ended
+            return
         if real.startswith(top + "/"):
             name = real[len(top) + 1 :].split("/")[0]
             if ID_RE.match(name):
@@ -1051,6 +1055,11 @@ def in_use(root: str) -> dict[str, str]:
         pid = doc.get("pid") if isinstance(doc, dict) else None
         if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
             add(f"/proc/{pid}/cwd", f"the service of run/{name} (pid {pid})")
+    # and any live process that runs from a release, whatever its pidfile says: a service
+    # whose pidfile was lost or removed by hand, a daemon that left its session (probe37aq H1:
+    # a prune deleted the release an unmanaged service ran from)
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        add(f"/proc/{pid}/cwd", f"pid {pid}, which runs from it")
     return used
 
 
