@@ -133,3 +133,27 @@ def test_a_release_gone_under_its_service_keeps_an_unproven_current_from_taking_
     res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
     assert res.returncode == 0, flat(res.stdout + res.stderr)
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_a_stopped_service_never_lets_a_deploy_count_on_an_unproven_current(ops: Ops) -> None:
+    """probe37ar M1 (medium): current a --no-restart install that never ran, the service
+    stopped for maintenance: `deploy --force` of a crashing commit took that current as its
+    way back, failed at restart, and its rollback started the never-run release, called
+    "rolled back". It is refused at `current`, --force or not, naming the rollback to the
+    newest proven release, and nothing is started."""
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Never run. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    unproven = ops.current()
+    assert ops("service", "stop", "local").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", CRASH)
+    res = ops.deploy("--force")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and f"current ({unproven}) never passed a post-flight" in said
+    assert f"ops rollback local --to {r2}` makes the newest proven release current" in said
+    assert ops.current() == unproven
+    code, st = ops.json("service", "status", "local")
+    assert st["state"] == "inactive", st
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r2 and ops.serving() == r2

@@ -430,6 +430,21 @@ class Deployer:
                 f"first (`ops releases {name}` lists them), or `ops service restart {name} "
                 f"--force` runs {cur} as it is"
             )
+        if runs is None and seen is not None and not seen.active and not self._current_proven:
+            # nothing serves to vouch for current (probe37ar M1: after a maintenance stop, a
+            # failed `deploy --force` went back to a --no-restart install and started it)
+            back = self._fallback
+            way = (
+                f"`ops rollback {name} --to {back}` makes the newest proven release current and "
+                "starts the service on it"
+                if back
+                else f"`ops rollback {name} --to ID` makes a proven release current"
+            )
+            return (
+                f"the service is {seen.state}, and current ({cur}) never passed a post-flight: "
+                f"a failed deploy would go back to {cur} and start the service on code that "
+                f"never served; {way}, or `ops service start {name}` runs {cur} first"
+            )
         if runs is None or runs == cur:
             return None
         said = (
