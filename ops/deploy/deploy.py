@@ -430,7 +430,9 @@ class Deployer:
                 f"first (`ops releases {name}` lists them), or `ops service restart {name} "
                 f"--force` runs {cur} as it is"
             )
-        if runs is None and seen is not None and not seen.active and not self._current_proven:
+        down = seen is not None and seen.state in ("inactive", "failed")  # (not a start
+        # under way, another deploy's restart: the lock names its holder)
+        if runs is None and down and not self._current_proven:
             # nothing serves to vouch for current (probe37ar M1: after a maintenance stop, a
             # failed `deploy --force` went back to a --no-restart install and started it)
             back = self._fallback
