@@ -452,8 +452,9 @@ def fill(disk: Path, hold_s: float = 0.0) -> Path:
 
 
 def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) -> None:
-    """probe37f F8: a send that fails on a full disk was a bare `error:` (exit 2, no step,
-    a record without steps); it is the `send` step failing, exit 1, nothing switched."""
+    """probe37f F8: a send that fails on a full disk was a bare `error:` (no step, a record
+    without steps); it is the `send` step failing, nothing switched. Exit 2, a host ops could
+    not act on, as documented; not 1, a verdict on the release (probe37ar L1)."""
     ops = ops_on(small_disk, tmp_path)
     try:
         assert ops.deploy("--bootstrap").returncode == 0
@@ -463,7 +464,7 @@ def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) ->
         os.truncate(filler, filler.stat().st_size - 8192)  # room for the lock's note only
         res = ops.deploy()
         text = " ".join((res.stdout + res.stderr).split())
-        assert res.returncode == 1 and no_traceback(res.stderr), text
+        assert res.returncode == 2 and no_traceback(res.stderr), text
         assert "send: FAIL" in text and "No space left" in text, text
         assert f"(free space under {ops.root}" in text, text  # probe37i I4: the fix named
         steps_seen = [s["name"] for s in ops.record("deploy")["results"][0]["steps"]]
@@ -523,7 +524,7 @@ def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> 
         code, _, err, _ = ops.interrupt_at(
             "selftest ...", "local", sig=0, first=lambda: filled.append(fill(small_disk))
         )
-        assert code == 1 and no_traceback(err), err
+        assert code == 2 and no_traceback(err), err  # the host's disk, not the release
         assert "finalize failed" in err and "No space left" in err
         assert f"(free space under {ops.root}" in " ".join(err.split()), err
         assert ops.current() == r1

@@ -30,7 +30,7 @@ from ops.cli.common import (
     state,
 )
 from ops.deploy.result import MAX_KEEP
-from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError, took_signal
+from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError, took_signal
 from ops.hosts.remote import Host, open_host
 
 if TYPE_CHECKING:  # each command imports ops.deploy.deploy when it runs (a fast `ops` start)
@@ -68,6 +68,8 @@ def _done(results: list[DeployResult], outcome: str | None = None) -> Done[list[
         code, word = EXIT_INTERRUPTED, "interrupted"
     elif all(r.ok for r in results):
         code, word = EXIT_OK, "ok"
+    elif all(r.ok or r.host_disk for r in results):
+        code, word = EXIT_BAD_INPUT, "fail"  # a host disk full or read-only, not the release
     else:
         code, word = EXIT_FAIL, "fail"
     return Done(code, outcome or word, results)

@@ -753,7 +753,8 @@ class Deployer:
                 raise  # the link's trouble: the deploy says where the host was left
             except HostError as exc:  # the host's (a full disk): a failed step, nothing switched
                 fix = disk_fix(exc.message, self.root)
-                return "fail", f"could not send the release: {exc.message}{fix}", {}
+                said = f"could not send the release: {exc.message}{fix}"
+                return "fail", said, {"disk": True} if fix else {}
             cleaned = prep["removed"]
             note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
             return "ok", f"{len(m.files)} files -> {staging_path}{note}", {"cleaned": cleaned}
@@ -776,7 +777,8 @@ class Deployer:
                 )
             except OpsError as exc:  # a full disk: the staging directory goes, nothing else
                 self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
-                return "fail", f"finalize failed: {exc.message}", {}
+                disk = bool(disk_fix(exc.message, self.root))
+                return "fail", f"finalize failed: {exc.message}", {"disk": True} if disk else {}
             return "ok", rel, done
 
         self.step("finalize", finalize)

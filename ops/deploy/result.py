@@ -60,6 +60,14 @@ class DeployResult(BaseModel):
     def ok(self) -> bool:
         return self.outcome in ("deployed", "installed", "already-current", "dry-run", "switched")
 
+    @property
+    def host_disk(self) -> bool:
+        """Failed because the host's disk was full or read-only (send, finalize: nothing
+        switched): the host's trouble, exit 2 as a host ops could not act on, not a verdict on
+        the release (probe37ar L1)."""
+        step = next((s for s in self.steps if s.name == self.failed_step), None)
+        return self.outcome == "failed" and step is not None and bool(step.data.get("disk"))
+
 
 class StepFailed(Exception):
     def __init__(self, step: Step) -> None:
