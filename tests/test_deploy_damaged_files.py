@@ -915,3 +915,31 @@ def test_a_releases_link_is_said_by_status(ops: Ops, tmp_path: Path) -> None:
     warned = " ".join(" ".join(st.get("warnings", [])).split())
     assert st["state"] == "active", st
     assert f"releases/ is a symlink to {other}" in warned and "are refused" in warned, st
+
+
+def test_entries_with_a_release_name_that_are_no_release_are_said(ops: Ops, tmp_path: Path) -> None:
+    """probe37ar L2 (low): a symlink (or a file) at a release id's name under releases/ was
+    left out of `ops releases` with no word, and `rollback --to` it said only "no release".
+    Both say what it is; nothing is followed, and the target outside is left alone."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    victim = tmp_path / "victim"
+    shutil.copytree(ops.root / "releases" / r1, victim, symlinks=True)
+    link, plain = "20200101T000000Z-aaaaaaaaaa", "20200101T000001Z-bbbbbbbbbb"
+    (ops.root / "releases" / link).symlink_to(victim)
+    (ops.root / "releases" / plain).write_text("not a release\n")
+    res = ops("releases", "local")
+    text = said(res)
+    assert res.returncode == 0, text
+    assert f"releases/{link} is a symlink (not a release)" in text, text
+    assert f"releases/{plain} is not a directory (not a release)" in text, text
+    code, doc = ops.json("releases", "local")
+    assert [r["id"] for r in doc["releases"]] == [r1], doc
+    assert {r["id"]: r["kind"] for r in doc["not_releases"]} == {
+        link: "a symlink",
+        plain: "not a directory",
+    }, doc
+    line = one_error_line(ops("rollback", "local", "--to", link, "--max-tokens", "3"))
+    assert f"releases/{link} is a symlink (not one ops installed)" in line, line
+    assert ops.current() == r1 and ops.serving() == r1
+    assert (victim / "release.json").is_file()

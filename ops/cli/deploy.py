@@ -300,6 +300,15 @@ def releases(
             "[yellow]warning:[/] deploy.pending is there: a deploy runs now, or one died before "
             "it was settled (the next deploy or rollback puts the host back)"
         )
+    odd = doc.get("not_releases") or []
+    for r in odd[:SHOWN_DAMAGED]:
+        err.print(
+            f"[yellow]warning:[/] releases/{escape(r['id'])} is {escape(r['kind'])} (not a "
+            "release): not listed, never a rollback's target, and prune leaves it alone"
+        )
+    if len(odd) > SHOWN_DAMAGED:
+        more = len(odd) - SHOWN_DAMAGED
+        err.print(f"[yellow]warning:[/] and {more} more such entries (--json lists them)")
     if doc.get("releases_link"):
         err.print(
             f"[yellow]warning:[/] releases/ is a symlink to {escape(doc['releases_link'])}: "

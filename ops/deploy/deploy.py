@@ -1599,7 +1599,9 @@ class Deployer:
             if rel is None:
                 known = ", ".join(r["id"] for r in listing["releases"]) or "none"
                 shown = repr(want) if len(want) <= 80 else repr(want[:80]) + "..."
-                raise OpsError(f"{self.target.name}: no release {shown} (releases: {known})")
+                odd = next((r for r in listing.get("not_releases") or [] if r["id"] == want), None)
+                what = f": releases/{want} is {odd['kind']} (not one ops installed)" if odd else ""
+                raise OpsError(f"{self.target.name}: no release {shown}{what} (releases: {known})")
             if rel.get("damaged"):
                 raise OpsError(
                     f"{self.target.name}: release {want} is damaged ({rel['damaged']}); "

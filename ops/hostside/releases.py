@@ -949,10 +949,14 @@ def listing(root: str) -> dict:
     rel = os.path.join(root, "releases")
     cur_state, prev_state = link_state(root, "current"), link_state(root, "previous")
     current, previous = cur_state.get("id"), prev_state.get("id")
-    out = []
+    out, odd = [], []
     names = sorted(n for n in os.listdir(rel) if ID_RE.match(n)) if os.path.isdir(rel) else []
     for name in names:
-        if not os.path.isdir(os.path.join(rel, name)) or os.path.islink(os.path.join(rel, name)):
+        path = os.path.join(rel, name)
+        if os.path.islink(path) or not os.path.isdir(path):  # not ops's: said, never taken
+            odd.append(
+                {"id": name, "kind": "a symlink" if os.path.islink(path) else "not a directory"}
+            )
             continue
         fields, damaged = damage(os.path.join(rel, name), name)
         rejected, _ = _read_json(os.path.join(rel, name, "rejected.json"))
@@ -983,6 +987,9 @@ def listing(root: str) -> dict:
         "nested": nested_in(root),
         "releases_link": os.readlink(rel) if os.path.islink(rel) else None,
         "releases": out,
+        # entries with a release id's name that are no release (a symlink, a file): skipped by
+        # every command and by prune, and said by `ops releases` (probe37ar L2)
+        "not_releases": odd[:100],
         "current": current,
         "previous": previous,
         "pending": pending,
