@@ -487,6 +487,12 @@ def test_a_log_that_is_no_regular_file_never_keeps_the_service_down(
         assert not any((tmp_path / "other-logs").iterdir()), "a log written through the link"
     text = said(ops("service", "restart", "local"))
     assert "log not written" in text, text
+    # said by status too while it lasts, not only by the start (probe37ar L3)
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(" ".join(st.get("warnings", [])).split())
+    assert code == 0 and "the service's output is not kept" in warned, st
+    if junk == "logs-symlink":
+        assert f"{ops.root}/logs is a symlink" in warned, st
 
 
 # A service that takes 1.5 s to stop after its TERM: a restart's stop is a window to hit

@@ -698,11 +698,33 @@ def do_status(pidfile: str, url: str) -> dict:
                 notes.append(f"a restart would be refused without --force: {bad}")
             notes.append(current_damaged(root))  # (probe37ak L3)
             notes.append(releases_linked(root))  # (probe37ao L5)
+            notes.append(None if doc.get("unmanaged") else output_unkept(root, doc.get("pid")))
         except NotStartable as exc:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
             doc["warnings"] = [*doc.get("warnings", []), *(n for n in notes if n)]
     return doc
+
+
+def output_unkept(root: str, pid: object) -> str | None:
+    """Why the service's output is not kept in its log (None: it is, or that cannot be told):
+    its start could not write the log (logs/ a symlink, a full or read-only disk) and gave it
+    /dev/null; the start warned once, and status says it while that lasts (probe37ar L3)."""
+    if not isinstance(pid, int):
+        return None
+    try:
+        if os.readlink(f"/proc/{pid}/fd/1") != os.devnull:
+            return None
+    except OSError:
+        return None
+    logs = os.path.join(root, "logs")
+    why = (
+        f": {logs} is a symlink, not followed (make it a directory)" if os.path.islink(logs) else ""
+    )
+    return (
+        f"the service's output is not kept: its start could not write the log{why}; "
+        "a restart once the log can be written keeps it again"
+    )
 
 
 def releases_linked(root: str) -> str | None:
