@@ -157,3 +157,22 @@ def test_a_stopped_service_never_lets_a_deploy_count_on_an_unproven_current(ops:
     res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
     assert res.returncode == 0, flat(res.stdout + res.stderr)
     assert ops.current() == r2 and ops.serving() == r2
+
+
+def test_a_release_directory_renamed_under_its_service_is_said_by_the_id_it_is(ops: Ops) -> None:
+    """probe37ap L6 (low): the directory of the release the service ran was renamed by hand
+    inside releases/; status said the service ran the new name "not current" and named
+    `ops service restart`, which was refused. It says which release runs, from where, and how
+    to put it back."""
+    r1, r2 = ops.two_releases()
+    renamed = "20200101T000000Z-" + r2.rsplit("-", 1)[1]
+    (ops.root / "releases" / r2).rename(ops.root / "releases" / renamed)
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert st["state"] == "active", st
+    assert f"runs releases/{renamed}, whose release.json is release {r2}'s" in warned, warned
+    assert f"mv releases/{renamed} releases/{r2} puts it back" in warned, warned
+    assert "ops service restart runs current" not in warned, warned
+    (ops.root / "releases" / renamed).rename(ops.root / "releases" / r2)
+    code, st = ops.json("service", "status", "local")
+    assert code == 0 and not st.get("warnings"), st

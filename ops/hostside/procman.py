@@ -789,6 +789,14 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
     running = cwd[len(releases) :].split("/", 1)[0]
     if deleted:
         return f"the service runs release {running}, whose directory was deleted under it"
+    renamed = renamed_from(releases + running)
+    if renamed:  # (probe37ap L6: said as release {running}, and a restart named that was refused)
+        return (
+            f"the service runs releases/{running}, whose release.json is release {renamed}'s "
+            f"(its directory renamed by hand?): mv releases/{running} releases/{renamed} puts "
+            "it back; ops rollback TARGET --to ID makes a proven release current (ops releases "
+            "TARGET marks the renamed one damaged)"
+        )
     if not os.path.lexists(os.path.join(root, "current")):  # (probe37af H1, H2)
         return (
             f"the service runs release {running}, but there is no current (removed by hand?): "
@@ -1158,6 +1166,17 @@ def current_damaged(root: str) -> str | None:
         "failed one could not put it back; ops rollback TARGET --to ID makes a whole one current "
         "(ops releases TARGET marks the damaged ones)"
     )
+
+
+def renamed_from(release: str) -> str | None:
+    """The release id a release directory's release.json names where that is not the
+    directory's own name (renamed by hand, or another's copied over it); None where it is, or
+    cannot be read."""
+    doc = read_small_json(os.path.join(release, "release.json"))
+    named = doc.get("id") if isinstance(doc, dict) else None
+    if not isinstance(named, str) or named == os.path.basename(release):
+        return None
+    return named[:200]
 
 
 def read_small_json(path: str) -> object:
