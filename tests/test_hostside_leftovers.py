@@ -273,6 +273,13 @@ def test_a_stopped_service_is_said_to_be_stopped(ops: Ops) -> None:
     finally:
         os.kill(pid, signal.SIGCONT)
     assert status(ops).get("state") == "active"
+    # probe37ap L4 (low): a stop of a stopped service sent TERM, which waits till the process
+    # runs, then waited its whole grace for a KILL; it is woken (CONT, as systemd does) and
+    # takes its TERM at once
+    os.kill(pid, signal.SIGSTOP)
+    code, st = ops.json("service", "stop", "local")
+    sent = [s["signal"] for s in st.get("signals", [])]
+    assert code == 0 and sent == ["SIGTERM", "SIGCONT"] and "(TERM)" in st["detail"], st
 
 
 def test_the_log_quoted_is_the_last_start_s(ops: Ops) -> None:

@@ -566,6 +566,8 @@ def stop_strays(
 
         for proc in fresh:
             send(proc, signal.SIGTERM)
+            if proc_state(proc["pid"]) == "T":  # stopped: woken to take its TERM
+                send(proc, signal.SIGCONT)
         end = time.time() + grace
         while any(still(p) for p in fresh) and time.time() < end:
             time.sleep(0.05)
@@ -1830,6 +1832,8 @@ def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float)
         signals.append({"signal": sig.name, "to": who, "at_s": round(time.time() - t0, 3)})
 
     send(signal.SIGTERM, to_group=True)
+    if proc_state(pid) == "T":  # stopped (SIGSTOP): the TERM waits till it runs, as systemd
+        send(signal.SIGCONT, to_group=True)  # does (probe37ap L4: the whole grace, then KILL)
     how = "TERM"
     while alive(pid) and time.time() - t0 < grace:
         time.sleep(0.05)
