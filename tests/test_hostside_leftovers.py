@@ -662,16 +662,19 @@ def test_a_killed_restart_worker_never_leaves_the_service_down(ops: Ops) -> None
     assert st.get("state") == "active" and st["pid"] != before, st
 
 
-def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
+@pytest.mark.parametrize("whole", [True, False], ids=["its-group", "its-shell"])
+def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops, whole: bool) -> None:
     """probe37l L4 (low, found again by later passes): the revert guard stopped (SIGSTOP) during
     the post-flight; the deploy passed and committed, then waited about 122 s in silence for a
-    guard that had nothing left to do. It now lets it go within seconds."""
+    guard that had nothing left to do. It now lets it go within seconds. probe37ap L3 (low):
+    it then said the guard stayed stopped, also where the one stopped was ended: it says
+    which."""
     assert ops.deploy("--bootstrap").returncode == 0
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
     proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
     groups = guard_shells(ops.root)
     assert groups, "no guard seen"
-    with stopped(groups, os.killpg):
+    with stopped(groups, os.killpg if whole else os.kill):
         t0 = time.monotonic()
         out, err = proc.communicate(timeout=180)
         took = time.monotonic() - t0
@@ -680,7 +683,12 @@ def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops) -> None:
     assert ops.serving() == ops.current()
     # and says so: the next deploy or rollback is refused while it stays stopped (ah-L3)
     said_ = " ".join((seen + out + err).split())
-    assert "its revert guard did not end when let go" in said_, said_
+    if whole:  # a process of its group, stopped, still holds deploy.guard: named
+        assert "while it stays so, the next deploy or rollback is refused" in said_, said_
+        assert "and kill -CONT" in said_ and "(pid " in said_, said_
+    else:  # its shell alone, killed when let go: nothing stays stopped
+        ended = "did not end when let go (stopped: SIGSTOP, a debugger?) and was ended"
+        assert ended in said_, said_
 
 
 def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:

@@ -41,6 +41,7 @@ from ops.deploy.host_actions import (
     host_releases,
     interrupted_once,
     revert_guard,
+    stopped_guards,
 )
 from ops.deploy.release import (
     ReleaseManifest,
@@ -1008,14 +1009,24 @@ class Deployer:
         )
         if restart and self._unchecked:  # (a golden set damaged during the deploy)
             said += self._unchecked_note(f"so {rid} was not marked proven")
-        if guard.lingered:  # harmless (its switch was final), but the next one is refused
-            self._lingered = (
-                "; its revert guard did not end when let go (stopped: SIGSTOP, a debugger?): "
-                "while it stays so, the next deploy or rollback is refused, naming it and "
-                "kill -CONT"
-            )
+        if guard.lingered:  # harmless (its switch was final)
+            self._lingered = self._lingered_note()
             said += self._lingered
         return self.result(outcome, release=rid, before=before, after=rid, message=said)
+
+    def _lingered_note(self) -> str:
+        """What a result adds where its settled guard did not end when let go: whether one is
+        still stopped (the next deploy or rollback is then refused) or it was ended (probe37ap
+        L3: said to stay stopped, of a guard that was gone)."""
+        pids = stopped_guards(self.host)
+        said = "; its revert guard did not end when let go (stopped: SIGSTOP, a debugger?)"
+        if pids == []:
+            return f"{said} and was ended; its switch was final, nothing was undone"
+        who = f" (pid {' '.join(map(str, pids))})" if pids else ""
+        return (
+            f"{said}{who}: while it stays so, the next deploy or rollback is refused, naming it "
+            "and kill -CONT"
+        )
 
     def _unchecked_note(self, so: str) -> str:
         """What a result adds where its post-flight could not check token identity."""

@@ -99,6 +99,24 @@ def current_unstartable(host: Host) -> str | None:
     return str(reason) if reason else None
 
 
+def stopped_guards(host: Host, wait_s: float = 3.0) -> list[int] | None:
+    """The pids of revert guards stopped (SIGSTOP, a debugger) on the host after a settled one
+    did not end when let go; [] once none is (the one let go was killed: over SSH its end may
+    take a moment), None where the host did not answer."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            doc, _ = host_json(
+                host, PROCMAN_SOURCE, ["stopped-guard", host.target.remote_root], "guard"
+            )
+        except HostError:
+            return None
+        pids = [p for p in doc.get("pids") or [] if isinstance(p, int)]
+        if not pids or time.monotonic() >= end:
+            return pids
+        time.sleep(0.3)
+
+
 def restart_script(target: Target) -> str:
     """What the guard runs on the host to restart the service after reverting `current`."""
     svc = target.service

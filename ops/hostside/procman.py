@@ -1999,6 +1999,8 @@ def main(argv: list[str]) -> dict:
         except NotStartable as exc:
             return {"reason": str(exc)}
         return {"reason": None}
+    if action == "stopped-guard":  # ROOT: the stopped (SIGSTOP) holders of deploy.guard
+        return {"pids": stopped_guard(args[0])}
     if action == "vet":  # ROOT MODE: what an operator's start or restart would be refused for
         refused, warnings, _ = vet(args[0], args[1])
         return {**(refused or {}), "warnings": warnings}
