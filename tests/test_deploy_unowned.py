@@ -974,6 +974,26 @@ def test_dead_guard_then_failing_deploy_leaves_service_on_current(ops: Ops) -> N
     assert ops.current() == r1 and ops.serving() == r1  # not the unproven one any more
 
 
+def test_dead_guard_then_a_deploy_of_what_was_before_says_the_recover_moved_the_host(
+    ops: Ops,
+) -> None:
+    """probe37ap L1 (low): after a dead deploy and guard, a deploy of the commit from before
+    found it current once its recover step had put the switch back and restarted the service,
+    and said "(unchanged)" and "nothing to do". It says the recover step moved the host."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    kill_guard_and_ops(ops, "postflight ...")
+    r2 = ops.current()
+    assert r2 != r1 and ops.serving() == r2
+    code, doc = ops.json("deploy", "local", "--source", str(ops.src), "--ref", "HEAD~1")
+    res = doc["results"][0]
+    assert code == 0 and res["outcome"] == "already-current", doc
+    assert res["before"] == r2 and res["after"] == r1, res
+    assert f"put back a switch no deploy settled ({r2} -> {r1})" in res["message"], res
+    assert ops.current() == r1 and ops.serving() == r1
+
+
 def test_rollback_to_an_empty_or_huge_id_is_one_short_line(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()

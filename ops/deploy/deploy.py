@@ -734,9 +734,19 @@ class Deployer:
         if self.opts.bootstrap and self.target.service.manager == "systemd":
             self.step("drop-in", self._dropin)
         prep = host_releases(self.host, *self._prepare_args())
-        self._prepared(prep)  # said before an "already current" too (probe37d F3)
+        back = self._prepared(prep)  # said before an "already current" too (probe37d F3)
         same = self._already_current(m, settled=True)
         if same is not None:
+            went = (back or {}).get("from")
+            if went and same.outcome == "already-current" and went != same.after:
+                # the recover step moved the host here (probe37ap L1: "unchanged", "nothing to
+                # do", of a host whose current and service it had just moved)
+                same.before = went
+                same.message = (
+                    f"the recover step put back a switch no deploy settled ({went} -> "
+                    f"{same.after}); {same.message.removesuffix('; nothing to do')}: nothing "
+                    "else to do"
+                )
             return same
         if self._unrevertible or (
             (self._before_state or {}).get("kind") not in ("release", "none")
