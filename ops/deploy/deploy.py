@@ -1688,9 +1688,9 @@ class Deployer:
                 # `previous` may be one that never served either (probe37ai H1); it stops at
                 # what serves, and names the way there
                 self._instead = (
-                    f"previous ({want}) never passed a post-flight, so the rollback stopped at "
-                    f"what the service runs (ops rollback {self.target.name} --to {want} goes "
-                    "there)"
+                    f"previous, as it was ({want}), never passed a post-flight, so the rollback "
+                    f"stopped at what the service runs (ops rollback {self.target.name} --to "
+                    f"{want} goes there)"
                 )
                 want = runs
             elif not to and not redo and want != before and not rel.get("proven"):
