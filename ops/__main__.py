@@ -23,6 +23,12 @@ def _is_interrupt(exc: BaseException) -> bool:
 
 
 def run() -> None:
+    import signal
+
+    # SIGINT inherited as ignored (a script's background job) is a Ctrl-C from the first
+    # moment, not only once the imports are done (probe37aq L1: one sent then was lost)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         from ops.cli import main
     except BaseException as exc:

@@ -413,6 +413,39 @@ def test_ctrl_c_while_ops_starts_is_never_a_traceback() -> None:
             assert err.strip().endswith("interrupted (Ctrl-C)") or "interrupted" in err, err
 
 
+def test_ctrl_c_during_the_imports_counts_when_started_with_sigint_ignored() -> None:
+    """probe37aq L1 (low): ops started with SIGINT ignored (a script's background job) took
+    SIGINT as Ctrl-C only once its imports were done; one sent in the first tenths of a
+    second was lost, and the command ran on. The driver holds the CLI's import for 5 s and
+    sends SIGINT in it."""
+    boot = (
+        "import importlib.abc, runpy, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "class Slow(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'ops.cli':\n"
+        "            print('importing', file=sys.stderr, flush=True)\n"
+        "            time.sleep(5)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Slow())\n"
+        "sys.argv = ['ops', 'hosts']\n"
+        "runpy.run_module('ops', run_name='__main__')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", boot],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert proc.stderr is not None and proc.stderr.readline() == "importing\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip() == "interrupted (Ctrl-C)", err
+
+
 def test_ctrl_c_while_options_are_parsed_is_one_line() -> None:
     """typer turns a Ctrl-C that lands outside a command's own run (here: its options being
     parsed) into a silent exit 130. ops says it. The driver raises what the SIGINT handler
