@@ -832,6 +832,27 @@ def test_a_rollback_finishing_a_settled_switch_says_what_it_did(ops: Ops) -> Non
     assert "died before its restart, done now" in said(res), said(res)
 
 
+def test_a_settled_record_naming_nothing_put_back_is_said_one_way(ops: Ops) -> None:
+    """probe37ap L2 (low): a settled deploy.pending with no `current` (written by hand): status
+    and a restart took it for a put-back whose restart never came, and said both that and
+    "the service runs it"; the rollback's recover then set it aside as "put back on null".
+    Each says one thing: a record naming no release put back, not this host's switch."""
+    r1, r2 = ops.two_releases()
+    record = {"version": 2, "previous": r1, "new": r2, "old_previous": None, "settled": True}
+    (ops.root / "deploy.pending").write_text(json.dumps({**record, "by": "rollback"}))
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(" ".join(st.get("warnings", [])).split())
+    assert "a put-back onto no release, but current is" in warned and "stale" in warned, st
+    assert "never came" not in warned and "its restart was done" not in warned, st
+    text = said(ops("service", "restart", "local"))
+    assert "never came" not in text and "its restart was done" not in text, text
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert "names no release current was put back on, but current is" in text, text
+    assert "null" not in text, text
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, text
+
+
 def test_a_recover_whose_restart_fails_never_blocks_a_rollback_to(ops: Ops) -> None:
     """probe37v V7, V8 (high): a recover put back a release whose start fails (a record
     naming a hand-made copy that crashes; or, before V3's refusal, a current installed with

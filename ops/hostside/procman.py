@@ -1244,6 +1244,14 @@ def pending_state(root: str) -> dict | None:
     back = doc.get("current")  # a settled record: what it put back (a release id, or a path)
     if doc.get("settled") is True and isinstance(back, str) and "/" not in back and back != now:
         stale, new = not guard, back  # (probe37ae M2: it named another release)
+    elif (
+        doc.get("settled") is True
+        and not isinstance(back, str)
+        and (back is not None or os.path.lexists(cur))
+    ):
+        # names no current put back (a put-back to none is null, with no current): the revert
+        # refuses it as not this host's switch, and so is it said (probe37ap L2: two words)
+        stale, new = not guard, None
     return {
         "guard": guard,
         "stale": stale,
@@ -1285,6 +1293,7 @@ def pending_note(pending: dict, serves: bool = False) -> str:
     if pending.get("stale"):
         now, new = pending.get("current_id") or "(none)", pending["new"]
         what = f"a put-back onto {new}" if pending.get("settled") else f"a switch to {new}"
+        what = what if new else "a put-back onto no release"
         return (
             f"deploy.pending names {what}, but current is {now}: a stale "
             "record, not this host's switch; the next deploy or rollback sets it aside and "

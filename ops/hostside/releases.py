@@ -771,11 +771,11 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         now = shown(link_state(root, "current"))
         if doc.get("current") != now:
             named = doc.get("current")
-            named = named[:200] if isinstance(named, str) else json.dumps(named)[:200]
             said = (
-                f"deploy.pending (settled) says current was put back on {named}, but current is "
-                f"{now or '(none)'}: not this host's switch"
-            )
+                f"deploy.pending (settled) says current was put back on {named[:200]}"
+                if isinstance(named, str)
+                else "deploy.pending (settled) names no release current was put back on"
+            ) + f", but current is {now or '(none)'}: not this host's switch"
             return keep_refused(path, "current is elsewhere", said, now)
         if not settle:
             os.unlink(path)
