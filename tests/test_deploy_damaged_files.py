@@ -853,6 +853,28 @@ def test_a_settled_record_naming_nothing_put_back_is_said_one_way(ops: Ops) -> N
     assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, text
 
 
+def test_a_record_the_revert_cannot_read_whole_is_said_so_by_status_too(ops: Ops) -> None:
+    """probe37aq L3 (low): a forged deploy.pending whose previous_before is null: status and a
+    restart called it a rollback that died before its post-flight ("ops rollback finishes
+    it"), while the rollback's recover set it aside as not whole. One rule reads it now (the
+    host scripts share ops/hostside/pending.py): each says it cannot be read whole, and why."""
+    r1, r2 = ops.two_releases()
+    doc = pending_record(r1, r2, previous_before=None, by="rollback")
+    (ops.root / "deploy.pending").write_text(json.dumps(doc))
+    why = "cannot be read whole (its previous_before is not a state)"
+    code, st = ops.json("service", "status", "local")
+    warned = " ".join(" ".join(st.get("warnings", [])).split())
+    assert why in warned and "died before" not in warned, st
+    text = said(ops("service", "restart", "local"))
+    assert why in text and "died before" not in text, text
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert "deploy.pending could not be read whole (its previous_before is not a state)" in (
+        text
+    ), text
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, text
+
+
 def test_a_recover_whose_restart_fails_never_blocks_a_rollback_to(ops: Ops) -> None:
     """probe37v V7, V8 (high): a recover put back a release whose start fails (a record
     naming a hand-made copy that crashes; or, before V3's refusal, a current installed with

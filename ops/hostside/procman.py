@@ -52,7 +52,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import select
 import signal
 import stat
@@ -63,6 +62,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+
+from ops.hostside.pending import ID_RE, not_whole, switched_by
 
 FAST_POLL_S = 5.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
 ENV_ROOT, ENV_SERVICE = "DDTREE_OPS_ROOT", "DDTREE_OPS_SERVICE"  # whose service a process is
@@ -755,12 +756,9 @@ def gone_release(root: str, pid: object, cwd: str | None) -> str | None:
         name: str | None = path[len(releases) :].split("/", 1)[0]
     else:
         name = (proc_environ(pid) or {}).get("DDTREE_RELEASE_ID")
-    if not name or not RELEASE_ID.match(name) or os.path.isdir(releases + name):
+    if not name or not ID_RE.match(name) or os.path.isdir(releases + name):
         return None
     return name
-
-
-RELEASE_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{7,40}(-dirty)?$")  # (releases.py ID_RE)
 
 
 def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | None:
@@ -1226,7 +1224,10 @@ def pending_state(root: str) -> dict | None:
     if not os.path.lexists(path):
         return None
     doc = read_small_json(path)
-    readable = isinstance(doc, dict) and isinstance(doc.get("new"), str)
+    # whole as the revert reads it, or not (probe37aq L3: status said a rollback died, of a
+    # record the revert then set aside as unreadable)
+    unreadable = not_whole(doc)
+    readable = unreadable is None
     doc = doc if isinstance(doc, dict) else {}
     new = doc.get("new") if isinstance(doc.get("new"), str) else None
     cur = os.path.join(root, "current")
@@ -1236,7 +1237,7 @@ def pending_state(root: str) -> dict | None:
     # (probe37ad M4: a restart refused for it named a rollback that moved current)
     now = os.path.basename(os.path.realpath(cur)) if os.path.isdir(cur) else None
     stale = bool(readable and new and not guard and doc.get("settled") is not True and now != new)
-    by = "rollback" if doc.get("by") == "rollback" else "deploy"
+    by = switched_by(doc)
     # a deploy's record whose release was proven since: no switch to undo (the next deploy or
     # rollback sets it aside: releases.revert), never "taken for never proven" (probe37ag L2)
     proven_since = bool(readable and new and now == new and proven and by == "deploy")
@@ -1260,6 +1261,7 @@ def pending_state(root: str) -> dict | None:
         "settled": doc.get("settled") is True,
         "new": new,
         "readable": readable or doc.get("settled") is True,
+        "unreadable": unreadable,  # why it cannot be read whole (None: it can)
         "by": by,
         "current_proven": proven,  # current's release passed a post-flight, some time
         "proven_since": proven_since,
@@ -1326,8 +1328,8 @@ def pending_note(pending: dict, serves: bool = False) -> str:
     if not pending.get("readable", True):
         said = "current's release passed a post-flight before (proven.json)"
         return (
-            "deploy.pending is there but cannot be read (it names no release), so whether this "
-            "switch was proven cannot be told from it"
+            f"deploy.pending is there but cannot be read whole ({pending.get('unreadable')}), "
+            "so whether this switch was proven cannot be told from it"
             + (f"; {said}" if pending.get("current_proven") else "")
         )
     what = f"release {pending['new']}" if pending["new"] else "its release"
