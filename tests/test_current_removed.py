@@ -103,8 +103,10 @@ def test_a_release_gone_under_its_service_keeps_an_unproven_current_from_taking_
     install that never ran (it crashes at start); then r2's directory is moved out of releases/
     (or removed) by hand. Status said nothing, an operator's restart stopped the service and
     left it down on the crash, and so did a failed deploy's revert. Status now warns, the
-    restart and the deploy are refused and stop nothing, and the rollback they name (to a
-    proven release) brings the host back."""
+    restart and the deploy are refused and stop nothing. probe37as H1 (high): the rollback they
+    named (to a proven release) stopped the service too, with no way back had that release
+    failed to start; it is refused as well, and each names the way that has one: the moved
+    directory put back (then made current), or a stop made knowingly before the rollback."""
     r1, r2 = ops.two_releases()
     before = pid(ops)
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", CRASH)
@@ -128,11 +130,29 @@ def test_a_release_gone_under_its_service_keeps_an_unproven_current_from_taking_
     res = ops.deploy()
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and f"the service runs {r2}, whose directory is gone" in said
-    assert "ops rollback local --to ID" in said and pid(ops) == before, said
-    assert ops.current() == bad
-    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
-    assert res.returncode == 0, flat(res.stdout + res.stderr)
-    assert ops.current() == r1 and ops.serving() == r1
+    assert f"ops service stop local, then ops rollback local --to {r1}" in said, said
+    assert pid(ops) == before and ops.current() == bad
+    for to in ((), ("--to", r1)):
+        res = ops("rollback", "local", *to, "--max-tokens", "3")
+        said = flat(res.stdout + res.stderr)
+        assert res.returncode == 2 and "a rollback would stop it with no way back" in said, said
+        assert pid(ops) == before and ops.current() == bad
+    if how == "moved":
+        home = ops.root / "releases" / r2
+        assert (
+            f"mv {tmp_path / 'gone-r2'} {home} puts it back, then ops rollback local --to {r2}"
+            in (said)
+        ), said
+        (tmp_path / "gone-r2").rename(home)
+        res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+        assert res.returncode == 0, flat(res.stdout + res.stderr)
+        assert ops.current() == r2 and ops.serving() == r2 and pid(ops) == before
+    else:
+        assert "mv " not in said, said
+        assert ops("service", "stop", "local").returncode == 0
+        res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+        assert res.returncode == 0, flat(res.stdout + res.stderr)
+        assert ops.current() == r1 and ops.serving() == r1
 
 
 def test_a_stopped_service_never_lets_a_deploy_count_on_an_unproven_current(ops: Ops) -> None:

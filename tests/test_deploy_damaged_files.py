@@ -97,10 +97,15 @@ def test_no_deploy_over_a_current_whose_release_was_deleted(ops: Ops) -> None:
         text = said(res)
         assert res.returncode == 1, text
         assert f"release {r2}, whose directory is gone" in text, text
-        assert f"ops rollback local --to {r1} puts back the newest proven release" in text, text
+        # (probe37as H1: not the rollback alone, which would stop it with no way back)
+        assert f"ops service stop local, then ops rollback local --to {r1}, knowing" in text
     assert os.readlink(ops.root / "current") == f"releases/{r2}"
     code, st = ops.json("service", "status", "local")
     assert st["state"] == "active", st  # the serving host was never stopped
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 2 and "with no way back to it" in said(res), said(res)
+    assert ops.json("service", "status", "local")[1]["state"] == "active"
+    assert ops("service", "stop", "local").returncode == 0
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, said(res)
     assert ops.current() == r1 and ops.serving() == r1

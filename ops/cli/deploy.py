@@ -275,12 +275,15 @@ def releases(
 
         nothing = cur.get("kind") == "foreign" and not cur.get("exists")
         back = newest_proven(doc)
+        # a release gone under a service that may still run it: the rollback would stop that
+        # service with no way back (probe37as H1), which status tells and names the way for
+        still = " (unless the service still runs it: `ops service status` says the way then)"
         err.print(
             f"[yellow]warning:[/] current is {escape(shown_state(cur) or '?')}, not a release "
             "ops installed; "
             + (
                 f"no deploy goes over it: `ops rollback {escape(t.name)} --to {back}` puts back "
-                "the newest proven release"
+                "the newest proven release" + (still if cur.get("release") else "")
                 if nothing and back
                 else "no deploy goes over it"
                 if nothing

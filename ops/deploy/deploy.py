@@ -114,6 +114,13 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
     return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
 
 
+def names(state: dict[str, Any] | None) -> str | None:
+    """The release id a `current` state names: a release of ops's, or one whose directory is
+    gone since ops linked it (None: it names no release)."""
+    state = state or {}
+    return state.get("id") or state.get("release")
+
+
 ASK_NOW: Any = object()  # a service status not asked for yet: ask when it is needed
 
 
@@ -424,12 +431,10 @@ class Deployer:
             # the release it runs is gone from releases/ (removed or moved by hand): a failed
             # deploy goes back to current, which never served (probe37ao H1: left down)
             return (
-                f"the service runs {gone}, whose directory is gone from releases/ (removed or "
-                f"moved by hand), and current ({cur}) never passed a post-flight: a failed "
-                f"deploy would go back to {cur} and restart the service on it, with no way back "
-                f"to what serves; `ops rollback {name} --to ID` makes a proven release current "
-                f"first (`ops releases {name}` lists them), or `ops service restart {name} "
-                f"--force` runs {cur} as it is"
+                f"the service runs {gone}, whose directory is gone from releases/ "
+                f"({self._gone_where(seen)}), and current ({cur}) never passed a post-flight: "
+                f"a failed deploy would go back to {cur} and restart the service on it, with no "
+                f"way back to what serves; {self._gone_way(gone, seen, cur, self._fallback)}"
             )
         down = seen is not None and seen.state in ("inactive", "failed")  # (not a start
         # under way, another deploy's restart: the lock names its holder)
@@ -569,8 +574,14 @@ class Deployer:
         state = self._before_state or {"kind": "none"}
         data = {"state": state}
         if state["kind"] == "foreign" and not state.get("exists"):
+            said = f"current is {shown_state(state)}"
+            seen = self._service_now()
+            runs = seen.release_gone if seen is not None and seen.active else None
+            if runs:  # it serves from there: a rollback would stop it too (probe37as H1)
+                way = self._gone_way(runs, seen, names(state), self._fallback)
+                return "fail", f"{said}; a failed deploy could only revert to it: {way}", data
             gone = f"remove {self.root}/current to deploy as a first install"
-            return "fail", f"current is {shown_state(state)}; {self._no_revert(gone)}", data
+            return "fail", f"{said}; {self._no_revert(gone)}", data
         if state["kind"] != "none":
             why = current_unstartable(self.host)
             if why:
@@ -591,6 +602,10 @@ class Deployer:
                 if back
                 else f"{copy}, or remove {self.root}/current to deploy as a first install"
             )
+            seen = self._service_now()
+            gone = seen.release_gone if seen is not None and seen.active else None
+            if gone:  # what serves is gone too: a rollback would stop it (probe37as H1)
+                fix = self._gone_way(gone, seen, names(state), back)
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
         lost = self._current_lost(state)
@@ -623,6 +638,37 @@ class Deployer:
         if self._rolling_back:
             return f"the rollback to {rid} was undone: {after}, where it started, is current again"
         return f"rolled back to {after}"
+
+    @staticmethod
+    def _gone_where(seen: Any) -> str:
+        """Where the service runs from, its release's directory gone from releases/."""
+        cwd = seen.runs_from or ""
+        if cwd.endswith(" (deleted)") or not cwd:
+            return "deleted under it"
+        return f"moved by hand: it runs from {cwd}"
+
+    def _gone_way(self, gone: str, seen: Any, current: str | None, to: str | None) -> str:
+        """The way on where the service runs `gone`, a release whose directory is gone from
+        releases/: nothing can start it again, so a rollback (or a failed deploy's revert)
+        that stops it has no way back (probe37as H1: the release rolled back to failed to
+        start, and the host was left down). Put it back where it was moved (then make it
+        current, where `current` names another release), or stop the service knowingly and
+        roll back (`--to to`, where given)."""
+        name, cwd = self.target.name, seen.runs_from or ""
+        back = f" --to {to}" if to else ""
+        stop = (
+            f"ops service stop {name}, then ops rollback {name}{back}, knowing that a failed "
+            "start then leaves no service"
+        )
+        if cwd.endswith(" (deleted)") or not cwd:
+            return stop
+        adopt = (
+            f", then ops rollback {name} --to {gone} makes it current with no restart"
+            if current != gone
+            else ""
+        )
+        home = shlex.quote(f"{self.root}/releases/{gone}")
+        return f"mv {shlex.quote(cwd)} {home} puts it back{adopt}; or {stop}"
 
     def _no_revert(self, otherwise: str) -> str:
         """Why a deploy over a `current` that could not serve again is refused, and the fix: the
@@ -1663,6 +1709,14 @@ class Deployer:
                 )
             seen = self._service_now()  # one look at the service for what follows
             runs = self._runs_instead(listing, seen)
+            gone = seen.release_gone if seen is not None and seen.active else None
+            if gone and not runs:  # (probe37as H1: stopped, then `want` failed: left down)
+                raise OpsError(
+                    f"{self.target.name}: the service runs {gone}, whose directory is gone from "
+                    f"releases/ ({self._gone_where(seen)}): a rollback would stop it with no "
+                    f"way back to it if {want} then failed to start",
+                    hint=self._gone_way(gone, seen, names(listing.get("current_state")), to),
+                )
             if want == before and not runs:
                 # current, but is it served? (probe37ak M1: exit 0 over a stopped service)
                 down = self._not_serving(want, rel.get("proven"), seen)

@@ -53,6 +53,7 @@ import fcntl
 import json
 import os
 import select
+import shlex
 import signal
 import stat
 import subprocess
@@ -774,10 +775,11 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
         new = unproven_current(root)
         if new:
             return (
-                f"{said}; current ({new}) never passed a post-flight, so a "
-                "restart or a failed deploy would have no way back: ops rollback TARGET --to ID "
-                "makes a proven release current (ops releases TARGET lists them)"
+                f"{said}; current ({new}) never passed a post-flight, so a restart or a failed "
+                f"deploy would have no way back: {gone_way(root, gone, cwd)}"
             )
+        if not os.path.exists(os.path.join(root, "current")):  # current names it (or nothing)
+            return f"{said}; nothing starts it again: {gone_way(root, gone, cwd)}"
         return f"{said}: a restart runs current"
     if not cwd:
         return None
@@ -827,6 +829,24 @@ def in_releases(root: str, cwd: str, release: str) -> bool:
     return cwd == os.path.join(releases, release)
 
 
+def gone_way(root: str, gone: str, cwd: str | None) -> str:
+    """The way on where the service runs `gone`, whose directory is gone from releases/, and
+    current never passed a post-flight: nothing starts `gone` again, so whatever stops the
+    service (a restart, a rollback) has no way back to it (probe37as H1). Put it back where it
+    was moved, and make it current; or stop the service knowingly, then roll back (TARGET: the
+    control plane puts the target's name in)."""
+    stop = (
+        "ops service stop TARGET, then ops rollback TARGET --to ID (a proven release: ops "
+        "releases TARGET lists them), knowing that a failed start then leaves no service"
+    )
+    if not cwd or cwd.endswith(" (deleted)"):
+        return stop
+    home = os.path.join(root, "releases", gone)
+    named = os.path.basename(os.path.realpath(os.path.join(root, "current"))) == gone
+    adopt = "" if named else f", then ops rollback TARGET --to {gone} makes it current"
+    return f"mv {shlex.quote(cwd)} {shlex.quote(home)} puts it back{adopt}; or {stop}"
+
+
 def unproven_way(running: str) -> str:
     """The way on where the service runs `running`, a release that served, and `current`
     never passed a post-flight (TARGET: the control plane puts the target's name in)."""
@@ -859,7 +879,7 @@ def unproven_over(root: str, cwd: str | None, pid: int | None = None) -> str | N
         return (
             f"current ({new}) never passed a post-flight, and the service runs {gone}, whose "
             "directory is gone from releases/ (removed or moved by hand): a restart would stop "
-            f"it with no way back if {new} fails"
+            f"it with no way back if {new} fails; {gone_way(root, gone, cwd)}"
         )
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
     current = os.path.realpath(os.path.join(root, "current"))
@@ -1931,7 +1951,9 @@ def do_restart(
     if over and mode == "operator-force":
         warnings.append(f"{over}; restarted it anyway (--force)")
     elif over and mode == "operator" and not refused:
-        refused = {"reason": over, "blocked_by": "unproven"}
+        # (the release it runs gone from releases/: the way on is said in the reason)
+        gone = gone_release(root, ident["pid"], proc_cwd(ident["pid"])) if ident else None
+        refused = {"reason": over, "blocked_by": "unproven-gone" if gone else "unproven"}
     if refused:
         reason = f"{refused['reason']}; the service was not stopped"
         start = {"started": False, "reason": reason, "blocked_by": refused["blocked_by"]}

@@ -296,6 +296,7 @@ class ServiceManager(ABC):
                 f"deploy {name} proves the new one with a way back (--force restarts onto "
                 "current as it is)"
             )
+        # "unproven-gone": the way on is in the reason (the release it runs is gone)
         if blocked_by == "port":  # e.g. another user's `local` on this machine
             return (
                 f"; to run beside it, give {name}'s service a free port: "
