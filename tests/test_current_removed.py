@@ -196,3 +196,20 @@ def test_a_release_directory_renamed_under_its_service_is_said_by_the_id_it_is(o
     (ops.root / "releases" / renamed).rename(ops.root / "releases" / r2)
     code, st = ops.json("service", "status", "local")
     assert code == 0 and not st.get("warnings"), st
+
+
+def test_a_current_made_a_file_by_hand_names_the_release_that_runs(ops: Ops) -> None:
+    """probe37ao L5 (low): with `current` replaced by a regular file, status said a restart
+    would be refused, but not which release the service runs nor the way back. It names both,
+    and that way back works."""
+    r1, r2 = ops.two_releases()
+    (ops.root / "current").unlink()
+    (ops.root / "current").write_text("not a release\n")
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert f"the service runs release {r2}, but current is a file (made by hand?)" in warned, st
+    assert f"ops rollback local --to {r2} makes it current (the file moved aside)" in warned, st
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r2 and ops.serving() == r2
+    assert list(ops.root.glob("current.before-*")), "the file is kept aside"

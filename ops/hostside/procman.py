@@ -810,6 +810,13 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
         if unproven_over(root, cwd):
             return f"{said}: {unproven_way(running)}"
         return f"{said}: ops service restart runs current"
+    if not os.path.isdir(current):  # a file made by hand, a link to one or to nothing
+        file = os.path.isfile(current)
+        what, aside = ("a file", " (the file moved aside)") if file else ("no directory", "")
+        return (  # (probe37ao L5: said only "a restart would be refused", not what runs)
+            f"the service runs release {running}, but current is {what} (made by hand?): "
+            f"ops rollback TARGET --to {running} makes it current{aside}"
+        )
     if not current.startswith(releases) and os.path.isfile(os.path.join(current, "release.json")):
         # a hand-made copy (`cp -a releases/ID copy`, current -> copy): the deploy's `current`
         # step refuses it without --force, and status said nothing (probe37al L2)
