@@ -991,3 +991,20 @@ def test_entries_with_a_release_name_that_are_no_release_are_said(ops: Ops, tmp_
     assert f"releases/{link} is a symlink (not one ops installed)" in line, line
     assert ops.current() == r1 and ops.serving() == r1
     assert (victim / "release.json").is_file()
+
+
+def test_a_service_env_edited_by_hand_is_said_by_ops_releases(ops: Ops) -> None:
+    """probe37ao L4 (low): a release whose service.env was edited by hand was listed as it was
+    installed, with nothing said. release.json records the hash of the service.env installed;
+    `ops releases` says which differ now (and lists them as they are: a rollback onto one
+    still runs, and is proven or not by its checks)."""
+    r1, r2 = ops.two_releases()
+    env = ops.root / "releases" / r1 / "service.env"
+    env.write_text(env.read_text() + "DDTREE_EXTRA=1\n")
+    res = ops("releases", "local")
+    text = said(res)
+    assert res.returncode == 0, text
+    assert f"{r1}'s service.env was changed since it was installed" in text, text
+    assert f"{r2}'s service.env" not in text, text
+    code, doc = ops.json("releases", "local")
+    assert {r["id"]: r["env_edited"] for r in doc["releases"]} == {r1: True, r2: False}, doc

@@ -303,6 +303,11 @@ def releases(
             "[yellow]warning:[/] deploy.pending is there: a deploy runs now, or one died before "
             "it was settled (the next deploy or rollback puts the host back)"
         )
+    for r in [r for r in doc["releases"] if r.get("env_edited")][:SHOWN_DAMAGED]:
+        err.print(
+            f"[yellow]warning:[/] {r['id']}'s service.env was changed since it was installed "
+            "(edited by hand?): its configuration is not the one its checks passed with"
+        )
     odd = doc.get("not_releases") or []
     for r in odd[:SHOWN_DAMAGED]:
         err.print(

@@ -23,6 +23,7 @@ stopped, and a pending record that cannot be read whole leaves `current` as it i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import posixpath
 import shlex
@@ -825,7 +826,9 @@ class Deployer:
                 self.host.run(["rm", "-rf", "--", staging_path], warn=True, step="clean up")
             raise
         rel = f"{self.root}/releases/{m.id}"
-        doc = {"release_json": m.model_dump_json(indent=1), "service_env": service_env(rel, m)}
+        env = service_env(rel, m)
+        m.service_env_sha256 = hashlib.sha256(env.encode("utf-8")).hexdigest()  # (an edit said)
+        doc = {"release_json": m.model_dump_json(indent=1), "service_env": env}
 
         def finalize() -> tuple[Status, str, dict[str, Any]]:
             try:

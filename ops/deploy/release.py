@@ -69,6 +69,7 @@ class ReleaseManifest(BaseModel):
     components: dict[str, str] = Field(default_factory=dict)
     hook: str | None = None  # the inventory's hook setting (None: from the components)
     files: dict[str, str] = Field(default_factory=dict)
+    service_env_sha256: str | None = None  # what service.env held when installed (utf-8)
     build: dict[str, Any] | None = None
     selftest: dict[str, Any] | None = None
 

@@ -47,6 +47,7 @@ is never taken for a first install.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -399,7 +400,7 @@ def finalize(root: str, staging: str, release: str) -> dict:
         raise Refused(f"release {release} already exists")
     doc = json.loads(sys.stdin.read())
     for name, text in (("release.json", doc["release_json"]), ("service.env", doc["service_env"])):
-        with open(os.path.join(path, name), "w") as f:
+        with open(os.path.join(path, name), "w", encoding="utf-8") as f:  # (as hashed)
             f.write(text)
     os.rename(path, inside(root, dest))
     return {"release": release}
@@ -857,6 +858,8 @@ def manifest(path: str) -> tuple[dict, str | None]:
         bad.append("components")
     hook = man.get("hook")
     out["hook"] = hook if isinstance(hook, str) else None
+    env_sha = man.get("service_env_sha256")  # (from releases made since it was recorded)
+    out["service_env_sha256"] = env_sha if isinstance(env_sha, str) else None
     named = man.get("id")
     out["id"] = named if isinstance(named, str) else None
     selftest = man.get("selftest")
@@ -894,6 +897,19 @@ def env_problem(release: str) -> str | None:
     return None
 
 
+def env_edited(release: str, recorded: str | None) -> bool:
+    """The release's service.env is not what was installed (edited by hand since: probe37ao
+    L4, listed as it was); False where that cannot be told (no hash recorded)."""
+    if not recorded:
+        return False
+    try:
+        with open(os.path.join(release, "service.env"), "rb") as f:  # (env_problem: regular,
+            held = f.read(MAX_JSON + 1)  # at most MAX_JSON)
+    except OSError:
+        return False
+    return hashlib.sha256(held).hexdigest() != recorded
+
+
 def listing(root: str) -> dict:
     rel = os.path.join(root, "releases")
     cur_state, prev_state = link_state(root, "current"), link_state(root, "previous")
@@ -929,6 +945,7 @@ def listing(root: str) -> dict:
                 ),
                 "proven": os.path.isfile(os.path.join(rel, name, "proven.json")),
                 "damaged": damaged,
+                "env_edited": not damaged and env_edited(path, fields.get("service_env_sha256")),
             }
         )
     pending = os.path.lexists(os.path.join(root, "deploy.pending"))
