@@ -213,3 +213,35 @@ def test_a_current_made_a_file_by_hand_names_the_release_that_runs(ops: Ops) -> 
     assert res.returncode == 0, flat(res.stdout + res.stderr)
     assert ops.current() == r2 and ops.serving() == r2
     assert list(ops.root.glob("current.before-*")), "the file is kept aside"
+
+
+def test_a_stop_then_a_start_never_does_what_a_restart_refuses(ops: Ops) -> None:
+    """probe37as M1 (medium): current a --no-restart install that never ran (it crashes at
+    start), the service on proven r2. `ops service restart` is refused (no way back), but
+    `ops service stop` then `ops service start` made the same move, unwarned, and left the
+    host down. The stop warns, status warns, and the start (and a restart of the stopped
+    service) is refused without --force, naming the rollback to what it last ran."""
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", CRASH)
+    assert ops.deploy("--no-restart").returncode == 0
+    bad = ops.current()
+    code, st = ops.json("service", "stop", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert code == 0 and st["state"] == "inactive", st
+    said = f"current ({bad}) never passed a post-flight, and the service last ran {r2}"
+    assert said in warned and "an operator's start is refused without --force" in warned, st
+    code, st = ops.json("service", "status", "local")
+    assert f"a start would be refused: {said}" in flat(" ".join(st.get("warnings", []))), st
+    for verb in ("start", "restart"):
+        res = ops("service", verb, "local")
+        text = flat(res.stdout + res.stderr)
+        assert res.returncode != 0 and said in text, text
+        assert "ops rollback local --to the release it last ran" in text, text
+        assert ops.json("service", "status", "local")[1]["state"] == "inactive"
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r2 and ops.serving() == r2
+    # a stop and a start of a proven current: nothing said, nothing refused
+    code, st = ops.json("service", "stop", "local")
+    assert code == 0 and not st.get("warnings"), st
+    assert ops("service", "start", "local").returncode == 0 and ops.serving() == r2

@@ -707,6 +707,10 @@ def do_status(pidfile: str, url: str) -> dict:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
             doc["warnings"] = [*doc.get("warnings", []), *(n for n in notes if n)]
+    elif doc["state"] in ("inactive", "failed"):
+        later = unproven_start(root, pidfile)
+        if later:  # (probe37as M1: stopped for maintenance, said before the start is refused)
+            doc["warnings"] = [*doc.get("warnings", []), f"a start would be refused: {later}"]
     return doc
 
 
@@ -871,6 +875,43 @@ def unproven_current(root: str) -> str | None:
     if not current.startswith(releases) or not os.path.isfile(f"{current}/release.json"):
         return None
     return None if os.path.isfile(f"{current}/proven.json") else current[len(releases) :]
+
+
+def release_in(root: str, cwd: str) -> str | None:
+    """The release of this root a start's directory (`current`, as it resolves) is."""
+    real = os.path.realpath(cwd)
+    if os.path.dirname(real) != os.path.join(os.path.realpath(root), "releases"):
+        return None
+    name = os.path.basename(real)
+    return name if ID_RE.match(name) else None
+
+
+def last_ran(pidfile: str) -> str | None:
+    """The release the service last ran, where no process of it runs now: as its pidfile said
+    (kept by a stop as <pidfile>.room, or left stale by a process that died). None where that
+    is not known."""
+    for path in (pidfile + ROOM, pidfile):
+        ident, _ = read_pidfile(path)
+        named = (ident or {}).get("release")
+        if isinstance(named, str) and ID_RE.match(named):
+            return named
+    return None
+
+
+def unproven_start(root: str, pidfile: str) -> str | None:
+    """Why an operator's start of the stopped service would move it from the release it last
+    ran, one that passed a post-flight, onto a `current` that never did: what a restart
+    refuses (`unproven_over`), made in two steps (probe37as M1: stop, then start, left the
+    host down on a crashing --no-restart install). None where that is not so."""
+    new, last = unproven_current(root), last_ran(pidfile)
+    if not new or not last or last == new:
+        return None
+    if not os.path.isfile(os.path.join(root, "releases", last, "proven.json")):
+        return None
+    return (
+        f"current ({new}) never passed a post-flight, and the service last ran {last}, which "
+        f"did: a start would run {new} with no way back if it fails"
+    )
 
 
 def unproven_over(root: str, cwd: str | None, pid: int | None = None) -> str | None:
@@ -1642,6 +1683,11 @@ def do_start(
                 remove(reserved)
             doc = {"started": False, "already": True, "pid": ident["pid"], "notes": notes}
             return {**doc, "warnings": warnings + ([refused["reason"]] if refused else [])}
+    over = unproven_start(root, pidfile) if mode.startswith("operator") else None
+    if over and mode == "operator-force":
+        warnings.append(f"{over}; started it anyway (--force)")
+    elif over and not refused:  # (probe37as M1: stop, then start, did what restart refuses)
+        refused = {"reason": over, "blocked_by": "unproven-start"}
     if refused:
         if reserved:
             remove(reserved)
@@ -1730,6 +1776,7 @@ def do_start(
         "cwd": cwd,
         "root": owner_root,
         "service": service,
+        "release": release_in(root, cwd),  # what it runs: a later start weighs it (last_ran)
     }
     try:
         text = json.dumps(ident)
@@ -1832,7 +1879,7 @@ def do_stop(pidfile: str, grace: float, url: str | None = None) -> dict:
     waiting = stopped_restarts(pidfile)
     if waiting:  # (a restart's own stop is not told: its worker is this process)
         pids = " ".join(map(str, waiting))
-        doc["warnings"] = [
+        doc["warnings"] = doc.get("warnings", []) + [
             f"a restart of this service (pid {pids}) is stopped (SIGSTOP) and holds its lock: "
             f"continued, it starts the service again; kill -9 {pids} ends it"
         ]
@@ -1955,6 +2002,11 @@ def do_restart(
     ident, _ = read_pidfile(pidfile)
     live = ident is not None and verify(ident, pidfile) is None
     over = unproven_over(root, proc_cwd(ident["pid"]), ident["pid"]) if live and ident else None
+    begun = None if live or not mode.startswith("operator") else unproven_start(root, pidfile)
+    if begun and mode == "operator-force":
+        warnings.append(f"{begun}; started it anyway (--force)")
+    elif begun and not refused:  # not running: the start it comes to (probe37as M1)
+        refused = {"reason": begun, "blocked_by": "unproven-start"}
     if over and mode == "operator-force":
         warnings.append(f"{over}; restarted it anyway (--force)")
     elif over and mode == "operator" and not refused:
@@ -2028,7 +2080,14 @@ def main(argv: list[str]) -> dict:
         grace = float(args[7]) if len(args) > 7 else 10.0
         return do_up(*args[:5], float(args[5]), mode=mode, grace=grace)
     if action == "stop":
-        return do_stop(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+        doc = do_stop(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+        later = (
+            unproven_start(owner_of(args[0])[0], args[0]) if doc["action"] == "stopped" else None
+        )
+        if later:  # an operator's stop: said now, not only when the start is refused
+            warned = f"{later}: an operator's start is refused without --force"
+            doc["warnings"] = [warned, *doc.get("warnings", [])]
+        return doc
     if action == "keep-log":  # LOG, with the service's pipe as stdin and the log as stdout
         keep_log(args[0])
         sys.exit(0)

@@ -296,6 +296,12 @@ class ServiceManager(ABC):
                 f"deploy {name} proves the new one with a way back (--force restarts onto "
                 "current as it is)"
             )
+        if blocked_by == "unproven-start":
+            return (
+                f"; ops rollback {name} --to the release it last ran makes that current and "
+                f"starts it, then ops deploy {name} proves the new one with a way back (--force "
+                "starts current as it is)"
+            )
         # "unproven-gone": the way on is in the reason (the release it runs is gone)
         if blocked_by == "port":  # e.g. another user's `local` on this machine
             return (
