@@ -199,6 +199,13 @@ def test_deploy_force_and_rollback_are_not_blocked_by_a_damaged_golden_set(ops: 
     # never marked proven for it: a later rollback must not take it for checked (probe37ah L4)
     assert f"so {r2} was not marked proven" in result["message"], result["message"]
     assert not (ops.root / "releases" / r2 / "proven.json").exists()
+    # nor is the golden set recorded from r2 while r1 passed one (probe37as L3)
+    held = golden.read_bytes()
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    line = one_error_line(res)
+    assert f"current ({r2}) never passed a post-flight" in line, line
+    assert f"ops rollback local --to {r1} makes the newest proven release" in res.stderr
+    assert golden.read_bytes() == held
 
     # an emergency rollback is not blocked: it switches, restarts, and stays
     res = ops("rollback", "local")

@@ -45,7 +45,8 @@ def healthcheck(
         typer.Option(
             "--record-golden",
             help="Record the golden set instead of comparing (under the host lock; refused "
-            "while a switch is unproven).",
+            "while a switch is unproven, or where current never passed a post-flight and "
+            "another release did).",
         ),
     ] = False,
     golden: Annotated[
@@ -86,13 +87,26 @@ def healthcheck(
         # deploy's unproven release; probe37ab H1: recorded beside a deploy's post-flight, it
         # failed every later rollback)
         with host.lock("healthcheck --record-golden"):
+            from ops.deploy.deploy import newest_proven
             from ops.deploy.host_actions import host_releases
 
-            if host_releases(host, "list").get("pending"):
+            listing = host_releases(host, "list")
+            if listing.get("pending"):
                 raise OpsError(
                     f"{host.name}: a switch is not proven yet (deploy.pending): the golden set "
                     "is recorded only from a release the host has settled on",
                     hint=f"ops rollback {host.name} puts the host back and proves it; then record",
+                )
+            cur = next((r for r in listing["releases"] if r["current"]), None)
+            back = newest_proven(listing)
+            if cur is not None and not cur.get("proven") and back:
+                # nor from one that never passed a post-flight while one that did is there
+                # (probe37as L3: a NOT CHECKED release became what "correct" is)
+                raise OpsError(
+                    f"{host.name}: current ({cur['id']}) never passed a post-flight: the golden "
+                    "set says what correct is, and is recorded only from a release that did",
+                    hint=f"ops rollback {host.name} --to {back} makes the newest proven release "
+                    "current; record there, then deploy again",
                 )
             return measure(host)
 
