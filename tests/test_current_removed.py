@@ -245,3 +245,25 @@ def test_a_stop_then_a_start_never_does_what_a_restart_refuses(ops: Ops) -> None
     code, st = ops.json("service", "stop", "local")
     assert code == 0 and not st.get("warnings"), st
     assert ops("service", "start", "local").returncode == 0 and ops.serving() == r2
+
+
+def test_a_current_linked_to_nothing_by_hand_is_no_bar_to_what_serves(ops: Ops) -> None:
+    """probe37as L1 (low): `current` a link to nothing, made by hand, the service on proven
+    r2 and `previous` a release that never passed a post-flight: a plain rollback refused
+    ("a failed rollback could not come back to current"), naming a restart onto another
+    release, where with `current` removed it adopted what serves. It adopts here too (no
+    restart), and status names the release that runs."""
+    r1, r2 = ops.two_releases()
+    (ops.root / "releases" / r1 / "proven.json").unlink()  # previous: never proven
+    before = pid(ops)
+    link = ops.root / "current"
+    link.unlink()
+    link.symlink_to("nowhere")
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert f"the service runs release {r2}, but current is no directory" in warned, st
+    assert f"ops rollback local --to {r2} makes it current" in warned, st
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0, said
+    assert ops.current() == r2 and ops.serving() == r2 and pid(ops) == before, said

@@ -1694,8 +1694,11 @@ class Deployer:
                     f"{self.target.name}: release {want} {said}",
                     hint="deploy a fixed commit instead (ops deploy --ref)",
                 )
+            seen = self._service_now()  # one look at the service for what follows
+            runs = self._runs_instead(listing, seen)
             stuck = listing.get("current_unrevertible")
-            if stuck and want != before and not rel.get("proven"):
+            adopts = bool(runs) and not to and not redo  # (it stops at what serves: below)
+            if stuck and want != before and not rel.get("proven") and not adopts:
                 # its revert could not come back (probe37x H2: a rollback --to a release that
                 # never served, from a current without its service.env: the start failed and
                 # the host was left down); a proven release is the way out, and stays open
@@ -1705,13 +1708,16 @@ class Deployer:
                     if back
                     else "mend current first"
                 )
+                if runs:  # (probe37as L1: --to what runs adopts it, with no restart)
+                    way = (
+                        f"ops rollback {self.target.name} --to {runs} makes what the service "
+                        f"runs current, with no restart; or {way}"
+                    )
                 raise OpsError(
                     f"{self.target.name}: release {want} never passed a post-flight, and a "
                     f"failed rollback could not come back to current ({before}: {stuck})",
                     hint=f"{way}; or mend current, then roll back to {want}",
                 )
-            seen = self._service_now()  # one look at the service for what follows
-            runs = self._runs_instead(listing, seen)
             gone = seen.release_gone if seen is not None and seen.active else None
             if gone and not runs:  # (probe37as H1: stopped, then `want` failed: left down)
                 raise OpsError(
