@@ -357,6 +357,8 @@ def test_a_rollback_from_a_current_pointing_at_nothing_leaves_a_usable_previous(
     assert ops.deploy().returncode == 0
     r2 = ops.current()
     shutil.rmtree(ops.root / "releases" / r2)  # current points at nothing; previous is r1
+    # the service still runs r2's deleted code: stopped knowingly first (probe37as H1)
+    assert ops("service", "stop", "local").returncode == 0
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, said(res)
     assert not (ops.root / "previous").is_symlink()  # not a link to current itself
