@@ -115,7 +115,7 @@ def shown_state(state: dict[str, Any] | None) -> str | None:
     return f"{state.get('path')} (a real {state['kind']}, not a symlink)"
 
 
-def names(state: dict[str, Any] | None) -> str | None:
+def named_release(state: dict[str, Any] | None) -> str | None:
     """The release id a `current` state names: a release of ops's, or one whose directory is
     gone since ops linked it (None: it names no release)."""
     state = state or {}
@@ -577,12 +577,12 @@ class Deployer:
         if state["kind"] == "foreign" and not state.get("exists"):
             said = f"current is {shown_state(state)}"
             seen = self._service_now()
-            runs = seen.release_gone if seen is not None and seen.active else None
-            if runs:  # it serves from there: a rollback would stop it too (probe37as H1)
-                way = self._gone_way(runs, seen, names(state), self._fallback)
+            gone = seen.release_gone if seen is not None and seen.active else None
+            if gone:  # it serves from there: a rollback would stop it too (probe37as H1)
+                way = self._gone_way(gone, seen, named_release(state), self._fallback)
                 return "fail", f"{said}; a failed deploy could only revert to it: {way}", data
-            gone = f"remove {self.root}/current to deploy as a first install"
-            return "fail", f"{said}; {self._no_revert(gone)}", data
+            fresh = f"remove {self.root}/current to deploy as a first install"
+            return "fail", f"{said}; {self._no_revert(fresh)}", data
         if state["kind"] != "none":
             why = current_unstartable(self.host)
             if why:
@@ -606,7 +606,7 @@ class Deployer:
             seen = self._service_now()
             gone = seen.release_gone if seen is not None and seen.active else None
             if gone:  # what serves is gone too: a rollback would stop it (probe37as H1)
-                fix = self._gone_way(gone, seen, names(state), back)
+                fix = self._gone_way(gone, seen, named_release(state), back)
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
         lost = self._current_lost(state)
@@ -1724,7 +1724,9 @@ class Deployer:
                     f"{self.target.name}: the service runs {gone}, whose directory is gone from "
                     f"releases/ ({self._gone_where(seen)}): a rollback would stop it with no "
                     f"way back to it if {want} then failed to start",
-                    hint=self._gone_way(gone, seen, names(listing.get("current_state")), to),
+                    hint=self._gone_way(
+                        gone, seen, named_release(listing.get("current_state")), to
+                    ),
                 )
             if want == before and not runs:
                 # current, but is it served? (probe37ak M1: exit 0 over a stopped service)
