@@ -267,3 +267,43 @@ def test_a_current_linked_to_nothing_by_hand_is_no_bar_to_what_serves(ops: Ops) 
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 0, said
     assert ops.current() == r2 and ops.serving() == r2 and pid(ops) == before, said
+
+
+@pytest.mark.parametrize("how", ["renamed", "damaged"])
+def test_a_rollback_never_stops_a_service_it_could_not_come_back_to(ops: Ops, how: str) -> None:
+    """probe37at H1, H2 (high), M1: the service on proven r2, then r2's directory renamed inside
+    releases/ (H1), or r2's release.json damaged (H2): nothing could start what serves again,
+    yet a rollback stopped it, and when its release failed to start the host was left down;
+    the deploy's refusal named that very rollback. Both now refuse before anything stops and
+    name the way that keeps a way back: the mv that puts a renamed directory back, or a stop
+    made knowingly first."""
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    home = ops.root / "releases" / r2
+    if how == "renamed":
+        home.rename(ops.root / "releases" / "junk")
+    else:
+        (home / "release.json").write_text("{")
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    res = ops.deploy("--force")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "current: FAIL" in said and pid(ops) == before, said
+    if how == "renamed":
+        assert f"mv {ops.root}/releases/junk {home} puts it back" in said, said
+    for to in ((), ("--to", r1)):
+        res = ops("rollback", "local", *to, "--max-tokens", "3")
+        said = flat(res.stdout + res.stderr)
+        assert res.returncode == 2 and "a rollback would stop it with no way back" in said, said
+        assert pid(ops) == before, said
+    if how == "renamed":
+        assert f"mv {ops.root}/releases/junk {home} puts it back" in said, said
+        (ops.root / "releases" / "junk").rename(home)
+    else:
+        assert (
+            f"mend current first; or ops service stop local, then ops rollback local --to {r1}"
+            in (said)
+        ), said
+        assert ops("service", "stop", "local").returncode == 0
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r1 and ops.serving() == r1

@@ -435,7 +435,7 @@ class Deployer:
                 f"the service runs {gone}, whose directory is gone from releases/ "
                 f"({self._gone_where(seen)}), and current ({cur}) never passed a post-flight: "
                 f"a failed deploy would go back to {cur} and restart the service on it, with no "
-                f"way back to what serves; {self._gone_way(gone, seen, cur, self._fallback)}"
+                f"way back to what serves; {self._keep_way(seen, cur, self._fallback)}"
             )
         down = seen is not None and seen.state in ("inactive", "failed")  # (not a start
         # under way, another deploy's restart: the lock names its holder)
@@ -577,9 +577,9 @@ class Deployer:
         if state["kind"] == "foreign" and not state.get("exists"):
             said = f"current is {shown_state(state)}"
             seen = self._service_now()
-            gone = seen.release_gone if seen is not None and seen.active else None
-            if gone:  # it serves from there: a rollback would stop it too (probe37as H1)
-                way = self._gone_way(gone, seen, named_release(state), self._fallback)
+            if seen is not None and seen.active:  # it serves: a rollback would stop it with
+                # no way back too (probe37as H1, probe37at M1)
+                way = self._keep_way(seen, named_release(state), self._fallback)
                 return "fail", f"{said}; a failed deploy could only revert to it: {way}", data
             fresh = f"remove {self.root}/current to deploy as a first install"
             return "fail", f"{said}; {self._no_revert(fresh)}", data
@@ -604,9 +604,9 @@ class Deployer:
                 else f"{copy}, or remove {self.root}/current to deploy as a first install"
             )
             seen = self._service_now()
-            gone = seen.release_gone if seen is not None and seen.active else None
-            if gone:  # what serves is gone too: a rollback would stop it (probe37as H1)
-                fix = self._gone_way(gone, seen, named_release(state), back)
+            if seen is not None and seen.active:  # it serves: a rollback would stop it with
+                # no way back too (probe37as H1, probe37at H2)
+                fix = self._keep_way(seen, named_release(state), back)
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
         lost = self._current_lost(state)
@@ -648,13 +648,14 @@ class Deployer:
             return "deleted under it"
         return f"moved by hand: it runs from {cwd}"
 
-    def _gone_way(self, gone: str, seen: Any, current: str | None, to: str | None) -> str:
-        """The way on where the service runs `gone`, a release whose directory is gone from
-        releases/: nothing can start it again, so a rollback (or a failed deploy's revert)
-        that stops it has no way back (probe37as H1: the release rolled back to failed to
-        start, and the host was left down). Put it back where it was moved (then make it
-        current, where `current` names another release), or stop the service knowingly and
-        roll back (`--to to`, where given)."""
+    def _keep_way(self, seen: Any, current: str | None, to: str | None) -> str:
+        """The way on where the service serves and nothing could start what it runs again (its
+        release's directory gone from releases/, renamed there, or `current` not one a switch
+        back returns to): a rollback, or a failed deploy's revert, that stops it has no way
+        back (probe37as H1, probe37at H1, H2: the release rolled back to failed to start, and
+        the host was left down). Put the directory back where it was moved or renamed (then
+        make it current, where `current` names another release); or stop the service
+        knowingly and roll back (`--to to`, where given)."""
         name, cwd = self.target.name, seen.runs_from or ""
         back = f" --to {to}" if to else ""
         stop = (
@@ -663,13 +664,17 @@ class Deployer:
         )
         if cwd.endswith(" (deleted)") or not cwd:
             return stop
+        gone, dirname = seen.release_gone, self._release_of(cwd)
+        home = gone or (current if dirname and current and dirname != current else None)
+        if home is None:  # (current damaged, or a copy of one: it cannot be put back here)
+            return f"mend current first; or {stop}"
         adopt = (
-            f", then ops rollback {name} --to {gone} makes it current with no restart"
-            if current != gone
+            f", then ops rollback {name} --to {home} makes it current with no restart"
+            if current != home
             else ""
         )
-        home = shlex.quote(f"{self.root}/releases/{gone}")
-        return f"mv {shlex.quote(cwd)} {home} puts it back{adopt}; or {stop}"
+        dest = shlex.quote(f"{self.root}/releases/{home}")
+        return f"mv {shlex.quote(cwd)} {dest} puts it back{adopt}; or {stop}"
 
     def _no_revert(self, otherwise: str) -> str:
         """Why a deploy over a `current` that could not serve again is refused, and the fix: the
@@ -1724,9 +1729,7 @@ class Deployer:
                     f"{self.target.name}: the service runs {gone}, whose directory is gone from "
                     f"releases/ ({self._gone_where(seen)}): a rollback would stop it with no "
                     f"way back to it if {want} then failed to start",
-                    hint=self._gone_way(
-                        gone, seen, named_release(listing.get("current_state")), to
-                    ),
+                    hint=self._keep_way(seen, named_release(listing.get("current_state")), to),
                 )
             if want == before and not runs:
                 # current, but is it served? (probe37ak M1: exit 0 over a stopped service)
@@ -1743,6 +1746,16 @@ class Deployer:
                     )
                 return self.result(
                     "already-current", release=want, before=before, after=before, message=said
+                )
+            if stuck and not runs and seen is not None and seen.active:
+                # it serves, and a failed rollback could not come back to what it runs: its
+                # directory renamed in releases/, current damaged or a copy deleted (probe37at
+                # H1, H2: stopped, then `want` failed to start: left down)
+                raise OpsError(
+                    f"{self.target.name}: current ({before}) is one a failed rollback could not "
+                    f"come back to ({stuck}), and the service serves: a rollback would stop it "
+                    f"with no way back if {want} then failed to start",
+                    hint=self._keep_way(seen, named_release(listing.get("current_state")), to),
                 )
             # (want == before with runs: the service runs another release; what it runs is
             # adopted below, then `want` switched to and proven with a way back to it)

@@ -800,8 +800,13 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
         return (
             f"the service runs releases/{running}, whose release.json is release {renamed}'s "
             f"(its directory renamed by hand?): mv releases/{running} releases/{renamed} puts "
-            "it back; ops rollback TARGET --to ID makes a proven release current (ops releases "
-            "TARGET marks the renamed one damaged)"
+            "it back"
+            + (
+                "; until then nothing starts it again, and a rollback is refused (it would stop "
+                "the service with no way back)"
+                if not os.path.exists(os.path.join(root, "current"))
+                else ""
+            )
         )
     if not os.path.lexists(os.path.join(root, "current")):  # (probe37af H1, H2)
         return (
