@@ -160,8 +160,10 @@ def test_a_stopped_service_never_lets_a_deploy_count_on_an_unproven_current(ops:
     stopped for maintenance: `deploy --force` of a crashing commit took that current as its
     way back, failed at restart, and its rollback started the never-run release, called
     "rolled back". It is refused at `current`, --force or not, naming the rollback to the
-    newest proven release, and nothing is started."""
+    release the service last ran (probe37at L2: not the newest proven one, which `service
+    start` did not name), and nothing is started."""
     r1, r2 = ops.two_releases()
+    assert ops("rollback", "local", "--to", r1, "--max-tokens", "3").returncode == 0
     commit_change(ops.src, "engine/svc.py", '"""', '"""Never run. ')
     assert ops.deploy("--no-restart").returncode == 0
     unproven = ops.current()
@@ -170,13 +172,13 @@ def test_a_stopped_service_never_lets_a_deploy_count_on_an_unproven_current(ops:
     res = ops.deploy("--force")
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and f"current ({unproven}) never passed a post-flight" in said
-    assert f"ops rollback local --to {r2}` makes the newest proven release current" in said
+    assert f"ops rollback local --to {r1}` makes the release it last ran current" in said
     assert ops.current() == unproven
     code, st = ops.json("service", "status", "local")
-    assert st["state"] == "inactive", st
-    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert st["state"] == "inactive" and st["last_ran"] == r1, st
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
     assert res.returncode == 0, flat(res.stdout + res.stderr)
-    assert ops.current() == r2 and ops.serving() == r2
+    assert ops.current() == r1 and ops.serving() == r1
 
 
 def test_a_release_directory_renamed_under_its_service_is_said_by_the_id_it_is(ops: Ops) -> None:

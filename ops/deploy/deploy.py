@@ -166,6 +166,7 @@ class Deployer:
         self._outlasted = False  # the restart's process still ran at the end of a short --wait
         self._settle_first = False  # already current, but a deploy.pending to settle first
         self._fallback: str | None = None  # the newest proven release other than current
+        self._proven: set[str] = set()  # the releases that passed a post-flight (whole)
         self._unrevertible: str | None = None  # why a revert could not put current back
         self._instead: str | None = None  # why a rollback took it instead of `previous`
         self._current_proven = True  # current's release passed a post-flight (once known)
@@ -386,6 +387,11 @@ class Deployer:
         self._unrevertible = listing.get("current_unrevertible")
         self._before = listing["current"] or shown_state(self._before_state)
         self._fallback = newest_proven(listing)
+        self._proven = {  # where a way back may go: proven, whole, never rejected
+            str(r["id"])
+            for r in listing["releases"]
+            if r.get("proven") and not r.get("damaged") and not r.get("rejected")
+        }
         current = next((r for r in listing["releases"] if r["current"]), None)
         self._current_proven = bool(current and current.get("proven"))
         self._downgrade = self._older_than(m, current)
@@ -442,7 +448,14 @@ class Deployer:
         if runs is None and down and not self._current_proven:
             # nothing serves to vouch for current (probe37ar M1: after a maintenance stop, a
             # failed `deploy --force` went back to a --no-restart install and started it)
-            back = self._fallback
+            back, last = self._fallback, seen.last_ran
+            if last in self._proven and last != cur:  # (probe37at L2: as `service start` says)
+                return (
+                    f"the service is {seen.state}, and current ({cur}) never passed a "
+                    f"post-flight: a failed deploy would go back to {cur} and start the service "
+                    f"on code that never served; `ops rollback {name} --to {last}` makes the "
+                    "release it last ran current and starts the service on it"
+                )
             way = (
                 f"`ops rollback {name} --to {back}` makes the newest proven release current and "
                 "starts the service on it"

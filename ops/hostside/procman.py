@@ -708,6 +708,7 @@ def do_status(pidfile: str, url: str) -> dict:
         if any(notes):
             doc["warnings"] = [*doc.get("warnings", []), *(n for n in notes if n)]
     elif doc["state"] in ("inactive", "failed"):
+        doc["last_ran"] = last_ran(pidfile)  # (a deploy names the way back to it: at L2)
         later = unproven_start(root, pidfile)
         if later:  # (probe37as M1: stopped for maintenance, said before the start is refused)
             doc["warnings"] = [*doc.get("warnings", []), f"a start would be refused: {later}"]

@@ -146,6 +146,8 @@ class ServiceStatus(BaseModel):
     # the release it runs where that release's directory is gone from releases/ (removed or
     # moved by hand: runs_from then names no release): no way back to it
     release_gone: str | None = None
+    # the release it last ran, where it runs none now (as its pidfile said; process manager)
+    last_ran: str | None = None
     # what an operator should know that did not stop the command: a deploy.pending left by a
     # dead deploy (the release current names was never proven), a start --force let through
     warnings: list[str] = Field(default_factory=list)
@@ -525,6 +527,7 @@ class ProcessManager(ServiceManager):
             detail=doc.get("detail", ""),
             runs_from=doc.get("cwd"),
             release_gone=doc["release_gone"] if isinstance(doc.get("release_gone"), str) else None,
+            last_ran=doc["last_ran"] if isinstance(doc.get("last_ran"), str) else None,
             warnings=doc.get("warnings") or [],
             unmanaged=doc.get("unmanaged") or [],
             stopped=doc.get("stopped") is True,
