@@ -168,3 +168,25 @@ def test_a_bootstrap_deploy_records_no_golden_set_through_a_hand_made_link(
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and f"{ops.root / 'golden'} is a symlink (to {elsewhere})" in said
     assert list(elsewhere.iterdir()) == [] and ops.current() is None, said
+
+
+def test_a_plain_rollback_goes_to_other_code_than_current(ops: Ops) -> None:
+    """probe37at L3 (low): `previous` never passed a post-flight, so a plain rollback took the
+    newest proven release, which ran current's very commit: it restarted onto identical code
+    and said "rolled back". It takes the newest proven release of other code, and says so."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    c1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release A. ')
+    assert ops.deploy().returncode == 0
+    a1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""Release A. ', '"""Release B. ')
+    assert ops.deploy().returncode == 0
+    b1 = ops.current()
+    assert ops.deploy("--ref", "HEAD~1").returncode == 0  # release A again
+    a2 = ops.current()
+    assert len({c1, a1, b1, a2}) == 4
+    (ops.root / "releases" / b1 / "proven.json").unlink()  # previous: never proven
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0 and ops.current() == c1 and ops.serving() == c1, said
+    assert "so the newest proven release of other code than current was taken" in said, said

@@ -131,10 +131,15 @@ def newer_release(a: str, b: str) -> bool:
     return bool(ta and tb and ta > tb)
 
 
-def newest_proven(listing: dict[str, Any]) -> str | None:
+def newest_proven(listing: dict[str, Any], other_code: bool = False) -> str | None:
     """The newest release other than current that passed a post-flight and may be switched to
-    (whole, self-tested, never rolled back): where a lost `previous` leaves a rollback to go."""
-    for rel in reversed(listing.get("releases") or []):
+    (whole, self-tested, never rolled back): where a lost `previous` leaves a rollback to go.
+    With `other_code`, one whose code is not current's is taken first (a plain rollback that
+    restarted onto current's very commit changed nothing: probe37at L3)."""
+    rels = listing.get("releases") or []
+    cur = next((r for r in rels if r.get("current")), None)
+    same = None
+    for rel in reversed(rels):
         if (
             rel.get("proven")
             and not rel.get("current")
@@ -142,8 +147,15 @@ def newest_proven(listing: dict[str, Any]) -> str | None:
             and not rel.get("rejected")
             and rel.get("selftest_ok") is True
         ):
-            return str(rel["id"])
-    return None
+            if not other_code or cur is None or code_of(rel) != code_of(cur):
+                return str(rel["id"])
+            same = same or str(rel["id"])
+    return same
+
+
+def code_of(rel: dict[str, Any]) -> tuple[Any, ...]:
+    """What a listed release runs: its commit, its components and its hook setting."""
+    return rel.get("git_sha"), rel.get("components"), rel.get("hook")
 
 
 class Deployer:
@@ -1598,6 +1610,31 @@ class Deployer:
             except KeyboardInterrupt:
                 raise DeployInterrupted(self._interrupted()) from None
 
+    def _taken(self, rid: str) -> str:
+        """What a plain rollback that could not take `previous` took instead (`rid`): the
+        newest proven release of other code than current (probe37at L3: one of current's very
+        commit was taken, and "rolled back" changed nothing), or, where none is, the newest
+        proven one, said to run current's code."""
+        try:
+            listing = host_releases(self.host, "list")
+        except OpsError:
+            return "the newest proven release"
+        rels = {str(r["id"]): r for r in listing.get("releases") or []}
+        was = rels.get(str(self._before or ""))
+        if was is None or rid not in rels:
+            return "the newest proven release"
+        if code_of(rels[rid]) == code_of(was):
+            return "the newest proven release (it runs current's very commit: no other did)"
+        skipped = any(
+            i > rid and i != was["id"] and r.get("proven") and code_of(r) == code_of(was)
+            for i, r in rels.items()
+        )
+        return (
+            "the newest proven release of other code than current"
+            if skipped
+            else ("the newest proven release")
+        )
+
     def _no_previous(self, listing: dict[str, Any]) -> str:
         """Where a plain rollback goes when `previous` names no release: a `previous` that is
         gone (a deleted release, no link at all) or names current itself gives way to the
@@ -1606,7 +1643,7 @@ class Deployer:
         proven release there is."""
         prev = listing.get("previous_state") or {}
         other = shown_state(prev)
-        back = newest_proven(listing)
+        back = newest_proven(listing, other_code=True)
         same = prev.get("kind") == "release" and prev.get("id") == listing.get("current")
         if back and (same or prev.get("kind") in (None, "none") or not prev.get("exists", True)):
             self._instead = (
@@ -1680,7 +1717,8 @@ class Deployer:
             if not want:
                 want = self._no_previous(listing)
             rel = next((r for r in listing["releases"] if r["id"] == want), None)
-            back = None if to or rel is None or not rel.get("rejected") else newest_proven(listing)
+            rejected = not to and rel is not None and rel.get("rejected")
+            back = newest_proven(listing, other_code=True) if rejected else None
             if back:  # a plain rollback: a rejected previous gives way (probe37y L5)
                 self._instead = f"previous ({want}) was rejected"
                 want, rel = back, next(r for r in listing["releases"] if r["id"] == back)
@@ -1787,7 +1825,7 @@ class Deployer:
             elif not to and not redo and want != before and not rel.get("proven"):
                 # nor onto code that never served where the service runs current: a `previous`
                 # an adopt left, a --no-restart install (probe37ak M2)
-                back = newest_proven(listing)
+                back = newest_proven(listing, other_code=True)
                 if back is None:
                     raise OpsError(
                         f"{self.target.name}: previous ({want}) never passed a post-flight, and "
@@ -1827,7 +1865,7 @@ class Deployer:
                 if ahead:
                     res.message += f"; {want} is newer than {before}: not a step back"
                 if self._instead:
-                    res.message += f"; {self._instead}, so the newest proven release was taken"
+                    res.message += f"; {self._instead}, so {self._taken(want)} was taken"
                 if redo:
                     res.message += f"; an earlier rollback to {redo}, cut off, was made again"
                 res.message += self._lingered
