@@ -303,7 +303,7 @@ def test_a_link_lost_after_the_switch_is_never_called_rolled_back(loop) -> None:
     r1 = (root / "current").readlink().name
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
     code, out, err = cut_at(ops, server, "switch: ok")
-    assert code == 1, flat(out + err)
+    assert code == 2, flat(out + err)  # the host unreachable: exit 2, not a verdict (at-L4)
     result = ops.record("deploy")["results"][0]
     assert result["outcome"] == "failed", result
     assert result["after"] == "unknown (the host did not answer)", result
@@ -530,7 +530,7 @@ def test_a_post_flight_cut_off_by_a_lost_link_rejects_nothing(loop) -> None:
                 os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     said = flat(seen + out + err)
-    assert proc.returncode == 1, said
+    assert proc.returncode == 2, said  # the link's trouble: exit 2, not a verdict (at-L4)
     r2 = ops.record("deploy")["results"][0]["release"]
     code, doc = ops.json("releases", "loop")
     rel = next(r for r in doc["releases"] if r["id"] == r2)

@@ -938,6 +938,30 @@ def test_a_restart_whose_process_manager_is_killed_says_where_the_service_is(ops
     assert "the service is now " in text, text
 
 
+def test_a_deploy_whose_restart_manager_is_killed_exits_2_not_a_verdict(ops: Ops) -> None:
+    """probe37at L4 (low): the host-side process manager of a deploy's restart killed (kill
+    -9): the deploy rolled back and rightly did not reject the release, but exited 1, which a
+    script reads as a verdict on the release. A host-side command killed is exit 2, as the
+    exit codes say; the result still says where the host was left."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc = ops.popen(*ops.deploy_args())
+    worker = _seen_restart_worker(pidfile)
+    parent = int(Path(f"/proc/{worker}/stat").read_text().rpartition(")")[2].split()[1])
+    os.kill(parent, signal.SIGKILL)  # the worker is stopping the service (1.5 s)
+    out, err = proc.communicate(timeout=180)
+    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert proc.returncode == 2 and "printed no result" in text, text
+    result = ops.record("deploy")["results"][0]
+    assert result["failed_step"] == "restart" and result["outcome"] == "rolled-back", result
+    code, doc = ops.json("releases", "local")
+    assert all(r["rejected"] is None for r in doc["releases"]), doc
+    assert ops.current() == r1 and ops.serving() == r1
+
+
 def test_a_pending_record_that_is_not_this_hosts_switch_blocks_no_restart(ops: Ops) -> None:
     """probe37ad M4 (medium): a stale or forged deploy.pending whose `new` is not current (a
     proven, serving release): status called current never proven, a restart was refused for

@@ -68,8 +68,8 @@ def _done(results: list[DeployResult], outcome: str | None = None) -> Done[list[
         code, word = EXIT_INTERRUPTED, "interrupted"
     elif all(r.ok for r in results):
         code, word = EXIT_OK, "ok"
-    elif all(r.ok or r.host_disk for r in results):
-        code, word = EXIT_BAD_INPUT, "fail"  # a host disk full or read-only, not the release
+    elif all(r.ok or r.host_trouble for r in results):
+        code, word = EXIT_BAD_INPUT, "fail"  # the host's trouble, not the release's
     else:
         code, word = EXIT_FAIL, "fail"
     return Done(code, outcome or word, results)

@@ -1185,7 +1185,7 @@ class Deployer:
             st = mgr.restart(self.opts.wait_s)
         except HostError as exc:  # the host's trouble (a full disk, a lost link), not the release's
             self._blocked = "host"
-            return "fail", f"restart failed on the host: {exc.message}", {}
+            return "fail", f"restart failed on the host: {exc.message}", {"host": True}
         # the host's trouble (a port held, a full disk) is not the release's: not rejected for it
         self._blocked = st.blocked_by if st.blocked_by != "release" else None
         # still starting when a --wait shorter than the default ran out: not proven bad
@@ -1206,7 +1206,7 @@ class Deployer:
             rep = self._health(record)
         except (Unreachable, ModuleLinkLost) as exc:  # the link's trouble (probe37ah M1)
             self._blocked = "host"
-            return "fail", f"post-flight could not reach the host: {exc.message}", {}
+            return "fail", f"post-flight could not reach the host: {exc.message}", {"host": True}
         except HostError as exc:  # e.g. the release's own checks do not run: its fault
             return "fail", f"post-flight could not run: {exc.message}", {}
         data: dict[str, Any] = {"report": rep.model_dump(mode="json")}

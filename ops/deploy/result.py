@@ -61,12 +61,14 @@ class DeployResult(BaseModel):
         return self.outcome in ("deployed", "installed", "already-current", "dry-run", "switched")
 
     @property
-    def host_disk(self) -> bool:
-        """Failed because the host's disk was full or read-only (send, finalize: nothing
-        switched): the host's trouble, exit 2 as a host ops could not act on, not a verdict on
-        the release (probe37ar L1)."""
+    def host_trouble(self) -> bool:
+        """Failed for the host's sake, not the release's: its disk full or read-only (send,
+        finalize: probe37ar L1), a host-side command killed or the link lost (restart,
+        post-flight: probe37at L4). Exit 2, a host ops could not act on, as documented, not a
+        verdict on the release; the result says where the host was left."""
         step = next((s for s in self.steps if s.name == self.failed_step), None)
-        return self.outcome == "failed" and step is not None and bool(step.data.get("disk"))
+        host = step is not None and bool(step.data.get("disk") or step.data.get("host"))
+        return self.outcome in ("failed", "rolled-back") and host
 
 
 class StepFailed(Exception):
