@@ -126,7 +126,10 @@ def test_no_deploy_over_a_current_that_could_not_be_started_again(ops: Ops) -> N
             text = said(res)
             assert res.returncode == 1 and "current: FAIL" in text, text
             assert "could not be started again" in text and cause in text, text
-            assert f"ops rollback local --to {r1} puts back" in text, text
+            # it serves: a rollback would stop it with no way back (probe37at H2)
+            assert "mend current first; or ops service stop local, then ops rollback local " in (
+                text
+            ), text
             assert ops.current() == r2
             code, st = ops.json("service", "status", "local")
             assert st["state"] == "active", st  # never stopped
@@ -265,7 +268,8 @@ def test_the_refusal_names_the_exact_rollback_that_restores_the_newest_release(o
     tmp.rename(ops.root / "current")
     res = ops.deploy()
     assert res.returncode == 1, said(res)
-    assert f"ops rollback local --to {r2} puts back the newest proven release" in said(res)
+    # (it serves r2: named as what it runs, adopted with a way back: probe37at H2's kin)
+    assert f"ops rollback local --to {r2} makes what the service runs current" in said(res)
     res = ops("releases", "local")
     assert f"ops rollback local --to {r2}` puts back the newest proven release" in said(res)
     res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")

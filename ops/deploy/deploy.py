@@ -613,6 +613,11 @@ class Deployer:
             if why:
                 data["unstartable"] = why
                 said = f"current ({shown_state(state)}) could not be started again: {why}"
+                seen = self._service_now()
+                if seen is not None and seen.active:  # a rollback would stop it with no way
+                    # back too (probe37at H2): mend it, or stop knowingly first
+                    way = self._keep_way(seen, named_release(state), self._fallback)
+                    return "fail", f"{said}; a failed deploy could only revert to it: {way}", data
                 return "fail", f"{said}; {self._no_revert('mend it, then deploy')}", data
         bad = self._unrevertible
         if bad:  # --force or not
@@ -690,6 +695,9 @@ class Deployer:
         if cwd.endswith(" (deleted)") or not cwd:
             return stop
         gone, dirname = seen.release_gone, self._release_of(cwd)
+        if not gone and dirname in self._proven and dirname != current:  # a whole release:
+            # adopted, with a way back (current a link to nothing, a file: probe37f F2)
+            return f"ops rollback {name} --to {dirname} makes what the service runs current"
         home = gone or (current if dirname and current and dirname != current else None)
         if home is None:  # (current damaged, or a copy of one: it cannot be put back here)
             return f"mend current first; or {stop}"

@@ -272,9 +272,9 @@ class ServiceManager(ABC):
                 "lists them), or --force to run it as it is"
             )
         if blocked_by == "release":
-            return (
-                f"; put a whole release back: ops rollback {name} --to ID (ops releases {name} "
-                "lists them)"
+            return (  # (a rollback stops a serving service only knowingly: probe37at H2)
+                f"; mend it, or put a whole release back: ops service stop {name}, then ops "
+                f"rollback {name} --to ID (ops releases {name} lists them)"
             )
         if blocked_by == "pending":
             return (
