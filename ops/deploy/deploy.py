@@ -636,7 +636,7 @@ class Deployer:
             seen = self._service_now()
             if seen is not None and seen.active:  # it serves: a rollback would stop it with
                 # no way back too (probe37as H1, probe37at H2)
-                fix = self._keep_way(seen, named_release(state), back)
+                fix = self._keep_way(seen, named_release(state), back, mend=copy)
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
         lost = self._current_lost(state)
@@ -678,7 +678,9 @@ class Deployer:
             return "deleted under it"
         return f"moved by hand: it runs from {cwd}"
 
-    def _keep_way(self, seen: Any, current: str | None, to: str | None) -> str:
+    def _keep_way(
+        self, seen: Any, current: str | None, to: str | None, mend: str = "mend current first"
+    ) -> str:
         """The way on where the service serves and nothing could start what it runs again (its
         release's directory gone from releases/, renamed there, or `current` not one a switch
         back returns to): a rollback, or a failed deploy's revert, that stops it has no way
@@ -700,7 +702,7 @@ class Deployer:
             return f"ops rollback {name} --to {dirname} makes what the service runs current"
         home = gone or (current if dirname and current and dirname != current else None)
         if home is None:  # (current damaged, or a copy of one: it cannot be put back here)
-            return f"mend current first; or {stop}"
+            return f"{mend}; or {stop}"
         adopt = (
             f", then ops rollback {name} --to {home} makes it current with no restart"
             if current != home
@@ -1806,7 +1808,8 @@ class Deployer:
                 return self.result(
                     "already-current", release=want, before=before, after=before, message=said
                 )
-            if stuck and not runs and seen is not None and seen.active:
+            serves = self._release_of((seen.runs_from or "") if seen is not None else "")
+            if stuck and not runs and seen is not None and seen.active and serves != want:
                 # it serves, and a failed rollback could not come back to what it runs: its
                 # directory renamed in releases/, current damaged or a copy deleted (probe37at
                 # H1, H2: stopped, then `want` failed to start: left down)
