@@ -795,18 +795,29 @@ def test_no_rollback_to_a_never_proven_release_from_a_current_it_could_not_come_
     """probe37x H2 (high): current's service.env gone (serving all the same), `ops rollback
     --to` a release that never served and fails at start: the switch went ahead, the start
     failed, and the revert could not come back to current (damaged): no service. Such a
-    rollback is refused before anything is stopped, naming the proven release that is the way
-    out; a rollback to that one goes ahead."""
+    rollback is refused before anything is stopped. probe37at H2 (high): so, while it serves,
+    is one to a proven release (had that failed to start, no service either): each names the
+    way that keeps one, current mended first (or a stop made knowingly), and a rollback from
+    the mended current goes ahead."""
     r1, r2 = ops.two_releases()
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
     assert ops.deploy("--no-restart").returncode == 0  # installed, never started: unproven
     r3 = ops.current()
     assert ops("rollback", "local", "--to", r2, "--max-tokens", "3").returncode == 0
     pid = ops.json("service", "status", "local")[1]["pid"]
-    (ops.root / "releases" / r2 / "service.env").unlink()
-    line = one_error_line(ops("rollback", "local", "--to", r3, "--max-tokens", "3"))
+    env = ops.root / "releases" / r2 / "service.env"
+    kept = env.read_bytes()
+    env.unlink()
+    res = ops("rollback", "local", "--to", r3, "--max-tokens", "3")
+    line = one_error_line(res)
     assert f"release {r3} never passed a post-flight" in line, line
+    way = f"mend current first; or ops service stop local, then ops rollback local --to {r1}"
+    assert way in " ".join(res.stderr.split()), res.stderr
     assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 2 and way in " ".join(res.stderr.split()), said(res)
+    assert ops.current() == r2 and ops.json("service", "status", "local")[1]["pid"] == pid
+    env.write_bytes(kept)  # mended
     res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
     assert res.returncode == 0, said(res)
     assert ops.current() == r1 and ops.serving() == r1

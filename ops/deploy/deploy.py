@@ -1763,6 +1763,7 @@ class Deployer:
             seen = self._service_now()  # one look at the service for what follows
             runs = self._runs_instead(listing, seen)
             stuck = listing.get("current_unrevertible")
+            serves = self._release_of((seen.runs_from or "") if seen is not None else "")
             adopts = bool(runs) and not to and not redo  # (it stops at what serves: below)
             if stuck and want != before and not rel.get("proven") and not adopts:
                 # its revert could not come back (probe37x H2: a rollback --to a release that
@@ -1774,15 +1775,20 @@ class Deployer:
                     if back
                     else "mend current first"
                 )
+                hint = f"{way}; or mend current, then roll back to {want}"
                 if runs:  # (probe37as L1: --to what runs adopts it, with no restart)
-                    way = (
+                    hint = (
                         f"ops rollback {self.target.name} --to {runs} makes what the service "
-                        f"runs current, with no restart; or {way}"
+                        f"runs current, with no restart; or {hint}"
                     )
+                elif seen is not None and seen.active and serves != back:  # it serves: the
+                    # rollback to `back` would stop it with no way back too (probe37at H2)
+                    cur = named_release(listing.get("current_state"))
+                    hint = self._keep_way(seen, cur, back)
                 raise OpsError(
                     f"{self.target.name}: release {want} never passed a post-flight, and a "
                     f"failed rollback could not come back to current ({before}: {stuck})",
-                    hint=f"{way}; or mend current, then roll back to {want}",
+                    hint=hint,
                 )
             gone = seen.release_gone if seen is not None and seen.active else None
             if gone and not runs:  # (probe37as H1: stopped, then `want` failed: left down)
@@ -1808,7 +1814,6 @@ class Deployer:
                 return self.result(
                     "already-current", release=want, before=before, after=before, message=said
                 )
-            serves = self._release_of((seen.runs_from or "") if seen is not None else "")
             if stuck and not runs and seen is not None and seen.active and serves != want:
                 # it serves, and a failed rollback could not come back to what it runs: its
                 # directory renamed in releases/, current damaged or a copy deleted (probe37at
