@@ -42,6 +42,10 @@ def said(res) -> str:
     return " ".join((res.stdout + res.stderr).split())
 
 
+def service_pid(ops: Ops) -> int:
+    return ops.json("service", "status", "local")[1]["pid"]
+
+
 def forge_pending(ops: Ops, r1: str, r2: str, current_before: dict, **more: object) -> None:
     """A deploy.pending in the shape ops writes (version 2) for a switch from r1 to r2 that no
     deploy settled, naming `current_before` as what current was (forged, as a hand might). r2
@@ -1025,3 +1029,48 @@ def test_a_service_env_edited_by_hand_is_said_by_ops_releases(ops: Ops) -> None:
     assert f"{r2}'s service.env" not in text, text
     code, doc = ops.json("releases", "local")
     assert {r["id"]: r["env_edited"] for r in doc["releases"]} == {r1: True, r2: False}, doc
+
+
+def test_no_deploy_or_rollback_stops_a_service_whose_current_env_was_edited_since(
+    ops: Ops,
+) -> None:
+    """probe37au H1 (high): current's service.env edited by hand so that it no longer starts,
+    while the service ran on with the environment it started with. A deploy of a crashing
+    commit passed its `current` step, failed at restart, and its revert restarted current
+    with the edit: the host was left down. Both a deploy (--force or not) and a rollback are
+    now refused before anything stops, naming the edit (its key, never its value) and the way
+    on; once the file is put back, the same deploy fails and goes back to the serving release.
+    An edit the service was restarted on is no longer one it never ran with."""
+    r1, r2 = ops.two_releases()
+    before = service_pid(ops)
+    env = ops.root / "releases" / r2 / "service.env"
+    installed = env.read_text()
+    env.write_text(installed + "PYTHONHOME=/nonexistent/secret-value\n")  # no python starts
+    code, st = ops.json("service", "status", "local")
+    assert "service.env was edited after the service started (PYTHONHOME" in str(st), st
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    for extra in ((), ("--force",)):
+        res = ops.deploy(*extra)
+        text = said(res)
+        assert res.returncode == 1 and "current: FAIL" in text, text
+        assert "(PYTHONHOME not as it runs)" in text and "secret-value" not in text, text
+        assert "put current's service.env back as installed" in text, text
+        assert service_pid(ops) == before and ops.current() == r2, text
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 2 and "a rollback would stop it with no way back" in text, text
+    assert "put current's service.env back" in text and service_pid(ops) == before, text
+    env.write_text(installed)  # put back: the deploy runs, fails, and goes back to r2
+    res = ops.deploy()
+    text = said(res)
+    assert res.returncode == 1 and "restart: FAIL" in text, text
+    assert ops.current() == r2 and ops.serving() == r2, text
+    # an edit no key shows (a line removed), made after the start, is told by its hash
+    time.sleep(2.5)
+    env.write_text(installed.replace("PYTHONDONTWRITEBYTECODE=1\n", ""))
+    code, st = ops.json("service", "status", "local")
+    assert "it is not as installed, and no key shows how it runs" in str(st), st
+    # restarted on the edit, the service runs it: nothing untried is said any more
+    assert ops("service", "restart", "local").returncode == 0
+    code, st = ops.json("service", "status", "local")
+    assert st["state"] == "active" and "edited after" not in str(st), st

@@ -513,6 +513,30 @@ class Deployer:
         st = self._service_now() if seen is ASK_NOW else seen
         return self._release_of(st.runs_from) if st is not None and st.active else None
 
+    def _env_untried(self, state: dict[str, Any]) -> str | None:
+        """Why a deploy is refused where current's service.env was edited after the service
+        started on it: a failed deploy reverts to current and restarts the service with the
+        edit, which never ran (probe37au H1: the edit did not start, and the host was left
+        down). None otherwise, and for --no-restart (its revert restarts nothing)."""
+        if self.opts.no_restart or state.get("kind") == "none":
+            return None
+        seen = self._service_now()
+        if seen is None or not seen.active or not seen.env_untried:
+            return None
+        return (
+            f"{seen.env_untried}; a failed deploy would go back there: "
+            f"{self._env_mend(self.target.name)}, then deploy"
+        )
+
+    @staticmethod
+    def _env_mend(name: str) -> str:
+        """The way on where current's service.env was edited after the service started."""
+        return (
+            "put current's service.env back as installed (`ops releases` says it is edited) or "
+            f"as the service runs with it; or try the edit first: ops service restart {name}, "
+            "knowing that a failed start leaves no service"
+        )
+
     def _current_lost(self, state: dict[str, Any]) -> str | None:
         """Why a deploy is refused where there is no `current` but the service runs a release
         of this root (`current` removed by hand): a deploy would take it for a first install,
@@ -639,6 +663,10 @@ class Deployer:
                 fix = self._keep_way(seen, named_release(state), back, mend=copy)
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
+        edited = self._env_untried(state)
+        if edited:  # --force or not: its revert would restart the service with an untried edit
+            data["env_untried"] = edited
+            return "fail", edited, data
         lost = self._current_lost(state)
         if lost:  # --force or not: its failure would stop the service, with nothing to go back to
             data["runs"] = lost
@@ -1763,6 +1791,9 @@ class Deployer:
             seen = self._service_now()  # one look at the service for what follows
             runs = self._runs_instead(listing, seen)
             stuck = listing.get("current_unrevertible")
+            edited = seen.env_untried if seen is not None and seen.active else None
+            stuck = stuck or edited  # (probe37au H1: its revert would start an untried edit)
+            mend = self._env_mend(self.target.name) if edited else "mend current first"
             serves = self._release_of((seen.runs_from or "") if seen is not None else "")
             adopts = bool(runs) and not to and not redo  # (it stops at what serves: below)
             if stuck and want != before and not rel.get("proven") and not adopts:
@@ -1781,6 +1812,9 @@ class Deployer:
                         f"ops rollback {self.target.name} --to {runs} makes what the service "
                         f"runs current, with no restart; or {hint}"
                     )
+                elif edited:  # (it runs current: the way back is current's env, mended)
+                    cur = named_release(listing.get("current_state"))
+                    hint = self._keep_way(seen, cur, want, mend=mend)
                 elif seen is not None and seen.active and serves != back:  # it serves: the
                     # rollback to `back` would stop it with no way back too (probe37at H2)
                     cur = named_release(listing.get("current_state"))
@@ -1822,7 +1856,9 @@ class Deployer:
                     f"{self.target.name}: current ({before}) is one a failed rollback could not "
                     f"come back to ({stuck}), and the service serves: a rollback would stop it "
                     f"with no way back if {want} then failed to start",
-                    hint=self._keep_way(seen, named_release(listing.get("current_state")), to),
+                    hint=self._keep_way(
+                        seen, named_release(listing.get("current_state")), to, mend=mend
+                    ),
                 )
             # (want == before with runs: the service runs another release; what it runs is
             # adopted below, then `want` switched to and proven with a way back to it)

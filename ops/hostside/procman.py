@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import select
@@ -691,7 +692,10 @@ def do_status(pidfile: str, url: str) -> dict:
         gone = gone_release(root, doc.get("pid"), doc.get("cwd"))
         if gone:  # told to the control plane: a deploy must not count on current (probe37ao H1)
             doc["release_gone"] = gone
-        notes = [runs_other(root, doc.get("cwd"), gone)]
+        untried = env_untried(root, doc.get("pid"), doc.get("cwd"))
+        if untried:  # so too: a revert to current would start an edit never run (probe37au H1)
+            doc["env_untried"] = untried
+        notes = [runs_other(root, doc.get("cwd"), gone), untried]
         try:  # what the next restart would refuse, said while the service still serves
             startable(root)
             current_env(root)
@@ -881,6 +885,66 @@ def unproven_current(root: str) -> str | None:
     if not current.startswith(releases) or not os.path.isfile(f"{current}/release.json"):
         return None
     return None if os.path.isfile(f"{current}/proven.json") else current[len(releases) :]
+
+
+EDIT_SLACK_S = 2.0  # a process's start time from /proc is good to about a second
+
+
+def env_untried(root: str, pid: object, cwd: str | None) -> str | None:
+    """Why the service, running the release `current` names, would not start again as it runs:
+    current's service.env was edited after it started (probe37au H1: a deploy that failed went
+    back to current and restarted it with an edit that never ran, and the host was left down).
+    Told by the keys whose value the file gives and the service's environment does not (one
+    changed or added), or, for an edit no key shows (one removed), by the file no longer being
+    what release.json recorded and changed after the start. None where it runs with what the
+    file says, or where that cannot be told (it runs no `current`, its environment is
+    another user's, the file is one a start refuses: said as that)."""
+    current = os.path.join(root, "current")
+    if not isinstance(pid, int) or not cwd or not same_dir(current, cwd):
+        return None
+    running = proc_environ(pid)
+    try:
+        wanted = current_env(root) if running is not None else None
+    except NotStartable:
+        return None
+    if running is None or wanted is None:
+        return None
+    ours = (ENV_ROOT, ENV_SERVICE)  # (set by the start itself, whatever the file says)
+    changed = sorted(k for k, v in wanted.items() if k not in ours and not runs_with(k, v, running))
+    said = "current's service.env was edited after the service started"
+    tail = "a restart, or a revert to current, would start it with settings it never ran with"
+    if changed:
+        keys = ", ".join(k[:80] for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        return f"{said} ({keys}{more} not as it runs): {tail}"
+    env = os.path.join(current, "service.env")
+    man = read_small_json(os.path.join(current, "release.json"))
+    recorded = man.get("service_env_sha256") if isinstance(man, dict) else None
+    start = started_at(pid)
+    try:
+        fd = os.open(env, os.O_RDONLY | os.O_NONBLOCK)  # (read_env found it a regular file)
+    except OSError:
+        return None
+    try:
+        held, changed_at = os.read(fd, MAX_ENV + 1), os.fstat(fd).st_ctime
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(recorded, str) or hashlib.sha256(held).hexdigest() == recorded:
+        return None
+    if start is None or changed_at <= start + EDIT_SLACK_S:
+        return None  # (edited before the start: it runs with the edit)
+    return f"{said} (it is not as installed, and no key shows how it runs): {tail}"
+
+
+def runs_with(key: str, value: str, running: dict[str, str]) -> bool:
+    """The service's environment has `key` as the file gives it (PYTHONPATH: the release's
+    first, the start's own after it, as `do_start` makes it)."""
+    now = running.get(key)
+    if now == value:
+        return True
+    return key == "PYTHONPATH" and now is not None and now.startswith(value + os.pathsep)
 
 
 def release_in(root: str, cwd: str) -> str | None:
