@@ -5,6 +5,8 @@ records `ops report` reads) goes through `read_bytes_bounded` / `read_text_bound
 `/dev/zero`, a directory or a socket is refused as "not a regular file" before it is opened
 (and the open is non-blocking, so a path swapped for a FIFO meanwhile cannot hang ops either),
 and a file over the limit is refused before it is read: no input makes ops read without end.
+A file that is not UTF-8 text is refused as "not UTF-8 text (byte N)": every file read so
+is text (JSON, TOML, YAML, known_hosts).
 A file whose brackets nest deeper than MAX_DEPTH (`[[[[...`, 200000 deep) is refused too, as
 "nested too deeply": the parsers (json, tomllib, yaml) recurse per level and would otherwise
 die of RecursionError; ops's own files nest a few levels.
@@ -93,11 +95,16 @@ def read_bytes_bounded(path: Path | str, *, max_bytes: int, what: str) -> bytes:
         data = f.read(max_bytes + 1)  # a file that grows after the stat is still bounded
     if len(data) > max_bytes:
         raise FileRefused(path, what, f"more than {_size(max_bytes)}, {limit}")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # no text at all: its brackets are noise, not nesting
+        # (probe37au L2: random bytes were called "nested too deeply")
+        raise FileRefused(path, what, f"not UTF-8 text (byte {exc.start})") from None
     if too_deep(data):
         raise FileRefused(path, what, f"nested too deeply (more than {MAX_DEPTH} levels)")
     return data
 
 
 def read_text_bounded(path: Path | str, *, max_bytes: int, what: str) -> str:
-    """`read_bytes_bounded` decoded as UTF-8 (UnicodeDecodeError as `Path.read_text` raises)."""
+    """`read_bytes_bounded` decoded as UTF-8 (text that is not is refused there)."""
     return read_bytes_bounded(path, max_bytes=max_bytes, what=what).decode("utf-8")

@@ -1054,12 +1054,13 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_env_was_edited_sinc
         text = said(res)
         assert res.returncode == 1 and "current: FAIL" in text, text
         assert "(PYTHONHOME not as it runs)" in text and "secret-value" not in text, text
-        assert "put current's service.env back as installed" in text, text
+        assert "put current's service.env and files back as installed" in text, text
         assert service_pid(ops) == before and ops.current() == r2, text
     res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
     text = said(res)
     assert res.returncode == 2 and "a rollback would stop it with no way back" in text, text
-    assert "put current's service.env back" in text and service_pid(ops) == before, text
+    assert "put current's service.env and files back" in text, text
+    assert service_pid(ops) == before, text
     env.write_text(installed)  # put back: the deploy runs, fails, and goes back to r2
     res = ops.deploy()
     text = said(res)
@@ -1074,3 +1075,34 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_env_was_edited_sinc
     assert ops("service", "restart", "local").returncode == 0
     code, st = ops.json("service", "status", "local")
     assert st["state"] == "active" and "edited after" not in str(st), st
+
+
+def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_since(
+    ops: Ops,
+) -> None:
+    """probe37au H1's kin: current's code (a file release.json lists) edited by hand after the
+    service started, so that it no longer starts: a failed deploy would restart the service
+    on it. Refused as the edited service.env is, naming the file; a file whose bytes are as
+    installed (its mode changed, say) is no change."""
+    r1, r2 = ops.two_releases()
+    before = service_pid(ops)
+    time.sleep(2.5)  # (a change is one made a while after the start: /proc's start is coarse)
+    code = ops.root / "releases" / r2 / "engine" / "svc.py"
+    code.chmod(0o644)  # its ctime moves, its bytes do not
+    code_, st = ops.json("service", "status", "local")
+    assert "after the service started" not in str(st), st
+    installed = code.read_text()
+    code.write_text(installed.replace("def main() -> None:\n", "def main() -> None:\n    1/0\n"))
+    code_, st = ops.json("service", "status", "local")
+    assert "current's code was changed after the service started (engine/svc.py)" in str(st), st
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    res = ops.deploy("--force")
+    text = said(res)
+    assert res.returncode == 1 and "current: FAIL" in text, text
+    assert "(engine/svc.py): a restart, or a revert to current" in text, text
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+    assert res.returncode == 2 and "a rollback would stop it with no way back" in said(res)
+    assert service_pid(ops) == before and ops.current() == r2
+    code.write_text(installed)  # put back: as installed again, whatever its time
+    code_, st = ops.json("service", "status", "local")
+    assert "after the service started" not in str(st), st

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import resource
 import shutil
 import subprocess
@@ -211,7 +212,10 @@ def test_golden_file_not_regular_too_big_or_too_deep_is_refused_before_reading(
         f.truncate(17 * 2**20)  # sparse: 17 MiB of zeros, over the 16 MiB limit
     deep = fake.tmp / "deep-golden.json"
     deep.write_text("[" * 200000)  # was exit 4: RecursionError in json
+    noise = fake.tmp / "noise-golden.json"  # random bytes: brackets by chance, no text at all
+    noise.write_bytes(random.Random(37).randbytes(4 << 20))  # (probe37au L2: "nested too deeply")
     cases = (
+        (str(noise), "not UTF-8 text"),
         ("/dev/zero", "not a regular file (a character device)"),
         (str(fifo), "not a regular file (a FIFO)"),
         (str(fake.tmp), "not a regular file (a directory)"),

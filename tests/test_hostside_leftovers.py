@@ -1006,3 +1006,27 @@ def _serving_again(ops: Ops, before: int) -> dict:
         time.sleep(0.2)
     assert st.get("state") == "active" and st["pid"] != before, st
     return st
+
+
+def test_a_deploy_settles_a_dead_rollbacks_switch_before_it_weighs_current(ops: Ops) -> None:
+    """probe37au L1 (low): a rollback --to r1, killed with its guard after its switch, left
+    current on r1 while the service still ran r2, and a deploy.pending. The next deploy's
+    `current` step blamed a --no-restart install and named a restart (which the record
+    refuses) and stopped there. A deploy now settles the record first (its recover step puts
+    the switch back: the service runs r2), then weighs current and goes on; its dry run says
+    so instead of failing."""
+    r1, r2 = ops.two_releases()
+    kill_guard_and_ops(ops, "restart ...", verb="rollback", extra=("--to", r1))
+    assert ops.current() == r1 and ops.serving() == r2
+    assert (ops.root / "deploy.pending").exists()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy("--dry-run")
+    text = said(res)
+    assert res.returncode == 0 and "--no-restart" not in text, text
+    assert "a deploy.pending is left by a deploy or rollback that died" in text, text
+    res = ops.deploy()
+    text = said(res)
+    assert res.returncode == 0, text
+    assert f"put back a switch no rollback settled: current {r1} -> {r2}" in text, text
+    new = ops.current()
+    assert new not in (r1, r2) and ops.serving() == new, text

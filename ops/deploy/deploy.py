@@ -176,7 +176,8 @@ class Deployer:
         self._committed: str | None = None  # the release switched to and proven
         self._blocked: str | None = None  # the restart met a cause outside the release
         self._outlasted = False  # the restart's process still ran at the end of a short --wait
-        self._settle_first = False  # already current, but a deploy.pending to settle first
+        self._settle_first = False  # a deploy.pending to settle first (the recover step)
+        self._pending_left = False  # a deploy.pending on the host at the last look
         self._fallback: str | None = None  # the newest proven release other than current
         self._proven: set[str] = set()  # the releases that passed a post-flight (whole)
         self._unrevertible: str | None = None  # why a revert could not put current back
@@ -407,6 +408,12 @@ class Deployer:
         current = next((r for r in listing["releases"] if r["current"]), None)
         self._current_proven = bool(current and current.get("proven"))
         self._downgrade = self._older_than(m, current)
+        self._pending_left = bool(listing.get("pending"))
+        if self._pending_left and not settled:  # the recover step first (probe37d F3), so
+            # that `current` weighs the host as the recover step leaves it (probe37au L1: a
+            # rollback's switch, its rollback and guard killed, was blamed on --no-restart)
+            self._settle_first = True
+            return None
         if (
             current is None
             or m.dirty
@@ -416,9 +423,6 @@ class Deployer:
         ):
             return None
         cur = current["id"]
-        if listing.get("pending") and not settled:  # the recover step first (probe37d F3)
-            self._settle_first = True
-            return None
         msg = f"release {cur} (git {m.git_sha[:12]}) is already current"
         down = None if self.opts.no_restart else self._not_serving(cur, current.get("proven"))
         if down is not None:  # said, and not exit 0; started only by the operator (see below)
@@ -481,6 +485,8 @@ class Deployer:
             )
         if runs is None or runs == cur:
             return None
+        if self._pending_left:  # (a dry run: a deploy settles the record first, said below)
+            return None
         said = (
             f"the service runs {runs}, not current ({cur}, installed with --no-restart or "
             f"switched by hand?): a failed deploy would go back to {cur} and restart the service "
@@ -513,28 +519,29 @@ class Deployer:
         st = self._service_now() if seen is ASK_NOW else seen
         return self._release_of(st.runs_from) if st is not None and st.active else None
 
-    def _env_untried(self, state: dict[str, Any]) -> str | None:
-        """Why a deploy is refused where current's service.env was edited after the service
-        started on it: a failed deploy reverts to current and restarts the service with the
-        edit, which never ran (probe37au H1: the edit did not start, and the host was left
-        down). None otherwise, and for --no-restart (its revert restarts nothing)."""
+    def _untried(self, state: dict[str, Any]) -> str | None:
+        """Why a deploy is refused where current's service.env or code changed after the
+        service started on it: a failed deploy reverts to current and restarts the service with
+        the change, which never ran (probe37au H1: an edited service.env did not start, and the
+        host was left down). None otherwise, and for --no-restart (its revert restarts
+        nothing)."""
         if self.opts.no_restart or state.get("kind") == "none":
             return None
         seen = self._service_now()
-        if seen is None or not seen.active or not seen.env_untried:
+        if seen is None or not seen.active or not seen.untried:
             return None
         return (
-            f"{seen.env_untried}; a failed deploy would go back there: "
-            f"{self._env_mend(self.target.name)}, then deploy"
+            f"{seen.untried}; a failed deploy would go back there: "
+            f"{self._untried_mend(self.target.name)}, then deploy"
         )
 
     @staticmethod
-    def _env_mend(name: str) -> str:
-        """The way on where current's service.env was edited after the service started."""
+    def _untried_mend(name: str) -> str:
+        """The way on where current's service.env or code changed after the service started."""
         return (
-            "put current's service.env back as installed (`ops releases` says it is edited) or "
-            f"as the service runs with it; or try the edit first: ops service restart {name}, "
-            "knowing that a failed start leaves no service"
+            "put current's service.env and files back as installed (release.json records their "
+            "sha256) or as the service runs with them; or try the change first: ops service "
+            f"restart {name}, knowing that a failed start leaves no service"
         )
 
     def _current_lost(self, state: dict[str, Any]) -> str | None:
@@ -663,9 +670,9 @@ class Deployer:
                 fix = self._keep_way(seen, named_release(state), back, mend=copy)
             said = f"current is {shown_state(state)}, which a failed deploy could not put back"
             return "fail", f"{said} ({bad}): {fix}", data
-        edited = self._env_untried(state)
+        edited = self._untried(state)
         if edited:  # --force or not: its revert would restart the service with an untried edit
-            data["env_untried"] = edited
+            data["untried"] = edited
             return "fail", edited, data
         lost = self._current_lost(state)
         if lost:  # --force or not: its failure would stop the service, with nothing to go back to
@@ -677,6 +684,11 @@ class Deployer:
             return "fail", other, data
         if state["kind"] in ("release", "none"):
             note = getattr(self, "_downgrade", None)
+            if self._pending_left:  # (a dry run's look: a deploy settles the record first)
+                note = (
+                    "a deploy.pending is left by a deploy or rollback that died before it "
+                    "settled: a deploy's recover step settles it first, then looks again"
+                )
             if note:
                 data["downgrade"] = note
             return (
@@ -1791,9 +1803,9 @@ class Deployer:
             seen = self._service_now()  # one look at the service for what follows
             runs = self._runs_instead(listing, seen)
             stuck = listing.get("current_unrevertible")
-            edited = seen.env_untried if seen is not None and seen.active else None
+            edited = seen.untried if seen is not None and seen.active else None
             stuck = stuck or edited  # (probe37au H1: its revert would start an untried edit)
-            mend = self._env_mend(self.target.name) if edited else "mend current first"
+            mend = self._untried_mend(self.target.name) if edited else "mend current first"
             serves = self._release_of((seen.runs_from or "") if seen is not None else "")
             adopts = bool(runs) and not to and not redo  # (it stops at what serves: below)
             if stuck and want != before and not rel.get("proven") and not adopts:

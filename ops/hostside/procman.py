@@ -692,10 +692,10 @@ def do_status(pidfile: str, url: str) -> dict:
         gone = gone_release(root, doc.get("pid"), doc.get("cwd"))
         if gone:  # told to the control plane: a deploy must not count on current (probe37ao H1)
             doc["release_gone"] = gone
-        untried = env_untried(root, doc.get("pid"), doc.get("cwd"))
-        if untried:  # so too: a revert to current would start an edit never run (probe37au H1)
-            doc["env_untried"] = untried
-        notes = [runs_other(root, doc.get("cwd"), gone), untried]
+        changed = untried(root, doc.get("pid"), doc.get("cwd"))
+        if changed:  # so too: a revert to current would start an edit never run (probe37au H1)
+            doc["untried"] = changed
+        notes = [runs_other(root, doc.get("cwd"), gone), changed]
         try:  # what the next restart would refuse, said while the service still serves
             startable(root)
             current_env(root)
@@ -890,18 +890,29 @@ def unproven_current(root: str) -> str | None:
 EDIT_SLACK_S = 2.0  # a process's start time from /proc is good to about a second
 
 
-def env_untried(root: str, pid: object, cwd: str | None) -> str | None:
-    """Why the service, running the release `current` names, would not start again as it runs:
-    current's service.env was edited after it started (probe37au H1: a deploy that failed went
-    back to current and restarted it with an edit that never ran, and the host was left down).
-    Told by the keys whose value the file gives and the service's environment does not (one
-    changed or added), or, for an edit no key shows (one removed), by the file no longer being
-    what release.json recorded and changed after the start. None where it runs with what the
-    file says, or where that cannot be told (it runs no `current`, its environment is
-    another user's, the file is one a start refuses: said as that)."""
+def untried(root: str, pid: object, cwd: str | None) -> str | None:
+    """Why a start of `current` would not run what the service, running it, runs: current
+    changed after the service started (probe37au H1: its service.env edited; a deploy that
+    failed went back to current and restarted the service with an edit that never ran, and the
+    host was left down), its service.env (`env_untried`) or its code (`code_untried`). None
+    where it would, or where that cannot be told (the service runs no `current`, its
+    environment is another user's, the file is one a start refuses: said as that)."""
     current = os.path.join(root, "current")
     if not isinstance(pid, int) or not cwd or not same_dir(current, cwd):
         return None
+    man = read_small_json(os.path.join(current, "release.json"))
+    man = man if isinstance(man, dict) else {}
+    start = started_at(pid)
+    tail = "a restart, or a revert to current, would start what never ran"
+    why = env_untried(root, pid, man, start) or code_untried(current, man, start)
+    return f"{why}: {tail}" if why else None
+
+
+def env_untried(root: str, pid: int, man: dict, start: float | None) -> str | None:
+    """current's service.env edited after the service started: told by the keys whose value
+    the file gives and the service's environment does not (one changed or added), or, for an
+    edit no key shows (one removed), by the file no longer what release.json (`man`) recorded
+    and changed after the start (`start`)."""
     running = proc_environ(pid)
     try:
         wanted = current_env(root) if running is not None else None
@@ -912,30 +923,83 @@ def env_untried(root: str, pid: object, cwd: str | None) -> str | None:
     ours = (ENV_ROOT, ENV_SERVICE)  # (set by the start itself, whatever the file says)
     changed = sorted(k for k, v in wanted.items() if k not in ours and not runs_with(k, v, running))
     said = "current's service.env was edited after the service started"
-    tail = "a restart, or a revert to current, would start it with settings it never ran with"
     if changed:
-        keys = ", ".join(k[:80] for k in changed[:5])
-        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        return f"{said} ({keys}{more} not as it runs): {tail}"
-    env = os.path.join(current, "service.env")
-    man = read_small_json(os.path.join(current, "release.json"))
-    recorded = man.get("service_env_sha256") if isinstance(man, dict) else None
-    start = started_at(pid)
+        return f"{said} ({listed(changed)} not as it runs)"
+    recorded = man.get("service_env_sha256")
+    if not isinstance(recorded, str):
+        return None
+    held = file_since(os.path.join(root, "current", "service.env"), start, MAX_ENV)
+    if held is None or hashlib.sha256(held).hexdigest() == recorded:
+        return None
+    return f"{said} (it is not as installed, and no key shows how it runs)"
+
+
+MAX_CODE_FILES = 10000  # what one look at a release's files weighs at most
+MAX_CODE_BYTES = 1 << 28  # a file hashed at most (a larger one: changed, as far as it goes)
+
+
+def code_untried(current: str, man: dict, start: float | None) -> str | None:
+    """current's code changed after the service started: a file release.json (`man`) lists,
+    changed since `start` (its ctime) and no longer as installed (its sha256), or gone."""
+    files = man.get("files")
+    if not isinstance(files, dict) or start is None:
+        return None
+    changed = []
+    for rel, sha in list(files.items())[:MAX_CODE_FILES]:
+        if not isinstance(rel, str) or not isinstance(sha, str) or ".." in rel.split("/"):
+            continue
+        path = os.path.join(current, rel.lstrip("/"))
+        if not os.path.lexists(path):
+            if changed_since(os.path.dirname(path), start):  # (removed after the start)
+                changed.append(rel)
+            continue
+        held = file_since(path, start, MAX_CODE_BYTES)
+        if held is not None and hashlib.sha256(held).hexdigest() != sha:
+            changed.append(rel)
+    if not changed:
+        return None
+    return f"current's code was changed after the service started ({listed(changed)})"
+
+
+def changed_since(path: str, start: float | None) -> bool:
+    """`path` (not followed) was changed after `start` (with a second's slack for /proc's)."""
     try:
-        fd = os.open(env, os.O_RDONLY | os.O_NONBLOCK)  # (read_env found it a regular file)
+        return start is not None and os.lstat(path).st_ctime > start + EDIT_SLACK_S
     except OSError:
+        return False
+
+
+def file_since(path: str, start: float | None, most: int) -> bytes | None:
+    """The bytes (at most `most` + 1) of `path` where it was changed after `start` (a file that
+    is not regular then: b"", changed as far as a hash goes), None where it was not or cannot
+    be read."""
+    if not changed_since(path, start):
         return None
     try:
-        held, changed_at = os.read(fd, MAX_ENV + 1), os.fstat(fd).st_ctime
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        return None
+        return b""  # (a link, or unreadable now: not the file installed)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        chunks, left = [], most + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
     finally:
         os.close(fd)
-    if not isinstance(recorded, str) or hashlib.sha256(held).hexdigest() == recorded:
-        return None
-    if start is None or changed_at <= start + EDIT_SLACK_S:
-        return None  # (edited before the start: it runs with the edit)
-    return f"{said} (it is not as installed, and no key shows how it runs): {tail}"
+
+
+def listed(names: list[str]) -> str:
+    """Up to five names (each cut to 80 characters), and how many more."""
+    shown = ", ".join(n[:80] for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def runs_with(key: str, value: str, running: dict[str, str]) -> bool:
@@ -1000,17 +1064,12 @@ def unproven_over(root: str, cwd: str | None, pid: int | None = None) -> str | N
             f"it with no way back if {new} fails; {gone_way(root, gone, cwd)}"
         )
     releases = os.path.join(os.path.realpath(root), "releases") + "/"
-    current = os.path.realpath(os.path.join(root, "current"))
-    if not cwd or not cwd.startswith(releases) or not current.startswith(releases):
+    new = unproven_current(root)  # (None: no release there, or proven; the start's own checks
+    if not cwd or not cwd.startswith(releases) or not new:  # say what current is)
         return None
-    running = releases + cwd[len(releases) :].split("/", 1)[0]
-    if running == current or not os.path.isfile(os.path.join(current, "release.json")):
-        return None  # (no release there: the start's own checks say what current is)
-    if os.path.isfile(os.path.join(current, "proven.json")):
+    old = cwd[len(releases) :].split("/", 1)[0]
+    if old == new or not os.path.isfile(os.path.join(releases, old, "proven.json")):
         return None
-    if not os.path.isfile(os.path.join(running, "proven.json")):
-        return None
-    new, old = os.path.basename(current), os.path.basename(running)
     return (
         f"current ({new}) never passed a post-flight, and the service runs {old}, which did: "
         f"a restart would stop {old} with no way back if {new} fails"

@@ -148,9 +148,9 @@ class ServiceStatus(BaseModel):
     release_gone: str | None = None
     # the release it last ran, where it runs none now (as its pidfile said; process manager)
     last_ran: str | None = None
-    # why a start of current would not run what serves: its service.env edited after the
-    # service started (process manager): a revert to current could not come back to it
-    env_untried: str | None = None
+    # why a start of current would not run what serves: its service.env or its code changed
+    # after the service started (process manager): a revert to current could not come back
+    untried: str | None = None
     # what an operator should know that did not stop the command: a deploy.pending left by a
     # dead deploy (the release current names was never proven), a start --force let through
     warnings: list[str] = Field(default_factory=list)
@@ -531,7 +531,7 @@ class ProcessManager(ServiceManager):
             runs_from=doc.get("cwd"),
             release_gone=doc["release_gone"] if isinstance(doc.get("release_gone"), str) else None,
             last_ran=doc["last_ran"] if isinstance(doc.get("last_ran"), str) else None,
-            env_untried=doc["env_untried"] if isinstance(doc.get("env_untried"), str) else None,
+            untried=doc["untried"] if isinstance(doc.get("untried"), str) else None,
             warnings=doc.get("warnings") or [],
             unmanaged=doc.get("unmanaged") or [],
             stopped=doc.get("stopped") is True,
