@@ -1054,12 +1054,12 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_env_was_edited_sinc
         text = said(res)
         assert res.returncode == 1 and "current: FAIL" in text, text
         assert "(PYTHONHOME not as it runs)" in text and "secret-value" not in text, text
-        assert "put current's service.env and files back as installed" in text, text
+        assert "put back what changed as it was (current's service.env and files" in text, text
         assert service_pid(ops) == before and ops.current() == r2, text
     res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
     text = said(res)
     assert res.returncode == 2 and "a rollback would stop it with no way back" in text, text
-    assert "put current's service.env and files back" in text, text
+    assert "put back what changed as it was" in text, text
     assert service_pid(ops) == before, text
     env.write_text(installed)  # put back: the deploy runs, fails, and goes back to r2
     res = ops.deploy()
@@ -1106,3 +1106,27 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     code.write_text(installed)  # put back: as installed again, whatever its time
     code_, st = ops.json("service", "status", "local")
     assert "after the service started" not in str(st), st
+
+
+def test_no_deploy_stops_a_service_whose_command_the_inventory_changed_since(ops: Ops) -> None:
+    """probe37au H1's kin: the inventory's service.command edited after the service started,
+    to one that does not start: a deploy restarted the service with it, failed (rejecting a
+    blameless release), and its revert started the same command: the host was left down.
+    Refused before anything stops, as a changed service.env is; once the command is the one
+    the service runs, the deploy goes on."""
+    r1, r2 = ops.two_releases()
+    before = service_pid(ops)
+    was = ops.inventory.read_text()
+    ops.inventory.write_text(was.replace("engine/svc.py --port", "engine/nothing.py --port"))
+    code, st = ops.json("service", "status", "local")
+    assert "the service runs another command than the inventory's service.command" in str(st)
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy()
+    text = said(res)
+    assert res.returncode == 1 and "current: FAIL" in text, text
+    assert "the inventory's service.command" in text, text
+    assert service_pid(ops) == before and ops.current() == r2, text
+    ops.inventory.write_text(was)
+    res = ops.deploy()
+    assert res.returncode == 0, said(res)
+    assert ops.current() not in (r1, r2)

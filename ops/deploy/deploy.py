@@ -537,11 +537,13 @@ class Deployer:
 
     @staticmethod
     def _untried_mend(name: str) -> str:
-        """The way on where current's service.env or code changed after the service started."""
+        """The way on where current's service.env or code, or the service's command, changed
+        after the service started."""
         return (
-            "put current's service.env and files back as installed (release.json records their "
-            "sha256) or as the service runs with them; or try the change first: ops service "
-            f"restart {name}, knowing that a failed start leaves no service"
+            "put back what changed as it was (current's service.env and files as installed: "
+            "release.json records their sha256; the inventory's service.command); or try the "
+            f"change first: ops service restart {name}, knowing that a failed start leaves no "
+            "service"
         )
 
     def _current_lost(self, state: dict[str, Any]) -> str | None:

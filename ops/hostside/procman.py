@@ -904,7 +904,8 @@ def untried(root: str, pid: object, cwd: str | None) -> str | None:
     man = man if isinstance(man, dict) else {}
     start = started_at(pid)
     tail = "a restart, or a revert to current, would start what never ran"
-    why = env_untried(root, pid, man, start) or code_untried(current, man, start)
+    home = os.path.realpath(current)  # (a file's directory is the release's, not the link)
+    why = env_untried(root, pid, man, start) or code_untried(home, man, start)
     return f"{why}: {tail}" if why else None
 
 
@@ -1123,7 +1124,10 @@ def managed_status(pidfile: str, url: str) -> dict:
     if bad:
         detail = f"pid {pid} lives but {bad}"
         return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd}
-    return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd}
+    doc = {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd}
+    if isinstance(ident.get("command_sha256"), str):
+        doc["command_sha256"] = ident["command_sha256"]
+    return doc
 
 
 def read_only(path: str) -> bool:
@@ -1906,6 +1910,9 @@ def do_start(
         "root": owner_root,
         "service": service,
         "release": release_in(root, cwd),  # what it runs: a later start weighs it (last_ran)
+        # the command it runs, as a hash: a control side whose inventory renders another one
+        # now (edited since) says so, as a revert would start that (probe37au H1's kin)
+        "command_sha256": hashlib.sha256(command.encode()).hexdigest(),
     }
     try:
         text = json.dumps(ident)

@@ -10,6 +10,7 @@ answers. Both wait for `/health` after a start, probing from the host itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import posixpath
@@ -520,6 +521,25 @@ class ProcessManager(ServiceManager):
     def command_line(self) -> str:
         return self.render_command(self.target)
 
+    def _command_changed(self, doc: dict) -> str | None:
+        """Why a start would not run the command the active service runs: the inventory's
+        service.command (or python, host, port) renders another one now than the one it was
+        started with (its pidfile's hash): a revert would start what never ran."""
+        ran = doc.get("command_sha256")
+        if doc.get("state") != "active" or not isinstance(ran, str):
+            return None
+        try:
+            now = hashlib.sha256(self.command_line().encode()).hexdigest()
+        except InventoryError:
+            return None  # (said by whatever starts it)
+        if now == ran:
+            return None
+        return (
+            "the service runs another command than the inventory's service.command renders "
+            "now (it, python, host or port changed after the service started): a restart, or "
+            "a revert to current, would start what never ran"
+        )
+
     def _status(self, doc: dict) -> ServiceStatus:
         st = ServiceStatus(
             name=self.service.name,
@@ -536,6 +556,10 @@ class ProcessManager(ServiceManager):
             unmanaged=doc.get("unmanaged") or [],
             stopped=doc.get("stopped") is True,
         )
+        changed = self._command_changed(doc)
+        if changed:  # (said as the host side says a changed service.env)
+            st.untried = st.untried or changed
+            st.warnings = [*st.warnings, changed]
         if st.state in ("failed", "activating"):
             st.healthy = False
         if st.state == "failed":
