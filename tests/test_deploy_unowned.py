@@ -476,6 +476,29 @@ def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) ->
         end_services(ops.root)
 
 
+def test_full_disk_at_a_rollbacks_switch_is_the_hosts_trouble(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """probe37av L1 (low): a switch that failed on a full disk (a rollback's, with room left
+    for its lock's note only; a deploy's, the disk filled after its finalize) exited 1, a
+    verdict on the release, where send and finalize failing the same way exit 2. It exits 2
+    too, naming the fix; current and the service stay where they were."""
+    ops = ops_on(small_disk, tmp_path)
+    try:
+        r1, r2 = ops.two_releases()
+        filler = fill(small_disk)
+        os.truncate(filler, filler.stat().st_size - 4096)  # room for the lock's note only
+        res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and no_traceback(res.stderr), text
+        assert "switch: FAIL" in text and "No space left" in text, text
+        assert f"(free space under {ops.root}" in text, text
+        filler.unlink()
+        assert ops.current() == r2 and ops.serving() == r2
+    finally:
+        end_services(ops.root)
+
+
 def test_disk_full_after_a_failed_restart_still_brings_the_old_release_back(
     small_disk: Path, tmp_path: Path
 ) -> None:

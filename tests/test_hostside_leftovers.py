@@ -1030,3 +1030,36 @@ def test_a_deploy_settles_a_dead_rollbacks_switch_before_it_weighs_current(ops: 
     assert f"put back a switch no rollback settled: current {r1} -> {r2}" in text, text
     new = ops.current()
     assert new not in (r1, r2) and ops.serving() == new, text
+
+
+SLOW_START = "def main() -> None:\n    import time as _t\n    _t.sleep(4)\n"
+
+
+def test_a_deploy_is_never_rolled_back_while_its_new_release_serves(ops: Ops) -> None:
+    """probe37av M1 (medium): the deploy's restart worker stopped (SIGSTOP) once it had started
+    the new release: the restart failed, the switch went back, but the rollback's restart could
+    not happen (the stopped worker holds the restart), and let go on, the worker started the
+    new release. The deploy said `rolled-back`, before and after the old release, "unchanged",
+    while the service ran code that never passed a post-flight. Its outcome is `failed` now,
+    naming what runs and the restart that puts current's release back."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_START)
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    proc = ops.popen(*ops.deploy_args("--json"))
+    worker = _seen_restart_worker(pidfile)
+    time.sleep(1.5)  # the old service stopped, the new one started (it serves after 4 s)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    text = said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    (result,) = json.loads(out)["results"]
+    assert result["outcome"] == "failed" and "rolled back to" not in text, text
+    assert f"current is back on {r1}, but the service still runs" in text, text
+    assert f"ops service restart local runs {r1}" in text, text
+    assert proc.returncode in (1, 2) and ops.current() == r1, text
+    _worker_gone(pidfile)
+    assert ops("service", "restart", "local").returncode == 0
+    assert ops.serving() == r1

@@ -1095,11 +1095,11 @@ class Deployer:
                 except HostError as exc:  # its result lost: the host is asked, after the guard
                     return "fail", f"switch failed: {exc.message}", {"lost": True}
                 except OpsError as exc:  # the host undid its half: current is where it was
-                    why = exc.message
-                    return (
+                    why, fix = exc.message, disk_fix(exc.message, self.root)
+                    return (  # (a full or read-only disk: the host's, exit 2: probe37av L1)
                         "fail",
-                        f"switch failed: {why}; current is still {before or '(none)'}",
-                        {},
+                        f"switch failed: {why}{fix}; current is still {before or '(none)'}",
+                        {"disk": True} if fix else {},
                     )
                 self._switched = rid
                 said = f"current: {before or '(none)'} -> {rid}"
@@ -1439,6 +1439,13 @@ class Deployer:
                 f"current is back on {after}, but the service still runs "
                 f"{reverted['still_serving']}: its restart could not happen (see the rollback step)"
             )
+            if back_failed is not None:  # never "rolled back" while the new release serves
+                # (probe37av M1: a stopped restart worker; once let go it starts the new one)
+                outcome = "failed"
+                where += (
+                    f"; once that is over, ops service restart {self.target.name} runs {after}, "
+                    "which current is on"
+                )
         elif reverted.get("reverted") and back_failed is None:
             where = self._back_on(rid, after)
         elif reverted.get("lost"):  # switched back; the link went before its restart's answer
