@@ -1106,6 +1106,13 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     code.write_text(installed)  # put back: as installed again, whatever its time
     code_, st = ops.json("service", "status", "local")
     assert "after the service started" not in str(st), st
+    aside = code.with_name("svc.py.away")  # removed (moved away: probe37av H1's variant)
+    code.rename(aside)
+    code_, st = ops.json("service", "status", "local")
+    assert "current's code was changed after the service started (engine/svc.py)" in str(st), st
+    aside.rename(code)
+    code_, st = ops.json("service", "status", "local")
+    assert "after the service started" not in str(st), st
 
 
 def test_no_deploy_stops_a_service_whose_command_the_inventory_changed_since(ops: Ops) -> None:
