@@ -169,6 +169,37 @@ def test_lock_holder_that_writes_no_note_is_named(hosts: tuple[Host, Host]) -> N
         assert "?" not in message.replace("tool?", "") and info.value.holder["starting"] is True
 
 
+def test_a_lock_whose_ops_here_has_ended_names_the_holder_left_on_the_host(
+    hosts: tuple[Host, Host],
+) -> None:
+    """probe37av L2 (low): an SSH link froze under a deploy; the ops that held the lock ended,
+    its holder on the host lived on with the session: the next command said "held by ... pid
+    N" (that dead ops) and no way on. It says that ops has ended, names the holder left on the
+    host and what ends it."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    note = {
+        "user": "ann",
+        "host": socket.gethostname(),
+        "pid": dead.pid,
+        "purpose": "ops deploy x",
+        "since": "t0",
+    }
+    write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"
+    for host in hosts:
+        holder = _outside_holder(host.target.remote_root, f"{write}; sleep 60")
+        try:
+            with pytest.raises(LockHeld) as info, host.lock("second"):
+                pass
+        finally:
+            _end(holder)
+            (Path(host.target.remote_root) / "lock.holder").unlink(missing_ok=True)
+        message = info.value.message
+        assert f"that ops (pid {dead.pid}, on this machine) has ended" in message, message
+        assert f"held on the host by pid {holder.pid} there" in message, message
+        assert f"kill {holder.pid}" in message, message
+
+
 def test_lock_holder_note_written_late_is_waited_for(hosts: tuple[Host, Host]) -> None:
     note = {"user": "ann", "host": "op1", "pid": 4242, "purpose": "slow", "since": "t0"}
     write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"

@@ -618,7 +618,7 @@ class Host(ABC):
                         f"(SIGSTOP), so it never lets go: kill -CONT {pids} lets it end"
                     )
                 else:
-                    message += _stopped_here(info)
+                    message += _stopped_here(info) or _gone_here(info, named)
                 raise LockHeld(message, target=self.name, holder=info)
             where, why = self.target.remote_root, other or "?"
             reasons = {
@@ -707,6 +707,30 @@ def _stopped_here(info: dict[str, Any]) -> str:
     return (
         f"; pid {pid} is stopped (SIGSTOP or Ctrl-Z), so it holds the lock until it goes on: "
         f"kill -CONT {pid} lets it finish (its guard puts the host back if it is killed instead)"
+    )
+
+
+def _gone_here(info: dict[str, Any], named: list[str]) -> str:
+    """Where the lock's note names an ops on this machine that has ended while the lock is
+    still held on the host (its host-side holder, kept by an SSH session that froze: probe37av
+    L2, the refusal named only the dead pid), the phrase that says so, names the holders and
+    the way on; else ""."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return ""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        argv = []
+    if any(b"ops" in a for a in argv):
+        return ""  # (it lives: the note says who holds it)
+    pids = " ".join(n.partition(":")[0] for n in named)
+    held = f"pid {pids} there" if pids else "its holder there"
+    return (
+        f"; that ops (pid {pid}, on this machine) has ended, but the lock is still held on the "
+        f"host by {held}: ops's holder, kept by a link that has not closed (a frozen SSH "
+        "session); it lets go once that session ends, and a deploy's guard then puts the host "
+        f"back (ops service status tells where it is); or end it on the host: kill {pids or 'PID'}"
     )
 
 
