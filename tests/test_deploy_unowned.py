@@ -249,6 +249,25 @@ def test_prune_keeps_proven_releases_over_unproven_ones(ops: Ops) -> None:
     assert left == sorted([r0, r1, r4]), left  # old code kept the unproven, pruned r0
 
 
+def test_failed_deploys_are_pruned_but_the_last_one(ops: Ops) -> None:
+    """probe37av L3 (low): failed deploys were never pruned (prune ran only after a deploy
+    that passed): a retry loop added a release each time, whatever --keep said, until the
+    root's disk was full. A deploy that fails and rolls back prunes too, keeping the release
+    it just rejected (its evidence) and never the proven ones --keep keeps."""
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    failed = []
+    for n in range(2):
+        commit_change(ops.src, "engine/svc.py", '"""', f'"""Try {n}. ')
+        res = ops.deploy("--keep", "2")
+        assert res.returncode == 1 and ops.current() == r2, res.stdout + res.stderr
+        failed.append(ops.record("deploy")["results"][0]["release"])
+    left = sorted(p.name for p in (ops.root / "releases").iterdir())
+    assert left == sorted([r1, r2, failed[-1]]), left
+    assert (ops.root / "releases" / failed[-1] / "rejected.json").is_file()
+    assert ops.serving() == r2
+
+
 def test_a_release_linked_in_another_shape_is_that_release(ops: Ops) -> None:
     """probe37t T1 (high): `current -> releases/A/.` (the release A, written by hand with a
     trailing "/."), previous -> B. A deploy (with --force: the link read as one ops did not

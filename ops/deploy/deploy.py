@@ -1448,6 +1448,9 @@ class Deployer:
                 )
         elif reverted.get("reverted") and back_failed is None:
             where = self._back_on(rid, after)
+            if not self._rolling_back:  # (probe37av L3: a retry loop of failing deploys
+                # filled the root, a release each, never pruned: this one is kept)
+                self._prune(spare=rid)
         elif reverted.get("lost"):  # switched back; the link went before its restart's answer
             outcome = "failed"
             where = (
@@ -1637,7 +1640,10 @@ class Deployer:
     def _where_now(self) -> str:
         return self._ask_current()[1]
 
-    def _prune(self) -> None:
+    def _prune(self, spare: str | None = None) -> None:
+        """The prune step: keep --keep releases (`spare`, a release just rejected, is kept
+        too: its evidence)."""
+
         def prune() -> tuple[Status, str, dict[str, Any]]:
             if self.host.lock_lost():  # probe37z L1: it pruned, and said nothing of the lock
                 return (
@@ -1647,7 +1653,7 @@ class Deployer:
                     {"lock_lost": True},
                 )
             try:
-                doc = host_releases(self.host, "prune", str(self.opts.keep))
+                doc = host_releases(self.host, "prune", str(self.opts.keep), *filter(None, [spare]))
             except OpsError as exc:  # a lost link, a read-only root: the release stands
                 return "skip", f"not done ({exc.message}); the next deploy prunes", {}
             gone = doc.get("removed") or []

@@ -1076,14 +1076,15 @@ def remove(root: str, release: str) -> dict:
     return {"removed": [release]}
 
 
-def prune(root: str, keep: int) -> dict:
+def prune(root: str, keep: int, spare: str | None = None) -> dict:
     """Keep `keep` releases: proven ones first, newest first, then the newest unproven ones;
-    current, previous, any release still in use and the newest proven one are never removed."""
+    current, previous, any release still in use, the newest proven one and `spare` (the
+    release a failed deploy just rejected: its evidence) are never removed."""
     doc = listing(root)
     rels = doc["releases"]  # oldest first (ids sort by time)
     proven = [r["id"] for r in reversed(rels) if r["proven"] and not r["rejected"]]
     others = [r["id"] for r in reversed(rels) if r["id"] not in proven]
-    kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"]}
+    kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"], spare}
     kept |= set(proven[:1]) | set(in_use(root))
     removed = []
     for r in rels:
@@ -1116,8 +1117,8 @@ def main(argv: list[str]) -> dict:
         return remove(root, argv[2])
     if action == "reject":
         return reject(root, argv[2])
-    if action == "prune":
-        return prune(root, int(argv[2]))
+    if action == "prune":  # ROOT KEEP [SPARE]
+        return prune(root, int(argv[2]), rid(argv[3]) if len(argv) > 3 else None)
     raise Refused(f"unknown action {action!r}")
 
 
