@@ -1016,9 +1016,18 @@ def test_a_deploy_settles_a_dead_rollbacks_switch_before_it_weighs_current(ops: 
     the switch back: the service runs r2), then weighs current and goes on; its dry run says
     so instead of failing."""
     r1, r2 = ops.two_releases()
-    kill_guard_and_ops(ops, "restart ...", verb="rollback", extra=("--to", r1))
+    # what the dead rollback left, as it writes it (a kill timed to its switch races the
+    # restart's worker, which goes on in a session of its own)
+    record = pending_record(
+        r2,
+        r1,
+        by="rollback",
+        old_previous=r1,
+        previous_before={"kind": "release", "id": r1, "link": f"releases/{r1}"},
+    )
+    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    relink(ops.root, f"releases/{r1}")
     assert ops.current() == r1 and ops.serving() == r2
-    assert (ops.root / "deploy.pending").exists()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
     res = ops.deploy("--dry-run")
     text = said(res)

@@ -338,8 +338,10 @@ class Deployer:
                 same = self._already_current(manifest)  # reads the host; a dry run too
                 if same is None and self._settle_first and not self.opts.dry_run:
                     with self.host.lock(f"ops deploy {manifest.id}"):
-                        self._prepared(host_releases(self.host, *self._prepare_args()))
+                        back = self._prepared(host_releases(self.host, *self._prepare_args()))
                         same = self._already_current(manifest, settled=True)
+                        if same is not None:
+                            return self._recovered_here(same, back)
                 if same is not None:
                     return same
                 self.step("current", self._current)
@@ -866,17 +868,7 @@ class Deployer:
         back = self._prepared(prep)  # said before an "already current" too (probe37d F3)
         same = self._already_current(m, settled=True)
         if same is not None:
-            went = (back or {}).get("from")
-            if went and same.outcome == "already-current" and went != same.after:
-                # the recover step moved the host here (probe37ap L1: "unchanged", "nothing to
-                # do", of a host whose current and service it had just moved)
-                same.before = went
-                same.message = (
-                    f"the recover step put back a switch no deploy settled ({went} -> "
-                    f"{same.after}); {same.message.removesuffix('; nothing to do')}: nothing "
-                    "else to do"
-                )
-            return same
+            return self._recovered_here(same, back)
         if self._unrevertible or (
             (self._before_state or {}).get("kind") not in ("release", "none")
             and not self.opts.force
@@ -995,6 +987,21 @@ class Deployer:
 
         self.step("recover", recover)
         return back if moved else None
+
+    @staticmethod
+    def _recovered_here(same: DeployResult, back: dict[str, Any] | None) -> DeployResult:
+        """The "already current" result, said as the recover step's doing where that step moved
+        the host here (probe37ap L1: "unchanged", "nothing to do", of a host whose current and
+        service it had just moved)."""
+        went = (back or {}).get("from")
+        if went and same.outcome == "already-current" and went != same.after:
+            same.before = went
+            same.message = (
+                f"the recover step put back a switch no deploy settled ({went} -> "
+                f"{same.after}); {same.message.removesuffix('; nothing to do')}: nothing "
+                "else to do"
+            )
+        return same
 
     def _serves_other(self, back: dict[str, Any], seen: Any) -> str | None:
         """The release the service runs where a switch put back onto `back["to"]` must not
