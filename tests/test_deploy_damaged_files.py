@@ -1113,6 +1113,13 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     aside.rename(code)
     code_, st = ops.json("service", "status", "local")
     assert "after the service started" not in str(st), st
+    away = code.parent.with_name("engine.away")  # its whole directory gone
+    code.parent.rename(away)
+    code_, st = ops.json("service", "status", "local")
+    assert "the service started (engine/__main__.py, engine/svc.py)" in str(st), st
+    away.rename(code.parent)
+    code_, st = ops.json("service", "status", "local")
+    assert "after the service started" not in str(st), st
 
 
 def test_no_deploy_stops_a_service_whose_command_the_inventory_changed_since(ops: Ops) -> None:

@@ -929,14 +929,13 @@ def env_untried(root: str, pid: int, man: dict, start: float | None) -> str | No
     recorded = man.get("service_env_sha256")
     if not isinstance(recorded, str):
         return None
-    held = file_since(os.path.join(root, "current", "service.env"), start, MAX_ENV)
-    if held is None or hashlib.sha256(held).hexdigest() == recorded:
+    held = digest_since(os.path.join(root, "current", "service.env"), start)
+    if held is None or held == recorded:
         return None
     return f"{said} (it is not as installed, and no key shows how it runs)"
 
 
 MAX_CODE_FILES = 10000  # what one look at a release's files weighs at most
-MAX_CODE_BYTES = 1 << 28  # a file hashed at most (a larger one: changed, as far as it goes)
 
 
 def code_untried(current: str, man: dict, start: float | None) -> str | None:
@@ -950,12 +949,16 @@ def code_untried(current: str, man: dict, start: float | None) -> str | None:
         if not isinstance(rel, str) or not isinstance(sha, str) or ".." in rel.split("/"):
             continue
         path = os.path.join(current, rel.lstrip("/"))
-        if not os.path.lexists(path):
-            if changed_since(os.path.dirname(path), start):  # (removed after the start)
+        if not os.path.lexists(path):  # removed after the start: its nearest directory left
+            # changed then (a whole directory removed too)
+            left = os.path.dirname(path)
+            while left.startswith(current + "/") and not os.path.lexists(left):
+                left = os.path.dirname(left)
+            if changed_since(left, start):
                 changed.append(rel)
             continue
-        held = file_since(path, start, MAX_CODE_BYTES)
-        if held is not None and hashlib.sha256(held).hexdigest() != sha:
+        held = digest_since(path, start)
+        if held is not None and held != sha:
             changed.append(rel)
     if not changed:
         return None
@@ -970,29 +973,24 @@ def changed_since(path: str, start: float | None) -> bool:
         return False
 
 
-def file_since(path: str, start: float | None, most: int) -> bytes | None:
-    """The bytes (at most `most` + 1) of `path` where it was changed after `start` (a file that
-    is not regular then: b"", changed as far as a hash goes), None where it was not or cannot
-    be read."""
+def digest_since(path: str, start: float | None) -> str | None:
+    """The sha256 of `path` where it was changed after `start` ("" where it is then no
+    regular file, or cannot be read: not the file installed), None where it was not."""
     if not changed_since(path, start):
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        return b""  # (a link, or unreadable now: not the file installed)
+        return ""  # (a link, or unreadable now)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        chunks, left = [], most + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+            return ""
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):  # (streamed: a big file is no big read)
+            digest.update(chunk)
+        return digest.hexdigest()
     except OSError:
-        return b""
+        return ""
     finally:
         os.close(fd)
 
