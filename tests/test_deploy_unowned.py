@@ -1250,6 +1250,30 @@ def test_a_lock_lost_after_the_switch_prunes_nothing_and_says_so(ops: Ops) -> No
     assert set(before) <= set(after), (before, after)  # nothing removed
 
 
+def test_a_deploy_whose_current_was_moved_during_its_post_flight_says_so(ops: Ops) -> None:
+    """probe37aw L1 (low): current moved by hand (to r1) while a deploy's post-flight ran, which
+    passed: the deploy said "r3 is current and healthy", its record after = r3, while current
+    named r1 (a restart would run r1). It says where current is, and the rollback that makes
+    its release current again."""
+    r1, r2 = ops.two_releases()
+    commit_change(  # each completion takes a while: the post-flight lasts seconds
+        ops.src,
+        "engine/svc.py",
+        "    def do_POST(self) -> None:  # noqa: N802\n",
+        "    def do_POST(self) -> None:  # noqa: N802\n        time.sleep(0.1)\n",
+    )
+    proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
+    r3 = ops.current()
+    relink(ops.root, f"releases/{r1}")
+    out, err = proc.communicate(timeout=180)
+    said = " ".join((seen + out + err).split())
+    assert proc.returncode == 0 and f"{r3} is current and healthy" not in said, said
+    assert f"but current was moved to {r1} meanwhile" in said, said
+    assert f"ops rollback local --to {r3} makes {r3} current" in said, said
+    assert ops.record("deploy")["results"][0]["after"] == r1
+    assert ops.current() == r1 and ops.serving() == r3
+
+
 def test_a_post_flight_whose_current_was_moved_under_it_rejects_nothing(ops: Ops) -> None:
     """probe37am M1 (medium, a race): the SSH link lost during a post-flight; the host's guard
     put the old release back and restarted its service while the post-flight's identity check

@@ -1155,12 +1155,21 @@ class Deployer:
             if restart
             else "installed; the service was not restarted"
         )
+        after = rid
+        moved = done[2].get("current_state") if done[0] == "ok" else None
+        if isinstance(moved, dict) and shown_state(moved) != rid:  # moved by hand meanwhile
+            after = shown_state(moved) or "(none)"
+            said = (
+                f"{rid} passed its checks{' and serves' if restart else ''}, but current was "
+                f"moved to {after} meanwhile (by hand?): a restart would run that; ops rollback "
+                f"{self.target.name} --to {rid} makes {rid} current"
+            )
         if restart and self._unchecked:  # (a golden set damaged during the deploy)
             said += self._unchecked_note(f"so {rid} was not marked proven")
         if guard.lingered:  # harmless (its switch was final)
             self._lingered = self._lingered_note()
             said += self._lingered
-        return self.result(outcome, release=rid, before=before, after=rid, message=said)
+        return self.result(outcome, release=rid, before=before, after=after, message=said)
 
     def _lingered_note(self) -> str:
         """What a result adds where its settled guard did not end when let go: whether one is

@@ -519,6 +519,9 @@ def commit(root: str, release: str | None = None) -> dict:
         except OSError as exc:
             out["proven"] = False
             out["proven_error"] = str(exc)
+    # where current is as the switch is made final: moved by hand meanwhile, the deploy says so
+    # (probe37aw L1: "NEW is current and healthy" of a current a hand had moved)
+    out["current_state"] = link_state(root, "current")
     return out
 
 
