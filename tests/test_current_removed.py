@@ -309,3 +309,27 @@ def test_a_rollback_never_stops_a_service_it_could_not_come_back_to(ops: Ops, ho
     res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
     assert res.returncode == 0, flat(res.stdout + res.stderr)
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_a_plain_rollback_from_a_current_that_is_a_file_names_the_rollback_that_adopts(
+    ops: Ops,
+) -> None:
+    """probe37aw L2 (low): `current` replaced by a regular file while the service served r2: a
+    plain rollback was refused naming only a mend or a stop first (an outage), though `ops
+    service status` named `ops rollback --to r2`, which makes what serves current with no
+    restart. The refusal names that rollback too; followed, the host is on r2 and current again
+    (the file moved aside), and a plain rollback then goes to r1."""
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    (ops.root / "current").unlink()
+    (ops.root / "current").write_text("not a release\n")
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 2 and pid(ops) == before, said
+    assert f"ops rollback local --to {r2} makes what the service runs current" in said, said
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r2 and ops.serving() == r2
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.current() == r1 and ops.serving() == r1

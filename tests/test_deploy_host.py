@@ -224,7 +224,8 @@ def test_revert_settle_keeps_the_guard_restarting(root: Path) -> None:
     # or the rollback finishes and commits
     host("switch", r, IDS[1], "pending")
     host("revert", r, "settle")
-    assert host("commit", r)[1] == {"pending": True}
+    done = host("commit", r)[1]
+    assert done["pending"] is True and done["current_state"]["id"] == IDS[0], done
     assert host("revert", r)[1] == {"reverted": False}
 
 

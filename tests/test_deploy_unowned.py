@@ -412,7 +412,8 @@ def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> N
     finally:
         squatter.kill()
         squatter.wait()
-    assert res.returncode == 1, res.stdout + res.stderr
+    # the host's trouble, not a verdict on the release: exit 2 (probe37aw L3: it was 1)
+    assert res.returncode == 2, res.stdout + res.stderr
     result = ops.record("deploy")["results"][0]
     assert result["failed_step"] == "restart" and "already in use" in res.stderr
     assert ops.current() == r1

@@ -131,6 +131,15 @@ def newer_release(a: str, b: str) -> bool:
     return bool(ta and tb and ta > tb)
 
 
+def proven_whole(listing: dict[str, Any]) -> set[str]:
+    """The releases a way back may go to: proven, whole, never rejected."""
+    return {
+        str(r["id"])
+        for r in listing["releases"]
+        if r.get("proven") and not r.get("damaged") and not r.get("rejected")
+    }
+
+
 def newest_proven(listing: dict[str, Any], other_code: bool = False) -> str | None:
     """The newest release other than current that passed a post-flight and may be switched to
     (whole, self-tested, never rolled back): where a lost `previous` leaves a rollback to go.
@@ -402,11 +411,7 @@ class Deployer:
         self._unrevertible = listing.get("current_unrevertible")
         self._before = listing["current"] or shown_state(self._before_state)
         self._fallback = newest_proven(listing)
-        self._proven = {  # where a way back may go: proven, whole, never rejected
-            str(r["id"])
-            for r in listing["releases"]
-            if r.get("proven") and not r.get("damaged") and not r.get("rejected")
-        }
+        self._proven = proven_whole(listing)
         current = next((r for r in listing["releases"] if r["current"]), None)
         self._current_proven = bool(current and current.get("proven"))
         self._downgrade = self._older_than(m, current)
@@ -1267,6 +1272,8 @@ class Deployer:
             "service": st.model_dump(),
             "evidence": since_last_start(st.evidence) if not st.active else [],
         }
+        if self._blocked and not st.active:  # the host's trouble: exit 2 (probe37aw L3: a
+            data["host"] = True  # port another program took between the stop and the start)
         return ("ok" if st.active else "fail"), f"{st.state}: {st.detail}", data
 
     def _postflight(self, record: bool) -> tuple[Status, str, dict[str, Any]]:
@@ -1791,6 +1798,7 @@ class Deployer:
             if isinstance(redo, DeployResult):
                 return redo
             self._before_state = listing.get("current_state")
+            self._proven = proven_whole(listing)  # (what a refusal may name: probe37aw L2)
             before = self._before = listing["current"] or shown_state(self._before_state)
             want = to or redo or listing["previous"]
             if not to and want and want == listing["current"]:
