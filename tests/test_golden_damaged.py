@@ -309,3 +309,37 @@ def test_a_golden_set_that_cannot_be_written_is_one_document(tmp_path: Path) -> 
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["error"] == "write_failed" and str(target.parent) in doc["message"], doc
+
+
+def test_a_post_flight_with_no_golden_set_proves_nothing(ops: DeployOps) -> None:
+    """probe37ax H1 (high): the golden set gone (removed by hand) under a deploy of a release
+    answering other tokens: its post-flight skipped token identity, said "token-identical" and
+    marked it proven; the next deploy's pre-flight recorded a golden set from it, which then
+    rejected the good release and undid the rollback to the proven one. A post-flight with no
+    golden set says NOT CHECKED and marks nothing proven, and no pre-flight records a golden
+    set from a `current` that never passed a post-flight while a proven release exists."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    assert ops.deploy().returncode == 0
+    r2 = ops.current()
+    golden = ops.root / "golden" / "golden.json"
+    golden.unlink()
+    ops.stop()  # (--force: no pre-flight records one first)
+    commit_change(
+        ops.src, "engine/svc.py", "        salt = self.salt\n", "        salt = self.salt + 'x'\n"
+    )
+    res = ops.deploy("--force")
+    text = " ".join((res.stdout + res.stderr).split())
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 0 and "token-identical" not in text, text
+    assert "token identity NOT CHECKED (no golden set" in text, text
+    r3 = ops.current()
+    assert r3 != r2 and not (ops.root / "releases" / r3 / "proven.json").exists()
+    commit_change(
+        ops.src, "engine/svc.py", "        salt = self.salt + 'x'\n", "        salt = self.salt\n"
+    )
+    res = ops.deploy()
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 1 and "preflight: FAIL" in text, text
+    assert f"ops rollback local --to {r2} goes to the newest proven release" in text, text
+    assert not golden.exists() and ops.current() == r3

@@ -830,6 +830,18 @@ class Deployer:
 
     def _preflight(self) -> tuple[Status, str, dict[str, Any]]:
         record = not self._golden_exists()
+        if record and not self._current_proven and self._fallback:  # (probe37ax H1: a golden
+            # set recorded from a release that never passed a post-flight judged the proven
+            # ones by its tokens: the good release was rejected, the rollback to it undone)
+            name = self.target.name
+            return (
+                "fail",
+                f"there is no golden set on the host, and current ({self._before}) never passed "
+                "a post-flight: a golden set recorded from it would judge every release by its "
+                f"tokens; ops rollback {name} --to {self._fallback} goes to the newest proven "
+                f"release, then ops healthcheck {name} --record-golden records one from it",
+                {"recorded_golden": False},
+            )
         rep = self._health(record)
         data = {"report": rep.model_dump(mode="json"), "recorded_golden": record}
         if rep.ok:
@@ -1193,8 +1205,8 @@ class Deployer:
     def _unchecked_note(self, so: str) -> str:
         """What a result adds where its post-flight could not check token identity."""
         return (
-            f"; token identity was NOT CHECKED (the golden set on the host is damaged), {so}; "
-            f"ops healthcheck {self.target.name} says what is wrong with it"
+            f"; token identity was NOT CHECKED (the golden set on the host is damaged or gone), "
+            f"{so}; ops healthcheck {self.target.name} says what is wrong with it"
         )
 
     def _commit(self, rid: str, proven: bool) -> tuple[Status, str, dict[str, Any]]:
@@ -1287,6 +1299,13 @@ class Deployer:
         data: dict[str, Any] = {"report": rep.model_dump(mode="json")}
         if rep.ok:
             unchecked = [c.detail for c in rep.checks if "NOT CHECKED" in (c.detail or "")]
+            # no golden set (removed by hand: probe37ax H1, a release answering other tokens
+            # was said "token-identical" and marked proven) judges nothing either
+            unchecked += [
+                f"NOT CHECKED ({c.detail})"
+                for c in rep.checks
+                if c.name == "identity" and c.status == "skip" and not record
+            ]
             if unchecked:  # a damaged golden set cannot judge: said, never hidden in a pass
                 self._unchecked = True  # and never marked proven for it (probe37ah L4)
                 return "ok", f"healthy; token identity {unchecked[0]}", data
