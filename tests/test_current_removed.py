@@ -19,6 +19,7 @@ tests/helpers/deploy_ops.py on its own root and port.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ def test_a_release_gone_under_its_service_keeps_an_unproven_current_from_taking_
     if how == "moved":
         home = ops.root / "releases" / r2
         assert (
-            f"mv {tmp_path / 'gone-r2'} {home} puts it back, then ops rollback local --to {r2}"
+            f"mv -T {tmp_path / 'gone-r2'} {home} puts it back, then ops rollback local --to {r2}"
             in (said)
         ), said
         (tmp_path / "gone-r2").rename(home)
@@ -193,7 +194,7 @@ def test_a_release_directory_renamed_under_its_service_is_said_by_the_id_it_is(o
     warned = flat(" ".join(st.get("warnings", [])))
     assert st["state"] == "active", st
     assert f"runs releases/{renamed}, whose release.json is release {r2}'s" in warned, warned
-    assert f"mv releases/{renamed} releases/{r2} puts it back" in warned, warned
+    assert f"mv -T releases/{renamed} releases/{r2} puts it back" in warned, warned
     assert "ops service restart runs current" not in warned, warned
     (ops.root / "releases" / renamed).rename(ops.root / "releases" / r2)
     code, st = ops.json("service", "status", "local")
@@ -291,14 +292,14 @@ def test_a_rollback_never_stops_a_service_it_could_not_come_back_to(ops: Ops, ho
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "current: FAIL" in said and pid(ops) == before, said
     if how == "renamed":
-        assert f"mv {ops.root}/releases/junk {home} puts it back" in said, said
+        assert f"mv -T {ops.root}/releases/junk {home} puts it back" in said, said
     for to in ((), ("--to", r1)):
         res = ops("rollback", "local", *to, "--max-tokens", "3")
         said = flat(res.stdout + res.stderr)
         assert res.returncode == 2 and "a rollback would stop it with no way back" in said, said
         assert pid(ops) == before, said
     if how == "renamed":
-        assert f"mv {ops.root}/releases/junk {home} puts it back" in said, said
+        assert f"mv -T {ops.root}/releases/junk {home} puts it back" in said, said
         (ops.root / "releases" / "junk").rename(home)
     else:
         assert (
@@ -333,3 +334,36 @@ def test_a_plain_rollback_from_a_current_that_is_a_file_names_the_rollback_that_
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, flat(res.stdout + res.stderr)
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_two_release_directories_swapped_by_hand_name_a_way_back_that_nests_nothing(
+    ops: Ops,
+) -> None:
+    """probe37ax M1 (medium): r1's and r2's directories swapped by hand while the service ran
+    r2: the refusals and status named `mv releases/r1 releases/r2`, which, releases/r2 being
+    there, moved r1 inside it (releases/r2/r1): the proven r1 was gone from releases/. The
+    way named moves the taken directory aside first, with `mv -T` (which never nests);
+    followed, both releases are back and the service never stopped."""
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    rel = ops.root / "releases"
+    (rel / r2).rename(rel / "swap")
+    (rel / r1).rename(rel / r2)
+    (rel / "swap").rename(rel / r1)
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy()
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "current: FAIL" in said and pid(ops) == before, said
+    assert f"{rel / r2} is taken by another directory" in said, said
+    code, st = ops.json("service", "status", "local")
+    warned = flat(" ".join(st.get("warnings", [])))
+    assert f"releases/{r2} is taken by another directory (swapped by hand?)" in warned, warned
+    for cmd in (
+        ["mv", "-T", f"releases/{r2}", f"releases/{r2}.aside"],
+        ["mv", "-T", f"releases/{r1}", f"releases/{r2}"],
+        ["mv", "-T", f"releases/{r2}.aside", f"releases/{r1}"],
+    ):
+        subprocess.run(cmd, cwd=ops.root, check=True)
+    code, doc = ops.json("releases", "local")
+    assert {r["id"]: r["damaged"] for r in doc["releases"]} == {r1: None, r2: None}, doc
+    assert ops.current() == r2 and ops.serving() == r2 and pid(ops) == before

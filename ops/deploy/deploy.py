@@ -758,7 +758,14 @@ class Deployer:
             else ""
         )
         dest = shlex.quote(f"{self.root}/releases/{home}")
-        return f"mv {shlex.quote(cwd)} {dest} puts it back{adopt}; or {stop}"
+        taken = self.host.run_script(f"[ -e {dest} ] || [ -L {dest} ]", step="way back").ok
+        if taken:  # a bare mv would move it inside (probe37ax M1: two directories swapped)
+            return (
+                f"{dest} is taken by another directory (swapped by hand?): move that aside "
+                f"first (mv -T {dest} {dest}.aside), then mv -T {shlex.quote(cwd)} {dest} puts "
+                f"it back{adopt}; or {stop}"
+            )
+        return f"mv -T {shlex.quote(cwd)} {dest} puts it back{adopt}; or {stop}"
 
     def _no_revert(self, otherwise: str) -> str:
         """Why a deploy over a `current` that could not serve again is refused, and the fix: the
@@ -1534,18 +1541,26 @@ class Deployer:
         serves, it is asked."""
         name = self.target.name
         why = back.detail.split("; ", 1)[1] if back.detail.startswith("current: ") else back.detail
+        asked = ""
         try:  # asked of the host, not inferred from the checks (probe37ab M1: a service that
             # answered a moment after a short --wait, or served but failed token identity)
             now = manager_for(self.host).status()
-        except OpsError:
-            now = None
-        if now is not None and now.active and now.healthy:
+        except OpsError as exc:
+            now, asked = None, exc.message
+        if now is None:  # not told: never "does not serve" (probe37ax M2: it served all along)
+            where = (
+                f"current is back on {after}; whether its service serves could not be told "
+                f"(the rollback failed: {why}; its status was not answered: {asked}); "
+                f"`ops service status {name}` tells, `ops rollback {name}` switches to another "
+                "release"
+            )
+        elif now.active and now.healthy:
             where = (
                 f"current is back on {after} and its service runs (pid {now.pid}, /health ok "
                 f"now), but it failed the rollback's checks ({why}); `ops healthcheck {name}` "
                 f"says what fails now, `ops rollback {name}` switches to another release"
             )
-        elif now is not None and now.state == "activating":  # alive, not answering yet
+        elif now.state == "activating":  # alive, not answering yet
             where = (
                 f"current is back on {after} and its service is still starting ({now.detail}); "
                 f"the rollback's checks failed ({why}); `ops service status {name}` tells once "

@@ -802,10 +802,15 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
         return f"the service runs release {running}, whose directory was deleted under it"
     renamed = renamed_from(releases + running)
     if renamed:  # (probe37ap L6: said as release {running}, and a restart named that was refused)
+        back = f"mv -T releases/{running} releases/{renamed} puts it back"
+        if os.path.lexists(releases + renamed):  # a bare mv would move it inside (ax M1)
+            back = (
+                f"releases/{renamed} is taken by another directory (swapped by hand?): move "
+                f"that aside first (mv -T releases/{renamed} releases/{renamed}.aside), then {back}"
+            )
         return (
             f"the service runs releases/{running}, whose release.json is release {renamed}'s "
-            f"(its directory renamed by hand?): mv releases/{running} releases/{renamed} puts "
-            "it back"
+            f"(its directory renamed by hand?): {back}"
             + (
                 "; until then nothing starts it again, and a rollback is refused (it would stop "
                 "the service with no way back)"
@@ -865,7 +870,13 @@ def gone_way(root: str, gone: str, cwd: str | None) -> str:
     home = os.path.join(root, "releases", gone)
     named = os.path.basename(os.path.realpath(os.path.join(root, "current"))) == gone
     adopt = "" if named else f", then ops rollback TARGET --to {gone} makes it current"
-    return f"mv {shlex.quote(cwd)} {shlex.quote(home)} puts it back{adopt}; or {stop}"
+    src, dest = shlex.quote(cwd), shlex.quote(home)
+    if os.path.lexists(home):  # a bare mv would move it inside (probe37ax M1)
+        return (
+            f"{dest} is taken by another directory: move that aside first (mv -T {dest} "
+            f"{dest}.aside), then mv -T {src} {dest} puts it back{adopt}; or {stop}"
+        )
+    return f"mv -T {src} {dest} puts it back{adopt}; or {stop}"
 
 
 def unproven_way(running: str) -> str:
