@@ -1291,7 +1291,7 @@ class Deployer:
             "service": st.model_dump(),
             "evidence": since_last_start(st.evidence) if not st.active else [],
         }
-        if self._blocked and not st.active:  # the host's trouble: exit 2 (probe37aw L3: a
+        if self._blocked == "port" and not st.active:  # the host's, exit 2 (probe37aw L3: a
             data["host"] = True  # port another program took between the stop and the start)
         return ("ok" if st.active else "fail"), f"{st.state}: {st.detail}", data
 
