@@ -14,6 +14,7 @@ tests/helpers/fake_service.py; the full-disk test a real tmpfs (mounted as root)
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -114,6 +115,30 @@ def test_a_flooding_service_keeps_its_log_under_the_cap(tmp_path: Path) -> None:
         end_services(svc.root)
         for path in (log, old):  # (the 128 MiB it wrote)
             path.unlink(missing_ok=True)
+
+
+def test_a_stopped_log_keeper_is_said_and_ends_with_its_service(tmp_path: Path) -> None:
+    """probe37ax L3 (low): a log keeper stopped by SIGSTOP was said by no status, and a restart
+    left it stopped for good on the old log (one more per restart). Status names it and its
+    `kill -CONT`; a restart or stop continues it, and it ends with its service's output."""
+    svc = ServiceCli(tmp_path)
+    log = svc.root / "logs" / "svc.log"
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        for verb in ("restart", "stop"):
+            [keeper] = keepers(log)
+            os.kill(keeper, signal.SIGSTOP)
+            code, st = svc("service", "status", "local")
+            said = " ".join(" ".join(st.get("warnings", [])).split())
+            assert f"log keeper (pid {keeper}) is stopped" in said, st
+            assert f"kill -CONT {keeper}" in said, said
+            code, st = svc("service", verb, "local")
+            assert code == 0, st
+            assert until(lambda k=keeper: not alive(k), 10), f"the stopped keeper outlived {verb}"
+        assert not keepers(log) and st["state"] == "inactive", st
+    finally:
+        end_services(svc.root)
 
 
 def test_a_flooding_service_never_fills_the_roots_disk(tmp_path: Path) -> None:

@@ -707,6 +707,7 @@ def do_status(pidfile: str, url: str) -> dict:
             notes.append(current_damaged(root))  # (probe37ak L3)
             notes.append(releases_linked(root))  # (probe37ao L5)
             notes.append(None if doc.get("unmanaged") else output_unkept(root, doc.get("pid")))
+            notes.append(stopped_keeper(doc.get("pid")))  # (probe37ax L3)
         except NotStartable as exc:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
@@ -1738,6 +1739,48 @@ def start_keeper(log: str, fd: int, warnings: list) -> int:
     return write
 
 
+def log_keepers(pid: int) -> list[int]:
+    """The log keepers reading what the service `pid` writes (the readers of the pipe its fd 1
+    is); [] where its output goes elsewhere (/dev/null, the log itself) or cannot be read."""
+    try:
+        pipe = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return []
+    if not pipe.startswith("pipe:"):
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == pid:
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/fd/0") != pipe:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"keep-log" in argv:
+            found.append(int(name))
+    return found
+
+
+def stopped_keeper(pid: object) -> str | None:
+    """What status says of the service `pid`'s log keeper stopped (SIGSTOP, a debugger): the
+    service's writes wait in the pipe, then block (probe37ax L3: said by nothing); None where
+    none is stopped."""
+    if not isinstance(pid, int):
+        return None
+    stopped = [k for k in log_keepers(pid) if proc_state(k) in ("T", "t")]
+    if not stopped:
+        return None
+    pids = " ".join(map(str, stopped))
+    return (
+        f"its log keeper (pid {pids}) is stopped (SIGSTOP or a debugger): the service's output "
+        f"waits in its pipe, and the service blocks once that is full; kill -CONT {pids} lets "
+        "it go on (a stop or restart does that too)"
+    )
+
+
 def keepers_done(wait_s: float = 1.0) -> None:
     """Wait (a little) for this run's log keepers to write the last output of a service that
     exited: a failed start's evidence is read from the log right after."""
@@ -2061,6 +2104,7 @@ def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float)
         who = f"process group {pid}" if to_group else f"pid {pid}"
         signals.append({"signal": sig.name, "to": who, "at_s": round(time.time() - t0, 3)})
 
+    keepers = log_keepers(pid)  # (its output's reader: a stopped one is continued below)
     send(signal.SIGTERM, to_group=True)
     if proc_state(pid) == "T":  # stopped (SIGSTOP): the TERM waits till it runs, as systemd
         send(signal.SIGCONT, to_group=True)  # does (probe37ap L4: the whole grace, then KILL)
@@ -2079,14 +2123,21 @@ def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float)
             continue
         at = round(time.time() - t0, 3)
         signals.append({"signal": "SIGKILL", "to": f"pid {other}", "at_s": at})
+    woken = []  # a stopped keeper never reads the end of its pipe: one left per restart, on
+    for keeper in keepers:  # the old log, stopped for good (probe37ax L3); continued, it ends
+        if proc_state(keeper) in ("T", "t"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(keeper, signal.SIGCONT)
+                woken.append(keeper)
+                at = round(time.time() - t0, 3)
+                signals.append({"signal": "SIGCONT", "to": f"pid {keeper}", "at_s": at})
     kept = retire(pidfile)  # the process is gone: a pidfile left behind is stale from now on
     took = time.time() - t0
-    doc = {
-        "action": "stopped",
-        "pid": pid,
-        "seconds": round(took, 3),
-        "detail": f"stopped pid {pid} after {took:.1f} s ({how})" + (f"; {kept}" if kept else ""),
-    }
+    detail = f"stopped pid {pid} after {took:.1f} s ({how})" + (f"; {kept}" if kept else "")
+    if woken:
+        pids = " ".join(map(str, woken))
+        detail += f"; continued its stopped log keeper (pid {pids}), which ends with it"
+    doc = {"action": "stopped", "pid": pid, "seconds": round(took, 3), "detail": detail}
     return {**doc, "left_pidfile": kept} if kept else doc
 
 
