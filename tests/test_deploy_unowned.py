@@ -512,9 +512,47 @@ def test_full_disk_at_a_rollbacks_switch_is_the_hosts_trouble(
         text = " ".join((res.stdout + res.stderr).split())
         assert res.returncode == 2 and no_traceback(res.stderr), text
         assert "switch: FAIL" in text and "No space left" in text, text
-        assert f"(free space under {ops.root}" in text, text
+        switch = ops.record("rollback")["results"][0]["steps"][-1]
+        assert switch["detail"].count("(free space under") == 1, switch  # probe37ax L1: twice
         filler.unlink()
         assert ops.current() == r2 and ops.serving() == r2
+    finally:
+        end_services(ops.root)
+
+
+def test_full_disk_at_a_deploys_switch_gives_the_release_room_back(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """probe37ax L1, L2 (low): a deploy whose switch its full disk refused said the fix twice
+    and left its finalized release in releases/, never switched to: one more per retry, on the
+    disk that was full. The fix is said once, and the release is removed (its room); current
+    and the service stay where they were."""
+    ops = ops_on(small_disk, tmp_path)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+        proc = ops.popen("deploy", "local", "--source", str(ops.src), "--max-tokens", "3")
+        assert proc.stderr is not None
+        seen = ""
+        while "finalize: ok" not in seen:  # held there while the disk fills
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        proc.send_signal(signal.SIGSTOP)
+        filler = fill(small_disk)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+        text = " ".join((out + seen + err).split())
+        assert proc.returncode == 2 and no_traceback(err), text
+        assert "switch: FAIL" in text and "No space left" in text, text
+        switch = ops.record("deploy")["results"][0]["steps"][-1]
+        assert switch["name"] == "switch", switch
+        assert switch["detail"].count(f"(free space under {ops.root}") == 1, switch
+        assert "never switched to, was removed (its room)" in text, text
+        assert [p.name for p in (ops.root / "releases").iterdir()] == [r1]
+        filler.unlink()
+        assert ops.current() == r1 and ops.serving() == r1
     finally:
         end_services(ops.root)
 

@@ -1126,12 +1126,11 @@ class Deployer:
                 except HostError as exc:  # its result lost: the host is asked, after the guard
                     return "fail", f"switch failed: {exc.message}", {"lost": True}
                 except OpsError as exc:  # the host undid its half: current is where it was
-                    why, fix = exc.message, disk_fix(exc.message, self.root)
-                    return (  # (a full or read-only disk: the host's, exit 2: probe37av L1)
-                        "fail",
-                        f"switch failed: {why}{fix}; current is still {before or '(none)'}",
-                        {"disk": True} if fix else {},
-                    )
+                    # (a full or read-only disk: the host's, exit 2: probe37av L1; its fix is
+                    # in the message already: probe37ax L1)
+                    disk = bool(disk_fix(exc.message, self.root))
+                    said = f"switch failed: {exc.message}; current is still {before or '(none)'}"
+                    return "fail", said + self._unsent(rid, disk), {"disk": True} if disk else {}
                 self._switched = rid
                 said = f"current: {before or '(none)'} -> {rid}"
                 if self._no_way_back:
@@ -1194,6 +1193,19 @@ class Deployer:
             self._lingered = self._lingered_note()
             said += self._lingered
         return self.result(outcome, release=rid, before=before, after=after, message=said)
+
+    def _unsent(self, rid: str, disk: bool) -> str:
+        """What a deploy whose switch its disk refused says of the release it finalized, never
+        switched to: removed, its room given back (probe37ax L2: one left per retry on a full
+        disk); "" where it is kept (a rollback's, another failure's: its evidence)."""
+        finalized = any(s.name == "finalize" and s.status == "ok" for s in self.steps)
+        if not disk or self._rolling_back or not finalized:
+            return ""
+        try:
+            host_releases(self.host, "remove", rid)
+        except OpsError as exc:
+            return f"; {rid} is left in releases/, never switched to ({exc.message})"
+        return f"; {rid}, never switched to, was removed (its room)"
 
     def _lingered_note(self) -> str:
         """What a result adds where its settled guard did not end when let go: whether one is
