@@ -339,3 +339,52 @@ def test_a_finalize_cut_after_its_rename_names_the_release_in_place(
     assert len(new) == 1 and f"release {new[0]} is in place, never switched to" in said, said
     assert "half-sent" not in said, said
     assert ops.current() == r1 and ops.serving() == r1
+
+
+# From the deploy's restart on, every process-manager restart and status on the host fails
+# before it runs (its shell exits 9: the process manager killed, as probe37ax did by SIGKILL
+# again and again): nothing is stopped, so the old release serves throughout.
+PROCMAN_DOWN = """
+import subprocess, sys
+sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
+import ops.hosts.local as local
+ROOT = sys.argv.pop(1)
+real = subprocess.Popen
+class Popen(real):
+    down = False
+    def __init__(self, args, *a, **k):
+        said = " ".join(map(str, args))
+        Popen.down = Popen.down or f"' restart {ROOT}" in said
+        if Popen.down and "procman-watch" in said and (
+            f"' restart {ROOT}" in said or f"' status {ROOT}" in said
+        ):
+            args = ["bash", "-c", "exit 9"]
+        super().__init__(args, *a, **k)
+local.subprocess.Popen = Popen
+from ops.cli import main
+sys.argv = ["ops", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_rollback_whose_status_goes_unanswered_never_says_the_service_is_down(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """probe37ax M2 (medium): the deploy's restart and its rollback's failed (the process
+    manager killed), and the status asked after went unanswered: the result said "its service
+    does not serve" and named `ops rollback`, while the old release served all along. It says
+    the state could not be told, and names `ops service status`."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    driver = tmp_path / "driver.py"
+    driver.write_text(PROCMAN_DOWN)
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    res = ops.driven(driver, [str(ops.root)], *args, timeout=120)
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode in (1, 2) and "Traceback" not in said, said
+    message = ops.record("deploy")["results"][0]["message"]
+    assert f"current is back on {r1}; whether its service serves could not be told" in message
+    assert "does not serve" not in message, message
+    assert "ops service status local" in message, message
+    assert ops.current() == r1 and ops.serving() == r1

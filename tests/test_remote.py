@@ -153,6 +153,20 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
     proc.stdout.close()
 
 
+def _refused_by_noted_holder(host: Host, note: dict, first: str = "") -> tuple[LockHeld, int]:
+    """What a lock request is refused with while an outside holder (running `first`, then
+    writing `note` as the holder note) holds the lock; and that holder's pid."""
+    write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"
+    holder = _outside_holder(host.target.remote_root, f"{first}{write}; sleep 60")
+    try:
+        with pytest.raises(LockHeld) as info, host.lock("second"):
+            pass
+    finally:
+        _end(holder)
+        (Path(host.target.remote_root) / "lock.holder").unlink(missing_ok=True)
+    return info.value, holder.pid
+
+
 def test_lock_holder_that_writes_no_note_is_named(hosts: tuple[Host, Host]) -> None:
     """probe37r R8 (low): a lock held by a process that is no ops (a flock by hand) read "a
     holder that is still starting"; it names the processes holding it, by pid and name."""
@@ -185,34 +199,20 @@ def test_a_lock_whose_ops_here_has_ended_names_the_holder_left_on_the_host(
         "purpose": "ops deploy x",
         "since": "t0",
     }
-    write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"
     for host in hosts:
-        holder = _outside_holder(host.target.remote_root, f"{write}; sleep 60")
-        try:
-            with pytest.raises(LockHeld) as info, host.lock("second"):
-                pass
-        finally:
-            _end(holder)
-            (Path(host.target.remote_root) / "lock.holder").unlink(missing_ok=True)
-        message = info.value.message
+        refused, holder = _refused_by_noted_holder(host, note)
+        message = refused.message
         assert f"that ops (pid {dead.pid}, on this machine) has ended" in message, message
-        assert f"held on the host by pid {holder.pid} there" in message, message
-        assert f"kill {holder.pid}" in message, message
+        assert f"held on the host by pid {holder} there" in message, message
+        assert f"kill {holder}" in message, message
 
 
 def test_lock_holder_note_written_late_is_waited_for(hosts: tuple[Host, Host]) -> None:
     note = {"user": "ann", "host": "op1", "pid": 4242, "purpose": "slow", "since": "t0"}
-    write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"
     for host in hosts:
-        holder = _outside_holder(host.target.remote_root, f"sleep 0.8; {write}; sleep 60")
-        try:
-            with pytest.raises(LockHeld) as info, host.lock("second"):
-                pass
-        finally:
-            _end(holder)
-            (Path(host.target.remote_root) / "lock.holder").unlink(missing_ok=True)
-        assert "host lock held by ann@op1 pid 4242 (slow) since t0" in info.value.message
-        assert info.value.holder == note
+        refused, _ = _refused_by_noted_holder(host, note, first="sleep 0.8; ")
+        assert "host lock held by ann@op1 pid 4242 (slow) since t0" in refused.message
+        assert refused.holder == note
 
 
 def test_lock_is_host_wide_across_transports(hosts: tuple[Host, Host]) -> None:
