@@ -413,6 +413,65 @@ def test_a_stopped_guard_is_named_at_once_not_waited_for(ops: Ops) -> None:
     assert not (ops.root / "deploy.pending").exists()
 
 
+def holding(path: Path) -> list[int]:
+    """The processes (other than this one) with `path` open."""
+    want, found = path.stat(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                st = os.stat(f"/proc/{entry}/fd/{fd}")
+                if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                    found.append(int(entry))
+                    break
+    return found
+
+
+def test_a_guard_whose_link_stays_open_is_named_not_waited_for(ops: Ops) -> None:
+    """probe37ay M1 (medium): a deploy's SSH session froze after its switch; once its lock
+    holder was ended (as the lock's refusal said), every rollback waited 240 s, then said the
+    guard "is still putting the host back", though it had not begun: it still waited for its
+    link to ops to close. Status said nothing. Here the link is held open by that deploy's ops,
+    stopped (SIGSTOP), its lock holder killed. The rollback is refused within seconds, naming
+    the guard's `cat` whose end lets it put the host back; status says so; once that `cat` is
+    killed the guard puts the host back."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    proc, seen = ops.popen_at("switch: ok", *ops.deploy_args())
+    os.kill(proc.pid, signal.SIGSTOP)  # its links to its guard and its lock holder stay open
+    try:
+        for pid in holding(ops.root / "lock"):  # the lock's holder ended, the link not
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        (shell,) = guard_shells(ops.root)
+        (cat,) = [
+            p
+            for p in holding(ops.root / "deploy.guard")
+            if Path(f"/proc/{p}/cmdline").read_bytes() == b"cat\0"
+            and Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1] == str(shell)
+        ]
+        t0 = time.monotonic()
+        res = ops("rollback", "local", "--max-tokens", "3")
+        text = said(res)
+        assert res.returncode == 2 and time.monotonic() - t0 < 60, text
+        assert "has not begun to put the host back" in text, text
+        assert f"kill {cat} ends the wait" in text and "still putting" not in text, text
+        st = status(ops)
+        warned = " ".join(" ".join(st.get("warnings", [])).split())
+        assert "no deploy holds the host lock" in warned and f"kill {cat}" in warned, st
+        os.kill(cat, signal.SIGKILL)  # the link's end: the guard puts the host back
+        deadline = time.monotonic() + 60
+        while ops.guard_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ops.current() == r1 and ops.serving() == r1
+        assert not (ops.root / "deploy.pending").exists()
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def test_a_dead_rollback_is_said_as_one_and_finished_by_the_next(ops: Ops) -> None:
     """probe37k K7: ops rollback and its guard both killed in the rollback's restart: the
     pending record was called 'a deploy died ... never proven' (the rollback's target had

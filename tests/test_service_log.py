@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from helpers import FAKE_SERVICE as FAKE
@@ -137,6 +138,53 @@ def test_a_stopped_log_keeper_is_said_and_ends_with_its_service(tmp_path: Path) 
             assert code == 0, st
             assert until(lambda k=keeper: not alive(k), 10), f"the stopped keeper outlived {verb}"
         assert not keepers(log) and st["state"] == "inactive", st
+    finally:
+        end_services(svc.root)
+
+
+# serves the stand-in, writing a line of output for each request it answers
+LOGGING = f"""
+import http.server, runpy, sys
+send = http.server.BaseHTTPRequestHandler.send_response
+def logged(self, *args, **kwargs):
+    sys.stderr.write("request " + "." * 250 + "\\n")
+    sys.stderr.flush()
+    return send(self, *args, **kwargs)
+http.server.BaseHTTPRequestHandler.send_response = logged
+sys.argv = [{str(FAKE)!r}, "--port", sys.argv[1]]
+runpy.run_path({str(FAKE)!r}, run_name="__main__")
+"""
+
+
+def test_a_service_blocked_by_its_stopped_keeper_is_said_so(tmp_path: Path) -> None:
+    """probe37ay M2 (medium): the log keeper stopped, the service's pipe filled (a line per
+    request) and the service blocked on its next write: status said "activating ... /health:
+    timed out", a deploy "start it", a start "already running", none naming the keeper. Status
+    names it and its `kill -CONT`; a restart ends it and serves again."""
+    script = tmp_path / "logging.py"
+    script.write_text(LOGGING)
+    svc = ServiceCli(tmp_path, stop_timeout=2, command=f"{{python}} {script} {{port}}")
+    log = svc.root / "logs" / "svc.log"
+    try:
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        [keeper] = keepers(log)
+        os.kill(keeper, signal.SIGSTOP)
+        url = f"http://127.0.0.1:{svc.port}/health"
+        for _ in range(3000):  # until the pipe is full and the service blocks on a write
+            try:
+                urllib.request.urlopen(url, timeout=1).read()
+            except OSError:
+                break
+        else:
+            raise AssertionError("the service never blocked")
+        code, st = svc("service", "status", "local")
+        said = " ".join(st["detail"].split())
+        assert st["state"] == "activating", st
+        assert f"log keeper (pid {keeper}) is stopped" in said and f"kill -CONT {keeper}" in said
+        code, st = svc("service", "restart", "local")
+        assert code == 0 and st["state"] == "active", st
+        assert until(lambda: not alive(keeper), 10), "the stopped keeper outlived the restart"
     finally:
         end_services(svc.root)
 

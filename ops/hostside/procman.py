@@ -684,7 +684,8 @@ def do_status(pidfile: str, url: str) -> dict:
     pending = pending_state(root)
     # a live guard: a deploy runs now, or its guard puts the host back; unless it is stopped
     # (SIGSTOP): then it never will till let go (probe37ao M1: status said nothing)
-    if pending is not None and (not pending["guard"] or pending["guard_stopped"]):
+    frozen = pending is not None and pending["guard_waiting"] and not pending["locked"]
+    if pending is not None and (not pending["guard"] or pending["guard_stopped"] or frozen):
         cwd, now = doc.get("cwd") or "", pending.get("current_id")
         serves = doc["state"] == "active" and bool(now) and in_releases(root, cwd, now)
         doc["warnings"] = [*doc.get("warnings", []), pending_note(pending, serves)]
@@ -1133,6 +1134,9 @@ def managed_status(pidfile: str, url: str) -> dict:
     bad = health(url) or served_by(pid, url)
     if bad:
         detail = f"pid {pid} lives but {bad}"
+        keeper = stopped_keeper(pid)  # (probe37ay M2: a service blocked on its output, its
+        if keeper:  # keeper stopped, was "activating" with no word of why)
+            detail += f"; {keeper}"
         return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd}
     doc = {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd}
     if isinstance(ident.get("command_sha256"), str):
@@ -1411,12 +1415,18 @@ def guard_alive(root: str) -> bool:
     """A deploy's revert guard holds deploy.guard (flock) for its whole life. Read from
     /proc/locks, never by taking the lock: a probe holding it even for a moment could make
     a pending switch see a guard that is not there."""
+    return flock_held(root, "deploy.guard")
+
+
+def flock_held(root: str, name: str) -> bool:
+    """Some process holds a flock on root/name (read from /proc/locks, the lock never taken:
+    a probe holding it even for a moment could refuse a deploy its lock)."""
     try:
-        info = os.stat(os.path.join(root, "deploy.guard"))
+        info = os.stat(os.path.join(root, name))
         with open("/proc/locks") as f:
             lines = f.read().splitlines()
     except OSError:
-        return False  # no guard was ever started here
+        return False  # never made here
     want = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     for line in lines:
         cols = line.split()
@@ -1469,6 +1479,9 @@ def pending_state(root: str) -> dict | None:
         "stale": stale,
         "current_id": now,
         "guard_stopped": stopped_guard(root) if guard else [],
+        # its `cat`s: the guard still waits for its ops to go (a deploy runs, or its link froze)
+        "guard_waiting": waiting_guard(root) if guard else [],
+        "locked": flock_held(root, "lock"),  # a deploy, rollback or restart holds the host lock
         "settled": doc.get("settled") is True,
         "new": new,
         "readable": readable or doc.get("settled") is True,
@@ -1492,6 +1505,34 @@ def stopped_guard(root: str) -> list[int]:
         return sorted(p for p in holders(fd) if proc_state(p) in ("T", "t"))
     finally:
         os.close(fd)
+
+
+def waiting_guard(root: str) -> list[int]:
+    """The `cat`s through which revert guards holding deploy.guard still wait for their ops
+    to go (each reads its guard shell's stdin, the link to ops, until it closes); [] where
+    none waits (the twin of ops.hostside.releases.waiting_guards)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(os.path.join(root, "deploy.guard"), flags)
+    except OSError:
+        return []
+    try:
+        held = set(holders(fd))
+    finally:
+        os.close(fd)
+    found = []
+    for pid in held:
+        st = proc_stat(pid)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a for a in f.read(4096).split(b"\0") if a]
+            if argv != [b"cat"] or st is None or st["ppid"] not in held:
+                continue
+            if os.readlink(f"/proc/{pid}/fd/0") == os.readlink(f"/proc/{st['ppid']}/fd/0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return sorted(found)
 
 
 def pending_note(pending: dict, serves: bool = False) -> str:
@@ -1519,6 +1560,19 @@ def pending_note(pending: dict, serves: bool = False) -> str:
             f"stopped (pid {stopped}), so it cannot put the host back: kill -CONT {stopped} "
             "lets it finish (where its deploy is gone, it then puts the release before back and "
             "restarts the service)"
+        )
+    cats = " ".join(map(str, pending.get("guard_waiting") or []))
+    if pending["guard"] and cats and not pending.get("locked"):  # (probe37ay M1: said nothing)
+        return (
+            "deploy.pending is there: a switch that was never proven, and no deploy holds the "
+            "host lock, but its revert guard has not begun to put the host back: it still waits "
+            "for its link to that deploy's ops to close (a frozen SSH session?); once the link "
+            f"closes, it puts the host back. Where that ops is gone, kill {cats} ends the wait"
+        )
+    if pending["guard"] and cats:
+        return (
+            "deploy.pending is there and a deploy's revert guard waits for that deploy to end: "
+            "a deploy or rollback runs now"
         )
     if pending["guard"]:
         return (
@@ -1568,12 +1622,15 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
     force = mode == "operator-force"
     warnings: list[str] = []
     pending = pending_state(root)
+    if pending is not None:  # the host lock is this start's own: a guard still waiting waits
+        pending["locked"] = False  # for a deploy that holds none (ended, or its link frozen)
     if pending is not None and pending["stale"]:  # said, and nothing refused for it
         warnings.append(pending_note(pending))
     elif pending is not None:
         note = pending_note(pending)
         if pending["guard"]:
-            then = "then try again" if pending["guard_stopped"] else "try again when it is done"
+            stuck = pending["guard_stopped"] or pending["guard_waiting"]  # (the lock is ours)
+            then = "then try again" if stuck else "try again when it is done"
             refusal = {"reason": f"{note}; {then}", "blocked_by": "guard"}
             return refusal, [], pending
         if pending["settled"]:

@@ -291,15 +291,43 @@ def proc_state(pid: int) -> str:
         return "?"
 
 
+GUARD_LINK_WAIT_S = 10.0  # a guard still waiting for its ops's link to close after this long
+# is not about to put the host back: the link is frozen, or that ops runs on (its lock lost)
+
+
+def waiting_guards(holders: dict[int, str]) -> list[int]:
+    """Among the holders of deploy.guard, the `cat`s through which guards wait for their ops
+    to go (each reads its guard's link to ops, its shell's stdin, until that closes): [] where
+    every guard there is past that wait, putting the host back (or none is there)."""
+    found = []
+    for pid in holders:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a for a in f.read(4096).split(b"\0") if a]
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                parent = int(f.read(4096).rsplit(b")", 1)[1].split()[1])
+            if argv != [b"cat"] or parent not in holders:
+                continue
+            if os.readlink(f"/proc/{pid}/fd/0") == os.readlink(f"/proc/{parent}/fd/0"):
+                found.append(pid)
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return sorted(found)
+
+
 def wait_for_guard(root: str, wait_s: float) -> float:
     """Wait until no guard holds deploy.guard (a guard holds it for its whole life, so one
     whose deploy died is done putting the host back once it is free); the seconds waited. A
     guard that is stopped (SIGSTOP, a debugger) would never finish: refused at once, naming it
-    and the fix."""
+    and the fix. So is, after GUARD_LINK_WAIT_S, one that has not begun: it still waits for its
+    link to its ops to close (probe37ay M1: a frozen SSH session's guard was said to be
+    "putting the host back", and every deploy waited `wait_s` for it)."""
     os.makedirs(root, exist_ok=True)
     fd = open_control_file(root, "deploy.guard")
     t0 = next_look = time.time()
     holders: dict[int, str] = {}
+    waiting: list[int] = []
+    waiting_since: float | None = None
     try:
         while True:
             try:
@@ -307,7 +335,9 @@ def wait_for_guard(root: str, wait_s: float) -> float:
                 break
             except BlockingIOError:
                 if time.time() >= next_look:  # who holds it: a stopped guard never lets go
-                    holders, next_look = fd_holders(fd), time.time() + 5
+                    holders, next_look = fd_holders(fd), time.time() + 2
+                    waiting = waiting_guards(holders)
+                    waiting_since = (waiting_since or time.time()) if waiting else None
                 pids = " ".join(str(p) for p in sorted(holders))
                 stopped = sorted(p for p, state in holders.items() if state in ("T", "t"))
                 if stopped:
@@ -315,6 +345,16 @@ def wait_for_guard(root: str, wait_s: float) -> float:
                         f"the guard of an earlier deploy (pid {pids}) holds deploy.guard but is "
                         f"stopped, so it cannot put the host back: kill -CONT "
                         f"{' '.join(map(str, stopped))} lets it finish; then try again"
+                    ) from None
+                if waiting_since is not None and time.time() - waiting_since >= GUARD_LINK_WAIT_S:
+                    cats = " ".join(map(str, waiting))
+                    raise Refused(
+                        f"the guard of an earlier deploy (pid {pids}) has not begun to put the "
+                        "host back: it still waits for its link to that deploy's ops to close (a "
+                        "frozen SSH session, or that ops still runs, its lock lost); once the "
+                        "link closes, it puts back a switch that was never proven. Where that "
+                        f"ops is gone, kill {cats} ends the wait (the guard then puts the host "
+                        "back at once); then try again"
                     ) from None
                 if time.time() - t0 >= wait_s:
                     who = f" (pid {pids})" if pids else ""
