@@ -249,6 +249,26 @@ def test_prune_keeps_proven_releases_over_unproven_ones(ops: Ops) -> None:
     assert left == sorted([r0, r1, r4]), left  # old code kept the unproven, pruned r0
 
 
+def test_releases_marks_an_unproven_current_and_previous(ops: Ops) -> None:
+    """probe37ay L1 (low): `ops releases` marked an unproven release "unproven" only where it
+    was neither current nor previous: the rows of those two said their role alone, and a plain
+    rollback, which goes to the newest proven release, skipped that previous unannounced."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r0 = ops.current()
+    installed = []
+    for n in range(2):  # installed, never restarted: never passed a post-flight
+        commit_change(ops.src, "engine/svc.py", '"""', f'"""Release {n}. ')
+        assert ops.deploy("--no-restart").returncode == 0
+        installed.append(ops.current())
+    wide = {**ops.env, "COLUMNS": "200"}  # (at 80, a mark of two words folds onto two lines)
+    res = subprocess.run(ops.argv("releases", "local"), capture_output=True, text=True, env=wide)
+    text = " ".join(res.stdout.split())
+    assert res.returncode == 0, text
+    assert f"previous unproven {installed[0]}" in text, text
+    assert f"current unproven {installed[1]}" in text, text
+    assert f"unproven {r0}" not in text, text  # proven by its post-flight
+
+
 def test_failed_deploys_are_pruned_but_the_last_one(ops: Ops) -> None:
     """probe37av L3 (low): failed deploys were never pruned (prune ran only after a deploy
     that passed): a retry loop added a release each time, whatever --keep said, until the
@@ -416,6 +436,9 @@ def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> N
     assert res.returncode == 2, res.stdout + res.stderr
     result = ops.record("deploy")["results"][0]
     assert result["failed_step"] == "restart" and "already in use" in res.stderr
+    # the rollback's restart met the same port: its cause said once (probe37ay L3: 2-3 times)
+    assert result["message"].count("already in use") == 1, result["message"]
+    assert "rollback failed: service failed (the same cause)" in result["message"], result
     assert ops.current() == r1
     code, doc = ops.json("releases", "local")
     assert not any(r["rejected"] for r in doc["releases"]), doc

@@ -184,3 +184,29 @@ def test_a_whole_archive_is_never_read_as_a_failed_one(
     dest.mkdir()
     _extract_commit(src, sha, dest)
     assert (dest / "engine" / "svc.py").is_file()
+
+
+@pytest.mark.parametrize("how", ["committed", "dirty"])
+def test_a_file_name_that_is_not_utf8_is_refused(ops: Ops, how: str) -> None:
+    """probe37ay L2 (low): a data-plane file whose name is not UTF-8 was left out of a
+    `--allow-dirty` release in silence, and a committed one was listed in release.json under a
+    name with U+FFFD in it, which no file on the host has. Refused in one line, naming it, and
+    nothing reaches the host; a name outside the data plane is none of the release's."""
+    bad = os.path.join(os.fsencode(ops.src / "checks"), b"bad\xff\xfe.py")
+    os.makedirs(os.path.dirname(bad), exist_ok=True)
+    with open(bad, "wb") as f:
+        f.write(b"x = 1\n")
+    with open(os.path.join(os.fsencode(ops.src), b"notes\xff.txt"), "wb") as f:
+        f.write(b"not carried\n")
+    if how == "committed":
+        commit_all(ops.src, "a file whose name is not UTF-8")
+    res = ops.deploy("--bootstrap", *(["--allow-dirty"] if how == "dirty" else []))
+    line = one_error_line(res)
+    assert "checks/bad\\xff\\xfe.py: a file name that is not UTF-8" in line, line
+    assert "notes" not in line, line
+    assert not (ops.root / "releases").exists() or not any((ops.root / "releases").iterdir())
+    os.unlink(bad)  # the rest of the tree deploys
+    if how == "committed":
+        commit_all(ops.src, "renamed")
+    res = ops.deploy("--bootstrap", *(["--allow-dirty"] if how == "dirty" else []))
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -251,7 +251,8 @@ def releases(
             else ""
         )
         role = "current" if r["current"] else "previous" if r["previous"] else ""
-        mark = f"{role} {flaw}".strip() if role and flaw != "unproven" else role or flaw
+        mark = f"{role} {flaw}".strip()  # (probe37ay L1: an unproven current or previous was
+        # marked by its role alone, and a plain rollback's skipping it came as a surprise)
         test = {True: "pass", False: "FAIL", None: "-"}.get(r["selftest_ok"], "-")
         created = r["created"].replace("T", " ")[:16] + "Z" if r["created"] else "?"
         table.add_row(

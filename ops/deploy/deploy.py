@@ -1553,6 +1553,9 @@ class Deployer:
         serves, it is asked."""
         name = self.target.name
         why = back.detail.split("; ", 1)[1] if back.detail.startswith("current: ") else back.detail
+        cause = failed.detail.split(": ", 1)[-1]  # (its state word off: "failed: ...")
+        if len(cause) > 40 and cause in why:  # the rollback's restart met the same (a port
+            why = why.replace(cause, "the same cause")  # held: said once, probe37ay L3)
         asked = ""
         try:  # asked of the host, not inferred from the checks (probe37ab M1: a service that
             # answered a moment after a short --wait, or served but failed token identity)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import os
 import re
 import shutil
 import socket
@@ -190,13 +191,15 @@ def stage_release(
         )
     files: dict[str, str] = {}
     if dirty:
-        listed = _git(top, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+        raw = _git(top, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
         root = top.resolve()
         budget = _Budget("remove {it} from the work tree or git-ignore {it}")
         taken: list[tuple[str, Path]] = []
-        for rel in sorted(set(filter(None, listed.split("\0")))):
+        names = {os.fsdecode(name) for name in raw.split(b"\0") if name}
+        for rel in sorted(names):
             if not _keep(rel):
                 continue
+            _utf8_name(os.fsencode(rel))
             path = _inside(root, rel)
             if path.is_symlink():
                 raise _no_links(str(path), rel, path.readlink())
@@ -217,7 +220,9 @@ def stage_release(
         shutil.copytree(site, dest / "site")
     for path in sorted(dest.rglob("*")):
         if path.is_file():
-            files[path.relative_to(dest).as_posix()] = _sha256_file(path)
+            rel = path.relative_to(dest).as_posix()
+            _utf8_name(os.fsencode(rel))  # (a committed one: extracted as it is named)
+            files[rel] = _sha256_file(path)
     if "engine/__main__.py" not in files:
         raise OpsError(f"{top} at {sha[:12]} has no data plane (engine/, kernels/, checks/)")
     now = datetime.now(UTC)
@@ -237,6 +242,20 @@ def stage_release(
         hook=hook,
         files=files,
     )
+
+
+def _utf8_name(name: bytes) -> str:
+    """A file's name in the source tree, refused where it is not UTF-8: release.json lists
+    each file by name (probe37ay L2: such a file was left out in silence, or listed under a
+    name with U+FFFD in it, which no file on the host has)."""
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = name.decode("utf-8", "backslashreplace")
+        raise OpsError(
+            f"{shown}: a file name that is not UTF-8 (a release lists its files by name)",
+            hint="rename it, or remove it from the data plane",
+        ) from None
 
 
 def _no_links(shown: str, rel: str, dest: object) -> OpsError:
