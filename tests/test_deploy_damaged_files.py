@@ -1109,17 +1109,52 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     aside = code.with_name("svc.py.away")  # removed (moved away: probe37av H1's variant)
     code.rename(aside)
     code_, st = ops.json("service", "status", "local")
-    assert "current's code was changed after the service started (engine/svc.py)" in str(st), st
+    was = "current's code was changed after the service started (engine/svc.py, "
+    assert was + "engine/svc.py.away (added))" in str(st), st  # (a name it never ran: az M1)
     aside.rename(code)
     code_, st = ops.json("service", "status", "local")
     assert "after the service started" not in str(st), st
     away = code.parent.with_name("engine.away")  # its whole directory gone
     code.parent.rename(away)
     code_, st = ops.json("service", "status", "local")
-    assert "the service started (engine/__main__.py, engine/svc.py)" in str(st), st
+    assert "the service started (engine/__main__.py, engine/svc.py" in str(st), st
     away.rename(code.parent)
     code_, st = ops.json("service", "status", "local")
     assert "after the service started" not in str(st), st
+
+
+def test_no_deploy_stops_a_service_whose_current_gained_a_file_since(ops: Ops) -> None:
+    """probe37az M1 (medium): a file release.json does not list, added to current after the
+    service started (a sitecustomize.py, which Python runs at every start from the release's
+    PYTHONPATH), was not looked at: a failed deploy restarted the service on it, and the
+    host was left down. Refused as an edited file is, naming it; what the service itself
+    writes while it runs (run/) and ops's own files are no change; once the file is gone, the
+    deploy fails and goes back to the serving release."""
+    r1, r2 = ops.two_releases()
+    before = service_pid(ops)
+    time.sleep(2.5)  # (a change is one made a while after the start: /proc's start is coarse)
+    release = ops.root / "releases" / r2
+    (release / "run" / "counters").mkdir(parents=True, exist_ok=True)
+    (release / "run" / "counters" / "1.bin").write_bytes(b"\0" * 64)  # the hook's, as it runs
+    (release / "proven.json").write_text((release / "proven.json").read_text())
+    code_, st = ops.json("service", "status", "local")
+    assert "after the service started" not in str(st), st
+    added = release / "sitecustomize.py"
+    added.write_text("raise SystemExit(7)\n")  # no start of r2 would come up
+    code_, st = ops.json("service", "status", "local")
+    assert "the service started (sitecustomize.py (added))" in str(st), st
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    for extra in ((), ("--force",)):
+        res = ops.deploy(*extra)
+        text = said(res)
+        assert res.returncode == 1 and "current: FAIL" in text, text
+        assert "(sitecustomize.py (added)): a restart, or a revert to current" in text, text
+        assert service_pid(ops) == before and ops.current() == r2, text
+    added.unlink()
+    res = ops.deploy()
+    text = said(res)
+    assert res.returncode == 1 and "restart: FAIL" in text, text
+    assert ops.current() == r2 and ops.serving() == r2, text
 
 
 def test_no_deploy_stops_a_service_whose_command_the_inventory_changed_since(ops: Ops) -> None:

@@ -953,7 +953,8 @@ MAX_CODE_FILES = 10000  # what one look at a release's files weighs at most
 
 def code_untried(current: str, man: dict, start: float | None) -> str | None:
     """current's code changed after the service started: a file release.json (`man`) lists,
-    changed since `start` (its ctime) and no longer as installed (its sha256), or gone."""
+    changed since `start` (its ctime) and no longer as installed (its sha256), or gone; or a
+    file it does not list, added since (`added_since`)."""
     files = man.get("files")
     if not isinstance(files, dict) or start is None:
         return None
@@ -973,9 +974,48 @@ def code_untried(current: str, man: dict, start: float | None) -> str | None:
         held = digest_since(path, start)
         if held is not None and held != sha:
             changed.append(rel)
+    changed += [f"{name} (added)" for name in added_since(current, set(files), start)]
     if not changed:
         return None
     return f"current's code was changed after the service started ({listed(changed)})"
+
+
+# what a release holds that release.json does not list: ops's own files at its top, and
+# what its service writes while it runs (the hook's status, counters, a shadow's cases)
+RELEASE_OWN = {"release.json", "service.env", "proven.json", "rejected.json"}
+RELEASE_RUNTIME = {"run"}
+
+
+def added_since(current: str, files: set[str], start: float) -> list[str]:
+    """The files in the release at `current` that release.json (`files`) does not list, added
+    (or replaced) after `start`: a sitecustomize.py dropped into current runs at the next start
+    as surely as an edit does (probe37az M1). Only a directory changed since then (a name
+    added to it changes its ctime) has its files looked at; at most MAX_CODE_FILES entries."""
+    found: list[str] = []
+    seen, todo = 0, [""]
+    while todo and seen < MAX_CODE_FILES:
+        rel = todo.pop()
+        where = os.path.join(current, rel) if rel else current
+        try:
+            fresh = changed_since(where, start)
+            entries = list(os.scandir(where))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.name == "__pycache__" or (not rel and entry.name in RELEASE_RUNTIME):
+                continue
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                todo.append(name)
+            elif fresh and name not in files and not (not rel and name in RELEASE_OWN):
+                if changed_since(entry.path, start):
+                    found.append(name)
+    return sorted(found)
 
 
 def changed_since(path: str, start: float | None) -> bool:
