@@ -252,7 +252,9 @@ def test_prune_keeps_proven_releases_over_unproven_ones(ops: Ops) -> None:
 def test_releases_marks_an_unproven_current_and_previous(ops: Ops) -> None:
     """probe37ay L1 (low): `ops releases` marked an unproven release "unproven" only where it
     was neither current nor previous: the rows of those two said their role alone, and a plain
-    rollback, which goes to the newest proven release, skipped that previous unannounced."""
+    rollback, which goes to the newest proven release, skipped that previous unannounced. And
+    probe37az L1 (low): a --no-restart deploy said the service still ran the current before
+    its switch, a release that never ran."""
     assert ops.deploy("--bootstrap").returncode == 0
     r0 = ops.current()
     installed = []
@@ -260,6 +262,10 @@ def test_releases_marks_an_unproven_current_and_previous(ops: Ops) -> None:
         commit_change(ops.src, "engine/svc.py", '"""', f'"""Release {n}. ')
         assert ops.deploy("--no-restart").returncode == 0
         installed.append(ops.current())
+        # what still serves is r0, never the current before (probe37az L1: the second said
+        # the first, which never ran)
+        skip = [s for s in ops.record("deploy")["results"][0]["steps"] if s["name"] == "restart"]
+        assert f"the service still runs {r0} until restarted" in skip[0]["detail"], skip
     wide = {**ops.env, "COLUMNS": "200"}  # (at 80, a mark of two words folds onto two lines)
     res = subprocess.run(ops.argv("releases", "local"), capture_output=True, text=True, env=wide)
     text = " ".join(res.stdout.split())

@@ -1160,13 +1160,13 @@ class Deployer:
             res = self._not_final(rid, before, unfinal)
             if res is not None:
                 return res
-        if not restart:
+        if not restart:  # what the service runs, asked: not the current before, which it
+            runs = self._running_release()  # may never have run (probe37az L1)
             self.step(
                 "restart",
                 lambda: (
                     "skip",
-                    f"--no-restart: the service still runs {before or 'what it ran'} until "
-                    "restarted",
+                    f"--no-restart: the service still runs {runs or 'what it ran'} until restarted",
                     {},
                 ),
             )
