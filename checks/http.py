@@ -144,7 +144,7 @@ def request(
         return HttpResult(url, status, text, None, latency, error)
     try:
         doc = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
+    except ValueError:  # (JSONDecodeError; an integer too long)
         doc = None
     return HttpResult(url, status, text, doc, latency)
 

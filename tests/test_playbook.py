@@ -355,6 +355,20 @@ def test_cli_refuses_before_anything_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists() and not (tmp_path / "root").exists()
 
 
+def test_an_integer_too_long_to_read_is_one_line(tmp_path: Path) -> None:
+    """probe37az M2's kin: a playbook (or a --set) holding an integer of 5000 digits (past the
+    4300 Python converts) was an internal error, exit 4: one line, exit 2, naming the file."""
+    big = "9" * 5000
+    bad = write(tmp_path, f"  - {{step: bench, gpu: {big}}}\n")
+    res = run_cli(tmp_path, "local", "--playbook", bad)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.count("error:") == 1 and "(4300 digits)" in res.stderr, res.stderr[-2000:]
+    res = run_cli(tmp_path, "local", "--set", f"bench.gpu={big}")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.count("error:") == 1 and "bench" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()
+
+
 def _measure(tmp: Path, after: str, before: str = "") -> PlaybookError:
     path = tmp / "pb.yaml"
     path.write_text(

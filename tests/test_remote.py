@@ -153,10 +153,12 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
     proc.stdout.close()
 
 
-def _refused_by_noted_holder(host: Host, note: dict, first: str = "") -> tuple[LockHeld, int]:
+def _refused_by_noted_holder(host: Host, note: dict | str, first: str = "") -> tuple[LockHeld, int]:
     """What a lock request is refused with while an outside holder (running `first`, then
-    writing `note` as the holder note) holds the lock; and that holder's pid."""
-    write = f"printf '%s\\n' {shlex.quote(json.dumps(note))} > lock.holder"
+    writing `note`, a dict or a note's text, as the holder note) holds the lock; and that
+    holder's pid."""
+    text = note if isinstance(note, str) else json.dumps(note)
+    write = f"printf '%s\\n' {shlex.quote(text)} > lock.holder"
     holder = _outside_holder(host.target.remote_root, f"{first}{write}; sleep 60")
     try:
         with pytest.raises(LockHeld) as info, host.lock("second"):
@@ -205,6 +207,19 @@ def test_a_lock_whose_ops_here_has_ended_names_the_holder_left_on_the_host(
         assert f"that ops (pid {dead.pid}, on this machine) has ended" in message, message
         assert f"held on the host by pid {holder} there" in message, message
         assert f"kill {holder}" in message, message
+
+
+def test_a_lock_note_with_an_integer_too_long_to_read_is_no_crash(
+    hosts: tuple[Host, Host],
+) -> None:
+    """probe37az M2's kin: a holder note (a file on the host, editable by hand) holding an
+    integer of 5000 digits, past the 4300 Python converts, raised ValueError where the lock's
+    refusal is worded: it is said as a note that cannot be read."""
+    note = '{"user": "ann", "host": "op1", "pid": ' + "9" * 5000 + ', "purpose": "x"}'
+    for host in hosts:
+        refused, _ = _refused_by_noted_holder(host, note)
+        assert "host lock held; the holder's note is unreadable" in refused.message
+        assert len(refused.message) < 1000, refused.message  # (the note is cut, not quoted)
 
 
 def test_lock_holder_note_written_late_is_waited_for(hosts: tuple[Host, Host]) -> None:

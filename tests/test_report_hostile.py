@@ -98,6 +98,23 @@ def test_a_nonsense_value_is_exit_2_naming_the_file_and_field(
     assert str(run / rel) in lines[0] and field in lines[0], lines[0]
 
 
+def test_an_integer_too_long_to_read_is_exit_2_naming_the_file(tmp_path: Path) -> None:
+    """probe37az M2 (medium): a record holding an integer of 5000 digits (past the 4300 that
+    Python converts) made `ops report` an internal error, exit 4. It is a record that cannot
+    be read: one line, exit 2, naming the file."""
+    run = tmp_path / "run"
+    shutil.copytree(ROLLOUT, run)
+    text = (run / BENCH).read_text()
+    (run / BENCH).write_text(text.replace('"schema": ', '"n": ' + "9" * 5000 + ', "schema": ', 1))
+    assert "9" * 5000 in (run / BENCH).read_text()
+    res = report(tmp_path, run)
+    clean(res)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    assert str(run / BENCH) in lines[0] and "(4300 digits)" in lines[0], lines[0]
+
+
 @pytest.mark.parametrize("value", [0, 0.0])
 def test_a_zero_quartile_is_unmeasured_not_a_crash(tmp_path: Path, value: float) -> None:
     """A 0 us quartile (under the timer's resolution) is one ops could write: the row's

@@ -47,7 +47,7 @@ def host_json(
         )
     try:
         doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+    except (ValueError, IndexError):  # (JSONDecodeError; an integer too long: az M2)
         if "Traceback (most recent call last)" in res.stderr:  # ours raised: one line, exit 4
             last = res.stderr.strip().splitlines()[-1][:300]
             raise HostSideBug(

@@ -153,7 +153,7 @@ def gather_facts(host: Host) -> Facts:
         try:
             doc = json.loads(state_line[-1])
             state, detail = str(doc.get("state", "unknown")), str(doc.get("detail", ""))
-        except json.JSONDecodeError:
+        except ValueError:  # (JSONDecodeError; an integer too long)
             state, detail = "unknown", state_line[-1][:200]
     facts = Facts(
         target=target.name,

@@ -470,7 +470,7 @@ class Host(ABC):
         text = result.stdout.strip()
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # (JSONDecodeError; an integer too long)
             evidence = result.tail() or result.tail("stdout") or "(no output)"
             if result.rc == -1:  # SSH's word for a channel closed with no exit status
                 raise ModuleLinkLost(  # the link's trouble, not the module's
@@ -681,7 +681,7 @@ def _held_by(note: str) -> tuple[str, dict[str, Any]]:
         return "host lock held by a holder that is still starting (no note from it yet)", info
     try:
         info = json.loads(note)
-    except (json.JSONDecodeError, RecursionError):  # (a note nested too deep to parse)
+    except (ValueError, RecursionError):  # (nested too deep, an integer too long)
         info = {}
     keys = ("user", "host", "pid", "purpose", "since")
     if not isinstance(info, dict) or not all(info.get(k) not in (None, "") for k in keys):

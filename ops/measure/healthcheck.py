@@ -340,7 +340,7 @@ def _held_by_us(note: str) -> bool:
     """Whether the host lock's note (`lock.holder`, see Host.lock) names this ops process."""
     try:
         info = json.loads(note)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # (JSONDecodeError; an integer too long)
         return False
     return (
         isinstance(info, dict)
@@ -457,6 +457,6 @@ def _hook_status_only(host: Host) -> dict[str, Any]:
     current, _, text = res.stdout.partition("\n")
     try:
         st = json.loads(text) if text.strip() else None
-    except (json.JSONDecodeError, RecursionError):  # (a file nested too deep to parse)
+    except (ValueError, RecursionError):  # (nested too deep, an integer too long)
         st = None
     return {"release": current.strip(), "status": st if isinstance(st, dict) else None}

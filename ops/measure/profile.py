@@ -324,7 +324,7 @@ def cpu_baseline(host: Host, cwd: str, c: int, opts: ProfileOptions) -> dict[str
     )
     try:
         doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+    except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
         tail = res.tail() or res.tail("stdout") or f"exit {res.rc}"
         return {"error": f"the CPU baseline did not run on {host.name}: {tail}", "params": params}
     return {**doc, "params": params}

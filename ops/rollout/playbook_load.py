@@ -48,7 +48,7 @@ def parse_sets(items: list[str]) -> list[tuple[list[str], Any, str]]:
             raise PlaybookError("--set", item, "expected KEY=VALUE, e.g. change.component=accept")
         try:
             parsed = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # (ValueError: an integer too long to convert)
             parsed = value
         except RecursionError:
             raise PlaybookError("--set", key[:60], "the value is nested too deeply") from None
@@ -107,6 +107,8 @@ def load_playbook(name: str | None = None, sets: list[str] | None = None) -> Pla
         raise PlaybookError(where, "(document)", "nested too deeply") from None
     except yaml.YAMLError as exc:
         raise PlaybookError(where, "(document)", _yaml_problem(exc)) from None
+    except ValueError as exc:  # an integer too long to convert (probe37az M2's kin)
+        raise PlaybookError(where, "(document)", str(exc).split(";")[0]) from None
     if not isinstance(raw, dict):
         raise PlaybookError(where, "(document)", "must be a mapping with `steps`")
     touched = apply_sets(raw, parsed_sets)

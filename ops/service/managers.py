@@ -233,7 +233,7 @@ class ServiceManager(ABC):
         )
         try:
             doc = json.loads(named(res.stdout.strip().splitlines()[-1], self.target.name))
-        except (json.JSONDecodeError, IndexError):
+        except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
             if res.rc == -1:  # SSH's word for a command whose exit status never came back
                 raise Unreachable(
                     "the connection to the host was lost while the process manager ran: "
@@ -325,7 +325,7 @@ class ServiceManager(ABC):
         )
         try:
             return json.loads(res.stdout.strip().splitlines()[-1])
-        except (json.JSONDecodeError, IndexError):
+        except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
             return {"ok": False, "reason": res.tail() or f"health probe exited {res.rc}"}
 
     def settled_status(self, wait_s: float) -> ServiceStatus:
@@ -464,7 +464,7 @@ class ProcessManager(ServiceManager):
             self.host.check_python(self.target.python, f"service {action}")  # (run under bash)
         try:
             doc = json.loads(named(res.stdout.strip().splitlines()[-1], self.target.name))
-        except (json.JSONDecodeError, IndexError):
+        except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
             if res.rc == -1:  # SSH's word for a command whose exit status never came back
                 raise Unreachable(
                     "the connection to the host was lost while the process manager ran: "

@@ -131,6 +131,8 @@ def load_record(path: Path) -> tuple[Record, dict[str, Any]]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadRecord(path, "(document)", f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    except ValueError as exc:  # an integer too long to convert (probe37az M2: exit 4)
+        raise BadRecord(path, "(document)", f"not readable: {str(exc).split(';')[0]}") from None
     except RecursionError:
         raise BadRecord(path, "(document)", "not a record: nested too deeply") from None
     if not isinstance(doc, dict):
