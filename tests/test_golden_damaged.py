@@ -343,3 +343,37 @@ def test_a_post_flight_with_no_golden_set_proves_nothing(ops: DeployOps) -> None
     assert res.returncode == 1 and "preflight: FAIL" in text, text
     assert f"ops rollback local --to {r2} goes to the newest proven release" in text, text
     assert not golden.exists() and ops.current() == r3
+
+
+def test_a_bootstrap_over_proven_releases_records_no_golden_set(ops: DeployOps) -> None:
+    """probe37ba H1 (high): `current` and the golden set removed by hand, the service stopped,
+    proven releases still in releases/: `ops deploy --bootstrap` of a release answering other
+    tokens recorded the golden set from it, said "token-identical" and marked it proven; the
+    rollback to a good proven release then failed identity on every prompt and was undone. A
+    bootstrap records no golden set from a new release where proven ones are on the host: its
+    post-flight says NOT CHECKED, nothing is marked proven, and the result names the way: the
+    rollback to the newest proven release, then the golden set recorded from it."""
+    r1, r2 = ops.two_releases()
+    golden = ops.root / "golden" / "golden.json"
+    golden.unlink()
+    ops.stop()
+    (ops.root / "current").unlink()
+    commit_change(
+        ops.src, "engine/svc.py", "        salt = self.salt\n", "        salt = self.salt + 'x'\n"
+    )
+    res = ops.deploy("--bootstrap")
+    text = " ".join((res.stdout + res.stderr).split())
+    no_traceback(res.stdout, res.stderr)
+    assert res.returncode == 0 and "token-identical" not in text, text
+    r3 = ops.current()
+    assert r3 not in (r1, r2) and not (ops.root / "releases" / r3 / "proven.json").exists()
+    assert not golden.exists(), "a golden set was recorded from the new release"
+    assert f"ops rollback local --to {r2}, ops healthcheck local --record-golden" in text, text
+    # the way named: back to the proven release, its golden set, and the deploy judged by it
+    assert ops("rollback", "local", "--to", r2, "--max-tokens", "3").returncode == 0
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    assert res.returncode == 0 and golden.is_file(), res.stdout + res.stderr
+    res = ops.deploy()
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 1 and "postflight: FAIL" in text, text  # its other tokens, seen
+    assert ops.current() == r2 and ops.serving() == r2

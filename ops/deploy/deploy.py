@@ -196,6 +196,8 @@ class Deployer:
         self._adopted: str | None = None  # the current a rollback found unserved, replaced
         self._no_way_back: str | None = None  # why a rollback's switch is final at once
         self._unchecked = False  # the post-flight passed with token identity NOT CHECKED
+        self._golden_withheld: str | None = None  # a bootstrap's golden set not recorded: the
+        # newest proven release on the host, which it is to be recorded from
         self._lingered = ""  # a settled guard that did not end when let go, said
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
@@ -880,8 +882,22 @@ class Deployer:
             (c.detail for c in rep.checks if c.status == "fail" and "is stopped (SIG" in c.detail),
             None,
         )
+        service = next((c.detail for c in rep.checks if c.name == "service"), "")
         if stopped:  # a start would do nothing (probe37u U7): the service's own words
             fix = f"{stopped.split(': ', 1)[-1]}, then deploy again"
+        elif "runs another command than the inventory" in service:  # (probe37ba M1: a start
+            # said "already running", the way named never got out)
+            fix = (
+                "its process runs, but its command changed in the inventory since it started: "
+                "put the inventory back as it runs, or ops service restart "
+                f"{name} runs it as the inventory says now (knowingly: a failed start leaves "
+                "no service), then deploy again"
+            )
+        elif ": activating: " in service:  # its process lives: a start does nothing
+            fix = (
+                f"its process runs but does not answer (ops service status {name} says what "
+                f"it is; ops service restart {name} starts it again), then deploy again"
+            )
         return "fail", f"service unhealthy before the deploy ({failed}): {fix}, or --force", data
 
     def _locked(self, m: ReleaseManifest, stage: Path) -> DeployResult:
@@ -1142,6 +1158,10 @@ class Deployer:
                 try:
                     self.step("restart", lambda: self._restart(mgr))
                     record = self.opts.bootstrap and not self._golden_exists()
+                    # never from a new release where proven ones are on the host (probe37ba H1:
+                    # its golden set then judged them, and it was marked proven unchecked)
+                    self._golden_withheld = self._fallback if record else None
+                    record = record and not self._fallback
                     self.step("postflight", lambda: self._postflight(record))
                 except StepFailed as exc:
                     if self._no_way_back:
@@ -1187,7 +1207,15 @@ class Deployer:
                 f"moved to {after} meanwhile (by hand?): a restart would run that; ops rollback "
                 f"{self.target.name} --to {rid} makes {rid} current"
             )
-        if restart and self._unchecked:  # (a golden set damaged during the deploy)
+        if restart and self._unchecked and self._golden_withheld:
+            name, back = self.target.name, self._golden_withheld
+            said += (
+                f"; token identity was NOT CHECKED: there is no golden set, and none is "
+                f"recorded from a new release where proven ones are on the host (the newest: "
+                f"{back}), so {rid} was not marked proven; ops rollback {name} --to {back}, "
+                f"ops healthcheck {name} --record-golden, then deploy proves it"
+            )
+        elif restart and self._unchecked:  # (a golden set damaged during the deploy)
             said += self._unchecked_note(f"so {rid} was not marked proven")
         if guard.lingered:  # harmless (its switch was final)
             self._lingered = self._lingered_note()
