@@ -36,6 +36,7 @@ from helpers.cli import run_ops
 from helpers.deploy import commit_change
 from helpers.deploy_ops import NOISY_CRASH, Ops, one_error_line, pending_record
 from helpers.local import wait_unlocked
+from helpers.sshd import free_port
 
 
 def said(res) -> str:
@@ -1179,3 +1180,31 @@ def test_no_deploy_stops_a_service_whose_command_the_inventory_changed_since(ops
     res = ops.deploy()
     assert res.returncode == 0, said(res)
     assert ops.current() not in (r1, r2)
+
+
+def test_a_service_whose_port_the_inventory_moved_is_said_so_not_starting(ops: Ops) -> None:
+    """probe37ba M1 (medium): the inventory's port edited while the service ran: status said
+    "activating" (asked on the new port, where nothing listens), a deploy said "start it",
+    and the start said "already running", exit 1: the way named never got out. Each says the
+    command changed since the service started and the way on (the inventory put back, or a
+    restart on the new one)."""
+    ops.two_releases()
+    before = service_pid(ops)
+    was = ops.inventory.read_text()
+    ops.inventory.write_text(was.replace(f":{ops.port}'", f":{free_port()}'"))
+    changed = "the service runs another command than the inventory's service.command"
+    code, st = ops.json("service", "status", "local")
+    assert st["state"] == "activating" and changed in str(st), st
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy()
+    text = said(res)
+    assert res.returncode == 1 and "preflight: FAIL" in text, text
+    assert "its command changed in the inventory since it started" in text, text
+    assert "start it (ops service start" not in text, text
+    res = ops("service", "start", "local")
+    text = said(res)
+    assert res.returncode == 1 and changed in text, text
+    assert service_pid(ops) == before
+    ops.inventory.write_text(was)  # put back: the deploy goes on
+    res = ops.deploy()
+    assert res.returncode == 0, said(res)

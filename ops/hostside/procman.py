@@ -1171,17 +1171,17 @@ def managed_status(pidfile: str, url: str) -> dict:
         # (probe37q Q3: "activating ... /health: timed out", with no word of why)
         detail = f"pid {pid} is stopped (SIGSTOP or a debugger): kill -CONT {pid} lets it run"
         return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd, "stopped": True}
+    ran = ident.get("command_sha256")  # (told to the control plane, which renders the
+    ran = {"command_sha256": ran} if isinstance(ran, str) else {}  # command now: au H1's kin)
     bad = health(url) or served_by(pid, url)
     if bad:
         detail = f"pid {pid} lives but {bad}"
         keeper = stopped_keeper(pid)  # (probe37ay M2: a service blocked on its output, its
         if keeper:  # keeper stopped, was "activating" with no word of why)
             detail += f"; {keeper}"
-        return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd}
-    doc = {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd}
-    if isinstance(ident.get("command_sha256"), str):
-        doc["command_sha256"] = ident["command_sha256"]
-    return doc
+        # (probe37ba M1: a port edited in the inventory is asked there: its command, said)
+        return {"state": "activating", "pid": pid, "detail": detail, "cwd": cwd, **ran}
+    return {"state": "active", "pid": pid, "detail": f"pid {pid}, /health ok", "cwd": cwd, **ran}
 
 
 def read_only(path: str) -> bool:

@@ -148,7 +148,9 @@ def run_healthcheck(
         Check(
             name="service",
             status="pass" if st.active else "fail",
-            detail=f"{st.manager}: {st.state}: {st.detail}",
+            # (a service not answering whose command changed since: why, probe37ba M1)
+            detail=f"{st.manager}: {st.state}: {st.detail}"
+            + (f"; {st.untried}" if st.untried and not st.active else ""),
             evidence=st.evidence[-20:],
         )
     )

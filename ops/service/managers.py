@@ -526,7 +526,7 @@ class ProcessManager(ServiceManager):
         service.command (or python, host, port) renders another one now than the one it was
         started with (its pidfile's hash): a revert would start what never ran."""
         ran = doc.get("command_sha256")
-        if doc.get("state") != "active" or not isinstance(ran, str):
+        if doc.get("state") not in ("active", "activating") or not isinstance(ran, str):
             return None
         try:
             now = hashlib.sha256(self.command_line().encode()).hexdigest()
@@ -534,11 +534,14 @@ class ProcessManager(ServiceManager):
             return None  # (said by whatever starts it)
         if now == ran:
             return None
-        return (
+        said = (
             "the service runs another command than the inventory's service.command renders "
-            "now (it, python, host or port changed after the service started): a restart, or "
-            "a revert to current, would start what never ran"
+            "now (it, python, host or port changed after the service started)"
         )
+        if doc.get("state") == "activating":  # (probe37ba M1: a port moved: asked where it
+            # does not listen, it read as still starting, and a start as already running)
+            said += ", so it may not answer where the inventory says it does"
+        return f"{said}: a restart, or a revert to current, would start what never ran"
 
     def _status(self, doc: dict) -> ServiceStatus:
         st = ServiceStatus(
@@ -598,6 +601,7 @@ class ProcessManager(ServiceManager):
         warned += [w for w in (up.get("status") or {}).get("warnings") or [] if w not in warned]
         if doc.get("already"):
             st = self._status(up.get("status") or {})
+            warned += [w for w in st.warnings if w not in warned]  # (its command changed)
             return st.model_copy(
                 update={
                     "detail": f"already running, pid {doc['pid']}",
