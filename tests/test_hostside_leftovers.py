@@ -750,6 +750,30 @@ def test_a_stopped_guard_does_not_hold_a_proven_deploy(ops: Ops, whole: bool) ->
         assert ended in said_, said_
 
 
+def test_a_stopped_guard_does_not_hold_a_rolled_back_deploy(ops: Ops) -> None:
+    """probe37bb M1 (medium): the revert guard stopped (SIGSTOP) during a post-flight that
+    failed: the deploy rolled back, made its switch back final, then waited about 140 s in
+    silence for the guard, holding the host lock, and its result never named the guard. With
+    nothing left to put back, the guard is let go as a settled one is, and said."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(  # other tokens: its post-flight fails token identity
+        ops.src, "engine/svc.py", "        salt = self.salt\n", "        salt = self.salt + 'x'\n"
+    )
+    proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
+    groups = guard_shells(ops.root)
+    assert groups, "no guard seen"
+    with stopped(groups, os.killpg):
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=300)
+        took = time.monotonic() - t0
+    said_ = " ".join((seen + out + err).split())
+    assert proc.returncode == 1 and f"rolled back to {r1}" in said_, said_
+    assert took < 60, f"the deploy took {took:.0f} s after its post-flight began"
+    assert "its revert guard did not end when let go" in said_, said_
+    assert ops.current() == r1 and ops.serving() == r1
+
+
 def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
     """probe37p P4: a restart's worker stopped (SIGSTOP) holds the service's restart lock; every
     later restart (an operator's, a deploy's, its rollback's, a guard's) waited for it in

@@ -138,6 +138,15 @@ def test_a_stopped_log_keeper_is_said_and_ends_with_its_service(tmp_path: Path) 
             assert code == 0, st
             assert until(lambda k=keeper: not alive(k), 10), f"the stopped keeper outlived {verb}"
         assert not keepers(log) and st["state"] == "inactive", st
+        # killed, it was said by nothing (probe37bb L1): the output no longer kept
+        code, st = svc("service", "start", "local")
+        assert code == 0 and st["state"] == "active", st
+        [keeper] = keepers(log)
+        os.kill(keeper, signal.SIGKILL)
+        assert until(lambda: not alive(keeper), 10)
+        code, st = svc("service", "status", "local")
+        said = " ".join(" ".join(st.get("warnings", [])).split())
+        assert "its log keeper is gone (killed?)" in said and "ops service restart" in said, st
     finally:
         end_services(svc.root)
 

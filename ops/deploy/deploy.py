@@ -196,6 +196,7 @@ class Deployer:
         self._adopted: str | None = None  # the current a rollback found unserved, replaced
         self._no_way_back: str | None = None  # why a rollback's switch is final at once
         self._unchecked = False  # the post-flight passed with token identity NOT CHECKED
+        self._rollback_final = False  # a failed deploy's switch back was made final
         self._golden_withheld: str | None = None  # a bootstrap's golden set not recorded: the
         # newest proven release on the host, which it is to be recorded from
         self._lingered = ""  # a settled guard that did not end when let go, said
@@ -1132,6 +1133,7 @@ class Deployer:
         mgr = manager_for(self.host)
         restart = not self.opts.no_restart
         unfinal: Step | None = None  # the commit that failed: the switch not made final
+        rolled: DeployResult | None = None  # the result of a rollback after a failed check
         with revert_guard(self.host, restart) as guard:
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
@@ -1166,16 +1168,26 @@ class Deployer:
                 except StepFailed as exc:
                     if self._no_way_back:
                         return self._stays_on(rid, before, exc.step)
-                    return self._rollback(mgr, rid, before, exc.step)
-            # proven (prune keeps it) where it passed a post-flight; a step of its own only
-            # where it failed (every deploy commits)
-            done = self._commit(rid, proven=restart and not self._unchecked)
-            guard.settled = done[0] != "fail"
-            try:
-                if done[0] == "fail":
-                    self.step("commit", lambda: done)
-            except StepFailed as exc:
-                unfinal = exc.step
+                    rolled = self._rollback(mgr, rid, before, exc.step)
+                    # its switch back made final, the guard has nothing left to put back: let
+                    # go as a settled one is (probe37bb M1: a stopped one held this deploy, and
+                    # the host lock, minutes in silence)
+                    guard.settled = self._rollback_final
+            if rolled is None:
+                # proven (prune keeps it) where it passed a post-flight; a step of its own
+                # only where it failed (every deploy commits)
+                done = self._commit(rid, proven=restart and not self._unchecked)
+                guard.settled = done[0] != "fail"
+                try:
+                    if done[0] == "fail":
+                        self.step("commit", lambda: done)
+                except StepFailed as exc:
+                    unfinal = exc.step
+        if rolled is not None:
+            if guard.lingered:  # (harmless: its switch back was final)
+                self._lingered = self._lingered_note()
+                rolled.message += self._lingered
+            return rolled
         if unfinal is not None:  # the guard is done: the host is asked where it is
             res = self._not_final(rid, before, unfinal)
             if res is not None:
@@ -1512,6 +1524,7 @@ class Deployer:
         if reverted.get("reverted"):
             try:
                 host_releases(self.host, "commit")
+                self._rollback_final = True
             except OpsError:
                 pass  # deploy.pending stays: the guard, as ops leaves, restarts the same release
         after = reverted.get("current") if reverted.get("reverted") else None

@@ -708,7 +708,7 @@ def do_status(pidfile: str, url: str) -> dict:
             notes.append(current_damaged(root))  # (probe37ak L3)
             notes.append(releases_linked(root))  # (probe37ao L5)
             notes.append(None if doc.get("unmanaged") else output_unkept(root, doc.get("pid")))
-            notes.append(stopped_keeper(doc.get("pid")))  # (probe37ax L3)
+            notes.append(keeper_trouble(doc.get("pid")))  # (probe37ax L3)
         except NotStartable as exc:
             notes.append(f"a restart would be refused: {exc}")
         if any(notes):
@@ -1176,7 +1176,7 @@ def managed_status(pidfile: str, url: str) -> dict:
     bad = health(url) or served_by(pid, url)
     if bad:
         detail = f"pid {pid} lives but {bad}"
-        keeper = stopped_keeper(pid)  # (probe37ay M2: a service blocked on its output, its
+        keeper = keeper_trouble(pid)  # (probe37ay M2: a service blocked on its output, its
         if keeper:  # keeper stopped, was "activating" with no word of why)
             detail += f"; {keeper}"
         # (probe37ba M1: a port edited in the inventory is asked there: its command, said)
@@ -1861,13 +1861,23 @@ def log_keepers(pid: int) -> list[int]:
     return found
 
 
-def stopped_keeper(pid: object) -> str | None:
-    """What status says of the service `pid`'s log keeper stopped (SIGSTOP, a debugger): the
-    service's writes wait in the pipe, then block (probe37ax L3: said by nothing); None where
-    none is stopped."""
+def keeper_trouble(pid: object) -> str | None:
+    """What status says of the service `pid`'s log keeper where it is stopped (SIGSTOP, a
+    debugger: the service's writes wait in the pipe, then block; probe37ax L3: said by
+    nothing) or gone (its output no longer kept); None where it reads on."""
     if not isinstance(pid, int):
         return None
-    stopped = [k for k in log_keepers(pid) if proc_state(k) in ("T", "t")]
+    keepers = log_keepers(pid)
+    try:
+        piped = os.readlink(f"/proc/{pid}/fd/1").startswith("pipe:")
+    except OSError:
+        piped = False
+    if piped and not keepers:  # (probe37bb L1: killed, and nothing said it)
+        return (
+            "its log keeper is gone (killed?): the service's output is no longer kept, and a "
+            "write to it may fail; ops service restart starts a new one"
+        )
+    stopped = [k for k in keepers if proc_state(k) in ("T", "t")]
     if not stopped:
         return None
     pids = " ".join(map(str, stopped))
