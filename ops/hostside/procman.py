@@ -1532,34 +1532,32 @@ def pending_state(root: str) -> dict | None:
     }
 
 
-def stopped_guard(root: str) -> list[int]:
-    """The processes holding deploy.guard open that are stopped (SIGSTOP, a debugger): a guard
-    that would never finish putting the host back until let go on (probe37q Q2: a restart said
-    it "is putting the host back now; try again when it is done", which never came)."""
+def guard_holders(root: str) -> list[int]:
+    """The processes holding deploy.guard open (a guard's shell and the commands it runs, by
+    their fd 8); [] where there is no such file to open."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(os.path.join(root, "deploy.guard"), flags)
     except OSError:
         return []
     try:
-        return sorted(p for p in holders(fd) if proc_state(p) in ("T", "t"))
+        return holders(fd)
     finally:
         os.close(fd)
+
+
+def stopped_guard(root: str) -> list[int]:
+    """The processes holding deploy.guard open that are stopped (SIGSTOP, a debugger): a guard
+    that would never finish putting the host back until let go on (probe37q Q2: a restart said
+    it "is putting the host back now; try again when it is done", which never came)."""
+    return sorted(p for p in guard_holders(root) if proc_state(p) in ("T", "t"))
 
 
 def waiting_guard(root: str) -> list[int]:
     """The `cat`s through which revert guards holding deploy.guard still wait for their ops
     to go (each reads its guard shell's stdin, the link to ops, until it closes); [] where
     none waits (the twin of ops.hostside.releases.waiting_guards)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(os.path.join(root, "deploy.guard"), flags)
-    except OSError:
-        return []
-    try:
-        held = set(holders(fd))
-    finally:
-        os.close(fd)
+    held = set(guard_holders(root))
     found = []
     for pid in held:
         st = proc_stat(pid)
