@@ -272,6 +272,34 @@ def test_a_current_linked_to_nothing_by_hand_is_no_bar_to_what_serves(ops: Ops) 
     assert ops.current() == r2 and ops.serving() == r2 and pid(ops) == before, said
 
 
+def test_a_restart_refused_for_a_current_linked_to_nothing_names_the_rollback_that_adopts(
+    ops: Ops,
+) -> None:
+    """probe37bc M1 (medium): `current` a link to nothing, made by hand, the service on proven
+    r2. `ops service restart` was refused (right), but named `ops service stop`, then `ops
+    rollback --to ID`: an outage nobody needed, where `ops rollback --to r2` alone makes what
+    serves current with no restart. The refusal names that rollback; followed, the host is on
+    r2 with the same process, and a restart then goes through."""
+    r1, r2 = ops.two_releases()
+    before = pid(ops)
+    link = ops.root / "current"
+    link.unlink()
+    link.symlink_to("nowhere")
+    res = ops("service", "restart", "local")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode != 0 and pid(ops) == before, said
+    assert f"the service runs release {r2}, but current is no directory" in said, said
+    assert f"ops rollback local --to {r2} makes it current" in said, said
+    assert "ops service stop" not in said, said
+    res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 0 and "not restarted" in said, said
+    assert ops.current() == r2 and ops.serving() == r2 and pid(ops) == before, said
+    res = ops("service", "restart", "local")
+    assert res.returncode == 0, flat(res.stdout + res.stderr)
+    assert ops.serving() == r2 and pid(ops) != before
+
+
 @pytest.mark.parametrize("how", ["renamed", "damaged"])
 def test_a_rollback_never_stops_a_service_it_could_not_come_back_to(ops: Ops, how: str) -> None:
     """probe37at H1, H2 (high), M1: the service on proven r2, then r2's directory renamed inside

@@ -371,6 +371,12 @@ def test_systemd_start_and_restart_are_vetted_on_the_host_first(tmp_path: Path) 
         text = said(res)
         assert res.returncode == 1 and "current -> . resolves to the remote root" in text, text
     assert systemctl_verbs() == []
+    relink(root, "nowhere")  # a link to nothing: the unit would be stopped, then not start
+    for verb in ("start", "restart"):
+        res = ops("service", verb, "local", "--wait", "0")
+        text = said(res)
+        assert res.returncode == 1 and "current -> nowhere does not exist" in text, text
+    assert systemctl_verbs() == []
     relink(root, "releases/r")
     (root / "deploy.pending").write_text('{"new": "r"}')  # the switch to current, unproven
     res = ops("service", "restart", "local", "--wait", "0")

@@ -1685,6 +1685,11 @@ def vet(root: str, mode: str) -> tuple[dict | None, list[str], dict | None]:
         warnings.append(f"{bad}; ran it anyway (--force)")
     elif bad:
         return {"reason": bad, "blocked_by": "current"}, warnings, pending
+    try:  # a link to nothing, a file: a systemd unit was stopped, then could not start in it
+        startable(root)  # (with --force, the start says it: nothing runs in no directory)
+    except NotStartable as exc:
+        if not force:
+            return {"reason": str(exc), "blocked_by": exc.blocked_by}, warnings, pending
     return None, warnings, pending
 
 
@@ -2315,8 +2320,14 @@ def do_restart(
         gone = gone_release(root, ident["pid"], proc_cwd(ident["pid"])) if ident else None
         refused = {"reason": over, "blocked_by": "unproven-gone" if gone else "unproven"}
     if refused:
-        reason = f"{refused['reason']}; the service was not stopped"
-        start = {"started": False, "reason": reason, "blocked_by": refused["blocked_by"]}
+        reason, kind = f"{refused['reason']}; the service was not stopped", refused["blocked_by"]
+        runs = runs_other(root, proc_cwd(ident["pid"])) if live and ident else None
+        if runs and kind == "release" and not os.path.isdir(os.path.join(root, "current")):
+            # a `current` that is no directory, the service on a release: the rollback that
+            # makes what runs current, with no restart (probe37bc M1: a stop, then a rollback,
+            # was named: an outage nobody needed)
+            reason, kind = f"{reason}; {runs}", "release-runs"
+        start = {"started": False, "reason": reason, "blocked_by": kind}
         return {"start": {**start, "warnings": warnings}}
     if ident is not None and not live:
         retire(pidfile)  # its process is gone: its blocks go to this start (`reserve`)

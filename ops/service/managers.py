@@ -308,7 +308,8 @@ class ServiceManager(ABC):
                 f"starts it, then ops deploy {name} proves the new one with a way back (--force "
                 "starts current as it is)"
             )
-        # "unproven-gone": the way on is in the reason (the release it runs is gone)
+        # "unproven-gone", "release-runs": the way on is in the reason (the release the service
+        # runs is gone; or current is no directory, and the rollback that adopts what runs)
         if blocked_by == "port":  # e.g. another user's `local` on this machine
             return (
                 f"; to run beside it, give {name}'s service a free port: "
