@@ -503,7 +503,8 @@ def fill(disk: Path, hold_s: float = 0.0) -> Path:
 def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) -> None:
     """probe37f F8: a send that fails on a full disk was a bare `error:` (no step, a record
     without steps); it is the `send` step failing, nothing switched. Exit 2, a host ops could
-    not act on, as documented; not 1, a verdict on the release (probe37ar L1)."""
+    not act on, as documented; not 1, a verdict on the release (probe37ar L1). tar's first
+    error is said and the rest counted (probe37bc L1: one line per file of the release)."""
     ops = ops_on(small_disk, tmp_path)
     try:
         assert ops.deploy("--bootstrap").returncode == 0
@@ -516,6 +517,8 @@ def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) ->
         assert res.returncode == 2 and no_traceback(res.stderr), text
         assert "send: FAIL" in text and "No space left" in text, text
         assert f"(free space under {ops.root}" in text, text  # probe37i I4: the fix named
+        # tar's first refusal, the rest counted: one line each per file was said (bc L1)
+        assert text.count("Cannot write") == 2, text  # the step's line and the result's
         steps_seen = [s["name"] for s in ops.record("deploy")["results"][0]["steps"]]
         assert steps_seen[-1] == "send", steps_seen
         filler.unlink()

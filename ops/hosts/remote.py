@@ -505,7 +505,14 @@ class Host(ABC):
             f'set -e; dest={dest}; parent=$(dirname "$dest"); mkdir -p "$parent"; '
             'if [ -e "$dest" ]; then echo "refusing to overwrite $dest" >&2; exit 17; fi; '
             'tmp=$(mktemp -d "$parent/.incoming.XXXXXX"); trap \'rm -rf "$tmp"\' EXIT; '
-            'tar -xzf - -C "$tmp"; chmod 755 "$tmp"; mv -T "$tmp" "$dest"; trap - EXIT'
+            # tar says each file it could not write (a full disk: one line per file of the
+            # release, probe37bc L1): the first said, the rest counted
+            'if ! err=$(tar -xzf - -C "$tmp" 2>&1); then '
+            'n=$(printf "%s\\n" "$err" | grep -c "Cannot " || true); '
+            'printf "%s\\n" "$err" | grep -m1 "Cannot " >&2 || printf "%s\\n" "$err" >&2; '
+            'if [ "$n" -gt 1 ]; then echo "tar: and $((n - 1)) more files not written" >&2; fi; '
+            "exit 2; fi; "
+            'chmod 755 "$tmp"; mv -T "$tmp" "$dest"; trap - EXIT'
         )
         return self.run(["bash", "-c", script], stdin=payload, timeout=timeout, step="put tree")
 

@@ -1946,7 +1946,11 @@ def open_log(log: str, command: str, warnings: list) -> tuple[int, str | None]:
         marked = f"ops start marker not written ({log}: {exc.strerror})"
         warnings.append(marked)
     out = start_keeper(log, fd, warnings)
-    full = f"{log}: its disk is full ({free} bytes free)"
+    full = f"{log}: " + (  # (probe37bc L2: 634880 bytes free was said "full")
+        f"its disk has {free} bytes free (under {LOG_ROOM >> 20} MiB)"
+        if free
+        else "its disk is full"
+    )
     if out == fd and free < LOG_ROOM:  # no keeper: the service would meet the full disk
         os.close(fd)
         return not_kept(full)
