@@ -58,6 +58,26 @@ def test_a_command_output_over_the_bound_keeps_head_and_tail_and_says_the_cut(
     assert f"ops cut 1 bytes of {STDERR_MAX + 1}" in res.stderr
 
 
+def test_a_hosts_result_line_is_read_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The last line of a host command's stdout is its JSON result (`Result.last_json`): an
+    integer past the digits Python converts, a cut line, no output, each reads as no result,
+    never an exception (probe37az M2: one was an internal error, exit 4)."""
+    lines = {
+        'echo note; echo \'{"ok": true, "n": 3}\'': {"ok": True, "n": 3},
+        f"echo '{{\"n\": {'9' * 5000}}}'": None,
+        "echo '{\"ok\": tr'": None,
+        "true": None,
+    }
+    with _local(tmp_path) as host:
+        for script, want in lines.items():
+            res = host.run(["bash", "-c", script])
+            assert res.last_json() == want, script
+        res = host.run(["bash", "-c", 'echo \'{"said": "ops rollback TARGET"}\''])
+        assert res.last_json(lambda line: line.replace("TARGET", "local")) == {
+            "said": "ops rollback local"
+        }
+
+
 def test_output_within_the_bound_is_whole(tmp_path: Path) -> None:
     with _local(tmp_path) as host:
         res = host.run(["bash", "-c", f"head -c {STDOUT_MAX} /dev/zero | tr '\\0' x"])

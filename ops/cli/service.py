@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from ops.cli.common import (
 )
 from ops.deploy.host_actions import interrupts_held
 from ops.errors import EXIT_FAIL, EXIT_OK, HostError, LockHeld, OpsError
-from ops.hosts.remote import Host, _held_by, shell_path
+from ops.hosts.remote import Host, _held_by, last_json, shell_path
 from ops.service.managers import ServiceManager, ServiceStatus, manager_for
 
 service_app = typer.Typer(
@@ -242,10 +241,7 @@ def _engine_check(argv: list[str], port: int) -> dict[str, Any]:
         if "in use" in message:
             hint = f"see what holds it: ss -ltnp 'sport = :{port}'"
         raise OpsError(message, hint=hint)
-    try:
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        doc = None
+    doc = last_json(res.stdout)
     if res.returncode != 0 or not isinstance(doc, dict):
         tail = lines[-1] if lines else f"exit {res.returncode}, no output"
         raise OpsError(

@@ -249,6 +249,10 @@ class Deployer:
     def result(self, outcome: Outcome, **kw: Any) -> DeployResult:
         return DeployResult(target=self.target.name, outcome=outcome, steps=self.steps, **kw)
 
+    def _finalized(self) -> bool:
+        """The release is in releases/: its finalize step went through."""
+        return any(s.name == "finalize" and s.status == "ok" for s in self.steps)
+
     def _interrupted(self) -> DeployResult:
         """The result of a deploy or rollback that Ctrl-C stopped: the guard has done its work
         by now (the `with` blocks have exited), so ask the host where it was left."""
@@ -313,7 +317,7 @@ class Deployer:
             )
         else:
             what = f"nothing was switched: current is still {now or '(none)'}"
-            if in_place or any(s.name == "finalize" and s.status == "ok" for s in self.steps):
+            if in_place or self._finalized():
                 # (probe37ao L2: a finalize cut short after its rename was called half-sent)
                 rel = getattr(self, "_rid", None)
                 what += f"; release {rel} is in place, never switched to (prune removes it)"
@@ -1238,8 +1242,7 @@ class Deployer:
         """What a deploy whose switch its disk refused says of the release it finalized, never
         switched to: removed, its room given back (probe37ax L2: one left per retry on a full
         disk); "" where it is kept (a rollback's, another failure's: its evidence)."""
-        finalized = any(s.name == "finalize" and s.status == "ok" for s in self.steps)
-        if not disk or self._rolling_back or not finalized:
+        if not disk or self._rolling_back or not self._finalized():
             return ""
         try:
             host_releases(self.host, "remove", rid)

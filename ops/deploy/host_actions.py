@@ -3,7 +3,6 @@ revert guard that puts the host back when ops goes away between a switch and its
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
 import signal
@@ -45,21 +44,20 @@ def host_json(
             target=host.name,
             step=step,
         )
-    try:
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):  # (JSONDecodeError; an integer too long: az M2)
+    doc = res.last_json()
+    if doc is None:
         if "Traceback (most recent call last)" in res.stderr:  # ours raised: one line, exit 4
             last = res.stderr.strip().splitlines()[-1][:300]
             raise HostSideBug(
                 f"internal error in ops's host side: {last} (a bug in ops: please report it)",
                 target=host.name,
                 step=step,
-            ) from None
+            )
         raise HostError(
             f"no result (exit {res.rc}): {res.tail() or res.tail('stdout') or 'no output'}",
             target=host.name,
             step=step,
-        ) from None
+        )
     return (doc if isinstance(doc, dict) else {"error": "the result is not an object"}), res.rc
 
 

@@ -39,7 +39,7 @@ import tarfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,6 +209,10 @@ class Result:
         text = self.stderr if stream == "stderr" else self.stdout
         return "\n".join(text.rstrip("\n").splitlines()[-n:])
 
+    def last_json(self, said: Callable[[str], str] = lambda line: line) -> Any:
+        """The JSON document on stdout's last line: `last_json`."""
+        return last_json(self.stdout, said)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -221,6 +225,17 @@ class ModuleResult:
     rc: int
     data: dict[str, Any]
     result: Result = field(repr=False)
+
+
+def last_json(text: str, said: Callable[[str], str] = lambda line: line) -> Any:
+    """The JSON document on the last line of `text` (`said` applied to the line first), as the
+    host-side scripts and data-plane commands print their result; None where there is none or
+    it does not parse (an integer too long to convert is a ValueError too: probe37az M2)."""
+    lines = text.strip().splitlines()
+    try:
+        return json.loads(said(lines[-1])) if lines else None
+    except ValueError:
+        return None
 
 
 def shell_path(path: str) -> str:

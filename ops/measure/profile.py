@@ -322,9 +322,8 @@ def cpu_baseline(host: Host, cwd: str, c: int, opts: ProfileOptions) -> dict[str
         warn=True,
         step=f"{opts.component} CPU baseline at batch {c}",
     )
-    try:
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
+    doc = res.last_json()
+    if not isinstance(doc, dict):
         tail = res.tail() or res.tail("stdout") or f"exit {res.rc}"
         return {"error": f"the CPU baseline did not run on {host.name}: {tail}", "params": params}
     return {**doc, "params": params}

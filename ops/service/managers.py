@@ -11,7 +11,6 @@ answers. Both wait for `/health` after a start, probing from the host itself.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import posixpath
 import re
@@ -231,22 +230,21 @@ class ServiceManager(ABC):
             warn=True,
             step="service vet",
         )
-        try:
-            doc = json.loads(named(res.stdout.strip().splitlines()[-1], self.target.name))
-        except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
+        doc = res.last_json(lambda line: named(line, self.target.name))
+        if doc is None:
             if res.rc == -1:  # SSH's word for a command whose exit status never came back
                 raise Unreachable(
                     "the connection to the host was lost while the process manager ran: "
                     "what it did is unknown",
                     target=self.host.name,
                     step="service vet",
-                ) from None
+                )
             raise HostError(
                 f"process manager printed no result (exit {res.rc}): "
                 + (res.tail() or res.tail("stdout") or "no output"),
                 target=self.host.name,
                 step="service vet",
-            ) from None
+            )
         if not isinstance(doc, dict):
             raise HostError("vet: result is not an object", target=self.host.name, step="vet")
         if doc.get("reason"):
@@ -324,10 +322,10 @@ class ServiceManager(ABC):
             warn=True,
             step="wait for /health",
         )
-        try:
-            return json.loads(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
+        doc = res.last_json()
+        if not isinstance(doc, dict):
             return {"ok": False, "reason": res.tail() or f"health probe exited {res.rc}"}
+        return doc
 
     def settled_status(self, wait_s: float) -> ServiceStatus:
         """The status once the service is past its start: one still starting (a restart not
@@ -463,16 +461,15 @@ class ProcessManager(ServiceManager):
         )
         if res.rc not in (0, -1) and not res.timed_out:  # a python too old says so, in one line
             self.host.check_python(self.target.python, f"service {action}")  # (run under bash)
-        try:
-            doc = json.loads(named(res.stdout.strip().splitlines()[-1], self.target.name))
-        except (ValueError, IndexError):  # (JSONDecodeError; an integer too long)
+        doc = res.last_json(lambda line: named(line, self.target.name))
+        if doc is None:
             if res.rc == -1:  # SSH's word for a command whose exit status never came back
                 raise Unreachable(
                     "the connection to the host was lost while the process manager ran: "
                     "what it did is unknown",
                     target=self.host.name,
                     step=f"service {action}",
-                ) from None
+                )
             said = res.tail() or res.tail("stdout") or "no output"
             if action in ("up", "restart", "stop"):  # (killed, say): it may have stopped it
                 said += "; " + self.state_now()
@@ -482,7 +479,7 @@ class ProcessManager(ServiceManager):
                 f"process manager printed no result (exit {res.rc}): {said}",
                 target=self.host.name,
                 step=f"service {action}",
-            ) from None
+            )
         if not isinstance(doc, dict):
             raise HostError(
                 "process manager result is not an object",
