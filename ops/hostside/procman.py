@@ -1839,15 +1839,16 @@ def start_keeper(log: str, fd: int, warnings: list) -> int:
     return write
 
 
-def log_keepers(pid: int) -> list[int]:
+def log_keepers(pid: int) -> list[int] | None:
     """The log keepers reading what the service `pid` writes (the readers of the pipe its fd 1
-    is); [] where its output goes elsewhere (/dev/null, the log itself) or cannot be read."""
+    is: [] where none is left); None where its output goes elsewhere (/dev/null, the log
+    itself) or cannot be read."""
     try:
         pipe = os.readlink(f"/proc/{pid}/fd/1")
     except OSError:
-        return []
+        return None
     if not pipe.startswith("pipe:"):
-        return []
+        return None
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == pid:
@@ -1871,16 +1872,12 @@ def keeper_trouble(pid: object) -> str | None:
     if not isinstance(pid, int):
         return None
     keepers = log_keepers(pid)
-    try:
-        piped = os.readlink(f"/proc/{pid}/fd/1").startswith("pipe:")
-    except OSError:
-        piped = False
-    if piped and not keepers:  # (probe37bb L1: killed, and nothing said it)
+    if keepers == []:  # a pipe no keeper reads (probe37bb L1: killed, and nothing said it)
         return (
             "its log keeper is gone (killed?): the service's output is no longer kept, and a "
             "write to it may fail; ops service restart starts a new one"
         )
-    stopped = [k for k in keepers if proc_state(k) in ("T", "t")]
+    stopped = [k for k in keepers or [] if proc_state(k) in ("T", "t")]
     if not stopped:
         return None
     pids = " ".join(map(str, stopped))
@@ -2218,7 +2215,7 @@ def stop_managed(pidfile: str, pid: int, grace: float, signals: list, t0: float)
         who = f"process group {pid}" if to_group else f"pid {pid}"
         signals.append({"signal": sig.name, "to": who, "at_s": round(time.time() - t0, 3)})
 
-    keepers = log_keepers(pid)  # (its output's reader: a stopped one is continued below)
+    keepers = log_keepers(pid) or []  # (its output's reader: a stopped one is continued below)
     send(signal.SIGTERM, to_group=True)
     if proc_state(pid) == "T":  # stopped (SIGSTOP): the TERM waits till it runs, as systemd
         send(signal.SIGCONT, to_group=True)  # does (probe37ap L4: the whole grace, then KILL)
