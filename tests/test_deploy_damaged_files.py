@@ -1198,8 +1198,8 @@ def test_a_service_whose_port_the_inventory_moved_is_said_so_not_starting(ops: O
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
     res = ops.deploy()
     text = said(res)
-    assert res.returncode == 1 and "preflight: FAIL" in text, text
-    assert "its command changed in the inventory since it started" in text, text
+    # (its `current` step refuses first since probe37bd H1: a revert restarts what never ran)
+    assert res.returncode == 1 and "current: FAIL" in text and changed in text, text
     assert "start it (ops service start" not in text, text
     res = ops("service", "start", "local")
     text = said(res)
@@ -1208,3 +1208,36 @@ def test_a_service_whose_port_the_inventory_moved_is_said_so_not_starting(ops: O
     ops.inventory.write_text(was)  # put back: the deploy goes on
     res = ops.deploy()
     assert res.returncode == 0, said(res)
+
+
+def test_a_rollback_never_stops_a_service_whose_port_the_inventory_moved(ops: Ops) -> None:
+    """probe37bd H1 (high): the inventory's port (and command) edited while the service served
+    current; a rollback, refused with the port unchanged, read the service as not serving (it
+    does not answer on the new port) and went on: its restart failed on the new command, its
+    revert too, and both ports answered nothing. Any restart runs the new command, whatever
+    release it starts: the rollback, and a deploy --force past its pre-flight, are refused
+    before anything is stopped, naming the command change and the way on."""
+    r1, r2 = ops.two_releases()
+    before = service_pid(ops)
+    was = ops.inventory.read_text()
+    moved = was.replace(f":{ops.port}'", f":{free_port()}'").replace(
+        "--port {port}'", "--port {port} --no-such-flag'"
+    )
+    assert moved.count("--no-such-flag") == 1 and moved != was
+    ops.inventory.write_text(moved)
+    changed = "the service runs another command than the inventory's service.command"
+    for to in ((), ("--to", r1)):
+        res = ops("rollback", "local", *to, "--max-tokens", "3")
+        text = said(res)
+        assert res.returncode == 2 and changed in text, text
+        assert "ops service restart local" in text, text  # the new command tried knowingly
+        assert service_pid(ops) == before and ops.current() == r2, text
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy("--force")
+    text = said(res)
+    assert res.returncode == 1 and "current: FAIL" in text and changed in text, text
+    assert service_pid(ops) == before and ops.current() == r2, text
+    ops.inventory.write_text(was)  # put back: the old port answers, the rollback goes on
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0, said(res)
+    assert ops.current() == r1 and ops.serving() == r1

@@ -542,7 +542,7 @@ class Deployer:
         if self.opts.no_restart or state.get("kind") == "none":
             return None
         seen = self._service_now()
-        if seen is None or not seen.active or not seen.untried:
+        if seen is None or not seen.lives or not seen.untried:
             return None
         return (
             f"{seen.untried}; a failed deploy would go back there: "
@@ -890,14 +890,6 @@ class Deployer:
         service = next((c.detail for c in rep.checks if c.name == "service"), "")
         if stopped:  # a start would do nothing (probe37u U7): the service's own words
             fix = f"{stopped.split(': ', 1)[-1]}, then deploy again"
-        elif "runs another command than the inventory" in service:  # (probe37ba M1: a start
-            # said "already running", the way named never got out)
-            fix = (
-                "its process runs, but its command changed in the inventory since it started: "
-                "put the inventory back as it runs, or ops service restart "
-                f"{name} runs it as the inventory says now (knowingly: a failed start leaves "
-                "no service), then deploy again"
-            )
         elif ": activating: " in service:  # its process lives: a start does nothing
             fix = (
                 f"its process runs but does not answer (ops service status {name} says what "
@@ -1935,7 +1927,7 @@ class Deployer:
             seen = self._service_now()  # one look at the service for what follows
             runs = self._runs_instead(listing, seen)
             stuck = listing.get("current_unrevertible")
-            edited = seen.untried if seen is not None and seen.active else None
+            edited = seen.untried if seen is not None and seen.lives else None
             stuck = stuck or edited  # (probe37au H1: its revert would start an untried edit)
             mend = self._untried_mend(self.target.name) if edited else "mend current first"
             serves = self._release_of((seen.runs_from or "") if seen is not None else "")
@@ -1992,7 +1984,7 @@ class Deployer:
                 return self.result(
                     "already-current", release=want, before=before, after=before, message=said
                 )
-            if stuck and not runs and seen is not None and seen.active and serves != want:
+            if stuck and not runs and seen is not None and seen.lives and serves != want:
                 # it serves, and a failed rollback could not come back to what it runs: its
                 # directory renamed in releases/, current damaged or a copy deleted (probe37at
                 # H1, H2: stopped, then `want` failed to start: left down)

@@ -159,10 +159,19 @@ class ServiceStatus(BaseModel):
     unmanaged: list[dict] = Field(default_factory=list)
     # its process is stopped (SIGSTOP, a debugger): it answers nothing until continued
     stopped: bool = False
+    # its process runs another command than the inventory renders now (process manager): a
+    # restart, whatever release it starts, runs what never ran
+    command_changed: bool = False
 
     @property
     def active(self) -> bool:
         return self.state == "active"
+
+    @property
+    def lives(self) -> bool:
+        """Its process runs: active, or alive and not answering where the inventory now says
+        (its port edited there: probe37bd H1, read as not serving, a rollback stopped it)."""
+        return self.active or self.command_changed
 
 
 class ServiceManager(ABC):
@@ -559,7 +568,7 @@ class ProcessManager(ServiceManager):
         )
         changed = self._command_changed(doc)
         if changed:  # (said as the host side says a changed service.env)
-            st.untried = st.untried or changed
+            st.untried, st.command_changed = st.untried or changed, True
             st.warnings = [*st.warnings, changed]
         if st.state in ("failed", "activating"):
             st.healthy = False
