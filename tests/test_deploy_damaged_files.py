@@ -1241,3 +1241,78 @@ def test_a_rollback_never_stops_a_service_whose_port_the_inventory_moved(ops: Op
     res = ops("rollback", "local", "--max-tokens", "3")
     assert res.returncode == 0, said(res)
     assert ops.current() == r1 and ops.serving() == r1
+
+
+def test_a_path_in_service_env_is_the_commands_not_the_process_managers(ops: Ops) -> None:
+    """probe37bd M1 (medium): a `PATH` line added to current's service.env, then `ops service
+    restart`: the service was stopped, then not started ("cannot run the command: No such file
+    or directory: 'bash'"): the process manager looked its own bash up on the service's PATH.
+    It finds bash on its own; the service runs with the PATH it was given."""
+    ops.two_releases()
+    env = ops.root / "current" / "service.env"
+    env.write_text(env.read_text() + "PATH=/nonexistent/bin\n")
+    code, st = ops.json("service", "restart", "local")
+    assert code == 0 and st["state"] == "active", st
+    environ = Path(f"/proc/{st['pid']}/environ").read_bytes().split(b"\0")
+    assert b"PATH=/nonexistent/bin" in environ
+
+
+def test_a_service_env_line_with_no_name_is_refused_before_anything_stops(ops: Ops) -> None:
+    """probe37bd M2 (medium): a line `=value` in current's service.env: a restart ran with it,
+    then read the file as edited since the start (a blank name, in no environment), so every
+    deploy was refused, and the way it named (a restart, then deploy) never cleared it. The
+    line is refused as a NUL byte is: by a restart before it stops anything, naming the line."""
+    ops.two_releases()
+    before = service_pid(ops)
+    env = ops.root / "current" / "service.env"
+    kept = env.read_text()
+    env.write_text(kept + "=novalue\n")
+    no_name = f"{env}: line {len(kept.splitlines()) + 1} has no name before its '='"
+    code, st = ops.json("service", "restart", "local")
+    assert code != 0 and no_name in st["detail"] and service_pid(ops) == before, st
+    code, st = ops.json("service", "status", "local")
+    assert any(no_name in w for w in st["warnings"]), st
+    env.write_text(kept)
+    code, st = ops.json("service", "restart", "local")
+    assert code == 0 and not st.get("warnings"), st
+
+
+def test_a_hung_self_test_is_a_failed_step_within_its_bound_and_says_it_runs(ops: Ops) -> None:
+    """probe37bd M4 (medium): a self-test that hangs held the host lock for 10 minutes in
+    silence, then ended as a bare `error:` (exit 2) with no steps in the record and its
+    staging directory left. The target's selftest_timeout bounds it; meanwhile the deploy says
+    the step still runs; then the step fails, the staging is removed, the host is as before."""
+    r1, r2 = ops.two_releases()
+    before = service_pid(ops)
+    ops.inventory.write_text(
+        ops.inventory.read_text().replace(
+            "[targets.local]\n", "[targets.local]\nselftest_timeout = 6\n"
+        )
+    )
+    ops.slow_selftest(300)
+    t0 = time.monotonic()
+    proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
+    time.sleep(1)
+    running = staging_procs(f"{ops.root}/releases/.staging")
+    out, err = proc.communicate(timeout=120)
+    text = " ".join((seen + out + err).split())
+    assert running, "the self-test was seen running in its staging directory"
+    assert proc.returncode == 1 and time.monotonic() - t0 < 60, text
+    assert "selftest still runs (3 s; stopped at 6 s)" in text, text
+    assert "selftest: FAIL" in text and "did not end in 6 s" in text, text
+    steps_seen = [s["name"] for s in ops.record("deploy")["results"][0]["steps"]]
+    assert steps_seen[-1] == "selftest", steps_seen
+    assert sorted(p.name for p in (ops.root / "releases").iterdir()) == sorted([r1, r2])
+    assert ops.current() == r2 and service_pid(ops) == before
+    staging = f"{ops.root}/releases/.staging"
+    assert staging_procs(staging) == []  # the self-test was stopped, not left to run
+
+
+def staging_procs(staging: str) -> list[int]:
+    """The processes whose directory is under `staging` (a self-test runs in its release's)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd").startswith(staging):
+                found.append(int(pid))
+    return found

@@ -29,8 +29,9 @@ import posixpath
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ __all__ = [
 ]
 
 BUILD_TIMEOUT_S = 1800
-SELFTEST_TIMEOUT_S = 600
+HEARTBEAT_S = 60  # a build or self-test says it still runs this often (and twice before its bound)
 REVERT_WAIT_S = DeployOptions.model_fields["wait_s"].default  # a revert waits at least this
 
 
@@ -212,7 +213,8 @@ class Deployer:
         t0 = time.monotonic()
         if name in UNDER_THE_LOCK and self.host.lock_lost():
             fn = self._lock_lost
-        status, detail, data = fn()
+        with self._heartbeat(name):
+            status, detail, data = fn()
         self._running = None
         evidence = clip_lines(data.pop("evidence", []))
         svc = data.get("service")
@@ -231,6 +233,31 @@ class Deployer:
         if status == "fail":
             raise StepFailed(st)
         return st
+
+    def _bound(self, name: str) -> float | None:
+        """The seconds a long step (the build, the self-test) may run on the host."""
+        return {"build": BUILD_TIMEOUT_S, "selftest": self.target.selftest_timeout}.get(name)
+
+    @contextlib.contextmanager
+    def _heartbeat(self, name: str) -> Iterator[None]:
+        """A long step says it still runs, with its bound (probe37bd M4: a hung self-test held
+        the host lock for 10 minutes in silence)."""
+        bound = self._bound(name)
+        if bound is None:
+            yield
+            return
+        done, t0 = threading.Event(), time.monotonic()
+
+        def beat() -> None:
+            while not done.wait(min(HEARTBEAT_S, bound / 2)):
+                ran = time.monotonic() - t0
+                self.progress(f"{name} still runs ({ran:.0f} s; stopped at {bound:g} s)", None)
+
+        threading.Thread(target=beat, name=f"{name}-heartbeat", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _lock_lost(self) -> tuple[Status, str, dict[str, Any]]:
         """A step that would change the host, refused: the host lock this deploy took lost its
@@ -1077,12 +1104,15 @@ class Deployer:
             return "skip", "no GPU on the target (gpus = 0): CUDA build skipped", {}
         if not t.cuda_arch:
             return "fail", f"target {t.name} has gpus = {t.gpus} but no cuda_arch", {}
-        res = self.host.run_module(
-            "kernels.build",
-            ["--arch", t.cuda_arch, "--out", f"{staging}/build"],
-            cwd=staging,
-            timeout=BUILD_TIMEOUT_S,
-        )
+        try:
+            res = self.host.run_module(
+                "kernels.build",
+                ["--arch", t.cuda_arch, "--out", f"{staging}/build"],
+                cwd=staging,
+                timeout=BUILD_TIMEOUT_S,
+            )
+        except CommandTimedOut:
+            return "fail", f"the build did not end in {BUILD_TIMEOUT_S} s: stopped", {}
         if res.rc != 0:
             tail = (res.data.get("compiler_tail") or "").splitlines()[-20:]
             return "fail", f"build failed: {res.data.get('error')}", {"evidence": tail}
@@ -1100,12 +1130,20 @@ class Deployer:
         if t.gpus:
             args += ["--lib", f"{staging}/build/libddtree_kernels.so"]
             env.update(CUDA_VISIBLE_DEVICES=str(self._bench_gpu()), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        bound = t.selftest_timeout
         try:
             res = self.host.run_module(
-                "kernels.selftest", args, cwd=staging, env=env, timeout=SELFTEST_TIMEOUT_S
+                "kernels.selftest", args, cwd=staging, env=env, timeout=bound
             )
         except ModuleOutputError as exc:  # no result (the link lost while it ran, a crash)
             return "fail", f"self-test gave no result: {exc.message}", {}
+        except CommandTimedOut:  # (probe37bd M4: a bare error, no step, its staging left)
+            return (
+                "fail",
+                f"the self-test did not end in {bound:g} s (the target's selftest_timeout): "
+                "stopped (a hung self-test?)",
+                {},
+            )
         data = dict(res.data)
         if res.rc != 0 or not data.get("ok"):
             bad = [

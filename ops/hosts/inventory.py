@@ -189,6 +189,8 @@ class Target(_Model):
     gpus: int = Field(default=0, ge=0, le=64)
     cuda_arch: str | None = None
     bench_gpu: int | None = Field(default=None, ge=0)
+    # seconds a deploy's self-test may run on the host before it is stopped and the step fails
+    selftest_timeout: float = Field(default=600.0, gt=0, le=86400)
     service: Service = Field(default_factory=Service)
 
     @property

@@ -55,6 +55,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -638,11 +639,14 @@ def read_env(path: str) -> dict[str, str]:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         raise NotARelease(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
         key, _, value = line.partition("=")
+        if not key.strip():  # (probe37bd M2: no environment holds it, so it read as edited
+            # after every start, and every deploy was refused)
+            raise NotARelease(f"{path}: line {number} has no name before its '='")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
@@ -2048,7 +2052,9 @@ def do_start(
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CRITICAL)
     try:
         proc = subprocess.Popen(
-            ["bash", "-c", "exec " + command],
+            # bash as the process manager finds it: a PATH in service.env is the command's,
+            # not ops's (probe37bd M1: "No such file: 'bash'", after a restart had stopped it)
+            [shutil.which("bash") or "/bin/bash", "-c", "exec " + command],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
