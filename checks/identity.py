@@ -164,6 +164,11 @@ def parse_golden(text: str) -> dict[str, Any]:
         for key in ("text", "kind"):
             if p.get(key) is not None and not isinstance(p[key], str):
                 raise ValueError(f"{where}: {key} is {_json_kind(p[key])}, not a string")
+    count = doc.get("count")  # (recorded since probe37bd M5: 1 of 34 prompts left by hand
+    # passed as a whole identity check)
+    if count is not None and (type(count) is not int or count != len(prompts)):
+        shown = repr(count) if len(repr(count)) <= 40 else _json_kind(count)
+        raise ValueError(f"it holds {len(prompts)} of the {shown} prompts it was recorded with")
     max_tokens = doc.get("max_tokens")
     if max_tokens is not None and (
         type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS
@@ -282,6 +287,7 @@ def record(args: Any) -> None:
         "url": args.url,
         "max_tokens": args.max_tokens,
         **ident,
+        "count": len(prompts),  # a set cut down by hand is then told from a whole one
         "prompts": [{**p, **outputs[p["id"]]} for p in prompts],
     }
     kept = None

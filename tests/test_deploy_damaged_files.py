@@ -1032,6 +1032,51 @@ def test_a_service_env_edited_by_hand_is_said_by_ops_releases(ops: Ops) -> None:
     assert {r["id"]: r["env_edited"] for r in doc["releases"]} == {r1: True, r2: False}, doc
 
 
+def test_a_release_whose_code_was_edited_by_hand_is_said_by_releases_and_rollback(
+    ops: Ops,
+) -> None:
+    """probe37bd M3 (medium), (a): a release's code edited by hand (a file release.json lists
+    changed, a sitecustomize.py added) was listed clean by `ops releases`, and a rollback went
+    to it without a word. Both say which files changed since it was installed; what a running
+    service writes (__pycache__, run/) is not counted."""
+    r1, r2 = ops.two_releases()
+    time.sleep(2.5)  # (past the slack on release.json's time)
+    home = ops.root / "releases" / r1
+    code = home / "engine" / "svc.py"
+    code.write_text(code.read_text() + "# edited by hand\n")
+    (home / "sitecustomize.py").write_text("x = 1\n")
+    res = ops("releases", "local")
+    text = said(res)
+    assert f"{r1}'s files were changed since it was installed" in text, text
+    assert "engine/svc.py, sitecustomize.py (added)" in text and f"{r2}'s files" not in text, text
+    code_, doc = ops.json("releases", "local")
+    edited = {r["id"]: r["code_edited"] for r in doc["releases"]}
+    assert edited == {r1: ["engine/svc.py", "sitecustomize.py (added)"], r2: []}, edited
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 0 and ops.serving() == r1, text
+    assert (
+        f"{r1}'s files were changed since it was installed (by hand?): engine/svc.py, "
+        "sitecustomize.py (added): it passed this post-flight as it is now" in text
+    ), text
+
+
+def test_a_revert_onto_code_edited_during_the_deploy_names_the_edit(ops: Ops) -> None:
+    """probe37bd M3 (medium), (b): current's code edited by hand during a deploy, after its
+    `current` step: the deploy failed, its revert restarted the service onto the edit, which
+    did not start, and nothing named the edit. The result names it as the likely cause."""
+    r1, r2 = ops.two_releases()
+    ops.slow_selftest(3)
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
+    proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
+    code = ops.root / "releases" / r2 / "engine" / "svc.py"
+    code.write_text("raise SystemExit('broken by hand')\n" + code.read_text())
+    out, err = proc.communicate(timeout=180)
+    text = " ".join((seen + out + err).split())
+    assert proc.returncode == 1 and f"current is back on {r2}" in text, text
+    assert f"{r2}'s files were changed since it was installed (by hand?): engine/svc.py" in text
+
+
 def test_no_deploy_or_rollback_stops_a_service_whose_current_env_was_edited_since(
     ops: Ops,
 ) -> None:

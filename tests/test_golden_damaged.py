@@ -47,6 +47,8 @@ def golden_doc(**changes: object) -> bytes:
 # (what the file holds, what the one line says is wrong)
 DAMAGES = {
     "truncated": (None, "): damaged or cut short"),  # not JSON (the decoder's own words)
+    # cut down by hand to its first prompt (probe37bd M5: passed as a whole identity check)
+    "cut": (None, "it holds 1 of the "),
     "numbers": (golden_doc(prompts=[1, 2]), "prompts[0] is a number, not a prompt object"),
     "no_prompt": (golden_doc(prompts=[{"id": "p0", "token_ids": [1]}]), "has no prompt text"),
     "max_tokens_x": (golden_doc(max_tokens="x"), "max_tokens 'x' is not a whole number from 1"),
@@ -71,6 +73,10 @@ def damage(golden: Path, kind: str) -> None:
     content, _ = DAMAGES[kind]
     if kind == "truncated":
         content = golden.read_bytes()[:300]
+    elif kind == "cut":
+        doc = json.loads(golden.read_bytes())
+        assert doc["count"] == len(doc["prompts"]) > 1, doc.get("count")
+        content = json.dumps({**doc, "prompts": doc["prompts"][:1]}).encode()
     elif kind == "not_utf8":
         assert content is not None
         content = content.replace(b"\\udcff", b"\xff")

@@ -39,6 +39,7 @@ from ops.deploy.host_actions import (
     DEPLOY_HOST_SOURCE,
     current_unstartable,
     disk_fix,
+    edited_since_installed,
     guard_log,
     host_releases,
     interrupted_once,
@@ -560,6 +561,14 @@ class Deployer:
         st = self._service_now() if seen is ASK_NOW else seen
         return self._release_of(st.runs_from) if st is not None and st.active else None
 
+    def _edited(self, rid: str | None) -> str | None:
+        """What of release `rid` was changed by hand since it was installed (None: nothing, or
+        the host did not say)."""
+        try:
+            return edited_since_installed(host_releases(self.host, "list"), rid)
+        except OpsError:
+            return None
+
     def _untried(self, state: dict[str, Any]) -> str | None:
         """Why a deploy is refused where current's service.env or code changed after the
         service started on it: a failed deploy reverts to current and restarts the service with
@@ -949,7 +958,10 @@ class Deployer:
                 raise  # the link's trouble: the deploy says where the host was left
             except HostError as exc:  # the host's (a full disk): a failed step, nothing switched
                 fix = disk_fix(exc.message, self.root)
-                said = f"could not send the release: {exc.message}{fix}"
+                # one line: the console shows a step's first (probe37bd L2: only tar's "Wrote
+                # only 9216 of 10240 bytes" was seen, the cause and the fix in the record)
+                why = "; ".join(ln.strip() for ln in exc.message.splitlines() if ln.strip())
+                said = f"could not send the release: {why}{fix}"
                 return "fail", said, {"disk": True} if fix else {}
             cleaned = prep["removed"]
             note = f"; removed leftovers of dead deploys: {', '.join(cleaned)}" if cleaned else ""
@@ -1568,7 +1580,8 @@ class Deployer:
                 return self._down_after_rollback(rid, before, after, failed, back_failed)
             where = self._back_on(rid, after) + " (by the host's guard)"
         elif reverted.get("first_install"):
-            where = "the first install was removed (no release is current)"
+            # (kept in releases/, marked rejected: probe37bd L1 said it was removed)
+            where = "the first install was undone (no release is current; it is kept as rejected)"
         elif reverted.get("still_serving"):
             where = (
                 f"current is back on {after}, but the service still runs "
@@ -1661,6 +1674,9 @@ class Deployer:
                 f"{why}); once the cause is fixed, `ops service start {name}` starts it, or "
                 f"`ops rollback {name}` switches to another release"
             )
+            edited = self._edited(after)
+            if edited:  # (probe37bd M3: edited during the deploy, the cause said by nothing)
+                where += f"; {edited}: the cause?"
         return self.result(
             "failed",
             release=rid,
@@ -2092,6 +2108,9 @@ class Deployer:
                     res.message += f"; {want} is newer than {before}: not a step back"
                 if self._instead:
                     res.message += f"; {self._instead}, so {self._taken(want)} was taken"
+                edited = self._edited(want)
+                if edited:  # (probe37bd M3: said by nothing)
+                    res.message += f"; {edited}: it passed this post-flight as it is now"
                 if redo:
                     res.message += f"; an earlier rollback to {redo}, cut off, was made again"
                 res.message += self._lingered
@@ -2105,7 +2124,7 @@ class Deployer:
                 had = (
                     "there was no current"
                     if self._adopted == "(none)"
-                    else f"current had been {self._adopted}, which the service never ran"
+                    else f"current had been {self._adopted}, which the service did not run"
                 )
                 res.message += (
                     f"; {had}: {before}, which it ran, was made current first, so a failure "
@@ -2186,7 +2205,8 @@ class Deployer:
                 return "fail", f"could not make {runs} current: {exc.message}", {}
             self._adopted = was
             why = (
-                f"{was} never served: installed with --no-restart, or switched by hand"
+                # (it may have served before: probe37bd L3 said "never")
+                f"the service did not run {was}: installed with --no-restart, or switched by hand"
                 if before
                 else "there was no current: removed by hand?"
             )
@@ -2212,7 +2232,7 @@ class Deployer:
                 "failed", failed_step="postflight", message=said, before=before, after=runs
             )
         done = self._commit(runs, proven=not self._unchecked)
-        had = "there was no current" if not before else f"was {was}, which the service never ran"
+        had = "there was no current" if not before else f"was {was}, which the service did not run"
         said = (
             f"rolled back: {runs} is current and healthy ({had}; the service already ran "
             f"{runs}: not restarted)"

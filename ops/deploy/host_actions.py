@@ -81,6 +81,24 @@ DISK_FIXES = {
 }
 
 
+def files_said(names: list[str]) -> str:
+    """Up to five file names (each cut to 80 characters), and how many more."""
+    shown = ", ".join(str(n)[:80] for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def edited_since_installed(listing: dict, rid: str | None) -> str | None:
+    """What of release `rid` was changed by hand since it was installed, as the host's
+    listing says (its files, its service.env); None: nothing, or no such release."""
+    rel = next((r for r in listing.get("releases") or [] if r.get("id") == rid), None)
+    if rel is None:
+        return None
+    said = list(rel.get("code_edited") or []) + (["service.env"] if rel.get("env_edited") else [])
+    if not said:
+        return None
+    return f"{rid}'s files were changed since it was installed (by hand?): {files_said(said)}"
+
+
 def disk_fix(why: str, root: str) -> str:
     """The fix for a host step failed by its disk (full, over quota, read-only), said after its
     reason; "" for any other failure."""
