@@ -1155,7 +1155,7 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     aside = code.with_name("svc.py.away")  # removed (moved away: probe37av H1's variant)
     code.rename(aside)
     code_, st = ops.json("service", "status", "local")
-    was = "current's code was changed after the service started (engine/svc.py, "
+    was = "current's code was changed after the service started (engine/svc.py (removed), "
     assert was + "engine/svc.py.away (added))" in str(st), st  # (a name it never ran: az M1)
     aside.rename(code)
     code_, st = ops.json("service", "status", "local")
@@ -1163,7 +1163,7 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     away = code.parent.with_name("engine.away")  # its whole directory gone
     code.parent.rename(away)
     code_, st = ops.json("service", "status", "local")
-    assert "the service started (engine/__main__.py, engine/svc.py" in str(st), st
+    assert "started (engine/__main__.py (removed), engine/svc.py (removed)" in str(st), st
     away.rename(code.parent)
     code_, st = ops.json("service", "status", "local")
     assert "after the service started" not in str(st), st

@@ -521,6 +521,9 @@ def test_full_disk_at_send_is_a_failed_step(small_disk: Path, tmp_path: Path) ->
         assert text.count("Cannot write") == 2, text  # the step's line and the result's
         steps_seen = [s["name"] for s in ops.record("deploy")["results"][0]["steps"]]
         assert steps_seen[-1] == "send", steps_seen
+        # one line, so the console (a step's first line) shows the cause and the fix (bd L2)
+        sent = ops.record("deploy")["results"][0]["steps"][-1]["detail"]
+        assert "\n" not in sent and "No space left" in sent and "(free space under" in sent
         filler.unlink()
         assert ops.current() == r1 and ops.serving() == r1
         assert [p.name for p in (ops.root / "releases").iterdir()] == [r1]

@@ -1,8 +1,8 @@
-"""Scripts sent to a host as `python -c` (stdlib only; of ops they import only the module
-sent with them, `pending`): the
+"""Scripts sent to a host as `python -c` (stdlib only; of ops they import only the modules
+sent with them, `pending` and `release_files`): the
 process manager (`procman`) and the releases' host side (`releases`: list, finalize, switch,
 revert, prune inside the remote root), with the deploy.pending record's rules they share
-(`pending`).
+(`pending`), and how a release's files are told from what was installed (`release_files`).
 
 They run on the host. The control plane reads them and sends them packed (`source`, used by
 `ops.service.managers` and `ops.deploy.host_actions`); nothing imports them as modules at run
@@ -13,7 +13,8 @@ import base64
 import zlib
 from pathlib import Path
 
-SHARED = "pending"  # the module both scripts import (ops.hostside.pending), sent in front
+# the modules both scripts import (ops.hostside.pending, .release_files), sent in front
+SHARED = ("pending", "release_files")
 
 
 def _packed(name: str) -> str:
@@ -25,16 +26,15 @@ def _packed(name: str) -> str:
 def source(name: str) -> str:
     """What is sent as `python -c` for the host-side script `name`: one line that unpacks the
     script's text (zlib, base85: no quote or backslash in it) and runs it as `__main__`, with
-    tracebacks naming ops/hostside/NAME.py and its lines. In front of it, the shared module
-    `ops.hostside.pending`, run into a module of that name in `sys.modules`: the script's
+    tracebacks naming ops/hostside/NAME.py and its lines. In front of it, the shared modules
+    (`SHARED`), each run into a module of its name in `sys.modules`: the script's
     `from ops.hostside.pending import ...` finds it there, on a host with no ops installed.
     Sent as plain text, the two scripts outgrew what one argument may be (the kernel's 128
     KiB, MAX_ARG_STRLEN): the revert guard carries both in one shell script, and over SSH a
     whole command is one argument of the remote user's shell."""
-    shared = f"ops.hostside.{SHARED}"
-    return (
-        "import base64,sys,types,zlib;"
-        f'sys.modules["{shared}"]=types.ModuleType("{shared}");'
-        f'exec({_packed(SHARED)},sys.modules["{shared}"].__dict__);'
-        f"exec({_packed(name)})"
+    front = "".join(
+        f'sys.modules["ops.hostside.{mod}"]=types.ModuleType("ops.hostside.{mod}");'
+        f'exec({_packed(mod)},sys.modules["ops.hostside.{mod}"].__dict__);'
+        for mod in SHARED
     )
+    return f"import base64,sys,types,zlib;{front}exec({_packed(name)})"

@@ -67,6 +67,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 from ops.hostside.pending import ID_RE, not_whole, switched_by
+from ops.hostside.release_files import added_since, digest_since, listed, listed_changed
 
 FAST_POLL_S = 5.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
 ENV_ROOT, ENV_SERVICE = "DDTREE_OPS_ROOT", "DDTREE_OPS_SERVICE"  # whose service a process is
@@ -904,9 +905,6 @@ def unproven_current(root: str) -> str | None:
     return None if os.path.isfile(f"{current}/proven.json") else current[len(releases) :]
 
 
-EDIT_SLACK_S = 2.0  # a process's start time from /proc is good to about a second
-
-
 def untried(root: str, pid: object, cwd: str | None) -> str | None:
     """Why a start of `current` would not run what the service, running it, runs: current
     changed after the service started (probe37au H1: its service.env edited; a deploy that
@@ -952,110 +950,18 @@ def env_untried(root: str, pid: int, man: dict, start: float | None) -> str | No
     return f"{said} (it is not as installed, and no key shows how it runs)"
 
 
-MAX_CODE_FILES = 10000  # what one look at a release's files weighs at most
-
-
 def code_untried(current: str, man: dict, start: float | None) -> str | None:
     """current's code changed after the service started: a file release.json (`man`) lists,
-    changed since `start` (its ctime) and no longer as installed (its sha256), or gone; or a
-    file it does not list, added since (`added_since`)."""
+    changed since `start` (its ctime) and no longer as installed (its sha256), or gone
+    (`listed_changed`); or a file it does not list, added since (`added_since`)."""
     files = man.get("files")
     if not isinstance(files, dict) or start is None:
         return None
-    changed = []
-    for rel, sha in list(files.items())[:MAX_CODE_FILES]:
-        if not isinstance(rel, str) or not isinstance(sha, str) or ".." in rel.split("/"):
-            continue
-        path = os.path.join(current, rel.lstrip("/"))
-        if not os.path.lexists(path):  # removed after the start: its nearest directory left
-            # changed then (a whole directory removed too)
-            left = os.path.dirname(path)
-            while left.startswith(current + "/") and not os.path.lexists(left):
-                left = os.path.dirname(left)
-            if changed_since(left, start):
-                changed.append(rel)
-            continue
-        held = digest_since(path, start)
-        if held is not None and held != sha:
-            changed.append(rel)
+    changed = listed_changed(current, files, start)
     changed += [f"{name} (added)" for name in added_since(current, set(files), start)]
     if not changed:
         return None
     return f"current's code was changed after the service started ({listed(changed)})"
-
-
-# what a release holds that release.json does not list: ops's own files at its top, and
-# what its service writes while it runs (the hook's status, counters, a shadow's cases)
-RELEASE_OWN = {"release.json", "service.env", "proven.json", "rejected.json"}
-RELEASE_RUNTIME = {"run"}
-
-
-def added_since(current: str, files: set[str], start: float) -> list[str]:
-    """The files in the release at `current` that release.json (`files`) does not list, added
-    (or replaced) after `start`: a sitecustomize.py dropped into current runs at the next start
-    as surely as an edit does (probe37az M1). Only a directory changed since then (a name
-    added to it changes its ctime) has its files looked at; at most MAX_CODE_FILES entries."""
-    found: list[str] = []
-    seen, todo = 0, [""]
-    while todo and seen < MAX_CODE_FILES:
-        rel = todo.pop()
-        where = os.path.join(current, rel) if rel else current
-        try:
-            fresh = changed_since(where, start)
-            entries = list(os.scandir(where))
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            name = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.name == "__pycache__" or (not rel and entry.name in RELEASE_RUNTIME):
-                continue
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
-            if is_dir:
-                todo.append(name)
-            elif fresh and name not in files and not (not rel and name in RELEASE_OWN):
-                if changed_since(entry.path, start):
-                    found.append(name)
-    return sorted(found)
-
-
-def changed_since(path: str, start: float | None) -> bool:
-    """`path` (not followed) was changed after `start` (with a second's slack for /proc's)."""
-    try:
-        return start is not None and os.lstat(path).st_ctime > start + EDIT_SLACK_S
-    except OSError:
-        return False
-
-
-def digest_since(path: str, start: float | None) -> str | None:
-    """The sha256 of `path` where it was changed after `start` ("" where it is then no
-    regular file, or cannot be read: not the file installed), None where it was not."""
-    if not changed_since(path, start):
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return ""  # (a link, or unreadable now)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ""
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):  # (streamed: a big file is no big read)
-            digest.update(chunk)
-        return digest.hexdigest()
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-
-
-def listed(names: list[str]) -> str:
-    """Up to five names (each cut to 80 characters), and how many more."""
-    shown = ", ".join(n[:80] for n in names[:5])
-    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def runs_with(key: str, value: str, running: dict[str, str]) -> bool:

@@ -57,6 +57,7 @@ import sys
 import time
 
 from ops.hostside.pending import ID_RE, not_whole, switched_by
+from ops.hostside.release_files import added_since, listed_changed
 
 STAGING_RE = re.compile(r"^\.staging-[A-Za-z0-9_.-]+$")
 MAX_JSON = 1 << 20  # release.json, rejected.json, deploy.pending: none is near a MiB
@@ -931,81 +932,20 @@ def damage(release: str, name: str | None) -> tuple[dict, str | None]:
     return fields, damaged
 
 
-EDIT_SLACK_S = 2.0  # a file written with release.json (a second's clock granularity)
-MAX_CODE_FILES = 10000  # what one look at a release's files weighs at most
-# what a release holds that release.json does not list: ops's own files at its top, and
-# what its service writes while it runs (the hook's status, counters, a shadow's cases)
-RELEASE_OWN = {"release.json", "service.env", "proven.json", "rejected.json"}
-RELEASE_RUNTIME = {"run"}
-
-
 def code_edited(release: str, files: dict | None) -> list[str]:
     """The files of the release directory that are not as installed (probe37bd M3: an edited
     release was listed clean, and a rollback went to it without a word): one release.json
     (`files`: path -> sha256) lists, changed since release.json was written (its ctime) to
-    other bytes, or removed; or one it does not list, added since (a sitecustomize.py runs at
-    a start as surely as an edit does). Only what changed since then is read; at most
-    MAX_CODE_FILES entries are looked at; [] where it cannot be told."""
+    other bytes, or removed; or one it does not list, added since. [] where it cannot be
+    told."""
     if not isinstance(files, dict):
         return []
     try:
-        since = os.lstat(os.path.join(release, "release.json")).st_ctime + EDIT_SLACK_S
+        start = os.lstat(os.path.join(release, "release.json")).st_ctime
     except OSError:
         return []
-    found: list[str] = []
-    for rel, sha in list(files.items())[:MAX_CODE_FILES]:
-        if not isinstance(rel, str) or not isinstance(sha, str) or ".." in rel.split("/"):
-            continue
-        path = os.path.join(release, rel.lstrip("/"))
-        try:
-            info = os.lstat(path)
-        except OSError:
-            found.append(f"{rel} (removed)")
-            continue
-        if info.st_ctime > since and sha256_of(path) != sha:
-            found.append(rel)
-    seen, todo = 0, [""]
-    while todo and seen < MAX_CODE_FILES:
-        sub = todo.pop()
-        where = os.path.join(release, sub) if sub else release
-        try:
-            fresh = os.lstat(where).st_ctime > since  # (a name added changes its directory)
-            entries = list(os.scandir(where))
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            name = f"{sub}/{entry.name}" if sub else entry.name
-            if entry.name == "__pycache__" or (not sub and entry.name in RELEASE_RUNTIME):
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    todo.append(name)
-                elif fresh and name not in files and not (not sub and name in RELEASE_OWN):
-                    if entry.stat(follow_symlinks=False).st_ctime > since:
-                        found.append(f"{name} (added)")
-            except OSError:
-                continue
-    return sorted(found)
-
-
-def sha256_of(path: str) -> str:
-    """The sha256 of the regular file `path` ("" where it is no regular file or unreadable)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return ""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ""
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-        return digest.hexdigest()
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
+    added = added_since(release, set(files), start)
+    return listed_changed(release, files, start) + [f"{name} (added)" for name in added]
 
 
 def env_problem(release: str) -> str | None:
