@@ -629,6 +629,34 @@ def test_disk_full_after_a_failed_restart_still_brings_the_old_release_back(
         end_services(ops.root)
 
 
+def test_disk_full_at_a_failed_post_flight_says_the_mark_it_could_not_write(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """probe37be M1 (medium): the disk filled during a post-flight that failed: the release
+    could not be marked rejected, and the try after the rollback read the current the rollback
+    itself had moved as "moved while its post-flight ran (the host's guard?)": the mark was
+    given up, the disk never named, and `ops rollback --to` stayed open to it unsaid."""
+    ops = ops_on(small_disk, tmp_path)
+    try:
+        assert ops.deploy("--bootstrap").returncode == 0
+        r1 = ops.current()
+        commit_change(ops.src, "engine/svc.py", 'default=""', 'default="bad"')  # other tokens
+        proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
+        filler, held_until = fill(small_disk, hold_s=10), time.monotonic() + 10
+        out, err = proc.communicate(timeout=120)
+        said = " ".join((out + seen + err).split())
+        assert proc.returncode == 1 and no_traceback(err), said
+        result = ops.record("deploy")["results"][0]
+        r2 = result["release"]
+        assert ops.current() == r1 and ops.serving() == r1, said
+        assert f"{r2} could not be marked rejected" in result["message"], result["message"]
+        assert "while its post-flight ran" not in result["message"], result["message"]
+        time.sleep(max(0.0, held_until - time.monotonic()))
+        filler.unlink()
+    finally:
+        end_services(ops.root)
+
+
 def test_full_disk_at_finalize_is_one_line(small_disk: Path, tmp_path: Path) -> None:
     ops = ops_on(small_disk, tmp_path)
     try:

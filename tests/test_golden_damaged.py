@@ -383,3 +383,78 @@ def test_a_bootstrap_over_proven_releases_records_no_golden_set(ops: DeployOps) 
     text = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 1 and "postflight: FAIL" in text, text  # its other tokens, seen
     assert ops.current() == r2 and ops.serving() == r2
+
+
+def wait_answering(port: int, seconds: float = 20) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing answers on port {port}")
+
+
+def test_a_golden_set_is_never_recorded_from_what_answers_on_a_stopped_services_port(
+    svc: ServiceOps,
+) -> None:
+    """probe37be H1 (high): the service stopped, another program answering on its port: `ops
+    healthcheck --record-golden` said the service is down (FAIL), yet replaced the golden set
+    with that program's tokens (so did a deploy's pre-flight with no golden set). Every later
+    check of the real service then failed identity. Nothing is recorded while the service is
+    not running; the golden set stays as it was."""
+    assert svc.json("service", "start", "local")[0] == 0
+    assert svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")[0] == 0
+    golden = svc.tmp / "root" / "golden" / "golden.json"
+    recorded = golden.read_bytes()
+    assert svc.json("service", "stop", "local")[0] == 0
+    other = subprocess.Popen(  # another program on its port, answering other tokens
+        [sys.executable, str(FAKE_SERVICE), "--port", str(svc.port), "--salt", "other"],
+        cwd="/",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_answering(svc.port)
+        code, doc = svc.json("healthcheck", "local", "--record-golden", "--max-tokens", "4")
+        assert code == 1 and "service" in doc["failed"], doc["failed"]
+        assert identity(doc)["detail"].startswith("NOT RECORDED: the service is inactive"), doc
+        assert golden.read_bytes() == recorded and not golden.with_name("golden.json.1").exists()
+    finally:
+        other.terminate()
+        other.wait(10)
+    assert svc.json("service", "start", "local")[0] == 0
+    code, doc = svc.json("healthcheck", "local")
+    assert code == 0 and identity(doc)["status"] == "pass", doc["failed"]
+
+
+def test_a_golden_set_is_recorded_only_from_current_as_the_service_runs_it(
+    ops: DeployOps,
+) -> None:
+    """probe37be H2 (high): current switched by hand to a rejected release, the service
+    restarted on it with --force, current switched back to a proven one: `--record-golden`
+    recorded the rejected release's tokens. It is refused while the service runs another
+    release than current, and where current is rejected; the ways named work."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    good = ops.current()
+    commit_change(ops.src, "engine/svc.py", 'default=""', 'default="bad"')
+    assert ops.deploy().returncode == 1  # it fails identity: rejected, the host back on good
+    bad = next(p.name for p in (ops.root / "releases").iterdir() if p.name != good)
+    assert (ops.root / "releases" / bad / "rejected.json").exists()
+    golden = ops.root / "golden" / "golden.json"
+    recorded = golden.read_bytes()
+    link = ops.root / "current"
+    link.unlink()
+    link.symlink_to(f"releases/{bad}")
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and f"current ({bad}) failed a post-flight (rejected)" in text
+    assert ops("service", "restart", "local", "--force").returncode == 0
+    link.unlink()
+    link.symlink_to(f"releases/{good}")
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and f"the service runs {bad}, not current ({good})" in text, text
+    assert golden.read_bytes() == recorded
+    assert ops("service", "restart", "local").returncode == 0  # the way named
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -1161,3 +1161,24 @@ def test_a_deploy_is_never_rolled_back_while_its_new_release_serves(ops: Ops) ->
     _worker_gone(pidfile)
     assert ops("service", "restart", "local").returncode == 0
     assert ops.serving() == r1
+
+
+def test_a_host_python_that_hangs_is_said_to_have_hung(tmp_path: Path) -> None:
+    """probe37be M3 (medium): the target's `python` hung (here a script that sleeps): `ops
+    service status` waited its 60 s, then said "process manager printed no result (exit 124):
+    no output", never that the command timed out nor which program hung."""
+    hang = tmp_path / "hangpy"
+    hang.write_text("#!/bin/bash\nexec sleep 1000\n")
+    hang.chmod(0o755)
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.local]\nremote_root = '{tmp_path / 'root'}'\npython = '{hang}'\n"
+        "[targets.local.service]\nurl = 'http://127.0.0.1:9'\n"
+    )
+    env = {**os.environ, "OPS_RUNS_DIR": str(tmp_path / "runs")}
+    env.pop("OPS_INVENTORY", None)
+    argv = [sys.executable, "-m", "ops", "service", "status", "local", "--inventory", str(inv)]
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    text = said(res)
+    assert res.returncode == 2, text
+    assert f"{hang} did not finish in 60 s and was stopped (does the host's python hang?" in text

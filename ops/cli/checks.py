@@ -45,8 +45,9 @@ def healthcheck(
         typer.Option(
             "--record-golden",
             help="Record the golden set instead of comparing (under the host lock; refused "
-            "while a switch is unproven, or where current never passed a post-flight and "
-            "another release did).",
+            "while a switch is unproven, where current never passed a post-flight and "
+            "another release did, where current was rejected, or the service runs another "
+            "release than current; nothing is recorded while the service is not running).",
         ),
     ] = False,
     golden: Annotated[
@@ -89,6 +90,7 @@ def healthcheck(
         with host.lock("healthcheck --record-golden"):
             from ops.deploy.deploy import newest_proven
             from ops.deploy.host_actions import host_releases
+            from ops.service.managers import manager_for
 
             listing = host_releases(host, "list")
             if listing.get("pending"):
@@ -99,6 +101,26 @@ def healthcheck(
                 )
             cur = next((r for r in listing["releases"] if r["current"]), None)
             back = newest_proven(listing)
+            cwd = manager_for(host).status().runs_from or ""
+            parent, _, runs = cwd.rstrip("/").rpartition("/")  # the release it runs, if any
+            if cur is not None and cur.get("rejected"):
+                raise OpsError(
+                    f"{host.name}: current ({cur['id']}) failed a post-flight (rejected): the "
+                    "golden set is never recorded from it",
+                    hint=(
+                        f"ops rollback {host.name} goes back to a release that passed; record there"
+                        if back
+                        else "deploy a release that passes, then record"
+                    ),
+                )
+            # (probe37be H2: recorded from a rejected release the service ran, current switched
+            # back to a proven one by hand)
+            if cur is not None and parent.endswith("/releases") and runs != cur["id"]:
+                raise OpsError(
+                    f"{host.name}: the service runs {runs}, not current ({cur['id']}): the golden "
+                    "set is recorded only from current as the service runs it",
+                    hint=f"ops service restart {host.name} runs current; then record",
+                )
             if cur is not None and not cur.get("proven") and back:
                 # nor from one that never passed a post-flight while one that did is there
                 # (probe37as L3: a NOT CHECKED release became what "correct" is)

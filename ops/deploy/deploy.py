@@ -37,6 +37,7 @@ from typing import Any
 
 from ops.deploy.host_actions import (
     DEPLOY_HOST_SOURCE,
+    Guard,
     current_unstartable,
     disk_fix,
     edited_since_installed,
@@ -202,6 +203,7 @@ class Deployer:
         self._golden_withheld: str | None = None  # a bootstrap's golden set not recorded: the
         # newest proven release on the host, which it is to be recorded from
         self._lingered = ""  # a settled guard that did not end when let go, said
+        self._guard: Guard | None = None  # the revert guard of the switch under way
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -331,6 +333,11 @@ class Deployer:
                 what += " and restarts the service (logs/guard.log says how it went)"
         elif self._switched:
             what = f"current is still {self._switched} (switched, not proven)"
+            if self._guard is not None and self._guard.ended:  # (probe37be M2: unsaid)
+                what += (
+                    "; the host's revert guard did not put it back in time and was ended "
+                    f"(stopped?): ops rollback {self.target.name} puts the host back and proves it"
+                )
             if self._no_way_back:
                 what += f"; no way back: {self._no_way_back}"
         elif self._adopted:  # only the adopt step's switch, onto what the service runs
@@ -1181,6 +1188,8 @@ class Deployer:
         unfinal: Step | None = None  # the commit that failed: the switch not made final
         rolled: DeployResult | None = None  # the result of a rollback after a failed check
         with revert_guard(self.host, restart) as guard:
+            guard.said = lambda text: self.progress(text, None)
+            self._guard = guard
 
             def switch() -> tuple[Status, str, dict[str, Any]]:
                 try:
@@ -1428,7 +1437,7 @@ class Deployer:
         kept: list[str] = []
         unmarked = self._reject(rid, failed, kept)  # a mark not written must not stop it
         res = self._roll_back(mgr, rid, before, failed)
-        if unmarked and self._reject(rid, failed, kept):  # tried again once the host is back
+        if unmarked and self._reject(rid, failed, kept, again=True):  # once the host is back
             res.message += (
                 f"; {rid} could not be marked rejected ({unmarked}): `ops releases` shows it "
                 "unproven, and `ops rollback --to` would take it"
@@ -1473,10 +1482,12 @@ class Deployer:
         host, serving a second later, was said not to serve)."""
         return max(self.opts.wait_s, REVERT_WAIT_S)
 
-    def _reject(self, rid: str, failed: Step, kept: list[str]) -> str | None:
+    def _reject(self, rid: str, failed: Step, kept: list[str], again: bool = False) -> str | None:
         """Mark `rid` rejected for `failed` (not for a cause outside the release, nor a release
         that passed a post-flight: the host side keeps it, said into `kept`); why it could not
-        be marked (a full disk), or None."""
+        be marked (a full disk), or None. `again`: a second try after this deploy's own
+        rollback, which moved current itself (probe37be M1: read as moved under the checks,
+        the mark was given up and the disk's refusal never said)."""
         if self._blocked:
             return None
         if self._outlasted and failed.name == "restart":  # (probe37ac M1: a good release)
@@ -1485,7 +1496,7 @@ class Deployer:
                 "--wait lets it prove itself"
             )
             return None
-        if failed.name == "postflight":
+        if failed.name == "postflight" and not again:
             now, _ = self._ask_current()
             if now is not None and now != rid:  # moved under its checks (probe37am M1)
                 kept.append(

@@ -8,7 +8,7 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,9 @@ from ops.service.managers import PROCMAN_SOURCE, ProcessManager, logfile, pidfil
 DEPLOY_HOST_SOURCE = source("releases")
 
 
+HOST_SIDE_S = 300  # what one host-side action may take (a prune of big releases included)
+
+
 def host_json(
     host: Host, src: str, args: list[str], step: str, stdin: bytes | None = None
 ) -> tuple[dict, int]:
@@ -32,7 +35,7 @@ def host_json(
         [host.target.python, "-S", "-c", src, *args],
         stdin=stdin,
         warn=True,
-        timeout=300,
+        timeout=HOST_SIDE_S,
         step=step,
     )
     if res.rc < 0 or res.rc > 128:  # a signal ended it (or the shell around it): its result,
@@ -45,6 +48,13 @@ def host_json(
             step=step,
         )
     doc = res.last_json()
+    if doc is None and res.timed_out:  # (probe37be M3: said as "no result (exit 124)")
+        raise HostError(
+            f"{host.target.python} did not finish in {HOST_SIDE_S} s and was stopped (does the "
+            "host's python hang? the target's `python` names it)",
+            target=host.name,
+            step=step,
+        )
     if doc is None:
         if "Traceback (most recent call last)" in res.stderr:  # ours raised: one line, exit 4
             last = res.stderr.strip().splitlines()[-1][:300]
@@ -260,6 +270,8 @@ class Guard:
 
     settled: bool = False
     lingered: bool = False  # settled, but it did not end when let go (stopped?): said
+    ended: bool = False  # not settled, and it did not end in its wait: ended (stopped?)
+    said: Callable[[str], None] | None = None  # a progress line, before a wait for it
 
 
 # A settled guard ends as soon as ops lets it go; one that does not (stopped: SIGSTOP, a
@@ -306,7 +318,10 @@ def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
     finally:
         with interrupts_held():
             wait = host.target.service.stop_timeout + 120
+            if not guard.settled and guard.said:  # (probe37be M2: 2 minutes in silence)
+                guard.said(f"guard: up to {wait:g} s for the host's guard to put the host back")
             t0 = time.monotonic()
             proc.finish(SETTLED_GUARD_WAIT_S if guard.settled else wait)
             took = time.monotonic() - t0
             guard.lingered = guard.settled and took >= SETTLED_GUARD_WAIT_S - 0.5
+            guard.ended = not guard.settled and took >= wait - 0.5

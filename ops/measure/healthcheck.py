@@ -174,7 +174,14 @@ def run_healthcheck(
     mute = next((c for c in health["checks"] if _unanswered(c)), None)
 
     progress("token identity")
-    if healthy and mute is None:
+    if record_golden and not st.active:  # (probe37be H1: another program on its port answered,
+        # and what "correct" is was recorded from it while this check said the service is down)
+        why = (
+            f"NOT RECORDED: the service is {st.state}, so what answers on its port is not known "
+            "to be it; a golden set is recorded only from the service running"
+        )
+        check, data = Check(name="identity", status="fail", detail=why), None
+    elif healthy and mute is None:
         check, data = _identity(
             host, golden, record_golden, aa_runs, timeout, max_tokens, damaged_golden
         )

@@ -480,6 +480,11 @@ class ProcessManager(ServiceManager):
                     step=f"service {action}",
                 )
             said = res.tail() or res.tail("stdout") or "no output"
+            if res.timed_out:  # (probe37be M3: said as "no result (exit 124)")
+                said = (
+                    f"{self.target.python} did not finish in {timeout:g} s and was stopped (does "
+                    "the host's python hang? the target's `python` names it)"
+                )
             if action in ("up", "restart", "stop"):  # (killed, say): it may have stopped it
                 said += "; " + self.state_now()
             if action == "restart":  # its worker runs on in a session of its own
