@@ -29,10 +29,10 @@ from ops.cli.common import (
     recorded,
     state,
 )
-from ops.deploy.host_actions import files_said
 from ops.deploy.result import MAX_KEEP
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError, took_signal
 from ops.hosts.remote import Host, open_host
+from ops.hostside.release_files import listed
 
 if TYPE_CHECKING:  # each command imports ops.deploy.deploy when it runs (a fast `ops` start)
     from ops.deploy.deploy import DeployResult, Step
@@ -313,7 +313,7 @@ def releases(
     for r in [r for r in doc["releases"] if r.get("code_edited")][:SHOWN_DAMAGED]:
         err.print(  # (probe37bd M3)
             f"[yellow]warning:[/] {r['id']}'s files were changed since it was installed "
-            f"(edited by hand?): {escape(files_said(r['code_edited']))}; its code is not the "
+            f"(edited by hand?): {escape(listed(r['code_edited']))}; its code is not the "
             "one its checks passed with"
         )
     odd = doc.get("not_releases") or []

@@ -17,6 +17,7 @@ from ops.errors import HostError, HostSideBug, OpsError, took_signal
 from ops.hosts.inventory import Target
 from ops.hosts.remote import INTERRUPT_SIGNALS, Host, shell_path
 from ops.hostside import source
+from ops.hostside.release_files import listed
 from ops.service.managers import PROCMAN_SOURCE, ProcessManager, logfile, pidfile
 
 DEPLOY_HOST_SOURCE = source("releases")
@@ -91,12 +92,6 @@ DISK_FIXES = {
 }
 
 
-def files_said(names: list[str]) -> str:
-    """Up to five file names (each cut to 80 characters), and how many more."""
-    shown = ", ".join(str(n)[:80] for n in names[:5])
-    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
 def edited_since_installed(listing: dict, rid: str | None) -> str | None:
     """What of release `rid` was changed by hand since it was installed, as the host's
     listing says (its files, its service.env); None: nothing, or no such release."""
@@ -106,7 +101,7 @@ def edited_since_installed(listing: dict, rid: str | None) -> str | None:
     said = list(rel.get("code_edited") or []) + (["service.env"] if rel.get("env_edited") else [])
     if not said:
         return None
-    return f"{rid}'s files were changed since it was installed (by hand?): {files_said(said)}"
+    return f"{rid}'s files were changed since it was installed (by hand?): {listed(said)}"
 
 
 def disk_fix(why: str, root: str) -> str:

@@ -5,8 +5,9 @@ revert, prune inside the remote root), with the deploy.pending record's rules th
 (`pending`), and how a release's files are told from what was installed (`release_files`).
 
 They run on the host. The control plane reads them and sends them packed (`source`, used by
-`ops.service.managers` and `ops.deploy.host_actions`); nothing imports them as modules at run
-time (tests do, to use their helpers).
+`ops.service.managers` and `ops.deploy.host_actions`); of them it imports only
+`release_files.listed`, to name changed files as the host side does (tests import more, to use
+their helpers).
 """
 
 import base64
