@@ -45,7 +45,7 @@ from ops.cli.report import report
 from ops.cli.rollout import rollout
 from ops.cli.service import serve, service_app
 from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, interrupt_said, took_signal
-from ops.hosts.remote import Host
+from ops.hosts.remote import Host, heartbeat_s
 
 if TYPE_CHECKING:  # imported by the facts command (a fast `ops` start)
     from ops.hosts.facts import Facts, Tool
@@ -78,6 +78,10 @@ def _main(
     _inventory: InventoryOpt = None,
 ) -> None:
     """Build, prove, benchmark and roll out DDTree kernels onto live inference hosts."""
+    try:
+        heartbeat_s()  # read by every long host command: a bad value is said before any
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="OPS_HEARTBEAT_S") from None
     state(ctx)  # the shared options (also accepted after the command) live on ctx.obj
 
 

@@ -335,6 +335,7 @@ def on_target(
 
     def body(_run: RunDir) -> Done[R]:
         with open_host(t) as host:
+            say_waits(host)
             return act(host)
 
     try:
@@ -342,6 +343,20 @@ def on_target(
     except RecordedInterrupt as stop:
         return interrupted(st, stop.run, stop.where)
     return finish(st, run, done, show, doc=doc, always=always, record_line=record_line)
+
+
+def say_waits(host: Host) -> None:
+    """A host command that runs long says so each minute, with its bound (probe37bf M1: a
+    restart onto a service that never answers, a hung host python: silent for minutes)."""
+
+    def still(what: str, ran: float, bound: float) -> None:
+        err.print(
+            f"[dim]{escape(what)} still runs on {escape(host.name)} ({ran:.0f} s; stopped at "
+            f"{bound:g} s)[/]",
+            soft_wrap=True,
+        )
+
+    host.on_wait = still
 
 
 def say_service_down(url: str, why: str, target: str) -> None:

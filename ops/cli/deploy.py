@@ -27,6 +27,7 @@ from ops.cli.common import (
     on_target,
     out,
     recorded,
+    say_waits,
     state,
 )
 from ops.deploy.result import MAX_KEEP
@@ -223,6 +224,7 @@ def releases(
     st = state(ctx)
     t = st.target(target)
     with open_host(t) as host:
+        say_waits(host)
         doc = host_releases(host, "list")
     if st.as_json:
         emit_json(doc)

@@ -44,6 +44,18 @@ EXIT_CODES = (
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"),
 )
 
+# what ops reads from its environment, beside each option's own [env var: ...]
+ENVIRONMENT = (
+    ("OPS_RUNS_DIR", "where run records go (default: ./runs)"),
+    (
+        "OPS_HEARTBEAT_S",
+        "how often a host command that runs long (a build, a self-test, a restart's wait for "
+        "/health, a hung host python) says it still runs, in seconds from 1 to 3600 "
+        "(default: 60)",
+    ),
+    ("OPS_DEBUG", "`1` adds the traceback to an internal error"),
+)
+
 # the metavar of a value whose option names none, by the parameter's Python type
 _TYPE_METAVAR = {int: "INT", float: "FLOAT", str: "TEXT", Path: "PATH"}
 
@@ -182,6 +194,8 @@ def render() -> str:
         "",
     ]
     lines += [f"- {code}: {what}" for code, what in EXIT_CODES]
+    lines += ["", "Environment, for every command:", ""]
+    lines += [f"- `{name}`: {what}" for name, what in ENVIRONMENT]
     lines.append("")
 
     def walk(cmd: Any, ctx: Any, path: list[str]) -> None:

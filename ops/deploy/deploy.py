@@ -29,13 +29,13 @@ import posixpath
 import shlex
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ops.deploy.host_actions import (
+    ASK_AFTER_INTERRUPT_S,
     DEPLOY_HOST_SOURCE,
     Guard,
     current_unstartable,
@@ -93,7 +93,6 @@ __all__ = [
 ]
 
 BUILD_TIMEOUT_S = 1800
-HEARTBEAT_S = 60  # a build or self-test says it still runs this often (and twice before its bound)
 REVERT_WAIT_S = DeployOptions.model_fields["wait_s"].default  # a revert waits at least this
 
 
@@ -177,6 +176,7 @@ class Deployer:
         self, host: Host, opts: DeployOptions, progress: Callable[[str, Step | None], None]
     ) -> None:
         self.host, self.opts, self.progress = host, opts, progress
+        host.on_wait = self._still_runs
         self.target = host.target
         self._began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # guard.log's clock
         self.root = host.target.remote_root
@@ -216,8 +216,7 @@ class Deployer:
         t0 = time.monotonic()
         if name in UNDER_THE_LOCK and self.host.lock_lost():
             fn = self._lock_lost
-        with self._heartbeat(name):
-            status, detail, data = fn()
+        status, detail, data = fn()
         self._running = None
         evidence = clip_lines(data.pop("evidence", []))
         svc = data.get("service")
@@ -237,30 +236,13 @@ class Deployer:
             raise StepFailed(st)
         return st
 
-    def _bound(self, name: str) -> float | None:
-        """The seconds a long step (the build, the self-test) may run on the host."""
-        return {"build": BUILD_TIMEOUT_S, "selftest": self.target.selftest_timeout}.get(name)
-
-    @contextlib.contextmanager
-    def _heartbeat(self, name: str) -> Iterator[None]:
-        """A long step says it still runs, with its bound (probe37bd M4: a hung self-test held
-        the host lock for 10 minutes in silence)."""
-        bound = self._bound(name)
-        if bound is None:
-            yield
-            return
-        done, t0 = threading.Event(), time.monotonic()
-
-        def beat() -> None:
-            while not done.wait(min(HEARTBEAT_S, bound / 2)):
-                ran = time.monotonic() - t0
-                self.progress(f"{name} still runs ({ran:.0f} s; stopped at {bound:g} s)", None)
-
-        threading.Thread(target=beat, name=f"{name}-heartbeat", daemon=True).start()
-        try:
-            yield
-        finally:
-            done.set()
+    def _still_runs(self, what: str, ran: float, bound: float) -> None:
+        """A host command that runs long, said as its step (or as itself between steps)
+        with its bound (probe37bd M4, probe37bf M1: a hung self-test, a hung host python and
+        a restart onto a service that never answers were each silent for minutes)."""
+        self.progress(
+            f"{self._running or what} still runs ({ran:.0f} s; stopped at {bound:g} s)", None
+        )
 
     def _lock_lost(self) -> tuple[Status, str, dict[str, Any]]:
         """A step that would change the host, refused: the host lock this deploy took lost its
@@ -298,7 +280,7 @@ class Deployer:
         serving: str | None = None
         in_place = False  # the release is in releases/ (a finalize cut short may have landed)
         try:
-            listing = host_releases(self.host, "list")
+            listing = host_releases(self.host, "list", timeout=ASK_AFTER_INTERRUPT_S)
             now = shown_state(listing.get("current_state"))
             rid = getattr(self, "_rid", None)
             in_place = bool(rid) and any(r.get("id") == rid for r in listing["releases"])

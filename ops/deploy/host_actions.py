@@ -24,10 +24,18 @@ DEPLOY_HOST_SOURCE = source("releases")
 
 
 HOST_SIDE_S = 300  # what one host-side action may take (a prune of big releases included)
+# what asking a host where it is may take after Ctrl-C: the user wants out, and a listing takes
+# a second (probe37bf M1's hung python held an interrupted deploy 5 more minutes)
+ASK_AFTER_INTERRUPT_S = 30
 
 
 def host_json(
-    host: Host, src: str, args: list[str], step: str, stdin: bytes | None = None
+    host: Host,
+    src: str,
+    args: list[str],
+    step: str,
+    stdin: bytes | None = None,
+    timeout: float = HOST_SIDE_S,
 ) -> tuple[dict, int]:
     """Run a stdlib-only host-side module (`src`, its source text) with `args`; its result
     (the last line of stdout, one JSON document) and exit status."""
@@ -36,7 +44,7 @@ def host_json(
         [host.target.python, "-S", "-c", src, *args],
         stdin=stdin,
         warn=True,
-        timeout=HOST_SIDE_S,
+        timeout=timeout,
         step=step,
     )
     if res.rc < 0 or res.rc > 128:  # a signal ended it (or the shell around it): its result,
@@ -51,7 +59,7 @@ def host_json(
     doc = res.last_json()
     if doc is None and res.timed_out:  # (probe37be M3: said as "no result (exit 124)")
         raise HostError(
-            f"{host.target.python} did not finish in {HOST_SIDE_S} s and was stopped (does the "
+            f"{host.target.python} did not finish in {timeout:g} s and was stopped (does the "
             "host's python hang? the target's `python` names it)",
             target=host.name,
             step=step,
@@ -72,10 +80,16 @@ def host_json(
     return (doc if isinstance(doc, dict) else {"error": "the result is not an object"}), res.rc
 
 
-def host_releases(host: Host, action: str, *args: str, stdin: bytes | None = None) -> dict:
+def host_releases(
+    host: Host,
+    action: str,
+    *args: str,
+    stdin: bytes | None = None,
+    timeout: float = HOST_SIDE_S,
+) -> dict:
     """Run one action of `ops.hostside.releases` on the host; a refusal is an OpsError."""
     argv = [action, host.target.remote_root, *args]
-    doc, rc = host_json(host, DEPLOY_HOST_SOURCE, argv, f"releases {action}", stdin)
+    doc, rc = host_json(host, DEPLOY_HOST_SOURCE, argv, f"releases {action}", stdin, timeout)
     if rc != 0:
         why = str(doc.get("error", "refused"))
         raise OpsError(f"{host.name}: {action}: {why}{disk_fix(why, host.target.remote_root)}")

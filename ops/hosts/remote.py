@@ -61,6 +61,10 @@ TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the com
 # the command ended on time (probe37o O4: a post-flight's status, answered, read as timed out)
 LAST_LOOK_S = 1.0
 KILL_GRACE_S = 5  # SIGTERM first, SIGKILL this much later
+# A command still running says so this often (and twice before its bound), where the caller
+# listens (`Host.on_wait`): no wait on the host is silent past a minute (probe37bf M1);
+# OPS_HEARTBEAT_S sets another period (a CI log that wants a line more often)
+HEARTBEAT_S = 60.0
 TREE_EXCLUDE = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs", ".whl", ".gl"}
 # The signals ops takes as Ctrl-C: SIGTERM (a CI timeout, `kill`), SIGHUP (the operator's
 # terminal or SSH session dropped) and SIGQUIT too (probe37c C5), so a deploy's record is
@@ -319,6 +323,8 @@ class Host(ABC):
         self.name = target.name
         self._pythons: dict[str, str | None] = {}  # python -> why it cannot run the data plane
         self._lock_procs: list[Proc] = []  # the holders of host locks held now (`lock`)
+        # told (what, seconds so far, its bound) while a command runs long (`HEARTBEAT_S`)
+        self.on_wait: Callable[[str, float, float], None] | None = None
 
     # -- primitives: the only parts that differ between local and SSH --------------------
     @abstractmethod
@@ -370,11 +376,12 @@ class Host(ABC):
         parts.append(f"timeout -k {KILL_GRACE_S} {max(1, int(timeout + 0.999))} {inner}")
         command = " ".join(parts)
         start, t0 = _now(), time.monotonic()
-        rc, out, err = self._exec(
-            watched(command, len(stdin or b"")),
-            stdin=stdin,
-            deadline_s=timeout + KILL_GRACE_S + 10,
-        )
+        with self._beating(step, timeout):
+            rc, out, err = self._exec(
+                watched(command, len(stdin or b"")),
+                stdin=stdin,
+                deadline_s=timeout + KILL_GRACE_S + 10,
+            )
         duration = time.monotonic() - t0
         timed_out = rc == TIMEOUT_RC and duration >= timeout * 0.98
         result = Result(
@@ -407,6 +414,27 @@ class Host(ABC):
                 result=result,
             )
         return result
+
+    @contextlib.contextmanager
+    def _beating(self, what: str, bound: float) -> Iterator[None]:
+        """Tell `on_wait` every HEARTBEAT_S (twice before a shorter bound) that `what` still
+        runs: a hung host python held a deploy 5 minutes in silence (probe37bf M1)."""
+        told = self.on_wait
+        if told is None:
+            yield
+            return
+        done, t0, period = threading.Event(), time.monotonic(), heartbeat_s()
+
+        def beat() -> None:
+            while not done.wait(min(period, bound / 2)):
+                with contextlib.suppress(Exception):  # a closed console: the command runs on
+                    told(what, time.monotonic() - t0, bound)
+
+        threading.Thread(target=beat, name=f"{what}-heartbeat", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _is_python(self, program: str) -> bool:
         return program == self.target.python or os.path.basename(program).startswith("python")
@@ -770,6 +798,21 @@ def _tar_gz(src: Path) -> bytes:
         for child in sorted(src.iterdir()):
             tar.add(child, arcname=child.name, filter=keep)
     return buf.getvalue()
+
+
+def heartbeat_s() -> float:
+    """How often a long host command says it still runs: OPS_HEARTBEAT_S (seconds, 1 to 3600)
+    where set, else HEARTBEAT_S; ValueError for any other value (the CLI refuses it first)."""
+    raw = os.environ.get("OPS_HEARTBEAT_S", "").strip()
+    if not raw:
+        return HEARTBEAT_S
+    try:
+        period = float(raw)
+    except ValueError:
+        period = float("nan")
+    if not 1 <= period <= 3600:  # (nan fails both)
+        raise ValueError(f"{raw!r} is not a number of seconds from 1 to 3600")
+    return period
 
 
 def open_host(target: Target) -> Host:
