@@ -420,3 +420,10 @@ def test_a_known_hosts_that_is_no_file_is_refused_in_one_line(tmp_path: Path, ki
     res = ops("service", "status", "t", "--inventory", str(inv))
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert f"known_hosts {known}: not a regular file" in res.stderr, res.stderr
+
+
+def test_what_the_user_typed_is_echoed_as_typed(tmp_path: Path) -> None:
+    """probe37bf L1: rich read `:smile:` in an echoed target, ref or id as an emoji code."""
+    for typed in (":smile:", ":smile:[bold]x"):
+        res = ops("healthcheck", typed, "--inventory", str(EXAMPLE))
+        assert res.returncode == 2 and f"unknown target '{typed}'" in res.stderr, res.stderr

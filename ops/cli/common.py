@@ -104,8 +104,8 @@ class LazyConsole:
         return getattr(self.console, name)
 
 
-out = LazyConsole(highlight=False)
-err = LazyConsole(stderr=True, highlight=False)
+out = LazyConsole(highlight=False, emoji=False)  # (probe37bf L1: `:smile:` typed, echoed 😄)
+err = LazyConsole(stderr=True, highlight=False, emoji=False)
 
 
 def escape(markup: str) -> str:
