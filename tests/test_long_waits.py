@@ -70,3 +70,19 @@ def test_a_heartbeat_that_is_no_period_is_refused_in_one_line(ops: Ops) -> None:
         ops.env["OPS_HEARTBEAT_S"] = bad
         line = one_error_line(ops("releases", "local"))
         assert "OPS_HEARTBEAT_S" in line and "from 1 to 3600" in line, line
+
+
+def test_a_restart_not_waited_for_is_started_not_failed(ops: Ops) -> None:
+    """probe37be L2: `ops service restart --wait 0` called a service still starting "failed",
+    exit 1, though it served a moment later."""
+    commit_change(
+        ops.src,
+        "engine/svc.py",
+        "def main() -> None:\n",
+        "def main() -> None:\n    __import__('time').sleep(4)\n",
+    )
+    assert ops.deploy("--bootstrap").returncode == 0
+    code, st = ops.json("service", "restart", "local", "--wait", "0")
+    assert code == 0 and st["state"] == "activating", st
+    assert "/health not waited for (--wait 0)" in st["detail"], st
+    assert ops.serving() == ops.current()

@@ -26,7 +26,7 @@ from ops.cli.common import (
 from ops.deploy.host_actions import interrupts_held
 from ops.errors import EXIT_FAIL, EXIT_OK, HostError, LockHeld, OpsError
 from ops.hosts.remote import Host, _held_by, last_json, shell_path
-from ops.service.managers import ServiceManager, ServiceStatus, manager_for
+from ops.service.managers import NOT_WAITED, ServiceManager, ServiceStatus, manager_for
 
 service_app = typer.Typer(
     help="Start, stop, restart or report the service of a target through its manager.",
@@ -156,7 +156,8 @@ def _service(ctx: typer.Context, verb: str, target: str, wait: float, force: boo
                     raise KeyboardInterrupt(_left(mgr, verb)) from None
             if unlocked:
                 st = st.model_copy(update={"warnings": [*st.warnings, unlocked]})
-        good = (st.active and not st.blocked_by) if verb != "stop" else st.state == "inactive"
+        started = st.active or (wait == 0 and st.detail.endswith(NOT_WAITED))  # (not waited)
+        good = (started and not st.blocked_by) if verb != "stop" else st.state == "inactive"
         return Done(EXIT_OK if good else EXIT_FAIL, "ok" if good else "fail", st)
 
     name, inputs = f"service-{verb}", {"verb": verb}

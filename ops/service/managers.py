@@ -103,6 +103,16 @@ while True:
 """
 
 
+# a start or restart with --wait 0 whose service lives but does not answer yet: started, not
+# failed (probe37be L2: said "failed", exit 1, of one that served a moment later)
+NOT_WAITED = "/health not waited for (--wait 0): ops service status tells once it answers"
+
+
+def not_waited(st: ServiceStatus, wait_s: float, reason: object) -> bool:
+    """A service left starting by --wait 0: alive (its process did not exit), not answering."""
+    return wait_s == 0 and st.state in ("active", "activating") and " exited" not in str(reason)
+
+
 def check_wait(wait_s: float) -> float:
     """A --wait for /health is a finite number of seconds, 0 to a day (refused before the
     service is touched)."""
@@ -350,6 +360,8 @@ class ServiceManager(ABC):
         st = self.status()
         if probe.get("ok"):
             return st
+        if not_waited(st, wait_s, probe.get("reason")):
+            return st.model_copy(update={"detail": f"started; {NOT_WAITED}"})
         return st.model_copy(
             update={
                 "state": "failed" if st.state in ("active", "activating") else st.state,
@@ -603,10 +615,10 @@ class ProcessManager(ServiceManager):
             str(self.service.stop_timeout),  # for this service's unmanaged processes it stops
             timeout=wait_s + 2 * self.service.stop_timeout + 130,
         )
-        return self._after_up(up)
+        return self._after_up(up, wait_s)
 
-    def _after_up(self, up: dict) -> ServiceStatus:
-        """The status an `up` (or a `restart`) document describes."""
+    def _after_up(self, up: dict, wait_s: float) -> ServiceStatus:
+        """The status an `up` (or a `restart`) document describes, after a wait of `wait_s`."""
         doc = up.get("start") or {}
         notes = doc.get("notes") or []
         warned = list(doc.get("warnings") or [])
@@ -630,6 +642,14 @@ class ProcessManager(ServiceManager):
                 update={
                     "detail": f"started pid {doc['pid']}; /health ok after "
                     f"{probe['waited_s']:.1f} s",
+                    "actions": notes,
+                    "warnings": warned,
+                }
+            )
+        if not_waited(st, wait_s, probe.get("reason")):
+            return st.model_copy(
+                update={
+                    "detail": f"started pid {doc['pid']}; {NOT_WAITED}",
                     "actions": notes,
                     "warnings": warned,
                 }
@@ -677,7 +697,7 @@ class ProcessManager(ServiceManager):
             mode(operator, force),
             timeout=wait_s + 3 * grace + 170,
         )
-        return self._after_up(up)
+        return self._after_up(up, wait_s)
 
     def _stop(self) -> dict:
         _, pf, _ = self._paths()
