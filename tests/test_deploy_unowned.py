@@ -10,6 +10,7 @@ full disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -1269,6 +1270,33 @@ def test_a_stopped_deploy_holding_the_lock_is_named_with_its_fix(ops: Ops) -> No
         os.kill(proc.pid, signal.SIGCONT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, seen + err
+
+
+def test_a_deploy_stopped_by_ctrl_z_is_named_with_the_fix_that_resumes_it(ops: Ops) -> None:
+    """probe37bf L2: Ctrl-Z stops the deploy's whole process group; caught starting a child at
+    its post-flight, ops reads D (the child is the stopped one), and the refusal did not say it
+    was stopped. It says so, and the `kill -CONT` it names resumes the deploy to its end."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n")
+    proc, seen = ops.popen_at("postflight ...", *ops.deploy_args())
+    os.killpg(proc.pid, signal.SIGSTOP)  # what a terminal's Ctrl-Z does
+    try:
+        time.sleep(0.5)
+        res = ops("rollback", "local", "--max-tokens", "3")
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and f"pid {proc.pid} is stopped" in text, text
+        fix = text.split("kill -CONT ", 1)[1].split(" lets it finish")[0]
+        if fix.startswith("-- -"):  # the group, as the shell's fg continues it
+            assert fix == f"-- -{proc.pid} (its process group)", fix
+            os.killpg(proc.pid, signal.SIGCONT)
+        else:
+            assert fix == str(proc.pid), fix
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)  # the way named lets it finish
+        assert proc.returncode == 0, seen + err
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (ended: nothing left to continue)
+            os.killpg(proc.pid, signal.SIGCONT)
 
 
 def signal_lock_holders(ops: Ops, sig: signal.Signals) -> list[int]:

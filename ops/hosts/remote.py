@@ -740,23 +740,42 @@ def _held_by(note: str) -> tuple[str, dict[str, Any]]:
     return f"host lock held by {who} ({info['purpose']}) since {info['since']}", info
 
 
+def _stat(pid: int | str) -> list[str]:
+    """A process's /proc stat fields after its name: [state, ppid, pgrp, ...]; [] if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return []
+
+
 def _stopped_here(info: dict[str, Any]) -> str:
     """Where the lock's holder is an ops on this machine that is stopped (SIGSTOP, Ctrl-Z), the
     phrase that says so and names the way on (probe37o O1: a stopped deploy holds the lock
-    until someone resumes or ends it); else ""."""
+    until someone resumes or ends it); else "". Ctrl-Z stops the whole process group: an ops
+    caught starting a child waits on it (state D), and the child is the stopped one (probe37bf
+    L2), so the group is what is continued."""
     pid = info.get("pid")
     if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return ""
+    fields = _stat(pid)
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, IndexError):
+    except OSError:
         return ""
-    if state not in ("T", "t") or not any(b"ops" in a for a in argv):
+    if len(fields) < 3 or not any(b"ops" in a for a in argv):
         return ""
+    state, group = fields[0], fields[2]
+    stopped_kin = [  # others of its process group stopped with it (a Ctrl-Z's group stop)
+        p
+        for p in filter(str.isdigit, os.listdir("/proc"))
+        if p != str(pid) and (f := _stat(p))[2:3] == [group] and f[0] in ("T", "t")
+    ]
+    if state not in ("T", "t") and not (state == "D" and stopped_kin):
+        return ""
+    how = f"kill -CONT -- -{group} (its process group)" if stopped_kin else f"kill -CONT {pid}"
     return (
         f"; pid {pid} is stopped (SIGSTOP or Ctrl-Z), so it holds the lock until it goes on: "
-        f"kill -CONT {pid} lets it finish (its guard puts the host back if it is killed instead)"
+        f"{how} lets it finish (its guard puts the host back if it is killed instead)"
     )
 
 
