@@ -5,7 +5,9 @@ Greedy token identity against a recorded golden set, at concurrency 1 (one reque
 - `--record-golden PATH`: run every golden prompt greedily and store, per prompt, the output
   token ids (the text where the service gives no ids) with the service's model and config;
   written atomically; the document is also printed. A golden set already at PATH is kept as
-  PATH.1 (PATH.2 the next time, ...), named under `kept`.
+  PATH.1 (PATH.2 the next time, ...), named under `kept`. The set records its prompt count
+  and a digest of its prompts (`digest`): one edited or cut down by hand afterwards is damaged
+  (exit 2), never a verdict on the service.
 - `--golden PATH` (or `-` for stdin): run the same prompts with the golden's settings and
   report per prompt: match, the first divergent position, both continuations from there.
 - `--aa-runs N`: first run the prompts N more times and compare the service with itself; a
@@ -31,6 +33,7 @@ Prints (`checks.docs.IdentityDoc`):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -169,6 +172,12 @@ def parse_golden(text: str) -> dict[str, Any]:
     if count is not None and (type(count) is not int or count != len(prompts)):
         shown = repr(count) if len(repr(count)) <= 40 else _json_kind(count)
         raise ValueError(f"it holds {len(prompts)} of the {shown} prompts it was recorded with")
+    sealed = doc.get("digest")  # (recorded since probe37bf M2: one token edited by hand
+    # failed a good release, and the rollback to a proven one, on the golden set's word)
+    if sealed is not None and sealed != digest(prompts):
+        raise ValueError(
+            "its prompts were changed after it was recorded (they do not match its digest)"
+        )
     max_tokens = doc.get("max_tokens")
     if max_tokens is not None and (
         type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS
@@ -176,6 +185,13 @@ def parse_golden(text: str) -> dict[str, Any]:
         shown = repr(max_tokens) if len(repr(max_tokens)) <= 40 else _json_kind(max_tokens)
         raise ValueError(f"max_tokens {shown} is not a whole number from 1 to {MAX_TOKENS}")
     return doc
+
+
+def digest(prompts: list[Any]) -> str:
+    """The sha256 of a golden set's prompts (ids, texts and the outputs recorded), as their
+    canonical JSON: what a set recorded with one is checked against when it is read."""
+    text = json.dumps(prompts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _json_kind(value: Any) -> str:
@@ -290,6 +306,7 @@ def record(args: Any) -> None:
         "count": len(prompts),  # a set cut down by hand is then told from a whole one
         "prompts": [{**p, **outputs[p["id"]]} for p in prompts],
     }
+    doc["digest"] = digest(doc["prompts"])  # and one edited by hand from one recorded
     kept = None
     if args.record_golden != "-":
         text = json.dumps(doc, ensure_ascii=False, indent=1)

@@ -49,6 +49,8 @@ DAMAGES = {
     "truncated": (None, "): damaged or cut short"),  # not JSON (the decoder's own words)
     # cut down by hand to its first prompt (probe37bd M5: passed as a whole identity check)
     "cut": (None, "it holds 1 of the "),
+    # one prompt's tokens edited by hand (probe37bf M2: a good release rejected for it)
+    "edited": (None, "its prompts were changed after it was recorded"),
     "numbers": (golden_doc(prompts=[1, 2]), "prompts[0] is a number, not a prompt object"),
     "no_prompt": (golden_doc(prompts=[{"id": "p0", "token_ids": [1]}]), "has no prompt text"),
     "max_tokens_x": (golden_doc(max_tokens="x"), "max_tokens 'x' is not a whole number from 1"),
@@ -77,6 +79,11 @@ def damage(golden: Path, kind: str) -> None:
         doc = json.loads(golden.read_bytes())
         assert doc["count"] == len(doc["prompts"]) > 1, doc.get("count")
         content = json.dumps({**doc, "prompts": doc["prompts"][:1]}).encode()
+    elif kind == "edited":
+        doc = json.loads(golden.read_bytes())
+        assert doc["digest"].startswith("sha256:"), doc.get("digest")
+        doc["prompts"][0]["token_ids"] = [1, 2, 3]
+        content = json.dumps(doc).encode()
     elif kind == "not_utf8":
         assert content is not None
         content = content.replace(b"\\udcff", b"\xff")

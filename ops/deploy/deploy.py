@@ -142,6 +142,15 @@ def proven_whole(listing: dict[str, Any]) -> set[str]:
     }
 
 
+def _diverged(step: Step) -> list[str]:
+    """The divergences a step's health report found, where token identity alone failed."""
+    rep = step.data.get("report") or {}
+    checks = [c for c in rep.get("checks") or [] if isinstance(c, dict)]
+    if [c.get("name") for c in checks if c.get("status") == "fail"] != ["identity"]:
+        return []
+    return next((list(c.get("evidence") or []) for c in checks if c["name"] == "identity"), [])
+
+
 def newest_proven(listing: dict[str, Any], other_code: bool = False) -> str | None:
     """The newest release other than current that passed a post-flight and may be switched to
     (whole, self-tested, never rolled back): where a lost `previous` leaves a rollback to go.
@@ -204,6 +213,8 @@ class Deployer:
         # newest proven release on the host, which it is to be recorded from
         self._lingered = ""  # a settled guard that did not end when let go, said
         self._guard: Guard | None = None  # the revert guard of the switch under way
+        self._rejected_at: tuple[str, str] | None = None  # (release, "at") of our rejection
+        self._golden_suspect: str | None = None  # why the golden set, not the release, failed
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -903,6 +914,17 @@ class Deployer:
                 data,
             )
         name = self.target.name
+        if rep.failed == ["identity"] and self._current_proven and self._before:
+            # (probe37bf M2: it named --force, and the forced deploy was judged by the same set)
+            return (
+                "fail",
+                f"current ({self._before}) passed a post-flight against this golden set before "
+                "and now fails token identity alone: the service changed under it (its model's "
+                f"files?) or the golden set did; ops healthcheck {name} shows where they "
+                f"differ, and once the service's answers are trusted, ops healthcheck {name} "
+                "--record-golden records a golden set from them; then deploy",
+                data,
+            )
         fix = (
             f"start it (ops service start {name}) and deploy again"
             if "service" in rep.failed
@@ -1419,7 +1441,8 @@ class Deployer:
         kept: list[str] = []
         unmarked = self._reject(rid, failed, kept)  # a mark not written must not stop it
         res = self._roll_back(mgr, rid, before, failed)
-        if unmarked and self._reject(rid, failed, kept, again=True):  # once the host is back
+        retry = unmarked and not self._golden_suspect  # (a suspect golden set judged nothing)
+        if retry and self._reject(rid, failed, kept, again=True):  # once the host is back
             res.message += (
                 f"; {rid} could not be marked rejected ({unmarked}): `ops releases` shows it "
                 "unproven, and `ops rollback --to` would take it"
@@ -1491,6 +1514,8 @@ class Deployer:
             doc = host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
         except OpsError as exc:
             return exc.message
+        if doc.get("rejected"):
+            self._rejected_at = (rid, why["at"])
         if doc.get("kept") and not kept:
             kept.append(str(doc["kept"]))
         return None
@@ -1652,9 +1677,21 @@ class Deployer:
         elif now.active and now.healthy:
             where = (
                 f"current is back on {after} and its service runs (pid {now.pid}, /health ok "
-                f"now), but it failed the rollback's checks ({why}); `ops healthcheck {name}` "
-                f"says what fails now, `ops rollback {name}` switches to another release"
+                f"now), but it failed the rollback's checks ({why}); "
             )
+            suspect = self._suspect_golden(rid, after, failed, back)
+            if suspect:  # (probe37bf M2: `ops rollback` failed the same way, twice more)
+                where += (
+                    f"{suspect}: the golden set is the likely cause (edited, or recorded from "
+                    f"another model), not {rid}; `ops healthcheck {name}` shows where they "
+                    f"differ, and once the service's answers are trusted, `ops healthcheck "
+                    f"{name} --record-golden` records a golden set from them"
+                )
+            else:
+                where += (
+                    f"`ops healthcheck {name}` says what fails now, `ops rollback {name}` "
+                    "switches to another release"
+                )
         elif now.state == "activating":  # alive, not answering yet
             where = (
                 f"current is back on {after} and its service is still starting ({now.detail}); "
@@ -1678,6 +1715,31 @@ class Deployer:
             failed_step=failed.name,  # what failed first; the rollback step says its own
             message=f"{failed.name} failed ({failed.detail}); {where}",
         )
+
+    def _suspect_golden(self, rid: str, after: str | None, failed: Step, back: Step) -> str:
+        """Why the golden set, not `rid`, is the likely cause of a failed post-flight: the
+        release gone back to passed a post-flight against this golden set before, and now
+        fails token identity, and nothing else, on the same prompts the same way (probe37bf
+        M2: one token edited by hand rejected a good release, and the `ops rollback` named
+        failed the same way). `rid`'s rejection for it is taken back. "" where not so."""
+        if failed.name != "postflight" or after is None or after not in self._proven:
+            return ""
+        new, old = _diverged(failed), _diverged(back)
+        if not new or new != old:
+            return ""
+        said = (
+            f"{after}, which passed a post-flight against this golden set before, now differs "
+            f"from it on the same {len(new)} prompt{'s' if len(new) > 1 else ''} the same way "
+            f"as {rid}"
+        )
+        self._golden_suspect = said
+        if self._rejected_at and self._rejected_at[0] == rid:
+            try:
+                host_releases(self.host, "unreject", rid, self._rejected_at[1])
+                said += f" ({rid} was not marked rejected for it)"
+            except OpsError as exc:
+                said += f" ({rid} stays marked rejected: {exc.message})"
+        return said
 
     def _nothing_pending(
         self, mgr: Any, rid: str, before: str | None, reverted: dict[str, Any]

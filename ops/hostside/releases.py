@@ -40,6 +40,8 @@ is never taken for a first install.
     remove ROOT ID               delete one release (never current or previous)
     reject ROOT ID               stdin {"step", "detail", "at"}: the release failed its deploy after
                                  the switch and was rolled back (releases/ID/rejected.json)
+    unreject ROOT ID AT          take back the rejection written at AT (its "at"): its evidence was
+                                 the golden set's, not the release's; any other one stays
     prune ROOT KEEP              keep KEEP releases, proven ones first (newest first), then the
                                  newest unproven; always current, previous and the newest proven
 """
@@ -1056,6 +1058,19 @@ def reject(root: str, release: str) -> dict:
     return {"rejected": release}
 
 
+def unreject(root: str, release: str, at: str) -> dict:
+    rid(release)
+    path = os.path.join(root, "releases", release)
+    if not os.path.isdir(inside(root, path)):
+        raise Refused(f"no release {release}")
+    marked = os.path.join(path, "rejected.json")
+    doc, _ = _read_json(marked)
+    if not isinstance(doc, dict) or doc.get("at") != at:  # not the rejection taken back
+        return {"unrejected": None}
+    os.unlink(marked)
+    return {"unrejected": release}
+
+
 def in_use(root: str) -> dict[str, str]:
     """The releases something on the host still points into, by what points (its realpath, not
     only an id-shaped link: probe37t T1, `previous -> releases/ID/.` after a --force deploy,
@@ -1180,6 +1195,8 @@ def main(argv: list[str]) -> dict:
         return remove(root, argv[2])
     if action == "reject":
         return reject(root, argv[2])
+    if action == "unreject":
+        return unreject(root, argv[2], argv[3])
     if action == "prune":  # ROOT KEEP [SPARE]
         return prune(root, int(argv[2]), rid(argv[3]) if len(argv) > 3 else None)
     raise Refused(f"unknown action {action!r}")
