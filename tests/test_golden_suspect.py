@@ -70,7 +70,8 @@ def test_a_golden_set_no_proven_release_matches_is_blamed_not_the_release(ops: O
     res = ops.deploy()
     pre = {s["name"]: s for s in ops.record("deploy")["results"][0]["steps"]}["preflight"]
     assert res.returncode == 1 and pre["status"] == "fail", flat(res.stderr)
-    assert f"current ({r2}) passed a post-flight against this golden set before" in pre["detail"]
+    blamed = f"current ({r2}) passed a post-flight before and now fails token identity alone"
+    assert blamed in pre["detail"], pre
     assert "--record-golden" in pre["detail"] and "--force" not in pre["detail"], pre
 
     res = ops.deploy("--force")
@@ -78,7 +79,7 @@ def test_a_golden_set_no_proven_release_matches_is_blamed_not_the_release(ops: O
     msg = flat(result["message"])
     r3 = result["release"]
     assert res.returncode == 1 and steps(result)["postflight"] == "fail", msg
-    assert f"{r2}, which passed a post-flight against this golden set before" in msg, msg
+    assert f"{r2}, which passed a post-flight before, now differs from the golden set" in msg, msg
     assert "on the same 2 prompts the same way as" in msg, msg
     assert (
         f"the golden set is the likely cause (edited, or recorded from another model), not {r3}"

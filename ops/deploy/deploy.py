@@ -918,8 +918,8 @@ class Deployer:
             # (probe37bf M2: it named --force, and the forced deploy was judged by the same set)
             return (
                 "fail",
-                f"current ({self._before}) passed a post-flight against this golden set before "
-                "and now fails token identity alone: the service changed under it (its model's "
+                f"current ({self._before}) passed a post-flight before and now fails token "
+                "identity alone: the service changed under it (its model's "
                 f"files?) or the golden set did; ops healthcheck {name} shows where they "
                 f"differ, and once the service's answers are trusted, ops healthcheck {name} "
                 "--record-golden records a golden set from them; then deploy",
@@ -1718,8 +1718,8 @@ class Deployer:
 
     def _suspect_golden(self, rid: str, after: str | None, failed: Step, back: Step) -> str:
         """Why the golden set, not `rid`, is the likely cause of a failed post-flight: the
-        release gone back to passed a post-flight against this golden set before, and now
-        fails token identity, and nothing else, on the same prompts the same way (probe37bf
+        release gone back to passed a post-flight before, and now fails token identity, and
+        nothing else, on the same prompts the same way (probe37bf
         M2: one token edited by hand rejected a good release, and the `ops rollback` named
         failed the same way). `rid`'s rejection for it is taken back. "" where not so."""
         if failed.name != "postflight" or after is None or after not in self._proven:
@@ -1727,10 +1727,10 @@ class Deployer:
         new, old = _diverged(failed), _diverged(back)
         if not new or new != old:
             return ""
+        n = sum(": first divergence at " in line for line in new)  # (its warnings aside)
         said = (
-            f"{after}, which passed a post-flight against this golden set before, now differs "
-            f"from it on the same {len(new)} prompt{'s' if len(new) > 1 else ''} the same way "
-            f"as {rid}"
+            f"{after}, which passed a post-flight before, now differs from the golden set on "
+            f"the same {n} prompt{'s' if n != 1 else ''} the same way as {rid}"
         )
         self._golden_suspect = said
         if self._rejected_at and self._rejected_at[0] == rid:
