@@ -101,8 +101,8 @@ def healthcheck(
                 )
             cur = next((r for r in listing["releases"] if r["current"]), None)
             back = newest_proven(listing)
-            cwd = manager_for(host).status().runs_from or ""
-            parent, _, runs = cwd.rstrip("/").rpartition("/")  # the release it runs, if any
+            st = manager_for(host).status()
+            runs = st.runs_release or st.release_gone  # the release it runs, if any
             if cur is not None and cur.get("rejected"):
                 raise OpsError(
                     f"{host.name}: current ({cur['id']}) failed a post-flight (rejected): the "
@@ -115,7 +115,7 @@ def healthcheck(
                 )
             # (probe37be H2: recorded from a rejected release the service ran, current switched
             # back to a proven one by hand)
-            if cur is not None and parent.endswith("/releases") and runs != cur["id"]:
+            if cur is not None and runs is not None and runs != cur["id"]:
                 raise OpsError(
                     f"{host.name}: the service runs {runs}, not current ({cur['id']}): the golden "
                     "set is recorded only from current as the service runs it",

@@ -305,7 +305,7 @@ class Deployer:
             if self._switched and not self.opts.no_restart:
                 st = manager_for(self.host).status()
                 state = f"; service {st.state}" + (f" ({st.detail})" if st.detail else "")
-                serving = self._release_of(st.runs_from)
+                serving = st.runs_release
         except OpsError as exc:
             state = f"; could not ask the host where it is: {exc.message}"
         if self._committed:
@@ -559,7 +559,7 @@ class Deployer:
         not run from a release, or that cannot be told: systemd, a host that did not answer).
         `seen`: a status already asked for (None: unknown); by default it is asked now."""
         st = self._service_now() if seen is ASK_NOW else seen
-        return self._release_of(st.runs_from) if st is not None and st.active else None
+        return st.runs_release if st is not None and st.active else None
 
     def _edited(self, rid: str | None) -> str | None:
         """What of release `rid` was changed by hand since it was installed (None: nothing, or
@@ -629,7 +629,7 @@ class Deployer:
         st = seen
         name = self.target.name
         if st.active:  # and from current? (`--no-restart`, another inventory on this root)
-            runs = self._release_of(st.runs_from)
+            runs = st.runs_release
             if runs is None or runs == cur:
                 return None
             if not proven:  # a restart has no way back: refused without --force
@@ -788,7 +788,7 @@ class Deployer:
         )
         if cwd.endswith(" (deleted)") or not cwd:
             return stop
-        gone, dirname = seen.release_gone, self._release_of(cwd)
+        gone, dirname = seen.release_gone, seen.runs_release
         if not gone and dirname in self._proven and dirname != current:  # a whole release:
             # adopted, with a way back (current a link to nothing, a file: probe37f F2)
             return f"ops rollback {name} --to {dirname} makes what the service runs current"
@@ -1113,7 +1113,7 @@ class Deployer:
         did not answer): a switch put back onto what the service runs needs no restart."""
         if not rid or seen is None:
             return None
-        return seen if seen.active and self._release_of(seen.runs_from) == rid else None
+        return seen if seen.active and seen.runs_release == rid else None
 
     def _dropin(self) -> tuple[Status, str, dict[str, Any]]:
         mgr = manager_for(self.host)
@@ -1554,7 +1554,7 @@ class Deployer:
             kept = False  # the restart could not happen, and need not: the old one still serves
             if "was not stopped" in st.detail:  # the restart could not happen: who serves?
                 try:
-                    serving = self._release_of(mgr.status().runs_from)
+                    serving = mgr.status().runs_release
                 except HostError:
                     serving = None
                 if serving is not None and serving != doc.get("current"):
@@ -1762,7 +1762,7 @@ class Deployer:
             detail = f"current is {now}: {why}; service unknown: the host did not answer ({exc})"
             return "fail", detail, {}
         reverted["by_guard"] = now
-        serving = self._release_of(st.runs_from)
+        serving = st.runs_release
         ok = st.active and rep.ok and serving in (None, now)
         detail = f"current is {now}: {why}; service {st.state}"
         if serving is not None and serving != now:
@@ -1781,13 +1781,6 @@ class Deployer:
             timeout=limit + 30,
             step="wait for the guard",
         )
-
-    def _release_of(self, cwd: str | None) -> str | None:
-        """The release id a service's working directory is (None: not a release of this root)."""
-        if not cwd or cwd.endswith(" (deleted)"):  # (its directory is gone: `release_gone`)
-            return None
-        parent, _, name = cwd.rstrip("/").rpartition("/")
-        return name if parent.endswith("/releases") else None
 
     def _ask_current(self) -> tuple[str | None, str]:
         """Where `current` is, asked of the host after a step that failed half way: (what it
@@ -2039,7 +2032,7 @@ class Deployer:
             edited = seen.untried if seen is not None and seen.lives else None
             stuck = stuck or edited  # (probe37au H1: its revert would start an untried edit)
             mend = self._untried_mend(self.target.name) if edited else "mend current first"
-            serves = self._release_of((seen.runs_from or "") if seen is not None else "")
+            serves = seen.runs_release if seen is not None else None
             adopts = bool(runs) and not to and not redo  # (it stops at what serves: below)
             if stuck and want != before and not rel.get("proven") and not adopts:
                 # its revert could not come back (probe37x H2: a rollback --to a release that

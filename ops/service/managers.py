@@ -178,6 +178,16 @@ class ServiceStatus(BaseModel):
         return self.state == "active"
 
     @property
+    def runs_release(self) -> str | None:
+        """The release id its process runs from: its directory's name under a `releases/`;
+        None for any other directory, and for one that is gone (`release_gone` names it)."""
+        cwd = self.runs_from
+        if not cwd or cwd.endswith(" (deleted)"):
+            return None
+        parent, _, name = cwd.rstrip("/").rpartition("/")
+        return name if parent.endswith("/releases") else None
+
+    @property
     def lives(self) -> bool:
         """Its process runs: active, or alive and not answering where the inventory now says
         (its port edited there: probe37bd H1, read as not serving, a rollback stopped it)."""
