@@ -403,6 +403,43 @@ def test_second_ctrl_c_during_restart_keeps_the_steps(ops: Ops) -> None:
     assert ops.current() == r1 and ops.serving() == r1
 
 
+def test_a_port_held_by_a_program_that_never_answers_holds_no_rollback(ops: Ops) -> None:
+    """probe37be L1: a program that takes connections on the service's port and never answers
+    held the rollback's checks 60 s, though its restart had already been refused for the port:
+    the checks would only have asked that program. They are not run, and it is said."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    ops.stop()
+    squatter = subprocess.Popen(  # listens; accepts nothing, answers nothing
+        [
+            sys.executable,
+            "-c",
+            "import socket, time; s = socket.socket(); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(('127.0.0.1', {ops.port})); s.listen(64); time.sleep(120)",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
+                    break
+            time.sleep(0.1)
+        res = ops.deploy("--force", "--wait", "3")
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert res.returncode == 2, res.stdout + res.stderr
+    result = ops.record("deploy")["results"][0]
+    (back,) = [s for s in result["steps"] if s["name"] == "rollback"]
+    assert (
+        back["seconds"] < 30 and "no checks run: another program holds its port" in back["detail"]
+    ), back
+    assert ops.current() == r1
+
+
 def test_killed_rollback_still_marks_the_release_rejected(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
