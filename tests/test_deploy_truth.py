@@ -150,6 +150,18 @@ def test_a_restart_onto_an_unproven_current_is_refused_without_force(ops: Ops) -
     assert ops.serving() == r2
 
 
+def test_a_restart_onto_a_rejected_current_says_it_failed_a_post_flight(ops: Ops) -> None:
+    """probe37bd L4: current switched by hand to a release a deploy rejected: the refusal said
+    it "never passed a post-flight", not that it failed one."""
+    r1, r2 = installed_not_restarted(ops)
+    why = {"step": "postflight", "detail": "post-flight failed: identity", "at": "2026-12-07"}
+    (ops.root / "releases" / r2 / "rejected.json").write_text(json.dumps(why))
+    code, st = ops.json("service", "restart", "local")
+    failed = f"current ({r2}) failed a post-flight (a deploy rejected it), and the service runs"
+    assert code == 1 and f"{failed} {r1}" in st["detail"], st
+    assert ops.serving() == r1  # never stopped
+
+
 def test_no_deploy_over_a_current_the_service_does_not_run(ops: Ops) -> None:
     """probe37v V3 (high): current installed with --no-restart (a release whose engine exits
     at start), the service still healthy on the release before it. The next deploy passed its

@@ -791,7 +791,7 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
         new = unproven_current(root)
         if new:
             return (
-                f"{said}; current ({new}) never passed a post-flight, so a restart or a failed "
+                f"{said}; current ({new}) {unproven_said(root, new)}, so a restart or a failed "
                 f"deploy would have no way back: {gone_way(root, gone, cwd)}"
             )
         if not os.path.exists(os.path.join(root, "current")):  # current names it (or nothing)
@@ -994,6 +994,14 @@ def last_ran(pidfile: str) -> str | None:
     return None
 
 
+def unproven_said(root: str, release: str) -> str:
+    """How a release that is not proven is said: one a deploy rejected failed a post-flight
+    (probe37bd L4: said "never passed" of one that failed)."""
+    if os.path.lexists(os.path.join(root, "releases", release, "rejected.json")):
+        return "failed a post-flight (a deploy rejected it)"
+    return "never passed a post-flight"
+
+
 def unproven_start(root: str, pidfile: str) -> str | None:
     """Why an operator's start of the stopped service would move it from the release it last
     ran, one that passed a post-flight, onto a `current` that never did: what a restart
@@ -1005,7 +1013,7 @@ def unproven_start(root: str, pidfile: str) -> str | None:
     if not os.path.isfile(os.path.join(root, "releases", last, "proven.json")):
         return None
     return (
-        f"current ({new}) never passed a post-flight, and the service last ran {last}, which "
+        f"current ({new}) {unproven_said(root, new)}, and the service last ran {last}, which "
         f"did: a start would run {new} with no way back if it fails"
     )
 
@@ -1021,7 +1029,7 @@ def unproven_over(root: str, cwd: str | None, pid: int | None = None) -> str | N
     new = unproven_current(root) if gone else None
     if gone and new:
         return (
-            f"current ({new}) never passed a post-flight, and the service runs {gone}, whose "
+            f"current ({new}) {unproven_said(root, new)}, and the service runs {gone}, whose "
             "directory is gone from releases/ (removed or moved by hand): a restart would stop "
             f"it with no way back if {new} fails; {gone_way(root, gone, cwd)}"
         )
@@ -1033,7 +1041,7 @@ def unproven_over(root: str, cwd: str | None, pid: int | None = None) -> str | N
     if old == new or not os.path.isfile(os.path.join(releases, old, "proven.json")):
         return None
     return (
-        f"current ({new}) never passed a post-flight, and the service runs {old}, which did: "
+        f"current ({new}) {unproven_said(root, new)}, and the service runs {old}, which did: "
         f"a restart would stop {old} with no way back if {new} fails"
     )
 
