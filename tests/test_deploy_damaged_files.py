@@ -673,6 +673,22 @@ def test_a_forged_record_naming_a_rejected_release_never_stops_the_service(
     assert res.returncode == 0, said(res)
 
 
+def test_a_record_whose_previous_is_current_leaves_no_previous_naming_current(
+    ops: Ops,
+) -> None:
+    """probe37bd L5: a whole deploy.pending written by hand whose previous_before names the
+    release its current_before names: the revert left previous -> that release == current
+    (every plain rollback from it would go nowhere). No previous is left naming current."""
+    r1, r2 = ops.two_releases()
+    r1_state = {"kind": "release", "id": r1, "link": f"releases/{r1}"}
+    forge_pending(ops, r1, r2, r1_state, previous_before=r1_state)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert "Traceback" not in said(res), said(res)
+    assert ops.current() == r1, said(res)
+    prev = ops.root / "previous"
+    assert not prev.is_symlink() or os.readlink(prev).split("/")[-1] != r1, os.readlink(prev)
+
+
 def test_a_forged_record_naming_a_copy_of_a_rejected_release_is_refused(ops: Ops) -> None:
     """probe37t T9 (high): a deploy.pending whose current_before is a foreign link to
     releases/hotfix, a copy of a release a deploy had rejected: the rollback's recover
