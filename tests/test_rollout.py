@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,10 +122,12 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     (local.root / "current").symlink_to("releases/20260101T000000Z-0123456789")
     # the tree build is ~2% of the tiny engine's wall time (its ceiling near the default 3%):
     # a 6% threshold makes "below the ceiling" a property of the engine, not of a noisy run
+    local.env["OPS_HEARTBEAT_S"] = "1"  # its long host commands say they still run
     code, doc, err = local(
         "rollout", "local", *SMALL, "--set", "threshold=0.06", "--set", "bench.decode_spread=8"
     )
     assert code == 1 and doc["verdict"] == "NO-GO", err
+    assert re.search(r"module \S+ still runs \(\d+ s; stopped at \d+ s\)", err), err
     assert doc["change"] == "tree_build: reference -> cuda"
     d = doc["decision"]
     assert [r["code"] for r in d["failed"]] == ["ceiling_below_threshold"]

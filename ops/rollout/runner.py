@@ -170,6 +170,7 @@ class Runner:
         self.run_dir.write_record(inputs=inputs, outcome=RUNNING, exit_code=None)
         try:
             with open_host(self.target) as host:
+                host.on_wait = self._still_runs  # (probe37bf M1: no long wait in silence)
                 check_running(self.pb, host)
                 ctx = Context(self.target, host, self.pb, self.run_dir, self._say, self.change)
                 res = self._steps(ctx)
@@ -188,6 +189,9 @@ class Runner:
             )
             if outcome == "interrupted":  # no table will follow: say where the record is
                 self.progress(f"interrupted; record: {self.run_dir.path}/record.json")
+
+    def _still_runs(self, what: str, ran: float, bound: float) -> None:
+        self._say(f"{what} still runs ({ran:.0f} s; stopped at {bound:g} s)")
 
     def _say(self, line: str) -> None:
         """A step's own progress, under its line and naming it (a bare "service pid" under the
