@@ -1185,6 +1185,40 @@ def test_no_deploy_or_rollback_stops_a_service_whose_current_code_was_changed_si
     assert "after the service started" not in str(st), st
 
 
+def test_code_moved_into_current_as_a_directory_is_a_change_too(ops: Ops) -> None:
+    """probe37bg H1 (high): a directory prepared before the service started, renamed into
+    current after it (an engine/ of edited code; a site/ with a sitecustomize.py), keeps its
+    files' own times, so nothing looked at it: a failed deploy went back onto it and the host
+    was left with no service. A file under a directory changed since the start counts."""
+    r1, r2 = ops.two_releases()
+    release = ops.root / "releases" / r2
+    evil = ops.tmp / "engine.prepared"
+    shutil.copytree(release / "engine", evil)
+    svc = evil / "svc.py"
+    svc.write_text("raise SystemExit('prepared')\n" + svc.read_text())
+    site = ops.tmp / "site.prepared"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("raise SystemExit('prepared')\n")
+    time.sleep(1)
+    assert ops("service", "restart", "local").returncode == 0  # started after they were made
+    time.sleep(2.5)  # (a change is one made a while after the start: /proc's start is coarse)
+    (release / "engine").rename(ops.tmp / "engine.orig")
+    evil.rename(release / "engine")
+    code, st = ops.json("service", "status", "local")
+    assert "current's code was changed after the service started (engine/svc.py)" in str(st), st
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy("--dry-run")
+    assert res.returncode != 0 and "current: FAIL" in said(res), said(res)
+    (release / "engine").rename(evil)
+    (ops.tmp / "engine.orig").rename(release / "engine")  # as installed: no change
+    code, st = ops.json("service", "status", "local")
+    assert "after the service started" not in str(st), st
+    site.rename(release / "site")
+    code, st = ops.json("service", "status", "local")
+    assert "changed after the service started (site/sitecustomize.py (added))" in str(st), st
+    assert ops.current() == r2 and ops.serving() == r2
+
+
 def test_no_deploy_stops_a_service_whose_current_gained_a_file_since(ops: Ops) -> None:
     """probe37az M1 (medium): a file release.json does not list, added to current after the
     service started (a sitecustomize.py, which Python runs at every start from the release's

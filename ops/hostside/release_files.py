@@ -25,10 +25,11 @@ def changed_since(path: str, start: float | None) -> bool:
         return False
 
 
-def digest_since(path: str, start: float | None) -> str | None:
-    """The sha256 of `path` where it was changed after `start` ("" where it is then no
-    regular file, or cannot be read: not the file installed), None where it was not."""
-    if not changed_since(path, start):
+def digest_since(path: str, start: float | None, moved: bool = False) -> str | None:
+    """The sha256 of `path` where it was changed after `start`, or is under a directory that
+    was (`moved`) ("" where it is then no regular file, or cannot be read: not the file
+    installed), None where neither."""
+    if not moved and not changed_since(path, start):
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
@@ -47,11 +48,28 @@ def digest_since(path: str, start: float | None) -> str | None:
         os.close(fd)
 
 
+def moved_in(release: str, rel: str, start: float, seen: dict[str, bool]) -> bool:
+    """A directory between the release's top (not itself: its own files change its time) and
+    the file `rel` changed after `start`: one renamed into place keeps its files' own times
+    (probe37bg H1: code moved in as a directory was never looked at, and a failed deploy
+    went back onto it). `seen` keeps each directory's answer."""
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        where = "/".join(parts[:i])
+        if where not in seen:
+            seen[where] = changed_since(os.path.join(release, where), start)
+        if seen[where]:
+            return True
+    return False
+
+
 def listed_changed(release: str, files: dict, start: float) -> list[str]:
     """The files release.json (`files`: path -> sha256) lists that changed after `start` to
-    other bytes, and those removed since (their nearest directory left changed then: a whole
-    directory removed too); at most MAX_CODE_FILES are looked at."""
-    changed = []
+    other bytes (or lie under a directory changed then: `moved_in`), and those removed since
+    (their nearest directory left changed then: a whole directory removed too); at most
+    MAX_CODE_FILES are looked at."""
+    changed: list[str] = []
+    seen: dict[str, bool] = {}
     for rel, sha in list(files.items())[:MAX_CODE_FILES]:
         if not isinstance(rel, str) or not isinstance(sha, str) or ".." in rel.split("/"):
             continue
@@ -63,7 +81,7 @@ def listed_changed(release: str, files: dict, start: float) -> list[str]:
             if changed_since(left, start):
                 changed.append(f"{rel} (removed)")
             continue
-        held = digest_since(path, start)
+        held = digest_since(path, start, moved_in(release, rel.lstrip("/"), start, seen))
         if held is not None and held != sha:
             changed.append(rel)
     return changed
@@ -73,18 +91,20 @@ def added_since(release: str, files: set[str], start: float) -> list[str]:
     """The files in the release directory that release.json (`files`) does not list, added
     (or replaced) after `start`: a sitecustomize.py dropped into a release runs at its next
     start as surely as an edit does (probe37az M1). Only a directory changed since then (a
-    name added to it changes its ctime) has its files looked at; at most MAX_CODE_FILES
-    entries."""
+    name added to it changes its ctime) has its files looked at; below the top, every file
+    of such a directory counts, whatever its own time (a directory renamed into place keeps
+    its files' times: probe37bg H1); at most MAX_CODE_FILES entries."""
     found: list[str] = []
-    seen, todo = 0, [""]
+    seen, todo = 0, [("", False)]
     while todo and seen < MAX_CODE_FILES:
-        rel = todo.pop()
+        rel, moved = todo.pop()
         where = os.path.join(release, rel) if rel else release
         try:
             fresh = changed_since(where, start)
             entries = list(os.scandir(where))
         except OSError:
             continue
+        below = moved or (bool(rel) and fresh)
         for entry in entries:
             seen += 1
             name = f"{rel}/{entry.name}" if rel else entry.name
@@ -95,9 +115,9 @@ def added_since(release: str, files: set[str], start: float) -> list[str]:
             except OSError:
                 continue
             if is_dir:
-                todo.append(name)
-            elif fresh and name not in files and not (not rel and name in RELEASE_OWN):
-                if changed_since(entry.path, start):
+                todo.append((name, below))
+            elif name not in files and not (not rel and name in RELEASE_OWN):
+                if below or (fresh and changed_since(entry.path, start)):
                     found.append(name)
     return sorted(found)
 
