@@ -991,6 +991,31 @@ def ro_run(ops: Ops):
     subprocess.run(["umount", "-l", str(run)], capture_output=True)
 
 
+def test_prune_never_descends_into_a_mount_in_a_release(ops: Ops) -> None:
+    """probe37bg H2 (high): a directory bind-mounted into an old release (a models directory,
+    say): the prune emptied it, then said "not done" (the mount point itself was busy). A
+    release holding a mount point is kept, said, and nothing of the mount is removed."""
+    r1, r2 = ops.two_releases()
+    outside = ops.tmp / "models"
+    outside.mkdir()
+    (outside / "weights.bin").write_bytes(b"keep")
+    inside = ops.root / "releases" / r1 / "models"
+    inside.mkdir()
+    res = subprocess.run(["mount", "--bind", str(outside), str(inside)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {res.stderr.decode().strip()}")
+    try:
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+        res = ops.deploy("--keep", "2")
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 0, text
+        assert f"kept {r1} holds a mount point ({inside})" in text, text
+        assert (outside / "weights.bin").read_bytes() == b"keep"
+        assert (ops.root / "releases" / r1).is_dir()
+    finally:
+        subprocess.run(["umount", "-l", str(inside)], capture_output=True)
+
+
 def test_read_only_run_dir_keeps_the_service_running(ro_run: Ops) -> None:
     ops = ro_run
     r1 = ops.current()

@@ -201,11 +201,63 @@ def release_link(release: str) -> str:
     return os.path.join("releases", release)
 
 
+def mount_points() -> list[str]:
+    """Every mount point of this host (/proc/self/mountinfo, its octal escapes undone): a
+    bind mount of a directory on the same filesystem shows no other st_dev."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read(1 << 22).decode("utf-8", "surrogateescape").splitlines()
+    except OSError:
+        return []
+    points = []
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
+def mount_inside(path: str) -> str | None:
+    """The first mount point at or under the directory `path`, or None: what a removal must
+    never descend into (probe37bg H2: a filesystem bind-mounted into a release was emptied by
+    a prune). From the host's mount table, and by st_dev where it cannot be read."""
+    real = os.path.realpath(path)
+    for point in mount_points():
+        if point == real or point.startswith(real.rstrip("/") + "/"):
+            return point
+    try:
+        top = os.lstat(path).st_dev
+    except OSError:
+        return None
+    todo, seen = [path], 0
+    while todo and seen < 100_000:  # (no recursion: a tree nested deep is no crash)
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.stat(follow_symlinks=False).st_dev != top:
+                        return entry.path
+                    todo.append(entry.path)
+            except OSError:
+                continue
+    return None
+
+
 def rmtree(root: str, path: str) -> None:
     inside(root, path)
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.isdir(path):
+        mounted = mount_inside(path)
+        if mounted:  # another filesystem: nothing of it is ours to remove
+            raise Refused(
+                f"{os.path.basename(path)} holds a mount point ({mounted}): not removed; "
+                f"unmount it first (umount {mounted})"
+            )
         shutil.rmtree(path)
 
 
@@ -1169,12 +1221,16 @@ def prune(root: str, keep: int, spare: str | None = None) -> dict:
     others = [r["id"] for r in reversed(rels) if r["id"] not in proven]
     kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"], spare}
     kept |= set(proven[:1]) | set(in_use(root))
-    removed = []
+    removed, held = [], []
     for r in rels:
         if r["id"] not in kept:
-            rmtree(root, os.path.join(root, "releases", r["id"]))
+            try:
+                rmtree(root, os.path.join(root, "releases", r["id"]))
+            except Refused as exc:  # (a mount point in it: kept, said; the rest pruned)
+                held.append(str(exc))
+                continue
             removed.append(r["id"])
-    return {"removed": removed}
+    return {"removed": removed, "held": held} if held else {"removed": removed}
 
 
 def main(argv: list[str]) -> dict:
