@@ -1361,6 +1361,23 @@ def test_a_deploy_stopped_by_ctrl_z_is_named_with_the_fix_that_resumes_it(ops: O
             os.killpg(proc.pid, signal.SIGCONT)
 
 
+def test_a_lock_file_removed_under_its_holder_shuts_the_next_deploy_out(ops: Ops) -> None:
+    """probe37bg M1: `lock` removed by hand while a deploy held it: a second deploy took a
+    flock on a new file, ran beside the first and swept its staging; the first then failed
+    with "no staging directory". The second is refused, naming the holder of the removed
+    file; the first runs to its end."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    ops.slow_selftest(6)
+    proc, seen = ops.popen_at("selftest ...", *ops.deploy_args())
+    (ops.root / "lock").unlink()
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and "through a lock file removed since" in text, text
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, seen + err
+    assert ops.deploy().returncode == 0  # its holder gone: the lock is free again
+
+
 def signal_lock_holders(ops: Ops, sig: signal.Signals) -> list[int]:
     """Send `sig` to the process group of each host-side lock holder (there is one)."""
     holders = lock_holder_shells(ops.root)

@@ -609,6 +609,12 @@ class Host(ABC):
             '| head -n 1); [ -n "$note" ] && break; sleep 0.1; '
             "done; "
             'if [ -n "$got" ]; then '
+            # the lock file removed (by hand) while another holds it: that one holds a flock on
+            # the removed file, and the flock just taken on a new one shuts nobody out
+            # (probe37bg M1: a second deploy ran beside the first and swept its staging)
+            'gone=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "$real/lock (deleted)" 2>/dev/null '
+            '| cut -d/ -f3 | sort -u | grep -vx "$$" | tr "\\n" " "); '
+            'if [ -n "$gone" ]; then echo LOCKGONE; echo "$gone"; exit 8; fi; '
             'rm -f "$root/lock.holder.tmp" 2>/dev/null; '  # a FIFO there would hang the write
             f"if ! why=$( {{ printf '%s\\n' {shlex.quote(json.dumps(holder))} "
             '> "$root/lock.holder.tmp"; } 2>&1 ) || '
@@ -642,7 +648,7 @@ class Host(ABC):
             holder["note_unwritten"] = proc.read_line(5.0) or "?"
             first = "ACQUIRED"
         if first != "ACQUIRED":
-            known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE", "NESTED")
+            known = ("BUSY", "NOROOT", "UNWRITABLE", "NOTFILE", "NESTED", "LOCKGONE")
             other = proc.read_line(5.0) if first in known else None
             held = proc.read_line(10.0) if first == "BUSY" else None  # STOPPED [PID...]
             holding = proc.read_line(5.0) if first == "BUSY" else None  # HOLDERS [PID:NAME...]
@@ -670,6 +676,16 @@ class Host(ABC):
                 else:
                     message += _stopped_here(info) or _gone_here(info, named)
                 raise LockHeld(message, target=self.name, holder=info)
+            if first == "LOCKGONE":
+                pids = " ".join((other or "").split()) or "?"
+                raise LockHeld(
+                    f"host lock held by pid {pids} on the host through a lock file removed "
+                    f"since ({self.target.remote_root}/lock, by hand?): a deploy or rollback "
+                    "may still run there, and nothing runs beside it; once it has ended, try "
+                    "again",
+                    target=self.name,
+                    holder={"holders": (other or "").split()},
+                )
             where, why = self.target.remote_root, other or "?"
             reasons = {
                 "NOFLOCK": "flock(1) is not installed",
