@@ -427,3 +427,24 @@ def test_what_the_user_typed_is_echoed_as_typed(tmp_path: Path) -> None:
     for typed in (":smile:", ":smile:[bold]x"):
         res = ops("healthcheck", typed, "--inventory", str(EXAMPLE))
         assert res.returncode == 2 and f"unknown target '{typed}'" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("kind", ["not_utf8", "huge"])
+def test_an_ssh_key_that_is_no_key_is_refused_in_one_line(tmp_path: Path, kind: str) -> None:
+    """probe37bg M2, M3 (medium): an `ssh_key` of bytes that are not UTF-8 was an internal
+    error (exit 4) on every SSH command; a 4 GiB sparse one was read whole (100 s). Read as a
+    regular text file of a key's size only: else one line, exit 2, before any connection."""
+    key = tmp_path / "key"
+    if kind == "not_utf8":
+        key.write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        with key.open("wb") as f:
+            f.truncate(4 * 2**30)
+    inv = tmp_path / "ops.toml"
+    inv.write_text(
+        f"[targets.t]\naddress = '127.0.0.1'\nport = 9\nremote_root = '/srv/t'\nssh_key = '{key}'\n"
+    )
+    res = ops("service", "status", "t", "--inventory", str(inv))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    said = "not UTF-8 text" if kind == "not_utf8" else "over the 1 MiB limit for this ssh_key"
+    assert said in res.stderr, res.stderr

@@ -13,6 +13,8 @@ from pathlib import Path
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, one_error_line, steps
 
+from ops.hosts.remote import still_runs
+
 
 def hanging_python(ops: Ops) -> Path:
     """The target's `python` from now on: a program that never ends (a hung interpreter)."""
@@ -86,3 +88,10 @@ def test_a_restart_not_waited_for_is_started_not_failed(ops: Ops) -> None:
     assert code == 0 and st["state"] == "activating", st
     assert "/health not waited for (--wait 0)" in st["detail"], st
     assert ops.serving() == ops.current()
+
+
+def test_a_heartbeat_past_its_bound_says_the_stop_is_under_way() -> None:
+    """probe37bg M3: a command past its bound (a connection's own wait before it) was said
+    "(77 s; stopped at 60 s)", a stop that had not happened."""
+    assert still_runs("x", 30, 60) == "x still runs (30 s; stopped at 60 s)"
+    assert still_runs("x", 77, 60) == "x still runs (77 s; past its 60 s: being stopped)"

@@ -22,7 +22,7 @@ from checks.vocabulary import MAX_TOKENS
 from ops.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpsError, interrupt_said
 from ops.hosts.inventory import Inventory, Target, load_inventory
 from ops.hosts.records import RunDir
-from ops.hosts.remote import Host, open_host
+from ops.hosts.remote import Host, open_host, still_runs
 from ops.measure.loadtest import MAX_REQUEST_TIMEOUT_S, MAX_REQUESTS
 
 if TYPE_CHECKING:
@@ -350,11 +350,8 @@ def say_waits(host: Host) -> None:
     restart onto a service that never answers, a hung host python: silent for minutes)."""
 
     def still(what: str, ran: float, bound: float) -> None:
-        err.print(
-            f"[dim]{escape(what)} still runs on {escape(host.name)} ({ran:.0f} s; stopped at "
-            f"{bound:g} s)[/]",
-            soft_wrap=True,
-        )
+        said = still_runs(f"{what} on {host.name}", ran, bound)
+        err.print(f"[dim]{escape(said)}[/]", soft_wrap=True)
 
     host.on_wait = still
 

@@ -76,7 +76,7 @@ from ops.errors import (
     Unreachable,
     taken_signal,
 )
-from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path
+from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path, still_runs
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
 from ops.service.managers import ProcessManager, SystemdManager, manager_for, since_last_start
@@ -251,9 +251,7 @@ class Deployer:
         """A host command that runs long, said as its step (or as itself between steps)
         with its bound (probe37bd M4, probe37bf M1: a hung self-test, a hung host python and
         a restart onto a service that never answers were each silent for minutes)."""
-        self.progress(
-            f"{self._running or what} still runs ({ran:.0f} s; stopped at {bound:g} s)", None
-        )
+        self.progress(still_runs(self._running or what, ran, bound), None)
 
     def _lock_lost(self) -> tuple[Status, str, dict[str, Any]]:
         """A step that would change the host, refused: the host lock this deploy took lost its

@@ -835,6 +835,14 @@ def _tar_gz(src: Path) -> bytes:
     return buf.getvalue()
 
 
+def still_runs(what: str, ran: float, bound: float) -> str:
+    """The heartbeat's words: what runs, for how long, and its bound (one already passed, its
+    stop under way, is said so: probe37bg M3 read "77 s; stopped at 60 s")."""
+    if ran <= bound:
+        return f"{what} still runs ({ran:.0f} s; stopped at {bound:g} s)"
+    return f"{what} still runs ({ran:.0f} s; past its {bound:g} s: being stopped)"
+
+
 def heartbeat_s() -> float:
     """How often a long host command says it still runs: OPS_HEARTBEAT_S (seconds, 1 to 3600)
     where set, else HEARTBEAT_S; ValueError for any other value (the CLI refuses it first)."""

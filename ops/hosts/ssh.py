@@ -41,6 +41,7 @@ from ops.hosts.remote import (
 
 CHUNK = 32768
 KNOWN_HOSTS_MAX = 16 * MIB  # a known_hosts of a few thousand hosts is well under this
+SSH_KEY_MAX = 1 * MIB  # a private key is a few KiB (RSA 16384 bits: about 13 KiB)
 # A host that left two commands in a row unanswered (no channel opened within the target's
 # connect_timeout: a hung host, a black-holed network) gets one short look per later command,
 # and a host process's end (the revert guard's, the lock holder's) is waited for that long: the
@@ -163,6 +164,15 @@ class SshHost(Host):
                 raise HostError(
                     f"ssh_key {t.ssh_key} {why or 'does not exist'}", target=t.name, step="connect"
                 )
+            try:  # a key is a few KiB of text: anything else is said, never read whole
+                # (probe37bg M2, M3: bytes not UTF-8 were "a bug in ops", exit 4; 4 GiB
+                # sparse was read whole, 100 s)
+                read_bytes_bounded(key, max_bytes=SSH_KEY_MAX, what="ssh_key")
+            except FileRefused as exc:  # (one that is no UTF-8 text too)
+                raise HostError(exc.message, target=t.name, step="connect") from None
+            except OSError as exc:
+                why = f"ssh_key {t.ssh_key}: {exc.strerror or exc}"
+                raise HostError(why, target=t.name, step="connect") from None
             connect_kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
         config = Config(lazy=True, overrides={"load_ssh_configs": False})
         conn = Connection(

@@ -36,7 +36,7 @@ from ops.errors import (
 )
 from ops.hosts.inventory import Target
 from ops.hosts.records import RUNNING, RunDir
-from ops.hosts.remote import Host, open_host
+from ops.hosts.remote import Host, open_host, still_runs
 from ops.measure.counters import snapshot
 from ops.rollout.playbook import Playbook, PlaybookError
 from ops.rollout.steps import (
@@ -191,7 +191,7 @@ class Runner:
                 self.progress(f"interrupted; record: {self.run_dir.path}/record.json")
 
     def _still_runs(self, what: str, ran: float, bound: float) -> None:
-        self._say(f"{what} still runs ({ran:.0f} s; stopped at {bound:g} s)")
+        self._say(still_runs(what, ran, bound))
 
     def _say(self, line: str) -> None:
         """A step's own progress, under its line and naming it (a bare "service pid" under the
