@@ -1219,6 +1219,22 @@ def test_code_moved_into_current_as_a_directory_is_a_change_too(ops: Ops) -> Non
     assert ops.current() == r2 and ops.serving() == r2
 
 
+def test_file_names_that_are_no_text_are_printed_escaped(ops: Ops) -> None:
+    """probe37bg L2: a file added to a release with an escape sequence or a newline in its name
+    reached the operator's terminal raw (it cleared it, recoloured it, split the warning)."""
+    r1, r2 = ops.two_releases()
+    time.sleep(2.5)  # (a change is one made a while after the start: /proc's start is coarse)
+    engine = ops.root / "releases" / r2 / "engine"
+    (engine / "\x1b[2Jevil").write_text("")
+    (engine / "a\nb.py").write_text("")
+    for args in (("service", "status", "local"), ("releases", "local")):
+        res = ops(*args)
+        text = res.stdout + res.stderr
+        assert "\x1b" not in text and "a\nb.py" not in text, text
+        flat = " ".join(text.split())
+        assert "engine/\\x1b[2Jevil (added)" in flat and "engine/a\\nb.py (added)" in flat, flat
+
+
 def test_no_deploy_stops_a_service_whose_current_gained_a_file_since(ops: Ops) -> None:
     """probe37az M1 (medium): a file release.json does not list, added to current after the
     service started (a sitecustomize.py, which Python runs at every start from the release's

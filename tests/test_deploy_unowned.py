@@ -440,6 +440,33 @@ def test_a_port_held_by_a_program_that_never_answers_holds_no_rollback(ops: Ops)
     assert ops.current() == r1
 
 
+def test_a_first_install_a_held_port_undid_is_said_kept_not_rejected(ops: Ops) -> None:
+    """probe37bg L1: a first install undone because another program held the port was said
+    "kept as rejected", though nothing rejected it (the cause was the host's): said as kept,
+    not rejected; `ops releases` lists it unproven."""
+    squatter = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(ops.port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
+                    break
+            time.sleep(0.1)
+        res = ops.deploy("--bootstrap", "--wait", "3")
+    finally:
+        squatter.kill()
+        squatter.wait()
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and "the first install was undone" in text, text
+    assert "it is kept, not rejected" in text and "kept as rejected" not in text, text
+    code, doc = ops.json("releases", "local")
+    assert [r["rejected"] for r in doc["releases"]] == [None], doc
+
+
 def test_killed_rollback_still_marks_the_release_rejected(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()

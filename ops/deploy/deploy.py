@@ -1609,7 +1609,11 @@ class Deployer:
             where = self._back_on(rid, after) + " (by the host's guard)"
         elif reverted.get("first_install"):
             # (kept in releases/, marked rejected: probe37bd L1 said it was removed)
-            where = "the first install was undone (no release is current; it is kept as rejected)"
+            rejected = self._rejected_at is not None and self._rejected_at[0] == rid
+            kept_as = (  # (probe37bg L1: said "rejected" of one a held port never judged)
+                "kept as rejected" if rejected else "kept, not rejected: ops releases lists it"
+            )
+            where = f"the first install was undone (no release is current; it is {kept_as})"
         elif reverted.get("still_serving"):
             where = (
                 f"current is back on {after}, but the service still runs "

@@ -122,7 +122,16 @@ def added_since(release: str, files: set[str], start: float) -> list[str]:
     return sorted(found)
 
 
+def shown_name(name: str) -> str:
+    """A file name as it can be printed: a character that is not printable (an escape
+    sequence, a newline: probe37bg L2 drove the operator's terminal) as its Python escape."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
 def listed(names: list[str]) -> str:
-    """Up to five names (each cut to 80 characters), and how many more."""
-    shown = ", ".join(n[:80] for n in names[:5])
+    """Up to five names (each cut to 80 characters, unprintable ones escaped), and how many
+    more."""
+    shown = ", ".join(shown_name(n)[:80] for n in names[:5])
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
