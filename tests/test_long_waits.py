@@ -35,7 +35,7 @@ def test_a_hung_host_python_is_said_each_beat_by_a_deploy_and_by_releases(ops: O
     ops.env["OPS_HEARTBEAT_S"] = "2"
     for args, said in (
         (ops.deploy_args(), "releases list still runs (2 s; stopped at 300 s)"),
-        (("releases", "local"), "releases list still runs on local (2 s; stopped at 300 s)"),
+        (("releases", "local"), "releases list on local still runs (2 s; stopped at 300 s)"),
     ):
         t0 = time.monotonic()
         proc, seen = ops.popen_at("still runs", *args)
