@@ -1235,6 +1235,21 @@ def test_file_names_that_are_no_text_are_printed_escaped(ops: Ops) -> None:
         assert "engine/\\x1b[2Jevil (added)" in flat and "engine/a\\nb.py (added)" in flat, flat
 
 
+def test_a_deploy_of_currents_commit_over_its_edited_files_installs_it_anew(ops: Ops) -> None:
+    """A deploy of the commit current holds, its files edited by hand since installed, said
+    "already current; nothing to do": the host did not run the commit as built. It installs
+    the commit anew, and says why."""
+    r1, r2 = ops.two_releases()
+    code = ops.root / "releases" / r2 / "engine" / "svc.py"
+    code.write_text(code.read_text() + "# edited by hand\n")
+    assert ops("service", "restart", "local").returncode == 0  # runs the edit now
+    res = ops.deploy()
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 0 and ops.current() not in (r1, r2), text
+    assert f"{r2}, current, holds the same commit, but its files were changed" in text, text
+    assert "engine/svc.py): installed anew" in text and "nothing to do" not in text, text
+
+
 def test_no_deploy_stops_a_service_whose_current_gained_a_file_since(ops: Ops) -> None:
     """probe37az M1 (medium): a file release.json does not list, added to current after the
     service started (a sitecustomize.py, which Python runs at every start from the release's

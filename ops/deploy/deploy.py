@@ -77,6 +77,7 @@ from ops.errors import (
     taken_signal,
 )
 from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path, still_runs
+from ops.hostside.release_files import listed
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
 from ops.service.managers import ProcessManager, SystemdManager, manager_for, since_last_start
@@ -215,6 +216,7 @@ class Deployer:
         self._guard: Guard | None = None  # the revert guard of the switch under way
         self._rejected_at: tuple[str, str] | None = None  # (release, "at") of our rejection
         self._golden_suspect: str | None = None  # why the golden set, not the release, failed
+        self._reinstalled: str | None = None  # why the same commit as current was installed
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -461,6 +463,14 @@ class Deployer:
             or current["components"] != m.components
             or current.get("hook") != m.hook
         ):
+            return None
+        edited = current.get("code_edited") or []
+        if edited:  # not the commit as built: installed anew, and said (a deploy of the same
+            # commit said "nothing to do" of a current edited by hand)
+            self._reinstalled = (
+                f"{current['id']}, current, holds the same commit, but its files were changed "
+                f"since it was installed ({listed(edited)}): installed anew"
+            )
             return None
         cur = current["id"]
         msg = f"release {cur} (git {m.git_sha[:12]}) is already current"
@@ -1267,6 +1277,8 @@ class Deployer:
             if restart
             else "installed; the service was not restarted"
         )
+        if self._reinstalled:
+            said += f" ({self._reinstalled})"
         after = rid
         moved = done[2].get("current_state") if done[0] == "ok" else None
         if isinstance(moved, dict) and shown_state(moved) != rid:  # moved by hand meanwhile
