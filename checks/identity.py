@@ -250,9 +250,30 @@ def load_golden(path: str) -> dict[str, Any]:
     return parse_golden(read_bounded(path, "golden file"))
 
 
-def keep_previous(path: Path) -> Path | None:
+def not_replaceable(path: Path, junk_aside: bool) -> str | None:
+    """Why what is at `path` is never replaced by a golden set, or None. A regular file is
+    kept beside it (`keep_previous`); in the host's own golden/ (`junk_aside`) so is a FIFO,
+    a socket or a link, put there by hand. A directory or a device is nobody's golden set
+    (probe37bg H1: `--golden /dev/full` moved the device aside, `--golden ROOT` a whole
+    remote root); anywhere else, neither is anything that is not a regular file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # nothing there (or no directory above it: the write says so)
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if junk_aside and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISLNK(mode)):
+        return None
+    return "a symbolic link" if stat.S_ISLNK(mode) else _kind(mode)
+
+
+def keep_previous(path: Path, junk_aside: bool = True) -> Path | None:
     """Before a golden set at `path` is replaced, keep it as `path`.N (one above the highest N);
-    what is there and is no regular file (a FIFO, a directory, a link) is moved there."""
+    with `junk_aside`, a FIFO, a socket or a link there is moved there. ValueError for what is
+    never replaced (`not_replaceable`)."""
+    why = not_replaceable(path, junk_aside)
+    if why:
+        raise ValueError(f"{path} is {why}: no golden set is written over it")
     if not os.path.lexists(path):
         return None
     pattern = re.compile(re.escape(path.name) + r"\.(\d+)")
@@ -295,6 +316,18 @@ def record(args: Any) -> None:
         )
     if args.limit:
         prompts = prompts[: args.limit]
+    why = None if args.record_golden == "-" else not_replaceable(Path(args.record_golden), True)
+    if why:  # said before any request
+        exit_json(
+            {
+                "ok": False,
+                "module": "checks.identity",
+                "error": "bad_input",
+                "message": f"--record-golden {args.record_golden} is {why}: no golden set is "
+                "written over it",
+            },
+            EXIT_BAD_INPUT,
+        )
     ident = service_identity(args.url, args.timeout)
     outputs = run_all(args.url, ident["model"], prompts, args.max_tokens, args.timeout)
     doc = {
@@ -313,6 +346,9 @@ def record(args: Any) -> None:
         try:
             kept = keep_previous(Path(args.record_golden))
             write_atomic(Path(args.record_golden), text.encode("utf-8"))
+        except ValueError as exc:  # made a directory or a device since the look above
+            said = {"ok": False, "module": "checks.identity", "error": "bad_input"}
+            exit_json({**said, "message": str(exc)}, EXIT_BAD_INPUT)
         except OSError as exc:  # a full or read-only disk: one document, not a traceback
             where = exc.filename or args.record_golden  # (probe37v V1)
             exit_json(

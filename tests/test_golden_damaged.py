@@ -465,3 +465,32 @@ def test_a_golden_set_is_recorded_only_from_current_as_the_service_runs_it(
     assert ops("service", "restart", "local").returncode == 0  # the way named
     res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_record_golden_never_writes_over_what_is_no_regular_file(svc: ServiceOps) -> None:
+    """probe37bh H1 (high): `--record-golden --golden PATH` moved whatever was at PATH aside (a
+    device node, a FIFO, a link, a whole directory: the remote root itself) and passed. It is
+    refused before any request, in one line, and what is there stays."""
+    assert svc.json("service", "start", "local")[0] == 0
+    places: dict[str, Path] = {"directory": svc.tmp / "root"}
+    fifo = svc.tmp / "fifo"
+    os.mkfifo(fifo)
+    places["FIFO"] = fifo
+    link = svc.tmp / "link"
+    link.symlink_to(svc.tmp / "elsewhere.json")
+    places["symbolic link"] = link
+    node = svc.tmp / "node"
+    with contextlib.suppress(OSError):  # (root only: a character device of our own)
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        places["character device"] = node
+    for kind, path in places.items():
+        before = path.lstat()
+        res = svc("healthcheck", "local", "--record-golden", "--golden", str(path))
+        no_traceback(res.stdout, res.stderr)
+        assert res.returncode == 2 and f"golden file {path} is a {kind}" in res.stderr, (
+            kind,
+            res.stderr,
+        )
+        after = path.lstat()
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode), kind
+        assert not path.with_name(path.name + ".1").exists(), kind

@@ -29,7 +29,7 @@ from typing import Any, Literal, cast
 
 from checks.atomic import write_atomic
 from checks.docs import GpusDoc, HealthDoc, IdentityDoc
-from checks.identity import keep_previous, parse_golden
+from checks.identity import keep_previous, not_replaceable, parse_golden
 from ops.errors import HostError, OpsError
 from ops.files import MIB, read_bytes_bounded
 from ops.hosts.dataplane import data_plane_dir, run_check
@@ -251,6 +251,12 @@ def _identity(
     if record_golden:
         if not golden:
             no_link_at_golden(host, on_host)
+        elif why := not_replaceable(golden, junk_aside=False):  # before any request
+            raise OpsError(
+                f"golden file {golden} is {why}: --record-golden writes a regular file there, "
+                "and never over anything else",
+                hint="name a new file, or a golden set recorded before",
+            )
         where = "-" if golden else on_host
         res = run_check(
             host,
@@ -270,8 +276,10 @@ def _identity(
         if golden and res.rc == 0:
             doc = json.dumps(data["golden"], ensure_ascii=False, indent=1) + "\n"
             try:
-                kept = keep_previous(golden)
+                kept = keep_previous(golden, junk_aside=False)
                 write_atomic(golden, doc.encode())
+            except ValueError as exc:  # (made so since the look before the recording)
+                raise OpsError(f"golden file {exc}") from None
             except OSError as exc:
                 raise OpsError(f"cannot write golden file {golden}: {exc.strerror}") from None
             data["path"] = str(golden)
