@@ -1896,8 +1896,9 @@ class Deployer:
             shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
             detail = f"removed {shown}" if gone else "nothing to remove"
             held = doc.get("held") or []
-            if held:  # (probe37bg H2: a mount in a release: kept, never descended into)
-                detail += f"; kept {held[0]}" + (f" (+{len(held) - 1} more)" if held[1:] else "")
+            if held:  # (probe37bg H2: a mount in a release: kept, never descended into;
+                # probe37bh M1: one that cannot be removed no longer stops the rest)
+                detail += f"; {held[0]}" + (f" (+{len(held) - 1} more)" if held[1:] else "")
             return "ok", f"{detail} (keep {self.opts.keep})", doc
 
         self.step("prune", prune)

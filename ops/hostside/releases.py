@@ -1221,16 +1221,62 @@ def prune(root: str, keep: int, spare: str | None = None) -> dict:
     others = [r["id"] for r in reversed(rels) if r["id"] not in proven]
     kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"], spare}
     kept |= set(proven[:1]) | set(in_use(root))
-    removed, held = [], []
+    removed: list[str] = []
+    held = [left for left in _leftovers(root) if left]  # earlier prunes' remains, tried again
     for r in rels:
         if r["id"] not in kept:
-            try:
-                rmtree(root, os.path.join(root, "releases", r["id"]))
-            except Refused as exc:  # (a mount point in it: kept, said; the rest pruned)
-                held.append(str(exc))
+            why = _prune_one(root, r["id"])
+            if why:  # kept (a mount point) or part left aside: said, and the rest pruned
+                held.append(why)
                 continue
             removed.append(r["id"])
     return {"removed": removed, "held": held} if held else {"removed": removed}
+
+
+PRUNING = ".pruning-"  # a release taken out of releases/ on its way out
+
+
+def _prune_one(root: str, release: str) -> str | None:
+    """Remove one release whole, or say why not. It is first renamed to .pruning-ID (one
+    rename: listed whole until then, never again after), so a removal cut short (a file that
+    cannot be removed: chattr +i) leaves no half release listed as damaged (probe37bh M1: every
+    later prune failed on it, and the release was left with its service.env only)."""
+    path = os.path.join(root, "releases", release)
+    inside(root, path)
+    mounted = mount_inside(path)
+    if mounted:  # another filesystem: nothing of it is ours to remove
+        return f"{release} holds a mount point ({mounted}): not removed; unmount it first"
+    aside = os.path.join(root, "releases", PRUNING + release)
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        return f"{release} could not be removed ({exc.strerror}: {path})"
+    try:
+        shutil.rmtree(aside)
+    except OSError as exc:
+        return (
+            f"{release} was taken out, but not all of it could be removed ({exc.strerror}: "
+            f"{exc.filename}); what is left is at {aside}"
+        )
+    return None
+
+
+def _leftovers(root: str) -> list[str]:
+    """Remove what earlier prunes could not (.pruning-*); why each that stays, stays."""
+    rel = os.path.join(root, "releases")
+    said = []
+    for name in sorted(os.listdir(rel)):
+        path = os.path.join(rel, name)
+        if not name.startswith(PRUNING) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if mount_inside(path):
+            said.append(f"{path} holds a mount point: not removed; unmount it first")
+            continue
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:
+            said.append(f"{path} could not be removed whole ({exc.strerror}: {exc.filename})")
+    return said
 
 
 def main(argv: list[str]) -> dict:
