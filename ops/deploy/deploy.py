@@ -315,6 +315,16 @@ class Deployer:
             restarted = None if self.opts.no_restart else self._guard_restarted()
             if serving is not None and serving != now:  # its restart did not take (a full disk)
                 what += f", but the service still runs {serving}"
+                if restarted is None and not self.opts.no_restart and now:
+                    # not yet: the guard's restart waits for the one under way, whose wait
+                    # for /health outlives ops (probe37bh M2: said "activating", no way on)
+                    name = self.target.name
+                    what += (
+                        f" (the restart under way waits up to {self.opts.wait_s:g} s for it to "
+                        f"answer; the guard's restart of {now} comes after it: ops service "
+                        f"status {name} tells when {now} serves; if it does not once that "
+                        f"restart has ended, ops service restart {name} starts it)"
+                    )
             elif restarted is False:  # (probe37r R10: said "and restarted" of a refused one)
                 what += (
                     ", but its restart did not start the service (logs/guard.log says why); "
