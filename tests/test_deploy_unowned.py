@@ -499,6 +499,14 @@ def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> N
                 if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
                     break
             time.sleep(0.1)
+        # said by status, and by the pre-flight's way on (probe37bh L1: "not running" alone,
+        # and a start named that the port would refuse)
+        code, st = ops.json("service", "status", "local")
+        held = f"is in use by pid {squatter.pid}"
+        assert held in st["detail"] and "a start would be refused" in st["detail"], st
+        res = ops.deploy()
+        text = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 1 and "another program holds its port" in text, text
         res = ops.deploy("--force", "--wait", "3")
     finally:
         squatter.kill()

@@ -953,7 +953,12 @@ class Deployer:
             None,
         )
         service = next((c.detail for c in rep.checks if c.name == "service"), "")
-        if stopped:  # a start would do nothing (probe37u U7): the service's own words
+        if "not this service: a start would be refused" in service:  # (probe37bh L1)
+            fix = (
+                f"another program holds its port (ops service status {name} names it): stop "
+                "it, or give the service a free port (docs/inventory.md), then deploy again"
+            )
+        elif stopped:  # a start would do nothing (probe37u U7): the service's own words
             fix = f"{stopped.split(': ', 1)[-1]}, then deploy again"
         elif ": activating: " in service:  # its process lives: a start does nothing
             fix = (

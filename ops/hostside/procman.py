@@ -351,6 +351,9 @@ def port_of(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
+PORT_HELD = "a start would be refused"  # (the control plane reads these words)
+
+
 def port_holder(url: str) -> dict | None:
     """Who listens on the service's port: None if nobody; else pid and cmdline where visible."""
     inodes = listening_inodes(port_of(url))
@@ -1051,6 +1054,11 @@ def status_of(pidfile: str, url: str) -> dict:
     managed = doc.get("pid") if doc["state"] in ("active", "activating") else None
     found = strays(pidfile, managed, url)
     if not found:
+        holder = port_holder(url) if doc["state"] in ("inactive", "failed") else None
+        if holder is not None:  # (probe37bh L1: said "not running" alone; a start then failed)
+            who = f"pid {holder['pid']}" if holder["pid"] else "another user's process"
+            said = f"port {port_of(url)} is in use by {who} ({holder['cmdline'][:200]})"
+            return {**doc, "detail": f"{doc['detail']}; {said}, not this service: {PORT_HELD}"}
         return doc
     if managed is None and doc["state"] == "inactive":  # no pidfile: it runs all the same
         return unmanaged_doc(found, url, "no pidfile")
