@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -403,6 +404,25 @@ def test_second_ctrl_c_during_restart_keeps_the_steps(ops: Ops) -> None:
     assert ops.current() == r1 and ops.serving() == r1
 
 
+@contextlib.contextmanager
+def squatting(port: int, *argv: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Another program on the service's port for the block (`argv`; default an HTTP server
+    that answers 404s), once it takes connections."""
+    argv = argv or (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_port_held_by_a_program_that_never_answers_holds_no_rollback(ops: Ops) -> None:
     """probe37be L1: a program that takes connections on the service's port and never answers
     held the rollback's checks 60 s, though its restart had already been refused for the port:
@@ -411,26 +431,13 @@ def test_a_port_held_by_a_program_that_never_answers_holds_no_rollback(ops: Ops)
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
     ops.stop()
-    squatter = subprocess.Popen(  # listens; accepts nothing, answers nothing
-        [
-            sys.executable,
-            "-c",
-            "import socket, time; s = socket.socket(); "
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-            f"s.bind(('127.0.0.1', {ops.port})); s.listen(64); time.sleep(120)",
-        ]
+    silent = (  # listens; accepts nothing, answers nothing
+        "import socket, time; s = socket.socket(); "
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('127.0.0.1', {ops.port})); s.listen(64); time.sleep(120)"
     )
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
-                    break
-            time.sleep(0.1)
+    with squatting(ops.port, sys.executable, "-c", silent):
         res = ops.deploy("--force", "--wait", "3")
-    finally:
-        squatter.kill()
-        squatter.wait()
     assert res.returncode == 2, res.stdout + res.stderr
     result = ops.record("deploy")["results"][0]
     (back,) = [s for s in result["steps"] if s["name"] == "rollback"]
@@ -444,22 +451,8 @@ def test_a_first_install_a_held_port_undid_is_said_kept_not_rejected(ops: Ops) -
     """probe37bg L1: a first install undone because another program held the port was said
     "kept as rejected", though nothing rejected it (the cause was the host's): said as kept,
     not rejected; `ops releases` lists it unproven."""
-    squatter = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(ops.port), "--bind", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
-                    break
-            time.sleep(0.1)
+    with squatting(ops.port):
         res = ops.deploy("--bootstrap", "--wait", "3")
-    finally:
-        squatter.kill()
-        squatter.wait()
     text = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 2 and "the first install was undone" in text, text
     assert "it is kept, not rejected" in text and "kept as rejected" not in text, text
@@ -487,18 +480,7 @@ def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> N
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
     ops.stop()
-    squatter = subprocess.Popen(  # another program on the service's port (answers 404s)
-        [sys.executable, "-m", "http.server", str(ops.port), "--bind", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", ops.port)) == 0:
-                    break
-            time.sleep(0.1)
+    with squatting(ops.port) as squatter:  # another program on its port (answers 404s)
         # said by status, and by the pre-flight's way on (probe37bh L1: "not running" alone,
         # and a start named that the port would refuse)
         code, st = ops.json("service", "status", "local")
@@ -508,9 +490,6 @@ def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> N
         text = " ".join((res.stdout + res.stderr).split())
         assert res.returncode == 1 and "another program holds its port" in text, text
         res = ops.deploy("--force", "--wait", "3")
-    finally:
-        squatter.kill()
-        squatter.wait()
     # the host's trouble, not a verdict on the release: exit 2 (probe37aw L3: it was 1)
     assert res.returncode == 2, res.stdout + res.stderr
     result = ops.record("deploy")["results"][0]
@@ -1026,6 +1005,15 @@ def ro_run(ops: Ops):
     subprocess.run(["umount", "-l", str(run)], capture_output=True)
 
 
+def third_release_keeping_two(ops: Ops) -> str:
+    """A third release deployed with --keep 2 (the first is then pruned): what it said."""
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy("--keep", "2")
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 0, text
+    return text
+
+
 def test_prune_never_descends_into_a_mount_in_a_release(ops: Ops) -> None:
     """probe37bg H2 (high): a directory bind-mounted into an old release (a models directory,
     say): the prune emptied it, then said "not done" (the mount point itself was busy). A
@@ -1040,10 +1028,7 @@ def test_prune_never_descends_into_a_mount_in_a_release(ops: Ops) -> None:
     if res.returncode != 0:
         pytest.skip(f"cannot bind-mount here: {res.stderr.decode().strip()}")
     try:
-        commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
-        res = ops.deploy("--keep", "2")
-        text = " ".join((res.stdout + res.stderr).split())
-        assert res.returncode == 0, text
+        text = third_release_keeping_two(ops)
         assert f"{r1} holds a mount point ({inside}): not removed" in text, text
         assert (outside / "weights.bin").read_bytes() == b"keep"
         assert (ops.root / "releases" / r1).is_dir()
@@ -1062,10 +1047,7 @@ def test_a_release_that_cannot_be_removed_blocks_no_prune(ops: Ops) -> None:
         pytest.skip("chattr +i is not supported here")
     aside = ops.root / "releases" / f".pruning-{r1}"
     try:
-        commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
-        res = ops.deploy("--keep", "2")
-        text = " ".join((res.stdout + res.stderr).split())
-        assert res.returncode == 0, text
+        text = third_release_keeping_two(ops)
         assert f"{r1} was taken out, but not all of it could be removed" in text, text
         assert f"what is left is at {aside}" in text, text
         code, doc = ops.json("releases", "local")
