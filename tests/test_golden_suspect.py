@@ -93,3 +93,29 @@ def test_a_golden_set_no_proven_release_matches_is_blamed_not_the_release(ops: O
     assert code == 0, rec
     res = ops.deploy()
     assert res.returncode == 0 and ops.current() not in (r1, r2), flat(res.stdout + res.stderr)
+
+
+def test_no_golden_set_is_recorded_from_code_edited_since_it_was_installed(ops: Ops) -> None:
+    """probe37bi H1 (high): current's code edited by hand and the service restarted on it:
+    `--record-golden` (and a pre-flight with no golden set) recorded the edit's tokens, and
+    the next correct release failed identity and was marked rejected. Refused, naming the
+    files, until they are as installed."""
+    r1, r2 = ops.two_releases()
+    code = ops.root / "releases" / r2 / "engine" / "svc.py"
+    installed = code.read_text()
+    code.write_text(installed + "# edited by hand\n")
+    assert ops("service", "restart", "local").returncode == 0
+    golden = ops.root / "golden" / "golden.json"
+    golden.unlink()
+    code_, doc = ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    assert code_ == 2 and "files were changed since it was installed" in doc["message"], doc
+    assert "engine/svc.py" in doc["message"] and not golden.exists(), doc
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    res = ops.deploy()
+    pre = {s["name"]: s for s in ops.record("deploy")["results"][0]["steps"]}["preflight"]
+    assert res.returncode == 1 and pre["status"] == "fail", flat(res.stderr)
+    assert "files were changed since it was installed (engine/svc.py)" in pre["detail"], pre
+    assert not golden.exists() and ops.current() == r2
+    code.write_text(installed)  # as installed again: recorded
+    code_, doc = ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    assert code_ == 0 and golden.exists(), doc

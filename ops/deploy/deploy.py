@@ -217,6 +217,7 @@ class Deployer:
         self._rejected_at: tuple[str, str] | None = None  # (release, "at") of our rejection
         self._golden_suspect: str | None = None  # why the golden set, not the release, failed
         self._reinstalled: str | None = None  # why the same commit as current was installed
+        self._current_edited: list[str] = []  # current's files changed since it was installed
         if self.target.service.manager == "process":
             # a service with no command can never start: refused before anything is sent, not
             # after a release was sent and finalized (probe37x L1: one left per attempt)
@@ -459,6 +460,7 @@ class Deployer:
         self._proven = proven_whole(listing)
         current = next((r for r in listing["releases"] if r["current"]), None)
         self._current_proven = bool(current and current.get("proven"))
+        self._current_edited = list((current or {}).get("code_edited") or [])
         self._downgrade = self._older_than(m, current)
         self._pending_left = bool(listing.get("pending"))
         if self._pending_left and not settled:  # the recover step first (probe37d F3), so
@@ -908,6 +910,17 @@ class Deployer:
                 "a post-flight: a golden set recorded from it would judge every release by its "
                 f"tokens; ops rollback {name} --to {self._fallback} goes to the newest proven "
                 f"release, then ops healthcheck {name} --record-golden records one from it",
+                {"recorded_golden": False},
+            )
+        if record and self._current_edited:  # (probe37bi H1: recorded from code edited by
+            # hand, the golden set failed every correct release after it)
+            name = self.target.name
+            return (
+                "fail",
+                f"there is no golden set on the host, and current ({self._before})'s files were "
+                f"changed since it was installed ({listed(self._current_edited)}): a golden set "
+                "recorded from that code would judge every release by it; put the files back "
+                f"(or deploy its commit anew), then ops healthcheck {name} --record-golden",
                 {"recorded_golden": False},
             )
         rep = self._health(record)
