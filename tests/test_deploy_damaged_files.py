@@ -1240,6 +1240,7 @@ def test_a_deploy_of_currents_commit_over_its_edited_files_installs_it_anew(ops:
     "already current; nothing to do": the host did not run the commit as built. It installs
     the commit anew, and says why."""
     r1, r2 = ops.two_releases()
+    time.sleep(2.5)  # (an edit is one made a while after the install: ctimes are coarse)
     code = ops.root / "releases" / r2 / "engine" / "svc.py"
     code.write_text(code.read_text() + "# edited by hand\n")
     assert ops("service", "restart", "local").returncode == 0  # runs the edit now

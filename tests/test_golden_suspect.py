@@ -18,6 +18,7 @@ tests/helpers/deploy_ops.py on its own root and port.
 from __future__ import annotations
 
 import json
+import time
 
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, steps
@@ -101,6 +102,7 @@ def test_no_golden_set_is_recorded_from_code_edited_since_it_was_installed(ops: 
     the next correct release failed identity and was marked rejected. Refused, naming the
     files, until they are as installed."""
     r1, r2 = ops.two_releases()
+    time.sleep(2.5)  # (an edit is one made a while after the install: ctimes are coarse)
     code = ops.root / "releases" / r2 / "engine" / "svc.py"
     installed = code.read_text()
     code.write_text(installed + "# edited by hand\n")
