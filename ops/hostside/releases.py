@@ -48,6 +48,7 @@ is never taken for a first install.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -1250,6 +1251,8 @@ def _prune_one(root: str, release: str) -> str | None:
     try:
         os.rename(path, aside)
     except OSError as exc:
+        if exc.errno == errno.EROFS:  # the root's, not this release's: no prune at all
+            raise
         return f"{release} could not be removed ({exc.strerror}: {path})"
     try:
         shutil.rmtree(aside)
@@ -1275,6 +1278,8 @@ def _leftovers(root: str) -> list[str]:
         try:
             shutil.rmtree(path)
         except OSError as exc:
+            if exc.errno == errno.EROFS:  # the root's, not this leftover's: no prune at all
+                raise
             said.append(f"{path} could not be removed whole ({exc.strerror}: {exc.filename})")
     return said
 
