@@ -248,17 +248,23 @@ def mount_inside(path: str) -> str | None:
     return None
 
 
+def mounted_in(path: str) -> str | None:
+    """Why the directory `path` is not removed, said after its name: a mount point at or
+    under it (another filesystem: nothing of it is ours to remove); None where there is none."""
+    mounted = mount_inside(path)
+    if mounted is None:
+        return None
+    return f"holds a mount point ({mounted}): not removed; unmount it first (umount {mounted})"
+
+
 def rmtree(root: str, path: str) -> None:
     inside(root, path)
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.isdir(path):
-        mounted = mount_inside(path)
-        if mounted:  # another filesystem: nothing of it is ours to remove
-            raise Refused(
-                f"{os.path.basename(path)} holds a mount point ({mounted}): not removed; "
-                f"unmount it first (umount {mounted})"
-            )
+        why = mounted_in(path)
+        if why:
+            raise Refused(f"{os.path.basename(path)} {why}")
         shutil.rmtree(path)
 
 
@@ -1223,7 +1229,7 @@ def prune(root: str, keep: int, spare: str | None = None) -> dict:
     kept = set((proven + others)[: max(0, keep)]) | {doc["current"], doc["previous"], spare}
     kept |= set(proven[:1]) | set(in_use(root))
     removed: list[str] = []
-    held = [left for left in _leftovers(root) if left]  # earlier prunes' remains, tried again
+    held = _leftovers(root)  # earlier prunes' remains, tried again
     for r in rels:
         if r["id"] not in kept:
             why = _prune_one(root, r["id"])
@@ -1244,9 +1250,9 @@ def _prune_one(root: str, release: str) -> str | None:
     later prune failed on it, and the release was left with its service.env only)."""
     path = os.path.join(root, "releases", release)
     inside(root, path)
-    mounted = mount_inside(path)
-    if mounted:  # another filesystem: nothing of it is ours to remove
-        return f"{release} holds a mount point ({mounted}): not removed; unmount it first"
+    why = mounted_in(path)
+    if why:
+        return f"{release} {why}"
     aside = os.path.join(root, "releases", PRUNING + release)
     try:
         os.rename(path, aside)
@@ -1254,12 +1260,20 @@ def _prune_one(root: str, release: str) -> str | None:
         if exc.errno == errno.EROFS:  # the root's, not this release's: no prune at all
             raise
         return f"{release} could not be removed ({exc.strerror}: {path})"
+    why = _remove_aside(aside)
+    return f"{release} was taken out, but {why}" if why else None
+
+
+def _remove_aside(aside: str) -> str | None:
+    """Remove a release taken out of releases/ (`aside`); why not all of it could go."""
     try:
         shutil.rmtree(aside)
     except OSError as exc:
+        if exc.errno == errno.EROFS:  # the root's, not this release's: no prune at all
+            raise
         return (
-            f"{release} was taken out, but not all of it could be removed ({exc.strerror}: "
-            f"{exc.filename}); what is left is at {aside}"
+            f"not all of it could be removed ({exc.strerror}: {exc.filename}); what is left "
+            f"is at {aside}"
         )
     return None
 
@@ -1272,15 +1286,11 @@ def _leftovers(root: str) -> list[str]:
         path = os.path.join(rel, name)
         if not name.startswith(PRUNING) or os.path.islink(path) or not os.path.isdir(path):
             continue
-        if mount_inside(path):
-            said.append(f"{path} holds a mount point: not removed; unmount it first")
-            continue
-        try:
-            shutil.rmtree(path)
-        except OSError as exc:
-            if exc.errno == errno.EROFS:  # the root's, not this leftover's: no prune at all
-                raise
-            said.append(f"{path} could not be removed whole ({exc.strerror}: {exc.filename})")
+        why = mounted_in(path)
+        if why:
+            said.append(f"{name} {why}")
+        elif why := _remove_aside(path):
+            said.append(f"{name}: {why}")
     return said
 
 
