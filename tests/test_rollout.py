@@ -111,6 +111,23 @@ def local_stopped(tmp_path: Path):
     end_services(loc.root)
 
 
+def slow_first_module(loc: Local) -> None:
+    """The target's `python` from now on: the test's own, but its first `-m` module starts
+    2.5 s late (a rollout's every host command ran under the 1 s heartbeat on an idle CI
+    machine, and no line said it still ran)."""
+    slow, marker = loc.tmp / "slowpy", loc.tmp / "slowed"
+    slow.write_text(
+        "#!/bin/bash\n"
+        f'case " $* " in *" -m "*) mkdir "{marker}" 2>/dev/null && sleep 2.5;; esac\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    slow.chmod(0o755)
+    text = loc.inventory.read_text()
+    loc.inventory.write_text(
+        text.replace("[targets.local]\n", f"[targets.local]\npython = '{slow}'\n")
+    )
+
+
 def record(path: Path) -> dict:
     return json.loads((path / "record.json").read_text())
 
@@ -122,7 +139,8 @@ def test_default_rollout_on_local_is_no_go_by_its_ceiling(local: Local) -> None:
     (local.root / "current").symlink_to("releases/20260101T000000Z-0123456789")
     # the tree build is ~2% of the tiny engine's wall time (its ceiling near the default 3%):
     # a 6% threshold makes "below the ceiling" a property of the engine, not of a noisy run
-    local.env["OPS_HEARTBEAT_S"] = "1"  # its long host commands say they still run
+    local.env["OPS_HEARTBEAT_S"] = "1"  # its long host commands say they still run:
+    slow_first_module(local)  # one that runs 2.5 s, whatever the machine's speed
     code, doc, err = local(
         "rollout", "local", *SMALL, "--set", "threshold=0.06", "--set", "bench.decode_spread=8"
     )
