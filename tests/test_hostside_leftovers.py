@@ -918,6 +918,48 @@ def test_a_restart_whose_worker_and_command_wrappers_are_stopped_ends_in_seconds
     assert status(ops).get("state") == "active"
 
 
+@pytest.mark.parametrize("stopped", ["by-pattern", "process-group"])
+def test_a_restart_whose_whole_command_is_stopped_ends_in_seconds(ops: Ops, stopped: str) -> None:
+    """probe37bi M1 (medium): a SIGSTOP by pattern caught the restart command's `timeout`, its
+    stop watch's shell and its process manager (not the watch's loop): the loop ended the
+    process manager after 5 s, but the stopped shell and `timeout` held the command, and the
+    deploy held the host lock 375 s, its beats saying only "still runs". A whole process group
+    stopped (`kill -STOP -PGID`) left nothing of the command to end itself. Every command now
+    runs under a watcher that ends it once all of its processes stay stopped for 5 s, and says
+    so; ops then says where the service is, and the lock goes with the command."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    manager = _parent(worker)
+    shell = _parent(manager)  # the stop watch's
+    timeout = _parent(shell)
+    assert Path(f"/proc/{timeout}/comm").read_text().strip() == "timeout"
+    t0 = time.monotonic()
+    if stopped == "by-pattern":
+        for pid in (timeout, shell, manager):
+            os.kill(pid, signal.SIGSTOP)
+    else:
+        os.killpg(timeout, signal.SIGSTOP)
+    try:
+        out, err = first.communicate(timeout=60)
+    finally:
+        first.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(timeout, signal.SIGCONT)
+    text = said(subprocess.CompletedProcess(first.args, first.returncode, out, err))
+    assert first.returncode == 2 and time.monotonic() - t0 < 30, text
+    assert "stayed stopped (SIGSTOP or a debugger)" in text, text
+    if stopped == "process-group":
+        assert f"every process of the command on the host (pid {timeout} " in text, text
+    assert "the service is now" in text, text
+    _worker_gone(pidfile)  # the worker, in a session of its own, finishes the restart
+    assert status(ops).get("state") == "active"
+    res = ops("service", "restart", "local")  # the lock went with it
+    assert res.returncode == 0, said(res)
+
+
 def test_ctrl_c_says_when_the_guard_could_not_restart(ops: Ops) -> None:
     """probe37r R10 (low): a deploy Ctrl-C'd while its restart's worker was stopped (SIGSTOP):
     the guard switched current back, its restart was refused (the stopped worker holds the

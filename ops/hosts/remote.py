@@ -19,6 +19,8 @@ closed it on Ctrl-C or a deadline, ops died, or the SSH channel or connection we
 without a pty sshd sends no signal, but it does close the session's pipes), the watcher sends
 TERM to every process of the command's session, and KILL to what is left 2 s later. Processes
 that left the session on purpose (a service started detached with `setsid`) are not touched.
+A command whose every process stays stopped (SIGSTOP, a debugger) for STOPPED_S is ended the
+same way (KILL), and the watcher says so on the command's stderr.
 Both primitives honour this: `_exec` sends the data, keeps stdin open, and closes it only
 when the command is done or when it gives up (deadline, KeyboardInterrupt, lost connection).
 The sweep reads `/proc`, so it works on Linux hosts (every target this project serves).
@@ -84,13 +86,21 @@ STDOUT_MAX = 64 << 20
 STDERR_MAX = 1 << 20
 LINE_MAX = 1 << 20  # one line read from a long-lived command (the lock's, the guard's)
 
+# A command whose every live process stays stopped this long (a SIGSTOP of its process group or
+# by pattern, a debugger holding each) is ended by its watcher, which says so on its stderr:
+# nothing of it runs, and it held ops, and often the host lock, until its deadline, minutes,
+# saying only that it still ran (probe37bi M1: 375 s for a restart; the process manager's own
+# watch had ended the one process it watches, the stopped `timeout` and shell held the rest)
+STOPPED_S = 5
+STOPPED_SAID = "stayed stopped (SIGSTOP or a debugger) for"
 # The watcher (see the module docstring). $1: bytes of our stdin that are the command's stdin;
-# $2: the command line. The sweep signals every live process whose session is the command's.
-# The coprocess waits for one byte ("g") before it runs the command: bash unsets OPSJOB_PID and
-# OPSJOB once the coprocess has ended, so one that could end first would lose them (probe37h M1).
-WATCH = r"""n=$1
-exec 3<&0 5>&1 6>&2
-coproc OPSJOB { IFS= read -r -N 1 _; exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&-; }
+# $2: the command line; $3: STOPPED_S. The sweep signals every live process whose session is
+# the command's. The coprocess waits for one byte ("g") before it runs the command: bash unsets
+# OPSJOB_PID and OPSJOB once the coprocess has ended, so one that could end first would lose
+# them (probe37h M1). The stop watch (`frozen`) reads the same sessions' states once a second.
+WATCH = r"""n=$1 stop_s=$3
+exec 3<&0 5>&1 6>&2 7>&2
+coproc OPSJOB { IFS= read -r -N 1 _; exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&- 7>&-; }
 job=$OPSJOB_PID w=${OPSJOB[1]} r=${OPSJOB[0]}
 exec {r}<&- 5>&- 6>&- 2>/dev/null
 printf g >&"$w"
@@ -114,13 +124,35 @@ sweep() {
     sleep 0.1; sweep || exit 0
   done
   sig=KILL; sweep
-} >/dev/null 2>&1 &
+} >/dev/null 2>&1 7>&- &
 reader=$!
 exec 3<&-
+{
+  k=0
+  while sleep 1 7>&-; do
+    all= live=
+    for p in /proc/[0-9]*; do
+      { read -r l <"$p/stat"; } 2>/dev/null || continue
+      l=${l##*) }; set -- $l
+      [ "$4" = "$job" ] && [ "$1" != Z ] || continue
+      live="$live ${p#/proc/}"; case "$1" in T|t) ;; *) all=no;; esac
+    done
+    [ -n "$live" ] || exit 0
+    [ -z "$all" ] && k=$((k + 1)) || k=0
+    if [ "$k" -gt "$stop_s" ]; then  # (the first of k samples is at the stop or after it)
+      printf '\n%s\n' "ops-watch: every process of the command on the host (pid$live) \
+STOPPED_SAID $stop_s s, holding it: ended (kill -9)" >&7
+      trap '' TERM  # its first kill ends the wait below, which ends this loop: sweep to the end
+      sig=KILL; sweep; exit 0
+    fi
+  done
+} >/dev/null 2>&1 &
+frozen=$!
+exec 7>&-
 wait "$job"; rc=$?
-kill "$reader"
+kill "$reader" "$frozen"
 exit "$rc"
-"""
+""".replace("STOPPED_SAID", STOPPED_SAID)
 
 
 class Capped:
@@ -180,7 +212,10 @@ def split_line(buf: bytes) -> tuple[str, bytes]:
 
 def watched(command: str, stdin_len: int = 0) -> str:
     """`command` under the watcher: it dies on the host when its caller goes away."""
-    return f"bash -c {shlex.quote(WATCH)} ops-watch {int(stdin_len)} {shlex.quote(command)}"
+    return (
+        f"bash -c {shlex.quote(WATCH)} ops-watch {int(stdin_len)} {shlex.quote(command)} "
+        f"{STOPPED_S}"
+    )
 
 
 @dataclass(frozen=True)
