@@ -229,7 +229,7 @@ class ServiceManager(ABC):
         said = f"the service is now {st.state}" + (f": {st.detail}" if st.detail else "")
         if starts and st.state == "activating":  # (probe37aj L3: it is starting already)
             said += f"; ops service status {self.target.name} tells once it is up"
-        elif starts and not st.active:
+        elif starts and not st.active and not st.command_changed:  # (its warning says)
             said += f"; ops service start {self.target.name} starts it"
         return said
 
@@ -597,6 +597,10 @@ class ProcessManager(ServiceManager):
         if changed:  # (said as the host side says a changed service.env)
             st.untried, st.command_changed = st.untried or changed, True
             st.warnings = [*st.warnings, changed]
+            if st.state == "activating" and not st.stopped:  # asked where it may not listen:
+                # not "still starting" (probe37bi L1), whether it serves is not known here
+                st.state = "unknown"
+                st.detail = f"{st.detail} (not starting: it runs another command than now)"
         if st.state in ("failed", "activating"):
             st.healthy = False
         if st.state == "failed":
