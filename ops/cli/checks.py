@@ -28,7 +28,7 @@ from ops.cli.common import (
 )
 from ops.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError
 from ops.hosts.remote import Host
-from ops.hostside.release_files import listed
+from ops.hostside.release_files import edited_by_hand
 from ops.measure.loadtest import LoadtestInterrupted, LoadtestReport, parse_levels, run_loadtest
 
 if TYPE_CHECKING:  # imported by the healthcheck command (a fast `ops` start)
@@ -125,10 +125,11 @@ def healthcheck(
             edited = (cur or {}).get("code_edited") or []
             if edited:  # nor from code edited by hand since its checks passed (probe37bi H1:
                 # recorded from it, every correct release after failed identity, rejected)
+                whose = f"current ({cur['id']})'s"
                 raise OpsError(
-                    f"{host.name}: current ({cur['id']})'s files were changed since it was "
-                    f"installed ({listed(edited)}): its code is not the one its checks passed "
-                    "with, and the golden set is recorded only from such code",
+                    f"{host.name}: {edited_by_hand(whose, edited)}; its code "
+                    "is not the one its checks passed with, and the golden set is recorded only "
+                    "from such code",
                     hint=f"put the files back, or ops deploy {host.name} installs current's "
                     "commit anew; then record",
                 )

@@ -33,7 +33,7 @@ from ops.cli.common import (
 from ops.deploy.result import MAX_KEEP
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError, took_signal
 from ops.hosts.remote import Host, open_host
-from ops.hostside.release_files import listed
+from ops.hostside.release_files import edited_by_hand
 
 if TYPE_CHECKING:  # each command imports ops.deploy.deploy when it runs (a fast `ops` start)
     from ops.deploy.deploy import DeployResult, Step
@@ -313,10 +313,9 @@ def releases(
             "(edited by hand?): its configuration is not the one its checks passed with"
         )
     for r in [r for r in doc["releases"] if r.get("code_edited")][:SHOWN_DAMAGED]:
+        said = edited_by_hand(f"{r['id']}'s", r["code_edited"])
         err.print(  # (probe37bd M3)
-            f"[yellow]warning:[/] {r['id']}'s files were changed since it was installed "
-            f"(edited by hand?): {escape(listed(r['code_edited']))}; its code is not the "
-            "one its checks passed with"
+            f"[yellow]warning:[/] {escape(said)}; its code is not the one its checks passed with"
         )
     odd = doc.get("not_releases") or []
     for r in odd[:SHOWN_DAMAGED]:

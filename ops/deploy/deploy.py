@@ -77,7 +77,7 @@ from ops.errors import (
     taken_signal,
 )
 from ops.hosts.remote import Host, SignalsHeld, nested_root, shell_path, still_runs
-from ops.hostside.release_files import listed
+from ops.hostside.release_files import edited_by_hand
 from ops.measure.healthcheck import golden_on_host, run_healthcheck
 from ops.sections.health import HealthReport
 from ops.service.managers import ProcessManager, SystemdManager, manager_for, since_last_start
@@ -480,8 +480,9 @@ class Deployer:
         if edited:  # not the commit as built: installed anew, and said (a deploy of the same
             # commit said "nothing to do" of a current edited by hand)
             self._reinstalled = (
-                f"{current['id']}, current, holds the same commit, but its files were changed "
-                f"since it was installed ({listed(edited)}): installed anew"
+                f"{current['id']}, current, holds the same commit, but "
+                + edited_by_hand("its", edited)
+                + ": installed anew"
             )
             return None
         cur = current["id"]
@@ -917,9 +918,10 @@ class Deployer:
             name = self.target.name
             return (
                 "fail",
-                f"there is no golden set on the host, and current ({self._before})'s files were "
-                f"changed since it was installed ({listed(self._current_edited)}): a golden set "
-                "recorded from that code would judge every release by it; put the files back "
+                "there is no golden set on the host, and "
+                + edited_by_hand(f"current ({self._before})'s", self._current_edited)
+                + ": a golden set recorded from that code would judge every release by it; "
+                "put the files back "
                 f"(or deploy its commit anew), then ops healthcheck {name} --record-golden",
                 {"recorded_golden": False},
             )

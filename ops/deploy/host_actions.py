@@ -17,7 +17,7 @@ from ops.errors import HostError, HostSideBug, OpsError, took_signal
 from ops.hosts.inventory import Target
 from ops.hosts.remote import INTERRUPT_SIGNALS, Host, shell_path
 from ops.hostside import source
-from ops.hostside.release_files import listed
+from ops.hostside.release_files import edited_by_hand
 from ops.service.managers import PROCMAN_SOURCE, ProcessManager, logfile, pidfile
 
 DEPLOY_HOST_SOURCE = source("releases")
@@ -115,7 +115,7 @@ def edited_since_installed(listing: dict, rid: str | None) -> str | None:
     said = list(rel.get("code_edited") or []) + (["service.env"] if rel.get("env_edited") else [])
     if not said:
         return None
-    return f"{rid}'s files were changed since it was installed (by hand?): {listed(said)}"
+    return edited_by_hand(f"{rid}'s", said)
 
 
 def disk_fix(why: str, root: str) -> str:

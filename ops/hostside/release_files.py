@@ -135,3 +135,9 @@ def listed(names: list[str]) -> str:
     more."""
     shown = ", ".join(shown_name(n)[:80] for n in names[:5])
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def edited_by_hand(whose: str, names: list[str]) -> str:
+    """The one sentence for a release whose `names` (its files, its service.env) changed
+    since it was installed, `whose` naming it ("ID's", "current (ID)'s", "its")."""
+    return f"{whose} files were changed since it was installed (by hand?): {listed(names)}"
