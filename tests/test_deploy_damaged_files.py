@@ -789,6 +789,48 @@ def test_a_forged_record_for_a_switch_the_host_is_not_in_moves_nothing(ops: Ops)
     assert list(ops.root.glob("deploy.pending.refused-*")), "the record is kept for a person"
 
 
+@pytest.mark.parametrize("record", ["forged", "made", "cut"])
+def test_a_record_whose_current_before_is_not_what_previous_names_is_refused(
+    ops: Ops, record: str
+) -> None:
+    """probe37bj M1 (medium): a deploy killed with its guard after its switch from r2 to r3;
+    its record's current_before then edited to r1, an older proven release. The next rollback
+    put r1 back as "a switch no deploy settled": the host went to a release it was not on. A
+    switch links previous to what current was: a record naming another than previous does is
+    refused, kept aside, and the rollback goes to previous (r2), as it would with no record.
+    The record as the switch wrote it (`made`), or as one cut before its previous link
+    (`cut`: previous still the one before), is put back as before."""
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy().returncode == 0
+    r3 = ops.current()
+    assert os.readlink(ops.root / "previous") == f"releases/{r2}"
+    before = r1 if record == "forged" else r2
+    forge_pending(
+        ops,
+        before,
+        r3,
+        {"kind": "release", "id": before, "link": f"releases/{before}"},
+        previous_before={"kind": "release", "id": r1, "link": f"releases/{r1}"},
+    )
+    if record == "cut":
+        os.unlink(ops.root / "previous")
+        os.symlink(f"releases/{r1}", ops.root / "previous")
+    res = ops("rollback", "local", "--max-tokens", "3")
+    text = said(res)
+    assert res.returncode == 0 and "Traceback" not in text, text
+    assert ops.current() == r2 and ops.serving() == r2, text
+    refused = list(ops.root.glob("deploy.pending.refused-*"))
+    if record == "forged":
+        assert refused, "the record is kept for a person"
+        assert (
+            f"deploy.pending describes a switch from releases/{r1} to {r3}, but previous is "
+            f"releases/{r2}, where that switch leaves releases/{r1}" in text
+        ), text
+    else:
+        assert not refused and f"current {r3} -> {r2}" in text, text
+
+
 def test_a_deploy_record_whose_release_was_proven_moves_nothing(ops: Ops) -> None:
     """probe37x M2 (medium): a stale deploy.pending (whole, by a deploy) whose `new` is the
     proven current and whose `previous` a release that never served: the next deploy's recover
@@ -1054,7 +1096,7 @@ def test_a_release_whose_code_was_edited_by_hand_is_said_by_releases_and_rollbac
     """probe37bd M3 (medium), (a): a release's code edited by hand (a file release.json lists
     changed, a sitecustomize.py added) was listed clean by `ops releases`, and a rollback went
     to it without a word. Both say which files changed since it was installed; what a running
-    service writes (__pycache__, run/) is not counted."""
+    service writes (run/) is not counted."""
     r1, r2 = ops.two_releases()
     time.sleep(2.5)  # (past the slack on release.json's time)
     home = ops.root / "releases" / r1

@@ -18,8 +18,12 @@ tests/helpers/deploy_ops.py on its own root and port.
 from __future__ import annotations
 
 import json
+import py_compile
+import shutil
+import sys
 import time
 
+import pytest
 from helpers.deploy import commit_change
 from helpers.deploy_ops import Ops, steps
 
@@ -96,30 +100,45 @@ def test_a_golden_set_no_proven_release_matches_is_blamed_not_the_release(ops: O
     assert res.returncode == 0 and ops.current() not in (r1, r2), flat(res.stdout + res.stderr)
 
 
-def test_no_golden_set_is_recorded_from_code_edited_since_it_was_installed(ops: Ops) -> None:
+@pytest.mark.parametrize("edit", ["source", "bytecode"])
+def test_no_golden_set_is_recorded_from_code_edited_since_it_was_installed(
+    ops: Ops, edit: str
+) -> None:
     """probe37bi H1 (high): current's code edited by hand and the service restarted on it:
     `--record-golden` (and a pre-flight with no golden set) recorded the edit's tokens, and
     the next correct release failed identity and was marked rejected. Refused, naming the
-    files, until they are as installed."""
+    files, until they are as installed. probe37bj H1 (high): the same through a .pyc put in a
+    release's `__pycache__` (Python runs it in place of its unchanged source), which was
+    never looked at: nothing ops starts writes bytecode into a release."""
     r1, r2 = ops.two_releases()
     time.sleep(2.5)  # (an edit is one made a while after the install: ctimes are coarse)
     code = ops.root / "releases" / r2 / "engine" / "svc.py"
     installed = code.read_text()
-    code.write_text(installed + "# edited by hand\n")
+    cache = code.parent / "__pycache__"
+    if edit == "source":
+        code.write_text(installed + "# edited by hand\n")
+        named = "engine/svc.py"
+    else:
+        cache.mkdir()
+        tag = sys.implementation.cache_tag
+        py_compile.compile(str(code), cfile=str(cache / f"svc.{tag}.pyc"), doraise=True)
+        named = f"engine/__pycache__/svc.{tag}.pyc (added)"
     assert ops("service", "restart", "local").returncode == 0
+    code_, doc = ops.json("releases", "local")
+    edited = {r["id"]: r["code_edited"] for r in doc["releases"]}
+    assert edited == {r1: [], r2: [named]}, edited
     golden = ops.root / "golden" / "golden.json"
     golden.unlink()
     code_, doc = ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "3")
     assert code_ == 2 and "files were changed since it was installed" in doc["message"], doc
-    assert "engine/svc.py" in doc["message"] and not golden.exists(), doc
+    assert named in doc["message"] and not golden.exists(), doc
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
     res = ops.deploy()
     pre = {s["name"]: s for s in ops.record("deploy")["results"][0]["steps"]}["preflight"]
     assert res.returncode == 1 and pre["status"] == "fail", flat(res.stderr)
-    assert "files were changed since it was installed (by hand?): engine/svc.py" in pre["detail"], (
-        pre
-    )
+    assert f"files were changed since it was installed (by hand?): {named}" in pre["detail"], pre
     assert not golden.exists() and ops.current() == r2
     code.write_text(installed)  # as installed again: recorded
+    shutil.rmtree(cache, ignore_errors=True)
     code_, doc = ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "3")
     assert code_ == 0 and golden.exists(), doc

@@ -97,7 +97,8 @@ STOPPED_SAID = "stayed stopped (SIGSTOP or a debugger) for"
 # $2: the command line; $3: STOPPED_S. The sweep signals every live process whose session is
 # the command's. The coprocess waits for one byte ("g") before it runs the command: bash unsets
 # OPSJOB_PID and OPSJOB once the coprocess has ended, so one that could end first would lose
-# them (probe37h M1). The stop watch (`frozen`) reads the states of the same session's processes once a second.
+# them (probe37h M1). The stop watch (`frozen`) reads the states of the same session's
+# processes once a second.
 WATCH = r"""n=$1 stop_s=$3
 exec 3<&0 5>&1 6>&2 7>&2
 coproc OPSJOB { IFS= read -r -N 1 _; exec setsid bash -c "$2" 1>&5 2>&6 3<&- 5>&- 6>&- 7>&-; }

@@ -93,7 +93,9 @@ def added_since(release: str, files: set[str], start: float) -> list[str]:
     start as surely as an edit does (probe37az M1). Only a directory changed since then (a
     name added to it changes its ctime) has its files looked at; below the top, every file
     of such a directory counts, whatever its own time (a directory renamed into place keeps
-    its files' times: probe37bg H1); at most MAX_CODE_FILES entries."""
+    its files' times: probe37bg H1); at most MAX_CODE_FILES entries. A `__pycache__` counts
+    too: nothing ops starts writes bytecode into a release (PYTHONDONTWRITEBYTECODE, -B), and
+    Python runs a .pyc found there in place of its unchanged source (probe37bj H1)."""
     found: list[str] = []
     seen, todo = 0, [("", False)]
     while todo and seen < MAX_CODE_FILES:
@@ -108,7 +110,7 @@ def added_since(release: str, files: set[str], start: float) -> list[str]:
         for entry in entries:
             seen += 1
             name = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.name == "__pycache__" or (not rel and entry.name in RELEASE_RUNTIME):
+            if not rel and entry.name in RELEASE_RUNTIME:
                 continue
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)

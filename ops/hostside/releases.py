@@ -705,6 +705,20 @@ def where_current_left(root: str, doc: dict, before: dict) -> str | None:
     return f"current is {describe(now)}, where no switch of that record leaves it"
 
 
+def previous_elsewhere(root: str, before: dict, prev_before: dict) -> str | None:
+    """Why a made switch from release `before` is not the one the host is in, as `previous`
+    says (None: it may be): the switch links previous to what current was once current is
+    `new` (before that, previous is still what it was: `prev_before`). A record whose current
+    before was edited to an older release (probe37bj M1: the revert moved the host three
+    deploys back, to a release it was not on) names another than previous does."""
+    if before.get("kind") != "release":
+        return None
+    prev = link_state(root, "previous")
+    if prev["kind"] != "release" or prev["id"] in (before.get("id"), prev_before.get("id")):
+        return None
+    return f"previous is {describe(prev)}, where that switch leaves {describe(before)}"
+
+
 def current_unrevertible(root: str, state: dict) -> str | None:
     """Why a failed deploy's revert could not put `current` (as it is now: `state`) back, so a
     deploy refuses to switch away from it; None where it could. A release of ops's that is
@@ -866,6 +880,8 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         said = f"deploy.pending names a deploy of {doc['new']}, which was proven since"
         return keep_refused(path, "its release was proven", said, now)
     elsewhere = where_current_left(root, doc, cur_before)
+    if elsewhere is None:  # made: previous names what current was
+        elsewhere = previous_elsewhere(root, cur_before, prev_before)
     if elsewhere:  # not the switch the host is in
         said = f"deploy.pending describes a switch from {describe(cur_before)} to {doc['new']}"
         return keep_refused(path, elsewhere, f"{said}, but {elsewhere}", now)
