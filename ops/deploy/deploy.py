@@ -1507,11 +1507,16 @@ class Deployer:
             f"{self._no_way_back}, so there was nothing to go back to; "
             + manager_for(self.host).state_now(starts=False)
         )
-        said += (
-            f"; ops rollback {name} --to {back} goes to the newest proven release"
-            if back
-            else "; deploy a fixed commit (ops deploy --ref)"
-        )
+        if self._blocked == "port":  # no release's fault: another one, or a new commit, meets
+            # the same port (probe37bj M2: "deploy a fixed commit" was named)
+            said += (
+                "; another program holds the service's port: stop it, or give the service a "
+                f"free port (docs/inventory.md), then ops service start {name} starts {rid}"
+            )
+        elif back:
+            said += f"; ops rollback {name} --to {back} goes to the newest proven release"
+        else:
+            said += "; deploy a fixed commit (ops deploy --ref)"
         if kept:
             said += f"; {rid} was not marked rejected: {kept[0]}"
         elif unmarked:
