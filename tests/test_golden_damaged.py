@@ -65,6 +65,9 @@ DAMAGES = {
         "token_ids is not a list of token ids",
     ),
     "twice": (golden_doc(prompts=[GOOD_PROMPT, GOOD_PROMPT]), "id 'p0' is there twice"),
+    # (probe37bj L3: "it holds 1 of the a number prompts")
+    "count_huge": (golden_doc(count=10**400), "it holds 1 prompts, and its count is a number too"),
+    "count_text": (golden_doc(count="1"), "it holds 1 prompts, and its count is '1', no count"),
     "deep": (b"[" * 200_000, "nested too deeply"),
     # bytes that are not UTF-8: only the host's own read of the file can tell
     "not_utf8": (golden_doc(prompts=[{**GOOD_PROMPT, "prompt": "2+2=\udcff"}]), "utf-8"),
@@ -152,7 +155,10 @@ def test_local_golden_file_nested_deep_is_bad_input(svc: ServiceOps) -> None:
     assert f"golden file {deep}: " in line and "nested" in line, line
 
 
-@pytest.mark.parametrize("kind", ["numbers", "no_prompt", "max_tokens_huge", "mapping", "deep"])
+@pytest.mark.parametrize(
+    "kind",
+    ["numbers", "no_prompt", "max_tokens_huge", "mapping", "deep", "count_huge", "count_text"],
+)
 def test_identity_module_refuses_a_damaged_golden_set_before_any_request(
     tmp_path: Path, kind: str
 ) -> None:

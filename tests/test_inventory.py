@@ -241,6 +241,7 @@ def test_hostile_service_values_are_one_line_errors(
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert f"target 'h': service.{field}:" in res.stderr and why in res.stderr, res.stderr
     assert res.stderr.count("\n") == 1
+    assert "secret" not in res.stderr, res.stderr  # (probe37bj L1: the password was printed)
 
 
 def test_service_url_with_a_path_and_the_default_port_is_kept(tmp_path: Path) -> None:

@@ -298,8 +298,8 @@ def test_change_from_the_command_line(tmp_path: Path) -> None:
 
 
 BAD = {
-    "missing dir": ("/nonexistent/run", "/nonexistent/run/record.json: record.json: no such file"),
-    "missing file": ("/nonexistent/x.json", "/nonexistent/x.json: record.json: no such file"),
+    "missing dir": ("/nonexistent/run", "/nonexistent/run/record.json: no such file"),
+    "missing file": ("/nonexistent/x.json", "/nonexistent/x.json: no such file"),
     "bad json": ("bad_json", "bad_json/record.json: (document): not JSON"),
     "missing field": ("bad_missing_field", "bad_missing_field/record.json: bench.rows.0.median_us"),
     "no envelope": ("bad_envelope", "bad_envelope/record.json: command: field required"),

@@ -491,6 +491,9 @@ def _same(a: Target, b: Target) -> bool:
     return (a.address.lower(), a.port) == (b.address.lower(), b.port)
 
 
+USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")  # a URL's user:password@
+
+
 def _describe(path: Path, where: str, exc: ValidationError) -> str:
     """One line: file, target, field, what is wrong (the first error; a count of the rest)."""
     errors = exc.errors()
@@ -500,7 +503,8 @@ def _describe(path: Path, where: str, exc: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     elif "input" in first and not isinstance(first["input"], dict):
-        got = repr(first["input"])
+        got = USERINFO.sub(r"\1***@", repr(first["input"]))  # (probe37bj L1: a refused
+        # url's password was printed in the very line that refused it for records)
         msg = f"{msg} (got {got[:60] + '...' if len(got) > 64 else got})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{path}: {where}: {field}: {msg}{more}"

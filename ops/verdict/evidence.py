@@ -60,7 +60,9 @@ class BadRecord(OpsError):
     """A record that cannot be used: names the file and the field."""
 
     def __init__(self, path: Path | str, field: str, problem: str) -> None:
-        super().__init__(f"{path}: {field}: {problem}")
+        # the file as a whole (field "record.json") is named once (probe37bj L3: said twice)
+        where = str(path) if field == "record.json" else f"{path}: {field}"
+        super().__init__(f"{where}: {problem}")
         self.path = str(path)
         self.field = field
 
