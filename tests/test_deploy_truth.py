@@ -367,7 +367,7 @@ def test_a_link_lost_during_the_selftest_says_so(loop) -> None:
     ops.slow_selftest(5)
     code, out, err = cut_at(ops, server, "selftest ...", delay=2.0)  # the 5 s self-test runs
     said = flat(out + err)
-    assert code != 0 and "the connection to the host was lost" in said, said
+    assert code == 2 and "the connection to the host was lost" in said, said  # (bj-L4: 1)
     assert (root / "current").readlink().name == r1
 
 
@@ -509,8 +509,9 @@ def test_a_host_that_stops_answering_is_given_up_on_in_seconds(loop, when: str) 
         out, err = proc.communicate(timeout=150)
         took = time.monotonic() - t0
     said = flat(out + seen + err)
-    assert proc.returncode == 1 and "Traceback" not in said, said
-    assert took < 30, (took, said)
+    # the link's trouble in the self-test: exit 2, a host ops could not act on (probe37bj L4)
+    assert proc.returncode == (1 if when == "between-commands" else 2), said
+    assert "Traceback" not in said and took < 30, (took, said)
     result = ops.record("deploy")["results"][0]
     if when == "between-commands":
         assert "the host did not answer" in said, said

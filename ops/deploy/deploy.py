@@ -1196,7 +1196,10 @@ class Deployer:
             res = self.host.run_module(
                 "kernels.selftest", args, cwd=staging, env=env, timeout=bound
             )
-        except ModuleOutputError as exc:  # no result (the link lost while it ran, a crash)
+        except ModuleLinkLost as exc:  # the link's trouble, not the release's: exit 2, as a
+            # restart's or a post-flight's (probe37bj L4: a frozen SSH session read exit 1)
+            return "fail", f"self-test gave no result: {exc.message}", {"host": True}
+        except ModuleOutputError as exc:  # no result (a crash)
             return "fail", f"self-test gave no result: {exc.message}", {}
         except CommandTimedOut:  # (probe37bd M4: a bare error, no step, its staging left)
             return (
