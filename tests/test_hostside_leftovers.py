@@ -885,6 +885,22 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
 
 
+def _restart_under_way(ops: Ops) -> tuple[subprocess.Popen[str], str, tuple[int, ...]]:
+    """`ops service restart` of a slow-stopping service, under way: its process, the pidfile,
+    and its host side: the restart's worker, the process manager, the stop watch's shell and
+    the command's `timeout`."""
+    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
+    assert ops.deploy("--bootstrap").returncode == 0
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    first = ops.popen("service", "restart", "local")
+    worker = _seen_restart_worker(pidfile)
+    manager = _parent(worker)
+    shell = _parent(manager)
+    timeout = _parent(shell)
+    assert Path(f"/proc/{timeout}/comm").read_text().strip() == "timeout"
+    return first, pidfile, (worker, manager, shell, timeout)
+
+
 def test_a_restart_whose_worker_and_command_wrappers_are_stopped_ends_in_seconds(
     ops: Ops,
 ) -> None:
@@ -892,15 +908,8 @@ def test_a_restart_whose_worker_and_command_wrappers_are_stopped_ends_in_seconds
     `timeout` and ops's outer watcher at once: the process manager said the worker was stopped
     within seconds, but the stopped `timeout` held the command's output, and the restart held
     the host lock for 431 s. The stop watch also ends a `timeout` left stopped."""
-    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
-    assert ops.deploy("--bootstrap").returncode == 0
-    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
-    first = ops.popen("service", "restart", "local")
-    worker = _seen_restart_worker(pidfile)
-    manager = _parent(worker)
-    timeout = _parent(_parent(manager))  # the stop watch's parent
+    first, pidfile, (worker, _, _, timeout) = _restart_under_way(ops)
     watcher = _parent(timeout)
-    assert Path(f"/proc/{timeout}/comm").read_text().strip() == "timeout"
     stopped = (worker, timeout, watcher)
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -927,15 +936,7 @@ def test_a_restart_whose_whole_command_is_stopped_ends_in_seconds(ops: Ops, stop
     stopped (`kill -STOP -PGID`) left nothing of the command to end itself. Every command now
     runs under a watcher that ends it once all of its processes stay stopped for 5 s, and says
     so; ops then says where the service is, and the lock goes with the command."""
-    commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", SLOW_STOP)
-    assert ops.deploy("--bootstrap").returncode == 0
-    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
-    first = ops.popen("service", "restart", "local")
-    worker = _seen_restart_worker(pidfile)
-    manager = _parent(worker)
-    shell = _parent(manager)  # the stop watch's
-    timeout = _parent(shell)
-    assert Path(f"/proc/{timeout}/comm").read_text().strip() == "timeout"
+    first, pidfile, (_, manager, shell, timeout) = _restart_under_way(ops)
     t0 = time.monotonic()
     if stopped == "by-pattern":
         for pid in (timeout, shell, manager):
