@@ -4,7 +4,8 @@ Covers: the same data-plane module gives the same JSON on `local` and over SSH; 
 arrive unmangled; failures and timeouts (the command is killed on the host too); directory
 trees arrive whole and are never overwritten; the host lock refuses a second holder over SSH
 and says who holds it; each connection error (refused, silent, wrong key, changed host key,
-unknown host key) is a specific ops error; a module that prints no JSON is reported.
+unknown host key) is a specific ops error; a module that prints no JSON is reported; a command
+that floods its stdout, or whose every process is stopped, is ended within seconds, and said.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -34,7 +36,7 @@ from ops.errors import (
 )
 from ops.hosts.inventory import Target, load_inventory
 from ops.hosts.local import LocalHost
-from ops.hosts.remote import Host, open_host
+from ops.hosts.remote import FLOOD_RC, Host, open_host
 
 NASTY = "a b 'c' \"d\" $(touch /tmp/ops-pwned) `id` ; rm -rf / \\ \n ünï"
 
@@ -95,6 +97,49 @@ def test_timeout_kills_the_command_on_the_host(hosts: tuple[Host, Host]) -> None
         time.sleep(0.3)
         left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True)
         assert left.returncode == 1, "the timed-out command is still running on the host"
+
+
+def _gone(marker: str) -> bool:
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1
+
+
+def test_a_command_flooding_its_output_is_ended_at_once(hosts: tuple[Host, Host]) -> None:
+    """probe37bj L2: a target `python` that is `yes` was read for its whole deadline (300 s,
+    its output long past what ops keeps). Past twice STDOUT_MAX the command is ended."""
+    for i, host in enumerate(hosts):
+        marker = f"flood-{os.getpid()}-{i}"
+        t0 = time.monotonic()
+        res = host.run(["yes", marker], timeout=300, warn=True)
+        assert time.monotonic() - t0 < 60 and res.rc == FLOOD_RC and not res.timed_out, res.rc
+        assert "printed more than 128 MiB and was ended there (a flood)" in res.stderr
+        time.sleep(0.5)
+        assert _gone(f"yes {marker}"), "the flood still runs on the host"
+
+
+def test_a_command_whose_every_process_is_stopped_is_ended(hosts: tuple[Host, Host]) -> None:
+    """probe37bi M1: every process of a host command stopped (`kill -STOP -PGID`) held ops to
+    the command's deadline. Its watcher ends it once all stay stopped for 5 s, and says so."""
+    for i, host in enumerate(hosts):
+        marker = f"41.{os.getpid()}{i}"
+
+        def stop_it(marker: str = marker) -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                found = subprocess.run(["pgrep", "-f", f"^sleep {marker}"], capture_output=True)
+                pids = [int(p) for p in found.stdout.split()]
+                if pids:
+                    os.killpg(os.getpgid(min(pids)), signal.SIGSTOP)
+                    return
+                time.sleep(0.05)
+
+        threading.Thread(target=stop_it, daemon=True).start()
+        t0 = time.monotonic()
+        res = host.run(["bash", "-c", f"sleep {marker}; echo never"], timeout=120, warn=True)
+        assert time.monotonic() - t0 < 30 and res.rc == 137 and "never" not in res.stdout
+        assert "every process of the command on the host (pid " in res.stderr, res.stderr
+        assert "stayed stopped (SIGSTOP or a debugger) for 5 s" in res.stderr, res.stderr
+        time.sleep(0.5)
+        assert _gone(f"sleep {marker}"), "the stopped command is still on the host"
 
 
 def test_put_tree_whole_and_never_overwrites(hosts: tuple[Host, Host], tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ops.hosts.remote import (
+    FLOOD_RC,
     LAST_LOOK_S,
     LINE_MAX,
     STDERR_MAX,
@@ -124,6 +125,10 @@ def kill_sessions(root: int) -> None:
                 os.kill(int(p), signal.SIGKILL)
 
 
+class Flooded(Exception):
+    """The command's stdout ran past twice STDOUT_MAX (`Capped.flooded`)."""
+
+
 def _abort(proc: subprocess.Popen[bytes]) -> None:
     """Close the command's stdin (its watcher kills it); kill from here if that is not enough."""
     if proc.stdin is not None:
@@ -187,6 +192,8 @@ class LocalHost(Host):
                             sel.unregister(in_fd)  # all sent; stdin stays open: our lifeline
                     elif block := os.read(key.fd, CHUNK):
                         chunks[key.fd].add(block)
+                        if chunks[out_fd].flooded:
+                            raise Flooded
                     else:
                         sel.unregister(key.fd)
                         reading -= 1
@@ -204,6 +211,10 @@ class LocalHost(Host):
         except subprocess.TimeoutExpired:
             _abort(proc)
             rc = TIMEOUT_RC
+        except Flooded:
+            _abort(proc)
+            rc = FLOOD_RC
+            chunks[err_fd].add(chunks[out_fd].flood_said())
         except BaseException:  # Ctrl-C or a bug: the command must not outlive us
             _abort(proc)
             raise

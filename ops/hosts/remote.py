@@ -58,6 +58,11 @@ from ops.errors import (
 from ops.hosts.inventory import Target
 
 TIMEOUT_RC = 124  # what coreutils `timeout` returns when it had to stop the command
+# A command whose stdout runs past twice STDOUT_MAX is a flood (a host `python` that is `yes`,
+# a runaway print): ended there, not read until its deadline, minutes later (probe37bj L2),
+# with this exit code and FLOODED_SAID on its stderr
+FLOOD_RC = 141
+FLOODED_SAID = "ops: the command printed more than {mib} MiB and was ended there (a flood)"
 # Once a command's deadline has passed, one more second to take what it already sent: ops
 # itself may have been stopped (SIGSTOP, Ctrl-Z, a suspended laptop) past the deadline while
 # the command ended on time (probe37o O4: a post-flight's status, answered, read as timed out)
@@ -180,6 +185,14 @@ class Capped:
             self.tail += block
             if len(self.tail) > 2 * half:  # trim now and then, not at every block
                 del self.tail[: len(self.tail) - half]
+
+    @property
+    def flooded(self) -> bool:
+        """Past twice its limit: no output ops reads is that long (see FLOOD_RC)."""
+        return self.total > 2 * self.limit
+
+    def flood_said(self) -> bytes:
+        return ("\n" + FLOODED_SAID.format(mib=2 * self.limit >> 20) + "\n").encode()
 
     @property
     def cut(self) -> int:
@@ -370,7 +383,8 @@ class Host(ABC):
     def _exec(
         self, command: str, *, stdin: bytes | None, deadline_s: float
     ) -> tuple[int, Capped, Capped]:
-        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline;
+        """Run `command` with bash on the host: (rc, stdout, stderr), TIMEOUT_RC past deadline,
+        FLOOD_RC once its stdout is `flooded` (the command ended there, said on its stderr);
         the output is kept as `Capped` (STDOUT_MAX, STDERR_MAX): never more than that in ops.
 
         Send `stdin`, then keep the command's stdin open until it has exited; close it (which
@@ -544,8 +558,9 @@ class Host(ABC):
             )
         if result.stdout_cut:
             raise ModuleOutputError(
-                f"printed {result.stdout_cut + STDOUT_MAX} bytes or more (exit {result.rc}), "
-                f"over the {STDOUT_MAX >> 20} MiB ops reads of a module's output; refused",
+                f"printed {result.stdout_cut + STDOUT_MAX} bytes or more "
+                + ("(ended there), " if result.rc == FLOOD_RC else f"(exit {result.rc}), ")
+                + f"over the {STDOUT_MAX >> 20} MiB ops reads of a module's output; refused",
                 target=self.name,
                 step=step,
             )

@@ -27,6 +27,7 @@ from ops.errors import AuthenticationFailed, HostError, HostKeyError, Unreachabl
 from ops.files import MIB, FileRefused, not_regular, read_bytes_bounded
 from ops.hosts.inventory import Target
 from ops.hosts.remote import (
+    FLOOD_RC,
     LAST_LOOK_S,
     LINE_MAX,
     STDERR_MAX,
@@ -317,6 +318,9 @@ class SshHost(Host):
                 if chan.recv_ready():
                     out.add(chan.recv(CHUNK))
                     busy = True
+                    if out.flooded:  # ended there: the channel's close ends it on the host
+                        err.add(out.flood_said())
+                        return FLOOD_RC, out, err
                 if chan.recv_stderr_ready():
                     err.add(chan.recv_stderr(CHUNK))
                     busy = True
