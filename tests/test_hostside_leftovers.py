@@ -795,6 +795,10 @@ def test_a_stopped_restart_is_named_by_the_next_one(ops: Ops) -> None:
         first.kill()  # the operator gives up on it
         first.communicate(timeout=30)
         before = status(ops)
+        # status says it too (probe37bk L1: only the refused restart named it)
+        warned = " ".join(before.get("warnings", []))
+        assert f"(pid {worker}) is stopped (SIGSTOP)" in warned, before
+        assert f"a restart would be refused: kill -CONT {worker} lets it finish" in warned, before
         t0 = time.monotonic()
         res = ops("service", "restart", "local", timeout=60)
         text = said(res)

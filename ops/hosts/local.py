@@ -24,6 +24,8 @@ from ops.hosts.remote import (
     LINE_MAX,
     STDERR_MAX,
     STDOUT_MAX,
+    STOPPED_S,
+    STOPPED_SAID,
     TIMEOUT_RC,
     Capped,
     Host,
@@ -109,6 +111,23 @@ def ended_under_stopped_watcher(watcher: int) -> int | None:
     return None
 
 
+def stopped_under_stopped_watcher(watcher: int) -> list[str]:
+    """The command's processes, where the watcher and every one of them are stopped (a SIGSTOP
+    by a pattern their command lines share: probe37bk M1); [] otherwise. The watcher's own
+    stop watch is stopped with it, so ops ends them here (`_exec`)."""
+    st = _stat(str(watcher))
+    if st is None or st[0] not in ("T", "t"):
+        return []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    stats = {p: s for p in pids if (s := _stat(p)) is not None}
+    job = next((p for p, s in stats.items() if s[1] == str(watcher) and s[3] == p), None)
+    live = [p for p, s in stats.items() if job and s[3] == job and s[0] != "Z"]
+    return live if live and all(stats[p][0] in ("T", "t") for p in live) else []
+
+
 def kill_sessions(root: int) -> None:
     """KILL the process group of `root` and every session led by one of its children."""
     try:
@@ -127,6 +146,10 @@ def kill_sessions(root: int) -> None:
 
 class Flooded(Exception):
     """The command's stdout ran past twice STDOUT_MAX (`Capped.flooded`)."""
+
+
+class Frozen(Exception):
+    """The command and its watcher stayed stopped (`stopped_under_stopped_watcher`)."""
 
 
 def _abort(proc: subprocess.Popen[bytes]) -> None:
@@ -172,10 +195,16 @@ class LocalHost(Host):
             if data:
                 os.set_blocking(in_fd, False)
                 sel.register(in_fd, selectors.EVENT_WRITE)
-            reading, last_look, done = 2, False, None
+            reading, last_look, done, frozen_at = 2, False, None, None
             while reading:
                 if (done := ended_under_stopped_watcher(proc.pid)) is not None:
                     break
+                if frozen := stopped_under_stopped_watcher(proc.pid):
+                    frozen_at = frozen_at or time.monotonic()
+                    if time.monotonic() - frozen_at > STOPPED_S:
+                        raise Frozen(frozen)
+                else:
+                    frozen_at = None
                 left = end - time.monotonic()
                 if left <= 0 and last_look:
                     raise subprocess.TimeoutExpired(command, deadline_s)
@@ -215,6 +244,13 @@ class LocalHost(Host):
             _abort(proc)
             rc = FLOOD_RC
             chunks[err_fd].add(chunks[out_fd].flood_said())
+        except Frozen as exc:
+            kill_sessions(proc.pid)  # the watcher, its own watches and the command: all stopped
+            proc.wait()
+            rc = -signal.SIGKILL
+            said = f"\nops: every process of the command (pid {' '.join(exc.args[0])}) and its "
+            said += f"watcher {STOPPED_SAID} {STOPPED_S} s, holding it: ended (kill -9)\n"
+            chunks[err_fd].add(said.encode())
         except BaseException:  # Ctrl-C or a bug: the command must not outlive us
             _abort(proc)
             raise

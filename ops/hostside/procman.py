@@ -726,6 +726,14 @@ def do_status(pidfile: str, url: str) -> dict:
         later = unproven_start(root, pidfile)
         if later:  # (probe37as M1: stopped for maintenance, said before the start is refused)
             doc["warnings"] = [*doc.get("warnings", []), f"a start would be refused: {later}"]
+    waiting = stopped_restarts(pidfile)
+    if waiting:  # every restart is refused till it goes on (probe37bk L1: said only then)
+        pids = " ".join(map(str, waiting))
+        doc["warnings"] = [
+            *doc.get("warnings", []),
+            f"an earlier restart of this service (pid {pids}) is stopped (SIGSTOP) and holds its "
+            f"lock, so a restart would be refused: kill -CONT {pids} lets it finish",
+        ]
     return doc
 
 
