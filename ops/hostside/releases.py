@@ -705,16 +705,17 @@ def where_current_left(root: str, doc: dict, before: dict) -> str | None:
     return f"current is {describe(now)}, where no switch of that record leaves it"
 
 
-def previous_elsewhere(root: str, before: dict, prev_before: dict) -> str | None:
+def previous_elsewhere(root: str, doc: dict, before: dict, prev_before: dict) -> str | None:
     """Why a made switch from release `before` is not the one the host is in, as `previous`
     says (None: it may be): the switch links previous to what current was once current is
-    `new` (before that, previous is still what it was: `prev_before`). A record whose current
-    before was edited to an older release (probe37bj M1: the revert moved the host three
-    deploys back, to a release it was not on) names another than previous does."""
+    `new` (before that, previous is still what it was: `prev_before`, also `old_previous`). A
+    record whose current before was edited to an older release (probe37bj M1: the revert
+    moved the host three deploys back, to a release it was not on) names another."""
     if before.get("kind") != "release":
         return None
     prev = link_state(root, "previous")
-    if prev["kind"] != "release" or prev["id"] in (before.get("id"), prev_before.get("id")):
+    was = (before.get("id"), prev_before.get("id"), doc.get("old_previous"))
+    if prev["kind"] != "release" or prev["id"] in was:
         return None
     return f"previous is {describe(prev)}, where that switch leaves {describe(before)}"
 
@@ -881,7 +882,7 @@ def revert(root: str, settle: bool = False, from_prepare: bool = False) -> dict:
         return keep_refused(path, "its release was proven", said, now)
     elsewhere = where_current_left(root, doc, cur_before)
     if elsewhere is None:  # made: previous names what current was
-        elsewhere = previous_elsewhere(root, cur_before, prev_before)
+        elsewhere = previous_elsewhere(root, doc, cur_before, prev_before)
     if elsewhere:  # not the switch the host is in
         said = f"deploy.pending describes a switch from {describe(cur_before)} to {doc['new']}"
         return keep_refused(path, elsewhere, f"{said}, but {elsewhere}", now)
