@@ -502,25 +502,33 @@ def test_port_held_by_another_program_does_not_reject_the_release(ops: Ops) -> N
     assert not any(r["rejected"] for r in doc["releases"]), doc
 
 
-def test_a_rollback_with_no_way_back_met_by_a_held_port_names_the_port(ops: Ops) -> None:
+def test_a_rollback_onto_a_port_another_program_holds_is_refused_before_any_switch(
+    ops: Ops,
+) -> None:
     """probe37bj M2 (medium): a rollback --to a proven release, from an unproven current the
-    service never ran (so no way back), met another program on the service's port: its
-    restart failed, and the result's way on was "deploy a fixed commit", which meets the same
-    port. It names the port's way on: stop that program or move the service, then start."""
+    service never ran (so no way back), met another program on the stopped service's port:
+    its restart failed, and the way on named another release or "deploy a fixed commit",
+    which meet the same port. probe37bk L2: a plain rollback switched and came back for a
+    start `ops service start` already refused. Both are refused before anything is switched,
+    naming the port's holder and its way on."""
     r1, r2 = ops.two_releases()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
     assert ops.deploy("--no-restart").returncode == 0  # installed, never started: unproven
+    r3 = ops.current()
     ops.stop()
-    with squatting(ops.port):
-        res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")
-    text = " ".join((res.stdout + res.stderr).split())
-    assert res.returncode == 2 and "already in use" in text, text
-    assert "another program holds the service's port: stop it" in text, text
-    assert f"then ops service start local starts {r1}" in text, text
-    assert "deploy a fixed commit" not in text, text
-    assert ops.current() == r1
-    code, doc = ops.json("releases", "local")
-    assert not any(r["rejected"] for r in doc["releases"]), doc
+    with squatting(ops.port) as squatter:
+        for to in (("--to", r1), ()):
+            res = ops("rollback", "local", *to, "--max-tokens", "3")
+            text = " ".join((res.stdout + res.stderr).split())
+            assert res.returncode == 2 and "Traceback" not in text, text
+            assert "another program holds its port" in text, text
+            assert f"in use by pid {squatter.pid}" in text, text
+            assert "stop that program, or give the service a free port" in text, text
+            assert f"then ops rollback local{' --to ' + r1 if to else ''}" in text, text
+            assert "deploy a fixed commit" not in text, text
+            assert ops.current() == r3
+    res = ops("rollback", "local", "--to", r1, "--max-tokens", "3")  # the port free: it goes
+    assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, res.stderr
 
 
 @pytest.fixture

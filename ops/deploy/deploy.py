@@ -2095,6 +2095,14 @@ class Deployer:
                     hint="deploy a fixed commit instead (ops deploy --ref)",
                 )
             seen = self._service_now()  # one look at the service for what follows
+            if seen is not None and seen.port_held and want != before:  # its restart would be
+                # refused: nothing is switched for it (probe37bk L2: switched, then back)
+                raise OpsError(
+                    f"{self.target.name}: the service is not running and another program holds "
+                    f"its port ({seen.detail}): a rollback's restart would be refused",
+                    hint="stop that program, or give the service a free port (docs/inventory.md)"
+                    f"; then ops rollback {self.target.name}" + (f" --to {to}" if to else ""),
+                )
             runs = self._runs_instead(listing, seen)
             stuck = listing.get("current_unrevertible")
             edited = seen.untried if seen is not None and seen.lives else None

@@ -1066,7 +1066,8 @@ def status_of(pidfile: str, url: str) -> dict:
         if holder is not None:  # (probe37bh L1: said "not running" alone; a start then failed)
             who = f"pid {holder['pid']}" if holder["pid"] else "another user's process"
             said = f"port {port_of(url)} is in use by {who} ({holder['cmdline'][:200]})"
-            return {**doc, "detail": f"{doc['detail']}; {said}, not this service: {PORT_HELD}"}
+            detail = f"{doc['detail']}; {said}, not this service: {PORT_HELD}"
+            return {**doc, "detail": detail, "port_held": True}
         return doc
     if managed is None and doc["state"] == "inactive":  # no pidfile: it runs all the same
         return unmanaged_doc(found, url, "no pidfile")

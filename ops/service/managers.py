@@ -172,6 +172,8 @@ class ServiceStatus(BaseModel):
     # its process runs another command than the inventory renders now (process manager): a
     # restart, whatever release it starts, runs what never ran
     command_changed: bool = False
+    # not running, and another program holds its port (process manager): a start is refused
+    port_held: bool = False
 
     @property
     def active(self) -> bool:
@@ -592,6 +594,7 @@ class ProcessManager(ServiceManager):
             warnings=doc.get("warnings") or [],
             unmanaged=doc.get("unmanaged") or [],
             stopped=doc.get("stopped") is True,
+            port_held=doc.get("port_held") is True,
         )
         changed = self._command_changed(doc)
         if changed:  # (said as the host side says a changed service.env)
