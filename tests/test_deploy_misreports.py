@@ -287,6 +287,58 @@ def test_a_switch_whose_result_is_lost_asks_where_current_is(
     assert ops.current() == r1 and ops.serving() == r1
 
 
+# ops killed (SIGKILL) the instant before it starts its restart: the switch is made, the
+# service never touched (the driver wraps subprocess.Popen; the process manager's restart
+# runs under its stop watch, `procman-watch`, which the guard's own restart does not)
+KILL_BEFORE_RESTART = """
+import os, signal, subprocess, sys
+sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
+import ops.hosts.local as local
+PIDFILE = sys.argv.pop(1)
+real = subprocess.Popen
+
+class Popen(real):
+    def __init__(self, args, *a, **k):
+        text = " ".join(map(str, args))
+        if "procman-watch" in text and f" restart {PIDFILE} " in text:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().__init__(args, *a, **k)
+local.subprocess.Popen = Popen
+from ops.cli import main
+sys.argv = ["ops", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_guard_leaves_alone_a_service_that_runs_what_it_put_back(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """probe37bl M1 (medium): ops gone after its switch, before its restart: the guard put
+    current back and restarted the service, which ran that release all along (with a real
+    engine, a model reload nobody needed). The guard now restarts it only where it does not
+    run what current is; here its pid stays, and guard.log says it was not restarted."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    pid = ops.json("service", "status", "local")[1]["pid"]
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILL_BEFORE_RESTART)
+    pidfile = str(ops.root / "run" / "ddtree-engine.pid")
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    res = ops.driven(driver, [pidfile], *args, timeout=120)
+    assert res.returncode == -signal.SIGKILL, flat(res.stdout + res.stderr)
+    deadline = time.monotonic() + 60  # the guard sees ops gone and puts the host back
+    while (ops.guard_alive() or (ops.root / "deploy.pending").exists()) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert ops.current() == r1 and ops.serving() == r1
+    assert ops.json("service", "status", "local")[1]["pid"] == pid  # not restarted
+    log = (ops.root / "logs" / "guard.log").read_text()
+    assert "ops went away before its switch was proven" in log, log
+    assert '"kept": true' in log and "not restarted" in log, log
+
+
 # Ctrl-C the instant the host's finalize has renamed the release into place, before ops reads
 # its answer (the driver wraps subprocess.Popen for the finalize command, watches releases/
 # for the new id and sends ops itself SIGINT).

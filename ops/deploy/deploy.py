@@ -331,6 +331,8 @@ class Deployer:
                     ", but its restart did not start the service (logs/guard.log says why); "
                     f"ops service status {self.target.name} tells what runs"
                 )
+            elif restarted == "kept":  # (probe37bl M1: it was restarted for nothing)
+                what += "; the service already ran it and was not restarted"
             elif restarted:
                 what += " and restarted the service"
             elif not self.opts.no_restart:
@@ -1855,9 +1857,10 @@ class Deployer:
             return None, f"current unknown: the host did not answer ({exc.message})"
         return now, f"current is {now or '(none)'}"
 
-    def _guard_restarted(self) -> bool | None:
+    def _guard_restarted(self) -> bool | str | None:
         """Whether the guard's restart, after this deploy began, started the service, from
-        what the guard wrote in logs/guard.log (None: no such entry, or no log to read)."""
+        what the guard wrote in logs/guard.log (None: no such entry, or no log to read; "kept":
+        the service already ran what it put back, and was not restarted)."""
         log = shell_path(guard_log(self.target))
         logs = shell_path(posixpath.dirname(guard_log(self.target)))
         res = self.host.run_script(
@@ -1869,6 +1872,8 @@ class Deployer:
         if not entries or entries[-1].split(" ", 1)[0] < self._began:  # none, or an earlier's
             return None
         said = res.stdout[res.stdout.rindex(entries[-1]) :]  # its restart's answer
+        if '"kept": true' in said:
+            return "kept"
         if '"started": true' in said:
             return True
         if '"started": false' in said or '"error"' in said:

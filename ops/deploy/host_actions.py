@@ -163,7 +163,7 @@ def restart_script(target: Target) -> str:
     # restart, not stop then start: it stops nothing when the start could not happen
     return (
         f"{py} -S -c {src} restart {pf} {log} {shell_path(target.remote_root)} {cmd} "
-        f"{shlex.quote(svc.url)} 0 {svc.stop_timeout:g}"
+        f"{shlex.quote(svc.url)} 0 {svc.stop_timeout:g} guard"  # (none if it runs current)
     )
 
 

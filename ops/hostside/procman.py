@@ -2359,6 +2359,9 @@ def main(argv: list[str]) -> dict:
         def one_at_a_time() -> dict:
             try:
                 with restart_lock(args[0]):
+                    kept = runs_current(args[2], args[0], args[4]) if mode == "guard" else None
+                    if kept:  # after any restart under way, which held the lock
+                        return {"start": kept}
                     return do_restart(*args[:5], float(args[5]), float(args[6]), mode)
             except RestartStopped as exc:  # nothing was stopped: said, with the way on
                 reason = f"{exc}; the service was not stopped by this restart"
@@ -2385,6 +2388,19 @@ def main(argv: list[str]) -> dict:
             start["warnings"] = [f"{note}; restarted again", *start.get("warnings", [])]
         return again
     raise SystemExit(f"unknown action {action!r}")
+
+
+def runs_current(root: str, pidfile: str, url: str) -> dict | None:
+    """The guard's restart, not needed: the service is active and runs what `current` is now,
+    as it was started (probe37bl M1: ops gone after its switch, before its restart, the guard
+    put current back and restarted the service that ran it all along: a model reload nobody
+    needed). None where a restart is due."""
+    st = do_status(pidfile, url)
+    cwd, pid = st.get("cwd"), st.get("pid")
+    current = os.path.join(root, "current")
+    if st["state"] != "active" or not cwd or not same_dir(current, cwd) or untried(root, pid, cwd):
+        return None
+    return {"kept": True, "pid": pid, "detail": "the service already runs current: not restarted"}
 
 
 class RestartStopped(Exception):
