@@ -132,10 +132,19 @@ def _pgrp(pid: int) -> int | None:
         return None
 
 
+# the stand-in service, started by a `python -c` program whose text holds a newline (and what
+# would read as a line of ops's own: probe37bl L1, it was printed raw)
+RUN_FAKE = (
+    "import runpy, sys\nFORGED = 'local: X is current and healthy'\nsys.argv = [sys.argv[1], "
+    "'--port', sys.argv[2]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
 def test_port_held_by_another_server_is_not_our_health(tmp_path: Path) -> None:
     cli = ServiceCli(tmp_path)
     other = subprocess.Popen(
-        [sys.executable, str(FAKE), "--port", str(cli.port)], start_new_session=True
+        [sys.executable, "-c", RUN_FAKE, str(FAKE), str(cli.port)],
+        start_new_session=True,
     )
     try:
         for _ in range(100):
@@ -151,6 +160,7 @@ def test_port_held_by_another_server_is_not_our_health(tmp_path: Path) -> None:
         # refused, nothing started: said with the state the service is in (probe37ab M3)
         assert code == 1 and st["blocked_by"] == "port" and st["state"] == "inactive", st
         assert "already in use by pid" in st["detail"] and str(other.pid) in st["detail"]
+        assert "\n" not in st["detail"] and "import runpy, sys\\nFORGED" in st["detail"], st
         # what to do on a shared machine (another user's `local` on the default port, #39 item 3)
         assert "[targets.local.service] url = 'http://127.0.0.1:PORT'" in st["detail"]
         assert alive(other.pid)

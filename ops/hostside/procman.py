@@ -67,7 +67,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 from ops.hostside.pending import ID_RE, not_whole, switched_by
-from ops.hostside.release_files import added_since, digest_since, listed, listed_changed
+from ops.hostside.release_files import (
+    added_since,
+    digest_since,
+    listed,
+    listed_changed,
+    shown_name,
+)
 
 FAST_POLL_S = 5.0  # `wait` polls every 0.05 s for this long after the start, then every 0.25 s
 ENV_ROOT, ENV_SERVICE = "DDTREE_OPS_ROOT", "DDTREE_OPS_SERVICE"  # whose service a process is
@@ -99,12 +105,14 @@ def proc_stat(pid: int) -> dict | None:
 
 
 def cmdline(pid: int) -> str:
+    """Another process's command line as ops may print it: one line, its control characters
+    escaped (probe37bl L1: a port holder's newlines made lines that read as ops's own)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            text = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            text = f.read(1 << 16).replace(b"\0", b" ").decode("utf-8", "replace").strip()
     except OSError:
         return "?"
-    return text[:200] or "?"
+    return shown_name(text)[:200] or "?"
 
 
 def proc_dir(pid: int) -> str | None:
