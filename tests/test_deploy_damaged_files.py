@@ -443,17 +443,26 @@ def test_what_is_kept_aside_is_trimmed_and_damage_is_worded(ops: Ops) -> None:
     assert kept == [f"deploy.pending.unreadable-20260101T00000{i}Z" for i in range(3, 8)], kept
 
 
-def test_a_service_env_a_start_would_refuse_makes_the_release_damaged(ops: Ops) -> None:
+@pytest.mark.parametrize("bad", ["huge", "nul", "not-utf8"])
+def test_a_service_env_a_start_would_refuse_makes_the_release_damaged(ops: Ops, bad: str) -> None:
     """probe37l L5 (low): a release whose service.env is over the MiB a start reads was listed
     whole, and `ops rollback --to` switched to it only to have the restart refuse (undone).
-    It is damaged, as a missing one is: refused before anything is switched."""
+    It is damaged, as a missing one is: refused before anything is switched. probe37bm M2: so
+    is one holding a NUL byte or bytes that are not UTF-8 (the failed start then named
+    current's service.env, by then the good one, and a stop of the serving service)."""
     r1, r2 = ops.two_releases()
-    os.truncate(ops.root / "releases" / r1 / "service.env", 2 << 20)
+    env = ops.root / "releases" / r1 / "service.env"
+    if bad == "huge":
+        os.truncate(env, 2 << 20)
+        said = "service.env is 2097152 bytes"
+    else:
+        env.write_bytes(env.read_bytes() + (b"X=\0\n" if bad == "nul" else b"X=\xff\n"))
+        said = "service.env holds a NUL byte" if bad == "nul" else "service.env is not UTF-8"
     code, doc = ops.json("releases", "local")
     listed = {r["id"]: r for r in doc["releases"]}
-    assert "service.env is 2097152 bytes" in (listed[r1]["damaged"] or ""), listed[r1]
+    assert said in (listed[r1]["damaged"] or ""), listed[r1]
     line = one_error_line(ops("rollback", "local", "--to", r1, "--max-tokens", "3"))
-    assert f"release {r1} is damaged (service.env is 2097152 bytes" in line, line
+    assert f"release {r1} is damaged ({said}" in line, line
     assert ops.current() == r2 and ops.serving() == r2
 
 

@@ -473,6 +473,24 @@ def test_a_golden_set_is_recorded_only_from_current_as_the_service_runs_it(
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_the_way_named_after_a_no_restart_install_is_one_that_works(ops: DeployOps) -> None:
+    """probe37bm M1 (medium): after `deploy --no-restart`, `--record-golden` was refused (the
+    service runs the proven release, not current) naming `ops service restart`, which is
+    refused too (current never passed a post-flight). It names the rollback that makes what
+    runs current, with no restart; followed, the set is recorded."""
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    text = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and f"the service runs {r2}, not current" in text, text
+    assert f"ops rollback local --to {r2} makes what the service runs current" in text, text
+    assert "ops service restart local runs current" not in text, text
+    assert ops("rollback", "local", "--to", r2, "--max-tokens", "3").returncode == 0
+    res = ops("healthcheck", "local", "--record-golden", "--max-tokens", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_record_golden_never_writes_over_what_is_no_regular_file(svc: ServiceOps) -> None:
     """probe37bh H1 (high): `--record-golden --golden PATH` moved whatever was at PATH aside (a
     device node, a FIFO, a link, a whole directory: the remote root itself) and passed. It is

@@ -117,10 +117,19 @@ def healthcheck(
             # (probe37be H2: recorded from a rejected release the service ran, current switched
             # back to a proven one by hand)
             if cur is not None and runs is not None and runs != cur["id"]:
+                ran = next((r for r in listing["releases"] if r["id"] == runs), None)
+                # (probe37bm M1: a restart onto a current that never passed a post-flight, the
+                # service on one that did, is refused; the way is the rollback status names)
+                way = (
+                    f"ops rollback {host.name} --to {runs} makes what the service runs current "
+                    f"(no restart), or ops deploy {host.name} proves current first"
+                    if not cur.get("proven") and ran is not None and ran.get("proven")
+                    else f"ops service restart {host.name} runs current"
+                )
                 raise OpsError(
                     f"{host.name}: the service runs {runs}, not current ({cur['id']}): the golden "
                     "set is recorded only from current as the service runs it",
-                    hint=f"ops service restart {host.name} runs current; then record",
+                    hint=f"{way}; then record",
                 )
             edited = (cur or {}).get("code_edited") or []
             if edited:  # nor from code edited by hand since its checks passed (probe37bi H1:

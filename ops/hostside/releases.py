@@ -1039,6 +1039,18 @@ def env_problem(release: str) -> str | None:
         return f"service.env is {what} (the release's configuration: kernels, backends)"
     if os.lstat(env).st_size > MAX_JSON:  # what a start refuses
         return f"service.env is {os.lstat(env).st_size} bytes (a start reads at most {MAX_JSON})"
+    try:  # as a start reads it (probe37bm M2: a NUL or a byte not UTF-8 listed it whole, and
+        # `rollback --to` switched to it only to have the start refuse)
+        with open(env, "rb") as f:
+            raw = f.read(MAX_JSON + 1)
+    except OSError as exc:
+        return f"service.env cannot be read ({exc.strerror})"
+    if b"\0" in raw:
+        return "service.env holds a NUL byte (no environment can carry it)"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"service.env is not UTF-8 text (at byte {exc.start})"
     return None
 
 
