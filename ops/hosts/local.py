@@ -86,46 +86,38 @@ def _stat(pid: str) -> list[str] | None:
     return text.rpartition(")")[2].split()
 
 
-def ended_under_stopped_watcher(watcher: int) -> int | None:
-    """The exit status of the command a stopped watcher runs, once that command has ended; None
-    while the watcher runs, or the command does. A watcher stopped (SIGSTOP, a debugger) can
-    neither reap its command nor exit, and it holds the command's stdout: ops waited for it to
-    the command's deadline, minutes, in silence (probe37w W2: a restart done in 3 s reported
-    after 326). The command, a zombie the watcher cannot reap, still says how it ended: its
-    /proc stat's exit_code (Linux 3.5+), the wait status, read as subprocess reads one."""
+def under_stopped_watcher(watcher: int) -> tuple[int | None, list[str]]:
+    """What a stopped watcher's command is: (its exit status once it has ended, or None; its
+    live processes where every one of them is stopped too, or []); (None, []) while the
+    watcher runs. /proc is read once for both.
+
+    A watcher stopped (SIGSTOP, a debugger) can neither reap its command nor exit, and it holds
+    the command's stdout: ops waited for it to the command's deadline, minutes, in silence
+    (probe37w W2: a restart done in 3 s reported after 326). The command, a zombie the watcher
+    cannot reap, still says how it ended: its /proc stat's exit_code (Linux 3.5+), the wait
+    status, read as subprocess reads one. A pattern their command lines share can stop the
+    command with its watcher, whose own stop watch stops with it (probe37bk M1): `_exec` ends
+    them."""
     st = _stat(str(watcher))
     if st is None or st[0] not in ("T", "t"):
-        return None
+        return None, []
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return None
-    for pid in pids:
-        job = _stat(pid)  # the watcher's child that leads its own session: the command
-        if job is None or job[1] != str(watcher) or job[3] != pid:
-            continue
-        if job[0] != "Z" or len(job) < 50 or not job[49].lstrip("-").isdigit():
-            return None
-        status = int(job[49])
-        return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
-    return None
-
-
-def stopped_under_stopped_watcher(watcher: int) -> list[str]:
-    """The command's processes, where the watcher and every one of them are stopped (a SIGSTOP
-    by a pattern their command lines share: probe37bk M1); [] otherwise. The watcher's own
-    stop watch is stopped with it, so ops ends them here (`_exec`)."""
-    st = _stat(str(watcher))
-    if st is None or st[0] not in ("T", "t"):
-        return []
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
+        return None, []
     stats = {p: s for p in pids if (s := _stat(p)) is not None}
+    # the watcher's child that leads its own session: the command
     job = next((p for p, s in stats.items() if s[1] == str(watcher) and s[3] == p), None)
-    live = [p for p, s in stats.items() if job and s[3] == job and s[0] != "Z"]
-    return live if live and all(stats[p][0] in ("T", "t") for p in live) else []
+    if job is None:
+        return None, []
+    lead = stats[job]
+    if lead[0] == "Z":
+        if len(lead) < 50 or not lead[49].lstrip("-").isdigit():
+            return None, []
+        status = int(lead[49])
+        return (-(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF), []
+    live = [p for p, s in stats.items() if s[3] == job and s[0] != "Z"]
+    return None, (live if live and all(stats[p][0] in ("T", "t") for p in live) else [])
 
 
 def kill_sessions(root: int) -> None:
@@ -149,7 +141,7 @@ class Flooded(Exception):
 
 
 class Frozen(Exception):
-    """The command and its watcher stayed stopped (`stopped_under_stopped_watcher`)."""
+    """The command and its watcher stayed stopped (`under_stopped_watcher`)."""
 
 
 def _abort(proc: subprocess.Popen[bytes]) -> None:
@@ -197,9 +189,10 @@ class LocalHost(Host):
                 sel.register(in_fd, selectors.EVENT_WRITE)
             reading, last_look, done, frozen_at = 2, False, None, None
             while reading:
-                if (done := ended_under_stopped_watcher(proc.pid)) is not None:
+                done, frozen = under_stopped_watcher(proc.pid)
+                if done is not None:
                     break
-                if frozen := stopped_under_stopped_watcher(proc.pid):
+                if frozen:
                     frozen_at = frozen_at or time.monotonic()
                     if time.monotonic() - frozen_at > STOPPED_S:
                         raise Frozen(frozen)
