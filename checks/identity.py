@@ -33,6 +33,7 @@ Prints (`checks.docs.IdentityDoc`):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -305,6 +306,18 @@ def keep_previous(path: Path, junk_aside: bool = True) -> Path | None:
                 n += 1
 
 
+def unkeep(path: Path, kept: Path | None) -> None:
+    """Undo `keep_previous` after the new golden set was not written: a kept copy of the set
+    still at `path` is removed; what was moved aside (a FIFO, a link) goes back."""
+    if kept is None:
+        return
+    with contextlib.suppress(OSError):
+        if not os.path.lexists(path):
+            os.rename(kept, path)
+        elif path.is_file() and kept.is_file() and kept.read_bytes() == path.read_bytes():
+            kept.unlink()
+
+
 def record(args: Any) -> None:
     try:
         prompts = json.loads(read_bounded(args.prompts, "prompt set"))["prompts"]
@@ -349,7 +362,11 @@ def record(args: Any) -> None:
         text = json.dumps(doc, ensure_ascii=False, indent=1)
         try:
             kept = keep_previous(Path(args.record_golden))
-            write_atomic(Path(args.record_golden), text.encode("utf-8"))
+            try:
+                write_atomic(Path(args.record_golden), text.encode("utf-8"))
+            except OSError:  # nothing replaced: nothing kept (probe37bm L3: a golden.json.N
+                unkeep(Path(args.record_golden), kept)  # per failed try on a full disk)
+                raise
         except ValueError as exc:  # made a directory or a device since the look above
             said = {"ok": False, "module": "checks.identity", "error": "bad_input"}
             exit_json({**said, "message": str(exc)}, EXIT_BAD_INPUT)

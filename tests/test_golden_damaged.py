@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import socket
 import stat
 import subprocess
@@ -328,6 +329,44 @@ def test_a_golden_set_that_cannot_be_written_is_one_document(tmp_path: Path) -> 
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["error"] == "write_failed" and str(target.parent) in doc["message"], doc
+
+
+def test_a_golden_set_not_written_leaves_no_kept_copy(tmp_path: Path) -> None:
+    """probe37bm L3 (low): each `--record-golden` that failed to write (a full disk) left one
+    more `golden.json.N`, a kept "previous set" of a replacement that never happened. The set
+    stays as it was and nothing is added beside it. The write fails here as on a full disk:
+    the recorder may write no file past 64 bytes (RLIMIT_FSIZE; python ignores SIGXFSZ, so
+    write(2) fails with EFBIG), while the kept hard link takes no room."""
+    port = free_port()
+    svc = subprocess.Popen([sys.executable, str(FAKE_SERVICE), "--port", str(port)])
+    golden = tmp_path / "golden" / "golden.json"
+    golden.parent.mkdir()
+    golden.write_bytes(b'{"an": "earlier set"}')
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    try:
+        wait_answering(port)
+        for _ in range(2):
+            res = subprocess.run(
+                [sys.executable, "-m", "checks.identity", "--json", "--url"]
+                + [f"http://127.0.0.1:{port}", "--limit", "1", "--max-tokens", "2"]
+                + ["--record-golden", str(golden)],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                timeout=120,
+                preexec_fn=small_files,
+            )
+            assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+            assert doc["error"] == "write_failed", doc
+    finally:
+        svc.kill()
+        svc.wait()
+    assert sorted(p.name for p in golden.parent.iterdir()) == ["golden.json"]
+    assert golden.read_bytes() == b'{"an": "earlier set"}'
 
 
 def test_a_post_flight_with_no_golden_set_proves_nothing(ops: DeployOps) -> None:
