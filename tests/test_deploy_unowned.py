@@ -198,6 +198,15 @@ def test_a_current_no_revert_could_put_back_is_refused_even_forced(
     assert res.returncode == 0 and ops.current() == r1 and ops.serving() == r1, res.stderr
 
 
+def table_steps_whole(ops: Ops, table: str) -> None:
+    """probe37bm L1 (low): a `current` that is no symlink, described in the table's release
+    cell (which never wrapped), squeezed the steps column at 80 columns until its words were
+    cut ("package:o"). Each step of the record stands whole in the table."""
+    words = " ".join(table.split()).split()
+    for name, status in steps(ops.record("deploy")["results"][0]).items():
+        assert {f"{name}:{status}", f"{name}:forced"} & set(words), (name, status, table)
+
+
 def test_current_as_a_real_directory_comes_back_whole(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
@@ -210,9 +219,11 @@ def test_current_as_a_real_directory_comes_back_whole(ops: Ops) -> None:
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", NOISY_CRASH)
     res = ops.deploy()
     assert res.returncode == 1 and "a real directory, not a symlink" in res.stderr, res.stderr
+    table_steps_whole(ops, res.stdout)
     res = ops.deploy("--force", "--wait", "5")
     assert res.returncode == 1 and no_traceback(res.stderr), res.stderr
     assert steps(ops.record("deploy")["results"][0])["rollback"] == "ok"
+    table_steps_whole(ops, res.stdout)
     cur = ops.root / "current"
     assert cur.is_dir() and not cur.is_symlink() and not (ops.root / "deploy.pending").exists()
     assert ops.serving() == "current"

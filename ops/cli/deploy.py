@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from ops.cli.common import (
 from ops.deploy.result import MAX_KEEP
 from ops.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, OpsError, took_signal
 from ops.hosts.remote import Host, open_host
+from ops.hostside.pending import ID_RE
 from ops.hostside.release_files import edited_by_hand
 
 if TYPE_CHECKING:  # each command imports ops.deploy.deploy when it runs (a fast `ops` start)
@@ -103,27 +105,45 @@ def _step_word(s: Step) -> str:
     return f"{s.name}:{'forced' if s.data.get('forced') else s.status}"
 
 
+def _wrapped(line: str, width: int) -> list[str]:
+    if len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, break_on_hyphens=False) or [""]
+
+
 def _summary(results: list[DeployResult], title: str = "deploy") -> None:
     """One row per host; release ids are never cut (they are what `--to` takes), so before
     and after share a column, one above the other, and the steps column folds."""
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
-    table.add_column("host", overflow="fold", max_width=16)
-    table.add_column("release: before -> after", no_wrap=True)
-    table.add_column("outcome", no_wrap=True)
-    table.add_column("steps", overflow="fold", ratio=1, min_width=12)
+    rows = []
     for r in results:
         steps = " ".join(_step_word(s) for s in r.steps) or "-"
         colour = "green" if r.ok else "yellow" if r.outcome == "interrupted" else "red"
         if r.outcome == "not-reached":  # never asked: its release is not known here
-            release = "(not asked)\n(untouched)"
+            release = ["(not asked)", "(untouched)"]
         elif r.after == r.before:
-            release = f"{r.before or '(none)'}\n(unchanged)"
+            release = [r.before or "(none)", "(unchanged)"]
         else:
-            release = f"{r.before or '(none)'}\n-> {r.after or '(none)'}"
-        table.add_row(escape(r.target), release, f"[{colour}]{r.outcome}[/]", steps)
+            release = [r.before or "(none)", f"-> {r.after or '(none)'}"]
+        rows.append((r.target, release, f"[{colour}]{r.outcome}[/]", steps))
+    # an id is never cut; what is no id (a `current` made by hand, described) is wrapped to a
+    # third of the width, so the steps keep their room (probe37bm L1: a path, one long word
+    # to rich, squeezed the steps to "package:o")
+    cells = [line for row in rows for line in row[1]]
+    ids = [len(line) for line in cells if ID_RE.match(line.removeprefix("-> "))]
+    wide = max(ids, default=0)
+    others = max((len(line) for line in cells), default=0)
+    width = max(wide, min(others, max(27, out.width // 3)))
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    table.add_column("host", overflow="fold", max_width=16)
+    table.add_column("release: before -> after", no_wrap=True, width=width)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("steps", overflow="fold", ratio=1, min_width=12)
+    for target, release, outcome, steps in rows:
+        lines = [part for line in release for part in _wrapped(line, width)]
+        table.add_row(escape(target), escape("\n".join(lines)), outcome, steps)
     out.print(table)
     for r in results:
         if r.outcome == "dry-run":
