@@ -229,11 +229,7 @@ def test_a_restart_whose_result_is_lost_asks_where_the_guard_left_the_host(
 # ops, which sees the shell's exit by a signal (the last landing CI's run met this by chance:
 # "switch: refused; current is still R1", though the switch had been made).
 KILL_SHELL = """
-import os, signal, subprocess, sys, threading, time
-sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
-import ops.hosts.local as local
 MARK, WHEN = sys.argv.pop(1), sys.argv.pop(1)
-real = subprocess.Popen
 
 def the_switch(root):
     for p in os.listdir("/proc"):
@@ -260,10 +256,6 @@ class Popen(real):
                 self.kill()
             else:
                 threading.Thread(target=late, args=(self, MARK.split()[-1]), daemon=True).start()
-local.subprocess.Popen = Popen
-from ops.cli import main
-sys.argv = ["ops", *sys.argv[1:]]
-main()
 """
 
 
@@ -274,10 +266,8 @@ def test_a_switch_whose_result_is_lost_asks_where_current_is(
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    driver = tmp_path / "driver.py"
-    driver.write_text(KILL_SHELL)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(driver, [f"' switch {ops.root}", when], *args, timeout=120)
+    res = ops.driven(KILL_SHELL, [f"' switch {ops.root}", when], *args, timeout=120)
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "Traceback" not in said, said
     result = ops.record("deploy")["results"][0]
@@ -291,11 +281,7 @@ def test_a_switch_whose_result_is_lost_asks_where_current_is(
 # service never touched (the driver wraps subprocess.Popen; the process manager's restart
 # runs under its stop watch, `procman-watch`, which the guard's own restart does not)
 KILL_BEFORE_RESTART = """
-import os, signal, subprocess, sys
-sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
-import ops.hosts.local as local
 PIDFILE = sys.argv.pop(1)
-real = subprocess.Popen
 
 class Popen(real):
     def __init__(self, args, *a, **k):
@@ -303,10 +289,6 @@ class Popen(real):
         if "procman-watch" in text and f" restart {PIDFILE} " in text:
             os.kill(os.getpid(), signal.SIGKILL)
         super().__init__(args, *a, **k)
-local.subprocess.Popen = Popen
-from ops.cli import main
-sys.argv = ["ops", *sys.argv[1:]]
-main()
 """
 
 
@@ -321,11 +303,9 @@ def test_a_guard_leaves_alone_a_service_that_runs_what_it_put_back(
     r1 = ops.current()
     pid = ops.json("service", "status", "local")[1]["pid"]
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    driver = tmp_path / "driver.py"
-    driver.write_text(KILL_BEFORE_RESTART)
     pidfile = str(ops.root / "run" / "ddtree-engine.pid")
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(driver, [pidfile], *args, timeout=120)
+    res = ops.driven(KILL_BEFORE_RESTART, [pidfile], *args, timeout=120)
     assert res.returncode == -signal.SIGKILL, flat(res.stdout + res.stderr)
     deadline = time.monotonic() + 60  # the guard sees ops gone and puts the host back
     while (ops.guard_alive() or (ops.root / "deploy.pending").exists()) and (
@@ -343,11 +323,7 @@ def test_a_guard_leaves_alone_a_service_that_runs_what_it_put_back(
 # its answer (the driver wraps subprocess.Popen for the finalize command, watches releases/
 # for the new id and sends ops itself SIGINT).
 CUT_FINALIZE = """
-import os, signal, subprocess, sys, threading, time
-sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
-import ops.hosts.local as local
 MARK, ROOT = sys.argv.pop(1), sys.argv.pop(1)
-real = subprocess.Popen
 
 def cut_once_in_place(before):
     deadline = time.monotonic() + 30
@@ -365,10 +341,6 @@ class Popen(real):
         super().__init__(args, *a, **k)
         if ours:
             threading.Thread(target=cut_once_in_place, args=(before,), daemon=True).start()
-local.subprocess.Popen = Popen
-from ops.cli import main
-sys.argv = ["ops", *sys.argv[1:]]
-main()
 """
 
 
@@ -381,10 +353,8 @@ def test_a_finalize_cut_after_its_rename_names_the_release_in_place(
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    driver = tmp_path / "driver.py"
-    driver.write_text(CUT_FINALIZE)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(driver, [f"' finalize {ops.root}", str(ops.root)], *args, timeout=120)
+    res = ops.driven(CUT_FINALIZE, [f"' finalize {ops.root}", str(ops.root)], *args, timeout=120)
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 130 and "during finalize" in said, said
     new = [p.name for p in (ops.root / "releases").iterdir() if p.name not in (r1,)]
@@ -397,11 +367,7 @@ def test_a_finalize_cut_after_its_rename_names_the_release_in_place(
 # before it runs (its shell exits 9: the process manager killed, as probe37ax did by SIGKILL
 # again and again): nothing is stopped, so the old release serves throughout.
 PROCMAN_DOWN = """
-import subprocess, sys
-sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
-import ops.hosts.local as local
 ROOT = sys.argv.pop(1)
-real = subprocess.Popen
 class Popen(real):
     down = False
     def __init__(self, args, *a, **k):
@@ -412,11 +378,47 @@ class Popen(real):
         ):
             args = ["bash", "-c", "exit 9"]
         super().__init__(args, *a, **k)
-local.subprocess.Popen = Popen
-from ops.cli import main
-sys.argv = ["ops", *sys.argv[1:]]
-main()
 """
+
+
+# The service stopped (SIGSTOP) from outside the instant its post-flight starts: at the first
+# process-manager status after the deploy's restart has answered, the pid its pidfile names.
+STOP_IN_POSTFLIGHT = """
+ROOT = sys.argv.pop(1)
+class Popen(real):
+    restart, done = None, False
+    def __init__(self, args, *a, **k):
+        said = " ".join(map(str, args))
+        ours = "procman-watch" in said and f"' status {ROOT}" in said
+        if ours and Popen.restart is not None and Popen.restart.poll() is not None:
+            Popen.restart = None
+            pid = json.load(open(f"{ROOT}/run/ddtree-engine.pid"))["pid"]
+            os.kill(pid, signal.SIGSTOP)
+        super().__init__(args, *a, **k)
+        if "procman-watch" in said and f"' restart {ROOT}" in said and not Popen.done:
+            Popen.restart, Popen.done = self, True  # the deploy's (never the rollback's)
+"""
+
+
+def test_a_release_whose_service_was_stopped_from_outside_is_not_rejected(ops: Ops) -> None:
+    """probe37bn L1 (low): the new release's service stopped by SIGSTOP from outside during its
+    post-flight: the post-flight said so, the rollback was right, but the release was marked
+    rejected (blaming its code, and refusing `rollback --to` it). It is not marked, and the
+    line says why."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    r1 = ops.current()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
+    res = ops.driven(STOP_IN_POSTFLIGHT, [str(ops.root)], *args, timeout=120)
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and "Traceback" not in said, said
+    result = ops.record("deploy")["results"][0]
+    r2 = result["release"]
+    assert result["failed_step"] == "postflight" and result["after"] == r1, result
+    assert f"{r2} was not marked rejected: its service (pid" in said, said
+    assert "from outside while its post-flight ran" in said, said
+    assert not (ops.root / "releases" / r2 / "rejected.json").exists()
+    assert ops.current() == r1 and ops.serving() == r1
 
 
 def test_a_rollback_whose_status_goes_unanswered_never_says_the_service_is_down(
@@ -429,10 +431,8 @@ def test_a_rollback_whose_status_goes_unanswered_never_says_the_service_is_down(
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    driver = tmp_path / "driver.py"
-    driver.write_text(PROCMAN_DOWN)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(driver, [str(ops.root)], *args, timeout=120)
+    res = ops.driven(PROCMAN_DOWN, [str(ops.root)], *args, timeout=120)
     said = flat(res.stdout + res.stderr)
     assert res.returncode in (1, 2) and "Traceback" not in said, said
     message = ops.record("deploy")["results"][0]["message"]

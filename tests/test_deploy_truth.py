@@ -525,6 +525,62 @@ def test_a_host_that_stops_answering_is_given_up_on_in_seconds(loop, when: str) 
     assert (root / "current").readlink().name == r1
 
 
+def test_a_frozen_ssh_session_is_left_for_a_new_one(loop, tmp_path: Path) -> None:
+    """probe37bn M1 (medium): the deploy's SSH session frozen (its sshd session processes
+    stopped; the listener up) while the host switched: ops waited 2 minutes for a revert guard
+    that could not act (it waits for a pipe the frozen session holds open), then asked where
+    current was over the frozen link and said "current unknown", `-> (none)`; the host stayed
+    switched to the unproven release with deploy.pending, its guard and lock holder waiting.
+    ops now leaves a frozen connection for a new one: it lets its guard and lock holder go from
+    there, waits for the guard's switch back, and asks the host. All before the thaw."""
+    import stat
+    import sys
+
+    ops, server, root = loop
+    mark = tmp_path / "switching"
+    slow = tmp_path / "python"  # the host's python: its `switch` waits 4 s, then makes it
+    slow.write_text(
+        "#!/bin/bash\n"
+        f'for a in "$@"; do [ "$a" = switch ] && {{ : > {mark}; sleep 4; }}; done\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
+    inv = ops.inventory.read_text().replace(f"python = '{sys.executable}'", f"python = '{slow}'")
+    ops.inventory.write_text(
+        inv.replace("[targets.loop.service]", "connect_timeout = 3\n[targets.loop.service]")
+    )
+    assert ops.deploy("--bootstrap", target="loop").returncode == 0
+    r1 = (root / "current").readlink().name
+    pid = ops.json("service", "status", "loop")[1]["pid"]
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    mark.unlink()  # (the first deploy's switch)
+    proc, seen = ops.popen_at("switch ...", "deploy", "loop", "--source", str(ops.src))
+    deadline = time.monotonic() + 30
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), seen
+    sessions = [  # the connection's sshd processes: the listener still takes new ones
+        pid for pid in descendants(server.proc.pid) if "sshd" in cmdline_of(pid).split("\0")[0]
+    ]
+    assert sessions
+    t0 = time.monotonic()
+    with stopped(sessions):
+        out, err = proc.communicate(timeout=150)
+        took = time.monotonic() - t0
+        said = flat(seen + out + err)
+        assert proc.returncode == 1 and "Traceback" not in said, said
+        assert took < 60, (took, said)
+        result = ops.record("deploy")["results"][0]
+        assert result["failed_step"] == "switch" and result["after"] == r1, result
+        assert f"current is {r1} (asked of the host once its guard was done)" in said, said
+        assert (root / "current").readlink().name == r1
+        assert not (root / "deploy.pending").exists()
+        code, doc = ops.json("service", "status", "loop")
+        assert code == 0 and doc["pid"] == pid and doc["state"] == "active", doc  # kept
+        res = ops("releases", "loop")  # the host lock is free: its holder was let go
+        assert res.returncode == 0 and "lock" not in res.stderr, res.stderr
+
+
 def test_a_post_flight_cut_off_by_a_lost_link_rejects_nothing(loop) -> None:
     """probe37ah M1 (medium): the SSH sessions cut (the listener up) during a deploy's
     post-flight: its checks never ran, the guard put the old release back, and the new release

@@ -808,21 +808,13 @@ def test_full_disk_during_the_rollback_leaves_no_stray_file(
 # A Ctrl-C that lands the instant the host's command has been started (after the fork, before
 # `_exec` is inside the try that stops it): the driver sends SIGINT to ops itself right there.
 INTERRUPT_AT_START = """
-import os, signal, subprocess, sys
-sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
-import ops.hosts.local as local
 MARK = sys.argv.pop(1)
-real = subprocess.Popen
 class Popen(real):
     def __init__(self, args, *a, **k):
         super().__init__(args, *a, **k)
         if MARK in " ".join(map(str, args)) and not os.environ.get("FIRED"):
             os.environ["FIRED"] = "1"
             os.kill(os.getpid(), signal.SIGINT)
-local.subprocess.Popen = Popen
-from ops.cli import main
-sys.argv = ["ops", *sys.argv[1:]]
-main()
 """
 
 
@@ -832,16 +824,13 @@ def test_ctrl_c_once_the_commit_landed_says_proven(ops: Ops, tmp_path: Path) -> 
     deploy.pending). The host is asked: it was proven and switched to."""
     assert ops.deploy("--bootstrap").returncode == 0
     commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    driver = tmp_path / "driver.py"
     # the commit runs to its end on the host; the interrupt comes before ops reads its answer
-    driver.write_text(
-        INTERRUPT_AT_START.replace(
-            "        super().__init__(args, *a, **k)\n",
-            "        super().__init__(args, *a, **k)\n"
-            '        if MARK in " ".join(map(str, args)):\n'
-            "            self.wait()\n",
-            1,
-        )
+    driver = INTERRUPT_AT_START.replace(
+        "        super().__init__(args, *a, **k)\n",
+        "        super().__init__(args, *a, **k)\n"
+        '        if MARK in " ".join(map(str, args)):\n'
+        "            self.wait()\n",
+        1,
     )
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
     res = ops.driven(driver, [f"' commit {ops.root}"], *args, timeout=120)
@@ -864,13 +853,11 @@ def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
         assert ops.deploy().returncode == 0
     before = ops.current()
     commit_change(ops.src, "engine/svc.py", "def main() -> None:\n", "def main() -> None:\n\n\n")
-    driver = tmp_path / "driver.py"
-    driver.write_text(INTERRUPT_AT_START)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
     if verb == "rollback":
         args = ["rollback", "local", "--max-tokens", "3"]
     for _ in range(3):  # the race it closes was lost about 3 times in 5
-        res = ops.driven(driver, [f"' switch {ops.root}"], *args, timeout=120)
+        res = ops.driven(INTERRUPT_AT_START, [f"' switch {ops.root}"], *args, timeout=120)
         assert res.returncode == 130, res.stdout + res.stderr
         time.sleep(1.0)  # a command that escaped would finish its switch meanwhile
         assert not (ops.root / "deploy.pending").exists(), res.stderr
@@ -882,11 +869,7 @@ def test_ctrl_c_as_the_switch_starts_leaves_no_unproven_current(
 # The remote root made read-only (a bind mount) the instant the host command whose arguments
 # carry MARK is started, inside the real `ops` process (the driver wraps subprocess.Popen).
 READ_ONLY_AT_START = """
-import subprocess, sys
-sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one
-import ops.hosts.local as local
 MARK, ROOT = sys.argv.pop(1), sys.argv.pop(1)
-real = subprocess.Popen
 class Popen(real):
     def __init__(self, args, *a, **k):
         if MARK in " ".join(map(str, args)) and not getattr(Popen, "done", False):
@@ -894,10 +877,6 @@ class Popen(real):
             subprocess.run(["mount", "--bind", ROOT, ROOT], check=True)
             subprocess.run(["mount", "-o", "remount,bind,ro", ROOT], check=True)
         super().__init__(args, *a, **k)
-local.subprocess.Popen = Popen
-from ops.cli import main
-sys.argv = ["ops", *sys.argv[1:]]
-main()
 """
 
 
@@ -910,10 +889,8 @@ def deploy_read_only_at(
     if subprocess.run(["mount", "--bind", str(tmp_path), str(tmp_path)]).returncode != 0:
         pytest.skip("cannot bind-mount here")
     subprocess.run(["umount", "-l", str(tmp_path)], check=True)
-    driver = tmp_path / "driver.py"
-    driver.write_text(READ_ONLY_AT_START)
     args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3", *extra]
-    return ops.driven(driver, [mark, str(ops.root)], *args)
+    return ops.driven(READ_ONLY_AT_START, [mark, str(ops.root)], *args)
 
 
 @pytest.mark.parametrize("step", ["commit", "prune"])

@@ -1559,6 +1559,13 @@ class Deployer:
                     "once ops's link was lost?), so those checks did not judge it"
                 )
                 return None
+            stopped = self._stopped_service()
+            if stopped:  # (probe37bn L1: a release was rejected for a SIGSTOP from outside)
+                kept.append(
+                    f"its service (pid {stopped}) was stopped (SIGSTOP or a debugger) from "
+                    "outside while its post-flight ran, so those checks did not judge it"
+                )
+                return None
         why = {"step": failed.name, "detail": failed.detail, "at": utc_now()}
         try:
             doc = host_releases(self.host, "reject", rid, stdin=json.dumps(why).encode())
@@ -1569,6 +1576,14 @@ class Deployer:
         if doc.get("kept") and not kept:
             kept.append(str(doc["kept"]))
         return None
+
+    def _stopped_service(self) -> int | None:
+        """The service's pid where it is stopped now (SIGSTOP, a debugger), asked of the host."""
+        try:
+            st = manager_for(self.host).status()
+        except OpsError:
+            return None
+        return st.pid if st.stopped else None
 
     def _roll_back(self, mgr: Any, rid: str, before: str | None, failed: Step) -> DeployResult:
         reverted: dict[str, Any] = {}

@@ -303,7 +303,7 @@ def guard_script(t: Target, restart: bool) -> str:
     root = shell_path(t.remote_root)
     return (
         f"exec 8>>{root}/deploy.guard && flock 8 || exit 1; "
-        "echo READY; cat >/dev/null; "
+        'echo "READY $$"; cat >/dev/null; '
         f"exec 9>>{root}/deploy.switch && flock 9; "
         f"if {revert} | grep -q '\"reverted\": true'; then "
         # what it did, for the operator who finds the host put back: appended to guard.log
@@ -318,7 +318,9 @@ def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
     """A host process that, when ops goes away with `deploy.pending` still there, switches
     `current` back (and restarts the service): the host never stays on an unproven release."""
     proc = host._spawn(guard_script(host.target, restart))
-    if proc.read_line(30) != "READY":
+    said = proc.read_line(30) or ""
+    proc.on_host = said.removeprefix("READY ")
+    if not said.startswith("READY"):
         proc.finish(5)
         raise HostError("the revert guard did not start", target=host.name, step="guard")
     guard = Guard()
@@ -331,6 +333,17 @@ def revert_guard(host: Host, restart: bool) -> Iterator[Guard]:
                 guard.said(f"guard: up to {wait:g} s for the host's guard to put the host back")
             t0 = time.monotonic()
             proc.finish(SETTLED_GUARD_WAIT_S if guard.settled else wait)
-            took = time.monotonic() - t0
-            guard.lingered = guard.settled and took >= SETTLED_GUARD_WAIT_S - 0.5
-            guard.ended = not guard.settled and took >= wait - 0.5
+            if proc.lost():  # its link lost, its session on the host maybe not (frozen): it
+                # is let go from a new link and waited for there (probe37bn M1: 2 minutes of
+                # waiting for a guard that could not act, then "current unknown")
+                done = host.let_go(
+                    proc,
+                    f"{host.target.remote_root}/deploy.guard",
+                    wait_s=0 if guard.settled else wait - (time.monotonic() - t0),
+                    step="guard",
+                )
+                guard.ended = not guard.settled and done is False
+            else:
+                took = time.monotonic() - t0
+                guard.lingered = guard.settled and took >= SETTLED_GUARD_WAIT_S - 0.5
+                guard.ended = not guard.settled and took >= wait - 0.5

@@ -54,6 +54,7 @@ from ops.errors import (
     LockHeld,
     ModuleLinkLost,
     ModuleOutputError,
+    OpsError,
 )
 from ops.hosts.inventory import Target
 
@@ -354,6 +355,8 @@ class SignalsHeld:
 class Proc(ABC):
     """A long-lived command on a host whose stdin we hold open (the lock holder)."""
 
+    on_host = ""  # its shell's pid on the host, where it said it (the lock holder, the guard)
+
     @abstractmethod
     def read_line(self, timeout: float) -> str | None:
         """The next stdout line without its newline; None at EOF or after `timeout` seconds."""
@@ -365,6 +368,10 @@ class Proc(ABC):
     @abstractmethod
     def exited(self) -> bool:
         """Whether the command has ended (for one that should live as long as we hold it)."""
+
+    def lost(self) -> bool:
+        """Whether its link was lost before its end was told (it may live on the host)."""
+        return False
 
 
 class Host(ABC):
@@ -516,6 +523,36 @@ class Host(ABC):
                 hint=f"set `python` under [targets.{self.name}] in the inventory to a "
                 f"Python {need}+ on the host",
             )
+
+    def let_go(
+        self, proc: Proc, path: str, *, wait_s: float = 0.0, step: str = "run"
+    ) -> bool | None:
+        """Over a new link, end the wait for ops's end of `proc`, a host process of ours that
+        holds `path` (the revert guard on deploy.guard, the lock holder on lock), where its
+        own link was lost while its session on the host lives on (an sshd session stopped:
+        the pipes it waits on never close, probe37bn M1): the `cat` of ops's stdin that its
+        shell (`proc.on_host`) runs is ended, as ops's going away ends it. With `wait_s`, its
+        shell is waited for up to that long to let go of `path` (its work done). Whether it
+        did; None where the host did not answer or `proc` said no pid."""
+        if not proc.on_host.isdigit():
+            return None
+        script = (
+            f"f={shell_path(path)}; p0={proc.on_host}; "
+            'held() { for d in /proc/"$p0"/fd/*; do [ "$d" -ef "$f" ] && return 0; done; '
+            "return 1; }; "
+            "held || exit 0; "
+            'for d in /proc/[0-9]*/fd/*; do [ "$d" -ef "$f" ] || continue; '
+            'p=${d#/proc/}; p=${p%%/*}; s=; read -r s < "/proc/$p/stat" 2>/dev/null || continue; '
+            r'set -- ${s##*\) }; [ "$2" = "$p0" ] || continue; '
+            'c=; read -r c < "/proc/$p/comm" 2>/dev/null; [ "$c" = cat ] && kill "$p" 2>/dev/null; '
+            "done; "
+            f"for _ in $(seq {max(0, int(wait_s))}); do held || exit 0; sleep 1; done; ! held"
+        )
+        try:
+            res = self.run_script(script, timeout=wait_s + 30, step=step)
+        except OpsError:
+            return None
+        return res.ok if res.rc in (0, 1) else None
 
     def run_script(
         self, script: str, *, timeout: float = 60.0, warn: bool = True, step: str = "run"
@@ -675,13 +712,13 @@ class Host(ABC):
             '! why=$(mv -fT "$root/lock.holder.tmp" "$root/lock.holder" 2>&1); then '
             'rm -f "$root/lock.holder.tmp" 2>/dev/null; '
             + (  # the flock is held: a stop goes on without the note
-                "echo NONOTE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; "
+                'echo "NONOTE $$"; printf \'%s\\n\' "$root/lock.holder: ${why##*: }"; '
                 "cat >/dev/null; exit 0; fi; "
                 if note_optional
                 else "echo UNWRITABLE; printf '%s\\n' \"$root/lock.holder: ${why##*: }\"; "
                 "exit 5; fi; "
             )
-            + 'echo ACQUIRED; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
+            + 'echo "ACQUIRED $$"; cat >/dev/null; rm -f "$root/lock.holder"; exit 0; '
             'fi; h="$root/lock.holder"; '
             'if [ -z "$note" ] && { [ -L "$h" ] || { [ -e "$h" ] && [ ! -f "$h" ]; }; }; then '
             "note='!not-regular'; fi; "
@@ -697,7 +734,8 @@ class Host(ABC):
             'echo "STOPPED$stopped"; echo "HOLDERS$all"; exit 75'
         )
         proc = self._spawn(script)
-        first = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
+        said = proc.read_line(timeout + LOCK_NOTE_WAIT_S)
+        first, _, proc.on_host = said.partition(" ") if said is not None else (None, "", "")
         if first == "NONOTE":  # held, without its note (only with note_optional)
             holder["note_unwritten"] = proc.read_line(5.0) or "?"
             first = "ACQUIRED"
@@ -772,6 +810,8 @@ class Host(ABC):
         finally:
             self._lock_procs.remove(proc)
             proc.finish(timeout)
+            if proc.lost():  # on a link lost with its session alive: let go from a new one
+                self.let_go(proc, f"{self.target.remote_root}/lock", step="lock")
 
     def lock_lost(self) -> bool:
         """Whether a host lock this Host holds has lost its holder on the host (killed: the OOM

@@ -97,6 +97,7 @@ class _SshProc(Proc):
         self._chan = chan
         self._host = host
         self._buf = b""
+        self._lost = False
 
     def read_line(self, timeout: float) -> str | None:
         end = time.monotonic() + timeout
@@ -120,6 +121,11 @@ class _SshProc(Proc):
     def exited(self) -> bool:
         return self._chan.exit_status_ready() or self._chan.closed
 
+    def lost(self) -> bool:
+        """Closed by its link's loss, not by us, with no exit status come (paramiko's
+        exit_status_ready is true of any closed channel; its exit_status stays -1)."""
+        return self._lost or (self._chan.closed and self._chan.exit_status == -1)
+
     def finish(self, timeout: float) -> int:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             self._chan.shutdown_write()
@@ -128,6 +134,7 @@ class _SshProc(Proc):
         end = time.monotonic() + timeout
         while not self._chan.exit_status_ready() and time.monotonic() < end:
             time.sleep(0.01)
+        self._lost = self.lost()  # (before the close below, ours)
         rc = self._chan.recv_exit_status() if self._chan.exit_status_ready() else TIMEOUT_RC
         self._chan.close()
         return rc
@@ -153,10 +160,11 @@ class SshHost(Host):
             assert transport is not None
             return transport
         t = self.target
+        wait = min(t.connect_timeout, QUICK_LOOK_S) if self.unanswered else t.connect_timeout
         connect_kwargs: dict[str, object] = {
-            "banner_timeout": t.connect_timeout,
-            "auth_timeout": t.connect_timeout,
-            "channel_timeout": t.connect_timeout,
+            "banner_timeout": wait,
+            "auth_timeout": wait,
+            "channel_timeout": wait,
         }
         if t.ssh_key:
             key = os.path.expanduser(t.ssh_key)
@@ -180,7 +188,7 @@ class SshHost(Host):
             host=t.address.strip("[]"),
             user=t.user,
             port=t.port,
-            connect_timeout=max(1, int(t.connect_timeout)),
+            connect_timeout=max(1, int(wait)),
             connect_kwargs=connect_kwargs,
             config=config,
         )
@@ -225,7 +233,7 @@ class SshHost(Host):
             ) from None
         except TimeoutError as exc:
             raise Unreachable(
-                f"no answer from {where} within {t.connect_timeout:g}s",
+                f"no answer from {where} within {wait:g}s",
                 target=t.name,
                 step="connect",
             ) from exc
@@ -244,7 +252,7 @@ class SshHost(Host):
         transport.set_keepalive(15)
         return transport
 
-    def _channel(self, command: str) -> paramiko.Channel:
+    def _channel(self, command: str, *, again: bool = True) -> paramiko.Channel:
         transport = self._connect()
         wait = self.target.connect_timeout
         if self.unanswered:
@@ -256,14 +264,21 @@ class SshHost(Host):
             self._unanswered = 0
         except (paramiko.SSHException, OSError, EOFError) as exc:
             why = str(exc) or type(exc).__name__  # an EOFError of a dropped link says nothing
+            dropped = isinstance(exc, EOFError) or not transport.is_active()
             # no answer for the whole wait on a live link: told by the time it took, not by
             # paramiko's wording ("Timeout opening channel.") alone
             waited_out = time.monotonic() - t0 >= 0.9 * wait
-            if transport.is_active() and (waited_out or "Timeout opening channel" in why):
+            if not dropped and (waited_out or "Timeout opening channel" in why):
                 self._unanswered += 1
+                self._let_go_frozen()
+                if again and not self.unanswered:  # once, on a new connection
+                    try:
+                        return self._channel(command, again=False)
+                    except HostError:
+                        self._unanswered = max(self._unanswered, UNANSWERED_AFTER)
                 if self.unanswered:
                     why = f"{why.rstrip('.')}: the host has stopped answering"
-            if isinstance(exc, EOFError) or not transport.is_active():
+            if dropped:
                 # the link's trouble, never the command's (probe37ah M1: a post-flight cut off
                 # by it had its release marked rejected)
                 raise Unreachable(
@@ -280,6 +295,17 @@ class SshHost(Host):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _let_go_frozen(self) -> None:
+        """The connection opens no channel while its TCP link lives (its sshd session stopped:
+        SIGSTOP, a hung host): closed, so the next command opens a new one where the host still
+        answers (probe37bn M1: the SSH session frozen, ops asked where current was over it and
+        said "unknown" though a new connection answered at once). Its channels close with it:
+        the host processes on them (the revert guard, the lock holder) are not waited for; the
+        host's own sshd, once let go, closes their pipes, and they end as when ops goes away."""
+        with contextlib.suppress(Exception):  # (a link half gone: whatever closing it raises)
+            self.close()
+        self._conn = None
 
     # -- primitives -------------------------------------------------------------------
     def _exec(
@@ -309,6 +335,7 @@ class SshHost(Host):
                             f"s, and no new channel opened in {self.target.connect_timeout:g} s"
                         )
                         err.add(why.encode() + b"\n")
+                        self._let_go_frozen()
                         return -1, out, err
                     heard = time.monotonic()
                 busy = False

@@ -70,6 +70,24 @@ def make_source(tmp: Path) -> Path:
     return src
 
 
+def driver(body: str) -> str:
+    """A script that runs this checkout's real ops (its CLI, argv after the marks) with every
+    command it starts on `local` made by the class `Popen` that `body` defines on `real`
+    (subprocess.Popen): it acts on the host command whose arguments carry a mark. `body`
+    first takes its marks from sys.argv (`sys.argv.pop(1)`)."""
+    return (
+        "import json, os, signal, subprocess, sys, threading, time\n"
+        'sys.path.insert(0, ".")  # run from the checkout: its ops, not an installed one\n'
+        "import ops.hosts.local as local\n"
+        "real = subprocess.Popen\n"
+        f"{body}"
+        "local.subprocess.Popen = Popen\n"
+        "from ops.cli import main\n"
+        'sys.argv = ["ops", *sys.argv[1:]]\n'
+        "main()\n"
+    )
+
+
 class Ops:
     """The real `ops` CLI at 80 columns on `local` (own root, own port) and a group `fleet`,
     releases from `make_source`, records in `runs`."""
@@ -96,12 +114,13 @@ class Ops:
         return [sys.executable, "-m", "ops", *args, "--inventory", str(self.inventory)]
 
     def driven(
-        self, driver: Path, marks: list[str], *args: str, timeout: float = 180
+        self, body: str, marks: list[str], *args: str, timeout: float = 180
     ) -> subprocess.CompletedProcess[str]:
-        """`ops ARGS` run inside `driver` (a script that wraps the real ops, acting on the host
-        command whose arguments carry its marks), which takes `marks` first."""
+        """`ops ARGS` run by `driver(body)`, which takes `marks` first."""
+        script = self.tmp / "driver.py"
+        script.write_text(driver(body))
         return subprocess.run(
-            [sys.executable, str(driver), *marks, *self.argv(*args)[3:]],
+            [sys.executable, str(script), *marks, *self.argv(*args)[3:]],
             capture_output=True,
             text=True,
             env=self.env,
