@@ -252,8 +252,13 @@ class SshHost(Host):
         transport.set_keepalive(15)
         return transport
 
-    def _channel(self, command: str, *, again: bool = True) -> paramiko.Channel:
-        transport = self._connect()
+    def _channel(self, command: str) -> paramiko.Channel:
+        try:
+            transport = self._connect()
+        except Unreachable:  # a host that left the last command unanswered: a short look next
+            if self._unanswered:
+                self._unanswered += 1
+            raise
         wait = self.target.connect_timeout
         if self.unanswered:
             wait = min(wait, QUICK_LOOK_S)
@@ -270,12 +275,7 @@ class SshHost(Host):
             waited_out = time.monotonic() - t0 >= 0.9 * wait
             if not dropped and (waited_out or "Timeout opening channel" in why):
                 self._unanswered += 1
-                self._let_go_frozen()
-                if again and not self.unanswered:  # once, on a new connection
-                    try:
-                        return self._channel(command, again=False)
-                    except HostError:
-                        self._unanswered = max(self._unanswered, UNANSWERED_AFTER)
+                self._let_go_frozen()  # the next command goes over a new connection
                 if self.unanswered:
                     why = f"{why.rstrip('.')}: the host has stopped answering"
             if dropped:
