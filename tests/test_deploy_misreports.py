@@ -263,11 +263,7 @@ class Popen(real):
 def test_a_switch_whose_result_is_lost_asks_where_current_is(
     ops: Ops, tmp_path: Path, when: str
 ) -> None:
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(KILL_SHELL, [f"' switch {ops.root}", when], *args, timeout=120)
+    r1, res = ops.second_deploy_driven(KILL_SHELL, [f"' switch {ops.root}", when])
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "Traceback" not in said, said
     result = ops.record("deploy")["results"][0]
@@ -350,11 +346,7 @@ def test_a_finalize_cut_after_its_rename_names_the_release_in_place(
     """probe37ao L2 (low): SIGTERM during `finalize` said "the next deploy removes the
     half-sent release", though the release had been renamed into releases/ (no staging left).
     The interrupt asks the host, and names the release in place, which prune removes."""
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(CUT_FINALIZE, [f"' finalize {ops.root}", str(ops.root)], *args, timeout=120)
+    r1, res = ops.second_deploy_driven(CUT_FINALIZE, [f"' finalize {ops.root}", str(ops.root)])
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 130 and "during finalize" in said, said
     new = [p.name for p in (ops.root / "releases").iterdir() if p.name not in (r1,)]
@@ -405,11 +397,7 @@ def test_a_release_whose_service_was_stopped_from_outside_is_not_rejected(ops: O
     post-flight: the post-flight said so, the rollback was right, but the release was marked
     rejected (blaming its code, and refusing `rollback --to` it). It is not marked, and the
     line says why."""
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(STOP_IN_POSTFLIGHT, [str(ops.root)], *args, timeout=120)
+    r1, res = ops.second_deploy_driven(STOP_IN_POSTFLIGHT, [str(ops.root)])
     said = flat(res.stdout + res.stderr)
     assert res.returncode == 1 and "Traceback" not in said, said
     result = ops.record("deploy")["results"][0]
@@ -428,11 +416,7 @@ def test_a_rollback_whose_status_goes_unanswered_never_says_the_service_is_down(
     manager killed), and the status asked after went unanswered: the result said "its service
     does not serve" and named `ops rollback`, while the old release served all along. It says
     the state could not be told, and names `ops service status`."""
-    assert ops.deploy("--bootstrap").returncode == 0
-    r1 = ops.current()
-    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
-    args = ["deploy", "local", "--source", str(ops.src), "--max-tokens", "3"]
-    res = ops.driven(PROCMAN_DOWN, [str(ops.root)], *args, timeout=120)
+    r1, res = ops.second_deploy_driven(PROCMAN_DOWN, [str(ops.root)])
     said = flat(res.stdout + res.stderr)
     assert res.returncode in (1, 2) and "Traceback" not in said, said
     message = ops.record("deploy")["results"][0]["message"]

@@ -128,6 +128,17 @@ class Ops:
             timeout=timeout,
         )
 
+    def second_deploy_driven(
+        self, body: str, marks: list[str]
+    ) -> tuple[str, subprocess.CompletedProcess[str]]:
+        """A first release deployed (`--bootstrap`), then a second one's deploy run by
+        `driver(body)` with `marks`: (the first's id, that deploy's result)."""
+        assert self.deploy("--bootstrap").returncode == 0
+        first = self.current()
+        assert first
+        commit_change(self.src, "engine/svc.py", '"""', '"""Release two. ')
+        return first, self.driven(body, marks, *self.deploy_args(), timeout=120)
+
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run_ops(*args, inventory=self.inventory, env=self.env, timeout=timeout, cwd=REPO)
 
