@@ -1278,12 +1278,15 @@ def test_file_names_that_are_no_text_are_printed_escaped(ops: Ops) -> None:
     engine = ops.root / "releases" / r2 / "engine"
     (engine / "\x1b[2Jevil").write_text("")
     (engine / "a\nb.py").write_text("")
+    # probe37bm L2 (low): a byte that is no UTF-8 was shown as \udcff, no byte on disk
+    (engine / os.fsdecode(b"bad\xffname")).write_text("")
     for args in (("service", "status", "local"), ("releases", "local")):
         res = ops(*args)
         text = res.stdout + res.stderr
         assert "\x1b" not in text and "a\nb.py" not in text, text
         flat = " ".join(text.split())
         assert "engine/\\x1b[2Jevil (added)" in flat and "engine/a\\nb.py (added)" in flat, flat
+        assert "engine/bad\\xffname (added)" in flat and "udc" not in flat, flat
 
 
 def test_a_deploy_of_currents_commit_over_its_edited_files_installs_it_anew(ops: Ops) -> None:

@@ -12,6 +12,7 @@ commits the change it needs.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -31,6 +32,8 @@ ID = r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{10}"
 def test_user_mistakes_are_one_line_and_exit_2(ops: Ops, tmp_path: Path) -> None:
     line = one_error_line(ops.deploy("--ref", "deadbeef0", "--dry-run"))
     assert "--ref deadbeef0" in line and "no such commit" in line
+    line = one_error_line(ops.deploy("--ref", os.fsdecode(b"a\xffb"), "--dry-run"))
+    assert "--ref 'a\\xffb': no such commit" in line, line  # the byte (probe37bm L2)
     line = one_error_line(ops.deploy("--ref=--output=/tmp/x", "--dry-run"))
     assert "--ref" in line and "not a git revision" in line
     plain = tmp_path / "plain"

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from checks.vocabulary import HOOK_BACKENDS
 from ops.errors import OpsError
+from ops.hostside.release_files import shown_name
 
 DATA_PLANE = ("kernels", "checks", "engine", "integration", "pyproject.toml")
 SITE_SOURCE = "integration/site"
@@ -98,8 +99,11 @@ def _git(source: Path, *args: str, binary: bool = False) -> Any:
 
 
 def _shown(value: str) -> str:
-    """A user's value as an error message shows it: quoted when odd, cut when long."""
-    text = value if value.isprintable() and not value.startswith("-") else repr(value)
+    """A user's value as an error message shows it: quoted when odd (a byte that is no UTF-8
+    as that byte, `\\xff`), cut when long."""
+    text = value
+    if not value.isprintable() or value.startswith("-"):
+        text = "'" + shown_name(value.replace("\\", "\\\\")).replace("'", "\\'") + "'"
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -126,10 +126,20 @@ def added_since(release: str, files: set[str], start: float) -> list[str]:
 
 def shown_name(name: str) -> str:
     """A file name as it can be printed: a character that is not printable (an escape
-    sequence, a newline: probe37bg L2 drove the operator's terminal) as its Python escape."""
+    sequence, a newline: probe37bg L2 drove the operator's terminal) as its Python escape,
+    and a byte that is no UTF-8 (read as a lone surrogate, os.fsdecode's way) as that byte,
+    `\\xff` (probe37bm L2: `\\udcff` is no byte anyone can find on disk)."""
     if name.isprintable():
         return name
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+    return "".join(c if c.isprintable() else escaped(c) for c in name)
+
+
+def escaped(c: str) -> str:
+    """One character that is not printable, escaped: the byte it stands for where it is a
+    surrogate escape (0xdc80-0xdcff), else as Python writes it."""
+    if "\udc80" <= c <= "\udcff":
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return repr(c)[1:-1]
 
 
 def listed(names: list[str]) -> str:
