@@ -157,6 +157,34 @@ def test_a_golden_set_is_not_written_through_a_hand_made_link(ops: Ops, tmp_path
     assert list(elsewhere.iterdir()) == []
 
 
+def test_no_golden_set_is_read_through_a_hand_made_link(ops: Ops, tmp_path: Path) -> None:
+    """probe37bo M1 (medium): `golden/` a symlink made by hand: the golden set was read through
+    it (one outside the root judged the service and passed), and a file there that was no golden
+    set was "damaged", with a re-record named as the way on, which is refused through the link.
+    Nothing is read through it either: the healthcheck and the deploy's pre-flight name the
+    link and its fix (make it a directory, then record), and that way works."""
+    assert ops.deploy("--bootstrap").returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    (ops.root / "golden").rename(elsewhere)  # a whole golden set, read through the link before
+    (ops.root / "golden").symlink_to(elsewhere)
+    link = f"{ops.root / 'golden'} is a symlink (to {elsewhere})"
+    fix = f"make {ops.root / 'golden'} a directory (move the link aside), then record"
+    code, doc = ops.json("healthcheck", "local", "--max-tokens", "3")
+    (identity,) = [c for c in doc["checks"] if c["name"] == "identity"]
+    assert code == 1 and identity["status"] == "fail", identity
+    assert link in identity["detail"] and fix in identity["detail"], identity
+    assert "re-record it" not in identity["detail"], identity
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release two. ')
+    res = ops.deploy()
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 1 and link in said and fix in said, said
+    assert "re-record it" not in said, said
+    (ops.root / "golden").unlink()  # the way it names
+    (ops.root / "golden").mkdir()
+    assert ops.json("healthcheck", "local", "--record-golden", "--max-tokens", "3")[0] == 0
+    assert ops.deploy().returncode == 0
+
+
 def test_a_bootstrap_deploy_records_no_golden_set_through_a_hand_made_link(
     ops: Ops, tmp_path: Path
 ) -> None:

@@ -265,7 +265,8 @@ class Deployer:
         by = "rollback" if self._rolling_back else "deploy"
         return (
             "fail",
-            "the host lock was lost (its holder on the host ended: killed?), so another deploy "
+            "the host lock was lost (its holder on the host ended, killed, or its SSH connection "
+            "stopped answering), so another deploy "
             f"or rollback may run now; this {by} switched nothing; {asked} (asked of the host)",
             {"asked": True, "now": now},
         )
@@ -940,6 +941,9 @@ class Deployer:
             return "ok", f"UNHEALTHY ({failed}), deploying anyway (--force)", data
         data["evidence"] = [f"{c.name}: {c.detail}" for c in rep.checks if c.status == "fail"]
         damaged = [c for c in rep.checks if c.status == "fail" and "is damaged" in c.detail]
+        linked = [c for c in rep.checks if c.status == "fail" and " is not read: " in c.detail]
+        if rep.failed == ["identity"] and linked:  # its directory a link (probe37bo M1)
+            return "fail", f"{linked[0].detail}; then deploy", data
         if rep.failed == ["identity"] and damaged:  # the golden set's fault, not the service's
             return (
                 "fail",
@@ -1942,7 +1946,8 @@ class Deployer:
             if self.host.lock_lost():  # probe37z L1: it pruned, and said nothing of the lock
                 return (
                     "skip",
-                    "not done: the host lock was lost (its holder on the host ended: killed?), "
+                    "not done: the host lock was lost (its holder on the host ended, killed, or "
+                    "its SSH connection stopped answering), "
                     "so another deploy or rollback may run now; the next deploy prunes",
                     {"lock_lost": True},
                 )

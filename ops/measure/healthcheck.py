@@ -34,6 +34,7 @@ from ops.errors import HostError, OpsError
 from ops.files import MIB, read_bytes_bounded
 from ops.hosts.dataplane import data_plane_dir, run_check
 from ops.hosts.remote import Host, shell_path
+from ops.hostside.release_files import shown_name
 from ops.sections.health import Check, HealthReport
 from ops.service.managers import manager_for
 
@@ -52,14 +53,33 @@ def aa_runs_text(n: int) -> str:
 
 
 def golden_damaged_check(
-    host: Host, path: str, why: str, status: Literal["fail", "skip"]
+    host: Host,
+    path: str,
+    why: str,
+    status: Literal["fail", "skip"],
+    linked: str | None = None,
 ) -> tuple[Check, IdentityDoc]:
     """The identity check when the golden set at `path` cannot judge: one line, what is wrong
-    and how to fix it; the module's document as `checks.identity` gives it (bad_golden)."""
+    and how to fix it; the module's document as `checks.identity` gives it (bad_golden).
+    `linked`: where its directory, a symlink made by hand, points (nothing is read through it)."""
     fix = (
         f"re-record it from a release you trust: ops healthcheck {host.name} --record-golden "
         f"(the damaged file is kept beside it as {Path(path).name}.N)"
     )
+    lead = "is damaged"
+    if linked is not None:  # (probe37bo M1: read through it, and a re-record named, refused)
+        where = posixpath.dirname(path)
+        lead, why = (
+            "is not read",
+            (
+                f"{where} is a symlink (to {linked}), made by hand: ops reads and writes no "
+                "golden set through it"
+            ),
+        )
+        fix = (
+            f"make {where} a directory (move the link aside), then record: ops healthcheck "
+            f"{host.name} --record-golden"
+        )
     doc = cast(
         IdentityDoc,
         {
@@ -71,12 +91,12 @@ def golden_damaged_check(
     )
     if status == "skip":
         detail = (
-            f"NOT CHECKED: the golden set {path} is damaged ({why}), so token identity cannot "
+            f"NOT CHECKED: the golden set {path} {lead} ({why}), so token identity cannot "
             f"be judged; the host is mid-change (this ops holds its lock), so this does not "
             f"undo it; {fix}"
         )
     else:
-        detail = f"the golden set {path} is damaged: {why}; {fix}"
+        detail = f"the golden set {path} {lead}: {why}; {fix}"
     return Check(name="identity", status=status, detail=detail, evidence=[doc["message"]]), doc
 
 
@@ -298,11 +318,13 @@ def _identity(
         args = [*base, "--golden", "-", "--aa-runs", str(aa_runs)]
         data = cast(IdentityDoc, run_check(host, "checks.identity", args, stdin).data)
         return identity_check(data, recorded=False), data
-    found, why, locked = _golden_on_host(host, on_host)
+    found, why, locked, linked = _golden_on_host(host, on_host)
+    status = damaged or ("skip" if locked else "fail")
+    if linked is not None:
+        return golden_damaged_check(host, on_host, "", status, linked=linked)
     if not found:
         detail = f"no golden set at {on_host} (record one with --record-golden)"
         return Check(name="identity", status="skip", detail=detail), None
-    status = damaged or ("skip" if locked else "fail")
     if why is not None:
         return golden_damaged_check(host, on_host, why, status)
     args = [*base, "--golden", on_host, "--aa-runs", str(aa_runs)]
@@ -322,14 +344,16 @@ def _identity(
     return identity_check(data, recorded=False), data
 
 
-def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool]:
+def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool, str | None]:
     """The host's golden set, read (at most GOLDEN_MAX_BYTES) and judged in one round trip:
-    (there is one, why it cannot judge or None, whether this ops holds the host's lock)."""
+    (there is one, why it cannot judge or None, whether this ops holds the host's lock, where
+    its directory points where it is a symlink: then nothing is read)."""
     root = shell_path(host.target.remote_root)
     script = (
         f"root={root}; f={shell_path(path)}; "
         'h="$root/lock.holder"; '
         'printf \'%s\\n\' "$([ -f "$h" ] && head -c 4096 "$h" 2>/dev/null | head -n 1)"; '
+        'd=${f%/*}; if [ -L "$d" ]; then readlink -- "$d" | head -c 300; exit 6; fi; '
         '{ [ -e "$f" ] || [ -L "$f" ]; } || exit 3; [ -f "$f" ] || exit 5; '
         'n=$(wc -c < "$f") || exit 4; echo "$n"; '
         f'[ "$n" -le {GOLDEN_MAX_BYTES} ] || exit 0; cat -- "$f"'
@@ -337,20 +361,24 @@ def _golden_on_host(host: Host, path: str) -> tuple[bool, str | None, bool]:
     res = host.run_script(script, step="golden set")
     holder, _, rest = res.stdout.partition("\n")
     locked = _held_by_us(holder)
+    if res.rc == 6:
+        return True, None, locked, shown_name(rest.strip()) or "?"
     if res.rc == 3:
-        return False, None, locked
+        return False, None, locked, None
     if res.rc == 5:  # a FIFO, a directory, a device, a dangling link: never read
-        return True, "not a regular file (a FIFO, a directory, a device or a dangling link)", locked
+        why = "not a regular file (a FIFO, a directory, a device or a dangling link)"
+        return True, why, locked, None
     size, _, text = rest.partition("\n")
     if res.rc != 0 or not size.strip().isdigit():
-        return True, f"cannot be read ({res.tail(n=1) or f'exit {res.rc}'})", locked
+        return True, f"cannot be read ({res.tail(n=1) or f'exit {res.rc}'})", locked, None
     if int(size) > GOLDEN_MAX_BYTES or len(text) > GOLDEN_MAX_BYTES:
-        return True, f"more than {GOLDEN_MAX_BYTES // MIB} MiB, the limit for a golden set", locked
+        why = f"more than {GOLDEN_MAX_BYTES // MIB} MiB, the limit for a golden set"
+        return True, why, locked, None
     try:
         parse_golden(text)
     except ValueError as exc:
-        return True, str(exc), locked
-    return True, None, locked
+        return True, str(exc), locked, None
+    return True, None, locked, None
 
 
 def _held_by_us(note: str) -> bool:
