@@ -107,6 +107,51 @@ def test_a_full_disk_does_not_turn_a_deploy_into_a_failure(tmp_path: Path, full_
         end_services(ops.root)
 
 
+# The runs directory's disk filled the instant the deploy's prune starts (after its record
+# from the start was written): the final record gets ENOSPC.
+FILL_AT_PRUNE = """
+ROOT, FILL = sys.argv.pop(1), sys.argv.pop(1)
+class Popen(real):
+    filled = False
+    def __init__(self, args, *a, **k):
+        if not Popen.filled and f"' prune {ROOT}" in " ".join(map(str, args)):
+            Popen.filled = True
+            fd = os.open(FILL, os.O_CREAT | os.O_WRONLY)
+            try:
+                while os.write(fd, b"\\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            os.close(fd)
+        super().__init__(args, *a, **k)
+"""
+
+
+def test_a_record_left_running_by_a_full_disk_is_said(tmp_path: Path) -> None:
+    """probe37bo L1 (low): the runs directory's disk filled during a deploy that then ended
+    deployed: the warning said the record was not written, but the record from its start
+    stayed, saying `running`, and nothing said so. The warning names it."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = _mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt))
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
+    ops = Ops(tmp_path / "o", runs=mnt / "runs")
+    try:
+        res = ops.driven(
+            FILL_AT_PRUNE, [str(ops.root), str(mnt / "filler")], *ops.deploy_args("--bootstrap")
+        )
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        (warning,) = _warnings(res.stderr)
+        assert "the run record was not written" in warning, warning
+        assert "the record written at its start stays there, `running`" in warning, warning
+        (record,) = (mnt / "runs").glob("*-deploy-local/record.json")
+        assert json.loads(record.read_text())["outcome"] == "running"
+    finally:
+        end_services(ops.root)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def test_sigkill_in_the_selftest_leaves_a_record_that_says_so(tmp_path: Path) -> None:
     ops = Ops(tmp_path)
     ops.slow_selftest(30)

@@ -14,7 +14,8 @@ record that says it did not finish (`ops.verdict.evidence.Record.unfinished`).
 
 A record that cannot be written (a full disk, a read-only or vanished runs directory) never
 changes a command's result: the OSError is kept on the RunDir (`unwritten`: the path and the
-error) for the command line to print as one warning line, and the command goes on.
+error) for the command line to print as one warning line, and the command goes on. A final
+record not written leaves the one from the start (`running`) in place, and the warning says so.
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ class RunDir:
             dest = self.write_json("record.json", doc)
         except OSError as exc:
             self.unwritten = f"{self.path / 'record.json'}: {_why(exc)}"
+            if not running and (self.path / "record.json").is_file():  # (probe37bo L1)
+                self.unwritten += "; the record written at its start stays there, `running`"
             return None
         self.unwritten = None
         return dest
