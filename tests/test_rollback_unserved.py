@@ -320,6 +320,30 @@ def test_a_plain_rollback_never_goes_to_a_previous_that_never_served(ops: Ops) -
     assert ops.current() == r1 and ops.serving() == r1, said
 
 
+def test_a_plain_rollback_from_an_edited_current_never_names_a_previous_that_never_served(
+    ops: Ops,
+) -> None:
+    """probe37bo M1 (medium): as above, with current's service.env edited by hand while the
+    service runs: the plain rollback was refused (right: a failed one could not come back), but
+    its way on was to stop the service and roll back `--to` the previous that never served,
+    with no way back, and the proven release was never named. The refusal weighs the newest
+    proven release, as the plain rollback would go there."""
+    r1, r2 = ops.two_releases()
+    commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+    assert ops.deploy("--no-restart").returncode == 0
+    c3 = ops.current()
+    assert ops("rollback", "local", "--to", r2, "--max-tokens", "3").returncode == 0  # adopts
+    assert ops.current() == r2 and os.readlink(ops.root / "previous") == f"releases/{c3}"
+    env = ops.root / "releases" / r2 / "service.env"
+    env.write_text(env.read_text() + "FOO=bar\n")
+    before = pid(ops)
+    res = ops("rollback", "local", "--max-tokens", "3")
+    said = flat(res.stdout + res.stderr)
+    assert res.returncode == 2 and "Traceback" not in said, said
+    assert f"if {r1} then failed to start" in said and f"--to {c3}" not in said, said
+    assert ops.current() == r2 and pid(ops) == before  # nothing stopped, nothing switched
+
+
 def test_a_plain_rollback_with_no_proven_release_to_go_to_is_refused(ops: Ops) -> None:
     assert ops.deploy("--bootstrap").returncode == 0
     r1 = ops.current()

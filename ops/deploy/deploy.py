@@ -2135,6 +2135,14 @@ class Deployer:
             mend = self._untried_mend(self.target.name) if edited else "mend current first"
             serves = seen.runs_release if seen is not None else None
             adopts = bool(runs) and not to and not redo  # (it stops at what serves: below)
+            plain = not to and not redo and not adopts and want != before
+            if plain and not rel.get("proven"):  # never onto code that never served, weighed
+                # before current's state (probe37bo M1: an edited current named a stop, then
+                # --to the unproven previous, and never the proven release)
+                back = newest_proven(listing, other_code=True)
+                if back is not None:
+                    self._instead = f"previous ({want}) never passed a post-flight"
+                    want, rel = back, next(r for r in listing["releases"] if r["id"] == back)
             if stuck and want != before and not rel.get("proven") and not adopts:
                 # its revert could not come back (probe37x H2: a rollback --to a release that
                 # never served, from a current without its service.env: the start failed and
