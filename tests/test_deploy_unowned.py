@@ -11,6 +11,7 @@ full disk.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from helpers.deploy_ops import (
     kill_guard_and_ops,
     lock_holder_shells,
     one_error_line,
+    pending_record,
     steps,
 )
 from helpers.local import end_services
@@ -85,6 +87,25 @@ def test_hand_pointed_current_survives_a_failed_deploy(ops: Ops) -> None:
     assert os.readlink(ops.root / "current") == "releases/hotfix"
     assert ops.serving() == "hotfix"
     healthy(ops)
+
+
+def test_a_pending_record_whose_id_ends_in_a_newline_is_not_whole(ops: Ops) -> None:
+    """probe37bp L2 (low): a deploy.pending edited so its ids end in a newline was read as
+    whole (a release id's pattern ended in `$`, which matches before a final newline), and the
+    raw newline split the warning in two. It is not whole: said on one line, set aside."""
+    r1, r2 = ops.two_releases()
+    record = pending_record(r1 + "\n", r2 + "\n")
+    (ops.root / "deploy.pending").write_text(json.dumps(record))
+    res = ops("releases", "local")
+    assert res.returncode == 0 and f"{r2}\n" not in res.stderr, res.stderr  # one line
+    res = ops("rollback", "local", "--max-tokens", "3")
+    assert res.returncode == 0 and no_traceback(res.stderr), res.stderr
+    (recover,) = [
+        s for s in ops.record("rollback")["results"][0]["steps"] if s["name"] == "recover"
+    ]
+    assert "its new release is not a release id" in recover["detail"], recover
+    assert list(ops.root.glob("deploy.pending.unreadable-*"))
+    assert ops.current() == r1 and ops.serving() == r1
 
 
 def test_empty_pending_record_is_never_a_first_install(ops: Ops) -> None:

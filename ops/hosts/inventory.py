@@ -28,8 +28,8 @@ from ops.verdict.numbers import NoBoolNumbers
 LOCAL = "local"
 DEFAULT_INVENTORY = "ops.toml"
 INVENTORY_MAX_BYTES = 4 * MIB  # an inventory of a thousand targets is ~200 KB
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?\Z")
 LOCAL_PORT = 30000
 COMMAND_FIELDS = ("python", "host", "port")  # placeholders of a `process` service's command
 MAX_REMOTE_ROOT = 1024  # bytes: every path ops makes under it (releases/ID/..., the pidfile) fits

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import re
 
-ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{7,40}(-dirty)?$")
+ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{7,40}(-dirty)?\Z")
 PENDING_KEYS = ("previous", "new", "old_previous")  # a pending record without them is not whole
 KINDS = ("release", "foreign", "directory", "file", "none")
-ASIDE_RE = re.compile(r"^(current|previous)\.before-[0-9]{8}T[0-9]{6}Z$")
+ASIDE_RE = re.compile(r"^(current|previous)\.before-[0-9]{8}T[0-9]{6}Z\Z")
 
 
 def not_whole(doc: object) -> str | None:

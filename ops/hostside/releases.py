@@ -62,7 +62,7 @@ import time
 from ops.hostside.pending import ID_RE, not_whole, switched_by
 from ops.hostside.release_files import added_since, listed_changed
 
-STAGING_RE = re.compile(r"^\.staging-[A-Za-z0-9_.-]+$")
+STAGING_RE = re.compile(r"^\.staging-[A-Za-z0-9_.-]+\Z")
 MAX_JSON = 1 << 20  # release.json, rejected.json, deploy.pending: none is near a MiB
 
 

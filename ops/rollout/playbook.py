@@ -52,7 +52,7 @@ from ops.sections.change import Change, check_bench_kernel
 from ops.service.managers import MAX_WAIT_S
 from ops.verdict.numbers import NoBoolNumbers
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}\Z")
 Gate = Literal["always", "go", "deployed"]
 
 
