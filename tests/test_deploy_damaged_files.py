@@ -1019,19 +1019,27 @@ def test_a_tree_nested_thousands_deep_in_a_release_blocks_nothing(ops: Ops) -> N
         subprocess.run(["rm", "-rf", str(ops.root / "releases" / r1 / "d")], check=False)
 
 
-def test_a_hand_made_copy_as_current_is_said_by_status(ops: Ops) -> None:
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_a_hand_made_copy_as_current_is_said_by_status(ops: Ops, where: str) -> None:
     """probe37al L2: `current` switched by hand to a copy of the release the service runs
     (`cp -a releases/ID copy`): a deploy refuses it without --force, but status said nothing.
-    It warns, and the rollback it names makes what runs current again."""
+    It warns, and the rollback it names makes what runs current again. probe37bp L1 (low): a
+    copy outside the root was said to need --force, which a deploy refuses there too."""
     r1, r2 = ops.two_releases()
-    shutil.copytree(ops.root / "releases" / r2, ops.root / "copy1", symlinks=True)
+    copy = ops.root / "copy1" if where == "inside" else ops.tmp / "outside" / "copy1"
+    shutil.copytree(ops.root / "releases" / r2, copy, symlinks=True)
     tmp = ops.root / "current.tmp"
-    tmp.symlink_to("copy1")
+    tmp.symlink_to("copy1" if where == "inside" else copy)
     tmp.rename(ops.root / "current")
     code, st = ops.json("service", "status", "local")
     warned = " ".join(" ".join(st.get("warnings", [])).split())
     assert code == 0 and st["state"] == "active", st
-    assert f"runs release {r2}, but current is copy1, a copy made by hand" in warned, st
+    shown = "copy1" if where == "inside" else str(copy)
+    assert f"runs release {r2}, but current is {shown}, a copy made by hand" in warned, st
+    assert ("refuses it without --force" in warned) == (where == "inside"), warned
+    if where == "outside":
+        commit_change(ops.src, "engine/svc.py", '"""', '"""Release three. ')
+        assert ops.deploy("--force").returncode == 1  # refused, as the warning says
     assert f"ops rollback local --to {r2} makes what runs current" in warned, st
     res = ops("rollback", "local", "--to", r2, "--max-tokens", "3")
     assert res.returncode == 0, said(res)

@@ -867,10 +867,16 @@ def runs_other(root: str, cwd: str | None, gone: str | None = None) -> str | Non
         # step refuses it without --force, and status said nothing (probe37al L2)
         link = os.path.join(root, "current")
         was = os.readlink(link) if os.path.islink(link) else "a real directory"
+        inside = current.startswith(os.path.realpath(root) + "/")
+        force = (  # (probe37bp L1: it named --force for a copy outside, refused all the same)
+            "without --force"
+            if inside
+            else "with --force too (a copy outside the root: no failed deploy comes back to it)"
+        )
         return (
             f"the service runs release {running}, but current is {was[:200]}, a copy made by "
-            "hand, not a release ops installed: a restart runs the copy, and a deploy refuses "
-            f"it without --force; ops rollback TARGET --to {running} makes what runs current"
+            f"hand, not a release ops installed: a restart runs the copy, and a deploy refuses "
+            f"it {force}; ops rollback TARGET --to {running} makes what runs current"
         )
     return None
 
